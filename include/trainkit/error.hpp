@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: MIT
+// trainkit/error.hpp: the one exception type of the library and the check macros that throw it.
+// Host APIs throw trainkit::Error carrying what failed, the call text, file:line and the backing
+// library's code and message. Destructors use the *_NOTHROW variants, which log and return.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "trainkit/config.hpp"
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#if TRAINKIT_WITH_CUBLASLT
+#include <cublasLt.h>
+#endif
+#if TRAINKIT_WITH_NCCL
+#include <nccl.h>
+#endif
+#if TRAINKIT_WITH_MPI
+#include <mpi.h>
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+
+/// The exception every trainkit host API throws. `library()` names the layer that failed
+/// ("trainkit", "CUDA", "cuBLASLt", "NCCL", "MPI", "io"); `code()` is that layer's status code
+/// (0 when there is none).
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message, std::string library = "trainkit", long long code = 0)
+      : std::runtime_error(message), library_(std::move(library)), code_(code) {}
+
+  const std::string& library() const noexcept { return library_; }
+  long long code() const noexcept { return code_; }
+
+ private:
+  std::string library_;
+  long long code_;
+};
+
+namespace detail {
+
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+
+/// Builds "trainkit: <message> (<expr>) at <file>:<line>" and throws.
+[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
+                                     int line, const char* library = "trainkit",
+                                     long long code = 0) {
+  std::string what = "trainkit: " + message;
+  if (expr != nullptr && *expr != '\0') what += concat(" [", expr, "]");
+  what += concat(" at ", file, ":", line);
+  throw Error(what, library, code);
+}
+
+inline void log_error(const std::string& message, const char* expr, const char* file,
+                      int line) noexcept {
+  std::fprintf(stderr, "trainkit: error ignored in a destructor: %s [%s] at %s:%d\n",
+               message.c_str(), expr, file, line);
+}
+
+#if TRAINKIT_WITH_CUDA
+inline std::string cuda_message(cudaError_t status) {
+  return concat("CUDA error ", static_cast<int>(status), " ", cudaGetErrorName(status), ": ",
+                cudaGetErrorString(status));
+}
+
+inline void cuda_check(cudaError_t status, const char* expr, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  // Clear the sticky "last error" so one failure does not poison every later check.
+  (void)cudaGetLastError();
+  throw_error(cuda_message(status), expr, file, line, "CUDA", status);
+}
+
+inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char* file,
+                               int line) noexcept {
+  if (status == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  try {
+    log_error(cuda_message(status), expr, file, line);
+  } catch (...) {
+  }
+  return false;
+}
+#endif
+
+#if TRAINKIT_WITH_CUBLASLT
+inline std::string cublas_message(cublasStatus_t status) {
+  return concat("cuBLAS status ", static_cast<int>(status), " ", cublasLtGetStatusName(status),
+                ": ", cublasLtGetStatusString(status));
+}
+
+inline void cublas_check(cublasStatus_t status, const char* expr, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw_error(cublas_message(status), expr, file, line, "cuBLASLt", status);
+}
+
+inline bool cublas_check_nothrow(cublasStatus_t status, const char* expr, const char* file,
+                                 int line) noexcept {
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  try {
+    log_error(cublas_message(status), expr, file, line);
+  } catch (...) {
+  }
+  return false;
+}
+#endif
+
+#if TRAINKIT_WITH_NCCL
+inline std::string nccl_message(ncclResult_t status) {
+  return concat("NCCL error ", static_cast<int>(status), ": ", ncclGetErrorString(status));
+}
+
+inline void nccl_check(ncclResult_t status, const char* expr, const char* file, int line) {
+  // ncclInProgress is the normal answer of a non-blocking communicator, not a failure.
+  if (status == ncclSuccess || status == ncclInProgress) return;
+  throw_error(nccl_message(status), expr, file, line, "NCCL", status);
+}
+
+inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file,
+                               int line) noexcept {
+  if (status == ncclSuccess || status == ncclInProgress) return true;
+  try {
+    log_error(nccl_message(status), expr, file, line);
+  } catch (...) {
+  }
+  return false;
+}
+#endif
+
+#if TRAINKIT_WITH_MPI
+inline std::string mpi_message(int status) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(status, text, &length) != MPI_SUCCESS) length = 0;
+  return concat("MPI error ", status, ": ", std::string(text, static_cast<std::size_t>(length)));
+}
+
+inline void mpi_check(int status, const char* expr, const char* file, int line) {
+  if (status == MPI_SUCCESS) return;
+  throw_error(mpi_message(status), expr, file, line, "MPI", status);
+}
+
+inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line) noexcept {
+  if (status == MPI_SUCCESS) return true;
+  try {
+    log_error(mpi_message(status), expr, file, line);
+  } catch (...) {
+  }
+  return false;
+}
+#endif
+
+}  // namespace detail
+
+TRAINKIT_NAMESPACE_END
+
+/// Throws trainkit::Error with the streamed message when `cond` is false:
+/// `TRAINKIT_CHECK(n > 0, "tensor '", name, "' is empty")`.
+#define TRAINKIT_CHECK(cond, ...)                                                            \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), #cond, __FILE__, \
+                                      __LINE__);                                             \
+  } while (0)
+
+/// Throws trainkit::Error with the streamed message, unconditionally.
+#define TRAINKIT_FAIL(...) \
+  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__)
+
+/// Throws trainkit::Error when a CUDA runtime call fails (and clears the sticky error).
+#define TRAINKIT_CUDA_CHECK(expr) ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
+/// Logs instead of throwing; returns true on success. For destructors.
+#define TRAINKIT_CUDA_CHECK_NOTHROW(expr) \
+  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUBLAS_CHECK(expr) \
+  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr) \
+  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_NCCL_CHECK(expr) ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_NCCL_CHECK_NOTHROW(expr) \
+  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_MPI_CHECK(expr) ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_MPI_CHECK_NOTHROW(expr) \
+  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__)
+
+/// Device-side assertion: traps the kernel (the host sees a launch failure); on the host the
+/// same functor aborts. Never throws, so it is usable in TRAINKIT_HOST_DEVICE code.
+#if defined(__CUDA_ARCH__)
+#define TRAINKIT_DEVICE_ASSERT(cond) \
+  do {                               \
+    if (!(cond)) __trap();           \
+  } while (0)
+#else
+#define TRAINKIT_DEVICE_ASSERT(cond) \
+  do {                               \
+    if (!(cond)) ::std::abort();     \
+  } while (0)
+#endif
