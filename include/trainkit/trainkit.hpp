@@ -8,6 +8,14 @@
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
 
+#include "trainkit/core/dtype.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/core/allocator.hpp"
+#include "trainkit/core/tensor.hpp"
+#include "trainkit/core/any_tensor.hpp"
+#include "trainkit/core/copy.hpp"
+
 #include "trainkit/cuda/stream.hpp"
 #include "trainkit/cuda/event.hpp"
 

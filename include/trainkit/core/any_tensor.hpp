@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: MIT
+// trainkit/core/any_tensor.hpp: type-erased host tensors for checkpoints and file formats, where the
+// element type is only known at run time. `AnyTensorView` is a non-owning (dtype, shape, bytes)
+// triple — e.g. a zero-copy window into an mmapped file; `AnyTensor` owns 64-byte aligned bytes.
+// Both are contiguous and row-major; `as<T, Rank>()` recovers a typed view after checking the dtype.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/allocator.hpp"
+#include "trainkit/core/dtype.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+
+namespace detail {
+template <class T, int Rank>
+TensorView<T, Rank, Space::kHost> typed_view(T* data, DType dtype, const Shape& shape) {
+  TRAINKIT_CHECK(dtype == dtype_of<std::remove_const_t<T>>, "tensor holds ", dtype_name(dtype),
+                 ", requested ", dtype_name(dtype_of<std::remove_const_t<T>>));
+  TRAINKIT_CHECK(shape.rank() == Rank, "tensor has rank ", shape.rank(), " (shape ",
+                 shape.to_string(), "), requested rank ", Rank);
+  Extents<Rank> e;
+  for (int d = 0; d < Rank; ++d) e[d] = shape[d];
+  return TensorView<T, Rank, Space::kHost>(data, e);
+}
+}  // namespace detail
+
+/// A non-owning, read-only, contiguous host tensor of run-time dtype.
+class AnyTensorView {
+ public:
+  AnyTensorView() = default;
+  AnyTensorView(DType dtype, const Shape& shape, const void* data)
+      : dtype_(dtype), shape_(shape), data_(static_cast<const std::byte*>(data)) {}
+
+  /// Wraps a typed host view; throws unless it is contiguous.
+  template <class T, int Rank>
+  static AnyTensorView of(TensorView<T, Rank, Space::kHost> view) {
+    TRAINKIT_CHECK(view.is_contiguous(), "AnyTensorView::of needs a contiguous view, got shape ",
+                   view.shape().to_string());
+    return AnyTensorView(dtype_of<std::remove_const_t<T>>, view.shape(), view.data());
+  }
+
+  DType dtype() const noexcept { return dtype_; }
+  const Shape& shape() const noexcept { return shape_; }
+  const std::byte* data() const noexcept { return data_; }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+  std::size_t bytes() const noexcept { return std::size_t(numel()) * dtype_size(dtype_); }
+
+  /// A typed view; throws trainkit::Error when T or Rank do not match.
+  template <class T, int Rank>
+  TensorView<const T, Rank, Space::kHost> as() const {
+    return detail::typed_view<const T, Rank>(reinterpret_cast<const T*>(data_), dtype_, shape_);
+  }
+
+ private:
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  const std::byte* data_ = nullptr;
+};
+
+/// An owning, contiguous host tensor of run-time dtype (64-byte aligned).
+class AnyTensor {
+ public:
+  AnyTensor() = default;
+  /// Uninitialised storage for `shape` elements of `dtype`.
+  AnyTensor(DType dtype, const Shape& shape)
+      : dtype_(dtype),
+        shape_(shape),
+        memory_(std::size_t(shape.numel()) * dtype_size(dtype), MemoryKind::kHost) {}
+
+  /// A deep copy of a view's bytes.
+  static AnyTensor copy_of(const AnyTensorView& view) {
+    AnyTensor t(view.dtype(), view.shape());
+    if (t.bytes() != 0) std::memcpy(t.data(), view.data(), t.bytes());
+    return t;
+  }
+
+  /// A deep copy of a typed host view (any strides).
+  template <class T, int Rank>
+  static AnyTensor copy_of(TensorView<T, Rank, Space::kHost> view) {
+    using V = std::remove_const_t<T>;
+    AnyTensor t(dtype_of<V>, view.shape());
+    auto dst = t.as<V, Rank>();
+    if (view.is_contiguous()) {
+      if (t.bytes() != 0) std::memcpy(dst.data(), view.data(), t.bytes());
+    } else {
+      std::int64_t idx[Rank > 0 ? Rank : 1] = {};
+      V* out = dst.data();
+      for (std::int64_t n = 0, total = view.numel(); n < total; ++n) {
+        std::int64_t off = 0;
+        for (int d = 0; d < Rank; ++d) off += idx[d] * view.stride(d);
+        out[n] = view.data()[off];
+        for (int d = Rank - 1; d >= 0; --d) {
+          if (++idx[d] < view.size(d)) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    return t;
+  }
+
+  DType dtype() const noexcept { return dtype_; }
+  const Shape& shape() const noexcept { return shape_; }
+  std::byte* data() noexcept { return static_cast<std::byte*>(memory_.get()); }
+  const std::byte* data() const noexcept { return static_cast<const std::byte*>(memory_.get()); }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+  std::size_t bytes() const noexcept { return std::size_t(numel()) * dtype_size(dtype_); }
+
+  AnyTensorView view() const noexcept { return AnyTensorView(dtype_, shape_, data()); }
+  operator AnyTensorView() const noexcept { return view(); }  // NOLINT: owning → view
+
+  template <class T, int Rank>
+  TensorView<T, Rank, Space::kHost> as() {
+    return detail::typed_view<T, Rank>(reinterpret_cast<T*>(data()), dtype_, shape_);
+  }
+  template <class T, int Rank>
+  TensorView<const T, Rank, Space::kHost> as() const {
+    return detail::typed_view<const T, Rank>(reinterpret_cast<const T*>(data()), dtype_, shape_);
+  }
+
+ private:
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  Allocation memory_;
+};
+
+TRAINKIT_NAMESPACE_END
