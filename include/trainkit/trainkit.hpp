@@ -18,5 +18,7 @@
 
 #include "trainkit/cuda/stream.hpp"
 #include "trainkit/cuda/event.hpp"
+#include "trainkit/cuda/device.hpp"
+#include "trainkit/cuda/buffer.hpp"
 
 #endif  // TRAINKIT_TRAINKIT_HPP_

@@ -42,7 +42,9 @@ class StreamRef {
   }
 
   /// Makes future work on this stream wait for `event` (no host sync).
-  void wait(cudaEvent_t event) const { TRAINKIT_CUDA_CHECK(cudaStreamWaitEvent(stream_, event, 0)); }
+  void wait(cudaEvent_t event) const {
+    TRAINKIT_CUDA_CHECK(cudaStreamWaitEvent(stream_, event, 0));
+  }
 
   friend constexpr bool operator==(StreamRef a, StreamRef b) noexcept {
     return a.stream_ == b.stream_;
@@ -74,13 +76,15 @@ class Stream {
 
   /// Adopts a stream created elsewhere; it is destroyed with this object.
   static Stream from_native_handle(cudaStream_t stream) {
-    TRAINKIT_CHECK(stream != nullptr, "Stream::from_native_handle: refusing to own the default stream");
+    TRAINKIT_CHECK(stream != nullptr,
+                   "Stream::from_native_handle: refusing to own the legacy default stream");
     return Stream(stream, Adopt{});
   }
 
   /// Gives up ownership without destroying the stream.
   cudaStream_t release() noexcept { return std::exchange(stream_, nullptr); }
 
+  /// The native handle; null for a moved-from Stream (whose ref() then names the default stream).
   cudaStream_t get() const noexcept { return stream_; }
   StreamRef ref() const noexcept { return StreamRef(stream_); }
   operator StreamRef() const noexcept { return ref(); }  // NOLINT: owning → view is implicit
