@@ -79,7 +79,12 @@
 #define TRAINKIT_DEVICE __device__
 #define TRAINKIT_HOST __host__
 #define TRAINKIT_FORCEINLINE __forceinline__
+// Only the device pass understands `#pragma unroll`; the host compiler would warn about it.
+#if defined(__CUDA_ARCH__)
 #define TRAINKIT_UNROLL _Pragma("unroll")
+#else
+#define TRAINKIT_UNROLL
+#endif
 #else
 #define TRAINKIT_HOST_DEVICE
 #define TRAINKIT_DEVICE

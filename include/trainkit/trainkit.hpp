@@ -9,6 +9,8 @@
 #include "trainkit/error.hpp"
 
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/half.hpp"
+#include "trainkit/core/rng.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/core/allocator.hpp"

@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: MIT
+// trainkit/core/half.hpp: the 16-bit float value types `f16` (IEEE binary16) and `bf16` (bfloat16),
+// usable in host and device code and layout-compatible with CUDA's `__half` / `__nv_bfloat16`.
+// Conversions are round-to-nearest-even and bit-exact with CUDA's host conversion functions
+// (including their canonical NaNs), so a tensor converted on the CPU and on the GPU holds the same
+// bits. Arithmetic is done in float and rounded back, which equals correctly rounded 16-bit math.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/dtype.hpp"
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+
+namespace detail {
+
+// __builtin_bit_cast rather than std::bit_cast: the std one is a host function, which nvcc does
+// not let device code call without --expt-relaxed-constexpr; the builtin works in both.
+TRAINKIT_HOST_DEVICE inline constexpr std::uint32_t f32_to_u32(float f) noexcept {
+  return __builtin_bit_cast(std::uint32_t, f);
+}
+TRAINKIT_HOST_DEVICE inline constexpr float u32_to_f32(std::uint32_t u) noexcept {
+  return __builtin_bit_cast(float, u);
+}
+
+// Round-to-nearest-even of `value >> shift`, given the bits shifted out (`rest`) and `half`, the
+// weight of the highest shifted-out bit. A carry out of the mantissa correctly bumps the exponent.
+TRAINKIT_HOST_DEVICE inline constexpr std::uint32_t round_shifted_rne(std::uint32_t kept,
+                                                                      std::uint32_t rest,
+                                                                      std::uint32_t half) noexcept {
+  return kept + ((rest > half || (rest == half && (kept & 1U) != 0U)) ? 1U : 0U);
+}
+
+}  // namespace detail
+
+/// The bits CUDA produces for every NaN converted to f16 or bf16 (sign and payload dropped).
+inline constexpr std::uint16_t kF16CanonicalNaN = 0x7fff;
+inline constexpr std::uint16_t kBF16CanonicalNaN = 0x7fff;
+
+/// float -> IEEE binary16 bits, round-to-nearest-even. Overflow (|x| >= 65520) gives ±Inf, values
+/// below half the smallest subnormal give ±0, every NaN gives kF16CanonicalNaN (0x7fff). Identical
+/// to CUDA's host `__float2half_rn`; device code uses `cvt.rn.f16.f32`, NaNs canonicalised alike.
+TRAINKIT_HOST_DEVICE inline constexpr std::uint16_t float_to_f16_bits(float f) noexcept {
+  const std::uint32_t x = detail::f32_to_u32(f);
+  const std::uint32_t u = x & 0x7fffffffU;
+#if defined(__CUDA_ARCH__)
+  if (!__builtin_is_constant_evaluated()) {
+    // One instruction; the NaN test keeps the bits identical to the host path by construction.
+    std::uint16_t r = 0;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return u > 0x7f800000U ? kF16CanonicalNaN : r;
+  }
+#endif
+  const std::uint32_t sign = (x >> 16) & 0x8000U;
+  if (u >= 0x7f800000U)
+    return u == 0x7f800000U ? static_cast<std::uint16_t>(sign | 0x7c00U) : kF16CanonicalNaN;
+  if (u >= 0x477ff000U) return static_cast<std::uint16_t>(sign | 0x7c00U);  // >= 65520: Inf
+  if (u >= 0x38800000U) {  // >= 2^-14: a normal f16; rebias the exponent by 127 - 15
+    const std::uint32_t r =
+        detail::round_shifted_rne((u - 0x38000000U) >> 13, u & 0x1fffU, 0x1000U);
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  if (u <= 0x33000000U) return static_cast<std::uint16_t>(sign);  // <= 2^-25: ties to even zero
+  // Subnormal f16: the value is mantissa * 2^(exponent - 150); f16's unit is 2^-24.
+  const std::uint32_t mantissa = (u & 0x7fffffU) | 0x800000U;
+  const std::uint32_t shift = 0x7eU - (u >> 23);  // 14..24
+  const std::uint32_t r = detail::round_shifted_rne(
+      mantissa >> shift, mantissa & ((1U << shift) - 1U), 1U << (shift - 1U));
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+/// IEEE binary16 bits -> float (exact). Every NaN gives the float 0x7fffffff, as CUDA's
+/// `__half2float` does on the host; the device path is made to agree.
+TRAINKIT_HOST_DEVICE inline constexpr float f16_bits_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t magnitude = h & 0x7fffU;
+#if defined(__CUDA_ARCH__)
+  if (!__builtin_is_constant_evaluated()) {
+    float r = 0.0f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return magnitude > 0x7c00U ? detail::u32_to_f32(0x7fffffffU) : r;
+  }
+#endif
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000U) << 16;
+  if (magnitude >= 0x7c00U)
+    return detail::u32_to_f32(magnitude == 0x7c00U ? (sign | 0x7f800000U) : 0x7fffffffU);
+  if (magnitude >= 0x0400U) return detail::u32_to_f32(sign | ((magnitude + 0x1c000U) << 13));
+  // Zero or subnormal: magnitude * 2^-24 is exact in float and a normal float (no FTZ/DAZ issue).
+  const float value = static_cast<float>(magnitude) * 0x1p-24f;
+  return detail::u32_to_f32(sign | detail::f32_to_u32(value));
+}
+
+/// float -> bfloat16 bits, round-to-nearest-even (overflow rounds to ±Inf), every NaN gives
+/// kBF16CanonicalNaN (0x7fff). Identical to CUDA's host `__float2bfloat16_rn`; device code for
+/// sm_80+ uses `cvt.rn.bf16.f32`, NaNs canonicalised alike.
+TRAINKIT_HOST_DEVICE inline constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
+  const std::uint32_t x = detail::f32_to_u32(f);
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  if (!__builtin_is_constant_evaluated()) {
+    std::uint16_t r = 0;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return (x & 0x7fffffffU) > 0x7f800000U ? kBF16CanonicalNaN : r;
+  }
+#endif
+#endif
+  if ((x & 0x7fffffffU) > 0x7f800000U) return kBF16CanonicalNaN;
+  return static_cast<std::uint16_t>(detail::round_shifted_rne(x >> 16, x & 0xffffU, 0x8000U));
+}
+
+/// bfloat16 bits -> float (exact; NaN payloads are kept, as in CUDA).
+TRAINKIT_HOST_DEVICE inline constexpr float bf16_bits_to_float(std::uint16_t h) noexcept {
+  return detail::u32_to_f32(static_cast<std::uint32_t>(h) << 16);
+}
+
+/// IEEE binary16 value type: 2 bytes, the same layout as `__half`. Default construction leaves
+/// it uninitialised (trivial, like float, so it can live in `__shared__` arrays); `f16{}` is +0.
+/// Construction from float rounds to nearest even; from double it goes through float (two
+/// roundings: rarely 1 ulp off the directly rounded value); from an integer, through float.
+/// Arithmetic converts to float, computes, and rounds back: for + - * / this is exactly the
+/// correctly rounded binary16 result, so it matches native half arithmetic on the GPU.
+struct f16 {
+  f16() = default;
+  TRAINKIT_HOST_DEVICE explicit constexpr f16(float v) noexcept : bits_(float_to_f16_bits(v)) {}
+  TRAINKIT_HOST_DEVICE explicit constexpr f16(double v) noexcept
+      : bits_(float_to_f16_bits(static_cast<float>(v))) {}
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+  TRAINKIT_HOST_DEVICE explicit constexpr f16(I v) noexcept
+      : bits_(float_to_f16_bits(static_cast<float>(v))) {}
+
+  /// The value whose encoding is `bits` (no rounding; NaN payloads are kept as given).
+  TRAINKIT_HOST_DEVICE static constexpr f16 from_bits(std::uint16_t bits) noexcept {
+    f16 h;
+    h.bits_ = bits;
+    return h;
+  }
+  TRAINKIT_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
+
+  TRAINKIT_HOST_DEVICE explicit constexpr operator float() const noexcept {
+    return f16_bits_to_float(bits_);
+  }
+  TRAINKIT_HOST_DEVICE explicit constexpr operator double() const noexcept {
+    return static_cast<double>(f16_bits_to_float(bits_));
+  }
+
+  TRAINKIT_HOST_DEVICE constexpr f16& operator+=(f16 o) noexcept { return *this = *this + o; }
+  TRAINKIT_HOST_DEVICE constexpr f16& operator-=(f16 o) noexcept { return *this = *this - o; }
+  TRAINKIT_HOST_DEVICE constexpr f16& operator*=(f16 o) noexcept { return *this = *this * o; }
+  TRAINKIT_HOST_DEVICE constexpr f16& operator/=(f16 o) noexcept { return *this = *this / o; }
+
+  // Unary minus flips the sign bit only (exact, also for NaN and zero), as __hneg does.
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator-(f16 a) noexcept {
+    return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000U));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator+(f16 a) noexcept { return a; }
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator+(f16 a, f16 b) noexcept {
+    return f16(static_cast<float>(a) + static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator-(f16 a, f16 b) noexcept {
+    return f16(static_cast<float>(a) - static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator*(f16 a, f16 b) noexcept {
+    return f16(static_cast<float>(a) * static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr f16 operator/(f16 a, f16 b) noexcept {
+    return f16(static_cast<float>(a) / static_cast<float>(b));
+  }
+
+  // Comparisons follow float: -0 == +0, NaN compares unequal to everything.
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator==(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator!=(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) != static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) < static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<=(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) <= static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) > static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>=(f16 a, f16 b) noexcept {
+    return static_cast<float>(a) >= static_cast<float>(b);
+  }
+
+ private:
+  std::uint16_t bits_;
+};
+
+/// bfloat16 value type (8-bit exponent like float, 8-bit significand): 2 bytes, the same layout as
+/// `__nv_bfloat16`. Same rules as f16: trivial default construction, float-rounding constructors
+/// (double goes through float), arithmetic in float rounded back (= correctly rounded bf16 math).
+struct bf16 {
+  bf16() = default;
+  TRAINKIT_HOST_DEVICE explicit constexpr bf16(float v) noexcept : bits_(float_to_bf16_bits(v)) {}
+  TRAINKIT_HOST_DEVICE explicit constexpr bf16(double v) noexcept
+      : bits_(float_to_bf16_bits(static_cast<float>(v))) {}
+  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+  TRAINKIT_HOST_DEVICE explicit constexpr bf16(I v) noexcept
+      : bits_(float_to_bf16_bits(static_cast<float>(v))) {}
+
+  /// The value whose encoding is `bits` (no rounding; NaN payloads are kept as given).
+  TRAINKIT_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t bits) noexcept {
+    bf16 h;
+    h.bits_ = bits;
+    return h;
+  }
+  TRAINKIT_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
+
+  TRAINKIT_HOST_DEVICE explicit constexpr operator float() const noexcept {
+    return bf16_bits_to_float(bits_);
+  }
+  TRAINKIT_HOST_DEVICE explicit constexpr operator double() const noexcept {
+    return static_cast<double>(bf16_bits_to_float(bits_));
+  }
+
+  TRAINKIT_HOST_DEVICE constexpr bf16& operator+=(bf16 o) noexcept { return *this = *this + o; }
+  TRAINKIT_HOST_DEVICE constexpr bf16& operator-=(bf16 o) noexcept { return *this = *this - o; }
+  TRAINKIT_HOST_DEVICE constexpr bf16& operator*=(bf16 o) noexcept { return *this = *this * o; }
+  TRAINKIT_HOST_DEVICE constexpr bf16& operator/=(bf16 o) noexcept { return *this = *this / o; }
+
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator-(bf16 a) noexcept {
+    return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000U));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator+(bf16 a) noexcept { return a; }
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator+(bf16 a, bf16 b) noexcept {
+    return bf16(static_cast<float>(a) + static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator-(bf16 a, bf16 b) noexcept {
+    return bf16(static_cast<float>(a) - static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator*(bf16 a, bf16 b) noexcept {
+    return bf16(static_cast<float>(a) * static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator/(bf16 a, bf16 b) noexcept {
+    return bf16(static_cast<float>(a) / static_cast<float>(b));
+  }
+
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator==(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator!=(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) != static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) < static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<=(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) <= static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) > static_cast<float>(b);
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>=(bf16 a, bf16 b) noexcept {
+    return static_cast<float>(a) >= static_cast<float>(b);
+  }
+
+ private:
+  std::uint16_t bits_;
+};
+
+static_assert(sizeof(f16) == 2 && alignof(f16) == 2, "f16 must match __half's layout");
+static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2, "bf16 must match __nv_bfloat16's layout");
+static_assert(std::is_standard_layout_v<f16> && std::is_trivially_copyable_v<f16> &&
+              std::is_trivially_default_constructible_v<f16>);
+static_assert(std::is_standard_layout_v<bf16> && std::is_trivially_copyable_v<bf16> &&
+              std::is_trivially_default_constructible_v<bf16>);
+
+/// Classification by bits (exact, and unaffected by -ffast-math's finite-math assumptions).
+TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(f16 h) noexcept {
+  return (h.bits() & 0x7fffU) > 0x7c00U;
+}
+TRAINKIT_HOST_DEVICE inline constexpr bool is_inf(f16 h) noexcept {
+  return (h.bits() & 0x7fffU) == 0x7c00U;
+}
+TRAINKIT_HOST_DEVICE inline constexpr bool is_finite(f16 h) noexcept {
+  return (h.bits() & 0x7c00U) != 0x7c00U;
+}
+TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(bf16 h) noexcept {
+  return (h.bits() & 0x7fffU) > 0x7f80U;
+}
+TRAINKIT_HOST_DEVICE inline constexpr bool is_inf(bf16 h) noexcept {
+  return (h.bits() & 0x7fffU) == 0x7f80U;
+}
+TRAINKIT_HOST_DEVICE inline constexpr bool is_finite(bf16 h) noexcept {
+  return (h.bits() & 0x7f80U) != 0x7f80U;
+}
+
+#if TRAINKIT_WITH_CUDA
+/// Bit copies between trainkit's and CUDA's 16-bit types (no rounding, NaN payloads kept).
+TRAINKIT_HOST_DEVICE inline __half to_cuda(f16 h) noexcept {
+  __half_raw raw;
+  raw.x = h.bits();
+  return __half(raw);
+}
+TRAINKIT_HOST_DEVICE inline f16 from_cuda(__half h) noexcept {
+  return f16::from_bits(static_cast<__half_raw>(h).x);
+}
+TRAINKIT_HOST_DEVICE inline __nv_bfloat16 to_cuda(bf16 h) noexcept {
+  __nv_bfloat16_raw raw;
+  raw.x = h.bits();
+  return __nv_bfloat16(raw);
+}
+TRAINKIT_HOST_DEVICE inline bf16 from_cuda(__nv_bfloat16 h) noexcept {
+  return bf16::from_bits(static_cast<__nv_bfloat16_raw>(h).x);
+}
+#endif
+
+TRAINKIT_NAMESPACE_END
+
+namespace std {
+
+template <>
+struct numeric_limits<::trainkit::f16> {  // `struct` as in libstdc++'s primary template
+  using T = ::trainkit::f16;
+
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr float_denorm_style has_denorm = denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr float_round_style round_style = round_to_nearest;
+  static constexpr bool is_iec559 = true;
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr int digits = 11;
+  static constexpr int digits10 = 3;
+  static constexpr int max_digits10 = 5;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = -13;
+  static constexpr int min_exponent10 = -4;
+  static constexpr int max_exponent = 16;
+  static constexpr int max_exponent10 = 4;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+
+  TRAINKIT_HOST_DEVICE static constexpr T min() noexcept { return T::from_bits(0x0400); }
+  TRAINKIT_HOST_DEVICE static constexpr T lowest() noexcept { return T::from_bits(0xfbff); }
+  TRAINKIT_HOST_DEVICE static constexpr T max() noexcept { return T::from_bits(0x7bff); }
+  TRAINKIT_HOST_DEVICE static constexpr T epsilon() noexcept { return T::from_bits(0x1400); }
+  TRAINKIT_HOST_DEVICE static constexpr T round_error() noexcept { return T::from_bits(0x3800); }
+  TRAINKIT_HOST_DEVICE static constexpr T infinity() noexcept { return T::from_bits(0x7c00); }
+  TRAINKIT_HOST_DEVICE static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7fff); }
+  TRAINKIT_HOST_DEVICE static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7d00); }
+  TRAINKIT_HOST_DEVICE static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
+};
+
+template <>
+struct numeric_limits<::trainkit::bf16> {  // `struct` as in libstdc++'s primary template
+  using T = ::trainkit::bf16;
+
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr float_denorm_style has_denorm = denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr float_round_style round_style = round_to_nearest;
+  static constexpr bool is_iec559 = false;  // IEEE-style semantics, but not an IEEE 754 format
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr int digits = 8;
+  static constexpr int digits10 = 2;
+  static constexpr int max_digits10 = 4;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = -125;
+  static constexpr int min_exponent10 = -37;
+  static constexpr int max_exponent = 128;
+  static constexpr int max_exponent10 = 38;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+
+  TRAINKIT_HOST_DEVICE static constexpr T min() noexcept { return T::from_bits(0x0080); }
+  TRAINKIT_HOST_DEVICE static constexpr T lowest() noexcept { return T::from_bits(0xff7f); }
+  TRAINKIT_HOST_DEVICE static constexpr T max() noexcept { return T::from_bits(0x7f7f); }
+  TRAINKIT_HOST_DEVICE static constexpr T epsilon() noexcept { return T::from_bits(0x3c00); }
+  TRAINKIT_HOST_DEVICE static constexpr T round_error() noexcept { return T::from_bits(0x3f00); }
+  TRAINKIT_HOST_DEVICE static constexpr T infinity() noexcept { return T::from_bits(0x7f80); }
+  TRAINKIT_HOST_DEVICE static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7fff); }
+  TRAINKIT_HOST_DEVICE static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7f81); }
+  TRAINKIT_HOST_DEVICE static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
+};
+
+}  // namespace std
