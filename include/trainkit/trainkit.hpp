@@ -23,4 +23,11 @@
 #include "trainkit/cuda/device.hpp"
 #include "trainkit/cuda/buffer.hpp"
 
+#include "trainkit/exec/executor.hpp"
+#include "trainkit/exec/host.hpp"
+#include "trainkit/exec/cuda.hpp"
+#include "trainkit/exec/launch.hpp"
+#include "trainkit/exec/reduce.hpp"
+#include "trainkit/exec/multi_tensor_apply.hpp"
+
 #endif  // TRAINKIT_TRAINKIT_HPP_

@@ -1,0 +1,108 @@
+// Tests for exec/launch.hpp on the Host: every index of [0, n) is visited exactly once for
+// awkward n and thread counts, the split follows its documented rules, exceptions propagate.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include <trainkit/exec/launch.hpp>
+
+namespace {
+
+namespace exec = trainkit::exec;
+
+struct Axpy {
+  float a;
+  const float* x;
+  float* y;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = a * x[i] + y[i]; }
+};
+
+}  // namespace
+
+TEST_CASE("launch(Host): each index exactly once for n = 0, 1, primes and 10^7") {
+  const std::vector<std::int64_t> sizes = {0, 1, 7, 8191, 65537, 1000003, 10000000};
+  for (int threads : {1, 2, 3, 8}) {
+    const exec::Host host(threads);
+    for (const std::int64_t n : sizes) {
+      std::vector<std::uint8_t> hits(static_cast<std::size_t>(n) + 1, 0);  // +1: an overrun guard
+      std::uint8_t* h = hits.data();
+      exec::launch(host, n, [=](std::int64_t i) {
+        std::atomic_ref<std::uint8_t>(h[i]).fetch_add(1, std::memory_order_relaxed);
+      });
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < n; ++i) wrong += hits[static_cast<std::size_t>(i)] != 1;
+      CHECK_MESSAGE(wrong == 0, "n=", n, " threads=", threads);
+      CHECK(hits.back() == 0);
+    }
+  }
+}
+
+TEST_CASE("launch(Host): the split into tasks") {
+  using exec::detail::host_split;
+  CHECK(host_split(100, 8).num_tasks == 1);
+  CHECK(host_split(2 * exec::kHostMinTaskElements - 1, 8).num_tasks == 1);
+  CHECK(host_split(std::int64_t{1} << 30, 1).num_tasks == 1);
+  for (int threads : {2, 3, 8, 64}) {
+    for (std::int64_t n : {std::int64_t{2} * exec::kHostMinTaskElements, std::int64_t{1000003},
+                           std::int64_t{10000000}, std::int64_t{64} << 20}) {
+      const auto split = host_split(n, threads);
+      CAPTURE(n);
+      CAPTURE(threads);
+      CHECK(split.num_tasks >= 2);
+      CHECK(split.num_tasks <= 4 * threads);
+      CHECK(split.per_task % exec::kHostTaskAlignment == 0);
+      CHECK(split.per_task >= exec::kHostMinTaskElements);
+      CHECK(split.num_tasks * split.per_task >= n);       // covers [0, n)
+      CHECK((split.num_tasks - 1) * split.per_task < n);  // no empty task
+    }
+  }
+}
+
+TEST_CASE("launch(Host): axpy with a functor on the default executor") {
+  const std::int64_t n = 3000017;
+  std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[static_cast<std::size_t>(i)] = static_cast<float>(i % 1024);
+    y[static_cast<std::size_t>(i)] = static_cast<float>(i % 7);
+  }
+  exec::launch(exec::Host::default_instance(), n, Axpy{0.5f, x.data(), y.data()});
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i)  // small integers and halves: exact in f32
+    wrong += y[static_cast<std::size_t>(i)] !=
+             0.5f * static_cast<float>(i % 1024) + static_cast<float>(i % 7);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("launch(Host): non-copyable functors and mutable lambdas work") {
+  const exec::Host host(4);
+  auto counter = std::make_unique<std::atomic<std::int64_t>>(0);
+  struct Owning {
+    std::unique_ptr<std::atomic<std::int64_t>>* sum;
+    std::unique_ptr<int> not_copyable = std::make_unique<int>(1);
+    void operator()(std::int64_t i) const { (*sum)->fetch_add(i, std::memory_order_relaxed); }
+  };
+  const std::int64_t n = 200000;
+  exec::launch(host, n, Owning{&counter});
+  CHECK(counter->load() == n * (n - 1) / 2);
+  std::vector<int> out(static_cast<std::size_t>(n));
+  int* o = out.data();
+  exec::launch(host, n, [o](std::int64_t i) mutable { o[i] = static_cast<int>(i % 3); });
+  CHECK(out[100000] == 100000 % 3);
+}
+
+TEST_CASE("launch(Host): exceptions propagate, inline and parallel") {
+  for (int threads : {1, 4}) {
+    const exec::Host host(threads);
+    for (std::int64_t n : {std::int64_t{100}, std::int64_t{1000000}}) {
+      CHECK_THROWS_WITH_AS(exec::launch(host, n,
+                                        [n](std::int64_t i) {
+                                          if (i == n - 3) throw std::out_of_range("bad index");
+                                        }),
+                           "bad index", std::out_of_range);
+    }
+  }
+}
