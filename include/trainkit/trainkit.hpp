@@ -30,4 +30,19 @@
 #include "trainkit/exec/reduce.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
 
+#include "trainkit/io/crc32c.hpp"
+#include "trainkit/io/protobuf.hpp"
+#include "trainkit/io/tfevents.hpp"
+
+#include "trainkit/monitor/json_writer.hpp"
+#include "trainkit/monitor/nvtx.hpp"
+#include "trainkit/monitor/timeline.hpp"
+#include "trainkit/monitor/throughput.hpp"
+#include "trainkit/monitor/memory.hpp"
+#include "trainkit/monitor/gpu_monitor.hpp"
+#include "trainkit/monitor/progress.hpp"
+#include "trainkit/monitor/metrics_file.hpp"
+#include "trainkit/monitor/tensorboard.hpp"
+#include "trainkit/monitor/monitor.hpp"
+
 #endif  // TRAINKIT_TRAINKIT_HPP_

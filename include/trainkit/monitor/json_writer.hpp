@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+// trainkit/monitor/json_writer.hpp: a tiny append-only JSON text builder for the monitor's outputs
+// (JSON-lines metrics, Chrome trace files). Numbers use the shortest round-trip form, and NaN or
+// infinity become null, because JSON has no spelling for them and Python's json would choke.
+#pragma once
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "trainkit/config.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace monitor {
+
+/// Builds JSON text into a string. The caller keeps the structure valid; the writer only inserts
+/// commas and escapes: `JsonWriter w; w.begin_object(); w.key("step"); w.value(3); w.end_object();`
+class JsonWriter {
+ public:
+  const std::string& str() const noexcept { return out_; }
+  std::string take() noexcept { return std::move(out_); }
+  void clear() noexcept {
+    out_.clear();
+    need_comma_ = false;
+  }
+
+  JsonWriter& begin_object() {
+    separate();
+    out_.push_back('{');
+    need_comma_ = false;
+    return *this;
+  }
+  JsonWriter& end_object() {
+    out_.push_back('}');
+    need_comma_ = true;
+    return *this;
+  }
+  JsonWriter& begin_array() {
+    separate();
+    out_.push_back('[');
+    need_comma_ = false;
+    return *this;
+  }
+  JsonWriter& end_array() {
+    out_.push_back(']');
+    need_comma_ = true;
+    return *this;
+  }
+  /// An object key; the next call writes its value.
+  JsonWriter& key(std::string_view name) {
+    separate();
+    append_string(name);
+    out_.push_back(':');
+    need_comma_ = false;
+    return *this;
+  }
+  JsonWriter& value(std::string_view text) {
+    separate();
+    append_string(text);
+    need_comma_ = true;
+    return *this;
+  }
+  JsonWriter& value(const char* text) { return value(std::string_view(text)); }
+  JsonWriter& value(bool b) {
+    separate();
+    out_.append(b ? "true" : "false");
+    need_comma_ = true;
+    return *this;
+  }
+  JsonWriter& value(std::int64_t v) {
+    separate();
+    char buffer[24];
+    const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+    out_.append(buffer, r.ptr);
+    need_comma_ = true;
+    return *this;
+  }
+  JsonWriter& value(int v) { return value(static_cast<std::int64_t>(v)); }
+  /// Shortest text that parses back to the same double; NaN and infinities become null.
+  JsonWriter& value(double v) {
+    separate();
+    if (!std::isfinite(v)) {
+      out_.append("null");
+    } else {
+      char buffer[32];
+      const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+      out_.append(buffer, r.ptr);
+    }
+    need_comma_ = true;
+    return *this;
+  }
+  /// Pre-formatted JSON (a number printed with a chosen precision, a nested document).
+  JsonWriter& raw(std::string_view json) {
+    separate();
+    out_.append(json);
+    need_comma_ = true;
+    return *this;
+  }
+
+ private:
+  void separate() {
+    if (need_comma_) out_.push_back(',');
+  }
+  void append_string(std::string_view s) {
+    out_.push_back('"');
+    std::size_t run = 0;  // start of the pending run of characters that need no escaping
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
+      out_.append(s.data() + run, i - run);
+      run = i + 1;
+      switch (c) {
+        case '"': out_.append("\\\""); break;
+        case '\\': out_.append("\\\\"); break;
+        case '\n': out_.append("\\n"); break;
+        case '\r': out_.append("\\r"); break;
+        case '\t': out_.append("\\t"); break;
+        default: {
+          char buffer[8];
+          std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
+          out_.append(buffer);
+        }
+      }
+    }
+    out_.append(s.data() + run, s.size() - run);
+    out_.push_back('"');
+  }
+
+  std::string out_;
+  bool need_comma_ = false;
+};
+
+}  // namespace monitor
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT
+// trainkit/monitor/throughput.hpp: the numbers that say how fast training is — model FLOPs per
+// step (transformer formula from PaLM appendix B, as torchtitan uses), peak FLOP/s of the device
+// (dense tensor-core peaks for H200/H100/A100, a configured or measured CPU peak) and MFU:
+//   MFU = achieved model FLOP/s / peak FLOP/s = (flops_per_step / step_seconds) / peak.
+// MFU figures computed with other formulas or peaks are not comparable, so logs name both.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "trainkit/config.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace monitor {
+
+/// The arithmetic a step's matrix multiplies run in; it selects the peak MFU is measured against.
+enum class Precision : std::uint8_t { kFp32, kTf32, kBf16, kFp16 };
+
+inline constexpr const char* precision_name(Precision p) noexcept {
+  constexpr const char* kNames[] = {"fp32", "tf32", "bf16", "fp16"};
+  return kNames[static_cast<int>(p)];
+}
+
+/// Dense (no sparsity) peak FLOP/s of one GPU, per precision.
+struct DevicePeak {
+  const char*
+      pattern;        ///< substring of the CUDA device name, e.g. "H100" in "NVIDIA H100 80GB HBM3"
+  const char* label;  ///< what logs print
+  double fp32;        ///< FP32 on CUDA cores (non-tensor)
+  double tf32;        ///< TF32 tensor cores
+  double bf16;        ///< BF16 tensor cores (FP16 is the same on these parts)
+};
+
+/// Spec-sheet dense peaks (NVIDIA data sheets via reference/performance.md §1.1: 989 TFLOP/s BF16
+/// = 528 tensor cores x 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
+/// advertises (1,979 BF16) are twice these and must not be used for MFU. "H100 PCIe" comes
+/// first so it wins over the plain "H100" (SXM) entry; its numbers are the PCIe data sheet's
+/// (llm.c's mfu.h uses the same 756 TFLOP/s BF16 base).
+inline constexpr DevicePeak kDevicePeaks[] = {
+    {"H200", "H200 SXM", 67e12, 494.5e12, 989e12},
+    {"H100 PCIe", "H100 PCIe", 51e12, 378e12, 756e12},
+    {"H100", "H100 SXM", 67e12, 494.5e12, 989e12},
+    {"A100", "A100", 19.5e12, 156e12, 312e12},
+};
+
+/// The table entry whose pattern occurs in `device_name`, or nullptr for an unknown device.
+inline const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
+  for (const DevicePeak& entry : kDevicePeaks) {
+    if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
+  }
+  return nullptr;
+}
+
+/// Dense peak FLOP/s of `device_name` for `precision`; 0 when the device is not in the table.
+inline double device_peak_flops(std::string_view device_name, Precision precision) noexcept {
+  const DevicePeak* entry = find_device_peak(device_name);
+  if (entry == nullptr) return 0.0;
+  switch (precision) {
+    case Precision::kFp32: return entry->fp32;
+    case Precision::kTf32: return entry->tf32;
+    case Precision::kBf16:
+    case Precision::kFp16: return entry->bf16;
+  }
+  return 0.0;
+}
+
+/// Training FLOPs per token of a decoder-only transformer, PaLM appendix B / torchtitan
+/// `get_num_flop_per_token`: 6·N + 12·L·H·Q·T.
+///  - 6·N: forward (2 FLOP per multiply-add) plus backward (twice the forward) of every matmul
+///    weight. `n_params` counts the parameters used in matmuls: exclude the token-embedding table
+///    (a lookup), include an untied output head.
+///  - 12·L·H·Q·T: the attention score and value matmuls (2 in forward, 4 in backward, 2 FLOP
+///    each per multiply-add) for L layers, H heads of dimension Q over sequence length T. No
+///    discount for causal masking, and activation recomputation is not counted (that would be HFU).
+inline constexpr double transformer_flops_per_token(double n_params, int layers, int heads,
+                                                    int head_dim, int seq_len) noexcept {
+  return 6.0 * n_params + 12.0 * static_cast<double>(layers) * static_cast<double>(heads) *
+                              static_cast<double>(head_dim) * static_cast<double>(seq_len);
+}
+
+/// Training FLOPs of one step processing `tokens` tokens: transformer_flops_per_token · tokens.
+inline constexpr double transformer_flops_per_step(double n_params, int layers, int heads,
+                                                   int head_dim, int seq_len,
+                                                   double tokens) noexcept {
+  return transformer_flops_per_token(n_params, layers, heads, head_dim, seq_len) * tokens;
+}
+
+/// Achieved FLOP/s: flops_per_step / step_seconds (0 when the step time is not positive).
+inline constexpr double achieved_flops(double flops_per_step, double step_seconds) noexcept {
+  return step_seconds > 0.0 ? flops_per_step / step_seconds : 0.0;
+}
+
+/// Model FLOPs utilization in [0, 1]: achieved_flops(flops_per_step, step_seconds) / peak_flops.
+/// Returns 0 when the peak or the step time is unknown (not positive).
+inline constexpr double mfu(double flops_per_step, double step_seconds,
+                            double peak_flops) noexcept {
+  return peak_flops > 0.0 ? achieved_flops(flops_per_step, step_seconds) / peak_flops : 0.0;
+}
+
+namespace detail {
+// 32 independent multiply-add chains hide the FP latency; the compiler vectorizes them with
+// whatever the build enables (SSE2 by default on x86-64, AVX2/FMA with -march=native).
+inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
+  constexpr int kChains = 32;
+  float acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j) * 1e-3f;
+  const float m = 0.999999f;
+  const float c = 1e-7f;
+  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t iterations = 0;
+  std::int64_t elapsed = 0;
+  do {
+    for (int rep = 0; rep < 4096; ++rep) {
+      for (int j = 0; j < kChains; ++j) acc[j] = acc[j] * m + c;
+    }
+    iterations += 4096;
+    elapsed =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+  } while (elapsed < min_ns);
+  float sink = 0.0f;
+  for (int j = 0; j < kChains; ++j) sink += acc[j];
+  volatile float keep = sink;  // keeps the loop from being optimized away
+  (void)keep;
+  return 2.0 * kChains * static_cast<double>(iterations) / (1e-9 * static_cast<double>(elapsed));
+}
+}  // namespace detail
+
+/// Measures the FP32 multiply-add rate this build reaches on `threads` threads (0 = all hardware
+/// threads) for about `seconds`: a practical CPU "peak" for MFU on machines without a spec-sheet
+/// number. It depends on compiler flags (-march=native enables wider vectors), so prefer a
+/// configured peak when comparing machines.
+inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  const auto min_ns = static_cast<std::int64_t>(seconds * 1e9);
+  std::atomic<bool> go{false};
+  std::vector<double> rates(threads, 0.0);
+  std::vector<std::thread> workers;
+  workers.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] { rates[t] = detail::cpu_peak_worker(min_ns, go); });
+  }
+  go.store(true, std::memory_order_release);
+  for (auto& w : workers) w.join();
+  double total = 0.0;
+  for (double r : rates) total += r;
+  return total;
+}
+
+}  // namespace monitor
+TRAINKIT_NAMESPACE_END
