@@ -33,6 +33,18 @@
 #include "trainkit/io/crc32c.hpp"
 #include "trainkit/io/protobuf.hpp"
 #include "trainkit/io/tfevents.hpp"
+#include "trainkit/io/mmap.hpp"
+#include "trainkit/io/npy.hpp"
+#include "trainkit/io/tar.hpp"
+
+#include "trainkit/data/dataset.hpp"
+#include "trainkit/data/sampler.hpp"
+#include "trainkit/data/shard_pattern.hpp"
+#include "trainkit/data/npy_dataset.hpp"
+#include "trainkit/data/token_shards.hpp"
+#include "trainkit/data/tar_shards.hpp"
+#include "trainkit/data/prefetcher.hpp"
+#include "trainkit/data/augment.hpp"
 
 #include "trainkit/monitor/json_writer.hpp"
 #include "trainkit/monitor/nvtx.hpp"

@@ -1,0 +1,702 @@
+// SPDX-License-Identifier: MIT
+// trainkit/data/prefetcher.hpp: the Prefetcher, trainkit's DataLoader. `num_workers` threads read
+// samples straight into a ring of `depth` batch slots (pinned when a GPU exists); in device mode
+// each finished slot is copied to the device on a copy stream and the consumer's stream waits on
+// an event (no host sync). Batch k is a pure function of (sampler, epoch, k), so the order never
+// depends on thread timing, state()/restore() resume mid-epoch exactly, and memory is bounded by
+// depth x batch. Threads, not processes: nothing is pickled or copied per worker.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/allocator.hpp"
+#include "trainkit/core/dtype.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/cuda/device.hpp"
+#include "trainkit/data/dataset.hpp"
+#include "trainkit/error.hpp"
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "trainkit/cuda/event.hpp"
+#include "trainkit/cuda/stream.hpp"
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace data {
+
+/// Where a sample sits, handed to transforms (augmentations key their randomness on it).
+struct SampleInfo {
+  std::uint64_t epoch = 0;
+  std::uint64_t position = 0;  ///< sample number within the epoch (batch * batch_size + row)
+  std::int64_t index = 0;      ///< dataset index (streaming datasets: equal to position)
+};
+
+/// A per-sample host transform run by the workers: reads `in` (the dataset's fields), writes
+/// `out` (the batch fields). With PrefetchOptions::output_fields empty, `in` and `out` are the
+/// same memory (transform in place). Must be deterministic in (info, in) and thread-safe.
+using SampleTransform =
+    std::function<void(const SampleInfo&, const SampleRef& in, const SampleRef& out)>;
+
+struct PrefetchOptions {
+  std::size_t batch_size = 1;
+  std::size_t num_workers = 2;  ///< reader threads (streaming datasets always use one)
+  std::size_t depth = 4;        ///< batch slots, >= 2; memory = depth x one batch (x2 on device)
+  bool drop_last = false;       ///< drop each epoch's final partial batch
+  bool pin_memory = true;       ///< pinned slots when a CUDA device exists (else plain memory)
+  std::uint64_t epoch = 0;      ///< the first epoch
+  std::string name = "Prefetcher";         ///< used in error messages
+  SampleTransform transform{};             ///< optional per-sample transform (augmentation)
+  std::vector<FieldSpec> output_fields{};  ///< batch fields when `transform` changes them
+};
+
+/// The position of the next batch next() returns: save it with a checkpoint, restore() it to
+/// resume at exactly that batch.
+struct PrefetchState {
+  std::uint64_t epoch = 0;
+  std::uint64_t batch = 0;  ///< batch index within the epoch
+  friend bool operator==(const PrefetchState&, const PrefetchState&) = default;
+};
+
+/// Time the consumer spent blocked in next() (data-wait): the loader is keeping up when this
+/// stays a small fraction of the step time.
+struct PrefetchStats {
+  std::uint64_t batches = 0;  ///< batches returned since construction / reset_stats()
+  double wait_seconds = 0;    ///< total time blocked in next()
+  double last_wait_seconds = 0;
+};
+
+/// One batch. Valid until the next call to next(), restore() or the Prefetcher's destruction;
+/// each field is `size()` rows of its FieldSpec. In device mode device pointers/views refer to
+/// device memory that is ready for work queued on the consumer's stream after next() returned;
+/// host pointers/views stay valid in both modes.
+class Batch {
+ public:
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  /// Batch index within the epoch.
+  std::uint64_t index() const noexcept { return index_; }
+  /// Rows in this batch (batch_size except possibly the last batch of an epoch).
+  std::size_t size() const noexcept { return size_; }
+  bool last_in_epoch() const noexcept { return last_; }
+  bool on_device() const noexcept { return !device_.empty(); }
+  const std::vector<FieldSpec>& fields() const noexcept { return *fields_; }
+
+  /// The dataset index of every row (host).
+  std::span<const std::int64_t> indices() const noexcept { return {indices_, size_}; }
+  /// The row indices in device memory (device mode; null otherwise), for device augmentations.
+  const std::int64_t* device_indices() const noexcept { return device_indices_; }
+
+  /// Field k's rows on the host (pinned or plain memory).
+  std::span<std::byte> host_bytes(std::size_t k) const {
+    return {host_.at(k), size_ * (*fields_)[k].bytes()};
+  }
+  /// Field k's rows in device memory (device mode only; throws otherwise).
+  std::byte* device_bytes(std::size_t k) const {
+    TRAINKIT_CHECK(on_device(), "Batch::device_bytes: the Prefetcher runs in host mode");
+    return device_.at(k);
+  }
+
+  /// A host view of field `name` as [rows, sample dims...]; R = 1 + sample rank. Throws when T
+  /// or R do not match the field.
+  template <class T, int R>
+  HostView<T, R> host(std::string_view name) const {
+    const std::size_t k = check_view<T, R>(name);
+    return HostView<T, R>(reinterpret_cast<T*>(host_[k]), extents<R>(k));
+  }
+  /// A device view of field `name` (device mode only).
+  template <class T, int R>
+  DeviceView<T, R> device(std::string_view name) const {
+    const std::size_t k = check_view<T, R>(name);
+    return DeviceView<T, R>(reinterpret_cast<T*>(device_bytes(k)), extents<R>(k));
+  }
+
+ private:
+  friend class Prefetcher;
+
+  template <class T, int R>
+  std::size_t check_view(std::string_view name) const {
+    const std::size_t k = field_index(*fields_, name);
+    const FieldSpec& f = (*fields_)[k];
+    TRAINKIT_CHECK(dtype_of<std::remove_const_t<T>> == f.dtype, "Batch: field '", name, "' is ",
+                   dtype_name(f.dtype), ", not ", dtype_name(dtype_of<std::remove_const_t<T>>));
+    TRAINKIT_CHECK(static_cast<std::size_t>(R) == f.shape.size() + 1, "Batch: field '", name,
+                   "' has rank ", f.shape.size() + 1, " (rows + sample dims), not ", R);
+    return k;
+  }
+  template <int R>
+  Extents<R> extents(std::size_t k) const {
+    Extents<R> e;
+    e[0] = static_cast<std::int64_t>(size_);
+    for (int d = 1; d < R; ++d) e[d] = (*fields_)[k].shape[static_cast<std::size_t>(d - 1)];
+    return e;
+  }
+
+  const std::vector<FieldSpec>* fields_ = nullptr;
+  std::vector<std::byte*> host_;
+  std::vector<std::byte*> device_;
+  const std::int64_t* indices_ = nullptr;
+  const std::int64_t* device_indices_ = nullptr;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t index_ = 0;
+  std::size_t size_ = 0;
+  bool last_ = false;
+};
+
+/// The asynchronous batch loader. Typical use:
+/// ```
+/// data::NpyDataset ds({{"x", "x.npy"}, {"y", "y.npy"}});
+/// data::Prefetcher loader(ds, data::RandomSampler(ds.size(), seed), {.batch_size = 256});
+/// for (;;) { data::Batch b = loader.next(); ...; if (b.last_in_epoch()) break; }
+/// ```
+/// next() runs forever, epoch after epoch. The dataset must outlive the Prefetcher. Not
+/// thread-safe: one consumer thread calls next()/state()/restore().
+class Prefetcher {
+ public:
+  /// Host mode over a random-access dataset. Throws trainkit::Error for bad options or a
+  /// sampler that yields no batch.
+  template <Dataset D, Sampler S>
+  Prefetcher(const D& dataset, S sampler, PrefetchOptions options) : options_(std::move(options)) {
+    init_indexed(dataset, std::move(sampler));
+    setup(false);
+  }
+
+  /// Host mode over a streaming dataset (read by one worker thread).
+  template <StreamingDataset D>
+  Prefetcher(D& dataset, PrefetchOptions options) : options_(std::move(options)) {
+    init_streaming(dataset);
+    setup(false);
+  }
+
+#if TRAINKIT_WITH_CUDA
+  /// Device mode: batches are copied to the current device on an internal copy stream; work
+  /// that `stream` runs after next() returns sees the batch (it waits on an event, on the
+  /// device). Throws trainkit::Error when no CUDA device is usable.
+  template <Dataset D, Sampler S>
+  Prefetcher(const D& dataset, S sampler, PrefetchOptions options, cuda::StreamRef stream)
+      : options_(std::move(options)), consumer_stream_(stream) {
+    init_indexed(dataset, std::move(sampler));
+    setup(true);
+  }
+  /// Device mode over a streaming dataset.
+  template <StreamingDataset D>
+  Prefetcher(D& dataset, PrefetchOptions options, cuda::StreamRef stream)
+      : options_(std::move(options)), consumer_stream_(stream) {
+    init_streaming(dataset);
+    setup(true);
+  }
+#endif
+
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  /// Stops the workers (they abandon partial batches) and frees the slots. Never throws.
+  ~Prefetcher() { stop_workers(); }
+
+  /// The next batch, blocking until it is ready (the wait is added to stats()). Releases the
+  /// previous batch. Rethrows a worker's exception as trainkit::Error naming the dataset, the
+  /// file and the sample; after that, next() keeps throwing until restore().
+  Batch next() {
+    release_held();
+    const std::uint64_t g = consumed_;
+    const std::size_t s = static_cast<std::size_t>(g % depth_);
+    Slot& slot = slots_[s];
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // After a failure nothing more is claimed: batches claimed before it still arrive.
+      ready_cv_.wait(lock, [&] { return slot.done_gen == g + 1 || (fatal_ && g >= claimed_); });
+      if (slot.done_gen != g + 1) std::rethrow_exception(fatal_);
+      if (slot.error) std::rethrow_exception(slot.error);
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.batches += 1;
+    stats_.wait_seconds += waited;
+    stats_.last_wait_seconds = waited;
+#if TRAINKIT_WITH_CUDA
+    if (device_mode_) consumer_stream_.wait(copy_done_[s].get());
+#endif
+    Batch b;
+    b.fields_ = &out_fields_;
+    b.epoch_ = slot.epoch;
+    b.index_ = slot.batch;
+    b.size_ = slot.rows;
+    b.last_ = slot.last;
+    auto* host = static_cast<std::byte*>(host_slots_[s].get());
+    b.host_.resize(out_fields_.size());
+    for (std::size_t k = 0; k < out_fields_.size(); ++k) b.host_[k] = host + offsets_[k];
+    b.indices_ = reinterpret_cast<const std::int64_t*>(host + indices_offset_);
+    if (device_mode_) {
+      auto* dev = static_cast<std::byte*>(device_slots_[s].get());
+      b.device_.resize(out_fields_.size());
+      for (std::size_t k = 0; k < out_fields_.size(); ++k) b.device_[k] = dev + offsets_[k];
+      b.device_indices_ = reinterpret_cast<const std::int64_t*>(dev + indices_offset_);
+    }
+    next_state_ =
+        slot.last ? PrefetchState{slot.epoch + 1, 0} : PrefetchState{slot.epoch, slot.batch + 1};
+    held_ = true;
+    ++consumed_;
+    return b;
+  }
+
+  /// The position of the batch the next call to next() returns.
+  PrefetchState state() const noexcept { return next_state_; }
+
+  /// Continues from `state` (from state(), possibly of another run with the same dataset,
+  /// sampler and options): the batches that follow are exactly those an uninterrupted run would
+  /// have produced from that point. Invalidates the current batch; clears a worker error.
+  void restore(const PrefetchState& state) {
+    stop_workers();
+    release_held();
+    TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
+                   ": restore() to batch ", state.batch, " of epoch ", state.epoch,
+                   " but an epoch has ", per_epoch_, " batches");
+    begin(state);
+  }
+
+  /// Batches per epoch for a random-access dataset; 0 for streaming datasets (unknown ahead).
+  std::size_t batches_per_epoch() const noexcept { return per_epoch_; }
+  /// The fields of every batch.
+  const std::vector<FieldSpec>& fields() const noexcept { return out_fields_; }
+  const PrefetchOptions& options() const noexcept { return options_; }
+  bool device_mode() const noexcept { return device_mode_; }
+  /// True when the host slots are page-locked.
+  bool pinned() const noexcept {
+    return !host_slots_.empty() && host_slots_[0].kind() == MemoryKind::kPinned;
+  }
+  /// Bytes of one batch slot (host; the device holds the same again in device mode).
+  std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  PrefetchStats stats() const noexcept { return stats_; }
+  void reset_stats() noexcept { stats_ = {}; }
+
+ private:
+  struct Slot {
+    std::uint64_t done_gen = 0;  // g + 1 once batch g is in the slot (0: never filled)
+    std::exception_ptr error;
+    std::uint64_t epoch = 0, batch = 0;
+    std::size_t rows = 0;
+    bool last = false;
+  };
+
+  // ---- type-erased dataset -------------------------------------------------------------------
+  template <class D, class S>
+  void init_indexed(const D& dataset, S sampler) {
+    in_fields_.assign(std::begin(dataset.fields()), std::end(dataset.fields()));
+    read_ = [&dataset](std::size_t i, const SampleRef& out) { dataset.read(i, out); };
+    describe_ = [&dataset](std::size_t i) { return std::string(dataset.describe(i)); };
+    auto shared = std::make_shared<S>(std::move(sampler));
+    indices_of_ = [shared](std::uint64_t epoch) {
+      return std::vector<std::int64_t>(shared->indices(epoch));
+    };
+    per_epoch_samples_ = shared->size();
+    const std::size_t b = std::max<std::size_t>(options_.batch_size, 1);
+    per_epoch_ = options_.drop_last ? per_epoch_samples_ / b : (per_epoch_samples_ + b - 1) / b;
+    TRAINKIT_CHECK(per_epoch_ > 0, options_.name, ": the sampler yields ", per_epoch_samples_,
+                   " samples per epoch, not enough for one batch of ", b,
+                   options_.drop_last ? " with drop_last" : "");
+  }
+
+  template <class D>
+  void init_streaming(D& dataset) {
+    const auto fields = dataset.fields();
+    in_fields_.assign(std::begin(fields), std::end(fields));
+    streaming_ = true;
+    start_ = [&dataset](std::uint64_t epoch, std::uint64_t skip) { dataset.start(epoch, skip); };
+    next_ = [&dataset](const SampleRef& out) { return dataset.next(out); };
+    describe_current_ = [&dataset] { return std::string(dataset.describe_current()); };
+  }
+
+  // ---- setup ---------------------------------------------------------------------------------
+  void setup(bool device) {
+    TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
+    TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
+                   "one being filled), got ", options_.depth);
+    TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
+                   options_.name, ": output_fields given without a transform to fill them");
+    depth_ = options_.depth;
+    num_workers_ = streaming_ ? 1 : std::max<std::size_t>(options_.num_workers, 1);
+    out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
+    separate_input_ = !options_.output_fields.empty();
+    const std::size_t B = options_.batch_size;
+    std::size_t off = 0;
+    for (const FieldSpec& f : out_fields_) {
+      offsets_.push_back(off);
+      off = align(off + B * f.bytes());
+    }
+    indices_offset_ = off;
+    slot_bytes_ = off + B * sizeof(std::int64_t);
+    in_sample_bytes_ = 0;
+    for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
+
+    device_mode_ = device;
+#if TRAINKIT_WITH_CUDA
+    if (device_mode_) {
+      TRAINKIT_CHECK(cuda::device_count() > 0, options_.name,
+                     ": device mode needs a CUDA device, and none is visible");
+      device_id_ = cuda::current_device();
+      copy_stream_ = std::make_unique<cuda::Stream>();
+      for (std::size_t s = 0; s < depth_; ++s) {
+        copy_done_.emplace_back();
+        released_.emplace_back();
+      }
+    }
+#endif
+    const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
+    for (std::size_t s = 0; s < depth_; ++s) {
+      host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
+      if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
+    }
+    slots_.resize(depth_);
+    begin(PrefetchState{options_.epoch, 0});
+  }
+
+  static std::size_t align(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+
+  /// (Re)starts the workers at `state`.
+  void begin(const PrefetchState& state) {
+    origin_ = state;
+    next_state_ = state;
+    claimed_ = 0;
+    released_count_ = 0;
+    consumed_ = 0;
+    held_ = false;
+    fatal_ = nullptr;
+    stop_.store(false);
+    for (Slot& s : slots_) s = Slot{};
+    epoch_indices_.clear();
+    stream_cursor_ = state;
+    stream_started_ = false;
+    workers_.clear();
+    for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
+  }
+
+  void stop_workers() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_.store(true);
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : workers_)
+      if (t.joinable()) t.join();
+    workers_.clear();
+#if TRAINKIT_WITH_CUDA
+    if (copy_stream_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(copy_stream_->get()));
+#endif
+  }
+
+  void release_held() {
+    if (!held_) return;
+    const std::size_t s = static_cast<std::size_t>((consumed_ - 1) % depth_);
+#if TRAINKIT_WITH_CUDA
+    // The copy that refills this device slot must wait for the consumer's work on it.
+    if (device_mode_) released_[s].record(consumer_stream_);
+#endif
+    (void)s;
+    held_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++released_count_;
+    }
+    work_cv_.notify_all();
+  }
+
+  // ---- workers -------------------------------------------------------------------------------
+  std::shared_ptr<const std::vector<std::int64_t>> indices_for(std::uint64_t epoch) {
+    std::lock_guard<std::mutex> lock(indices_mutex_);
+    auto it = epoch_indices_.find(epoch);
+    if (it == epoch_indices_.end()) {
+      auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
+      TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
+                     v->size(), " indices for epoch ", epoch, " but its size() is ",
+                     per_epoch_samples_);
+      it = epoch_indices_.emplace(epoch, std::move(v)).first;
+      // Keep at most the two newest epochs: workers are never more than one epoch apart.
+      while (epoch_indices_.size() > 2) epoch_indices_.erase(epoch_indices_.begin());
+    }
+    return it->second;
+  }
+
+  void work(std::size_t worker) {
+#if TRAINKIT_WITH_CUDA
+    if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
+#endif
+    std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
+    std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
+    for (;;) {
+      std::uint64_t g = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // Batch g goes to slot g % depth, free once batch g - depth was released.
+        work_cv_.wait(
+            lock, [&] { return stop_.load() || (!fatal_ && claimed_ < released_count_ + depth_); });
+        if (stop_.load()) return;
+        g = claimed_++;
+      }
+      const std::size_t s = static_cast<std::size_t>(g % depth_);
+      Slot result;
+      try {
+#if TRAINKIT_WITH_CUDA
+        // The previous copy out of this pinned slot must be finished before we overwrite it.
+        if (device_mode_) copy_done_[s].synchronize();
+#endif
+        auto* base = static_cast<std::byte*>(host_slots_[s].get());
+        if (streaming_) {
+          fill_streaming(base, result, lookahead);
+        } else {
+          fill_indexed(g, worker, base, result, scratch);
+        }
+        if (stop_.load()) return;
+#if TRAINKIT_WITH_CUDA
+        if (device_mode_) {
+          cuda::StreamRef copy = copy_stream_->ref();
+          copy.wait(released_[s].get());
+          TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(device_slots_[s].get(), base, slot_bytes_,
+                                              cudaMemcpyHostToDevice, copy.get()));
+          copy_done_[s].record(copy);
+        }
+#endif
+      } catch (...) {
+        if (stop_.load()) return;
+        result.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        result.done_gen = g + 1;
+        slots_[s] = std::move(result);
+        // A failure stops further claims; batches before it still arrive in order.
+        if (slots_[s].error && !fatal_) fatal_ = slots_[s].error;
+      }
+      ready_cv_.notify_all();
+    }
+  }
+
+  const std::vector<FieldSpec>& out_or_in() const noexcept {
+    return separate_input_ ? in_fields_ : out_fields_;
+  }
+  static std::size_t sample_bytes_of(const std::vector<FieldSpec>& fields) noexcept {
+    std::size_t n = 0;
+    for (const FieldSpec& f : fields) n += f.bytes();
+    return n;
+  }
+
+  /// Spans of row `row` of the slot at `base` (batch fields).
+  void row_spans(std::byte* base, std::size_t row, std::vector<std::span<std::byte>>& spans) const {
+    spans.clear();
+    for (std::size_t k = 0; k < out_fields_.size(); ++k) {
+      const std::size_t n = out_fields_[k].bytes();
+      spans.emplace_back(base + offsets_[k] + row * n, n);
+    }
+  }
+  /// Spans of a packed sample of `fields` at `p`.
+  static void packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
+                           std::vector<std::span<std::byte>>& spans) {
+    spans.clear();
+    for (const FieldSpec& f : fields) {
+      spans.emplace_back(p, f.bytes());
+      p += f.bytes();
+    }
+  }
+
+  [[noreturn]] void rethrow_with(const std::string& context) const {
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what(), e.library(),
+                  e.code());
+    } catch (const std::exception& e) {
+      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what());
+    } catch (...) {
+      throw Error("trainkit: " + options_.name + ": " + context + ": unknown exception");
+    }
+  }
+
+  void fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base, Slot& result,
+                    std::vector<std::byte>& scratch) {
+    const std::uint64_t pos = origin_.batch + g;
+    const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
+    const std::uint64_t batch = pos % per_epoch_;
+    const std::size_t B = options_.batch_size;
+    std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
+    const std::size_t first = static_cast<std::size_t>(batch) * B;
+    const std::size_t rows = std::min(B, indices->size() - first);
+    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+    std::vector<std::span<std::byte>> out_spans, in_spans;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (stop_.load(std::memory_order_relaxed)) return;
+      const std::int64_t i = (*indices)[first + r];
+      idx_out[r] = i;
+      row_spans(base, r, out_spans);
+      try {
+        const SampleRef out(out_spans);
+        const SampleInfo info{epoch, first + r, i};
+        if (separate_input_) {
+          packed_spans(scratch.data(), in_fields_, in_spans);
+          const SampleRef in(in_spans);
+          read_(static_cast<std::size_t>(i), in);
+          options_.transform(info, in, out);
+        } else {
+          read_(static_cast<std::size_t>(i), out);
+          if (options_.transform) options_.transform(info, out, out);
+        }
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on sample ", i, " (",
+                                                describe_(static_cast<std::size_t>(i)), "), row ",
+                                                r, " of batch ", batch, " of epoch ", epoch));
+      }
+    }
+    result.epoch = epoch;
+    result.batch = batch;
+    result.rows = rows;
+    result.last = batch + 1 == per_epoch_;
+  }
+
+  void fill_streaming(std::byte* base, Slot& result, std::vector<std::byte>& lookahead) {
+    const std::size_t B = options_.batch_size;
+    const std::vector<FieldSpec>& read_fields = out_or_in();
+    std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
+    packed_spans(lookahead.data(), read_fields, look_spans);
+    const SampleRef look(look_spans);
+    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+    for (;;) {
+      const PrefetchState at = stream_cursor_;
+      const std::uint64_t first = at.batch * B;
+      try {
+        if (!stream_started_) {
+          start_(at.epoch, first);
+          have_lookahead_ = next_(look);
+          stream_started_ = true;
+        }
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                                " of ", describe_current_()));
+      }
+      std::size_t rows = 0;
+      while (rows < B && have_lookahead_) {
+        if (stop_.load(std::memory_order_relaxed)) return;
+        const std::uint64_t position = first + rows;
+        idx_out[rows] = static_cast<std::int64_t>(position);
+        row_spans(base, rows, out_spans);
+        const SampleRef out(out_spans);
+        try {
+          const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
+          if (separate_input_) {
+            packed_spans(lookahead.data(), in_fields_, in_spans);
+            options_.transform(info, SampleRef(in_spans), out);
+          } else {
+            for (std::size_t k = 0; k < out.size(); ++k)
+              if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
+            if (options_.transform) options_.transform(info, out, out);
+          }
+          ++rows;
+          have_lookahead_ = next_(look);
+        } catch (...) {
+          rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
+                                                  at.epoch, " (", describe_current_(), ")"));
+        }
+      }
+      const bool last = !have_lookahead_;
+      if (last) {
+        stream_cursor_ = PrefetchState{at.epoch + 1, 0};
+        stream_started_ = false;
+      } else {
+        stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+      }
+      if (rows == 0 && at.batch == 0) {
+        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
+                      describe_current_(), ") has no samples");
+      }
+      if (rows == 0 || (rows < B && options_.drop_last)) {
+        if (at.batch == 0) {
+          TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
+                        " samples, fewer than one batch of ", B, " with drop_last");
+        }
+        continue;  // drop the partial tail; fill this slot from the next epoch
+      }
+      result.epoch = at.epoch;
+      result.batch = at.batch;
+      result.rows = rows;
+      result.last = last;
+      return;
+    }
+  }
+
+  PrefetchOptions options_;
+  std::vector<FieldSpec> in_fields_;
+  std::vector<FieldSpec> out_fields_;
+  bool separate_input_ = false;
+  std::size_t in_sample_bytes_ = 0;
+
+  // indexed datasets
+  std::function<void(std::size_t, const SampleRef&)> read_;
+  std::function<std::string(std::size_t)> describe_;
+  std::function<std::vector<std::int64_t>(std::uint64_t)> indices_of_;
+  std::size_t per_epoch_samples_ = 0;
+  std::size_t per_epoch_ = 0;  // batches per epoch (0 = streaming)
+  std::mutex indices_mutex_;
+  std::map<std::uint64_t, std::shared_ptr<const std::vector<std::int64_t>>> epoch_indices_;
+
+  // streaming datasets (touched only by the single worker while it runs)
+  bool streaming_ = false;
+  std::function<void(std::uint64_t, std::uint64_t)> start_;
+  std::function<bool(const SampleRef&)> next_;
+  std::function<std::string()> describe_current_;
+  PrefetchState stream_cursor_;
+  bool stream_started_ = false;
+  bool have_lookahead_ = false;
+
+  // slots
+  std::size_t depth_ = 0;
+  std::size_t num_workers_ = 0;
+  std::vector<std::size_t> offsets_;
+  std::size_t indices_offset_ = 0;
+  std::size_t slot_bytes_ = 0;
+  std::vector<Allocation> host_slots_;
+  std::vector<Allocation> device_slots_;
+  std::vector<Slot> slots_;
+  bool device_mode_ = false;
+
+  // coordination (mutex_ guards claimed_, released_count_, slots_, fatal_)
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable ready_cv_;
+  std::atomic<bool> stop_{false};
+  std::exception_ptr fatal_;
+  std::uint64_t claimed_ = 0;
+  std::uint64_t released_count_ = 0;
+  std::uint64_t consumed_ = 0;  // consumer only
+  bool held_ = false;           // consumer only
+  PrefetchState origin_;
+  PrefetchState next_state_;
+  PrefetchStats stats_;
+  std::vector<std::thread> workers_;
+
+#if TRAINKIT_WITH_CUDA
+  cuda::StreamRef consumer_stream_{};
+  int device_id_ = 0;
+  std::unique_ptr<cuda::Stream> copy_stream_;
+  std::vector<cuda::Event> copy_done_;
+  std::vector<cuda::Event> released_;
+#endif
+};
+
+}  // namespace data
+TRAINKIT_NAMESPACE_END

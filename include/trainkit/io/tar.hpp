@@ -1,0 +1,559 @@
+// SPDX-License-Identifier: MIT
+// trainkit/io/tar.hpp: a streaming tar reader (POSIX ustar, pax `x`/`g` extended headers, GNU
+// `L`/`K` long names, GNU base-256 sizes, old v7 headers) and a small ustar/pax writer. Built for
+// WebDataset shards: members are visited front to back and their data read or skipped without
+// seeking back. The reader treats its input as hostile (it is fuzzed): every length is checked,
+// and a truncated or corrupt archive gets a trainkit::Error naming the archive and the offset.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include "trainkit/config.hpp"
+#include "trainkit/error.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace io {
+
+/// Where a TarReader gets its bytes. read() returns fewer than `n` bytes only at the end of the
+/// input; skip() returns how many bytes it actually skipped (fewer only at the end).
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual std::size_t read(void* dst, std::size_t n) = 0;
+  virtual std::uint64_t skip(std::uint64_t n) {
+    std::array<unsigned char, 4096> sink{};
+    std::uint64_t done = 0;
+    while (done < n) {
+      const std::size_t want =
+          static_cast<std::size_t>(std::min<std::uint64_t>(sink.size(), n - done));
+      const std::size_t got = read(sink.data(), want);
+      done += got;
+      if (got < want) break;
+    }
+    return done;
+  }
+};
+
+/// A ByteSource over memory the caller keeps alive (tests, fuzzing, archives already in RAM).
+class MemorySource final : public ByteSource {
+ public:
+  explicit MemorySource(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
+  std::size_t read(void* dst, std::size_t n) override {
+    const std::size_t k = std::min(n, bytes_.size() - pos_);
+    if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
+    pos_ += k;
+    return k;
+  }
+  std::uint64_t skip(std::uint64_t n) override {
+    const std::size_t k =
+        static_cast<std::size_t>(std::min<std::uint64_t>(n, bytes_.size() - pos_));
+    pos_ += k;
+    return k;
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t pos_ = 0;
+};
+
+/// A buffered ByteSource over a file; skip() seeks instead of reading.
+class FileSource final : public ByteSource {
+ public:
+  /// Opens `path` for reading. Throws trainkit::Error naming the file when it cannot.
+  explicit FileSource(const std::filesystem::path& path, std::size_t buffer_bytes = 1 << 20)
+      : path_(path.string()), buffer_(buffer_bytes) {
+    file_ = std::fopen(path_.c_str(), "rb");
+    TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
+    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
+    struct stat st {};
+    if (::fstat(::fileno(file_), &st) == 0) size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
+  ~FileSource() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  std::size_t read(void* dst, std::size_t n) override {
+    const std::size_t got = std::fread(dst, 1, n, file_);
+    TRAINKIT_CHECK(got == n || !std::ferror(file_), "read error in '", path_,
+                   "': ", std::strerror(errno));
+    pos_ += got;
+    return got;
+  }
+  std::uint64_t skip(std::uint64_t n) override {
+    const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
+    if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
+        ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
+      pos_ += k;
+      return k;
+    }
+    return ByteSource::skip(k);
+  }
+
+ private:
+  std::string path_;
+  std::vector<char> buffer_;
+  std::FILE* file_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::uint64_t pos_ = 0;
+};
+
+/// One archive member as a reader sees it, after pax and GNU headers were applied.
+struct TarEntry {
+  std::string name;        ///< full path: pax `path`, else GNU `L`, else ustar prefix + "/" + name
+  std::string linkname;    ///< for links: pax `linkpath`, else GNU `K`, else the header field
+  char type = '0';         ///< ustar typeflag ('0' file, '5' directory, '2' symlink, ...)
+  std::uint64_t size = 0;  ///< data bytes (pax `size` overrides the header)
+  std::uint64_t mode = 0;
+  std::uint64_t mtime = 0;   ///< whole seconds (pax fractions are dropped)
+  std::uint64_t offset = 0;  ///< byte offset of this member's ustar header in the archive
+
+  /// True for regular files (typeflag '0', '\0' or the contiguous-file '7').
+  bool is_file() const noexcept { return type == '0' || type == '\0' || type == '7'; }
+};
+
+/// Extended headers and GNU long names larger than this are refused (they are metadata: a huge
+/// one means a corrupt archive, and refusing avoids an attacker-chosen allocation).
+inline constexpr std::uint64_t kTarMaxMetaBytes = 1 << 20;
+
+/// Streams the members of a tar archive in order. Usage:
+/// ```
+/// io::TarReader tar = io::TarReader::open("shard-000000.tar");
+/// while (tar.next()) if (tar.entry().is_file()) { auto bytes = tar.read_data(); ... }
+/// ```
+/// Data that is not read is skipped by the next next(). Not thread-safe (one reader per thread).
+class TarReader {
+ public:
+  /// Reads from `source`; `name` identifies the archive in error messages.
+  TarReader(std::unique_ptr<ByteSource> source, std::string name)
+      : source_(std::move(source)), name_(std::move(name)) {}
+
+  /// Opens an archive file (buffered, seeking over skipped data).
+  static TarReader open(const std::filesystem::path& path) {
+    return TarReader(std::make_unique<FileSource>(path), path.string());
+  }
+  /// Reads an archive held in memory that outlives the reader.
+  static TarReader from_memory(std::span<const std::byte> bytes, std::string name) {
+    return TarReader(std::make_unique<MemorySource>(bytes), std::move(name));
+  }
+
+  /// Advances to the next member, skipping whatever data of the current one was not read.
+  /// Returns false at the end of the archive (a zero block, or the input ending cleanly on a
+  /// header boundary). Throws trainkit::Error for a truncated or corrupt archive.
+  bool next() {
+    if (done_) return false;
+    finish_member();
+    PendingMeta meta;
+    for (;;) {
+      const std::uint64_t header_offset = pos_;
+      std::array<unsigned char, 512> block{};
+      const std::size_t got = source_->read(block.data(), block.size());
+      pos_ += got;
+      if (got == 0 && !meta.any) {
+        done_ = true;  // no end-of-archive blocks: tolerated, as Python's tarfile does
+        return false;
+      }
+      if (got < block.size()) {
+        fail(header_offset, ::trainkit::detail::concat(
+                                "truncated: the archive ends ", got, " bytes into a 512-byte ",
+                                meta.any ? "header after an extended header" : "header"));
+      }
+      if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
+        fail(0,
+             "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read "
+             "directly");
+      }
+      if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
+        if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
+        done_ = true;
+        return false;
+      }
+      verify_checksum(block, header_offset);
+      const char type = static_cast<char>(block[156]);
+      const std::uint64_t size = number(block, 124, 12, "size", header_offset);
+      if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
+        if (size > kTarMaxMetaBytes) {
+          fail(header_offset,
+               ::trainkit::detail::concat("extended header of ", size, " bytes exceeds the ",
+                                          kTarMaxMetaBytes, "-byte limit"));
+        }
+        std::string data = read_meta(static_cast<std::size_t>(size), header_offset);
+        if (type == 'x') {
+          parse_pax(data, meta.pax, header_offset);
+        } else if (type == 'g') {
+          parse_pax(data, global_, header_offset);
+        } else {
+          // GNU long name/link: NUL-terminated text; the next header's field is truncated.
+          const std::size_t end = data.find('\0');
+          if (end != std::string::npos) data.resize(end);
+          (type == 'L' ? meta.long_name : meta.long_link) = std::move(data);
+          (type == 'L' ? meta.has_long_name : meta.has_long_link) = true;
+        }
+        meta.any = true;
+        continue;
+      }
+      build_entry(block, header_offset, size, meta);
+      remaining_ = entry_.size;
+      padding_ = pad(entry_.size);
+      return true;
+    }
+  }
+
+  /// The current member (valid after next() returned true).
+  const TarEntry& entry() const noexcept { return entry_; }
+  /// The archive's name, as given.
+  const std::string& name() const noexcept { return name_; }
+  /// Bytes of the current member's data not read yet.
+  std::uint64_t remaining() const noexcept { return remaining_; }
+
+  /// Reads the next `out.size()` bytes of the current member's data. Throws when the member has
+  /// fewer bytes left, or the archive ends inside them (truncated).
+  void read(std::span<std::byte> out) {
+    if (out.size() > remaining_) {
+      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' has ", remaining_,
+                                                     " bytes left, ", out.size(), " requested"));
+    }
+    const std::size_t got = source_->read(out.data(), out.size());
+    pos_ += got;
+    remaining_ -= got;
+    if (got < out.size()) truncated_member();
+  }
+
+  /// Reads all remaining data of the current member.
+  std::vector<std::byte> read_data() {
+    TRAINKIT_CHECK(remaining_ <= std::numeric_limits<std::size_t>::max() / 2, "tar archive '",
+                   name_, "': member '", entry_.name, "' of ", remaining_,
+                   " bytes is too large to read into memory");
+    std::vector<std::byte> out(static_cast<std::size_t>(remaining_));
+    read(out);
+    return out;
+  }
+
+ private:
+  struct Pax {
+    bool has_path = false, has_linkpath = false, has_size = false, has_mtime = false;
+    std::string path, linkpath;
+    std::uint64_t size = 0, mtime = 0;
+  };
+  struct PendingMeta {
+    bool any = false;
+    Pax pax;
+    bool has_long_name = false, has_long_link = false;
+    std::string long_name, long_link;
+  };
+
+  [[noreturn]] void fail(std::uint64_t offset, const std::string& what) const {
+    TRAINKIT_FAIL("tar archive '", name_, "': ", what, " (header at byte offset ", offset, ")");
+  }
+
+  [[noreturn]] void truncated_member() const {
+    fail(entry_.offset, ::trainkit::detail::concat(
+                            "truncated: member '", entry_.name, "' declares ", entry_.size,
+                            " bytes but the archive ends after ", entry_.size - remaining_));
+  }
+
+  static std::uint64_t pad(std::uint64_t size) noexcept { return (512 - size % 512) % 512; }
+
+  void finish_member() {
+    const std::uint64_t want = remaining_ + padding_;
+    if (want == 0) return;
+    const std::uint64_t got = source_->skip(want);
+    pos_ += got;
+    if (got < remaining_) {
+      remaining_ -= got;
+      truncated_member();
+    }
+    if (got < want) {
+      fail(entry_.offset, ::trainkit::detail::concat("truncated: the archive ends inside the ",
+                                                     "padding after member '", entry_.name, "'"));
+    }
+    remaining_ = 0;
+    padding_ = 0;
+  }
+
+  std::string read_meta(std::size_t size, std::uint64_t header_offset) {
+    std::string data(size, '\0');
+    const std::size_t got = source_->read(data.data(), size);
+    pos_ += got;
+    const std::uint64_t padding = pad(size);
+    const std::uint64_t skipped = got == size ? source_->skip(padding) : 0;
+    pos_ += skipped;
+    if (got < size || skipped < padding)
+      fail(header_offset, "truncated: the archive ends inside an extended header");
+    return data;
+  }
+
+  void verify_checksum(const std::array<unsigned char, 512>& b, std::uint64_t offset) const {
+    const std::uint64_t stored = number(b, 148, 8, "checksum", offset);
+    std::uint64_t unsigned_sum = 0;
+    std::int64_t signed_sum = 0;
+    for (std::size_t i = 0; i < 512; ++i) {
+      const unsigned char c = (i >= 148 && i < 156) ? ' ' : b[i];
+      unsigned_sum += c;
+      signed_sum += static_cast<signed char>(c);
+    }
+    // Like Python's tarfile, accept the signed sum some historic tars wrote.
+    if (stored != unsigned_sum && static_cast<std::int64_t>(stored) != signed_sum) {
+      fail(offset, ::trainkit::detail::concat("bad header checksum (stored ", stored, ", computed ",
+                                              unsigned_sum, "): not a tar archive, or corrupt"));
+    }
+  }
+
+  /// An octal field (spaces/NULs around it allowed) or GNU base-256 (first byte & 0x80).
+  std::uint64_t number(const std::array<unsigned char, 512>& b, std::size_t off, std::size_t len,
+                       const char* field, std::uint64_t offset) const {
+    if (b[off] & 0x80) {
+      if (b[off] == 0xff) fail(offset, ::trainkit::detail::concat("negative base-256 ", field));
+      std::uint64_t v = b[off] & 0x7f;
+      for (std::size_t i = off + 1; i < off + len; ++i) {
+        if (v >> 55) fail(offset, ::trainkit::detail::concat("base-256 ", field, " overflows"));
+        v = (v << 8) | b[i];
+      }
+      return v;
+    }
+    std::size_t i = off;
+    const std::size_t end = off + len;
+    while (i < end && (b[i] == ' ' || b[i] == 0)) ++i;
+    // An all-blank numeric field reads as 0, as in GNU tar.
+    std::uint64_t v = 0;
+    for (; i < end && b[i] >= '0' && b[i] <= '7'; ++i) {
+      if (v >> 60) fail(offset, ::trainkit::detail::concat("octal ", field, " overflows"));
+      v = v * 8 + (b[i] - '0');
+    }
+    for (; i < end; ++i) {
+      if (b[i] != ' ' && b[i] != 0) {
+        fail(offset, ::trainkit::detail::concat("bad ", field,
+                                                " field: not an octal number (not a tar archive, "
+                                                "or corrupt)"));
+      }
+    }
+    return v;
+  }
+
+  static std::string text(const std::array<unsigned char, 512>& b, std::size_t off,
+                          std::size_t len) {
+    const auto* p = reinterpret_cast<const char*>(b.data() + off);
+    std::size_t n = 0;
+    while (n < len && p[n] != 0) ++n;
+    return std::string(p, n);
+  }
+
+  /// Parses "<len> <key>=<value>\n" records into `pax`.
+  void parse_pax(const std::string& data, Pax& pax, std::uint64_t offset) const {
+    std::size_t pos = 0;
+    while (pos < data.size()) {
+      if (data[pos] == '\0') break;  // some writers pad the record block with NULs
+      std::size_t i = pos;
+      std::uint64_t len = 0;
+      while (i < data.size() && data[i] >= '0' && data[i] <= '9' && len < data.size() + 1) {
+        len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
+        ++i;
+      }
+      if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
+          len > data.size() - pos || data[pos + len - 1] != '\n') {
+        fail(offset, ::trainkit::detail::concat("corrupt pax record at byte ", pos,
+                                                " of the extended header"));
+      }
+      const std::string_view record(data.data() + i + 1, pos + len - 1 - (i + 1));
+      const std::size_t eq = record.find('=');
+      if (eq == std::string_view::npos || eq == 0)
+        fail(offset, "corrupt pax record: no 'key=value'");
+      const std::string_view key = record.substr(0, eq);
+      const std::string_view value = record.substr(eq + 1);
+      if (key == "path") {
+        pax.path = value;
+        pax.has_path = !value.empty();
+      } else if (key == "linkpath") {
+        pax.linkpath = value;
+        pax.has_linkpath = !value.empty();
+      } else if (key == "size") {
+        pax.size = pax_number(value, "size", offset);
+        pax.has_size = !value.empty();
+      } else if (key == "mtime") {
+        pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
+        pax.has_mtime = !value.empty();
+      }
+      pos += len;
+    }
+  }
+
+  std::uint64_t pax_number(std::string_view v, const char* key, std::uint64_t offset) const {
+    std::uint64_t n = 0;
+    for (char c : v) {
+      if (c < '0' || c > '9' || n > (std::numeric_limits<std::uint64_t>::max() - 9) / 10)
+        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v, "'"));
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    return n;
+  }
+
+  void build_entry(const std::array<unsigned char, 512>& b, std::uint64_t offset,
+                   std::uint64_t size, const PendingMeta& meta) {
+    TarEntry e;
+    e.offset = offset;
+    e.type = static_cast<char>(b[156]);
+    e.mode = number(b, 100, 8, "mode", offset);
+    e.mtime = number(b, 136, 12, "mtime", offset);
+    e.size = size;
+    e.name = text(b, 0, 100);
+    e.linkname = text(b, 157, 100);
+    // POSIX ustar ("ustar\0" + "00") has a prefix field; GNU ("ustar  \0") uses those bytes
+    // for other things, and v7 headers have no magic at all.
+    if (std::memcmp(b.data() + 257, "ustar\0", 6) == 0) {
+      const std::string prefix = text(b, 345, 155);
+      if (!prefix.empty()) e.name = prefix + "/" + e.name;
+    }
+    if (global_.has_path) e.name = global_.path;
+    if (global_.has_linkpath) e.linkname = global_.linkpath;
+    if (global_.has_size) e.size = global_.size;
+    if (global_.has_mtime) e.mtime = global_.mtime;
+    if (meta.has_long_name) e.name = meta.long_name;
+    if (meta.has_long_link) e.linkname = meta.long_link;
+    if (meta.pax.has_path) e.name = meta.pax.path;
+    if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
+    if (meta.pax.has_size) e.size = meta.pax.size;
+    if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
+    // Links, directories and devices carry no data whatever their size field says (tarfile).
+    if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
+        e.type == '6')
+      e.size = 0;
+    entry_ = std::move(e);
+  }
+
+  std::unique_ptr<ByteSource> source_;
+  std::string name_;
+  TarEntry entry_;
+  Pax global_;
+  std::uint64_t pos_ = 0;
+  std::uint64_t remaining_ = 0;
+  std::uint64_t padding_ = 0;
+  bool done_ = false;
+};
+
+/// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT: ustar headers,
+/// plus a pax `x` header for names longer than 100 bytes; ends with two zero blocks padded to a
+/// 10240-byte record. Enough to write WebDataset shards from C++ (tests, converters).
+class TarWriter {
+ public:
+  /// Creates (truncates) `path`. Throws trainkit::Error naming the file.
+  explicit TarWriter(const std::filesystem::path& path) : path_(path.string()) {
+    file_ = std::fopen(path_.c_str(), "wb");
+    TRAINKIT_CHECK(file_ != nullptr, "TarWriter: cannot create '", path_,
+                   "': ", std::strerror(errno));
+  }
+  TarWriter(const TarWriter&) = delete;
+  TarWriter& operator=(const TarWriter&) = delete;
+  /// Closes the archive if close() was not called; errors are swallowed (call close() to see them).
+  ~TarWriter() {
+    if (file_ == nullptr) return;
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+
+  /// Appends a regular file `name` (mode 0444) with `data`.
+  void add(std::string_view name, std::span<const std::byte> data, std::uint64_t mtime = 0) {
+    TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
+    std::string short_name(name.substr(0, 100));
+    if (name.size() > 100) {
+      // pax record "<len> path=<name>\n"; len counts its own digits.
+      const std::string body = " path=" + std::string(name) + "\n";
+      std::size_t len = body.size() + 1;
+      while (std::to_string(len).size() + body.size() != len) ++len;
+      const std::string record = std::to_string(len) + body;
+      write_header("././@PaxHeader", 'x', record.size(), mtime);
+      write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
+    }
+    write_header(short_name, '0', data.size(), mtime);
+    write_padded(data.data(), data.size());
+  }
+  void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
+    add(name, std::as_bytes(std::span<const char>(data.data(), data.size())), mtime);
+  }
+
+  /// Writes the end-of-archive blocks and closes the file. Throws on I/O failure.
+  void close() {
+    if (file_ == nullptr) return;
+    const std::array<std::byte, 1024> zeros{};
+    write(zeros.data(), zeros.size());
+    const std::uint64_t record = 10240;
+    const std::array<std::byte, 512> block{};
+    while (written_ % record != 0) write(block.data(), block.size());
+    std::FILE* f = std::exchange(file_, nullptr);
+    TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_,
+                   "' (disk full?)");
+  }
+
+ private:
+  void write(const std::byte* p, std::size_t n) {
+    if (n > 0 && std::fwrite(p, 1, n, file_) != n) ok_ = false;
+    written_ += n;
+  }
+  void write_padded(const std::byte* p, std::size_t n) {
+    write(p, n);
+    const std::array<std::byte, 512> zeros{};
+    write(zeros.data(), (512 - n % 512) % 512);
+  }
+  static void octal(unsigned char* field, std::size_t len, std::uint64_t v) {
+    // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
+    for (std::size_t i = len - 1; i-- > 0;) {
+      field[i] = static_cast<unsigned char>('0' + (v & 7));
+      v >>= 3;
+    }
+    field[len - 1] = 0;
+  }
+  void write_header(std::string_view name, char type, std::uint64_t size, std::uint64_t mtime) {
+    TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
+                   " bytes exceeds ustar's 8 GiB limit");
+    std::array<unsigned char, 512> b{};
+    std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
+    octal(b.data() + 100, 8, 0444);
+    octal(b.data() + 108, 8, 0);
+    octal(b.data() + 116, 8, 0);
+    octal(b.data() + 124, 12, size);
+    octal(b.data() + 136, 12, mtime);
+    b[156] = static_cast<unsigned char>(type);
+    std::memcpy(b.data() + 257,
+                "ustar\0"
+                "00",
+                8);
+    std::memset(b.data() + 148, ' ', 8);
+    std::uint64_t sum = 0;
+    for (unsigned char c : b) sum += c;
+    // "%06o\0 " like tarfile.
+    for (int i = 5; i >= 0; --i) {
+      b[148 + static_cast<std::size_t>(i)] = static_cast<unsigned char>('0' + (sum & 7));
+      sum >>= 3;
+    }
+    b[154] = 0;
+    b[155] = ' ';
+    write(reinterpret_cast<const std::byte*>(b.data()), b.size());
+  }
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::uint64_t written_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace io
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,37 @@
+# Builds one libFuzzer target (when stale) and runs it for SECONDS seconds.
+# cmake -DCXX= -DFLAGS= -DSOURCE= -DINCLUDE= -DBINARY= -DCORPUS= -DDICT= -DSECONDS= -P run_fuzzer.cmake
+get_filename_component(name "${BINARY}" NAME)
+set(stale TRUE)
+if(EXISTS "${BINARY}")
+  set(stale FALSE)
+  file(GLOB_RECURSE headers "${INCLUDE}/trainkit/*.hpp")
+  foreach(f IN LISTS headers SOURCE)
+    if("${f}" IS_NEWER_THAN "${BINARY}")
+      set(stale TRUE)
+    endif()
+  endforeach()
+endif()
+if(stale)
+  message(STATUS "${name}: building with ${CXX}")
+  execute_process(COMMAND "${CXX}" ${FLAGS} "-I${INCLUDE}" "${SOURCE}" -o "${BINARY}"
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name}: compilation failed")
+  endif()
+endif()
+set(work "${BINARY}.corpus")
+file(MAKE_DIRECTORY "${work}")
+set(args -max_total_time=${SECONDS} -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+    "-artifact_prefix=${BINARY}-")
+if(DICT)
+  list(APPEND args "-dict=${DICT}")
+endif()
+set(dirs "${work}")
+if(EXISTS "${CORPUS}")
+  list(APPEND dirs "${CORPUS}")  # read-only seeds: libFuzzer writes new inputs to the first dir
+endif()
+execute_process(COMMAND "${BINARY}" ${args} ${dirs} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${name}: the fuzzer found a failure (exit ${rc}); the input is saved as "
+                      "${BINARY}-crash-* (reproduce: ${BINARY} <that file>)")
+endif()

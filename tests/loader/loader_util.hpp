@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+// Helpers shared by the tests of tests/loader (datasets, samplers, prefetcher, file formats).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+#include <trainkit/error.hpp>
+
+namespace loader_test {
+
+/// tests/data/loader/fixtures/<rel>.
+inline std::string fixture(std::string_view rel) {
+  return std::string(TRAINKIT_TEST_DATA_DIR) + "/loader/fixtures/" + std::string(rel);
+}
+
+inline std::vector<std::byte> read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << p.string());
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  for (std::size_t i = 0; i < c.size(); ++i) out[i] = static_cast<std::byte>(c[i]);
+  return out;
+}
+
+inline void write_file(const std::filesystem::path& p, const std::vector<std::byte>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+/// A fresh directory under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("trainkit_loader_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::filesystem::path operator/(std::string_view name) const { return path_ / name; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Runs f and returns the what() of the trainkit::Error it throws ("" and a failed check if it
+/// throws nothing or something else).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const trainkit::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("expected trainkit::Error, got std::exception: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("expected trainkit::Error, nothing was thrown");
+  return "";
+}
+
+/// CHECKs that `text` contains every one of `parts`.
+inline void check_contains(const std::string& text, std::initializer_list<std::string_view> parts) {
+  for (std::string_view p : parts)
+    CHECK_MESSAGE(text.find(p) != std::string::npos, "'" << p << "' not in: " << text);
+}
+
+}  // namespace loader_test

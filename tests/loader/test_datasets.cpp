@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: MIT
+// Datasets over files written by numpy, tarfile and tools/write_token_shard.py: NpyDataset,
+// TokenShardDataset, TarShardDataset, shard patterns, and their errors on bad input.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <trainkit/data/npy_dataset.hpp>
+#include <trainkit/data/shard_pattern.hpp>
+#include <trainkit/data/tar_shards.hpp>
+#include <trainkit/data/token_shards.hpp>
+
+#include "loader_util.hpp"
+
+namespace tk = trainkit;
+using loader_test::check_contains;
+using loader_test::error_of;
+using loader_test::fixture;
+using loader_test::read_file;
+using loader_test::TempDir;
+using loader_test::write_file;
+
+static_assert(tk::data::Dataset<tk::data::NpyDataset>);
+static_assert(tk::data::Dataset<tk::data::TokenShardDataset>);
+static_assert(tk::data::StreamingDataset<tk::data::TarShardDataset>);
+
+namespace {
+
+/// A packed sample buffer for a dataset's fields.
+struct SampleBuffer {
+  explicit SampleBuffer(std::span<const tk::data::FieldSpec> fields) {
+    std::size_t total = 0;
+    for (const auto& f : fields) total += f.bytes();
+    bytes.resize(total);
+    std::size_t off = 0;
+    for (const auto& f : fields) {
+      spans.emplace_back(bytes.data() + off, f.bytes());
+      off += f.bytes();
+    }
+  }
+  tk::data::SampleRef ref() const { return tk::data::SampleRef(spans); }
+  template <class T>
+  T at(std::size_t field, std::size_t i = 0) const {
+    T v;
+    std::memcpy(&v, spans[field].data() + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  std::vector<std::byte> bytes;
+  std::vector<std::span<std::byte>> spans;
+};
+
+tk::data::TarShardOptions wds_options() {
+  tk::data::TarShardOptions o;
+  o.fields = {{"x", "npy", tk::DType::kF32, {4}},
+              {"label", "cls", tk::DType::kI64, {}},
+              {"pair", "json", tk::DType::kI32, {2}},
+              {"raw", "bin", tk::DType::kU8, {8}}};
+  return o;
+}
+
+/// Reads a whole epoch of a tar dataset, returning each sample's key number (from its label
+/// fields) after checking every field against gen_fixtures.py's formulas.
+std::vector<int> read_epoch(tk::data::TarShardDataset& ds) {
+  SampleBuffer s(ds.fields());
+  std::vector<int> keys;
+  while (ds.next(s.ref())) {
+    const int k = static_cast<int>(s.at<float>(0, 0)) / 10;
+    for (int j = 0; j < 4; ++j)
+      CHECK(s.at<float>(0, static_cast<std::size_t>(j)) == float(k * 10 + j));
+    CHECK(s.at<std::int64_t>(1) == k % 10);
+    CHECK(s.at<std::int32_t>(2, 0) == k);
+    CHECK(s.at<std::int32_t>(2, 1) == -k);
+    for (std::size_t j = 0; j < 8; ++j) CHECK(s.at<std::uint8_t>(3, j) == (k + int(j)) % 256);
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("NpyDataset: rows of numpy files, any dtype, first axes must agree") {
+  tk::data::NpyDataset ds({{"x", fixture("npy/features.npy")}, {"y", fixture("npy/labels.npy")}});
+  CHECK(ds.size() == 37);
+  REQUIRE(ds.fields().size() == 2);
+  CHECK(ds.fields()[0].name == "x");
+  CHECK(ds.fields()[0].dtype == tk::DType::kF32);
+  CHECK(ds.fields()[0].shape == std::vector<std::int64_t>{5});
+  CHECK(ds.fields()[1].dtype == tk::DType::kI64);
+  CHECK(ds.fields()[1].shape.empty());
+  SampleBuffer s(ds.fields());
+  for (std::size_t i : {0u, 17u, 36u}) {
+    ds.read(i, s.ref());
+    for (std::size_t j = 0; j < 5; ++j) CHECK(s.at<float>(0, j) == 0.5f * float(i * 5 + j));
+    CHECK(s.at<std::int64_t>(1) == std::int64_t(i % 10));
+  }
+  check_contains(ds.describe(17), {"features.npy' row 17"});
+  check_contains(error_of([&] { ds.read(37, s.ref()); }),
+                 {"sample 37 out of range", "features.npy"});
+
+  tk::data::NpyDataset img({{"image", fixture("npy/images_u8.npy")}});
+  CHECK(img.fields()[0].shape == std::vector<std::int64_t>{3, 4, 5});
+  CHECK(img.fields()[0].dtype == tk::DType::kU8);
+
+  check_contains(error_of([] {
+                   tk::data::NpyDataset bad({{"x", fixture("npy/features.npy")},
+                                             {"y", fixture("npy/labels_short.npy")}});
+                 }),
+                 {"sample count mismatch", "labels_short.npy", "36 rows", "features.npy", "37"});
+  check_contains(error_of([] {
+                   tk::data::NpyDataset bad({{"s", fixture("npy/scalar_i8.npy")}});
+                 }),
+                 {"scalar_i8.npy", "0-d"});
+  check_contains(error_of([] {
+                   tk::data::NpyDataset bad(
+                       {{"x", fixture("npy/features.npy")}, {"x", fixture("npy/labels.npy")}});
+                 }),
+                 {"field 'x' given twice"});
+  check_contains(error_of([] {
+                   tk::data::NpyDataset bad({{"x", fixture("npy/big_f4.npy")}});
+                 }),
+                 {"big_f4.npy", "byte order"});
+}
+
+TEST_CASE("TokenShardDataset: (input, target) windows over llm.c shards") {
+  const tk::data::TokenShardDataset ds(fixture("tokens/tok_00000{0..1}.bin"), {.seq_len = 8});
+  CHECK(ds.num_shards() == 2);
+  CHECK(ds.shard_tokens(0) == 1000);
+  CHECK(ds.shard_tokens(1) == 517);
+  CHECK(ds.size() == (1000 - 1) / 8 + (517 - 1) / 8);
+  SampleBuffer s(ds.fields());
+  CHECK(ds.fields()[0].name == "input");
+  CHECK(ds.fields()[1].name == "target");
+  ds.read(0, s.ref());
+  for (std::size_t t = 0; t < 8; ++t) {
+    CHECK(s.at<std::int32_t>(0, t) == std::int32_t((t * 7) % 50257));
+    CHECK(s.at<std::int32_t>(1, t) == std::int32_t(((t + 1) * 7) % 50257));
+  }
+  ds.read(123, s.ref());  // the last window of shard 0 starts at token 984 and ends at 992
+  CHECK(s.at<std::int32_t>(1, 7) == std::int32_t((992 * 7) % 50257));
+  ds.read(124, s.ref());  // the first window of shard 1
+  CHECK(s.at<std::int32_t>(0, 0) == 5);
+  CHECK(s.at<std::int32_t>(1, 0) == 18);
+  check_contains(ds.describe(124), {"tok_000001.bin' tokens from 0"});
+
+  const tk::data::TokenShardDataset wide(
+      fixture("tokens/tok_llama.bin"),
+      {.seq_len = 10, .stride = 5, .token_dtype = tk::DType::kI64});
+  CHECK(wide.size() == (300 - 11) / 5 + 1);
+  SampleBuffer w(wide.fields());
+  wide.read(3, w.ref());
+  CHECK(w.at<std::int64_t>(0, 0) == 70015);
+  CHECK(w.at<std::int64_t>(1, 9) == 70025);
+  check_contains(error_of([] {
+                   tk::data::TokenShardDataset bad(fixture("tokens/tok_llama.bin"),
+                                                   {.seq_len = 4, .token_dtype = tk::DType::kU16});
+                 }),
+                 {"tok_llama.bin", "uint32 tokens", "U16"});
+}
+
+TEST_CASE("TokenShardDataset: wrong magic, version or size name the shard") {
+  const std::vector<std::byte> good = read_file(fixture("tokens/tok_000001.bin"));
+  TempDir dir;
+  auto error_for = [&](std::vector<std::byte> bytes) {
+    write_file(dir / "bad.bin", bytes);
+    return error_of([&] {
+      tk::data::TokenShardDataset ds(std::vector<std::filesystem::path>{dir / "bad.bin"},
+                                     {.seq_len = 4});
+    });
+  };
+  std::vector<std::byte> magic = good;
+  magic[0] = std::byte{0};
+  check_contains(error_for(magic), {"bad.bin", "bad magic", "20240520"});
+  std::vector<std::byte> version = good;
+  version[4] = std::byte{2};
+  check_contains(error_for(version), {"bad.bin", "version 2"});
+  check_contains(error_for({good.begin(), good.end() - 2}), {"bad.bin", "truncated", "517 tokens"});
+  std::vector<std::byte> extra = good;
+  extra.push_back(std::byte{0});
+  check_contains(error_for(extra), {"bad.bin", "trailing garbage"});
+  check_contains(error_for({good.begin(), good.begin() + 100}),
+                 {"bad.bin", "shorter than the 1024-byte header"});
+  check_contains(error_of([] {
+                   tk::data::TokenShardDataset ds(fixture("tokens/tok_000001.bin"),
+                                                  {.seq_len = 600});
+                 }),
+                 {"holds a window of seq_len + 1 = 601"});
+}
+
+TEST_CASE("shard patterns: bash brace expansion") {
+  using tk::data::expand_shard_pattern;
+  using V = std::vector<std::string>;
+  CHECK(expand_shard_pattern("data-{000000..000002}.tar") ==
+        V{"data-000000.tar", "data-000001.tar", "data-000002.tar"});
+  CHECK(expand_shard_pattern("s{8..11}") == V{"s8", "s9", "s10", "s11"});
+  CHECK(expand_shard_pattern("s{01..3}") == V{"s01", "s02", "s03"});
+  CHECK(expand_shard_pattern("{1..10..4}") == V{"1", "5", "9"});
+  CHECK(expand_shard_pattern("{3..1}") == V{"3", "2", "1"});
+  CHECK(expand_shard_pattern("{-1..1}") == V{"-1", "0", "1"});
+  CHECK(expand_shard_pattern("{a..c}") == V{"a", "b", "c"});
+  CHECK(expand_shard_pattern("{a,b}{1,2}") == V{"a1", "a2", "b1", "b2"});
+  CHECK(expand_shard_pattern("x{a,{b,c}d}y") == V{"xay", "xbdy", "xcdy"});
+  CHECK(expand_shard_pattern("lit{eral}.tar") == V{"lit{eral}.tar"});
+  CHECK(expand_shard_pattern("a-{0..1}.tar::b.tar") == V{"a-0.tar", "a-1.tar", "b.tar"});
+  check_contains(error_of([] { (void)expand_shard_pattern(""); }), {"names no shards"});
+}
+
+TEST_CASE("TarShardDataset: WebDataset shards in order, every field decoded") {
+  tk::data::TarShardOptions o = wds_options();
+  o.shuffle_shards = false;
+  tk::data::TarShardDataset ds(fixture("tar/wds-{000000..000002}.tar"), o);
+  std::vector<int> expected;
+  for (int s = 0; s < 3; ++s)
+    for (int i = 0; i < 7; ++i) expected.push_back(s * 100 + i);
+  CHECK(read_epoch(ds) == expected);
+  ds.start(1, 0);
+  CHECK(read_epoch(ds) == expected);
+  ds.start(0, 9);
+  CHECK(read_epoch(ds) == std::vector<int>(expected.begin() + 9, expected.end()));
+  check_contains(error_of([&] { ds.start(0, 22); }), {"cannot skip to sample 22", "only 21"});
+
+  // Long GNU names: the key is the whole path up to the basename's first dot.
+  tk::data::TarShardDataset gnu(fixture("tar/gnu_long.tar"), o);
+  CHECK(read_epoch(gnu) == std::vector<int>{0, 1, 2});
+  check_contains(gnu.describe_current(),
+                 {"gnu_long.tar", "a_rather_long_directory_name_", "/000002"});
+}
+
+TEST_CASE("TarShardDataset: shard shuffle, shuffle buffer, ranks: pure functions of the seed") {
+  tk::data::TarShardOptions o = wds_options();
+  o.shuffle_buffer = 5;
+  o.seed = 11;
+  tk::data::TarShardDataset ds(fixture("tar/wds-{000000..000002}.tar"), o);
+  const std::vector<int> e0 = read_epoch(ds);
+  REQUIRE(e0.size() == 21);
+  std::vector<int> sorted = e0;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+  ds.start(0, 0);
+  CHECK(read_epoch(ds) == e0);
+  ds.start(1, 0);
+  const std::vector<int> e1 = read_epoch(ds);
+  CHECK(e1 != e0);
+  for (std::uint64_t skip : {1u, 6u, 20u}) {
+    ds.start(1, skip);
+    CHECK(read_epoch(ds) == std::vector<int>(e1.begin() + std::ptrdiff_t(skip), e1.end()));
+  }
+  tk::data::TarShardDataset again(fixture("tar/wds-{000000..000002}.tar"), o);
+  CHECK(read_epoch(again) == e0);
+
+  std::set<int> all;
+  o.world = 3;
+  for (std::size_t r = 0; r < 3; ++r) {
+    o.rank = r;
+    tk::data::TarShardDataset part(fixture("tar/wds-{000000..000002}.tar"), o);
+    CHECK(part.shards_for_epoch(4).size() == 1);
+    part.start(4, 0);
+    const std::vector<int> keys = read_epoch(part);
+    CHECK(keys.size() == 7);
+    all.insert(keys.begin(), keys.end());
+  }
+  CHECK(all.size() == 21);
+  o.world = 4;
+  o.rank = 0;
+  check_contains(
+      error_of([&] { tk::data::TarShardDataset bad(fixture("tar/wds-{000000..000002}.tar"), o); }),
+      {"3 shard(s) cannot feed 4 ranks"});
+}
+
+TEST_CASE("TarShardDataset: missing members, bad members and truncated shards") {
+  tk::data::TarShardOptions o = wds_options();
+  o.shuffle_shards = false;
+  tk::data::TarShardDataset missing(fixture("tar/missing_member.tar"), o);
+  SampleBuffer s(missing.fields());
+  CHECK(missing.next(s.ref()));
+  check_contains(error_of([&] { missing.next(s.ref()); }),
+                 {"missing_member.tar", "sample '000001' has no member '.cls'", "field 'label'",
+                  "members: .bin, .json, .npy, .txt"});
+
+  tk::data::TarShardOptions wrong = o;
+  wrong.fields[0].dtype = tk::DType::kF64;
+  tk::data::TarShardDataset bad_npy(fixture("tar/wds-000000.tar"), wrong);
+  SampleBuffer s2(bad_npy.fields());
+  check_contains(error_of([&] { bad_npy.next(s2.ref()); }),
+                 {"wds-000000.tar", "000000.npy", "holds F32 (4,)", "expects F64"});
+
+  tk::data::TarShardOptions short_bin = o;
+  short_bin.fields[3].shape = {16};
+  tk::data::TarShardDataset bad_bin(fixture("tar/wds-000000.tar"), short_bin);
+  SampleBuffer s3(bad_bin.fields());
+  check_contains(error_of([&] { bad_bin.next(s3.ref()); }),
+                 {"000000.bin", "8 bytes", "needs exactly 16", "pad = true"});
+  short_bin.fields[3].pad = true;
+  tk::data::TarShardDataset padded(fixture("tar/wds-000000.tar"), short_bin);
+  SampleBuffer s4(padded.fields());
+  REQUIRE(padded.next(s4.ref()));
+  CHECK(s4.at<std::uint8_t>(3, 7) == 7);
+  CHECK(s4.at<std::uint8_t>(3, 8) == 0);
+
+  tk::data::TarShardOptions text = o;
+  text.fields = {{"doc", "json", tk::DType::kU8, {16}, true}, {"label", "cls", tk::DType::kU8, {}}};
+  tk::data::TarShardDataset raw_json(fixture("tar/wds-000000.tar"), text);
+  SampleBuffer s5(raw_json.fields());
+  REQUIRE(raw_json.next(s5.ref()));
+  REQUIRE(raw_json.next(s5.ref()));
+  CHECK(std::string(reinterpret_cast<const char*>(s5.spans[0].data())) == "[1, -1]");
+  CHECK(s5.at<std::uint8_t>(1) == 1);
+
+  TempDir dir;
+  const std::vector<std::byte> good = read_file(fixture("tar/wds-000001.tar"));
+  write_file(dir / "cut.tar", {good.begin(), good.begin() + 5000});
+  tk::data::TarShardDataset cut(std::vector<std::string>{(dir / "cut.tar").string()}, o);
+  SampleBuffer s6(cut.fields());
+  check_contains(error_of([&] {
+                   while (cut.next(s6.ref())) {
+                   }
+                 }),
+                 {"cut.tar", "truncated"});
+}

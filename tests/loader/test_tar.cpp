@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+// The streaming tar reader against archives Python's tarfile wrote (PAX with per-member 'x'
+// headers, GNU with 'L'/'K', the formats.md USTAR test vector), TarWriter round trips, and
+// truncated / corrupt archives.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <trainkit/io/tar.hpp>
+
+#include "loader_util.hpp"
+
+namespace tk = trainkit;
+using loader_test::check_contains;
+using loader_test::error_of;
+using loader_test::fixture;
+using loader_test::read_file;
+using loader_test::TempDir;
+using loader_test::write_file;
+
+namespace {
+
+struct Member {
+  std::string name;
+  char type;
+  std::string data;
+  std::string linkname;
+};
+
+std::vector<Member> read_all(tk::io::TarReader tar) {
+  std::vector<Member> out;
+  while (tar.next()) {
+    const tk::io::TarEntry& e = tar.entry();
+    std::string data;
+    if (e.is_file()) {
+      const std::vector<std::byte> bytes = tar.read_data();
+      data.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    out.push_back({e.name, e.type, data, e.linkname});
+  }
+  return out;
+}
+
+std::vector<Member> read_all_memory(const std::vector<std::byte>& bytes) {
+  return read_all(tk::io::TarReader::from_memory(bytes, "mem.tar"));
+}
+
+/// The expected files of sample `k` in gen_fixtures.py's shards (sorted extensions).
+std::vector<std::pair<std::string, std::string>> sample_files(int k) {
+  std::string bin;
+  for (int j = 0; j < 8; ++j) bin += static_cast<char>((k + j) % 256);
+  return {{"bin", bin},
+          {"cls", std::to_string(k % 10)},
+          {"json", "[" + std::to_string(k) + ", " + std::to_string(-k) + "]"},
+          {"npy", ""},  // checked by the dataset tests
+          {"txt", "sample " + std::to_string(k)}};
+}
+
+void set_checksum(std::vector<std::byte>& b, std::size_t header) {
+  std::memset(b.data() + header + 148, ' ', 8);
+  unsigned sum = 0;
+  for (std::size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(b[header + i]);
+  char text[8];
+  std::snprintf(text, sizeof text, "%06o", sum);
+  std::memcpy(b.data() + header + 148, text, 7);
+}
+
+}  // namespace
+
+TEST_CASE("tar: the formats.md USTAR test vector") {
+  tk::io::TarReader tar = tk::io::TarReader::open(fixture("tar/ustar_vector.tar"));
+  const char* names[] = {"000000.cls", "000000.json", "000001.cls", "000001.json"};
+  const char* data[] = {"3", "{\"a\":1}", "7", "{\"a\":2}"};
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(tar.next());
+    CHECK(tar.entry().name == names[i]);
+    CHECK(tar.entry().offset == static_cast<std::uint64_t>(1024 * i));
+    CHECK(tar.entry().type == '0');
+    CHECK(tar.entry().mode == 0444);
+    CHECK(tar.entry().mtime == 1700000000);
+    const std::vector<std::byte> d = tar.read_data();
+    CHECK(std::string(reinterpret_cast<const char*>(d.data()), d.size()) == data[i]);
+  }
+  CHECK_FALSE(tar.next());
+  CHECK_FALSE(tar.next());
+}
+
+TEST_CASE("tar: PAX shards from tarfile (a pax 'x' header before every member)") {
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    const std::string path = fixture("tar/wds-00000" + std::to_string(s) + ".tar");
+    const std::vector<Member> from_file = read_all(tk::io::TarReader::open(path));
+    const std::vector<Member> from_memory = read_all_memory(read_file(path));
+    REQUIRE(from_file.size() == from_memory.size());
+    std::size_t m = 0;
+    if (s == 1) {  // gen_fixtures.py adds a directory and a metadata file to shard 1
+      REQUIRE(from_file.size() >= 2);
+      CHECK(from_file[0].name == "subdir/");
+      CHECK(from_file[0].type == '5');
+      CHECK(from_file[1].name == "__meta__");
+      CHECK(from_file[1].data == "ignore me");
+      m = 2;
+    }
+    REQUIRE(from_file.size() == m + 7 * 5);
+    for (int i = 0; i < 7; ++i) {
+      const int k = s * 100 + i;
+      char key[8];
+      std::snprintf(key, sizeof key, "%06d", k);
+      for (const auto& [ext, content] : sample_files(k)) {
+        CHECK(from_file[m].name == std::string(key) + "." + ext);
+        CHECK(from_file[m].name == from_memory[m].name);
+        CHECK(from_file[m].data == from_memory[m].data);
+        if (ext != "npy") CHECK(from_file[m].data == content);
+        ++m;
+      }
+    }
+  }
+}
+
+TEST_CASE("tar: GNU long names ('L') and long link targets ('K')") {
+  const std::vector<Member> members =
+      read_all(tk::io::TarReader::open(fixture("tar/gnu_long.tar")));
+  std::string dir;
+  for (int i = 0; i < 4; ++i) dir += "a_rather_long_directory_name_";
+  REQUIRE(members.size() == 3 * 5 + 1);
+  CHECK(members[0].name == dir + "/000000.bin");
+  CHECK(members[0].name.size() > 100);
+  CHECK(members[6].name == dir + "/000001.cls");
+  CHECK(members[6].data == "1");
+  CHECK(members.back().name == "link.txt");
+  CHECK(members.back().type == '2');
+  CHECK(members.back().linkname == dir + "/target.txt");
+}
+
+TEST_CASE("tar: TarWriter round trip, long names through pax, base-256 sizes") {
+  TempDir dir;
+  const std::string long_name = std::string(150, 'n') + ".bin";
+  {
+    tk::io::TarWriter w(dir / "w.tar");
+    w.add("a.txt", std::string_view("hello"));
+    w.add(long_name, std::string(1000, 'x'));
+    w.add("empty.cls", std::string_view(""));
+    w.close();
+  }
+  const std::vector<std::byte> bytes = read_file(dir / "w.tar");
+  CHECK(bytes.size() % 10240 == 0);
+  const std::vector<Member> members = read_all_memory(bytes);
+  REQUIRE(members.size() == 3);
+  CHECK(members[0].name == "a.txt");
+  CHECK(members[0].data == "hello");
+  CHECK(members[1].name == long_name);
+  CHECK(members[1].data == std::string(1000, 'x'));
+  CHECK(members[2].name == "empty.cls");
+  CHECK(members[2].data.empty());
+
+  // GNU base-256 size field: 0x80 then the big-endian value.
+  std::vector<std::byte> b256 = read_file(fixture("tar/ustar_vector.tar"));
+  std::memset(b256.data() + 124, 0, 12);
+  b256[124] = std::byte{0x80};
+  b256[135] = std::byte{1};
+  set_checksum(b256, 0);
+  const std::vector<Member> m2 = read_all_memory(b256);
+  REQUIRE(m2.size() == 4);
+  CHECK(m2[0].data == "3");
+}
+
+TEST_CASE("tar: truncated archives are errors naming the archive, never silent") {
+  const std::vector<std::byte> good = read_file(fixture("tar/wds-000000.tar"));
+  // Find the data offsets to cut inside a member, a header and padding.
+  std::size_t clean = 0, errors = 0;
+  for (std::size_t cut = 1; cut < 6000; cut += 97) {
+    CAPTURE(cut);
+    const std::vector<std::byte> part(good.begin(),
+                                      good.begin() + static_cast<std::ptrdiff_t>(cut));
+    try {
+      read_all_memory(part);
+      // Only a cut exactly on a header boundary after a complete member may end cleanly.
+      CHECK(cut % 512 == 0);
+      ++clean;
+    } catch (const tk::Error& e) {
+      check_contains(e.what(), {"mem.tar", "truncated"});
+      ++errors;
+    }
+  }
+  CHECK(errors > 50);
+  // Cutting inside member data: the message names the member.
+  tk::io::TarReader tar = tk::io::TarReader::from_memory(
+      std::span(good).first(1024 + 512 + 3), "cut.tar");  // pax header, header, 3 data bytes
+  REQUIRE(tar.next());
+  check_contains(error_of([&] { (void)tar.read_data(); }),
+                 {"cut.tar", "truncated", "member '000000.bin' declares 8 bytes"});
+}
+
+TEST_CASE("tar: corrupt headers, gzip and non-tar input") {
+  std::vector<std::byte> bad = read_file(fixture("tar/ustar_vector.tar"));
+  bad[10] = std::byte{'X'};  // inside the name: checksum mismatch
+  check_contains(error_of([&] { read_all_memory(bad); }), {"mem.tar", "bad header checksum"});
+
+  std::vector<std::byte> size = read_file(fixture("tar/ustar_vector.tar"));
+  std::memcpy(size.data() + 124, "0000000009z", 11);
+  set_checksum(size, 0);
+  check_contains(error_of([&] { read_all_memory(size); }), {"mem.tar", "bad size field"});
+
+  std::vector<std::byte> gz(1024, std::byte{0});
+  gz[0] = std::byte{0x1f};
+  gz[1] = std::byte{0x8b};
+  check_contains(error_of([&] { read_all_memory(gz); }), {"gzip-compressed", "gunzip"});
+
+  std::vector<std::byte> text(2048, std::byte{'a'});
+  check_contains(error_of([&] { read_all_memory(text); }), {"mem.tar", "not a tar archive"});
+
+  // A pax record whose length field lies.
+  TempDir dir;
+  {
+    tk::io::TarWriter w(dir / "p.tar");
+    w.add(std::string(120, 'p'), std::string_view("data"));
+  }
+  std::vector<std::byte> pax = read_file(dir / "p.tar");
+  pax[512] = std::byte{'9'};  // "133 path=..." -> "933 path=..."
+  check_contains(error_of([&] { read_all_memory(pax); }), {"mem.tar", "corrupt pax record"});
+
+  check_contains(error_of([] { tk::io::TarReader::open("/nonexistent/x.tar"); }),
+                 {"/nonexistent/x.tar", "cannot open"});
+}
