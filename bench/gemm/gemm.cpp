@@ -31,7 +31,10 @@ volatile float probe_sink = 0;  // keeps the probes from being optimised away
 // store forwarding), and identical chains would be merged by the compiler.
 __attribute__((target("avx2,fma"), noinline)) float probe_fma_avx2(long iterations) {
   const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-  __m256 r0 = _mm256_set1_ps(1.0f), r1 = _mm256_set1_ps(2.0f), r2 = _mm256_set1_ps(3.0f), r3 = _mm256_set1_ps(4.0f), r4 = _mm256_set1_ps(5.0f), r5 = _mm256_set1_ps(6.0f), r6 = _mm256_set1_ps(7.0f), r7 = _mm256_set1_ps(8.0f), r8 = _mm256_set1_ps(9.0f), r9 = _mm256_set1_ps(10.0f), r10 = _mm256_set1_ps(11.0f), r11 = _mm256_set1_ps(12.0f);
+  __m256 r0 = _mm256_set1_ps(1.0f), r1 = _mm256_set1_ps(2.0f), r2 = _mm256_set1_ps(3.0f),
+         r3 = _mm256_set1_ps(4.0f), r4 = _mm256_set1_ps(5.0f), r5 = _mm256_set1_ps(6.0f),
+         r6 = _mm256_set1_ps(7.0f), r7 = _mm256_set1_ps(8.0f), r8 = _mm256_set1_ps(9.0f),
+         r9 = _mm256_set1_ps(10.0f), r10 = _mm256_set1_ps(11.0f), r11 = _mm256_set1_ps(12.0f);
   for (long i = 0; i < iterations; ++i) {
     r0 = _mm256_fmadd_ps(r0, m, a);
     r1 = _mm256_fmadd_ps(r1, m, a);
@@ -45,7 +48,9 @@ __attribute__((target("avx2,fma"), noinline)) float probe_fma_avx2(long iteratio
     r9 = _mm256_fmadd_ps(r9, m, a);
     r10 = _mm256_fmadd_ps(r10, m, a);
     r11 = _mm256_fmadd_ps(r11, m, a);
-    __asm__ volatile("" : "+x"(r0), "+x"(r1), "+x"(r2), "+x"(r3), "+x"(r4), "+x"(r5), "+x"(r6), "+x"(r7), "+x"(r8), "+x"(r9), "+x"(r10), "+x"(r11));
+    __asm__ volatile(""
+                     : "+x"(r0), "+x"(r1), "+x"(r2), "+x"(r3), "+x"(r4), "+x"(r5), "+x"(r6),
+                       "+x"(r7), "+x"(r8), "+x"(r9), "+x"(r10), "+x"(r11));
   }
   __m256 s = r0;
   s = _mm256_add_ps(s, r1);
@@ -66,7 +71,10 @@ __attribute__((target("avx2,fma"), noinline)) float probe_fma_avx2(long iteratio
 
 __attribute__((target("avx512f"), noinline)) float probe_fma_avx512(long iterations) {
   const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-  __m512 r0 = _mm512_set1_ps(1.0f), r1 = _mm512_set1_ps(2.0f), r2 = _mm512_set1_ps(3.0f), r3 = _mm512_set1_ps(4.0f), r4 = _mm512_set1_ps(5.0f), r5 = _mm512_set1_ps(6.0f), r6 = _mm512_set1_ps(7.0f), r7 = _mm512_set1_ps(8.0f), r8 = _mm512_set1_ps(9.0f), r9 = _mm512_set1_ps(10.0f), r10 = _mm512_set1_ps(11.0f), r11 = _mm512_set1_ps(12.0f);
+  __m512 r0 = _mm512_set1_ps(1.0f), r1 = _mm512_set1_ps(2.0f), r2 = _mm512_set1_ps(3.0f),
+         r3 = _mm512_set1_ps(4.0f), r4 = _mm512_set1_ps(5.0f), r5 = _mm512_set1_ps(6.0f),
+         r6 = _mm512_set1_ps(7.0f), r7 = _mm512_set1_ps(8.0f), r8 = _mm512_set1_ps(9.0f),
+         r9 = _mm512_set1_ps(10.0f), r10 = _mm512_set1_ps(11.0f), r11 = _mm512_set1_ps(12.0f);
   for (long i = 0; i < iterations; ++i) {
     r0 = _mm512_fmadd_ps(r0, m, a);
     r1 = _mm512_fmadd_ps(r1, m, a);
@@ -80,7 +88,9 @@ __attribute__((target("avx512f"), noinline)) float probe_fma_avx512(long iterati
     r9 = _mm512_fmadd_ps(r9, m, a);
     r10 = _mm512_fmadd_ps(r10, m, a);
     r11 = _mm512_fmadd_ps(r11, m, a);
-    __asm__ volatile("" : "+v"(r0), "+v"(r1), "+v"(r2), "+v"(r3), "+v"(r4), "+v"(r5), "+v"(r6), "+v"(r7), "+v"(r8), "+v"(r9), "+v"(r10), "+v"(r11));
+    __asm__ volatile(""
+                     : "+v"(r0), "+v"(r1), "+v"(r2), "+v"(r3), "+v"(r4), "+v"(r5), "+v"(r6),
+                       "+v"(r7), "+v"(r8), "+v"(r9), "+v"(r10), "+v"(r11));
   }
   __m512 s = r0;
   s = _mm512_add_ps(s, r1);
@@ -135,7 +145,8 @@ std::vector<Problem> parse_shapes(const std::string& spec) {
 
 int main(int argc, char** argv) {
   const int threads = std::stoi(tb::arg(argc, argv, "threads", "1"));
-  std::vector<Problem> problems = parse_shapes(tb::arg(argc, argv, "shapes", "sq1024:NN:1024:1024:1024"));
+  std::vector<Problem> problems =
+      parse_shapes(tb::arg(argc, argv, "shapes", "sq1024:NN:1024:1024:1024"));
   trainkit::exec::Host host(threads);
 
   std::mt19937 rng(1);
@@ -147,13 +158,16 @@ int main(int argc, char** argv) {
     p.c.assign(static_cast<std::size_t>(p.m * p.n), 0.0f);
     for (float& x : p.a) x = dist(rng);
     for (float& x : p.b) x = dist(rng);
-    const std::int64_t ar = p.op_a == blas::Op::kN ? p.m : p.k, ac = p.op_a == blas::Op::kN ? p.k : p.m;
-    const std::int64_t br = p.op_b == blas::Op::kN ? p.k : p.n, bc = p.op_b == blas::Op::kN ? p.n : p.k;
+    const std::int64_t ar = p.op_a == blas::Op::kN ? p.m : p.k,
+                       ac = p.op_a == blas::Op::kN ? p.k : p.m;
+    const std::int64_t br = p.op_b == blas::Op::kN ? p.k : p.n,
+                       bc = p.op_b == blas::Op::kN ? p.n : p.k;
     const trainkit::HostView<const float, 2> a(p.a.data(), {{ar, ac}});
     const trainkit::HostView<const float, 2> b(p.b.data(), {{br, bc}});
     const trainkit::HostView<float, 2> c(p.c.data(), {{p.m, p.n}});
     Problem* pp = &p;
-    cases.push_back({"tk_" + p.name, [&host, pp, a, b, c] { blas::gemm(host, pp->op_a, pp->op_b, a, b, c); }});
+    cases.push_back(
+        {"tk_" + p.name, [&host, pp, a, b, c] { blas::gemm(host, pp->op_a, pp->op_b, a, b, c); }});
     cases.push_back({"openblas_" + p.name, [&host, pp, a, b, c] {
                        blas::gemm(host, pp->op_a, pp->op_b, a, b, c,
                                   {.host_backend = blas::HostBackend::kCblas});
@@ -175,7 +189,8 @@ int main(int argc, char** argv) {
   }
   cases.push_back({"probe_fma", [] { probe_sink = probe_fma_avx2(kProbeIterations); }});
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) cases.push_back({"probe_fma512", [] { probe_sink = probe_fma_avx512(kProbeIterations); }});
+  if (avx512)
+    cases.push_back({"probe_fma512", [] { probe_sink = probe_fma_avx512(kProbeIterations); }});
   return tb::serve({{"threads", std::to_string(host.num_threads())},
                     {"kernel", blas::detail::gemm_kernel_name()},
                     {"probe_flops", std::to_string(kProbeIterations * 12 * 16)},

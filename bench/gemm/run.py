@@ -2,7 +2,8 @@
 """bench/gemm driver: f32 gemm through trainkit's built-in host kernel, torch.matmul (CPU) and
 OpenBLAS (cblas_sgemm), 1 and 2 threads, sampled alternately with a single-thread FMA-throughput
 probe (the measured per-core peak). Reports GFLOP/s, trainkit/torch speed ratios and the share
-of peak; the last line is the geometric-mean speed ratio vs torch over the issue's three shapes."""
+of peak; the last line is the geometric-mean speed ratio vs torch over the issue's three shapes
+at one thread (best of the alternating rounds, see below)."""
 import math
 import os
 
@@ -14,7 +15,7 @@ TRAIN = ["mlp_fc1_fwd:NT:256:784:1024", "mlp_fc1_dw:TN:1024:256:784",
          "gpt_qkv_fwd:NT:1024:256:768", "gpt_fc2_dx:NN:1024:1024:256"]
 SHAPES = ",".join(MAIN + TRAIN)
 THREADS = [1, 2]
-ROUNDS = int(os.environ.get("BENCH_GEMM_ROUNDS", 7))
+ROUNDS = int(os.environ.get("BENCH_GEMM_ROUNDS", 9))
 
 
 def flops(spec):
@@ -27,8 +28,8 @@ def label(spec):
     return f"{name} [{m}x{k}]@[{k}x{n}] {ops}"
 
 
-rows = {}  # (spec, threads) -> {impl: median seconds}
-peaks = []
+rows = {}  # (spec, threads) -> {impl: [seconds, ...]}
+probes = []
 info = {}
 for threads in THREADS:
     env = {"OPENBLAS_NUM_THREADS": str(threads)}
@@ -43,32 +44,50 @@ for threads in THREADS:
             slots = [("trainkit", tk, "tk_" + name), ("torch", pt, "torch_" + name),
                      ("openblas", tk, "openblas_" + name), ("probe", tk, "probe_fma")]
             samples = h.alternate(slots, rounds=ROUNDS, warmup=2)
-            med = {k: h.median(v) for k, v in samples.items()}
-            rows[(spec, threads)] = med
-            peaks.append(probe_flops / med["probe"])
+            rows[(spec, threads)] = samples
+            probes += [probe_flops / t for t in samples["probe"]]
 
+# On a shared 2-vCPU machine other processes steal whole time slices: the median measures the
+# scheduler as much as the code. Best-of-rounds approximates each implementation undisturbed;
+# both are shown, the result line uses best-of-rounds.
+peak = max(probes)
 print(f"gemm: f32, {h.machine()}, torch {info['torch']}, trainkit micro-kernel {info['kernel']}, "
-      f"{ROUNDS} alternating rounds per shape, medians")
-peak = h.median(peaks)
-print(f"  measured per-core FMA peak (AVX2, 12 chains, 1 thread): {peak / 1e9:.1f} GFLOP/s"
+      f"{ROUNDS} alternating rounds per shape")
+print(f"  measured per-core FMA peak (AVX2, 12 chains, 1 thread): best {peak / 1e9:.1f} GFLOP/s, "
+      f"median {h.median(probes) / 1e9:.1f}"
       + ("  (this CPU also has AVX-512; the kernel uses AVX2)" if info.get("avx512") == "1" else ""))
-print(f"  {'shape':<44} {'thr':>3} {'trainkit':>9} {'torch':>9} {'openblas':>9}  {'tk/torch':>8} {'tk/oblas':>8} {'%peak':>6}")
-main_ratios = []
+print(f"  {'shape':<44} {'thr':>3} {'trainkit':>9} {'torch':>9} {'openblas':>9}  {'tk/torch':>8} "
+      f"{'(median)':>8} {'tk/oblas':>8} {'%peak':>6}")
+best_ratios = {t: [] for t in THREADS}
 for spec in MAIN + TRAIN:
     for threads in THREADS:
-        med = rows[(spec, threads)]
+        smp = rows[(spec, threads)]
+        best = {k: min(v) for k, v in smp.items()}
+        med = {k: h.median(v) for k, v in smp.items()}
         f = flops(spec)
-        g = {k: f / med[k] / 1e9 for k in ("trainkit", "torch", "openblas")}
-        r_torch = med["torch"] / med["trainkit"]
-        r_oblas = med["openblas"] / med["trainkit"]
-        pct = 100 * f / med["trainkit"] / (peak * threads)
+        g = {k: f / best[k] / 1e9 for k in ("trainkit", "torch", "openblas")}
+        r_torch = best["torch"] / best["trainkit"]
+        r_torch_med = med["torch"] / med["trainkit"]
+        r_oblas = best["openblas"] / best["trainkit"]
+        pct = 100 * f / best["trainkit"] / (peak * threads)
         if spec in MAIN:
-            main_ratios.append(r_torch)
+            best_ratios[threads].append(r_torch)
         print(f"  {label(spec):<44} {threads:>3} {g['trainkit']:9.1f} {g['torch']:9.1f} "
-              f"{g['openblas']:9.1f}  {r_torch:8.2f} {r_oblas:8.2f} {pct:6.1f}")
-print("  (GFLOP/s; ratios > 1: trainkit faster; %peak = trainkit / (per-core peak x threads))")
-geo = math.exp(sum(math.log(r) for r in main_ratios) / len(main_ratios))
+              f"{g['openblas']:9.1f}  {r_torch:8.2f} {r_torch_med:8.2f} {r_oblas:8.2f} {pct:6.1f}")
+print("  (GFLOP/s and ratios from the best of the rounds, plus the ratio of medians; ratios > 1:")
+print("   trainkit faster; %peak = trainkit / (best per-core probe x threads))")
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 sq = rows[(MAIN[1], 1)]
-pct1024 = 100 * flops(MAIN[1]) / sq["trainkit"] / peak
-h.result_line("gemm", geo, f"trainkit host gemm vs torch.matmul CPU f32 (geomean of 512^2, 1024^2, "
-              f"4096x768x3072 at 1 and 2 threads; 1024^2 1-thread at {pct1024:.0f}% of measured peak)")
+pct1024 = 100 * flops(MAIN[1]) / min(sq["trainkit"]) / peak
+# One thread is the comparison this 2-vCPU machine can make fairly; with two, every
+# implementation competes with the other processes on the box (torch's spinning OpenMP threads
+# suffer most), so that ratio is printed but kept out of the headline.
+h.result_line("gemm", geomean(best_ratios[1]),
+              f"trainkit host gemm vs torch.matmul CPU f32, 1 thread (geomean of 512^2, 1024^2, "
+              f"4096x768x3072, best of {ROUNDS} rounds; 1024^2 at {pct1024:.0f}% of measured FMA "
+              f"peak; 2 threads: {geomean(best_ratios[2]):.2f}x, load-dependent)")

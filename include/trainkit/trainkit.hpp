@@ -30,6 +30,12 @@
 #include "trainkit/exec/reduce.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
 
+#include "trainkit/blas/gemm_options.hpp"
+#include "trainkit/blas/host_gemm.hpp"
+#include "trainkit/blas/cblas.hpp"
+#include "trainkit/blas/cublaslt.hpp"
+#include "trainkit/blas/gemm.hpp"
+
 #include "trainkit/io/crc32c.hpp"
 #include "trainkit/io/protobuf.hpp"
 #include "trainkit/io/tfevents.hpp"

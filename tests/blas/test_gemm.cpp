@@ -1,0 +1,461 @@
+// Tests for blas/gemm.hpp on the host: every transpose combination, odd sizes (1, 7, 129, 1000),
+// beta != 0, padded rows, f16/bf16 operands and outputs, the fused epilogues, batched views,
+// bitwise determinism across thread counts, both micro-kernels, the CBLAS backend, and errors,
+// all against a float64 reference (tests/blas/gemm_reference.hpp).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <trainkit/blas/gemm.hpp>
+#include <trainkit/exec/host.hpp>
+
+#include "blas/gemm_reference.hpp"
+
+namespace {
+
+using namespace gemm_test;
+using trainkit::HostView;
+using trainkit::blas::GemmOptions;
+using trainkit::blas::HostBackend;
+namespace blas = trainkit::blas;
+namespace exec = trainkit::exec;
+
+constexpr Op kOps[] = {Op::kN, Op::kT};
+
+struct Case {
+  std::int64_t m, n, k;
+};
+
+// Runs one host gemm (with padded operands) against the reference; returns the relative error.
+template <class TA, class TB, class TC>
+double run_case(const exec::Host& host, Op op_a, Op op_b, const Case& cs, float alpha, float beta,
+                std::uint64_t seed, HostBackend backend = HostBackend::kAuto) {
+  Matrix<TA> a(stored_rows(op_a, cs.m, cs.k), stored_cols(op_a, cs.m, cs.k), 3);
+  Matrix<TB> b(stored_rows(op_b, cs.k, cs.n), stored_cols(op_b, cs.k, cs.n), 5);
+  Matrix<TC> c(cs.m, cs.n, 2);
+  a.fill_random(seed);
+  b.fill_random(seed + 1);
+  if (beta != 0.0f) {
+    c.fill_random(seed + 2);
+  } else {
+    c.fill(std::numeric_limits<double>::quiet_NaN());  // beta == 0: C must not be read
+  }
+  const Reference ref = reference_gemm(op_a, op_b, a, b, c, alpha, beta, Epilogue::kNone);
+  blas::gemm(host, op_a, op_b, a.cview(), b.cview(), c.view(),
+             {.alpha = alpha, .beta = beta, .host_backend = backend});
+  CHECK(padding_untouched(c));
+  return rel_error(c, ref.out, cs.m, cs.n);
+}
+
+}  // namespace
+
+TEST_CASE("host gemm f32: transposes x odd sizes x beta x padded rows vs float64") {
+  exec::Host host(2);
+  const Case cases[] = {{1, 1, 1},       {7, 7, 7},      {1, 129, 7},
+                        {129, 1, 1000},  {1000, 7, 129}, {7, 1000, 1},
+                        {129, 129, 129}, {33, 17, 1000}, {257, 300, 513}};
+  std::uint64_t seed = 1;
+  for (const Case& cs : cases)
+    for (Op op_a : kOps)
+      for (Op op_b : kOps)
+        for (float beta : {0.0f, 0.75f}) {
+          const float alpha = beta == 0.0f ? 1.0f : -1.5f;
+          const double err =
+              run_case<float, float, float>(host, op_a, op_b, cs, alpha, beta, seed++);
+          INFO("m=", cs.m, " n=", cs.n, " k=", cs.k, " op_a=", std::string(blas::to_string(op_a)),
+               " op_b=", std::string(blas::to_string(op_b)), " beta=", beta);
+          CHECK(err < 1e-5);
+        }
+}
+
+TEST_CASE("host gemm: both micro-kernels agree with float64, epilogues included") {
+  // The CPU picks one kernel; run the portable one explicitly so both are covered everywhere.
+  // 37 x 45: partial register tiles in both directions (6 x 16 tiles).
+  const Case cs{37, 45, 300};
+  Matrix<float> a(cs.m, cs.k, 1), b(cs.n, cs.k, 0), c(cs.m, cs.n, 4), pre(cs.m, cs.n, 3);
+  a.fill_random(11);
+  b.fill_random(12);
+  c.fill_random(13);
+  pre.fill_random(14, -3.0, 3.0);
+  std::vector<float> bias(cs.n);
+  std::vector<double> bias_d(cs.n);
+  for (std::int64_t j = 0; j < cs.n; ++j) bias_d[j] = bias[j] = 0.02f * float(j % 11) - 0.1f;
+  for (Epilogue e : {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu, Epilogue::kDGelu}) {
+    const Reference ref = reference_gemm(Op::kN, Op::kT, a, b, c, 0.5, 2.0, e, bias_d, &pre);
+    for (blas::detail::GemmMicroKernel kernel :
+         {&blas::detail::gemm_kernel_portable, blas::detail::gemm_kernel_for_this_cpu()}) {
+      INFO("epilogue ", std::string(blas::to_string(e)),
+           ", portable kernel: ", kernel == &blas::detail::gemm_kernel_portable);
+      Matrix<float> got = c;
+      Matrix<float> aux = e == Epilogue::kDGelu ? pre : Matrix<float>(cs.m, cs.n, 3);
+      const blas::detail::GemmOutput<float> out{
+          got.data.data(),
+          got.ld,
+          0.5f,
+          2.0f,
+          e,
+          bias.data(),
+          e == Epilogue::kNone || e == Epilogue::kBias ? nullptr : aux.data.data(),
+          aux.ld};
+      exec::Host host(2);
+      blas::detail::host_gemm_2d(
+          &host, {cs.m, cs.n, cs.k}, blas::detail::OperandRef<float>{a.data.data(), a.ld, 1},
+          blas::detail::OperandRef<float>{b.data.data(), 1, b.ld}, out, kernel);
+      CHECK(rel_error(got, ref.out, cs.m, cs.n) < 1e-5);
+      CHECK(padding_untouched(got));
+      if (e == Epilogue::kBiasGelu) {
+        CHECK(rel_error(aux, ref.aux, cs.m, cs.n) < 1e-5);
+        CHECK(padding_untouched(aux));
+      }
+    }
+  }
+  MESSAGE("micro-kernel on this CPU: ", std::string(blas::detail::gemm_kernel_name()));
+}
+
+TEST_CASE("host gemm: f16/bf16 operands and outputs accumulate in f32") {
+  exec::Host host(2);
+  const Case cs{129, 70, 300};
+  for (Op op_a : kOps)
+    for (Op op_b : kOps) {
+      INFO("op_a=", std::string(blas::to_string(op_a)),
+           " op_b=", std::string(blas::to_string(op_b)));
+      // Inputs are exact in f32, so an f32 output only carries accumulation error.
+      CHECK(run_case<bf16, bf16, float>(host, op_a, op_b, cs, 1.0f, 0.0f, 21) < 1e-5);
+      CHECK(run_case<f16, float, float>(host, op_a, op_b, cs, 1.0f, 0.5f, 22) < 1e-5);
+      // A 16-bit output is one rounding of the f32 result: bf16 ~ 2^-9, f16 ~ 2^-12 relative.
+      CHECK(run_case<bf16, bf16, bf16>(host, op_a, op_b, cs, 1.0f, 0.5f, 23) < 1e-2);
+      CHECK(run_case<f16, f16, f16>(host, op_a, op_b, cs, 2.0f, 0.0f, 24) < 1e-3);
+      CHECK(run_case<float, bf16, f16>(host, op_a, op_b, cs, 1.0f, 0.25f, 25) < 1e-3);
+    }
+}
+
+TEST_CASE("host gemm: k == 0 scales C by beta, empty outputs are no-ops") {
+  exec::Host host(2);
+  Matrix<float> a(5, 0), b(0, 6), c(5, 6);
+  c.fill(2.0);
+  blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(), {.beta = 0.5f});
+  for (std::int64_t i = 0; i < 5; ++i)
+    for (std::int64_t j = 0; j < 6; ++j) CHECK(c.get(i, j) == 1.0);
+  blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view());
+  for (std::int64_t i = 0; i < 5; ++i)
+    for (std::int64_t j = 0; j < 6; ++j) CHECK(c.get(i, j) == 0.0);
+  Matrix<float> a0(0, 4), b0(4, 3), c0(0, 3);
+  blas::gemm(host, Op::kN, Op::kN, a0.cview(), b0.cview(), c0.view());  // nothing to do
+}
+
+TEST_CASE("host gemm: epilogues match the float64 composition") {
+  exec::Host host(2);
+  const std::int64_t m = 70, n = 45, k = 133;
+  Matrix<float> a(m, k, 1), b(n, k, 3);  // y = x @ W^T, W [out, in]
+  a.fill_random(31);
+  b.fill_random(32);
+  std::vector<float> bias(n);
+  std::vector<double> bias_d(n);
+  for (std::int64_t j = 0; j < n; ++j) bias_d[j] = bias[j] = 0.01f * float(j) - 0.2f;
+
+  for (Epilogue e : {Epilogue::kBias, Epilogue::kGelu, Epilogue::kBiasGelu}) {
+    for (float beta : {0.0f, 0.5f}) {
+      INFO("epilogue=", std::string(blas::to_string(e)), " beta=", beta);
+      Matrix<float> c(m, n, 2), aux(m, n, 3);
+      c.fill_random(33);
+      const Reference ref = reference_gemm(Op::kN, Op::kT, a, b, c, 1.0, beta, e, bias_d);
+      blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c.view(),
+                 {.beta = beta,
+                  .epilogue = e,
+                  .bias = bias.data(),
+                  .aux = aux.data.data(),
+                  .aux_ld = aux.ld});
+      CHECK(rel_error(c, ref.out, m, n) < 1e-5);
+      CHECK(padding_untouched(c));
+      if (e != Epilogue::kBias) {
+        CHECK(rel_error(aux, ref.aux, m, n) < 1e-5);
+        CHECK(padding_untouched(aux));
+      }
+    }
+  }
+
+  SUBCASE("bf16 output with bias+gelu rounds once") {
+    Matrix<bf16> c(m, n), aux(m, n);
+    std::vector<bf16> bias16(n);
+    std::vector<double> bias16_d(n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      bias16[j] = bf16(bias[j]);
+      bias16_d[j] = to_double(bias16[j]);
+    }
+    const Reference ref =
+        reference_gemm(Op::kN, Op::kT, a, b, c, 1.0, 0.0, Epilogue::kBiasGelu, bias16_d);
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c.view(),
+               {.epilogue = Epilogue::kBiasGelu, .bias = bias16.data(), .aux = aux.data.data()});
+    CHECK(rel_error(c, ref.out, m, n) < 1e-2);
+    CHECK(rel_error(aux, ref.aux, m, n) < 1e-2);
+  }
+
+  SUBCASE("bias-grad: dW = dY^T @ X and db = column sums of dY") {
+    // dY [batch, out] enters as op(A) = dY^T; X [batch, in].
+    const std::int64_t batch = 300, out = 37, in = 29;
+    for (Op op_a : kOps) {
+      INFO("op_a=", std::string(blas::to_string(op_a)));
+      Matrix<float> dy(stored_rows(op_a, out, batch), stored_cols(op_a, out, batch), 1);
+      Matrix<float> x(batch, in, 2), dw(out, in, 1);
+      dy.fill_random(41);
+      x.fill_random(42);
+      dw.fill_random(43);
+      std::vector<float> db(out, std::numeric_limits<float>::quiet_NaN());
+      const Reference ref = reference_gemm(op_a, Op::kN, dy, x, dw, 1.0, 1.0, Epilogue::kBiasGrad);
+      blas::gemm(host, op_a, Op::kN, dy.cview(), x.cview(), dw.view(),
+                 {.beta = 1.0f, .epilogue = Epilogue::kBiasGrad, .bias_grad = db.data()});
+      CHECK(rel_error(dw, ref.out, out, in) < 1e-5);
+      CHECK(rel_error_vec(db, ref.bias_grad) < 1e-5);
+    }
+  }
+
+  SUBCASE("dgelu: dPre = (dH @ W) * gelu'(pre)") {
+    Matrix<float> pre(m, n);
+    pre.fill_random(51, -3.0, 3.0);
+    Matrix<float> c(m, n);
+    const Reference ref =
+        reference_gemm(Op::kN, Op::kT, a, b, c, 1.0, 0.0, Epilogue::kDGelu, {}, &pre);
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c.view(),
+               {.epilogue = Epilogue::kDGelu, .aux = pre.data.data()});
+    CHECK(rel_error(c, ref.out, m, n) < 1e-5);
+  }
+}
+
+TEST_CASE("host gemm: same bits for 1, 2 and 3 threads") {
+  const Case cs{300, 515, 700};
+  Matrix<float> a(cs.m, cs.k), b(cs.k, cs.n), c0(cs.m, cs.n);
+  a.fill_random(61);
+  b.fill_random(62);
+  c0.fill_random(63);
+  Matrix<bf16> a16(cs.k, cs.m);
+  a16.fill_random(64);
+  std::vector<float> bias(cs.n, 0.125f);
+  std::vector<std::vector<float>> results;
+  std::vector<std::vector<bf16>> results16;
+  for (int threads : {1, 2, 3}) {
+    exec::Host host(threads);
+    Matrix<float> c = c0;
+    blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+               {.alpha = 0.3f, .beta = 0.7f, .epilogue = Epilogue::kBiasGelu, .bias = bias.data()});
+    results.push_back(c.data);
+    Matrix<bf16> c16(cs.m, cs.n);
+    blas::gemm(host, Op::kT, Op::kN, a16.cview(), b.cview(), c16.view());
+    results16.push_back(c16.data);
+  }
+  {  // The executor-less overload runs on exec::Host::default_instance(): same bits again.
+    Matrix<float> c = c0;
+    blas::gemm(Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+               {.alpha = 0.3f, .beta = 0.7f, .epilogue = Epilogue::kBiasGelu, .bias = bias.data()});
+    results.push_back(c.data);
+    Matrix<bf16> c16(cs.m, cs.n);
+    blas::gemm(Op::kT, Op::kN, a16.cview(), b.cview(), c16.view());
+    results16.push_back(c16.data);
+  }
+  for (std::size_t t = 1; t < results.size(); ++t) {
+    CHECK(std::memcmp(results[t].data(), results[0].data(), results[0].size() * sizeof(float)) ==
+          0);
+    CHECK(std::memcmp(results16[t].data(), results16[0].data(),
+                      results16[0].size() * sizeof(bf16)) == 0);
+  }
+}
+
+TEST_CASE("host gemm batched: strided items and a broadcast operand match rank-2 calls") {
+  exec::Host host(2);
+  const std::int64_t batch = 5, m = 33, n = 40, k = 21;
+  // A: [batch, m, k] inside a larger buffer (batch stride > m * k, padded rows).
+  const std::int64_t lda = k + 3, sa = m * lda + 7;
+  std::vector<float> abuf(static_cast<std::size_t>(batch * sa));
+  Matrix<float> fill(1, static_cast<std::int64_t>(abuf.size()));
+  fill.fill_random(71);
+  abuf = fill.data;
+  Matrix<float> w(n, k);  // shared by every item: batch 1, used as op(B) = W^T
+  w.fill_random(72);
+  std::vector<float> cbuf(static_cast<std::size_t>(batch * m * n), 1.0f);
+  const HostView<const float, 3> a3(abuf.data(), {{batch, m, k}}, {{sa, lda, 1}});
+  const HostView<const float, 3> w3(w.data.data(), {{1, n, k}}, {{0, k, 1}});
+  const HostView<float, 3> c3(cbuf.data(), {{batch, m, n}}, {{m * n, n, 1}});
+  blas::gemm(host, Op::kN, Op::kT, a3, w3, c3, {.alpha = 2.0f, .beta = -1.0f});
+  for (std::int64_t i = 0; i < batch; ++i) {
+    Matrix<float> ai(m, k), ci(m, n);
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t p = 0; p < k; ++p) ai.at(r, p) = abuf[i * sa + r * lda + p];
+    ci.fill(1.0);
+    const Reference ref = reference_gemm(Op::kN, Op::kT, ai, w, ci, 2.0, -1.0, Epilogue::kNone);
+    Matrix<float> got(m, n);
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) got.at(r, j) = cbuf[i * m * n + r * n + j];
+    CHECK(rel_error(got, ref.out, m, n) < 1e-5);
+    // The batched path runs the same kernel as the rank-2 one: identical bits.
+    blas::gemm(host, Op::kN, Op::kT, ai.cview(), w.cview(), ci.view(),
+               {.alpha = 2.0f, .beta = -1.0f});
+    CHECK(std::memcmp(ci.data.data(), got.data.data(), got.data.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("host gemm: training shapes (MLP and GPT block) vs float64") {
+  exec::Host host(2);
+  // One row sample of the reference keeps this fast: every element of a few rows.
+  struct Shape {
+    Op op_a, op_b;
+    std::int64_t m, n, k;
+  };
+  const Shape shapes[] = {{Op::kN, Op::kT, 256, 1024, 784},   // MLP fc1 forward
+                          {Op::kT, Op::kN, 1024, 784, 256},   // fc1 weight gradient
+                          {Op::kN, Op::kN, 256, 784, 1024},   // fc1 input gradient
+                          {Op::kN, Op::kT, 1024, 768, 256}};  // GPT qkv projection
+  std::uint64_t seed = 81;
+  for (const Shape& s : shapes) {
+    Matrix<float> a(stored_rows(s.op_a, s.m, s.k), stored_cols(s.op_a, s.m, s.k));
+    Matrix<float> b(stored_rows(s.op_b, s.k, s.n), stored_cols(s.op_b, s.k, s.n));
+    Matrix<float> c(s.m, s.n);
+    a.fill_random(seed++);
+    b.fill_random(seed++);
+    blas::gemm(host, s.op_a, s.op_b, a.cview(), b.cview(), c.view());
+    double num = 0, den = 0;
+    for (std::int64_t i : {std::int64_t{0}, s.m / 2, s.m - 1})
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        double ref = 0;
+        for (std::int64_t p = 0; p < s.k; ++p)
+          ref += op_get(a, s.op_a, i, p) * op_get(b, s.op_b, p, j);
+        num += (c.get(i, j) - ref) * (c.get(i, j) - ref);
+        den += ref * ref;
+      }
+    INFO("m=", s.m, " n=", s.n, " k=", s.k);
+    CHECK(std::sqrt(num / den) < 1e-5);
+  }
+}
+
+TEST_CASE("host gemm: CBLAS backend") {
+  exec::Host host(2);
+  if constexpr (blas::detail::kHaveCblas) {
+    const Case cases[] = {{1, 1, 1}, {7, 129, 1000}, {129, 7, 7}, {200, 150, 170}};
+    std::uint64_t seed = 91;
+    for (const Case& cs : cases)
+      for (Op op_a : kOps)
+        for (Op op_b : kOps) {
+          INFO("m=", cs.m, " n=", cs.n, " k=", cs.k);
+          CHECK(run_case<float, float, float>(host, op_a, op_b, cs, 1.5f, 0.5f, seed++,
+                                              HostBackend::kCblas) < 1e-5);
+        }
+    // Built-in and CBLAS agree with each other (and the epilogue runs after sgemm).
+    Matrix<float> a(64, 96), b(80, 96);
+    a.fill_random(95);
+    b.fill_random(96);
+    std::vector<float> bias(80, -0.25f);
+    Matrix<float> c1(64, 80), c2(64, 80);
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c1.view(),
+               {.epilogue = Epilogue::kBiasGelu,
+                .bias = bias.data(),
+                .host_backend = HostBackend::kBuiltin});
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c2.view(),
+               {.epilogue = Epilogue::kBiasGelu,
+                .bias = bias.data(),
+                .host_backend = HostBackend::kCblas});
+    std::vector<double> c1d(c1.data.begin(), c1.data.end());
+    CHECK(rel_error(c2, c1d, 64, 80) < 1e-5);
+  } else {
+    Matrix<float> a(2, 2), b(2, 2), c(2, 2);
+    CHECK_THROWS_AS(blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+                               {.host_backend = HostBackend::kCblas}),
+                    trainkit::Error);
+  }
+}
+
+TEST_CASE("host gemm: bad views and options throw trainkit::Error naming the shapes") {
+  exec::Host host(1);
+  Matrix<float> a(4, 5), b(6, 3), c(4, 3);
+  const auto what = [&](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const trainkit::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string inner =
+      what([&] { blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view()); });
+  CHECK(inner.find("inner dimensions") != std::string::npos);
+  CHECK(inner.find("[4, 5]") != std::string::npos);
+
+  Matrix<float> b2(5, 3), c2(3, 4);
+  const std::string out =
+      what([&] { blas::gemm(host, Op::kN, Op::kN, a.cview(), b2.cview(), c2.view()); });
+  CHECK(out.find("C is [3, 4]") != std::string::npos);
+
+  // A transposed *view* (column stride != 1) is refused: pass Op::kT instead.
+  Matrix<float> at(5, 4);
+  const HostView<const float, 2> transposed = at.cview().transposed();
+  const std::string stride =
+      what([&] { blas::gemm(host, Op::kN, Op::kN, transposed, b2.cview(), c.view()); });
+  CHECK(stride.find("unit column stride") != std::string::npos);
+
+  const std::string bias = what([&] {
+    blas::gemm(host, Op::kN, Op::kN, a.cview(), b2.cview(), c.view(),
+               {.epilogue = Epilogue::kBias});
+  });
+  CHECK(bias.find("options.bias") != std::string::npos);
+  Matrix<float> a3(2, 4), b3(4, 3), c3(3, 3);  // batch of 2 whose C items would overlap
+  const std::string overlap = what([&] {
+    blas::gemm(host, Op::kN, Op::kN,
+               trainkit::HostView<const float, 3>(a3.data.data(), {{2, 1, 4}}),
+               trainkit::HostView<const float, 3>(b3.data.data(), {{1, 4, 3}}),
+               trainkit::HostView<float, 3>(c3.data.data(), {{2, 1, 3}}, {{2, 3, 1}}));
+  });
+  CHECK(overlap.find("overlap") != std::string::npos);
+  const std::string dgelu = what([&] {
+    blas::gemm(host, Op::kN, Op::kN, a.cview(), b2.cview(), c.view(),
+               {.epilogue = Epilogue::kDGelu});
+  });
+  CHECK(dgelu.find("options.aux") != std::string::npos);
+}
+
+TEST_CASE("gelu_tanh and its derivative: scalar and vectorised forms vs float64") {
+  // Dense over the interesting range plus extremes (no NaN/Inf anywhere, exact limits).
+  std::vector<float> xs;
+  for (int i = -4000; i <= 4000; ++i) xs.push_back(0.0025f * float(i));
+  for (float x :
+       {-1e30f, -1e4f, -88.0f, -20.0f, -9.5f, 9.5f, 20.0f, 88.0f, 1e4f, 1e30f, 1e-30f, -0.0f})
+    xs.push_back(x);
+  const auto n = static_cast<std::int64_t>(xs.size());
+  std::vector<float> span = xs, grad_span(xs.size(), 1.0f);
+  blas::detail::gemm_gelu_span(span.data(), nullptr, n);
+  blas::detail::gemm_gelu_span(grad_span.data(), xs.data(), n);
+  double worst = 0, worst_grad = 0;
+  int non_finite = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i];
+    const double ref = gelu_ref(x), dref = gelu_grad_ref(x);
+    // Error relative to max(|ref|, floor): where GELU (or its derivative, a difference of two
+    // terms of size ~0.2 near x = -0.75) crosses 0, relative error means nothing.
+    const double scale = std::max(std::abs(ref), 1e-3), dscale = std::max(std::abs(dref), 0.05);
+    for (double got : {double(blas::gelu_tanh(float(x))), double(span[i])}) {
+      non_finite += std::isfinite(got) ? 0 : 1;
+      if (std::isfinite(got)) worst = std::max(worst, std::abs(got - ref) / scale);
+    }
+    for (double got : {double(blas::gelu_tanh_grad(float(x))), double(grad_span[i])}) {
+      non_finite += std::isfinite(got) ? 0 : 1;
+      if (std::isfinite(got)) worst_grad = std::max(worst_grad, std::abs(got - dref) / dscale);
+    }
+  }
+  CHECK(non_finite == 0);
+  CHECK(worst < 2e-6);
+  CHECK(worst_grad < 2e-6);
+  CHECK(blas::gelu_tanh(1e30f) == 1e30f);
+  CHECK(std::abs(blas::gelu_tanh(-1e30f)) < 1e-30f);
+  // NaN must survive the activation (a loss scaler looks for it downstream).
+  std::vector<float> nan(9, std::numeric_limits<float>::quiet_NaN()), ones(9, 1.0f);
+  blas::detail::gemm_gelu_span(nan.data(), nullptr, 9);
+  blas::detail::gemm_gelu_span(
+      ones.data(), std::vector<float>(9, std::numeric_limits<float>::quiet_NaN()).data(), 9);
+  for (int i = 0; i < 9; ++i) {
+    CHECK(std::isnan(nan[i]));
+    CHECK(std::isnan(ones[i]));
+  }
+  CHECK(std::isnan(blas::gelu_tanh(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isnan(blas::gelu_tanh_grad(std::numeric_limits<float>::quiet_NaN())));
+}
