@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/activation.hpp: the element-wise activations ReLU and GELU (tanh approximation, as
+// GPT-2 and PyTorch's approximate='tanh'). One TRAINKIT_HOST_DEVICE functor per direction runs
+// through exec::launch on CPU threads or as a CUDA grid-stride kernel; math is f32 whatever the
+// storage type. No parameters and no saved state: backward reads the forward's input x.
+#pragma once
+
+#include <cstdint>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/math.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+template <class T>
+struct ReluForward {
+  const T* x;
+  T* y;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float v = load(x[i]);
+    y[i] = store<T>(v < 0.0f ? 0.0f : v);  // NaN stays NaN, as torch.relu
+  }
+};
+
+template <class T, bool Accumulate>
+struct ReluBackward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    float g = load(x[i]) > 0.0f ? load(dy[i]) : 0.0f;
+    if constexpr (Accumulate) g += load(dx[i]);
+    dx[i] = store<T>(g);
+  }
+};
+
+template <class T>
+struct GeluForward {
+  const T* x;
+  T* y;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    y[i] = store<T>(gelu_approx(load(x[i])));
+  }
+};
+
+template <class T, bool Accumulate>
+struct GeluBackward {
+  const T* x;
+  const T* dy;
+  T* dx;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    float g = load(dy[i]) * gelu_grad_approx(load(x[i]));
+    if constexpr (Accumulate) g += load(dx[i]);
+    dx[i] = store<T>(g);
+  }
+};
+
+/// Checks that views of an element-wise op have one shape and are contiguous.
+template <class VA, class VB>
+void check_same_shape(const char* who, const char* a_name, const VA& a, const char* b_name,
+                      const VB& b) {
+  TRAINKIT_CHECK(a.sizes() == b.sizes(), who, ": ", a_name, " has shape ", shape_of(a), " but ",
+                 b_name, " has shape ", shape_of(b));
+  check_contiguous(who, a_name, a);
+  check_contiguous(who, b_name, b);
+}
+
+/// Launches Fwd/Bwd functor templates for an element-wise layer.
+template <template <class> class Fwd, class P, class E, class TX, class TY, int R, Space S>
+void unary_forward(const char* who, const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) {
+  using T = std::remove_const_t<TX>;
+  check_call<P, E, S, TX, TY>();
+  static_assert(std::is_same_v<T, TY>, "trainkit::nn: x and y must have one element type");
+  check_same_shape(who, "x", x, "y", y);
+  exec::launch(exec, x.numel(), Fwd<T>{x.data(), y.data()});
+}
+
+template <template <class, bool> class Bwd, class P, class E, class TX, class TD, class TG, int R,
+          Space S>
+void unary_backward(const char* who, const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
+                    TensorView<TG, R, S> dx, InputGrad mode) {
+  using T = std::remove_const_t<TX>;
+  check_call<P, E, S, TX, TD, TG>();
+  static_assert(std::is_same_v<T, std::remove_const_t<TD>> && std::is_same_v<T, TG>,
+                "trainkit::nn: x, dy and dx must have one element type");
+  if (absent(dx)) return;
+  check_same_shape(who, "x", x, "dy", dy);
+  check_same_shape(who, "x", x, "dx", dx);
+  if (mode == InputGrad::kAccumulate) {
+    exec::launch(exec, x.numel(), Bwd<T, true>{x.data(), dy.data(), dx.data()});
+  } else {
+    exec::launch(exec, x.numel(), Bwd<T, false>{x.data(), dy.data(), dx.data()});
+  }
+}
+
+}  // namespace detail
+
+/// ReLU: y = max(x, 0). Shapes: any rank, x and y alike (y may be x: in place).
+/// backward reads x and dy and writes dx = dy * (x > 0) (or adds it, InputGrad::kAccumulate);
+/// an absent dx (default view) skips the work. dx may alias dy.
+struct ReLU {
+  /// Width of the output for an input of `in` features (Sequential uses it): `in`.
+  std::int64_t out_features(std::int64_t in) const noexcept { return in; }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, int R, Space S>
+  void forward(const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) const {
+    detail::unary_forward<detail::ReluForward, P>("nn::ReLU::forward", exec, x, y);
+  }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, int R, Space S>
+  void backward(const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
+                TensorView<TG, R, S> dx, InputGrad mode = InputGrad::kWrite) const {
+    detail::unary_backward<detail::ReluBackward, P>("nn::ReLU::backward", exec, x, dy, dx, mode);
+  }
+};
+
+/// GELU with the tanh approximation (GPT-2; torch.nn.GELU(approximate='tanh')):
+/// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Shapes: any rank, x and y alike.
+/// backward reads x (the forward's input) and dy, writes dx = dy * gelu'(x) (or adds it).
+/// For a Linear followed by GELU, Linear::forward_gelu / backward_dgelu fuse the two.
+struct GELU {
+  std::int64_t out_features(std::int64_t in) const noexcept { return in; }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, int R, Space S>
+  void forward(const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) const {
+    detail::unary_forward<detail::GeluForward, P>("nn::GELU::forward", exec, x, y);
+  }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, int R, Space S>
+  void backward(const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
+                TensorView<TG, R, S> dx, InputGrad mode = InputGrad::kWrite) const {
+    detail::unary_backward<detail::GeluBackward, P>("nn::GELU::backward", exec, x, dy, dx, mode);
+  }
+};
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

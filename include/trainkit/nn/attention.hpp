@@ -1,0 +1,455 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/attention.hpp: `CausalSelfAttention`, GPT-2's multi-head masked self-attention
+// (nanoGPT's module: c_attn [3C, C] -> per-head softmax(Q K^T / sqrt(hs)) V -> c_proj [C, C]).
+// The core materialises the [B, H, T, T] attention matrix, which backward reuses. On the CPU each
+// (batch, head) is one task (two small gemms and a fused masked softmax, all in cache); on the
+// GPU it is batched cuBLASLt gemms over heads plus warp-per-row softmax kernels.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/blas/gemm.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/linear.hpp"
+#include "trainkit/nn/math.hpp"
+#include "trainkit/nn/param_arena.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+/// The buffers of the attention core. qkv [B, T, 3C] holds Q | K | V per token (head h uses
+/// columns h*hs .. (h+1)*hs of each third); out [B, T, C] the heads side by side.
+template <class T>
+struct AttentionArgs {
+  const T* qkv;
+  T* out;         // forward output
+  T* probs;       // [B, H, T, T] softmax probabilities (zero above the diagonal), saved
+  float* scores;  // [B, H, T, T] f32 scratch: Q K^T / sqrt(hs) (forward), dP (backward)
+  T* dscores;     // [B, H, T, T] scratch of the operand type: dS (backward)
+  const T* dout;  // backward input [B, T, C]
+  T* dqkv;        // backward output [B, T, 3C]
+  std::int64_t B, T_, C, H;
+  blas::ComputeType compute;  // TF32 products for f32 operands under amp::Tf32 (device only)
+};
+
+/// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
+template <class T>
+inline void causal_softmax_row(const float* s, T* p, std::int64_t i, std::int64_t len) {
+  const std::int64_t n = i + 1;
+  const float m = lane_max(n, [&](std::int64_t j) { return s[j]; });
+  const float sum = lane_sum(n, [&](std::int64_t j) { return exp_approx(s[j] - m); });
+  const float inv = 1.0f / sum;
+  for (std::int64_t j = 0; j < n; ++j) p[j] = store<T>(exp_approx(s[j] - m) * inv);
+  for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
+}
+
+/// Rows per causal block of the host attention: block r of queries only meets keys of blocks
+/// <= r, so whole blocks above the diagonal are never multiplied (~25% fewer flops at T = 128).
+inline constexpr std::int64_t kAttentionBlock = 64;
+
+template <class T>
+void attention_forward(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  host.parallel_for(a.B * H, [&](std::int64_t task) {
+    const std::int64_t b = task / H, h = task % H;
+    const T* base = a.qkv + b * Tn * 3 * C;
+    const Extents<2> qkv_strides{{3 * C, 1}};
+    float* s = a.scores + task * Tn * Tn;
+    T* p = a.probs + task * Tn * Tn;
+    blas::GemmOptions<float> so;
+    so.alpha = scale;
+    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+      const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
+                                     qkv_strides);
+      const TensorView<const T, 2> k(base + C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+      const TensorView<const T, 2> v(base + 2 * C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+      // Nested inside a pool task, gemm runs on this thread (exec::Host runs nested work inline).
+      blas::gemm(host, blas::Op::kN, blas::Op::kT, q, k,
+                 TensorView<float, 2>(s + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}}),
+                 so);
+      for (std::int64_t i = r0; i < r1; ++i) causal_softmax_row<T>(s + i * Tn, p + i * Tn, i, Tn);
+      const TensorView<const T, 2> pv(p + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}});
+      const TensorView<T, 2> o(a.out + (b * Tn + r0) * C + h * hs, Extents<2>{{rows, hs}},
+                               Extents<2>{{C, 1}});
+      blas::gemm(host, blas::Op::kN, blas::Op::kN, pv, v, o);
+    }
+  });
+}
+
+template <class T>
+void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  host.parallel_for(a.B * H, [&](std::int64_t task) {
+    const std::int64_t b = task / H, h = task % H;
+    const T* base = a.qkv + b * Tn * 3 * C;
+    T* dbase = a.dqkv + b * Tn * 3 * C;
+    const T* dobase = a.dout + b * Tn * C + h * hs;
+    const Extents<2> qkv_strides{{3 * C, 1}};
+    const Extents<2> out_strides{{C, 1}};
+    const Extents<2> sq_strides{{Tn, 1}};
+    const T* p = a.probs + task * Tn * Tn;
+    float* dp = a.scores + task * Tn * Tn;
+    T* ds = a.dscores + task * Tn * Tn;
+    auto rows_of = [&](const T* m, std::int64_t r0, std::int64_t r1, std::int64_t ld,
+                       std::int64_t width) {
+      return TensorView<const T, 2>(m + r0 * ld, Extents<2>{{r1 - r0, width}}, Extents<2>{{ld, 1}});
+    };
+    // Query blocks: dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)), dQ = dS K.
+    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+      const auto dout = rows_of(dobase, r0, r1, C, hs);
+      blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
+                 rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
+                 TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
+      for (std::int64_t i = r0; i < r1; ++i) {
+        const T* pr = p + i * Tn;
+        const float* dpr = dp + i * Tn;
+        T* dsr = ds + i * Tn;
+        const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
+        for (std::int64_t j = 0; j <= i; ++j)
+          dsr[j] = store<T>(scale * load(pr[j]) * (dpr[j] - dot));
+        for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
+      }
+      blas::gemm(
+          host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
+          rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
+          TensorView<T, 2>(dbase + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}}, qkv_strides));
+    }
+    // Key blocks: keys [k0, k1) are attended by queries [k0, T): dK = dS^T Q, dV = P^T dO.
+    for (std::int64_t k0 = 0; k0 < Tn; k0 += kAttentionBlock) {
+      const std::int64_t k1 = std::min(Tn, k0 + kAttentionBlock), keys = k1 - k0;
+      const TensorView<const T, 2> dsv(ds + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
+      const TensorView<const T, 2> pv(p + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
+      blas::gemm(
+          host, blas::Op::kT, blas::Op::kN, dsv, rows_of(base + h * hs, k0, Tn, 3 * C, hs),
+          TensorView<T, 2>(dbase + k0 * 3 * C + C + h * hs, Extents<2>{{keys, hs}}, qkv_strides));
+      blas::gemm(host, blas::Op::kT, blas::Op::kN, pv, rows_of(dobase, k0, Tn, C, hs),
+                 TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
+                                  qkv_strides));
+    }
+    (void)out_strides;
+  });
+}
+
+}  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+/// One warp per row (b, h, i): masked softmax of the scaled scores into probs.
+template <class T>
+__global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
+                                      std::int64_t rows, std::int64_t Tn) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const std::int64_t i = row % Tn;
+  const float* s = scores + row * Tn;
+  T* p = probs + row * Tn;
+  float m = -INFINITY;
+  for (std::int64_t j = lane; j <= i; j += 32) m = fmaxf(m, s[j]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffU, m, o));
+  float sum = 0.0f;
+  for (std::int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - m);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffU, sum, o);
+  const float inv = 1.0f / sum;
+  for (std::int64_t j = lane; j < Tn; j += 32)
+    p[j] = store<T>(j <= i ? expf(s[j] - m) * inv : 0.0f);
+}
+
+/// One warp per row: dS = scale * P * (dP - sum_j P dP) on the triangle, 0 above. dscores may
+/// alias dprobs (f32): each lane reads its element before writing it.
+template <class T>
+__global__ void causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs,
+                                               T* dscores, std::int64_t rows, std::int64_t Tn,
+                                               float scale) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const std::int64_t i = row % Tn;
+  const T* p = probs + row * Tn;
+  const float* dp = dprobs + row * Tn;
+  T* ds = dscores + row * Tn;
+  float dot = 0.0f;
+  for (std::int64_t j = lane; j <= i; j += 32) dot += load(p[j]) * dp[j];
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffU, dot, o);
+  for (std::int64_t j = lane; j < Tn; j += 32)
+    ds[j] = store<T>(j <= i ? scale * load(p[j]) * (dp[j] - dot) : 0.0f);
+}
+
+/// Gemm options of the attention products: TF32 only where the operands are f32.
+template <class C>
+blas::GemmOptions<C> options(blas::ComputeType compute) {
+  blas::GemmOptions<C> o;
+  o.compute = compute;
+  return o;
+}
+
+template <class T>
+void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // Per batch item b, heads are a strided batch: head h starts hs elements after head h-1.
+  const Extents<3> head{{H, Tn, hs}};
+  const Extents<3> qkv_strides{{hs, 3 * C, 1}};
+  const Extents<3> sq{{H, Tn, Tn}};
+  for (std::int64_t b = 0; b < a.B; ++b) {
+    const T* base = a.qkv + b * Tn * 3 * C;
+    const DeviceView<const T, 3> q(base, head, qkv_strides);
+    const DeviceView<const T, 3> k(base + C, head, qkv_strides);
+    blas::GemmOptions<float> so;
+    so.alpha = scale;
+    so.compute = a.compute;
+    gemm_on(exec, blas::Op::kN, blas::Op::kT, q, k,
+            DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), so);
+  }
+  const std::int64_t rows = a.B * H * Tn;
+  constexpr int kWarps = 8;
+  causal_softmax_kernel<T><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0,
+                             exec.stream().get()>>>(a.scores, a.probs, rows, Tn);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  for (std::int64_t b = 0; b < a.B; ++b) {
+    const DeviceView<const T, 3> v(a.qkv + b * Tn * 3 * C + 2 * C, head, qkv_strides);
+    const DeviceView<const T, 3> p(a.probs + b * H * Tn * Tn, sq);
+    const DeviceView<T, 3> o(a.out + b * Tn * C, head, Extents<3>{{hs, C, 1}});
+    gemm_on(exec, blas::Op::kN, blas::Op::kN, p, v, o, options<T>(a.compute));
+  }
+}
+
+template <class T>
+void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const Extents<3> head{{H, Tn, hs}};
+  const Extents<3> qkv_strides{{hs, 3 * C, 1}};
+  const Extents<3> out_strides{{hs, C, 1}};
+  const Extents<3> sq{{H, Tn, Tn}};
+  for (std::int64_t b = 0; b < a.B; ++b) {
+    const T* base = a.qkv + b * Tn * 3 * C;
+    T* dbase = a.dqkv + b * Tn * 3 * C;
+    const DeviceView<const T, 3> v(base + 2 * C, head, qkv_strides);
+    const DeviceView<const T, 3> dout(a.dout + b * Tn * C, head, out_strides);
+    const DeviceView<const T, 3> p(a.probs + b * H * Tn * Tn, sq);
+    gemm_on(exec, blas::Op::kN, blas::Op::kT, dout, v,
+            DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), options<float>(a.compute));
+    gemm_on(exec, blas::Op::kT, blas::Op::kN, p, dout,
+            DeviceView<T, 3>(dbase + 2 * C, head, qkv_strides), options<T>(a.compute));
+  }
+  const std::int64_t rows = a.B * H * Tn;
+  constexpr int kWarps = 8;
+  causal_softmax_backward_kernel<T>
+      <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0,
+         exec.stream().get()>>>(a.probs, a.scores, a.dscores, rows, Tn, scale);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  for (std::int64_t b = 0; b < a.B; ++b) {
+    const T* base = a.qkv + b * Tn * 3 * C;
+    T* dbase = a.dqkv + b * Tn * 3 * C;
+    const DeviceView<const T, 3> q(base, head, qkv_strides);
+    const DeviceView<const T, 3> k(base + C, head, qkv_strides);
+    const DeviceView<const T, 3> ds(a.dscores + b * H * Tn * Tn, sq);
+    gemm_on(exec, blas::Op::kN, blas::Op::kN, ds, k, DeviceView<T, 3>(dbase, head, qkv_strides),
+            options<T>(a.compute));
+    gemm_on(exec, blas::Op::kT, blas::Op::kN, ds, q, DeviceView<T, 3>(dbase + C, head, qkv_strides),
+            options<T>(a.compute));
+  }
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#else
+namespace detail {
+TRAINKIT_DETAIL_NN_CUDA_ONLY(attention_forward)
+TRAINKIT_DETAIL_NN_CUDA_ONLY(attention_backward)
+}  // namespace detail
+#endif
+
+/// Options of nn::CausalSelfAttention.
+struct AttentionOptions {
+  std::int64_t n_embd = 0;  ///< C
+  std::int64_t n_head = 0;  ///< H; C must be a multiple of H (head size hs = C / H)
+  bool bias = true;
+  /// Initialisers of c_attn/c_proj weights (default: torch.nn.Linear's) and biases.
+  Init weight_init = Init::kaiming_uniform(2.23606797749979f);
+  std::optional<Init> bias_init = std::nullopt;
+  /// c_proj's weight init if set (GPT-2 scales it by 1/sqrt(2 * n_layer)).
+  std::optional<Init> proj_weight_init = std::nullopt;
+};
+
+/// Causal multi-head self-attention with input and output projections, as nanoGPT's
+/// CausalSelfAttention: parameters "<name>.c_attn.weight" [3C, C], "<name>.c_attn.bias" [3C],
+/// "<name>.c_proj.weight" [C, C], "<name>.c_proj.bias" [C]. No attention dropout.
+///
+/// Shapes: x, y [B, T, C]. forward saves, inside the layer, qkv [B, T, 3C], the probabilities
+/// [B, H, T, T] and the heads' output [B, T, C] (memory O(B H T^2): fine for moderate T).
+/// backward reads x, dy and the saved tensors of the LAST forward, accumulates the four
+/// parameter gradients and writes dx (or adds it, InputGrad::kAccumulate; absent: skipped).
+/// Softmax is f32 under every policy; Q K^T is accumulated in f32, P V in the activation type.
+template <Space S = Space::kHost>
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(ParamArena<S>& arena, const std::string& name, AttentionOptions o)
+      : c_attn_(arena, prefixed(name, "c_attn"), linear_options(o, 3 * o.n_embd, o.weight_init)),
+        c_proj_(arena, prefixed(name, "c_proj"),
+                linear_options(o, o.n_embd, o.proj_weight_init.value_or(o.weight_init))),
+        C_(o.n_embd),
+        H_(o.n_head) {
+    TRAINKIT_CHECK(H_ > 0 && C_ % H_ == 0, "nn::CausalSelfAttention '", name, "': n_embd ", C_,
+                   " is not a multiple of n_head ", H_);
+  }
+
+  Linear<S>& c_attn() noexcept { return c_attn_; }
+  Linear<S>& c_proj() noexcept { return c_proj_; }
+  std::int64_t n_embd() const noexcept { return C_; }
+  std::int64_t n_head() const noexcept { return H_; }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
+  void forward(const E& exec, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TY>();
+    check_io("nn::CausalSelfAttention::forward", x, y);
+    B_ = x.size(0);
+    T_ = x.size(1);
+    const std::int64_t N = B_ * T_;
+    T* qkv = qkv_.template get<T>(N * 3 * C_);
+    T* heads = heads_.template get<T>(N * C_);
+    T* probs = probs_.template get<T>(B_ * H_ * T_ * T_);
+    float* scores = scores_.get(B_ * H_ * T_ * T_);
+    c_attn_.template forward<P>(exec, flat2(x), TensorView<T, 2, S>(qkv, Extents<2>{{N, 3 * C_}}));
+    detail::AttentionArgs<T> a{};
+    a.qkv = qkv;
+    a.out = heads;
+    a.probs = probs;
+    a.scores = scores;
+    a.B = B_;
+    a.T_ = T_;
+    a.C = C_;
+    a.H = H_;
+    a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
+    detail::attention_forward(exec, a);
+    c_proj_.template forward<P>(exec, TensorView<const T, 2, S>(heads, Extents<2>{{N, C_}}),
+                                flat2(y));
+  }
+
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
+  void backward(const E& exec, TensorView<TX, 3, S> x, TensorView<TD, 3, S> dy,
+                TensorView<TG, 3, S> dx, InputGrad mode = InputGrad::kWrite) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TD, TG>();
+    check_io("nn::CausalSelfAttention::backward", x, dy);
+    TRAINKIT_CHECK(x.size(0) == B_ && x.size(1) == T_ && qkv_.bytes() > 0,
+                   "nn::CausalSelfAttention::backward: no forward of shape ", detail::shape_of(x));
+    const std::int64_t N = B_ * T_;
+    T* dheads = dheads_.template get<T>(N * C_);
+    T* dqkv = dqkv_.template get<T>(N * 3 * C_);
+    T* dscores = std::is_same_v<T, float> ? reinterpret_cast<T*>(scores_.data())
+                                          : dscores_.template get<T>(B_ * H_ * T_ * T_);
+    const TensorView<const T, 2, S> heads(qkv_heads<T>(), Extents<2>{{N, C_}});
+    c_proj_.template backward<P>(exec, heads, flat2(dy),
+                                 TensorView<T, 2, S>(dheads, Extents<2>{{N, C_}}));
+    detail::AttentionArgs<T> a{};
+    a.qkv = qkv_.template data<T>();
+    a.probs = probs_.template data<T>();
+    a.scores = scores_.data();
+    a.dscores = dscores;
+    a.dout = dheads;
+    a.dqkv = dqkv;
+    a.B = B_;
+    a.T_ = T_;
+    a.C = C_;
+    a.H = H_;
+    a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
+    detail::attention_backward(exec, a);
+    TensorView<T, 2, S> dx2;
+    if (!detail::absent(dx)) dx2 = flat2(dx);
+    c_attn_.template backward<P>(
+        exec, flat2(x), TensorView<const T, 2, S>(dqkv, Extents<2>{{N, 3 * C_}}), dx2, mode);
+  }
+
+  /// The saved probabilities of the last forward, [B, H, T, T] (zero above the diagonal).
+  template <class T>
+  const T* saved_probs() const noexcept {
+    return probs_.template data<T>();
+  }
+
+ private:
+  /// Untyped grow-only scratch (the element type follows the policy at each call).
+  class Bytes {
+   public:
+    template <class T>
+    T* get(std::int64_t n) {
+      const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+      if (bytes > mem_.numel()) mem_ = Tensor<unsigned char, S>(Shape{bytes});
+      return reinterpret_cast<T*>(mem_.data());
+    }
+    template <class T>
+    T* data() const noexcept {
+      return reinterpret_cast<T*>(const_cast<unsigned char*>(mem_.data()));
+    }
+    std::int64_t bytes() const noexcept { return mem_.numel(); }
+
+   private:
+    Tensor<unsigned char, S> mem_;
+  };
+
+  static std::string prefixed(const std::string& name, const char* child) {
+    return name.empty() ? std::string(child) : name + "." + child;
+  }
+  static LinearOptions linear_options(const AttentionOptions& o, std::int64_t out, Init w) {
+    LinearOptions l;
+    l.in_features = o.n_embd;
+    l.out_features = out;
+    l.bias = o.bias;
+    l.weight_init = w;
+    l.bias_init = o.bias_init;
+    return l;
+  }
+
+  template <class T>
+  T* qkv_heads() const noexcept {
+    return heads_.template data<T>();
+  }
+
+  template <class TV>
+  static auto flat2(const TensorView<TV, 3, S>& v) {
+    return v.template reshape<2>(Extents<2>{{v.size(0) * v.size(1), v.size(2)}});
+  }
+
+  template <class VX, class VY>
+  void check_io(const char* who, const VX& x, const VY& y) const {
+    TRAINKIT_CHECK(x.size(2) == C_ && x.sizes() == y.sizes(), who, ": expected [B, T, ", C_,
+                   "] views of one shape, got ", detail::shape_of(x), " and ", detail::shape_of(y));
+    detail::check_contiguous(who, "input", x);
+    detail::check_contiguous(who, "output", y);
+  }
+
+  Linear<S> c_attn_;
+  Linear<S> c_proj_;
+  std::int64_t C_;
+  std::int64_t H_;
+  std::int64_t B_ = 0;
+  std::int64_t T_ = 0;
+  Bytes qkv_, heads_, probs_, dheads_, dqkv_, dscores_;
+  detail::Scratch<float, S> scores_;
+};
+
+template <Space S>
+CausalSelfAttention(ParamArena<S>&, const std::string&, AttentionOptions) -> CausalSelfAttention<S>;
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

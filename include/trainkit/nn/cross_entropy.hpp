@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/cross_entropy.hpp: `SoftmaxCrossEntropy`, torch.nn.functional.cross_entropy on raw
+// logits, fused: log-softmax is never materialised. Forward saves each row's log-sum-exp (f32,
+// max-shifted: stable for any logits); backward writes (softmax - onehot) * dloss / n_valid in
+// one pass. `ignore_index` rows count neither in the loss nor in the mean, as in PyTorch.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/math.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+template <class T, class I>
+struct CrossEntropyArgs {
+  const T* logits;   // [N, V]
+  const I* targets;  // [N]
+  T* dlogits;        // backward output [N, V]
+  float* loss;       // forward output, 1 element
+  float* lse;        // [N] saved log-sum-exp
+  float* row_loss;   // [N] scratch
+  float* count;      // 1 element: number of valid targets (saved)
+  std::int64_t rows;
+  std::int64_t vocab;
+  std::int64_t ignore_index;
+  float dloss;
+};
+
+template <class T, class I>
+void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
+  const std::int64_t V = a.vocab;
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    const auto t = static_cast<std::int64_t>(a.targets[r]);
+    TRAINKIT_CHECK(t == a.ignore_index || (t >= 0 && t < V), "nn::SoftmaxCrossEntropy: target ", t,
+                   " of row ", r, " is out of range [0, ", V, ") and not ignore_index (",
+                   a.ignore_index, ")");
+  }
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* l = a.logits + r * V;
+      // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
+      const float m = lane_max(V, [&](std::int64_t j) { return load(l[j]); });
+      const float sum = lane_sum(V, [&](std::int64_t j) { return exp_approx(load(l[j]) - m); });
+      const float lse = m + std::log(sum);
+      a.lse[r] = lse;
+      const auto t = static_cast<std::int64_t>(a.targets[r]);
+      a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+    }
+  });
+  // The mean in a fixed order (rows ascending, in double): deterministic.
+  double sum = 0.0;
+  std::int64_t valid = 0;
+  for (std::int64_t r = 0; r < a.rows; ++r) {
+    if (static_cast<std::int64_t>(a.targets[r]) == a.ignore_index) continue;
+    sum += a.row_loss[r];
+    ++valid;
+  }
+  *a.count = static_cast<float>(valid);
+  *a.loss = valid == 0 ? std::numeric_limits<float>::quiet_NaN()
+                       : static_cast<float>(sum / static_cast<double>(valid));
+}
+
+template <class T, class I>
+void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
+  const std::int64_t V = a.vocab;
+  const float scale = *a.count > 0.0f ? a.dloss / *a.count : 0.0f;
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* l = a.logits + r * V;
+      T* d = a.dlogits + r * V;
+      const auto t = static_cast<std::int64_t>(a.targets[r]);
+      if (t == a.ignore_index) {
+        for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(0.0f);
+        continue;
+      }
+      const float lse = a.lse[r];
+      for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(exp_approx(load(l[j]) - lse) * scale);
+      d[t] = store<T>(load(d[t]) - scale);
+    }
+  });
+}
+
+}  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+/// One block of 256 threads per row: max, then sum of exp, by fixed-shape tree reductions.
+template <class T, class I>
+__global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ float shared[256];
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t V = a.vocab;
+  const T* l = a.logits + r * V;
+  float m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, load(l[j]));
+  shared[threadIdx.x] = m;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  m = shared[0];
+  __syncthreads();
+  float sum = 0.0f;
+  for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(load(l[j]) - m);
+  shared[threadIdx.x] = sum;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const float lse = m + logf(shared[0]);
+    a.lse[r] = lse;
+    const auto t = static_cast<std::int64_t>(a.targets[r]);
+    if (t != a.ignore_index && (t < 0 || t >= V)) __trap();  // target out of range
+    a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+  }
+}
+
+/// One block: the valid count and the mean loss, summed in a fixed order.
+template <class T, class I>
+__global__ void cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ float sums[256];
+  __shared__ float counts[256];
+  float sum = 0.0f, count = 0.0f;
+  for (std::int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
+    if (static_cast<std::int64_t>(a.targets[r]) == a.ignore_index) continue;
+    sum += a.row_loss[r];
+    count += 1.0f;
+  }
+  sums[threadIdx.x] = sum;
+  counts[threadIdx.x] = count;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      sums[threadIdx.x] += sums[threadIdx.x + s];
+      counts[threadIdx.x] += counts[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *a.count = counts[0];
+    *a.loss = counts[0] > 0.0f ? sums[0] / counts[0] : __int_as_float(0x7fc00000);
+  }
+}
+
+template <class T, class I>
+__global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t V = a.vocab;
+  const T* l = a.logits + r * V;
+  T* d = a.dlogits + r * V;
+  const auto t = static_cast<std::int64_t>(a.targets[r]);
+  const float count = *a.count;
+  const float scale = count > 0.0f ? a.dloss / count : 0.0f;
+  const bool ignored = t == a.ignore_index;
+  const float lse = a.lse[r];
+  for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float g = ignored ? 0.0f : expf(load(l[j]) - lse) * scale;
+    if (!ignored && j == t) g -= scale;
+    d[j] = store<T>(g);
+  }
+}
+
+template <class T, class I>
+void cross_entropy_forward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
+  cudaStream_t stream = exec.stream().get();
+  if (a.rows > 0) {
+    cross_entropy_forward_kernel<T, I><<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a);
+    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  }
+  cross_entropy_mean_kernel<T, I><<<1, 256, 0, stream>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, class I>
+void cross_entropy_backward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
+  if (a.rows == 0) return;
+  cross_entropy_backward_kernel<T, I>
+      <<<static_cast<unsigned>(a.rows), 256, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#else
+namespace detail {
+TRAINKIT_DETAIL_NN_CUDA_ONLY(cross_entropy_forward)
+TRAINKIT_DETAIL_NN_CUDA_ONLY(cross_entropy_backward)
+}  // namespace detail
+#endif
+
+/// Options of nn::SoftmaxCrossEntropy.
+struct CrossEntropyOptions {
+  /// Rows whose target equals this are skipped (loss 0, gradient 0, not counted in the mean).
+  std::int64_t ignore_index = -100;
+};
+
+/// Softmax + cross-entropy with mean reduction over valid targets (F.cross_entropy(logits,
+/// targets, ignore_index=...)), computed in f32 whatever the logits' type (autocast f32 list).
+///
+/// Shapes: logits [N, V] (activation type), targets [N] (int32 or int64), loss [1] (f32, in the
+/// layer's memory space: no host sync on the GPU). All targets ignored: the loss is NaN (as
+/// PyTorch's 0/0) and backward writes zeros. A target outside [0, V) that is not ignore_index
+/// throws on the host and traps on the device.
+/// forward saves each row's log-sum-exp and the valid count; backward reads logits, targets and
+/// them, and writes dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid.
+template <Space S = Space::kHost>
+class SoftmaxCrossEntropy {
+ public:
+  SoftmaxCrossEntropy() = default;
+  explicit SoftmaxCrossEntropy(CrossEntropyOptions options) : options_(options) {}
+
+  const CrossEntropyOptions& options() const noexcept { return options_; }
+
+  template <amp::Policy P = amp::Fp32, class E, class TL, class I, class TO>
+  void forward(const E& exec, TensorView<TL, 2, S> logits, TensorView<I, 1, S> targets,
+               TensorView<TO, 1, S> loss) {
+    using T = std::remove_const_t<TL>;
+    detail::check_call<P, E, S, TL>();
+    static_assert(std::is_same_v<TO, float>, "nn::SoftmaxCrossEntropy: the loss is a float view");
+    check_io("nn::SoftmaxCrossEntropy::forward", logits, targets);
+    TRAINKIT_CHECK(loss.size(0) >= 1, "nn::SoftmaxCrossEntropy::forward: loss needs 1 element");
+    rows_ = logits.size(0);
+    auto a = args<T>(logits, targets);
+    a.loss = loss.data();
+    detail::cross_entropy_forward(exec, a);
+  }
+
+  /// dlogits = d(mean loss)/d logits * dloss. Use the same logits/targets as the last forward.
+  template <amp::Policy P = amp::Fp32, class E, class TL, class I, class TG>
+  void backward(const E& exec, TensorView<TL, 2, S> logits, TensorView<I, 1, S> targets,
+                TensorView<TG, 2, S> dlogits, float dloss = 1.0f) {
+    using T = std::remove_const_t<TL>;
+    detail::check_call<P, E, S, TL, TG>();
+    check_io("nn::SoftmaxCrossEntropy::backward", logits, targets);
+    TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(),
+                   "nn::SoftmaxCrossEntropy::backward: "
+                   "dlogits ",
+                   detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
+    detail::check_contiguous("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
+    TRAINKIT_CHECK(rows_ == logits.size(0), "nn::SoftmaxCrossEntropy::backward: no forward of ",
+                   logits.size(0), " rows");
+    auto a = args<T>(logits, targets);
+    a.dlogits = dlogits.data();
+    a.dloss = dloss;
+    detail::cross_entropy_backward(exec, a);
+  }
+
+ private:
+  template <class T, class TL, class I>
+  detail::CrossEntropyArgs<T, std::remove_const_t<I>> args(TensorView<TL, 2, S> logits,
+                                                           TensorView<I, 1, S> targets) {
+    static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
+                      std::is_same_v<std::remove_const_t<I>, std::int64_t>,
+                  "nn::SoftmaxCrossEntropy: targets are int32 or int64");
+    float* scratch = scratch_.get(2 * rows_ + 1);
+    detail::CrossEntropyArgs<T, std::remove_const_t<I>> a{};
+    a.logits = logits.data();
+    a.targets = targets.data();
+    a.lse = scratch;
+    a.row_loss = scratch + rows_;
+    a.count = scratch + 2 * rows_;
+    a.rows = rows_;
+    a.vocab = logits.size(1);
+    a.ignore_index = options_.ignore_index;
+    return a;
+  }
+
+  template <class VL, class VT>
+  void check_io(const char* who, const VL& logits, const VT& targets) const {
+    TRAINKIT_CHECK(targets.size(0) == logits.size(0), who, ": logits ", detail::shape_of(logits),
+                   " and targets ", detail::shape_of(targets), " disagree on N");
+    TRAINKIT_CHECK(logits.size(1) >= 1, who, ": logits ", detail::shape_of(logits),
+                   " have no classes");
+    detail::check_contiguous(who, "logits", logits);
+    detail::check_contiguous(who, "targets", targets);
+  }
+
+  CrossEntropyOptions options_{};
+  std::int64_t rows_ = 0;
+  detail::Scratch<float, S> scratch_;
+};
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/embedding.hpp: `Embedding`, a lookup table out[n] = W[ids[n]] (torch.nn.Embedding),
+// e.g. GPT-2's token (wte) and position (wpe) tables. Backward scatters rows of dout into dW
+// without atomics: each column is accumulated by one thread in position order, so repeated ids
+// give the same bits every run, on the CPU and on the GPU.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/nn/init.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/param_arena.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+template <class T, class I>
+struct EmbeddingArgs {
+  const I* ids;
+  const float* w;  // [V, C] f32 master table
+  T* out;          // forward
+  const T* dout;   // backward
+  float* dw;
+  std::int64_t n;
+  std::int64_t vocab;
+  std::int64_t cols;
+  bool accumulate;
+};
+
+template <class T, class I>
+void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
+  // Validate ids first (the table row is read unchecked below).
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    const auto id = static_cast<std::int64_t>(a.ids[i]);
+    TRAINKIT_CHECK(id >= 0 && id < a.vocab, "nn::Embedding: id ", id, " at position ", i,
+                   " is out of range [0, ", a.vocab, ")");
+  }
+  for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* src = a.w + static_cast<std::int64_t>(a.ids[r]) * a.cols;
+      T* dst = a.out + r * a.cols;
+      if (a.accumulate) {
+        for (std::int64_t c = 0; c < a.cols; ++c) dst[c] = store<T>(load(dst[c]) + src[c]);
+      } else {
+        for (std::int64_t c = 0; c < a.cols; ++c) dst[c] = store<T>(src[c]);
+      }
+    }
+  });
+}
+
+template <class T, class I>
+void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
+  // Column blocks in parallel; within a block, positions in order: deterministic.
+  constexpr std::int64_t kBlock = 64;
+  const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
+  for_rows(host, blocks, a.n * kBlock, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      const std::int64_t c0 = b * kBlock, c1 = std::min(a.cols, c0 + kBlock);
+      for (std::int64_t r = 0; r < a.n; ++r) {
+        float* dst = a.dw + static_cast<std::int64_t>(a.ids[r]) * a.cols;
+        const T* src = a.dout + r * a.cols;
+        for (std::int64_t c = c0; c < c1; ++c) dst[c] += load(src[c]);
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+template <class T, class I>
+__global__ void embedding_forward_kernel(EmbeddingArgs<T, I> a) {
+  const std::int64_t total = a.n * a.cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const std::int64_t r = i / a.cols, c = i % a.cols;
+    const auto id = static_cast<std::int64_t>(a.ids[r]);
+    // Out-of-range ids cannot throw on the device: they trap, as an index assertion would.
+    if (id < 0 || id >= a.vocab) __trap();
+    float v = a.w[id * a.cols + c];
+    if (a.accumulate) v += load(a.out[i]);
+    a.out[i] = store<T>(v);
+  }
+}
+
+/// Thread per column, positions in order (deterministic, no atomics).
+template <class T, class I>
+__global__ void embedding_backward_kernel(EmbeddingArgs<T, I> a) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.cols) return;
+  for (std::int64_t r = 0; r < a.n; ++r) {
+    const auto id = static_cast<std::int64_t>(a.ids[r]);
+    a.dw[id * a.cols + c] += load(a.dout[r * a.cols + c]);
+  }
+}
+
+template <class T, class I>
+void embedding_forward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
+  const std::int64_t total = a.n * a.cols;
+  if (total == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
+  embedding_forward_kernel<T, I><<<blocks, 256, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, class I>
+void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
+  if (a.n == 0 || a.cols == 0) return;
+  const auto blocks = static_cast<unsigned>((a.cols + 127) / 128);
+  embedding_backward_kernel<T, I><<<blocks, 128, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#else
+namespace detail {
+TRAINKIT_DETAIL_NN_CUDA_ONLY(embedding_forward)
+TRAINKIT_DETAIL_NN_CUDA_ONLY(embedding_backward)
+}  // namespace detail
+#endif
+
+/// Options of nn::Embedding. Default init N(0, 1), as torch.nn.Embedding (GPT-2 uses 0.02).
+struct EmbeddingOptions {
+  std::int64_t num_embeddings = 0;  ///< V, rows of the table
+  std::int64_t embedding_dim = 0;   ///< C
+  Init init = Init::normal(0.0f, 1.0f);
+};
+
+/// Lookup table (torch.nn.Embedding): out[n, :] = W[ids[n], :]. Parameter "<name>.weight" [V, C].
+/// Shapes: ids [N] (int32 or int64 token ids in [0, V)), out [N, C] in the activation type.
+/// forward writes out (or adds the rows to it with InputGrad::kAccumulate: token + position
+/// embeddings in one buffer) and throws (host) / traps (device) on an id out of range.
+/// backward reads ids and dout and adds dout[n] to dW[ids[n]]; there is no input gradient.
+template <Space S = Space::kHost>
+class Embedding {
+ public:
+  Embedding(ParamArena<S>& arena, const std::string& name, EmbeddingOptions options)
+      : arena_(&arena), vocab_(options.num_embeddings), dim_(options.embedding_dim) {
+    TRAINKIT_CHECK(vocab_ > 0 && dim_ > 0, "nn::Embedding '", name, "': num_embeddings (", vocab_,
+                   ") and embedding_dim (", dim_, ") must be positive");
+    const std::string prefix = name.empty() ? std::string() : name + ".";
+    weight_ = arena.add(prefix + "weight", Shape{vocab_, dim_}, options.init);
+  }
+
+  ParamId weight() const noexcept { return weight_; }
+  std::int64_t num_embeddings() const noexcept { return vocab_; }
+  std::int64_t embedding_dim() const noexcept { return dim_; }
+
+  template <amp::Policy P = amp::Fp32, class E, class I, class TO>
+  void forward(const E& exec, TensorView<I, 1, S> ids, TensorView<TO, 2, S> out,
+               InputGrad mode = InputGrad::kWrite) const {
+    static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
+                      std::is_same_v<std::remove_const_t<I>, std::int64_t>,
+                  "nn::Embedding: ids are int32 or int64");
+    detail::check_call<P, E, S, TO>();
+    check_io("nn::Embedding::forward", ids, out);
+    auto a = args<TO>(ids.data(), ids.size(0));
+    a.out = out.data();
+    a.accumulate = mode == InputGrad::kAccumulate;
+    detail::embedding_forward(exec, a);
+  }
+
+  template <amp::Policy P = amp::Fp32, class E, class I, class TD>
+  void backward(const E& exec, TensorView<I, 1, S> ids, TensorView<TD, 2, S> dout) {
+    using T = std::remove_const_t<TD>;
+    detail::check_call<P, E, S, TD>();
+    check_io("nn::Embedding::backward", ids, dout);
+    auto a = args<T>(ids.data(), ids.size(0));
+    a.dout = dout.data();
+    a.dw = arena_->grad_flat(weight_).data();
+    detail::embedding_backward(exec, a);
+  }
+
+ private:
+  template <class T, class I>
+  detail::EmbeddingArgs<T, std::remove_const_t<I>> args(I* ids, std::int64_t n) const {
+    detail::EmbeddingArgs<T, std::remove_const_t<I>> a{};
+    a.ids = ids;
+    a.w = arena_->params_data() + arena_->info(weight_).offset;
+    a.n = n;
+    a.vocab = vocab_;
+    a.cols = dim_;
+    return a;
+  }
+
+  template <class VI, class VO>
+  void check_io(const char* who, const VI& ids, const VO& out) const {
+    TRAINKIT_CHECK(out.size(0) == ids.size(0) && out.size(1) == dim_, who, ": ids ",
+                   detail::shape_of(ids), " and out ", detail::shape_of(out),
+                   " do not fit [N] and [N, ", dim_, "]");
+    detail::check_contiguous(who, "ids", ids);
+    detail::check_contiguous(who, "out", out);
+  }
+
+  ParamArena<S>* arena_;
+  std::int64_t vocab_;
+  std::int64_t dim_;
+  ParamId weight_;
+};
+
+template <Space S>
+Embedding(ParamArena<S>&, const std::string&, EmbeddingOptions) -> Embedding<S>;
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/layer_norm.hpp: `LayerNorm` over the last dimension (torch.nn.LayerNorm(C)),
+// always computed in f32 (autocast's f32 list). Forward saves each row's mean and 1/std inside
+// the layer for backward, as llm.c does. The weight/bias gradients are reduced in fixed row
+// chunks and then in chunk order, so they are bitwise reproducible for any thread count and grid.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/nn/init.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/math.hpp"
+#include "trainkit/nn/param_arena.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+/// Rows per partial sum of the weight/bias gradients (fixed: results do not depend on threads).
+inline constexpr std::int64_t kLayerNormChunk = 32;
+
+/// Arguments of the LayerNorm kernels (host and device).
+template <class T>
+struct LayerNormArgs {
+  const T* x;
+  T* y;         // forward output
+  const T* dy;  // backward input
+  T* dx;        // backward output
+  const float* w;
+  const float* b;  // may be null
+  float* mean;
+  float* rstd;
+  float* partial;  // [chunks, 2, C] backward scratch
+  float* dw;
+  float* db;  // may be null
+  std::int64_t rows;
+  std::int64_t cols;
+  float eps;
+  bool accumulate;
+};
+
+template <class T>
+void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
+  const std::int64_t C = a.cols;
+  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* x = a.x + r * C;
+      T* y = a.y + r * C;
+      const float m =
+          lane_sum(C, [&](std::int64_t c) { return load(x[c]); }) / static_cast<float>(C);
+      const float var = lane_sum(C, [&](std::int64_t c) {
+        const float d = load(x[c]) - m;
+        return d * d;
+      });
+      const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
+      if (a.b != nullptr) {
+        for (std::int64_t c = 0; c < C; ++c)
+          y[c] = store<T>((load(x[c]) - m) * s * a.w[c] + a.b[c]);
+      } else {
+        for (std::int64_t c = 0; c < C; ++c) y[c] = store<T>((load(x[c]) - m) * s * a.w[c]);
+      }
+      a.mean[r] = m;
+      a.rstd[r] = s;
+    }
+  });
+}
+
+template <class T>
+void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
+  const std::int64_t C = a.cols;
+  const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
+  // Pass 1: dx per row, and per chunk the partial sums of dy * xhat (dw) and dy (db).
+  for_rows(host, chunks, kLayerNormChunk * 4 * C, [&](std::int64_t k0, std::int64_t k1) {
+    for (std::int64_t k = k0; k < k1; ++k) {
+      float* pw = a.partial + k * 2 * C;
+      float* pb = pw + C;
+      for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+      const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
+      for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+        const T* x = a.x + r * C;
+        const T* dy = a.dy + r * C;
+        T* dx = a.dx + r * C;
+        const float m = a.mean[r], s = a.rstd[r];
+        // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+        const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
+        const float sum_gx = lane_sum(
+            C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
+        for (std::int64_t c = 0; c < C; ++c) {
+          const float g = load(dy[c]);
+          pw[c] += g * ((load(x[c]) - m) * s);
+          pb[c] += g;
+        }
+        const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
+        if (dx == nullptr) continue;
+        if (a.accumulate) {
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float xhat = (load(x[c]) - m) * s;
+            dx[c] = store<T>(load(dx[c]) + s * (load(dy[c]) * a.w[c] - mg - xhat * mgx));
+          }
+        } else {
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float xhat = (load(x[c]) - m) * s;
+            dx[c] = store<T>(s * (load(dy[c]) * a.w[c] - mg - xhat * mgx));
+          }
+        }
+      }
+    }
+  });
+  // Pass 2: add the chunk partials in chunk order, columns split among tasks.
+  for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      float w = 0.0f, b = 0.0f;
+      for (std::int64_t k = 0; k < chunks; ++k) {
+        w += a.partial[k * 2 * C + c];
+        b += a.partial[k * 2 * C + C + c];
+      }
+      a.dw[c] += w;
+      if (a.db != nullptr) a.db[c] += b;
+    }
+  });
+}
+
+}  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+/// Sum over the 32 lanes of a warp (every lane gets the result; fixed butterfly order).
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffU, v, o);
+  return v;
+}
+
+/// One warp per row: mean, then the centred variance (two passes over the row, from cache).
+template <class T>
+__global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= a.rows) return;
+  const std::int64_t C = a.cols;
+  const T* x = a.x + row * C;
+  T* y = a.y + row * C;
+  float sum = 0.0f;
+  for (std::int64_t c = lane; c < C; c += 32) sum += load(x[c]);
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float var = 0.0f;
+  for (std::int64_t c = lane; c < C; c += 32) {
+    const float d = load(x[c]) - m;
+    var += d * d;
+  }
+  const float s = rsqrtf(warp_sum(var) / static_cast<float>(C) + a.eps);
+  for (std::int64_t c = lane; c < C; c += 32) {
+    float v = (load(x[c]) - m) * s * a.w[c];
+    if (a.b != nullptr) v += a.b[c];
+    y[c] = store<T>(v);
+  }
+  if (lane == 0) {
+    a.mean[row] = m;
+    a.rstd[row] = s;
+  }
+}
+
+/// One warp per row: dx.
+template <class T>
+__global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= a.rows) return;
+  const std::int64_t C = a.cols;
+  const T* x = a.x + row * C;
+  const T* dy = a.dy + row * C;
+  T* dx = a.dx + row * C;
+  const float m = a.mean[row], s = a.rstd[row];
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (std::int64_t c = lane; c < C; c += 32) {
+    const float gw = load(dy[c]) * a.w[c];
+    sum_g += gw;
+    sum_gx += gw * (load(x[c]) - m) * s;
+  }
+  const float mg = warp_sum(sum_g) / static_cast<float>(C);
+  const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
+  for (std::int64_t c = lane; c < C; c += 32) {
+    const float xhat = (load(x[c]) - m) * s;
+    float v = s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
+    if (a.accumulate) v += load(dx[c]);
+    dx[c] = store<T>(v);
+  }
+}
+
+/// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order.
+template <class T>
+__global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t k = blockIdx.y;
+  const std::int64_t C = a.cols;
+  if (c >= C) return;
+  float w = 0.0f, b = 0.0f;
+  const std::int64_t r1 = min(a.rows, (k + 1) * kLayerNormChunk);
+  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+    const float g = load(a.dy[r * C + c]);
+    w += g * (load(a.x[r * C + c]) - a.mean[r]) * a.rstd[r];
+    b += g;
+  }
+  a.partial[k * 2 * C + c] = w;
+  a.partial[k * 2 * C + C + c] = b;
+}
+
+/// Thread per column: chunk partials in chunk order, added to the gradients.
+template <class T>
+__global__ void layer_norm_backward_reduce_kernel(LayerNormArgs<T> a, std::int64_t chunks) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t C = a.cols;
+  if (c >= C) return;
+  float w = 0.0f, b = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    w += a.partial[k * 2 * C + c];
+    b += a.partial[k * 2 * C + C + c];
+  }
+  a.dw[c] += w;
+  if (a.db != nullptr) a.db[c] += b;
+}
+
+template <class T>
+void layer_norm_forward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
+  if (a.rows == 0) return;
+  constexpr int kWarps = 8;
+  const auto grid = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
+  layer_norm_forward_kernel<T><<<grid, kWarps * 32, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
+  if (a.rows == 0) return;
+  constexpr int kWarps = 8;
+  cudaStream_t stream = exec.stream().get();
+  if (a.dx != nullptr) {
+    const auto grid = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
+    layer_norm_backward_dx_kernel<T><<<grid, kWarps * 32, 0, stream>>>(a);
+    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  }
+  const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
+  const dim3 grid(static_cast<unsigned>((a.cols + 127) / 128), static_cast<unsigned>(chunks));
+  layer_norm_backward_partial_kernel<T><<<grid, 128, 0, stream>>>(a);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  layer_norm_backward_reduce_kernel<T>
+      <<<static_cast<unsigned>((a.cols + 127) / 128), 128, 0, stream>>>(a, chunks);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#else
+namespace detail {
+TRAINKIT_DETAIL_NN_CUDA_ONLY(layer_norm_forward)
+TRAINKIT_DETAIL_NN_CUDA_ONLY(layer_norm_backward)
+}  // namespace detail
+#endif
+
+/// Options of nn::LayerNorm.
+struct LayerNormOptions {
+  std::int64_t features = 0;  ///< C, the normalised (last) dimension
+  float eps = 1e-5f;
+  bool bias = true;
+};
+
+/// Layer normalisation over the last dimension: y = (x - mean) / sqrt(var + eps) * w + b, with
+/// the biased variance (torch.nn.LayerNorm(C)). Parameters "<name>.weight" [C] (ones) and
+/// "<name>.bias" [C] (zeros), always used in f32 (autocast runs layer_norm in f32; activations
+/// may be bf16/f16 and are widened on load).
+///
+/// Shapes: x, y [N, C]. forward saves mean and rstd (= 1/std) of every row inside the layer;
+/// backward reads x, dy, w and the saved statistics of the LAST forward, adds to dw and db, and
+/// writes dx (or adds it, InputGrad::kAccumulate). An absent dx still accumulates dw, db.
+/// Not re-entrant: one forward, then its backward (one layer object per use in a model).
+template <Space S = Space::kHost>
+class LayerNorm {
+ public:
+  LayerNorm(ParamArena<S>& arena, const std::string& name, LayerNormOptions options)
+      : arena_(&arena), features_(options.features), eps_(options.eps) {
+    TRAINKIT_CHECK(features_ > 0, "nn::LayerNorm '", name, "': features must be positive");
+    const std::string prefix = name.empty() ? std::string() : name + ".";
+    weight_ = arena.add(prefix + "weight", Shape{features_}, Init::ones());
+    if (options.bias) bias_ = arena.add(prefix + "bias", Shape{features_}, Init::zeros());
+  }
+
+  ParamId weight() const noexcept { return weight_; }
+  ParamId bias() const noexcept { return bias_; }
+  std::int64_t features() const noexcept { return features_; }
+  float eps() const noexcept { return eps_; }
+  std::int64_t out_features(std::int64_t in) const {
+    TRAINKIT_CHECK(in == features_, "nn::LayerNorm: input has ", in, " features, expected ",
+                   features_);
+    return in;
+  }
+
+  /// y = layer_norm(x); saves mean/rstd for backward.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
+  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TY>();
+    check_io("nn::LayerNorm::forward", x, y);
+    rows_ = x.size(0);
+    float* stats = stats_.get(2 * rows_ + 1);
+    detail::LayerNormArgs<T> a = args<T>(x.data(), stats);
+    a.y = y.data();
+    detail::layer_norm_forward(exec, a);
+  }
+
+  /// dw += sum dy * xhat, db += sum dy, dx = dL/dx (written or accumulated; absent: skipped).
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
+  void backward(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx, InputGrad mode = InputGrad::kWrite) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TD, TG>();
+    check_io("nn::LayerNorm::backward", x, dy);
+    if (!detail::absent(dx)) check_io("nn::LayerNorm::backward", x, dx);
+    TRAINKIT_CHECK(x.size(0) == rows_ && stats_.capacity() >= 2 * rows_,
+                   "nn::LayerNorm::backward"
+                   ": no forward of ",
+                   x.size(0), " rows to take the statistics from");
+    const std::int64_t chunks = (rows_ + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
+    float* partial = partial_.get(chunks * 2 * features_);
+    detail::LayerNormArgs<T> a = args<T>(x.data(), stats_.data());
+    a.dy = dy.data();
+    a.dx = detail::absent(dx) ? nullptr : dx.data();
+    a.partial = partial;
+    a.dw = arena_->grad_flat(weight_).data();
+    a.db = bias_.valid() ? arena_->grad_flat(bias_).data() : nullptr;
+    a.accumulate = mode == InputGrad::kAccumulate;
+    detail::layer_norm_backward(exec, a);
+  }
+
+  /// The saved per-row means and reciprocal standard deviations of the last forward (f32, in
+  /// the layer's memory space), for tests and inspection.
+  const float* saved_mean() const noexcept { return stats_.data(); }
+  const float* saved_rstd() const noexcept { return stats_.data() + rows_; }
+
+ private:
+  template <class T>
+  detail::LayerNormArgs<T> args(const T* x, float* stats) const {
+    detail::LayerNormArgs<T> a{};
+    a.x = x;
+    a.w = arena_->params_data() + arena_->info(weight_).offset;
+    a.b = bias_.valid() ? arena_->params_data() + arena_->info(bias_).offset : nullptr;
+    a.mean = stats;
+    a.rstd = stats + rows_;
+    a.rows = rows_;
+    a.cols = features_;
+    a.eps = eps_;
+    return a;
+  }
+
+  template <class VX, class VY>
+  void check_io(const char* who, const VX& x, const VY& y) const {
+    TRAINKIT_CHECK(x.size(1) == features_ && x.sizes() == y.sizes(), who, ": expected [N, ",
+                   features_, "] views of one shape, got ", detail::shape_of(x), " and ",
+                   detail::shape_of(y));
+    detail::check_contiguous(who, "input", x);
+    detail::check_contiguous(who, "output", y);
+  }
+
+  ParamArena<S>* arena_;
+  std::int64_t features_;
+  float eps_;
+  ParamId weight_;
+  ParamId bias_;
+  std::int64_t rows_ = 0;
+  detail::Scratch<float, S> stats_;
+  detail::Scratch<float, S> partial_;
+};
+
+template <Space S>
+LayerNorm(ParamArena<S>&, const std::string&, LayerNormOptions) -> LayerNorm<S>;
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/linear.hpp: `Linear`, y = x W^T + b with W [out, in] like torch.nn.Linear, on
+// blas::gemm (the built-in host kernel or cuBLASLt). The bias is fused into the gemm epilogue,
+// and so is a following GELU (forward_gelu / backward_dgelu), as llm.c does; the bias gradient
+// is a deterministic column sum (fixed order, no atomics) accumulated into the arena.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/blas/gemm.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
+#include "trainkit/nn/activation.hpp"
+#include "trainkit/nn/init.hpp"
+#include "trainkit/nn/layer.hpp"
+#include "trainkit/nn/math.hpp"
+#include "trainkit/nn/param_arena.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+/// db[j] += sum_i dy[i, j] for dy [rows, cols] (host). Columns are split among tasks; each column
+/// is summed over rows in ascending order by one task, so the bits never depend on threads.
+template <class T>
+void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::kHost> dy,
+                          float* db) {
+  const std::int64_t rows = dy.size(0), cols = dy.size(1);
+  constexpr std::int64_t kBlock = 64;
+  const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
+  auto run = [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      const std::int64_t j0 = b * kBlock, w = std::min(kBlock, cols - j0);
+      float acc[kBlock] = {};
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const T* row = dy.data() + i * cols + j0;
+        for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
+      }
+      for (std::int64_t j = 0; j < w; ++j) db[j0 + j] += acc[j];
+    }
+  };
+  for_rows(host, blocks, rows * kBlock, run);
+}
+
+/// dpre = dpre * gelu'(pre), in place (the host half of the dgelu fusion).
+template <class T>
+struct DGeluInPlace {
+  const T* pre;
+  T* d;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    d[i] = store<T>(load(d[i]) * gelu_grad_approx(load(pre[i])));
+  }
+};
+
+}  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+/// Column sums of dy [rows, cols] added to db: a 32 x 8 block per 32 columns; each thread sums a
+/// fixed row subset in order, then thread row 0 adds the 8 partials in order (deterministic).
+template <class T>
+__global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ db,
+                                 std::int64_t rows, std::int64_t cols) {
+  __shared__ float partial[8][33];
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < cols)
+    for (std::int64_t r = threadIdx.y; r < rows; r += 8) acc += load(dy[r * cols + col]);
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float sum = 0.0f;
+    for (int y = 0; y < 8; ++y) sum += partial[y][threadIdx.x];
+    db[col] += sum;
+  }
+}
+
+template <class T>
+void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::kDevice> dy,
+                          float* db) {
+  const std::int64_t rows = dy.size(0), cols = dy.size(1);
+  if (rows == 0 || cols == 0) return;
+  const dim3 block(32, 8);
+  const auto grid = static_cast<unsigned>((cols + 31) / 32);
+  bias_grad_kernel<T><<<grid, block, 0, exec.stream().get()>>>(dy.data(), db, rows, cols);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#else
+namespace detail {
+TRAINKIT_DETAIL_NN_CUDA_ONLY(bias_grad_accumulate)
+}  // namespace detail
+#endif
+
+/// Options of nn::Linear. Defaults initialise like torch.nn.Linear: W ~ kaiming_uniform(a =
+/// sqrt(5)) = U(±1/sqrt(in)), b ~ U(±1/sqrt(in)).
+struct LinearOptions {
+  std::int64_t in_features = 0;
+  std::int64_t out_features = 0;
+  bool bias = true;
+  Init weight_init = Init::kaiming_uniform(2.23606797749979f);
+  /// Unset: U(-1/sqrt(in), 1/sqrt(in)), as PyTorch.
+  std::optional<Init> bias_init = std::nullopt;
+};
+
+/// Fully connected layer y = x W^T + b (torch.nn.Linear). Parameters "<name>.weight" [out, in]
+/// and "<name>.bias" [out] in the arena (no prefix when name is empty).
+///
+/// Shapes: x [N, in], y [N, out] (N = batch * sequence; contiguous rows).
+/// Precision: under policy P the views hold amp::activation_t<P>; f32 policies use the f32
+/// master weights (Tf32: TF32 tensor-core products on the GPU), Bf16/Fp16 the arena's compute
+/// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
+/// backward reads x (the forward input), dy and W; it adds dy^T x to dW and the column sums of
+/// dy to db (f32, in the arena), and writes dx = dy W (or adds it, InputGrad::kAccumulate).
+/// An absent dx (default view) skips that gemm, e.g. for the first layer.
+/// The arena must outlive the layer and must not be moved after the layer registered.
+template <Space S = Space::kHost>
+class Linear {
+ public:
+  Linear(ParamArena<S>& arena, const std::string& name, LinearOptions options)
+      : arena_(&arena), in_(options.in_features), out_(options.out_features) {
+    TRAINKIT_CHECK(in_ > 0 && out_ > 0, "nn::Linear '", name, "': in_features (", in_,
+                   ") and out_features (", out_, ") must be positive");
+    const std::string prefix = name.empty() ? std::string() : name + ".";
+    weight_ = arena.add(prefix + "weight", Shape{out_, in_}, options.weight_init);
+    if (options.bias) {
+      const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)));
+      bias_ = arena.add(prefix + "bias", Shape{out_},
+                        options.bias_init.value_or(Init::uniform(-bound, bound)));
+    }
+  }
+
+  ParamId weight() const noexcept { return weight_; }
+  /// Invalid when the layer has no bias.
+  ParamId bias() const noexcept { return bias_; }
+  bool has_bias() const noexcept { return bias_.valid(); }
+  std::int64_t in_features() const noexcept { return in_; }
+  std::int64_t out_features() const noexcept { return out_; }
+  /// For Sequential: the output width for an input width (throws unless it is in_features).
+  std::int64_t out_features(std::int64_t in) const {
+    TRAINKIT_CHECK(in == in_, "nn::Linear: input has ", in, " features, the layer expects ", in_);
+    return out_;
+  }
+
+  /// y = x W^T + b, or y += x W^T + b with InputGrad::kAccumulate (a residual connection fused
+  /// into the gemm: seed y with the residual stream).
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
+  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y,
+               InputGrad mode = InputGrad::kWrite) const {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TY>();
+    check_io("nn::Linear::forward", x, y);
+    blas::GemmOptions<T> o;
+    o.compute = P::gemm_compute;
+    o.beta = mode == InputGrad::kAccumulate ? 1.0f : 0.0f;
+    if (has_bias()) {
+      o.epilogue = blas::Epilogue::kBias;
+      o.bias = weight_data<T>(bias_);
+    }
+    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                    weight_view<T>(), y, o);
+  }
+
+  /// pre = x W^T + b and y = gelu(pre) (tanh GELU), fused: the MLP's first layer of a GPT block.
+  /// Keep `pre` for backward_dgelu of the next layer. pre and y are [N, out].
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TP, class TY>
+  void forward_gelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TP, 2, S> pre,
+                    TensorView<TY, 2, S> y) const {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TP, TY>();
+    check_io("nn::Linear::forward_gelu", x, y);
+    detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
+    blas::GemmOptions<T> o;
+    o.compute = P::gemm_compute;
+    if constexpr (S == Space::kHost) {
+      // Host: bias in the gemm epilogue, then a vectorised GELU pass (libm's tanhf in the
+      // epilogue would not vectorise).
+      if (has_bias()) {
+        o.epilogue = blas::Epilogue::kBias;
+        o.bias = weight_data<T>(bias_);
+      }
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                      weight_view<T>(), pre, o);
+      exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
+    } else if (out_ % 8 != 0) {
+      // cuBLASLt wants the aux row stride to be a multiple of 8: unfused.
+      if (has_bias()) {
+        o.epilogue = blas::Epilogue::kBias;
+        o.bias = weight_data<T>(bias_);
+      }
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                      weight_view<T>(), pre, o);
+      exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
+    } else {
+      o.epilogue = has_bias() ? blas::Epilogue::kBiasGelu : blas::Epilogue::kGelu;
+      if (has_bias()) o.bias = weight_data<T>(bias_);
+      o.aux = pre.data();
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                      weight_view<T>(), y, o);
+    }
+  }
+
+  /// dW += dy^T x, db += sum_rows dy, dx = dy W (or dx += dy W). dx may be absent.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
+  void backward(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx, InputGrad mode = InputGrad::kWrite) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TD, TG>();
+    check_io("nn::Linear::backward", x, dy);
+    if (!detail::absent(dx)) {
+      check_io("nn::Linear::backward", dx, dy);
+      blas::GemmOptions<T> o;
+      o.compute = P::gemm_compute;
+      o.beta = mode == InputGrad::kAccumulate ? 1.0f : 0.0f;
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
+                      weight_view<T>(), dx, o);
+    }
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
+  }
+
+  /// Backward of this layer when its input was x = gelu(pre) (see forward_gelu): accumulates dW
+  /// and db as backward() and writes dpre = (dy W) * gelu'(pre) — the gradient of the previous
+  /// layer's pre-activation, with the GELU backward fused into the gemm. x, pre, dpre: [N, in].
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TP, class TG>
+  void backward_dgelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                      TensorView<TP, 2, S> pre, TensorView<TG, 2, S> dpre) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TD, TP, TG>();
+    check_io("nn::Linear::backward_dgelu", x, dy);
+    check_io("nn::Linear::backward_dgelu", dpre, dy);
+    detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
+    blas::GemmOptions<T> o;
+    o.compute = P::gemm_compute;
+    if (S == Space::kHost || in_ % 8 != 0) {
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
+                      weight_view<T>(), dpre, o);
+      exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{pre.data(), dpre.data()});
+    } else {
+      o.epilogue = blas::Epilogue::kDGelu;
+      o.aux = const_cast<T*>(pre.data());
+      detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
+                      weight_view<T>(), dpre, o);
+    }
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
+  }
+
+ private:
+  template <class P, class E, class T>
+  void accumulate_param_grads(const E& exec, TensorView<const T, 2, S> x,
+                              TensorView<const T, 2, S> dy) {
+    blas::GemmOptions<float> o;
+    o.beta = 1.0f;
+    if constexpr (std::is_same_v<T, float>) o.compute = P::gemm_compute;
+    detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
+    if (has_bias()) detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data());
+  }
+
+  template <class VX, class VY>
+  void check_io(const char* who, const VX& x, const VY& y) const {
+    TRAINKIT_CHECK(x.size(1) == in_ && y.size(1) == out_ && x.size(0) == y.size(0), who,
+                   ": expected x [N, ", in_, "] and y/dy [N, ", out_, "], got ",
+                   detail::shape_of(x), " and ", detail::shape_of(y));
+    detail::check_contiguous(who, "input", x);
+    detail::check_contiguous(who, "output", y);
+  }
+
+  /// W in the compute type: the f32 master for float, the compute copy otherwise.
+  template <class T>
+  TensorView<const T, 2, S> weight_view() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return std::as_const(*arena_).template param<2>(weight_);
+    } else {
+      return arena_->template compute_param<T, 2>(weight_);
+    }
+  }
+  template <class T>
+  const T* weight_data(ParamId id) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return std::as_const(*arena_).template param<1>(id).data();
+    } else {
+      return arena_->template compute_param<T, 1>(id).data();
+    }
+  }
+
+  ParamArena<S>* arena_;
+  std::int64_t in_;
+  std::int64_t out_;
+  ParamId weight_;
+  ParamId bias_;
+};
+
+template <Space S>
+Linear(ParamArena<S>&, const std::string&, LinearOptions) -> Linear<S>;
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/math.hpp: branch-free exp, sigmoid and tanh-GELU for the host layers. libm's
+// expf/tanhf are scalar calls the compiler cannot vectorise; these are straight-line float code
+// (Cephes' expf polynomial, ~1 ulp) that g++/clang++ turn into SIMD loops, which is what makes
+// softmax, GELU and cross-entropy run at memory speed on the CPU. Device code uses CUDA's own.
+#pragma once
+
+#include <cstdint>
+
+#include "trainkit/config.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+/// sqrt(2 / pi) and the cubic coefficient of GPT-2's tanh-approximated GELU.
+inline constexpr float kGeluC = 0.7978845608028654f;
+inline constexpr float kGeluA = 0.044715f;
+
+/// Float bits mapped to an int whose order is the float order (for non-NaN values).
+TRAINKIT_HOST_DEVICE inline constexpr int ordered_bits(int bits) noexcept {
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
+
+/// e^x for float x, relative error < 1e-7 on [-87, 88.7]; smaller x underflow gracefully
+/// through the subnormals to 0 (e^-inf = 0), larger x saturate at ~3.3e38 (no inf); NaN gives
+/// NaN. Only integer selects and IEEE arithmetic: float compares would block if-conversion
+/// under the default -ftrapping-math, and this loop must vectorise.
+TRAINKIT_HOST_DEVICE inline float exp_approx(float x) noexcept {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  // Clamp to [-104, 88.7] on the ordered integer image of the bits (integer min/max vectorise).
+  const int bits = __builtin_bit_cast(int, x);
+  int key = ordered_bits(bits);
+  constexpr int kLo = ordered_bits(__builtin_bit_cast(int, -104.0f));
+  constexpr int kHi = ordered_bits(__builtin_bit_cast(int, 88.7f));
+  key = key < kLo ? kLo : key;
+  key = key > kHi ? kHi : key;
+  const float xc = __builtin_bit_cast(float, ordered_bits(key));
+  // k = round(x / ln 2); its integer value sits in the low mantissa bits of the shifted sum.
+  const float shifted = xc * kLog2e + kRound;
+  const float k = shifted - kRound;
+  const int ki = __builtin_bit_cast(int, shifted) - 0x4B400000;
+  const float r = (xc - k * kLn2Hi) - k * kLn2Lo;  // |r| <= ln2 / 2
+  float p = 1.9875691500e-4f;                      // Cephes expf
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  // 2^k as two normal factors (k in [-150, 128]): the second product rounds into the
+  // subnormals exactly as e^x does.
+  const int k1 = ki >> 1;
+  const int k2 = ki - k1;
+  const float e =
+      p * __builtin_bit_cast(float, (k1 + 127) << 23) * __builtin_bit_cast(float, (k2 + 127) << 23);
+  const int nan = -static_cast<int>((bits & 0x7fffffff) > 0x7f800000);  // all ones for NaN
+  return __builtin_bit_cast(float, (__builtin_bit_cast(int, e) & ~nan) | (bits & nan));
+}
+
+/// 1 / (1 + e^-x).
+TRAINKIT_HOST_DEVICE inline float sigmoid_approx(float x) noexcept {
+  return 1.0f / (1.0f + exp_approx(-x));
+}
+
+/// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
+/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
+TRAINKIT_HOST_DEVICE inline float gelu_approx(float x) noexcept {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  return x * sigmoid_approx(2.0f * u);
+}
+
+/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+TRAINKIT_HOST_DEVICE inline float gelu_grad_approx(float x) noexcept {
+  const float x2 = x * x;
+  const float u = kGeluC * (x + kGeluA * x2 * x);
+  const float s = sigmoid_approx(2.0f * u);
+  return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
+}
+
+/// sum_{j < n} term(j) in 8 interleaved f32 lanes combined pairwise: a fixed order (so the bits do
+/// not depend on anything but n) that the compiler can keep in one SIMD register, where a plain
+/// `s += term(j)` loop must stay scalar (FP addition is not associative).
+template <class F>
+TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += term(j + l);
+  for (int l = 0; j < n; ++j, ++l) acc[l] += term(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// max_{j < n} term(j) (n >= 1) in 8 lanes; NaN terms are skipped.
+template <class F>
+TRAINKIT_HOST_DEVICE inline float lane_max(std::int64_t n, const F& term) {
+  const float first = term(0);
+  float acc[8] = {first, first, first, first, first, first, first, first};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = term(j + l);
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int l = 0; j < n; ++j, ++l) {
+    const float v = term(j);
+    acc[l] = v > acc[l] ? v : acc[l];
+  }
+  float m = acc[0];
+  for (int l = 1; l < 8; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+}  // namespace detail
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

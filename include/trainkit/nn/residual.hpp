@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+// trainkit/nn/residual.hpp: the residual connection out = a + b of a transformer block, and its
+// backward, which hands dout to both branches (written or accumulated). Element-wise, so one
+// host/device functor through exec::launch.
+#pragma once
+
+#include <cstdint>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/exec/launch.hpp"
+#include "trainkit/nn/activation.hpp"
+#include "trainkit/nn/layer.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+template <class T>
+struct AddFunctor {
+  const T* a;
+  const T* b;
+  T* out;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    out[i] = store<T>(load(a[i]) + load(b[i]));
+  }
+};
+
+template <class T>
+struct GradSplit {
+  const T* dout;
+  T* da;  // may be null
+  T* db;  // may be null
+  bool accumulate_a;
+  bool accumulate_b;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float g = load(dout[i]);
+    if (da != nullptr) da[i] = store<T>(accumulate_a ? load(da[i]) + g : g);
+    if (db != nullptr) db[i] = store<T>(accumulate_b ? load(db[i]) + g : g);
+  }
+};
+
+}  // namespace detail
+
+/// out = a + b, element-wise (any rank; all three alike; out may alias a or b).
+template <amp::Policy P = amp::Fp32, class E, class TA, class TB, class TO, int R, Space S>
+void residual_forward(const E& exec, TensorView<TA, R, S> a, TensorView<TB, R, S> b,
+                      TensorView<TO, R, S> out) {
+  using T = std::remove_const_t<TA>;
+  detail::check_call<P, E, S, TA, TB, TO>();
+  detail::check_same_shape("nn::residual_forward", "a", a, "b", b);
+  detail::check_same_shape("nn::residual_forward", "a", a, "out", out);
+  exec::launch(exec, a.numel(), detail::AddFunctor<T>{a.data(), b.data(), out.data()});
+}
+
+/// Backward of out = a + b: da = dout and db = dout (each written, or added with
+/// InputGrad::kAccumulate). Either gradient may be absent (default view: skipped).
+template <amp::Policy P = amp::Fp32, class E, class TD, class TA, class TB, int R, Space S>
+void residual_backward(const E& exec, TensorView<TD, R, S> dout, TensorView<TA, R, S> da,
+                       TensorView<TB, R, S> db, InputGrad mode_a = InputGrad::kWrite,
+                       InputGrad mode_b = InputGrad::kWrite) {
+  using T = std::remove_const_t<TD>;
+  detail::check_call<P, E, S, TD, TA, TB>();
+  if (!detail::absent(da))
+    detail::check_same_shape("nn::residual_backward", "dout", dout, "da", da);
+  if (!detail::absent(db))
+    detail::check_same_shape("nn::residual_backward", "dout", dout, "db", db);
+  exec::launch(
+      exec, dout.numel(),
+      detail::GradSplit<T>{dout.data(), da.data(), db.data(), mode_a == InputGrad::kAccumulate,
+                           mode_b == InputGrad::kAccumulate});
+}
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END

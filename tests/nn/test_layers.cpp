@@ -1,0 +1,545 @@
+// Tests of the element-wise, linear, normalisation, embedding and loss layers of nn/ on the host:
+// forward against float64 references, backward against float64 central finite differences and
+// against PyTorch (tests/data/nn/reference.*), plus the accumulate/write conventions.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <trainkit/exec/host.hpp>
+#include <trainkit/nn/activation.hpp>
+#include <trainkit/nn/cross_entropy.hpp>
+#include <trainkit/nn/dropout.hpp>
+#include <trainkit/nn/embedding.hpp>
+#include <trainkit/nn/layer_norm.hpp>
+#include <trainkit/nn/linear.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/nn/residual.hpp>
+
+#include "nn_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace nn = trainkit::nn;
+using nntest::Reference;
+using nntest::rel_err;
+
+tk::exec::Host& pool() {
+  static tk::exec::Host host(2);
+  return host;
+}
+
+template <class T>
+tk::HostView<T, 2> mat(T* p, std::int64_t r, std::int64_t c) {
+  return tk::HostView<T, 2>(p, tk::Extents<2>{{r, c}});
+}
+
+// ---- float64 references -----------------------------------------------------------------------
+
+std::vector<double> linear_ref(const std::vector<double>& x, const std::vector<double>& w,
+                               const std::vector<double>& b, std::int64_t n, std::int64_t in,
+                               std::int64_t out) {
+  std::vector<double> y(static_cast<std::size_t>(n * out));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = b.empty() ? 0.0 : b[std::size_t(o)];
+      for (std::int64_t k = 0; k < in; ++k)
+        s += x[std::size_t(i * in + k)] * w[std::size_t(o * in + k)];
+      y[std::size_t(i * out + o)] = s;
+    }
+  return y;
+}
+
+std::vector<double> layer_norm_ref(const std::vector<double>& x, const std::vector<double>& w,
+                                   const std::vector<double>& b, std::int64_t n, std::int64_t c,
+                                   double eps) {
+  std::vector<double> y(x.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double m = 0.0, v = 0.0;
+    for (std::int64_t j = 0; j < c; ++j) m += x[std::size_t(i * c + j)];
+    m /= double(c);
+    for (std::int64_t j = 0; j < c; ++j)
+      v += (x[std::size_t(i * c + j)] - m) * (x[std::size_t(i * c + j)] - m);
+    const double s = 1.0 / std::sqrt(v / double(c) + eps);
+    for (std::int64_t j = 0; j < c; ++j)
+      y[std::size_t(i * c + j)] =
+          (x[std::size_t(i * c + j)] - m) * s * w[std::size_t(j)] + b[std::size_t(j)];
+  }
+  return y;
+}
+
+double gelu_ref(double x) {
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+
+/// Mean cross-entropy over valid rows, float64.
+double cross_entropy_ref(const std::vector<double>& logits, const std::vector<std::int64_t>& t,
+                         std::int64_t n, std::int64_t v, std::int64_t ignore) {
+  double sum = 0.0;
+  int valid = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (t[std::size_t(i)] == ignore) continue;
+    double m = -1e300;
+    for (std::int64_t j = 0; j < v; ++j) m = std::max(m, logits[std::size_t(i * v + j)]);
+    double s = 0.0;
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(logits[std::size_t(i * v + j)] - m);
+    sum += m + std::log(s) - logits[std::size_t(i * v + t[std::size_t(i)])];
+    ++valid;
+  }
+  return sum / valid;
+}
+
+}  // namespace
+
+// ---- Linear -----------------------------------------------------------------------------------
+
+TEST_CASE("Linear: forward vs f64, backward vs finite differences (odd sizes)") {
+  const std::int64_t n = 13, in = 19, out = 7;
+  nn::ParamArena<> arena;
+  nn::Linear lin(arena, "fc", {.in_features = in, .out_features = out});
+  arena.finalize();
+  arena.initialize(11);
+  CHECK(arena.info(lin.weight()).name == "fc.weight");
+  CHECK(arena.info(lin.bias()).name == "fc.bias");
+  const auto x = nntest::random_floats(n * in, 1);
+  const auto dy = nntest::random_floats(n * out, 2);
+  std::vector<float> y(static_cast<std::size_t>(n * out)), dx(static_cast<std::size_t>(n * in));
+  lin.forward(pool(), mat(x.data(), n, in), mat(y.data(), n, out));
+
+  auto w = nntest::to_double(arena.param<2>(lin.weight()).data(), out * in);
+  auto b = nntest::to_double(arena.param<1>(lin.bias()).data(), out);
+  auto xd = nntest::to_double(x.data(), n * in);
+  const auto dyd = nntest::to_double(dy.data(), n * out);
+  CHECK(rel_err(y.data(), linear_ref(xd, w, b, n, in, out).data(), n * out) < 1e-6);
+
+  lin.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in));
+  const auto gx = nntest::finite_diff(
+      [&](const std::vector<double>& v) {
+        return nntest::dot(linear_ref(v, w, b, n, in, out), dyd);
+      },
+      xd);
+  const auto gw = nntest::finite_diff(
+      [&](const std::vector<double>& v) {
+        return nntest::dot(linear_ref(xd, v, b, n, in, out), dyd);
+      },
+      w);
+  const auto gb = nntest::finite_diff(
+      [&](const std::vector<double>& v) {
+        return nntest::dot(linear_ref(xd, w, v, n, in, out), dyd);
+      },
+      b);
+  CHECK(rel_err(dx.data(), gx.data(), n * in) < 1e-5);
+  CHECK(rel_err(arena.grad<2>(lin.weight()).data(), gw.data(), out * in) < 1e-5);
+  CHECK(rel_err(arena.grad<1>(lin.bias()).data(), gb.data(), out) < 1e-5);
+
+  SUBCASE("backward accumulates parameter grads and writes (or adds) dx") {
+    const std::vector<float> dx1 = dx;
+    lin.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in));
+    CHECK(rel_err(dx.data(), dx1.data(), n * in) == 0.0);  // written, not added
+    std::vector<double> twice(gw.size());
+    for (std::size_t i = 0; i < gw.size(); ++i) twice[i] = 2.0 * gw[i];
+    CHECK(rel_err(arena.grad<2>(lin.weight()).data(), twice.data(), out * in) < 1e-5);
+    lin.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in),
+                 nn::InputGrad::kAccumulate);
+    for (std::size_t i = 0; i < dx.size(); ++i)
+      CHECK(dx[i] == doctest::Approx(2.0f * dx1[i]).epsilon(1e-5));
+    arena.zero_grad();
+    CHECK(arena.grad<1>(lin.bias())[0] == 0.0f);
+  }
+  SUBCASE("an absent dx skips the input gradient but still accumulates dW, db") {
+    arena.zero_grad();
+    lin.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), tk::HostView<float, 2>());
+    CHECK(rel_err(arena.grad<2>(lin.weight()).data(), gw.data(), out * in) < 1e-5);
+  }
+  SUBCASE("shape errors throw") {
+    std::vector<float> bad(static_cast<std::size_t>(n * (out + 1)));
+    CHECK_THROWS_AS(lin.forward(pool(), mat(x.data(), n, in), mat(bad.data(), n, out + 1)),
+                    tk::Error);
+  }
+}
+
+TEST_CASE("Linear: matches PyTorch values") {
+  const Reference& ref = Reference::get();
+  nn::ParamArena<> arena;
+  nn::Linear lin(arena, "", {.in_features = 7, .out_features = 4});
+  arena.finalize();
+  nntest::load_params(arena, "linear");
+  auto x = nntest::tensor_of(ref["linear/x"]);
+  auto dy = nntest::tensor_of(ref["linear/dy"]);
+  tk::Tensor<float> y(tk::Shape{5, 4}), dx(tk::Shape{5, 7});
+  lin.forward(pool(), x.view<2>(), y.view<2>());
+  CHECK(rel_err(y.data(), ref["linear/y"].values.data(), 20) < 1e-6);
+  lin.backward(pool(), x.view<2>(), dy.view<2>(), dx.view<2>());
+  CHECK(rel_err(dx.data(), ref["linear/dx"].values.data(), 35) < 1e-6);
+  nntest::check_grads(arena, "linear", 1e-6);
+}
+
+TEST_CASE("Linear without bias and the fused GELU pair") {
+  const std::int64_t n = 6, c = 5, h = 9;
+  nn::ParamArena<> arena;
+  nn::Linear fc(arena, "c_fc", {.in_features = c, .out_features = h});
+  nn::Linear proj(arena, "c_proj", {.in_features = h, .out_features = c, .bias = false});
+  arena.finalize();
+  arena.initialize(5);
+  CHECK(!proj.has_bias());
+  CHECK(arena.size() == 3);
+  const auto x = nntest::random_floats(n * c, 3, 2.0f);
+  const auto dy = nntest::random_floats(n * c, 4);
+  std::vector<float> pre(static_cast<std::size_t>(n * h)), g(static_cast<std::size_t>(n * h)),
+      y(static_cast<std::size_t>(n * c));
+  std::vector<float> dpre(static_cast<std::size_t>(n * h)), dx(static_cast<std::size_t>(n * c));
+  fc.forward_gelu(pool(), mat(x.data(), n, c), mat(pre.data(), n, h), mat(g.data(), n, h));
+  proj.forward(pool(), mat(g.data(), n, h), mat(y.data(), n, c));
+  proj.backward_dgelu(pool(), mat(g.data(), n, h), mat(dy.data(), n, c), mat(pre.data(), n, h),
+                      mat(dpre.data(), n, h));
+  fc.backward(pool(), mat(x.data(), n, c), mat(dpre.data(), n, h), mat(dx.data(), n, c));
+
+  auto w1 = nntest::to_double(arena.param<2>(fc.weight()).data(), h * c);
+  auto b1 = nntest::to_double(arena.param<1>(fc.bias()).data(), h);
+  auto w2 = nntest::to_double(arena.param<2>(proj.weight()).data(), c * h);
+  const auto dyd = nntest::to_double(dy.data(), n * c);
+  auto model = [&](const std::vector<double>& xv, const std::vector<double>& w1v,
+                   const std::vector<double>& w2v) {
+    auto p = linear_ref(xv, w1v, b1, n, c, h);
+    for (auto& v : p) v = gelu_ref(v);
+    return linear_ref(p, w2v, {}, n, h, c);
+  };
+  const auto xd = nntest::to_double(x.data(), n * c);
+  CHECK(rel_err(y.data(), model(xd, w1, w2).data(), n * c) < 1e-5);
+  const auto gx = nntest::finite_diff(
+      [&](const std::vector<double>& v) { return nntest::dot(model(v, w1, w2), dyd); }, xd);
+  const auto gw1 = nntest::finite_diff(
+      [&](const std::vector<double>& v) { return nntest::dot(model(xd, v, w2), dyd); }, w1);
+  const auto gw2 = nntest::finite_diff(
+      [&](const std::vector<double>& v) { return nntest::dot(model(xd, w1, v), dyd); }, w2);
+  CHECK(rel_err(dx.data(), gx.data(), n * c) < 1e-5);
+  CHECK(rel_err(arena.grad<2>(fc.weight()).data(), gw1.data(), h * c) < 1e-5);
+  CHECK(rel_err(arena.grad<2>(proj.weight()).data(), gw2.data(), c * h) < 1e-5);
+}
+
+TEST_CASE("Linear: results do not depend on the thread count") {
+  const std::int64_t n = 300, in = 130, out = 70;
+  std::vector<float> grads[2];
+  std::vector<float> outs[2];
+  for (int t = 0; t < 2; ++t) {
+    tk::exec::Host host(t + 1);
+    nn::ParamArena<> arena;
+    nn::Linear lin(arena, "l", {.in_features = in, .out_features = out});
+    arena.finalize();
+    arena.initialize(3);
+    const auto x = nntest::random_floats(n * in, 8);
+    const auto dy = nntest::random_floats(n * out, 9);
+    outs[t].resize(std::size_t(n * out));
+    std::vector<float> dx(static_cast<std::size_t>(n * in));
+    lin.forward(host, mat(x.data(), n, in), mat(outs[t].data(), n, out));
+    lin.backward(host, mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in));
+    grads[t].assign(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+  }
+  CHECK(outs[0] == outs[1]);
+  CHECK(grads[0] == grads[1]);
+}
+
+// ---- LayerNorm --------------------------------------------------------------------------------
+
+TEST_CASE("LayerNorm: forward vs f64 (saved statistics), backward vs finite differences") {
+  const std::int64_t n = 70, c = 23;  // > one 32-row chunk, odd width
+  nn::ParamArena<> arena;
+  nn::LayerNorm ln(arena, "ln", {.features = c});
+  arena.finalize();
+  const auto wv = nntest::random_floats(c, 21, 0.5f);
+  const auto bv = nntest::random_floats(c, 22, 0.5f);
+  for (std::int64_t j = 0; j < c; ++j) {
+    arena.param<1>(ln.weight())[j] = 1.0f + wv[std::size_t(j)];
+    arena.param<1>(ln.bias())[j] = bv[std::size_t(j)];
+  }
+  auto x = nntest::random_floats(n * c, 23, 3.0f);
+  for (auto& v : x) v += 5.0f;  // an offset: the variance must be centred
+  const auto dy = nntest::random_floats(n * c, 24);
+  std::vector<float> y(x.size()), dx(x.size());
+  ln.forward(pool(), mat(x.data(), n, c), mat(y.data(), n, c));
+  const auto xd = nntest::to_double(x.data(), n * c);
+  const auto w = nntest::to_double(arena.param<1>(ln.weight()).data(), c);
+  const auto b = nntest::to_double(arena.param<1>(ln.bias()).data(), c);
+  const auto dyd = nntest::to_double(dy.data(), n * c);
+  CHECK(rel_err(y.data(), layer_norm_ref(xd, w, b, n, c, 1e-5).data(), n * c) < 1e-6);
+  double m0 = 0.0;
+  for (std::int64_t j = 0; j < c; ++j) m0 += xd[std::size_t(j)];
+  CHECK(ln.saved_mean()[0] == doctest::Approx(m0 / double(c)).epsilon(1e-6));
+
+  ln.backward(pool(), mat(x.data(), n, c), mat(dy.data(), n, c), mat(dx.data(), n, c));
+  auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv2,
+                  const std::vector<double>& bv2) {
+    return nntest::dot(layer_norm_ref(xv, wv2, bv2, n, c, 1e-5), dyd);
+  };
+  const auto gx =
+      nntest::finite_diff([&](const std::vector<double>& v) { return loss(v, w, b); }, xd, 1e-5);
+  const auto gw =
+      nntest::finite_diff([&](const std::vector<double>& v) { return loss(xd, v, b); }, w);
+  const auto gb =
+      nntest::finite_diff([&](const std::vector<double>& v) { return loss(xd, w, v); }, b);
+  CHECK(rel_err(dx.data(), gx.data(), n * c) < 1e-4);
+  CHECK(rel_err(arena.grad<1>(ln.weight()).data(), gw.data(), c) < 1e-5);
+  CHECK(rel_err(arena.grad<1>(ln.bias()).data(), gb.data(), c) < 1e-5);
+
+  // Accumulate mode adds to dx.
+  std::vector<float> acc(dx.size(), 1.0f);
+  ln.backward(pool(), mat(x.data(), n, c), mat(dy.data(), n, c), mat(acc.data(), n, c),
+              nn::InputGrad::kAccumulate);
+  for (std::size_t i = 0; i < dx.size(); i += 17)
+    CHECK(acc[i] == doctest::Approx(1.0f + dx[i]).epsilon(1e-5));
+}
+
+TEST_CASE("LayerNorm: matches PyTorch values; bits independent of threads") {
+  const Reference& ref = Reference::get();
+  nn::ParamArena<> arena;
+  nn::LayerNorm ln(arena, "", {.features = 10});
+  arena.finalize();
+  nntest::load_params(arena, "layer_norm");
+  auto x = nntest::tensor_of(ref["layer_norm/x"]);
+  auto dy = nntest::tensor_of(ref["layer_norm/dy"]);
+  tk::Tensor<float> y(tk::Shape{6, 10}), dx(tk::Shape{6, 10});
+  ln.forward(pool(), x.view<2>(), y.view<2>());
+  CHECK(rel_err(y.data(), ref["layer_norm/y"].values.data(), 60) < 1e-6);
+  ln.backward(pool(), x.view<2>(), dy.view<2>(), dx.view<2>());
+  CHECK(rel_err(dx.data(), ref["layer_norm/dx"].values.data(), 60) < 1e-5);
+  nntest::check_grads(arena, "layer_norm", 1e-6);
+
+  const std::int64_t n = 1000, c = 64;
+  const auto xs = nntest::random_floats(n * c, 5);
+  const auto dys = nntest::random_floats(n * c, 6);
+  std::vector<float> grads[2];
+  for (int t = 0; t < 2; ++t) {
+    tk::exec::Host host(t + 1);
+    nn::ParamArena<> a2;
+    nn::LayerNorm l2(a2, "ln", {.features = c});
+    a2.finalize();
+    a2.initialize(1);
+    std::vector<float> ys(xs.size()), dxs(xs.size());
+    l2.forward(host, mat(xs.data(), n, c), mat(ys.data(), n, c));
+    l2.backward(host, mat(xs.data(), n, c), mat(dys.data(), n, c), mat(dxs.data(), n, c));
+    grads[t].assign(a2.grads_data(), a2.grads_data() + a2.buffer_numel());
+  }
+  CHECK(grads[0] == grads[1]);
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+TEST_CASE("GELU and ReLU: forward vs f64, backward vs finite differences and PyTorch") {
+  const Reference& ref = Reference::get();
+  const std::int64_t n = 2000;
+  auto x = nntest::random_floats(n, 31, 6.0f);
+  x[0] = 0.0f;
+  x[1] = -20.0f;
+  x[2] = 20.0f;
+  const auto dy = nntest::random_floats(n, 32);
+  std::vector<float> y(static_cast<std::size_t>(n)), dx(static_cast<std::size_t>(n));
+  const tk::HostView<float, 1> xv(x.data(), tk::Extents<1>{{n}});
+  const tk::HostView<float, 1> yv(y.data(), tk::Extents<1>{{n}});
+  const tk::HostView<const float, 1> dyv(dy.data(), tk::Extents<1>{{n}});
+  const tk::HostView<float, 1> dxv(dx.data(), tk::Extents<1>{{n}});
+
+  nn::GELU gelu;
+  gelu.forward(pool(), xv, yv);
+  gelu.backward(pool(), xv, dyv, dxv);
+  double max_err = 0.0, max_gerr = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double xi = x[std::size_t(i)];
+    max_err = std::max(max_err,
+                       std::abs(y[std::size_t(i)] - gelu_ref(xi)) / (1.0 + std::abs(gelu_ref(xi))));
+    const double fd = (gelu_ref(xi + 1e-6) - gelu_ref(xi - 1e-6)) / 2e-6;
+    max_gerr = std::max(
+        max_gerr, std::abs(dx[std::size_t(i)] - dy[std::size_t(i)] * fd) / (1.0 + std::abs(fd)));
+  }
+  CHECK(max_err < 1e-6);
+  CHECK(max_gerr < 1e-5);
+  CHECK(std::abs(y[1]) < 1e-30f);  // gelu(-20) underflows (true value ~ -1e-248)
+  CHECK(y[2] == 20.0f);
+
+  nn::ReLU relu;
+  relu.forward(pool(), xv, yv);
+  relu.backward(pool(), xv, dyv, dxv);
+  for (std::int64_t i = 0; i < n; ++i) {
+    CHECK(y[std::size_t(i)] == std::max(0.0f, x[std::size_t(i)]));
+    CHECK(dx[std::size_t(i)] == (x[std::size_t(i)] > 0.0f ? dy[std::size_t(i)] : 0.0f));
+  }
+
+  for (const char* name : {"gelu", "relu"}) {
+    const std::string c = name;
+    auto rx = nntest::tensor_of(ref[c + "/x"]);
+    auto rdy = nntest::tensor_of(ref[c + "/dy"]);
+    tk::Tensor<float> ry(rx.shape()), rdx(rx.shape());
+    if (c == "gelu") {
+      gelu.forward(pool(), rx.view<2>(), ry.view<2>());
+      gelu.backward(pool(), rx.view<2>(), rdy.view<2>(), rdx.view<2>());
+    } else {
+      relu.forward(pool(), rx.view<2>(), ry.view<2>());
+      relu.backward(pool(), rx.view<2>(), rdy.view<2>(), rdx.view<2>());
+    }
+    INFO(c);
+    CHECK(rel_err(ry.data(), ref[c + "/y"].values.data(), ry.numel()) < 1e-6);
+    CHECK(rel_err(rdx.data(), ref[c + "/dx"].values.data(), rdx.numel()) < 1e-5);
+  }
+}
+
+// ---- Dropout ----------------------------------------------------------------------------------
+
+TEST_CASE("Dropout: Philox mask, scaling, determinism, eval, p = 0 and p = 1") {
+  const std::int64_t n = 100000;
+  std::vector<float> x(static_cast<std::size_t>(n), 2.0f), y(static_cast<std::size_t>(n)),
+      dx(static_cast<std::size_t>(n));
+  const auto dy = nntest::random_floats(n, 41);
+  const tk::HostView<float, 1> xv(x.data(), tk::Extents<1>{{n}});
+  const tk::HostView<float, 1> yv(y.data(), tk::Extents<1>{{n}});
+  nn::Dropout drop({.p = 0.25f, .seed = 1234, .site = 3});
+  drop.set_step(7);
+  drop.forward(pool(), xv, yv);
+  std::int64_t kept = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool k = drop.kept(i);
+    kept += k;
+    CHECK(y[std::size_t(i)] == (k ? 2.0f * (1.0f / 0.75f) : 0.0f));
+    if (!(y[std::size_t(i)] == (k ? 2.0f * (1.0f / 0.75f) : 0.0f))) break;
+  }
+  CHECK(double(kept) / double(n) == doctest::Approx(0.75).epsilon(0.01));
+
+  // backward: the same mask (same step), dx = dy * mask / (1 - p).
+  drop.backward(pool(), xv, tk::HostView<const float, 1>(dy.data(), tk::Extents<1>{{n}}),
+                tk::HostView<float, 1>(dx.data(), tk::Extents<1>{{n}}));
+  for (std::int64_t i = 0; i < n; i += 97)
+    CHECK(dx[std::size_t(i)] == (drop.kept(i) ? dy[std::size_t(i)] * (1.0f / 0.75f) : 0.0f));
+
+  // Same (seed, step, site) -> same mask on any thread count; another step or site differs.
+  std::vector<float> y1(static_cast<std::size_t>(n));
+  tk::exec::Host one(1);
+  drop.forward(one, xv, tk::HostView<float, 1>(y1.data(), tk::Extents<1>{{n}}));
+  CHECK(y1 == y);
+  drop.set_step(8);
+  drop.forward(one, xv, tk::HostView<float, 1>(y1.data(), tk::Extents<1>{{n}}));
+  CHECK(y1 != y);
+  nn::Dropout other({.p = 0.25f, .seed = 1234, .site = 4});
+  other.set_step(7);
+  other.forward(one, xv, tk::HostView<float, 1>(y1.data(), tk::Extents<1>{{n}}));
+  CHECK(y1 != y);
+
+  drop.eval();
+  drop.forward(pool(), xv, yv);
+  CHECK(y == x);
+  nn::Dropout zero({.p = 0.0f});
+  zero.forward(pool(), xv, yv);
+  CHECK(y == x);
+  nn::Dropout all({.p = 1.0f});
+  all.forward(pool(), xv, yv);
+  for (std::int64_t i = 0; i < n; i += 101) CHECK(y[std::size_t(i)] == 0.0f);
+  CHECK_THROWS_AS(nn::Dropout({.p = 1.5f}), tk::Error);
+}
+
+// ---- residual ---------------------------------------------------------------------------------
+
+TEST_CASE("residual_forward / residual_backward") {
+  std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, out(4), da(4, 1.0f), db(4, 5.0f);
+  const std::vector<float> dout = {0.5f, -1, 2, 0};
+  auto v = [](auto& s) {
+    return tk::HostView<std::remove_reference_t<decltype(s[0])>, 1>(s.data(), tk::Extents<1>{{4}});
+  };
+  nn::residual_forward(pool(), v(a), v(b), v(out));
+  CHECK(out == std::vector<float>{11, 22, 33, 44});
+  nn::residual_backward(pool(), tk::HostView<const float, 1>(dout.data(), tk::Extents<1>{{4}}),
+                        v(da), v(db), nn::InputGrad::kWrite, nn::InputGrad::kAccumulate);
+  CHECK(da == dout);
+  CHECK(db == std::vector<float>{5.5f, 4, 7, 5});
+}
+
+// ---- Embedding --------------------------------------------------------------------------------
+
+TEST_CASE("Embedding: matches PyTorch (repeated ids), accumulate mode, id range checks") {
+  const Reference& ref = Reference::get();
+  nn::ParamArena<> arena;
+  nn::Embedding emb(arena, "", {.num_embeddings = 6, .embedding_dim = 4});
+  arena.finalize();
+  nntest::load_params(arena, "embedding");
+  const auto& rids = ref["embedding/ids"];
+  std::vector<std::int32_t> ids;
+  for (double v : rids.values) ids.push_back(static_cast<std::int32_t>(v));
+  const tk::HostView<const std::int32_t, 1> idv(ids.data(), tk::Extents<1>{{9}});
+  auto dout = nntest::tensor_of(ref["embedding/dout"]);
+  tk::Tensor<float> out(tk::Shape{9, 4});
+  emb.forward(pool(), idv, out.view<2>());
+  CHECK(rel_err(out.data(), ref["embedding/out"].values.data(), 36) == 0.0);
+  emb.backward(pool(), idv, dout.view<2>());
+  nntest::check_grads(arena, "embedding", 1e-6);
+
+  // Accumulate: out += W[ids] (token + position embeddings).
+  emb.forward(pool(), idv, out.view<2>(), nn::InputGrad::kAccumulate);
+  CHECK(out.data()[5] == doctest::Approx(2.0 * ref["embedding/out"].values[5]));
+
+  std::vector<std::int64_t> bad = {0, 6};
+  CHECK_THROWS_AS(
+      emb.forward(pool(), tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{2}}),
+                  out.view<2>().slice(0, 0, 2)),
+      tk::Error);
+}
+
+// ---- SoftmaxCrossEntropy ----------------------------------------------------------------------
+
+TEST_CASE("SoftmaxCrossEntropy: PyTorch parity with ignore_index, finite differences, edge cases") {
+  const Reference& ref = Reference::get();
+  auto logits = nntest::tensor_of(ref["cross_entropy/logits"]);
+  std::vector<std::int64_t> targets;
+  for (double v : ref["cross_entropy/targets"].values)
+    targets.push_back(static_cast<std::int64_t>(v));
+  const tk::HostView<const std::int64_t, 1> tv(targets.data(), tk::Extents<1>{{7}});
+  float loss = 0.0f;
+  const tk::HostView<float, 1> lv(&loss, tk::Extents<1>{{1}});
+  nn::SoftmaxCrossEntropy ce;
+  ce.forward(pool(), logits.view<2>(), tv, lv);
+  CHECK(loss == doctest::Approx(ref["cross_entropy/loss"].values[0]).epsilon(1e-6));
+  tk::Tensor<float> dl(tk::Shape{7, 5});
+  ce.backward(pool(), logits.view<2>(), tv, dl.view<2>());
+  CHECK(rel_err(dl.data(), ref["cross_entropy/dlogits"].values.data(), 35) < 1e-6);
+
+  // Finite differences of the f64 loss on random logits; dloss scales the gradient.
+  const std::int64_t n = 9, v = 13;
+  const auto lr = nntest::random_floats(n * v, 51, 4.0f);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) t[std::size_t(i)] = (i * 5) % v;
+  t[3] = -1;
+  nn::SoftmaxCrossEntropy ce2({.ignore_index = -1});
+  const tk::HostView<const float, 2> lrv(lr.data(), tk::Extents<2>{{n, v}});
+  const tk::HostView<const std::int64_t, 1> trv(t.data(), tk::Extents<1>{{n}});
+  ce2.forward(pool(), lrv, trv, lv);
+  const auto ld = nntest::to_double(lr.data(), n * v);
+  CHECK(loss == doctest::Approx(cross_entropy_ref(ld, t, n, v, -1)).epsilon(1e-6));
+  std::vector<float> g(static_cast<std::size_t>(n * v));
+  ce2.backward(pool(), lrv, trv, mat(g.data(), n, v), 2.0f);
+  auto fd = nntest::finite_diff(
+      [&](const std::vector<double>& x) { return 2.0 * cross_entropy_ref(x, t, n, v, -1); }, ld);
+  CHECK(rel_err(g.data(), fd.data(), n * v) < 1e-5);
+  for (std::int64_t j = 0; j < v; ++j) CHECK(g[std::size_t(3 * v + j)] == 0.0f);
+
+  // Stable for huge logits.
+  std::vector<float> big(static_cast<std::size_t>(n * v));
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = lr[i] + 1e4f;
+  ce2.forward(pool(), tk::HostView<const float, 2>(big.data(), tk::Extents<2>{{n, v}}), trv, lv);
+  CHECK(std::isfinite(loss));
+  CHECK(loss == doctest::Approx(cross_entropy_ref(ld, t, n, v, -1)).epsilon(1e-2));
+
+  // All ignored: NaN loss (0/0, as PyTorch) and zero gradient.
+  std::vector<std::int64_t> none(static_cast<std::size_t>(n), -1);
+  const tk::HostView<const std::int64_t, 1> nv(none.data(), tk::Extents<1>{{n}});
+  ce2.forward(pool(), lrv, nv, lv);
+  CHECK(std::isnan(loss));
+  ce2.backward(pool(), lrv, nv, mat(g.data(), n, v));
+  for (float gi : g) CHECK(gi == 0.0f);
+
+  // A target out of range throws.
+  std::vector<std::int64_t> bad(static_cast<std::size_t>(n), 0);
+  bad[2] = v;
+  CHECK_THROWS_AS(
+      ce2.forward(pool(), lrv, tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{n}}),
+                  lv),
+      tk::Error);
+}

@@ -1,0 +1,324 @@
+// CUDA tests of nn/: every layer's device forward/backward against the host implementation (the
+// oracle), device ParamArena initialisation and compute copies bit-identical to the host's,
+// identical dropout masks, and a bf16/tf32 step on the GPU against the f32 one.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <trainkit/amp/policy.hpp>
+#include <trainkit/core/copy.hpp>
+#include <trainkit/core/half.hpp>
+#include <trainkit/core/tensor.hpp>
+#include <trainkit/exec/cuda.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/nn/activation.hpp>
+#include <trainkit/nn/attention.hpp>
+#include <trainkit/nn/cross_entropy.hpp>
+#include <trainkit/nn/dropout.hpp>
+#include <trainkit/nn/embedding.hpp>
+#include <trainkit/nn/layer_norm.hpp>
+#include <trainkit/nn/linear.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/nn/sequential.hpp>
+#include <trainkit/nn/transformer_block.hpp>
+
+#include "nn_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace nn = trainkit::nn;
+namespace amp = trainkit::amp;
+using nntest::rel_err;
+
+tk::exec::Host& host() {
+  static tk::exec::Host h(2);
+  return h;
+}
+
+// The legacy default stream: cudaMemcpy (tk::copy) orders itself after the kernels on it.
+const tk::exec::Cuda gpu{};
+
+template <class T>
+tk::Tensor<T, tk::Space::kDevice> to_device(const std::vector<T>& v, tk::Shape shape) {
+  tk::Tensor<T, tk::Space::kDevice> d(shape);
+  TRAINKIT_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(const T* p, std::int64_t n) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  TRAINKIT_CUDA_CHECK(cudaMemcpy(v.data(), p, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+template <class T, tk::Space S>
+std::vector<float> as_float(const tk::Tensor<T, S>& t) {
+  std::vector<float> out;
+  if constexpr (S == tk::Space::kDevice) {
+    for (const T& v : to_host(t.data(), t.numel())) out.push_back(static_cast<float>(v));
+  } else {
+    for (std::int64_t i = 0; i < t.numel(); ++i) out.push_back(static_cast<float>(t.data()[i]));
+  }
+  return out;
+}
+
+std::vector<float> grads_of(const nn::ParamArena<tk::Space::kDevice>& arena) {
+  return to_host(arena.grads_data(), arena.buffer_numel());
+}
+std::vector<float> grads_of(const nn::ParamArena<>& arena) {
+  return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+}
+
+double err(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  return rel_err(a.data(), b.data(), static_cast<std::int64_t>(a.size()));
+}
+
+/// Runs `model(arena, exec, in, out, dout, din)` on a host and a device arena initialised alike
+/// and compares outputs, input gradients and parameter gradients.
+template <class Build, class Run>
+void compare(const char* what, Build build, Run run, tk::Shape in_shape, tk::Shape out_shape,
+             double tol) {
+  nn::ParamArena<> ha;
+  nn::ParamArena<tk::Space::kDevice> da;
+  auto hm = build(ha);
+  auto dm = build(da);
+  ha.finalize();
+  da.finalize();
+  ha.initialize(42);
+  da.initialize(42);
+  const auto x = nntest::random_floats(in_shape.numel(), 1);
+  const auto dy = nntest::random_floats(out_shape.numel(), 2);
+  tk::Tensor<float> hx(in_shape), hy(out_shape), hdy(out_shape), hdx(in_shape);
+  std::copy(x.begin(), x.end(), hx.data());
+  std::copy(dy.begin(), dy.end(), hdy.data());
+  auto dx_ = to_device(x, in_shape);
+  auto ddy = to_device(dy, out_shape);
+  tk::Tensor<float, tk::Space::kDevice> dyv(out_shape), ddx(in_shape);
+  run(hm, host(), hx, hy, hdy, hdx);
+  run(dm, gpu, dx_, dyv, ddy, ddx);
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  INFO(what);
+  CHECK(err(as_float(dyv), as_float(hy)) < tol);
+  CHECK(err(as_float(ddx), as_float(hdx)) < tol);
+  CHECK(err(grads_of(da), grads_of(ha)) < tol);
+}
+
+}  // namespace
+
+TEST_CASE("device ParamArena: same initial values, compute copies and zero_grad as the host") {
+  nn::ParamArena<> ha;
+  nn::ParamArena<tk::Space::kDevice> da;
+  for (auto* names : {"a", "b"}) {
+    ha.add(names, tk::Shape{33, 17}, nn::Init::kaiming_uniform(2.2f));
+    da.add(names, tk::Shape{33, 17}, nn::Init::kaiming_uniform(2.2f));
+  }
+  ha.finalize();
+  da.finalize();
+  ha.initialize(7);
+  da.initialize(7);
+  CHECK(to_host(da.params_data(), da.buffer_numel()) ==
+        std::vector<float>(ha.params_data(), ha.params_data() + ha.buffer_numel()));
+  ha.refresh_compute_copy<tk::bf16>(host());
+  da.refresh_compute_copy<tk::bf16>(gpu);
+  const auto dc = to_host(da.compute_copy<tk::bf16>().data(), da.buffer_numel());
+  const auto hc = ha.compute_copy<tk::bf16>();
+  bool same = true;
+  for (std::int64_t i = 0; i < ha.buffer_numel(); ++i)
+    same = same && dc[std::size_t(i)].bits() == hc[i].bits();
+  CHECK(same);
+  TRAINKIT_CUDA_CHECK(cudaMemset(da.grads_data(), 0xff, sizeof(float) * 4));
+  da.zero_grad(gpu);
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(to_host(da.grads_data(), 4) == std::vector<float>(4, 0.0f));
+  nn::ParamArena<> back;
+  back.add("a", tk::Shape{33, 17});
+  back.add("b", tk::Shape{33, 17});
+  back.finalize();
+  back.copy_params_from(da);
+  CHECK(back.params_data()[100] == ha.params_data()[100]);
+}
+
+TEST_CASE("device layers match the host layers (f32)") {
+  using Dev = tk::Space;
+  compare(
+      "Linear",
+      [](auto& arena) { return nn::Linear(arena, "fc", {.in_features = 40, .out_features = 24}); },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<2>(), y.template view<2>());
+        m.backward(ex, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+      },
+      tk::Shape{37, 40}, tk::Shape{37, 24}, 1e-5);
+  compare(
+      "LayerNorm", [](auto& arena) { return nn::LayerNorm(arena, "ln", {.features = 72}); },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<2>(), y.template view<2>());
+        m.backward(ex, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+      },
+      tk::Shape{100, 72}, tk::Shape{100, 72}, 1e-5);
+  compare(
+      "GELU", [](auto&) { return nn::GELU{}; },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<2>(), y.template view<2>());
+        m.backward(ex, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+      },
+      tk::Shape{50, 31}, tk::Shape{50, 31}, 1e-6);
+  compare(
+      "Linear+GELU fused pair",
+      [](auto& arena) {
+        using A = std::remove_reference_t<decltype(arena)>;
+        struct Pair {
+          nn::Linear<A::space> fc, proj;
+          tk::Tensor<float, A::space> pre, g, dpre;
+        };
+        return Pair{nn::Linear(arena, "c_fc", {.in_features = 16, .out_features = 64}),
+                    nn::Linear(arena, "c_proj", {.in_features = 64, .out_features = 16}),
+                    tk::Tensor<float, A::space>(tk::Shape{9, 64}),
+                    tk::Tensor<float, A::space>(tk::Shape{9, 64}),
+                    tk::Tensor<float, A::space>(tk::Shape{9, 64})};
+      },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.fc.forward_gelu(ex, x.template view<2>(), m.pre.template view<2>(),
+                          m.g.template view<2>());
+        m.proj.forward(ex, m.g.template view<2>(), y.template view<2>());
+        m.proj.backward_dgelu(ex, m.g.template view<2>(), dy.template view<2>(),
+                              m.pre.template view<2>(), m.dpre.template view<2>());
+        m.fc.backward(ex, x.template view<2>(), m.dpre.template view<2>(), dx.template view<2>());
+      },
+      tk::Shape{9, 16}, tk::Shape{9, 16}, 1e-5);
+  compare(
+      "CausalSelfAttention",
+      [](auto& arena) {
+        return nn::CausalSelfAttention(arena, "attn", {.n_embd = 32, .n_head = 4});
+      },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<3>(), y.template view<3>());
+        m.backward(ex, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+      },
+      tk::Shape{3, 17, 32}, tk::Shape{3, 17, 32}, 1e-5);
+  compare(
+      "TransformerBlock",
+      [](auto& arena) { return nn::TransformerBlock(arena, "h.0", {.n_embd = 64, .n_head = 4}); },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<3>(), y.template view<3>());
+        m.backward(ex, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+      },
+      tk::Shape{2, 24, 64}, tk::Shape{2, 24, 64}, 1e-5);
+  (void)sizeof(Dev);
+}
+
+TEST_CASE("device Dropout, Embedding and SoftmaxCrossEntropy") {
+  const std::int64_t n = 5000;
+  const auto x = nntest::random_floats(n, 3);
+  auto dx_ = to_device(x, tk::Shape{n});
+  tk::Tensor<float, tk::Space::kDevice> dy(tk::Shape{n});
+  std::vector<float> hy(static_cast<std::size_t>(n));
+  nn::Dropout drop({.p = 0.3f, .seed = 9, .site = 2});
+  drop.set_step(11);
+  drop.forward(gpu, dx_.view<1>(), dy.view<1>());
+  drop.forward(host(), tk::HostView<const float, 1>(x.data(), tk::Extents<1>{{n}}),
+               tk::HostView<float, 1>(hy.data(), tk::Extents<1>{{n}}));
+  CHECK(to_host(dy.data(), n) == hy);  // the same mask, bit for bit
+
+  nn::ParamArena<> ha;
+  nn::ParamArena<tk::Space::kDevice> da;
+  nn::Embedding he(ha, "wte", {.num_embeddings = 50, .embedding_dim = 24});
+  nn::Embedding de(da, "wte", {.num_embeddings = 50, .embedding_dim = 24});
+  ha.finalize();
+  da.finalize();
+  ha.initialize(1);
+  da.initialize(1);
+  std::vector<std::int32_t> ids(300);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 13);
+  auto did = to_device(ids, tk::Shape{300});
+  const auto g = nntest::random_floats(300 * 24, 4);
+  auto dg = to_device(g, tk::Shape{300, 24});
+  tk::Tensor<float> ho(tk::Shape{300, 24});
+  tk::Tensor<float, tk::Space::kDevice> dout(tk::Shape{300, 24});
+  const tk::HostView<const std::int32_t, 1> hid(ids.data(), tk::Extents<1>{{300}});
+  he.forward(host(), hid, ho.view<2>());
+  de.forward(gpu, did.view<1>(), dout.view<2>());
+  he.backward(host(), hid, tk::HostView<const float, 2>(g.data(), tk::Extents<2>{{300, 24}}));
+  de.backward(gpu, did.view<1>(), dg.view<2>());
+  CHECK(as_float(dout) == as_float(ho));
+  CHECK(grads_of(da) == grads_of(ha));  // positions in order on both: the same bits
+
+  const std::int64_t rows = 37, vocab = 1000;
+  const auto logits = nntest::random_floats(rows * vocab, 5, 8.0f);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) t[std::size_t(i)] = i % 5 == 0 ? -100 : (i * 31) % vocab;
+  auto dl = to_device(logits, tk::Shape{rows, vocab});
+  auto dt = to_device(t, tk::Shape{rows});
+  tk::Tensor<float, tk::Space::kDevice> dloss(tk::Shape{1}), dgrad(tk::Shape{rows, vocab});
+  nn::SoftmaxCrossEntropy<tk::Space::kDevice> dce;
+  dce.forward(gpu, dl.view<2>(), dt.view<1>(), dloss.view<1>());
+  dce.backward(gpu, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
+  float hloss = 0.0f;
+  std::vector<float> hgrad(static_cast<std::size_t>(rows * vocab));
+  nn::SoftmaxCrossEntropy hce;
+  const tk::HostView<const float, 2> hl(logits.data(), tk::Extents<2>{{rows, vocab}});
+  const tk::HostView<const std::int64_t, 1> ht(t.data(), tk::Extents<1>{{rows}});
+  hce.forward(host(), hl, ht, tk::HostView<float, 1>(&hloss, tk::Extents<1>{{1}}));
+  hce.backward(host(), hl, ht, tk::HostView<float, 2>(hgrad.data(), tk::Extents<2>{{rows, vocab}}));
+  CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(hloss).epsilon(1e-5));
+  CHECK(err(as_float(dgrad), hgrad) < 1e-5);
+}
+
+namespace {
+
+template <class P, tk::Space S, class E>
+std::vector<float> mlp_grads(const E& ex) {
+  using T = amp::activation_t<P>;
+  const std::int64_t n = 64, in = 96, classes = 16;
+  nn::ParamArena<S> arena;
+  nn::Sequential net{nn::Linear(arena, "0", {.in_features = in, .out_features = 128}), nn::GELU{},
+                     nn::Linear(arena, "2", {.in_features = 128, .out_features = classes})};
+  arena.finalize();
+  arena.initialize(5);
+  if constexpr (amp::uses_compute_copy_v<P>) arena.template refresh_compute_copy<T>(ex);
+  std::vector<T> x;
+  for (float v : nntest::random_floats(n * in, 6)) x.push_back(T(v));
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) t[std::size_t(i)] = static_cast<std::int32_t>(i % classes);
+  tk::Tensor<T, S> xs(tk::Shape{n, in}), logits(tk::Shape{n, classes}),
+      dlogits(tk::Shape{n, classes});
+  tk::Tensor<std::int32_t, S> ts(tk::Shape{n});
+  tk::Tensor<float, S> loss(tk::Shape{1});
+  tk::copy(xs.template view<2>(), tk::HostView<const T, 2>(x.data(), tk::Extents<2>{{n, in}}));
+  tk::copy(ts.template view<1>(),
+           tk::HostView<const std::int32_t, 1>(t.data(), tk::Extents<1>{{n}}));
+  nn::SoftmaxCrossEntropy<S> ce;
+  net.template forward<P>(ex, xs.template view<2>(), logits.template view<2>());
+  ce.template forward<P>(ex, logits.template view<2>(), ts.template view<1>(),
+                         loss.template view<1>());
+  ce.template backward<P>(ex, logits.template view<2>(), ts.template view<1>(),
+                          dlogits.template view<2>());
+  net.template backward<P>(ex, dlogits.template view<2>(), tk::TensorView<T, 2, S>());
+  if constexpr (S == tk::Space::kDevice) {
+    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(arena.grads_data(), arena.buffer_numel());
+  } else {
+    return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("policies on the GPU: tf32, bf16 and f16 steps against the f32 step") {
+  const auto ref = mlp_grads<amp::Fp32, tk::Space::kHost>(host());
+  const auto f32 = mlp_grads<amp::Fp32, tk::Space::kDevice>(gpu);
+  const auto tf32 = mlp_grads<amp::Tf32, tk::Space::kDevice>(gpu);
+  const auto b16 = mlp_grads<amp::Bf16, tk::Space::kDevice>(gpu);
+  const auto h16 = mlp_grads<amp::Fp16, tk::Space::kDevice>(gpu);
+  const auto b16_host = mlp_grads<amp::Bf16, tk::Space::kHost>(host());
+  CHECK(err(f32, ref) < 1e-5);
+  CHECK(err(tf32, ref) < amp::Tf32::tolerance);
+  CHECK(err(tf32, ref) > 1e-7);  // tensor cores really ran in TF32
+  CHECK(err(b16, ref) < amp::Bf16::tolerance);
+  CHECK(err(h16, ref) < amp::Fp16::tolerance);
+  CHECK(err(b16, b16_host) < amp::Bf16::tolerance);
+}

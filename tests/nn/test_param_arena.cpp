@@ -1,0 +1,220 @@
+// Tests of nn::ParamArena (layout, names, views, gradients, optimizer state, compute copies) and
+// the nn::Init initialisers (torch.nn.init's distributions, deterministic Philox keying).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <trainkit/core/half.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/nn/init.hpp>
+#include <trainkit/nn/param_arena.hpp>
+
+namespace {
+
+namespace tk = trainkit;
+namespace nn = trainkit::nn;
+
+struct Moments {
+  double mean = 0.0, std = 0.0, min = 1e300, max = -1e300;
+};
+
+Moments moments(const float* p, std::int64_t n) {
+  Moments m;
+  for (std::int64_t i = 0; i < n; ++i) {
+    m.mean += p[i];
+    m.min = std::min(m.min, double(p[i]));
+    m.max = std::max(m.max, double(p[i]));
+  }
+  m.mean /= double(n);
+  for (std::int64_t i = 0; i < n; ++i) m.std += (p[i] - m.mean) * (p[i] - m.mean);
+  m.std = std::sqrt(m.std / double(n));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("ParamArena: registration, aligned layout with zero padding, named views") {
+  nn::ParamArena<> arena;
+  const nn::ParamId a = arena.add("blocks.0.attn.c_attn.weight", tk::Shape{3, 5});
+  const nn::ParamId b = arena.add("blocks.0.attn.c_attn.bias", tk::Shape{3});
+  const nn::ParamId c = arena.add("wte.weight", tk::Shape{4, 2, 2});
+  CHECK_THROWS_AS(arena.add("wte.weight", tk::Shape{1}), tk::Error);
+  CHECK_THROWS_AS(arena.add("", tk::Shape{1}), tk::Error);
+  CHECK_THROWS_AS(arena.param<2>(a), tk::Error);  // before finalize
+  arena.finalize();
+  CHECK_THROWS_AS(arena.add("late", tk::Shape{1}), tk::Error);
+  CHECK_THROWS_AS(arena.finalize(), tk::Error);
+
+  REQUIRE(arena.size() == 3);
+  CHECK(arena.infos()[0].name == "blocks.0.attn.c_attn.weight");
+  CHECK(arena.infos()[2].name == "wte.weight");
+  CHECK(arena.info(a).offset == 0);
+  CHECK(arena.info(b).offset == 16);
+  CHECK(arena.info(c).offset == 32);
+  for (const auto& info : arena.infos()) CHECK(info.offset % nn::ParamArena<>::kAlignment == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(arena.params_data() + arena.info(c).offset) % 64 == 0);
+  CHECK(arena.num_parameters() == 15 + 3 + 16);
+  CHECK(arena.buffer_numel() == 48);
+  CHECK(arena.find("wte.weight") == c);
+  CHECK(!arena.find("nope").has_value());
+  CHECK_THROWS_WITH_AS(arena.at("nope"), doctest::Contains("no parameter named 'nope'"), tk::Error);
+
+  // Zero-filled, views index into the one buffer.
+  for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) {
+    CHECK(arena.params_data()[i] == 0.0f);
+    CHECK(arena.grads_data()[i] == 0.0f);
+  }
+  auto w = arena.param<2>(a);
+  CHECK(w.size(0) == 3);
+  CHECK(w.size(1) == 5);
+  w(2, 4) = 7.0f;
+  CHECK(arena.params_data()[14] == 7.0f);
+  auto e = arena.param<3>(c);
+  e(1, 0, 1) = 3.0f;
+  CHECK(arena.params()[32 + 5] == 3.0f);
+  CHECK_THROWS_AS(arena.param<1>(a), tk::Error);  // wrong rank
+  CHECK_THROWS_AS(arena.param<1>(nn::ParamId{7}), tk::Error);
+  CHECK(arena.param_flat(b).size(0) == 3);
+
+  arena.grad<1>(b)[1] = 2.0f;
+  arena.grad_flat(c)[0] = 1.0f;
+  arena.zero_grad();
+  CHECK(arena.grad<1>(b)[1] == 0.0f);
+  CHECK(arena.grads()[32] == 0.0f);
+
+  // Initialising leaves the padding at zero.
+  arena.initialize(a, nn::Init::normal(), 1);
+  CHECK(arena.params_data()[15] == 0.0f);
+}
+
+TEST_CASE("ParamArena: optimizer state buffers share the layout") {
+  nn::ParamArena<> arena;
+  const nn::ParamId a = arena.add("a", tk::Shape{5});
+  const nn::ParamId b = arena.add("b", tk::Shape{2, 3});
+  CHECK_THROWS_AS(arena.add_state("exp_avg"), tk::Error);  // before finalize
+  arena.finalize();
+  auto m = arena.add_state("exp_avg");
+  arena.add_state("exp_avg_sq");
+  CHECK_THROWS_AS(arena.add_state("exp_avg"), tk::Error);
+  CHECK(m.size(0) == arena.buffer_numel());
+  CHECK(arena.has_state("exp_avg_sq"));
+  CHECK(arena.state_names() == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+  auto sb = arena.state<2>("exp_avg", b);
+  sb(1, 2) = 4.0f;
+  CHECK(m[arena.info(b).offset + 5] == 4.0f);
+  CHECK(arena.state("exp_avg_sq")[arena.info(a).offset] == 0.0f);
+  CHECK_THROWS_AS(arena.state("nope"), tk::Error);
+}
+
+TEST_CASE("ParamArena: bf16/f16 compute copies refreshed by one fused cast") {
+  nn::ParamArena<> arena;
+  const nn::ParamId a = arena.add("a", tk::Shape{40, 3}, nn::Init::normal(0.0f, 3.0f));
+  const nn::ParamId b = arena.add("b", tk::Shape{7}, nn::Init::uniform(-1e5f, 1e5f));
+  arena.finalize();
+  arena.initialize(3);
+  CHECK(!arena.has_compute_copy<tk::bf16>());
+  CHECK_THROWS_WITH_AS((arena.compute_param<tk::bf16, 2>(a)),
+                       doctest::Contains("refresh_compute_copy"), tk::Error);
+  tk::exec::Host host(2);
+  arena.refresh_compute_copy<tk::bf16>(host);
+  arena.refresh_compute_copy<tk::f16>(host);
+  CHECK(arena.has_compute_copy<tk::bf16>());
+  const auto wb = arena.compute_param<tk::bf16, 2>(a);
+  const auto wf = arena.compute_param<tk::f16, 1>(b);
+  const auto pa = arena.param<2>(a);
+  for (int i = 0; i < 40; ++i)
+    for (int j = 0; j < 3; ++j) CHECK(wb(i, j).bits() == tk::bf16(pa(i, j)).bits());
+  for (int i = 0; i < 7; ++i) {
+    const float v = arena.param<1>(b)[i];
+    CHECK(wf[i].bits() == tk::f16(v).bits());  // |v| > 65504 becomes inf, as a cast would
+  }
+  // A parameter update is visible after the next refresh only.
+  arena.param<2>(a)(0, 0) = 1.5f;
+  CHECK(float(arena.compute_param<tk::bf16, 2>(a)(0, 0)) != 1.5f);
+  arena.refresh_compute_copy<tk::bf16>(host);
+  CHECK(float(arena.compute_param<tk::bf16, 2>(a)(0, 0)) == 1.5f);
+}
+
+TEST_CASE("Init: torch.nn.init distributions and fans") {
+  CHECK(nn::compute_fans(tk::Shape{4, 3}).fan_in == 3);
+  CHECK(nn::compute_fans(tk::Shape{4, 3}).fan_out == 4);
+  CHECK(nn::compute_fans(tk::Shape{8, 2, 3, 3}).fan_in == 18);
+  CHECK(nn::compute_fans(tk::Shape{8, 2, 3, 3}).fan_out == 72);
+  CHECK_THROWS_AS(nn::compute_fans(tk::Shape{5}), tk::Error);
+
+  const std::int64_t out = 200, in = 300, n = out * in;
+  std::vector<float> v(static_cast<std::size_t>(n));
+  const tk::Shape shape{out, in};
+  SUBCASE("normal") {
+    nn::fill_init(v.data(), shape, nn::Init::normal(1.0f, 0.5f), 7, 0);
+    const Moments m = moments(v.data(), n);
+    CHECK(m.mean == doctest::Approx(1.0).epsilon(0.01));
+    CHECK(m.std == doctest::Approx(0.5).epsilon(0.01));
+  }
+  SUBCASE("uniform") {
+    nn::fill_init(v.data(), shape, nn::Init::uniform(-2.0f, 3.0f), 7, 0);
+    const Moments m = moments(v.data(), n);
+    CHECK(m.min >= -2.0);
+    CHECK(m.max < 3.0);
+    CHECK(m.mean == doctest::Approx(0.5).epsilon(0.02));
+    CHECK(m.std == doctest::Approx(5.0 / std::sqrt(12.0)).epsilon(0.01));
+  }
+  SUBCASE("xavier_uniform / xavier_normal") {
+    const double bound = std::sqrt(6.0 / double(in + out));
+    nn::fill_init(v.data(), shape, nn::Init::xavier_uniform(), 7, 0);
+    Moments m = moments(v.data(), n);
+    CHECK(m.max <= bound);
+    CHECK(m.max > 0.99 * bound);
+    CHECK(m.min >= -bound);
+    nn::fill_init(v.data(), shape, nn::Init::xavier_normal(2.0f), 7, 0);
+    m = moments(v.data(), n);
+    CHECK(m.std == doctest::Approx(2.0 * std::sqrt(2.0 / double(in + out))).epsilon(0.01));
+  }
+  SUBCASE("kaiming_uniform (PyTorch Linear default) / kaiming_normal fan_out") {
+    nn::fill_init(v.data(), shape, nn::Init::kaiming_uniform(std::sqrt(5.0f)), 7, 0);
+    const double bound = 1.0 / std::sqrt(double(in));
+    Moments m = moments(v.data(), n);
+    CHECK(m.max <= bound * (1 + 1e-6));
+    CHECK(m.max > 0.99 * bound);
+    nn::fill_init(v.data(), shape, nn::Init::kaiming_normal(0.0f, nn::FanMode::kFanOut), 7, 0);
+    m = moments(v.data(), n);
+    CHECK(m.std == doctest::Approx(std::sqrt(2.0 / double(out))).epsilon(0.01));
+  }
+  SUBCASE("constant, zeros, ones") {
+    nn::fill_init(v.data(), shape, nn::Init::constant(0.25f), 7, 0);
+    CHECK(v[12345] == 0.25f);
+    nn::fill_init(v.data(), shape, nn::Init::ones(), 7, 0);
+    CHECK(v[0] == 1.0f);
+    nn::fill_init(v.data(), shape, nn::Init::zeros(), 7, 0);
+    CHECK(v[n - 1] == 0.0f);
+  }
+  SUBCASE("fan-based initialisers reject rank 1") {
+    CHECK_THROWS_AS(nn::fill_init(v.data(), tk::Shape{5}, nn::Init::xavier_uniform(), 1, 0),
+                    tk::Error);
+  }
+}
+
+TEST_CASE("Init: deterministic per (seed, parameter index, element)") {
+  auto build = [](std::uint64_t seed, std::int64_t first_size) {
+    nn::ParamArena<> arena;
+    arena.add("first", tk::Shape{first_size}, nn::Init::normal());
+    arena.add("second", tk::Shape{64, 8}, nn::Init::xavier_uniform());
+    arena.finalize();
+    arena.initialize(seed);
+    const auto& info = arena.infos()[1];
+    return std::vector<float>(arena.params_data() + info.offset,
+                              arena.params_data() + info.offset + info.numel);
+  };
+  const auto a = build(5, 10);
+  CHECK(build(5, 10) == a);
+  CHECK(build(6, 10) != a);
+  // Keyed by the parameter's index, not its offset: another size before it changes nothing.
+  CHECK(build(5, 1000) == a);
+  // Known answer: the first element is the first uniform of stream init_stream_id(1).
+  const double bound = std::sqrt(6.0 / (64.0 + 8.0));
+  const float u = tk::philox_uniform(5, nn::init_stream_id(1), 0);
+  CHECK(a[0] == doctest::Approx(-bound + 2.0 * bound * u).epsilon(1e-6));
+}
