@@ -60,6 +60,9 @@
 #include "trainkit/io/mmap.hpp"
 #include "trainkit/io/npy.hpp"
 #include "trainkit/io/tar.hpp"
+#include "trainkit/io/json.hpp"
+#include "trainkit/io/atomic_file.hpp"
+#include "trainkit/io/safetensors.hpp"
 
 #include "trainkit/data/dataset.hpp"
 #include "trainkit/data/sampler.hpp"
