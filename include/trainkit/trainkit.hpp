@@ -54,6 +54,18 @@
 #include "trainkit/nn/transformer_block.hpp"
 #include "trainkit/nn/sequential.hpp"
 
+#include "trainkit/amp/grad_scaler.hpp"
+#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/optim/param_groups.hpp"
+#include "trainkit/optim/grad_norm.hpp"
+#include "trainkit/optim/optimizer.hpp"
+#include "trainkit/optim/sgd.hpp"
+#include "trainkit/optim/adamw.hpp"
+#include "trainkit/optim/lamb.hpp"
+#include "trainkit/optim/lr_schedule.hpp"
+#include "trainkit/optim/ema.hpp"
+#include "trainkit/optim/grad_accumulation.hpp"
+
 #include "trainkit/io/crc32c.hpp"
 #include "trainkit/io/protobuf.hpp"
 #include "trainkit/io/tfevents.hpp"

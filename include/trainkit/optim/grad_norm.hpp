@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: MIT
+// trainkit/optim/grad_norm.hpp: the global gradient norm and gradient clipping over a
+// ParamArena, PyTorch's `clip_grad_norm_` / `clip_grad_value_`. The norm is a deterministic
+// reduction (exec::reduce: fixed order, double accumulation) that stays where it was computed:
+// `GradNorm` is a handle to a float in host or device memory, read with `get()` (a host sync on
+// the device) only when the caller asks. Clipping reads the norm on the device, so a step with
+// clipping needs no sync either.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/exec/executor.hpp"
+#include "trainkit/exec/launch.hpp"
+#include "trainkit/exec/reduce.hpp"
+#include "trainkit/nn/param_arena.hpp"
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace optim {
+
+/// A global gradient norm (f32) where it was computed: host memory for exec::Host, device memory
+/// for exec::Cuda. Cheap to copy (shared ownership of the scalar). Reading it with get() is the
+/// only host sync; kernels take data().
+class GradNorm {
+ public:
+  GradNorm() = default;
+  /// A non-owning handle to the float at `data` in `space` (e.g. inside a loss scaler).
+  GradNorm(const float* data, Space space) noexcept : data_(data), space_(space) {}
+  /// A handle owning `owner` (whose memory holds the float at `data`).
+  GradNorm(std::shared_ptr<void> owner, const float* data, Space space) noexcept
+      : owner_(std::move(owner)), data_(data), space_(space) {}
+
+  bool valid() const noexcept { return data_ != nullptr; }
+  /// Where the norm lives (in space()).
+  const float* data() const noexcept { return data_; }
+  Space space() const noexcept { return space_; }
+
+  /// The norm's value. On the device this waits for every queued kernel (cudaDeviceSynchronize)
+  /// and copies 4 bytes. Throws when the handle is empty.
+  float get() const {
+    TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
+    if (space_ == Space::kHost) return *data_;
+#if TRAINKIT_WITH_CUDA
+    float value = 0.0f;
+    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+    TRAINKIT_CUDA_CHECK(cudaMemcpy(&value, data_, sizeof(float), cudaMemcpyDeviceToHost));
+    return value;
+#else
+    TRAINKIT_FAIL("optim::GradNorm: a device norm but trainkit was built without CUDA");
+#endif
+  }
+
+ private:
+  std::shared_ptr<void> owner_;
+  const float* data_ = nullptr;
+  Space space_ = Space::kHost;
+};
+
+namespace detail {
+
+/// Where a reduction's double result and the derived float norm live.
+struct NormScratch {
+  double sumsq;
+  float norm;
+  float pad;
+};
+
+/// Allocates a NormScratch in the executor's memory: a heap object on the host, cudaMallocAsync
+/// on the executor's stream on the device (stream-ordered: no sync), freed the same way.
+template <class E>
+std::shared_ptr<NormScratch> make_norm_scratch([[maybe_unused]] const E& exec) {
+  if constexpr (exec::is_host_executor_v<E>) {
+    return std::make_shared<NormScratch>();
+  } else {
+#if TRAINKIT_WITH_CUDA
+    void* p = nullptr;
+    const cudaStream_t stream = exec.stream().get();
+    TRAINKIT_CUDA_CHECK(cudaMallocAsync(&p, sizeof(NormScratch), stream));
+    return std::shared_ptr<NormScratch>(static_cast<NormScratch*>(p), [stream](NormScratch* q) {
+      TRAINKIT_CUDA_CHECK_NOTHROW(cudaFreeAsync(q, stream));
+    });
+#else
+    static_assert(exec::is_host_executor_v<E>, "a CUDA executor needs TRAINKIT_WITH_CUDA");
+    return nullptr;
+#endif
+  }
+}
+
+/// (double(g[i]) * double(a))^2 with a = *scale (1 when scale is null): the terms of the
+/// squared norm of the unscaled gradients. Exact products in double, so the sum is non-finite
+/// exactly when some g[i] is (the non-finite check of GradScaler comes for free).
+struct SquaredTerm {
+  const float* g;
+  const float* scale;
+  TRAINKIT_HOST_DEVICE double operator()(std::int64_t i) const {
+    const double x =
+        static_cast<double>(g[i]) * (scale != nullptr ? static_cast<double>(*scale) : 1.0);
+    return x * x;
+  }
+};
+
+/// Sum of f(i) over [0, n) into *out (memory of the executor's space), deterministically.
+template <class E, class F>
+void sum_into(const E& exec, std::int64_t n, const F& f, double* out) {
+  if constexpr (exec::is_host_executor_v<E>) {
+    *out = exec::reduce(exec, n, f, exec::Sum{}, 0.0);
+  } else {
+    exec::reduce_into(exec, n, f, exec::Sum{}, 0.0, out);
+  }
+}
+
+/// s->norm = float(sqrt(s->sumsq)).
+struct FinishNorm {
+  NormScratch* s;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t) const {
+    s->norm = static_cast<float>(sqrt(s->sumsq));
+  }
+};
+
+/// g[i] *= coef (the host path of clipping: the coefficient is read once, not per element).
+struct ScaleBy {
+  float* g;
+  float coef;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const { g[i] = g[i] * coef; }
+};
+
+/// f32 clip coefficient of PyTorch's clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), NaN kept.
+TRAINKIT_HOST_DEVICE inline float clip_coefficient(float norm, float max_norm) {
+  const float coef = max_norm / (norm + 1e-6f);
+  return coef < 1.0f || coef != coef ? coef : 1.0f;
+}
+
+/// g[i] *= min(1, max_norm / (*norm + 1e-6)), computed in f32 as PyTorch's clip_grad_norm_
+/// (a NaN/inf norm propagates into the gradients, as there).
+struct ClipByNorm {
+  float* g;
+  const float* norm;
+  float max_norm;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    g[i] = g[i] * clip_coefficient(*norm, max_norm);
+  }
+};
+
+/// g[i] = clamp(g[i], -c, c); NaN stays NaN (torch.clamp_).
+struct ClipByValue {
+  float* g;
+  float c;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float x = g[i];
+    g[i] = x < -c ? -c : (x > c ? c : x);
+  }
+};
+
+template <class E, Space S>
+void check_space(const char* what) {
+  static_assert(exec::Executor<E>, "optim: pass an exec::Host or exec::Cuda");
+  static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
+                "optim: a host ParamArena needs exec::Host, a device ParamArena exec::Cuda");
+  (void)what;
+}
+
+}  // namespace detail
+
+/// The L2 norm of all gradients of `arena` (PyTorch's total_norm of clip_grad_norm_, computed
+/// in double in a fixed order: the same bits for any thread count). Asynchronous on a CUDA
+/// stream; the result stays on the device until GradNorm::get().
+template <class E, Space S>
+GradNorm grad_norm(const E& exec, const nn::ParamArena<S>& arena) {
+  detail::check_space<E, S>("grad_norm");
+  auto scratch = detail::make_norm_scratch(exec);
+  detail::sum_into(exec, arena.buffer_numel(), detail::SquaredTerm{arena.grads_data(), nullptr},
+                   &scratch->sumsq);
+  exec::launch(exec, 1, detail::FinishNorm{scratch.get()});
+  const float* data = &scratch->norm;
+  return GradNorm(std::shared_ptr<void>(std::move(scratch)), data, S);
+}
+
+/// Scales all gradients by min(1, max_norm / (norm + 1e-6)) where `norm` was computed before
+/// (e.g. by DynamicScaler::unscale_, which measures it in its own pass). Returns `norm`.
+template <class E, Space S>
+GradNorm clip_grad_norm_(const E& exec, nn::ParamArena<S>& arena, double max_norm,
+                         const GradNorm& norm) {
+  detail::check_space<E, S>("clip_grad_norm_");
+  TRAINKIT_CHECK(norm.valid() && norm.space() == S,
+                 "optim::clip_grad_norm_: the given norm is empty or in the other memory space");
+  TRAINKIT_CHECK(max_norm > 0.0, "optim::clip_grad_norm_: max_norm must be > 0, got ", max_norm);
+  if constexpr (S == Space::kHost) {
+    exec::launch(
+        exec, arena.buffer_numel(),
+        detail::ScaleBy{arena.grads_data(),
+                        detail::clip_coefficient(*norm.data(), static_cast<float>(max_norm))});
+  } else {
+    exec::launch(exec, arena.buffer_numel(),
+                 detail::ClipByNorm{arena.grads_data(), norm.data(), static_cast<float>(max_norm)});
+  }
+  return norm;
+}
+
+/// torch.nn.utils.clip_grad_norm_(params, max_norm): computes the global L2 norm of the
+/// gradients, scales them by min(1, max_norm / (norm + 1e-6)) and returns the norm (before
+/// clipping). Two passes (read; read + write), no host sync. Deterministic.
+template <class E, Space S>
+GradNorm clip_grad_norm_(const E& exec, nn::ParamArena<S>& arena, double max_norm) {
+  return clip_grad_norm_(exec, arena, max_norm, grad_norm(exec, arena));
+}
+
+/// torch.nn.utils.clip_grad_value_: clamps every gradient to [-clip_value, clip_value].
+template <class E, Space S>
+void clip_grad_value_(const E& exec, nn::ParamArena<S>& arena, double clip_value) {
+  detail::check_space<E, S>("clip_grad_value_");
+  TRAINKIT_CHECK(clip_value >= 0.0, "optim::clip_grad_value_: clip_value must be >= 0, got ",
+                 clip_value);
+  exec::launch(exec, arena.buffer_numel(),
+               detail::ClipByValue{arena.grads_data(), static_cast<float>(clip_value)});
+}
+
+}  // namespace optim
+TRAINKIT_NAMESPACE_END

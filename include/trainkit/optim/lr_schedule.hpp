@@ -1,0 +1,580 @@
+// SPDX-License-Identifier: MIT
+// trainkit/optim/lr_schedule.hpp: learning-rate schedules equal to torch.optim.lr_scheduler step
+// for step: ConstantLR, LinearLR (linear warmup), CosineAnnealingLR, StepLR, MultiStepLR,
+// ExponentialLR, SequentialLR (composition, e.g. warmup then cosine) and ReduceLROnPlateau. Like
+// PyTorch's they are stateful and recursive (each step scales the CURRENT group lr; closed forms
+// only where PyTorch uses them, at SequentialLR milestones), in double precision with PyTorch's
+// expression order, so the values agree to the last bit. They write an optimizer's LrGroups.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainkit/config.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/optim/param_groups.hpp"
+#include "trainkit/optim/state_dict.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace optim {
+
+namespace detail {
+/// Python's a % b for b > 0 (never negative).
+inline std::int64_t py_mod(std::int64_t a, std::int64_t b) { return ((a % b) + b) % b; }
+inline constexpr double kPi = 3.141592653589793;  // math.pi
+}  // namespace detail
+
+/// Base of the epoch/step schedules (PyTorch's LRScheduler): call `step()` once after each
+/// optimizer step; the optimizer reads the group learning rates it writes. Constructing a
+/// schedule performs PyTorch's initial step (it sets the lr for step 0). Not copyable (other
+/// schedules and the optimizer share the LrGroups by reference); it must not outlive them.
+class LRScheduler {
+ public:
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
+  virtual ~LRScheduler() = default;
+
+  /// Advances one step and writes the new learning rates into the groups.
+  virtual void step() {
+    ++step_count_;
+    update_lr(std::nullopt);
+  }
+
+  /// The learning rates set by the last step (PyTorch's get_last_lr()).
+  const std::vector<double>& last_lr() const noexcept { return last_lr_; }
+  /// PyTorch's last_epoch: the number of step() calls since construction.
+  std::int64_t last_epoch() const noexcept { return last_epoch_; }
+  const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
+  LrGroups& groups() noexcept { return *groups_; }
+
+  /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
+  virtual StateDict state_dict() const {
+    StateDict sd;
+    sd.set("last_epoch", last_epoch_);
+    sd.set("_step_count", step_count_);
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+      sd.set("base_lrs." + std::to_string(g), base_lrs_[g]);
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    save_options(sd);
+    return sd;
+  }
+  /// Restores state_dict() (the group learning rates themselves belong to the optimizer's state).
+  virtual void load_state_dict(const StateDict& sd) {
+    last_epoch_ = sd.get_int("last_epoch");
+    step_count_ = sd.get_int("_step_count");
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+      base_lrs_[g] = sd.get_double("base_lrs." + std::to_string(g));
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+    load_options(sd);
+  }
+
+ protected:
+  explicit LRScheduler(LrGroups& groups) : groups_(&groups) {
+    TRAINKIT_CHECK(!groups.lr.empty(), "optim LR schedule: the optimizer has no parameter groups");
+    if (groups.initial_lr.size() != groups.lr.size()) groups.initial_lr = groups.lr;
+    base_lrs_ = groups.initial_lr;
+  }
+  /// For SequentialLR, which has no base_lrs of its own.
+  struct NoInit {};
+  LRScheduler(LrGroups& groups, NoInit) : groups_(&groups) {}
+
+  /// PyTorch's _initial_step(): _step_count = 0, then step() in "initial mode".
+  void initial_step() {
+    step_count_ = 0;
+    is_initial_ = true;
+    step();
+    is_initial_ = false;
+  }
+
+  /// PyTorch's _update_lr(epoch): the recursive get_lr(), or with an explicit epoch the closed
+  /// form where one exists.
+  void update_lr(std::optional<std::int64_t> epoch) {
+    std::vector<double> values;
+    if (!epoch) {
+      ++last_epoch_;
+      values = get_lr();
+    } else {
+      last_epoch_ = *epoch;
+      std::optional<std::vector<double>> closed = closed_form_lr();
+      values = closed ? std::move(*closed) : get_lr();
+    }
+    groups_->lr = values;
+    last_lr_ = groups_->lr;
+  }
+
+  virtual std::vector<double> get_lr() = 0;
+  virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
+  virtual void save_options(StateDict&) const {}
+  virtual void load_options(const StateDict&) {}
+
+  const std::vector<double>& lrs() const noexcept { return groups_->lr; }
+  template <class F>
+  std::vector<double> map_lr(F f) const {
+    std::vector<double> out;
+    for (std::size_t g = 0; g < groups_->lr.size(); ++g) out.push_back(f(groups_->lr[g], g));
+    return out;
+  }
+  template <class F>
+  std::vector<double> map_base(F f) const {
+    std::vector<double> out;
+    for (double b : base_lrs_) out.push_back(f(b));
+    return out;
+  }
+
+  LrGroups* groups_;
+  std::vector<double> base_lrs_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_ = 0;
+  bool is_initial_ = false;
+  std::vector<double> last_lr_;
+
+  friend class SequentialLR;
+};
+
+/// torch.optim.lr_scheduler.ConstantLR: lr * factor for the first total_iters steps, then lr.
+/// factor = 1 gives a constant learning rate.
+struct ConstantLROptions {
+  double factor = 1.0 / 3;
+  std::int64_t total_iters = 5;
+};
+class ConstantLR final : public LRScheduler {
+ public:
+  /// Throws unless 0 <= factor <= 1.
+  explicit ConstantLR(LrGroups& groups, ConstantLROptions o = {}) : LRScheduler(groups), o_(o) {
+    TRAINKIT_CHECK(o.factor >= 0.0 && o.factor <= 1.0,
+                   "ConstantLR: the factor must be in [0, 1], got ", o.factor);
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    if (last_epoch_ == 0) return map_lr([&](double lr, std::size_t) { return lr * o_.factor; });
+    if (last_epoch_ != o_.total_iters) return lrs();
+    return map_lr([&](double lr, std::size_t) { return lr * (1.0 / o_.factor); });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    return map_base([&](double b) {
+      return b * (o_.factor + static_cast<double>(last_epoch_ >= o_.total_iters) * (1 - o_.factor));
+    });
+  }
+  void save_options(StateDict& sd) const override {
+    sd.set("factor", o_.factor);
+    sd.set("total_iters", o_.total_iters);
+  }
+  ConstantLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.LinearLR: the factor goes linearly from start_factor to end_factor
+/// over total_iters steps (linear warmup with end_factor = 1).
+struct LinearLROptions {
+  double start_factor = 1.0 / 3;
+  double end_factor = 1.0;
+  std::int64_t total_iters = 5;
+};
+class LinearLR final : public LRScheduler {
+ public:
+  /// Throws unless 0 < start_factor <= 1 and 0 <= end_factor <= 1.
+  explicit LinearLR(LrGroups& groups, LinearLROptions o = {}) : LRScheduler(groups), o_(o) {
+    TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
+                   "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
+    TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
+                   "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    if (last_epoch_ == 0)
+      return map_lr([&](double lr, std::size_t) { return lr * o_.start_factor; });
+    if (is_initial_ || last_epoch_ > o_.total_iters) return lrs();
+    const double d = o_.end_factor - o_.start_factor;
+    return map_lr([&](double lr, std::size_t) {
+      return lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
+                              static_cast<double>(last_epoch_ - 1) * d));
+    });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    return map_base([&](double b) {
+      return b * (o_.start_factor + (o_.end_factor - o_.start_factor) *
+                                        static_cast<double>(std::min(o_.total_iters, last_epoch_)) /
+                                        static_cast<double>(o_.total_iters));
+    });
+  }
+  void save_options(StateDict& sd) const override {
+    sd.set("start_factor", o_.start_factor);
+    sd.set("end_factor", o_.end_factor);
+    sd.set("total_iters", o_.total_iters);
+  }
+  LinearLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form
+/// (so it composes with other schedules exactly as PyTorch's does; it continues past T_max as
+/// PyTorch's does, rising again).
+struct CosineAnnealingLROptions {
+  std::int64_t t_max = 100;
+  double eta_min = 0.0;
+};
+class CosineAnnealingLR final : public LRScheduler {
+ public:
+  /// Throws unless t_max >= 1.
+  explicit CosineAnnealingLR(LrGroups& groups, CosineAnnealingLROptions o)
+      : LRScheduler(groups), o_(o) {
+    TRAINKIT_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    using detail::kPi;
+    const double t = static_cast<double>(o_.t_max);
+    const double e = static_cast<double>(last_epoch_);
+    const double eta = o_.eta_min;
+    if (is_initial_) return lrs();
+    if (step_count_ == 1 && last_epoch_ > 0) {
+      return map_lr([&](double, std::size_t g) {
+        return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
+      });
+    }
+    if (detail::py_mod(last_epoch_ - 1 - o_.t_max, 2 * o_.t_max) == 0) {
+      return map_lr([&](double lr, std::size_t g) {
+        return lr + (base_lrs_[g] - eta) * (1 - std::cos(kPi / t)) / 2;
+      });
+    }
+    return map_lr([&](double lr, std::size_t) {
+      return (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lr - eta) + eta;
+    });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    const double e = static_cast<double>(last_epoch_);
+    const double t = static_cast<double>(o_.t_max);
+    return map_base([&](double b) {
+      return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
+    });
+  }
+  void save_options(StateDict& sd) const override {
+    sd.set("T_max", o_.t_max);
+    sd.set("eta_min", o_.eta_min);
+  }
+  CosineAnnealingLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.StepLR: lr *= gamma every step_size steps.
+struct StepLROptions {
+  std::int64_t step_size = 1;
+  double gamma = 0.1;
+};
+class StepLR final : public LRScheduler {
+ public:
+  /// Throws unless step_size >= 1.
+  explicit StepLR(LrGroups& groups, StepLROptions o) : LRScheduler(groups), o_(o) {
+    TRAINKIT_CHECK(o.step_size >= 1, "StepLR: step_size must be >= 1, got ", o.step_size);
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    if (last_epoch_ == 0 || detail::py_mod(last_epoch_, o_.step_size) != 0) return lrs();
+    return map_lr([&](double lr, std::size_t) { return lr * o_.gamma; });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    const std::int64_t k = last_epoch_ >= 0 ? last_epoch_ / o_.step_size
+                                            : -((-last_epoch_ + o_.step_size - 1) / o_.step_size);
+    return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
+  }
+  void save_options(StateDict& sd) const override {
+    sd.set("step_size", o_.step_size);
+    sd.set("gamma", o_.gamma);
+  }
+  StepLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.MultiStepLR: lr *= gamma at each milestone (repeated milestones
+/// multiply repeatedly, as PyTorch's Counter does).
+struct MultiStepLROptions {
+  std::vector<std::int64_t> milestones;
+  double gamma = 0.1;
+};
+class MultiStepLR final : public LRScheduler {
+ public:
+  explicit MultiStepLR(LrGroups& groups, MultiStepLROptions o)
+      : LRScheduler(groups), o_(std::move(o)) {
+    std::sort(o_.milestones.begin(), o_.milestones.end());
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    const auto count = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
+    if (count == 0) return lrs();
+    return map_lr([&](double lr, std::size_t) {
+      return lr * std::pow(o_.gamma, static_cast<double>(count));
+    });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    const auto k = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) -
+                   o_.milestones.begin();
+    return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
+  }
+  void save_options(StateDict& sd) const override {
+    sd.set("gamma", o_.gamma);
+    sd.set("milestones", static_cast<std::int64_t>(o_.milestones.size()));
+    for (std::size_t i = 0; i < o_.milestones.size(); ++i)
+      sd.set("milestones." + std::to_string(i), o_.milestones[i]);
+  }
+  MultiStepLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.ExponentialLR: lr *= gamma every step.
+struct ExponentialLROptions {
+  double gamma = 0.99;
+};
+class ExponentialLR final : public LRScheduler {
+ public:
+  explicit ExponentialLR(LrGroups& groups, ExponentialLROptions o) : LRScheduler(groups), o_(o) {
+    initial_step();
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    if (is_initial_) return lrs();
+    return map_lr([&](double lr, std::size_t) { return lr * o_.gamma; });
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    return map_base(
+        [&](double b) { return b * std::pow(o_.gamma, static_cast<double>(last_epoch_)); });
+  }
+  void save_options(StateDict& sd) const override { sd.set("gamma", o_.gamma); }
+  ExponentialLROptions o_;
+};
+
+/// torch.optim.lr_scheduler.SequentialLR: schedules[i] runs from milestones[i-1] on; at a
+/// milestone the next schedule restarts from its closed form at epoch 0. All schedules must
+/// write the same LrGroups. Takes ownership of them.
+class SequentialLR final : public LRScheduler {
+ public:
+  /// Throws unless there is one milestone fewer than schedules, the milestones increase, and
+  /// every schedule writes `groups`.
+  SequentialLR(LrGroups& groups, std::vector<std::unique_ptr<LRScheduler>> schedules,
+               std::vector<std::int64_t> milestones)
+      : LRScheduler(groups, NoInit{}),
+        schedules_(std::move(schedules)),
+        milestones_(std::move(milestones)) {
+    TRAINKIT_CHECK(!schedules_.empty(), "SequentialLR expects at least one schedule");
+    TRAINKIT_CHECK(milestones_.size() + 1 == schedules_.size(), "SequentialLR: ", schedules_.size(),
+                   " schedules need ", schedules_.size() - 1, " milestones, got ",
+                   milestones_.size());
+    TRAINKIT_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
+                   "SequentialLR: the milestones must be non-decreasing");
+    for (const auto& s : schedules_) {
+      TRAINKIT_CHECK(s != nullptr && s->groups_ == &groups,
+                     "SequentialLR: every schedule must belong to the same optimizer (LrGroups)");
+      TRAINKIT_CHECK(dynamic_cast<const SequentialLR*>(s.get()) == nullptr,
+                     "SequentialLR: nested SequentialLR is not supported");
+    }
+    last_epoch_ = 0;
+    groups.lr = groups.initial_lr;
+    for (auto& s : schedules_) s->last_epoch_ -= 1;
+    LRScheduler& first = *schedules_[index_of(0)];
+    first.initial_step();
+    last_lr_ = first.last_lr();
+  }
+
+  void step() override {
+    ++last_epoch_;
+    const std::size_t idx = index_of(last_epoch_);
+    LRScheduler& s = *schedules_[idx];
+    if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
+      s.update_lr(0);
+    } else {
+      s.step();
+    }
+    last_lr_ = s.last_lr();
+  }
+
+  /// Its own last_epoch, _last_lr and milestones, and each schedule's under "_schedulers.<i>".
+  StateDict state_dict() const override {
+    StateDict sd;
+    sd.set("last_epoch", last_epoch_);
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    for (std::size_t i = 0; i < milestones_.size(); ++i)
+      sd.set("_milestones." + std::to_string(i), milestones_[i]);
+    for (std::size_t i = 0; i < schedules_.size(); ++i)
+      sd.merge("_schedulers." + std::to_string(i), schedules_[i]->state_dict());
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) override {
+    last_epoch_ = sd.get_int("last_epoch");
+    last_lr_.assign(groups_->lr.size(), 0.0);
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+    for (std::size_t i = 0; i < schedules_.size(); ++i)
+      schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
+  }
+
+ private:
+  std::vector<double> get_lr() override {
+    TRAINKIT_FAIL("SequentialLR has no get_lr (it delegates to its schedules)");
+  }
+  std::size_t index_of(std::int64_t epoch) const {
+    return static_cast<std::size_t>(
+        std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin());
+  }
+  std::vector<std::unique_ptr<LRScheduler>> schedules_;
+  std::vector<std::int64_t> milestones_;
+};
+
+/// Linear warmup then cosine decay, the usual LLM schedule, as PyTorch users write it:
+/// SequentialLR([LinearLR(start_factor, 1, warmup_steps), CosineAnnealingLR(total_steps -
+/// warmup_steps, eta_min)], milestones = [warmup_steps]).
+struct WarmupCosineOptions {
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 1;
+  double warmup_start_factor = 1e-3;
+  double eta_min = 0.0;
+};
+/// Throws unless 0 < warmup_steps < total_steps.
+inline std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o) {
+  TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
+                 "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
+                 " and ", o.total_steps);
+  std::vector<std::unique_ptr<LRScheduler>> s;
+  s.push_back(std::make_unique<LinearLR>(
+      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
+  s.push_back(std::make_unique<CosineAnnealingLR>(
+      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
+  return std::make_unique<SequentialLR>(groups, std::move(s),
+                                        std::vector<std::int64_t>{o.warmup_steps});
+}
+
+/// torch.optim.lr_scheduler.ReduceLROnPlateau: step(metric) after each evaluation; after more
+/// than `patience` evaluations without improvement (beyond `threshold`, relative or absolute)
+/// every group's lr becomes max(lr * factor, min_lr) if that changes it by more than eps; then
+/// `cooldown` evaluations are not counted.
+struct ReduceLROnPlateauOptions {
+  enum class Mode : std::uint8_t { kMin, kMax };
+  enum class ThresholdMode : std::uint8_t { kRel, kAbs };
+  Mode mode = Mode::kMin;
+  double factor = 0.1;
+  std::int64_t patience = 10;
+  double threshold = 1e-4;
+  ThresholdMode threshold_mode = ThresholdMode::kRel;
+  std::int64_t cooldown = 0;
+  std::vector<double> min_lr = {0.0};  ///< one value for all groups, or one per group
+  double eps = 1e-8;
+};
+class ReduceLROnPlateau {
+ public:
+  using Options = ReduceLROnPlateauOptions;
+  /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
+  explicit ReduceLROnPlateau(LrGroups& groups, Options o = {})
+      : groups_(&groups), o_(std::move(o)) {
+    TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
+    TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
+                   "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
+                   o_.min_lr.size());
+    if (o_.min_lr.size() == 1) o_.min_lr.assign(groups.lr.size(), o_.min_lr[0]);
+    last_lr_ = groups.lr;
+    reset();
+  }
+
+  /// One evaluation's metric (e.g. validation loss).
+  void step(double metric) {
+    const double current = metric;
+    last_epoch_ += 1;
+    if (is_better(current, best_)) {
+      best_ = current;
+      num_bad_epochs_ = 0;
+    } else {
+      num_bad_epochs_ += 1;
+    }
+    if (cooldown_counter_ > 0) {
+      cooldown_counter_ -= 1;
+      num_bad_epochs_ = 0;
+    }
+    if (num_bad_epochs_ > o_.patience) {
+      for (std::size_t g = 0; g < groups_->lr.size(); ++g) {
+        const double old_lr = groups_->lr[g];
+        const double new_lr = std::max(old_lr * o_.factor, o_.min_lr[g]);
+        if (old_lr - new_lr > o_.eps) groups_->lr[g] = new_lr;
+      }
+      cooldown_counter_ = o_.cooldown;
+      num_bad_epochs_ = 0;
+    }
+    last_lr_ = groups_->lr;
+  }
+
+  const std::vector<double>& last_lr() const noexcept { return last_lr_; }
+  double best() const noexcept { return best_; }
+  std::int64_t num_bad_epochs() const noexcept { return num_bad_epochs_; }
+  std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
+  std::int64_t last_epoch() const noexcept { return last_epoch_; }
+
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set("best", best_);
+    sd.set("num_bad_epochs", num_bad_epochs_);
+    sd.set("cooldown_counter", cooldown_counter_);
+    sd.set("last_epoch", last_epoch_);
+    sd.set("factor", o_.factor);
+    sd.set("patience", o_.patience);
+    sd.set("threshold", o_.threshold);
+    sd.set("cooldown", o_.cooldown);
+    sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
+    sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) {
+    best_ = sd.get_double("best");
+    num_bad_epochs_ = sd.get_int("num_bad_epochs");
+    cooldown_counter_ = sd.get_int("cooldown_counter");
+    last_epoch_ = sd.get_int("last_epoch");
+    o_.factor = sd.get_double("factor");
+    o_.patience = sd.get_int("patience");
+    o_.threshold = sd.get_double("threshold");
+    o_.cooldown = sd.get_int("cooldown");
+    o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
+    o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
+                                                                 : Options::ThresholdMode::kAbs;
+    for (std::size_t g = 0; g < last_lr_.size(); ++g)
+      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+  }
+
+ private:
+  void reset() {
+    best_ = o_.mode == Options::Mode::kMin ? std::numeric_limits<double>::infinity()
+                                           : -std::numeric_limits<double>::infinity();
+    cooldown_counter_ = 0;
+    num_bad_epochs_ = 0;
+  }
+  bool is_better(double a, double best) const {
+    const bool rel = o_.threshold_mode == Options::ThresholdMode::kRel;
+    if (o_.mode == Options::Mode::kMin)
+      return rel ? a < best * (1.0 - o_.threshold) : a < best - o_.threshold;
+    return rel ? a > best * (o_.threshold + 1.0) : a > best + o_.threshold;
+  }
+
+  LrGroups* groups_;
+  Options o_;
+  double best_ = 0.0;
+  std::int64_t num_bad_epochs_ = 0;
+  std::int64_t cooldown_counter_ = 0;
+  std::int64_t last_epoch_ = 0;
+  std::vector<double> last_lr_;
+};
+
+}  // namespace optim
+TRAINKIT_NAMESPACE_END

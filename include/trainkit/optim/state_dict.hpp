@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: MIT
+// trainkit/optim/state_dict.hpp: `StateDict`, what every stateful training object (optimizers,
+// loss scalers, LR schedules, EMA) hands to a checkpoint and takes back: named host tensors
+// (AnyTensor) plus named scalars kept as strings. Strings because safetensors' `__metadata__` is a
+// string map; numbers are written in the shortest form that reads back to the same bits.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/any_tensor.hpp"
+#include "trainkit/error.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+
+/// Named tensors and named scalars of one object (or of several, under key prefixes).
+/// Tensors are host copies (a state_dict of device state downloads it: a host sync). Copying a
+/// StateDict copies the tensors' bytes.
+struct StateDict {
+  std::map<std::string, AnyTensor> tensors;
+  std::map<std::string, std::string> values;
+
+  StateDict() = default;
+  StateDict(StateDict&&) noexcept = default;
+  StateDict& operator=(StateDict&&) noexcept = default;
+  StateDict(const StateDict& other) : values(other.values) {
+    for (const auto& [k, t] : other.tensors) tensors.emplace(k, AnyTensor::copy_of(t.view()));
+  }
+  StateDict& operator=(const StateDict& other) {
+    if (this != &other) *this = StateDict(other);
+    return *this;
+  }
+
+  bool empty() const noexcept { return tensors.empty() && values.empty(); }
+  bool contains(std::string_view key) const {
+    return values.count(std::string(key)) != 0 || tensors.count(std::string(key)) != 0;
+  }
+
+  /// Stores a number; doubles round-trip exactly (shortest representation, std::to_chars).
+  void set(std::string key, double value) { values[std::move(key)] = number_to_string(value); }
+  void set(std::string key, std::int64_t value) { values[std::move(key)] = std::to_string(value); }
+  void set(std::string key, int value) { set(std::move(key), std::int64_t{value}); }
+  void set(std::string key, bool value) { set(std::move(key), std::int64_t{value ? 1 : 0}); }
+  void set(std::string key, std::string value) { values[std::move(key)] = std::move(value); }
+  void set(std::string key, const char* value) { values[std::move(key)] = value; }
+
+  /// The scalar `key`; throws trainkit::Error naming the key when absent or not a number.
+  double get_double(std::string_view key) const {
+    const std::string& text = get_string(key);
+    double value = 0.0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
+                   "' is '", text, "', not a number");
+    return value;
+  }
+  std::int64_t get_int(std::string_view key) const {
+    const std::string& text = get_string(key);
+    std::int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
+                   "' is '", text, "', not an integer");
+    return value;
+  }
+  const std::string& get_string(std::string_view key) const {
+    const auto it = values.find(std::string(key));
+    TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", key, "'");
+    return it->second;
+  }
+  /// The tensor `key`; throws naming the key when absent.
+  const AnyTensor& tensor(std::string_view key) const {
+    const auto it = tensors.find(std::string(key));
+    TRAINKIT_CHECK(it != tensors.end(), "state dict: missing tensor '", key, "'");
+    return it->second;
+  }
+
+  /// Moves every entry of `other` in under "<prefix>.<key>" (composition of state dicts).
+  void merge(std::string_view prefix, StateDict other) {
+    const std::string p = std::string(prefix) + ".";
+    for (auto& [k, v] : other.values) values[p + k] = std::move(v);
+    for (auto& [k, t] : other.tensors) tensors[p + k] = std::move(t);
+  }
+  /// The entries under "<prefix>." with the prefix removed (tensors are deep-copied).
+  StateDict sub(std::string_view prefix) const {
+    const std::string p = std::string(prefix) + ".";
+    StateDict out;
+    for (auto it = values.lower_bound(p); it != values.end() && it->first.starts_with(p); ++it)
+      out.values[it->first.substr(p.size())] = it->second;
+    for (auto it = tensors.lower_bound(p); it != tensors.end() && it->first.starts_with(p); ++it)
+      out.tensors[it->first.substr(p.size())] = AnyTensor::copy_of(it->second.view());
+    return out;
+  }
+
+  /// Shortest decimal form that parses back to the same double ("inf", "-inf", "nan" included).
+  static std::string number_to_string(double value) {
+    char buffer[64];
+    const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+    return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
+  }
+};
+
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,322 @@
+// Tests for amp/grad_scaler.hpp and optim/grad_norm.hpp: DynamicScaler against
+// torch.amp.GradScaler with inf/NaN gradients injected at chosen steps (scale and growth tracker
+// exactly, parameters within 1e-6, with AdamW, with SGD + clip_grad_norm_ after unscale_, and
+// with clipping folded into the step), PyTorch's update rule (init 65536, growth after
+// growth_interval clean steps including the default 2000, backoff, never inf), the five-key
+// state_dict, the per-step protocol errors, StaticScaler, and the gradient norm / clipping passes
+// against float64.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/grad_norm.hpp>
+#include <trainkit/optim/sgd.hpp>
+
+#include "optim_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace optim = trainkit::optim;
+namespace amp = trainkit::amp;
+using optest::Reference;
+using Arena = tk::nn::ParamArena<tk::Space::kHost>;
+constexpr double kTol = 1e-6;
+
+tk::exec::Host& pool() {
+  static tk::exec::Host host(2);
+  return host;
+}
+
+enum class ClipMode { kNone, kUnscaleThenClip, kFolded };
+
+// Replays make_reference.py's run_scaled: scaled gradients (grad * scale in f32) with inf/NaN
+// written into layer.bias[1] at the reference's inf steps.
+template <class Opt>
+void run_scaled(const std::string& c, Arena& arena, Opt& opt, std::int64_t growth_interval,
+                ClipMode clip, double max_norm) {
+  const Reference& ref = Reference::get();
+  amp::DynamicScaler scaler(pool(), {.growth_interval = growth_interval});
+  const optest::RefTensor& infs = ref[c + "/inf_steps"];
+  const std::int64_t bias = arena.info(arena.at("layer.bias")).offset;
+  double worst = 0.0;
+  int skipped = 0;
+  for (int t = 1; t <= optest::kSteps; ++t) {
+    arena.zero_grad();  // as a training loop does (clipping by a NaN norm poisons the padding too)
+    optest::load_grads(arena, t, scaler.scale());
+    for (std::size_t k = 0; k < infs.values.size(); ++k)
+      if (static_cast<int>(infs.values[k]) == t) {
+        // The same injected values as the generator: inf, -inf, nan, inf, nan, inf, nan.
+        static const float kBad[] = {
+            std::numeric_limits<float>::infinity(),  -std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::quiet_NaN()};
+        arena.grads_data()[bias + 1] = kBad[k];
+      }
+    if (clip == ClipMode::kUnscaleThenClip) {
+      const optim::GradNorm norm = scaler.unscale_(pool(), arena);
+      optim::clip_grad_norm_(pool(), arena, max_norm, norm);
+      opt.step(pool(), scaler);
+    } else if (clip == ClipMode::kFolded) {
+      opt.step(pool(), scaler, {.max_norm = max_norm});
+    } else {
+      opt.step(pool(), scaler);
+    }
+    INFO(c << " step " << t);
+    CHECK(opt.last_step_skipped() == (ref[c + "/skipped"].values[t - 1] != 0.0));
+    skipped += opt.last_step_skipped() ? 1 : 0;
+    scaler.update(pool());
+    REQUIRE(scaler.scale() == ref[c + "/scale"].values[t - 1]);
+    REQUIRE(scaler.growth_tracker() ==
+            static_cast<std::int32_t>(ref[c + "/growth_tracker"].values[t - 1]));
+    if (optest::snapshot_row(t) >= 0) {
+      worst = std::max(worst, optest::param_error(arena, c, t));
+      REQUIRE(worst <= kTol);
+    }
+  }
+  CHECK(skipped == static_cast<int>(infs.values.size()));
+  CHECK(opt.step_count() == optest::kSteps - skipped);
+  MESSAGE(c << ": worst rel error " << worst << ", final scale " << scaler.scale());
+}
+
+struct Fixture {
+  Arena arena;
+  Fixture() {
+    optest::build_model(arena);
+    optest::load_init(arena);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("DynamicScaler + fused optimizer match torch.amp.GradScaler with injected inf/NaN") {
+  SUBCASE("AdamW, growth_interval 5") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-3, .weight_decay = 0.05});
+    run_scaled("scaler_adamw", f.arena, opt, 5, ClipMode::kNone, 0.0);
+    const Reference& ref = Reference::get();
+    for (const char* s : {"exp_avg", "exp_avg_sq"})
+      for (const auto& [name, shape] : optest::model_shapes()) {
+        const auto& r = ref[std::string("scaler_adamw/state/") + name + "." + s];
+        CHECK(optest::rel_error(f.arena.state(s).data() + f.arena.info(f.arena.at(name)).offset,
+                                r.values.data(), r.numel()) <= kTol);
+      }
+  }
+  SUBCASE("SGD momentum, unscale_ then clip_grad_norm_(1.0), growth_interval 7") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.02, .momentum = 0.9});
+    run_scaled("scaler_sgd_clip", f.arena, opt, 7, ClipMode::kUnscaleThenClip, 1.0);
+  }
+  SUBCASE("SGD momentum, clipping folded into the step") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.02, .momentum = 0.9});
+    run_scaled("scaler_sgd_clip", f.arena, opt, 7, ClipMode::kFolded, 1.0);
+  }
+  SUBCASE("AdamW, clip 0.5 via unscale_, growth_interval 3") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-3});
+    run_scaled("scaler_adamw_clip", f.arena, opt, 3, ClipMode::kUnscaleThenClip, 0.5);
+  }
+  SUBCASE("AdamW, clip 0.5 folded into the step") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-3});
+    run_scaled("scaler_adamw_clip", f.arena, opt, 3, ClipMode::kFolded, 0.5);
+  }
+}
+
+TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
+  Arena arena;
+  arena.add("w", tk::Shape{33});
+  arena.finalize();
+  auto clean_step = [&](amp::DynamicScaler& s) {
+    s.unscale_(pool(), arena);
+    s.update(pool());
+  };
+  auto inf_step = [&](amp::DynamicScaler& s) {
+    arena.grads_data()[5] = std::numeric_limits<float>::infinity();
+    s.unscale_(pool(), arena);
+    CHECK(s.found_inf());
+    s.update(pool());
+    arena.zero_grad();
+  };
+  SUBCASE("defaults: 65536, x2 at the 2000th clean step, /2 on overflow") {
+    amp::DynamicScaler s(pool());
+    CHECK(s.scale() == 65536.0f);
+    inf_step(s);
+    CHECK(s.scale() == 32768.0f);
+    CHECK(s.growth_tracker() == 0);
+    for (int i = 0; i < 1999; ++i) clean_step(s);
+    CHECK(s.scale() == 32768.0f);
+    CHECK(s.growth_tracker() == 1999);
+    clean_step(s);
+    CHECK(s.scale() == 65536.0f);
+    CHECK(s.growth_tracker() == 0);
+    for (int i = 0; i < 10; ++i) clean_step(s);
+    inf_step(s);
+    CHECK(s.scale() == 32768.0f);
+    CHECK(s.growth_tracker() == 0);
+  }
+  SUBCASE("growth_interval 1 doubles every clean step and never reaches inf") {
+    amp::DynamicScaler s(pool(), {.init_scale = 0x1p120, .growth_interval = 1});
+    for (int i = 0; i < 20; ++i) {
+      clean_step(s);
+      CHECK(std::isfinite(s.scale()));
+    }
+    CHECK(s.scale() == 0x1p127f);
+    CHECK(s.growth_tracker() == 0);
+    inf_step(s);
+    CHECK(s.scale() == 0x1p126f);
+  }
+  SUBCASE("update(new_scale) and custom factors") {
+    amp::DynamicScaler s(
+        pool(),
+        {.init_scale = 8.0, .growth_factor = 3.0, .backoff_factor = 0.25, .growth_interval = 2});
+    clean_step(s);
+    clean_step(s);
+    CHECK(s.scale() == 24.0f);
+    inf_step(s);
+    CHECK(s.scale() == 6.0f);
+    s.unscale_(pool(), arena);
+    s.update(pool(), 1024.0);
+    CHECK(s.scale() == 1024.0f);
+  }
+  SUBCASE("unscale_ multiplies by the f32 inverse scale and measures the unscaled norm") {
+    amp::DynamicScaler s(pool(), {.init_scale = 1024.0});
+    double sum = 0.0;
+    for (int i = 0; i < 33; ++i) {
+      arena.grads_data()[i] = 1024.0f * (0.25f * static_cast<float>(i) - 3.0f);
+      sum += std::pow(0.25 * i - 3.0, 2);
+    }
+    const optim::GradNorm n = s.unscale_(pool(), arena);
+    CHECK(n.get() == doctest::Approx(std::sqrt(sum)).epsilon(1e-7));
+    for (int i = 0; i < 33; ++i)
+      CHECK(arena.grads_data()[i] == 0.25f * static_cast<float>(i) - 3.0f);
+    CHECK_FALSE(s.found_inf());
+    arena.zero_grad();
+  }
+}
+
+TEST_CASE("DynamicScaler: state_dict has PyTorch's five keys and round-trips") {
+  Arena arena;
+  arena.add("w", tk::Shape{4});
+  arena.finalize();
+  amp::DynamicScaler s(pool(), {.growth_interval = 10});
+  for (int i = 0; i < 3; ++i) {
+    s.unscale_(pool(), arena);
+    s.update(pool());
+  }
+  const tk::StateDict sd = s.state_dict();
+  CHECK(sd.values.size() == 5);
+  CHECK(sd.tensors.empty());
+  CHECK(sd.get_double("scale") == 65536.0);
+  CHECK(sd.get_double("growth_factor") == 2.0);
+  CHECK(sd.get_double("backoff_factor") == 0.5);
+  CHECK(sd.get_int("growth_interval") == 10);
+  CHECK(sd.get_int("_growth_tracker") == 3);
+  amp::DynamicScaler r(pool());
+  r.load_state_dict(sd);
+  CHECK(r.growth_tracker() == 3);
+  CHECK(r.options().growth_interval == 10);
+  CHECK_THROWS_AS(r.load_state_dict(tk::StateDict{}), tk::Error);
+  amp::DynamicScaler off(pool(), {.enabled = false});
+  CHECK(off.state_dict().empty());
+  CHECK(off.scale() == 1.0f);
+  // A disabled scaler is PyTorch's enabled=False: plain steps, no checks, no skipping.
+  optim::SGD opt(arena, {.lr = 1.0});
+  arena.grads_data()[0] = 2.0f;
+  for (int i = 0; i < 2; ++i) {
+    opt.step(pool(), off);
+    off.update(pool());
+  }
+  CHECK(arena.params_data()[0] == -4.0f);
+}
+
+TEST_CASE("DynamicScaler: per-step protocol as PyTorch's (errors instead of silent misuse)") {
+  Arena arena;
+  arena.add("w", tk::Shape{4});
+  arena.finalize();
+  optim::SGD opt(arena, {.lr = 0.1});
+  amp::DynamicScaler s(pool());
+  CHECK_THROWS_AS(s.update(pool()), tk::Error);  // no inf check recorded
+  s.unscale_(pool(), arena);
+  CHECK_THROWS_AS(s.unscale_(pool(), arena), tk::Error);  // twice
+  opt.step(pool(), s);
+  CHECK_THROWS_AS(opt.step(pool(), s), tk::Error);        // step twice
+  CHECK_THROWS_AS(s.unscale_(pool(), arena), tk::Error);  // after step
+  s.update(pool());
+  opt.step(pool(), s);
+  s.update(pool());
+  CHECK(opt.step_count() == 2);
+  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.growth_factor = 1.0}), tk::Error);
+  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.backoff_factor = 1.0}), tk::Error);
+  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.growth_interval = 0}), tk::Error);
+  static_assert(amp::is_dynamic_loss_scaler_v<amp::GradScaler>);
+  static_assert(amp::is_loss_scaler_v<amp::StaticScaler>);
+  static_assert(!amp::is_dynamic_loss_scaler_v<amp::StaticScaler>);
+}
+
+TEST_CASE("StaticScaler: fixed scale, still skips inf/NaN steps") {
+  Arena arena;
+  arena.add("w", tk::Shape{4});
+  arena.finalize();
+  optim::SGD opt(arena, {.lr = 0.5});
+  amp::StaticScaler s(pool(), 128.0);
+  for (int i = 0; i < 4; ++i) arena.grads_data()[i] = 128.0f * static_cast<float>(i);
+  opt.step(pool(), s);
+  s.update(pool());
+  CHECK(arena.params_data()[3] == -1.5f);
+  arena.grads_data()[0] = std::numeric_limits<float>::quiet_NaN();
+  opt.step(pool(), s);
+  s.update(pool());
+  CHECK(opt.last_step_skipped());
+  CHECK(arena.params_data()[3] == -1.5f);
+  CHECK(s.scale() == 128.0f);
+  CHECK(s.state_dict().get_double("scale") == 128.0);
+}
+
+TEST_CASE("grad_norm / clip_grad_norm_ / clip_grad_value_ against float64, any thread count") {
+  auto make = [](Arena& a) {
+    a.add("a", tk::Shape{100003});
+    a.add("b", tk::Shape{7});
+    a.finalize();
+    for (std::int64_t i = 0; i < a.buffer_numel(); ++i)
+      a.grads_data()[i] = std::sin(0.37f * static_cast<float>(i)) * 0.01f;
+  };
+  Arena a, b;
+  make(a);
+  make(b);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < a.buffer_numel(); ++i)
+    sum += double(a.grads_data()[i]) * a.grads_data()[i];
+  const double norm = std::sqrt(sum);
+  tk::exec::Host one(1);
+  const optim::GradNorm n1 = optim::clip_grad_norm_(one, a, 0.5);
+  const optim::GradNorm n2 = optim::clip_grad_norm_(pool(), b, 0.5);
+  CHECK(n1.get() == doctest::Approx(norm).epsilon(1e-7));
+  CHECK(n1.get() == n2.get());  // deterministic: same bits for 1 and 2 threads
+  CHECK(std::memcmp(a.grads_data(), b.grads_data(),
+                    static_cast<std::size_t>(a.buffer_numel()) * sizeof(float)) == 0);
+  const double coef = 0.5 / (norm + 1e-6);
+  CHECK(a.grads_data()[1] == doctest::Approx(std::sin(0.37f) * 0.01f * coef).epsilon(1e-6));
+  CHECK(optim::grad_norm(pool(), a).get() == doctest::Approx(0.5).epsilon(1e-6));
+  // A norm below max_norm leaves the gradients alone (coefficient clamped to 1).
+  const float g1 = a.grads_data()[1];
+  optim::clip_grad_norm_(pool(), a, 10.0);
+  CHECK(a.grads_data()[1] == g1);
+  optim::clip_grad_value_(pool(), a, 1e-3);
+  float biggest = 0.0f;
+  for (std::int64_t i = 0; i < a.buffer_numel(); ++i)
+    biggest = std::max(biggest, std::abs(a.grads_data()[i]));
+  CHECK(biggest == 1e-3f);
+  CHECK_THROWS_AS(optim::clip_grad_norm_(pool(), a, 0.0), tk::Error);
+}

@@ -1,0 +1,168 @@
+// Tests for the smaller optim/ pieces: glob patterns and group assignment, StateDict (exact
+// number round trips, prefixes, deep copies), Ema against a float64 lerp (and its state_dict),
+// GradAccumulation (N micro-batches of loss / N give the full-batch step), and the optimizers'
+// LrGroups being what schedules drive.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <trainkit/exec/host.hpp>
+#include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/ema.hpp>
+#include <trainkit/optim/grad_accumulation.hpp>
+#include <trainkit/optim/lr_schedule.hpp>
+#include <trainkit/optim/param_groups.hpp>
+#include <trainkit/optim/sgd.hpp>
+#include <trainkit/optim/state_dict.hpp>
+
+namespace {
+namespace tk = trainkit;
+namespace optim = trainkit::optim;
+using Arena = tk::nn::ParamArena<tk::Space::kHost>;
+
+tk::exec::Host& pool() {
+  static tk::exec::Host host(2);
+  return host;
+}
+}  // namespace
+
+TEST_CASE("glob_match and assign_groups") {
+  CHECK(optim::glob_match("*.bias", "blocks.0.attn.bias"));
+  CHECK_FALSE(optim::glob_match("*.bias", "blocks.0.attn.bias_x"));
+  CHECK(optim::glob_match("*ln*", "blocks.3.ln_1.weight"));
+  CHECK_FALSE(optim::glob_match("*ln*", "layer.weight"));
+  CHECK(optim::glob_match("blocks.?.mlp.*", "blocks.7.mlp.c_fc.weight"));
+  CHECK_FALSE(optim::glob_match("blocks.?.mlp.*", "blocks.11.mlp.c_fc.weight"));
+  CHECK(optim::glob_match("*", ""));
+  CHECK(optim::glob_match("a*b*c", "aXbYbZc"));
+  CHECK_FALSE(optim::glob_match("a*b*c", "aXbYbZ"));
+  CHECK(optim::glob_match("exact", "exact"));
+  const std::vector<std::string> names = {"wte.weight", "h.0.ln_1.weight", "h.0.attn.bias",
+                                          "h.0.attn.weight", "lm_head.weight"};
+  const std::vector<int> g = optim::assign_groups(
+      names, {optim::no_weight_decay({"*.bias", "*ln*"}), {{"lm_head.*"}, 1e-4, std::nullopt}});
+  CHECK(g == std::vector<int>{0, 1, 1, 0, 2});
+}
+
+TEST_CASE("StateDict: numbers round-trip exactly, prefixes compose, copies are deep") {
+  tk::StateDict sd;
+  sd.set("a", 0.1);
+  sd.set("b", std::numeric_limits<double>::infinity());
+  sd.set("c", std::int64_t{-42});
+  sd.set("d", "min");
+  sd.set("e", 1.0 / 3.0);
+  CHECK(sd.get_double("a") == 0.1);
+  CHECK(sd.get_double("b") == std::numeric_limits<double>::infinity());
+  CHECK(sd.get_int("c") == -42);
+  CHECK(sd.get_string("d") == "min");
+  CHECK(sd.get_double("e") == 1.0 / 3.0);
+  CHECK_THROWS_AS(sd.get_int("d"), tk::Error);
+  CHECK_THROWS_AS(sd.get_double("missing"), tk::Error);
+  tk::AnyTensor t(tk::DType::kF32, tk::Shape{2});
+  const float v[2] = {1.5f, -2.0f};
+  std::memcpy(t.data(), v, sizeof v);
+  sd.tensors["w"] = std::move(t);
+  tk::StateDict outer;
+  outer.merge("inner", sd);
+  CHECK(outer.get_double("inner.a") == 0.1);
+  const tk::StateDict back = outer.sub("inner");
+  CHECK(back.values == sd.values);
+  const tk::StateDict copy = back;
+  CHECK(copy.tensor("w").data() != back.tensor("w").data());
+  CHECK(copy.tensor("w").as<float, 1>()(1) == -2.0f);
+}
+
+TEST_CASE("Ema: first update copies, then lerps with weight 1 - decay (float64 reference)") {
+  Arena arena;
+  arena.add("w", tk::Shape{50000});
+  arena.add("b", tk::Shape{3});
+  arena.finalize();
+  optim::Ema ema(arena, {.decay = 0.9});
+  std::vector<double> ref(static_cast<std::size_t>(arena.buffer_numel()));
+  for (int step = 0; step < 5; ++step) {
+    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+      arena.params_data()[i] = std::sin(0.01f * static_cast<float>(i) + static_cast<float>(step));
+    ema.update(pool());
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      ref[i] = step == 0 ? arena.params_data()[i] : 0.9 * ref[i] + 0.1 * arena.params_data()[i];
+  }
+  double worst = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    worst = std::max(worst, std::abs(ema.data()[i] - ref[i]));
+  CHECK(worst < 1e-6);
+  CHECK(ema.num_updates() == 5);
+  const tk::StateDict sd = ema.state_dict();
+  CHECK(sd.tensor("w").shape() == tk::Shape{50000});
+  optim::Ema other(arena, {.decay = 0.5});
+  other.load_state_dict(sd);
+  CHECK(other.decay() == 0.9);
+  CHECK(std::memcmp(other.data(), ema.data(), 50000 * sizeof(float)) == 0);
+  Arena eval;
+  eval.add("w", tk::Shape{50000});
+  eval.add("b", tk::Shape{3});
+  eval.finalize();
+  ema.copy_to(pool(), eval);
+  CHECK(eval.params_data()[123] == ema.data()[123]);
+}
+
+TEST_CASE("GradAccumulation: 4 micro-batches of loss / 4 give the full-batch SGD step") {
+  optim::GradAccumulation acc(4);
+  CHECK(acc.loss_scale() == 0.25f);
+  Arena a, b;
+  for (Arena* x : {&a, &b}) {
+    x->add("w", tk::Shape{8});
+    x->finalize();
+  }
+  optim::SGD opt_a(a, {.lr = 0.5});
+  optim::SGD opt_b(b, {.lr = 0.5});
+  // Per-sample gradients k * (i + 1); the full batch's mean gradient is their average.
+  int steps = 0;
+  for (int k = 1; k <= 4; ++k) {
+    CHECK(acc.index() == k - 1);
+    CHECK(acc.is_last() == (k == 4));
+    for (int i = 0; i < 8; ++i) a.grads_data()[i] += acc.loss_scale() * float(k * (i + 1));
+    if (acc.micro_step()) {
+      opt_a.step(pool());
+      a.zero_grad();
+      ++steps;
+    }
+  }
+  for (int i = 0; i < 8; ++i) b.grads_data()[i] = 2.5f * float(i + 1);
+  opt_b.step(pool());
+  CHECK(steps == 1);
+  CHECK(acc.steps() == 1);
+  CHECK(std::memcmp(a.params_data(), b.params_data(), 8 * sizeof(float)) == 0);
+  optim::GradAccumulation r(4);
+  r.load_state_dict(acc.state_dict());
+  CHECK(r.steps() == 1);
+  CHECK_THROWS_AS(optim::GradAccumulation(0), tk::Error);
+  CHECK_THROWS_AS(optim::GradAccumulation(3).load_state_dict(acc.state_dict()), tk::Error);
+}
+
+TEST_CASE("a schedule drives an optimizer's group learning rates") {
+  Arena arena;
+  arena.add("w", tk::Shape{4});
+  arena.add("b.bias", tk::Shape{4});
+  arena.finalize();
+  optim::AdamW opt(arena, {.lr = 1e-3}, {{{"*.bias"}, 2e-3, 0.0}});
+  optim::StepLR sched(opt.lr_groups(), {.step_size = 2, .gamma = 0.5});
+  for (int t = 0; t < 4; ++t) {
+    opt.step(pool());
+    sched.step();
+  }
+  CHECK(opt.lr(0) == 2.5e-4);
+  CHECK(opt.lr(1) == 5e-4);
+  // The schedule holds the optimizer's LrGroups, which stay put when the optimizer moves.
+  optim::AdamW<> moved(std::move(opt));
+  sched.step();
+  sched.step();
+  CHECK(moved.lr(0) == 1.25e-4);
+  CHECK(moved.weight_decay(1) == 0.0);
+  const tk::StateDict sd = moved.state_dict();
+  CHECK(sd.get_double("group.1.initial_lr") == 2e-3);
+}

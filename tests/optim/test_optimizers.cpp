@@ -1,0 +1,451 @@
+// Tests for optim/{sgd,adamw,lamb,optimizer}.hpp: 200-step trajectories of SGD (every flag) and
+// AdamW (AMSGrad, small beta1, parameter groups by name pattern) match torch.optim's f32
+// trajectories (make_reference.py); LAMB matches the published (apex FusedLAMB) formula computed
+// in double; a step skipped for inf/NaN leaves parameters, state and step counter bit-identical;
+// state_dict round-trips resume the exact trajectory; bf16 state with stochastic rounding stays
+// close to f32 and is deterministic; results do not depend on the thread count.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/lamb.hpp>
+#include <trainkit/optim/sgd.hpp>
+
+#include "optim_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace optim = trainkit::optim;
+using optest::Reference;
+using Arena = tk::nn::ParamArena<tk::Space::kHost>;
+
+// f32 PyTorch vs our f32 code: the same operations in the same order; only FMA contraction in
+// either build can differ by an ulp per operation. 1e-6 of the largest |value| of the tensor.
+constexpr double kTol = 1e-6;
+
+tk::exec::Host& pool() {
+  static tk::exec::Host host(2);
+  return host;
+}
+
+// Runs `opt` over the 200 reference steps, checking every stored snapshot; returns the worst
+// relative error seen.
+template <class Opt>
+double run_trajectory(Arena& arena, Opt& opt, const std::string& c) {
+  double worst = 0.0;
+  for (int t = 1; t <= optest::kSteps; ++t) {
+    optest::load_grads(arena, t);
+    opt.step(pool());
+    if (optest::snapshot_row(t) >= 0) {
+      const double e = optest::param_error(arena, c, t);
+      worst = std::max(worst, e);
+      if (e > kTol) {
+        INFO(c << " step " << t);
+        CHECK(e <= kTol);
+        return e;
+      }
+    }
+  }
+  return worst;
+}
+
+// The final optimizer state against torch's.
+void check_state(Arena& arena, const std::string& c, const std::vector<std::string>& names) {
+  const Reference& ref = Reference::get();
+  for (const std::string& s : names)
+    for (const auto& [name, shape] : optest::model_shapes()) {
+      const optest::RefTensor& r = ref[c + "/state/" + name + "." + s];
+      const float* a = arena.state(s).data() + arena.info(arena.at(name)).offset;
+      INFO(c << " state " << name << "." << s);
+      CHECK(optest::rel_error(a, r.values.data(), r.numel()) <= kTol);
+    }
+}
+
+struct Fixture {
+  Arena arena;
+  Fixture() {
+    optest::build_model(arena);
+    optest::load_init(arena);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("SGD matches torch.optim.SGD over 200 steps (every flag)") {
+  SUBCASE("plain") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.1});
+    MESSAGE("sgd_plain worst rel error " << run_trajectory(f.arena, opt, "sgd_plain"));
+  }
+  SUBCASE("momentum") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.05, .momentum = 0.9});
+    MESSAGE("sgd_momentum worst rel error " << run_trajectory(f.arena, opt, "sgd_momentum"));
+    check_state(f.arena, "sgd_momentum", {"momentum_buffer"});
+  }
+  SUBCASE("momentum, dampening, weight decay") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.05, .momentum = 0.8, .dampening = 0.3, .weight_decay = 0.01});
+    MESSAGE("sgd_dampening_wd worst " << run_trajectory(f.arena, opt, "sgd_dampening_wd"));
+    check_state(f.arena, "sgd_dampening_wd", {"momentum_buffer"});
+  }
+  SUBCASE("nesterov, weight decay, groups by name pattern") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.03, .momentum = 0.9, .weight_decay = 0.05, .nesterov = true},
+                   {optim::no_weight_decay({"*.bias", "*ln*"})});
+    CHECK(opt.num_groups() == 2);
+    CHECK(opt.group_of("layer.bias") == 1);
+    CHECK(opt.group_of("ln.weight") == 1);
+    CHECK(opt.group_of("layer.weight") == 0);
+    CHECK(opt.weight_decay(1) == 0.0);
+    MESSAGE("sgd_nesterov worst " << run_trajectory(f.arena, opt, "sgd_nesterov_wd_groups"));
+    check_state(f.arena, "sgd_nesterov_wd_groups", {"momentum_buffer"});
+  }
+}
+
+TEST_CASE("AdamW matches torch.optim.AdamW over 200 steps") {
+  SUBCASE("defaults") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-3});
+    MESSAGE("adamw_default worst " << run_trajectory(f.arena, opt, "adamw_default"));
+    check_state(f.arena, "adamw_default", {"exp_avg", "exp_avg_sq"});
+    CHECK(opt.step_count() == 200);
+  }
+  SUBCASE("amsgrad") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-2, .amsgrad = true});
+    MESSAGE("adamw_amsgrad worst " << run_trajectory(f.arena, opt, "adamw_amsgrad"));
+    check_state(f.arena, "adamw_amsgrad", {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+  }
+  SUBCASE("betas, eps, weight decay, no decay for *.bias and *ln*") {
+    Fixture f;
+    optim::AdamW opt(f.arena,
+                     {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1},
+                     {optim::no_weight_decay({"*.bias", "*ln*"})});
+    MESSAGE("adamw_groups worst " << run_trajectory(f.arena, opt, "adamw_groups"));
+    check_state(f.arena, "adamw_groups", {"exp_avg", "exp_avg_sq"});
+  }
+  SUBCASE("beta1 < 0.5 (lerp's large-weight form)") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-2, .beta1 = 0.3, .beta2 = 0.9, .weight_decay = 0.02});
+    MESSAGE("adamw_beta1_small worst " << run_trajectory(f.arena, opt, "adamw_beta1_small"));
+    check_state(f.arena, "adamw_beta1_small", {"exp_avg", "exp_avg_sq"});
+  }
+}
+
+TEST_CASE("AdamW: identical bits for 1 and 2 threads and a long arena (vector body + tails)") {
+  // 3 parameters of odd sizes spanning several host chunks, so the chunk/segment/tail logic runs.
+  auto run = [](int threads) {
+    tk::exec::Host host(threads);
+    Arena arena;
+    arena.add("a", tk::Shape{70001});
+    arena.add("b.bias", tk::Shape{3});
+    arena.add("c", tk::Shape{40000, 2});
+    arena.finalize();
+    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) {
+      arena.params_data()[i] = std::sin(0.001f * static_cast<float>(i));
+      arena.grads_data()[i] = std::cos(0.002f * static_cast<float>(i));
+    }
+    optim::AdamW opt(arena, {.lr = 1e-2, .amsgrad = true}, {optim::no_weight_decay({"*.bias"})});
+    for (int s = 0; s < 3; ++s) opt.step(host);
+    return std::vector<float>(arena.params_data(), arena.params_data() + arena.buffer_numel());
+  };
+  const std::vector<float> one = run(1);
+  const std::vector<float> two = run(2);
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  // Element 70000 (tail of a vector loop) against a scalar double computation of 3 steps.
+  double p = std::sin(0.001 * 70000.0f), m = 0, v = 0, vmax = 0;
+  const double g = static_cast<float>(std::cos(0.002f * 70000.0f));
+  for (int s = 1; s <= 3; ++s) {
+    p *= 1 - 1e-2 * 1e-2;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    vmax = std::max(vmax, v);
+    p -= 1e-2 / (1 - std::pow(0.9, s)) * m /
+         (std::sqrt(vmax) / std::sqrt(1 - std::pow(0.999, s)) + 1e-8);
+  }
+  CHECK(one[70000] == doctest::Approx(p).epsilon(1e-6));
+}
+
+namespace {
+
+// LAMB in double, apex FusedLAMB's formula (adam_w_mode, grad_averaging, bias correction,
+// global-norm clipping by max_grad_norm, trust ratio when weight_decay != 0 or nvlamb).
+struct LambRef {
+  std::vector<std::vector<double>> p, m, v;
+  double lr, b1, b2, eps, wd, max_norm;
+  bool nvlamb;
+  int step = 0;
+  void run(const std::vector<std::vector<double>>& g) {
+    ++step;
+    double sum = 0;
+    for (const auto& t : g)
+      for (double x : t) sum += x * x;
+    const double norm = std::sqrt(sum);
+    const double clip = (max_norm > 0 && norm > max_norm) ? norm / max_norm : 1.0;
+    const double bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      std::vector<double> u(p[k].size());
+      double pn = 0, un = 0;
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        const double sg = g[k][i] / clip;
+        m[k][i] = m[k][i] * b1 + (1 - b1) * sg;
+        v[k][i] = v[k][i] * b2 + (1 - b2) * sg * sg;
+        u[i] = (m[k][i] / bc1) / (std::sqrt(v[k][i] / bc2) + eps) + wd * p[k][i];
+        pn += p[k][i] * p[k][i];
+        un += u[i] * u[i];
+      }
+      pn = std::sqrt(pn);
+      un = std::sqrt(un);
+      const double ratio = (nvlamb || wd != 0) && pn != 0 && un != 0 ? lr * pn / un : lr;
+      for (std::size_t i = 0; i < p[k].size(); ++i) p[k][i] -= ratio * u[i];
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("LAMB matches the published formula (f64 reference) step by step and over 200 steps") {
+  for (const double wd : {0.01, 0.0}) {
+    for (const double max_norm : {1.0, 0.0}) {
+      CAPTURE(wd);
+      CAPTURE(max_norm);
+      Fixture f;
+      optim::LAMB opt(f.arena, {.lr = 2e-3,
+                                .eps = 1e-6,
+                                .weight_decay = wd,
+                                .max_grad_norm = max_norm,
+                                .use_nvlamb = wd == 0.0});
+      LambRef traj{{}, {}, {}, 2e-3, 0.9, 0.999, 1e-6, wd, max_norm, wd == 0.0};
+      for (const auto& [name, shape] : optest::model_shapes()) {
+        const float* p = f.arena.params_data() + f.arena.info(f.arena.at(name)).offset;
+        traj.p.emplace_back(p, p + shape.numel());
+        traj.m.emplace_back(shape.numel(), 0.0);
+        traj.v.emplace_back(shape.numel(), 0.0);
+      }
+      double worst_step = 0.0, worst_traj = 0.0;
+      for (int t = 1; t <= optest::kSteps; ++t) {
+        optest::load_grads(f.arena, t);
+        // One-step reference from OUR current f32 state: checks the formula without f32 drift.
+        LambRef one = traj;
+        one.p.clear();
+        one.m.clear();
+        one.v.clear();
+        std::vector<std::vector<double>> g;
+        for (const auto& [name, shape] : optest::model_shapes()) {
+          const auto off = f.arena.info(f.arena.at(name)).offset;
+          const std::int64_t n = shape.numel();
+          one.p.emplace_back(f.arena.params_data() + off, f.arena.params_data() + off + n);
+          one.m.emplace_back(f.arena.state("exp_avg").data() + off,
+                             f.arena.state("exp_avg").data() + off + n);
+          one.v.emplace_back(f.arena.state("exp_avg_sq").data() + off,
+                             f.arena.state("exp_avg_sq").data() + off + n);
+          g.emplace_back(f.arena.grads_data() + off, f.arena.grads_data() + off + n);
+        }
+        one.step = t - 1;
+        one.run(g);
+        traj.run(g);
+        opt.step(pool());
+        std::size_t k = 0;
+        for (const auto& [name, shape] : optest::model_shapes()) {
+          const float* p = f.arena.params_data() + f.arena.info(f.arena.at(name)).offset;
+          worst_step = std::max(worst_step, optest::rel_error(p, one.p[k].data(), shape.numel()));
+          worst_traj = std::max(worst_traj, optest::rel_error(p, traj.p[k].data(), shape.numel()));
+          ++k;
+        }
+      }
+      MESSAGE("LAMB wd=" << wd << " max_norm=" << max_norm << ": worst one-step error "
+                         << worst_step << ", trajectory vs f64 " << worst_traj);
+      CHECK(worst_step <= kTol);
+      // Over 200 steps f32 rounding accumulates (torch's own f32 AdamW drifts 2.6e-6 from f64).
+      CHECK(worst_traj <= 2e-6);
+    }
+  }
+}
+
+TEST_CASE("a step with inf/NaN gradients leaves parameters, state and step count bit-identical") {
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(bad);
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-2, .amsgrad = true});
+    tk::amp::DynamicScaler scaler(pool());
+    for (int t = 1; t <= 3; ++t) {
+      optest::load_grads(f.arena, t, scaler.scale());
+      opt.step(pool(), scaler);
+      scaler.update(pool());
+    }
+    const std::int64_t n = f.arena.buffer_numel();
+    auto snapshot = [&] {
+      std::vector<float> s(f.arena.params_data(), f.arena.params_data() + n);
+      for (const char* name : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"})
+        s.insert(s.end(), f.arena.state(name).data(), f.arena.state(name).data() + n);
+      return s;
+    };
+    const std::vector<float> before = snapshot();
+    optest::load_grads(f.arena, 4, scaler.scale());
+    f.arena.grads_data()[f.arena.info(f.arena.at("ln.weight")).offset + 2] = bad;
+    opt.step(pool(), scaler);
+    CHECK(opt.last_step_skipped());
+    CHECK(opt.step_count() == 3);
+    const std::vector<float> after = snapshot();
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+    scaler.update(pool());
+    CHECK(scaler.scale() == 32768.0f);
+    // The next clean step is step 4 for the bias correction.
+    optest::load_grads(f.arena, 4, scaler.scale());
+    opt.step(pool(), scaler);
+    CHECK_FALSE(opt.last_step_skipped());
+    CHECK(opt.step_count() == 4);
+  }
+}
+
+TEST_CASE("SGD: a skipped first step does not initialise the momentum buffer") {
+  Fixture f;
+  Fixture g;
+  optim::SGD a(f.arena, {.lr = 0.05, .momentum = 0.9});
+  optim::SGD b(g.arena, {.lr = 0.05, .momentum = 0.9});
+  tk::amp::StaticScaler scaler(pool(), 4.0);
+  optest::load_grads(f.arena, 1, 4.0f);
+  f.arena.grads_data()[0] = std::numeric_limits<float>::quiet_NaN();
+  a.step(pool(), scaler);
+  scaler.update(pool());
+  CHECK(a.step_count() == 0);
+  for (int t = 1; t <= 5; ++t) {
+    optest::load_grads(f.arena, t, 4.0f);
+    optest::load_grads(g.arena, t, 1.0f);
+    a.step(pool(), scaler);
+    scaler.update(pool());
+    b.step(pool());
+  }
+  CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
+                    static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+}
+
+TEST_CASE("state_dict round trip resumes the exact trajectory") {
+  SUBCASE("AdamW") {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 3e-3, .amsgrad = true}, {optim::no_weight_decay({"*ln*"})});
+    for (int t = 1; t <= 10; ++t) {
+      optest::load_grads(f.arena, t);
+      opt.step(pool());
+    }
+    opt.set_lr(1, 7e-4);
+    const tk::StateDict sd = opt.state_dict();
+    CHECK(sd.get_double("step") == 10.0);
+    CHECK(sd.tensors.count("layer.weight.exp_avg") == 1);
+    CHECK(sd.tensors.count("ln.weight.max_exp_avg_sq") == 1);
+    CHECK(sd.tensor("head.weight.exp_avg_sq").shape() == tk::Shape{3, 4});
+    CHECK(sd.tensor("head.weight.step").shape().rank() == 0);
+    CHECK(sd.get_double("group.1.lr") == 7e-4);
+
+    Fixture g;
+    std::memcpy(g.arena.params_data(), f.arena.params_data(),
+                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    optim::AdamW resumed(g.arena, {.lr = 1.0, .amsgrad = true}, {optim::no_weight_decay({"*ln*"})});
+    resumed.load_state_dict(sd);
+    CHECK(resumed.lr(1) == 7e-4);
+    CHECK(resumed.step_count() == 10);
+    for (int t = 11; t <= 20; ++t) {
+      optest::load_grads(f.arena, t);
+      optest::load_grads(g.arena, t);
+      opt.step(pool());
+      resumed.step(pool());
+    }
+    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
+                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+    // A state of another optimizer, or one with a different layout, is refused.
+    optim::AdamW plain(g.arena, {.lr = 1.0});
+    CHECK_THROWS_AS(plain.load_state_dict(sd), tk::Error);
+  }
+  SUBCASE("SGD with momentum") {
+    Fixture f;
+    optim::SGD opt(f.arena, {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+    for (int t = 1; t <= 7; ++t) {
+      optest::load_grads(f.arena, t);
+      opt.step(pool());
+    }
+    const tk::StateDict sd = opt.state_dict();
+    Fixture g;
+    std::memcpy(g.arena.params_data(), f.arena.params_data(),
+                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    optim::SGD resumed(g.arena, {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+    resumed.load_state_dict(sd);
+    for (int t = 8; t <= 12; ++t) {
+      optest::load_grads(f.arena, t);
+      optest::load_grads(g.arena, t);
+      opt.step(pool());
+      resumed.step(pool());
+    }
+    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
+                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+    tk::StateDict broken = sd;
+    broken.tensors.erase("ln.weight.momentum_buffer");
+    CHECK_THROWS_AS(resumed.load_state_dict(broken), tk::Error);
+  }
+}
+
+TEST_CASE("AdamW with bf16 state: stochastic rounding is unbiased, deterministic, close to f32") {
+  // Unbiased: x halfway-ish between two bf16 values rounds up with probability = its fraction.
+  const float x = 1.0f + 0.3f * 0x1p-7f;  // 30% of the way from 1 to the next bf16 (1 + 2^-7)
+  double sum = 0.0;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i)
+    sum += static_cast<float>(optim::detail::bf16_round_stochastic(
+        x, tk::philox_u32(7, 0, static_cast<std::uint64_t>(i))));
+  CHECK(sum / draws == doctest::Approx(x).epsilon(2e-4));
+  CHECK(static_cast<float>(
+            optim::detail::bf16_round_stochastic(std::numeric_limits<float>::infinity(), 123)) ==
+        std::numeric_limits<float>::infinity());
+
+  auto run = [](bool bf16) {
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 1e-3, .bf16_state = bf16, .seed = 11});
+    for (int t = 1; t <= optest::kSteps; ++t) {
+      optest::load_grads(f.arena, t);
+      opt.step(pool());
+    }
+    if (bf16) {
+      const tk::StateDict sd = opt.state_dict();
+      CHECK(sd.tensor("layer.weight.exp_avg").dtype() == tk::DType::kBF16);
+    }
+    return std::vector<float>(f.arena.params_data(),
+                              f.arena.params_data() + f.arena.buffer_numel());
+  };
+  const std::vector<float> a = run(true);
+  const std::vector<float> b = run(true);
+  const std::vector<float> ref = run(false);
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(a[i] - ref[i])));
+    den = std::max(den, static_cast<double>(std::abs(ref[i])));
+  }
+  MESSAGE("bf16-state AdamW vs f32 after 200 steps: " << num / den);
+  CHECK(num > 0.0);
+  CHECK(num / den < 2e-3);
+}
+
+TEST_CASE("optimizer options are validated") {
+  Fixture f;
+  CHECK_THROWS_AS(optim::AdamW(f.arena, {.lr = -1.0}), tk::Error);
+  CHECK_THROWS_AS(optim::AdamW(f.arena, {.beta1 = 1.0}), tk::Error);
+  CHECK_THROWS_AS(optim::SGD(f.arena, {.nesterov = true}), tk::Error);
+  CHECK_THROWS_AS(optim::SGD(f.arena, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+                  tk::Error);
+  std::vector<optim::GroupRule> many(optim::kMaxParamGroups, optim::no_weight_decay({"x"}));
+  CHECK_THROWS_AS(optim::SGD(f.arena, {}, many), tk::Error);
+  Arena unfinished;
+  unfinished.add("w", tk::Shape{2});
+  CHECK_THROWS_AS(optim::SGD<>(unfinished, {}), tk::Error);
+}
