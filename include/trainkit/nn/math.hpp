@@ -84,6 +84,9 @@ TRAINKIT_HOST_DEVICE inline float gelu_grad_approx(float x) noexcept {
 /// sum_{j < n} term(j) in 8 interleaved f32 lanes combined pairwise: a fixed order (so the bits do
 /// not depend on anything but n) that the compiler can keep in one SIMD register, where a plain
 /// `s += term(j)` loop must stay scalar (FP addition is not associative).
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
 template <class F>
 TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
   float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -95,6 +98,9 @@ TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
 }
 
 /// max_{j < n} term(j) (n >= 1) in 8 lanes; NaN terms are skipped.
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
 template <class F>
 TRAINKIT_HOST_DEVICE inline float lane_max(std::int64_t n, const F& term) {
   const float first = term(0);
