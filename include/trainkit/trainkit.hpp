@@ -85,6 +85,12 @@
 #include "trainkit/data/prefetcher.hpp"
 #include "trainkit/data/augment.hpp"
 
+#include "trainkit/ckpt/checksum.hpp"
+#include "trainkit/ckpt/state_dict.hpp"
+#include "trainkit/ckpt/model.hpp"
+#include "trainkit/ckpt/train_state.hpp"
+#include "trainkit/ckpt/checkpointer.hpp"
+
 #include "trainkit/monitor/json_writer.hpp"
 #include "trainkit/monitor/nvtx.hpp"
 #include "trainkit/monitor/timeline.hpp"

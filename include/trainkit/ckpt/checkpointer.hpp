@@ -1,0 +1,949 @@
+// SPDX-License-Identifier: MIT
+// trainkit/ckpt/checkpointer.hpp: `Checkpointer`, crash-safe checkpoints of a TrainState in
+// `<root>/step_000000123/` directories: model.safetensors (PyTorch names), train_state.safetensors
+// (every other tensor; scalars in __metadata__) and checkpoint.json (the manifest, written last),
+// each file checksummed. A save writes a hidden temp directory, fsyncs it and renames it into
+// place, so a crash at any instant leaves only complete checkpoints under step_* names. Saves
+// every N steps or T seconds, keeps the last K and the best K by a metric, can write on a
+// background thread (training waits only for the host snapshot), shards across ranks with a
+// model.safetensors.index.json, and resume() restores everything from the newest intact one.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <stdio.h>  // renameat2 (glibc >= 2.28)
+
+#include "trainkit/ckpt/checksum.hpp"
+#include "trainkit/ckpt/model.hpp"
+#include "trainkit/ckpt/state_dict.hpp"
+#include "trainkit/ckpt/train_state.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/any_tensor.hpp"
+#include "trainkit/dist/comm.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/io/atomic_file.hpp"
+#include "trainkit/io/json.hpp"
+#include "trainkit/io/mmap.hpp"
+#include "trainkit/io/safetensors.hpp"
+#include "trainkit/version.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace ckpt {
+
+/// Metric values saved with a checkpoint (e.g. {"val_loss", 0.31}); the best-K rule reads one.
+using Metrics = std::map<std::string, double, std::less<>>;
+
+/// Whether smaller or larger values of the best metric are better.
+enum class MetricMode : std::uint8_t { kMin, kMax };
+
+/// How the model's parameters are spread over the ranks' files.
+enum class ModelSharding : std::uint8_t {
+  /// Every rank holds the whole model (data parallel): rank r writes a contiguous, byte-balanced
+  /// r-th part of it, so the ranks share the write work.
+  kReplicated,
+  /// Every rank holds different parameters (model parallel): each writes all of its own; names
+  /// must be unique across ranks. On load each rank takes its own names from the index.
+  kLocal,
+};
+
+/// How much of a checkpoint is checked before it is trusted.
+enum class Verify : std::uint8_t {
+  kStructure,  ///< the manifest parses and every file it lists exists with its recorded size
+  kFull,       ///< also every file's content checksum (reads every byte)
+};
+
+struct CheckpointerOptions {
+  /// maybe_save() saves when step % every_steps == 0 (0: never by steps).
+  std::int64_t every_steps = 0;
+  /// maybe_save() also saves when this many seconds passed since the last save (0: never by
+  /// time). Single-rank only: ranks would disagree on the time.
+  double every_seconds = 0.0;
+  /// Keep the newest K complete checkpoints (<= 0: keep all). The newest is always kept.
+  int keep_last = 3;
+  /// Name of the metric (in save()'s Metrics) that picks the best checkpoints; empty: none.
+  std::string best_metric = {};
+  MetricMode best_mode = MetricMode::kMin;
+  /// Also keep the best K by best_metric (checkpoints without the metric never count as best).
+  int keep_best = 1;
+  /// Write on a background thread: save() returns after the host snapshot. Errors surface from
+  /// the next save(), wait() or resume(). At most one write is in flight (save() waits for it).
+  bool async = false;
+  /// fsync files and directories (the power-loss guarantee; off only for tests and scratch).
+  bool durable = true;
+  /// This process's rank and the number of ranks writing one checkpoint together. Every rank
+  /// must call save() for the same steps, with its own TrainState.
+  int rank = 0;
+  int world = 1;
+  /// Required when world > 1: blocks until every rank called it (e.g. comm_barrier(comm)). In
+  /// async mode it runs on the writer thread: give the checkpointer a communicator of its own
+  /// (collectives issued from two threads on one communicator would interleave).
+  std::function<void()> barrier = {};
+  ModelSharding sharding = ModelSharding::kReplicated;
+  /// Data alignment of the safetensors files (64: F32 tensors stay cache-line aligned).
+  std::size_t alignment = 64;
+  /// Directory names are `<prefix><step, 9+ digits>`.
+  std::string prefix = "step_";
+  /// Rank 0 deletes what interrupted saves left (temp directories, partly deleted checkpoints)
+  /// at construction and moves damaged checkpoints aside in resume(). false for a Checkpointer
+  /// that only watches another process's root.
+  bool remove_stale = true;
+  /// Warnings (a checkpoint skipped as corrupt, a failed deletion); default: stderr.
+  std::function<void(const std::string&)> log = {};
+};
+
+/// A checkpoint on disk, as its manifest describes it.
+struct CheckpointInfo {
+  struct File {
+    std::string name;
+    std::uint64_t bytes = 0;
+    std::uint64_t xxh64 = 0;
+  };
+  std::filesystem::path path;  ///< the step directory
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  int world = 1;
+  std::int64_t created_unix = 0;  ///< seconds since the epoch (wall clock of rank 0)
+  Metrics metrics;
+  std::map<std::string, std::string> metadata;  ///< TrainState::metadata at the save
+  std::string model_file;                       ///< model.safetensors, the index, or empty
+  std::vector<File> files;
+};
+
+/// Options of load() and resume().
+struct LoadOptions {
+  ModelLoadOptions model = {};
+  RestoreOptions restore = {};
+  /// kFull: verify the checksums of the files read (of all ranks' files when world > 1, so
+  /// every rank reaches the same verdict) before anything is restored.
+  Verify verify = Verify::kFull;
+};
+
+/// Timings of the last save, for benchmarks and logs.
+struct SaveStats {
+  double snapshot_seconds = 0;  ///< training was blocked this long (async: the copy only)
+  double write_seconds = 0;     ///< hashing + writing + committing (async: on the thread)
+  std::uint64_t bytes = 0;      ///< bytes this rank wrote
+};
+
+/// A barrier over a communicator, for CheckpointerOptions::barrier.
+template <dist::Communicator C>
+std::function<void()> comm_barrier(C& comm) {
+  return [&comm] { comm.barrier().wait(); };
+}
+
+namespace detail {
+
+inline constexpr std::string_view kManifestName = "checkpoint.json";
+inline constexpr int kManifestVersion = 1;
+
+inline std::string state_file_name(int rank, int world) {
+  if (world == 1) return "train_state.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
+  return buf;
+}
+inline std::string model_file_name(int rank, int world) {
+  return world == 1 ? std::string("model.safetensors")
+                    : io::safetensors_shard_name(std::size_t(rank), std::size_t(world));
+}
+
+/// The step of a directory name `<prefix><digits>`, or nullopt.
+inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() > prefix.size() + 18)
+    return std::nullopt;
+  std::int64_t step = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+/// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
+/// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
+inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos, int world) {
+  std::int64_t total = 0;
+  for (const nn::ParamInfo& p : infos) total += p.numel;
+  std::vector<int> owner(infos.size(), 0);
+  std::int64_t start = 0;
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (total > 0) {
+      const long double mid = static_cast<long double>(start) + infos[i].numel / 2.0L;
+      owner[i] =
+          std::min(world - 1, static_cast<int>(mid * world / static_cast<long double>(total)));
+    }
+    start += infos[i].numel;
+  }
+  return owner;
+}
+
+/// A JSON value for a metric: a number, or "nan" / "inf" / "-inf" as strings.
+inline io::Json metric_json(double v) {
+  if (std::isfinite(v)) return io::Json::number(StateDict::number_to_string(v));
+  return io::Json(StateDict::number_to_string(v));
+}
+inline double metric_value(const io::Json& j) {
+  if (j.is_number()) return j.as_double();
+  const std::string& s = j.as_string();
+  if (s == "inf") return HUGE_VAL;
+  if (s == "-inf") return -HUGE_VAL;
+  return std::nan("");
+}
+
+inline std::string read_text(const std::filesystem::path& path) {
+  const io::MappedFile map(path);
+  return std::string(reinterpret_cast<const char*>(map.data()), map.size());
+}
+
+/// Parses checkpoint.json of `dir`. Throws trainkit::Error naming the file on any problem.
+inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / kManifestName;
+  const std::string text = read_text(file);
+  const io::Json root = io::Json::parse(text, file.string());
+  const std::string where = file.string();
+  TRAINKIT_CHECK(root.is_object(), "checkpoint manifest '", where, "' is not a JSON object");
+  const io::Json* format = root.find("format");
+  TRAINKIT_CHECK(
+      format != nullptr && format->is_string() && format->as_string() == "trainkit.checkpoint", "'",
+      where, "' is not a trainkit checkpoint manifest");
+  TRAINKIT_CHECK(root.at("version").as_int() == kManifestVersion, "checkpoint manifest '", where,
+                 "' has version ", root.at("version").as_int(), "; this trainkit reads version ",
+                 kManifestVersion);
+  CheckpointInfo info;
+  info.path = dir;
+  info.step = root.at("step").as_int();
+  info.epoch = root.at("epoch").as_int();
+  info.world = static_cast<int>(root.at("world_size").as_int());
+  TRAINKIT_CHECK(info.world >= 1, "checkpoint manifest '", where, "': world_size < 1");
+  info.created_unix = root.at("created_unix").as_int();
+  for (const io::JsonMember& m : root.at("metrics").as_object())
+    info.metrics.emplace(m.key, metric_value(m.value));
+  for (const io::JsonMember& m : root.at("metadata").as_object())
+    info.metadata.emplace(m.key, m.value.as_string());
+  const io::Json& model = root.at("model");
+  if (!model.is_null()) info.model_file = model.as_string();
+  for (const io::JsonMember& m : root.at("files").as_object()) {
+    CheckpointInfo::File f;
+    f.name = m.key;
+    TRAINKIT_CHECK(
+        !f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." && f.name != ".",
+        "checkpoint manifest '", where, "' lists the file '", f.name,
+        "', which is not a plain file name");
+    f.bytes = m.value.at("bytes").as_uint();
+    const auto h = parse_hex64(m.value.at("xxh64").as_string());
+    TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
+                   "' has a malformed xxh64");
+    f.xxh64 = *h;
+    info.files.push_back(std::move(f));
+  }
+  return info;
+}
+
+inline std::string manifest_text(const CheckpointInfo& info) {
+  io::Json root = io::Json::object();
+  root.set("format", "trainkit.checkpoint");
+  root.set("version", kManifestVersion);
+  root.set("trainkit", TRAINKIT_VERSION_STRING);
+  root.set("step", info.step);
+  root.set("epoch", info.epoch);
+  root.set("world_size", info.world);
+  root.set("created_unix", info.created_unix);
+  io::Json metrics = io::Json::object();
+  for (const auto& [k, v] : info.metrics) metrics.set(k, metric_json(v));
+  root.set("metrics", std::move(metrics));
+  io::Json meta = io::Json::object();
+  for (const auto& [k, v] : info.metadata) meta.set(k, io::Json(v));
+  root.set("metadata", std::move(meta));
+  root.set("model", info.model_file.empty() ? io::Json() : io::Json(info.model_file));
+  io::Json files = io::Json::object();
+  for (const CheckpointInfo::File& f : info.files) {
+    io::Json e = io::Json::object();
+    e.set("bytes", f.bytes);
+    e.set("xxh64", hex64(f.xxh64));
+    files.set(f.name, std::move(e));
+  }
+  root.set("files", std::move(files));
+  return root.dump(2) + "\n";
+}
+
+/// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
+/// `only` (when non-empty) limits the content check to those names.
+inline void verify_checkpoint(const CheckpointInfo& info, Verify level,
+                              const std::vector<std::string>& only = {}) {
+  namespace fs = std::filesystem;
+  for (const CheckpointInfo::File& f : info.files) {
+    const fs::path p = info.path / f.name;
+    std::error_code ec;
+    const std::uintmax_t size = fs::file_size(p, ec);
+    TRAINKIT_CHECK(!ec, "checkpoint '", info.path.string(), "' is incomplete: '", f.name,
+                   "' is missing (", ec.message(), ")");
+    TRAINKIT_CHECK(size == f.bytes, "checkpoint '", info.path.string(), "' is damaged: '", f.name,
+                   "' has ", size, " bytes, the manifest says ", f.bytes);
+  }
+  if (level != Verify::kFull) return;
+  for (const CheckpointInfo::File& f : info.files) {
+    if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
+    const fs::path p = info.path / f.name;
+    std::uint64_t actual = 0;
+    if (p.extension() == ".safetensors") {
+      actual = verify_checksum_file(p).xxh64;
+    } else {
+      const io::MappedFile map(p, io::MapAccess::kSequential);
+      actual = Xxh64::hash(map.data(), map.size());
+    }
+    TRAINKIT_CHECK(actual == f.xxh64, "checkpoint file '", p.string(),
+                   "' is corrupt: it hashes to ", hex64(actual), ", the manifest says ",
+                   hex64(f.xxh64));
+  }
+}
+
+/// The checksum and size a checksummed safetensors file claims (reads the header only).
+inline CheckpointInfo::File describe_file(const std::filesystem::path& dir,
+                                          const std::string& name) {
+  const std::filesystem::path p = dir / name;
+  const io::MappedFile map(p);
+  const std::optional<std::uint64_t> sum = embedded_checksum(map.bytes(), p.string());
+  TRAINKIT_CHECK(sum.has_value(), "checkpoint file '", p.string(), "' carries no checksum");
+  return {name, map.size(), *sum};
+}
+
+/// True when every entry of `dir` is a file a checkpoint consists of (or an AtomicFile temp).
+inline bool only_checkpoint_files(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    const bool ours =
+        n == kManifestName || n == io::kSafetensorsIndexName ||
+        ((n.starts_with("model") || n.starts_with("train_state")) && n.ends_with(".safetensors")) ||
+        io::is_atomic_temp_name(n);
+    if (!ours || !it->is_regular_file(ec)) return false;
+  }
+  return !ec;
+}
+
+/// Renames `from` over the directory `to`: atomically exchanged when `to` exists (Linux
+/// renameat2), then the old content (now at `from`) is removed.
+inline void replace_directory(const std::filesystem::path& from, const std::filesystem::path& to) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(to, ec)) {
+    fs::rename(from, to, ec);
+    TRAINKIT_CHECK(!ec, "cannot rename '", from.string(), "' to '", to.string(),
+                   "': ", ec.message());
+    return;
+  }
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(from, ec);
+    return;
+  }
+#endif
+  // No atomic exchange: move the old one aside first (a crash in between leaves the step
+  // without a checkpoint, and resume falls back to the previous one).
+  const fs::path aside = to.parent_path() / ("." + to.filename().string() + ".deleting");
+  fs::remove_all(aside, ec);
+  fs::rename(to, aside, ec);
+  TRAINKIT_CHECK(!ec, "cannot move '", to.string(), "' aside: ", ec.message());
+  fs::rename(from, to, ec);
+  TRAINKIT_CHECK(!ec, "cannot rename '", from.string(), "' to '", to.string(), "': ", ec.message());
+  fs::remove_all(aside, ec);
+}
+
+}  // namespace detail
+
+/// Saves and restores TrainStates under a root directory. One Checkpointer per run and rank.
+/// Thread-compatible: call it from the training thread only.
+///
+///   ckpt::Checkpointer ck("runs/mlp/ckpt", {.every_steps = 500, .keep_last = 3, .async = true});
+///   ck.resume(state);                      // nothing to do on a fresh start
+///   for (; state.step < total; ) { train_step(); ++state.step; ck.maybe_save(state); }
+///   ck.wait();                             // the last write is durable after this
+class Checkpointer {
+ public:
+  /// Creates `root` if needed and (rank 0, remove_stale) removes temp directories a crashed
+  /// save left: open a Checkpointer that only reads a root another process is saving to (an
+  /// evaluation job) with remove_stale = false. Throws
+  /// trainkit::Error for inconsistent options (world > 1 without a barrier, rank out of range,
+  /// every_seconds with world > 1) or when the root cannot be created.
+  explicit Checkpointer(std::filesystem::path root, CheckpointerOptions options = {})
+      : root_(std::move(root)), options_(std::move(options)) {
+    TRAINKIT_CHECK(options_.world >= 1 && options_.rank >= 0 && options_.rank < options_.world,
+                   "ckpt::Checkpointer: rank ", options_.rank,
+                   " is not in [0, world = ", options_.world, ")");
+    TRAINKIT_CHECK(options_.world == 1 || options_.barrier,
+                   "ckpt::Checkpointer: world = ", options_.world,
+                   " needs a barrier (CheckpointerOptions::barrier, e.g. "
+                   "ckpt::comm_barrier(comm))");
+    TRAINKIT_CHECK(options_.world == 1 || options_.every_seconds <= 0.0,
+                   "ckpt::Checkpointer: every_seconds with world > 1 would let ranks disagree "
+                   "on when to save; use every_steps");
+    TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
+                   "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
+    std::error_code ec;
+    std::filesystem::create_directories(root_, ec);
+    TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
+    if (options_.rank == 0 && options_.remove_stale) remove_stale();
+    last_save_time_ = std::chrono::steady_clock::now();
+    if (options_.async) writer_ = std::thread([this] { writer_loop(); });
+  }
+
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// Finishes the write in flight. Never throws: an error of that write is logged.
+  ~Checkpointer() {
+    if (writer_.joinable()) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        idle_cv_.wait(lock, [&] { return !job_; });
+        stop_ = true;
+      }
+      job_cv_.notify_all();
+      writer_.join();
+    }
+    if (error_) {
+      try {
+        try {
+          std::rethrow_exception(error_);
+        } catch (const std::exception& e) {
+          log(std::string("a background checkpoint write failed: ") + e.what());
+        }
+      } catch (...) {  // a throwing log callback, or a non-std exception
+      }
+    }
+  }
+
+  const std::filesystem::path& root() const noexcept { return root_; }
+  const CheckpointerOptions& options() const noexcept { return options_; }
+  /// The directory of the checkpoint of `step`.
+  std::filesystem::path path_for(std::int64_t step) const {
+    char digits[32];
+    std::snprintf(digits, sizeof digits, "%09lld", static_cast<long long>(step));
+    return root_ / (options_.prefix + digits);
+  }
+
+  /// True when maybe_save() would save at `step` (every_steps / every_seconds, and not saved
+  /// for this step already).
+  bool due(std::int64_t step) const {
+    if (last_saved_step_ && *last_saved_step_ == step) return false;
+    if (options_.every_steps > 0 && step % options_.every_steps == 0) return true;
+    if (options_.every_seconds > 0.0) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
+      if (elapsed >= options_.every_seconds) return true;
+    }
+    return false;
+  }
+
+  /// Saves when due(state.step); returns whether it saved.
+  bool maybe_save(const TrainState& state, const Metrics& metrics = {}) {
+    if (!due(state.step)) return false;
+    save(state, metrics);
+    return true;
+  }
+
+  /// Saves `state` as the checkpoint of state.step (replacing one of that step) and applies the
+  /// keep-last / keep-best rules. Sync: returns once the checkpoint is durable. Async: returns
+  /// after the snapshot (waiting first for the previous write; its error is thrown here).
+  /// Throws trainkit::Error naming the file on any failure; the previous checkpoints are intact.
+  std::filesystem::path save(const TrainState& state, const Metrics& metrics = {}) {
+    TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
+    if (options_.async) wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    Job job = snapshot(state, metrics, options_.async);
+    const double snap = seconds_since(t0);
+    const std::filesystem::path dir = path_for(state.step);
+    last_saved_step_ = state.step;
+    last_save_time_ = std::chrono::steady_clock::now();
+    if (!options_.async) {
+      stats_ = write(job);
+      stats_.snapshot_seconds = snap;
+      return dir;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_.emplace(std::move(job));
+      stats_ = SaveStats{};
+      stats_.snapshot_seconds = snap;
+    }
+    job_cv_.notify_all();
+    return dir;
+  }
+
+  /// Blocks until no write is in flight; rethrows (once) the error of a failed background
+  /// write. A no-op for a synchronous Checkpointer.
+  void wait() {
+    if (!writer_.joinable()) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_cv_.wait(lock, [&] { return !job_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  /// Timings of the last save (write_seconds is final after wait() in async mode).
+  SaveStats last_stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  /// Complete checkpoints (manifest present, files with their recorded sizes), oldest first.
+  /// Directories that are not complete are skipped silently; never throws for them.
+  std::vector<CheckpointInfo> list() const {
+    std::vector<CheckpointInfo> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const auto step = detail::parse_step_dir(name, options_.prefix);
+      if (!step || !it->is_directory(ec)) continue;
+      try {
+        CheckpointInfo info = detail::read_manifest(it->path());
+        detail::verify_checkpoint(info, Verify::kStructure);
+        if (info.step == *step) out.push_back(std::move(info));
+      } catch (const std::exception&) {
+      }
+    }
+    std::sort(out.begin(), out.end(),
+              [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+    return out;
+  }
+
+  /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it);
+  /// incomplete and corrupt ones are skipped (and logged). nullopt when there is none.
+  std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const {
+    const std::vector<CheckpointInfo> all = list();
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      try {
+        detail::verify_checkpoint(*it, verify);
+        return *it;
+      } catch (const std::exception& e) {
+        log(std::string("skipping checkpoint: ") + e.what());
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// The complete checkpoint with the best value of options().best_metric (nullopt when none
+  /// has it). Structure-checked only.
+  std::optional<CheckpointInfo> best() const {
+    std::optional<CheckpointInfo> out;
+    for (CheckpointInfo& info : list()) {
+      if (!has_metric(info)) continue;
+      if (!out || better(info, *out)) out = std::move(info);
+    }
+    return out;
+  }
+
+  /// Restores `state` from `info` (model, components, counters, metadata). Everything is read
+  /// and verified before anything changes; a corrupt file throws trainkit::Error naming it.
+  void load(const CheckpointInfo& info, TrainState& state, const LoadOptions& options = {}) {
+    // Re-read the manifest: `info` may be stale (rotated, or replaced since it was listed).
+    const CheckpointInfo fresh = detail::read_manifest(info.path);
+    check_compatible(fresh, state);
+    Opened opened = read_verified(fresh, state, options);
+    apply(opened, state, options);
+  }
+
+  /// One call to continue a run: waits for writes in flight, then restores `state` from the
+  /// newest checkpoint that is complete and intact, skipping (and logging) corrupt ones; rank 0
+  /// moves those aside as `.<name>.corrupt` (kept for inspection, never listed), so they do
+  /// not count for keep-last. Returns the checkpoint, or nullopt on a fresh start (state
+  /// untouched). An error restoring a component (another optimizer, a changed model) is thrown,
+  /// not skipped: an older checkpoint would fail the same way.
+  std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
+    wait();
+    const std::vector<CheckpointInfo> all = list();
+    std::vector<std::filesystem::path> corrupt;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      std::optional<CheckpointInfo> info;
+      std::optional<Opened> opened;
+      try {
+        info.emplace(detail::read_manifest(it->path));
+      } catch (const std::exception& e) {
+        log(std::string("resume: skipping checkpoint: ") + e.what());
+        corrupt.push_back(it->path);
+        continue;
+      }
+      check_compatible(*info, state);  // a mismatch of this run is not skipped: it is thrown
+      try {
+        opened.emplace(read_verified(*info, state, options));
+      } catch (const std::exception& e) {
+        log(std::string("resume: skipping checkpoint: ") + e.what());
+        corrupt.push_back(it->path);
+        continue;
+      }
+      apply(*opened, state, options);
+      last_saved_step_ = info->step;
+      quarantine(corrupt);
+      return info;
+    }
+    quarantine(corrupt);
+    return std::nullopt;
+  }
+
+ private:
+  struct Job {
+    std::int64_t step = 0;
+    std::int64_t epoch = 0;
+    Metrics metrics;
+    std::map<std::string, std::string> metadata;
+    bool has_model = false;
+    std::vector<io::NamedTensor> model;  // views: into the arena (sync) or model_buffer_
+    StateDict state;
+  };
+
+  struct Opened {
+    std::optional<TensorSource> model;
+    StateDict state;
+  };
+
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void log(const std::string& message) const {
+    if (options_.log) {
+      options_.log(message);
+    } else {
+      std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
+    }
+  }
+
+  void barrier() const {
+    if (options_.world > 1) options_.barrier();
+  }
+
+  bool has_metric(const CheckpointInfo& info) const {
+    if (options_.best_metric.empty()) return false;
+    const auto it = info.metrics.find(options_.best_metric);
+    return it != info.metrics.end() && !std::isnan(it->second);
+  }
+  bool better(const CheckpointInfo& a, const CheckpointInfo& b) const {
+    const double x = a.metrics.at(options_.best_metric);
+    const double y = b.metrics.at(options_.best_metric);
+    if (x != y) return options_.best_mode == MetricMode::kMin ? x < y : x > y;
+    return a.step > b.step;  // ties: the newer one
+  }
+
+  Job snapshot(const TrainState& state, const Metrics& metrics, bool copy) {
+    Job job;
+    job.step = state.step;
+    job.epoch = state.epoch;
+    job.metrics = metrics;
+    job.metadata = state.metadata;
+    if (const detail::ModelEntry* model = state.model_entry()) {
+      job.has_model = true;
+      std::vector<bool> keep;
+      if (options_.world > 1 && options_.sharding == ModelSharding::kReplicated) {
+        const std::vector<int> owner = detail::partition_params(model->infos(), options_.world);
+        keep.resize(owner.size());
+        for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
+      }
+      job.model = model->views(copy, keep, model_buffer_);
+    }
+    job.state = state.state_dict();
+    return job;
+  }
+
+  /// Writes this rank's files of `job` into the temp directory and (rank 0) commits it. Every
+  /// rank passes the three barriers even after a local failure, so none is left waiting; rank 0
+  /// commits only when every file it expects is present.
+  SaveStats write(const Job& job) {
+    namespace fs = std::filesystem;
+    const auto t0 = std::chrono::steady_clock::now();
+    const fs::path final_dir = path_for(job.step);
+    const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
+    const int rank = options_.rank;
+    const int world = options_.world;
+    std::exception_ptr error;
+    std::uint64_t bytes = 0;
+    const auto attempt = [&](auto&& f) {
+      if (error) return;
+      try {
+        f();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    };
+
+    attempt([&] {
+      if (rank != 0) return;
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      fs::create_directory(tmp, ec);
+      TRAINKIT_CHECK(!ec, "ckpt: cannot create the temp directory '", tmp.string(),
+                     "': ", ec.message());
+    });
+    barrier();
+    attempt([&] {
+      const io::SafetensorsWriteOptions wo{.alignment = options_.alignment,
+                                           .durable = options_.durable};
+      if (job.has_model) {
+        io::SafetensorsMetadata meta{{"format", "pt"}};
+        bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world), job.model,
+                                              std::move(meta), wo)
+                     .bytes;
+      }
+      std::vector<io::NamedTensor> tensors;
+      tensors.reserve(job.state.tensors.size());
+      for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
+      io::SafetensorsMetadata meta;
+      for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
+      bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world), tensors,
+                                            std::move(meta), wo)
+                   .bytes;
+    });
+    barrier();
+    if (rank == 0) {
+      attempt([&] { commit(job, tmp, final_dir); });
+      if (error) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+      }
+    }
+    barrier();
+    if (rank != 0) {
+      attempt([&] {
+        std::error_code ec;
+        TRAINKIT_CHECK(fs::exists(final_dir / detail::kManifestName, ec),
+                       "ckpt: the checkpoint "
+                       "of step ",
+                       job.step,
+                       " was not committed by rank 0 (its error is "
+                       "reported there)");
+      });
+    }
+    if (error) std::rethrow_exception(error);
+    SaveStats s;
+    s.write_seconds = seconds_since(t0);
+    s.bytes = bytes;
+    return s;
+  }
+
+  /// Rank 0: index (world > 1), manifest, rename into place, directory fsync, rotation.
+  void commit(const Job& job, const std::filesystem::path& tmp,
+              const std::filesystem::path& final_dir) {
+    namespace fs = std::filesystem;
+    const int world = options_.world;
+    CheckpointInfo info;
+    info.path = final_dir;
+    info.step = job.step;
+    info.epoch = job.epoch;
+    info.world = world;
+    info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
+    info.metrics = job.metrics;
+    info.metadata = job.metadata;
+    for (int r = 0; r < world; ++r) {
+      if (job.has_model)
+        info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world)));
+      info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world)));
+    }
+    if (job.has_model && world == 1) info.model_file = "model.safetensors";
+    if (job.has_model && world > 1) {
+      io::SafetensorsIndex index;
+      std::uint64_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        const std::string file = detail::model_file_name(r, world);
+        const io::SafetensorsFile shard(tmp / file);
+        for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
+          const bool fresh = index.weight_map.emplace(t.name, file).second;
+          TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
+                         index.weight_map.at(t.name), "' and '", file,
+                         "'); with ModelSharding::kLocal names must be unique across ranks");
+          total += t.bytes();
+        }
+      }
+      index.metadata.set("total_size", total);
+      const std::string text = index.to_json();
+      io::write_file_atomic(tmp / io::kSafetensorsIndexName, std::string_view(text),
+                            io::AtomicFileOptions{.durable = options_.durable});
+      info.files.push_back({std::string(io::kSafetensorsIndexName), text.size(),
+                            Xxh64::hash(text.data(), text.size())});
+      info.model_file = std::string(io::kSafetensorsIndexName);
+    }
+    // The manifest is written last: a directory without it is not a checkpoint.
+    io::write_file_atomic(tmp / detail::kManifestName,
+                          std::string_view(detail::manifest_text(info)),
+                          io::AtomicFileOptions{.durable = options_.durable});
+    detail::replace_directory(tmp, final_dir);
+    if (options_.durable) io::fsync_directory(root_);
+    rotate(job.step);
+  }
+
+  /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. The
+  /// manifest goes first, so a crash mid-deletion leaves an incomplete directory, not a damaged
+  /// checkpoint.
+  void rotate(std::int64_t newest) {
+    std::vector<CheckpointInfo> all = list();
+    if (options_.keep_last <= 0) return;
+    std::vector<bool> keep(all.size(), false);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i].step == newest) keep[i] = true;
+      if (i + std::size_t(options_.keep_last) >= all.size()) keep[i] = true;
+    }
+    if (!options_.best_metric.empty() && options_.keep_best > 0) {
+      std::vector<std::size_t> order;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (has_metric(all[i])) order.push_back(i);
+      std::sort(order.begin(), order.end(),
+                [&](std::size_t a, std::size_t b) { return better(all[a], all[b]); });
+      for (std::size_t k = 0; k < order.size() && k < std::size_t(options_.keep_best); ++k)
+        keep[order[k]] = true;
+    }
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (keep[i]) continue;
+      std::error_code ec;
+      std::filesystem::remove(all[i].path / detail::kManifestName, ec);
+      if (!ec) std::filesystem::remove_all(all[i].path, ec);
+      if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
+    }
+  }
+
+  /// Rank 0: renames damaged checkpoints to `.<name>.corrupt[.N]`.
+  void quarantine(const std::vector<std::filesystem::path>& dirs) const {
+    if (options_.rank != 0 || !options_.remove_stale) return;
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      std::filesystem::path target = root_ / ("." + d.filename().string() + ".corrupt");
+      for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
+        target = root_ / ("." + d.filename().string() + ".corrupt." + std::to_string(n));
+      std::filesystem::rename(d, target, ec);
+      if (ec) {
+        log("cannot move the damaged checkpoint '" + d.string() + "' aside: " + ec.message());
+      } else {
+        log("moved the damaged checkpoint '" + d.string() + "' to '" + target.string() + "'");
+      }
+    }
+  }
+
+  /// Removes temp directories of interrupted saves and half-deleted checkpoints.
+  void remove_stale() {
+    std::error_code ec;
+    std::vector<std::filesystem::path> stale;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (!name.starts_with("." + options_.prefix)) continue;
+      if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
+    }
+    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
+    // A directory whose manifest was removed by an interrupted rotation (only when it holds
+    // nothing but checkpoint files: never delete what someone else put there).
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (detail::parse_step_dir(name, options_.prefix) && it->is_directory(ec) &&
+          !std::filesystem::exists(it->path() / detail::kManifestName, ec) &&
+          detail::only_checkpoint_files(it->path()))
+        stale.push_back(it->path());
+    }
+    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
+  }
+
+  /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
+  void check_compatible(const CheckpointInfo& info, const TrainState& state) const {
+    TRAINKIT_CHECK(info.world == options_.world, "checkpoint '", info.path.string(),
+                   "' was written by ", info.world, " rank(s); this run has ", options_.world,
+                   " (the per-rank training state cannot be redistributed)");
+    TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
+                   info.path.string(), "' holds no model, but a model is registered");
+  }
+
+  /// Phase 1 of a load: verifies and reads everything; changes nothing. Throws for a damaged
+  /// checkpoint.
+  Opened read_verified(const CheckpointInfo& info, const TrainState& state,
+                       const LoadOptions& options) const {
+    const int world = options_.world;
+    const std::string state_file = detail::state_file_name(options_.rank, world);
+    std::vector<std::string> mine;
+    if (world == 1 || options.verify != Verify::kFull) {
+      mine.push_back(state_file);
+      if (!info.model_file.empty()) {
+        mine.push_back(info.model_file);
+        if (world > 1)
+          for (int r = 0; r < world; ++r) mine.push_back(detail::model_file_name(r, world));
+      }
+    }  // else: verify every file, so that every rank reaches the same verdict
+    detail::verify_checkpoint(info, options.verify, mine);
+    Opened out;
+    if (state.model_entry() != nullptr) {
+      out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
+    }
+    const io::SafetensorsFile file(info.path / state_file);
+    for (const io::SafetensorsTensorInfo& t : file.tensors())
+      out.state.tensors.emplace(t.name, file.copy(t.name));
+    for (const auto& [k, v] : file.metadata())
+      if (k != kChecksumKey) out.state.values.emplace(k, v);
+    return out;
+  }
+
+  /// Phase 2: model, then components and counters.
+  void apply(Opened& opened, TrainState& state, const LoadOptions& options) {
+    if (opened.model) {
+      ModelLoadOptions mo = options.model;
+      mo.verify_checksum = false;
+      if (options_.world > 1 && options_.sharding == ModelSharding::kLocal)
+        mo.allow_unexpected = true;
+      state.model_entry()->load(*opened.model, mo);
+    }
+    state.load_state_dict(std::move(opened.state), options.restore);
+  }
+
+  void writer_loop() {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      job_cv_.wait(lock, [&] { return stop_ || job_; });
+      if (!job_) return;  // stop_ and nothing left
+      lock.unlock();
+      std::exception_ptr error;
+      SaveStats s;
+      try {
+        s = write(*job_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      stats_.write_seconds = s.write_seconds;
+      stats_.bytes = s.bytes;
+      if (error) error_ = error;
+      job_.reset();
+      lock.unlock();
+      idle_cv_.notify_all();
+    }
+  }
+
+  std::filesystem::path root_;
+  CheckpointerOptions options_;
+  std::optional<std::int64_t> last_saved_step_;
+  std::chrono::steady_clock::time_point last_save_time_;
+  AnyTensor model_buffer_;  // async snapshots of the model (reused: no page faults per save)
+  SaveStats stats_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable job_cv_, idle_cv_;
+  std::optional<Job> job_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread writer_;
+};
+
+}  // namespace ckpt
+TRAINKIT_NAMESPACE_END

@@ -1,0 +1,438 @@
+// Tests of ckpt/checkpointer.hpp: the directory layout and manifest, save/list/latest/load,
+// every-N-steps and every-T-seconds, keep-last and keep-best rotation, replacing a step,
+// skipping corrupt and incomplete checkpoints (and never deleting foreign directories), async
+// snapshots, configuration errors that resume must not skip, multi-rank shards with an index
+// (ThreadComm ranks as threads), and a full disk (RLIMIT_FSIZE in a forked child).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <trainkit/ckpt/checkpointer.hpp>
+#include <trainkit/dist/thread_comm.hpp>
+#include <trainkit/error.hpp>
+#include <trainkit/io/json.hpp>
+#include <trainkit/io/safetensors.hpp>
+
+#include "ckpt/ckpt_test_util.hpp"
+#include "ckpt_tools/crash_state.hpp"
+
+namespace {
+namespace tk = trainkit;
+namespace ckpt = trainkit::ckpt;
+namespace io = trainkit::io;
+namespace dist = trainkit::dist;
+using ckpt_test::TempDir;
+using ckpt_tools::CrashState;
+
+std::vector<std::int64_t> steps_of(const std::vector<ckpt::CheckpointInfo>& v) {
+  std::vector<std::int64_t> out;
+  for (const auto& i : v) out.push_back(i.step);
+  return out;
+}
+
+/// Collects log lines instead of printing them.
+struct LogSink {
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> fn() {
+    return [this](const std::string& s) { lines.push_back(s); };
+  }
+  bool contains(const std::string& s) const {
+    for (const auto& l : lines)
+      if (l.find(s) != std::string::npos) return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Checkpointer: layout, manifest, save -> list -> latest -> load") {
+  TempDir dir;
+  CrashState s(0.01);
+  s.set(42);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  CHECK_FALSE(ck.latest().has_value());
+  const auto path = ck.save(s.state, {{"val_loss", 0.25}});
+  CHECK(path == dir / "step_000000042");
+  CHECK(ckpt_test::entries(path) == std::vector<std::string>{"checkpoint.json", "model.safetensors",
+                                                             "train_state.safetensors"});
+  CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{"step_000000042"});
+
+  const io::Json m = io::Json::parse(ckpt_test::read_file(path / "checkpoint.json"), "manifest");
+  CHECK(m.at("format").as_string() == "trainkit.checkpoint");
+  CHECK(m.at("step").as_int() == 42);
+  CHECK(m.at("epoch").as_int() == 4);
+  CHECK(m.at("metrics").at("val_loss").as_double() == 0.25);
+  CHECK(m.at("metadata").at("step_text").as_string() == "42");
+  CHECK(m.at("model").as_string() == "model.safetensors");
+  CHECK(m.at("files").at("model.safetensors").at("bytes").as_uint() ==
+        std::filesystem::file_size(path / "model.safetensors"));
+
+  // Model file: PyTorch names only; state file: every other tensor, scalars in __metadata__.
+  const io::SafetensorsFile model(path / "model.safetensors");
+  CHECK(model.names().size() == 3);
+  CHECK(model.metadata().at("format") == "pt");
+  const io::SafetensorsFile state(path / "train_state.safetensors");
+  CHECK(state.contains("counter.values"));
+  CHECK(state.metadata().at("trainer.step") == "42");
+  CHECK(state.metadata().at("rng.position") == "420");
+  CHECK(state.metadata().at("user.step_text") == "42");
+
+  const auto info = ck.latest();
+  REQUIRE(info.has_value());
+  CHECK(info->step == 42);
+  CHECK(info->metrics.at("val_loss") == 0.25);
+  CrashState fresh(0.01);
+  CHECK(fresh.check() != "");
+  ck.load(*info, fresh.state);
+  CHECK(fresh.check() == "");
+  CHECK(fresh.state.step == 42);
+}
+
+TEST_CASE("Checkpointer: every_steps, every_seconds, due() never repeats a step") {
+  TempDir dir;
+  CrashState s(0.001);
+  ckpt::Checkpointer ck(dir.path(), {.every_steps = 3, .keep_last = 0, .durable = false});
+  for (std::int64_t step = 1; step <= 10; ++step) {
+    s.set(step);
+    ck.maybe_save(s.state);
+  }
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{3, 6, 9});
+  CHECK_FALSE(ck.due(9));  // saved already
+  CHECK(ck.due(12));
+
+  TempDir dir2;
+  ckpt::Checkpointer timed(dir2.path(), {.every_seconds = 1.0, .durable = false});
+  s.set(1);
+  CHECK_FALSE(timed.maybe_save(s.state));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  s.set(2);
+  CHECK(timed.maybe_save(s.state));
+  s.set(3);
+  CHECK_FALSE(timed.maybe_save(s.state));  // the clock restarted at the save
+  CHECK(steps_of(timed.list()) == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("Checkpointer: keep the last K and the best K by a metric") {
+  TempDir dir;
+  CrashState s(0.001);
+  ckpt::Checkpointer ck(dir.path(), {.keep_last = 2,
+                                     .best_metric = "val_loss",
+                                     .best_mode = ckpt::MetricMode::kMin,
+                                     .keep_best = 2,
+                                     .durable = false});
+  const double losses[] = {0.9, 0.3, 0.5, 0.2, 0.8, 0.7, 0.6};
+  for (std::int64_t step = 1; step <= 7; ++step) {
+    s.set(step);
+    ck.save(s.state, {{"val_loss", losses[step - 1]}});
+  }
+  // Last two: 6, 7; best two: 4 (0.2), 2 (0.3).
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{2, 4, 6, 7});
+  REQUIRE(ck.best().has_value());
+  CHECK(ck.best()->step == 4);
+
+  TempDir dir2;
+  ckpt::Checkpointer mx(dir2.path(), {.keep_last = 1,
+                                      .best_metric = "acc",
+                                      .best_mode = ckpt::MetricMode::kMax,
+                                      .keep_best = 1,
+                                      .durable = false});
+  const double acc[] = {0.5, 0.9, 0.7};
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    s.set(step);
+    mx.save(s.state, {{"acc", acc[step - 1]}});
+  }
+  s.set(4);
+  mx.save(s.state);  // no metric: never "best", still the newest
+  CHECK(steps_of(mx.list()) == std::vector<std::int64_t>{2, 4});
+}
+
+TEST_CASE("Checkpointer: saving a step again replaces its checkpoint") {
+  TempDir dir;
+  CrashState s(0.001);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  s.set(5);
+  ck.save(s.state, {{"v", 1.0}});
+  s.state.metadata["step_text"] = "changed";
+  ck.save(s.state, {{"v", 2.0}});
+  const auto all = ck.list();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].metrics.at("v") == 2.0);
+  CHECK(all[0].metadata.at("step_text") == "changed");
+  CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{"step_000000005"});
+}
+
+TEST_CASE("Checkpointer: corrupt and incomplete checkpoints are skipped, stale temps removed") {
+  TempDir dir;
+  CrashState s(0.05);
+  LogSink log;
+  {
+    ckpt::Checkpointer ck(dir.path(), {.keep_last = 0, .durable = false});
+    for (std::int64_t step = 1; step <= 4; ++step) {
+      s.set(step);
+      ck.save(s.state);
+    }
+  }
+  // step 4: a flipped bit in the model data; step 3: a file missing; plus debris.
+  const auto p4 = dir / "step_000000004/model.safetensors";
+  std::string bytes = ckpt_test::read_file(p4);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
+  ckpt_test::write_file(p4, bytes);
+  std::filesystem::remove(dir / "step_000000003/train_state.safetensors");
+  std::filesystem::create_directories(dir / ".step_000000005.tmp");
+  ckpt_test::write_file(dir / ".step_000000005.tmp/model.safetensors", "partial");
+  std::filesystem::create_directories(dir / "step_000000006");  // a half-deleted checkpoint
+  ckpt_test::write_file(dir / "step_000000006/train_state.safetensors", "x");
+  std::filesystem::create_directories(dir / "step_000000007");  // someone else's directory
+  ckpt_test::write_file(dir / "step_000000007/notes.txt", "mine");
+
+  // A watcher (another process's root) leaves everything as it is.
+  ckpt::Checkpointer watcher(dir.path(), {.durable = false, .remove_stale = false});
+  CHECK(std::filesystem::exists(dir / ".step_000000005.tmp"));
+  CHECK(std::filesystem::exists(dir / "step_000000006"));
+  ckpt::Checkpointer ck(dir.path(), {.keep_last = 0, .durable = false, .log = log.fn()});
+  CHECK_FALSE(std::filesystem::exists(dir / ".step_000000005.tmp"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step_000000006"));
+  CHECK(std::filesystem::exists(dir / "step_000000007/notes.txt"));
+  // Structure: 3 is incomplete; 4 looks complete until its content is hashed.
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{1, 2, 4});
+  CHECK(ck.latest(ckpt::Verify::kStructure)->step == 4);
+  const auto latest = ck.latest();
+  REQUIRE(latest.has_value());
+  CHECK(latest->step == 2);
+  CHECK(log.contains("step_000000004/model.safetensors' is corrupt"));
+
+  // load() of the corrupt one throws and changes nothing.
+  CrashState other(0.05);
+  other.set(77);
+  CHECK_THROWS_WITH_AS(ck.load(ck.list().back(), other.state), doctest::Contains("is corrupt"),
+                       tk::Error);
+  CHECK(other.check() == "");
+  CHECK(other.state.step == 77);
+
+  // resume() takes step 2 and moves the damaged step 4 aside (it must not count as "last").
+  CrashState fresh(0.05);
+  const auto resumed = ck.resume(fresh.state);
+  REQUIRE(resumed.has_value());
+  CHECK(resumed->step == 2);
+  CHECK(fresh.check() == "");
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{1, 2});
+  CHECK(std::filesystem::exists(dir / ".step_000000004.corrupt/model.safetensors"));
+  ckpt::Checkpointer again(dir.path(), {.durable = false});  // stale cleanup keeps it
+  CHECK(std::filesystem::exists(dir / ".step_000000004.corrupt"));
+}
+
+TEST_CASE("Checkpointer: resume on an empty directory; configuration errors are not skipped") {
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(9);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  CHECK_FALSE(ck.resume(s.state).has_value());
+  CHECK(s.check() == "");  // untouched
+  ck.save(s.state);
+
+  // A TrainState without a model loads the rest; one with a model needs a model file.
+  tk::PhiloxStream rng(1);
+  std::int64_t dummy = 0;
+  ckpt::TrainState no_model;
+  no_model.add("rng", rng)
+      .add(
+          "counter", [&] { return tk::StateDict{}; },
+          [&](const tk::StateDict& sd) { dummy = sd.get_int("counter"); });
+  CHECK(ck.resume(no_model).has_value());
+  CHECK(dummy == 9);
+  CHECK(rng.position() == 90);
+
+  TempDir dir2;
+  ckpt::Checkpointer no_model_ck(dir2.path(), {.durable = false});
+  no_model.step = 3;
+  no_model_ck.save(no_model);
+  CHECK(ckpt_test::entries(dir2 / "step_000000003") ==
+        std::vector<std::string>{"checkpoint.json", "train_state.safetensors"});
+  CrashState with_model(0.001);
+  CHECK_THROWS_WITH_AS(no_model_ck.resume(with_model.state),
+                       doctest::Contains("holds no model, but a model is registered"), tk::Error);
+
+  // A different model is an error of this run, not a damaged checkpoint.
+  CrashState bigger(0.002);
+  CHECK_THROWS_WITH_AS(ck.resume(bigger.state), doctest::Contains("encoder.weight"), tk::Error);
+
+  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.world = 2}), tk::Error);  // no barrier
+  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.rank = 2, .world = 2, .barrier = [] {}}),
+                  tk::Error);
+  CHECK_THROWS_AS(
+      ckpt::Checkpointer(dir.path(), {.every_seconds = 1, .world = 2, .barrier = [] {}}),
+      tk::Error);
+}
+
+TEST_CASE("Checkpointer: async saves snapshot the state, write in the background") {
+  TempDir dir;
+  CrashState s(4.0);
+  ckpt::Checkpointer ck(dir.path(), {.keep_last = 2, .async = true, .durable = false});
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    s.set(step);
+    ck.save(s.state);
+    // Training continues at once: change everything; the checkpoint must keep the snapshot.
+    s.set(1000 + step);
+  }
+  ck.wait();
+  const ckpt::SaveStats st = ck.last_stats();
+  CHECK(st.bytes > 4u << 20);
+  CHECK(st.write_seconds > 0);
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{2, 3});
+  CrashState fresh(4.0);
+  REQUIRE(ck.resume(fresh.state).has_value());
+  CHECK(fresh.state.step == 3);
+  CHECK(fresh.check() == "");
+}
+
+TEST_CASE("Checkpointer: async errors surface from wait() and the next save()") {
+  TempDir dir;
+  CrashState s(0.001);
+  ckpt::Checkpointer ck(dir.path(), {.async = true, .durable = false});
+  s.set(1);
+  ck.save(s.state);
+  ck.wait();
+  // Make the next write fail: the root becomes read-only (skipped when running as root, which
+  // ignores permissions; the disk-full test below covers async failures too).
+  std::filesystem::permissions(
+      dir.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  if (std::filesystem::exists(dir.path()) && ::access(dir.path().c_str(), W_OK) != 0) {
+    s.set(2);
+    ck.save(s.state);
+    CHECK_THROWS_AS(ck.wait(), tk::Error);
+    CHECK_NOTHROW(ck.wait());  // reported once
+  }
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all);
+  s.set(3);
+  ck.save(s.state);
+  ck.wait();
+  CHECK(ck.latest()->step == 3);
+}
+
+TEST_CASE("Checkpointer: full disk (RLIMIT_FSIZE) - clear error, previous checkpoint intact") {
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    TempDir dir;
+    {
+      CrashState s(1.0);
+      s.set(1);
+      ckpt::Checkpointer ck(dir.path(), {.durable = true});
+      ck.save(s.state);
+    }
+    // The child can create files up to 256 KiB: the 1 MiB model file fails with EFBIG.
+    const int rc = ckpt_test::in_child_with_file_limit(256 << 10, [&]() -> int {
+      CrashState s(1.0);
+      s.set(2);
+      ckpt::Checkpointer ck(dir.path(), {.async = async, .durable = true, .log = [](auto&) {}});
+      try {
+        ck.save(s.state);
+        ck.wait();
+      } catch (const tk::Error& e) {
+        const std::string what = e.what();
+        if (what.find("EFBIG") == std::string::npos) return 2;
+        if (what.find("model.safetensors") == std::string::npos) return 3;
+        return 0;
+      }
+      return 1;  // no error
+    });
+    CHECK(rc == 0);
+    ckpt::Checkpointer ck(dir.path(), {.durable = false});
+    CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{"step_000000001"});
+    const auto info = ck.latest();
+    REQUIRE(info.has_value());
+    CHECK(info->step == 1);
+    CrashState fresh(1.0);
+    ck.load(*info, fresh.state);
+    CHECK(fresh.check() == "");
+  }
+}
+
+TEST_CASE("Checkpointer: 3 ranks (ThreadComm) - replicated shards, index, per-rank state") {
+  TempDir dir;
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    const auto group = std::make_shared<dist::ThreadGroup>(3);  // the checkpointer's own comm
+    dist::ThreadComm::run(3, [&](dist::ThreadComm& comm) {
+      dist::ThreadComm ck_comm(group, comm.rank());
+      CrashState s(0.3);
+      s.set(10);
+      s.counter = 10 + comm.rank();  // rank-specific state
+      ckpt::Checkpointer ck(dir.path(), {.keep_last = 1,
+                                         .async = async,
+                                         .durable = false,
+                                         .rank = comm.rank(),
+                                         .world = 3,
+                                         .barrier = ckpt::comm_barrier(ck_comm)});
+      // CrashState's counter check requires values == counter * (i + 1): consistent per rank.
+      ck.save(s.state);
+      s.set(async ? 12 : 11);
+      s.counter = s.state.step + comm.rank();
+      ck.save(s.state);
+      ck.wait();
+      comm.barrier().wait();
+      CrashState fresh(0.3);
+      const auto info = ck.resume(fresh.state);
+      REQUIRE(info.has_value());
+      CHECK(info->step == s.state.step);
+      CHECK(fresh.counter == s.state.step + comm.rank());
+      fresh.counter = fresh.state.step;  // the rest of check() expects the shared value
+      CHECK(fresh.check() == "");
+      comm.barrier().wait();
+    });
+    const std::string step = async ? "step_000000012" : "step_000000011";
+    CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{step});
+    CHECK(ckpt_test::entries(dir / step) ==
+          std::vector<std::string>{
+              "checkpoint.json", "model-00001-of-00003.safetensors",
+              "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+              "model.safetensors.index.json", "train_state-rank00000.safetensors",
+              "train_state-rank00001.safetensors", "train_state-rank00002.safetensors"});
+    const io::SafetensorsIndex index =
+        io::load_safetensors_index(dir / step / io::kSafetensorsIndexName);
+    CHECK(index.weight_map.size() == 3);
+    CHECK(index.files().size() == 2);  // the big tensor alone, then the two small ones
+    // The index is what Hugging Face loaders read: the whole model through it.
+    CrashState single(0.3);
+    ckpt::load_model(single.arena, dir / step);
+    single.state.step = async ? 12 : 11;
+    CHECK(single.arena.params_data()[5] == CrashState::value(single.state.step, 5));
+  }
+}
+
+TEST_CASE("Checkpointer: 2 ranks with distinct parameters (ModelSharding::kLocal)") {
+  TempDir dir;
+  dist::ThreadComm::run(2, [&](dist::ThreadComm& comm) {
+    const int r = comm.rank();
+    tk::nn::ParamArena<> arena;
+    arena.add("layers." + std::to_string(r) + ".weight", tk::Shape{4, 4});
+    arena.finalize();
+    for (int i = 0; i < 16; ++i) arena.params_data()[i] = float(r * 100 + i);
+    ckpt::TrainState state;
+    state.model(arena);
+    state.step = 7;
+    ckpt::Checkpointer ck(dir.path(), {.durable = false,
+                                       .rank = r,
+                                       .world = 2,
+                                       .barrier = ckpt::comm_barrier(comm),
+                                       .sharding = ckpt::ModelSharding::kLocal});
+    ck.save(state);
+    for (int i = 0; i < 16; ++i) arena.params_data()[i] = -1;
+    REQUIRE(ck.resume(state).has_value());
+    for (int i = 0; i < 16; ++i) CHECK(arena.params_data()[i] == float(r * 100 + i));
+  });
+  const io::SafetensorsIndex index =
+      io::load_safetensors_index(dir / "step_000000007" / io::kSafetensorsIndexName);
+  CHECK(index.weight_map.at("layers.1.weight") == "model-00002-of-00002.safetensors");
+  // A run with another world size cannot take the per-rank state, and says so.
+  ckpt::Checkpointer one(dir.path(), {.durable = false});
+  ckpt::TrainState bare;
+  CHECK_THROWS_WITH_AS(one.resume(bare), doctest::Contains("written by 2 rank(s); this run has 1"),
+                       tk::Error);
+}

@@ -1,0 +1,245 @@
+// Tests of ckpt/model.hpp: model weights under PyTorch names. A file PyTorch wrote
+// (tests/data/ckpt/make_torch_fixture.py) loads into a trainkit MLP that then computes PyTorch's
+// output; our files round-trip bit for bit; every mismatch (missing, unexpected, shape, dtype)
+// is listed in one error before anything changes; strict = false, skip patterns, prefixes,
+// dtype conversion, sharded sets and directories work; a corrupt file is refused.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <trainkit/ckpt/model.hpp>
+#include <trainkit/core/tensor.hpp>
+#include <trainkit/error.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/io/json.hpp>
+#include <trainkit/io/safetensors.hpp>
+#include <trainkit/nn/activation.hpp>
+#include <trainkit/nn/dropout.hpp>
+#include <trainkit/nn/linear.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/nn/sequential.hpp>
+
+#include "ckpt/ckpt_test_util.hpp"
+
+namespace {
+namespace tk = trainkit;
+namespace ckpt = trainkit::ckpt;
+namespace io = trainkit::io;
+namespace nn = trainkit::nn;
+using ckpt_test::TempDir;
+
+const std::string kData = std::string(TRAINKIT_TEST_DATA_DIR) + "/ckpt/";
+
+/// The architecture of make_torch_fixture.py: Linear(5,7) ReLU Dropout Linear(7,head).
+struct TorchMlp {
+  nn::ParamArena<> arena;
+  nn::Sequential<nn::Linear<>, nn::ReLU, nn::Dropout, nn::Linear<>> net;
+  explicit TorchMlp(std::int64_t head = 3)
+      : net{nn::Linear(arena, "0", {.in_features = 5, .out_features = 7}), nn::ReLU{},
+            nn::Dropout({.p = 0.1f}),
+            nn::Linear(arena, "3", {.in_features = 7, .out_features = head})} {
+    arena.finalize();
+    arena.initialize(17);
+    net.get<2>().eval();
+  }
+};
+
+std::vector<float> floats(const io::Json& j) {
+  std::vector<float> out;
+  for (const io::Json& v : j.as_array()) out.push_back(static_cast<float>(v.as_double()));
+  return out;
+}
+
+std::vector<float> params(const nn::ParamArena<>& a) {
+  return std::vector<float>(a.params_data(), a.params_data() + a.buffer_numel());
+}
+
+}  // namespace
+
+TEST_CASE("load_model: weights saved by PyTorch give PyTorch's output") {
+  const io::Json ref =
+      io::Json::parse(ckpt_test::read_file(kData + "torch_mlp.json"), "torch_mlp.json");
+  TorchMlp m;
+  const ckpt::ModelLoadReport r = ckpt::load_model(m.arena, kData + "torch_mlp.safetensors");
+  CHECK(r.complete());
+  CHECK(r.loaded.size() == 4);
+  const std::vector<float> x = floats(ref.at("input"));
+  const std::vector<float> y = floats(ref.at("output"));
+  tk::exec::Host exec(1);
+  tk::Tensor<float> in(tk::Shape{4, 5}), out(tk::Shape{4, 3});
+  std::memcpy(in.data(), x.data(), x.size() * 4);
+  m.net.forward(exec, in.view<2>(), out.view<2>());
+  for (std::size_t i = 0; i < y.size(); ++i)
+    CHECK(out.data()[i] == doctest::Approx(y[i]).epsilon(1e-5));
+
+  // The same weights in BF16: refused unless conversion is asked for.
+  TorchMlp b;
+  CHECK_THROWS_WITH_AS(ckpt::load_model(b.arena, kData + "torch_mlp_bf16.safetensors"),
+                       doctest::Contains("'0.weight' is BF16 in the file but the model is F32 "
+                                         "(pass convert_dtype = true"),
+                       tk::Error);
+  ckpt::load_model(b.arena, kData + "torch_mlp_bf16.safetensors", {.convert_dtype = true});
+  const io::SafetensorsFile f32(kData + "torch_mlp.safetensors");
+  const auto w = f32.tensor("0.weight").as<float, 2>();
+  const float* got = b.arena.params_data() + b.arena.info(b.arena.at("0.weight")).offset;
+  for (std::int64_t i = 0; i < 35; ++i)
+    CHECK(got[i] == static_cast<float>(tk::bf16(w.data()[i])));  // rounded like .to(bfloat16)
+}
+
+TEST_CASE("load_model: a new head - shape mismatch, strict = false and skip patterns") {
+  TorchMlp m(/*head=*/10);
+  const std::vector<float> before = params(m.arena);
+  CHECK_THROWS_WITH_AS(ckpt::load_model(m.arena, kData + "torch_mlp.safetensors"),
+                       doctest::Contains("'3.weight' has shape [3, 7] in the file but [10, 7] "
+                                         "in the model"),
+                       tk::Error);
+  // Shape mismatches are errors even when not strict (as in PyTorch).
+  CHECK_THROWS_AS(ckpt::load_model(m.arena, kData + "torch_mlp.safetensors", {.strict = false}),
+                  tk::Error);
+  CHECK(params(m.arena) == before);  // nothing changed
+  const auto r = ckpt::load_model(m.arena, kData + "torch_mlp.safetensors", {.skip = {"3.*"}});
+  CHECK(r.loaded == std::vector<std::string>{"0.weight", "0.bias"});
+  CHECK(r.skipped == std::vector<std::string>{"3.weight", "3.bias"});
+  CHECK(r.complete());
+  const auto head = m.arena.info(m.arena.at("3.weight"));
+  CHECK(std::memcmp(m.arena.params_data() + head.offset, before.data() + head.offset,
+                    std::size_t(head.numel) * 4) == 0);  // the new head keeps its init
+}
+
+TEST_CASE("load_model: missing and unexpected names, prefixes") {
+  TempDir dir;
+  nn::ParamArena<> src;
+  src.add("encoder.weight", tk::Shape{2, 2});
+  src.add("encoder.bias", tk::Shape{2});
+  src.add("extra.scale", tk::Shape{});
+  src.finalize();
+  src.initialize(5);
+  ckpt::save_model(dir / "m.safetensors", src, {.durable = false});
+
+  nn::ParamArena<> dst;
+  dst.add("encoder.weight", tk::Shape{2, 2});
+  dst.add("encoder.bias", tk::Shape{2});
+  dst.add("decoder.weight", tk::Shape{3});
+  dst.finalize();
+  const std::vector<float> before = params(dst);
+  CHECK_THROWS_WITH_AS(ckpt::load_model(dst, dir / "m.safetensors"),
+                       doctest::Contains("1 missing: 'decoder.weight'"), tk::Error);
+  CHECK_THROWS_WITH_AS(ckpt::load_model(dst, dir / "m.safetensors"),
+                       doctest::Contains("1 unexpected (in the file, not in the model): "
+                                         "'extra.scale'"),
+                       tk::Error);
+  CHECK(params(dst) == before);
+  const auto r = ckpt::load_model(dst, dir / "m.safetensors", {.strict = false});
+  CHECK(r.missing == std::vector<std::string>{"decoder.weight"});
+  CHECK(r.unexpected == std::vector<std::string>{"extra.scale"});
+  CHECK(r.loaded.size() == 2);
+  CHECK(dst.params_data()[0] == src.params_data()[0]);
+  // allow_unexpected: a pretrained file with more heads.
+  CHECK_THROWS_AS(ckpt::load_model(dst, dir / "m.safetensors", {.allow_unexpected = true}),
+                  tk::Error);  // still missing decoder.weight
+  CHECK_NOTHROW(ckpt::load_model(dst, dir / "m.safetensors",
+                                 {.allow_unexpected = true, .skip = {"decoder.*"}}));
+
+  // A wrapped model: the file's names carry "model.", plus a tensor outside the prefix.
+  const float* p = src.params_data();
+  const auto at = [&](const char* n) { return p + src.info(src.at(n)).offset; };
+  io::save_safetensors(
+      dir / "wrapped.safetensors",
+      {{"model.encoder.weight",
+        tk::AnyTensorView(tk::DType::kF32, tk::Shape{2, 2}, at("encoder.weight"))},
+       {"model.encoder.bias", tk::AnyTensorView(tk::DType::kF32, tk::Shape{2}, at("encoder.bias"))},
+       {"lm_head.weight", tk::AnyTensorView(tk::DType::kF32, tk::Shape{1}, p)}},
+      {}, {.durable = false});
+  nn::ParamArena<> enc;
+  enc.add("encoder.weight", tk::Shape{2, 2});
+  enc.add("encoder.bias", tk::Shape{2});
+  enc.finalize();
+  CHECK_THROWS_WITH_AS(ckpt::load_model(enc, dir / "wrapped.safetensors"),
+                       doctest::Contains("2 missing"), tk::Error);
+  const auto w =
+      ckpt::load_model(enc, dir / "wrapped.safetensors", {.strict = false, .prefix = "model."});
+  CHECK(w.loaded.size() == 2);
+  CHECK(w.unexpected == std::vector<std::string>{"lm_head.weight"});
+  CHECK(std::memcmp(enc.params_data(), at("encoder.weight"), 16) == 0);
+}
+
+TEST_CASE("save_model / load_model: bit-exact round trip, format metadata, sharded sets") {
+  TempDir dir;
+  nn::ParamArena<> a;
+  a.add("blocks.0.attn.weight", tk::Shape{8, 4});
+  a.add("blocks.0.attn.bias", tk::Shape{8});
+  a.add("empty", tk::Shape{0, 3});
+  a.add("scale", tk::Shape{});
+  a.finalize();
+  a.initialize(11);
+  a.params_data()[a.info(a.at("scale")).offset] = -0.0f;
+  const ckpt::FileDigest d = ckpt::save_model(dir / "model.safetensors", a, {.durable = false});
+  const io::SafetensorsFile f(dir / "model.safetensors");
+  CHECK(f.metadata().at("format") == "pt");
+  CHECK(f.metadata().at("trainkit.xxh64") == ckpt::hex64(d.xxh64));
+  CHECK(f.tensor("empty").shape() == tk::Shape{0, 3});
+  CHECK(f.tensor("scale").shape().rank() == 0);
+  // 64-byte data alignment for mappers.
+  CHECK(f.header().data_offset() % 64 == 0);
+
+  nn::ParamArena<> b;
+  b.add("blocks.0.attn.weight", tk::Shape{8, 4});
+  b.add("blocks.0.attn.bias", tk::Shape{8});
+  b.add("empty", tk::Shape{0, 3});
+  b.add("scale", tk::Shape{});
+  b.finalize();
+  ckpt::load_model(b, dir.path());  // a directory holding model.safetensors
+  CHECK(std::memcmp(a.params_data(), b.params_data(), std::size_t(a.buffer_numel()) * 4) == 0);
+  CHECK(std::signbit(b.params_data()[b.info(b.at("scale")).offset]));
+
+  // A sharded set written by hand (as huggingface_hub does) through its index.
+  const float* p = a.params_data();
+  const auto view = [&](const char* n) {
+    const auto& i = a.info(a.at(n));
+    return tk::AnyTensorView(tk::DType::kF32, i.shape, p + i.offset);
+  };
+  std::filesystem::create_directories(dir / "hf");
+  io::save_safetensors(dir / "hf/model-00001-of-00002.safetensors",
+                       {{"blocks.0.attn.weight", view("blocks.0.attn.weight")}}, {},
+                       {.durable = false});
+  io::save_safetensors(dir / "hf/model-00002-of-00002.safetensors",
+                       {{"blocks.0.attn.bias", view("blocks.0.attn.bias")},
+                        {"empty", view("empty")},
+                        {"scale", view("scale")}},
+                       {}, {.durable = false});
+  io::SafetensorsIndex index;
+  index.weight_map = {{"blocks.0.attn.weight", "model-00001-of-00002.safetensors"},
+                      {"blocks.0.attn.bias", "model-00002-of-00002.safetensors"},
+                      {"empty", "model-00002-of-00002.safetensors"},
+                      {"scale", "model-00002-of-00002.safetensors"}};
+  io::save_safetensors_index(dir / "hf" / io::kSafetensorsIndexName, index, {.durable = false});
+  nn::ParamArena<> c;
+  c.add("blocks.0.attn.weight", tk::Shape{8, 4});
+  c.add("blocks.0.attn.bias", tk::Shape{8});
+  c.add("empty", tk::Shape{0, 3});
+  c.add("scale", tk::Shape{});
+  c.finalize();
+  ckpt::load_model(c, dir / "hf");
+  CHECK(std::memcmp(a.params_data(), c.params_data(), std::size_t(a.buffer_numel()) * 4) == 0);
+
+  // A corrupt file is refused before anything is loaded (and names the file).
+  std::string bytes = ckpt_test::read_file(dir / "model.safetensors");
+  bytes[bytes.size() - 5] = static_cast<char>(bytes[bytes.size() - 5] ^ 1);
+  ckpt_test::write_file(dir / "model.safetensors", bytes);
+  nn::ParamArena<> e;
+  e.add("blocks.0.attn.weight", tk::Shape{8, 4});
+  e.add("blocks.0.attn.bias", tk::Shape{8});
+  e.add("empty", tk::Shape{0, 3});
+  e.add("scale", tk::Shape{});
+  e.finalize();
+  CHECK_THROWS_WITH_AS(ckpt::load_model(e, dir / "model.safetensors"),
+                       doctest::Contains("model.safetensors' is corrupt"), tk::Error);
+  CHECK(e.params_data()[0] == 0.0f);
+  CHECK_NOTHROW(ckpt::load_model(e, dir / "model.safetensors", {.verify_checksum = false}));
+  CHECK_THROWS_WITH_AS(ckpt::load_model(e, dir / "nothing"), doctest::Contains("nothing"),
+                       tk::Error);
+}
