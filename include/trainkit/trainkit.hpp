@@ -85,6 +85,16 @@
 #include "trainkit/data/prefetcher.hpp"
 #include "trainkit/data/augment.hpp"
 
+#include "trainkit/dist/comm.hpp"
+#include "trainkit/dist/host_reduce.hpp"
+#include "trainkit/dist/thread_comm.hpp"
+#include "trainkit/dist/mpi_comm.hpp"
+#include "trainkit/dist/nccl_comm.hpp"
+#include "trainkit/dist/device_kernels.hpp"
+#include "trainkit/dist/rendezvous.hpp"
+#include "trainkit/dist/bootstrap.hpp"
+#include "trainkit/dist/bucketer.hpp"
+
 #include "trainkit/ckpt/checksum.hpp"
 #include "trainkit/ckpt/state_dict.hpp"
 #include "trainkit/ckpt/model.hpp"

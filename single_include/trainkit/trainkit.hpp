@@ -18709,6 +18709,3577 @@ void augment_batch_device(const ImageAugment& aug, const In* in, float* out,
 TRAINKIT_NAMESPACE_END
 // end trainkit/data/augment.hpp
 
+// begin trainkit/dist/comm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/comm.hpp: what a communicator is. `Comm` is the interface ThreadComm, MpiComm and
+// NcclComm implement (rank, size, all_reduce with sum/avg/max/min, broadcast, all_gather,
+// reduce_scatter, barrier on f32/bf16/f16/f64/i32/i64 buffers); `Communicator` is the same as a
+// concept. Every collective is asynchronous and returns a `Work` handle: `wait()` blocks until it
+// finished and throws trainkit::Error when it failed, a peer died or the timeout passed.
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// The reductions of all_reduce and reduce_scatter. kAvg is the sum divided by the number of
+/// ranks (truncating for integers), as NCCL's ncclAvg. kMax/kMin propagate NaN.
+enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
+
+inline constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+/// True for the element types all_reduce and reduce_scatter can reduce: F32, BF16, F16, F64,
+/// I32, I64. broadcast and all_gather move any element type.
+inline constexpr bool is_reducible(DType t) noexcept {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF64 ||
+         t == DType::kI32 || t == DType::kI64;
+}
+
+/// A contiguous run of `count` elements of `dtype` at `data` in memory `space`: what collectives
+/// read and write. Non-owning; the memory must stay valid (and, for sources, unchanged) until the
+/// collective's Work has completed. Converts implicitly from std::span and contiguous TensorViews.
+struct Buffer {
+  void* data = nullptr;
+  std::int64_t count = 0;
+  DType dtype = DType::kF32;
+  Space space = Space::kHost;
+
+  constexpr Buffer() noexcept = default;
+  constexpr Buffer(void* data_, std::int64_t count_, DType dtype_,
+                   Space space_ = Space::kHost) noexcept
+      : data(data_), count(count_), dtype(dtype_), space(space_) {}
+
+  /// A host buffer over a span (a const span is fine for the read-only operand of all_gather and
+  /// reduce_scatter; collectives never write through it).
+  template <class T>
+  Buffer(std::span<T> s) noexcept  // NOLINT: implicit, like a view
+      : data(const_cast<std::remove_const_t<T>*>(s.data())),
+        count(static_cast<std::int64_t>(s.size())),
+        dtype(dtype_of<T>),
+        space(Space::kHost) {}
+
+  /// The elements of a contiguous view. Throws trainkit::Error for a strided view.
+  template <class T, int R, Space S>
+  Buffer(const TensorView<T, R, S>& v)  // NOLINT: implicit, like a view
+      : data(const_cast<std::remove_const_t<T>*>(v.data())),
+        count(v.numel()),
+        dtype(dtype_of<T>),
+        space(S) {
+    TRAINKIT_CHECK(v.is_contiguous(),
+                   "dist::Buffer: collectives need a contiguous view, got a "
+                   "strided one of ",
+                   v.numel(), " elements");
+  }
+
+  /// Size in bytes.
+  constexpr std::size_t bytes() const noexcept {
+    return static_cast<std::size_t>(count) * dtype_size(dtype);
+  }
+  /// Elements [offset, offset + n) of this buffer.
+  constexpr Buffer slice(std::int64_t offset, std::int64_t n) const noexcept {
+    return Buffer(static_cast<char*>(data) + static_cast<std::size_t>(offset) * dtype_size(dtype),
+                  n, dtype, space);
+  }
+};
+
+/// A host buffer of `count` elements at `data`.
+template <class T>
+constexpr Buffer host_buffer(T* data, std::int64_t count) noexcept {
+  return Buffer(const_cast<std::remove_const_t<T>*>(data), count, dtype_of<T>, Space::kHost);
+}
+/// A device buffer of `count` elements at `data` (a CUDA device pointer).
+template <class T>
+constexpr Buffer device_buffer(T* data, std::int64_t count) noexcept {
+  return Buffer(const_cast<std::remove_const_t<T>*>(data), count, dtype_of<T>, Space::kDevice);
+}
+
+namespace detail {
+
+/// The state behind a Work handle; each backend derives its own.
+class WorkState {
+ public:
+  WorkState() = default;
+  WorkState(const WorkState&) = delete;
+  WorkState& operator=(const WorkState&) = delete;
+  virtual ~WorkState() = default;
+  /// Blocks until the collective finished; throws trainkit::Error if it failed.
+  virtual void wait() = 0;
+  /// True when the collective finished (never blocks); throws trainkit::Error if it failed.
+  virtual bool test() = 0;
+};
+
+/// Completion of a collective run by a host thread (ThreadComm's and MpiComm's progress
+/// threads): the thread calls complete(), waiters block on a condition variable. The timeout is
+/// enforced by the thread running the collective, which then completes it with an error.
+class HostWork : public WorkState {
+ public:
+  void complete(std::exception_ptr error = nullptr) noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::move(error);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+  void wait() override {
+    while (!done_.load(std::memory_order_acquire) && help()) {
+    }
+    // Small collectives finish within microseconds: poll a little (yielding the core after a
+    // few rounds) before sleeping, which would add a wake-up to each of them.
+    const auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+    for (unsigned i = 1; !done_.load(std::memory_order_acquire); ++i) {
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() > spin_end) break;
+      if (i > 64) std::this_thread::yield();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return done_.load(std::memory_order_relaxed); });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool test() override {
+    if (!done_.load(std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+
+ protected:
+  /// Called by wait() while the collective has not finished: a backend may run pending work on
+  /// the waiting thread instead of handing it over (ThreadComm does). False when there is none.
+  virtual bool help() { return false; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
+
+}  // namespace detail
+
+/// Handle to an asynchronous collective. Copyable (copies share the state). A default-constructed
+/// Work is complete. wait()/test() rethrow the collective's error every time they are called.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::WorkState> state) noexcept : state_(std::move(state)) {}
+
+  /// Blocks until the collective finished (for device communicators: until the device finished
+  /// it). Throws trainkit::Error when it failed, timed out or a peer left.
+  void wait() const {
+    if (state_) state_->wait();
+  }
+  /// True when finished; never blocks. Throws trainkit::Error when it failed.
+  bool test() const { return !state_ || state_->test(); }
+  /// False for a default-constructed Work.
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// The backend's state (NcclComm::wait_on reads its event).
+  const std::shared_ptr<detail::WorkState>& state() const noexcept { return state_; }
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+/// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
+/// e.g. "2.5") or 300 s. A collective that makes no progress for this long fails with
+/// trainkit::Error instead of hanging. Throws trainkit::Error for a malformed value.
+inline std::chrono::milliseconds default_timeout() {
+  const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
+  if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(env, &end);
+  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds > 0.0 && seconds < 1e7,
+                 "TRAINKIT_DIST_TIMEOUT='", env, "' is not a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+}
+
+/// A communicator: `size()` ranks, this process or thread being `rank()`. Collectives must be
+/// called by every rank in the same order with matching arguments; each returns at once with a
+/// Work handle (the transfer proceeds on the backend's thread or stream). Argument errors (wrong
+/// memory space, counts that do not fit, a dtype that cannot be reduced) throw trainkit::Error at
+/// the call; failures of the collective itself surface from Work::wait().
+///
+/// Operations (count = elements; all buffers of one call have the same dtype):
+///  - all_reduce(buf, op): in place; every rank ends with op over all ranks' buf.
+///  - broadcast(buf, root): every rank ends with root's buf.
+///  - all_gather(send, recv): recv.count == size * send.count; rank r's send lands in
+///    recv[r * send.count, (r + 1) * send.count). In place when send is that slice of recv.
+///  - reduce_scatter(send, recv, op): send.count == size * recv.count; rank r receives op over
+///    all ranks of send[r * recv.count, (r + 1) * recv.count).
+///  - barrier(): completes once every rank has called it.
+class Comm {
+ public:
+  Comm() = default;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  virtual ~Comm() = default;
+
+  /// This rank, in [0, size()).
+  virtual int rank() const noexcept = 0;
+  /// Number of ranks.
+  virtual int size() const noexcept = 0;
+  /// "ThreadComm", "MpiComm" or "NcclComm" (error messages start with it).
+  virtual std::string_view backend() const noexcept = 0;
+  /// Where the buffers must live: host for ThreadComm and MpiComm, device for NcclComm.
+  virtual Space space() const noexcept = 0;
+
+  virtual Work all_reduce(Buffer buf, ReduceOp op) = 0;
+  virtual Work broadcast(Buffer buf, int root) = 0;
+  virtual Work all_gather(Buffer send, Buffer recv) = 0;
+  virtual Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) = 0;
+  virtual Work barrier() = 0;
+};
+
+/// Anything with Comm's members (every Comm, and duck-typed communicators of your own).
+template <class C>
+concept Communicator = requires(C& c, const C& cc, Buffer b, ReduceOp op, int root) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { c.all_reduce(b, op) } -> std::same_as<Work>;
+  { c.broadcast(b, root) } -> std::same_as<Work>;
+  { c.all_gather(b, b) } -> std::same_as<Work>;
+  { c.reduce_scatter(b, b, op) } -> std::same_as<Work>;
+  { c.barrier() } -> std::same_as<Work>;
+};
+static_assert(Communicator<Comm>);
+
+namespace detail {
+
+/// "1000 x F32 (host)" for messages.
+inline std::string describe(const Buffer& b) {
+  return trainkit::detail::concat(b.count, " x ", dtype_name(b.dtype), " (", space_name(b.space),
+                                  ")");
+}
+
+/// Argument checks shared by the backends; messages name the backend, rank and operation.
+inline void check_buffer(const Comm& c, const char* op, const char* which, const Buffer& b) {
+  TRAINKIT_CHECK(b.count >= 0, c.backend(), " rank ", c.rank(), ": ", op, ": ", which,
+                 " has a negative count ", b.count);
+  TRAINKIT_CHECK(b.count == 0 || b.data != nullptr, c.backend(), " rank ", c.rank(), ": ", op, ": ",
+                 which, " is null with ", b.count, " elements");
+  TRAINKIT_CHECK(b.space == c.space(), c.backend(), " rank ", c.rank(), ": ", op, ": ", which,
+                 " is ", space_name(b.space), " memory, this communicator moves ",
+                 space_name(c.space()), " memory");
+}
+
+inline void check_reducible(const Comm& c, const char* op, const Buffer& b) {
+  TRAINKIT_CHECK(is_reducible(b.dtype), c.backend(), " rank ", c.rank(), ": ", op,
+                 " cannot reduce ", dtype_name(b.dtype),
+                 " (supported: F32, BF16, F16, F64, I32, I64)");
+}
+
+inline void check_all_reduce(const Comm& c, const Buffer& b) {
+  check_buffer(c, "all_reduce", "the buffer", b);
+  check_reducible(c, "all_reduce", b);
+}
+
+inline void check_broadcast(const Comm& c, const Buffer& b, int root) {
+  check_buffer(c, "broadcast", "the buffer", b);
+  TRAINKIT_CHECK(root >= 0 && root < c.size(), c.backend(), " rank ", c.rank(), ": broadcast root ",
+                 root, " is not in [0, ", c.size(), ")");
+}
+
+inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& recv) {
+  check_buffer(c, "all_gather", "send", send);
+  check_buffer(c, "all_gather", "recv", recv);
+  TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
+                 ": all_gather: send is ", dtype_name(send.dtype), " but recv is ",
+                 dtype_name(recv.dtype));
+  TRAINKIT_CHECK(recv.count == send.count * c.size(), c.backend(), " rank ", c.rank(),
+                 ": all_gather: recv must hold size * send.count = ", c.size(), " * ", send.count,
+                 " elements, it holds ", recv.count);
+}
+
+inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer& recv) {
+  check_buffer(c, "reduce_scatter", "send", send);
+  check_buffer(c, "reduce_scatter", "recv", recv);
+  check_reducible(c, "reduce_scatter", send);
+  TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
+                 ": reduce_scatter: send is ", dtype_name(send.dtype), " but recv is ",
+                 dtype_name(recv.dtype));
+  TRAINKIT_CHECK(send.count == recv.count * c.size(), c.backend(), " rank ", c.rank(),
+                 ": reduce_scatter: send must hold size * recv.count = ", c.size(), " * ",
+                 recv.count, " elements, it holds ", send.count);
+}
+
+/// A Work that has already failed with `error` (for collectives refused by a broken
+/// communicator: the error surfaces from wait(), like any failure of the collective).
+inline Work failed_work(std::exception_ptr error) {
+  auto state = std::make_shared<HostWork>();
+  state->complete(std::move(error));
+  return Work(std::move(state));
+}
+
+}  // namespace detail
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/comm.hpp
+// begin trainkit/dist/host_reduce.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/host_reduce.hpp: the element-wise combine step of host collectives,
+// dst[i] = a[i] (+|max|min) b[i] for every reducible dtype, used by ThreadComm's ring and by
+// MpiComm's BF16/F16 reduction operators and averaging. 16-bit floats are combined in f32 and
+// rounded once per step (what NCCL does), integers wrap on overflow instead of being undefined.
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+namespace detail {
+
+/// The type a step computes in: f32 for the 16-bit floats, T otherwise.
+template <class T>
+using combine_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
+
+template <class T>
+inline T add_values(T a, T b) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    // Two's-complement wrap-around, as NCCL and MPI do, without signed-overflow UB.
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+
+template <class T>
+inline bool is_nan_value(T x) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    return false;
+  } else {
+    return !(x == x);
+  }
+}
+
+/// max/min that return NaN when either operand is NaN (a NaN gradient is never hidden).
+template <class T>
+inline T max_value(T a, T b) noexcept {
+  return (b > a || is_nan_value(b)) ? b : a;
+}
+template <class T>
+inline T min_value(T a, T b) noexcept {
+  return (b < a || is_nan_value(b)) ? b : a;
+}
+
+/// dst[i] = a[i] op b[i] for i < n; with `divisor` > 1 the sum is then divided by it (the last
+/// step of an average). `op` must not be kAvg here: callers pass kSum plus the divisor. dst may
+/// alias a or b (element i is read before it is written).
+template <class T>
+inline void combine_typed(ReduceOp op, T* dst, const T* a, const T* b, std::int64_t n,
+                          int divisor) {
+  using C = combine_t<T>;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      if (divisor > 1) {
+        const C d = static_cast<C>(divisor);
+        for (std::int64_t i = 0; i < n; ++i)
+          dst[i] = T(add_values(static_cast<C>(a[i]), static_cast<C>(b[i])) / d);
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          dst[i] = T(add_values(static_cast<C>(a[i]), static_cast<C>(b[i])));
+      }
+      return;
+    case ReduceOp::kMax:
+      for (std::int64_t i = 0; i < n; ++i)
+        dst[i] = T(max_value(static_cast<C>(a[i]), static_cast<C>(b[i])));
+      return;
+    case ReduceOp::kMin:
+      for (std::int64_t i = 0; i < n; ++i)
+        dst[i] = T(min_value(static_cast<C>(a[i]), static_cast<C>(b[i])));
+      return;
+  }
+}
+
+/// data[i] /= divisor (the averaging of backends that reduce with a sum first).
+template <class T>
+inline void divide_typed(T* data, std::int64_t n, int divisor) {
+  using C = combine_t<T>;
+  const C d = static_cast<C>(divisor);
+  for (std::int64_t i = 0; i < n; ++i) data[i] = T(static_cast<C>(data[i]) / d);
+}
+
+/// Calls f(T{}) with the C++ type of a reducible dtype.
+template <class F>
+inline void visit_reducible(DType t, F&& f) {
+  switch (t) {
+    case DType::kF32: f(float{}); return;
+    case DType::kF64: f(double{}); return;
+    case DType::kBF16: f(bf16{}); return;
+    case DType::kF16: f(f16{}); return;
+    case DType::kI32: f(std::int32_t{}); return;
+    case DType::kI64: f(std::int64_t{}); return;
+    default: break;
+  }
+  TRAINKIT_FAIL("dist: cannot reduce ", dtype_name(t),
+                " (supported: F32, BF16, F16, F64, I32, I64)");
+}
+
+/// Type-erased combine_typed over `n` elements of `dtype`.
+inline void combine(DType dtype, ReduceOp op, void* dst, const void* a, const void* b,
+                    std::int64_t n, int divisor) {
+  if (n <= 0) return;
+  visit_reducible(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    combine_typed<T>(op, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
+                     n, divisor);
+  });
+}
+
+/// Type-erased divide_typed.
+inline void divide(DType dtype, void* data, std::int64_t n, int divisor) {
+  if (n <= 0 || divisor <= 1) return;
+  visit_reducible(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    divide_typed<T>(static_cast<T*>(data), n, divisor);
+  });
+}
+
+/// memcpy that tolerates n == 0 with null pointers and dst == src.
+inline void copy_bytes(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+}  // namespace detail
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/host_reduce.hpp
+// begin trainkit/dist/thread_comm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/thread_comm.hpp: ThreadComm, a communicator whose ranks are threads of one process:
+// the CPU data-parallel engine on one machine and the test bed for everything distributed.
+// Collectives are rings over shared memory (each rank reads its left neighbour's buffer chunk by
+// chunk: all_reduce is a pipelined reduce-scatter + all-gather) with a summation order fixed by
+// (segment, size), so results are bitwise reproducible. Every wait has a timeout: a rank that
+// stalls, throws or leaves makes the others fail with a trainkit::Error naming it, not a hang.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Options of a ThreadGroup (shared by its ranks).
+struct ThreadCommOptions {
+  /// A rank that waits this long without seeing the awaited rank make progress fails (and with it
+  /// the whole group). Default: default_timeout() ($TRAINKIT_DIST_TIMEOUT or 300 s).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// Pipelining granularity of the ring, in bytes: a rank starts on a chunk as soon as its left
+  /// neighbour finished that chunk of the previous step.
+  std::int64_t chunk_bytes = std::int64_t{256} << 10;
+  /// Fault injection for tests: called on rank `rank`'s progress thread before each unit of work
+  /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
+  std::function<void(int rank, std::uint64_t op, std::int64_t unit)> fault_injection;
+};
+
+namespace detail {
+
+enum class RingOp : std::uint8_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+
+inline constexpr const char* ring_op_name(RingOp op) noexcept {
+  switch (op) {
+    case RingOp::kAllReduce: return "all_reduce";
+    case RingOp::kBroadcast: return "broadcast";
+    case RingOp::kAllGather: return "all_gather";
+    case RingOp::kReduceScatter: return "reduce_scatter";
+    case RingOp::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+/// ThreadComm's fixed summation order. all_reduce splits the buffer into `size` segments
+/// (segment c = elements [c*n/size, (c+1)*n/size)), reduce_scatter's send buffer is its `size`
+/// segments of recv.count. Element i of segment c is reduced, in every run, as
+///   acc = x[s]; for j in 1..size-1: acc = x[(s + j) % size] (op) acc;   s = ring_chain_start(c)
+/// where x[r] is rank r's value (16-bit floats: each step in f32, rounded to the type).
+inline constexpr int ring_chain_start(int segment, int size) noexcept {
+  return (segment + 1) % size;
+}
+
+/// What a rank publishes about its current collective. Written by the owner before `seq` is
+/// released; read by the right neighbour after acquiring `seq`.
+struct RingDesc {
+  RingOp kind = RingOp::kBarrier;
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kF32;
+  int root = 0;
+  /// all_reduce/broadcast: the buffer; all_gather: send count; reduce_scatter: recv count.
+  std::int64_t count = 0;
+  void* data = nullptr;        // all_reduce/broadcast buffer, all_gather/reduce_scatter recv
+  const void* send = nullptr;  // all_gather/reduce_scatter send
+  void* scratch = nullptr;     // reduce_scatter partial sums (size * count elements)
+};
+
+/// Per-rank shared state, one cache line apart. `progress` counts finished units of work over
+/// the life of the group (monotonic); `base`/`units` describe collective `seq` for diagnostics.
+struct alignas(64) RingSlot {
+  std::atomic<std::int64_t> progress{0};
+  alignas(64) std::atomic<std::uint64_t> seq{0};
+  std::atomic<std::int64_t> base{0};
+  std::atomic<std::int64_t> units{0};
+  std::atomic<int> waiting_on{-1};
+  std::atomic<bool> left{false};
+  std::atomic<bool> claimed{false};
+  std::atomic<bool> accessing{false};  // reading a neighbour's buffers right now
+  RingDesc desc;
+};
+
+inline void cpu_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+inline std::string format_seconds(std::chrono::milliseconds ms) {
+  return trainkit::detail::concat(static_cast<double>(ms.count()) / 1000.0, " s");
+}
+
+}  // namespace detail
+
+/// The shared state of a ThreadComm group of `size` ranks: create one, hand it to `size`
+/// threads, and construct one ThreadComm per thread from it (or use ThreadComm::run).
+class ThreadGroup {
+ public:
+  /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
+  explicit ThreadGroup(int size, ThreadCommOptions options = {})
+      : size_(size), options_(std::move(options)) {
+    TRAINKIT_CHECK(size >= 1 && size <= 4096, "ThreadGroup: size must be in [1, 4096], got ", size);
+    TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
+                   options_.chunk_bytes);
+    TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
+    slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(size));
+  }
+  ThreadGroup(const ThreadGroup&) = delete;
+  ThreadGroup& operator=(const ThreadGroup&) = delete;
+
+  int size() const noexcept { return size_; }
+  const ThreadCommOptions& options() const noexcept { return options_; }
+
+  /// True once a rank failed (timeout, mismatch, a rank left mid-collective); every collective
+  /// of every rank then fails with abort_reason().
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    return reason_;
+  }
+  /// Fails the group with `reason` (the first reason is kept) and wakes every waiting rank.
+  void abort(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(reason_mutex_);
+      if (!aborted_.load(std::memory_order_relaxed)) {
+        reason_ = reason;
+        aborted_.store(true, std::memory_order_seq_cst);
+      }
+    }
+    notify();
+  }
+
+ private:
+  friend class ThreadComm;
+
+  detail::RingSlot& slot(int rank) const noexcept { return slots_[static_cast<std::size_t>(rank)]; }
+
+  // Wakes sleeping waiters after a store they may wait for. The fence pairs with the one in
+  // ThreadComm::await (store-buffer pattern): either we see the sleeper or it sees our store.
+  void notify() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_relaxed) > 0) {
+      std::lock_guard<std::mutex> lock(sleep_mutex_);
+      sleep_cv_.notify_all();
+    }
+  }
+
+  int size_;
+  ThreadCommOptions options_;
+  std::unique_ptr<detail::RingSlot[]> slots_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex reason_mutex_;
+  std::string reason_;
+  std::atomic<int> sleepers_{0};
+  std::mutex sleep_mutex_;
+  std::condition_variable sleep_cv_;
+};
+
+/// Rank `rank` of a ThreadGroup. Collectives run on the rank's own progress thread, in call
+/// order, so they overlap with whatever the calling thread does next; Work::wait() joins them.
+/// Host buffers only. Not movable (the progress thread refers to it).
+///
+/// Buffers: the other ranks read a rank's buffers directly, so (as with every communicator) a
+/// buffer must stay valid until its collective completed, also when the owning thread throws.
+///
+/// Faults: a rank whose awaited neighbour makes no progress for options().timeout fails with an
+/// error naming the rank the waits lead to (the one that stalled); a ThreadComm destroyed with
+/// collectives in flight (its thread threw or returned early) aborts the group at once; one
+/// destroyed between collectives makes the others fail as soon as they wait for it. After a
+/// failure every collective of the group fails (the group is aborted).
+class ThreadComm final : public Comm {
+ public:
+  /// Joins `group` as `rank`. Throws trainkit::Error when rank is out of range or taken.
+  ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : group_(std::move(group)), rank_(rank) {
+    TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
+    TRAINKIT_CHECK(rank >= 0 && rank < group_->size(), "ThreadComm: rank ", rank, " is not in [0, ",
+                   group_->size(), ")");
+    TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
+                   " of this ThreadGroup already has a ThreadComm");
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+  ThreadComm(const ThreadComm&) = delete;
+  ThreadComm& operator=(const ThreadComm&) = delete;
+
+  /// Leaves the group. With collectives still queued or running (the owning thread threw, or
+  /// returned without waiting), the group is aborted so the other ranks fail now, not at their
+  /// timeout; those collectives fail too.
+  ~ThreadComm() override {
+    bool in_flight = false;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      in_flight = busy_ || !queue_.empty();
+      stop_ = true;
+    }
+    group_->slot(rank_).left.store(true, std::memory_order_release);
+    if (in_flight) {
+      group_->abort(trainkit::detail::concat(
+          "rank ", rank_,
+          " left the group (its ThreadComm was destroyed) with collectives still "
+          "in flight (it issued ",
+          queued_.load(std::memory_order_relaxed), ")"));
+    } else {
+      group_->notify();
+    }
+    queue_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  /// Runs f(ThreadComm&) on `size` new threads, one per rank of a fresh group, and joins them.
+  /// Rethrows the first exception a rank threw (the others then fail with errors naming it).
+  template <class F>
+  static void run(int size, F&& f, ThreadCommOptions options = {}) {
+    auto group = std::make_shared<ThreadGroup>(size, std::move(options));
+    std::mutex mutex;
+    std::exception_ptr first;
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          ThreadComm comm(group, r);
+          f(comm);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!first) first = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    if (first) std::rethrow_exception(first);
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return group_->size(); }
+  std::string_view backend() const noexcept override { return "ThreadComm"; }
+  Space space() const noexcept override { return Space::kHost; }
+  const std::shared_ptr<ThreadGroup>& group() const noexcept { return group_; }
+
+  Work all_reduce(Buffer buf, ReduceOp op) override {
+    detail::check_all_reduce(*this, buf);
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kAllReduce;
+    d.op = op;
+    d.dtype = buf.dtype;
+    d.count = buf.count;
+    d.data = buf.data;
+    return enqueue(d);
+  }
+
+  Work broadcast(Buffer buf, int root) override {
+    detail::check_broadcast(*this, buf, root);
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kBroadcast;
+    d.dtype = buf.dtype;
+    d.root = root;
+    d.count = buf.count;
+    d.data = buf.data;
+    return enqueue(d);
+  }
+
+  Work all_gather(Buffer send, Buffer recv) override {
+    detail::check_all_gather(*this, send, recv);
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kAllGather;
+    d.dtype = send.dtype;
+    d.count = send.count;
+    d.data = recv.data;
+    d.send = send.data;
+    return enqueue(d);
+  }
+
+  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    detail::check_reduce_scatter(*this, send, recv);
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kReduceScatter;
+    d.op = op;
+    d.dtype = send.dtype;
+    d.count = recv.count;
+    d.data = recv.data;
+    d.send = send.data;
+    return enqueue(d);
+  }
+
+  Work barrier() override {
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kBarrier;
+    return enqueue(d);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // Waits spin this long before sleeping: enough to bridge a neighbour's chunk on a busy ring,
+  // short enough not to starve the threads that share a core with us.
+  static constexpr std::chrono::microseconds kSpin{50};
+
+  struct Task {
+    detail::RingDesc desc;
+    std::shared_ptr<detail::HostWork> work;
+  };
+
+  // The shape of one collective: `steps` ring steps of `chunks` units each.
+  struct Plan {
+    std::int64_t chunk_elems = 1;
+    std::int64_t chunks = 1;
+    std::int64_t steps = 0;
+    std::int64_t units() const noexcept { return steps * chunks; }
+  };
+
+  // The Work of a ThreadComm collective: a thread that waits for it before the progress thread
+  // started it runs it (and the ones queued before it) itself, saving two thread hand-offs.
+  class ThreadWork final : public detail::HostWork {
+   public:
+    explicit ThreadWork(ThreadComm& comm) : comm_(&comm) {}
+
+   protected:
+    bool help() override { return comm_->help(); }
+
+   private:
+    ThreadComm* comm_;
+  };
+
+  Work enqueue(const detail::RingDesc& d) {
+    auto work = std::make_shared<ThreadWork>(*this);
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.push_back(Task{d, work});
+      queued_.fetch_add(1, std::memory_order_release);
+    }
+    queue_cv_.notify_one();
+    return Work(std::move(work));
+  }
+
+  // Takes the next collective if none is running (call with queue_mutex_ held).
+  bool take(Task& task) {
+    if (busy_ || queue_.empty()) return false;
+    task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    return true;
+  }
+
+  // Runs a taken collective and completes its Work.
+  void execute(Task& task) {
+    std::exception_ptr error;
+    try {
+      run(task.desc);
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      // A failure on one rank fails the group (the first reason is kept), so the other ranks
+      // stop waiting for this one now instead of at their timeout.
+      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: ", e.what()));
+      quiesce();
+    } catch (...) {
+      error = std::current_exception();
+      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: unknown exception"));
+      quiesce();
+    }
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      busy_ = false;
+    }
+    queue_cv_.notify_all();
+    task.work->complete(error);
+  }
+
+  // Work::wait() on the waiting thread: runs the next queued collective if none is running.
+  bool help() {
+    Task task;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (!take(task)) return false;
+    }
+    execute(task);
+    return true;
+  }
+
+  void worker_loop() {
+    for (;;) {
+      // No spinning here: a thread that waits for its collective runs it itself (help()), and
+      // on a machine with few cores a spinning progress thread only delays the rank threads.
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(queue_mutex_);
+        queue_cv_.wait(lock, [this] {
+          return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_);
+        });
+        if (!take(task)) return;  // stopping, nothing left
+      }
+      execute(task);
+    }
+  }
+
+  Plan plan_for(const detail::RingDesc& d) const {
+    const int n = size();
+    Plan p;
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+    p.chunk_elems =
+        std::max<std::int64_t>(1, group_->options().chunk_bytes / std::max<std::int64_t>(es, 1));
+    if (n == 1) {
+      p.steps = 0;
+      return p;
+    }
+    std::int64_t longest = 0;  // the longest segment a step moves
+    switch (d.kind) {
+      case detail::RingOp::kAllReduce:
+      case detail::RingOp::kBarrier:
+        longest = (d.count + n - 1) / n;
+        p.steps = 2 * (n - 1);
+        break;
+      case detail::RingOp::kReduceScatter:
+        longest = d.count;
+        p.steps = n - 1;
+        break;
+      case detail::RingOp::kAllGather:
+        longest = d.count;
+        p.steps = n;
+        break;
+      case detail::RingOp::kBroadcast:
+        longest = d.count;
+        p.steps = 1;
+        break;
+    }
+    // At least one unit per step even for empty buffers: every collective synchronises, so a
+    // barrier is an empty all_reduce and mismatched calls are detected.
+    p.chunks = std::max<std::int64_t>(1, (longest + p.chunk_elems - 1) / p.chunk_elems);
+    return p;
+  }
+
+  std::string what(std::uint64_t seq, const detail::RingDesc& d) const {
+    std::string s = trainkit::detail::concat(detail::ring_op_name(d.kind), " #", seq);
+    if (d.kind != detail::RingOp::kBarrier)
+      s += trainkit::detail::concat(" (", d.count, " x ", dtype_name(d.dtype), ")");
+    return s;
+  }
+
+  [[noreturn]] void fail(const std::string& message, bool abort_group) {
+    const std::string full = trainkit::detail::concat("ThreadComm rank ", rank_, ": ", message);
+    if (abort_group) group_->abort(full);
+    TRAINKIT_FAIL(full);
+  }
+
+  // Follows the chain of waits from `peer` to the rank that is not waiting for anyone: the one
+  // that stalled (or left without saying so), and says where it is.
+  std::string diagnose(int peer, std::uint64_t seq) const {
+    int p = peer;
+    for (int hops = 0; hops < size(); ++hops) {
+      const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
+      if (w < 0 || w == rank_) break;
+      p = w;
+    }
+    const detail::RingSlot& s = group_->slot(p);
+    const std::uint64_t its_seq = s.seq.load(std::memory_order_acquire);
+    std::string where;
+    if (its_seq < seq) {
+      where = its_seq == 0 ? trainkit::detail::concat("has not entered collective #", seq,
+                                                      " (nor any before it)")
+                           : trainkit::detail::concat("has not entered collective #", seq,
+                                                      " (its last was #", its_seq, ")");
+    } else {
+      const std::int64_t done =
+          s.progress.load(std::memory_order_acquire) - s.base.load(std::memory_order_acquire);
+      where = trainkit::detail::concat("is stuck inside collective #", its_seq, " after ", done,
+                                       " of its ", s.units.load(std::memory_order_acquire),
+                                       " units of work");
+    }
+    return trainkit::detail::concat("rank ", p, " ", where,
+                                    ": it stalled, or its thread ended without destroying its "
+                                    "ThreadComm");
+  }
+
+  // Blocks until ready() holds. Fails (and aborts the group) when the group is aborted, when
+  // `peer` left, or when `peer` shows no progress for the timeout.
+  template <class Ready>
+  void await(int peer, const Ready& ready, std::uint64_t seq, const detail::RingDesc& d) {
+    if (ready()) return;
+    detail::RingSlot& me = group_->slot(rank_);
+    me.waiting_on.store(peer, std::memory_order_release);
+    struct Clear {
+      detail::RingSlot& slot;
+      ~Clear() { slot.waiting_on.store(-1, std::memory_order_release); }
+    } clear{me};
+
+    // Poll briefly, then yield the core while polling (on an oversubscribed machine the rank we
+    // wait for may need it), then sleep.
+    const auto spin_end = Clock::now() + kSpin;
+    for (unsigned i = 1;; ++i) {
+      if (ready()) return;
+      if ((i & 63) == 0 && Clock::now() > spin_end) break;
+      if (i < 64) {
+        detail::cpu_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+
+    const detail::RingSlot& p = group_->slot(peer);
+    const auto timeout = group_->options().timeout;
+    auto snapshot = [&p] {
+      return std::pair(p.progress.load(std::memory_order_acquire),
+                       p.seq.load(std::memory_order_acquire));
+    };
+    auto seen = snapshot();
+    auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (ready()) return;
+      if (group_->aborted())
+        fail(trainkit::detail::concat(what(seq, d),
+                                      " failed: the group was aborted: ", group_->abort_reason()),
+             false);
+      if (p.left.load(std::memory_order_acquire))
+        fail(trainkit::detail::concat(what(seq, d), ": rank ", peer,
+                                      " left the group (its ThreadComm was destroyed) before "
+                                      "finishing its part"),
+             true);
+      const auto now = Clock::now();
+      if (const auto current = snapshot(); current != seen) {
+        seen = current;
+        deadline = now + timeout;
+      }
+      if (now >= deadline)
+        fail(trainkit::detail::concat(what(seq, d), " made no progress for ",
+                                      detail::format_seconds(timeout), ": ", diagnose(peer, seq)),
+             true);
+      std::unique_lock<std::mutex> lock(group_->sleep_mutex_);
+      group_->sleepers_.fetch_add(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // The 100 ms cap only bounds how late a missed wake-up could be noticed.
+      group_->sleep_cv_.wait_until(
+          lock, std::min(deadline, now + std::chrono::milliseconds(100)), [&] {
+            return ready() || group_->aborted() || p.left.load(std::memory_order_acquire) ||
+                   snapshot() != seen;
+          });
+      group_->sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  // Marks this rank as reading a neighbour's buffers. Paired with quiesce(): once the group is
+  // aborted no rank starts such an access (store-buffer pattern on `accessing` and the abort
+  // flag), so a failed rank can wait for the ones in progress before its caller frees memory.
+  class Access {
+   public:
+    Access(ThreadComm& comm, std::uint64_t seq, const detail::RingDesc& d)
+        : slot_(comm.group_->slot(comm.rank_)) {
+      slot_.accessing.store(true, std::memory_order_seq_cst);
+      if (comm.group_->aborted_.load(std::memory_order_seq_cst)) {
+        slot_.accessing.store(false, std::memory_order_release);
+        comm.fail(trainkit::detail::concat(comm.what(seq, d), " failed: the group was aborted: ",
+                                           comm.group_->abort_reason()),
+                  false);
+      }
+    }
+    Access(const Access&) = delete;
+    Access& operator=(const Access&) = delete;
+    ~Access() { slot_.accessing.store(false, std::memory_order_release); }
+
+   private:
+    detail::RingSlot& slot_;
+  };
+
+  // After a failure: wait (bounded by the timeout) until no other rank is in the middle of
+  // reading buffers, ours included, so the caller may free them once its Work failed.
+  void quiesce() noexcept {
+    const auto deadline = Clock::now() + group_->options().timeout;
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank_) continue;
+      while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  void publish(std::int64_t progress) {
+    group_->slot(rank_).progress.store(progress, std::memory_order_release);
+    group_->notify();
+  }
+
+  void inject(std::uint64_t seq, std::int64_t unit) const {
+    if (group_->options().fault_injection) group_->options().fault_injection(rank_, seq, unit);
+  }
+
+  void check_match(std::uint64_t seq, const detail::RingDesc& mine, const detail::RingDesc& theirs,
+                   int peer) {
+    bool same = mine.kind == theirs.kind;
+    if (same && mine.kind != detail::RingOp::kBarrier)
+      same = mine.count == theirs.count && mine.dtype == theirs.dtype;
+    if (same &&
+        (mine.kind == detail::RingOp::kAllReduce || mine.kind == detail::RingOp::kReduceScatter))
+      same = mine.op == theirs.op;
+    if (same && mine.kind == detail::RingOp::kBroadcast) same = mine.root == theirs.root;
+    if (same) return;
+    auto describe = [](const detail::RingDesc& x) {
+      std::string s = detail::ring_op_name(x.kind);
+      if (x.kind == detail::RingOp::kBarrier) return s;
+      s += trainkit::detail::concat("(", x.count, " x ", dtype_name(x.dtype));
+      if (x.kind == detail::RingOp::kBroadcast) s += trainkit::detail::concat(", root ", x.root);
+      if (x.kind == detail::RingOp::kAllReduce || x.kind == detail::RingOp::kReduceScatter)
+        s += trainkit::detail::concat(", ", reduce_op_name(x.op));
+      return s + ")";
+    };
+    fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
+                                  describe(mine), ", rank ", peer, " called ", describe(theirs),
+                                  " (every rank must issue the same collectives in the same "
+                                  "order)"),
+         true);
+  }
+
+  void run(detail::RingDesc d) {
+    const std::uint64_t seq = ++seq_;
+    if (group_->aborted())
+      fail(trainkit::detail::concat(
+               what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
+           false);
+    const int n = size();
+    const Plan plan = plan_for(d);
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+    if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
+      const std::size_t need = static_cast<std::size_t>(d.count * n * es);
+      if (scratch_.size() < need) scratch_.assign(need, std::byte{0});
+      d.scratch = scratch_.data();
+    }
+    detail::RingSlot& me = group_->slot(rank_);
+    me.desc = d;
+    me.base.store(base_, std::memory_order_relaxed);
+    me.units.store(plan.units(), std::memory_order_relaxed);
+    me.seq.store(seq, std::memory_order_release);
+    group_->notify();
+
+    if (n == 1) {
+      run_alone(d, es);
+      return;
+    }
+    const int left = (rank_ + n - 1) % n;
+    const int right = (rank_ + 1) % n;
+    const detail::RingSlot& ls = group_->slot(left);
+    const detail::RingSlot& rs = group_->slot(right);
+    await(
+        left, [&] { return ls.seq.load(std::memory_order_acquire) >= seq; }, seq, d);
+    const detail::RingDesc& ld = ls.desc;
+    check_match(seq, d, ld, left);
+
+    const std::int64_t base = base_;
+    const std::int64_t k_n = plan.chunks;
+    const std::int64_t ce = plan.chunk_elems;
+    auto left_done = [&](std::int64_t unit) {
+      await(
+          left, [&] { return ls.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
+          d);
+    };
+    auto right_done = [&](std::int64_t unit) {
+      await(
+          right, [&] { return rs.progress.load(std::memory_order_acquire) >= base + unit + 1; },
+          seq, d);
+    };
+    auto mod = [n](std::int64_t x) { return static_cast<int>(((x % n) + n) % n); };
+    char* mine = static_cast<char*>(d.data);
+
+    switch (d.kind) {
+      case detail::RingOp::kAllReduce:
+      case detail::RingOp::kBarrier: {
+        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+        auto segment = [&](int c) { return std::pair(c * d.count / n, (c + 1) * d.count / n); };
+        for (std::int64_t g = 0; g < plan.steps; ++g) {
+          for (std::int64_t k = 0; k < k_n; ++k) {
+            const std::int64_t u = g * k_n + k;
+            inject(seq, u);
+            if (g < n - 1) {  // reduce-scatter step g
+              const auto [sb, se] = segment(mod(rank_ - g - 2));
+              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+              if (g > 0) left_done(u - k_n);
+              const int divisor = (g == n - 2 && d.op == ReduceOp::kAvg) ? n : 1;
+              const Access access(*this, seq, d);
+              detail::combine(d.dtype, op, mine + b * es, mine + b * es,
+                              static_cast<const char*>(ld.data) + b * es, e - b, divisor);
+            } else {  // all-gather step s
+              const std::int64_t s = g - (n - 1);
+              const auto [sb, se] = segment(mod(rank_ - 1 - s));
+              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+              left_done(u - k_n);
+              right_done(s * k_n + k);  // the right neighbour has read what we overwrite
+              const Access access(*this, seq, d);
+              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                                 static_cast<std::size_t>((e - b) * es));
+            }
+            publish(base + u + 1);
+          }
+        }
+        break;
+      }
+      case detail::RingOp::kReduceScatter: {
+        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+        const std::int64_t m = d.count;
+        const char* send = static_cast<const char*>(d.send);
+        char* scratch = static_cast<char*>(d.scratch);
+        for (std::int64_t s = 0; s < plan.steps; ++s) {
+          const std::int64_t c = mod(rank_ - s - 2);
+          for (std::int64_t k = 0; k < k_n; ++k) {
+            const std::int64_t u = s * k_n + k;
+            inject(seq, u);
+            const std::int64_t sb = c * m, se = sb + m;
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            if (s > 0) left_done(u - k_n);
+            const char* incoming = (s == 0 ? static_cast<const char*>(ld.send)
+                                           : static_cast<const char*>(ld.scratch)) +
+                                   b * es;
+            const bool last = s == n - 2;
+            char* dst = last ? mine + (b - sb) * es : scratch + b * es;
+            const Access access(*this, seq, d);
+            detail::combine(d.dtype, op, dst, send + b * es, incoming, e - b,
+                            last && d.op == ReduceOp::kAvg ? n : 1);
+            publish(base + u + 1);
+          }
+        }
+        break;
+      }
+      case detail::RingOp::kAllGather: {
+        const std::int64_t m = d.count;
+        for (std::int64_t g = 0; g < plan.steps; ++g) {
+          const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g
+          for (std::int64_t k = 0; k < k_n; ++k) {
+            const std::int64_t u = g * k_n + k;
+            inject(seq, u);
+            const std::int64_t sb = a * m, se = sb + m;
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            if (g == 0) {
+              detail::copy_bytes(mine + b * es, static_cast<const char*>(d.send) + (b - sb) * es,
+                                 static_cast<std::size_t>((e - b) * es));
+            } else {
+              left_done(u - k_n);
+              const Access access(*this, seq, d);
+              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                                 static_cast<std::size_t>((e - b) * es));
+            }
+            publish(base + u + 1);
+          }
+        }
+        break;
+      }
+      case detail::RingOp::kBroadcast: {
+        if (rank_ == d.root) {
+          inject(seq, 0);
+          publish(base + k_n);
+          break;
+        }
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          inject(seq, k);
+          const std::int64_t b = std::min(d.count, k * ce), e = std::min(d.count, b + ce);
+          left_done(k);
+          const Access access(*this, seq, d);
+          detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                             static_cast<std::size_t>((e - b) * es));
+          publish(base + k + 1);
+        }
+        break;
+      }
+    }
+    // The right neighbour reads our descriptor and buffers until its last unit: only then may
+    // the caller reuse them (and we publish the next descriptor).
+    right_done(plan.units() - 1);
+    base_ += plan.units();
+  }
+
+  // A group of one: collectives are local copies.
+  void run_alone(const detail::RingDesc& d, std::int64_t es) {
+    inject(seq_, 0);
+    if (d.kind == detail::RingOp::kAllGather || d.kind == detail::RingOp::kReduceScatter)
+      detail::copy_bytes(d.data, d.send, static_cast<std::size_t>(d.count * es));
+  }
+
+  std::shared_ptr<ThreadGroup> group_;
+  int rank_;
+  std::uint64_t seq_ = 0;  // collectives started by this rank (progress thread only)
+  std::int64_t base_ = 0;  // progress units of the finished collectives (progress thread only)
+  std::vector<std::byte> scratch_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  std::atomic<std::uint64_t> queued_{0};  // collectives ever enqueued
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/thread_comm.hpp
+// begin trainkit/dist/mpi_comm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/mpi_comm.hpp: MpiComm, the communicator over MPI (Open MPI, MPICH) for CPU
+// processes on one or many machines (`mpirun -np N ./train`, `srun --mpi=pmix`). RAII: MPI is
+// initialised by the first MpiComm and finalized by the last. Errors come back as trainkit::Error
+// (the communicator uses MPI_ERRORS_RETURN), and a watchdog bounds every collective: see MpiComm
+// for what happens when a peer stalls or dies. Needs TRAINKIT_WITH_MPI (the body is empty without).
+
+
+#if TRAINKIT_WITH_MPI
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Options of an MpiComm.
+struct MpiOptions {
+  /// A collective that has not completed this long after it started fails with trainkit::Error
+  /// and breaks the communicator. Default: default_timeout() ($TRAINKIT_DIST_TIMEOUT or 300 s).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// When the communicator is broken (a collective failed or timed out), its destructor calls
+  /// MPI_Abort(MPI_COMM_WORLD, 1) (true, the default): MPI_Finalize would wait forever for the
+  /// missing peer, and the abort makes mpirun end the whole job. With false the destructor
+  /// returns without finalizing MPI; the process must then exit on its own.
+  bool abort_on_failure = true;
+};
+
+namespace detail {
+
+/// MPI reduction callbacks for what MPI has no built-in type or semantics for: BF16/F16 (as a
+/// 2-byte type), and NaN-propagating max/min for floats (MPI_MAX's NaN handling is unspecified).
+/// MPI's contract: inout[i] = in[i] op inout[i].
+template <class T, ReduceOp Op>
+inline void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  combine_typed<T>(Op, static_cast<T*>(inout), static_cast<const T*>(inout),
+                   static_cast<const T*>(in), *len, 1);
+}
+
+/// Process-wide MPI state. The first acquire() initialises MPI (requesting MPI_THREAD_MULTIPLE;
+/// MpiComm's progress thread needs at least MPI_THREAD_SERIALIZED) unless the program already
+/// did; the last release finalizes it when we initialised it. Also owns the BF16/F16 datatype and
+/// the user-defined reduction ops.
+class MpiRuntime {
+ public:
+  static std::shared_ptr<MpiRuntime> acquire() {
+    static std::mutex mutex;
+    static std::weak_ptr<MpiRuntime> current;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto existing = current.lock()) return existing;
+    std::shared_ptr<MpiRuntime> runtime(new MpiRuntime());
+    current = runtime;
+    return runtime;
+  }
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  ~MpiRuntime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (MPI_Op& op : ops_)
+      if (op != MPI_OP_NULL) TRAINKIT_MPI_CHECK_NOTHROW(MPI_Op_free(&op));
+    if (half_ != MPI_DATATYPE_NULL) TRAINKIT_MPI_CHECK_NOTHROW(MPI_Type_free(&half_));
+    if (owns_) TRAINKIT_MPI_CHECK_NOTHROW(MPI_Finalize());
+  }
+
+  /// The thread support level MPI provides.
+  int thread_level() const noexcept { return thread_level_; }
+
+  /// The MPI datatype that moves one element of `t` in a reduction.
+  MPI_Datatype datatype(DType t) const {
+    switch (t) {
+      case DType::kF32: return MPI_FLOAT;
+      case DType::kF64: return MPI_DOUBLE;
+      case DType::kI32: return MPI_INT32_T;
+      case DType::kI64: return MPI_INT64_T;
+      case DType::kBF16:
+      case DType::kF16: return half_;
+      default: break;
+    }
+    TRAINKIT_FAIL("MpiComm: cannot reduce ", dtype_name(t));
+  }
+
+  /// The MPI reduction op for (dtype, op); kAvg reduces with the sum (MpiComm divides after).
+  MPI_Op op(DType t, ReduceOp op) const {
+    const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAvg;
+    if (t == DType::kI32 || t == DType::kI64)
+      return sum ? MPI_SUM : op == ReduceOp::kMax ? MPI_MAX : MPI_MIN;
+    if (sum && (t == DType::kF32 || t == DType::kF64)) return MPI_SUM;
+    const int which = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
+    switch (t) {
+      case DType::kBF16: return ops_[which];
+      case DType::kF16: return ops_[3 + which];
+      case DType::kF32: return ops_[6 + which - 1];
+      case DType::kF64: return ops_[8 + which - 1];
+      default: break;
+    }
+    TRAINKIT_FAIL("MpiComm: cannot reduce ", dtype_name(t));
+  }
+
+ private:
+  MpiRuntime() {
+    int initialized = 0, finalized = 0;
+    TRAINKIT_MPI_CHECK(MPI_Initialized(&initialized));
+    TRAINKIT_MPI_CHECK(MPI_Finalized(&finalized));
+    TRAINKIT_CHECK(!finalized,
+                   "MpiComm: MPI has already been finalized in this process (MPI "
+                   "cannot be initialised twice: keep one MpiComm for the whole run)");
+    if (!initialized) {
+      TRAINKIT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_));
+      owns_ = true;
+    } else {
+      TRAINKIT_MPI_CHECK(MPI_Query_thread(&thread_level_));
+    }
+    TRAINKIT_CHECK(
+        thread_level_ >= MPI_THREAD_SERIALIZED,
+        "MpiComm needs MPI_THREAD_SERIALIZED or better (its progress thread calls MPI); "
+        "this MPI provides level ",
+        thread_level_,
+        (initialized ? " (MPI was initialised by the program: use MPI_Init_thread)" : ""));
+    TRAINKIT_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_));
+    TRAINKIT_MPI_CHECK(MPI_Type_commit(&half_));
+    MPI_User_function* const fns[kNumOps] = {
+        &mpi_user_reduce<bf16, ReduceOp::kSum>,   &mpi_user_reduce<bf16, ReduceOp::kMax>,
+        &mpi_user_reduce<bf16, ReduceOp::kMin>,   &mpi_user_reduce<f16, ReduceOp::kSum>,
+        &mpi_user_reduce<f16, ReduceOp::kMax>,    &mpi_user_reduce<f16, ReduceOp::kMin>,
+        &mpi_user_reduce<float, ReduceOp::kMax>,  &mpi_user_reduce<float, ReduceOp::kMin>,
+        &mpi_user_reduce<double, ReduceOp::kMax>, &mpi_user_reduce<double, ReduceOp::kMin>};
+    for (int i = 0; i < kNumOps; ++i) TRAINKIT_MPI_CHECK(MPI_Op_create(fns[i], 1, &ops_[i]));
+  }
+
+  static constexpr int kNumOps = 10;
+  bool owns_ = false;
+  int thread_level_ = 0;
+  MPI_Datatype half_ = MPI_DATATYPE_NULL;
+  MPI_Op ops_[kNumOps] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                          MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+}  // namespace detail
+
+/// A communicator over MPI: its ranks are the processes of an MPI communicator (MPI_COMM_WORLD by
+/// default, duplicated so our traffic never matches the program's own). Collectives run on the
+/// communicator's progress thread as MPI non-blocking collectives, one at a time in call order,
+/// so they overlap with the caller's computation (the thread drives MPI's progress). Host
+/// buffers; device buffers too when the MPI is CUDA-aware (cuda_aware()), except for kAvg.
+///
+/// Faults, honestly: MPI cannot cancel a collective or tell which rank is missing. A collective
+/// that has not completed within options.timeout fails with a trainkit::Error saying so, and the
+/// communicator is broken from then on (every later collective fails at once); the destructor then
+/// calls MPI_Abort (see MpiOptions::abort_on_failure), which makes mpirun end every process. A
+/// rank that *exits* is normally handled by the launcher first: Open MPI's mpirun ends the whole
+/// job when a process exits without MPI_Finalize. A rank that *stalls* (alive, not calling the
+/// collective) is what the timeout catches: every other rank fails within the timeout.
+class MpiComm final : public Comm {
+ public:
+  /// Initialises MPI if needed and uses a duplicate of MPI_COMM_WORLD.
+  explicit MpiComm(MpiOptions options = {}) : MpiComm(MPI_COMM_WORLD, std::move(options)) {}
+
+  /// Uses a duplicate of `parent` (the program's communicator, e.g. from MPI_Comm_split).
+  /// Initialises MPI first if needed (then `parent` must be MPI_COMM_WORLD or MPI_COMM_SELF).
+  MpiComm(MPI_Comm parent, MpiOptions options)
+      : options_(std::move(options)), runtime_(detail::MpiRuntime::acquire()) {
+    TRAINKIT_CHECK(options_.timeout.count() > 0, "MpiComm: the timeout must be positive");
+    TRAINKIT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    TRAINKIT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    TRAINKIT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+    cuda_aware_ = MPIX_Query_cuda_support() == 1;
+#endif
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  /// Joins the progress thread and frees the communicator; MPI is finalized with the last
+  /// MpiComm (when trainkit initialised it). A broken communicator aborts the job instead (see
+  /// MpiOptions::abort_on_failure). Never throws.
+  ~MpiComm() override {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (busy_ || !queue_.empty())
+        mark_broken("the MpiComm was destroyed with collectives in flight");
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    if (broken()) {
+      if (options_.abort_on_failure) {
+        std::fprintf(stderr, "trainkit: MpiComm rank %d: calling MPI_Abort: %s\n", rank_,
+                     broken_reason().c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      // A pending collective still references comm_: freeing it or finalizing could hang, so
+      // both are deliberately leaked.
+      new std::shared_ptr<detail::MpiRuntime>(std::move(runtime_));
+      return;
+    }
+    TRAINKIT_MPI_CHECK_NOTHROW(MPI_Comm_free(&comm_));
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  std::string_view backend() const noexcept override { return "MpiComm"; }
+  Space space() const noexcept override { return Space::kHost; }
+
+  /// The duplicated MPI communicator (do not issue collectives on it concurrently with ours).
+  MPI_Comm native() const noexcept { return comm_; }
+  /// True when the MPI library reports CUDA support (device buffers are then accepted).
+  bool cuda_aware() const noexcept { return cuda_aware_; }
+  /// True after a collective failed or timed out; every later collective fails.
+  bool broken() const noexcept { return broken_flag_.load(std::memory_order_acquire); }
+  /// Why the communicator is broken ("" when it is not).
+  std::string broken_reason() const {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    return broken_reason_;
+  }
+
+  Work all_reduce(Buffer buf, ReduceOp op) override {
+    check_space(buf, "all_reduce", op);
+    TRAINKIT_CHECK(is_reducible(buf.dtype), "MpiComm rank ", rank_, ": all_reduce cannot reduce ",
+                   dtype_name(buf.dtype), " (supported: F32, BF16, F16, F64, I32, I64)");
+    return enqueue({Kind::kAllReduce, op, buf, Buffer(), 0});
+  }
+  Work broadcast(Buffer buf, int root) override {
+    check_space(buf, "broadcast", ReduceOp::kSum);
+    detail::check_broadcast(*this, with_host_space(buf), root);
+    return enqueue({Kind::kBroadcast, ReduceOp::kSum, buf, Buffer(), root});
+  }
+  Work all_gather(Buffer send, Buffer recv) override {
+    check_space(send, "all_gather", ReduceOp::kSum);
+    check_space(recv, "all_gather", ReduceOp::kSum);
+    detail::check_all_gather(*this, with_host_space(send), with_host_space(recv));
+    check_int_count(send.bytes(), "all_gather");
+    return enqueue({Kind::kAllGather, ReduceOp::kSum, recv, send, 0});
+  }
+  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    check_space(send, "reduce_scatter", op);
+    check_space(recv, "reduce_scatter", op);
+    detail::check_reduce_scatter(*this, with_host_space(send), with_host_space(recv));
+    check_int_count(static_cast<std::size_t>(recv.count), "reduce_scatter");
+    return enqueue({Kind::kReduceScatter, op, recv, send, 0});
+  }
+  Work barrier() override {
+    return enqueue({Kind::kBarrier, ReduceOp::kSum, Buffer(), Buffer(), 0});
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // all_reduce and broadcast of more elements than an int holds are split into pieces this big.
+  static constexpr std::int64_t kMaxPiece = std::int64_t{1} << 30;
+
+  enum class Kind : std::uint8_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+  struct Op {
+    Kind kind;
+    ReduceOp op;
+    Buffer data;  // all_reduce/broadcast buffer, all_gather/reduce_scatter recv
+    Buffer send;  // all_gather/reduce_scatter send
+    int root;
+  };
+  struct Task {
+    Op op;
+    std::shared_ptr<detail::HostWork> work;
+  };
+
+  static const char* kind_name(Kind k) noexcept {
+    switch (k) {
+      case Kind::kAllReduce: return "all_reduce";
+      case Kind::kBroadcast: return "broadcast";
+      case Kind::kAllGather: return "all_gather";
+      case Kind::kReduceScatter: return "reduce_scatter";
+      case Kind::kBarrier: return "barrier";
+    }
+    return "?";
+  }
+
+  static Buffer with_host_space(Buffer b) noexcept {
+    b.space = Space::kHost;
+    return b;
+  }
+
+  void check_space(const Buffer& b, const char* op, ReduceOp reduce) const {
+    if (b.space == Space::kHost) return;
+    TRAINKIT_CHECK(cuda_aware_, "MpiComm rank ", rank_, ": ", op,
+                   ": device buffer, but this MPI is not CUDA-aware (use NcclComm for device "
+                   "memory, or copy to the host)");
+    TRAINKIT_CHECK(reduce != ReduceOp::kAvg, "MpiComm rank ", rank_, ": ", op,
+                   ": kAvg on device buffers is not supported (reduce with kSum and scale)");
+  }
+
+  void check_int_count(std::size_t n, const char* op) const {
+    TRAINKIT_CHECK(n <= static_cast<std::size_t>(INT_MAX), "MpiComm rank ", rank_, ": ", op, " of ",
+                   n, " elements per rank exceeds MPI's int count; split the call");
+  }
+
+  void mark_broken(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    if (broken_flag_.load(std::memory_order_relaxed)) return;
+    broken_reason_ = reason;
+    broken_flag_.store(true, std::memory_order_release);
+  }
+
+  Work enqueue(const Op& op) {
+    auto work = std::make_shared<detail::HostWork>();
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.push_back(Task{op, work});
+    }
+    queue_cv_.notify_one();
+    return Work(std::move(work));
+  }
+
+  void worker_loop() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(queue_mutex_);
+        queue_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+      }
+      std::exception_ptr error;
+      try {
+        execute(task.op, ++seq_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        busy_ = false;
+      }
+      task.work->complete(error);
+    }
+  }
+
+  std::string what(const Op& op, std::uint64_t seq) const {
+    std::string s = trainkit::detail::concat(kind_name(op.kind), " #", seq);
+    if (op.kind != Kind::kBarrier)
+      s += trainkit::detail::concat(" (", op.data.count, " x ", dtype_name(op.data.dtype), ")");
+    return s;
+  }
+
+  // Completes `request`, polling MPI (which drives its progress) until it finishes or the
+  // deadline passes; MPI errors and the timeout break the communicator.
+  void complete(MPI_Request& request, const Op& op, std::uint64_t seq, Clock::time_point start) {
+    const auto deadline = start + options_.timeout;
+    for (unsigned i = 0;; ++i) {
+      int done = 0;
+      const int status = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (status != MPI_SUCCESS) {
+        const std::string reason =
+            trainkit::detail::concat("MpiComm rank ", rank_, ": ", what(op, seq),
+                                     " failed: ", trainkit::detail::mpi_message(status));
+        mark_broken(reason);
+        throw Error(trainkit::detail::concat("trainkit: ", reason), "MPI", status);
+      }
+      if (done) return;
+      if (Clock::now() >= deadline) {
+        const std::string reason = trainkit::detail::concat(
+            "MpiComm rank ", rank_, ": ", what(op, seq), " did not complete within ",
+            static_cast<double>(options_.timeout.count()) / 1000.0,
+            " s: a rank has not called it, is stalled, or died (MPI cannot say which); the "
+            "communicator is broken");
+        mark_broken(reason);
+        TRAINKIT_FAIL(reason);
+      }
+      bool stopping = false;
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex_);
+        stopping = stop_;
+      }
+      if (stopping) {
+        mark_broken(trainkit::detail::concat("the MpiComm was destroyed during ", what(op, seq)));
+        TRAINKIT_FAIL("MpiComm rank ", rank_, ": destroyed during ", what(op, seq));
+      }
+      // Poll hard at first (latency), then back off so a waiting rank leaves the core to the
+      // computation it overlaps with.
+      if (i > 2000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  void execute(const Op& op, std::uint64_t seq) {
+    if (broken())
+      TRAINKIT_FAIL("MpiComm rank ", rank_, ": ", what(op, seq),
+                    " refused: the communicator is broken: ", broken_reason());
+    const auto start = Clock::now();
+    MPI_Request request = MPI_REQUEST_NULL;
+    auto check = [&](int status, const char* call) {
+      if (status == MPI_SUCCESS) return;
+      const std::string reason =
+          trainkit::detail::concat("MpiComm rank ", rank_, ": ", call, " for ", what(op, seq),
+                                   " failed: ", trainkit::detail::mpi_message(status));
+      mark_broken(reason);
+      throw Error(trainkit::detail::concat("trainkit: ", reason), "MPI", status);
+    };
+    const Buffer& b = op.data;
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(b.dtype));
+    switch (op.kind) {
+      case Kind::kAllReduce: {
+        const MPI_Datatype type = runtime_->datatype(b.dtype);
+        const MPI_Op mpi_op = runtime_->op(b.dtype, op.op);
+        for (std::int64_t at = 0; at < b.count; at += kMaxPiece) {
+          const int n = static_cast<int>(std::min(kMaxPiece, b.count - at));
+          check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(b.data) + at * es, n, type, mpi_op,
+                               comm_, &request),
+                "MPI_Iallreduce");
+          complete(request, op, seq, start);
+        }
+        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, size_);
+        return;
+      }
+      case Kind::kBroadcast: {
+        const std::int64_t bytes = b.count * es;
+        std::int64_t at = 0;
+        do {  // at least once: a broadcast of nothing still synchronises like the others
+          const int n = static_cast<int>(std::min(kMaxPiece, bytes - at));
+          check(MPI_Ibcast(static_cast<char*>(b.data) + at, n, MPI_BYTE, op.root, comm_, &request),
+                "MPI_Ibcast");
+          complete(request, op, seq, start);
+          at += n;
+        } while (at < bytes);
+        return;
+      }
+      case Kind::kAllGather: {
+        const int n = static_cast<int>(op.send.count * es);
+        const bool in_place =
+            op.send.data == static_cast<char*>(b.data) + rank_ * op.send.count * es;
+        check(MPI_Iallgather(in_place ? MPI_IN_PLACE : op.send.data, n, MPI_BYTE, b.data, n,
+                             MPI_BYTE, comm_, &request),
+              "MPI_Iallgather");
+        complete(request, op, seq, start);
+        return;
+      }
+      case Kind::kReduceScatter: {
+        const int n = static_cast<int>(b.count);
+        const bool in_place = b.data == static_cast<char*>(op.send.data) + rank_ * b.count * es;
+        // MPI's own in-place form would overwrite the start of the send buffer: receive into a
+        // temporary instead, so only this rank's slice changes (as with the other backends).
+        std::vector<std::byte> staging(in_place ? static_cast<std::size_t>(b.count * es) : 0);
+        void* recv = in_place ? static_cast<void*>(staging.data()) : b.data;
+        check(MPI_Ireduce_scatter_block(op.send.data, recv, n, runtime_->datatype(b.dtype),
+                                        runtime_->op(b.dtype, op.op), comm_, &request),
+              "MPI_Ireduce_scatter_block");
+        complete(request, op, seq, start);
+        if (in_place) detail::copy_bytes(b.data, recv, staging.size());
+        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, size_);
+        return;
+      }
+      case Kind::kBarrier: {
+        check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+        complete(request, op, seq, start);
+        return;
+      }
+    }
+  }
+
+  MpiOptions options_;
+  std::shared_ptr<detail::MpiRuntime> runtime_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  bool cuda_aware_ = false;
+  std::uint64_t seq_ = 0;  // progress thread only
+
+  std::atomic<bool> broken_flag_{false};
+  mutable std::mutex broken_mutex_;
+  std::string broken_reason_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+
+#endif  // TRAINKIT_WITH_MPI
+// end trainkit/dist/mpi_comm.hpp
+// begin trainkit/dist/device_kernels.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/device_kernels.hpp: the few element-wise kernels the device side of dist needs
+// (f32 <-> bf16 for compressed gradient buckets, the division of an average where NCCL has no
+// ncclAvg). Kernels exist only in TUs compiled by nvcc, but NcclComm and GradBucketer are used
+// from plain .cpp files too: so the launchers are reached through function pointers that any nvcc
+// TU including this header registers at start-up. The registry is the same in every TU (ODR-safe);
+// only the registering variable, a distinct entity per architecture list, is nvcc-only.
+
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+namespace detail {
+
+/// Launchers of dist's device kernels; null until an nvcc TU registered them.
+struct DeviceKernels {
+  /// dst[i] = bf16(src[i]) (round to nearest even) for i < n, on `stream`.
+  void (*f32_to_bf16)(const float* src, bf16* dst, std::int64_t n, cudaStream_t stream) = nullptr;
+  /// dst[i] = float(src[i]) for i < n, on `stream`.
+  void (*bf16_to_f32)(const bf16* src, float* dst, std::int64_t n, cudaStream_t stream) = nullptr;
+  /// data[i] /= divisor for n elements of a reducible dtype (integers truncate), on `stream`.
+  void (*divide)(DType dtype, void* data, std::int64_t n, int divisor,
+                 cudaStream_t stream) = nullptr;
+};
+
+inline DeviceKernels& device_kernels() noexcept {
+  static DeviceKernels kernels;
+  return kernels;
+}
+
+/// The registered kernels; throws trainkit::Error naming `who` when no nvcc TU registered them.
+inline const DeviceKernels& require_device_kernels(const char* who) {
+  const DeviceKernels& k = device_kernels();
+  TRAINKIT_CHECK(k.f32_to_bf16 != nullptr, who,
+                 " needs a CUDA kernel, and no translation unit of this program compiled by nvcc "
+                 "includes trainkit/dist/device_kernels.hpp (include trainkit/dist/bucketer.hpp "
+                 "or trainkit/trainkit.hpp from one .cu file)");
+  return k;
+}
+
+}  // namespace detail
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+
+#if TRAINKIT_CUDA_COMPILER
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+struct F32ToBf16 {
+  const float* src;
+  bf16* dst;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const { dst[i] = bf16(src[i]); }
+};
+
+struct Bf16ToF32 {
+  const bf16* src;
+  float* dst;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    dst[i] = static_cast<float>(src[i]);
+  }
+};
+
+template <class T, class C>
+struct DivideBy {
+  T* data;
+  int divisor;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    data[i] = T(static_cast<C>(data[i]) / static_cast<C>(divisor));
+  }
+};
+
+inline void launch_f32_to_bf16(const float* src, bf16* dst, std::int64_t n, cudaStream_t stream) {
+  exec::launch(exec::Cuda(cuda::StreamRef(stream)), n, F32ToBf16{src, dst});
+}
+
+inline void launch_bf16_to_f32(const bf16* src, float* dst, std::int64_t n, cudaStream_t stream) {
+  exec::launch(exec::Cuda(cuda::StreamRef(stream)), n, Bf16ToF32{src, dst});
+}
+
+inline void launch_divide(DType dtype, void* data, std::int64_t n, int divisor,
+                          cudaStream_t stream) {
+  const exec::Cuda on{cuda::StreamRef(stream)};
+  switch (dtype) {
+    case DType::kF32:
+      exec::launch(on, n, DivideBy<float, float>{static_cast<float*>(data), divisor});
+      return;
+    case DType::kF64:
+      exec::launch(on, n, DivideBy<double, double>{static_cast<double*>(data), divisor});
+      return;
+    case DType::kBF16:
+      exec::launch(on, n, DivideBy<bf16, float>{static_cast<bf16*>(data), divisor});
+      return;
+    case DType::kF16:
+      exec::launch(on, n, DivideBy<f16, float>{static_cast<f16*>(data), divisor});
+      return;
+    case DType::kI32:
+      exec::launch(on, n,
+                   DivideBy<std::int32_t, std::int32_t>{static_cast<std::int32_t*>(data), divisor});
+      return;
+    case DType::kI64:
+      exec::launch(on, n,
+                   DivideBy<std::int64_t, std::int64_t>{static_cast<std::int64_t*>(data), divisor});
+      return;
+    default: break;
+  }
+  TRAINKIT_FAIL("dist: cannot divide ", dtype_name(dtype), " on the device");
+}
+
+/// Registers the launchers above when the program starts (one per architecture list).
+inline const bool device_kernels_registered = [] {
+  DeviceKernels& k = device_kernels();
+  k.f32_to_bf16 = &launch_f32_to_bf16;
+  k.bf16_to_f32 = &launch_bf16_to_f32;
+  k.divide = &launch_divide;
+  return true;
+}();
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+#endif  // TRAINKIT_CUDA_COMPILER
+
+#endif  // TRAINKIT_WITH_CUDA
+// end trainkit/dist/device_kernels.hpp
+// begin trainkit/dist/nccl_comm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/nccl_comm.hpp: NcclComm, the communicator for device buffers (one GPU per rank,
+// any number of nodes). RAII over ncclComm_t: created non-blocking from a unique id that rank 0
+// makes and shares out of band (dist::init does it over MPI or a TCP rendezvous at
+// MASTER_ADDR:MASTER_PORT), destroyed with ncclCommFinalize/Destroy, or ncclCommAbort after an
+// error. Every wait polls ncclCommGetAsyncError against a timeout, so a dead peer becomes a
+// trainkit::Error and an abort, not a hang. Needs TRAINKIT_WITH_NCCL (the body is empty without).
+
+
+#if TRAINKIT_WITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+// ncclAvg and ncclBfloat16 appeared in 2.10.3; non-blocking init (ncclConfig_t) and
+// ncclCommFinalize in 2.14.
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 3)
+#define TRAINKIT_DETAIL_NCCL_HAS_AVG 1
+#else
+#define TRAINKIT_DETAIL_NCCL_HAS_AVG 0
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 3)
+#define TRAINKIT_DETAIL_NCCL_HAS_CONFIG 1
+#else
+#define TRAINKIT_DETAIL_NCCL_HAS_CONFIG 0
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Options of an NcclComm.
+struct NcclOptions {
+  /// Init, and every Work::wait(), fail (and abort the communicator) after this long without
+  /// completing. Default: default_timeout() ($TRAINKIT_DIST_TIMEOUT or 300 s).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// Create the communicator non-blocking (ncclConfig_t::blocking = 0, NCCL >= 2.14), so init is
+  /// bounded by the timeout too. Otherwise init blocks until every rank joined.
+  bool nonblocking = true;
+};
+
+namespace detail {
+
+using NcclClock = std::chrono::steady_clock;
+
+/// The NCCL communicator shared by an NcclComm and its pending Work (the comm must outlive the
+/// events that are polled against it). Destroyed with finalize+destroy, or aborted once failed.
+class NcclHandle {
+ public:
+  NcclHandle(int rank, int size, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), timeout_(timeout) {}
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+  ~NcclHandle() {
+    if (comm_ == nullptr) return;
+    if (failed()) return;  // already aborted
+#if TRAINKIT_DETAIL_NCCL_HAS_CONFIG
+    // Finalize flushes queued work; in non-blocking mode it returns ncclInProgress and we poll.
+    bool clean = TRAINKIT_NCCL_CHECK_NOTHROW(ncclCommFinalize(comm_));
+    const auto deadline = NcclClock::now() + timeout_;
+    while (clean) {
+      ncclResult_t state = ncclSuccess;
+      if (!TRAINKIT_NCCL_CHECK_NOTHROW(ncclCommGetAsyncError(comm_, &state)) ||
+          (state != ncclSuccess && state != ncclInProgress) || NcclClock::now() > deadline) {
+        clean = false;
+        break;
+      }
+      if (state == ncclSuccess) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (!clean) {
+      TRAINKIT_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
+      return;
+    }
+#endif
+    TRAINKIT_NCCL_CHECK_NOTHROW(ncclCommDestroy(comm_));
+  }
+
+  ncclComm_t& comm() noexcept { return comm_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  std::string reason() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reason_;
+  }
+
+  /// Aborts the communicator (once) and remembers why. Never throws.
+  void abort(const std::string& reason) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      reason_ = reason;
+    } catch (...) {
+    }
+    failed_.store(true, std::memory_order_release);
+    if (comm_ != nullptr) TRAINKIT_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
+  }
+
+  /// Aborts with `reason` and throws it as trainkit::Error (library "NCCL", `code`).
+  [[noreturn]] void fail(const std::string& reason, int code = 0) {
+    const std::string full = trainkit::detail::concat("NcclComm rank ", rank_, ": ", reason);
+    abort(full);
+    throw Error(trainkit::detail::concat("trainkit: ", full), "NCCL", code);
+  }
+
+  /// Throws (after aborting) when NCCL reports an asynchronous error; true while an operation is
+  /// still being enqueued (ncclInProgress of a non-blocking communicator).
+  bool poll(const std::string& what) {
+    if (failed())
+      throw Error(trainkit::detail::concat("trainkit: NcclComm rank ", rank_, ": ", what,
+                                           " refused: the communicator was aborted: ", reason()),
+                  "NCCL");
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t status = ncclCommGetAsyncError(comm_, &state);
+    if (status != ncclSuccess)
+      fail(trainkit::detail::concat(
+               what, ": ncclCommGetAsyncError failed: ", trainkit::detail::nccl_message(status)),
+           status);
+    if (state == ncclInProgress) return true;
+    if (state != ncclSuccess)
+      fail(trainkit::detail::concat(what,
+                                    ": asynchronous NCCL error (a peer failed or "
+                                    "exited?): ",
+                                    trainkit::detail::nccl_message(state)),
+           state);
+    return false;
+  }
+
+  /// Waits until a non-blocking communicator finished enqueueing (init, a collective, a group);
+  /// fails after the timeout.
+  void wait_ready(const std::string& what, NcclClock::time_point start) {
+    while (poll(what)) {
+      if (NcclClock::now() - start > timeout_)
+        fail(trainkit::detail::concat(what, " did not finish within ",
+                                      static_cast<double>(timeout_.count()) / 1000.0,
+                                      " s: not every rank joined (check the unique-id exchange, "
+                                      "MASTER_ADDR/MASTER_PORT, NCCL_SOCKET_IFNAME); the "
+                                      "communicator was aborted"));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mutex_;
+  std::string reason_;
+};
+
+/// A collective on the device: done when its event completed. wait() polls the event and
+/// ncclCommGetAsyncError and aborts the communicator when the timeout passes.
+class NcclWork final : public WorkState {
+ public:
+  NcclWork(std::shared_ptr<NcclHandle> handle, std::string what)
+      : handle_(std::move(handle)), what_(std::move(what)), start_(NcclClock::now()) {
+    TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~NcclWork() override {
+    if (event_ != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_));
+  }
+
+  cudaEvent_t event() const noexcept { return event_; }
+
+  void wait() override {
+    for (unsigned i = 0;; ++i) {
+      if (test()) return;
+      if (NcclClock::now() - start_ > handle_->timeout())
+        handle_->fail(trainkit::detail::concat(
+            what_, " did not complete within ",
+            static_cast<double>(handle_->timeout().count()) / 1000.0,
+            " s: a peer is stalled or dead; the communicator was aborted"));
+      if (i > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaSuccess) return true;
+    if (status != cudaErrorNotReady) TRAINKIT_CUDA_CHECK(status);
+    (void)cudaGetLastError();
+    (void)handle_->poll(what_);
+    return false;
+  }
+
+ private:
+  std::shared_ptr<NcclHandle> handle_;
+  std::string what_;
+  NcclClock::time_point start_;
+  cudaEvent_t event_ = nullptr;
+};
+
+/// NCCL's element type for a reducible dtype.
+inline ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kF64: return ncclFloat64;
+    case DType::kF16: return ncclFloat16;
+#if TRAINKIT_DETAIL_NCCL_HAS_AVG
+    case DType::kBF16: return ncclBfloat16;
+#endif
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+    default: break;
+  }
+  TRAINKIT_FAIL("NcclComm: NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, " cannot reduce ", dtype_name(t));
+}
+
+}  // namespace detail
+
+/// A communicator over NCCL: rank `rank` of `size`, on the CUDA device that was current when it
+/// was created. Device buffers only.
+///
+/// Streams: collectives run on the communicator's own stream (stream()), after the work queued
+/// so far on the caller stream (set_stream(); default: the legacy default stream), so they are
+/// asynchronous with respect to the caller's stream. Work::wait() blocks the host (polling with
+/// the timeout); wait_on(work, s) orders stream s after it without blocking the host.
+/// group() fuses the collectives issued while it lives into one NCCL group.
+/// kAvg is ncclAvg (NCCL >= 2.10.3), else a sum and a division kernel. Max/min follow NCCL's
+/// NaN handling.
+class NcclComm final : public Comm {
+ public:
+  /// A fresh unique id (call on one rank and share the 128 bytes with the others).
+  static ncclUniqueId make_unique_id() {
+    ncclUniqueId id;
+    TRAINKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+    return id;
+  }
+
+  /// NCCL's runtime version code (e.g. 22809 for 2.28.9).
+  static int version() {
+    int v = 0;
+    TRAINKIT_NCCL_CHECK(ncclGetVersion(&v));
+    return v;
+  }
+
+  /// Joins the communicator `id` as `rank` of `size` on the current CUDA device. Every rank
+  /// must call it with the same id. Throws trainkit::Error (after aborting) when init fails or
+  /// does not finish within the timeout.
+  NcclComm(int rank, int size, const ncclUniqueId& id, NcclOptions options = {})
+      : options_(std::move(options)) {
+    TRAINKIT_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclComm: rank ", rank,
+                   " is not in [0, ", size, ")");
+    TRAINKIT_CHECK(options_.timeout.count() > 0, "NcclComm: the timeout must be positive");
+    TRAINKIT_CUDA_CHECK(cudaGetDevice(&device_));
+    TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    handle_ = std::make_shared<detail::NcclHandle>(rank, size, options_.timeout);
+    const auto start = detail::NcclClock::now();
+#if TRAINKIT_DETAIL_NCCL_HAS_CONFIG
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = options_.nonblocking ? 0 : 1;
+    const ncclResult_t status = ncclCommInitRankConfig(&handle_->comm(), size, id, rank, &config);
+#else
+    const ncclResult_t status = ncclCommInitRank(&handle_->comm(), size, id, rank);
+#endif
+    if (status != ncclSuccess && status != ncclInProgress)
+      handle_->fail(trainkit::detail::concat("ncclCommInitRank(size ", size, ", device ", device_,
+                                             ") failed: ", trainkit::detail::nccl_message(status)),
+                    status);
+    handle_->wait_ready("ncclCommInitRank", start);
+#if TRAINKIT_DETAIL_NCCL_HAS_AVG
+    has_avg_ = version() >= 21003;
+#endif
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  /// Finalizes and destroys the communicator once no Work refers to it any more (aborts it after
+  /// an error). Never throws.
+  ~NcclComm() override {
+    if (ready_ != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaEventDestroy(ready_));
+    if (barrier_buf_ != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
+  }
+
+  int rank() const noexcept override { return handle_->rank(); }
+  int size() const noexcept override { return handle_->size(); }
+  std::string_view backend() const noexcept override { return "NcclComm"; }
+  Space space() const noexcept override { return Space::kDevice; }
+
+  ncclComm_t native() const noexcept { return handle_->comm(); }
+  /// The CUDA device of this communicator.
+  int device() const noexcept { return device_; }
+  /// The stream the collectives run on.
+  cuda::StreamRef stream() const noexcept { return stream_.ref(); }
+  /// Later collectives start after the work queued on `caller` at the time of the call.
+  void set_stream(cuda::StreamRef caller) noexcept { caller_ = caller; }
+  cuda::StreamRef caller_stream() const noexcept { return caller_; }
+  /// True once the communicator was aborted after an error; every collective then fails.
+  bool failed() const noexcept { return handle_->failed(); }
+
+  /// Makes `stream` wait (on the device, no host block) for the collective behind `work`.
+  void wait_on(const Work& work, cuda::StreamRef stream) const {
+    if (!work.valid()) return;
+    auto* nccl = dynamic_cast<const detail::NcclWork*>(work.state().get());
+    TRAINKIT_CHECK(nccl != nullptr, "NcclComm::wait_on: the Work is not from an NcclComm");
+    stream.wait(nccl->event());
+  }
+
+  /// Throws trainkit::Error (and aborts) when NCCL reports an asynchronous error. Cheap: call it
+  /// once per step to turn a dead peer into an error before the next host synchronisation.
+  void check_async_error() { (void)handle_->poll("check_async_error"); }
+
+  /// Aborts the communicator: pending and later collectives fail. Never throws.
+  void abort() noexcept { handle_->abort("aborted by the program"); }
+
+  /// RAII NCCL group: collectives issued while it lives are fused (ncclGroupStart/End); their
+  /// Work completes after the group ended. Nest freely.
+  class Group {
+   public:
+    explicit Group(NcclComm& comm) : comm_(&comm) { comm.group_start(); }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+    /// Ends the group. Errors are reported by the collectives' Work (and check_async_error()).
+    ~Group() {
+      try {
+        comm_->group_end();
+      } catch (const std::exception& e) {
+        trainkit::detail::log_error(e.what(), "ncclGroupEnd", __FILE__, __LINE__);
+      }
+    }
+
+   private:
+    NcclComm* comm_;
+  };
+  [[nodiscard]] Group group() { return Group(*this); }
+
+  Work all_reduce(Buffer buf, ReduceOp op) override {
+    detail::check_all_reduce(*this, buf);
+    const bool avg_by_hand = op == ReduceOp::kAvg && !has_avg_;
+    if (avg_by_hand) check_avg_fallback();
+    const ncclDataType_t type = detail::nccl_type(buf.dtype);
+    const ncclRedOp_t red = nccl_op(op);
+    Work work = issue(describe("all_reduce", buf), [&](cudaStream_t s) {
+      return ncclAllReduce(buf.data, buf.data, static_cast<std::size_t>(buf.count), type, red,
+                           handle_->comm(), s);
+    });
+    if (avg_by_hand) divide_after(work, buf);
+    return work;
+  }
+
+  Work broadcast(Buffer buf, int root) override {
+    detail::check_broadcast(*this, buf, root);
+    const auto [type, n] = move_type(buf);
+    return issue(describe("broadcast", buf), [&](cudaStream_t s) {
+      return ncclBroadcast(buf.data, buf.data, n, type, root, handle_->comm(), s);
+    });
+  }
+
+  Work all_gather(Buffer send, Buffer recv) override {
+    detail::check_all_gather(*this, send, recv);
+    const auto [type, n] = move_type(send);
+    return issue(describe("all_gather", send), [&](cudaStream_t s) {
+      return ncclAllGather(send.data, recv.data, n, type, handle_->comm(), s);
+    });
+  }
+
+  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    detail::check_reduce_scatter(*this, send, recv);
+    const bool avg_by_hand = op == ReduceOp::kAvg && !has_avg_;
+    if (avg_by_hand) check_avg_fallback();
+    const ncclDataType_t type = detail::nccl_type(recv.dtype);
+    const ncclRedOp_t red = nccl_op(op);
+    Work work = issue(describe("reduce_scatter", recv), [&](cudaStream_t s) {
+      return ncclReduceScatter(send.data, recv.data, static_cast<std::size_t>(recv.count), type,
+                               red, handle_->comm(), s);
+    });
+    if (avg_by_hand) divide_after(work, recv);
+    return work;
+  }
+
+  /// An all_reduce of one int32 on a small device buffer (NCCL has no barrier).
+  Work barrier() override {
+    if (barrier_buf_ == nullptr)
+      TRAINKIT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(std::int32_t)));
+    return issue("barrier", [&](cudaStream_t s) {
+      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, handle_->comm(), s);
+    });
+  }
+
+ private:
+  friend class Group;
+
+  ncclRedOp_t nccl_op(ReduceOp op) const noexcept {
+    switch (op) {
+      case ReduceOp::kSum: return ncclSum;
+      case ReduceOp::kMax: return ncclMax;
+      case ReduceOp::kMin: return ncclMin;
+      case ReduceOp::kAvg:
+#if TRAINKIT_DETAIL_NCCL_HAS_AVG
+        return has_avg_ ? ncclAvg : ncclSum;
+#else
+        return ncclSum;
+#endif
+    }
+    return ncclSum;
+  }
+
+  // Data movement of any dtype: reducible types as themselves, the others as bytes.
+  static std::pair<ncclDataType_t, std::size_t> move_type(const Buffer& b) {
+    if (is_reducible(b.dtype) && (b.dtype != DType::kBF16 || TRAINKIT_DETAIL_NCCL_HAS_AVG))
+      return {detail::nccl_type(b.dtype), static_cast<std::size_t>(b.count)};
+    return {ncclUint8, b.bytes()};
+  }
+
+  std::string describe(const char* op, const Buffer& b) const {
+    return trainkit::detail::concat(op, " #", seq_ + 1, " (", b.count, " x ", dtype_name(b.dtype),
+                                    ")");
+  }
+
+  template <class Call>
+  Work issue(const std::string& what, Call&& call) {
+    cuda::DeviceGuard guard(device_);
+    const auto start = detail::NcclClock::now();
+    (void)handle_->poll(what);  // refuses at once when aborted
+    ++seq_;
+    TRAINKIT_CUDA_CHECK(cudaEventRecord(ready_, caller_.get()));
+    TRAINKIT_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_, 0));
+    auto work = std::make_shared<detail::NcclWork>(handle_, what);
+    const ncclResult_t status = call(stream_.get());
+    if (status != ncclSuccess && status != ncclInProgress)
+      handle_->fail(
+          trainkit::detail::concat(what, " failed: ", trainkit::detail::nccl_message(status)),
+          status);
+    if (group_depth_ > 0) {
+      grouped_.push_back(work);  // enqueued only at ncclGroupEnd
+    } else {
+      handle_->wait_ready(what, start);
+      TRAINKIT_CUDA_CHECK(cudaEventRecord(work->event(), stream_.get()));
+    }
+    return Work(std::move(work));
+  }
+
+  // Without ncclAvg an average is a sum and a division kernel after it.
+  void check_avg_fallback() const {
+    TRAINKIT_CHECK(group_depth_ == 0,
+                   "NcclComm: kAvg inside a group() needs ncclAvg (NCCL >= "
+                   "2.10.3); this NCCL is ",
+                   NCCL_MAJOR, ".", NCCL_MINOR, ": use kSum and scale");
+    (void)detail::require_device_kernels("NcclComm kAvg on NCCL < 2.10.3");
+  }
+
+  void divide_after(Work& work, const Buffer& b) {
+    const auto& kernels = detail::device_kernels();
+    cuda::DeviceGuard guard(device_);
+    kernels.divide(b.dtype, b.data, b.count, size(), stream_.get());
+    auto* nccl = static_cast<detail::NcclWork*>(work.state().get());
+    TRAINKIT_CUDA_CHECK(cudaEventRecord(nccl->event(), stream_.get()));
+  }
+
+  void group_start() {
+    TRAINKIT_NCCL_CHECK(ncclGroupStart());
+    ++group_depth_;
+  }
+
+  void group_end() {
+    cuda::DeviceGuard guard(device_);
+    const auto start = detail::NcclClock::now();
+    --group_depth_;
+    const ncclResult_t status = ncclGroupEnd();
+    if (group_depth_ > 0) {
+      TRAINKIT_NCCL_CHECK(status);
+      return;
+    }
+    std::vector<std::shared_ptr<detail::NcclWork>> works = std::move(grouped_);
+    grouped_.clear();
+    if (status != ncclSuccess && status != ncclInProgress)
+      handle_->fail(
+          trainkit::detail::concat("ncclGroupEnd failed: ", trainkit::detail::nccl_message(status)),
+          status);
+    handle_->wait_ready("ncclGroupEnd", start);
+    for (const auto& w : works) TRAINKIT_CUDA_CHECK(cudaEventRecord(w->event(), stream_.get()));
+  }
+
+  NcclOptions options_;
+  std::shared_ptr<detail::NcclHandle> handle_;
+  int device_ = 0;
+  cuda::Stream stream_;
+  cuda::StreamRef caller_;
+  cudaEvent_t ready_ = nullptr;
+  void* barrier_buf_ = nullptr;
+  bool has_avg_ = false;
+  int group_depth_ = 0;
+  std::uint64_t seq_ = 0;
+  std::vector<std::shared_ptr<detail::NcclWork>> grouped_;
+};
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+
+#endif  // TRAINKIT_WITH_NCCL
+// end trainkit/dist/nccl_comm.hpp
+// begin trainkit/dist/rendezvous.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/rendezvous.hpp: `tcp_broadcast`, a tiny TCP rendezvous that hands a few bytes
+// from rank 0 to every other rank: how NCCL's unique id reaches the ranks under torchrun or srun,
+// where there is no MPI (rank 0 listens at MASTER_PORT, the others connect to MASTER_ADDR).
+// Bounded by a timeout, with a magic header so a stray connection or another job on the same port
+// is an error naming the address, not a hang or garbage. POSIX sockets; elsewhere it throws.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+#if __has_include(<sys/socket.h>) && __has_include(<netdb.h>) && __has_include(<poll.h>) && \
+    __has_include(<unistd.h>)
+#define TRAINKIT_DETAIL_HAS_SOCKETS 1
+#include <cerrno>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#else
+#define TRAINKIT_DETAIL_HAS_SOCKETS 0
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+namespace detail {
+
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+
+using RdvClock = std::chrono::steady_clock;
+
+// "TKRDV" + protocol version 1, then rank, size and payload length (big-endian).
+inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '1'};
+inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8;
+
+/// An owned socket descriptor.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) noexcept : fd_(fd) {}
+  Socket(Socket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Socket& operator=(Socket&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket() { reset(); }
+  int fd() const noexcept { return fd_; }
+  bool valid() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+inline std::string errno_text(int err) {
+  return trainkit::detail::concat(std::strerror(err), " (errno ", err, ")");
+}
+
+inline int remaining_ms(RdvClock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - RdvClock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1000));
+}
+
+/// Waits for `events` on fd until the deadline; false on timeout.
+inline bool wait_fd(int fd, short events, RdvClock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int ms = remaining_ms(deadline);
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+    if (r == 0 && RdvClock::now() >= deadline) return false;
+  }
+}
+
+/// Sends/receives exactly `n` bytes before the deadline; false on timeout, EOF or error.
+inline bool send_all(int fd, const void* data, std::size_t n, RdvClock::time_point deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLOUT, deadline)) return false;
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+inline bool recv_all(int fd, void* data, std::size_t n, RdvClock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLIN, deadline)) return false;
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+inline void put_u32(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (24 - 8 * i));
+}
+inline void put_u64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (56 - 8 * i));
+}
+inline std::uint32_t get_u32(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | p[i];
+  return v;
+}
+inline std::uint64_t get_u64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+inline void set_nonblocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+/// A listening socket on `port` of every local interface (IPv6 dual-stack when available).
+inline Socket listen_on(int port, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* list = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(nullptr, service.c_str(), &hints, &list); rc != 0) {
+    error = ::gai_strerror(rc);
+    return Socket();
+  }
+  Socket best;
+  // Prefer IPv6 (dual-stack reaches IPv4 peers too), else the first that binds.
+  for (int pass = 0; pass < 2 && !best.valid(); ++pass) {
+    for (addrinfo* a = list; a != nullptr && !best.valid(); a = a->ai_next) {
+      if ((pass == 0) != (a->ai_family == AF_INET6)) continue;
+      Socket s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
+      if (!s.valid()) {
+        error = errno_text(errno);
+        continue;
+      }
+      const int one = 1, zero = 0;
+      (void)::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (a->ai_family == AF_INET6)
+        (void)::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+      if (::bind(s.fd(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(s.fd(), 128) != 0) {
+        error = errno_text(errno);
+        continue;
+      }
+      set_nonblocking(s.fd());
+      best = std::move(s);
+    }
+  }
+  ::freeaddrinfo(list);
+  return best;
+}
+
+/// Connects to host:port once (every address it resolves to), waiting at most until the
+/// deadline for each attempt; an invalid Socket when nobody accepted.
+inline Socket connect_once(const std::string& host, int port, RdvClock::time_point deadline,
+                           std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list); rc != 0) {
+    error = trainkit::detail::concat("cannot resolve '", host, "': ", ::gai_strerror(rc));
+    return Socket();
+  }
+  Socket result;
+  for (addrinfo* a = list; a != nullptr && !result.valid(); a = a->ai_next) {
+    Socket s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
+    if (!s.valid()) continue;
+    set_nonblocking(s.fd());
+    if (::connect(s.fd(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        error = errno_text(errno);
+        continue;
+      }
+      if (!wait_fd(s.fd(), POLLOUT,
+                   std::min(deadline, RdvClock::now() + std::chrono::seconds(2)))) {
+        error = "connect timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        error = errno_text(err);
+        continue;
+      }
+    }
+    const int one = 1;
+    (void)::setsockopt(s.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    result = std::move(s);
+  }
+  ::freeaddrinfo(list);
+  return result;
+}
+
+#endif  // TRAINKIT_DETAIL_HAS_SOCKETS
+
+}  // namespace detail
+
+/// Hands `payload` from rank 0 to ranks 1..size-1 over TCP. Rank 0 fills `payload` and listens
+/// on `port` on every local interface; the other ranks connect to `host`:`port` (retrying while
+/// rank 0 is not up yet) and receive it into their `payload`, which must have the same size. It
+/// returns on every rank only after rank 0 heard from all of them (a barrier too). `size` == 1
+/// returns at once.
+/// Throws trainkit::Error naming host, port and rank when the port cannot be bound, nobody
+/// answers, a peer sends something else (another job on the port?), ranks disagree on size or
+/// payload length, or `timeout` passes.
+inline void tcp_broadcast(std::string_view host, int port, int rank, int size,
+                          std::span<std::byte> payload, std::chrono::milliseconds timeout) {
+  TRAINKIT_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp_broadcast: rank ", rank,
+                 " is not in [0, ", size, ")");
+  TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
+  if (size == 1) return;
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+  using detail::RdvClock;
+  const auto deadline = RdvClock::now() + timeout;
+  const std::string where = trainkit::detail::concat(host, ":", port);
+  const double seconds = static_cast<double>(timeout.count()) / 1000.0;
+
+  if (rank == 0) {
+    std::string error;
+    detail::Socket listener = detail::listen_on(port, error);
+    TRAINKIT_CHECK(listener.valid(), "tcp_broadcast: rank 0 cannot listen on port ", port, ": ",
+                   error, " (is another job using it? set MASTER_PORT or TRAINKIT_RDZV_PORT)");
+    std::vector<detail::Socket> peers(static_cast<std::size_t>(size));
+    int joined = 0;
+    while (joined < size - 1) {
+      if (!detail::wait_fd(listener.fd(), POLLIN, deadline))
+        TRAINKIT_FAIL("tcp_broadcast: rank 0 waited ", seconds, " s on port ", port, " but only ",
+                      joined, " of the other ", size - 1, " ranks connected");
+      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+      if (!s.valid()) continue;
+      unsigned char header[detail::kRendezvousHeader];
+      // A connection that does not speak our protocol (a port scanner, a health check) is
+      // dropped; one that does but disagrees is an error.
+      if (!detail::recv_all(s.fd(), header, sizeof header,
+                            std::min(deadline, RdvClock::now() + std::chrono::seconds(5))) ||
+          std::memcmp(header, detail::kRendezvousMagic, 8) != 0)
+        continue;
+      const auto peer_rank = static_cast<int>(detail::get_u32(header + 8));
+      const auto peer_size = static_cast<int>(detail::get_u32(header + 12));
+      const std::uint64_t peer_len = detail::get_u64(header + 16);
+      TRAINKIT_CHECK(peer_size == size && peer_len == payload.size(), "tcp_broadcast on port ",
+                     port, ": rank ", peer_rank, " expects ", peer_size, " ranks and ", peer_len,
+                     " bytes, rank 0 has ", size, " ranks and ", payload.size(),
+                     " bytes (two jobs on one port?)");
+      TRAINKIT_CHECK(peer_rank >= 1 && peer_rank < size, "tcp_broadcast on port ", port,
+                     ": a peer claims rank ", peer_rank, " of ", size);
+      TRAINKIT_CHECK(!peers[static_cast<std::size_t>(peer_rank)].valid(), "tcp_broadcast on port ",
+                     port, ": rank ", peer_rank, " connected twice (two jobs on one port?)");
+      peers[static_cast<std::size_t>(peer_rank)] = std::move(s);
+      ++joined;
+    }
+    for (int r = 1; r < size; ++r) {
+      const int fd = peers[static_cast<std::size_t>(r)].fd();
+      TRAINKIT_CHECK(detail::send_all(fd, detail::kRendezvousMagic, 8, deadline) &&
+                         detail::send_all(fd, payload.data(), payload.size(), deadline),
+                     "tcp_broadcast: rank 0 could not send to rank ", r, " on port ", port);
+    }
+    return;
+  }
+
+  std::string error = "connection refused";
+  for (;;) {
+    detail::Socket s = detail::connect_once(std::string(host), port, deadline, error);
+    if (s.valid()) {
+      unsigned char header[detail::kRendezvousHeader];
+      std::memcpy(header, detail::kRendezvousMagic, 8);
+      detail::put_u32(header + 8, static_cast<std::uint32_t>(rank));
+      detail::put_u32(header + 12, static_cast<std::uint32_t>(size));
+      detail::put_u64(header + 16, payload.size());
+      char magic[8];
+      if (detail::send_all(s.fd(), header, sizeof header, deadline)) {
+        // Rank 0 answers once every rank joined; waiting for that is bounded by the deadline.
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), magic, 8, deadline), "tcp_broadcast: rank ", rank,
+                       " connected to ", where, " but got no answer within ", seconds,
+                       " s (not every rank joined, or rank 0 failed: see its log)");
+        TRAINKIT_CHECK(std::memcmp(magic, detail::kRendezvousMagic, 8) == 0, "tcp_broadcast: rank ",
+                       rank, ": ", where,
+                       " is not a trainkit rendezvous (another service on "
+                       "MASTER_PORT? under torchrun's agent store use MASTER_PORT + 1)");
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), deadline),
+                       "tcp_broadcast: rank ", rank, ": ", where, " closed before sending ",
+                       payload.size(), " bytes");
+        return;
+      }
+    }
+    TRAINKIT_CHECK(RdvClock::now() < deadline, "tcp_broadcast: rank ", rank,
+                   " could not reach rank 0 at ", where, " within ", seconds,
+                   " s (last error: ", error,
+                   "); check MASTER_ADDR/MASTER_PORT and that rank 0 is running");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+#else
+  (void)host;
+  (void)payload;
+  (void)timeout;
+  TRAINKIT_FAIL("tcp_broadcast: this platform has no POSIX sockets; use MPI to bootstrap");
+#endif
+}
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/rendezvous.hpp
+// begin trainkit/dist/bootstrap.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/bootstrap.hpp: `dist::init()`, which turns "whoever launched this process" into a
+// communicator. trainkit has no launcher of its own: it reads the variables of torchrun (RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_*) and
+// Slurm's srun (SLURM_PROCID, ...), picks the GPU by local rank, and chooses the backend: NCCL
+// for device tensors, MPI (or a one-rank ThreadComm) for host tensors.
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Who started this process.
+enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm };
+
+inline constexpr std::string_view launcher_name(Launcher l) noexcept {
+  switch (l) {
+    case Launcher::kNone: return "none";
+    case Launcher::kTorchrun: return "torchrun";
+    case Launcher::kOpenMpi: return "Open MPI";
+    case Launcher::kSlurm: return "Slurm";
+  }
+  return "?";
+}
+
+/// This process's place in the job, as the launcher described it.
+struct LaunchInfo {
+  Launcher launcher = Launcher::kNone;
+  int rank = 0;              ///< global rank, in [0, world_size)
+  int world_size = 1;        ///< number of processes
+  int local_rank = 0;        ///< rank on this node: selects the GPU
+  int local_world_size = 1;  ///< processes on this node
+  std::string master_addr;   ///< host of rank 0 for the TCP rendezvous ("" when unknown)
+  int master_port = 0;       ///< its port (0 when unknown)
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves a TCPStore on
+  /// MASTER_PORT, so the rendezvous uses MASTER_PORT + 1.
+  bool agent_store = false;
+};
+
+namespace detail {
+
+inline std::optional<std::string> env_var(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+/// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
+/// naming the variable when it is not an integer in [lo, hi].
+inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX) {
+  const auto v = env_var(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v->c_str(), &end, 10);
+  TRAINKIT_CHECK(end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
+                 "dist: environment variable ", name, "='", *v, "' is not an integer in [", lo,
+                 ", ", hi, "]");
+  return static_cast<int>(x);
+}
+
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+inline std::string first_slurm_host(std::string_view list) {
+  std::size_t depth = 0, end = 0;
+  for (; end < list.size(); ++end) {
+    if (list[end] == '[') ++depth;
+    if (list[end] == ']' && depth > 0) --depth;
+    if (list[end] == ',' && depth == 0) break;
+  }
+  const std::string_view first = list.substr(0, end);
+  const std::size_t open = first.find('[');
+  if (open == std::string_view::npos) return std::string(first);
+  const std::size_t close = first.find(']', open);
+  TRAINKIT_CHECK(close != std::string_view::npos, "dist: malformed Slurm node list '", list, "'");
+  const std::string_view ranges = first.substr(open + 1, close - open - 1);
+  std::size_t stop = 0;
+  while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
+  return std::string(first.substr(0, open)) + std::string(ranges.substr(0, stop)) +
+         std::string(first.substr(close + 1));
+}
+
+/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
+inline std::optional<int> first_slurm_count(const char* name) {
+  const auto v = env_var(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v->c_str(), &end, 10);
+  if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
+  return static_cast<int>(x);
+}
+
+}  // namespace detail
+
+/// Reads the launcher's environment variables, in this order of precedence:
+///  - torchrun (and other torch.distributed launchers): RANK, WORLD_SIZE, LOCAL_RANK,
+///    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE;
+///  - Open MPI's mpirun: OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE;
+///  - Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
+///    SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR (else the step's first node) and
+///    MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
+///  - none of them: a single process (rank 0 of 1).
+/// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
+/// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
+inline LaunchInfo detect_launch() {
+  using detail::env_int;
+  using detail::env_var;
+  LaunchInfo info;
+  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+    info.launcher = Launcher::kTorchrun;
+    info.world_size = *env_int("WORLD_SIZE", 1);
+    info.rank = *env_int("RANK", 0);
+    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
+    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+    info.launcher = Launcher::kOpenMpi;
+    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
+  } else if (env_var("SLURM_PROCID") &&
+             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
+    info.launcher = Launcher::kSlurm;
+    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
+                                                      : *env_int("SLURM_NTASKS", 1);
+    info.rank = *env_int("SLURM_PROCID", 0);
+    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    info.local_world_size =
+        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
+            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto v = env_var(list)) {
+        info.master_addr = detail::first_slurm_host(*v);
+        break;
+      }
+    }
+    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+  }
+  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
+  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
+  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
+                 info.rank, " of ", info.world_size, " processes");
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
+                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
+                 " of ", info.local_world_size, " processes on this node");
+  return info;
+}
+
+/// The communicator backends dist::init can create.
+enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
+
+inline constexpr std::string_view backend_name(Backend b) noexcept {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kThread: return "thread";
+    case Backend::kMpi: return "mpi";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+/// Options of dist::init.
+struct InitOptions {
+  /// kAuto: NCCL for device tensors; for host tensors MPI when launched by mpirun or srun
+  /// (trainkit built with MPI), a one-rank ThreadComm for a single process.
+  Backend backend = Backend::kAuto;
+  /// Where the tensors to reduce live (the ParamArena's space).
+  Space space = Space::kHost;
+  /// Bootstrap and collective timeout (see each backend).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// NCCL: make device local_rank % device_count current (one GPU per process, torchrun style).
+  bool select_device = true;
+  /// NCCL's TCP rendezvous port; 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when
+  /// torchrun's agent store already listens on MASTER_PORT).
+  int rendezvous_port = 0;
+};
+
+/// What dist::init set up: the communicator, and where this process runs. Move-only.
+class Context {
+ public:
+  Context(Context&&) noexcept = default;
+  Context& operator=(Context&&) noexcept = default;
+
+  const LaunchInfo& launch() const noexcept { return launch_; }
+  int rank() const noexcept { return comm_->rank(); }
+  int size() const noexcept { return comm_->size(); }
+  int local_rank() const noexcept { return launch_.local_rank; }
+  /// The CUDA device selected for this rank; -1 for host backends.
+  int device() const noexcept { return device_; }
+  Backend backend() const noexcept { return backend_; }
+  /// The communicator for tensors in InitOptions::space.
+  Comm& comm() noexcept { return *comm_; }
+  /// A host communicator next to an NCCL one (the MpiComm that bootstrapped it under mpirun),
+  /// or null.
+  Comm* host_comm() noexcept { return host_comm_.get(); }
+
+ private:
+  friend Context init(InitOptions);
+  Context() = default;
+
+  LaunchInfo launch_;
+  Backend backend_ = Backend::kThread;
+  int device_ = -1;
+  std::unique_ptr<Comm> host_comm_;  // declared first: destroyed after comm_
+  std::unique_ptr<Comm> comm_;
+};
+
+/// Creates this process's communicator from the launcher's environment (see detect_launch and
+/// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
+/// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
+/// not compiled in, MASTER_ADDR unset, no GPU, a world size that disagrees with MPI's, ...).
+inline Context init(InitOptions options = {}) {
+  Context ctx;
+  ctx.launch_ = detect_launch();
+  const LaunchInfo& L = ctx.launch_;
+  Backend backend = options.backend;
+  if (backend == Backend::kAuto) {
+    if (options.space == Space::kDevice) {
+      backend = Backend::kNccl;
+    } else if (L.world_size == 1) {
+      backend = Backend::kThread;
+    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
+               TRAINKIT_WITH_MPI) {
+      backend = Backend::kMpi;
+    } else {
+      TRAINKIT_FAIL("dist::init: ", L.world_size, " processes launched by ",
+                    launcher_name(L.launcher),
+                    " with host tensors need MPI: launch with mpirun "
+                    "or srun --mpi=pmix and build with MPI (TRAINKIT_WITH_MPI=1). torchrun jobs "
+                    "reduce device tensors with NCCL (InitOptions::space = Space::kDevice); for "
+                    "threads of one process use ThreadComm::run");
+    }
+  }
+  ctx.backend_ = backend;
+
+  switch (backend) {
+    case Backend::kThread: {
+      TRAINKIT_CHECK(L.world_size == 1,
+                     "dist::init: ThreadComm runs ranks as threads of one "
+                     "process, but ",
+                     launcher_name(L.launcher), " started ", L.world_size,
+                     " processes (use MPI, or ThreadComm::run inside one process)");
+      ThreadCommOptions o;
+      o.timeout = options.timeout;
+      ctx.comm_ = std::make_unique<ThreadComm>(std::make_shared<ThreadGroup>(1, std::move(o)), 0);
+      return ctx;
+    }
+    case Backend::kMpi: {
+#if TRAINKIT_WITH_MPI
+      MpiOptions o;
+      o.timeout = options.timeout;
+      auto mpi = std::make_unique<MpiComm>(o);
+      TRAINKIT_CHECK(L.launcher == Launcher::kNone || mpi->size() == L.world_size,
+                     "dist::init: ", launcher_name(L.launcher), " started ", L.world_size,
+                     " processes but MPI sees ", mpi->size(),
+                     " (srun needs --mpi=pmix or "
+                     "similar for MPI to see the whole job)");
+      ctx.comm_ = std::move(mpi);
+      return ctx;
+#else
+      TRAINKIT_FAIL(
+          "dist::init: the MPI backend needs trainkit built with MPI "
+          "(TRAINKIT_WITH_MPI=1, CMake TRAINKIT_ENABLE_MPI)");
+#endif
+    }
+    case Backend::kNccl: {
+#if TRAINKIT_WITH_NCCL
+      if (options.select_device) {
+        const int count = cuda::device_count();
+        TRAINKIT_CHECK(count > 0,
+                       "dist::init: the NCCL backend needs a CUDA device, none is "
+                       "visible to rank ",
+                       L.rank);
+        ctx.device_ = L.local_rank % count;
+        cuda::set_device(ctx.device_);
+      } else {
+        ctx.device_ = cuda::current_device();
+      }
+      ncclUniqueId id{};
+      if (L.rank == 0) id = NcclComm::make_unique_id();
+      std::span<std::byte> bytes(reinterpret_cast<std::byte*>(&id), sizeof id);
+      if (L.world_size > 1) {
+#if TRAINKIT_WITH_MPI
+        if (L.launcher == Launcher::kOpenMpi) {
+          MpiOptions o;
+          o.timeout = options.timeout;
+          auto mpi = std::make_unique<MpiComm>(o);
+          TRAINKIT_CHECK(mpi->size() == L.world_size, "dist::init: mpirun started ", L.world_size,
+                         " processes but MPI sees ", mpi->size());
+          mpi->broadcast(Buffer(bytes.data(), static_cast<std::int64_t>(bytes.size()), DType::kU8),
+                         0)
+              .wait();
+          ctx.host_comm_ = std::move(mpi);
+        }
+#endif
+        if (!ctx.host_comm_) {
+          int port = options.rendezvous_port;
+          if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
+          if (port == 0 && L.master_port > 0) port = L.master_port + (L.agent_store ? 1 : 0);
+          TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: NCCL over ", L.world_size,
+                         " processes needs MASTER_ADDR and MASTER_PORT (or "
+                         "TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
+                         launcher_name(L.launcher));
+          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout);
+        }
+      }
+      NcclOptions o;
+      o.timeout = options.timeout;
+      ctx.comm_ = std::make_unique<NcclComm>(L.rank, L.world_size, id, o);
+      return ctx;
+#else
+      TRAINKIT_FAIL(
+          "dist::init: device tensors need the NCCL backend: build trainkit with NCCL "
+          "(TRAINKIT_WITH_NCCL=1, CMake TRAINKIT_ENABLE_NCCL)");
+#endif
+    }
+    case Backend::kAuto: break;
+  }
+  TRAINKIT_FAIL("dist::init: no backend");
+}
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/bootstrap.hpp
+// begin trainkit/dist/bucketer.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/bucketer.hpp: GradBucketer, data parallelism with PyTorch DDP's semantics over a
+// ParamArena. Buckets are slices of its flat gradient buffer in reverse registration order (1 MiB
+// first, then 25 MiB); a bucket's all-reduce (the average over ranks, optionally in bf16) starts
+// as soon as backward marked its last gradient ready and overlaps the rest of backward. no_sync()
+// skips it for gradient accumulation; construction checks the ranks' layouts, broadcasts rank 0's.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Options of a GradBucketer (PyTorch DDP's defaults).
+struct BucketOptions {
+  /// Size cap of the first bucket (the last parameters registered): kDefaultFirstBucketBytes.
+  std::int64_t first_bucket_bytes = std::int64_t{1} << 20;
+  /// Size cap of the other buckets: bucket_cap_mb = 25. A bucket closes once it holds at least
+  /// its cap, so a large parameter makes a bucket of its own.
+  std::int64_t bucket_bytes = std::int64_t{25} << 20;
+  /// All-reduce the gradients as bf16 (half the bytes on the wire; Horovod's Compression.fp16 with
+  /// bf16's range), averaged in f32 steps where the backend allows; stored back as f32.
+  bool bf16_compression = false;
+  /// Broadcast rank 0's parameters to every rank at construction (DDP does).
+  bool broadcast_parameters = true;
+  /// Check at construction that every rank registered the same names, shapes and dtypes in the
+  /// same order; the first difference is reported on every rank.
+  bool check_layout = true;
+};
+
+/// One bucket: elements [offset, offset + count) of the arena's gradient buffer (the parameters
+/// and the alignment padding between them).
+struct Bucket {
+  std::int64_t offset = 0;
+  std::int64_t count = 0;
+  /// Its parameters in the order backward produces them (reverse registration order).
+  std::vector<nn::ParamId> params;
+};
+
+namespace detail {
+
+/// "'fc.weight' [64, 32] F32": one parameter of a layout, as compared across ranks.
+inline std::string layout_record(const nn::ParamInfo& p) {
+  return trainkit::detail::concat("'", p.name, "' ", p.shape.to_string(), " F32");
+}
+
+}  // namespace detail
+
+/// Data-parallel gradient averaging with DDP's semantics for a ParamArena in memory space S.
+///
+/// Per step: zero the gradients, run forward and backward, call mark_ready(p) for each parameter
+/// as soon as its gradient is final (typically after each layer's backward), then finish(),
+/// which waits for the remaining all-reduces: every rank then holds the average of all ranks'
+/// gradients. Buckets are all-reduced strictly in index order, so every rank issues the same
+/// collectives in the same order whatever order its backward marks parameters in.
+///
+/// Host arenas: the all-reduces run on the communicator's progress thread (ThreadComm, MpiComm),
+/// overlapping the rest of backward on the calling thread. Device arenas need an NcclComm: each
+/// bucket's all-reduce runs on the communicator's stream after the work queued on the stream
+/// given to mark_ready; finish(stream) orders `stream` after all of them without a host sync.
+///
+/// The arena must outlive the bucketer and keep its layout; the bucketer must outlive its
+/// in-flight all-reduces (its destructor waits for them).
+template <Space S = Space::kHost>
+class GradBucketer {
+ public:
+  /// Splits the arena into buckets, checks the layout across ranks and broadcasts rank 0's
+  /// parameters (options permitting). Collective: every rank constructs its bucketer together.
+  /// Throws trainkit::Error when the layouts differ (naming the first difference), when the
+  /// arena is not finalized, or when the communicator does not move S memory.
+  GradBucketer(nn::ParamArena<S>& arena, Comm& comm, BucketOptions options = {})
+      : arena_(&arena), comm_(&comm), options_(options) {
+    TRAINKIT_CHECK(arena.finalized(), "GradBucketer: finalize() the ParamArena first");
+    TRAINKIT_CHECK(comm.space() == S, "GradBucketer: a ", space_name(S), " arena needs a ",
+                   "communicator of ", space_name(S), " memory; ", comm.backend(), " moves ",
+                   space_name(comm.space()), " memory");
+    TRAINKIT_CHECK(options_.first_bucket_bytes > 0 && options_.bucket_bytes > 0,
+                   "GradBucketer: bucket sizes must be positive");
+    if constexpr (S == Space::kDevice) {
+#if TRAINKIT_WITH_NCCL
+      nccl_ = dynamic_cast<NcclComm*>(&comm);
+#endif
+      TRAINKIT_CHECK(nccl_ != nullptr, "GradBucketer: device arenas need an NcclComm");
+    }
+    assign_buckets();
+    if (options_.check_layout) check_layout();
+    if (options_.broadcast_parameters && arena.buffer_numel() > 0)
+      comm.broadcast(Buffer(arena.params_data(), arena.buffer_numel(), DType::kF32, S), 0).wait();
+    if (options_.bf16_compression) {
+      staging_ = Tensor<bf16, S>(Shape{std::max<std::int64_t>(arena.buffer_numel(), 1)});
+#if TRAINKIT_WITH_CUDA
+      if constexpr (S == Space::kDevice)
+        (void)detail::require_device_kernels("GradBucketer bf16 compression on the device");
+#endif
+    }
+#if TRAINKIT_WITH_CUDA
+    if constexpr (S == Space::kDevice) {
+      events_.resize(buckets_.size(), nullptr);
+      for (auto& e : events_)
+        TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+#endif
+    reset_iteration();
+  }
+  GradBucketer(const GradBucketer&) = delete;
+  GradBucketer& operator=(const GradBucketer&) = delete;
+
+  /// Waits for in-flight all-reduces (their errors are logged, not thrown).
+  ~GradBucketer() {
+    for (Work& w : works_) {
+      try {
+        w.wait();
+      } catch (const std::exception& e) {
+        trainkit::detail::log_error(e.what(), "GradBucketer: in-flight all-reduce", __FILE__,
+                                    __LINE__);
+      }
+    }
+#if TRAINKIT_WITH_CUDA
+    for (auto& e : events_)
+      if (e != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaEventDestroy(e));
+#endif
+  }
+
+  /// Host arenas: the gradient of `id` is final for this backward pass. Starts every bucket that
+  /// is now complete and whose predecessors have started. Under no_sync() it does nothing.
+  /// Throws trainkit::Error for an invalid id or a parameter marked twice in one pass.
+  void mark_ready(nn::ParamId id) {
+    static_assert(S == Space::kHost,
+                  "GradBucketer<device>::mark_ready needs the stream that "
+                  "produced the gradient: mark_ready(id, stream)");
+    if (!mark(id)) return;
+    while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) launch(next_launch_++);
+  }
+
+#if TRAINKIT_WITH_CUDA
+  /// Device arenas: the gradient of `id` is final once the work queued on `stream` so far has
+  /// run. The bucket's all-reduce is ordered after it on the communicator's stream.
+  void mark_ready(nn::ParamId id, cuda::StreamRef stream) {
+    static_assert(S == Space::kDevice, "GradBucketer<host>::mark_ready takes no stream");
+    if (!mark(id)) return;
+    while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0)
+      launch_device(next_launch_++, stream);
+  }
+
+  /// Device arenas: makes `stream` wait (on the device) for every bucket of this pass; the
+  /// gradients are averaged for work queued on `stream` afterwards. No host synchronisation;
+  /// NCCL's asynchronous errors are checked. Throws when a parameter was never marked ready.
+  void finish(cuda::StreamRef stream) {
+    static_assert(S == Space::kDevice, "GradBucketer<host>::finish takes no stream");
+    if (!syncing_) return;
+    check_all_launched();
+#if TRAINKIT_WITH_NCCL
+    nccl_->check_async_error();
+#endif
+    for (cudaEvent_t e : events_) stream.wait(e);
+    reset_iteration();
+  }
+#endif
+
+  /// Waits until every bucket of this backward pass is averaged (device arenas: on the host,
+  /// with the communicator's timeout). Records the time spent waiting (last_wait_seconds(): the
+  /// communication that backward did not hide). Under no_sync() it does nothing.
+  /// Throws trainkit::Error when a parameter was never marked ready or an all-reduce failed.
+  void finish() {
+    if (!syncing_) return;
+    check_all_launched();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr first;
+    for (Work& w : works_) {
+      try {
+        w.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) {
+      reset_iteration();
+      std::rethrow_exception(first);
+    }
+    if constexpr (S == Space::kHost) {
+      if (options_.bf16_compression) {
+        for (const Bucket& b : buckets_) {
+          const bf16* src = staging_.data() + b.offset;
+          float* dst = arena_->grads_data() + b.offset;
+          for (std::int64_t i = 0; i < b.count; ++i) dst[i] = static_cast<float>(src[i]);
+        }
+      }
+    } else {
+#if TRAINKIT_WITH_CUDA
+      for (cudaEvent_t e : events_) TRAINKIT_CUDA_CHECK(cudaEventSynchronize(e));
+#endif
+    }
+    last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    reset_iteration();
+  }
+
+  /// While a NoSync lives, mark_ready and finish do nothing: gradients accumulate locally in
+  /// the arena (DDP's no_sync()). The first backward pass after it synchronises the accumulated
+  /// gradients. Start it before a backward pass, not in the middle of one.
+  class [[nodiscard]] NoSync {
+   public:
+    explicit NoSync(GradBucketer& b) : b_(&b), previous_(b.syncing_) {
+      TRAINKIT_CHECK(b.marked_count_ == 0,
+                     "GradBucketer::no_sync() in the middle of a backward "
+                     "pass (",
+                     b.marked_count_, " parameters already marked ready)");
+      b.syncing_ = false;
+    }
+    NoSync(NoSync&& o) noexcept : b_(std::exchange(o.b_, nullptr)), previous_(o.previous_) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync() {
+      if (b_ != nullptr) b_->syncing_ = previous_;
+    }
+
+   private:
+    GradBucketer* b_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  /// False inside no_sync().
+  bool syncing() const noexcept { return syncing_; }
+  const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+  /// The bucket holding parameter `id`.
+  std::size_t bucket_of(nn::ParamId id) const { return bucket_of_[check_id(id, "bucket_of")]; }
+  /// True once bucket `b` of the current backward pass has been averaged (never blocks; throws
+  /// when its all-reduce failed). Device arenas: true once it was enqueued and NCCL finished.
+  bool reduced(std::size_t b) const {
+    TRAINKIT_CHECK(b < buckets_.size(), "GradBucketer::reduced: bucket ", b, " of ",
+                   buckets_.size());
+    return b < next_launch_ && works_[b].test();
+  }
+  /// Seconds the last finish() blocked waiting for all-reduces.
+  double last_wait_seconds() const noexcept { return last_wait_; }
+  Comm& comm() noexcept { return *comm_; }
+  const BucketOptions& options() const noexcept { return options_; }
+
+ private:
+  std::size_t check_id(nn::ParamId id, const char* who) const {
+    TRAINKIT_CHECK(id.valid() && static_cast<std::size_t>(id.index) < bucket_of_.size(),
+                   "GradBucketer::", who, ": invalid parameter id ", id.index, " (",
+                   bucket_of_.size(), " registered)");
+    return static_cast<std::size_t>(id.index);
+  }
+
+  // DDP's _compute_bucket_assignment_by_size over the parameters in reverse registration order:
+  // add parameters until the bucket holds at least its cap (1 MiB for the first, then 25 MiB).
+  void assign_buckets() {
+    const auto& infos = arena_->infos();
+    const std::size_t n = infos.size();
+    bucket_of_.assign(n, 0);
+    std::int64_t cap = options_.first_bucket_bytes, bytes = 0;
+    Bucket current;
+    auto close = [&] {
+      if (current.params.empty()) return;
+      const std::size_t lo = static_cast<std::size_t>(current.params.back().index);
+      const std::size_t hi = static_cast<std::size_t>(current.params.front().index);
+      current.offset = infos[lo].offset;
+      const std::int64_t end = hi + 1 < n ? infos[hi + 1].offset : arena_->buffer_numel();
+      current.count = end - current.offset;
+      buckets_.push_back(std::move(current));
+      current = Bucket();
+      bytes = 0;
+      cap = options_.bucket_bytes;
+    };
+    for (std::size_t i = n; i-- > 0;) {
+      bucket_of_[i] = buckets_.size();
+      current.params.push_back(nn::ParamId{static_cast<std::int32_t>(i)});
+      bytes += infos[i].numel * static_cast<std::int64_t>(sizeof(float));
+      if (bytes >= cap) close();
+    }
+    close();
+    pending_.assign(buckets_.size(), 0);
+    works_.assign(buckets_.size(), Work());
+  }
+
+  void reset_iteration() {
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      pending_[b] = static_cast<std::int64_t>(buckets_[b].params.size());
+    marked_.assign(bucket_of_.size(), false);
+    marked_count_ = 0;
+    next_launch_ = 0;
+  }
+
+  // Bookkeeping of mark_ready; false when nothing is to be done (no_sync).
+  bool mark(nn::ParamId id) {
+    const std::size_t i = check_id(id, "mark_ready");
+    if (!syncing_) return false;
+    TRAINKIT_CHECK(!marked_[i], "GradBucketer::mark_ready: parameter '", arena_->infos()[i].name,
+                   "' marked ready twice in one backward pass (call finish() after each pass)");
+    marked_[i] = true;
+    ++marked_count_;
+    --pending_[bucket_of_[i]];
+    return true;
+  }
+
+  void check_all_launched() {
+    if (next_launch_ == buckets_.size()) return;
+    // Name the first parameter (in backward order) that held the buckets back.
+    std::string name;
+    for (const nn::ParamId p : buckets_[next_launch_].params)
+      if (!marked_[static_cast<std::size_t>(p.index)]) {
+        name = arena_->infos()[static_cast<std::size_t>(p.index)].name;
+        break;
+      }
+    const std::size_t launched = next_launch_;
+    // The started all-reduces still write the gradients: let them finish before the caller
+    // touches them again.
+    for (std::size_t b = 0; b < launched; ++b) {
+      try {
+        works_[b].wait();
+      } catch (...) {
+      }
+    }
+    reset_iteration();
+    TRAINKIT_FAIL("GradBucketer::finish: parameter '", name, "' (bucket ", launched,
+                  ") was never marked ready in this backward pass, so buckets ", launched, "..",
+                  buckets_.size() - 1,
+                  " were not reduced (every parameter must get a gradient "
+                  "and be marked on every rank)");
+  }
+
+  void launch(std::size_t b) {
+    const Bucket& bk = buckets_[b];
+    float* grads = arena_->grads_data() + bk.offset;
+    if (options_.bf16_compression) {
+      bf16* dst = staging_.data() + bk.offset;
+      for (std::int64_t i = 0; i < bk.count; ++i) dst[i] = bf16(grads[i]);
+      works_[b] = comm_->all_reduce(Buffer(dst, bk.count, DType::kBF16, S), ReduceOp::kAvg);
+    } else {
+      works_[b] = comm_->all_reduce(Buffer(grads, bk.count, DType::kF32, S), ReduceOp::kAvg);
+    }
+  }
+
+#if TRAINKIT_WITH_CUDA
+  void launch_device(std::size_t b, cuda::StreamRef stream) {
+#if TRAINKIT_WITH_NCCL
+    const Bucket& bk = buckets_[b];
+    float* grads = arena_->grads_data() + bk.offset;
+    nccl_->set_stream(stream);
+    if (options_.bf16_compression) {
+      const auto& k = detail::require_device_kernels("GradBucketer bf16 compression");
+      bf16* packed = staging_.data() + bk.offset;
+      k.f32_to_bf16(grads, packed, bk.count, stream.get());
+      works_[b] = nccl_->all_reduce(Buffer(packed, bk.count, DType::kBF16, S), ReduceOp::kAvg);
+      k.bf16_to_f32(packed, grads, bk.count, nccl_->stream().get());
+    } else {
+      works_[b] = nccl_->all_reduce(Buffer(grads, bk.count, DType::kF32, S), ReduceOp::kAvg);
+    }
+    TRAINKIT_CUDA_CHECK(cudaEventRecord(events_[b], nccl_->stream().get()));
+#else
+    (void)b;
+    (void)stream;
+#endif
+  }
+#endif
+
+  // Collective check that all ranks registered the same parameters (see BucketOptions).
+  void check_layout() {
+    const auto& infos = arena_->infos();
+    std::vector<std::string> mine;
+    mine.reserve(infos.size());
+    for (const auto& p : infos) mine.push_back(detail::layout_record(p));
+    std::string blob;
+    for (const auto& r : mine) blob += r + '\n';
+
+    // Rank 0's layout to everyone.
+    std::string root = blob;
+    std::vector<std::int64_t> len{static_cast<std::int64_t>(root.size())};
+    host_collective(len, [&](Buffer b) { return comm_->broadcast(b, 0); });
+    root.resize(static_cast<std::size_t>(len[0]));
+    std::vector<std::uint8_t> bytes(root.begin(), root.end());
+    host_collective(bytes, [&](Buffer b) { return comm_->broadcast(b, 0); });
+    std::vector<std::string> theirs;
+    {
+      std::string cur;
+      for (std::uint8_t c : bytes) {
+        if (c == '\n') {
+          theirs.push_back(cur);
+          cur.clear();
+        } else {
+          cur += static_cast<char>(c);
+        }
+      }
+    }
+
+    // The first difference on any rank: min over (index * size + rank).
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    std::int64_t index = kNone;
+    const std::size_t common = std::min(mine.size(), theirs.size());
+    for (std::size_t i = 0; i < common && index == kNone; ++i)
+      if (mine[i] != theirs[i]) index = static_cast<std::int64_t>(i);
+    if (index == kNone && mine.size() != theirs.size()) index = static_cast<std::int64_t>(common);
+    std::vector<std::int64_t> key{index == kNone ? kNone : index * comm_->size() + comm_->rank()};
+    host_collective(key, [&](Buffer b) { return comm_->all_reduce(b, ReduceOp::kMin); });
+    if (key[0] == kNone) return;
+
+    const std::int64_t at = key[0] / comm_->size();
+    const int culprit = static_cast<int>(key[0] % comm_->size());
+    auto record = [at](const std::vector<std::string>& recs, int who) {
+      return static_cast<std::size_t>(at) < recs.size()
+                 ? recs[static_cast<std::size_t>(at)]
+                 : trainkit::detail::concat("nothing (rank ", who, " registered only ", recs.size(),
+                                            " parameters)");
+    };
+    std::string culprit_record = record(mine, comm_->rank());
+    std::vector<std::int64_t> clen{static_cast<std::int64_t>(culprit_record.size())};
+    host_collective(clen, [&](Buffer b) { return comm_->broadcast(b, culprit); });
+    culprit_record.resize(static_cast<std::size_t>(clen[0]));
+    std::vector<std::uint8_t> cbytes(culprit_record.begin(), culprit_record.end());
+    host_collective(cbytes, [&](Buffer b) { return comm_->broadcast(b, culprit); });
+    TRAINKIT_FAIL("GradBucketer: the ranks registered different parameters: parameter #", at,
+                  " is ", record(theirs, 0), " on rank 0 but ",
+                  std::string(cbytes.begin(), cbytes.end()), " on rank ", culprit,
+                  " (every rank must register the same parameters in the same order)");
+  }
+
+  // Runs a collective on a small host vector (through a device copy for device communicators)
+  // and waits for it.
+  template <class T, class Op>
+  void host_collective(std::vector<T>& data, Op&& op) {
+    if constexpr (S == Space::kHost) {
+      op(Buffer(data.data(), static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
+    } else {
+#if TRAINKIT_WITH_CUDA
+      void* dev = nullptr;
+      const std::size_t bytes = std::max<std::size_t>(data.size() * sizeof(T), 1);
+      TRAINKIT_CUDA_CHECK(cudaMalloc(&dev, bytes));
+      struct Free {
+        void* p;
+        ~Free() { TRAINKIT_CUDA_CHECK_NOTHROW(cudaFree(p)); }
+      } guard{dev};
+      if (!data.empty())
+        TRAINKIT_CUDA_CHECK(
+            cudaMemcpy(dev, data.data(), data.size() * sizeof(T), cudaMemcpyHostToDevice));
+      op(Buffer(dev, static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
+      if (!data.empty())
+        TRAINKIT_CUDA_CHECK(
+            cudaMemcpy(data.data(), dev, data.size() * sizeof(T), cudaMemcpyDeviceToHost));
+#endif
+    }
+  }
+
+  nn::ParamArena<S>* arena_;
+  Comm* comm_;
+  BucketOptions options_;
+#if TRAINKIT_WITH_NCCL
+  NcclComm* nccl_ = nullptr;
+#else
+  void* nccl_ = nullptr;
+#endif
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
+  std::vector<std::int64_t> pending_;   // unmarked parameters per bucket
+  std::vector<bool> marked_;
+  std::size_t marked_count_ = 0;
+  std::size_t next_launch_ = 0;  // buckets [0, next_launch_) have started
+  std::vector<Work> works_;
+  Tensor<bf16, S> staging_;
+  bool syncing_ = true;
+  double last_wait_ = 0.0;
+#if TRAINKIT_WITH_CUDA
+  std::vector<cudaEvent_t> events_;  // device arenas: bucket b is averaged
+#endif
+};
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/bucketer.hpp
+
 // begin trainkit/ckpt/checksum.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/ckpt/checksum.hpp: content checksums for checkpoint files. XXH64 (the xxHash 64-bit
@@ -19929,334 +23500,6 @@ TRAINKIT_NAMESPACE_END
 
 #include <stdio.h>  // renameat2 (glibc >= 2.28)
 
-// begin trainkit/dist/comm.hpp
-// SPDX-License-Identifier: MIT
-// trainkit/dist/comm.hpp: what a communicator is. `Comm` is the interface ThreadComm, MpiComm and
-// NcclComm implement (rank, size, all_reduce with sum/avg/max/min, broadcast, all_gather,
-// reduce_scatter, barrier on f32/bf16/f16/f64/i32/i64 buffers); `Communicator` is the same as a
-// concept. Every collective is asynchronous and returns a `Work` handle: `wait()` blocks until it
-// finished and throws trainkit::Error when it failed, a peer died or the timeout passed.
-
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <concepts>
-#include <condition_variable>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-
-
-TRAINKIT_NAMESPACE_BEGIN
-namespace dist {
-
-/// The reductions of all_reduce and reduce_scatter. kAvg is the sum divided by the number of
-/// ranks (truncating for integers), as NCCL's ncclAvg. kMax/kMin propagate NaN.
-enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
-
-inline constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
-/// True for the element types all_reduce and reduce_scatter can reduce: F32, BF16, F16, F64,
-/// I32, I64. broadcast and all_gather move any element type.
-inline constexpr bool is_reducible(DType t) noexcept {
-  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF64 ||
-         t == DType::kI32 || t == DType::kI64;
-}
-
-/// A contiguous run of `count` elements of `dtype` at `data` in memory `space`: what collectives
-/// read and write. Non-owning; the memory must stay valid (and, for sources, unchanged) until the
-/// collective's Work has completed. Converts implicitly from std::span and contiguous TensorViews.
-struct Buffer {
-  void* data = nullptr;
-  std::int64_t count = 0;
-  DType dtype = DType::kF32;
-  Space space = Space::kHost;
-
-  constexpr Buffer() noexcept = default;
-  constexpr Buffer(void* data_, std::int64_t count_, DType dtype_,
-                   Space space_ = Space::kHost) noexcept
-      : data(data_), count(count_), dtype(dtype_), space(space_) {}
-
-  /// A host buffer over a span (a const span is fine for the read-only operand of all_gather and
-  /// reduce_scatter; collectives never write through it).
-  template <class T>
-  Buffer(std::span<T> s) noexcept  // NOLINT: implicit, like a view
-      : data(const_cast<std::remove_const_t<T>*>(s.data())),
-        count(static_cast<std::int64_t>(s.size())),
-        dtype(dtype_of<T>),
-        space(Space::kHost) {}
-
-  /// The elements of a contiguous view. Throws trainkit::Error for a strided view.
-  template <class T, int R, Space S>
-  Buffer(const TensorView<T, R, S>& v)  // NOLINT: implicit, like a view
-      : data(const_cast<std::remove_const_t<T>*>(v.data())),
-        count(v.numel()),
-        dtype(dtype_of<T>),
-        space(S) {
-    TRAINKIT_CHECK(v.is_contiguous(),
-                   "dist::Buffer: collectives need a contiguous view, got a "
-                   "strided one of ",
-                   v.numel(), " elements");
-  }
-
-  /// Size in bytes.
-  constexpr std::size_t bytes() const noexcept {
-    return static_cast<std::size_t>(count) * dtype_size(dtype);
-  }
-  /// Elements [offset, offset + n) of this buffer.
-  constexpr Buffer slice(std::int64_t offset, std::int64_t n) const noexcept {
-    return Buffer(static_cast<char*>(data) + static_cast<std::size_t>(offset) * dtype_size(dtype),
-                  n, dtype, space);
-  }
-};
-
-/// A host buffer of `count` elements at `data`.
-template <class T>
-constexpr Buffer host_buffer(T* data, std::int64_t count) noexcept {
-  return Buffer(const_cast<std::remove_const_t<T>*>(data), count, dtype_of<T>, Space::kHost);
-}
-/// A device buffer of `count` elements at `data` (a CUDA device pointer).
-template <class T>
-constexpr Buffer device_buffer(T* data, std::int64_t count) noexcept {
-  return Buffer(const_cast<std::remove_const_t<T>*>(data), count, dtype_of<T>, Space::kDevice);
-}
-
-namespace detail {
-
-/// The state behind a Work handle; each backend derives its own.
-class WorkState {
- public:
-  WorkState() = default;
-  WorkState(const WorkState&) = delete;
-  WorkState& operator=(const WorkState&) = delete;
-  virtual ~WorkState() = default;
-  /// Blocks until the collective finished; throws trainkit::Error if it failed.
-  virtual void wait() = 0;
-  /// True when the collective finished (never blocks); throws trainkit::Error if it failed.
-  virtual bool test() = 0;
-};
-
-/// Completion of a collective run by a host thread (ThreadComm's and MpiComm's progress
-/// threads): the thread calls complete(), waiters block on a condition variable. The timeout is
-/// enforced by the thread running the collective, which then completes it with an error.
-class HostWork : public WorkState {
- public:
-  void complete(std::exception_ptr error = nullptr) noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::move(error);
-      done_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-  }
-  void wait() override {
-    while (!done_.load(std::memory_order_acquire) && help()) {
-    }
-    // Small collectives finish within microseconds: poll a little before sleeping, which
-    // would add a wake-up (tens of microseconds) to each of them.
-    const auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
-    for (unsigned i = 1; !done_.load(std::memory_order_acquire); ++i) {
-      if ((i & 63) == 0 && std::chrono::steady_clock::now() > spin_end) break;
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return done_.load(std::memory_order_relaxed); });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool test() override {
-    if (!done_.load(std::memory_order_acquire)) return false;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
-
- protected:
-  /// Called by wait() while the collective has not finished: a backend may run pending work on
-  /// the waiting thread instead of handing it over (ThreadComm does). False when there is none.
-  virtual bool help() { return false; }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};
-  std::exception_ptr error_;
-};
-
-}  // namespace detail
-
-/// Handle to an asynchronous collective. Copyable (copies share the state). A default-constructed
-/// Work is complete. wait()/test() rethrow the collective's error every time they are called.
-class Work {
- public:
-  Work() = default;
-  explicit Work(std::shared_ptr<detail::WorkState> state) noexcept : state_(std::move(state)) {}
-
-  /// Blocks until the collective finished (for device communicators: until the device finished
-  /// it). Throws trainkit::Error when it failed, timed out or a peer left.
-  void wait() const {
-    if (state_) state_->wait();
-  }
-  /// True when finished; never blocks. Throws trainkit::Error when it failed.
-  bool test() const { return !state_ || state_->test(); }
-  /// False for a default-constructed Work.
-  bool valid() const noexcept { return state_ != nullptr; }
-  /// The backend's state (NcclComm::wait_on reads its event).
-  const std::shared_ptr<detail::WorkState>& state() const noexcept { return state_; }
-
- private:
-  std::shared_ptr<detail::WorkState> state_;
-};
-
-/// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
-/// e.g. "2.5") or 300 s. A collective that makes no progress for this long fails with
-/// trainkit::Error instead of hanging. Throws trainkit::Error for a malformed value.
-inline std::chrono::milliseconds default_timeout() {
-  const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
-  if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(env, &end);
-  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds > 0.0 && seconds < 1e7,
-                 "TRAINKIT_DIST_TIMEOUT='", env, "' is not a positive number of seconds");
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
-}
-
-/// A communicator: `size()` ranks, this process or thread being `rank()`. Collectives must be
-/// called by every rank in the same order with matching arguments; each returns at once with a
-/// Work handle (the transfer proceeds on the backend's thread or stream). Argument errors (wrong
-/// memory space, counts that do not fit, a dtype that cannot be reduced) throw trainkit::Error at
-/// the call; failures of the collective itself surface from Work::wait().
-///
-/// Operations (count = elements; all buffers of one call have the same dtype):
-///  - all_reduce(buf, op): in place; every rank ends with op over all ranks' buf.
-///  - broadcast(buf, root): every rank ends with root's buf.
-///  - all_gather(send, recv): recv.count == size * send.count; rank r's send lands in
-///    recv[r * send.count, (r + 1) * send.count). In place when send is that slice of recv.
-///  - reduce_scatter(send, recv, op): send.count == size * recv.count; rank r receives op over
-///    all ranks of send[r * recv.count, (r + 1) * recv.count).
-///  - barrier(): completes once every rank has called it.
-class Comm {
- public:
-  Comm() = default;
-  Comm(const Comm&) = delete;
-  Comm& operator=(const Comm&) = delete;
-  virtual ~Comm() = default;
-
-  /// This rank, in [0, size()).
-  virtual int rank() const noexcept = 0;
-  /// Number of ranks.
-  virtual int size() const noexcept = 0;
-  /// "ThreadComm", "MpiComm" or "NcclComm" (error messages start with it).
-  virtual std::string_view backend() const noexcept = 0;
-  /// Where the buffers must live: host for ThreadComm and MpiComm, device for NcclComm.
-  virtual Space space() const noexcept = 0;
-
-  virtual Work all_reduce(Buffer buf, ReduceOp op) = 0;
-  virtual Work broadcast(Buffer buf, int root) = 0;
-  virtual Work all_gather(Buffer send, Buffer recv) = 0;
-  virtual Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) = 0;
-  virtual Work barrier() = 0;
-};
-
-/// Anything with Comm's members (every Comm, and duck-typed communicators of your own).
-template <class C>
-concept Communicator = requires(C& c, const C& cc, Buffer b, ReduceOp op, int root) {
-  { cc.rank() } -> std::convertible_to<int>;
-  { cc.size() } -> std::convertible_to<int>;
-  { c.all_reduce(b, op) } -> std::same_as<Work>;
-  { c.broadcast(b, root) } -> std::same_as<Work>;
-  { c.all_gather(b, b) } -> std::same_as<Work>;
-  { c.reduce_scatter(b, b, op) } -> std::same_as<Work>;
-  { c.barrier() } -> std::same_as<Work>;
-};
-static_assert(Communicator<Comm>);
-
-namespace detail {
-
-/// "1000 x F32 (host)" for messages.
-inline std::string describe(const Buffer& b) {
-  return trainkit::detail::concat(b.count, " x ", dtype_name(b.dtype), " (", space_name(b.space),
-                                  ")");
-}
-
-/// Argument checks shared by the backends; messages name the backend, rank and operation.
-inline void check_buffer(const Comm& c, const char* op, const char* which, const Buffer& b) {
-  TRAINKIT_CHECK(b.count >= 0, c.backend(), " rank ", c.rank(), ": ", op, ": ", which,
-                 " has a negative count ", b.count);
-  TRAINKIT_CHECK(b.count == 0 || b.data != nullptr, c.backend(), " rank ", c.rank(), ": ", op, ": ",
-                 which, " is null with ", b.count, " elements");
-  TRAINKIT_CHECK(b.space == c.space(), c.backend(), " rank ", c.rank(), ": ", op, ": ", which,
-                 " is ", space_name(b.space), " memory, this communicator moves ",
-                 space_name(c.space()), " memory");
-}
-
-inline void check_reducible(const Comm& c, const char* op, const Buffer& b) {
-  TRAINKIT_CHECK(is_reducible(b.dtype), c.backend(), " rank ", c.rank(), ": ", op,
-                 " cannot reduce ", dtype_name(b.dtype),
-                 " (supported: F32, BF16, F16, F64, I32, I64)");
-}
-
-inline void check_all_reduce(const Comm& c, const Buffer& b) {
-  check_buffer(c, "all_reduce", "the buffer", b);
-  check_reducible(c, "all_reduce", b);
-}
-
-inline void check_broadcast(const Comm& c, const Buffer& b, int root) {
-  check_buffer(c, "broadcast", "the buffer", b);
-  TRAINKIT_CHECK(root >= 0 && root < c.size(), c.backend(), " rank ", c.rank(), ": broadcast root ",
-                 root, " is not in [0, ", c.size(), ")");
-}
-
-inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& recv) {
-  check_buffer(c, "all_gather", "send", send);
-  check_buffer(c, "all_gather", "recv", recv);
-  TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
-                 ": all_gather: send is ", dtype_name(send.dtype), " but recv is ",
-                 dtype_name(recv.dtype));
-  TRAINKIT_CHECK(recv.count == send.count * c.size(), c.backend(), " rank ", c.rank(),
-                 ": all_gather: recv must hold size * send.count = ", c.size(), " * ", send.count,
-                 " elements, it holds ", recv.count);
-}
-
-inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer& recv) {
-  check_buffer(c, "reduce_scatter", "send", send);
-  check_buffer(c, "reduce_scatter", "recv", recv);
-  check_reducible(c, "reduce_scatter", send);
-  TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
-                 ": reduce_scatter: send is ", dtype_name(send.dtype), " but recv is ",
-                 dtype_name(recv.dtype));
-  TRAINKIT_CHECK(send.count == recv.count * c.size(), c.backend(), " rank ", c.rank(),
-                 ": reduce_scatter: send must hold size * recv.count = ", c.size(), " * ",
-                 recv.count, " elements, it holds ", send.count);
-}
-
-/// A Work that has already failed with `error` (for collectives refused by a broken
-/// communicator: the error surfaces from wait(), like any failure of the collective).
-inline Work failed_work(std::exception_ptr error) {
-  auto state = std::make_shared<HostWork>();
-  state->complete(std::move(error));
-  return Work(std::move(state));
-}
-
-}  // namespace detail
-}  // namespace dist
-TRAINKIT_NAMESPACE_END
-// end trainkit/dist/comm.hpp
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace ckpt {

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -142,11 +143,12 @@ class HostWork : public WorkState {
   void wait() override {
     while (!done_.load(std::memory_order_acquire) && help()) {
     }
-    // Small collectives finish within microseconds: poll a little before sleeping, which
-    // would add a wake-up (tens of microseconds) to each of them.
+    // Small collectives finish within microseconds: poll a little (yielding the core after a
+    // few rounds) before sleeping, which would add a wake-up to each of them.
     const auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
     for (unsigned i = 1; !done_.load(std::memory_order_acquire); ++i) {
       if ((i & 63) == 0 && std::chrono::steady_clock::now() > spin_end) break;
+      if (i > 64) std::this_thread::yield();
     }
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [this] { return done_.load(std::memory_order_relaxed); });

@@ -1,0 +1,345 @@
+// SPDX-License-Identifier: MIT
+// trainkit/dist/bootstrap.hpp: `dist::init()`, which turns "whoever launched this process" into a
+// communicator. trainkit has no launcher of its own: it reads the variables of torchrun (RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_*) and
+// Slurm's srun (SLURM_PROCID, ...), picks the GPU by local rank, and chooses the backend: NCCL
+// for device tensors, MPI (or a one-rank ThreadComm) for host tensors.
+#pragma once
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/cuda/device.hpp"
+#include "trainkit/dist/comm.hpp"
+#include "trainkit/dist/mpi_comm.hpp"
+#include "trainkit/dist/nccl_comm.hpp"
+#include "trainkit/dist/rendezvous.hpp"
+#include "trainkit/dist/thread_comm.hpp"
+#include "trainkit/error.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Who started this process.
+enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm };
+
+inline constexpr std::string_view launcher_name(Launcher l) noexcept {
+  switch (l) {
+    case Launcher::kNone: return "none";
+    case Launcher::kTorchrun: return "torchrun";
+    case Launcher::kOpenMpi: return "Open MPI";
+    case Launcher::kSlurm: return "Slurm";
+  }
+  return "?";
+}
+
+/// This process's place in the job, as the launcher described it.
+struct LaunchInfo {
+  Launcher launcher = Launcher::kNone;
+  int rank = 0;              ///< global rank, in [0, world_size)
+  int world_size = 1;        ///< number of processes
+  int local_rank = 0;        ///< rank on this node: selects the GPU
+  int local_world_size = 1;  ///< processes on this node
+  std::string master_addr;   ///< host of rank 0 for the TCP rendezvous ("" when unknown)
+  int master_port = 0;       ///< its port (0 when unknown)
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves a TCPStore on
+  /// MASTER_PORT, so the rendezvous uses MASTER_PORT + 1.
+  bool agent_store = false;
+};
+
+namespace detail {
+
+inline std::optional<std::string> env_var(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+/// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
+/// naming the variable when it is not an integer in [lo, hi].
+inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX) {
+  const auto v = env_var(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v->c_str(), &end, 10);
+  TRAINKIT_CHECK(end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
+                 "dist: environment variable ", name, "='", *v, "' is not an integer in [", lo,
+                 ", ", hi, "]");
+  return static_cast<int>(x);
+}
+
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+inline std::string first_slurm_host(std::string_view list) {
+  std::size_t depth = 0, end = 0;
+  for (; end < list.size(); ++end) {
+    if (list[end] == '[') ++depth;
+    if (list[end] == ']' && depth > 0) --depth;
+    if (list[end] == ',' && depth == 0) break;
+  }
+  const std::string_view first = list.substr(0, end);
+  const std::size_t open = first.find('[');
+  if (open == std::string_view::npos) return std::string(first);
+  const std::size_t close = first.find(']', open);
+  TRAINKIT_CHECK(close != std::string_view::npos, "dist: malformed Slurm node list '", list, "'");
+  const std::string_view ranges = first.substr(open + 1, close - open - 1);
+  std::size_t stop = 0;
+  while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
+  return std::string(first.substr(0, open)) + std::string(ranges.substr(0, stop)) +
+         std::string(first.substr(close + 1));
+}
+
+/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
+inline std::optional<int> first_slurm_count(const char* name) {
+  const auto v = env_var(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  const long x = std::strtol(v->c_str(), &end, 10);
+  if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
+  return static_cast<int>(x);
+}
+
+}  // namespace detail
+
+/// Reads the launcher's environment variables, in this order of precedence:
+///  - torchrun (and other torch.distributed launchers): RANK, WORLD_SIZE, LOCAL_RANK,
+///    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE;
+///  - Open MPI's mpirun: OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE;
+///  - Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
+///    SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR (else the step's first node) and
+///    MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
+///  - none of them: a single process (rank 0 of 1).
+/// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
+/// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
+inline LaunchInfo detect_launch() {
+  using detail::env_int;
+  using detail::env_var;
+  LaunchInfo info;
+  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+    info.launcher = Launcher::kTorchrun;
+    info.world_size = *env_int("WORLD_SIZE", 1);
+    info.rank = *env_int("RANK", 0);
+    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
+    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+    info.launcher = Launcher::kOpenMpi;
+    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
+  } else if (env_var("SLURM_PROCID") &&
+             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
+    info.launcher = Launcher::kSlurm;
+    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
+                                                      : *env_int("SLURM_NTASKS", 1);
+    info.rank = *env_int("SLURM_PROCID", 0);
+    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    info.local_world_size =
+        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
+            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto v = env_var(list)) {
+        info.master_addr = detail::first_slurm_host(*v);
+        break;
+      }
+    }
+    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+  }
+  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
+  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
+  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
+                 info.rank, " of ", info.world_size, " processes");
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
+                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
+                 " of ", info.local_world_size, " processes on this node");
+  return info;
+}
+
+/// The communicator backends dist::init can create.
+enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
+
+inline constexpr std::string_view backend_name(Backend b) noexcept {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kThread: return "thread";
+    case Backend::kMpi: return "mpi";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+/// Options of dist::init.
+struct InitOptions {
+  /// kAuto: NCCL for device tensors; for host tensors MPI when launched by mpirun or srun
+  /// (trainkit built with MPI), a one-rank ThreadComm for a single process.
+  Backend backend = Backend::kAuto;
+  /// Where the tensors to reduce live (the ParamArena's space).
+  Space space = Space::kHost;
+  /// Bootstrap and collective timeout (see each backend).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// NCCL: make device local_rank % device_count current (one GPU per process, torchrun style).
+  bool select_device = true;
+  /// NCCL's TCP rendezvous port; 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when
+  /// torchrun's agent store already listens on MASTER_PORT).
+  int rendezvous_port = 0;
+};
+
+/// What dist::init set up: the communicator, and where this process runs. Move-only.
+class Context {
+ public:
+  Context(Context&&) noexcept = default;
+  Context& operator=(Context&&) noexcept = default;
+
+  const LaunchInfo& launch() const noexcept { return launch_; }
+  int rank() const noexcept { return comm_->rank(); }
+  int size() const noexcept { return comm_->size(); }
+  int local_rank() const noexcept { return launch_.local_rank; }
+  /// The CUDA device selected for this rank; -1 for host backends.
+  int device() const noexcept { return device_; }
+  Backend backend() const noexcept { return backend_; }
+  /// The communicator for tensors in InitOptions::space.
+  Comm& comm() noexcept { return *comm_; }
+  /// A host communicator next to an NCCL one (the MpiComm that bootstrapped it under mpirun),
+  /// or null.
+  Comm* host_comm() noexcept { return host_comm_.get(); }
+
+ private:
+  friend Context init(InitOptions);
+  Context() = default;
+
+  LaunchInfo launch_;
+  Backend backend_ = Backend::kThread;
+  int device_ = -1;
+  std::unique_ptr<Comm> host_comm_;  // declared first: destroyed after comm_
+  std::unique_ptr<Comm> comm_;
+};
+
+/// Creates this process's communicator from the launcher's environment (see detect_launch and
+/// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
+/// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
+/// not compiled in, MASTER_ADDR unset, no GPU, a world size that disagrees with MPI's, ...).
+inline Context init(InitOptions options = {}) {
+  Context ctx;
+  ctx.launch_ = detect_launch();
+  const LaunchInfo& L = ctx.launch_;
+  Backend backend = options.backend;
+  if (backend == Backend::kAuto) {
+    if (options.space == Space::kDevice) {
+      backend = Backend::kNccl;
+    } else if (L.world_size == 1) {
+      backend = Backend::kThread;
+    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
+               TRAINKIT_WITH_MPI) {
+      backend = Backend::kMpi;
+    } else {
+      TRAINKIT_FAIL("dist::init: ", L.world_size, " processes launched by ",
+                    launcher_name(L.launcher),
+                    " with host tensors need MPI: launch with mpirun "
+                    "or srun --mpi=pmix and build with MPI (TRAINKIT_WITH_MPI=1). torchrun jobs "
+                    "reduce device tensors with NCCL (InitOptions::space = Space::kDevice); for "
+                    "threads of one process use ThreadComm::run");
+    }
+  }
+  ctx.backend_ = backend;
+
+  switch (backend) {
+    case Backend::kThread: {
+      TRAINKIT_CHECK(L.world_size == 1,
+                     "dist::init: ThreadComm runs ranks as threads of one "
+                     "process, but ",
+                     launcher_name(L.launcher), " started ", L.world_size,
+                     " processes (use MPI, or ThreadComm::run inside one process)");
+      ThreadCommOptions o;
+      o.timeout = options.timeout;
+      ctx.comm_ = std::make_unique<ThreadComm>(std::make_shared<ThreadGroup>(1, std::move(o)), 0);
+      return ctx;
+    }
+    case Backend::kMpi: {
+#if TRAINKIT_WITH_MPI
+      MpiOptions o;
+      o.timeout = options.timeout;
+      auto mpi = std::make_unique<MpiComm>(o);
+      TRAINKIT_CHECK(L.launcher == Launcher::kNone || mpi->size() == L.world_size,
+                     "dist::init: ", launcher_name(L.launcher), " started ", L.world_size,
+                     " processes but MPI sees ", mpi->size(),
+                     " (srun needs --mpi=pmix or "
+                     "similar for MPI to see the whole job)");
+      ctx.comm_ = std::move(mpi);
+      return ctx;
+#else
+      TRAINKIT_FAIL(
+          "dist::init: the MPI backend needs trainkit built with MPI "
+          "(TRAINKIT_WITH_MPI=1, CMake TRAINKIT_ENABLE_MPI)");
+#endif
+    }
+    case Backend::kNccl: {
+#if TRAINKIT_WITH_NCCL
+      if (options.select_device) {
+        const int count = cuda::device_count();
+        TRAINKIT_CHECK(count > 0,
+                       "dist::init: the NCCL backend needs a CUDA device, none is "
+                       "visible to rank ",
+                       L.rank);
+        ctx.device_ = L.local_rank % count;
+        cuda::set_device(ctx.device_);
+      } else {
+        ctx.device_ = cuda::current_device();
+      }
+      ncclUniqueId id{};
+      if (L.rank == 0) id = NcclComm::make_unique_id();
+      std::span<std::byte> bytes(reinterpret_cast<std::byte*>(&id), sizeof id);
+      if (L.world_size > 1) {
+#if TRAINKIT_WITH_MPI
+        if (L.launcher == Launcher::kOpenMpi) {
+          MpiOptions o;
+          o.timeout = options.timeout;
+          auto mpi = std::make_unique<MpiComm>(o);
+          TRAINKIT_CHECK(mpi->size() == L.world_size, "dist::init: mpirun started ", L.world_size,
+                         " processes but MPI sees ", mpi->size());
+          mpi->broadcast(Buffer(bytes.data(), static_cast<std::int64_t>(bytes.size()), DType::kU8),
+                         0)
+              .wait();
+          ctx.host_comm_ = std::move(mpi);
+        }
+#endif
+        if (!ctx.host_comm_) {
+          int port = options.rendezvous_port;
+          if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
+          if (port == 0 && L.master_port > 0) port = L.master_port + (L.agent_store ? 1 : 0);
+          TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: NCCL over ", L.world_size,
+                         " processes needs MASTER_ADDR and MASTER_PORT (or "
+                         "TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
+                         launcher_name(L.launcher));
+          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout);
+        }
+      }
+      NcclOptions o;
+      o.timeout = options.timeout;
+      ctx.comm_ = std::make_unique<NcclComm>(L.rank, L.world_size, id, o);
+      return ctx;
+#else
+      TRAINKIT_FAIL(
+          "dist::init: device tensors need the NCCL backend: build trainkit with NCCL "
+          "(TRAINKIT_WITH_NCCL=1, CMake TRAINKIT_ENABLE_NCCL)");
+#endif
+    }
+    case Backend::kAuto: break;
+  }
+  TRAINKIT_FAIL("dist::init: no backend");
+}
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END

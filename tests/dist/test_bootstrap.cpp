@@ -1,0 +1,290 @@
+// dist::detect_launch / dist::init: torchrun, Open MPI and Slurm variables (precedence, Slurm
+// node lists, malformed values), the backend choice and its errors; tcp_broadcast over loopback
+// (the NCCL unique-id rendezvous): delivery, timeout, mismatched peers and a foreign service.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <trainkit/dist/bootstrap.hpp>
+#include <trainkit/dist/rendezvous.hpp>
+
+namespace {
+
+namespace tk = trainkit;
+namespace dist = trainkit::dist;
+
+// Every variable detect_launch reads: cleared for each test, restored afterwards.
+const char* const kLaunchVars[] = {"RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_RANK",
+                                   "LOCAL_WORLD_SIZE",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "TORCHELASTIC_USE_AGENT_STORE",
+                                   "OMPI_COMM_WORLD_RANK",
+                                   "OMPI_COMM_WORLD_SIZE",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                   "SLURM_PROCID",
+                                   "SLURM_STEP_NUM_TASKS",
+                                   "SLURM_NTASKS",
+                                   "SLURM_LOCALID",
+                                   "SLURM_STEP_TASKS_PER_NODE",
+                                   "SLURM_TASKS_PER_NODE",
+                                   "SLURM_STEP_NODELIST",
+                                   "SLURM_JOB_NODELIST",
+                                   "SLURM_NODELIST",
+                                   "SLURM_JOB_ID",
+                                   "TRAINKIT_RDZV_PORT"};
+
+class CleanEnv {
+ public:
+  CleanEnv() {
+    for (const char* name : kLaunchVars) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      ::unsetenv(name);
+    }
+  }
+  ~CleanEnv() {
+    for (const char* name : kLaunchVars) ::unsetenv(name);
+    for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  void set(const char* name, const char* value) { ::setenv(name, value, 1); }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+int free_port() {
+  std::string error;
+  dist::detail::Socket s = dist::detail::listen_on(0, error);
+  REQUIRE(s.valid());
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("detect_launch: no launcher is one process") {
+  CleanEnv env;
+  const auto info = dist::detect_launch();
+  CHECK(info.launcher == dist::Launcher::kNone);
+  CHECK(info.rank == 0);
+  CHECK(info.world_size == 1);
+  CHECK(info.local_rank == 0);
+  CHECK(info.master_addr.empty());
+}
+
+TEST_CASE("detect_launch: torchrun") {
+  CleanEnv env;
+  env.set("RANK", "5");
+  env.set("WORLD_SIZE", "8");
+  env.set("LOCAL_RANK", "1");
+  env.set("LOCAL_WORLD_SIZE", "4");
+  env.set("MASTER_ADDR", "node7");
+  env.set("MASTER_PORT", "29500");
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  env.set("OMPI_COMM_WORLD_RANK", "0");  // torchrun's variables win
+  env.set("OMPI_COMM_WORLD_SIZE", "1");
+  const auto info = dist::detect_launch();
+  CHECK(info.launcher == dist::Launcher::kTorchrun);
+  CHECK(info.rank == 5);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.master_addr == "node7");
+  CHECK(info.master_port == 29500);
+  CHECK(info.agent_store);
+}
+
+TEST_CASE("detect_launch: Open MPI") {
+  CleanEnv env;
+  env.set("OMPI_COMM_WORLD_RANK", "3");
+  env.set("OMPI_COMM_WORLD_SIZE", "4");
+  env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+  env.set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+  const auto info = dist::detect_launch();
+  CHECK(info.launcher == dist::Launcher::kOpenMpi);
+  CHECK(info.rank == 3);
+  CHECK(info.world_size == 4);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.master_port == 0);
+}
+
+TEST_CASE("detect_launch: Slurm (node list, tasks per node, derived port)") {
+  CleanEnv env;
+  env.set("SLURM_PROCID", "6");
+  env.set("SLURM_NTASKS", "99");  // the step's count wins
+  env.set("SLURM_STEP_NUM_TASKS", "8");
+  env.set("SLURM_LOCALID", "2");
+  env.set("SLURM_STEP_TASKS_PER_NODE", "4(x2)");
+  env.set("SLURM_STEP_NODELIST", "gpu[003-006,9],cpu1");
+  env.set("SLURM_JOB_ID", "123456");
+  auto info = dist::detect_launch();
+  CHECK(info.launcher == dist::Launcher::kSlurm);
+  CHECK(info.rank == 6);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 2);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.master_addr == "gpu003");
+  CHECK(info.master_port == 20000 + 123456 % 20000);
+  env.set("MASTER_ADDR", "10.0.0.1");  // explicit values win
+  env.set("MASTER_PORT", "1234");
+  info = dist::detect_launch();
+  CHECK(info.master_addr == "10.0.0.1");
+  CHECK(info.master_port == 1234);
+}
+
+TEST_CASE("first_slurm_host") {
+  CHECK(dist::detail::first_slurm_host("n1,n2") == "n1");
+  CHECK(dist::detail::first_slurm_host("solo") == "solo");
+  CHECK(dist::detail::first_slurm_host("a[1]") == "a1");
+  CHECK(dist::detail::first_slurm_host("gpu[003-006,9],cpu1") == "gpu003");
+  CHECK(dist::detail::first_slurm_host("rack1-[07-09]-ib,x") == "rack1-07-ib");
+  CHECK_THROWS_AS(dist::detail::first_slurm_host("bad[1-2"), tk::Error);
+}
+
+TEST_CASE("detect_launch: malformed and inconsistent values name the variable") {
+  CleanEnv env;
+  env.set("RANK", "two");
+  env.set("WORLD_SIZE", "4");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("RANK='two'"), tk::Error);
+  env.set("RANK", "4");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("rank 4 of 4"), tk::Error);
+  env.set("RANK", "1");
+  env.set("MASTER_PORT", "70000");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("MASTER_PORT='70000'"), tk::Error);
+}
+
+TEST_CASE("dist::init: a single process gets a one-rank ThreadComm") {
+  CleanEnv env;
+  auto ctx = dist::init();
+  CHECK(ctx.backend() == dist::Backend::kThread);
+  CHECK(ctx.rank() == 0);
+  CHECK(ctx.size() == 1);
+  CHECK(ctx.device() == -1);
+  CHECK(ctx.host_comm() == nullptr);
+  std::vector<double> v{1.5, -2.0};
+  ctx.comm().all_reduce(std::span<double>(v), dist::ReduceOp::kAvg).wait();
+  CHECK(v[0] == 1.5);
+  CHECK(v[1] == -2.0);
+}
+
+TEST_CASE("dist::init: errors say what is missing") {
+  CleanEnv env;
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "2");
+  CHECK_THROWS_WITH_AS(dist::init(), doctest::Contains("host tensors need MPI"), tk::Error);
+  CHECK_THROWS_WITH_AS(dist::init({.backend = dist::Backend::kThread}),
+                       doctest::Contains("threads of one process"), tk::Error);
+#if TRAINKIT_WITH_NCCL
+  if (tk::cuda::device_count() == 0) {
+    CHECK_THROWS_WITH_AS(dist::init({.space = tk::Space::kDevice}),
+                         doctest::Contains("needs a CUDA device"), tk::Error);
+  }
+#else
+  CHECK_THROWS_WITH_AS(dist::init({.space = tk::Space::kDevice}),
+                       doctest::Contains("build trainkit with NCCL"), tk::Error);
+#endif
+}
+
+TEST_CASE("tcp_broadcast: rank 0's bytes reach every rank over loopback") {
+  constexpr int world = 4;
+  const int port = free_port();
+  std::vector<std::array<std::byte, 128>> payloads(world);
+  for (std::size_t i = 0; i < 128; ++i) payloads[0][i] = static_cast<std::byte>(i * 7 + 3);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = world - 1; r >= 0; --r) {  // clients first: they must retry until rank 0 is up
+    threads.emplace_back([&, r] {
+      try {
+        dist::tcp_broadcast("127.0.0.1", port, r, world, payloads[static_cast<std::size_t>(r)],
+                            std::chrono::milliseconds(10000));
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+    if (r == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(payloads[static_cast<std::size_t>(r)] == payloads[0]);
+  }
+  CHECK(payloads[3][5] == static_cast<std::byte>(38));
+}
+
+TEST_CASE("tcp_broadcast: nobody at the address is a timeout naming it") {
+  const int port = free_port();
+  std::array<std::byte, 16> payload{};
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string where = "could not reach rank 0 at 127.0.0.1:" + std::to_string(port);
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 1, 2, payload, std::chrono::milliseconds(300)),
+      doctest::Contains(where.c_str()), tk::Error);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  // Rank 0 alone waits for the others, also bounded.
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 0, 3, payload, std::chrono::milliseconds(200)),
+      doctest::Contains("only 0 of the other 2 ranks connected"), tk::Error);
+}
+
+TEST_CASE("tcp_broadcast: a peer with another payload size is an error on rank 0") {
+  const int port = free_port();
+  std::array<std::byte, 16> big{};
+  std::array<std::byte, 8> small{};
+  std::string error0;
+  std::thread root([&] {
+    try {
+      dist::tcp_broadcast("127.0.0.1", port, 0, 2, big, std::chrono::milliseconds(5000));
+    } catch (const std::exception& e) {
+      error0 = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_THROWS_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 1, 2, small, std::chrono::milliseconds(1000)),
+      tk::Error);
+  root.join();
+  CHECK(error0.find("rank 1 expects 2 ranks and 8 bytes, rank 0 has 2 ranks and 16 bytes") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp_broadcast: a foreign service on the port is recognised") {
+  std::string error;
+  dist::detail::Socket listener = dist::detail::listen_on(0, error);
+  REQUIRE(listener.valid());
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = addr.ss_family == AF_INET6
+                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  std::thread server([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    if (!dist::detail::wait_fd(listener.fd(), POLLIN, deadline)) return;
+    dist::detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+    char header[dist::detail::kRendezvousHeader];
+    (void)dist::detail::recv_all(s.fd(), header, sizeof header, deadline);
+    (void)dist::detail::send_all(s.fd(), "HTTP/1.1", 8, deadline);
+  });
+  std::array<std::byte, 16> payload{};
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("localhost", port, 1, 2, payload, std::chrono::milliseconds(3000)),
+      doctest::Contains("is not a trainkit rendezvous"), tk::Error);
+  server.join();
+}
