@@ -37,7 +37,8 @@
 
 #if TRAINKIT_WITH_CUDA
 #if !__has_include(<cuda_runtime_api.h>)
-#error "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link trainkit::trainkit with TRAINKIT_ENABLE_CUDA=ON), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
+#error \
+    "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link trainkit::trainkit with TRAINKIT_ENABLE_CUDA=ON), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
 #endif
 #endif
 #if TRAINKIT_WITH_CUBLASLT
@@ -45,7 +46,8 @@
 #error "TRAINKIT_WITH_CUBLASLT=1 needs TRAINKIT_WITH_CUDA=1 (cuBLASLt is part of the CUDA toolkit)."
 #endif
 #if !__has_include(<cublasLt.h>)
-#error "TRAINKIT_WITH_CUBLASLT=1 but <cublasLt.h> is not on the include path: install the CUDA toolkit's cuBLAS headers or build with -DTRAINKIT_WITH_CUBLASLT=0."
+#error \
+    "TRAINKIT_WITH_CUBLASLT=1 but <cublasLt.h> is not on the include path: install the CUDA toolkit's cuBLAS headers or build with -DTRAINKIT_WITH_CUBLASLT=0."
 #endif
 #endif
 #if TRAINKIT_WITH_NCCL
@@ -53,17 +55,20 @@
 #error "TRAINKIT_WITH_NCCL=1 needs TRAINKIT_WITH_CUDA=1 (NCCL moves device buffers)."
 #endif
 #if !__has_include(<nccl.h>)
-#error "TRAINKIT_WITH_NCCL=1 but <nccl.h> is not on the include path: install NCCL (libnccl-dev or the CUDA toolkit's copy) or build with -DTRAINKIT_WITH_NCCL=0."
+#error \
+    "TRAINKIT_WITH_NCCL=1 but <nccl.h> is not on the include path: install NCCL (libnccl-dev or the CUDA toolkit's copy) or build with -DTRAINKIT_WITH_NCCL=0."
 #endif
 #endif
 #if TRAINKIT_WITH_MPI
 #if !__has_include(<mpi.h>)
-#error "TRAINKIT_WITH_MPI=1 but <mpi.h> is not on the include path: install libopenmpi-dev (or use mpicxx) or build with -DTRAINKIT_WITH_MPI=0."
+#error \
+    "TRAINKIT_WITH_MPI=1 but <mpi.h> is not on the include path: install libopenmpi-dev (or use mpicxx) or build with -DTRAINKIT_WITH_MPI=0."
 #endif
 #endif
 #if TRAINKIT_WITH_CBLAS
 #if !__has_include(<cblas.h>)
-#error "TRAINKIT_WITH_CBLAS=1 but <cblas.h> is not on the include path: install libopenblas-dev or build with -DTRAINKIT_WITH_CBLAS=0."
+#error \
+    "TRAINKIT_WITH_CBLAS=1 but <cblas.h> is not on the include path: install libopenblas-dev or build with -DTRAINKIT_WITH_CBLAS=0."
 #endif
 #endif
 #if TRAINKIT_WITH_OPENMP

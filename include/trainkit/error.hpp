@@ -167,11 +167,11 @@ TRAINKIT_NAMESPACE_END
 
 /// Throws trainkit::Error with the streamed message when `cond` is false:
 /// `TRAINKIT_CHECK(n > 0, "tensor '", name, "' is empty")`.
-#define TRAINKIT_CHECK(cond, ...)                                                            \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
+#define TRAINKIT_CHECK(cond, ...)                                                               \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
       ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), #cond, __FILE__, \
-                                      __LINE__);                                             \
+                                      __LINE__);                                                \
   } while (0)
 
 /// Throws trainkit::Error with the streamed message, unconditionally.

@@ -86,7 +86,8 @@ TRAINKIT_NAMESPACE_END
 
 #if TRAINKIT_WITH_CUDA
 #if !__has_include(<cuda_runtime_api.h>)
-#error "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link trainkit::trainkit with TRAINKIT_ENABLE_CUDA=ON), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
+#error \
+    "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link trainkit::trainkit with TRAINKIT_ENABLE_CUDA=ON), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
 #endif
 #endif
 #if TRAINKIT_WITH_CUBLASLT
@@ -94,7 +95,8 @@ TRAINKIT_NAMESPACE_END
 #error "TRAINKIT_WITH_CUBLASLT=1 needs TRAINKIT_WITH_CUDA=1 (cuBLASLt is part of the CUDA toolkit)."
 #endif
 #if !__has_include(<cublasLt.h>)
-#error "TRAINKIT_WITH_CUBLASLT=1 but <cublasLt.h> is not on the include path: install the CUDA toolkit's cuBLAS headers or build with -DTRAINKIT_WITH_CUBLASLT=0."
+#error \
+    "TRAINKIT_WITH_CUBLASLT=1 but <cublasLt.h> is not on the include path: install the CUDA toolkit's cuBLAS headers or build with -DTRAINKIT_WITH_CUBLASLT=0."
 #endif
 #endif
 #if TRAINKIT_WITH_NCCL
@@ -102,17 +104,20 @@ TRAINKIT_NAMESPACE_END
 #error "TRAINKIT_WITH_NCCL=1 needs TRAINKIT_WITH_CUDA=1 (NCCL moves device buffers)."
 #endif
 #if !__has_include(<nccl.h>)
-#error "TRAINKIT_WITH_NCCL=1 but <nccl.h> is not on the include path: install NCCL (libnccl-dev or the CUDA toolkit's copy) or build with -DTRAINKIT_WITH_NCCL=0."
+#error \
+    "TRAINKIT_WITH_NCCL=1 but <nccl.h> is not on the include path: install NCCL (libnccl-dev or the CUDA toolkit's copy) or build with -DTRAINKIT_WITH_NCCL=0."
 #endif
 #endif
 #if TRAINKIT_WITH_MPI
 #if !__has_include(<mpi.h>)
-#error "TRAINKIT_WITH_MPI=1 but <mpi.h> is not on the include path: install libopenmpi-dev (or use mpicxx) or build with -DTRAINKIT_WITH_MPI=0."
+#error \
+    "TRAINKIT_WITH_MPI=1 but <mpi.h> is not on the include path: install libopenmpi-dev (or use mpicxx) or build with -DTRAINKIT_WITH_MPI=0."
 #endif
 #endif
 #if TRAINKIT_WITH_CBLAS
 #if !__has_include(<cblas.h>)
-#error "TRAINKIT_WITH_CBLAS=1 but <cblas.h> is not on the include path: install libopenblas-dev or build with -DTRAINKIT_WITH_CBLAS=0."
+#error \
+    "TRAINKIT_WITH_CBLAS=1 but <cblas.h> is not on the include path: install libopenblas-dev or build with -DTRAINKIT_WITH_CBLAS=0."
 #endif
 #endif
 #if TRAINKIT_WITH_OPENMP
@@ -350,11 +355,11 @@ TRAINKIT_NAMESPACE_END
 
 /// Throws trainkit::Error with the streamed message when `cond` is false:
 /// `TRAINKIT_CHECK(n > 0, "tensor '", name, "' is empty")`.
-#define TRAINKIT_CHECK(cond, ...)                                                            \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
+#define TRAINKIT_CHECK(cond, ...)                                                               \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
       ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), #cond, __FILE__, \
-                                      __LINE__);                                             \
+                                      __LINE__);                                                \
   } while (0)
 
 /// Throws trainkit::Error with the streamed message, unconditionally.
@@ -428,33 +433,29 @@ enum class DType : std::uint8_t {
   kBool,
 };
 
-inline constexpr DType kAllDTypes[] = {
-    DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
-    DType::kF8E5M2, DType::kI64, DType::kI32, DType::kI16, DType::kI8,
-    DType::kU64, DType::kU32, DType::kU16, DType::kU8, DType::kBool};
+inline constexpr DType kAllDTypes[] = {DType::kF64,    DType::kF32,    DType::kF16, DType::kBF16,
+                                       DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kI32,
+                                       DType::kI16,    DType::kI8,     DType::kU64, DType::kU32,
+                                       DType::kU16,    DType::kU8,     DType::kBool};
 
 /// Size of one element in bytes.
 inline constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
     case DType::kF64:
     case DType::kI64:
-    case DType::kU64:
-      return 8;
+    case DType::kU64: return 8;
     case DType::kF32:
     case DType::kI32:
-    case DType::kU32:
-      return 4;
+    case DType::kU32: return 4;
     case DType::kF16:
     case DType::kBF16:
     case DType::kI16:
-    case DType::kU16:
-      return 2;
+    case DType::kU16: return 2;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool:
-      return 1;
+    case DType::kBool: return 1;
   }
   return 0;
 }
@@ -498,19 +499,58 @@ template <class T>
 struct DTypeOf {
   static_assert(sizeof(T) == 0, "trainkit: no DType for this element type");
 };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<f16> { static constexpr DType value = DType::kF16; };
-template <> struct DTypeOf<bf16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<std::int16_t> { static constexpr DType value = DType::kI16; };
-template <> struct DTypeOf<std::int8_t> { static constexpr DType value = DType::kI8; };
-template <> struct DTypeOf<std::uint64_t> { static constexpr DType value = DType::kU64; };
-template <> struct DTypeOf<std::uint32_t> { static constexpr DType value = DType::kU32; };
-template <> struct DTypeOf<std::uint16_t> { static constexpr DType value = DType::kU16; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::kU8; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kF64;
+};
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<f16> {
+  static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<bf16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<std::int16_t> {
+  static constexpr DType value = DType::kI16;
+};
+template <>
+struct DTypeOf<std::int8_t> {
+  static constexpr DType value = DType::kI8;
+};
+template <>
+struct DTypeOf<std::uint64_t> {
+  static constexpr DType value = DType::kU64;
+};
+template <>
+struct DTypeOf<std::uint32_t> {
+  static constexpr DType value = DType::kU32;
+};
+template <>
+struct DTypeOf<std::uint16_t> {
+  static constexpr DType value = DType::kU16;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::kU8;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
 }  // namespace detail
 
 /// The DType of a C++ element type: `dtype_of<float> == DType::kF32`.
@@ -1205,8 +1245,8 @@ class Shape {
 
  private:
   void assign(const std::int64_t* dims, std::size_t n) {
-    TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n, " exceeds trainkit::kMaxRank = ",
-                   kMaxRank);
+    TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n,
+                   " exceeds trainkit::kMaxRank = ", kMaxRank);
     rank_ = int(n);
     std::int64_t total = 1;
     for (std::size_t d = 0; d < n; ++d) {
@@ -1256,7 +1296,8 @@ struct Extents {
 
 /// Row-major strides for the given extents (the last dimension has stride 1).
 template <int Rank>
-TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(const Extents<Rank>& sizes) noexcept {
+TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(
+    const Extents<Rank>& sizes) noexcept {
   Extents<Rank> strides;
   std::int64_t s = 1;
   for (int d = Rank - 1; d >= 0; --d) {
@@ -1344,7 +1385,8 @@ class TensorView {
   /// Element access: `view(i, j)`.
   template <class... I>
   TRAINKIT_HOST_DEVICE T& operator()(I... index) const noexcept {
-    static_assert(sizeof...(I) == std::size_t(Rank), "trainkit: wrong number of indices for this rank");
+    static_assert(sizeof...(I) == std::size_t(Rank),
+                  "trainkit: wrong number of indices for this rank");
     return data_[offset_of(static_cast<std::int64_t>(index)...)];
   }
 
@@ -1357,13 +1399,16 @@ class TensorView {
   /// Always bounds-checked element access on the host; throws trainkit::Error.
   template <class... I>
   T& at(I... index) const {
-    static_assert(S == Space::kHost, "trainkit: at() dereferences on the host; this is a device view");
-    static_assert(sizeof...(I) == std::size_t(Rank), "trainkit: wrong number of indices for this rank");
+    static_assert(S == Space::kHost,
+                  "trainkit: at() dereferences on the host; this is a device view");
+    static_assert(sizeof...(I) == std::size_t(Rank),
+                  "trainkit: wrong number of indices for this rank");
     const std::int64_t idx[] = {static_cast<std::int64_t>(index)..., 0};
     std::int64_t off = 0;
     for (int d = 0; d < Rank; ++d) {
       TRAINKIT_CHECK(idx[d] >= 0 && idx[d] < sizes_[d], "index ", idx[d],
-                     " out of bounds for dimension ", d, " of a view with shape ", shape().to_string());
+                     " out of bounds for dimension ", d, " of a view with shape ",
+                     shape().to_string());
       off += idx[d] * strides_[d];
     }
     return data_[off];
@@ -1514,9 +1559,7 @@ class Allocation {
   Allocation(std::size_t bytes, MemoryKind kind) : bytes_(bytes), kind_(kind) {
     if (bytes == 0) return;
     switch (kind) {
-      case MemoryKind::kHost:
-        ptr_ = allocate_host(bytes);
-        break;
+      case MemoryKind::kHost: ptr_ = allocate_host(bytes); break;
       case MemoryKind::kPinned:
 #if TRAINKIT_WITH_CUDA
         if (cudaMallocHost(&ptr_, bytes) == cudaSuccess) break;
@@ -1533,8 +1576,8 @@ class Allocation {
         if (status != cudaSuccess) {
           (void)cudaGetLastError();
           ptr_ = nullptr;
-          TRAINKIT_FAIL("cannot allocate ", bytes, " bytes of device memory: ",
-                        detail::cuda_message(status));
+          TRAINKIT_FAIL("cannot allocate ", bytes,
+                        " bytes of device memory: ", detail::cuda_message(status));
         }
         break;
       }
@@ -1566,14 +1609,14 @@ class Allocation {
   std::size_t bytes() const noexcept { return bytes_; }
   /// The kind actually obtained (kPinned requests may have become kHost).
   MemoryKind kind() const noexcept { return kind_; }
-  Space space() const noexcept { return kind_ == MemoryKind::kDevice ? Space::kDevice : Space::kHost; }
+  Space space() const noexcept {
+    return kind_ == MemoryKind::kDevice ? Space::kDevice : Space::kHost;
+  }
 
   void reset() noexcept {
     if (ptr_ != nullptr) {
       switch (kind_) {
-        case MemoryKind::kHost:
-          ::operator delete(ptr_, std::align_val_t(kHostAlignment));
-          break;
+        case MemoryKind::kHost: ::operator delete(ptr_, std::align_val_t(kHostAlignment)); break;
         case MemoryKind::kPinned:
 #if TRAINKIT_WITH_CUDA
           TRAINKIT_CUDA_CHECK_NOTHROW(cudaFreeHost(ptr_));
@@ -1625,8 +1668,10 @@ TRAINKIT_NAMESPACE_BEGIN
 /// tensors are explicit (`clone()`, trainkit::copy).
 template <class T, Space S = Space::kHost>
 class Tensor {
-  static_assert(std::is_trivially_copyable_v<T>, "trainkit: Tensor elements must be trivially copyable");
-  static_assert(!std::is_const_v<T>, "trainkit: Tensor<const T> makes no sense; take a view of const T");
+  static_assert(std::is_trivially_copyable_v<T>,
+                "trainkit: Tensor elements must be trivially copyable");
+  static_assert(!std::is_const_v<T>,
+                "trainkit: Tensor<const T> makes no sense; take a view of const T");
 
  public:
   using value_type = T;
@@ -1647,7 +1692,8 @@ class Tensor {
       TRAINKIT_CHECK(kind == MemoryKind::kDevice, "a device Tensor needs MemoryKind::kDevice");
     }
     const auto n = static_cast<std::size_t>(shape.numel());
-    TRAINKIT_CHECK(n <= SIZE_MAX / sizeof(T), "tensor of shape ", shape.to_string(), " is too large");
+    TRAINKIT_CHECK(n <= SIZE_MAX / sizeof(T), "tensor of shape ", shape.to_string(),
+                   " is too large");
     memory_ = Allocation(n * sizeof(T), kind);
   }
 
@@ -1749,10 +1795,11 @@ TRAINKIT_NAMESPACE_END
 // end trainkit/core/tensor.hpp
 // begin trainkit/core/any_tensor.hpp
 // SPDX-License-Identifier: MIT
-// trainkit/core/any_tensor.hpp: type-erased host tensors for checkpoints and file formats, where the
-// element type is only known at run time. `AnyTensorView` is a non-owning (dtype, shape, bytes)
+// trainkit/core/any_tensor.hpp: type-erased host tensors for checkpoints and file formats, where
+// the element type is only known at run time. `AnyTensorView` is a non-owning (dtype, shape, bytes)
 // triple — e.g. a zero-copy window into an mmapped file; `AnyTensor` owns 64-byte aligned bytes.
-// Both are contiguous and row-major; `as<T, Rank>()` recovers a typed view after checking the dtype.
+// Both are contiguous and row-major; `as<T, Rank>()` recovers a typed view after checking the
+// dtype.
 
 #include <cstddef>
 #include <cstdint>
@@ -2005,18 +2052,20 @@ namespace detail {
 
 template <class TD, class TS, int Rank, Space SD, Space SS>
 void check_copy(const TensorView<TD, Rank, SD>& dst, const TensorView<TS, Rank, SS>& src) {
-  static_assert(std::is_same_v<std::remove_const_t<TS>, TD>,
-                "trainkit: copy needs the same element type on both sides and a non-const destination");
+  static_assert(
+      std::is_same_v<std::remove_const_t<TS>, TD>,
+      "trainkit: copy needs the same element type on both sides and a non-const destination");
   TRAINKIT_CHECK(dst.sizes() == src.sizes(), "copy: destination shape ", dst.shape().to_string(),
                  " differs from source shape ", src.shape().to_string());
   if constexpr (SD == Space::kDevice || SS == Space::kDevice) {
     TRAINKIT_CHECK(dst.is_contiguous() && src.is_contiguous(),
-                   "copy to or from device memory needs contiguous views (",
-                   space_name(SS), " -> ", space_name(SD), ", shape ", src.shape().to_string(), ")");
+                   "copy to or from device memory needs contiguous views (", space_name(SS), " -> ",
+                   space_name(SD), ", shape ", src.shape().to_string(), ")");
   }
 }
 
-/// Strided host copy: walks the index space in row-major order, innermost dimension in a tight loop.
+/// Strided host copy: walks the index space in row-major order, innermost dimension in a tight
+/// loop.
 template <class T, int Rank>
 void copy_host_strided(const TensorView<T, Rank, Space::kHost>& dst,
                        const TensorView<const T, Rank, Space::kHost>& src) {
@@ -2046,7 +2095,8 @@ void copy_host_strided(const TensorView<T, Rank, Space::kHost>& dst,
 
 #if TRAINKIT_WITH_CUDA
 inline constexpr cudaMemcpyKind memcpy_kind(Space dst, Space src) noexcept {
-  if (dst == Space::kHost) return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
+  if (dst == Space::kHost)
+    return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
   return src == Space::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
 }
 #endif

@@ -59,10 +59,8 @@ std::uint16_t ref_encode(double d, Format f) {
   const double q = std::nearbyint(std::ldexp(a, f.m - ex));  // in [0, 2^(m+1)]
   const auto r = static_cast<std::uint64_t>(q);
   std::uint64_t bits = 0;
-  if (e2 - 1 < emin)
-    bits = r;  // subnormal; r == 2^m is exactly the smallest normal's encoding
-  else
-    bits = (static_cast<std::uint64_t>(ex + bias) << f.m) + (r - (1ULL << f.m));
+  if (e2 - 1 < emin) bits = r;  // subnormal; r == 2^m is exactly the smallest normal's encoding
+  else bits = (static_cast<std::uint64_t>(ex + bias) << f.m) + (r - (1ULL << f.m));
   if (bits >= inf) return static_cast<std::uint16_t>(sign | inf);
   return static_cast<std::uint16_t>(sign | bits);
 }

@@ -44,7 +44,8 @@ TEST_CASE("Shape: rank, numel, printing, validation") {
   CHECK(tk::Shape{5, 0, 7}.numel() == 0);
 
   CHECK(contains(error_of([] { tk::Shape{2, -1}; }), "negative extent -1"));
-  CHECK(contains(error_of([] { tk::Shape{1, 2, 3, 4, 5, 6, 7, 8, 9}; }), "exceeds trainkit::kMaxRank"));
+  CHECK(contains(error_of([] { tk::Shape{1, 2, 3, 4, 5, 6, 7, 8, 9}; }),
+                 "exceeds trainkit::kMaxRank"));
   CHECK(contains(error_of([] { tk::Shape{1ll << 40, 1ll << 40}; }), "overflows"));
   CHECK(contains(error_of([&] { (void)s.at(3); }), "dimension 3 out of range for shape [2, 3, 4]"));
 }
@@ -99,7 +100,8 @@ TEST_CASE("TensorView: slice, select, transposed, reshape, flatten") {
   CHECK(m.flatten()[29] == 29.0f);
   CHECK(contains(error_of([&] { (void)t.flatten(); }), "non-contiguous"));
   CHECK(contains(error_of([&] { (void)m.reshape<2>(tk::Extents<2>{{4, 4}}); }), "16 elements"));
-  CHECK(contains(error_of([&] { (void)m.slice(0, 4, 7); }), "out of range for dimension 0 of size 6"));
+  CHECK(contains(error_of([&] { (void)m.slice(0, 4, 7); }),
+                 "out of range for dimension 0 of size 6"));
   CHECK(contains(error_of([&] { (void)m.select(2, 0); }), "dimension 2 out of range for rank 2"));
 }
 

@@ -49,9 +49,7 @@ class Allocation {
   Allocation(std::size_t bytes, MemoryKind kind) : bytes_(bytes), kind_(kind) {
     if (bytes == 0) return;
     switch (kind) {
-      case MemoryKind::kHost:
-        ptr_ = allocate_host(bytes);
-        break;
+      case MemoryKind::kHost: ptr_ = allocate_host(bytes); break;
       case MemoryKind::kPinned:
 #if TRAINKIT_WITH_CUDA
         if (cudaMallocHost(&ptr_, bytes) == cudaSuccess) break;
@@ -68,8 +66,8 @@ class Allocation {
         if (status != cudaSuccess) {
           (void)cudaGetLastError();
           ptr_ = nullptr;
-          TRAINKIT_FAIL("cannot allocate ", bytes, " bytes of device memory: ",
-                        detail::cuda_message(status));
+          TRAINKIT_FAIL("cannot allocate ", bytes,
+                        " bytes of device memory: ", detail::cuda_message(status));
         }
         break;
       }
@@ -101,14 +99,14 @@ class Allocation {
   std::size_t bytes() const noexcept { return bytes_; }
   /// The kind actually obtained (kPinned requests may have become kHost).
   MemoryKind kind() const noexcept { return kind_; }
-  Space space() const noexcept { return kind_ == MemoryKind::kDevice ? Space::kDevice : Space::kHost; }
+  Space space() const noexcept {
+    return kind_ == MemoryKind::kDevice ? Space::kDevice : Space::kHost;
+  }
 
   void reset() noexcept {
     if (ptr_ != nullptr) {
       switch (kind_) {
-        case MemoryKind::kHost:
-          ::operator delete(ptr_, std::align_val_t(kHostAlignment));
-          break;
+        case MemoryKind::kHost: ::operator delete(ptr_, std::align_val_t(kHostAlignment)); break;
         case MemoryKind::kPinned:
 #if TRAINKIT_WITH_CUDA
           TRAINKIT_CUDA_CHECK_NOTHROW(cudaFreeHost(ptr_));

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// trainkit/core/any_tensor.hpp: type-erased host tensors for checkpoints and file formats, where the
-// element type is only known at run time. `AnyTensorView` is a non-owning (dtype, shape, bytes)
+// trainkit/core/any_tensor.hpp: type-erased host tensors for checkpoints and file formats, where
+// the element type is only known at run time. `AnyTensorView` is a non-owning (dtype, shape, bytes)
 // triple — e.g. a zero-copy window into an mmapped file; `AnyTensor` owns 64-byte aligned bytes.
-// Both are contiguous and row-major; `as<T, Rank>()` recovers a typed view after checking the dtype.
+// Both are contiguous and row-major; `as<T, Rank>()` recovers a typed view after checking the
+// dtype.
 #pragma once
 
 #include <cstddef>

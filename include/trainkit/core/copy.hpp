@@ -26,18 +26,20 @@ namespace detail {
 
 template <class TD, class TS, int Rank, Space SD, Space SS>
 void check_copy(const TensorView<TD, Rank, SD>& dst, const TensorView<TS, Rank, SS>& src) {
-  static_assert(std::is_same_v<std::remove_const_t<TS>, TD>,
-                "trainkit: copy needs the same element type on both sides and a non-const destination");
+  static_assert(
+      std::is_same_v<std::remove_const_t<TS>, TD>,
+      "trainkit: copy needs the same element type on both sides and a non-const destination");
   TRAINKIT_CHECK(dst.sizes() == src.sizes(), "copy: destination shape ", dst.shape().to_string(),
                  " differs from source shape ", src.shape().to_string());
   if constexpr (SD == Space::kDevice || SS == Space::kDevice) {
     TRAINKIT_CHECK(dst.is_contiguous() && src.is_contiguous(),
-                   "copy to or from device memory needs contiguous views (",
-                   space_name(SS), " -> ", space_name(SD), ", shape ", src.shape().to_string(), ")");
+                   "copy to or from device memory needs contiguous views (", space_name(SS), " -> ",
+                   space_name(SD), ", shape ", src.shape().to_string(), ")");
   }
 }
 
-/// Strided host copy: walks the index space in row-major order, innermost dimension in a tight loop.
+/// Strided host copy: walks the index space in row-major order, innermost dimension in a tight
+/// loop.
 template <class T, int Rank>
 void copy_host_strided(const TensorView<T, Rank, Space::kHost>& dst,
                        const TensorView<const T, Rank, Space::kHost>& src) {
@@ -67,7 +69,8 @@ void copy_host_strided(const TensorView<T, Rank, Space::kHost>& dst,
 
 #if TRAINKIT_WITH_CUDA
 inline constexpr cudaMemcpyKind memcpy_kind(Space dst, Space src) noexcept {
-  if (dst == Space::kHost) return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
+  if (dst == Space::kHost)
+    return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
   return src == Space::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
 }
 #endif

@@ -36,33 +36,29 @@ enum class DType : std::uint8_t {
   kBool,
 };
 
-inline constexpr DType kAllDTypes[] = {
-    DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3,
-    DType::kF8E5M2, DType::kI64, DType::kI32, DType::kI16, DType::kI8,
-    DType::kU64, DType::kU32, DType::kU16, DType::kU8, DType::kBool};
+inline constexpr DType kAllDTypes[] = {DType::kF64,    DType::kF32,    DType::kF16, DType::kBF16,
+                                       DType::kF8E4M3, DType::kF8E5M2, DType::kI64, DType::kI32,
+                                       DType::kI16,    DType::kI8,     DType::kU64, DType::kU32,
+                                       DType::kU16,    DType::kU8,     DType::kBool};
 
 /// Size of one element in bytes.
 inline constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
     case DType::kF64:
     case DType::kI64:
-    case DType::kU64:
-      return 8;
+    case DType::kU64: return 8;
     case DType::kF32:
     case DType::kI32:
-    case DType::kU32:
-      return 4;
+    case DType::kU32: return 4;
     case DType::kF16:
     case DType::kBF16:
     case DType::kI16:
-    case DType::kU16:
-      return 2;
+    case DType::kU16: return 2;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool:
-      return 1;
+    case DType::kBool: return 1;
   }
   return 0;
 }
@@ -106,19 +102,58 @@ template <class T>
 struct DTypeOf {
   static_assert(sizeof(T) == 0, "trainkit: no DType for this element type");
 };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<f16> { static constexpr DType value = DType::kF16; };
-template <> struct DTypeOf<bf16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::kI64; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<std::int16_t> { static constexpr DType value = DType::kI16; };
-template <> struct DTypeOf<std::int8_t> { static constexpr DType value = DType::kI8; };
-template <> struct DTypeOf<std::uint64_t> { static constexpr DType value = DType::kU64; };
-template <> struct DTypeOf<std::uint32_t> { static constexpr DType value = DType::kU32; };
-template <> struct DTypeOf<std::uint16_t> { static constexpr DType value = DType::kU16; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::kU8; };
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kF64;
+};
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<f16> {
+  static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<bf16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::kI64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<std::int16_t> {
+  static constexpr DType value = DType::kI16;
+};
+template <>
+struct DTypeOf<std::int8_t> {
+  static constexpr DType value = DType::kI8;
+};
+template <>
+struct DTypeOf<std::uint64_t> {
+  static constexpr DType value = DType::kU64;
+};
+template <>
+struct DTypeOf<std::uint32_t> {
+  static constexpr DType value = DType::kU32;
+};
+template <>
+struct DTypeOf<std::uint16_t> {
+  static constexpr DType value = DType::kU16;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::kU8;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
 }  // namespace detail
 
 /// The DType of a C++ element type: `dtype_of<float> == DType::kF32`.

@@ -82,8 +82,8 @@ class Shape {
 
  private:
   void assign(const std::int64_t* dims, std::size_t n) {
-    TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n, " exceeds trainkit::kMaxRank = ",
-                   kMaxRank);
+    TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n,
+                   " exceeds trainkit::kMaxRank = ", kMaxRank);
     rank_ = int(n);
     std::int64_t total = 1;
     for (std::size_t d = 0; d < n; ++d) {

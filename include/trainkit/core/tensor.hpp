@@ -23,8 +23,10 @@ TRAINKIT_NAMESPACE_BEGIN
 /// tensors are explicit (`clone()`, trainkit::copy).
 template <class T, Space S = Space::kHost>
 class Tensor {
-  static_assert(std::is_trivially_copyable_v<T>, "trainkit: Tensor elements must be trivially copyable");
-  static_assert(!std::is_const_v<T>, "trainkit: Tensor<const T> makes no sense; take a view of const T");
+  static_assert(std::is_trivially_copyable_v<T>,
+                "trainkit: Tensor elements must be trivially copyable");
+  static_assert(!std::is_const_v<T>,
+                "trainkit: Tensor<const T> makes no sense; take a view of const T");
 
  public:
   using value_type = T;
@@ -45,7 +47,8 @@ class Tensor {
       TRAINKIT_CHECK(kind == MemoryKind::kDevice, "a device Tensor needs MemoryKind::kDevice");
     }
     const auto n = static_cast<std::size_t>(shape.numel());
-    TRAINKIT_CHECK(n <= SIZE_MAX / sizeof(T), "tensor of shape ", shape.to_string(), " is too large");
+    TRAINKIT_CHECK(n <= SIZE_MAX / sizeof(T), "tensor of shape ", shape.to_string(),
+                   " is too large");
     memory_ = Allocation(n * sizeof(T), kind);
   }
 

@@ -33,7 +33,8 @@ struct Extents {
 
 /// Row-major strides for the given extents (the last dimension has stride 1).
 template <int Rank>
-TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(const Extents<Rank>& sizes) noexcept {
+TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(
+    const Extents<Rank>& sizes) noexcept {
   Extents<Rank> strides;
   std::int64_t s = 1;
   for (int d = Rank - 1; d >= 0; --d) {
@@ -121,7 +122,8 @@ class TensorView {
   /// Element access: `view(i, j)`.
   template <class... I>
   TRAINKIT_HOST_DEVICE T& operator()(I... index) const noexcept {
-    static_assert(sizeof...(I) == std::size_t(Rank), "trainkit: wrong number of indices for this rank");
+    static_assert(sizeof...(I) == std::size_t(Rank),
+                  "trainkit: wrong number of indices for this rank");
     return data_[offset_of(static_cast<std::int64_t>(index)...)];
   }
 
@@ -134,13 +136,16 @@ class TensorView {
   /// Always bounds-checked element access on the host; throws trainkit::Error.
   template <class... I>
   T& at(I... index) const {
-    static_assert(S == Space::kHost, "trainkit: at() dereferences on the host; this is a device view");
-    static_assert(sizeof...(I) == std::size_t(Rank), "trainkit: wrong number of indices for this rank");
+    static_assert(S == Space::kHost,
+                  "trainkit: at() dereferences on the host; this is a device view");
+    static_assert(sizeof...(I) == std::size_t(Rank),
+                  "trainkit: wrong number of indices for this rank");
     const std::int64_t idx[] = {static_cast<std::int64_t>(index)..., 0};
     std::int64_t off = 0;
     for (int d = 0; d < Rank; ++d) {
       TRAINKIT_CHECK(idx[d] >= 0 && idx[d] < sizes_[d], "index ", idx[d],
-                     " out of bounds for dimension ", d, " of a view with shape ", shape().to_string());
+                     " out of bounds for dimension ", d, " of a view with shape ",
+                     shape().to_string());
       off += idx[d] * strides_[d];
     }
     return data_[off];
