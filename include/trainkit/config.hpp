@@ -130,9 +130,16 @@ struct Capabilities {
   bool openmp;
 };
 
-inline constexpr Capabilities capabilities() noexcept {
-  return {TRAINKIT_CUDA_COMPILER != 0, TRAINKIT_WITH_CUDA != 0, TRAINKIT_WITH_CUBLASLT != 0,
-          TRAINKIT_WITH_NCCL != 0,     TRAINKIT_WITH_MPI != 0,  TRAINKIT_WITH_CBLAS != 0,
+/// `cuda_compiler` differs between .cpp and .cu TUs of one program; the defaulted template
+/// parameter makes those two different functions, so the ODR holds.
+template <bool CudaCompiler = (TRAINKIT_CUDA_COMPILER != 0)>
+constexpr Capabilities capabilities() noexcept {
+  return {CudaCompiler,
+          TRAINKIT_WITH_CUDA != 0,
+          TRAINKIT_WITH_CUBLASLT != 0,
+          TRAINKIT_WITH_NCCL != 0,
+          TRAINKIT_WITH_MPI != 0,
+          TRAINKIT_WITH_CBLAS != 0,
           TRAINKIT_WITH_OPENMP != 0};
 }
 
