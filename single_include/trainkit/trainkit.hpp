@@ -686,76 +686,92 @@ TRAINKIT_HOST_DEVICE inline constexpr float bf16_bits_to_float(std::uint16_t h) 
   return detail::u32_to_f32(static_cast<std::uint32_t>(h) << 16);
 }
 
-/// IEEE binary16 value type: 2 bytes, the same layout as `__half`. Default construction leaves
-/// it uninitialised (trivial, like float, so it can live in `__shared__` arrays); `f16{}` is +0.
-/// Construction from float rounds to nearest even; from double it goes through float (two
-/// roundings: rarely 1 ulp off the directly rounded value); from an integer, through float.
-/// Arithmetic converts to float, computes, and rounds back: for + - * / this is exactly the
-/// correctly rounded binary16 result, so it matches native half arithmetic on the GPU.
-struct f16 {
-  f16() = default;
-  TRAINKIT_HOST_DEVICE explicit constexpr f16(float v) noexcept : bits_(float_to_f16_bits(v)) {}
-  TRAINKIT_HOST_DEVICE explicit constexpr f16(double v) noexcept
-      : bits_(float_to_f16_bits(static_cast<float>(v))) {}
+namespace detail {
+
+/// The value-type machinery f16 and bf16 share; they differ only in the encoding, given by
+/// Encoding::to_bits(float) and Encoding::to_float(bits). Construction from float rounds to
+/// nearest even; from double it goes through float (two roundings: rarely 1 ulp off the directly
+/// rounded value); from an integer, through float. Arithmetic converts to float, computes, and
+/// rounds back: for + - * / this is exactly the correctly rounded 16-bit result, so it matches
+/// native half/bfloat16 arithmetic on the GPU. Comparisons follow float: -0 == +0, NaN compares
+/// unequal to everything. Unary minus flips the sign bit only (exact, also for NaN and zero), as
+/// __hneg does.
+/// T is the derived value type (f16 or bf16): every operator takes and returns T.
+template <class Encoding, class T>
+struct Float16 {
+  Float16() = default;
+  TRAINKIT_HOST_DEVICE explicit constexpr Float16(float v) noexcept : bits_(Encoding::to_bits(v)) {}
+  TRAINKIT_HOST_DEVICE explicit constexpr Float16(double v) noexcept
+      : bits_(Encoding::to_bits(static_cast<float>(v))) {}
   template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  TRAINKIT_HOST_DEVICE explicit constexpr f16(I v) noexcept
-      : bits_(float_to_f16_bits(static_cast<float>(v))) {}
+  TRAINKIT_HOST_DEVICE explicit constexpr Float16(I v) noexcept
+      : bits_(Encoding::to_bits(static_cast<float>(v))) {}
 
   /// The value whose encoding is `bits` (no rounding; NaN payloads are kept as given).
-  TRAINKIT_HOST_DEVICE static constexpr f16 from_bits(std::uint16_t bits) noexcept {
-    f16 h;
-    h.bits_ = bits;
+  TRAINKIT_HOST_DEVICE static constexpr T from_bits(std::uint16_t bits) noexcept {
+    T h;
+    static_cast<Float16&>(h).bits_ = bits;
     return h;
   }
   TRAINKIT_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
 
   TRAINKIT_HOST_DEVICE explicit constexpr operator float() const noexcept {
-    return f16_bits_to_float(bits_);
+    return Encoding::to_float(bits_);
   }
   TRAINKIT_HOST_DEVICE explicit constexpr operator double() const noexcept {
-    return static_cast<double>(f16_bits_to_float(bits_));
+    return static_cast<double>(Encoding::to_float(bits_));
   }
 
-  TRAINKIT_HOST_DEVICE constexpr f16& operator+=(f16 o) noexcept { return *this = *this + o; }
-  TRAINKIT_HOST_DEVICE constexpr f16& operator-=(f16 o) noexcept { return *this = *this - o; }
-  TRAINKIT_HOST_DEVICE constexpr f16& operator*=(f16 o) noexcept { return *this = *this * o; }
-  TRAINKIT_HOST_DEVICE constexpr f16& operator/=(f16 o) noexcept { return *this = *this / o; }
-
-  // Unary minus flips the sign bit only (exact, also for NaN and zero), as __hneg does.
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator-(f16 a) noexcept {
-    return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000U));
+  TRAINKIT_HOST_DEVICE constexpr T& operator+=(T o) noexcept {
+    T& self = static_cast<T&>(*this);
+    return self = self + o;
   }
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator+(f16 a) noexcept { return a; }
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator+(f16 a, f16 b) noexcept {
-    return f16(static_cast<float>(a) + static_cast<float>(b));
+  TRAINKIT_HOST_DEVICE constexpr T& operator-=(T o) noexcept {
+    T& self = static_cast<T&>(*this);
+    return self = self - o;
   }
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator-(f16 a, f16 b) noexcept {
-    return f16(static_cast<float>(a) - static_cast<float>(b));
+  TRAINKIT_HOST_DEVICE constexpr T& operator*=(T o) noexcept {
+    T& self = static_cast<T&>(*this);
+    return self = self * o;
   }
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator*(f16 a, f16 b) noexcept {
-    return f16(static_cast<float>(a) * static_cast<float>(b));
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr f16 operator/(f16 a, f16 b) noexcept {
-    return f16(static_cast<float>(a) / static_cast<float>(b));
+  TRAINKIT_HOST_DEVICE constexpr T& operator/=(T o) noexcept {
+    T& self = static_cast<T&>(*this);
+    return self = self / o;
   }
 
-  // Comparisons follow float: -0 == +0, NaN compares unequal to everything.
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator==(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr T operator-(T a) noexcept {
+    return from_bits(static_cast<std::uint16_t>(a.bits() ^ 0x8000U));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr T operator+(T a) noexcept { return a; }
+  TRAINKIT_HOST_DEVICE friend constexpr T operator+(T a, T b) noexcept {
+    return T(static_cast<float>(a) + static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr T operator-(T a, T b) noexcept {
+    return T(static_cast<float>(a) - static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr T operator*(T a, T b) noexcept {
+    return T(static_cast<float>(a) * static_cast<float>(b));
+  }
+  TRAINKIT_HOST_DEVICE friend constexpr T operator/(T a, T b) noexcept {
+    return T(static_cast<float>(a) / static_cast<float>(b));
+  }
+
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator==(T a, T b) noexcept {
     return static_cast<float>(a) == static_cast<float>(b);
   }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator!=(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator!=(T a, T b) noexcept {
     return static_cast<float>(a) != static_cast<float>(b);
   }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator<(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<(T a, T b) noexcept {
     return static_cast<float>(a) < static_cast<float>(b);
   }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator<=(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator<=(T a, T b) noexcept {
     return static_cast<float>(a) <= static_cast<float>(b);
   }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator>(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>(T a, T b) noexcept {
     return static_cast<float>(a) > static_cast<float>(b);
   }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator>=(f16 a, f16 b) noexcept {
+  TRAINKIT_HOST_DEVICE friend constexpr bool operator>=(T a, T b) noexcept {
     return static_cast<float>(a) >= static_cast<float>(b);
   }
 
@@ -763,76 +779,37 @@ struct f16 {
   std::uint16_t bits_;
 };
 
+struct F16Encoding {
+  TRAINKIT_HOST_DEVICE static constexpr std::uint16_t to_bits(float v) noexcept {
+    return float_to_f16_bits(v);
+  }
+  TRAINKIT_HOST_DEVICE static constexpr float to_float(std::uint16_t b) noexcept {
+    return f16_bits_to_float(b);
+  }
+};
+struct BF16Encoding {
+  TRAINKIT_HOST_DEVICE static constexpr std::uint16_t to_bits(float v) noexcept {
+    return float_to_bf16_bits(v);
+  }
+  TRAINKIT_HOST_DEVICE static constexpr float to_float(std::uint16_t b) noexcept {
+    return bf16_bits_to_float(b);
+  }
+};
+
+}  // namespace detail
+
+/// IEEE binary16 value type: 2 bytes, the same layout as `__half`; trivial default construction.
+/// Semantics in detail::Float16.
+struct f16 : detail::Float16<detail::F16Encoding, f16> {
+  using Float16::Float16;
+  f16() = default;
+};
+
 /// bfloat16 value type (8-bit exponent like float, 8-bit significand): 2 bytes, the same layout as
-/// `__nv_bfloat16`. Same rules as f16: trivial default construction, float-rounding constructors
-/// (double goes through float), arithmetic in float rounded back (= correctly rounded bf16 math).
-struct bf16 {
+/// `__nv_bfloat16`; trivial default construction. Semantics in detail::Float16.
+struct bf16 : detail::Float16<detail::BF16Encoding, bf16> {
+  using Float16::Float16;
   bf16() = default;
-  TRAINKIT_HOST_DEVICE explicit constexpr bf16(float v) noexcept : bits_(float_to_bf16_bits(v)) {}
-  TRAINKIT_HOST_DEVICE explicit constexpr bf16(double v) noexcept
-      : bits_(float_to_bf16_bits(static_cast<float>(v))) {}
-  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  TRAINKIT_HOST_DEVICE explicit constexpr bf16(I v) noexcept
-      : bits_(float_to_bf16_bits(static_cast<float>(v))) {}
-
-  /// The value whose encoding is `bits` (no rounding; NaN payloads are kept as given).
-  TRAINKIT_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t bits) noexcept {
-    bf16 h;
-    h.bits_ = bits;
-    return h;
-  }
-  TRAINKIT_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
-
-  TRAINKIT_HOST_DEVICE explicit constexpr operator float() const noexcept {
-    return bf16_bits_to_float(bits_);
-  }
-  TRAINKIT_HOST_DEVICE explicit constexpr operator double() const noexcept {
-    return static_cast<double>(bf16_bits_to_float(bits_));
-  }
-
-  TRAINKIT_HOST_DEVICE constexpr bf16& operator+=(bf16 o) noexcept { return *this = *this + o; }
-  TRAINKIT_HOST_DEVICE constexpr bf16& operator-=(bf16 o) noexcept { return *this = *this - o; }
-  TRAINKIT_HOST_DEVICE constexpr bf16& operator*=(bf16 o) noexcept { return *this = *this * o; }
-  TRAINKIT_HOST_DEVICE constexpr bf16& operator/=(bf16 o) noexcept { return *this = *this / o; }
-
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator-(bf16 a) noexcept {
-    return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000U));
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator+(bf16 a) noexcept { return a; }
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator+(bf16 a, bf16 b) noexcept {
-    return bf16(static_cast<float>(a) + static_cast<float>(b));
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator-(bf16 a, bf16 b) noexcept {
-    return bf16(static_cast<float>(a) - static_cast<float>(b));
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator*(bf16 a, bf16 b) noexcept {
-    return bf16(static_cast<float>(a) * static_cast<float>(b));
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bf16 operator/(bf16 a, bf16 b) noexcept {
-    return bf16(static_cast<float>(a) / static_cast<float>(b));
-  }
-
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator==(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) == static_cast<float>(b);
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator!=(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) != static_cast<float>(b);
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator<(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) < static_cast<float>(b);
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator<=(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) <= static_cast<float>(b);
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator>(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) > static_cast<float>(b);
-  }
-  TRAINKIT_HOST_DEVICE friend constexpr bool operator>=(bf16 a, bf16 b) noexcept {
-    return static_cast<float>(a) >= static_cast<float>(b);
-  }
-
- private:
-  std::uint16_t bits_;
 };
 
 static_assert(sizeof(f16) == 2 && alignof(f16) == 2, "f16 must match __half's layout");
