@@ -87,7 +87,7 @@ TEST_CASE("monitor summary: step time, throughput, MFU and all outputs") {
     for (int s = 0; s < 4; ++s) fake_step(m, s, 4.0 - s);
     REQUIRE(m.last_summary().has_value());
     const mon::StepSummary& s = *m.last_summary();
-    CHECK(s.step == 3);
+    CHECK(s.step == 4);  // steps completed (the loop index of the last step + 1)
     CHECK(s.steps == 4);
     CHECK(s.step_time_s == doctest::Approx(10e-3).epsilon(1e-9));
     CHECK(s.samples_per_s == doctest::Approx(3200.0).epsilon(1e-9));
@@ -105,7 +105,7 @@ TEST_CASE("monitor summary: step time, throughput, MFU and all outputs") {
     advance_ms(10);
     m.end_step({.loss = 0.5, .tokens = 8192});
     for (int st = 5; st < 8; ++st) fake_step(m, st, 0.5);
-    CHECK(m.last_summary()->step == 7);
+    CHECK(m.last_summary()->step == 8);
     CHECK(m.last_summary()->tokens_per_s == doctest::Approx(5 * 4096 / 40e-3).epsilon(1e-9));
     CHECK(m.last_summary()->data_wait_fraction == doctest::Approx(0.075).epsilon(1e-9));
     m.close();
@@ -113,10 +113,10 @@ TEST_CASE("monitor summary: step time, throughput, MFU and all outputs") {
   const std::string text = read_stream(console);
   std::fclose(console);
   INFO(text);
-  CHECK(text.find("[trainkit] step 3/8 | 10 ms/step | 3.2k samples/s | 410k tok/s | 20 TFLOP/s | "
+  CHECK(text.find("[trainkit] step 4/8 | 10 ms/step | 3.2k samples/s | 410k tok/s | 20 TFLOP/s | "
                   "MFU 20.0% of 100 TFLOP/s (configured) | data 10.0% fwd 30.0% bwd 50.0% "
                   "opt 10.0% other 0.0% | loss 1 | host peak ") != std::string::npos);
-  CHECK(text.find("[trainkit] step 7/8 |") != std::string::npos);
+  CHECK(text.find("[trainkit] step 8/8 |") != std::string::npos);
   CHECK(text.find("train step 8/8 (100.0%)") != std::string::npos);
   CHECK(text.find("warning") == std::string::npos);  // 10% is not above the 10% threshold
 
@@ -126,7 +126,7 @@ TEST_CASE("monitor summary: step time, throughput, MFU and all outputs") {
   REQUIRE(newline != std::string::npos);
   const std::string first = jsonl.substr(0, newline);
   CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 2);
-  CHECK(first.rfind("{\"step\":3,", 0) == 0);
+  CHECK(first.rfind("{\"step\":4,", 0) == 0);
   CHECK(json_number(first, "mfu") == doctest::Approx(0.2).epsilon(1e-9));
   CHECK(json_number(first, "tokens_per_s") == doctest::Approx(409600.0).epsilon(1e-9));
   CHECK(json_number(first, "data_wait_s") == doctest::Approx(4e-3).epsilon(1e-9));
@@ -153,7 +153,7 @@ TEST_CASE("monitor summary: step time, throughput, MFU and all outputs") {
 
   // Chrome trace written at close.
   const std::string trace = monitor_test::read_file(dir / "trace.json");
-  CHECK(trace.find("\"name\":\"step 7\"") != std::string::npos);
+  CHECK(trace.find("\"name\":\"step 8\"") != std::string::npos);
   CHECK(trace.find("\"name\":\"optimizer\"") != std::string::npos);
 }
 
@@ -268,7 +268,7 @@ TEST_CASE("monitor: GPU sampler off the GPU path prints at most one info line") 
   std::fclose(console);
   INFO(text);
   CHECK(std::count(text.begin(), text.end(), '\n') <= 2);  // the info line and one summary
-  CHECK(text.find("[trainkit] step 0 |") != std::string::npos);
+  CHECK(text.find("[trainkit] step 1 |") != std::string::npos);
 }
 
 TEST_CASE("format_summary leaves out what is unknown") {

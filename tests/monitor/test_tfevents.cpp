@@ -3,11 +3,14 @@
 // crash safety of the buffered writer, and TensorBoard's own reader accepting our files.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -364,6 +367,136 @@ TEST_CASE("a killed writer leaves a readable file up to the last flush") {
   const auto recs = io::read_tfrecords(files[0]);
   CHECK(recs.records.size() == 4);  // file_version + 3 flushed scalars
   CHECK(recs.truncated);
+}
+
+namespace {
+// In a forked child with SIGXFSZ ignored: the event file may grow `room` bytes past its first
+// record, then writes fail with EFBIG after a partial write; later the limit is lifted and the
+// writer goes on. Returns the child's exit status (0 = every step behaved as expected).
+int write_through_full_disk(const std::string& dir, std::size_t room, int before, int after,
+                            bool flush_each, std::string& path) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    int code = 0;
+    try {
+      ::signal(SIGXFSZ, SIG_IGN);
+      io::EventFileWriter w(dir,
+                            {.flush_secs = 1e9, .max_buffer_bytes = flush_each ? 1u : 1u << 20});
+      const ssize_t n = ::write(fds[1], w.path().data(), w.path().size());
+      (void)n;
+      ::close(fds[1]);
+      struct stat st {};
+      if (::stat(w.path().c_str(), &st) != 0) ::_exit(10);
+      rlimit lim{};
+      ::getrlimit(RLIMIT_FSIZE, &lim);
+      const rlim_t hard = lim.rlim_max;
+      lim.rlim_cur = static_cast<rlim_t>(st.st_size) + room;
+      if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(11);
+      io::ProtoWriter e;
+      int failures = 0;
+      for (int s = 0; s < before; ++s) {
+        io::encode_scalar_event(e, 1700000000.0 + s, s, "loss", static_cast<float>(s));
+        try {
+          w.write_event(e.bytes());
+        } catch (const trainkit::Error&) {
+          ++failures;
+        }
+      }
+      try {
+        w.flush();
+      } catch (const trainkit::Error&) {
+        ++failures;
+      }
+      if (failures == 0) ::_exit(12);  // the limit must have been hit
+      try {
+        w.flush();  // still full: fails again, writing nothing twice
+        ::_exit(13);
+      } catch (const trainkit::Error&) {
+      }
+      lim.rlim_cur = hard;  // space again
+      if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(14);
+      for (int s = before; s < before + after; ++s) {
+        io::encode_scalar_event(e, 1700000000.0 + s, s, "loss", static_cast<float>(s));
+        w.write_event(e.bytes());
+      }
+      w.close();
+    } catch (const trainkit::Error& err) {
+      std::fprintf(stderr, "child: %s\n", err.what());
+      code = 20;
+    }
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  path.clear();
+  char buffer[4096];
+  for (ssize_t r; (r = ::read(fds[0], buffer, sizeof buffer)) > 0;) path.append(buffer, size_t(r));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status)
+                           : 100 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+}  // namespace
+
+TEST_CASE("a full disk mid-record: once space is back, every record in the file is whole") {
+  std::mt19937_64 rng(31337);
+  for (int config = 0; config < 24; ++config) {
+    monitor_test::ScratchDir dir("enospc");
+    const int before = 1 + static_cast<int>(rng() % 30);
+    const int after = static_cast<int>(rng() % 10);
+    const bool flush_each = rng() % 2 == 0;
+    // Cut anywhere before the end of the records written while the disk is full.
+    io::ProtoWriter smallest;
+    io::encode_scalar_event(smallest, 1700000000.0, 0, "loss", 0.0f);
+    const std::size_t framed = smallest.size() + 16;
+    const std::size_t room = rng() % (static_cast<std::size_t>(before) * framed);
+    CAPTURE(before);
+    CAPTURE(after);
+    CAPTURE(flush_each);
+    CAPTURE(room);
+    std::string path;
+    REQUIRE(write_through_full_disk(dir.str(), room, before, after, flush_each, path) == 0);
+    REQUIRE(!path.empty());
+    io::TfRecords recs;
+    try {
+      recs = io::read_tfrecords(path);
+    } catch (const trainkit::Error& e) {
+      FAIL(std::string(e.what()));
+    }
+    CHECK_FALSE(recs.truncated);
+    REQUIRE(recs.records.size() == static_cast<std::size_t>(1 + before + after));
+    io::ProtoWriter e;
+    for (int s = 0; s < before + after; ++s) {
+      io::encode_scalar_event(e, 1700000000.0 + s, s, "loss", static_cast<float>(s));
+      CHECK(recs.records[static_cast<std::size_t>(s) + 1] == e.bytes());
+    }
+  }
+}
+
+TEST_CASE("split_tfrecords: a declared length past the end is a truncation, never an allocation") {
+  std::mt19937_64 rng(8);
+  io::ProtoWriter event;
+  io::encode_scalar_event(event, 1.0, 1, "x", 1.0f);
+  std::string good;
+  io::append_tfrecord(good, event.bytes());
+  for (int i = 0; i < 200; ++i) {
+    // A header with a valid length CRC declaring up to 2^64 - 1 bytes, followed by a few bytes.
+    const std::uint64_t length = i < 64 ? (~std::uint64_t(0) >> i) : rng();
+    std::string header(12, '\0');
+    for (int b = 0; b < 8; ++b) header[b] = static_cast<char>((length >> (8 * b)) & 0xFF);
+    const std::uint32_t crc = io::masked_crc32c(header.data(), 8);
+    for (int b = 0; b < 4; ++b) header[8 + b] = static_cast<char>((crc >> (8 * b)) & 0xFF);
+    const std::string bytes = good + header + std::string(rng() % 64, 'z');
+    if (length <= bytes.size()) continue;
+    const auto recs = io::split_tfrecords(bytes, "huge.tfevents");
+    CHECK(recs.truncated);
+    CHECK(recs.records.size() == 1);
+    CHECK(recs.valid_bytes == good.size());
+  }
 }
 
 TEST_CASE("TensorBoardWriter rank modes") {

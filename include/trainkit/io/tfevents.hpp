@@ -164,6 +164,27 @@ inline void encode_file_version_event(ProtoWriter& out, double wall_time,
   }
 }
 
+/// Event{wall_time, step, file_version="brain.Event:2"}: the record SummaryWriter(purge_step=N)
+/// writes at step N after the file's own first record, ahead of the SessionLog START.
+inline void encode_file_version_event(ProtoWriter& out, double wall_time, std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  out.field_bytes(3, "brain.Event:2");
+}
+
+/// Event{wall_time, step, session_log=7{status=1 START}}: TensorBoard discards every point read so
+/// far at a step >= `step` (its restart purge), which is how SummaryWriter(purge_step=step) makes
+/// a resumed run supersede what a crashed one logged past its checkpoint.
+inline void encode_session_start_event(ProtoWriter& out, double wall_time, std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  const std::size_t session_log = out.begin_message(7);
+  out.field_varint(1, 1);  // SessionLog.START
+  out.end_message(session_log);
+}
+
 /// A scalar as SummaryWriter.add_scalar writes it (new_style=False): Summary.Value{tag,
 /// simple_value=float32(value)}, no metadata; TensorBoard files it under the "scalars" plugin.
 inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t step,
@@ -540,14 +561,25 @@ class EventFileWriter {
   }
 
   /// Writes every buffered record to the file (the OS page cache; survives a process crash).
+  /// Throws trainkit::Error when a write fails (a full disk: ENOSPC, EFBIG). The bytes that did
+  /// reach the file are dropped from the buffer and the rest stays buffered, so the next flush
+  /// resumes at the first byte not yet written: once space is back the file holds every record
+  /// whole and in order, and until then it ends at worst in one partial record, which readers
+  /// treat as "still being written".
   void flush() {
     if (fd_ < 0 || buffer_.empty()) return;
     std::size_t done = 0;
     while (done < buffer_.size()) {
       const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      TRAINKIT_CHECK(n > 0, "writing event file '", path_, "' failed after ", done, " of ",
-                     buffer_.size(), " bytes: ", std::strerror(errno));
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EIO;
+        const std::size_t total = buffer_.size();
+        buffer_.erase(0, done);
+        TRAINKIT_FAIL("writing event file '", path_, "' failed after ", done, " of ", total,
+                      " bytes: ", std::strerror(err), " (the ", buffer_.size(),
+                      " bytes not written stay buffered for the next flush)");
+      }
       done += static_cast<std::size_t>(n);
     }
     buffer_.clear();

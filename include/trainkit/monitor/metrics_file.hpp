@@ -2,24 +2,71 @@
 // trainkit/monitor/metrics_file.hpp: a JSON-lines metrics log — one JSON object per line, e.g.
 // {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is written and
 // flushed whole, so a crashed run leaves complete lines, and `pandas.read_json(path, lines=True)`,
-// `jq` or grep read it directly.
+// `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after dropping the
+// lines an earlier run wrote past the checkpoint's step (see keep_metrics_through_step).
 #pragma once
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/atomic_file.hpp"
+#include "trainkit/io/json.hpp"
 #include "trainkit/monitor/json_writer.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace monitor {
+
+/// Prepares the metrics file of a run resumed at step `resume_step`: keeps, in order and byte for
+/// byte, the lines that are JSON objects with an integer "step" of at most `resume_step`, and drops
+/// the rest: what a crashed or superseded run logged past the checkpoint (so a run resumed twice
+/// from one checkpoint shows each step once) and a torn last line (a kill inside write(2)). The
+/// file is replaced atomically (a temp file renamed over it), so a crash here leaves the old or the
+/// new content, never a mix. Returns the number of lines dropped; a missing file is not an error
+/// (0). Throws trainkit::Error naming the path when it cannot be read or replaced.
+inline std::size_t keep_metrics_through_step(const std::string& path, std::int64_t resume_step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
+  in.close();
+  std::string kept;
+  kept.reserve(text.size());
+  std::size_t dropped = 0;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t newline = text.find('\n', begin);
+    const std::size_t end = newline != std::string::npos ? newline : text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    if (line.empty()) continue;
+    // A torn line (no newline: killed mid-write) is kept only if it still parses.
+    bool keep = false;
+    const std::optional<io::Json> json = io::Json::try_parse(line);
+    if (json && json->is_object()) {
+      const io::Json* step = json->find("step");
+      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+    }
+    if (keep) {
+      kept.append(line).push_back('\n');
+    } else {
+      ++dropped;
+    }
+  }
+  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  return dropped;
+}
 
 /// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
 class MetricsFile {
@@ -30,6 +77,12 @@ class MetricsFile {
     file_ = std::fopen(path_.c_str(), append ? "ab" : "wb");
     TRAINKIT_CHECK(file_ != nullptr, "cannot open metrics file '", path_,
                    "': ", std::strerror(errno));
+  }
+  /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
+  /// past it (keep_metrics_through_step), then appends.
+  static MetricsFile resumed(std::string path, std::int64_t resume_step) {
+    keep_metrics_through_step(path, resume_step);
+    return MetricsFile(std::move(path), true);
   }
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;

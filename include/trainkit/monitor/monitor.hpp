@@ -4,12 +4,19 @@
 // tokens/s, achieved TFLOP/s and MFU, where the time went (data-wait % with an input-bound
 // warning), peak memory and GPU health — on the console (progress bar or plain lines), in
 // TensorBoard, in a JSON-lines file, and at the end as a Chrome trace.
+//
+// Step numbers: every output (console lines, progress, TensorBoard, metrics.jsonl, the trace)
+// numbers a step by the optimizer steps completed when it ends, the number a checkpoint written
+// after it carries: begin_step(s) starts the step of 0-based loop index s, which is reported as
+// step s + 1. Step 0 is "before training" (e.g. the initial validation loss, see log_metrics). A
+// run resumed from the checkpoint of step N (MonitorOptions::resume_step = N) continues at N + 1.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,9 +47,14 @@ namespace monitor {
 struct MonitorOptions {
   std::int64_t total_steps = 0;  ///< for the progress bar's % and ETA; 0 = unknown
   std::int64_t log_every = 50;   ///< steps per summary
-  int rank = 0;                  ///< this process's rank: only rank 0 prints
-  int world_size = 1;            ///< ranks in the job (global tokens/s = per-rank x world_size)
-  bool all_ranks = false;        ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
+  /// A run resumed from the checkpoint of step N passes N (-1 = a fresh run): metrics_file keeps
+  /// its lines up to step N and is appended to (later lines, from a run that went past the
+  /// checkpoint, are dropped), TensorBoard supersedes the points past N (SessionLog START at N + 1,
+  /// as SummaryWriter(purge_step=N + 1)), and the progress rate and ETA count from step N.
+  std::int64_t resume_step = -1;
+  int rank = 0;            ///< this process's rank: only rank 0 prints
+  int world_size = 1;      ///< ranks in the job (global tokens/s = per-rank x world_size)
+  bool all_ranks = false;  ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
 
   std::string log_dir{};               ///< TensorBoard run directory; empty = no TensorBoard
   std::string metrics_file{};          ///< JSON-lines file of summaries; empty = none
@@ -56,6 +68,9 @@ struct MonitorOptions {
   double tokens_per_step = 0.0;   ///< default tokens per step
   double flops_per_step = 0.0;    ///< model FLOPs per step (e.g. transformer_flops_per_step)
   double peak_flops = 0.0;        ///< peak FLOP/s for MFU; 0 = device table (CUDA) or measured
+  /// Where peak_flops comes from, shown next to MFU: e.g. "measured: f32 gemm" when the caller
+  /// measured it; empty = "configured" (a number from a spec sheet or the user).
+  std::string peak_label{};
   Precision precision = Precision::kBf16;  ///< selects the table peak (CUDA tier)
   bool measure_cpu_peak = false;  ///< CPU tier without peak_flops: measure it (0.2 s at start)
 
@@ -208,6 +223,7 @@ class Monitor {
                                    : "";
     if (options_.rank == 0 && options_.console != nullptr) {
       progress_.emplace(ProgressOptions{.total = options_.total_steps,
+                                        .initial = std::max<std::int64_t>(0, options_.resume_step),
                                         .style = options_.progress,
                                         .stream = options_.console,
                                         .clock = options_.clock});
@@ -217,10 +233,16 @@ class Monitor {
           options_.log_dir,
           TensorBoardOptions{
               .rank = options_.rank,
-              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only});
+              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
+              .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
     }
     if (writes && !options_.metrics_file.empty()) {
-      metrics_.emplace(options_.metrics_file + suffix);
+      if (options_.resume_step >= 0) {
+        metrics_.emplace(
+            MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
+      } else {
+        metrics_.emplace(options_.metrics_file + suffix);
+      }
     }
     if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
     if (!writes) trace_path_.clear();
@@ -241,10 +263,11 @@ class Monitor {
     }
   }
 
-  /// Starts step `step` (0-based; step s done means s + 1 steps done for the progress bar).
+  /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
+  /// the optimizer steps completed when it ends (see the top of this file).
   void begin_step(std::int64_t step) {
-    step_ = step;
-    timeline_.begin_step(step);
+    step_ = step + 1;
+    timeline_.begin_step(step_);
   }
 
   /// A host-timed span of `phase` that ends with the returned object's scope.
@@ -269,13 +292,31 @@ class Monitor {
       ++loss_count_;
       if (tensorboard_) tensorboard_->add_scalar("train/loss", metrics.loss, step_);
     }
-    if (progress_) progress_->update(step_ + 1, metrics.loss, timeline_.last_step_end_ns());
+    if (progress_) progress_->update(step_, metrics.loss, timeline_.last_step_end_ns());
     if (window_steps_ >= options_.log_every) summarize();
   }
 
-  /// Logs a scalar to TensorBoard (when configured) at the current step.
+  /// Logs a scalar to TensorBoard (when configured) at the current step (begin_step's index + 1).
   void log_scalar(std::string_view tag, double value) {
     if (tensorboard_) tensorboard_->add_scalar(tag, value, step_);
+  }
+
+  /// Logs scalars at an explicit `step` (optimizer steps completed; 0 = before training, e.g. the
+  /// initial validation loss) to TensorBoard and as one line of the metrics file:
+  /// {"step":0,"time":...,"val/loss":5.5}. Both are flushed, like a summary.
+  void log_metrics(std::int64_t step,
+                   std::initializer_list<std::pair<std::string_view, double>> values) {
+    if (tensorboard_ && tensorboard_->enabled()) {
+      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
+      tensorboard_->flush();
+    }
+    if (metrics_) {
+      JsonWriter w;
+      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
+      for (const auto& [tag, value] : values) w.key(tag).value(value);
+      w.end_object();
+      metrics_->write_json(w.str());
+    }
   }
 
   /// Prints a line on rank 0's console without breaking the progress bar.
@@ -354,7 +395,7 @@ class Monitor {
   void resolve_peak() {
     if (options_.peak_flops > 0.0) {
       peak_flops_ = options_.peak_flops;
-      peak_label_ = "configured";
+      peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
       return;
     }
 #if TRAINKIT_WITH_CUDA
@@ -389,6 +430,17 @@ class Monitor {
       summaries_since_warning_ = 0;
     } else {
       ++summaries_since_warning_;
+    }
+    // MFU is never capped: above 100% the peak is wrong, and the line says so once.
+    if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
+      char text[400];
+      std::snprintf(text, sizeof text,
+                    "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
+                    "the peak is too low (a measured one may have been taken while the machine "
+                    "was busy); pass the hardware's peak to get a true MFU",
+                    100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
+      print(text);
+      mfu_warned_ = true;
     }
     if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
     if (metrics_) write_metrics(s);
@@ -475,6 +527,7 @@ class Monitor {
   std::int64_t loss_count_ = 0;
   std::size_t device_peak_ = 0;
   int summaries_since_warning_ = 10;
+  bool mfu_warned_ = false;
   std::optional<StepSummary> last_;
   bool closed_ = false;
 };

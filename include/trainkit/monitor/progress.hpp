@@ -27,6 +27,8 @@ enum class ProgressStyle : std::uint8_t { kAuto, kBar, kPlain, kOff };
 /// Options of Progress.
 struct ProgressOptions {
   std::int64_t total = 0;                      ///< steps in the run; 0 = unknown (no %, no ETA)
+  std::int64_t initial = 0;                    ///< steps done at the start (resumed run); rate/ETA
+                                               ///< count only the steps made since
   ProgressStyle style = ProgressStyle::kAuto;  ///< see ProgressStyle
   std::FILE* stream = stdout;                  ///< where output goes
   double bar_interval_secs = 0.1;              ///< least time between two bar redraws
@@ -62,6 +64,7 @@ class Progress {
           ::isatty(::fileno(options_.stream)) != 0 ? ProgressStyle::kBar : ProgressStyle::kPlain;
     }
     start_ns_ = last_output_ns_ = rate_ns_ = options_.clock();
+    step_ = last_line_step_ = rate_step_ = options_.initial;
   }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -70,10 +73,11 @@ class Progress {
   /// The style in use (kAuto resolved).
   ProgressStyle style() const noexcept { return options_.style; }
 
-  /// Reports `step` completed steps (counting from 0 at the start) and, if finite, the latest loss.
-  /// Draws when the bar's redraw interval passed or, in plain mode, when a line is due; always
-  /// at step == total. `now_ns` is the time on options.clock when the caller already read it
-  /// (saves a clock read per step); -1 reads the clock.
+  /// Reports `step` completed steps (counting from 0 at the start of the run, so a run resumed
+  /// at step N reports N + 1 after its first step; see ProgressOptions::initial) and, if finite,
+  /// the latest loss. Draws when the bar's redraw interval passed or, in plain mode, when a line is
+  /// due; always at step == total. `now_ns` is the time on options.clock when the caller already
+  /// read it (saves a clock read per step); -1 reads the clock.
   void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1) {
     if (options_.style == ProgressStyle::kOff || finished_) return;
     step_ = step;

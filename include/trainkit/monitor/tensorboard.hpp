@@ -34,6 +34,11 @@ struct TensorBoardOptions {
   double flush_secs = 10.0;                 ///< buffered records reach the file at least this often
   std::size_t max_buffer_bytes = 1u << 20;  ///< ...or when this many bytes are buffered
   std::string filename_suffix{};            ///< appended to the event file name
+  /// As SummaryWriter(purge_step=N): the new file starts with a SessionLog START at step N, and
+  /// TensorBoard then discards the points of earlier files in log_dir at steps >= N. A run resumed
+  /// from the checkpoint of step S passes S + 1, superseding what a crashed run logged past it.
+  /// -1 = none (a fresh run).
+  std::int64_t purge_step = -1;
 };
 
 /// Writes TensorBoard summaries for one run directory. Records are buffered (see
@@ -54,6 +59,16 @@ class TensorBoardWriter {
     file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
                                                  .max_buffer_bytes = options.max_buffer_bytes,
                                                  .filename_suffix = options.filename_suffix});
+    if (options.purge_step >= 0) {
+      // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
+      // file_version event and a SessionLog START, both at the purge step.
+      const double now = io::unix_time_now();
+      io::encode_file_version_event(scratch_, now, options.purge_step);
+      file_->write_event(scratch_.bytes());
+      io::encode_session_start_event(scratch_, now, options.purge_step);
+      file_->write_event(scratch_.bytes());
+      file_->flush();
+    }
   }
 
   /// False on ranks that do not write (then every add_* returns at once) and after close().
