@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // trainkit/error.hpp: the one exception type of the library and the check macros that throw it.
-// Host APIs throw trainkit::Error carrying what failed, the call text, file:line and the backing
-// library's code and message. Destructors use the *_NOTHROW variants, which log and return.
+// Host APIs throw trainkit::Error carrying what failed and the backing library's code and
+// message. The failed condition and the source file:line are added only in a debug build (no
+// NDEBUG) or with TRAINKIT_VERBOSE_ERRORS=1 in the environment (=0 turns them off in a debug
+// build too). Destructors use the *_NOTHROW variants, which log and return.
 #pragma once
 
 #include <cstdio>
@@ -53,20 +55,42 @@ std::string concat(const Args&... args) {
   return out.str();
 }
 
-/// Builds "trainkit: <message> (<expr>) at <file>:<line>" and throws.
-[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
-                                     int line, const char* library = "trainkit",
-                                     long long code = 0) {
-  std::string what = "trainkit: " + message;
-  if (expr != nullptr && *expr != '\0') what += concat(" [", expr, "]");
-  what += concat(" at ", file, ":", line);
-  throw Error(what, library, code);
+/// Whether messages carry the failed condition and the source location: TRAINKIT_VERBOSE_ERRORS
+/// when set ("0", "false", "off", "no" = no, anything else = yes), else `debug_build`.
+inline bool verbose_errors(bool debug_build) noexcept {
+  const char* env = std::getenv("TRAINKIT_VERBOSE_ERRORS");
+  if (env == nullptr || *env == '\0') return debug_build;
+  const std::string v(env);
+  return !(v == "0" || v == "false" || v == "FALSE" || v == "off" || v == "OFF" || v == "no" ||
+           v == "NO");
 }
 
-inline void log_error(const std::string& message, const char* expr, const char* file,
-                      int line) noexcept {
-  std::fprintf(stderr, "trainkit: error ignored in a destructor: %s [%s] at %s:%d\n",
-               message.c_str(), expr, file, line);
+/// " [<expr>] at <file>:<line>" when verbose (see verbose_errors), else "".
+inline std::string error_location(const char* expr, const char* file, int line, bool debug_build) {
+  if (!verbose_errors(debug_build)) return {};
+  std::string where;
+  if (expr != nullptr && *expr != '\0') where += concat(" [", expr, "]");
+  if (file != nullptr) where += concat(" at ", file, ":", line);
+  return where;
+}
+
+/// Builds "trainkit: <message>" (plus " [<expr>] at <file>:<line>" when verbose) and throws.
+/// `debug_build` is the calling translation unit's (the macros pass it).
+[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
+                                     int line, const char* library = "trainkit", long long code = 0,
+                                     bool debug_build = false) {
+  throw Error("trainkit: " + message + error_location(expr, file, line, debug_build), library,
+              code);
+}
+
+inline void log_error(const std::string& message, const char* expr, const char* file, int line,
+                      bool debug_build = false) noexcept {
+  try {
+    std::fprintf(stderr, "trainkit: error ignored in a destructor: %s%s\n", message.c_str(),
+                 error_location(expr, file, line, debug_build).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "trainkit: error ignored in a destructor: %s\n", message.c_str());
+  }
 }
 
 #if TRAINKIT_WITH_CUDA
@@ -75,19 +99,20 @@ inline std::string cuda_message(cudaError_t status) {
                 cudaGetErrorString(status));
 }
 
-inline void cuda_check(cudaError_t status, const char* expr, const char* file, int line) {
+inline void cuda_check(cudaError_t status, const char* expr, const char* file, int line,
+                       bool debug_build = false) {
   if (status == cudaSuccess) return;
   // Clear the sticky "last error" so one failure does not poison every later check.
   (void)cudaGetLastError();
-  throw_error(cuda_message(status), expr, file, line, "CUDA", status);
+  throw_error(cuda_message(status), expr, file, line, "CUDA", status, debug_build);
 }
 
-inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char* file,
-                               int line) noexcept {
+inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char* file, int line,
+                               bool debug_build = false) noexcept {
   if (status == cudaSuccess) return true;
   (void)cudaGetLastError();
   try {
-    log_error(cuda_message(status), expr, file, line);
+    log_error(cuda_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -100,16 +125,17 @@ inline std::string cublas_message(cublasStatus_t status) {
                 ": ", cublasLtGetStatusString(status));
 }
 
-inline void cublas_check(cublasStatus_t status, const char* expr, const char* file, int line) {
+inline void cublas_check(cublasStatus_t status, const char* expr, const char* file, int line,
+                         bool debug_build = false) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw_error(cublas_message(status), expr, file, line, "cuBLASLt", status);
+  throw_error(cublas_message(status), expr, file, line, "cuBLASLt", status, debug_build);
 }
 
 inline bool cublas_check_nothrow(cublasStatus_t status, const char* expr, const char* file,
-                                 int line) noexcept {
+                                 int line, bool debug_build = false) noexcept {
   if (status == CUBLAS_STATUS_SUCCESS) return true;
   try {
-    log_error(cublas_message(status), expr, file, line);
+    log_error(cublas_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -121,17 +147,18 @@ inline std::string nccl_message(ncclResult_t status) {
   return concat("NCCL error ", static_cast<int>(status), ": ", ncclGetErrorString(status));
 }
 
-inline void nccl_check(ncclResult_t status, const char* expr, const char* file, int line) {
+inline void nccl_check(ncclResult_t status, const char* expr, const char* file, int line,
+                       bool debug_build = false) {
   // ncclInProgress is the normal answer of a non-blocking communicator, not a failure.
   if (status == ncclSuccess || status == ncclInProgress) return;
-  throw_error(nccl_message(status), expr, file, line, "NCCL", status);
+  throw_error(nccl_message(status), expr, file, line, "NCCL", status, debug_build);
 }
 
-inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file,
-                               int line) noexcept {
+inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file, int line,
+                               bool debug_build = false) noexcept {
   if (status == ncclSuccess || status == ncclInProgress) return true;
   try {
-    log_error(nccl_message(status), expr, file, line);
+    log_error(nccl_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -146,15 +173,17 @@ inline std::string mpi_message(int status) {
   return concat("MPI error ", status, ": ", std::string(text, static_cast<std::size_t>(length)));
 }
 
-inline void mpi_check(int status, const char* expr, const char* file, int line) {
+inline void mpi_check(int status, const char* expr, const char* file, int line,
+                      bool debug_build = false) {
   if (status == MPI_SUCCESS) return;
-  throw_error(mpi_message(status), expr, file, line, "MPI", status);
+  throw_error(mpi_message(status), expr, file, line, "MPI", status, debug_build);
 }
 
-inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line) noexcept {
+inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line,
+                              bool debug_build = false) noexcept {
   if (status == MPI_SUCCESS) return true;
   try {
-    log_error(mpi_message(status), expr, file, line);
+    log_error(mpi_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -165,34 +194,51 @@ inline bool mpi_check_nothrow(int status, const char* expr, const char* file, in
 
 TRAINKIT_NAMESPACE_END
 
+// Whether the including translation unit is a debug build (no NDEBUG): its errors then name the
+// failed condition and the source location by default (see detail::verbose_errors). The macros
+// below pass it, so the inline functions themselves are identical in every translation unit.
+#ifdef NDEBUG
+#define TRAINKIT_DETAIL_DEBUG_BUILD false
+#else
+#define TRAINKIT_DETAIL_DEBUG_BUILD true
+#endif
+
 /// Throws trainkit::Error with the streamed message when `cond` is false:
 /// `TRAINKIT_CHECK(n > 0, "tensor '", name, "' is empty")`.
 #define TRAINKIT_CHECK(cond, ...)                                                               \
   do {                                                                                          \
     if (!(cond))                                                                                \
       ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), #cond, __FILE__, \
-                                      __LINE__);                                                \
+                                      __LINE__, "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD);    \
   } while (0)
 
 /// Throws trainkit::Error with the streamed message, unconditionally.
-#define TRAINKIT_FAIL(...) \
-  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__)
+#define TRAINKIT_FAIL(...)                                                                         \
+  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__, \
+                                  "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD)
 
 /// Throws trainkit::Error when a CUDA runtime call fails (and clears the sticky error).
-#define TRAINKIT_CUDA_CHECK(expr) ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUDA_CHECK(expr) \
+  ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
 /// Logs instead of throwing; returns true on success. For destructors.
-#define TRAINKIT_CUDA_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUDA_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                         TRAINKIT_DETAIL_DEBUG_BUILD)
 #define TRAINKIT_CUBLAS_CHECK(expr) \
-  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_NCCL_CHECK(expr) ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_NCCL_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_MPI_CHECK(expr) ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_MPI_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__)
+  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                           TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_NCCL_CHECK(expr) \
+  ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_NCCL_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                         TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_MPI_CHECK(expr) \
+  ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_MPI_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                        TRAINKIT_DETAIL_DEBUG_BUILD)
 
 /// Device-side assertion: traps the kernel (the host sees a launch failure); on the host the
 /// same functor aborts. Never throws, so it is usable in TRAINKIT_HOST_DEVICE code.

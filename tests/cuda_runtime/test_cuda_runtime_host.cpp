@@ -3,6 +3,7 @@
 // device throws trainkit::Error naming the CUDA error. On a GPU machine the same binary checks the
 // out-of-range paths instead. In a tier-0 build only device_count() and version_string() exist.
 #include <doctest/doctest.h>
+#include <stdlib.h>
 
 #include <cstddef>
 #include <limits>
@@ -72,6 +73,8 @@ TEST_CASE("runtime_version matches the headers' major version; driver_version ne
 }
 
 TEST_CASE("TRAINKIT_CUDA_CHECK: message format, library, code, sticky error cleared") {
+  // The call text and file:line are added in debug builds or with TRAINKIT_VERBOSE_ERRORS=1.
+  ::setenv("TRAINKIT_VERBOSE_ERRORS", "1", 1);
   try {
     TRAINKIT_CUDA_CHECK(cudaErrorInvalidValue);
     FAIL("no exception");
@@ -84,6 +87,16 @@ TEST_CASE("TRAINKIT_CUDA_CHECK: message format, library, code, sticky error clea
     CHECK(e.library() == "CUDA");
     CHECK(e.code() == static_cast<long long>(cudaErrorInvalidValue));
   }
+  ::setenv("TRAINKIT_VERBOSE_ERRORS", "0", 1);
+  try {
+    TRAINKIT_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL("no exception");
+  } catch (const trainkit::Error& e) {
+    const std::string what = e.what();
+    CHECK(contains(what, "cudaErrorInvalidValue: "));
+    CHECK_FALSE(contains(what, "test_cuda_runtime_host.cpp"));
+  }
+  ::unsetenv("TRAINKIT_VERBOSE_ERRORS");
   CHECK_NOTHROW(TRAINKIT_CUDA_CHECK(cudaSuccess));
   CHECK(TRAINKIT_CUDA_CHECK_NOTHROW(cudaSuccess));
   // Logs "error ignored in a destructor: CUDA error 1 ..." to stderr: expected in the test output.
