@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/cross_entropy.hpp: `SoftmaxCrossEntropy`, torch.nn.functional.cross_entropy on raw
-// logits, fused: log-softmax is never materialised. Forward saves each row's log-sum-exp (f32,
-// max-shifted: stable for any logits); backward writes (softmax - onehot) * dloss / n_valid in
-// one pass. `ignore_index` rows count neither in the loss nor in the mean, as in PyTorch.
+// logits, fused: log-softmax is never materialised. Forward saves each row's max m and
+// log(sum_j exp(l_j - m)) apart, never their f32 sum m + log(...), whose rounding (half an ulp of
+// |m|: 5e-4 for logits around 1e4) would shift every loss and gradient; like PyTorch's
+// log_softmax, every log-probability is (l - m) - log(sum). Backward writes
+// (softmax - onehot) * dloss / n_valid in one pass. `ignore_index` rows count neither in the loss
+// nor in the mean, as in PyTorch.
 #pragma once
 
 #include <cmath>
@@ -27,7 +30,8 @@ struct CrossEntropyArgs {
   const I* targets;  // [N]
   T* dlogits;        // backward output [N, V]
   float* loss;       // forward output, 1 element
-  float* lse;        // [N] saved log-sum-exp
+  float* row_max;    // [N] saved max of each row
+  float* log_sum;    // [N] saved log(sum_j exp(l_j - max)) of each row
   float* row_loss;   // [N] scratch
   float* count;      // 1 element: number of valid targets (saved)
   std::int64_t rows;
@@ -35,6 +39,24 @@ struct CrossEntropyArgs {
   std::int64_t ignore_index;
   float dloss;
 };
+
+/// log softmax(l)_j = (l_j - max) - log_sum, in this order (PyTorch's): l_j - max is exact
+/// for logits within a factor 2 of each other, so the result keeps f32 precision at any offset.
+TRAINKIT_HOST_DEVICE inline float log_softmax_of(float logit, float max, float log_sum) {
+  return (logit - max) - log_sum;
+}
+
+/// One row's loss -log softmax(l)_t.
+TRAINKIT_HOST_DEVICE inline float cross_entropy_row_loss(float target_logit, float max,
+                                                         float log_sum) {
+  return -log_softmax_of(target_logit, max, log_sum);
+}
+
+/// d loss / d l_j = (softmax_j - [j == t]) * scale, from softmax_j = e^(log softmax_j).
+TRAINKIT_HOST_DEVICE inline float cross_entropy_grad(float softmax, float scale, bool target) {
+  const float g = softmax * scale;
+  return target ? g - scale : g;
+}
 
 template <class T, class I>
 void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
@@ -51,10 +73,11 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
       const float m = lane_max(V, [&](std::int64_t j) { return load(l[j]); });
       const float sum = lane_sum(V, [&](std::int64_t j) { return exp_approx(load(l[j]) - m); });
-      const float lse = m + std::log(sum);
-      a.lse[r] = lse;
+      const float log_sum = std::log(sum);
+      a.row_max[r] = m;
+      a.log_sum[r] = log_sum;
       const auto t = static_cast<std::int64_t>(a.targets[r]);
-      a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+      a.row_loss[r] = t == a.ignore_index ? 0.0f : cross_entropy_row_loss(load(l[t]), m, log_sum);
     }
   });
   // The mean in a fixed order (rows ascending, in double): deterministic.
@@ -83,9 +106,13 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
         for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(0.0f);
         continue;
       }
-      const float lse = a.lse[r];
-      for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(exp_approx(load(l[j]) - lse) * scale);
-      d[t] = store<T>(load(d[t]) - scale);
+      const float m = a.row_max[r];
+      const float log_sum = a.log_sum[r];
+      for (std::int64_t j = 0; j < V; ++j)
+        d[j] = store<T>(
+            cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale, false));
+      d[t] = store<T>(
+          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
     }
   });
 }
@@ -122,11 +149,12 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    const float lse = m + logf(shared[0]);
-    a.lse[r] = lse;
+    const float log_sum = logf(shared[0]);
+    a.row_max[r] = m;
+    a.log_sum[r] = log_sum;
     const auto t = static_cast<std::int64_t>(a.targets[r]);
     if (t != a.ignore_index && (t < 0 || t >= V)) __trap();  // target out of range
-    a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+    a.row_loss[r] = t == a.ignore_index ? 0.0f : cross_entropy_row_loss(load(l[t]), m, log_sum);
   }
 }
 
@@ -167,10 +195,12 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const float count = *a.count;
   const float scale = count > 0.0f ? a.dloss / count : 0.0f;
   const bool ignored = t == a.ignore_index;
-  const float lse = a.lse[r];
+  const float m = a.row_max[r];
+  const float log_sum = a.log_sum[r];
   for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float g = ignored ? 0.0f : expf(load(l[j]) - lse) * scale;
-    if (!ignored && j == t) g -= scale;
+    const float g =
+        ignored ? 0.0f
+                : cross_entropy_grad(expf(log_softmax_of(load(l[j]), m, log_sum)), scale, j == t);
     d[j] = store<T>(g);
   }
 }
@@ -216,8 +246,10 @@ struct CrossEntropyOptions {
 /// layer's memory space: no host sync on the GPU). All targets ignored: the loss is NaN (as
 /// PyTorch's 0/0) and backward writes zeros. A target outside [0, V) that is not ignore_index
 /// throws on the host and traps on the device.
-/// forward saves each row's log-sum-exp and the valid count; backward reads logits, targets and
-/// them, and writes dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid.
+/// forward saves each row's max and log-sum-exp of the shifted logits (apart) and the valid count;
+/// backward reads logits, targets and them, and writes dlogits = (softmax(logits) -
+/// onehot(target)) * dloss / n_valid. Loss and gradient keep f32 precision (~1e-7 relative, as
+/// PyTorch's) for logits of any magnitude, 1e6 included.
 template <Space S = Space::kHost>
 class SoftmaxCrossEntropy {
  public:
@@ -267,13 +299,14 @@ class SoftmaxCrossEntropy {
     static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
                       std::is_same_v<std::remove_const_t<I>, std::int64_t>,
                   "nn::SoftmaxCrossEntropy: targets are int32 or int64");
-    float* scratch = scratch_.get(2 * rows_ + 1);
+    float* scratch = scratch_.get(3 * rows_ + 1);
     detail::CrossEntropyArgs<T, std::remove_const_t<I>> a{};
     a.logits = logits.data();
     a.targets = targets.data();
-    a.lse = scratch;
-    a.row_loss = scratch + rows_;
-    a.count = scratch + 2 * rows_;
+    a.row_max = scratch;
+    a.log_sum = scratch + rows_;
+    a.row_loss = scratch + 2 * rows_;
+    a.count = scratch + 3 * rows_;
     a.rows = rows_;
     a.vocab = logits.size(1);
     a.ignore_index = options_.ignore_index;
