@@ -14,6 +14,11 @@
 // Output in --out: data/{train,val}.bin (the token shards), ckpt/step_*/ (safetensors
 // checkpoints; model.safetensors loads into nanoGPT's GPT with the same sizes), tb/ (TensorBoard),
 // metrics.jsonl and trace.json (Chrome trace).
+//
+// Step numbers: "step N" everywhere (console, progress, TensorBoard, metrics.jsonl, ckpt/step_N)
+// is the number of optimizer steps completed, so the first step is step 1 and step 0 is the
+// initial validation loss; --resume from the checkpoint of step N continues at step N + 1, and
+// metrics.jsonl and TensorBoard then show each step once (what a run logged past N is dropped).
 
 #include <algorithm>
 #include <array>
@@ -33,6 +38,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -113,7 +119,7 @@ void print_usage() {
       "  --sample-chars N   bytes to generate at the end (240)\n"
       "  --temperature X    sampling temperature, 0 = greedy (0.8)\n"
       "  --prompt TEXT      start of the generated text (\"The \")\n"
-      "  --peak-tflops X    peak for MFU (default: measured, a 512^3 f32 gemm)\n"
+      "  --peak-tflops X    peak for MFU (default: measured, the best of short 512^3 f32 gemms)\n"
       "  --check            exit 3 unless the final train and val losses are below the initial\n");
 }
 
@@ -186,18 +192,67 @@ bool parse_args(int argc, char** argv, Config& c, std::set<std::string>& given) 
   return true;
 }
 
+/// Checks every flag's value on its own, before anything touches the disk: a bad value names its
+/// flag and what it got. (check_config checks the combination again once a checkpoint's settings
+/// are in.)
+void check_flags(const Config& c, const std::set<std::string>& given) {
+  const auto at_least = [](const char* flag, std::int64_t v, std::int64_t least) {
+    TRAINKIT_CHECK(v >= least, "train_gpt: ", flag, " must be >= ", least, ", got ", v);
+  };
+  at_least("--steps", c.steps, 1);
+  at_least("--batch", c.batch, 1);
+  at_least("--seq", c.seq, 2);
+  at_least("--layers", c.layers, 1);
+  at_least("--dim", c.dim, 1);
+  at_least("--heads", c.heads, 1);
+  at_least("--threads", c.threads, 0);
+  at_least("--warmup", c.warmup, 0);
+  at_least("--log-every", c.log_every, 1);
+  at_least("--eval-every", c.eval_every, 1);
+  at_least("--eval-batches", c.eval_batches, 1);
+  at_least("--ckpt-every", c.ckpt_every, 1);
+  at_least("--keep", c.keep_last, 0);
+  at_least("--sample-chars", c.sample_chars, 0);
+  TRAINKIT_CHECK(c.decay_steps == 0 || c.decay_steps >= 2,
+                 "train_gpt: --decay-steps must be >= 2 (or 0 for --steps), got ", c.decay_steps);
+  TRAINKIT_CHECK(!given.count("--seed") || static_cast<std::int64_t>(c.seed) >= 0,
+                 "train_gpt: --seed must be >= 0, got ", static_cast<std::int64_t>(c.seed));
+  TRAINKIT_CHECK(c.dim % c.heads == 0, "train_gpt: --dim ", c.dim, " is not a multiple of --heads ",
+                 c.heads);
+  TRAINKIT_CHECK(std::isfinite(c.lr) && c.lr > 0.0, "train_gpt: --lr must be > 0, got ", c.lr);
+  TRAINKIT_CHECK(c.dropout >= 0.0 && c.dropout < 1.0,
+                 "train_gpt: --dropout must be in [0, 1), got ", c.dropout);
+  TRAINKIT_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0.0,
+                 "train_gpt: --weight-decay must be >= 0, got ", c.weight_decay);
+  TRAINKIT_CHECK(std::isfinite(c.grad_clip) && c.grad_clip >= 0.0,
+                 "train_gpt: --grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
+  TRAINKIT_CHECK(std::isfinite(c.temperature) && c.temperature >= 0.0f,
+                 "train_gpt: --temperature must be >= 0 (0 = greedy), got ", c.temperature);
+  TRAINKIT_CHECK(std::isfinite(c.peak_tflops) && c.peak_tflops >= 0.0,
+                 "train_gpt: --peak-tflops must be >= 0 (0 = measure), got ", c.peak_tflops);
+  std::error_code ec;
+  TRAINKIT_CHECK(fs::exists(c.data_path, ec), "train_gpt: --data '", c.data_path,
+                 "' does not exist");
+  TRAINKIT_CHECK(!c.out.empty(), "train_gpt: --out must name a directory");
+  // The schedule as a fresh run resolves it (a resumed run takes the checkpoint's instead, and
+  // load_config rejects a flag that disagrees with it).
+  if (!c.resume || (given.count("--warmup") && given.count("--decay-steps"))) {
+    const std::int64_t decay =
+        c.decay_steps > 0 ? c.decay_steps : std::max<std::int64_t>(c.steps, 2);
+    const std::int64_t warmup = c.warmup > 0 ? c.warmup : std::max<std::int64_t>(1, decay / 10);
+    TRAINKIT_CHECK(warmup<decay, "train_gpt: --warmup ", warmup, " must be below --decay-steps ",
+                          decay, c.decay_steps> 0
+                       ? ""
+                       : " (= --steps)");
+  }
+}
+
+/// The settings as they will be used (a resumed run's from its checkpoint, defaults resolved).
 void check_config(const Config& c) {
-  TRAINKIT_CHECK(c.steps >= 1 && c.batch >= 1 && c.seq >= 2 && c.layers >= 1 && c.dim >= 1,
-                 "train_gpt: --steps, --batch, --layers and --dim must be >= 1 and --seq >= 2");
-  TRAINKIT_CHECK(c.heads >= 1 && c.dim % c.heads == 0, "train_gpt: --dim ", c.dim,
-                 " is not a multiple of --heads ", c.heads);
-  TRAINKIT_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "train_gpt: --dropout must be in [0, 1)");
+  check_flags(c, {});
   TRAINKIT_CHECK(c.decay_steps >= 2 && c.warmup >= 1 && c.warmup < c.decay_steps,
                  "train_gpt: need 1 <= --warmup < --decay-steps, got ", c.warmup, " and ",
                  c.decay_steps);
-  TRAINKIT_CHECK(c.log_every >= 1 && c.eval_every >= 1 && c.eval_batches >= 1 && c.ckpt_every >= 1,
-                 "train_gpt: --log-every, --eval-every, --eval-batches and --ckpt-every must be "
-                 ">= 1");
 }
 
 // The settings a checkpoint fixes: saved as metadata, taken back on --resume.
@@ -486,22 +541,29 @@ std::string generate(Gpt& model, const tk::exec::Host& exec, const Config& c) {
   return out;
 }
 
-/// FLOP/s of a 512 x 512 x 512 f32 gemm on `exec` (best of a few): the practical peak of these
-/// threads for MFU, since the model's time goes into such gemms.
+constexpr int kPeakProbes = 16;
+
+/// FLOP/s of a 512 x 512 x 512 f32 gemm on `exec`, the best of kPeakProbes short probes spread
+/// over about a quarter second: the practical peak of these threads for MFU, since the model's
+/// time goes into such gemms. One probe on a busy machine reads low (and MFU then above 100%);
+/// the best of several catches a quiet moment.
 double measure_gemm_peak(const tk::exec::Host& exec) {
   constexpr std::int64_t n = 512;
   tk::Tensor<float> a(tk::Shape{n, n}), b(tk::Shape{n, n}), out(tk::Shape{n, n});
   a.fill(0.5f);
   b.fill(0.25f);
-  double best = 0.0;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
+  const auto gemm = [&] {
     tk::blas::gemm(exec, tk::blas::Op::kN, tk::blas::Op::kN, a.view<2>(), b.view<2>(),
                    out.view<2>());
+  };
+  gemm();  // warm-up: first-touch pages, thread start
+  return mon::best_of_probes(kPeakProbes, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0.0) best = std::max(best, 2.0 * n * n * n / s);
-  }
-  return best;
+    return s > 0.0 ? 2.0 * n * n * n / s : 0.0;
+  });
 }
 
 // ---- training ----------------------------------------------------------------------------------
@@ -514,6 +576,8 @@ std::string fmt(const char* format, double a, double b = 0.0, double c = 0.0, do
 
 int train(Config c, const std::set<std::string>& given) {
   const fs::path out = c.out;
+  // The corpus first: a missing or empty one must not leave an empty run directory behind.
+  const std::string text = read_corpus(c.data_path);
   fs::create_directories(out / "data");
 
   // Checkpoints first: a resumed run takes its model and schedule settings from the newest one.
@@ -541,7 +605,6 @@ int train(Config c, const std::set<std::string>& given) {
   check_config(c);
 
   // The corpus, split 90/10 and written as llm.c token shards, read back as windows of T + 1.
-  const std::string text = read_corpus(c.data_path);
   const std::size_t split = text.size() - text.size() / 10;
   TRAINKIT_CHECK(text.size() - split > static_cast<std::size_t>(c.seq) + 1,
                  "train_gpt: the corpus (", text.size(), " bytes) is too small for --seq ", c.seq);
@@ -591,10 +654,6 @@ int train(Config c, const std::set<std::string>& given) {
                    " vanished");
     std::printf("train_gpt: resumed from %s (step %lld)\n", info->path.string().c_str(),
                 static_cast<long long>(info->step));
-    // Monitor truncates metrics.jsonl: keep the earlier run's lines beside it.
-    const fs::path metrics = out / "metrics.jsonl";
-    if (fs::exists(metrics))
-      fs::rename(metrics, out / ("metrics.to_step_" + std::to_string(info->step) + ".jsonl"));
   }
 
   const std::int64_t tokens = c.batch * c.seq;
@@ -608,9 +667,18 @@ int train(Config c, const std::set<std::string>& given) {
       static_cast<long long>(c.dim), static_cast<long long>(c.heads), static_cast<long long>(c.seq),
       static_cast<long long>(kVocab), text.size(), train_set.size(), val_set.size(),
       exec.num_threads());
+  const double peak_flops = c.peak_tflops > 0.0 ? 1e12 * c.peak_tflops : measure_gemm_peak(exec);
+  const std::string peak_label =
+      c.peak_tflops > 0.0 ? std::string("configured: --peak-tflops")
+                          : "measured: f32 gemm 512^3, best of " + std::to_string(kPeakProbes);
+  std::printf("train_gpt: MFU against a peak of %.4g TFLOP/s (%s)\n", 1e-12 * peak_flops,
+              peak_label.c_str());
+  // A resumed run continues the earlier one's metrics.jsonl and TensorBoard run, superseding
+  // what it logged past the checkpoint (a run that crashed before its next checkpoint).
   mon::Monitor monitor(
       {.total_steps = c.steps,
        .log_every = c.log_every,
+       .resume_step = latest ? state.step : -1,
        .log_dir = (out / "tb").string(),
        .metrics_file = (out / "metrics.jsonl").string(),
        .chrome_trace = (out / "trace.json").string(),
@@ -619,13 +687,15 @@ int train(Config c, const std::set<std::string>& given) {
        .flops_per_step = mon::transformer_flops_per_step(
            matmul_params, static_cast<int>(c.layers), static_cast<int>(c.heads),
            static_cast<int>(c.dim / c.heads), static_cast<int>(c.seq), static_cast<double>(tokens)),
-       .peak_flops = c.peak_tflops > 0.0 ? 1e12 * c.peak_tflops : measure_gemm_peak(exec),
+       .peak_flops = peak_flops,
+       .peak_label = peak_label,
        .gpu_monitor = false});
 
   if (!state.metadata.count("initial_val_loss")) {
     const double v = evaluate(model, exec, val_set, c);
     state.metadata["initial_val_loss"] = tk::StateDict::number_to_string(v);
     monitor.print(fmt("step 0: val loss %.4f", v));
+    monitor.log_metrics(0, {{"val/loss", v}});
   }
 
   nn::SoftmaxCrossEntropy<> ce;
@@ -672,7 +742,7 @@ int train(Config c, const std::set<std::string>& given) {
       std::fprintf(stderr,
                    "train_gpt: step %lld: loss %g, gradient norm %g: training diverged "
                    "(lower --lr)\n",
-                   static_cast<long long>(step), static_cast<double>(loss), grad_norm);
+                   static_cast<long long>(step + 1), static_cast<double>(loss), grad_norm);
       return 2;
     }
     ++state.step;
@@ -686,7 +756,7 @@ int train(Config c, const std::set<std::string>& given) {
     if (state.step % c.eval_every == 0 || state.step == c.steps) {
       val_loss = evaluate(model, exec, val_set, c);
       metrics["val_loss"] = val_loss;
-      monitor.log_scalar("val/loss", val_loss);
+      monitor.log_metrics(state.step, {{"val/loss", val_loss}});
       monitor.print(fmt("step %.0f: train loss %.4f | val loss %.4f | lr %.3g", double(state.step),
                         static_cast<double>(loss), val_loss, lr));
     }
@@ -742,6 +812,8 @@ int train(Config c, const std::set<std::string>& given) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file or a pipe: a log of a killed run ends at its last line.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     Config config;
     std::set<std::string> given;
@@ -749,9 +821,14 @@ int main(int argc, char** argv) {
       print_usage();
       return 0;
     }
+    check_flags(config, given);
     return train(std::move(config), given);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    // "trainkit: train_gpt: --steps must be >= 1, got -5" -> "train_gpt: error: --steps ...".
+    std::string_view what = e.what();
+    for (const std::string_view prefix : {"trainkit: ", "train_gpt: "})
+      if (what.substr(0, prefix.size()) == prefix) what.remove_prefix(prefix.size());
+    std::fprintf(stderr, "train_gpt: error: %.*s\n", static_cast<int>(what.size()), what.data());
     return 1;
   }
 }

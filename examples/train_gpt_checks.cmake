@@ -1,0 +1,178 @@
+# Command-line checks of train_gpt (registered by examples/CMakeLists.txt):
+#   cmake -DEXE=<train_gpt> -DOUT=<scratch dir> -DCHECK=<name> [-DPYTHON=<python>] -P this file
+# CHECK=flags:   every bad flag value exits 1 naming its flag, and leaves no run directory behind.
+# CHECK=flush:   stdout is line-buffered: a run killed with SIGKILL early has its first lines in
+#                the log file.
+# CHECK=resume:  a run resumed twice from the same checkpoint keeps metrics.jsonl whole: each
+#                step once, the initial validation loss at step 0, nothing lost or doubled; step
+#                numbers agree between console, metrics, checkpoints (and TensorBoard, when
+#                PYTHON can import tensorboard); MFU says where its peak came from.
+cmake_minimum_required(VERSION 3.20)
+file(REMOVE_RECURSE "${OUT}")
+file(MAKE_DIRECTORY "${OUT}")
+set(tiny --threads 1 --layers 1 --dim 32 --heads 2 --seq 16 --batch 4 --eval-batches 1
+         --sample-chars 8)
+
+if(CHECK STREQUAL "flags")
+  set(cases
+      "--steps|-5" "--steps|0" "--batch|0" "--seq|1" "--layers|0" "--dim|-1" "--heads|0"
+      "--heads|3" "--lr|-1" "--lr|nan" "--dropout|1" "--weight-decay|-0.5" "--grad-clip|-1"
+      "--warmup|-2" "--warmup|500" "--decay-steps|1" "--log-every|0" "--eval-every|0"
+      "--eval-batches|0" "--ckpt-every|0" "--keep|-1" "--sample-chars|-3" "--temperature|-1"
+      "--peak-tflops|-2" "--threads|-4" "--data|${OUT}/no_such_corpus" "--steps|five"
+      "--lr|1e-3x")
+  foreach(case IN LISTS cases)
+    string(REPLACE "|" ";" pair "${case}")
+    list(GET pair 0 flag)
+    list(GET pair 1 value)
+    execute_process(COMMAND "${EXE}" ${flag} ${value} --out "${OUT}/run" RESULT_VARIABLE rc
+                    OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 1)
+      message(FATAL_ERROR "train_gpt ${flag} ${value}: exit ${rc}, want 1\n${out}${err}")
+    endif()
+    string(FIND "${err}" "${flag}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "train_gpt ${flag} ${value}: the error does not name ${flag}: ${err}")
+    endif()
+    if(err MATCHES "\\.(hpp|cpp):[0-9]+")
+      message(FATAL_ERROR "train_gpt ${flag} ${value}: the error shows a source location: ${err}")
+    endif()
+    if(EXISTS "${OUT}/run")
+      message(FATAL_ERROR "train_gpt ${flag} ${value}: left ${OUT}/run behind")
+    endif()
+    message(STATUS "${flag} ${value}: ${err}")
+  endforeach()
+
+elseif(CHECK STREQUAL "flush")
+    # A model whose first validation pass takes a minute or more (2 TFLOP on one thread): nothing
+  # else would flush stdout before it. The log must show the first lines within 15 s; then the
+  # run is killed.
+  set(script [=[
+"$0" --steps 100000 --layers 12 --dim 512 --heads 8 --seq 512 --batch 4 --eval-batches 100000 \
+     --threads 1 --out "$1/run" > "$1/log.txt" 2>&1 &
+pid=$!
+i=0
+while [ $i -lt 150 ]; do
+  grep -q "parameters" "$1/log.txt" && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.1
+  i=$((i + 1))
+done
+kill -9 $pid 2>/dev/null
+wait $pid
+exit 0
+]=])
+  execute_process(COMMAND sh -c "${script}" "${EXE}" "${OUT}" RESULT_VARIABLE rc)
+  file(READ "${OUT}/log.txt" log)
+  message(STATUS "log of the killed run:\n${log}")
+  if(NOT log MATCHES "train_gpt: [0-9]+ parameters")
+    message(FATAL_ERROR "the killed run's log lacks its first lines: stdout is not line-buffered")
+  endif()
+
+elseif(CHECK STREQUAL "resume")
+  set(run "${OUT}/run")
+  set(common ${tiny} --steps 20 --log-every 5 --eval-every 10 --ckpt-every 10 --keep 0
+             --out "${run}")
+  function(train)
+    execute_process(COMMAND "${EXE}" ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                    ERROR_VARIABLE err)
+    message(STATUS "train_gpt ${ARGN}\n${out}${err}")
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "train_gpt exited with ${rc}")
+    endif()
+    set(out "${out}" PARENT_SCOPE)
+  endfunction()
+  function(drop_checkpoint_20)  # as if the run had crashed before writing it
+    file(GLOB newest LIST_DIRECTORIES true "${run}/ckpt/step_*20")
+    if(NOT newest)
+      message(FATAL_ERROR "no checkpoint of step 20 in ${run}/ckpt")
+    endif()
+    file(REMOVE_RECURSE ${newest})
+  endfunction()
+  train()
+  foreach(want "step 10: train loss" "step 20: train loss" "[trainkit] step 5/20 |"
+          "[trainkit] step 20/20 |" "(measured: f32 gemm")
+    string(FIND "${out}" "${want}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the first run's output lacks '${want}'")
+    endif()
+  endforeach()
+  file(GLOB ck10 LIST_DIRECTORIES true "${run}/ckpt/step_*10")
+  if(NOT ck10)
+    message(FATAL_ERROR "no checkpoint of step 10: checkpoints and 'step N' lines disagree")
+  endif()
+  drop_checkpoint_20()
+  # Event file names carry whole seconds and TensorBoard reads them in name order.
+  execute_process(COMMAND ${CMAKE_COMMAND} -E sleep 1.1)
+  train(--resume)
+  if(NOT out MATCHES "resumed from .*step 10")
+    message(FATAL_ERROR "the second run did not resume from step 10")
+  endif()
+  drop_checkpoint_20()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E sleep 1.1)
+  train(--resume)
+  if(NOT out MATCHES "resumed from .*step 10")
+    message(FATAL_ERROR "the third run did not resume from step 10")
+  endif()
+
+  file(GLOB extra "${run}/metrics*")
+  list(LENGTH extra n_files)
+  if(NOT n_files EQUAL 1)
+    message(FATAL_ERROR "want metrics.jsonl alone, found: ${extra}")
+  endif()
+  file(STRINGS "${run}/metrics.jsonl" lines)
+  set(summaries "")
+  set(vals "")
+  set(previous -1)
+  foreach(line IN LISTS lines)
+    string(JSON step GET "${line}" step)
+    if(step LESS previous)
+      message(FATAL_ERROR "metrics.jsonl goes back from step ${previous} to ${step}:\n${line}")
+    endif()
+    set(previous ${step})
+    string(JSON has_steps ERROR_VARIABLE no_steps GET "${line}" steps)
+    if(no_steps)
+      list(APPEND vals ${step})
+    else()
+      list(APPEND summaries ${step})
+    endif()
+  endforeach()
+  if(NOT summaries STREQUAL "5;10;15;20" OR NOT vals STREQUAL "0;10;20")
+    message(FATAL_ERROR "metrics.jsonl: summaries at steps '${summaries}' (want 5;10;15;20), "
+                        "validation losses at '${vals}' (want 0;10;20)")
+  endif()
+
+  if(PYTHON)
+    execute_process(COMMAND "${PYTHON}" -c "import tensorboard" RESULT_VARIABLE no_tb
+                    OUTPUT_QUIET ERROR_QUIET)
+    if(no_tb EQUAL 0)
+      set(check [=[
+import sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0})
+acc.Reload()
+def steps(tag):
+    return [e.step for e in acc.Scalars(tag)]
+problems = []
+if steps("train/loss") != list(range(1, 21)):
+    problems.append("train/loss at steps %s, want 1..20 once each" % steps("train/loss"))
+if steps("val/loss") != [0, 10, 20]:
+    problems.append("val/loss at steps %s, want [0, 10, 20]" % steps("val/loss"))
+if steps("perf/step_time_ms") != [5, 10, 15, 20]:
+    problems.append("summaries at steps %s, want [5, 10, 15, 20]" % steps("perf/step_time_ms"))
+print("\n".join(problems) or "tensorboard: OK")
+sys.exit(1 if problems else 0)
+]=])
+      execute_process(COMMAND "${PYTHON}" -c "${check}" "${run}/tb" RESULT_VARIABLE rc
+                      OUTPUT_VARIABLE out ERROR_VARIABLE err)
+      message(STATUS "${out}${err}")
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "TensorBoard does not show each step once")
+      endif()
+    else()
+      message(STATUS "${PYTHON} cannot import tensorboard: TensorBoard view not checked")
+    endif()
+  endif()
+else()
+  message(FATAL_ERROR "unknown CHECK '${CHECK}'")
+endif()
