@@ -8,6 +8,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
 
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/rng.hpp"

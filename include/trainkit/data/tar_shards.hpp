@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/rng.hpp"
@@ -56,6 +57,10 @@ struct TarShardOptions {
   std::size_t shuffle_buffer = 0;  ///< samples held for shuffling; 0 = shard order
   std::size_t rank = 0;            ///< this rank reads shards rank, rank+world, ... of the order
   std::size_t world = 1;
+  /// Members larger than this (bytes) are refused before they are read into memory (see
+  /// io::TarReaderOptions). Members are also never read past the shard's end, and `.npy`, `.cls`
+  /// and `.json` members have tighter limits of their own derived from the field.
+  std::uint64_t max_member_bytes = std::uint64_t{1} << 30;
 };
 
 namespace detail {
@@ -172,12 +177,22 @@ class TarShardDataset {
       for (const FieldSpec& g : fields_)
         TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
       FieldSpec spec{f.name, f.dtype, f.shape};
+      std::size_t bytes = dtype_size(f.dtype);
+      for (std::int64_t d : f.shape) {
+        TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
+        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '",
+                            f.name, "' (", dtype_name(f.dtype), ") bytes per sample");
+      }
+      // Strides and batch sizes are int64 products of these extents: keep them representable.
+      TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+                     "TarShardDataset: field '", f.name, "' of ", bytes,
+                     " bytes per sample is too large");
       const auto kind = detail::tar_decode_kind(f.ext);
       TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
                      "TarShardDataset: field '", f.name, "' (.", f.ext,
                      ") holds one integer per sample; its shape must be scalar");
       offsets_.push_back(offset);
-      offset += spec.bytes();
+      offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
       fields_.push_back(std::move(spec));
     }
     sample_bytes_ = offset;
@@ -291,7 +306,8 @@ class TarShardDataset {
           return false;
         }
         current_shard_ = order_[next_shard_++];
-        reader_.emplace(io::TarReader::open(current_shard_));
+        reader_.emplace(io::TarReader::open(
+            current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
         entry_pending_ = false;
       }
       if (!entry_pending_) {
@@ -358,6 +374,13 @@ class TarShardDataset {
     const std::uint64_t size = reader_->entry().size;
     switch (detail::tar_decode_kind(o_.fields[k].ext)) {
       case detail::TarDecode::kNpy: {
+        // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
+        const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
+        if (size > most)
+          fail_member(member, ::trainkit::detail::concat(
+                                  size, " bytes, more than a .npy of field '", f.name, "' (",
+                                  dtype_name(f.dtype), ", ", want, " data bytes) can hold (at most ",
+                                  most, ")"));
         const std::vector<std::byte> bytes = reader_->read_data();
         const std::string where = current_shard_ + ":" + member;
         const io::NpyHeader h = io::parse_npy_header(bytes, where);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/data/dataset.hpp"
 #include "trainkit/data/shard_pattern.hpp"
@@ -59,6 +61,16 @@ class TokenShardDataset {
                    "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
                    dtype_name(t));
     TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
+    // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
+    // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
+    const std::size_t field_bytes =
+        checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ",
+                    options_.seq_len, " tokens of ", dtype_name(t));
+    TRAINKIT_CHECK(
+        options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
+            field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+        "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
+    window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
     const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
     fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
     std::size_t total = 0;
@@ -66,15 +78,15 @@ class TokenShardDataset {
       Shard s;
       s.file = io::MappedFile(path, io::MapAccess::kNormal);
       open_shard(s);
-      const std::size_t window = options_.seq_len + 1;
+      const std::size_t window = window_;
       s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
-      total += s.windows;
+      total = checked_add(total, s.windows, "TokenShardDataset: total window count");
       s.first = total - s.windows;
       shards_.push_back(std::move(s));
     }
     size_ = total;
     TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
-                   "'... holds a window of seq_len + 1 = ", options_.seq_len + 1, " tokens");
+                   "'... holds a window of seq_len + 1 = ", window_, " tokens");
   }
 
   /// Number of windows over all shards.
@@ -141,7 +153,10 @@ class TokenShardDataset {
     TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
     s.tokens = static_cast<std::size_t>(header[2]);
     const std::size_t width = s.wide ? 4 : 2;
-    const std::size_t expected = kTokenShardHeaderBytes + width * s.tokens;
+    const std::size_t expected =
+        checked_add(kTokenShardHeaderBytes,
+                    checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
+                    "token shard '", path, "': file size");
     TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
                    " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
                    expected, " bytes (",
@@ -184,6 +199,7 @@ class TokenShardDataset {
   }
 
   TokenShardOptions options_;
+  std::size_t window_ = 0;  // seq_len + 1
   std::vector<Shard> shards_;
   std::vector<FieldSpec> fields_;
   std::size_t size_ = 0;

@@ -11,13 +11,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/io/mmap.hpp"
@@ -218,6 +221,16 @@ inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
   return v;
 }
 
+/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
 }  // namespace detail
 
 /// Parses the .npy header at the start of `bytes` (the whole file, or at least its header) and
@@ -294,17 +307,23 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
                                                                       : "shape",
                                                         "'"));
   h.dtype = detail::parse_npy_descr(descr, source);
+  // Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed
+  // 64-bit size (npy_intp), even when another extent is 0 and the array holds nothing, so
+  // every row size, stride and element count derived from the shape is representable.
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(h.dtype));
   std::size_t numel = 1;
   int big_dims = 0;
   for (std::int64_t d : h.shape) {
-    const auto u = static_cast<std::size_t>(d);
-    if (u != 0 && numel > std::numeric_limits<std::size_t>::max() / u)
-      detail::npy_fail(source, "shape overflows the address space");
-    numel *= u;
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (!next)
+      detail::npy_fail(source, ::trainkit::detail::concat(
+                                   "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
+                                   " is too large: its byte size overflows 2^63 - 1 (truncated "
+                                   "or corrupt header)"));
+    nonzero_bytes = *next;
+    numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
   }
-  if (numel > std::numeric_limits<std::size_t>::max() / dtype_size(h.dtype))
-    detail::npy_fail(source, "shape overflows the address space");
   if (h.fortran_order && big_dims > 1) {
     detail::npy_fail(source,
                      "Fortran-order (column-major) arrays are not supported; save with "
@@ -316,27 +335,23 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
 }
 
 /// "(2, 3)" style text of a header's shape, for messages.
-inline std::string shape_string(const NpyHeader& h) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < h.shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(h.shape[i]);
-  }
-  return s + (h.shape.size() == 1 ? ",)" : ")");
-}
+inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
 
 /// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
 /// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
 inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::string_view source) {
-  const std::size_t expected = h.data_offset + h.data_bytes;
-  if (file_size < expected) {
+  // An end past 2^64 is simply more than any file holds.
+  const std::optional<std::size_t> expected = checked_add(h.data_offset, h.data_bytes);
+  if (!expected || file_size < *expected) {
     detail::npy_fail(source, ::trainkit::detail::concat(
                                  "truncated: the header promises ", h.data_bytes,
                                  " data bytes (shape ", shape_string(h), ", ", dtype_name(h.dtype),
-                                 ") but only ", file_size - h.data_offset, " follow it"));
+                                 ") but only ", file_size - std::min(file_size, h.data_offset),
+                                 " follow it"));
   }
-  if (file_size > expected) {
-    detail::npy_fail(source, ::trainkit::detail::concat("corrupt: ", file_size - expected,
+  const std::size_t end = *expected;
+  if (file_size > end) {
+    detail::npy_fail(source, ::trainkit::detail::concat("corrupt: ", file_size - end,
                                                         " trailing bytes after the ", h.data_bytes,
                                                         " data bytes the header describes"));
   }
@@ -379,7 +394,9 @@ inline void write_npy(const std::filesystem::path& path, DType dtype,
                       std::span<const std::int64_t> shape, const void* data) {
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
-  for (std::int64_t d : shape) bytes *= static_cast<std::size_t>(d);
+  for (std::int64_t d : shape)
+    bytes = checked_mul(bytes, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): array bytes");
   std::FILE* f = std::fopen(path.string().c_str(), "wb");
   TRAINKIT_CHECK(f != nullptr, "write_npy: cannot create '", path.string(),
                  "': ", std::strerror(errno));
@@ -395,7 +412,9 @@ template <class T>
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
                std::span<const T> values) {
   std::size_t numel = 1;
-  for (std::int64_t d : shape) numel *= static_cast<std::size_t>(d);
+  for (std::int64_t d : shape)
+    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): element count");
   TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
                  " elements but ", values.size(), " were given");
   write_npy(path, dtype_of<T>, shape, values.data());

@@ -4,6 +4,9 @@
 // WebDataset shards: members are visited front to back and their data read or skipped without
 // seeking back. The reader treats its input as hostile (it is fuzzed): every length is checked,
 // and a truncated or corrupt archive gets a trainkit::Error naming the archive and the offset.
+// Memory is bounded by the input: a member's data is never allocated beyond the bytes the source
+// still holds (files and memory know their size; other sources are read in growing chunks), nor
+// beyond TarReaderOptions::max_member_bytes, and an allocation failure is a trainkit::Error.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +19,8 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,17 +31,22 @@
 #include <sys/types.h>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
 
 /// Where a TarReader gets its bytes. read() returns fewer than `n` bytes only at the end of the
-/// input; skip() returns how many bytes it actually skipped (fewer only at the end).
+/// input; skip() returns how many bytes it actually skipped (fewer only at the end); available()
+/// says how many bytes are left when the source knows (a file, memory), std::nullopt when it
+/// cannot (a pipe, a decompressor): readers use it to refuse declared sizes that cannot be there
+/// before allocating for them.
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
   virtual std::size_t read(void* dst, std::size_t n) = 0;
+  virtual std::optional<std::uint64_t> available() const { return std::nullopt; }
   virtual std::uint64_t skip(std::uint64_t n) {
     std::array<unsigned char, 4096> sink{};
     std::uint64_t done = 0;
@@ -67,23 +77,37 @@ class MemorySource final : public ByteSource {
     pos_ += k;
     return k;
   }
+  std::optional<std::uint64_t> available() const override { return bytes_.size() - pos_; }
 
  private:
   std::span<const std::byte> bytes_;
   std::size_t pos_ = 0;
 };
 
-/// A buffered ByteSource over a file; skip() seeks instead of reading.
+/// A buffered ByteSource over a file; skip() seeks instead of reading. A regular file knows its
+/// size (available()); its buffer is no larger than the file.
 class FileSource final : public ByteSource {
  public:
   /// Opens `path` for reading. Throws trainkit::Error naming the file when it cannot.
   explicit FileSource(const std::filesystem::path& path, std::size_t buffer_bytes = 1 << 20)
-      : path_(path.string()), buffer_(buffer_bytes) {
+      : path_(path.string()) {
     file_ = std::fopen(path_.c_str(), "rb");
     TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
-    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
     struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0) size_ = static_cast<std::uint64_t>(st.st_size);
+    if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
+      size_ = static_cast<std::uint64_t>(st.st_size);
+      regular_ = true;
+      // A small file needs no 1 MiB buffer: round its size up to a page.
+      buffer_bytes =
+          static_cast<std::size_t>(std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
+    }
+    try {
+      buffer_.resize(buffer_bytes);
+    } catch (const std::bad_alloc&) {
+      std::fclose(file_);
+      TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
+    }
+    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
   }
   FileSource(const FileSource&) = delete;
   FileSource& operator=(const FileSource&) = delete;
@@ -99,6 +123,7 @@ class FileSource final : public ByteSource {
     return got;
   }
   std::uint64_t skip(std::uint64_t n) override {
+    if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
     const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
     if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
         ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
@@ -107,6 +132,10 @@ class FileSource final : public ByteSource {
     }
     return ByteSource::skip(k);
   }
+  std::optional<std::uint64_t> available() const override {
+    if (!regular_) return std::nullopt;
+    return size_ > pos_ ? size_ - pos_ : 0;
+  }
 
  private:
   std::string path_;
@@ -114,6 +143,7 @@ class FileSource final : public ByteSource {
   std::FILE* file_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t pos_ = 0;
+  bool regular_ = false;
 };
 
 /// One archive member as a reader sees it, after pax and GNU headers were applied.
@@ -134,6 +164,12 @@ struct TarEntry {
 /// one means a corrupt archive, and refusing avoids an attacker-chosen allocation).
 inline constexpr std::uint64_t kTarMaxMetaBytes = 1 << 20;
 
+struct TarReaderOptions {
+  /// read_data() refuses members larger than this (bytes): a sane cap on what one member may
+  /// make the reader allocate. read() into the caller's buffer and skipping are not limited.
+  std::uint64_t max_member_bytes = std::uint64_t{1} << 30;
+};
+
 /// Streams the members of a tar archive in order. Usage:
 /// ```
 /// io::TarReader tar = io::TarReader::open("shard-000000.tar");
@@ -143,17 +179,20 @@ inline constexpr std::uint64_t kTarMaxMetaBytes = 1 << 20;
 class TarReader {
  public:
   /// Reads from `source`; `name` identifies the archive in error messages.
-  TarReader(std::unique_ptr<ByteSource> source, std::string name)
-      : source_(std::move(source)), name_(std::move(name)) {}
+  TarReader(std::unique_ptr<ByteSource> source, std::string name, TarReaderOptions options = {})
+      : source_(std::move(source)), name_(std::move(name)), options_(options) {}
 
   /// Opens an archive file (buffered, seeking over skipped data).
-  static TarReader open(const std::filesystem::path& path) {
-    return TarReader(std::make_unique<FileSource>(path), path.string());
+  static TarReader open(const std::filesystem::path& path, TarReaderOptions options = {}) {
+    return TarReader(std::make_unique<FileSource>(path), path.string(), options);
   }
   /// Reads an archive held in memory that outlives the reader.
-  static TarReader from_memory(std::span<const std::byte> bytes, std::string name) {
-    return TarReader(std::make_unique<MemorySource>(bytes), std::move(name));
+  static TarReader from_memory(std::span<const std::byte> bytes, std::string name,
+                               TarReaderOptions options = {}) {
+    return TarReader(std::make_unique<MemorySource>(bytes), std::move(name), options);
   }
+
+  const TarReaderOptions& options() const noexcept { return options_; }
 
   /// Advances to the next member, skipping whatever data of the current one was not read.
   /// Returns false at the end of the archive (a zero block, or the input ending cleanly on a
@@ -237,13 +276,49 @@ class TarReader {
     if (got < out.size()) truncated_member();
   }
 
-  /// Reads all remaining data of the current member.
+  /// Reads all remaining data of the current member. Throws trainkit::Error, before allocating,
+  /// when the source knows it holds fewer bytes (truncated) or the member is larger than
+  /// options().max_member_bytes; sources of unknown size are read in growing chunks, so memory
+  /// never runs far ahead of the bytes actually there. Allocation failure is an Error too.
   std::vector<std::byte> read_data() {
-    TRAINKIT_CHECK(remaining_ <= std::numeric_limits<std::size_t>::max() / 2, "tar archive '",
-                   name_, "': member '", entry_.name, "' of ", remaining_,
-                   " bytes is too large to read into memory");
-    std::vector<std::byte> out(static_cast<std::size_t>(remaining_));
-    read(out);
+    const std::uint64_t want = remaining_;
+    const std::optional<std::uint64_t> avail = source_->available();
+    if (avail && *avail < want) {
+      fail(entry_.offset, ::trainkit::detail::concat(
+                              "truncated: member '", entry_.name, "' declares ", entry_.size,
+                              " bytes but the archive ends after ", entry_.size - want + *avail));
+    }
+    if (want > options_.max_member_bytes) {
+      fail(entry_.offset,
+           ::trainkit::detail::concat("member '", entry_.name, "' has ", want,
+                                      " bytes, above max_member_bytes = ",
+                                      options_.max_member_bytes,
+                                      " (raise TarReaderOptions::max_member_bytes, or "
+                                      "TarShardOptions::max_member_bytes, to read it)"));
+    }
+    const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
+    if (!n) fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
+                                                           " bytes does not fit in memory"));
+    std::vector<std::byte> out;
+    try {
+      if (avail) {
+        out.resize(*n);
+        read(out);
+        return out;
+      }
+      constexpr std::size_t kFirstChunk = 64 << 10;
+      while (remaining_ > 0) {
+        const std::size_t have = out.size();
+        const std::size_t chunk = static_cast<std::size_t>(
+            std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
+        out.resize(have + chunk);
+        read(std::span<std::byte>(out.data() + have, chunk));
+      }
+    } catch (const std::bad_alloc&) {
+      fail(entry_.offset, ::trainkit::detail::concat("cannot allocate ", want,
+                                                     " bytes to read member '", entry_.name,
+                                                     "' (out of memory)"));
+    }
     return out;
   }
 
@@ -273,7 +348,8 @@ class TarReader {
   static std::uint64_t pad(std::uint64_t size) noexcept { return (512 - size % 512) % 512; }
 
   void finish_member() {
-    const std::uint64_t want = remaining_ + padding_;
+    // remaining_ + padding_ overflows only for a declared size no archive can hold.
+    const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
     if (want == 0) return;
     const std::uint64_t got = source_->skip(want);
     pos_ += got;
@@ -290,6 +366,11 @@ class TarReader {
   }
 
   std::string read_meta(std::size_t size, std::uint64_t header_offset) {
+    const std::optional<std::uint64_t> avail = source_->available();
+    if (avail && *avail < size) {
+      fail(header_offset, ::trainkit::detail::concat("truncated: an extended header declares ", size,
+                                                     " bytes but the archive ends after ", *avail));
+    }
     std::string data(size, '\0');
     const std::size_t got = source_->read(data.data(), size);
     pos_ += got;
@@ -363,8 +444,9 @@ class TarReader {
       if (data[pos] == '\0') break;  // some writers pad the record block with NULs
       std::size_t i = pos;
       std::uint64_t len = 0;
-      while (i < data.size() && data[i] >= '0' && data[i] <= '9' && len < data.size() + 1) {
-        len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
+      // Digits stop mattering once len exceeds the record block (it is then refused below).
+      while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
+        if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
         ++i;
       }
       if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
@@ -398,9 +480,17 @@ class TarReader {
   std::uint64_t pax_number(std::string_view v, const char* key, std::uint64_t offset) const {
     std::uint64_t n = 0;
     for (char c : v) {
-      if (c < '0' || c > '9' || n > (std::numeric_limits<std::uint64_t>::max() - 9) / 10)
-        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v, "'"));
-      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+      std::optional<std::uint64_t> next;
+      if (c >= '0' && c <= '9') {
+        if (const auto tens = checked_mul(n, std::uint64_t{10}))
+          next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
+      }
+      if (!next) {
+        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
+                                                v.size() > 40 ? "...'" : "'",
+                                                c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
+      }
+      n = *next;
     }
     return n;
   }
@@ -440,6 +530,7 @@ class TarReader {
 
   std::unique_ptr<ByteSource> source_;
   std::string name_;
+  TarReaderOptions options_;
   TarEntry entry_;
   Pax global_;
   std::uint64_t pos_ = 0;
