@@ -393,3 +393,97 @@ TEST_CASE("token shards bounds: seq_len and stride at the limits of size_t are r
     CHECK(probe.refused() == 0);
   }
 }
+
+TEST_CASE("tar bounds: max_member_bytes, sources of unknown size and allocation failure") {
+  std::mt19937 rng(11);
+  for (int k = 0; k < 40; ++k) {
+    CAPTURE(k);
+    const std::size_t actual = 1 + rng() % 5000;
+    std::vector<std::byte> tar;
+    add_header(tar, "000000.bin", '0', actual);
+    add_data(tar, std::string(actual, 'q'));
+    add_end(tar);
+    // The cap: members above it are refused by read_data() (with how to raise it), and can
+    // still be skipped or read into the caller's buffer.
+    const std::uint64_t cap = rng() % (2 * actual);
+    tk::io::TarReader r =
+        tk::io::TarReader::from_memory(tar, "cap.tar", {.max_member_bytes = cap});
+    REQUIRE(r.next());
+    if (actual > cap) {
+      check_contains(error_of([&] { (void)r.read_data(); }),
+                     {"cap.tar", "000000.bin", "max_member_bytes", "raise"});
+      std::vector<std::byte> part(actual / 2);
+      r.read(part);
+      CHECK_FALSE(r.next());
+    } else {
+      CHECK(r.read_data().size() == actual);
+    }
+  }
+  // A stream of unknown size declaring far more than it holds: read in chunks, so memory
+  // follows the bytes that are there; the member is reported truncated.
+  for (std::uint64_t declared : {std::uint64_t{1} << 29, std::uint64_t{1} << 40}) {
+    CAPTURE(declared);
+    std::vector<std::byte> tar;
+    add_header(tar, "000000.bin", '0', declared, true);
+    add_data(tar, std::string(3000, 's'));
+    const alloc_probe::Limit probe(4 * tar.size() + kSlack);
+    tk::io::TarReader r(std::make_unique<StreamSource>(tar), "stream.tar",
+                        {.max_member_bytes = std::uint64_t{1} << 50});
+    REQUIRE(r.next());
+    check_contains(error_of([&] { (void)r.read_data(); }),
+                   {"stream.tar", "000000.bin", "truncated", "ends after 3072"});
+    CHECK(probe.refused() == 0);
+  }
+  // The default cap applies to streams: 1.5 GiB is refused before anything is read.
+  {
+    std::vector<std::byte> tar;
+    add_header(tar, "000000.bin", '0', std::uint64_t{3} << 29);
+    tk::io::TarReader r(std::make_unique<StreamSource>(tar), "stream.tar");
+    REQUIRE(r.next());
+    check_contains(error_of([&] { (void)r.read_data(); }), {"stream.tar", "max_member_bytes"});
+  }
+  // An allocation that fails although the bytes are there is an Error naming the member.
+  {
+    std::vector<std::byte> tar;
+    add_header(tar, "big/000000.bin", '0', 200000);
+    add_data(tar, std::string(200000, 'b'));
+    add_end(tar);
+    tk::io::TarReader r = tk::io::TarReader::from_memory(tar, "oom.tar");
+    REQUIRE(r.next());
+    const alloc_probe::Limit probe(100000);
+    check_contains(error_of([&] { (void)r.read_data(); }),
+                   {"oom.tar", "big/000000.bin", "cannot allocate 200000 bytes"});
+  }
+  // TarShardDataset passes its max_member_bytes on; .npy members are bounded by their field.
+  TempDir dir;
+  {
+    std::vector<std::byte> tar;
+    add_header(tar, "000000.json", '0', 5000);
+    add_data(tar, "[1, 2" + std::string(4994, ' ') + "]");
+    add_end(tar);
+    write_file(dir / "m.tar", tar);
+    tk::data::TarShardOptions o = one_field("json", tk::DType::kI32, {2});
+    o.max_member_bytes = 4096;
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / "m.tar").string()}, o);
+    std::vector<std::byte> sample(8);
+    const std::vector<std::span<std::byte>> spans{std::span<std::byte>(sample)};
+    check_contains(error_of([&] { ds.next(tk::data::SampleRef(spans)); }),
+                   {"m.tar", "000000.json", "max_member_bytes"});
+    o.max_member_bytes = 5000;
+    tk::data::TarShardDataset ok(std::vector<std::string>{(dir / "m.tar").string()}, o);
+    CHECK(ok.next(tk::data::SampleRef(spans)));
+  }
+  {
+    std::vector<std::byte> tar;
+    add_header(tar, "000000.npy", '0', 20000);
+    add_data(tar, std::string(20000, 'n'));
+    add_end(tar);
+    write_file(dir / "n.tar", tar);
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / "n.tar").string()},
+                                 one_field("npy", tk::DType::kF32, {4}));
+    std::vector<std::byte> sample(16);
+    const std::vector<std::span<std::byte>> spans{std::span<std::byte>(sample)};
+    check_contains(error_of([&] { ds.next(tk::data::SampleRef(spans)); }),
+                   {"n.tar", "000000.npy", "20000 bytes, more than a .npy of field 'f'"});
+  }
+}
