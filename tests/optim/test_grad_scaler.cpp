@@ -4,7 +4,8 @@
 // with clipping folded into the step), PyTorch's update rule (init 65536, growth after
 // growth_interval clean steps including the default 2000, backoff, never inf), the five-key
 // state_dict, the per-step protocol errors, StaticScaler, and the gradient norm / clipping passes
-// against float64.
+// against float64; at scales whose inverse overflows to inf (and a loaded scale of 0) found_inf,
+// the unscaled gradients, their norm, skipping and the update rule follow torch.amp.GradScaler.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -51,7 +52,7 @@ void run_scaled(const std::string& c, Arena& arena, Opt& opt, std::int64_t growt
   double worst = 0.0;
   int skipped = 0;
   for (int t = 1; t <= optest::kSteps; ++t) {
-    arena.zero_grad();  // as a training loop does (clipping by a NaN norm poisons the padding too)
+    arena.zero_grad();  // as a training loop does
     optest::load_grads(arena, t, scaler.scale());
     for (std::size_t k = 0; k < infs.values.size(); ++k)
       if (static_cast<int>(infs.values[k]) == t) {
@@ -319,4 +320,163 @@ TEST_CASE("grad_norm / clip_grad_norm_ / clip_grad_value_ against float64, any t
     biggest = std::max(biggest, std::abs(a.grads_data()[i]));
   CHECK(biggest == 1e-3f);
   CHECK_THROWS_AS(optim::clip_grad_norm_(pool(), a, 0.0), tk::Error);
+}
+
+namespace {
+
+// torch.amp.GradScaler's arithmetic, written out: unscale_ is
+// _amp_foreach_non_finite_check_and_unscale_ (found_inf from the incoming gradients, g * inv in
+// f32 with inv = float(1 / double(scale))), update is _amp_update_scale_.
+struct TorchScaler {
+  float scale;
+  std::int32_t tracker = 0;
+  double growth = 2.0, backoff = 0.5;
+  std::int64_t interval = 2;
+  float inv() const { return static_cast<float>(1.0 / static_cast<double>(scale)); }
+  bool unscale(std::vector<float>& g) const {
+    bool found = false;
+    for (float& x : g) {
+      if (!std::isfinite(x)) found = true;
+      x = x * inv();
+    }
+    return found;
+  }
+  void update(bool found) {
+    if (found) {
+      scale = static_cast<float>(static_cast<double>(scale) * backoff);
+      tracker = 0;
+      return;
+    }
+    const std::int64_t successful = tracker + 1;
+    if (successful == interval) {
+      const auto grown = static_cast<float>(static_cast<double>(scale) * growth);
+      if (std::isfinite(grown)) scale = grown;
+      tracker = 0;
+    } else {
+      tracker = static_cast<std::int32_t>(successful);
+    }
+  }
+};
+
+// The parameter elements of the arena's gradient buffer, in order.
+std::vector<float> real_grads(const Arena& arena) {
+  std::vector<float> g;
+  for (const auto& info : arena.infos())
+    g.insert(g.end(), arena.grads_data() + info.offset,
+             arena.grads_data() + info.offset + info.numel);
+  return g;
+}
+
+bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+}  // namespace
+
+TEST_CASE(
+    "DynamicScaler at scales whose inverse overflows to inf behaves as torch.amp.GradScaler") {
+  // 1/scale is inf below ~2.9e-39 (and at 0): PyTorch still sets found_inf only from the incoming
+  // gradients, so finite gradients become inf / NaN (0 * inf) and the step is taken.
+  tk::PhiloxStream rng(777, 2);
+  const double scales[] = {0.0, 1e-45, 1e-40, 2.8e-39, 3e-39, 1e-38, 1.0, 65536.0};
+  for (int c = 0; c < 48; ++c) {
+    const double init = scales[c % 8];
+    const bool via_unscale = (c / 8) % 2 == 0;
+    CAPTURE(init);
+    CAPTURE(via_unscale);
+    Arena arena;
+    const int np = 1 + static_cast<int>(rng.next_u32() % 3);
+    for (int k = 0; k < np; ++k) {
+      std::string name = "w";
+      name += std::to_string(k);
+      arena.add(name, tk::Shape{static_cast<std::int64_t>(1 + rng.next_u32() % 40)});
+    }
+    arena.finalize();
+    optim::SGD opt(arena, {.lr = 1e-3});
+    const std::int64_t interval = 1 + rng.next_u32() % 3;
+    amp::DynamicScaler s(pool(),
+                         {.init_scale = init > 0.0 ? init : 1.0, .growth_interval = interval});
+    if (init == 0.0) {  // a zero scale, as backoff reaches it, comes from a checkpoint
+      tk::StateDict sd = s.state_dict();
+      sd.set("scale", 0.0);
+      s.load_state_dict(sd);
+    }
+    TorchScaler ref{static_cast<float>(init)};
+    ref.interval = interval;
+    REQUIRE(s.scale() == ref.scale);
+    std::int64_t applied = 0;
+    for (int t = 0; t < 8; ++t) {
+      CAPTURE(t);
+      for (const auto& info : arena.infos())
+        for (std::int64_t i = 0; i < info.numel; ++i) {
+          const std::uint32_t r = rng.next_u32() % 16;
+          arena.grads_data()[info.offset + i] =
+              r == 0 ? 0.0f : (r == 1 ? -0.0f : 4.0f * rng.next_uniform() - 2.0f);
+        }
+      if (t % 3 == 2) {
+        const auto& info = arena.infos()[rng.next_u32() % arena.size()];
+        arena.grads_data()[info.offset + rng.next_u32() % info.numel] =
+            t % 2 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                       : std::numeric_limits<float>::infinity();
+      }
+      std::vector<float> want = real_grads(arena);
+      const bool found = ref.unscale(want);
+      if (via_unscale) {
+        const optim::GradNorm norm = s.unscale_(pool(), arena);
+        const std::vector<float> got = real_grads(arena);
+        int differ = 0;
+        bool any_nan = false, any_inf = false;
+        double sum = 0.0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          differ += same_float(got[i], want[i]) ? 0 : 1;
+          any_nan = any_nan || std::isnan(want[i]);
+          any_inf = any_inf || std::isinf(want[i]);
+          sum += static_cast<double>(want[i]) * want[i];
+        }
+        CHECK(differ == 0);
+        // The norm of the unscaled gradients, as clip_grad_norm_ would measure them.
+        if (any_nan) CHECK(std::isnan(norm.get()));
+        else if (any_inf) CHECK(std::isinf(norm.get()));
+        else if (std::isinf(static_cast<float>(std::sqrt(sum)))) CHECK(std::isinf(norm.get()));
+        else CHECK(norm.get() == doctest::Approx(std::sqrt(sum)).epsilon(1e-6));
+      }
+      opt.step(pool(), s);
+      CHECK(s.found_inf() == found);
+      CHECK(opt.last_step_skipped() == found);
+      applied += found ? 0 : 1;
+      s.update(pool());
+      ref.update(found);
+      CHECK(s.scale() == ref.scale);
+      CHECK(s.growth_tracker() == ref.tracker);
+    }
+    CHECK(opt.step_count() == applied);
+  }
+}
+
+TEST_CASE("DynamicScaler: a saved scale of 0 loads and round-trips, as in PyTorch") {
+  amp::DynamicScaler s(pool(), {.growth_interval = 3});
+  tk::StateDict sd = s.state_dict();
+  sd.set("scale", 0.0);
+  sd.set("_growth_tracker", std::int64_t{2});
+  amp::DynamicScaler r(pool());
+  r.load_state_dict(sd);
+  CHECK(r.scale() == 0.0f);
+  CHECK(r.growth_tracker() == 2);
+  CHECK(r.state_dict().get_double("scale") == 0.0);
+  // Growth from 0 stays 0 (0 * 2), the tracker still counts, as _amp_update_scale_ does.
+  Arena arena;
+  arena.add("w", tk::Shape{5});
+  arena.finalize();
+  r.unscale_(pool(), arena);
+  CHECK_FALSE(r.found_inf());
+  r.update(pool());
+  CHECK(r.scale() == 0.0f);
+  CHECK(r.growth_tracker() == 0);
+  r.unscale_(pool(), arena);
+  r.update(pool(), 0.0);  // update(new_scale) takes 0 too
+  CHECK(r.scale() == 0.0f);
+  for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    sd.set("scale", bad);
+    CHECK_THROWS_AS(r.load_state_dict(sd), tk::Error);
+  }
+  r.unscale_(pool(), arena);
+  CHECK_THROWS_AS(r.update(pool(), -2.0), tk::Error);
 }

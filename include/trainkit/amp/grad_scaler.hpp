@@ -59,28 +59,66 @@ struct ScalerBlock {
   std::int32_t pad;
 };
 
-/// One reduction term of unscale_: writes g * inv (f32, like _amp_foreach_non_finite_check_and_
-/// unscale_) and returns (double(g) * inv)^2, non-finite exactly when g is.
-struct UnscaleTerm {
+/// The terms of the scaler's passes over the gradients (kWrite: unscale_, which also writes
+/// g * inv in f32 like _amp_foreach_non_finite_check_and_unscale_; otherwise the read-only check
+/// of a step without unscale_). `inv` is the f32 inverse scale: read in the kernel on the device
+/// (inv_ptr), once before the pass on the host (inv_value).
+///
+/// A finite inv: the term is (double(g) * inv)^2, exact, so the sum is non-finite exactly when
+/// some g is, and it is the squared norm of the unscaled gradients. An inv that overflowed to
+/// inf (scale below ~2.9e-39, or 0): PyTorch still sets found_inf only from the incoming
+/// gradients, while every unscaled gradient is inf or NaN (0 * inf, NaN * inf). The term is
+/// then NaN for a NaN g, +inf for an infinite g, -inf for a zero g (unscaled to NaN) and 0 for
+/// the others (unscaled to +-inf), so that the sum is NaN (a NaN g, or an infinite and a zero
+/// one), +inf, -inf or 0, and FinishCheck reads found_inf (NaN or +inf) and the norm (inf, or
+/// NaN when an unscaled gradient is NaN) off it. The padding counts 0 and stays 0.
+template <bool kWrite>
+struct ScalerTerm {
   float* g;
-  const float* inv_ptr;  // device path: read in the kernel
-  float inv_value;       // host path: read once before the pass
+  const float* inv_ptr;
+  float inv_value;
+  nn::PaddingMask mask;
+
   TRAINKIT_HOST_DEVICE double operator()(std::int64_t i) const {
     const float inv = inv_ptr != nullptr ? *inv_ptr : inv_value;
+    return inv - inv == 0.0f ? finite(i, inv) : overflowed(i, inv);
+  }
+  TRAINKIT_HOST_DEVICE double finite(std::int64_t i, float inv) const {
     const float x = g[i];
-    g[i] = x * inv;
+    if constexpr (kWrite) g[i] = x * inv;
     const double d = static_cast<double>(x) * static_cast<double>(inv);
     return d * d;
   }
+  TRAINKIT_HOST_DEVICE double overflowed(std::int64_t i, float inv) const {
+    if (!mask.real(i)) {
+      if constexpr (kWrite) g[i] = 0.0f;
+      return 0.0;
+    }
+    const float x = g[i];
+    const float y = x * inv;  // +-inf, or NaN for a zero or NaN x
+    if constexpr (kWrite) g[i] = y;
+    if (x != x) return static_cast<double>(x);              // NaN
+    if (y != y) return -static_cast<double>(inv);           // a zero x: -inf
+    return x - x == 0.0f ? 0.0 : static_cast<double>(inv);  // finite: 0, infinite: +inf
+  }
 };
 
-/// found_inf and grad_norm from the reduction's sum (x - x is 0 exactly for finite x).
+/// found_inf and grad_norm from the reduction's sum (ScalerTerm; x - x is 0 exactly for finite x).
 struct FinishCheck {
   ScalerBlock* b;
+  bool has_elements;  ///< the arena has parameter elements (an all-inf norm needs one)
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t) const {
     const double s = b->grad_sumsq;
-    b->found_inf = (s - s == 0.0) ? 0.0f : 1.0f;
-    b->grad_norm = static_cast<float>(sqrt(s));
+    const float inv = b->inv_scale;
+    if (inv - inv == 0.0f) {
+      b->found_inf = (s - s == 0.0) ? 0.0f : 1.0f;
+      b->grad_norm = static_cast<float>(sqrt(s));
+    } else {
+      // See ScalerTerm: NaN or +inf when an incoming gradient was not finite; NaN or -inf when
+      // an unscaled one is NaN (inv * 0 is NaN here, inv itself +inf).
+      b->found_inf = (s != s || s > 0.0) ? 1.0f : 0.0f;
+      b->grad_norm = (s != s || s < 0.0) ? inv * 0.0f : (has_elements ? inv : 0.0f);
+    }
   }
 };
 
@@ -161,29 +199,41 @@ class ScalerCore {
   template <class E, Space S>
   void check(const E& exec, const nn::ParamArena<S>& arena) {
     check_arena<E, S>("check", arena);
-    ScalerBlock* b = block();
-    optim::detail::sum_into(exec, arena.buffer_numel(),
-                            optim::detail::SquaredTerm{arena.grads_data(), &b->inv_scale},
-                            &b->grad_sumsq);
-    exec::launch(exec, 1, FinishCheck{b});
+    pass<false>(exec, arena, const_cast<float*>(arena.grads_data()));
   }
 
   /// The fused pass: gradients *= inv_scale in place, found_inf, and their norm.
   template <class E, Space S>
   void unscale(const E& exec, nn::ParamArena<S>& arena) {
     check_arena<E, S>("unscale_", arena);
-    ScalerBlock* b = block();
-    UnscaleTerm term{arena.grads_data(), nullptr, 1.0f};
-    if constexpr (S == Space::kHost) {
-      term.inv_value = b->inv_scale;
-    } else {
-      term.inv_ptr = &b->inv_scale;
-    }
-    optim::detail::sum_into(exec, arena.buffer_numel(), term, &b->grad_sumsq);
-    exec::launch(exec, 1, FinishCheck{b});
+    pass<true>(exec, arena, arena.grads_data());
   }
 
  private:
+  template <bool kWrite, class E, Space S>
+  void pass(const E& exec, const nn::ParamArena<S>& arena, float* grads) {
+    ScalerBlock* b = block();
+    const std::int64_t n = arena.buffer_numel();
+    ScalerTerm<kWrite> term{grads, nullptr, 1.0f, arena.padding_mask()};
+    if constexpr (S == Space::kHost) {
+      // The branch of ScalerTerm taken once for the whole pass.
+      const float inv = b->inv_scale;
+      term.inv_value = inv;
+      if (inv - inv == 0.0f) {
+        optim::detail::sum_into(
+            exec, n, [term, inv](std::int64_t i) { return term.finite(i, inv); }, &b->grad_sumsq);
+      } else {
+        optim::detail::sum_into(
+            exec, n, [term, inv](std::int64_t i) { return term.overflowed(i, inv); },
+            &b->grad_sumsq);
+      }
+    } else {
+      term.inv_ptr = &b->inv_scale;
+      optim::detail::sum_into(exec, n, term, &b->grad_sumsq);
+    }
+    exec::launch(exec, 1, FinishCheck{b, arena.num_parameters() > 0});
+  }
+
   Space space_;
   Allocation memory_;
   Stage stage_ = Stage::kReady;
@@ -236,13 +286,15 @@ class DynamicScaler {
   float scale() const { return core_.read().scale; }
   /// The growth tracker (clean steps since the last change).
   std::int32_t growth_tracker() const { return core_.read().growth_tracker; }
-  /// True when the last check found an inf/NaN gradient.
+  /// True when the last check found an inf/NaN gradient (in the gradients as they came in).
   bool found_inf() const { return core_.read().found_inf != 0.0f; }
 
   /// PyTorch's unscale_: in one pass multiplies every gradient by 1/scale, sets found_inf and
   /// measures the norm of the unscaled gradients (deterministic reduction), returned for
-  /// clip_grad_norm_ (it points into the scaler: valid until the next check). Throws when
-  /// called twice before update() or after step.
+  /// clip_grad_norm_ (it points into the scaler: valid until the next check). As PyTorch's,
+  /// found_inf looks at the incoming gradients only: when 1/scale overflows to inf (scale below
+  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. Throws
+  /// when called twice before update() or after step.
   template <class E, Space S>
   optim::GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
     using Stage = detail::ScalerCore::Stage;
@@ -293,12 +345,13 @@ class DynamicScaler {
     core_.set_stage(detail::ScalerCore::Stage::kReady);
   }
 
-  /// PyTorch's update(new_scale): sets the scale instead (tracker unchanged).
+  /// PyTorch's update(new_scale): sets the scale instead (tracker unchanged). 0 is accepted, as
+  /// there (every inverse scale is then inf); a negative or NaN scale throws.
   template <class E>
   void update(const E& exec, double new_scale) {
     static_assert(exec::Executor<E>, "DynamicScaler::update: pass an exec::Host or exec::Cuda");
     if (!enabled()) return;
-    TRAINKIT_CHECK(new_scale > 0.0, "DynamicScaler::update: new_scale must be > 0, got ",
+    TRAINKIT_CHECK(new_scale >= 0.0, "DynamicScaler::update: new_scale must be >= 0, got ",
                    new_scale);
     exec::launch(exec, 1, detail::SetScale{core_.block(), static_cast<float>(new_scale)});
     core_.set_stage(detail::ScalerCore::Stage::kReady);
@@ -318,8 +371,9 @@ class DynamicScaler {
     return sd;
   }
 
-  /// Restores a state_dict(). Throws for an empty one (saved from a disabled scaler) or missing
-  /// keys, and when this scaler is disabled.
+  /// Restores a state_dict(). A scale of 0 loads, as in PyTorch (backoff can reach it; the
+  /// inverse scale is then inf, see unscale_). Throws for an empty state dict (saved from a
+  /// disabled scaler), missing keys, a negative or NaN scale, and when this scaler is disabled.
   void load_state_dict(const StateDict& sd) {
     TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
     TRAINKIT_CHECK(!sd.empty(),
@@ -332,7 +386,8 @@ class DynamicScaler {
     options_ = validated(o);
     detail::ScalerBlock b = core_.read();
     b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale > 0.0f, "DynamicScaler::load_state_dict: scale ", b.scale, " <= 0");
+    TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
+                   ", expected a number >= 0");
     b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
     b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
     core_.write(b);

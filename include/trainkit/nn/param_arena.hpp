@@ -55,6 +55,18 @@ struct ParamInfo {
   Init init;  ///< what initialize(seed) applies
 };
 
+/// Tells the parameter elements of an arena's buffers from the alignment padding after each
+/// parameter, on the host and on the device: `real(i)` is false exactly for padding. A table of
+/// one byte per 16-element block (how many of its leading elements belong to a parameter; the
+/// padding is always a block's tail), so a flat kernel can leave the padding at zero.
+/// Default-constructed (null table) every element counts as real.
+struct PaddingMask {
+  const std::uint8_t* valid = nullptr;  ///< buffer_numel() / 16 entries in the arena's space
+  TRAINKIT_HOST_DEVICE bool real(std::int64_t i) const {
+    return valid == nullptr || (i & 15) < static_cast<std::int64_t>(valid[i >> 4]);
+  }
+};
+
 namespace detail {
 
 /// dst[i] = T(src[i]): the fused cast that refreshes a compute copy (one launch for the arena).
@@ -85,7 +97,9 @@ void zero_fill(Tensor<T, S>& t) {
 /// Life cycle: (1) registration — layers call `add(name, shape, init)`; names are unique and
 /// registration order is kept (`infos()`; DDP walks it in reverse). (2) `finalize()` allocates one
 /// zero-filled f32 buffer for the parameters and one for the gradients; each parameter starts at
-/// a multiple of kAlignment elements (64 bytes) and the padding stays zero. (3) use: named views
+/// a multiple of kAlignment elements (64 bytes) and the padding stays zero: no operation of the
+/// library (layers, clipping, loss scaling, optimizer steps, EMA) writes anything else into it,
+/// whatever the gradients hold (padding_mask() tells it apart). (3) use: named views
 /// (`param<R>(id)`, `grad<R>(id)`), `initialize(seed)`, `zero_grad()`, `add_state(name)`,
 /// `compute_copy<T>()`. Move-only; views stay valid while the arena lives (and after moves).
 template <Space S = Space::kHost>
@@ -128,13 +142,22 @@ class ParamArena {
     return id;
   }
 
-  /// Allocates the parameter and gradient buffers (zero-filled). Throws when called twice.
+  /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
+  /// when called twice.
   void finalize() {
     TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
     params_ = Tensor<float, S>(Shape{end_});
     grads_ = Tensor<float, S>(Shape{end_});
     detail::zero_fill(params_);
     detail::zero_fill(grads_);
+    static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
+    std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
+    for (const ParamInfo& p : infos_)
+      for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
+        valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
+            static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
+    block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
+    copy_bytes(block_valid_.data(), valid.data(), valid.size());
     finalized_ = true;
   }
 
@@ -168,6 +191,8 @@ class ParamArena {
   }
   /// Elements of each buffer (parameters plus alignment padding).
   std::int64_t buffer_numel() const noexcept { return end_; }
+  /// Which elements of the buffers are padding (in this arena's memory space; after finalize()).
+  PaddingMask padding_mask() const noexcept { return PaddingMask{block_valid_.data()}; }
 
   // ---- buffers and views ----------------------------------------------------------------------
 
@@ -407,6 +432,20 @@ class ParamArena {
     return TensorView<float, 1, S>(base + p.offset, Extents<1>{{p.numel}});
   }
 
+  /// Host bytes into a buffer of this arena's space.
+  static void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    if constexpr (S == Space::kHost) {
+      std::memcpy(dst, src, bytes);
+    } else {
+#if TRAINKIT_WITH_CUDA
+      TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+#else
+      TRAINKIT_FAIL("ParamArena: a device arena but trainkit was built without CUDA");
+#endif
+    }
+  }
+
   void copy_buffer(float* dst, const float* src, Space src_space) {
     const std::size_t bytes = static_cast<std::size_t>(end_) * sizeof(float);
     if (bytes == 0) return;
@@ -442,6 +481,7 @@ class ParamArena {
   bool finalized_ = false;
   Tensor<float, S> params_;
   Tensor<float, S> grads_;
+  Tensor<std::uint8_t, S> block_valid_;  // PaddingMask::valid
   std::vector<NamedBuffer> states_;
   Tensor<bf16, S> copy_bf16_;
   Tensor<f16, S> copy_f16_;

@@ -125,11 +125,23 @@ struct FinishNorm {
   }
 };
 
-/// g[i] *= coef (the host path of clipping: the coefficient is read once, not per element).
+/// g[i] *= coef (the host path of clipping: the coefficient is read once, not per element). Only
+/// for a finite coef: the zero padding then stays zero.
 struct ScaleBy {
   float* g;
   float coef;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const { g[i] = g[i] * coef; }
+};
+
+/// g[i] *= coef for the parameters' elements, 0 for the padding: a NaN/inf coef (a NaN norm)
+/// reaches every gradient, as in PyTorch, but never the padding.
+struct ScaleByMasked {
+  float* g;
+  float coef;
+  nn::PaddingMask mask;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    g[i] = mask.real(i) ? g[i] * coef : 0.0f;
+  }
 };
 
 /// f32 clip coefficient of PyTorch's clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), NaN kept.
@@ -139,17 +151,20 @@ TRAINKIT_HOST_DEVICE inline float clip_coefficient(float norm, float max_norm) {
 }
 
 /// g[i] *= min(1, max_norm / (*norm + 1e-6)), computed in f32 as PyTorch's clip_grad_norm_
-/// (a NaN/inf norm propagates into the gradients, as there).
+/// (a NaN norm propagates into the gradients, as there, but not into the padding).
 struct ClipByNorm {
   float* g;
   const float* norm;
   float max_norm;
+  nn::PaddingMask mask;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
-    g[i] = g[i] * clip_coefficient(*norm, max_norm);
+    const float coef = clip_coefficient(*norm, max_norm);
+    // A finite coefficient keeps the zero padding zero; only a NaN one needs the mask.
+    g[i] = coef - coef == 0.0f || mask.real(i) ? g[i] * coef : 0.0f;
   }
 };
 
-/// g[i] = clamp(g[i], -c, c); NaN stays NaN (torch.clamp_).
+/// g[i] = clamp(g[i], -c, c); NaN stays NaN (torch.clamp_). c >= 0: the zero padding stays zero.
 struct ClipByValue {
   float* g;
   float c;
@@ -193,13 +208,17 @@ GradNorm clip_grad_norm_(const E& exec, nn::ParamArena<S>& arena, double max_nor
                  "optim::clip_grad_norm_: the given norm is empty or in the other memory space");
   TRAINKIT_CHECK(max_norm > 0.0, "optim::clip_grad_norm_: max_norm must be > 0, got ", max_norm);
   if constexpr (S == Space::kHost) {
-    exec::launch(
-        exec, arena.buffer_numel(),
-        detail::ScaleBy{arena.grads_data(),
-                        detail::clip_coefficient(*norm.data(), static_cast<float>(max_norm))});
+    const float coef = detail::clip_coefficient(*norm.data(), static_cast<float>(max_norm));
+    if (coef - coef == 0.0f) {
+      exec::launch(exec, arena.buffer_numel(), detail::ScaleBy{arena.grads_data(), coef});
+    } else {
+      exec::launch(exec, arena.buffer_numel(),
+                   detail::ScaleByMasked{arena.grads_data(), coef, arena.padding_mask()});
+    }
   } else {
     exec::launch(exec, arena.buffer_numel(),
-                 detail::ClipByNorm{arena.grads_data(), norm.data(), static_cast<float>(max_norm)});
+                 detail::ClipByNorm{arena.grads_data(), norm.data(), static_cast<float>(max_norm),
+                                    arena.padding_mask()});
   }
   return norm;
 }

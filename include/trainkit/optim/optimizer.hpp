@@ -83,9 +83,10 @@ struct Segment {
   std::int32_t param;
 };
 
-/// Segments covering [0, buffer_numel): each parameter with the padding after it. Merged:
-/// maximal runs of consecutive parameters of the same group (fewer CUDA table entries and longer
-/// host loops); otherwise one per parameter (LAMB's per-tensor trust ratio).
+/// Segments covering the parameters' elements, never the alignment padding after them (which
+/// thus stays zero whatever the gradients and the clip coefficient hold). Merged: maximal runs
+/// of consecutive parameters of the same group with no padding between them (fewer CUDA table
+/// entries and longer host loops); otherwise one per parameter (LAMB's per-tensor trust ratio).
 template <Space S>
 std::vector<Segment> make_segments(const nn::ParamArena<S>& arena, const std::vector<int>& group,
                                    bool merge) {
@@ -93,7 +94,7 @@ std::vector<Segment> make_segments(const nn::ParamArena<S>& arena, const std::ve
   const auto& infos = arena.infos();
   for (std::size_t p = 0; p < infos.size(); ++p) {
     const std::int64_t begin = infos[p].offset;
-    const std::int64_t end = p + 1 < infos.size() ? infos[p + 1].offset : arena.buffer_numel();
+    const std::int64_t end = begin + infos[p].numel;
     if (merge && !segments.empty() && segments.back().group == group[p] &&
         segments.back().end == begin) {
       segments.back().end = end;
