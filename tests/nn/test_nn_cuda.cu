@@ -3,6 +3,7 @@
 // identical dropout masks, and a bf16/tf32 step on the GPU against the f32 one.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -266,6 +267,44 @@ TEST_CASE("device Dropout, Embedding and SoftmaxCrossEntropy") {
   hce.backward(host(), hl, ht, tk::HostView<float, 2>(hgrad.data(), tk::Extents<2>{{rows, vocab}}));
   CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(hloss).epsilon(1e-5));
   CHECK(err(as_float(dgrad), hgrad) < 1e-5);
+}
+
+TEST_CASE("device SoftmaxCrossEntropy keeps f32 precision at logit offsets up to 1e6") {
+  const std::int64_t rows = 29, vocab = 777;
+  for (const float offset : {0.0f, 1e2f, 1e4f, 1e6f}) {
+    CAPTURE(offset);
+    auto logits = nntest::random_floats(rows * vocab, 8, 3.0f);
+    for (float& x : logits) x += offset;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(rows));
+    for (std::int64_t i = 0; i < rows; ++i)
+      t[std::size_t(i)] = i % 7 == 3 ? -100 : static_cast<std::int32_t>((i * 131) % vocab);
+    // float64 reference from the same f32 logits.
+    double loss_ref = 0.0;
+    std::vector<double> grad_ref(logits.size(), 0.0);
+    int valid = 0;
+    for (std::int64_t i = 0; i < rows; ++i) valid += t[std::size_t(i)] != -100 ? 1 : 0;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (t[std::size_t(i)] == -100) continue;
+      const float* l = logits.data() + i * vocab;
+      double m = -INFINITY, sum = 0.0;
+      for (std::int64_t j = 0; j < vocab; ++j) m = std::max(m, double(l[j]));
+      for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(double(l[j]) - m);
+      loss_ref += std::log(sum) - (double(l[t[std::size_t(i)]]) - m);
+      for (std::int64_t j = 0; j < vocab; ++j)
+        grad_ref[std::size_t(i * vocab + j)] =
+            (std::exp(double(l[j]) - m) / sum - (j == t[std::size_t(i)] ? 1.0 : 0.0)) / valid;
+    }
+    loss_ref /= valid;
+    auto dl = to_device(logits, tk::Shape{rows, vocab});
+    auto dt = to_device(t, tk::Shape{rows});
+    tk::Tensor<float, tk::Space::kDevice> dloss(tk::Shape{1}), dgrad(tk::Shape{rows, vocab});
+    nn::SoftmaxCrossEntropy<tk::Space::kDevice> ce;
+    ce.forward(gpu, dl.view<2>(), dt.view<1>(), dloss.view<1>());
+    ce.backward(gpu, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
+    const std::vector<float> g = as_float(dgrad);
+    CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(loss_ref).epsilon(1e-6));
+    CHECK(rel_err(g.data(), grad_ref.data(), rows * vocab) < 1e-6);
+  }
 }
 
 namespace {

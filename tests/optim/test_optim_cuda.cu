@@ -209,3 +209,71 @@ TEST_CASE("CUDA unscale_, grad_norm, clipping and Ema equal the host's") {
   }
   CHECK(state_error(de.state_dict(), he.state_dict()) <= 1e-6);  // FMA contraction on the GPU
 }
+
+TEST_CASE("CUDA: padding stays zero and 1/scale = inf follows PyTorch, as on the host") {
+  const tk::cuda::Stream stream;
+  const tk::exec::Cuda gpu(stream);
+  const tk::exec::Host cpu(2);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  HostArena back;
+  build(back);
+  auto same_bits = [&](const HostArena& host, const DevArena& dev) {
+    stream.synchronize();
+    dev.copy_grads_to(back);
+    return std::memcmp(back.grads_data(), host.grads_data(),
+                       static_cast<std::size_t>(back.buffer_numel()) * sizeof(float)) == 0;
+  };
+  auto padding_zero = [&](const DevArena& dev) {
+    stream.synchronize();
+    dev.copy_grads_to(back);
+    HostArena params;
+    build(params);
+    params.copy_params_from(dev);
+    const auto& infos = back.infos();
+    for (std::size_t p = 0; p < infos.size(); ++p) {
+      const std::int64_t end = p + 1 < infos.size() ? infos[p + 1].offset : back.buffer_numel();
+      for (std::int64_t i = infos[p].offset + infos[p].numel; i < end; ++i)
+        if (back.grads_data()[i] != 0.0f || params.params_data()[i] != 0.0f) return false;
+    }
+    return true;
+  };
+  for (const double scale : {0.0, 1e-40, 1e-38}) {
+    CAPTURE(scale);
+    Pair pair;
+    amp::DynamicScaler hs(cpu, {.growth_interval = 2});
+    amp::DynamicScaler ds(gpu, {.growth_interval = 2});
+    tk::StateDict sd = hs.state_dict();
+    sd.set("scale", scale);
+    hs.load_state_dict(sd);
+    ds.load_state_dict(sd);
+    pair.set_grads(1, 1.0f);
+    pair.host.grads_data()[3] = 0.0f;  // unscaled to NaN when 1/scale is inf
+    pair.host.copy_grads_to(pair.dev);
+    const float hn = hs.unscale_(cpu, pair.host).get();
+    const optim::GradNorm dnorm = ds.unscale_(gpu, pair.dev);
+    const float dn = dnorm.get();
+    CHECK(ds.found_inf() == hs.found_inf());
+    CHECK_FALSE(ds.found_inf());
+    CHECK((std::isnan(dn) == std::isnan(hn) && (std::isnan(dn) || dn == hn)));
+    CHECK(same_bits(pair.host, pair.dev));
+    CHECK(padding_zero(pair.dev));
+    optim::clip_grad_norm_(gpu, pair.dev, 1.0, dnorm);  // by a NaN norm
+    CHECK(padding_zero(pair.dev));
+    ds.update(gpu);
+    hs.update(cpu);
+    CHECK(ds.scale() == hs.scale());
+    CHECK(ds.growth_tracker() == hs.growth_tracker());
+  }
+  // A NaN gradient: clipping by the NaN norm and a step with folded clipping leave the padding.
+  Pair pair;
+  optim::AdamW<tk::Space::kDevice> opt(pair.dev, {.lr = 1e-2});
+  pair.set_grads(2, 1.0f, pair.host.info(pair.host.at("h.0.ln.weight")).offset + 5, nan);
+  optim::clip_grad_norm_(gpu, pair.dev, 0.5);
+  CHECK(padding_zero(pair.dev));
+  opt.step(gpu, {.max_norm = 0.5});
+  CHECK(padding_zero(pair.dev));
+  pair.set_grads(3, 1.0f, 7, inf);
+  opt.step(gpu, {.max_norm = 0.5});
+  CHECK(padding_zero(pair.dev));
+}
