@@ -3,6 +3,9 @@
 // (safetensors headers, model.safetensors.index.json, test manifests). Parsing survives any input
 // (it is fuzzed): UTF-8 is validated, duplicate keys, trailing garbage and deep nesting are errors,
 // numbers that are not integers are kept as their literal text. Output is compact like serde_json.
+// What a parse builds is bounded by its input: every value, string byte and member comes from at
+// least one input byte, nesting is capped (kJsonMaxDepth whatever the limits say, so recursion
+// cannot exhaust the stack), and running out of memory is a parse error, never std::bad_alloc.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -100,9 +104,15 @@ inline void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
+/// The deepest nesting any parse accepts, whatever JsonLimits::max_depth says: the parser
+/// recurses once per level, and this keeps it far from the end of even a small thread stack.
+inline constexpr int kJsonMaxDepth = 1000;
+
 /// Limits applied while parsing untrusted text.
 struct JsonLimits {
-  int max_depth = 64;  ///< nesting of arrays/objects; deeper input is an error, never a crash
+  /// Nesting of arrays/objects; deeper input is an error, never a crash. Values above
+  /// kJsonMaxDepth act as kJsonMaxDepth.
+  int max_depth = 64;
 };
 
 /// Why a parse failed (JsonParseError::kind), so callers can map it to their own rules.
@@ -110,7 +120,8 @@ enum class JsonErrorKind : std::uint8_t {
   kSyntax,        ///< not JSON (or trailing characters after the value)
   kInvalidUtf8,   ///< a string holds bytes that are not UTF-8, or an unpaired \u surrogate
   kDuplicateKey,  ///< an object names the same key twice (JsonParseError::key says which)
-  kTooDeep,       ///< nesting deeper than JsonLimits::max_depth
+  kTooDeep,       ///< nesting deeper than JsonLimits::max_depth (or kJsonMaxDepth)
+  kOutOfMemory,   ///< the parsed value did not fit in memory (std::bad_alloc while building it)
 };
 
 struct JsonParseError {
@@ -405,15 +416,23 @@ namespace detail {
 /// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
 class JsonParser {
  public:
-  JsonParser(std::string_view text, const JsonLimits& limits) : text_(text), limits_(limits) {}
+  JsonParser(std::string_view text, const JsonLimits& limits)
+      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
 
   std::optional<Json> run(JsonParseError* error) {
-    Json value;
-    skip_space();
-    if (parse_value(value, 0)) {
+    try {
+      Json value;
       skip_space();
-      if (pos_ == text_.size()) return value;
-      fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+      if (parse_value(value, 0)) {
+        skip_space();
+        if (pos_ == text_.size()) return value;
+        fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+      }
+    } catch (const std::bad_alloc&) {
+      // The partial value is gone by now, so there is room for the message.
+      fail(JsonErrorKind::kOutOfMemory,
+           ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
+                                      "-byte JSON text"));
     }
     if (error != nullptr) *error = std::move(error_);
     return std::nullopt;
@@ -614,9 +633,9 @@ class JsonParser {
   }
 
   bool parse_array(Json& out, int depth) {
-    if (depth > limits_.max_depth)
+    if (depth > max_depth_)
       return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", limits_.max_depth));
+                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
     out = Json::array();
     ++pos_;
     skip_space();
@@ -641,9 +660,9 @@ class JsonParser {
   }
 
   bool parse_object(Json& out, int depth) {
-    if (depth > limits_.max_depth)
+    if (depth > max_depth_)
       return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", limits_.max_depth));
+                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
     out = Json::object();
     const std::size_t start = pos_;
     ++pos_;
@@ -703,6 +722,7 @@ class JsonParser {
 
   std::string_view text_;
   JsonLimits limits_;
+  int max_depth_;
   std::size_t pos_ = 0;
   JsonParseError error_;
 };

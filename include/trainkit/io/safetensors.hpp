@@ -38,6 +38,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/any_tensor.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/error.hpp"
@@ -268,6 +269,10 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
   // Depth 4 is enough for the format ({name: {shape: [..]}}); refuse anything deeper early.
   std::optional<Json> parsed = Json::try_parse(json, &error, JsonLimits{.max_depth = 8});
   if (!parsed) {
+    if (error.kind == JsonErrorKind::kOutOfMemory)
+      safetensors_fail(R::kInvalidHeaderDeserialization, source,
+                       concat("the ", json.size(), "-byte header is too large to parse (",
+                              error.message, ")"));
     if (error.kind == JsonErrorKind::kDuplicateKey)
       safetensors_fail(R::kDuplicateName, source,
                        concat("the header names '", detail::printable(error.key),
@@ -389,11 +394,19 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
                        concat("tensor '", name, "' has rank ", r.dims.size(),
                               "; trainkit supports up to ", kMaxRank));
     std::vector<std::int64_t> dims;
+    std::int64_t nonzero = 1;  // product of the nonzero extents: strides are int64
     for (std::uint64_t d : r.dims) {
-      if (d > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+      const std::optional<std::int64_t> e = checked_cast<std::int64_t>(d);
+      if (!e)
         safetensors_fail(R::kUnsupported, source,
                          concat("tensor '", name, "' has an extent above 2^63-1"));
-      dims.push_back(std::int64_t(d));
+      const std::optional<std::int64_t> next = checked_mul(nonzero, *e == 0 ? 1 : *e);
+      if (!next)
+        safetensors_fail(R::kUnsupported, source,
+                         concat("tensor '", name, "' has extents whose product (zeros aside) ",
+                                "exceeds 2^63-1: trainkit's int64 strides cannot index it"));
+      nonzero = *next;
+      dims.push_back(*e);
     }
     SafetensorsTensorInfo info;
     info.name = r.member->key;
