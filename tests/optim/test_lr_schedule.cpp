@@ -1,8 +1,10 @@
 // Tests for optim/lr_schedule.hpp: every schedule reproduces torch.optim.lr_scheduler's learning
 // rates bit for bit over 200 steps on a 2-group optimizer (make_reference.py), including the
-// recursive cosine past T_max, SequentialLR milestones (closed-form restarts) and
-// ReduceLROnPlateau in all four mode/threshold combinations with cooldown and per-group min_lr;
-// state_dict resumes a schedule exactly; bad arguments throw.
+// recursive cosine past T_max (CosineAnnealingLR's `periodic` option), SequentialLR milestones
+// (closed-form restarts) and ReduceLROnPlateau in all four mode/threshold combinations with
+// cooldown and per-group min_lr; every schedule with an end (cosine, warmup + cosine, linear
+// warmup / decay, ...) holds its final value past it by default; state_dict resumes a schedule
+// exactly; bad arguments throw.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <trainkit/core/rng.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
 
 #include "optim_test_util.hpp"
@@ -67,7 +70,8 @@ TEST_CASE("LR schedules equal torch.optim.lr_scheduler step for step (bitwise)")
     return std::make_unique<LinearLR>(g, LinearLROptions{1.0, 0.05, 150});
   });
   check_schedule("cosine", [](LrGroups& g) {
-    return std::make_unique<CosineAnnealingLR>(g, CosineAnnealingLROptions{50, 0.001});
+    return std::make_unique<CosineAnnealingLR>(
+        g, CosineAnnealingLROptions{.t_max = 50, .eta_min = 0.001, .periodic = true});
   });
   check_schedule("step", [](LrGroups& g) {
     return std::make_unique<StepLR>(g, StepLROptions{30, 0.5});
@@ -193,4 +197,93 @@ TEST_CASE("LR schedule arguments are validated") {
   CHECK_THROWS_AS(optim::SequentialLR(g, std::move(s), {3}), tk::Error);
   optim::LrGroups empty;
   CHECK_THROWS_AS(optim::StepLR(empty, {5, 0.5}), tk::Error);
+}
+
+namespace {
+
+// Steps `s` to 3x `length` and checks that from step `length` on the groups' lr never changes
+// (bitwise), and that it had reached `final_lr(g)` there.
+void check_holds(optim::LRScheduler& s, optim::LrGroups& groups, std::int64_t length,
+                 const std::function<double(std::size_t)>& final_lr) {
+  std::vector<double> at_end;
+  int changed = 0;
+  for (std::int64_t t = 1; t <= 3 * length; ++t) {
+    s.step();
+    if (t == length) {
+      at_end = groups.lr;
+      for (std::size_t g = 0; g < groups.lr.size(); ++g)
+        CHECK(groups.lr[g] == doctest::Approx(final_lr(g)).epsilon(1e-12));
+    }
+    if (t > length && groups.lr != at_end && changed++ < 3) {
+      INFO("step " << t << " of a schedule of " << length);
+      CHECK(groups.lr == at_end);
+    }
+  }
+  CHECK(changed == 0);
+}
+
+}  // namespace
+
+TEST_CASE("LR schedules with an end hold their final value past it (random lengths)") {
+  tk::PhiloxStream rng(99, 4);
+  for (int c = 0; c < 10; ++c) {
+    const auto length = static_cast<std::int64_t>(2 + rng.next_u32() % 300);
+    const auto warmup = static_cast<std::int64_t>(1 + rng.next_u32() % (length - 1));
+    const double eta = 1e-4 * static_cast<double>(rng.next_u32() % 10);
+    CAPTURE(length);
+    CAPTURE(warmup);
+    const std::vector<double> base = {0.1, 0.05};
+    SUBCASE("warmup_cosine") {
+      optim::LrGroups g = two_groups();
+      auto s =
+          optim::warmup_cosine(g, {.warmup_steps = warmup, .total_steps = length, .eta_min = eta});
+      check_holds(*s, g, length, [&](std::size_t) { return eta; });
+    }
+    SUBCASE("CosineAnnealingLR") {
+      optim::LrGroups g = two_groups();
+      optim::CosineAnnealingLR s(g, {.t_max = length, .eta_min = eta});
+      check_holds(s, g, length, [&](std::size_t) { return eta; });
+    }
+    SUBCASE("LinearLR decay and warmup") {
+      optim::LrGroups g = two_groups();
+      optim::LinearLR s(g, {.start_factor = 1.0, .end_factor = 0.05, .total_iters = length});
+      check_holds(s, g, length, [&](std::size_t i) { return base[i] * 0.05; });
+      optim::LrGroups w = two_groups();
+      optim::LinearLR u(w, {.start_factor = 0.01, .end_factor = 1.0, .total_iters = length});
+      check_holds(u, w, length, [&](std::size_t i) { return base[i]; });
+    }
+    SUBCASE("ConstantLR") {
+      optim::LrGroups g = two_groups();
+      optim::ConstantLR s(g, {.factor = 0.5, .total_iters = length});
+      check_holds(s, g, length, [&](std::size_t i) { return base[i]; });
+    }
+    SUBCASE("MultiStepLR after its last milestone") {
+      optim::LrGroups g = two_groups();
+      optim::MultiStepLR s(g, {.milestones = {warmup, length}, .gamma = 0.5});
+      check_holds(s, g, length, [&](std::size_t i) { return base[i] * 0.25; });
+    }
+    SUBCASE("SequentialLR ending in a cosine") {
+      optim::LrGroups g = two_groups();
+      std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+      parts.push_back(
+          std::make_unique<optim::ConstantLR>(g, optim::ConstantLROptions{0.3, warmup}));
+      parts.push_back(std::make_unique<optim::CosineAnnealingLR>(
+          g, optim::CosineAnnealingLROptions{.t_max = length - warmup, .eta_min = eta}));
+      optim::SequentialLR s(g, std::move(parts), {warmup});
+      check_holds(s, g, length, [&](std::size_t) { return eta; });
+    }
+  }
+}
+
+TEST_CASE("CosineAnnealingLR: PyTorch's rise past T_max only when asked for") {
+  optim::LrGroups a = two_groups(), b = two_groups();
+  optim::CosineAnnealingLR held(a, {.t_max = 10, .eta_min = 0.001});
+  optim::CosineAnnealingLR periodic(b, {.t_max = 10, .eta_min = 0.001, .periodic = true});
+  for (int t = 1; t <= 20; ++t) {
+    held.step();
+    periodic.step();
+    if (t <= 10) CHECK(a.lr == b.lr);  // identical up to T_max
+  }
+  CHECK(a.lr[0] == doctest::Approx(0.001));
+  CHECK(b.lr[0] == doctest::Approx(0.1));  // back at the base lr after 2 T_max, as PyTorch's
 }

@@ -4,7 +4,9 @@
 // ExponentialLR, SequentialLR (composition, e.g. warmup then cosine) and ReduceLROnPlateau. Like
 // PyTorch's they are stateful and recursive (each step scales the CURRENT group lr; closed forms
 // only where PyTorch uses them, at SequentialLR milestones), in double precision with PyTorch's
-// expression order, so the values agree to the last bit. They write an optimizer's LrGroups.
+// expression order, so the values agree to the last bit. Past its end a schedule holds its final
+// value (PyTorch's cosine alone rises again: CosineAnnealingLROptions::periodic). They write an
+// optimizer's LrGroups.
 #pragma once
 
 #include <algorithm>
@@ -218,12 +220,15 @@ class LinearLR final : public LRScheduler {
   LinearLROptions o_;
 };
 
-/// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form
-/// (so it composes with other schedules exactly as PyTorch's does; it continues past T_max as
-/// PyTorch's does, rising again).
+/// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form (so
+/// it composes with other schedules exactly as PyTorch's does). Up to T_max the values are
+/// PyTorch's to the last bit. Past T_max it holds its final value (eta_min) unless `periodic`:
+/// PyTorch's cosine rises again towards the base lr there, which a run longer than T_max (e.g.
+/// resumed with more steps) would follow without a word.
 struct CosineAnnealingLROptions {
   std::int64_t t_max = 100;
   double eta_min = 0.0;
+  bool periodic = false;  ///< true: PyTorch's continuation past T_max (rising, period 2 T_max)
 };
 class CosineAnnealingLR final : public LRScheduler {
  public:
@@ -241,6 +246,7 @@ class CosineAnnealingLR final : public LRScheduler {
     const double e = static_cast<double>(last_epoch_);
     const double eta = o_.eta_min;
     if (is_initial_) return lrs();
+    if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
     if (step_count_ == 1 && last_epoch_ > 0) {
       return map_lr([&](double, std::size_t g) {
         return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
@@ -256,7 +262,8 @@ class CosineAnnealingLR final : public LRScheduler {
     });
   }
   std::optional<std::vector<double>> closed_form_lr() const override {
-    const double e = static_cast<double>(last_epoch_);
+    const double e =
+        static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
     const double t = static_cast<double>(o_.t_max);
     return map_base([&](double b) {
       return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
@@ -437,7 +444,8 @@ class SequentialLR final : public LRScheduler {
 
 /// Linear warmup then cosine decay, the usual LLM schedule, as PyTorch users write it:
 /// SequentialLR([LinearLR(start_factor, 1, warmup_steps), CosineAnnealingLR(total_steps -
-/// warmup_steps, eta_min)], milestones = [warmup_steps]).
+/// warmup_steps, eta_min)], milestones = [warmup_steps]), PyTorch's values to the last bit up to
+/// total_steps. Past total_steps the lr stays at eta_min (PyTorch's would climb back up).
 struct WarmupCosineOptions {
   std::int64_t warmup_steps = 0;
   std::int64_t total_steps = 1;
