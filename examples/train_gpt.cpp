@@ -110,7 +110,9 @@ void print_usage() {
       "  --weight-decay X   AdamW weight decay of the matrices (0.1)\n"
       "  --grad-clip X      clip the global gradient norm to X, 0 = off (1.0)\n"
       "  --warmup N         linear warmup steps (steps / 10)\n"
-      "  --decay-steps N    length of the warmup + cosine schedule (steps)\n"
+      "  --decay-steps N    length of the warmup + cosine schedule, held at its minimum after\n"
+      "                     it (steps; --resume keeps the checkpoint's unless --steps is larger:\n"
+      "                     then the schedule becomes that of a --steps run)\n"
       "  --log-every N      steps per monitor summary (25)\n"
       "  --eval-every N     steps between validation losses (50)\n"
       "  --eval-batches N   validation batches per evaluation (8)\n"
@@ -602,6 +604,20 @@ int train(Config c, const std::set<std::string>& given) {
     if (c.decay_steps == 0) c.decay_steps = std::max<std::int64_t>(c.steps, 2);
     if (c.warmup == 0) c.warmup = std::max<std::int64_t>(1, c.decay_steps / 10);
   }
+  // Resumed with a larger --steps than the saved schedule covers: the schedule would sit at its
+  // minimum lr for the extra steps. Unless --decay-steps is given, it becomes the schedule of a
+  // run started with --decay-steps = this --steps (the warmup unchanged), from the checkpoint's
+  // step on.
+  const bool extend_schedule = latest && c.steps > c.decay_steps && !given.count("--decay-steps");
+  if (extend_schedule) {
+    std::printf(
+        "train_gpt: --steps %lld is past the checkpoint's schedule (--decay-steps %lld): the "
+        "warmup + cosine schedule now decays until step %lld (pass --decay-steps %lld to keep "
+        "it)\n",
+        static_cast<long long>(c.steps), static_cast<long long>(c.decay_steps),
+        static_cast<long long>(c.steps), static_cast<long long>(c.decay_steps));
+    c.decay_steps = c.steps;
+  }
   check_config(c);
 
   // The corpus, split 90/10 and written as llm.c token shards, read back as windows of T + 1.
@@ -654,6 +670,19 @@ int train(Config c, const std::set<std::string>& given) {
                    " vanished");
     std::printf("train_gpt: resumed from %s (step %lld)\n", info->path.string().c_str(),
                 static_cast<long long>(info->step));
+    if (extend_schedule) {
+      // The longer schedule at this step: replayed from step 0 on a copy of the groups, so the
+      // lr equals a fresh --steps run's to the last bit.
+      optim::LrGroups groups = opt.lr_groups();
+      groups.lr = groups.initial_lr;
+      auto replay = optim::warmup_cosine(groups, {.warmup_steps = c.warmup,
+                                                  .total_steps = c.decay_steps,
+                                                  .eta_min = c.lr * c.min_lr_ratio});
+      for (std::int64_t s = 0; s < state.step; ++s) replay->step();
+      schedule->load_state_dict(replay->state_dict());
+      opt.lr_groups().lr = groups.lr;
+      save_config(c, state.metadata);  // the next checkpoints hold the longer schedule
+    }
   }
 
   const std::int64_t tokens = c.batch * c.seq;
@@ -734,8 +763,7 @@ int train(Config c, const std::set<std::string>& given) {
       grad_norm = c.grad_clip > 0.0 ? optim::clip_grad_norm_(exec, arena, c.grad_clip).get()
                                     : optim::grad_norm(exec, arena).get();
       opt.step(exec);
-      // Past the schedule's end the LR stays at its minimum (PyTorch's cosine would rise again).
-      if (schedule->last_epoch() < c.decay_steps) schedule->step();
+      schedule->step();  // past --decay-steps the lr stays at its minimum
     }
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
       monitor.close();
