@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // libFuzzer target: io::TarReader over arbitrary bytes, reading every member's data (or part of
-// it, then skipping the rest). Any input must end cleanly or throw trainkit::Error.
+// it, then skipping the rest). Any input must end cleanly or throw trainkit::Error, and no
+// allocation may exceed the input's size plus a small constant.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -10,9 +11,12 @@
 
 #include <trainkit/io/tar.hpp>
 
+#include "fuzz_alloc_bound.hpp"
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace io = trainkit::io;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
+  const fuzz_alloc::Scope scope;
   try {
     io::TarReader tar = io::TarReader::from_memory(bytes, "fuzz.tar");
     std::size_t members = 0;
@@ -21,6 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (e.offset >= size) std::abort();
       // A member cannot hold more data than the input has left.
       if (e.size > size) {
+        if (members % 3 == 0) {
+          (void)tar.read_data();  // must throw "truncated" before allocating e.size bytes
+          std::abort();
+        }
         std::vector<std::byte> sink(1);
         tar.read(sink);  // must throw "truncated" (or succeed for 1 byte), never read past the end
         continue;
@@ -36,5 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (tar.next()) std::abort();  // stays at the end
   } catch (const trainkit::Error&) {
   }
+  // Whatever the headers declare, no allocation exceeds the input (plus bookkeeping).
+  if (scope.largest() > size + (64 << 10)) std::abort();
   return 0;
 }

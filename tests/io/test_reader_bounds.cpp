@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Size arithmetic on untrusted values: the checked helpers of trainkit/core/checked.hpp against
+// Size arithmetic on untrusted values: the checked functions of trainkit/core/checked.hpp against
 // 128-bit reference arithmetic, and the JSON and safetensors readers on inputs crafted to
 // overflow sizes, recurse deeply or exhaust memory. An allocation probe makes memory exhaustion
 // deterministic (requests above a bound fail with std::bad_alloc).
@@ -108,8 +108,8 @@ TEST_CASE("checked arithmetic: add, mul and cast agree with 128-bit arithmetic")
       [] { (void)tk::checked_mul(std::uint64_t{1} << 40, std::uint64_t{1} << 30, "tensor 'w'"); });
   CHECK(what.find("size overflow: tensor 'w'") != std::string::npos);
   CHECK(tk::checked_add(std::size_t{2}, std::size_t{3}, "x") == 5u);
-  CHECK(error_text([] { (void)tk::checked_cast<std::uint8_t>(300, "a byte"); })
-            .find("a byte") != std::string::npos);
+  CHECK(error_text([] { (void)tk::checked_cast<std::uint8_t>(300, "a byte"); }).find("a byte") !=
+        std::string::npos);
 }
 
 TEST_CASE("json bounds: a huge max_depth cannot make deep input exhaust the stack") {
@@ -156,8 +156,17 @@ TEST_CASE("json bounds: running out of memory is a parse error, not std::bad_all
 
 TEST_CASE("json bounds: parsed values and strings never outnumber the input bytes") {
   std::mt19937 rng(5);
-  const char* atoms[] = {"0", "-1", "1.5e3", "true", "null", "\"\"", "\"abc\"", "\"\\u00e9\"",
-                         "[]", "{}", "18446744073709551616"};
+  const char* atoms[] = {"0",
+                         "-1",
+                         "1.5e3",
+                         "true",
+                         "null",
+                         "\"\"",
+                         "\"abc\"",
+                         "\"\\u00e9\"",
+                         "[]",
+                         "{}",
+                         "18446744073709551616"};
   for (int k = 0; k < 300; ++k) {
     // A random nested document.
     std::string text;

@@ -70,7 +70,10 @@ void add_header(std::vector<std::byte>& b, std::string_view name, char type, std
   }
   put(b, at + 136, "00000000000");
   b[at + 156] = std::byte(type);
-  put(b, at + 257, std::string_view("ustar\0" "00", 8));
+  put(b, at + 257,
+      std::string_view("ustar\0"
+                       "00",
+                       8));
   set_checksum(b, at);
 }
 
@@ -291,7 +294,9 @@ TEST_CASE("tar bounds: TarShardDataset refuses field shapes whose size overflows
   for (const auto& shape : shapes) {
     CAPTURE(shape.size());
     const alloc_probe::Limit probe(kSlack);
-    check_contains(error_of([&] { tk::data::TarShardDataset ds(shards, one_field("bin", tk::DType::kU8, shape)); }),
+    check_contains(error_of([&] {
+                     tk::data::TarShardDataset ds(shards, one_field("bin", tk::DType::kU8, shape));
+                   }),
                    {"field 'f'"});
     CHECK(probe.refused() == 0);
   }
@@ -302,7 +307,10 @@ TEST_CASE("npy bounds: huge declared shapes say too large or truncated, never tr
   std::mt19937_64 rng(7);
   const std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   std::vector<std::vector<std::int64_t>> shapes = {
-      {kMax, 2}, {kMax}, {std::int64_t{1} << 62, 4}, {0, std::int64_t{1} << 40, std::int64_t{1} << 40}};
+      {kMax, 2},
+      {kMax},
+      {std::int64_t{1} << 62, 4},
+      {0, std::int64_t{1} << 40, std::int64_t{1} << 40}};
   for (int k = 0; k < 200; ++k) {
     std::vector<std::int64_t> s;
     const int rank = 1 + int(rng() % 4);
@@ -341,7 +349,9 @@ TEST_CASE("npy bounds: huge declared shapes say too large or truncated, never tr
   // its rows would have a byte size no size_t holds.
   const std::vector<std::int64_t> zero_rows{0, std::int64_t{1} << 40, std::int64_t{1} << 40};
   tk::io::write_npy(dir / "z.npy", tk::DType::kF32, zero_rows, nullptr);
-  check_contains(error_of([&] { tk::data::NpyDataset ds({{"x", dir / "z.npy"}}); }),
+  check_contains(error_of([&] {
+                   tk::data::NpyDataset ds({{"x", dir / "z.npy"}});
+                 }),
                  {"z.npy", "too large"});
   // check_npy_size with a header whose end overflows says truncated.
   tk::io::NpyHeader h;
@@ -363,9 +373,7 @@ TEST_CASE("token shards bounds: seq_len and stride at the limits of size_t are r
   const std::size_t kMax = std::numeric_limits<std::size_t>::max();
   for (std::size_t seq_len : {kMax, kMax - 1, kMax / 2, kMax / 4 + 1}) {
     CAPTURE(seq_len);
-    check_contains(error_of([&] {
-                     tk::data::TokenShardDataset ds(paths, {.seq_len = seq_len});
-                   }),
+    check_contains(error_of([&] { tk::data::TokenShardDataset ds(paths, {.seq_len = seq_len}); }),
                    {"seq_len"});
   }
   // Ordinary options still work, including a huge stride (one window).
@@ -406,8 +414,7 @@ TEST_CASE("tar bounds: max_member_bytes, sources of unknown size and allocation 
     // The cap: members above it are refused by read_data() (with how to raise it), and can
     // still be skipped or read into the caller's buffer.
     const std::uint64_t cap = rng() % (2 * actual);
-    tk::io::TarReader r =
-        tk::io::TarReader::from_memory(tar, "cap.tar", {.max_member_bytes = cap});
+    tk::io::TarReader r = tk::io::TarReader::from_memory(tar, "cap.tar", {.max_member_bytes = cap});
     REQUIRE(r.next());
     if (actual > cap) {
       check_contains(error_of([&] { (void)r.read_data(); }),

@@ -26,7 +26,8 @@ template <class T>
 concept CheckedInteger = std::is_integral_v<T> && !std::is_same_v<T, bool>;
 
 template <class A, class B>
-concept SameSignedness = std::is_signed_v<A> == std::is_signed_v<B>;
+concept SameSignedness = std::is_signed_v<A>
+== std::is_signed_v<B>;
 
 template <class A, class B>
 using CheckedResult = std::common_type_t<A, B>;
@@ -35,7 +36,7 @@ using CheckedResult = std::common_type_t<A, B>;
 
 /// a + b, or std::nullopt when the sum does not fit the common type of A and B.
 template <detail::CheckedInteger A, detail::CheckedInteger B>
-  requires detail::SameSignedness<A, B>
+requires detail::SameSignedness<A, B>
 constexpr std::optional<detail::CheckedResult<A, B>> checked_add(A a, B b) noexcept {
   using T = detail::CheckedResult<A, B>;
   const T x = static_cast<T>(a), y = static_cast<T>(b);
@@ -50,7 +51,7 @@ constexpr std::optional<detail::CheckedResult<A, B>> checked_add(A a, B b) noexc
 
 /// a * b, or std::nullopt when the product does not fit the common type of A and B.
 template <detail::CheckedInteger A, detail::CheckedInteger B>
-  requires detail::SameSignedness<A, B>
+requires detail::SameSignedness<A, B>
 constexpr std::optional<detail::CheckedResult<A, B>> checked_mul(A a, B b) noexcept {
   using T = detail::CheckedResult<A, B>;
   const T x = static_cast<T>(a), y = static_cast<T>(b);
@@ -89,8 +90,9 @@ constexpr std::optional<T> checked_product(std::span<const T> values) noexcept {
 /// a + b; throws trainkit::Error "size overflow: <what...>: a + b does not fit ..." otherwise.
 /// `what` describes the value (and the file it comes from) for the message.
 template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
-  requires(detail::SameSignedness<A, B> && sizeof...(What) > 0)
-constexpr detail::CheckedResult<A, B> checked_add(A a, B b, const What&... what) {
+requires(detail::SameSignedness<A, B> &&
+         sizeof...(What) >
+             0) constexpr detail::CheckedResult<A, B> checked_add(A a, B b, const What&... what) {
   const auto r = checked_add(a, b);
   if (!r)
     TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " + ", +b, " does not fit in ",
@@ -100,8 +102,9 @@ constexpr detail::CheckedResult<A, B> checked_add(A a, B b, const What&... what)
 
 /// a * b; throws trainkit::Error "size overflow: <what...>: a * b does not fit ..." otherwise.
 template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
-  requires(detail::SameSignedness<A, B> && sizeof...(What) > 0)
-constexpr detail::CheckedResult<A, B> checked_mul(A a, B b, const What&... what) {
+requires(detail::SameSignedness<A, B> &&
+         sizeof...(What) >
+             0) constexpr detail::CheckedResult<A, B> checked_mul(A a, B b, const What&... what) {
   const auto r = checked_mul(a, b);
   if (!r)
     TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " * ", +b, " does not fit in ",
@@ -111,8 +114,7 @@ constexpr detail::CheckedResult<A, B> checked_mul(A a, B b, const What&... what)
 
 /// `v` as a To; throws trainkit::Error "size overflow: <what...>: v does not fit ..." otherwise.
 template <detail::CheckedInteger To, detail::CheckedInteger From, class... What>
-  requires(sizeof...(What) > 0)
-constexpr To checked_cast(From v, const What&... what) {
+requires(sizeof...(What) > 0) constexpr To checked_cast(From v, const What&... what) {
   const std::optional<To> r = checked_cast<To>(v);
   if (!r)
     TRAINKIT_FAIL("size overflow: ", what..., ": ", +v, " is outside [",

@@ -180,8 +180,8 @@ class TarShardDataset {
       std::size_t bytes = dtype_size(f.dtype);
       for (std::int64_t d : f.shape) {
         TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
-        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '",
-                            f.name, "' (", dtype_name(f.dtype), ") bytes per sample");
+        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
+                            "' (", dtype_name(f.dtype), ") bytes per sample");
       }
       // Strides and batch sizes are int64 products of these extents: keep them representable.
       TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
@@ -377,10 +377,10 @@ class TarShardDataset {
         // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
         const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
         if (size > most)
-          fail_member(member, ::trainkit::detail::concat(
-                                  size, " bytes, more than a .npy of field '", f.name, "' (",
-                                  dtype_name(f.dtype), ", ", want, " data bytes) can hold (at most ",
-                                  most, ")"));
+          fail_member(member,
+                      ::trainkit::detail::concat(size, " bytes, more than a .npy of field '",
+                                                 f.name, "' (", dtype_name(f.dtype), ", ", want,
+                                                 " data bytes) can hold (at most ", most, ")"));
         const std::vector<std::byte> bytes = reader_->read_data();
         const std::string where = current_shard_ + ":" + member;
         const io::NpyHeader h = io::parse_npy_header(bytes, where);

@@ -316,10 +316,11 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
   for (std::int64_t d : h.shape) {
     const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
     if (!next)
-      detail::npy_fail(source, ::trainkit::detail::concat(
-                                   "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
-                                   " is too large: its byte size overflows 2^63 - 1 (truncated "
-                                   "or corrupt header)"));
+      detail::npy_fail(source,
+                       ::trainkit::detail::concat(
+                           "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
+                           " is too large: its byte size overflows 2^63 - 1 (truncated "
+                           "or corrupt header)"));
     nonzero_bytes = *next;
     numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
@@ -343,11 +344,11 @@ inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::strin
   // An end past 2^64 is simply more than any file holds.
   const std::optional<std::size_t> expected = checked_add(h.data_offset, h.data_bytes);
   if (!expected || file_size < *expected) {
-    detail::npy_fail(source, ::trainkit::detail::concat(
-                                 "truncated: the header promises ", h.data_bytes,
-                                 " data bytes (shape ", shape_string(h), ", ", dtype_name(h.dtype),
-                                 ") but only ", file_size - std::min(file_size, h.data_offset),
-                                 " follow it"));
+    detail::npy_fail(source,
+                     ::trainkit::detail::concat(
+                         "truncated: the header promises ", h.data_bytes, " data bytes (shape ",
+                         shape_string(h), ", ", dtype_name(h.dtype), ") but only ",
+                         file_size - std::min(file_size, h.data_offset), " follow it"));
   }
   const std::size_t end = *expected;
   if (file_size > end) {

@@ -270,9 +270,9 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
   std::optional<Json> parsed = Json::try_parse(json, &error, JsonLimits{.max_depth = 8});
   if (!parsed) {
     if (error.kind == JsonErrorKind::kOutOfMemory)
-      safetensors_fail(R::kInvalidHeaderDeserialization, source,
-                       concat("the ", json.size(), "-byte header is too large to parse (",
-                              error.message, ")"));
+      safetensors_fail(
+          R::kInvalidHeaderDeserialization, source,
+          concat("the ", json.size(), "-byte header is too large to parse (", error.message, ")"));
     if (error.kind == JsonErrorKind::kDuplicateKey)
       safetensors_fail(R::kDuplicateName, source,
                        concat("the header names '", detail::printable(error.key),

@@ -98,8 +98,8 @@ class FileSource final : public ByteSource {
       size_ = static_cast<std::uint64_t>(st.st_size);
       regular_ = true;
       // A small file needs no 1 MiB buffer: round its size up to a page.
-      buffer_bytes =
-          static_cast<std::size_t>(std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
+      buffer_bytes = static_cast<std::size_t>(
+          std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
     }
     try {
       buffer_.resize(buffer_bytes);
@@ -289,16 +289,16 @@ class TarReader {
                               " bytes but the archive ends after ", entry_.size - want + *avail));
     }
     if (want > options_.max_member_bytes) {
-      fail(entry_.offset,
-           ::trainkit::detail::concat("member '", entry_.name, "' has ", want,
-                                      " bytes, above max_member_bytes = ",
-                                      options_.max_member_bytes,
-                                      " (raise TarReaderOptions::max_member_bytes, or "
-                                      "TarShardOptions::max_member_bytes, to read it)"));
+      fail(entry_.offset, ::trainkit::detail::concat(
+                              "member '", entry_.name, "' has ", want,
+                              " bytes, above max_member_bytes = ", options_.max_member_bytes,
+                              " (raise TarReaderOptions::max_member_bytes, or "
+                              "TarShardOptions::max_member_bytes, to read it)"));
     }
     const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
-    if (!n) fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
-                                                           " bytes does not fit in memory"));
+    if (!n)
+      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
+                                                     " bytes does not fit in memory"));
     std::vector<std::byte> out;
     try {
       if (avail) {
@@ -315,9 +315,9 @@ class TarReader {
         read(std::span<std::byte>(out.data() + have, chunk));
       }
     } catch (const std::bad_alloc&) {
-      fail(entry_.offset, ::trainkit::detail::concat("cannot allocate ", want,
-                                                     " bytes to read member '", entry_.name,
-                                                     "' (out of memory)"));
+      fail(entry_.offset,
+           ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
+                                      entry_.name, "' (out of memory)"));
     }
     return out;
   }
@@ -368,8 +368,9 @@ class TarReader {
   std::string read_meta(std::size_t size, std::uint64_t header_offset) {
     const std::optional<std::uint64_t> avail = source_->available();
     if (avail && *avail < size) {
-      fail(header_offset, ::trainkit::detail::concat("truncated: an extended header declares ", size,
-                                                     " bytes but the archive ends after ", *avail));
+      fail(header_offset,
+           ::trainkit::detail::concat("truncated: an extended header declares ", size,
+                                      " bytes but the archive ends after ", *avail));
     }
     std::string data(size, '\0');
     const std::size_t got = source_->read(data.data(), size);
