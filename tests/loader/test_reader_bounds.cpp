@@ -15,7 +15,10 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/stat.h>
 
 #include <trainkit/data/npy_dataset.hpp>
 #include <trainkit/data/tar_shards.hpp>
@@ -493,4 +496,41 @@ TEST_CASE("tar bounds: max_member_bytes, sources of unknown size and allocation 
     check_contains(error_of([&] { ds.next(tk::data::SampleRef(spans)); }),
                    {"n.tar", "000000.npy", "20000 bytes, more than a .npy of field 'f'"});
   }
+}
+
+TEST_CASE("tar bounds: a FIFO has no known size; skipped members are read through") {
+  TempDir dir;
+  std::vector<std::byte> tar;
+  for (int k = 0; k < 6; ++k) {
+    const std::string data(std::size_t(100 + 700 * k), char('a' + k));
+    add_header(tar, "00000" + std::to_string(k) + ".bin", '0', data.size());
+    add_data(tar, data);
+  }
+  add_end(tar);
+  const std::filesystem::path fifo = dir / "pipe.tar";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] {
+    std::FILE* f = std::fopen(fifo.c_str(), "wb");
+    if (f == nullptr) return;
+    std::fwrite(tar.data(), 1, tar.size(), f);
+    std::fclose(f);
+  });
+  std::vector<std::string> seen;
+  try {
+    tk::io::TarReader r = tk::io::TarReader::open(fifo);
+    int k = 0;
+    while (r.next()) {
+      if (k % 2 == 1) {  // read every other member; the rest must be skipped by reading
+        const std::vector<std::byte> d = r.read_data();
+        CHECK(d.size() == std::size_t(100 + 700 * k));
+        CHECK(d.back() == std::byte('a' + k));
+      }
+      seen.push_back(r.entry().name);
+      ++k;
+    }
+  } catch (const tk::Error& e) {
+    FAIL_CHECK(e.what());
+  }
+  writer.join();
+  CHECK(seen.size() == 6);
 }
