@@ -21,6 +21,7 @@
 
 #include "ckpt/ckpt_test_util.hpp"
 #include "ckpt_tools/crash_state.hpp"
+#include "support/time_scale.hpp"
 
 #ifndef TRAINKIT_CKPT_TRAINER
 #error "TRAINKIT_CKPT_TRAINER (the path of ckpt_trainer) is set by tests/ckpt_tools/CMakeLists.txt"
@@ -75,8 +76,8 @@ TEST_CASE("crash safety: SIGKILL at random moments never leaves a partial checkp
         for (int k = 0; k < 500 && !committed(); ++k)
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::uniform_int_distribution<>(15, 150)(rng)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(
+          std::uniform_int_distribution<>(15, 150)(rng) * trainkit_test::time_scale()));
       const int status = child.kill();
       REQUIRE_MESSAGE((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL),
                       "the child exited on its own:\n", ckpt_test::read_file(log));
