@@ -198,7 +198,8 @@ TEST_CASE("Checkpointer: corrupt and incomplete checkpoints are skipped, stale t
   CHECK(std::filesystem::exists(dir / "step_000000006"));
   ckpt::Checkpointer ck(dir.path(), {.keep_last = 0, .durable = false, .log = log.fn()});
   CHECK_FALSE(std::filesystem::exists(dir / ".step_000000005.tmp"));
-  CHECK_FALSE(std::filesystem::exists(dir / "step_000000006"));
+  // Step directories are not deleted at construction: resume() quarantines the damaged ones.
+  CHECK(std::filesystem::exists(dir / "step_000000006"));
   CHECK(std::filesystem::exists(dir / "step_000000007/notes.txt"));
   // Structure: 3 is incomplete; 4 looks complete until its content is hashed.
   CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{1, 2, 4});
@@ -224,6 +225,11 @@ TEST_CASE("Checkpointer: corrupt and incomplete checkpoints are skipped, stale t
   CHECK(fresh.check() == "");
   CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{1, 2});
   CHECK(std::filesystem::exists(dir / ".step_000000004.corrupt/model.safetensors"));
+  CHECK(std::filesystem::exists(dir / ".step_000000003.corrupt"));  // incomplete: damaged too
+  CHECK(std::filesystem::exists(dir / ".step_000000006.corrupt"));  // no manifest
+  CHECK(log.contains("step_000000006' has no readable checkpoint.json"));
+  CHECK(std::filesystem::exists(dir / "step_000000007/notes.txt"));  // not ours: left alone
+  CHECK(log.contains("ignoring '" + (dir / "step_000000007").string() + "': not a checkpoint"));
   ckpt::Checkpointer again(dir.path(), {.durable = false});  // stale cleanup keeps it
   CHECK(std::filesystem::exists(dir / ".step_000000004.corrupt"));
 }

@@ -2,11 +2,14 @@
 // trainkit/ckpt/checkpointer.hpp: `Checkpointer`, crash-safe checkpoints of a TrainState in
 // `<root>/step_000000123/` directories: model.safetensors (PyTorch names), train_state.safetensors
 // (every other tensor; scalars in __metadata__) and checkpoint.json (the manifest, written last),
-// each file checksummed. A save writes a hidden temp directory, fsyncs it and renames it into
-// place, so a crash at any instant leaves only complete checkpoints under step_* names. Saves
-// every N steps or T seconds, keeps the last K and the best K by a metric, can write on a
-// background thread (training waits only for the host snapshot), shards across ranks with a
-// model.safetensors.index.json, and resume() restores everything from the newest intact one.
+// each file checksummed, the manifest too (format version 2: its first member is its own XXH64).
+// resume() logs every damaged checkpoint it skips and moves it aside as `.<name>.corrupt`; when
+// none is usable but damaged ones exist it throws rather than start fresh. A save writes a hidden
+// temp directory, fsyncs it and renames it into place, so a crash at any instant leaves only
+// complete checkpoints under step_* names. Saves every N steps or T seconds, keeps the last K and
+// the best K by a metric, can write on a background thread (training waits only for the host
+// snapshot), shards across ranks with a model.safetensors.index.json, and resume() restores
+// everything from the newest intact one.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -135,6 +139,10 @@ struct LoadOptions {
   /// kFull: verify the checksums of the files read (of all ranks' files when world > 1, so
   /// every rank reaches the same verdict) before anything is restored.
   Verify verify = Verify::kFull;
+  /// resume() / newest_usable() throw when no checkpoint is usable but damaged ones exist (met
+  /// now, or quarantined by an earlier resume): a run asked to continue must not silently start
+  /// from scratch. true: they return nullopt then (logging what was quarantined).
+  bool allow_fresh_start = false;
 };
 
 /// Timings of the last save, for benchmarks and logs.
@@ -153,7 +161,17 @@ std::function<void()> comm_barrier(C& comm) {
 namespace detail {
 
 inline constexpr std::string_view kManifestName = "checkpoint.json";
-inline constexpr int kManifestVersion = 1;
+/// Version 2 manifests carry their own XXH64 (version 1 had none: one edited digit changed what
+/// a resume restored). Version 1 manifests are refused, not trusted: the settings they record
+/// cannot be verified. See parse_manifest.
+inline constexpr int kManifestVersion = 2;
+/// The manifest's checksum member: always the first one, so the file starts with
+/// kManifestPrefix followed by 16 hex digits: XXH64 of the whole file with those digits as '0'
+/// (the convention of the checksummed safetensors files).
+inline constexpr std::string_view kManifestChecksumKey = "manifest_xxh64";
+inline constexpr std::string_view kManifestPrefix = "{\n  \"manifest_xxh64\": \"";
+/// Larger manifests are refused before they are read (one lists a few files per rank).
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t(64) << 20;
 
 inline std::string state_file_name(int rank, int world) {
   if (world == 1) return "train_state.safetensors";
@@ -209,30 +227,63 @@ inline double metric_value(const io::Json& j) {
   return std::nan("");
 }
 
-inline std::string read_text(const std::filesystem::path& path) {
-  const io::MappedFile map(path);
-  return std::string(reinterpret_cast<const char*>(map.data()), map.size());
+/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
+inline std::uint64_t manifest_checksum(std::string_view text) {
+  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
+                                      '0', '0', '0', '0', '0', '0', '0', '0'};
+  const std::size_t at = kManifestPrefix.size();
+  Xxh64 h;
+  h.update(text.substr(0, at));
+  h.update(kZeros, 16);
+  h.update(text.substr(at + 16));
+  return h.digest();
 }
 
-/// Parses checkpoint.json of `dir`. Throws trainkit::Error naming the file on any problem.
-inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / kManifestName;
-  const std::string text = read_text(file);
-  const io::Json root = io::Json::parse(text, file.string());
-  const std::string where = file.string();
+/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
+/// Verifies the manifest checksum first, then the content: every file a resume reads (each
+/// rank's train_state, the model file and, for world > 1, every model shard) must be listed with
+/// its size and checksum. Throws trainkit::Error on any problem, never anything else.
+inline CheckpointInfo parse_manifest(std::string_view text, const std::filesystem::path& dir,
+                                     const std::string& where) {
+  TRAINKIT_CHECK(!text.empty(), "checkpoint manifest '", where, "' is empty");
+  TRAINKIT_CHECK(text.size() <= kMaxManifestBytes, "checkpoint manifest '", where, "' has ",
+                 text.size(), " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
+  const bool summed =
+      text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
+  if (summed) {
+    const auto stored = parse_hex64(text.substr(kManifestPrefix.size(), 16));
+    TRAINKIT_CHECK(stored.has_value(), "checkpoint manifest '", where, "': its ",
+                   kManifestChecksumKey, " is not 16 hex digits (damaged or edited)");
+    const std::uint64_t actual = manifest_checksum(text);
+    TRAINKIT_CHECK(actual == *stored, "checkpoint manifest '", where,
+                   "' fails its checksum: its content hashes to ", hex64(actual),
+                   " but it was written with ", kManifestChecksumKey, " = ", hex64(*stored), " (",
+                   text.size(), " bytes; bit rot, a torn write or an edited file)");
+  }
+  const io::Json root = io::Json::parse(text, where);
   TRAINKIT_CHECK(root.is_object(), "checkpoint manifest '", where, "' is not a JSON object");
   const io::Json* format = root.find("format");
   TRAINKIT_CHECK(
       format != nullptr && format->is_string() && format->as_string() == "trainkit.checkpoint", "'",
       where, "' is not a trainkit checkpoint manifest");
-  TRAINKIT_CHECK(root.at("version").as_int() == kManifestVersion, "checkpoint manifest '", where,
-                 "' has version ", root.at("version").as_int(), "; this trainkit reads version ",
-                 kManifestVersion);
+  const io::Json* version = root.find("version");
+  TRAINKIT_CHECK(version != nullptr && version->is_number(), "checkpoint manifest '", where,
+                 "' has no version");
+  const std::int64_t v = version->as_int();
+  TRAINKIT_CHECK(v != 1 || summed, "checkpoint manifest '", where,
+                 "' has version 1, which carries no checksum of its own: the settings it records "
+                 "cannot be verified, so this trainkit (manifest version ",
+                 kManifestVersion, ") does not resume from it; use the trainkit that wrote it");
+  TRAINKIT_CHECK(v == kManifestVersion, "checkpoint manifest '", where, "' has version ", v,
+                 "; this trainkit reads version ", kManifestVersion);
+  TRAINKIT_CHECK(summed, "checkpoint manifest '", where, "' does not start with its ",
+                 kManifestChecksumKey, " checksum (damaged or edited)");
   CheckpointInfo info;
   info.path = dir;
   info.step = root.at("step").as_int();
   info.epoch = root.at("epoch").as_int();
-  info.world = static_cast<int>(root.at("world_size").as_int());
+  info.world = static_cast<int>(
+      std::clamp<std::int64_t>(root.at("world_size").as_int(), 0, std::numeric_limits<int>::max()));
   TRAINKIT_CHECK(info.world >= 1, "checkpoint manifest '", where, "': world_size < 1");
   info.created_unix = root.at("created_unix").as_int();
   for (const io::JsonMember& m : root.at("metrics").as_object())
@@ -248,6 +299,9 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
         !f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." && f.name != ".",
         "checkpoint manifest '", where, "' lists the file '", f.name,
         "', which is not a plain file name");
+    for (const CheckpointInfo::File& g : info.files)
+      TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
+                     "' twice");
     f.bytes = m.value.at("bytes").as_uint();
     const auto h = parse_hex64(m.value.at("xxh64").as_string());
     TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
@@ -255,11 +309,71 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
     f.xxh64 = *h;
     info.files.push_back(std::move(f));
   }
+  // Every file a resume reads is listed, so that it is verified before it is read.
+  const auto listed = [&](const std::string& name) {
+    for (const CheckpointInfo::File& f : info.files)
+      if (f.name == name) return true;
+    return false;
+  };
+  const auto require = [&](const std::string& name) {
+    TRAINKIT_CHECK(listed(name), "checkpoint manifest '", where, "' does not list '", name,
+                   "', which a resume reads (its size and checksum must be recorded)");
+  };
+  TRAINKIT_CHECK(std::size_t(info.world) <= info.files.size(), "checkpoint manifest '", where,
+                 "': world_size ", info.world, " but only ", info.files.size(), " file(s) listed");
+  for (int r = 0; r < info.world; ++r) require(state_file_name(r, info.world));
+  if (!info.model_file.empty()) {
+    require(info.model_file);
+    if (info.world > 1)
+      for (int r = 0; r < info.world; ++r) require(model_file_name(r, info.world));
+  }
   return info;
 }
 
+/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
+/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
+inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / kManifestName;
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(file, ec);
+  TRAINKIT_CHECK(!ec, "checkpoint '", dir.string(), "' has no readable ", kManifestName, " (",
+                 ec.message(), ")");
+  TRAINKIT_CHECK(size <= kMaxManifestBytes, "checkpoint manifest '", file.string(), "' has ", size,
+                 " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
+  const io::MappedFile map(file);
+  return parse_manifest(std::string_view(reinterpret_cast<const char*>(map.data()), map.size()),
+                        dir, file.string());
+}
+
+/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
+/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
+/// trainkit. Never throws.
+inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
+  try {
+    const std::filesystem::path file = dir / kManifestName;
+    if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
+    const io::MappedFile map(file);
+    const std::string_view text(reinterpret_cast<const char*>(map.data()), map.size());
+    const bool summed =
+        text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
+    if (summed && parse_hex64(text.substr(kManifestPrefix.size(), 16)) != manifest_checksum(text))
+      return false;
+    const io::Json root = io::Json::parse(text, file.string());
+    const io::Json* format = root.is_object() ? root.find("format") : nullptr;
+    const io::Json* version = root.is_object() ? root.find("version") : nullptr;
+    return format != nullptr && format->is_string() &&
+           format->as_string() == "trainkit.checkpoint" && version != nullptr &&
+           version->is_number() && version->as_int() != kManifestVersion &&
+           (summed || version->as_int() == 1);
+  } catch (...) {
+    return false;
+  }
+}
+
+/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
 inline std::string manifest_text(const CheckpointInfo& info) {
   io::Json root = io::Json::object();
+  root.set(std::string(kManifestChecksumKey), std::string(16, '0'));
   root.set("format", "trainkit.checkpoint");
   root.set("version", kManifestVersion);
   root.set("trainkit", TRAINKIT_VERSION_STRING);
@@ -282,7 +396,11 @@ inline std::string manifest_text(const CheckpointInfo& info) {
     files.set(f.name, std::move(e));
   }
   root.set("files", std::move(files));
-  return root.dump(2) + "\n";
+  std::string text = root.dump(2) + "\n";
+  TRAINKIT_CHECK(text.starts_with(kManifestPrefix), "ckpt: the manifest of '", info.path.string(),
+                 "' does not start with its checksum member");
+  text.replace(kManifestPrefix.size(), 16, hex64(manifest_checksum(text)));
+  return text;
 }
 
 /// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
@@ -364,7 +482,11 @@ inline void replace_directory(const std::filesystem::path& from, const std::file
   fs::rename(to, aside, ec);
   TRAINKIT_CHECK(!ec, "cannot move '", to.string(), "' aside: ", ec.message());
   fs::rename(from, to, ec);
-  TRAINKIT_CHECK(!ec, "cannot rename '", from.string(), "' to '", to.string(), "': ", ec.message());
+  if (ec) {  // put the old one back: a failed save leaves the previous checkpoint in place
+    const std::string why = ec.message();
+    fs::rename(aside, to, ec);
+    TRAINKIT_FAIL("cannot rename '", from.string(), "' to '", to.string(), "': ", why);
+  }
   fs::remove_all(aside, ec);
 }
 
@@ -504,38 +626,34 @@ class Checkpointer {
     return stats_;
   }
 
-  /// Complete checkpoints (manifest present, files with their recorded sizes), oldest first.
-  /// Directories that are not complete are skipped silently; never throws for them.
+  /// Complete checkpoints (manifest present and passing its checksum, files with their recorded
+  /// sizes), oldest first. Anything else is skipped silently here (latest() and resume() log
+  /// it); never throws for it.
   std::vector<CheckpointInfo> list() const {
     std::vector<CheckpointInfo> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      const auto step = detail::parse_step_dir(name, options_.prefix);
-      if (!step || !it->is_directory(ec)) continue;
+    for (const Candidate& c : candidates()) {
       try {
-        CheckpointInfo info = detail::read_manifest(it->path());
-        detail::verify_checkpoint(info, Verify::kStructure);
-        if (info.step == *step) out.push_back(std::move(info));
+        out.push_back(inspect(c, Verify::kStructure));
       } catch (const std::exception&) {
       }
     }
-    std::sort(out.begin(), out.end(),
-              [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+    std::reverse(out.begin(), out.end());
     return out;
   }
 
-  /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it);
-  /// incomplete and corrupt ones are skipped (and logged). nullopt when there is none.
+  /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it; the
+  /// manifest's own checksum is always verified); every newer one skipped is logged with the
+  /// reason. Moves nothing (see resume()). nullopt when there is none.
   std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const {
-    const std::vector<CheckpointInfo> all = list();
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    for (const Candidate& c : candidates()) {
       try {
-        detail::verify_checkpoint(*it, verify);
-        return *it;
+        return inspect(c, verify);
       } catch (const std::exception& e) {
-        log(std::string("skipping checkpoint: ") + e.what());
+        if (foreign(c)) {
+          log("ignoring '" + c.path.string() + "': not a checkpoint (" + e.what() + ")");
+        } else {
+          log("skipping checkpoint '" + c.path.string() + "': " + e.what());
+        }
       }
     }
     return std::nullopt;
@@ -563,40 +681,54 @@ class Checkpointer {
   }
 
   /// One call to continue a run: waits for writes in flight, then restores `state` from the
-  /// newest checkpoint that is complete and intact, skipping (and logging) corrupt ones; rank 0
-  /// moves those aside as `.<name>.corrupt` (kept for inspection, never listed), so they do
-  /// not count for keep-last. Returns the checkpoint, or nullopt on a fresh start (state
-  /// untouched). An error restoring a component (another optimizer, a changed model) is thrown,
-  /// not skipped: an older checkpoint would fail the same way.
+  /// newest checkpoint that is complete and intact (manifest checksum, every listed file's size
+  /// and, with Verify::kFull, content). Every damaged checkpoint met on the way (a missing,
+  /// empty, unparsable or edited manifest, a missing, truncated or corrupt file) is logged with
+  /// the reason and, by rank 0 (remove_stale), moved aside as `.<name>.corrupt[.N]`: kept for
+  /// inspection, never listed, never overwritten by a later save, not counted for keep-last.
+  /// Step directories holding files a checkpoint does not consist of are logged and left alone.
+  /// Returns the checkpoint, or nullopt on a fresh start (state untouched). Throws
+  /// trainkit::Error, changing nothing in `state`:
+  /// - when no checkpoint is usable but damaged ones exist (met now, or quarantined by an
+  ///   earlier resume), listing them, unless options.allow_fresh_start;
+  /// - for a manifest of another format version (version 1 has no checksum);
+  /// - for an error of this run's configuration (another world size, a model registered but not
+  ///   saved, another optimizer, a changed model): an older checkpoint would fail the same way.
   std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
     wait();
-    const std::vector<CheckpointInfo> all = list();
-    std::vector<std::filesystem::path> corrupt;
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      std::optional<CheckpointInfo> info;
-      std::optional<Opened> opened;
-      try {
-        info.emplace(detail::read_manifest(it->path));
-      } catch (const std::exception& e) {
-        log(std::string("resume: skipping checkpoint: ") + e.what());
-        corrupt.push_back(it->path);
-        continue;
-      }
-      check_compatible(*info, state);  // a mismatch of this run is not skipped: it is thrown
-      try {
-        opened.emplace(read_verified(*info, state, options));
-      } catch (const std::exception& e) {
-        log(std::string("resume: skipping checkpoint: ") + e.what());
-        corrupt.push_back(it->path);
-        continue;
-      }
-      apply(*opened, state, options);
-      last_saved_step_ = info->step;
-      quarantine(corrupt);
-      return info;
+    std::optional<Opened> opened;
+    std::optional<CheckpointInfo> info = select(
+        options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
+        [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
+    if (!info) return std::nullopt;
+    apply(*opened, state, options);
+    last_saved_step_ = info->step;
+    return info;
+  }
+
+  /// The checkpoint resume() would restore, without restoring it (e.g. to read the settings in
+  /// its metadata before the TrainState exists): the same verification of every file it lists
+  /// (options.verify), the same logging, quarantine and errors. A resume() after it verifies
+  /// again; compare the steps.
+  std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {}) {
+    wait();
+    return select(
+        options, [](const CheckpointInfo&) {},
+        [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
+  }
+
+  /// The checkpoints moved aside as damaged (`.<prefix><step>.corrupt[.N]`), by name.
+  std::vector<std::filesystem::path> quarantined() const {
+    std::vector<std::filesystem::path> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
+        out.push_back(it->path());
     }
-    quarantine(corrupt);
-    return std::nullopt;
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
  private:
@@ -625,6 +757,105 @@ class Checkpointer {
     } else {
       std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
     }
+  }
+
+  /// A directory named like a checkpoint (`<prefix><digits>`).
+  struct Candidate {
+    std::filesystem::path path;
+    std::int64_t step = 0;
+  };
+
+  /// The step directories under the root, newest first.
+  std::vector<Candidate> candidates() const {
+    std::vector<Candidate> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
+      std::error_code dec;
+      if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
+    }
+    std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+      return a.step != b.step ? a.step > b.step : a.path > b.path;
+    });
+    return out;
+  }
+
+  /// The checkpoint in `c`, checked at `level` (its manifest always in full). Throws.
+  static CheckpointInfo inspect(const Candidate& c, Verify level) {
+    CheckpointInfo info = detail::read_manifest(c.path);
+    TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                   "' is damaged: its manifest says step ", info.step);
+    detail::verify_checkpoint(info, level);
+    return info;
+  }
+
+  /// True for a step directory without a manifest that holds files a checkpoint does not
+  /// consist of: someone else's, never moved or deleted.
+  static bool foreign(const Candidate& c) {
+    std::error_code ec;
+    return !std::filesystem::exists(c.path / detail::kManifestName, ec) &&
+           !detail::only_checkpoint_files(c.path);
+  }
+
+  /// The search of resume() and newest_usable(): newest first, `check` (errors of this run,
+  /// thrown) then `verify` (damage, skipped) on each checkpoint; see resume().
+  std::optional<CheckpointInfo> select(const LoadOptions& options,
+                                       const std::function<void(const CheckpointInfo&)>& check,
+                                       const std::function<void(const CheckpointInfo&)>& verify) {
+    std::vector<Damaged> damaged;
+    const auto skip = [&](const Candidate& c, const std::string& why) {
+      log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
+      damaged.push_back({c.path, why});
+    };
+    for (const Candidate& c : candidates()) {
+      CheckpointInfo info;
+      try {
+        info = detail::read_manifest(c.path);
+        TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                       "' is damaged: its manifest says step ", info.step);
+      } catch (const std::exception& e) {
+        if (foreign(c)) {
+          log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" + e.what() + ")");
+          continue;
+        }
+        if (detail::other_manifest_version(c.path))
+          TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", e.what());
+        skip(c, e.what());
+        continue;
+      }
+      check(info);  // a mismatch of this run is not skipped: it is thrown
+      try {
+        verify(info);
+      } catch (const std::exception& e) {
+        skip(c, e.what());
+        continue;
+      }
+      quarantine(damaged);
+      return info;
+    }
+    std::vector<std::string> now = quarantine(damaged);
+    std::string earlier;
+    for (const std::filesystem::path& q : quarantined()) {
+      bool listed = false;
+      for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
+      if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
+    }
+    if (now.empty() && earlier.empty()) return std::nullopt;
+    std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
+    if (!now.empty()) {
+      what += "; damaged now: ";
+      for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
+    }
+    if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
+    if (options.allow_fresh_start) {
+      log("resume: " + what + "; starting fresh (allow_fresh_start)");
+      return std::nullopt;
+    }
+    TRAINKIT_FAIL("ckpt: ", what,
+                  ". Nothing was restored. Inspect the quarantined directories, move them out of "
+                  "the root (or delete them) to start from scratch, or allow a fresh start "
+                  "(LoadOptions::allow_fresh_start)");
   }
 
   void barrier() const {
@@ -788,9 +1019,10 @@ class Checkpointer {
     rotate(job.step);
   }
 
-  /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. The
-  /// manifest goes first, so a crash mid-deletion leaves an incomplete directory, not a damaged
-  /// checkpoint.
+  /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
+  /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
+  /// the deletion short), so a step directory never loses its manifest to a rotation: one
+  /// without a manifest is damaged, not half-deleted.
   void rotate(std::int64_t newest) {
     std::vector<CheckpointInfo> all = list();
     if (options_.keep_last <= 0) return;
@@ -810,31 +1042,52 @@ class Checkpointer {
     }
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (keep[i]) continue;
+      const std::filesystem::path aside =
+          root_ / ("." + all[i].path.filename().string() + ".deleting");
       std::error_code ec;
-      std::filesystem::remove(all[i].path / detail::kManifestName, ec);
-      if (!ec) std::filesystem::remove_all(all[i].path, ec);
+      std::filesystem::remove_all(aside, ec);
+      std::filesystem::rename(all[i].path, aside, ec);
+      if (!ec) std::filesystem::remove_all(aside, ec);
       if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
     }
   }
 
-  /// Rank 0: renames damaged checkpoints to `.<name>.corrupt[.N]`.
-  void quarantine(const std::vector<std::filesystem::path>& dirs) const {
-    if (options_.rank != 0 || !options_.remove_stale) return;
-    for (const auto& d : dirs) {
+  /// A damaged checkpoint met by resume() and why it is damaged.
+  struct Damaged {
+    std::filesystem::path path;
+    std::string reason;
+  };
+
+  /// Rank 0 (remove_stale): renames damaged checkpoints to `.<name>.corrupt[.N]`, logging each.
+  /// Returns one line per checkpoint: where it went (or that it was left in place) and why.
+  std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const {
+    std::vector<std::string> out;
+    const bool move = options_.rank == 0 && options_.remove_stale;
+    for (const Damaged& d : dirs) {
+      if (!move) {
+        out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
+        continue;
+      }
       std::error_code ec;
-      std::filesystem::path target = root_ / ("." + d.filename().string() + ".corrupt");
+      std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
       for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
-        target = root_ / ("." + d.filename().string() + ".corrupt." + std::to_string(n));
-      std::filesystem::rename(d, target, ec);
+        target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
+      std::filesystem::rename(d.path, target, ec);
       if (ec) {
-        log("cannot move the damaged checkpoint '" + d.string() + "' aside: " + ec.message());
+        log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
+        out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
+                      ec.message() + "; " + d.reason + ")");
       } else {
-        log("moved the damaged checkpoint '" + d.string() + "' to '" + target.string() + "'");
+        log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
+        out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
       }
     }
+    return out;
   }
 
-  /// Removes temp directories of interrupted saves and half-deleted checkpoints.
+  /// Removes temp directories of interrupted saves and rotations (`.<prefix>*.tmp`,
+  /// `.<prefix>*.deleting`). Step directories are never deleted here: a damaged one is
+  /// quarantined (and logged) by resume().
   void remove_stale() {
     std::error_code ec;
     std::vector<std::filesystem::path> stale;
@@ -843,17 +1096,6 @@ class Checkpointer {
       const std::string name = it->path().filename().string();
       if (!name.starts_with("." + options_.prefix)) continue;
       if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
-    }
-    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
-    // A directory whose manifest was removed by an interrupted rotation (only when it holds
-    // nothing but checkpoint files: never delete what someone else put there).
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (detail::parse_step_dir(name, options_.prefix) && it->is_directory(ec) &&
-          !std::filesystem::exists(it->path() / detail::kManifestName, ec) &&
-          detail::only_checkpoint_files(it->path()))
-        stale.push_back(it->path());
     }
     for (const auto& p : stale) std::filesystem::remove_all(p, ec);
   }
@@ -923,7 +1165,9 @@ class Checkpointer {
       lock.lock();
       stats_.write_seconds = s.write_seconds;
       stats_.bytes = s.bytes;
-      if (error) error_ = error;
+      // Moved under the lock: the writer keeps no reference to the exception the caller's
+      // wait() rethrows, so its last release never races with the caller reading it.
+      if (error) error_ = std::move(error);
       job_.reset();
       lock.unlock();
       idle_cv_.notify_all();
