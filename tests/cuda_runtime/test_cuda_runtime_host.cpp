@@ -107,6 +107,7 @@ TEST_CASE("set_device on a missing device throws trainkit::Error naming the CUDA
   const int count = cuda::device_count();
   // On a GPU-less machine device 0 is missing; on a GPU machine `count` is one past the end.
   const int missing = count;
+  ::setenv("TRAINKIT_VERBOSE_ERRORS", "1", 1);  // the failed call's text is a verbose-only part
   try {
     cuda::set_device(missing);
     FAIL("no exception");
@@ -122,6 +123,7 @@ TEST_CASE("set_device on a missing device throws trainkit::Error naming the CUDA
     CHECK(e.code() != 0);
     CHECK(contains(what, cudaGetErrorName(static_cast<cudaError_t>(e.code()))));
   }
+  ::unsetenv("TRAINKIT_VERBOSE_ERRORS");
   check_no_pending_error();
   CHECK_THROWS_AS(cuda::device_properties(missing), trainkit::Error);
   CHECK_THROWS_AS(cuda::DeviceGuard{missing}, trainkit::Error);
