@@ -62,6 +62,7 @@ struct Config {
   std::string out = "runs/train_gpt";
   std::string data_path = "/usr/share/common-licenses";
   bool resume = false;
+  bool allow_fresh_start = false;  // --resume may start from scratch when only damaged remain
   int threads = 0;  // 0: $TRAINKIT_NUM_THREADS or every core
   std::int64_t log_every = 25;
   std::int64_t eval_every = 50;
@@ -103,7 +104,10 @@ void print_usage() {
       "  --lr X             peak learning rate of AdamW (3e-3)\n"
       "  --seed S           seed of initialisation, data order, dropout and sampling (1337)\n"
       "  --out DIR          run directory (runs/train_gpt)\n"
-      "  --resume           continue from the newest checkpoint in DIR/ckpt\n"
+      "  --resume           continue from the newest checkpoint in DIR/ckpt that verifies\n"
+      "                     (damaged ones are moved aside as DIR/ckpt/.step_*.corrupt; exit 1\n"
+      "                     when only damaged ones remain)\n"
+      "  --allow-fresh-start  with --resume: start from scratch when no usable checkpoint remains\n"
       "  --threads N        CPU threads (default: $TRAINKIT_NUM_THREADS or all cores)\n"
       "  --data PATH        a text file or a directory of them (/usr/share/common-licenses)\n"
       "  --dropout P        dropout after the embeddings (0)\n"
@@ -133,6 +137,10 @@ bool parse_args(int argc, char** argv, Config& c, std::set<std::string>& given) 
     if (a == "--help" || a == "-h") return false;
     if (a == "--resume") {
       c.resume = true;
+      continue;
+    }
+    if (a == "--allow-fresh-start") {
+      c.allow_fresh_start = true;
       continue;
     }
     if (a == "--check") {
@@ -590,9 +598,12 @@ int train(Config c, const std::set<std::string>& given) {
                                                             .async = true});
   std::optional<ckpt::CheckpointInfo> latest;
   if (c.resume) {
-    latest = checkpointer.latest(ckpt::Verify::kStructure);
+    // Every byte is verified (the manifest holding the settings too); damaged checkpoints are
+    // logged and moved aside; none usable but damaged ones present: an error (exit 1) unless
+    // --allow-fresh-start.
+    latest = checkpointer.newest_usable({.allow_fresh_start = c.allow_fresh_start});
     if (latest) load_config(c, latest->metadata, given);
-    else std::printf("train_gpt: no checkpoint in %s/ckpt: starting fresh\n", c.out.c_str());
+    else std::printf("train_gpt: no usable checkpoint in %s/ckpt: starting fresh\n", c.out.c_str());
   } else {
     const auto existing = checkpointer.list();
     TRAINKIT_CHECK(existing.empty(), "train_gpt: ", (out / "ckpt").string(),
@@ -665,9 +676,13 @@ int train(Config c, const std::set<std::string>& given) {
       .add("dropout", model.dropout());
   save_config(c, state.metadata);
   if (latest) {
-    const auto info = checkpointer.resume(state);
-    TRAINKIT_CHECK(info.has_value(), "train_gpt: the checkpoint of step ", latest->step,
-                   " vanished");
+    const auto info = checkpointer.resume(state, {.allow_fresh_start = c.allow_fresh_start});
+    // The settings came from latest: the state must come from the same checkpoint.
+    TRAINKIT_CHECK(info.has_value() && info->step == latest->step,
+                   "train_gpt: the checkpoint of step ", latest->step,
+                   " passed verification, then failed it while being restored (",
+                   info ? "restored step " + std::to_string(info->step) : "nothing restored",
+                   "; see the log above); run with --resume again");
     std::printf("train_gpt: resumed from %s (step %lld)\n", info->path.string().c_str(),
                 static_cast<long long>(info->step));
     if (extend_schedule) {
