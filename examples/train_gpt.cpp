@@ -601,7 +601,13 @@ int train(Config c, const std::set<std::string>& given) {
     // Every byte is verified (the manifest holding the settings too); damaged checkpoints are
     // logged and moved aside; none usable but damaged ones present: an error (exit 1) unless
     // --allow-fresh-start.
-    latest = checkpointer.newest_usable({.allow_fresh_start = c.allow_fresh_start});
+    try {
+      latest = checkpointer.newest_usable({.allow_fresh_start = c.allow_fresh_start});
+    } catch (const tk::Error& e) {
+      if (std::string_view(e.what()).find("no usable checkpoint") == std::string_view::npos) throw;
+      throw tk::Error(std::string(e.what()) + " (here: --resume --allow-fresh-start)", e.library(),
+                      e.code());
+    }
     if (latest) load_config(c, latest->metadata, given);
     else std::printf("train_gpt: no usable checkpoint in %s/ckpt: starting fresh\n", c.out.c_str());
   } else {
