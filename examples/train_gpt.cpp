@@ -62,7 +62,8 @@ struct Config {
   std::string out = "runs/train_gpt";
   std::string data_path = "/usr/share/common-licenses";
   bool resume = false;
-  bool allow_fresh_start = false;  // --resume may start from scratch when only damaged remain
+  // --resume may start from scratch when only damaged checkpoints remain.
+  bool allow_fresh_start = false;
   int threads = 0;  // 0: $TRAINKIT_NUM_THREADS or every core
   std::int64_t log_every = 25;
   std::int64_t eval_every = 50;
