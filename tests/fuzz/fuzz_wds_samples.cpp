@@ -19,35 +19,10 @@
 #include <trainkit/data/tar_shards.hpp>
 
 #include "fuzz_alloc_bound.hpp"
+#include "fuzz_memfile.hpp"
 
-namespace {
-
-void check(bool ok) {
-  if (!ok) std::abort();
-}
-
-class MemFile {
- public:
-  MemFile(const std::uint8_t* data, std::size_t size) {
-    fd_ = ::memfd_create("fuzz_wds_samples", MFD_CLOEXEC);
-    if (fd_ < 0) std::abort();
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::write(fd_, data + done, size - done);
-      if (n <= 0) std::abort();
-      done += std::size_t(n);
-    }
-  }
-  MemFile(const MemFile&) = delete;
-  MemFile& operator=(const MemFile&) = delete;
-  ~MemFile() { ::close(fd_); }
-  std::string path() const { return "/proc/self/fd/" + std::to_string(fd_); }
-
- private:
-  int fd_ = -1;
-};
-
-}  // namespace
+using fuzz_memfile::check;
+using fuzz_memfile::MemFile;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace d = trainkit::data;

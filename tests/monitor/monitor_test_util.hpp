@@ -16,6 +16,17 @@
 
 namespace monitor_test {
 
+/// Everything written to `f` so far (a tmpfile standing in for the console).
+inline std::string read_stream(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) out.append(buffer, n);
+  return out;
+}
+
 /// A fresh directory under the system temp dir, removed when the object dies.
 class ScratchDir {
  public:

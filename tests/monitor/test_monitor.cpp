@@ -23,15 +23,7 @@ std::int64_t g_ns = 0;
 std::int64_t fake_clock() noexcept { return g_ns; }
 void advance_ms(double ms) { g_ns += static_cast<std::int64_t>(ms * 1e6); }
 
-std::string read_stream(std::FILE* f) {
-  std::fflush(f);
-  std::rewind(f);
-  std::string out;
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) out.append(buffer, n);
-  return out;
-}
+using monitor_test::read_stream;
 
 // The number after "key": in a JSON line.
 double json_number(const std::string& line, const std::string& key) {

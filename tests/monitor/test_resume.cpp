@@ -34,15 +34,7 @@ namespace {
 std::int64_t g_ns = 1'000'000'000;
 std::int64_t fake_clock() noexcept { return g_ns; }
 
-std::string read_stream(std::FILE* f) {
-  std::fflush(f);
-  std::rewind(f);
-  std::string out;
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) out.append(buffer, n);
-  return out;
-}
+using monitor_test::read_stream;
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
