@@ -197,8 +197,10 @@ TRAINKIT_NAMESPACE_END
 // begin trainkit/error.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/error.hpp: the one exception type of the library and the check macros that throw it.
-// Host APIs throw trainkit::Error carrying what failed, the call text, file:line and the backing
-// library's code and message. Destructors use the *_NOTHROW variants, which log and return.
+// Host APIs throw trainkit::Error carrying what failed and the backing library's code and
+// message. The failed condition and the source file:line are added only in a debug build (no
+// NDEBUG) or with TRAINKIT_VERBOSE_ERRORS=1 in the environment (=0 turns them off in a debug
+// build too). Destructors use the *_NOTHROW variants, which log and return.
 
 #include <cstdio>
 #include <cstdlib>
@@ -248,20 +250,42 @@ std::string concat(const Args&... args) {
   return out.str();
 }
 
-/// Builds "trainkit: <message> (<expr>) at <file>:<line>" and throws.
-[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
-                                     int line, const char* library = "trainkit",
-                                     long long code = 0) {
-  std::string what = "trainkit: " + message;
-  if (expr != nullptr && *expr != '\0') what += concat(" [", expr, "]");
-  what += concat(" at ", file, ":", line);
-  throw Error(what, library, code);
+/// Whether messages carry the failed condition and the source location: TRAINKIT_VERBOSE_ERRORS
+/// when set ("0", "false", "off", "no" = no, anything else = yes), else `debug_build`.
+inline bool verbose_errors(bool debug_build) noexcept {
+  const char* env = std::getenv("TRAINKIT_VERBOSE_ERRORS");
+  if (env == nullptr || *env == '\0') return debug_build;
+  const std::string v(env);
+  return !(v == "0" || v == "false" || v == "FALSE" || v == "off" || v == "OFF" || v == "no" ||
+           v == "NO");
 }
 
-inline void log_error(const std::string& message, const char* expr, const char* file,
-                      int line) noexcept {
-  std::fprintf(stderr, "trainkit: error ignored in a destructor: %s [%s] at %s:%d\n",
-               message.c_str(), expr, file, line);
+/// " [<expr>] at <file>:<line>" when verbose (see verbose_errors), else "".
+inline std::string error_location(const char* expr, const char* file, int line, bool debug_build) {
+  if (!verbose_errors(debug_build)) return {};
+  std::string where;
+  if (expr != nullptr && *expr != '\0') where += concat(" [", expr, "]");
+  if (file != nullptr) where += concat(" at ", file, ":", line);
+  return where;
+}
+
+/// Builds "trainkit: <message>" (plus " [<expr>] at <file>:<line>" when verbose) and throws.
+/// `debug_build` is the calling translation unit's (the macros pass it).
+[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
+                                     int line, const char* library = "trainkit", long long code = 0,
+                                     bool debug_build = false) {
+  throw Error("trainkit: " + message + error_location(expr, file, line, debug_build), library,
+              code);
+}
+
+inline void log_error(const std::string& message, const char* expr, const char* file, int line,
+                      bool debug_build = false) noexcept {
+  try {
+    std::fprintf(stderr, "trainkit: error ignored in a destructor: %s%s\n", message.c_str(),
+                 error_location(expr, file, line, debug_build).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "trainkit: error ignored in a destructor: %s\n", message.c_str());
+  }
 }
 
 #if TRAINKIT_WITH_CUDA
@@ -270,19 +294,20 @@ inline std::string cuda_message(cudaError_t status) {
                 cudaGetErrorString(status));
 }
 
-inline void cuda_check(cudaError_t status, const char* expr, const char* file, int line) {
+inline void cuda_check(cudaError_t status, const char* expr, const char* file, int line,
+                       bool debug_build = false) {
   if (status == cudaSuccess) return;
   // Clear the sticky "last error" so one failure does not poison every later check.
   (void)cudaGetLastError();
-  throw_error(cuda_message(status), expr, file, line, "CUDA", status);
+  throw_error(cuda_message(status), expr, file, line, "CUDA", status, debug_build);
 }
 
-inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char* file,
-                               int line) noexcept {
+inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char* file, int line,
+                               bool debug_build = false) noexcept {
   if (status == cudaSuccess) return true;
   (void)cudaGetLastError();
   try {
-    log_error(cuda_message(status), expr, file, line);
+    log_error(cuda_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -295,16 +320,17 @@ inline std::string cublas_message(cublasStatus_t status) {
                 ": ", cublasLtGetStatusString(status));
 }
 
-inline void cublas_check(cublasStatus_t status, const char* expr, const char* file, int line) {
+inline void cublas_check(cublasStatus_t status, const char* expr, const char* file, int line,
+                         bool debug_build = false) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw_error(cublas_message(status), expr, file, line, "cuBLASLt", status);
+  throw_error(cublas_message(status), expr, file, line, "cuBLASLt", status, debug_build);
 }
 
 inline bool cublas_check_nothrow(cublasStatus_t status, const char* expr, const char* file,
-                                 int line) noexcept {
+                                 int line, bool debug_build = false) noexcept {
   if (status == CUBLAS_STATUS_SUCCESS) return true;
   try {
-    log_error(cublas_message(status), expr, file, line);
+    log_error(cublas_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -316,17 +342,18 @@ inline std::string nccl_message(ncclResult_t status) {
   return concat("NCCL error ", static_cast<int>(status), ": ", ncclGetErrorString(status));
 }
 
-inline void nccl_check(ncclResult_t status, const char* expr, const char* file, int line) {
+inline void nccl_check(ncclResult_t status, const char* expr, const char* file, int line,
+                       bool debug_build = false) {
   // ncclInProgress is the normal answer of a non-blocking communicator, not a failure.
   if (status == ncclSuccess || status == ncclInProgress) return;
-  throw_error(nccl_message(status), expr, file, line, "NCCL", status);
+  throw_error(nccl_message(status), expr, file, line, "NCCL", status, debug_build);
 }
 
-inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file,
-                               int line) noexcept {
+inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file, int line,
+                               bool debug_build = false) noexcept {
   if (status == ncclSuccess || status == ncclInProgress) return true;
   try {
-    log_error(nccl_message(status), expr, file, line);
+    log_error(nccl_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -341,15 +368,17 @@ inline std::string mpi_message(int status) {
   return concat("MPI error ", status, ": ", std::string(text, static_cast<std::size_t>(length)));
 }
 
-inline void mpi_check(int status, const char* expr, const char* file, int line) {
+inline void mpi_check(int status, const char* expr, const char* file, int line,
+                      bool debug_build = false) {
   if (status == MPI_SUCCESS) return;
-  throw_error(mpi_message(status), expr, file, line, "MPI", status);
+  throw_error(mpi_message(status), expr, file, line, "MPI", status, debug_build);
 }
 
-inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line) noexcept {
+inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line,
+                              bool debug_build = false) noexcept {
   if (status == MPI_SUCCESS) return true;
   try {
-    log_error(mpi_message(status), expr, file, line);
+    log_error(mpi_message(status), expr, file, line, debug_build);
   } catch (...) {
   }
   return false;
@@ -360,34 +389,51 @@ inline bool mpi_check_nothrow(int status, const char* expr, const char* file, in
 
 TRAINKIT_NAMESPACE_END
 
+// Whether the including translation unit is a debug build (no NDEBUG): its errors then name the
+// failed condition and the source location by default (see detail::verbose_errors). The macros
+// below pass it, so the inline functions themselves are identical in every translation unit.
+#ifdef NDEBUG
+#define TRAINKIT_DETAIL_DEBUG_BUILD false
+#else
+#define TRAINKIT_DETAIL_DEBUG_BUILD true
+#endif
+
 /// Throws trainkit::Error with the streamed message when `cond` is false:
 /// `TRAINKIT_CHECK(n > 0, "tensor '", name, "' is empty")`.
 #define TRAINKIT_CHECK(cond, ...)                                                               \
   do {                                                                                          \
     if (!(cond))                                                                                \
       ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), #cond, __FILE__, \
-                                      __LINE__);                                                \
+                                      __LINE__, "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD);    \
   } while (0)
 
 /// Throws trainkit::Error with the streamed message, unconditionally.
-#define TRAINKIT_FAIL(...) \
-  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__)
+#define TRAINKIT_FAIL(...)                                                                         \
+  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__, \
+                                  "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD)
 
 /// Throws trainkit::Error when a CUDA runtime call fails (and clears the sticky error).
-#define TRAINKIT_CUDA_CHECK(expr) ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUDA_CHECK(expr) \
+  ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
 /// Logs instead of throwing; returns true on success. For destructors.
-#define TRAINKIT_CUDA_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__)
+#define TRAINKIT_CUDA_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                         TRAINKIT_DETAIL_DEBUG_BUILD)
 #define TRAINKIT_CUBLAS_CHECK(expr) \
-  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_NCCL_CHECK(expr) ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_NCCL_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_MPI_CHECK(expr) ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__)
-#define TRAINKIT_MPI_CHECK_NOTHROW(expr) \
-  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__)
+  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                           TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_NCCL_CHECK(expr) \
+  ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_NCCL_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                         TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_MPI_CHECK(expr) \
+  ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_MPI_CHECK_NOTHROW(expr)                                   \
+  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__, \
+                                        TRAINKIT_DETAIL_DEBUG_BUILD)
 
 /// Device-side assertion: traps the kernel (the host sees a launch failure); on the host the
 /// same functor aborts. Never throws, so it is usable in TRAINKIT_HOST_DEVICE code.
@@ -404,6 +450,130 @@ TRAINKIT_NAMESPACE_END
 #endif
 // end trainkit/error.hpp
 
+// begin trainkit/core/checked.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/core/checked.hpp: overflow-checked integer arithmetic for sizes computed from
+// untrusted values (file headers, shapes, declared lengths). checked_add / checked_mul /
+// checked_cast return std::nullopt on overflow; the overloads taking a description throw a
+// trainkit::Error that names what was being computed instead. Both operands must have the same
+// signedness (mixing them is a compile error, so no silent conversion hides an overflow).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+
+namespace detail {
+
+template <class T>
+concept CheckedInteger = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+template <class A, class B>
+concept SameSignedness = std::is_signed_v<A>
+== std::is_signed_v<B>;
+
+template <class A, class B>
+using CheckedResult = std::common_type_t<A, B>;
+
+}  // namespace detail
+
+/// a + b, or std::nullopt when the sum does not fit the common type of A and B.
+template <detail::CheckedInteger A, detail::CheckedInteger B>
+requires detail::SameSignedness<A, B>
+constexpr std::optional<detail::CheckedResult<A, B>> checked_add(A a, B b) noexcept {
+  using T = detail::CheckedResult<A, B>;
+  const T x = static_cast<T>(a), y = static_cast<T>(b);
+  if constexpr (std::is_unsigned_v<T>) {
+    if (x > std::numeric_limits<T>::max() - y) return std::nullopt;
+  } else {
+    if (y > 0 && x > std::numeric_limits<T>::max() - y) return std::nullopt;
+    if (y < 0 && x < std::numeric_limits<T>::min() - y) return std::nullopt;
+  }
+  return static_cast<T>(x + y);
+}
+
+/// a * b, or std::nullopt when the product does not fit the common type of A and B.
+template <detail::CheckedInteger A, detail::CheckedInteger B>
+requires detail::SameSignedness<A, B>
+constexpr std::optional<detail::CheckedResult<A, B>> checked_mul(A a, B b) noexcept {
+  using T = detail::CheckedResult<A, B>;
+  const T x = static_cast<T>(a), y = static_cast<T>(b);
+  if (x == 0 || y == 0) return T{0};
+  if constexpr (std::is_unsigned_v<T>) {
+    if (x > std::numeric_limits<T>::max() / y) return std::nullopt;
+  } else {
+    constexpr T lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+    if (x > 0 ? (y > 0 ? x > hi / y : y < lo / x) : (y > 0 ? x < lo / y : x < hi / y))
+      return std::nullopt;
+  }
+  return static_cast<T>(x * y);
+}
+
+/// `v` as a To, or std::nullopt when it is out of To's range (negative into unsigned included).
+template <detail::CheckedInteger To, detail::CheckedInteger From>
+constexpr std::optional<To> checked_cast(From v) noexcept {
+  if (!std::in_range<To>(v)) return std::nullopt;
+  return static_cast<To>(v);
+}
+
+/// The product of `values` (1 for none), or std::nullopt when it overflows T. Like numpy and
+/// the safetensors reference, the first overflowing partial product counts even if a later
+/// value is zero.
+template <detail::CheckedInteger T>
+constexpr std::optional<T> checked_product(std::span<const T> values) noexcept {
+  T n = 1;
+  for (T v : values) {
+    const std::optional<T> next = checked_mul(n, v);
+    if (!next) return std::nullopt;
+    n = *next;
+  }
+  return n;
+}
+
+/// a + b; throws trainkit::Error "size overflow: <what...>: a + b does not fit ..." otherwise.
+/// `what` describes the value (and the file it comes from) for the message.
+template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
+requires(detail::SameSignedness<A, B> &&
+         sizeof...(What) >
+             0) constexpr detail::CheckedResult<A, B> checked_add(A a, B b, const What&... what) {
+  const auto r = checked_add(a, b);
+  if (!r)
+    TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " + ", +b, " does not fit in ",
+                  std::numeric_limits<detail::CheckedResult<A, B>>::digits, " bits");
+  return *r;
+}
+
+/// a * b; throws trainkit::Error "size overflow: <what...>: a * b does not fit ..." otherwise.
+template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
+requires(detail::SameSignedness<A, B> &&
+         sizeof...(What) >
+             0) constexpr detail::CheckedResult<A, B> checked_mul(A a, B b, const What&... what) {
+  const auto r = checked_mul(a, b);
+  if (!r)
+    TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " * ", +b, " does not fit in ",
+                  std::numeric_limits<detail::CheckedResult<A, B>>::digits, " bits");
+  return *r;
+}
+
+/// `v` as a To; throws trainkit::Error "size overflow: <what...>: v does not fit ..." otherwise.
+template <detail::CheckedInteger To, detail::CheckedInteger From, class... What>
+requires(sizeof...(What) > 0) constexpr To checked_cast(From v, const What&... what) {
+  const std::optional<To> r = checked_cast<To>(v);
+  if (!r)
+    TRAINKIT_FAIL("size overflow: ", what..., ": ", +v, " is outside [",
+                  +std::numeric_limits<To>::min(), ", ", +std::numeric_limits<To>::max(), "]");
+  return *r;
+}
+
+TRAINKIT_NAMESPACE_END
+// end trainkit/core/checked.hpp
 // begin trainkit/core/dtype.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/core/dtype.hpp: the runtime element-type tag used by type-erased tensors, file formats
@@ -6243,6 +6413,18 @@ struct ParamInfo {
   Init init;  ///< what initialize(seed) applies
 };
 
+/// Tells the parameter elements of an arena's buffers from the alignment padding after each
+/// parameter, on the host and on the device: `real(i)` is false exactly for padding. A table of
+/// one byte per 16-element block (how many of its leading elements belong to a parameter; the
+/// padding is always a block's tail), so a flat kernel can leave the padding at zero.
+/// Default-constructed (null table) every element counts as real.
+struct PaddingMask {
+  const std::uint8_t* valid = nullptr;  ///< buffer_numel() / 16 entries in the arena's space
+  TRAINKIT_HOST_DEVICE bool real(std::int64_t i) const {
+    return valid == nullptr || (i & 15) < static_cast<std::int64_t>(valid[i >> 4]);
+  }
+};
+
 namespace detail {
 
 /// dst[i] = T(src[i]): the fused cast that refreshes a compute copy (one launch for the arena).
@@ -6273,7 +6455,9 @@ void zero_fill(Tensor<T, S>& t) {
 /// Life cycle: (1) registration — layers call `add(name, shape, init)`; names are unique and
 /// registration order is kept (`infos()`; DDP walks it in reverse). (2) `finalize()` allocates one
 /// zero-filled f32 buffer for the parameters and one for the gradients; each parameter starts at
-/// a multiple of kAlignment elements (64 bytes) and the padding stays zero. (3) use: named views
+/// a multiple of kAlignment elements (64 bytes) and the padding stays zero: no operation of the
+/// library (layers, clipping, loss scaling, optimizer steps, EMA) writes anything else into it,
+/// whatever the gradients hold (padding_mask() tells it apart). (3) use: named views
 /// (`param<R>(id)`, `grad<R>(id)`), `initialize(seed)`, `zero_grad()`, `add_state(name)`,
 /// `compute_copy<T>()`. Move-only; views stay valid while the arena lives (and after moves).
 template <Space S = Space::kHost>
@@ -6316,13 +6500,22 @@ class ParamArena {
     return id;
   }
 
-  /// Allocates the parameter and gradient buffers (zero-filled). Throws when called twice.
+  /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
+  /// when called twice.
   void finalize() {
     TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
     params_ = Tensor<float, S>(Shape{end_});
     grads_ = Tensor<float, S>(Shape{end_});
     detail::zero_fill(params_);
     detail::zero_fill(grads_);
+    static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
+    std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
+    for (const ParamInfo& p : infos_)
+      for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
+        valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
+            static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
+    block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
+    copy_bytes(block_valid_.data(), valid.data(), valid.size());
     finalized_ = true;
   }
 
@@ -6356,6 +6549,8 @@ class ParamArena {
   }
   /// Elements of each buffer (parameters plus alignment padding).
   std::int64_t buffer_numel() const noexcept { return end_; }
+  /// Which elements of the buffers are padding (in this arena's memory space; after finalize()).
+  PaddingMask padding_mask() const noexcept { return PaddingMask{block_valid_.data()}; }
 
   // ---- buffers and views ----------------------------------------------------------------------
 
@@ -6595,6 +6790,20 @@ class ParamArena {
     return TensorView<float, 1, S>(base + p.offset, Extents<1>{{p.numel}});
   }
 
+  /// Host bytes into a buffer of this arena's space.
+  static void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    if constexpr (S == Space::kHost) {
+      std::memcpy(dst, src, bytes);
+    } else {
+#if TRAINKIT_WITH_CUDA
+      TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+#else
+      TRAINKIT_FAIL("ParamArena: a device arena but trainkit was built without CUDA");
+#endif
+    }
+  }
+
   void copy_buffer(float* dst, const float* src, Space src_space) {
     const std::size_t bytes = static_cast<std::size_t>(end_) * sizeof(float);
     if (bytes == 0) return;
@@ -6630,6 +6839,7 @@ class ParamArena {
   bool finalized_ = false;
   Tensor<float, S> params_;
   Tensor<float, S> grads_;
+  Tensor<std::uint8_t, S> block_valid_;  // PaddingMask::valid
   std::vector<NamedBuffer> states_;
   Tensor<bf16, S> copy_bf16_;
   Tensor<f16, S> copy_f16_;
@@ -8175,9 +8385,12 @@ TRAINKIT_NAMESPACE_END
 // begin trainkit/nn/cross_entropy.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/nn/cross_entropy.hpp: `SoftmaxCrossEntropy`, torch.nn.functional.cross_entropy on raw
-// logits, fused: log-softmax is never materialised. Forward saves each row's log-sum-exp (f32,
-// max-shifted: stable for any logits); backward writes (softmax - onehot) * dloss / n_valid in
-// one pass. `ignore_index` rows count neither in the loss nor in the mean, as in PyTorch.
+// logits, fused: log-softmax is never materialised. Forward saves each row's max m and
+// log(sum_j exp(l_j - m)) apart, never their f32 sum m + log(...), whose rounding (half an ulp of
+// |m|: 5e-4 for logits around 1e4) would shift every loss and gradient; like PyTorch's
+// log_softmax, every log-probability is (l - m) - log(sum). Backward writes
+// (softmax - onehot) * dloss / n_valid in one pass. `ignore_index` rows count neither in the loss
+// nor in the mean, as in PyTorch.
 
 #include <cmath>
 #include <cstdint>
@@ -8195,7 +8408,8 @@ struct CrossEntropyArgs {
   const I* targets;  // [N]
   T* dlogits;        // backward output [N, V]
   float* loss;       // forward output, 1 element
-  float* lse;        // [N] saved log-sum-exp
+  float* row_max;    // [N] saved max of each row
+  float* log_sum;    // [N] saved log(sum_j exp(l_j - max)) of each row
   float* row_loss;   // [N] scratch
   float* count;      // 1 element: number of valid targets (saved)
   std::int64_t rows;
@@ -8203,6 +8417,24 @@ struct CrossEntropyArgs {
   std::int64_t ignore_index;
   float dloss;
 };
+
+/// log softmax(l)_j = (l_j - max) - log_sum, in this order (PyTorch's): l_j - max is exact
+/// for logits within a factor 2 of each other, so the result keeps f32 precision at any offset.
+TRAINKIT_HOST_DEVICE inline float log_softmax_of(float logit, float max, float log_sum) {
+  return (logit - max) - log_sum;
+}
+
+/// One row's loss -log softmax(l)_t.
+TRAINKIT_HOST_DEVICE inline float cross_entropy_row_loss(float target_logit, float max,
+                                                         float log_sum) {
+  return -log_softmax_of(target_logit, max, log_sum);
+}
+
+/// d loss / d l_j = (softmax_j - [j == t]) * scale, from softmax_j = e^(log softmax_j).
+TRAINKIT_HOST_DEVICE inline float cross_entropy_grad(float softmax, float scale, bool target) {
+  const float g = softmax * scale;
+  return target ? g - scale : g;
+}
 
 template <class T, class I>
 void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
@@ -8219,10 +8451,11 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
       const float m = lane_max(V, [&](std::int64_t j) { return load(l[j]); });
       const float sum = lane_sum(V, [&](std::int64_t j) { return exp_approx(load(l[j]) - m); });
-      const float lse = m + std::log(sum);
-      a.lse[r] = lse;
+      const float log_sum = std::log(sum);
+      a.row_max[r] = m;
+      a.log_sum[r] = log_sum;
       const auto t = static_cast<std::int64_t>(a.targets[r]);
-      a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+      a.row_loss[r] = t == a.ignore_index ? 0.0f : cross_entropy_row_loss(load(l[t]), m, log_sum);
     }
   });
   // The mean in a fixed order (rows ascending, in double): deterministic.
@@ -8251,9 +8484,13 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
         for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(0.0f);
         continue;
       }
-      const float lse = a.lse[r];
-      for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(exp_approx(load(l[j]) - lse) * scale);
-      d[t] = store<T>(load(d[t]) - scale);
+      const float m = a.row_max[r];
+      const float log_sum = a.log_sum[r];
+      for (std::int64_t j = 0; j < V; ++j)
+        d[j] = store<T>(
+            cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale, false));
+      d[t] = store<T>(
+          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
     }
   });
 }
@@ -8290,11 +8527,12 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    const float lse = m + logf(shared[0]);
-    a.lse[r] = lse;
+    const float log_sum = logf(shared[0]);
+    a.row_max[r] = m;
+    a.log_sum[r] = log_sum;
     const auto t = static_cast<std::int64_t>(a.targets[r]);
     if (t != a.ignore_index && (t < 0 || t >= V)) __trap();  // target out of range
-    a.row_loss[r] = t == a.ignore_index ? 0.0f : lse - load(l[t]);
+    a.row_loss[r] = t == a.ignore_index ? 0.0f : cross_entropy_row_loss(load(l[t]), m, log_sum);
   }
 }
 
@@ -8335,10 +8573,12 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const float count = *a.count;
   const float scale = count > 0.0f ? a.dloss / count : 0.0f;
   const bool ignored = t == a.ignore_index;
-  const float lse = a.lse[r];
+  const float m = a.row_max[r];
+  const float log_sum = a.log_sum[r];
   for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float g = ignored ? 0.0f : expf(load(l[j]) - lse) * scale;
-    if (!ignored && j == t) g -= scale;
+    const float g =
+        ignored ? 0.0f
+                : cross_entropy_grad(expf(log_softmax_of(load(l[j]), m, log_sum)), scale, j == t);
     d[j] = store<T>(g);
   }
 }
@@ -8384,8 +8624,10 @@ struct CrossEntropyOptions {
 /// layer's memory space: no host sync on the GPU). All targets ignored: the loss is NaN (as
 /// PyTorch's 0/0) and backward writes zeros. A target outside [0, V) that is not ignore_index
 /// throws on the host and traps on the device.
-/// forward saves each row's log-sum-exp and the valid count; backward reads logits, targets and
-/// them, and writes dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid.
+/// forward saves each row's max and log-sum-exp of the shifted logits (apart) and the valid count;
+/// backward reads logits, targets and them, and writes dlogits = (softmax(logits) -
+/// onehot(target)) * dloss / n_valid. Loss and gradient keep f32 precision (~1e-7 relative, as
+/// PyTorch's) for logits of any magnitude, 1e6 included.
 template <Space S = Space::kHost>
 class SoftmaxCrossEntropy {
  public:
@@ -8435,13 +8677,14 @@ class SoftmaxCrossEntropy {
     static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
                       std::is_same_v<std::remove_const_t<I>, std::int64_t>,
                   "nn::SoftmaxCrossEntropy: targets are int32 or int64");
-    float* scratch = scratch_.get(2 * rows_ + 1);
+    float* scratch = scratch_.get(3 * rows_ + 1);
     detail::CrossEntropyArgs<T, std::remove_const_t<I>> a{};
     a.logits = logits.data();
     a.targets = targets.data();
-    a.lse = scratch;
-    a.row_loss = scratch + rows_;
-    a.count = scratch + 2 * rows_;
+    a.row_max = scratch;
+    a.log_sum = scratch + rows_;
+    a.row_loss = scratch + 2 * rows_;
+    a.count = scratch + 3 * rows_;
     a.rows = rows_;
     a.vocab = logits.size(1);
     a.ignore_index = options_.ignore_index;
@@ -9546,11 +9789,23 @@ struct FinishNorm {
   }
 };
 
-/// g[i] *= coef (the host path of clipping: the coefficient is read once, not per element).
+/// g[i] *= coef (the host path of clipping: the coefficient is read once, not per element). Only
+/// for a finite coef: the zero padding then stays zero.
 struct ScaleBy {
   float* g;
   float coef;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const { g[i] = g[i] * coef; }
+};
+
+/// g[i] *= coef for the parameters' elements, 0 for the padding: a NaN/inf coef (a NaN norm)
+/// reaches every gradient, as in PyTorch, but never the padding.
+struct ScaleByMasked {
+  float* g;
+  float coef;
+  nn::PaddingMask mask;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    g[i] = mask.real(i) ? g[i] * coef : 0.0f;
+  }
 };
 
 /// f32 clip coefficient of PyTorch's clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), NaN kept.
@@ -9560,17 +9815,20 @@ TRAINKIT_HOST_DEVICE inline float clip_coefficient(float norm, float max_norm) {
 }
 
 /// g[i] *= min(1, max_norm / (*norm + 1e-6)), computed in f32 as PyTorch's clip_grad_norm_
-/// (a NaN/inf norm propagates into the gradients, as there).
+/// (a NaN norm propagates into the gradients, as there, but not into the padding).
 struct ClipByNorm {
   float* g;
   const float* norm;
   float max_norm;
+  nn::PaddingMask mask;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
-    g[i] = g[i] * clip_coefficient(*norm, max_norm);
+    const float coef = clip_coefficient(*norm, max_norm);
+    // A finite coefficient keeps the zero padding zero; only a NaN one needs the mask.
+    g[i] = coef - coef == 0.0f || mask.real(i) ? g[i] * coef : 0.0f;
   }
 };
 
-/// g[i] = clamp(g[i], -c, c); NaN stays NaN (torch.clamp_).
+/// g[i] = clamp(g[i], -c, c); NaN stays NaN (torch.clamp_). c >= 0: the zero padding stays zero.
 struct ClipByValue {
   float* g;
   float c;
@@ -9614,13 +9872,17 @@ GradNorm clip_grad_norm_(const E& exec, nn::ParamArena<S>& arena, double max_nor
                  "optim::clip_grad_norm_: the given norm is empty or in the other memory space");
   TRAINKIT_CHECK(max_norm > 0.0, "optim::clip_grad_norm_: max_norm must be > 0, got ", max_norm);
   if constexpr (S == Space::kHost) {
-    exec::launch(
-        exec, arena.buffer_numel(),
-        detail::ScaleBy{arena.grads_data(),
-                        detail::clip_coefficient(*norm.data(), static_cast<float>(max_norm))});
+    const float coef = detail::clip_coefficient(*norm.data(), static_cast<float>(max_norm));
+    if (coef - coef == 0.0f) {
+      exec::launch(exec, arena.buffer_numel(), detail::ScaleBy{arena.grads_data(), coef});
+    } else {
+      exec::launch(exec, arena.buffer_numel(),
+                   detail::ScaleByMasked{arena.grads_data(), coef, arena.padding_mask()});
+    }
   } else {
     exec::launch(exec, arena.buffer_numel(),
-                 detail::ClipByNorm{arena.grads_data(), norm.data(), static_cast<float>(max_norm)});
+                 detail::ClipByNorm{arena.grads_data(), norm.data(), static_cast<float>(max_norm),
+                                    arena.padding_mask()});
   }
   return norm;
 }
@@ -9788,28 +10050,66 @@ struct ScalerBlock {
   std::int32_t pad;
 };
 
-/// One reduction term of unscale_: writes g * inv (f32, like _amp_foreach_non_finite_check_and_
-/// unscale_) and returns (double(g) * inv)^2, non-finite exactly when g is.
-struct UnscaleTerm {
+/// The terms of the scaler's passes over the gradients (kWrite: unscale_, which also writes
+/// g * inv in f32 like _amp_foreach_non_finite_check_and_unscale_; otherwise the read-only check
+/// of a step without unscale_). `inv` is the f32 inverse scale: read in the kernel on the device
+/// (inv_ptr), once before the pass on the host (inv_value).
+///
+/// A finite inv: the term is (double(g) * inv)^2, exact, so the sum is non-finite exactly when
+/// some g is, and it is the squared norm of the unscaled gradients. An inv that overflowed to
+/// inf (scale below ~2.9e-39, or 0): PyTorch still sets found_inf only from the incoming
+/// gradients, while every unscaled gradient is inf or NaN (0 * inf, NaN * inf). The term is
+/// then NaN for a NaN g, +inf for an infinite g, -inf for a zero g (unscaled to NaN) and 0 for
+/// the others (unscaled to +-inf), so that the sum is NaN (a NaN g, or an infinite and a zero
+/// one), +inf, -inf or 0, and FinishCheck reads found_inf (NaN or +inf) and the norm (inf, or
+/// NaN when an unscaled gradient is NaN) off it. The padding counts 0 and stays 0.
+template <bool kWrite>
+struct ScalerTerm {
   float* g;
-  const float* inv_ptr;  // device path: read in the kernel
-  float inv_value;       // host path: read once before the pass
+  const float* inv_ptr;
+  float inv_value;
+  nn::PaddingMask mask;
+
   TRAINKIT_HOST_DEVICE double operator()(std::int64_t i) const {
     const float inv = inv_ptr != nullptr ? *inv_ptr : inv_value;
+    return inv - inv == 0.0f ? finite(i, inv) : overflowed(i, inv);
+  }
+  TRAINKIT_HOST_DEVICE double finite(std::int64_t i, float inv) const {
     const float x = g[i];
-    g[i] = x * inv;
+    if constexpr (kWrite) g[i] = x * inv;
     const double d = static_cast<double>(x) * static_cast<double>(inv);
     return d * d;
   }
+  TRAINKIT_HOST_DEVICE double overflowed(std::int64_t i, float inv) const {
+    if (!mask.real(i)) {
+      if constexpr (kWrite) g[i] = 0.0f;
+      return 0.0;
+    }
+    const float x = g[i];
+    const float y = x * inv;  // +-inf, or NaN for a zero or NaN x
+    if constexpr (kWrite) g[i] = y;
+    if (x != x) return static_cast<double>(x);              // NaN
+    if (y != y) return -static_cast<double>(inv);           // a zero x: -inf
+    return x - x == 0.0f ? 0.0 : static_cast<double>(inv);  // finite: 0, infinite: +inf
+  }
 };
 
-/// found_inf and grad_norm from the reduction's sum (x - x is 0 exactly for finite x).
+/// found_inf and grad_norm from the reduction's sum (ScalerTerm; x - x is 0 exactly for finite x).
 struct FinishCheck {
   ScalerBlock* b;
+  bool has_elements;  ///< the arena has parameter elements (an all-inf norm needs one)
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t) const {
     const double s = b->grad_sumsq;
-    b->found_inf = (s - s == 0.0) ? 0.0f : 1.0f;
-    b->grad_norm = static_cast<float>(sqrt(s));
+    const float inv = b->inv_scale;
+    if (inv - inv == 0.0f) {
+      b->found_inf = (s - s == 0.0) ? 0.0f : 1.0f;
+      b->grad_norm = static_cast<float>(sqrt(s));
+    } else {
+      // See ScalerTerm: NaN or +inf when an incoming gradient was not finite; NaN or -inf when
+      // an unscaled one is NaN (inv * 0 is NaN here, inv itself +inf).
+      b->found_inf = (s != s || s > 0.0) ? 1.0f : 0.0f;
+      b->grad_norm = (s != s || s < 0.0) ? inv * 0.0f : (has_elements ? inv : 0.0f);
+    }
   }
 };
 
@@ -9890,29 +10190,41 @@ class ScalerCore {
   template <class E, Space S>
   void check(const E& exec, const nn::ParamArena<S>& arena) {
     check_arena<E, S>("check", arena);
-    ScalerBlock* b = block();
-    optim::detail::sum_into(exec, arena.buffer_numel(),
-                            optim::detail::SquaredTerm{arena.grads_data(), &b->inv_scale},
-                            &b->grad_sumsq);
-    exec::launch(exec, 1, FinishCheck{b});
+    pass<false>(exec, arena, const_cast<float*>(arena.grads_data()));
   }
 
   /// The fused pass: gradients *= inv_scale in place, found_inf, and their norm.
   template <class E, Space S>
   void unscale(const E& exec, nn::ParamArena<S>& arena) {
     check_arena<E, S>("unscale_", arena);
-    ScalerBlock* b = block();
-    UnscaleTerm term{arena.grads_data(), nullptr, 1.0f};
-    if constexpr (S == Space::kHost) {
-      term.inv_value = b->inv_scale;
-    } else {
-      term.inv_ptr = &b->inv_scale;
-    }
-    optim::detail::sum_into(exec, arena.buffer_numel(), term, &b->grad_sumsq);
-    exec::launch(exec, 1, FinishCheck{b});
+    pass<true>(exec, arena, arena.grads_data());
   }
 
  private:
+  template <bool kWrite, class E, Space S>
+  void pass(const E& exec, const nn::ParamArena<S>& arena, float* grads) {
+    ScalerBlock* b = block();
+    const std::int64_t n = arena.buffer_numel();
+    ScalerTerm<kWrite> term{grads, nullptr, 1.0f, arena.padding_mask()};
+    if constexpr (S == Space::kHost) {
+      // The branch of ScalerTerm taken once for the whole pass.
+      const float inv = b->inv_scale;
+      term.inv_value = inv;
+      if (inv - inv == 0.0f) {
+        optim::detail::sum_into(
+            exec, n, [term, inv](std::int64_t i) { return term.finite(i, inv); }, &b->grad_sumsq);
+      } else {
+        optim::detail::sum_into(
+            exec, n, [term, inv](std::int64_t i) { return term.overflowed(i, inv); },
+            &b->grad_sumsq);
+      }
+    } else {
+      term.inv_ptr = &b->inv_scale;
+      optim::detail::sum_into(exec, n, term, &b->grad_sumsq);
+    }
+    exec::launch(exec, 1, FinishCheck{b, arena.num_parameters() > 0});
+  }
+
   Space space_;
   Allocation memory_;
   Stage stage_ = Stage::kReady;
@@ -9965,13 +10277,15 @@ class DynamicScaler {
   float scale() const { return core_.read().scale; }
   /// The growth tracker (clean steps since the last change).
   std::int32_t growth_tracker() const { return core_.read().growth_tracker; }
-  /// True when the last check found an inf/NaN gradient.
+  /// True when the last check found an inf/NaN gradient (in the gradients as they came in).
   bool found_inf() const { return core_.read().found_inf != 0.0f; }
 
   /// PyTorch's unscale_: in one pass multiplies every gradient by 1/scale, sets found_inf and
   /// measures the norm of the unscaled gradients (deterministic reduction), returned for
-  /// clip_grad_norm_ (it points into the scaler: valid until the next check). Throws when
-  /// called twice before update() or after step.
+  /// clip_grad_norm_ (it points into the scaler: valid until the next check). As PyTorch's,
+  /// found_inf looks at the incoming gradients only: when 1/scale overflows to inf (scale below
+  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. Throws
+  /// when called twice before update() or after step.
   template <class E, Space S>
   optim::GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
     using Stage = detail::ScalerCore::Stage;
@@ -10022,12 +10336,13 @@ class DynamicScaler {
     core_.set_stage(detail::ScalerCore::Stage::kReady);
   }
 
-  /// PyTorch's update(new_scale): sets the scale instead (tracker unchanged).
+  /// PyTorch's update(new_scale): sets the scale instead (tracker unchanged). 0 is accepted, as
+  /// there (every inverse scale is then inf); a negative or NaN scale throws.
   template <class E>
   void update(const E& exec, double new_scale) {
     static_assert(exec::Executor<E>, "DynamicScaler::update: pass an exec::Host or exec::Cuda");
     if (!enabled()) return;
-    TRAINKIT_CHECK(new_scale > 0.0, "DynamicScaler::update: new_scale must be > 0, got ",
+    TRAINKIT_CHECK(new_scale >= 0.0, "DynamicScaler::update: new_scale must be >= 0, got ",
                    new_scale);
     exec::launch(exec, 1, detail::SetScale{core_.block(), static_cast<float>(new_scale)});
     core_.set_stage(detail::ScalerCore::Stage::kReady);
@@ -10047,8 +10362,9 @@ class DynamicScaler {
     return sd;
   }
 
-  /// Restores a state_dict(). Throws for an empty one (saved from a disabled scaler) or missing
-  /// keys, and when this scaler is disabled.
+  /// Restores a state_dict(). A scale of 0 loads, as in PyTorch (backoff can reach it; the
+  /// inverse scale is then inf, see unscale_). Throws for an empty state dict (saved from a
+  /// disabled scaler), missing keys, a negative or NaN scale, and when this scaler is disabled.
   void load_state_dict(const StateDict& sd) {
     TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
     TRAINKIT_CHECK(!sd.empty(),
@@ -10061,7 +10377,8 @@ class DynamicScaler {
     options_ = validated(o);
     detail::ScalerBlock b = core_.read();
     b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale > 0.0f, "DynamicScaler::load_state_dict: scale ", b.scale, " <= 0");
+    TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
+                   ", expected a number >= 0");
     b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
     b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
     core_.write(b);
@@ -10320,9 +10637,10 @@ struct Segment {
   std::int32_t param;
 };
 
-/// Segments covering [0, buffer_numel): each parameter with the padding after it. Merged:
-/// maximal runs of consecutive parameters of the same group (fewer CUDA table entries and longer
-/// host loops); otherwise one per parameter (LAMB's per-tensor trust ratio).
+/// Segments covering the parameters' elements, never the alignment padding after them (which
+/// thus stays zero whatever the gradients and the clip coefficient hold). Merged: maximal runs
+/// of consecutive parameters of the same group with no padding between them (fewer CUDA table
+/// entries and longer host loops); otherwise one per parameter (LAMB's per-tensor trust ratio).
 template <Space S>
 std::vector<Segment> make_segments(const nn::ParamArena<S>& arena, const std::vector<int>& group,
                                    bool merge) {
@@ -10330,7 +10648,7 @@ std::vector<Segment> make_segments(const nn::ParamArena<S>& arena, const std::ve
   const auto& infos = arena.infos();
   for (std::size_t p = 0; p < infos.size(); ++p) {
     const std::int64_t begin = infos[p].offset;
-    const std::int64_t end = p + 1 < infos.size() ? infos[p + 1].offset : arena.buffer_numel();
+    const std::int64_t end = begin + infos[p].numel;
     if (merge && !segments.empty() && segments.back().group == group[p] &&
         segments.back().end == begin) {
       segments.back().end = end;
@@ -11887,7 +12205,9 @@ TRAINKIT_NAMESPACE_END
 // ExponentialLR, SequentialLR (composition, e.g. warmup then cosine) and ReduceLROnPlateau. Like
 // PyTorch's they are stateful and recursive (each step scales the CURRENT group lr; closed forms
 // only where PyTorch uses them, at SequentialLR milestones), in double precision with PyTorch's
-// expression order, so the values agree to the last bit. They write an optimizer's LrGroups.
+// expression order, so the values agree to the last bit. Past its end a schedule holds its final
+// value (PyTorch's cosine alone rises again: CosineAnnealingLROptions::periodic). They write an
+// optimizer's LrGroups.
 
 #include <algorithm>
 #include <cmath>
@@ -12096,12 +12416,15 @@ class LinearLR final : public LRScheduler {
   LinearLROptions o_;
 };
 
-/// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form
-/// (so it composes with other schedules exactly as PyTorch's does; it continues past T_max as
-/// PyTorch's does, rising again).
+/// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form (so
+/// it composes with other schedules exactly as PyTorch's does). Up to T_max the values are
+/// PyTorch's to the last bit. Past T_max it holds its final value (eta_min) unless `periodic`:
+/// PyTorch's cosine rises again towards the base lr there, which a run longer than T_max (e.g.
+/// resumed with more steps) would follow without a word.
 struct CosineAnnealingLROptions {
   std::int64_t t_max = 100;
   double eta_min = 0.0;
+  bool periodic = false;  ///< true: PyTorch's continuation past T_max (rising, period 2 T_max)
 };
 class CosineAnnealingLR final : public LRScheduler {
  public:
@@ -12119,6 +12442,7 @@ class CosineAnnealingLR final : public LRScheduler {
     const double e = static_cast<double>(last_epoch_);
     const double eta = o_.eta_min;
     if (is_initial_) return lrs();
+    if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
     if (step_count_ == 1 && last_epoch_ > 0) {
       return map_lr([&](double, std::size_t g) {
         return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
@@ -12134,7 +12458,8 @@ class CosineAnnealingLR final : public LRScheduler {
     });
   }
   std::optional<std::vector<double>> closed_form_lr() const override {
-    const double e = static_cast<double>(last_epoch_);
+    const double e =
+        static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
     const double t = static_cast<double>(o_.t_max);
     return map_base([&](double b) {
       return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
@@ -12315,7 +12640,8 @@ class SequentialLR final : public LRScheduler {
 
 /// Linear warmup then cosine decay, the usual LLM schedule, as PyTorch users write it:
 /// SequentialLR([LinearLR(start_factor, 1, warmup_steps), CosineAnnealingLR(total_steps -
-/// warmup_steps, eta_min)], milestones = [warmup_steps]).
+/// warmup_steps, eta_min)], milestones = [warmup_steps]), PyTorch's values to the last bit up to
+/// total_steps. Past total_steps the lr stays at eta_min (PyTorch's would climb back up).
 struct WarmupCosineOptions {
   std::int64_t warmup_steps = 0;
   std::int64_t total_steps = 1;
@@ -13046,6 +13372,27 @@ inline void encode_file_version_event(ProtoWriter& out, double wall_time,
   }
 }
 
+/// Event{wall_time, step, file_version="brain.Event:2"}: the record SummaryWriter(purge_step=N)
+/// writes at step N after the file's own first record, ahead of the SessionLog START.
+inline void encode_file_version_event(ProtoWriter& out, double wall_time, std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  out.field_bytes(3, "brain.Event:2");
+}
+
+/// Event{wall_time, step, session_log=7{status=1 START}}: TensorBoard discards every point read so
+/// far at a step >= `step` (its restart purge), which is how SummaryWriter(purge_step=step) makes
+/// a resumed run supersede what a crashed one logged past its checkpoint.
+inline void encode_session_start_event(ProtoWriter& out, double wall_time, std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  const std::size_t session_log = out.begin_message(7);
+  out.field_varint(1, 1);  // SessionLog.START
+  out.end_message(session_log);
+}
+
 /// A scalar as SummaryWriter.add_scalar writes it (new_style=False): Summary.Value{tag,
 /// simple_value=float32(value)}, no metadata; TensorBoard files it under the "scalars" plugin.
 inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t step,
@@ -13422,14 +13769,25 @@ class EventFileWriter {
   }
 
   /// Writes every buffered record to the file (the OS page cache; survives a process crash).
+  /// Throws trainkit::Error when a write fails (a full disk: ENOSPC, EFBIG). The bytes that did
+  /// reach the file are dropped from the buffer and the rest stays buffered, so the next flush
+  /// resumes at the first byte not yet written: once space is back the file holds every record
+  /// whole and in order, and until then it ends at worst in one partial record, which readers
+  /// treat as "still being written".
   void flush() {
     if (fd_ < 0 || buffer_.empty()) return;
     std::size_t done = 0;
     while (done < buffer_.size()) {
       const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      TRAINKIT_CHECK(n > 0, "writing event file '", path_, "' failed after ", done, " of ",
-                     buffer_.size(), " bytes: ", std::strerror(errno));
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EIO;
+        const std::size_t total = buffer_.size();
+        buffer_.erase(0, done);
+        TRAINKIT_FAIL("writing event file '", path_, "' failed after ", done, " of ", total,
+                      " bytes: ", std::strerror(err), " (the ", buffer_.size(),
+                      " bytes not written stay buffered for the next flush)");
+      }
       done += static_cast<std::size_t>(n);
     }
     buffer_.clear();
@@ -13614,7 +13972,9 @@ TRAINKIT_NAMESPACE_END
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -13817,6 +14177,16 @@ inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
   return v;
 }
 
+/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
 }  // namespace detail
 
 /// Parses the .npy header at the start of `bytes` (the whole file, or at least its header) and
@@ -13893,17 +14263,24 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
                                                                       : "shape",
                                                         "'"));
   h.dtype = detail::parse_npy_descr(descr, source);
+  // Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed
+  // 64-bit size (npy_intp), even when another extent is 0 and the array holds nothing, so
+  // every row size, stride and element count derived from the shape is representable.
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(h.dtype));
   std::size_t numel = 1;
   int big_dims = 0;
   for (std::int64_t d : h.shape) {
-    const auto u = static_cast<std::size_t>(d);
-    if (u != 0 && numel > std::numeric_limits<std::size_t>::max() / u)
-      detail::npy_fail(source, "shape overflows the address space");
-    numel *= u;
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (!next)
+      detail::npy_fail(source,
+                       ::trainkit::detail::concat(
+                           "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
+                           " is too large: its byte size overflows 2^63 - 1 (truncated "
+                           "or corrupt header)"));
+    nonzero_bytes = *next;
+    numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
   }
-  if (numel > std::numeric_limits<std::size_t>::max() / dtype_size(h.dtype))
-    detail::npy_fail(source, "shape overflows the address space");
   if (h.fortran_order && big_dims > 1) {
     detail::npy_fail(source,
                      "Fortran-order (column-major) arrays are not supported; save with "
@@ -13915,27 +14292,23 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
 }
 
 /// "(2, 3)" style text of a header's shape, for messages.
-inline std::string shape_string(const NpyHeader& h) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < h.shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(h.shape[i]);
-  }
-  return s + (h.shape.size() == 1 ? ",)" : ")");
-}
+inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
 
 /// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
 /// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
 inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::string_view source) {
-  const std::size_t expected = h.data_offset + h.data_bytes;
-  if (file_size < expected) {
-    detail::npy_fail(source, ::trainkit::detail::concat(
-                                 "truncated: the header promises ", h.data_bytes,
-                                 " data bytes (shape ", shape_string(h), ", ", dtype_name(h.dtype),
-                                 ") but only ", file_size - h.data_offset, " follow it"));
+  // An end past 2^64 is simply more than any file holds.
+  const std::optional<std::size_t> expected = checked_add(h.data_offset, h.data_bytes);
+  if (!expected || file_size < *expected) {
+    detail::npy_fail(source,
+                     ::trainkit::detail::concat(
+                         "truncated: the header promises ", h.data_bytes, " data bytes (shape ",
+                         shape_string(h), ", ", dtype_name(h.dtype), ") but only ",
+                         file_size - std::min(file_size, h.data_offset), " follow it"));
   }
-  if (file_size > expected) {
-    detail::npy_fail(source, ::trainkit::detail::concat("corrupt: ", file_size - expected,
+  const std::size_t end = *expected;
+  if (file_size > end) {
+    detail::npy_fail(source, ::trainkit::detail::concat("corrupt: ", file_size - end,
                                                         " trailing bytes after the ", h.data_bytes,
                                                         " data bytes the header describes"));
   }
@@ -13978,7 +14351,9 @@ inline void write_npy(const std::filesystem::path& path, DType dtype,
                       std::span<const std::int64_t> shape, const void* data) {
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
-  for (std::int64_t d : shape) bytes *= static_cast<std::size_t>(d);
+  for (std::int64_t d : shape)
+    bytes = checked_mul(bytes, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): array bytes");
   std::FILE* f = std::fopen(path.string().c_str(), "wb");
   TRAINKIT_CHECK(f != nullptr, "write_npy: cannot create '", path.string(),
                  "': ", std::strerror(errno));
@@ -13994,7 +14369,9 @@ template <class T>
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
                std::span<const T> values) {
   std::size_t numel = 1;
-  for (std::int64_t d : shape) numel *= static_cast<std::size_t>(d);
+  for (std::int64_t d : shape)
+    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): element count");
   TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
                  " elements but ", values.size(), " were given");
   write_npy(path, dtype_of<T>, shape, values.data());
@@ -14054,6 +14431,9 @@ TRAINKIT_NAMESPACE_END
 // WebDataset shards: members are visited front to back and their data read or skipped without
 // seeking back. The reader treats its input as hostile (it is fuzzed): every length is checked,
 // and a truncated or corrupt archive gets a trainkit::Error naming the archive and the offset.
+// Memory is bounded by the input: a member's data is never allocated beyond the bytes the source
+// still holds (files and memory know their size; other sources are read in growing chunks), nor
+// beyond TarReaderOptions::max_member_bytes, and an allocation failure is a trainkit::Error.
 
 #include <algorithm>
 #include <array>
@@ -14065,6 +14445,8 @@ TRAINKIT_NAMESPACE_END
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14079,11 +14461,15 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace io {
 
 /// Where a TarReader gets its bytes. read() returns fewer than `n` bytes only at the end of the
-/// input; skip() returns how many bytes it actually skipped (fewer only at the end).
+/// input; skip() returns how many bytes it actually skipped (fewer only at the end); available()
+/// says how many bytes are left when the source knows (a file, memory), std::nullopt when it
+/// cannot (a pipe, a decompressor): readers use it to refuse declared sizes that cannot be there
+/// before allocating for them.
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
   virtual std::size_t read(void* dst, std::size_t n) = 0;
+  virtual std::optional<std::uint64_t> available() const { return std::nullopt; }
   virtual std::uint64_t skip(std::uint64_t n) {
     std::array<unsigned char, 4096> sink{};
     std::uint64_t done = 0;
@@ -14114,23 +14500,37 @@ class MemorySource final : public ByteSource {
     pos_ += k;
     return k;
   }
+  std::optional<std::uint64_t> available() const override { return bytes_.size() - pos_; }
 
  private:
   std::span<const std::byte> bytes_;
   std::size_t pos_ = 0;
 };
 
-/// A buffered ByteSource over a file; skip() seeks instead of reading.
+/// A buffered ByteSource over a file; skip() seeks instead of reading. A regular file knows its
+/// size (available()); its buffer is no larger than the file.
 class FileSource final : public ByteSource {
  public:
   /// Opens `path` for reading. Throws trainkit::Error naming the file when it cannot.
   explicit FileSource(const std::filesystem::path& path, std::size_t buffer_bytes = 1 << 20)
-      : path_(path.string()), buffer_(buffer_bytes) {
+      : path_(path.string()) {
     file_ = std::fopen(path_.c_str(), "rb");
     TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
-    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
     struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0) size_ = static_cast<std::uint64_t>(st.st_size);
+    if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
+      size_ = static_cast<std::uint64_t>(st.st_size);
+      regular_ = true;
+      // A small file needs no 1 MiB buffer: round its size up to a page.
+      buffer_bytes = static_cast<std::size_t>(
+          std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
+    }
+    try {
+      buffer_.resize(buffer_bytes);
+    } catch (const std::bad_alloc&) {
+      std::fclose(file_);
+      TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
+    }
+    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
   }
   FileSource(const FileSource&) = delete;
   FileSource& operator=(const FileSource&) = delete;
@@ -14146,6 +14546,7 @@ class FileSource final : public ByteSource {
     return got;
   }
   std::uint64_t skip(std::uint64_t n) override {
+    if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
     const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
     if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
         ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
@@ -14154,6 +14555,10 @@ class FileSource final : public ByteSource {
     }
     return ByteSource::skip(k);
   }
+  std::optional<std::uint64_t> available() const override {
+    if (!regular_) return std::nullopt;
+    return size_ > pos_ ? size_ - pos_ : 0;
+  }
 
  private:
   std::string path_;
@@ -14161,6 +14566,7 @@ class FileSource final : public ByteSource {
   std::FILE* file_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t pos_ = 0;
+  bool regular_ = false;
 };
 
 /// One archive member as a reader sees it, after pax and GNU headers were applied.
@@ -14181,6 +14587,12 @@ struct TarEntry {
 /// one means a corrupt archive, and refusing avoids an attacker-chosen allocation).
 inline constexpr std::uint64_t kTarMaxMetaBytes = 1 << 20;
 
+struct TarReaderOptions {
+  /// read_data() refuses members larger than this (bytes): a sane cap on what one member may
+  /// make the reader allocate. read() into the caller's buffer and skipping are not limited.
+  std::uint64_t max_member_bytes = std::uint64_t{1} << 30;
+};
+
 /// Streams the members of a tar archive in order. Usage:
 /// ```
 /// io::TarReader tar = io::TarReader::open("shard-000000.tar");
@@ -14190,17 +14602,20 @@ inline constexpr std::uint64_t kTarMaxMetaBytes = 1 << 20;
 class TarReader {
  public:
   /// Reads from `source`; `name` identifies the archive in error messages.
-  TarReader(std::unique_ptr<ByteSource> source, std::string name)
-      : source_(std::move(source)), name_(std::move(name)) {}
+  TarReader(std::unique_ptr<ByteSource> source, std::string name, TarReaderOptions options = {})
+      : source_(std::move(source)), name_(std::move(name)), options_(options) {}
 
   /// Opens an archive file (buffered, seeking over skipped data).
-  static TarReader open(const std::filesystem::path& path) {
-    return TarReader(std::make_unique<FileSource>(path), path.string());
+  static TarReader open(const std::filesystem::path& path, TarReaderOptions options = {}) {
+    return TarReader(std::make_unique<FileSource>(path), path.string(), options);
   }
   /// Reads an archive held in memory that outlives the reader.
-  static TarReader from_memory(std::span<const std::byte> bytes, std::string name) {
-    return TarReader(std::make_unique<MemorySource>(bytes), std::move(name));
+  static TarReader from_memory(std::span<const std::byte> bytes, std::string name,
+                               TarReaderOptions options = {}) {
+    return TarReader(std::make_unique<MemorySource>(bytes), std::move(name), options);
   }
+
+  const TarReaderOptions& options() const noexcept { return options_; }
 
   /// Advances to the next member, skipping whatever data of the current one was not read.
   /// Returns false at the end of the archive (a zero block, or the input ending cleanly on a
@@ -14284,13 +14699,49 @@ class TarReader {
     if (got < out.size()) truncated_member();
   }
 
-  /// Reads all remaining data of the current member.
+  /// Reads all remaining data of the current member. Throws trainkit::Error, before allocating,
+  /// when the source knows it holds fewer bytes (truncated) or the member is larger than
+  /// options().max_member_bytes; sources of unknown size are read in growing chunks, so memory
+  /// never runs far ahead of the bytes actually there. Allocation failure is an Error too.
   std::vector<std::byte> read_data() {
-    TRAINKIT_CHECK(remaining_ <= std::numeric_limits<std::size_t>::max() / 2, "tar archive '",
-                   name_, "': member '", entry_.name, "' of ", remaining_,
-                   " bytes is too large to read into memory");
-    std::vector<std::byte> out(static_cast<std::size_t>(remaining_));
-    read(out);
+    const std::uint64_t want = remaining_;
+    const std::optional<std::uint64_t> avail = source_->available();
+    if (avail && *avail < want) {
+      fail(entry_.offset, ::trainkit::detail::concat(
+                              "truncated: member '", entry_.name, "' declares ", entry_.size,
+                              " bytes but the archive ends after ", entry_.size - want + *avail));
+    }
+    if (want > options_.max_member_bytes) {
+      fail(entry_.offset, ::trainkit::detail::concat(
+                              "member '", entry_.name, "' has ", want,
+                              " bytes, above max_member_bytes = ", options_.max_member_bytes,
+                              " (raise TarReaderOptions::max_member_bytes, or "
+                              "TarShardOptions::max_member_bytes, to read it)"));
+    }
+    const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
+    if (!n)
+      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
+                                                     " bytes does not fit in memory"));
+    std::vector<std::byte> out;
+    try {
+      if (avail) {
+        out.resize(*n);
+        read(out);
+        return out;
+      }
+      constexpr std::size_t kFirstChunk = 64 << 10;
+      while (remaining_ > 0) {
+        const std::size_t have = out.size();
+        const std::size_t chunk = static_cast<std::size_t>(
+            std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
+        out.resize(have + chunk);
+        read(std::span<std::byte>(out.data() + have, chunk));
+      }
+    } catch (const std::bad_alloc&) {
+      fail(entry_.offset,
+           ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
+                                      entry_.name, "' (out of memory)"));
+    }
     return out;
   }
 
@@ -14320,7 +14771,8 @@ class TarReader {
   static std::uint64_t pad(std::uint64_t size) noexcept { return (512 - size % 512) % 512; }
 
   void finish_member() {
-    const std::uint64_t want = remaining_ + padding_;
+    // remaining_ + padding_ overflows only for a declared size no archive can hold.
+    const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
     if (want == 0) return;
     const std::uint64_t got = source_->skip(want);
     pos_ += got;
@@ -14337,6 +14789,12 @@ class TarReader {
   }
 
   std::string read_meta(std::size_t size, std::uint64_t header_offset) {
+    const std::optional<std::uint64_t> avail = source_->available();
+    if (avail && *avail < size) {
+      fail(header_offset,
+           ::trainkit::detail::concat("truncated: an extended header declares ", size,
+                                      " bytes but the archive ends after ", *avail));
+    }
     std::string data(size, '\0');
     const std::size_t got = source_->read(data.data(), size);
     pos_ += got;
@@ -14410,8 +14868,9 @@ class TarReader {
       if (data[pos] == '\0') break;  // some writers pad the record block with NULs
       std::size_t i = pos;
       std::uint64_t len = 0;
-      while (i < data.size() && data[i] >= '0' && data[i] <= '9' && len < data.size() + 1) {
-        len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
+      // Digits stop mattering once len exceeds the record block (it is then refused below).
+      while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
+        if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
         ++i;
       }
       if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
@@ -14445,9 +14904,17 @@ class TarReader {
   std::uint64_t pax_number(std::string_view v, const char* key, std::uint64_t offset) const {
     std::uint64_t n = 0;
     for (char c : v) {
-      if (c < '0' || c > '9' || n > (std::numeric_limits<std::uint64_t>::max() - 9) / 10)
-        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v, "'"));
-      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+      std::optional<std::uint64_t> next;
+      if (c >= '0' && c <= '9') {
+        if (const auto tens = checked_mul(n, std::uint64_t{10}))
+          next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
+      }
+      if (!next) {
+        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
+                                                v.size() > 40 ? "...'" : "'",
+                                                c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
+      }
+      n = *next;
     }
     return n;
   }
@@ -14487,6 +14954,7 @@ class TarReader {
 
   std::unique_ptr<ByteSource> source_;
   std::string name_;
+  TarReaderOptions options_;
   TarEntry entry_;
   Pax global_;
   std::uint64_t pos_ = 0;
@@ -14611,6 +15079,9 @@ TRAINKIT_NAMESPACE_END
 // (safetensors headers, model.safetensors.index.json, test manifests). Parsing survives any input
 // (it is fuzzed): UTF-8 is validated, duplicate keys, trailing garbage and deep nesting are errors,
 // numbers that are not integers are kept as their literal text. Output is compact like serde_json.
+// What a parse builds is bounded by its input: every value, string byte and member comes from at
+// least one input byte, nesting is capped (kJsonMaxDepth whatever the limits say, so recursion
+// cannot exhaust the stack), and running out of memory is a parse error, never std::bad_alloc.
 
 #include <algorithm>
 #include <charconv>
@@ -14618,6 +15089,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14705,9 +15177,15 @@ inline void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
+/// The deepest nesting any parse accepts, whatever JsonLimits::max_depth says: the parser
+/// recurses once per level, and this keeps it far from the end of even a small thread stack.
+inline constexpr int kJsonMaxDepth = 1000;
+
 /// Limits applied while parsing untrusted text.
 struct JsonLimits {
-  int max_depth = 64;  ///< nesting of arrays/objects; deeper input is an error, never a crash
+  /// Nesting of arrays/objects; deeper input is an error, never a crash. Values above
+  /// kJsonMaxDepth act as kJsonMaxDepth.
+  int max_depth = 64;
 };
 
 /// Why a parse failed (JsonParseError::kind), so callers can map it to their own rules.
@@ -14715,7 +15193,8 @@ enum class JsonErrorKind : std::uint8_t {
   kSyntax,        ///< not JSON (or trailing characters after the value)
   kInvalidUtf8,   ///< a string holds bytes that are not UTF-8, or an unpaired \u surrogate
   kDuplicateKey,  ///< an object names the same key twice (JsonParseError::key says which)
-  kTooDeep,       ///< nesting deeper than JsonLimits::max_depth
+  kTooDeep,       ///< nesting deeper than JsonLimits::max_depth (or kJsonMaxDepth)
+  kOutOfMemory,   ///< the parsed value did not fit in memory (std::bad_alloc while building it)
 };
 
 struct JsonParseError {
@@ -15010,15 +15489,23 @@ namespace detail {
 /// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
 class JsonParser {
  public:
-  JsonParser(std::string_view text, const JsonLimits& limits) : text_(text), limits_(limits) {}
+  JsonParser(std::string_view text, const JsonLimits& limits)
+      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
 
   std::optional<Json> run(JsonParseError* error) {
-    Json value;
-    skip_space();
-    if (parse_value(value, 0)) {
+    try {
+      Json value;
       skip_space();
-      if (pos_ == text_.size()) return value;
-      fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+      if (parse_value(value, 0)) {
+        skip_space();
+        if (pos_ == text_.size()) return value;
+        fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+      }
+    } catch (const std::bad_alloc&) {
+      // The partial value is gone by now, so there is room for the message.
+      fail(JsonErrorKind::kOutOfMemory,
+           ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
+                                      "-byte JSON text"));
     }
     if (error != nullptr) *error = std::move(error_);
     return std::nullopt;
@@ -15219,9 +15706,9 @@ class JsonParser {
   }
 
   bool parse_array(Json& out, int depth) {
-    if (depth > limits_.max_depth)
+    if (depth > max_depth_)
       return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", limits_.max_depth));
+                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
     out = Json::array();
     ++pos_;
     skip_space();
@@ -15246,9 +15733,9 @@ class JsonParser {
   }
 
   bool parse_object(Json& out, int depth) {
-    if (depth > limits_.max_depth)
+    if (depth > max_depth_)
       return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", limits_.max_depth));
+                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
     out = Json::object();
     const std::size_t start = pos_;
     ++pos_;
@@ -15308,6 +15795,7 @@ class JsonParser {
 
   std::string_view text_;
   JsonLimits limits_;
+  int max_depth_;
   std::size_t pos_ = 0;
   JsonParseError error_;
 };
@@ -15965,6 +16453,10 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
   // Depth 4 is enough for the format ({name: {shape: [..]}}); refuse anything deeper early.
   std::optional<Json> parsed = Json::try_parse(json, &error, JsonLimits{.max_depth = 8});
   if (!parsed) {
+    if (error.kind == JsonErrorKind::kOutOfMemory)
+      safetensors_fail(
+          R::kInvalidHeaderDeserialization, source,
+          concat("the ", json.size(), "-byte header is too large to parse (", error.message, ")"));
     if (error.kind == JsonErrorKind::kDuplicateKey)
       safetensors_fail(R::kDuplicateName, source,
                        concat("the header names '", detail::printable(error.key),
@@ -16086,11 +16578,19 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
                        concat("tensor '", name, "' has rank ", r.dims.size(),
                               "; trainkit supports up to ", kMaxRank));
     std::vector<std::int64_t> dims;
+    std::int64_t nonzero = 1;  // product of the nonzero extents: strides are int64
     for (std::uint64_t d : r.dims) {
-      if (d > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+      const std::optional<std::int64_t> e = checked_cast<std::int64_t>(d);
+      if (!e)
         safetensors_fail(R::kUnsupported, source,
                          concat("tensor '", name, "' has an extent above 2^63-1"));
-      dims.push_back(std::int64_t(d));
+      const std::optional<std::int64_t> next = checked_mul(nonzero, *e == 0 ? 1 : *e);
+      if (!next)
+        safetensors_fail(R::kUnsupported, source,
+                         concat("tensor '", name, "' has extents whose product (zeros aside) ",
+                                "exceeds 2^63-1: trainkit's int64 strides cannot index it"));
+      nonzero = *next;
+      dims.push_back(*e);
     }
     SafetensorsTensorInfo info;
     info.name = r.member->key;
@@ -17136,6 +17636,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17178,6 +17679,16 @@ class TokenShardDataset {
                    "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
                    dtype_name(t));
     TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
+    // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
+    // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
+    const std::size_t field_bytes =
+        checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ",
+                    options_.seq_len, " tokens of ", dtype_name(t));
+    TRAINKIT_CHECK(
+        options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
+            field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+        "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
+    window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
     const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
     fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
     std::size_t total = 0;
@@ -17185,15 +17696,15 @@ class TokenShardDataset {
       Shard s;
       s.file = io::MappedFile(path, io::MapAccess::kNormal);
       open_shard(s);
-      const std::size_t window = options_.seq_len + 1;
+      const std::size_t window = window_;
       s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
-      total += s.windows;
+      total = checked_add(total, s.windows, "TokenShardDataset: total window count");
       s.first = total - s.windows;
       shards_.push_back(std::move(s));
     }
     size_ = total;
     TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
-                   "'... holds a window of seq_len + 1 = ", options_.seq_len + 1, " tokens");
+                   "'... holds a window of seq_len + 1 = ", window_, " tokens");
   }
 
   /// Number of windows over all shards.
@@ -17260,7 +17771,10 @@ class TokenShardDataset {
     TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
     s.tokens = static_cast<std::size_t>(header[2]);
     const std::size_t width = s.wide ? 4 : 2;
-    const std::size_t expected = kTokenShardHeaderBytes + width * s.tokens;
+    const std::size_t expected =
+        checked_add(kTokenShardHeaderBytes,
+                    checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
+                    "token shard '", path, "': file size");
     TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
                    " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
                    expected, " bytes (",
@@ -17303,6 +17817,7 @@ class TokenShardDataset {
   }
 
   TokenShardOptions options_;
+  std::size_t window_ = 0;  // seq_len + 1
   std::vector<Shard> shards_;
   std::vector<FieldSpec> fields_;
   std::size_t size_ = 0;
@@ -17359,6 +17874,10 @@ struct TarShardOptions {
   std::size_t shuffle_buffer = 0;  ///< samples held for shuffling; 0 = shard order
   std::size_t rank = 0;            ///< this rank reads shards rank, rank+world, ... of the order
   std::size_t world = 1;
+  /// Members larger than this (bytes) are refused before they are read into memory (see
+  /// io::TarReaderOptions). Members are also never read past the shard's end, and `.npy`, `.cls`
+  /// and `.json` members have tighter limits of their own derived from the field.
+  std::uint64_t max_member_bytes = std::uint64_t{1} << 30;
 };
 
 namespace detail {
@@ -17475,12 +17994,22 @@ class TarShardDataset {
       for (const FieldSpec& g : fields_)
         TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
       FieldSpec spec{f.name, f.dtype, f.shape};
+      std::size_t bytes = dtype_size(f.dtype);
+      for (std::int64_t d : f.shape) {
+        TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
+        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
+                            "' (", dtype_name(f.dtype), ") bytes per sample");
+      }
+      // Strides and batch sizes are int64 products of these extents: keep them representable.
+      TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+                     "TarShardDataset: field '", f.name, "' of ", bytes,
+                     " bytes per sample is too large");
       const auto kind = detail::tar_decode_kind(f.ext);
       TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
                      "TarShardDataset: field '", f.name, "' (.", f.ext,
                      ") holds one integer per sample; its shape must be scalar");
       offsets_.push_back(offset);
-      offset += spec.bytes();
+      offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
       fields_.push_back(std::move(spec));
     }
     sample_bytes_ = offset;
@@ -17594,7 +18123,8 @@ class TarShardDataset {
           return false;
         }
         current_shard_ = order_[next_shard_++];
-        reader_.emplace(io::TarReader::open(current_shard_));
+        reader_.emplace(io::TarReader::open(
+            current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
         entry_pending_ = false;
       }
       if (!entry_pending_) {
@@ -17661,6 +18191,13 @@ class TarShardDataset {
     const std::uint64_t size = reader_->entry().size;
     switch (detail::tar_decode_kind(o_.fields[k].ext)) {
       case detail::TarDecode::kNpy: {
+        // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
+        const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
+        if (size > most)
+          fail_member(member,
+                      ::trainkit::detail::concat(size, " bytes, more than a .npy of field '",
+                                                 f.name, "' (", dtype_name(f.dtype), ", ", want,
+                                                 " data bytes) can hold (at most ", most, ")"));
         const std::vector<std::byte> bytes = reader_->read_data();
         const std::string where = current_shard_ + ":" + member;
         const io::NpyHeader h = io::parse_npy_header(bytes, where);
@@ -23505,11 +24042,14 @@ TRAINKIT_NAMESPACE_END
 // trainkit/ckpt/checkpointer.hpp: `Checkpointer`, crash-safe checkpoints of a TrainState in
 // `<root>/step_000000123/` directories: model.safetensors (PyTorch names), train_state.safetensors
 // (every other tensor; scalars in __metadata__) and checkpoint.json (the manifest, written last),
-// each file checksummed. A save writes a hidden temp directory, fsyncs it and renames it into
-// place, so a crash at any instant leaves only complete checkpoints under step_* names. Saves
-// every N steps or T seconds, keeps the last K and the best K by a metric, can write on a
-// background thread (training waits only for the host snapshot), shards across ranks with a
-// model.safetensors.index.json, and resume() restores everything from the newest intact one.
+// each file checksummed, the manifest too (format version 2: its first member is its own XXH64).
+// resume() logs every damaged checkpoint it skips and moves it aside as `.<name>.corrupt`; when
+// none is usable but damaged ones exist it throws rather than start fresh. A save writes a hidden
+// temp directory, fsyncs it and renames it into place, so a crash at any instant leaves only
+// complete checkpoints under step_* names. Saves every N steps or T seconds, keeps the last K and
+// the best K by a metric, can write on a background thread (training waits only for the host
+// snapshot), shards across ranks with a model.safetensors.index.json, and resume() restores
+// everything from the newest intact one.
 
 #include <algorithm>
 #include <cerrno>
@@ -23523,6 +24063,7 @@ TRAINKIT_NAMESPACE_END
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23591,11 +24132,12 @@ struct CheckpointerOptions {
   std::size_t alignment = 64;
   /// Directory names are `<prefix><step, 9+ digits>`.
   std::string prefix = "step_";
-  /// Rank 0 deletes what interrupted saves left (temp directories, partly deleted checkpoints)
-  /// at construction and moves damaged checkpoints aside in resume(). false for a Checkpointer
+  /// Rank 0 deletes what interrupted saves and rotations left (hidden temp directories) at
+  /// construction and moves damaged checkpoints aside in resume(). false for a Checkpointer
   /// that only watches another process's root.
   bool remove_stale = true;
-  /// Warnings (a checkpoint skipped as corrupt, a failed deletion); default: stderr.
+  /// Warnings, one line each: every checkpoint latest() / resume() skip with the reason, each one
+  /// moved aside, a failed deletion; default: stderr ("trainkit ckpt (rank r): ...").
   std::function<void(const std::string&)> log = {};
 };
 
@@ -23624,6 +24166,10 @@ struct LoadOptions {
   /// kFull: verify the checksums of the files read (of all ranks' files when world > 1, so
   /// every rank reaches the same verdict) before anything is restored.
   Verify verify = Verify::kFull;
+  /// resume() / newest_usable() throw when no checkpoint is usable but damaged ones exist (met
+  /// now, or quarantined by an earlier resume): a run asked to continue must not silently start
+  /// from scratch. true: they return nullopt then (logging what was quarantined).
+  bool allow_fresh_start = false;
 };
 
 /// Timings of the last save, for benchmarks and logs.
@@ -23642,7 +24188,17 @@ std::function<void()> comm_barrier(C& comm) {
 namespace detail {
 
 inline constexpr std::string_view kManifestName = "checkpoint.json";
-inline constexpr int kManifestVersion = 1;
+/// Version 2 manifests carry their own XXH64 (version 1 had none: one edited digit changed what
+/// a resume restored). Version 1 manifests are refused, not trusted: the settings they record
+/// cannot be verified. See parse_manifest.
+inline constexpr int kManifestVersion = 2;
+/// The manifest's checksum member: always the first one, so the file starts with
+/// kManifestPrefix followed by 16 hex digits: XXH64 of the whole file with those digits as '0'
+/// (the convention of the checksummed safetensors files).
+inline constexpr std::string_view kManifestChecksumKey = "manifest_xxh64";
+inline constexpr std::string_view kManifestPrefix = "{\n  \"manifest_xxh64\": \"";
+/// Larger manifests are refused before they are read (one lists a few files per rank).
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t(64) << 20;
 
 inline std::string state_file_name(int rank, int world) {
   if (world == 1) return "train_state.safetensors";
@@ -23698,30 +24254,65 @@ inline double metric_value(const io::Json& j) {
   return std::nan("");
 }
 
-inline std::string read_text(const std::filesystem::path& path) {
-  const io::MappedFile map(path);
-  return std::string(reinterpret_cast<const char*>(map.data()), map.size());
+/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
+inline std::uint64_t manifest_checksum(std::string_view text) {
+  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
+                                      '0', '0', '0', '0', '0', '0', '0', '0'};
+  const std::size_t at = kManifestPrefix.size();
+  Xxh64 h;
+  h.update(text.substr(0, at));
+  h.update(kZeros, 16);
+  h.update(text.substr(at + 16));
+  return h.digest();
 }
 
-/// Parses checkpoint.json of `dir`. Throws trainkit::Error naming the file on any problem.
-inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
-  const std::filesystem::path file = dir / kManifestName;
-  const std::string text = read_text(file);
-  const io::Json root = io::Json::parse(text, file.string());
-  const std::string where = file.string();
+/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
+/// Verifies the manifest checksum first, then the content: every file a resume reads (each
+/// rank's train_state, the model file and, for world > 1, every model shard) must be listed with
+/// its size and checksum. Throws trainkit::Error on any problem, never anything else.
+inline CheckpointInfo parse_manifest(std::string_view text, const std::filesystem::path& dir,
+                                     const std::string& where) {
+  TRAINKIT_CHECK(!text.empty(), "checkpoint manifest '", where, "' is empty");
+  TRAINKIT_CHECK(text.size() <= kMaxManifestBytes, "checkpoint manifest '", where, "' has ",
+                 text.size(), " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
+  const bool summed =
+      text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
+  if (summed) {
+    const auto stored = parse_hex64(text.substr(kManifestPrefix.size(), 16));
+    TRAINKIT_CHECK(stored.has_value(), "checkpoint manifest '", where, "': its ",
+                   kManifestChecksumKey, " is not 16 hex digits (damaged or edited)");
+    const std::uint64_t actual = manifest_checksum(text);
+    // The digits as written (lower case): a byte of them edited is an edit too.
+    TRAINKIT_CHECK(text.substr(kManifestPrefix.size(), 16) == hex64(actual),
+                   "checkpoint manifest '", where, "' fails its checksum: its content hashes to ",
+                   hex64(actual), " but it was written with ", kManifestChecksumKey, " = ",
+                   hex64(*stored), " (", text.size(),
+                   " bytes; bit rot, a torn write or an edited file)");
+  }
+  const io::Json root = io::Json::parse(text, where);
   TRAINKIT_CHECK(root.is_object(), "checkpoint manifest '", where, "' is not a JSON object");
   const io::Json* format = root.find("format");
   TRAINKIT_CHECK(
       format != nullptr && format->is_string() && format->as_string() == "trainkit.checkpoint", "'",
       where, "' is not a trainkit checkpoint manifest");
-  TRAINKIT_CHECK(root.at("version").as_int() == kManifestVersion, "checkpoint manifest '", where,
-                 "' has version ", root.at("version").as_int(), "; this trainkit reads version ",
-                 kManifestVersion);
+  const io::Json* version = root.find("version");
+  TRAINKIT_CHECK(version != nullptr && version->is_number(), "checkpoint manifest '", where,
+                 "' has no version");
+  const std::int64_t v = version->as_int();
+  TRAINKIT_CHECK(v != 1 || summed, "checkpoint manifest '", where,
+                 "' has version 1, which carries no checksum of its own: the settings it records "
+                 "cannot be verified, so this trainkit (manifest version ",
+                 kManifestVersion, ") does not resume from it; use the trainkit that wrote it");
+  TRAINKIT_CHECK(v == kManifestVersion, "checkpoint manifest '", where, "' has version ", v,
+                 "; this trainkit reads version ", kManifestVersion);
+  TRAINKIT_CHECK(summed, "checkpoint manifest '", where, "' does not start with its ",
+                 kManifestChecksumKey, " checksum (damaged or edited)");
   CheckpointInfo info;
   info.path = dir;
   info.step = root.at("step").as_int();
   info.epoch = root.at("epoch").as_int();
-  info.world = static_cast<int>(root.at("world_size").as_int());
+  info.world = static_cast<int>(
+      std::clamp<std::int64_t>(root.at("world_size").as_int(), 0, std::numeric_limits<int>::max()));
   TRAINKIT_CHECK(info.world >= 1, "checkpoint manifest '", where, "': world_size < 1");
   info.created_unix = root.at("created_unix").as_int();
   for (const io::JsonMember& m : root.at("metrics").as_object())
@@ -23737,6 +24328,9 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
         !f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." && f.name != ".",
         "checkpoint manifest '", where, "' lists the file '", f.name,
         "', which is not a plain file name");
+    for (const CheckpointInfo::File& g : info.files)
+      TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
+                     "' twice");
     f.bytes = m.value.at("bytes").as_uint();
     const auto h = parse_hex64(m.value.at("xxh64").as_string());
     TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
@@ -23744,11 +24338,79 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
     f.xxh64 = *h;
     info.files.push_back(std::move(f));
   }
+  // Every file a resume reads is listed, so that it is verified before it is read.
+  const auto listed = [&](const std::string& name) {
+    for (const CheckpointInfo::File& f : info.files)
+      if (f.name == name) return true;
+    return false;
+  };
+  const auto require = [&](const std::string& name) {
+    TRAINKIT_CHECK(listed(name), "checkpoint manifest '", where, "' does not list '", name,
+                   "', which a resume reads (its size and checksum must be recorded)");
+  };
+  TRAINKIT_CHECK(std::size_t(info.world) <= info.files.size(), "checkpoint manifest '", where,
+                 "': world_size ", info.world, " but only ", info.files.size(), " file(s) listed");
+  for (int r = 0; r < info.world; ++r) require(state_file_name(r, info.world));
+  if (!info.model_file.empty()) {
+    require(info.model_file);
+    if (info.world > 1)
+      for (int r = 0; r < info.world; ++r) require(model_file_name(r, info.world));
+  }
   return info;
 }
 
+/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
+/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
+inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / kManifestName;
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(file, ec);
+  TRAINKIT_CHECK(!ec, "checkpoint '", dir.string(), "' has no readable ", kManifestName, " (",
+                 ec.message(), ")");
+  TRAINKIT_CHECK(size <= kMaxManifestBytes, "checkpoint manifest '", file.string(), "' has ", size,
+                 " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
+  const io::MappedFile map(file);
+  return parse_manifest(std::string_view(reinterpret_cast<const char*>(map.data()), map.size()),
+                        dir, file.string());
+}
+
+/// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
+/// quoted inside another message).
+inline std::string reason_of(const std::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  return std::string(what);
+}
+
+/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
+/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
+/// trainkit. Never throws.
+inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
+  try {
+    const std::filesystem::path file = dir / kManifestName;
+    if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
+    const io::MappedFile map(file);
+    const std::string_view text(reinterpret_cast<const char*>(map.data()), map.size());
+    const bool summed =
+        text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
+    if (summed && parse_hex64(text.substr(kManifestPrefix.size(), 16)) != manifest_checksum(text))
+      return false;
+    const io::Json root = io::Json::parse(text, file.string());
+    const io::Json* format = root.is_object() ? root.find("format") : nullptr;
+    const io::Json* version = root.is_object() ? root.find("version") : nullptr;
+    return format != nullptr && format->is_string() &&
+           format->as_string() == "trainkit.checkpoint" && version != nullptr &&
+           version->is_number() && version->as_int() != kManifestVersion &&
+           (summed || version->as_int() == 1);
+  } catch (...) {
+    return false;
+  }
+}
+
+/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
 inline std::string manifest_text(const CheckpointInfo& info) {
   io::Json root = io::Json::object();
+  root.set(std::string(kManifestChecksumKey), std::string(16, '0'));
   root.set("format", "trainkit.checkpoint");
   root.set("version", kManifestVersion);
   root.set("trainkit", TRAINKIT_VERSION_STRING);
@@ -23771,7 +24433,11 @@ inline std::string manifest_text(const CheckpointInfo& info) {
     files.set(f.name, std::move(e));
   }
   root.set("files", std::move(files));
-  return root.dump(2) + "\n";
+  std::string text = root.dump(2) + "\n";
+  TRAINKIT_CHECK(text.starts_with(kManifestPrefix), "ckpt: the manifest of '", info.path.string(),
+                 "' does not start with its checksum member");
+  text.replace(kManifestPrefix.size(), 16, hex64(manifest_checksum(text)));
+  return text;
 }
 
 /// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
@@ -23853,7 +24519,11 @@ inline void replace_directory(const std::filesystem::path& from, const std::file
   fs::rename(to, aside, ec);
   TRAINKIT_CHECK(!ec, "cannot move '", to.string(), "' aside: ", ec.message());
   fs::rename(from, to, ec);
-  TRAINKIT_CHECK(!ec, "cannot rename '", from.string(), "' to '", to.string(), "': ", ec.message());
+  if (ec) {  // put the old one back: a failed save leaves the previous checkpoint in place
+    const std::string why = ec.message();
+    fs::rename(aside, to, ec);
+    TRAINKIT_FAIL("cannot rename '", from.string(), "' to '", to.string(), "': ", why);
+  }
   fs::remove_all(aside, ec);
 }
 
@@ -23993,38 +24663,35 @@ class Checkpointer {
     return stats_;
   }
 
-  /// Complete checkpoints (manifest present, files with their recorded sizes), oldest first.
-  /// Directories that are not complete are skipped silently; never throws for them.
+  /// Complete checkpoints (manifest present and passing its checksum, files with their recorded
+  /// sizes), oldest first. Anything else is skipped silently here (latest() and resume() log
+  /// it); never throws for it.
   std::vector<CheckpointInfo> list() const {
     std::vector<CheckpointInfo> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      const auto step = detail::parse_step_dir(name, options_.prefix);
-      if (!step || !it->is_directory(ec)) continue;
+    for (const Candidate& c : candidates()) {
       try {
-        CheckpointInfo info = detail::read_manifest(it->path());
-        detail::verify_checkpoint(info, Verify::kStructure);
-        if (info.step == *step) out.push_back(std::move(info));
+        out.push_back(inspect(c, Verify::kStructure));
       } catch (const std::exception&) {
       }
     }
-    std::sort(out.begin(), out.end(),
-              [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+    std::reverse(out.begin(), out.end());
     return out;
   }
 
-  /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it);
-  /// incomplete and corrupt ones are skipped (and logged). nullopt when there is none.
+  /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it; the
+  /// manifest's own checksum is always verified); every newer one skipped is logged with the
+  /// reason. Moves nothing (see resume()). nullopt when there is none.
   std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const {
-    const std::vector<CheckpointInfo> all = list();
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    for (const Candidate& c : candidates()) {
       try {
-        detail::verify_checkpoint(*it, verify);
-        return *it;
+        return inspect(c, verify);
       } catch (const std::exception& e) {
-        log(std::string("skipping checkpoint: ") + e.what());
+        if (foreign(c)) {
+          log("ignoring '" + c.path.string() + "': not a checkpoint (" + detail::reason_of(e) +
+              ")");
+        } else {
+          log("skipping checkpoint '" + c.path.string() + "': " + detail::reason_of(e));
+        }
       }
     }
     return std::nullopt;
@@ -24052,40 +24719,54 @@ class Checkpointer {
   }
 
   /// One call to continue a run: waits for writes in flight, then restores `state` from the
-  /// newest checkpoint that is complete and intact, skipping (and logging) corrupt ones; rank 0
-  /// moves those aside as `.<name>.corrupt` (kept for inspection, never listed), so they do
-  /// not count for keep-last. Returns the checkpoint, or nullopt on a fresh start (state
-  /// untouched). An error restoring a component (another optimizer, a changed model) is thrown,
-  /// not skipped: an older checkpoint would fail the same way.
+  /// newest checkpoint that is complete and intact (manifest checksum, every listed file's size
+  /// and, with Verify::kFull, content). Every damaged checkpoint met on the way (a missing,
+  /// empty, unparsable or edited manifest, a missing, truncated or corrupt file) is logged with
+  /// the reason and, by rank 0 (remove_stale), moved aside as `.<name>.corrupt[.N]`: kept for
+  /// inspection, never listed, never overwritten by a later save, not counted for keep-last.
+  /// Step directories holding files a checkpoint does not consist of are logged and left alone.
+  /// Returns the checkpoint, or nullopt on a fresh start (state untouched). Throws
+  /// trainkit::Error, changing nothing in `state`:
+  /// - when no checkpoint is usable but damaged ones exist (met now, or quarantined by an
+  ///   earlier resume), listing them, unless options.allow_fresh_start;
+  /// - for a manifest of another format version (version 1 has no checksum);
+  /// - for an error of this run's configuration (another world size, a model registered but not
+  ///   saved, another optimizer, a changed model): an older checkpoint would fail the same way.
   std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
     wait();
-    const std::vector<CheckpointInfo> all = list();
-    std::vector<std::filesystem::path> corrupt;
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      std::optional<CheckpointInfo> info;
-      std::optional<Opened> opened;
-      try {
-        info.emplace(detail::read_manifest(it->path));
-      } catch (const std::exception& e) {
-        log(std::string("resume: skipping checkpoint: ") + e.what());
-        corrupt.push_back(it->path);
-        continue;
-      }
-      check_compatible(*info, state);  // a mismatch of this run is not skipped: it is thrown
-      try {
-        opened.emplace(read_verified(*info, state, options));
-      } catch (const std::exception& e) {
-        log(std::string("resume: skipping checkpoint: ") + e.what());
-        corrupt.push_back(it->path);
-        continue;
-      }
-      apply(*opened, state, options);
-      last_saved_step_ = info->step;
-      quarantine(corrupt);
-      return info;
+    std::optional<Opened> opened;
+    std::optional<CheckpointInfo> info = select(
+        options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
+        [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
+    if (!info) return std::nullopt;
+    apply(*opened, state, options);
+    last_saved_step_ = info->step;
+    return info;
+  }
+
+  /// The checkpoint resume() would restore, without restoring it (e.g. to read the settings in
+  /// its metadata before the TrainState exists): the same verification of every file it lists
+  /// (options.verify), the same logging, quarantine and errors. A resume() after it verifies
+  /// again; compare the steps.
+  std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {}) {
+    wait();
+    return select(
+        options, [](const CheckpointInfo&) {},
+        [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
+  }
+
+  /// The checkpoints moved aside as damaged (`.<prefix><step>.corrupt[.N]`), by name.
+  std::vector<std::filesystem::path> quarantined() const {
+    std::vector<std::filesystem::path> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
+        out.push_back(it->path());
     }
-    quarantine(corrupt);
-    return std::nullopt;
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
  private:
@@ -24114,6 +24795,106 @@ class Checkpointer {
     } else {
       std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
     }
+  }
+
+  /// A directory named like a checkpoint (`<prefix><digits>`).
+  struct Candidate {
+    std::filesystem::path path;
+    std::int64_t step = 0;
+  };
+
+  /// The step directories under the root, newest first.
+  std::vector<Candidate> candidates() const {
+    std::vector<Candidate> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
+      std::error_code dec;
+      if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
+    }
+    std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+      return a.step != b.step ? a.step > b.step : a.path > b.path;
+    });
+    return out;
+  }
+
+  /// The checkpoint in `c`, checked at `level` (its manifest always in full). Throws.
+  static CheckpointInfo inspect(const Candidate& c, Verify level) {
+    CheckpointInfo info = detail::read_manifest(c.path);
+    TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                   "' is damaged: its manifest says step ", info.step);
+    detail::verify_checkpoint(info, level);
+    return info;
+  }
+
+  /// True for a step directory without a manifest that holds files a checkpoint does not
+  /// consist of: someone else's, never moved or deleted.
+  static bool foreign(const Candidate& c) {
+    std::error_code ec;
+    return !std::filesystem::exists(c.path / detail::kManifestName, ec) &&
+           !detail::only_checkpoint_files(c.path);
+  }
+
+  /// The search of resume() and newest_usable(): newest first, `check` (errors of this run,
+  /// thrown) then `verify` (damage, skipped) on each checkpoint; see resume().
+  std::optional<CheckpointInfo> select(const LoadOptions& options,
+                                       const std::function<void(const CheckpointInfo&)>& check,
+                                       const std::function<void(const CheckpointInfo&)>& verify) {
+    std::vector<Damaged> damaged;
+    const auto skip = [&](const Candidate& c, const std::string& why) {
+      log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
+      damaged.push_back({c.path, why});
+    };
+    for (const Candidate& c : candidates()) {
+      CheckpointInfo info;
+      try {
+        info = detail::read_manifest(c.path);
+        TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                       "' is damaged: its manifest says step ", info.step);
+      } catch (const std::exception& e) {
+        if (foreign(c)) {
+          log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
+              detail::reason_of(e) + ")");
+          continue;
+        }
+        if (detail::other_manifest_version(c.path))
+          TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", detail::reason_of(e));
+        skip(c, detail::reason_of(e));
+        continue;
+      }
+      check(info);  // a mismatch of this run is not skipped: it is thrown
+      try {
+        verify(info);
+      } catch (const std::exception& e) {
+        skip(c, detail::reason_of(e));
+        continue;
+      }
+      quarantine(damaged);
+      return info;
+    }
+    std::vector<std::string> now = quarantine(damaged);
+    std::string earlier;
+    for (const std::filesystem::path& q : quarantined()) {
+      bool listed = false;
+      for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
+      if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
+    }
+    if (now.empty() && earlier.empty()) return std::nullopt;
+    std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
+    if (!now.empty()) {
+      what += "; damaged now: ";
+      for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
+    }
+    if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
+    if (options.allow_fresh_start) {
+      log("resume: " + what + "; starting fresh (allow_fresh_start)");
+      return std::nullopt;
+    }
+    TRAINKIT_FAIL("ckpt: ", what,
+                  ". Nothing was restored. Inspect the quarantined directories, move them out of "
+                  "the root (or delete them) to start from scratch, or allow a fresh start "
+                  "(LoadOptions::allow_fresh_start)");
   }
 
   void barrier() const {
@@ -24277,9 +25058,10 @@ class Checkpointer {
     rotate(job.step);
   }
 
-  /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. The
-  /// manifest goes first, so a crash mid-deletion leaves an incomplete directory, not a damaged
-  /// checkpoint.
+  /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
+  /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
+  /// the deletion short), so a step directory never loses its manifest to a rotation: one
+  /// without a manifest is damaged, not half-deleted.
   void rotate(std::int64_t newest) {
     std::vector<CheckpointInfo> all = list();
     if (options_.keep_last <= 0) return;
@@ -24299,31 +25081,52 @@ class Checkpointer {
     }
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (keep[i]) continue;
+      const std::filesystem::path aside =
+          root_ / ("." + all[i].path.filename().string() + ".deleting");
       std::error_code ec;
-      std::filesystem::remove(all[i].path / detail::kManifestName, ec);
-      if (!ec) std::filesystem::remove_all(all[i].path, ec);
+      std::filesystem::remove_all(aside, ec);
+      std::filesystem::rename(all[i].path, aside, ec);
+      if (!ec) std::filesystem::remove_all(aside, ec);
       if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
     }
   }
 
-  /// Rank 0: renames damaged checkpoints to `.<name>.corrupt[.N]`.
-  void quarantine(const std::vector<std::filesystem::path>& dirs) const {
-    if (options_.rank != 0 || !options_.remove_stale) return;
-    for (const auto& d : dirs) {
+  /// A damaged checkpoint met by resume() and why it is damaged.
+  struct Damaged {
+    std::filesystem::path path;
+    std::string reason;
+  };
+
+  /// Rank 0 (remove_stale): renames damaged checkpoints to `.<name>.corrupt[.N]`, logging each.
+  /// Returns one line per checkpoint: where it went (or that it was left in place) and why.
+  std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const {
+    std::vector<std::string> out;
+    const bool move = options_.rank == 0 && options_.remove_stale;
+    for (const Damaged& d : dirs) {
+      if (!move) {
+        out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
+        continue;
+      }
       std::error_code ec;
-      std::filesystem::path target = root_ / ("." + d.filename().string() + ".corrupt");
+      std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
       for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
-        target = root_ / ("." + d.filename().string() + ".corrupt." + std::to_string(n));
-      std::filesystem::rename(d, target, ec);
+        target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
+      std::filesystem::rename(d.path, target, ec);
       if (ec) {
-        log("cannot move the damaged checkpoint '" + d.string() + "' aside: " + ec.message());
+        log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
+        out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
+                      ec.message() + "; " + d.reason + ")");
       } else {
-        log("moved the damaged checkpoint '" + d.string() + "' to '" + target.string() + "'");
+        log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
+        out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
       }
     }
+    return out;
   }
 
-  /// Removes temp directories of interrupted saves and half-deleted checkpoints.
+  /// Removes temp directories of interrupted saves and rotations (`.<prefix>*.tmp`,
+  /// `.<prefix>*.deleting`). Step directories are never deleted here: a damaged one is
+  /// quarantined (and logged) by resume().
   void remove_stale() {
     std::error_code ec;
     std::vector<std::filesystem::path> stale;
@@ -24332,17 +25135,6 @@ class Checkpointer {
       const std::string name = it->path().filename().string();
       if (!name.starts_with("." + options_.prefix)) continue;
       if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
-    }
-    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
-    // A directory whose manifest was removed by an interrupted rotation (only when it holds
-    // nothing but checkpoint files: never delete what someone else put there).
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (detail::parse_step_dir(name, options_.prefix) && it->is_directory(ec) &&
-          !std::filesystem::exists(it->path() / detail::kManifestName, ec) &&
-          detail::only_checkpoint_files(it->path()))
-        stale.push_back(it->path());
     }
     for (const auto& p : stale) std::filesystem::remove_all(p, ec);
   }
@@ -24412,7 +25204,9 @@ class Checkpointer {
       lock.lock();
       stats_.write_seconds = s.write_seconds;
       stats_.bytes = s.bytes;
-      if (error) error_ = error;
+      // Moved under the lock: the writer keeps no reference to the exception the caller's
+      // wait() rethrows, so its last release never races with the caller reading it.
+      if (error) error_ = std::move(error);
       job_.reset();
       lock.unlock();
       idle_cv_.notify_all();
@@ -25260,15 +26054,9 @@ inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) 
 #endif
   return cpu_peak_worker_portable(min_ns, go);
 }
-}  // namespace detail
 
-/// Measures the FP32 multiply-add rate this build reaches on `threads` threads (0 = all hardware
-/// threads) for about `seconds`: a practical CPU "peak" for MFU on machines without a spec-sheet
-/// number. It depends on compiler flags (-march=native enables wider vectors), so prefer a
-/// configured peak when comparing machines.
-inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2) {
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  const auto min_ns = static_cast<std::int64_t>(seconds * 1e9);
+/// One probe: every thread runs its multiply-add loop for `min_ns` at once; the sum of their rates.
+inline double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
   std::atomic<bool> go{false};
   std::vector<double> rates(threads, 0.0);
   std::vector<std::thread> workers;
@@ -25281,6 +26069,29 @@ inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2)
   double total = 0.0;
   for (double r : rates) total += r;
   return total;
+}
+}  // namespace detail
+
+/// The best (largest) rate of `probes` calls of `probe` (a callable returning FLOP/s). A peak
+/// measured once is only a lower bound, and a low one when other work shares the machine: several
+/// short probes spread over time are likely to catch a quiet moment.
+template <class Probe>
+double best_of_probes(int probes, Probe&& probe) {
+  double best = 0.0;
+  for (int i = 0; i < std::max(1, probes); ++i) best = std::max(best, static_cast<double>(probe()));
+  return best;
+}
+
+/// Measures the FP32 multiply-add rate this build reaches on `threads` threads (0 = all hardware
+/// threads) for about `seconds`: a practical CPU "peak" for MFU on machines without a spec-sheet
+/// number: the best of `probes` probes of seconds / probes each (see best_of_probes). It depends on
+/// the CPU features the build and the run time dispatch use, so prefer a configured peak when
+/// comparing machines.
+inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2, int probes = 4) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  probes = std::max(1, probes);
+  const auto min_ns = static_cast<std::int64_t>(seconds * 1e9 / probes);
+  return best_of_probes(probes, [&] { return detail::measure_cpu_peak_once(threads, min_ns); });
 }
 
 }  // namespace monitor
@@ -25732,6 +26543,8 @@ enum class ProgressStyle : std::uint8_t { kAuto, kBar, kPlain, kOff };
 /// Options of Progress.
 struct ProgressOptions {
   std::int64_t total = 0;                      ///< steps in the run; 0 = unknown (no %, no ETA)
+  std::int64_t initial = 0;                    ///< steps done at the start (resumed run); rate/ETA
+                                               ///< count only the steps made since
   ProgressStyle style = ProgressStyle::kAuto;  ///< see ProgressStyle
   std::FILE* stream = stdout;                  ///< where output goes
   double bar_interval_secs = 0.1;              ///< least time between two bar redraws
@@ -25767,6 +26580,7 @@ class Progress {
           ::isatty(::fileno(options_.stream)) != 0 ? ProgressStyle::kBar : ProgressStyle::kPlain;
     }
     start_ns_ = last_output_ns_ = rate_ns_ = options_.clock();
+    step_ = last_line_step_ = rate_step_ = options_.initial;
   }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -25775,10 +26589,11 @@ class Progress {
   /// The style in use (kAuto resolved).
   ProgressStyle style() const noexcept { return options_.style; }
 
-  /// Reports `step` completed steps (counting from 0 at the start) and, if finite, the latest loss.
-  /// Draws when the bar's redraw interval passed or, in plain mode, when a line is due; always
-  /// at step == total. `now_ns` is the time on options.clock when the caller already read it
-  /// (saves a clock read per step); -1 reads the clock.
+  /// Reports `step` completed steps (counting from 0 at the start of the run, so a run resumed
+  /// at step N reports N + 1 after its first step; see ProgressOptions::initial) and, if finite,
+  /// the latest loss. Draws when the bar's redraw interval passed or, in plain mode, when a line is
+  /// due; always at step == total. `now_ns` is the time on options.clock when the caller already
+  /// read it (saves a clock read per step); -1 reads the clock.
   void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1) {
     if (options_.style == ProgressStyle::kOff || finished_) return;
     step_ = step;
@@ -25936,13 +26751,17 @@ TRAINKIT_NAMESPACE_END
 // trainkit/monitor/metrics_file.hpp: a JSON-lines metrics log — one JSON object per line, e.g.
 // {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is written and
 // flushed whole, so a crashed run leaves complete lines, and `pandas.read_json(path, lines=True)`,
-// `jq` or grep read it directly.
+// `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after dropping the
+// lines an earlier run wrote past the checkpoint's step (see keep_metrics_through_step).
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25950,6 +26769,47 @@ TRAINKIT_NAMESPACE_END
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace monitor {
+
+/// Prepares the metrics file of a run resumed at step `resume_step`: keeps, in order and byte for
+/// byte, the lines that are JSON objects with an integer "step" of at most `resume_step`, and drops
+/// the rest: what a crashed or superseded run logged past the checkpoint (so a run resumed twice
+/// from one checkpoint shows each step once) and a torn last line (a kill inside write(2)). The
+/// file is replaced atomically (a temp file renamed over it), so a crash here leaves the old or the
+/// new content, never a mix. Returns the number of lines dropped; a missing file is not an error
+/// (0). Throws trainkit::Error naming the path when it cannot be read or replaced.
+inline std::size_t keep_metrics_through_step(const std::string& path, std::int64_t resume_step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
+  in.close();
+  std::string kept;
+  kept.reserve(text.size());
+  std::size_t dropped = 0;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t newline = text.find('\n', begin);
+    const std::size_t end = newline != std::string::npos ? newline : text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    if (line.empty()) continue;
+    // A torn line (no newline: killed mid-write) is kept only if it still parses.
+    bool keep = false;
+    const std::optional<io::Json> json = io::Json::try_parse(line);
+    if (json && json->is_object()) {
+      const io::Json* step = json->find("step");
+      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+    }
+    if (keep) {
+      kept.append(line).push_back('\n');
+    } else {
+      ++dropped;
+    }
+  }
+  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  return dropped;
+}
 
 /// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
 class MetricsFile {
@@ -25960,6 +26820,12 @@ class MetricsFile {
     file_ = std::fopen(path_.c_str(), append ? "ab" : "wb");
     TRAINKIT_CHECK(file_ != nullptr, "cannot open metrics file '", path_,
                    "': ", std::strerror(errno));
+  }
+  /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
+  /// past it (keep_metrics_through_step), then appends.
+  static MetricsFile resumed(std::string path, std::int64_t resume_step) {
+    keep_metrics_through_step(path, resume_step);
+    return MetricsFile(std::move(path), true);
   }
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
@@ -26051,6 +26917,11 @@ struct TensorBoardOptions {
   double flush_secs = 10.0;                 ///< buffered records reach the file at least this often
   std::size_t max_buffer_bytes = 1u << 20;  ///< ...or when this many bytes are buffered
   std::string filename_suffix{};            ///< appended to the event file name
+  /// As SummaryWriter(purge_step=N): the new file starts with a SessionLog START at step N, and
+  /// TensorBoard then discards the points of earlier files in log_dir at steps >= N. A run resumed
+  /// from the checkpoint of step S passes S + 1, superseding what a crashed run logged past it.
+  /// -1 = none (a fresh run).
+  std::int64_t purge_step = -1;
 };
 
 /// Writes TensorBoard summaries for one run directory. Records are buffered (see
@@ -26071,6 +26942,16 @@ class TensorBoardWriter {
     file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
                                                  .max_buffer_bytes = options.max_buffer_bytes,
                                                  .filename_suffix = options.filename_suffix});
+    if (options.purge_step >= 0) {
+      // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
+      // file_version event and a SessionLog START, both at the purge step.
+      const double now = io::unix_time_now();
+      io::encode_file_version_event(scratch_, now, options.purge_step);
+      file_->write_event(scratch_.bytes());
+      io::encode_session_start_event(scratch_, now, options.purge_step);
+      file_->write_event(scratch_.bytes());
+      file_->flush();
+    }
   }
 
   /// False on ranks that do not write (then every add_* returns at once) and after close().
@@ -26167,11 +27048,18 @@ TRAINKIT_NAMESPACE_END
 // tokens/s, achieved TFLOP/s and MFU, where the time went (data-wait % with an input-bound
 // warning), peak memory and GPU health — on the console (progress bar or plain lines), in
 // TensorBoard, in a JSON-lines file, and at the end as a Chrome trace.
+//
+// Step numbers: every output (console lines, progress, TensorBoard, metrics.jsonl, the trace)
+// numbers a step by the optimizer steps completed when it ends, the number a checkpoint written
+// after it carries: begin_step(s) starts the step of 0-based loop index s, which is reported as
+// step s + 1. Step 0 is "before training" (e.g. the initial validation loss, see log_metrics). A
+// run resumed from the checkpoint of step N (MonitorOptions::resume_step = N) continues at N + 1.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26191,9 +27079,14 @@ namespace monitor {
 struct MonitorOptions {
   std::int64_t total_steps = 0;  ///< for the progress bar's % and ETA; 0 = unknown
   std::int64_t log_every = 50;   ///< steps per summary
-  int rank = 0;                  ///< this process's rank: only rank 0 prints
-  int world_size = 1;            ///< ranks in the job (global tokens/s = per-rank x world_size)
-  bool all_ranks = false;        ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
+  /// A run resumed from the checkpoint of step N passes N (-1 = a fresh run): metrics_file keeps
+  /// its lines up to step N and is appended to (later lines, from a run that went past the
+  /// checkpoint, are dropped), TensorBoard supersedes the points past N (SessionLog START at N + 1,
+  /// as SummaryWriter(purge_step=N + 1)), and the progress rate and ETA count from step N.
+  std::int64_t resume_step = -1;
+  int rank = 0;            ///< this process's rank: only rank 0 prints
+  int world_size = 1;      ///< ranks in the job (global tokens/s = per-rank x world_size)
+  bool all_ranks = false;  ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
 
   std::string log_dir{};               ///< TensorBoard run directory; empty = no TensorBoard
   std::string metrics_file{};          ///< JSON-lines file of summaries; empty = none
@@ -26207,6 +27100,9 @@ struct MonitorOptions {
   double tokens_per_step = 0.0;   ///< default tokens per step
   double flops_per_step = 0.0;    ///< model FLOPs per step (e.g. transformer_flops_per_step)
   double peak_flops = 0.0;        ///< peak FLOP/s for MFU; 0 = device table (CUDA) or measured
+  /// Where peak_flops comes from, shown next to MFU: e.g. "measured: f32 gemm" when the caller
+  /// measured it; empty = "configured" (a number from a spec sheet or the user).
+  std::string peak_label{};
   Precision precision = Precision::kBf16;  ///< selects the table peak (CUDA tier)
   bool measure_cpu_peak = false;  ///< CPU tier without peak_flops: measure it (0.2 s at start)
 
@@ -26359,6 +27255,7 @@ class Monitor {
                                    : "";
     if (options_.rank == 0 && options_.console != nullptr) {
       progress_.emplace(ProgressOptions{.total = options_.total_steps,
+                                        .initial = std::max<std::int64_t>(0, options_.resume_step),
                                         .style = options_.progress,
                                         .stream = options_.console,
                                         .clock = options_.clock});
@@ -26368,10 +27265,16 @@ class Monitor {
           options_.log_dir,
           TensorBoardOptions{
               .rank = options_.rank,
-              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only});
+              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
+              .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
     }
     if (writes && !options_.metrics_file.empty()) {
-      metrics_.emplace(options_.metrics_file + suffix);
+      if (options_.resume_step >= 0) {
+        metrics_.emplace(
+            MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
+      } else {
+        metrics_.emplace(options_.metrics_file + suffix);
+      }
     }
     if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
     if (!writes) trace_path_.clear();
@@ -26392,10 +27295,11 @@ class Monitor {
     }
   }
 
-  /// Starts step `step` (0-based; step s done means s + 1 steps done for the progress bar).
+  /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
+  /// the optimizer steps completed when it ends (see the top of this file).
   void begin_step(std::int64_t step) {
-    step_ = step;
-    timeline_.begin_step(step);
+    step_ = step + 1;
+    timeline_.begin_step(step_);
   }
 
   /// A host-timed span of `phase` that ends with the returned object's scope.
@@ -26420,13 +27324,31 @@ class Monitor {
       ++loss_count_;
       if (tensorboard_) tensorboard_->add_scalar("train/loss", metrics.loss, step_);
     }
-    if (progress_) progress_->update(step_ + 1, metrics.loss, timeline_.last_step_end_ns());
+    if (progress_) progress_->update(step_, metrics.loss, timeline_.last_step_end_ns());
     if (window_steps_ >= options_.log_every) summarize();
   }
 
-  /// Logs a scalar to TensorBoard (when configured) at the current step.
+  /// Logs a scalar to TensorBoard (when configured) at the current step (begin_step's index + 1).
   void log_scalar(std::string_view tag, double value) {
     if (tensorboard_) tensorboard_->add_scalar(tag, value, step_);
+  }
+
+  /// Logs scalars at an explicit `step` (optimizer steps completed; 0 = before training, e.g. the
+  /// initial validation loss) to TensorBoard and as one line of the metrics file:
+  /// {"step":0,"time":...,"val/loss":5.5}. Both are flushed, like a summary.
+  void log_metrics(std::int64_t step,
+                   std::initializer_list<std::pair<std::string_view, double>> values) {
+    if (tensorboard_ && tensorboard_->enabled()) {
+      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
+      tensorboard_->flush();
+    }
+    if (metrics_) {
+      JsonWriter w;
+      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
+      for (const auto& [tag, value] : values) w.key(tag).value(value);
+      w.end_object();
+      metrics_->write_json(w.str());
+    }
   }
 
   /// Prints a line on rank 0's console without breaking the progress bar.
@@ -26505,7 +27427,7 @@ class Monitor {
   void resolve_peak() {
     if (options_.peak_flops > 0.0) {
       peak_flops_ = options_.peak_flops;
-      peak_label_ = "configured";
+      peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
       return;
     }
 #if TRAINKIT_WITH_CUDA
@@ -26540,6 +27462,17 @@ class Monitor {
       summaries_since_warning_ = 0;
     } else {
       ++summaries_since_warning_;
+    }
+    // MFU is never capped: above 100% the peak is wrong, and the line says so once.
+    if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
+      char text[400];
+      std::snprintf(text, sizeof text,
+                    "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
+                    "the peak is too low (a measured one may have been taken while the machine "
+                    "was busy); pass the hardware's peak to get a true MFU",
+                    100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
+      print(text);
+      mfu_warned_ = true;
     }
     if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
     if (metrics_) write_metrics(s);
@@ -26626,6 +27559,7 @@ class Monitor {
   std::int64_t loss_count_ = 0;
   std::size_t device_peak_ = 0;
   int summaries_since_warning_ = 10;
+  bool mfu_warned_ = false;
   std::optional<StepSummary> last_;
   bool closed_ = false;
 };
