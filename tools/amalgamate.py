@@ -11,7 +11,7 @@ no git), so regenerating an unchanged tree gives the same bytes.
 Because each file is inlined only once, a trainkit include inside an #if block cannot stay where
 it is (the file would vanish wherever that condition is false). Such an include is hoisted: the
 header is inlined, unconditionally, just before the file that includes it. That is safe because
-every trainkit header compiles alone in every tier and guards its own body (DESIGN.md). The
+every trainkit header compiles alone in every tier and guards its own body (docs/design.md). The
 umbrella itself must include everything unconditionally (hoisting there would leave its guard).
 
 Usage:

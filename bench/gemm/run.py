@@ -2,7 +2,7 @@
 """bench/gemm driver: f32 gemm through trainkit's built-in host kernel, torch.matmul (CPU) and
 OpenBLAS (cblas_sgemm), 1 and 2 threads, sampled alternately with a single-thread FMA-throughput
 probe (the measured per-core peak). Reports GFLOP/s, trainkit/torch speed ratios and the share
-of peak; the last line is the geometric-mean speed ratio vs torch over the issue's three shapes
+of peak; the last line is the geometric-mean speed ratio vs torch over the three MAIN shapes
 at one thread (best of the alternating rounds, see below)."""
 import math
 import os

@@ -7,8 +7,8 @@ Two measurements, sampled alternately in one worker process:
           step divided by the bare step time is the overhead fraction. Precise (microseconds).
   A/B:    `monitored` vs `bare` over the same 1 ms steps: confirms the direct figure, but on this
           noisy shared machine it is only good to about +-1%.
-Ratio printed: budget / overhead, with budget = 1% of the step (the issue's goal); > 1 = within
-budget."""
+Ratio printed: budget / overhead, with budget = 1% of the step (the monitor's cost target); > 1 =
+within budget."""
 import harness as h
 
 ROUNDS, WARMUP = 15, 2

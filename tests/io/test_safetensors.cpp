@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Tests of trainkit/io/safetensors.hpp: the writer against the reference test vectors
-// (reference/formats.md §1.5 and fixtures written by the Python reference in
-// tests/data/safetensors/), zero-copy reading of every dtype, one crafted bad file per
+// (the byte images of the safetensors crate's own tests and fixtures written by the Python
+// reference in tests/data/safetensors/), zero-copy reading of every dtype, one crafted bad file per
 // validation rule (the error must name the file and the rule), sharded index files, and a
 // simulated full disk during save.
 #include <doctest/doctest.h>
@@ -137,7 +137,7 @@ std::vector<io::NamedTensor> fixture_all_dtypes(std::vector<AnyTensor>& storage)
 
 TEST_CASE("safetensors writer: reference test vectors, byte for byte") {
   const float v6[] = {0, 1, 2, 3, 4, 5};
-  // test_serialization (formats.md §1.5): 96 bytes, a 64-byte header needing no padding.
+  // The crate's test_serialization: 96 bytes, a 64-byte header needing no padding.
   const auto bytes1 =
       io::safetensors_bytes({{"attn.0", AnyTensorView(DType::kF32, {1, 2, 3}, v6)}});
   CHECK(io_test::to_string(bytes1) ==
@@ -361,7 +361,7 @@ TEST_CASE("safetensors: load_safetensors reads big tensors in pieces on several 
 }
 
 TEST_CASE("safetensors reader: accepted variations") {
-  // test_deserialization (formats.md §1.5).
+  // The minimal file of the crate's test_deserialization: I32 [2, 2] and 16 zero bytes.
   const std::string base = R"({"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}})";
   // (from_buffer borrows: the images must outlive the readers.)
   const std::string img1 = st_image(base, std::string(16, '\0'));

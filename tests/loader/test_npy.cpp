@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// .npy parsing and writing against files numpy wrote (tests/data/loader/gen_fixtures.py) and the
-// byte-level test vectors of reference/formats.md section 2.3, plus every refusal path.
+// .npy parsing and writing against files numpy wrote (tests/data/loader/gen_fixtures.py) and
+// byte-level test vectors of numpy 1.24's np.save (header, padding, data offset), plus every
+// refusal path.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -70,7 +71,7 @@ void check_dtype_file(const char* name, tk::DType dtype, const std::vector<T>& e
 
 }  // namespace
 
-TEST_CASE("npy: the formats.md test vector [1,2,3] f4, versions 1 and 2") {
+TEST_CASE("npy: np.save's bytes for [1,2,3] f4, versions 1 and 2") {
   const std::vector<std::byte> v1 = read_file(fixture("npy/vec_f4.npy"));
   REQUIRE(v1.size() == 140);
   const unsigned char prefix[] = {0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 0x01, 0x00, 0x76, 0x00};

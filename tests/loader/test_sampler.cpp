@@ -77,7 +77,7 @@ TEST_CASE("sampler: DistributedSampler equals PyTorch on the committed grid") {
   CHECK(hashed > 40);
 }
 
-TEST_CASE("sampler: the mission-anchors example (N=10, R=4, no shuffle)") {
+TEST_CASE("sampler: 10 samples over 4 ranks, no shuffle: padded from the head or dropped") {
   auto ranks = [](bool drop_last) {
     std::vector<std::vector<std::int64_t>> out;
     for (std::size_t r = 0; r < 4; ++r)

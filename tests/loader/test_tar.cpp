@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The streaming tar reader against archives Python's tarfile wrote (PAX with per-member 'x'
-// headers, GNU with 'L'/'K', the formats.md USTAR test vector), TarWriter round trips, and
+// headers, GNU with 'L'/'K', a USTAR test vector with known bytes), TarWriter round trips, and
 // truncated / corrupt archives.
 #include <doctest/doctest.h>
 
@@ -71,7 +71,7 @@ void set_checksum(std::vector<std::byte>& b, std::size_t header) {
 
 }  // namespace
 
-TEST_CASE("tar: the formats.md USTAR test vector") {
+TEST_CASE("tar: the USTAR test vector (CPython tarfile, four members)") {
   tk::io::TarReader tar = tk::io::TarReader::open(fixture("tar/ustar_vector.tar"));
   const char* names[] = {"000000.cls", "000000.json", "000001.cls", "000001.json"};
   const char* data[] = {"3", "{\"a\":1}", "7", "{\"a\":2}"};

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""meta.conventions: mechanical checks of the header conventions in DESIGN.md §7.
+"""meta.conventions: mechanical checks of the header conventions (docs/design.md, "Conventions").
 
 For every file under include/:
   - only headers (.hpp/.h/.cuh): the library is header-only;

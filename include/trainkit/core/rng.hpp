@@ -107,8 +107,9 @@ TRAINKIT_HOST_DEVICE inline F32x2 normal2(std::uint32_t u0, std::uint32_t u1) no
   return F32x2{{r * c, r * s}};
 }
 
-/// A stream id for the (step, site) pair of DESIGN.md's (seed, step, element) keying: `site`
-/// tells apart the random draws made at one step (e.g. one id per dropout layer).
+/// A stream id for the (step, site) pair when random numbers are keyed by (seed, step, element)
+/// (docs/design.md, "Determinism"): `site` tells apart the random draws made at one step (e.g.
+/// one id per dropout layer).
 TRAINKIT_HOST_DEVICE inline constexpr std::uint64_t rng_stream_id(std::uint32_t step,
                                                                   std::uint32_t site) noexcept {
   return (static_cast<std::uint64_t>(step) << 32) | site;

@@ -42,8 +42,8 @@ struct DevicePeak {
   double bf16;        ///< BF16 tensor cores (FP16 is the same on these parts)
 };
 
-/// Spec-sheet dense peaks (NVIDIA data sheets via reference/performance.md §1.1: 989 TFLOP/s BF16
-/// = 528 tensor cores x 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
+/// Spec-sheet dense peaks (NVIDIA's data sheets: 989 TFLOP/s BF16 = 528 tensor cores x
+/// 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
 /// advertises (1,979 BF16) are twice these and must not be used for MFU. "H100 PCIe" comes
 /// first so it wins over the plain "H100" (SXM) entry; its numbers are the PCIe data sheet's
 /// (llm.c's mfu.h uses the same 756 TFLOP/s BF16 base).

@@ -3,7 +3,7 @@
 // parameters live in ONE buffer, all gradients in ONE buffer with the same layout, and every
 // optimizer state (Adam's m, v, ...) and low-precision compute copy (bf16/f16) in one more each.
 // Named views index into them. One buffer makes the optimizer a single multi-tensor launch, a DDP
-// bucket a slice of the gradient buffer and a checkpoint a list of named views (DESIGN.md §3).
+// bucket a slice of the gradient buffer and a checkpoint a list of named views (docs/design.md).
 #pragma once
 
 #include <algorithm>

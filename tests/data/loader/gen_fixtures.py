@@ -6,8 +6,9 @@
                     big-endian, complex, object/pickle, structured)
   fixtures/tar/     WebDataset shards written by Python's tarfile the way webdataset's TarWriter
                     does (PAX format, float mtime => a pax 'x' header before every member), a GNU
-                    archive with 'L'/'K' long-name headers, the USTAR test vector of
-                    reference/formats.md section 4.2, and a shard with a missing member
+                    archive with 'L'/'K' long-name headers, a USTAR test vector (four members,
+                    written by CPython's tarfile, whose bytes the tar tests pin down), and a
+                    shard with a missing member
   fixtures/tokens/  llm.c token shards written by tools/write_token_shard.py
 Run with a Python that has numpy:  .venv-bench/bin/python tests/data/loader/gen_fixtures.py
 """
@@ -102,7 +103,8 @@ def tar_fixtures():
         link.type = tarfile.SYMTYPE
         link.linkname = long_dir + "/target.txt"
         t.addfile(link)
-    # The USTAR test vector (reference/formats.md section 4.2).
+    # The USTAR test vector: two samples (.cls + .json), mtime 1700000000, mode 0o444, owner
+    # bigdata, uid/gid 0; CPython pads the archive to one 10240-byte record.
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
         for key, cls, js in [("000000", b"3", b'{"a":1}'), ("000001", b"7", b'{"a":2}')]:

@@ -3,8 +3,10 @@
 """Regenerates the safetensors fixtures in this folder with the reference writer
 (`pip install safetensors numpy`; run: python3 tests/data/safetensors/generate.py).
 
-  vec_*.safetensors          the writer test vectors of reference/formats.md §1.5; each is also
-                             checked here against the hex bytes written in that document
+  vec_*.safetensors          the writer test vectors of the safetensors crate's own tests
+                             (test_serialization, test_serialization_forced_alignement,
+                             test_empty), a metadata-only file and a two-dtype file with
+                             metadata; each is also checked here against the hex bytes in VECTORS
   python_all_dtypes.safetensors
                              one tensor of every dtype trainkit supports, shapes cycling through
                              0-d, empty and multi-dimensional, metadata {"format": "pt"}; tensor k
@@ -74,7 +76,7 @@ def main():
     for name, (entries, metadata, hexbytes) in VECTORS.items():
         blob = st.serialize(entries, metadata)
         if hexbytes is not None and blob != bytes.fromhex(hexbytes):
-            sys.exit(f"{name}: the reference writer disagrees with formats.md: {blob!r}")
+            sys.exit(f"{name}: the reference writer disagrees with VECTORS: {blob!r}")
         if name == "vec_forced_alignment":
             assert struct.unpack("<Q", blob[:8])[0] == 72 and blob[8 + 65:8 + 72] == b" " * 7
         with open(os.path.join(HERE, name + ".safetensors"), "wb") as f:

@@ -3,7 +3,7 @@
 # (tests/monitor/test_tfevents.cpp, "records are byte-identical to PyTorch SummaryWriter") encodes
 # the same inputs and compares every record after the first (whose wall_time is "now") byte by byte.
 # Keep the two lists of inputs in sync. Run with a Python that has torch, tensorboard and numpy:
-#   /work/main/.venv-bench/bin/python tests/data/tfevents/generate_reference.py
+#   .venv-bench/bin/python tests/data/tfevents/generate_reference.py   (from the repository root)
 import glob
 import os
 import shutil
