@@ -1221,8 +1221,9 @@ TRAINKIT_HOST_DEVICE inline F32x2 normal2(std::uint32_t u0, std::uint32_t u1) no
   return F32x2{{r * c, r * s}};
 }
 
-/// A stream id for the (step, site) pair of DESIGN.md's (seed, step, element) keying: `site`
-/// tells apart the random draws made at one step (e.g. one id per dropout layer).
+/// A stream id for the (step, site) pair when random numbers are keyed by (seed, step, element)
+/// (docs/design.md, "Determinism"): `site` tells apart the random draws made at one step (e.g.
+/// one id per dropout layer).
 TRAINKIT_HOST_DEVICE inline constexpr std::uint64_t rng_stream_id(std::uint32_t step,
                                                                   std::uint32_t site) noexcept {
   return (static_cast<std::uint64_t>(step) << 32) | site;
@@ -6032,7 +6033,7 @@ TRAINKIT_NAMESPACE_END
 // SPDX-License-Identifier: MIT
 // trainkit/amp/scaler_fwd.hpp: what a loss scaler is, as far as precision policies care. The
 // policies (amp/policy.hpp) refuse `amp::Fp16` without a scaler at compile time; they need only
-// this header's traits, not the GradScaler itself, which lives in its own header (a later issue).
+// this header's traits, not the scalers themselves, which live in amp/grad_scaler.hpp.
 // A scaler type opts in by declaring `static constexpr bool scales_loss = true;`.
 
 #include <type_traits>
@@ -6227,7 +6228,7 @@ TRAINKIT_NAMESPACE_END
 // parameters live in ONE buffer, all gradients in ONE buffer with the same layout, and every
 // optimizer state (Adam's m, v, ...) and low-precision compute copy (bf16/f16) in one more each.
 // Named views index into them. One buffer makes the optimizer a single multi-tensor launch, a DDP
-// bucket a slice of the gradient buffer and a checkpoint a list of named views (DESIGN.md §3).
+// bucket a slice of the gradient buffer and a checkpoint a list of named views (docs/design.md).
 
 #include <algorithm>
 #include <cstdint>
@@ -11022,8 +11023,8 @@ TRAINKIT_NAMESPACE_END
 // SPDX-License-Identifier: MIT
 // trainkit/optim/detail/host_simd.hpp (internal): a minimal float vector for the host loops of
 // the fused optimizers. Compilers do not vectorise sqrtf without -fno-math-errno, which a
-// header-only library cannot demand, and a scalar sqrt makes AdamW compute-bound (4x below the
-// memory bandwidth, reference/performance.md §8.1). The widest of AVX-512 / AVX / SSE2 that the
+// header-only library cannot demand, and a scalar sqrt makes AdamW compute-bound (measured 4x
+// below the memory bandwidth on a 2-vCPU AVX-512 VM). The widest of AVX-512 / AVX / SSE2 that the
 // TU is compiled for is used, else one lane. Every operation is correctly rounded IEEE
 // arithmetic, so a vector lane computes exactly what the scalar code computes.
 
@@ -18753,9 +18754,16 @@ class Prefetcher {
       TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
                      v->size(), " indices for epoch ", epoch, " but its size() is ",
                      per_epoch_samples_);
-      it = epoch_indices_.emplace(epoch, std::move(v)).first;
-      // Keep at most the two newest epochs: workers are never more than one epoch apart.
-      while (epoch_indices_.size() > 2) epoch_indices_.erase(epoch_indices_.begin());
+      epoch_indices_.emplace(epoch, v);
+      // Keep at most two epochs: the one asked for and the newest other. Workers are normally
+      // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
+      // epoch recomputed, never an erased entry.
+      while (epoch_indices_.size() > 2) {
+        auto victim = epoch_indices_.begin();
+        if (victim->first == epoch) ++victim;
+        epoch_indices_.erase(victim);
+      }
+      return v;
     }
     return it->second;
   }
@@ -25901,8 +25909,8 @@ struct DevicePeak {
   double bf16;        ///< BF16 tensor cores (FP16 is the same on these parts)
 };
 
-/// Spec-sheet dense peaks (NVIDIA data sheets via reference/performance.md §1.1: 989 TFLOP/s BF16
-/// = 528 tensor cores x 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
+/// Spec-sheet dense peaks (NVIDIA's data sheets: 989 TFLOP/s BF16 = 528 tensor cores x
+/// 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
 /// advertises (1,979 BF16) are twice these and must not be used for MFU. "H100 PCIe" comes
 /// first so it wins over the plain "H100" (SXM) entry; its numbers are the PCIe data sheet's
 /// (llm.c's mfu.h uses the same 756 TFLOP/s BF16 base).

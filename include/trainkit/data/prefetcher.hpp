@@ -428,9 +428,16 @@ class Prefetcher {
       TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
                      v->size(), " indices for epoch ", epoch, " but its size() is ",
                      per_epoch_samples_);
-      it = epoch_indices_.emplace(epoch, std::move(v)).first;
-      // Keep at most the two newest epochs: workers are never more than one epoch apart.
-      while (epoch_indices_.size() > 2) epoch_indices_.erase(epoch_indices_.begin());
+      epoch_indices_.emplace(epoch, v);
+      // Keep at most two epochs: the one asked for and the newest other. Workers are normally
+      // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
+      // epoch recomputed, never an erased entry.
+      while (epoch_indices_.size() > 2) {
+        auto victim = epoch_indices_.begin();
+        if (victim->first == epoch) ++victim;
+        epoch_indices_.erase(victim);
+      }
+      return v;
     }
     return it->second;
   }
