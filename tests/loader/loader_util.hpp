@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -84,6 +86,16 @@ std::string error_of(F&& f) {
 inline void check_contains(const std::string& text, std::initializer_list<std::string_view> parts) {
   for (std::string_view p : parts)
     CHECK_MESSAGE(text.find(p) != std::string::npos, "'" << p << "' not in: " << text);
+}
+
+/// Rewrites the checksum field of the 512-byte tar header at `header` in `b`.
+inline void set_checksum(std::vector<std::byte>& b, std::size_t header) {
+  std::memset(b.data() + header + 148, ' ', 8);
+  unsigned sum = 0;
+  for (std::size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(b[header + i]);
+  char text[8];
+  std::snprintf(text, sizeof text, "%06o", sum);
+  std::memcpy(b.data() + header + 148, text, 7);
 }
 
 }  // namespace loader_test

@@ -44,14 +44,7 @@ void put(std::vector<std::byte>& b, std::size_t at, std::string_view s) {
   std::memcpy(b.data() + at, s.data(), s.size());
 }
 
-void set_checksum(std::vector<std::byte>& b, std::size_t header) {
-  std::memset(b.data() + header + 148, ' ', 8);
-  unsigned sum = 0;
-  for (std::size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(b[header + i]);
-  char text[8];
-  std::snprintf(text, sizeof text, "%06o", sum);
-  std::memcpy(b.data() + header + 148, text, 7);
-}
+using loader_test::set_checksum;
 
 /// Appends a ustar header for `name` whose size field says `size`: octal when it fits the 11
 /// digits, else GNU base-256 (or always base-256 when `base256`).

@@ -60,14 +60,7 @@ std::vector<std::pair<std::string, std::string>> sample_files(int k) {
           {"txt", "sample " + std::to_string(k)}};
 }
 
-void set_checksum(std::vector<std::byte>& b, std::size_t header) {
-  std::memset(b.data() + header + 148, ' ', 8);
-  unsigned sum = 0;
-  for (std::size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(b[header + i]);
-  char text[8];
-  std::snprintf(text, sizeof text, "%06o", sum);
-  std::memcpy(b.data() + header + 148, text, 7);
-}
+using loader_test::set_checksum;
 
 }  // namespace
 
