@@ -55,8 +55,8 @@
 #include "trainkit/nn/transformer_block.hpp"
 #include "trainkit/nn/sequential.hpp"
 
-#include "trainkit/amp/grad_scaler.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/optim/grad_scaler.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/optim/optimizer.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/ckpt/state_dict.hpp>
 #include <trainkit/ckpt/train_state.hpp>
 #include <trainkit/core/rng.hpp>
@@ -156,7 +156,7 @@ TEST_CASE("TrainState: composes components, counters and metadata; checks the co
   optim::AdamW<> opt(arena, {.lr = 0.1});
   auto sched = optim::warmup_cosine(opt.lr_groups(), {.warmup_steps = 2, .total_steps = 10});
   tk::PhiloxStream rng(9);
-  tk::amp::DynamicScaler scaler(exec, {.init_scale = 1024.0, .growth_interval = 7});
+  tk::optim::DynamicScaler scaler(exec, {.init_scale = 1024.0, .growth_interval = 7});
   for (int k = 0; k < 3; ++k) {
     for (std::int64_t i = 0; i < 4; ++i) arena.grads_data()[i] = float(i + k) - 1.5f;
     opt.step(exec);
@@ -191,7 +191,7 @@ TEST_CASE("TrainState: composes components, counters and metadata; checks the co
   optim::AdamW<> opt2(arena2, {.lr = 0.1});
   auto sched2 = optim::warmup_cosine(opt2.lr_groups(), {.warmup_steps = 2, .total_steps = 10});
   tk::PhiloxStream rng2(1);
-  tk::amp::DynamicScaler scaler2(exec);
+  tk::optim::DynamicScaler scaler2(exec);
   ckpt::TrainState state2;
   state2.model(arena2)
       .add("optimizer", opt2)
@@ -238,7 +238,7 @@ TEST_CASE("TrainState: composes components, counters and metadata; checks the co
                        doctest::Contains("restoring component 'optimizer' failed"), tk::Error);
 
   // A component that saved nothing (a disabled scaler) is known to the checkpoint and skipped.
-  tk::amp::DynamicScaler off(exec, {.enabled = false}), off2(exec, {.enabled = false});
+  tk::optim::DynamicScaler off(exec, {.enabled = false}), off2(exec, {.enabled = false});
   ckpt::TrainState s_off, s_off2;
   s_off.add("scaler", off);
   s_off2.add("scaler", off2);

@@ -1,5 +1,5 @@
 // Compile-fail test: the amp::Fp16 policy without a loss scaler must be rejected (f16 gradients
-// underflow), with a message naming the fix (amp::GradScaler, or amp::Bf16).
+// underflow), with a message naming the fix (optim::GradScaler, or amp::Bf16).
 #include <trainkit/amp/policy.hpp>
 
 namespace amp = trainkit::amp;

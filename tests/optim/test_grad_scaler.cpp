@@ -1,4 +1,4 @@
-// Tests for amp/grad_scaler.hpp and optim/grad_norm.hpp: DynamicScaler against
+// Tests for optim/grad_scaler.hpp and optim/grad_norm.hpp: DynamicScaler against
 // torch.amp.GradScaler with inf/NaN gradients injected at chosen steps (scale and growth tracker
 // exactly, parameters within 1e-6, with AdamW, with SGD + clip_grad_norm_ after unscale_, and
 // with clipping folded into the step), PyTorch's update rule (init 65536, growth after
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/exec/host.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/optim/grad_norm.hpp>
@@ -46,7 +46,7 @@ template <class Opt>
 void run_scaled(const std::string& c, Arena& arena, Opt& opt, std::int64_t growth_interval,
                 ClipMode clip, double max_norm) {
   const Reference& ref = Reference::get();
-  amp::DynamicScaler scaler(pool(), {.growth_interval = growth_interval});
+  optim::DynamicScaler scaler(pool(), {.growth_interval = growth_interval});
   const optest::RefTensor& infs = ref[c + "/inf_steps"];
   const std::int64_t bias = arena.info(arena.at("layer.bias")).offset;
   double worst = 0.0;
@@ -139,11 +139,11 @@ TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
   Arena arena;
   arena.add("w", tk::Shape{33});
   arena.finalize();
-  auto clean_step = [&](amp::DynamicScaler& s) {
+  auto clean_step = [&](optim::DynamicScaler& s) {
     s.unscale_(pool(), arena);
     s.update(pool());
   };
-  auto inf_step = [&](amp::DynamicScaler& s) {
+  auto inf_step = [&](optim::DynamicScaler& s) {
     arena.grads_data()[5] = std::numeric_limits<float>::infinity();
     s.unscale_(pool(), arena);
     CHECK(s.found_inf());
@@ -151,7 +151,7 @@ TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
     arena.zero_grad();
   };
   SUBCASE("defaults: 65536, x2 at the 2000th clean step, /2 on overflow") {
-    amp::DynamicScaler s(pool());
+    optim::DynamicScaler s(pool());
     CHECK(s.scale() == 65536.0f);
     inf_step(s);
     CHECK(s.scale() == 32768.0f);
@@ -168,7 +168,7 @@ TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
     CHECK(s.growth_tracker() == 0);
   }
   SUBCASE("growth_interval 1 doubles every clean step and never reaches inf") {
-    amp::DynamicScaler s(pool(), {.init_scale = 0x1p120, .growth_interval = 1});
+    optim::DynamicScaler s(pool(), {.init_scale = 0x1p120, .growth_interval = 1});
     for (int i = 0; i < 20; ++i) {
       clean_step(s);
       CHECK(std::isfinite(s.scale()));
@@ -179,7 +179,7 @@ TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
     CHECK(s.scale() == 0x1p126f);
   }
   SUBCASE("update(new_scale) and custom factors") {
-    amp::DynamicScaler s(
+    optim::DynamicScaler s(
         pool(),
         {.init_scale = 8.0, .growth_factor = 3.0, .backoff_factor = 0.25, .growth_interval = 2});
     clean_step(s);
@@ -192,7 +192,7 @@ TEST_CASE("DynamicScaler update rule: PyTorch's numbers") {
     CHECK(s.scale() == 1024.0f);
   }
   SUBCASE("unscale_ multiplies by the f32 inverse scale and measures the unscaled norm") {
-    amp::DynamicScaler s(pool(), {.init_scale = 1024.0});
+    optim::DynamicScaler s(pool(), {.init_scale = 1024.0});
     double sum = 0.0;
     for (int i = 0; i < 33; ++i) {
       arena.grads_data()[i] = 1024.0f * (0.25f * static_cast<float>(i) - 3.0f);
@@ -211,7 +211,7 @@ TEST_CASE("DynamicScaler: state_dict has PyTorch's five keys and round-trips") {
   Arena arena;
   arena.add("w", tk::Shape{4});
   arena.finalize();
-  amp::DynamicScaler s(pool(), {.growth_interval = 10});
+  optim::DynamicScaler s(pool(), {.growth_interval = 10});
   for (int i = 0; i < 3; ++i) {
     s.unscale_(pool(), arena);
     s.update(pool());
@@ -224,12 +224,12 @@ TEST_CASE("DynamicScaler: state_dict has PyTorch's five keys and round-trips") {
   CHECK(sd.get_double("backoff_factor") == 0.5);
   CHECK(sd.get_int("growth_interval") == 10);
   CHECK(sd.get_int("_growth_tracker") == 3);
-  amp::DynamicScaler r(pool());
+  optim::DynamicScaler r(pool());
   r.load_state_dict(sd);
   CHECK(r.growth_tracker() == 3);
   CHECK(r.options().growth_interval == 10);
   CHECK_THROWS_AS(r.load_state_dict(tk::StateDict{}), tk::Error);
-  amp::DynamicScaler off(pool(), {.enabled = false});
+  optim::DynamicScaler off(pool(), {.enabled = false});
   CHECK(off.state_dict().empty());
   CHECK(off.scale() == 1.0f);
   // A disabled scaler is PyTorch's enabled=False: plain steps, no checks, no skipping.
@@ -247,7 +247,7 @@ TEST_CASE("DynamicScaler: per-step protocol as PyTorch's (errors instead of sile
   arena.add("w", tk::Shape{4});
   arena.finalize();
   optim::SGD opt(arena, {.lr = 0.1});
-  amp::DynamicScaler s(pool());
+  optim::DynamicScaler s(pool());
   CHECK_THROWS_AS(s.update(pool()), tk::Error);  // no inf check recorded
   s.unscale_(pool(), arena);
   CHECK_THROWS_AS(s.unscale_(pool(), arena), tk::Error);  // twice
@@ -258,12 +258,12 @@ TEST_CASE("DynamicScaler: per-step protocol as PyTorch's (errors instead of sile
   opt.step(pool(), s);
   s.update(pool());
   CHECK(opt.step_count() == 2);
-  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.growth_factor = 1.0}), tk::Error);
-  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.backoff_factor = 1.0}), tk::Error);
-  CHECK_THROWS_AS(amp::DynamicScaler(pool(), {.growth_interval = 0}), tk::Error);
-  static_assert(amp::is_dynamic_loss_scaler_v<amp::GradScaler>);
-  static_assert(amp::is_loss_scaler_v<amp::StaticScaler>);
-  static_assert(!amp::is_dynamic_loss_scaler_v<amp::StaticScaler>);
+  CHECK_THROWS_AS(optim::DynamicScaler(pool(), {.growth_factor = 1.0}), tk::Error);
+  CHECK_THROWS_AS(optim::DynamicScaler(pool(), {.backoff_factor = 1.0}), tk::Error);
+  CHECK_THROWS_AS(optim::DynamicScaler(pool(), {.growth_interval = 0}), tk::Error);
+  static_assert(amp::is_dynamic_loss_scaler_v<optim::GradScaler>);
+  static_assert(amp::is_loss_scaler_v<optim::StaticScaler>);
+  static_assert(!amp::is_dynamic_loss_scaler_v<optim::StaticScaler>);
 }
 
 TEST_CASE("StaticScaler: fixed scale, still skips inf/NaN steps") {
@@ -271,7 +271,7 @@ TEST_CASE("StaticScaler: fixed scale, still skips inf/NaN steps") {
   arena.add("w", tk::Shape{4});
   arena.finalize();
   optim::SGD opt(arena, {.lr = 0.5});
-  amp::StaticScaler s(pool(), 128.0);
+  optim::StaticScaler s(pool(), 128.0);
   for (int i = 0; i < 4; ++i) arena.grads_data()[i] = 128.0f * static_cast<float>(i);
   opt.step(pool(), s);
   s.update(pool());
@@ -392,7 +392,7 @@ TEST_CASE(
     arena.finalize();
     optim::SGD opt(arena, {.lr = 1e-3});
     const std::int64_t interval = 1 + rng.next_u32() % 3;
-    amp::DynamicScaler s(pool(),
+    optim::DynamicScaler s(pool(),
                          {.init_scale = init > 0.0 ? init : 1.0, .growth_interval = interval});
     if (init == 0.0) {  // a zero scale, as backoff reaches it, comes from a checkpoint
       tk::StateDict sd = s.state_dict();
@@ -452,11 +452,11 @@ TEST_CASE(
 }
 
 TEST_CASE("DynamicScaler: a saved scale of 0 loads and round-trips, as in PyTorch") {
-  amp::DynamicScaler s(pool(), {.growth_interval = 3});
+  optim::DynamicScaler s(pool(), {.growth_interval = 3});
   tk::StateDict sd = s.state_dict();
   sd.set("scale", 0.0);
   sd.set("_growth_tracker", std::int64_t{2});
-  amp::DynamicScaler r(pool());
+  optim::DynamicScaler r(pool());
   r.load_state_dict(sd);
   CHECK(r.scale() == 0.0f);
   CHECK(r.growth_tracker() == 2);

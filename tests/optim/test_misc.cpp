@@ -18,7 +18,7 @@
 #include <trainkit/optim/lr_schedule.hpp>
 #include <trainkit/optim/param_groups.hpp>
 #include <trainkit/optim/sgd.hpp>
-#include <trainkit/optim/state_dict.hpp>
+#include <trainkit/core/state_dict.hpp>
 
 namespace {
 namespace tk = trainkit;

@@ -1,4 +1,4 @@
-// Device tests for optim/ and amp/grad_scaler.hpp: on exec::Cuda (device ParamArena, device
+// Device tests for optim/ and optim/grad_scaler.hpp: on exec::Cuda (device ParamArena, device
 // scaler) SGD, AdamW (AMSGrad, bf16 state), LAMB, the fused unscale/check/norm pass, clipping and
 // Ema give the host versions' results (within 1e-6 relative; the same f32 operations, FMA
 // contraction aside), skipped steps (inf/NaN) leave device state bit-identical, and the scale
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/cuda/stream.hpp>
 #include <trainkit/exec/cuda.hpp>
 #include <trainkit/exec/host.hpp>
@@ -111,8 +111,8 @@ void compare_optimizer(const Options& options, double tol, bool bf16 = false) {
   Pair pair;
   Opt<tk::Space::kHost> ho(pair.host, options, {optim::no_weight_decay({"*.bias", "*ln*"})});
   Opt<tk::Space::kDevice> dop(pair.dev, options, {optim::no_weight_decay({"*.bias", "*ln*"})});
-  amp::DynamicScaler hs(cpu, {.init_scale = 1024.0, .growth_interval = 3});
-  amp::DynamicScaler ds(gpu, {.init_scale = 1024.0, .growth_interval = 3});
+  optim::DynamicScaler hs(cpu, {.init_scale = 1024.0, .growth_interval = 3});
+  optim::DynamicScaler ds(gpu, {.init_scale = 1024.0, .growth_interval = 3});
   const std::int64_t bad = pair.host.info(pair.host.at("h.0.fc.weight")).offset + 17;
   for (int step = 1; step <= 12; ++step) {
     const bool inject = step == 5 || step == 9;
@@ -175,8 +175,8 @@ TEST_CASE("CUDA unscale_, grad_norm, clipping and Ema equal the host's") {
   const tk::exec::Cuda gpu(stream);
   const tk::exec::Host cpu(2);
   Pair pair;
-  amp::DynamicScaler hs(cpu, {.init_scale = 256.0});
-  amp::DynamicScaler ds(gpu, {.init_scale = 256.0});
+  optim::DynamicScaler hs(cpu, {.init_scale = 256.0});
+  optim::DynamicScaler ds(gpu, {.init_scale = 256.0});
   pair.set_grads(1, 256.0f);
   const float hn = hs.unscale_(cpu, pair.host).get();
   const float dn = ds.unscale_(gpu, pair.dev).get();
@@ -241,8 +241,8 @@ TEST_CASE("CUDA: padding stays zero and 1/scale = inf follows PyTorch, as on the
   for (const double scale : {0.0, 1e-40, 1e-38}) {
     CAPTURE(scale);
     Pair pair;
-    amp::DynamicScaler hs(cpu, {.growth_interval = 2});
-    amp::DynamicScaler ds(gpu, {.growth_interval = 2});
+    optim::DynamicScaler hs(cpu, {.growth_interval = 2});
+    optim::DynamicScaler ds(gpu, {.growth_interval = 2});
     tk::StateDict sd = hs.state_dict();
     sd.set("scale", scale);
     hs.load_state_dict(sd);

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/exec/host.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/optim/lamb.hpp>
@@ -279,7 +279,7 @@ TEST_CASE("a step with inf/NaN gradients leaves parameters, state and step count
     CAPTURE(bad);
     Fixture f;
     optim::AdamW opt(f.arena, {.lr = 1e-2, .amsgrad = true});
-    tk::amp::DynamicScaler scaler(pool());
+    tk::optim::DynamicScaler scaler(pool());
     for (int t = 1; t <= 3; ++t) {
       optest::load_grads(f.arena, t, scaler.scale());
       opt.step(pool(), scaler);
@@ -315,7 +315,7 @@ TEST_CASE("SGD: a skipped first step does not initialise the momentum buffer") {
   Fixture g;
   optim::SGD a(f.arena, {.lr = 0.05, .momentum = 0.9});
   optim::SGD b(g.arena, {.lr = 0.05, .momentum = 0.9});
-  tk::amp::StaticScaler scaler(pool(), 4.0);
+  tk::optim::StaticScaler scaler(pool(), 4.0);
   optest::load_grads(f.arena, 1, 4.0f);
   f.arena.grads_data()[0] = std::numeric_limits<float>::quiet_NaN();
   a.step(pool(), scaler);

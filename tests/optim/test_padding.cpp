@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/amp/grad_scaler.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/core/half.hpp>
 #include <trainkit/core/rng.hpp>
 #include <trainkit/exec/host.hpp>
@@ -145,8 +145,8 @@ void run_config(std::uint64_t seed, Kind kind) {
   AnyOpt opt = make_opt(kind, arena, rng);
   optim::Ema<> ema(arena, {.decay = 0.9});
   const bool tiny_scale = rng.next_u32() % 2 == 0;
-  amp::DynamicScaler scaler(pool(), {.init_scale = tiny_scale ? 1e-40 : 1024.0});
-  amp::StaticScaler fixed(pool(), 8.0);
+  optim::DynamicScaler scaler(pool(), {.init_scale = tiny_scale ? 1e-40 : 1024.0});
+  optim::StaticScaler fixed(pool(), 8.0);
   const bool zero_grad_each_step = rng.next_u32() % 3 == 0;
 
   const std::int64_t batch = 3;
@@ -230,7 +230,7 @@ void run_config(std::uint64_t seed, Kind kind) {
   const float norm = optim::grad_norm(pool(), arena).get();
   CHECK(std::isfinite(norm));
   CHECK(norm == doctest::Approx(std::sqrt(sum)).epsilon(1e-6));
-  amp::DynamicScaler clean(pool(), {.init_scale = 4.0});
+  optim::DynamicScaler clean(pool(), {.init_scale = 4.0});
   clean.unscale_(pool(), arena);
   CHECK_FALSE(clean.found_inf());
   check_padding(arena, ema, "a clean unscale_");

@@ -113,10 +113,10 @@ template <Policy P, class S = typename P::default_scaler>
 struct Precision {
   static_assert(Scaler<S>,
                 "trainkit::amp::Precision<P, S>: S is not a loss scaler; use amp::NoScaler or a "
-                "scaler type declaring `static constexpr bool scales_loss` (amp::GradScaler)");
+                "scaler type declaring `static constexpr bool scales_loss` (optim::GradScaler)");
   static_assert(!P::requires_loss_scaler || is_loss_scaler_v<S>,
                 "trainkit::amp::Fp16 requires a loss scaler: f16 gradients below 6e-8 flush to "
-                "zero. Use amp::Precision<amp::Fp16, amp::GradScaler> (dynamic loss scaling), or "
+                "zero. Use amp::Precision<amp::Fp16, optim::GradScaler> (dynamic loss scaling), or "
                 "amp::Bf16, which needs none");
   using policy = P;
   using scaler = S;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // trainkit/amp/scaler_fwd.hpp: what a loss scaler is, as far as precision policies care. The
 // policies (amp/policy.hpp) refuse `amp::Fp16` without a scaler at compile time; they need only
-// this header's traits, not the scalers themselves, which live in amp/grad_scaler.hpp.
+// this header's traits, not the scalers themselves, which live in optim/grad_scaler.hpp.
 // A scaler type opts in by declaring `static constexpr bool scales_loss = true;`.
 #pragma once
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // trainkit/ckpt/state_dict.hpp: the StateDict protocol of checkpoints. A component is
 // `Stateful` when `StateAdapter<T>` can turn it into a StateDict (named host tensors + string
-// scalars, optim/state_dict.hpp) and back: automatically for types with state_dict() /
+// scalars, core/state_dict.hpp) and back: automatically for types with state_dict() /
 // load_state_dict() members (optimizers, scalers, LR schedules, EMA), and through the
 // specializations here for the components that have none (Prefetcher, samplers, Philox
 // streams, Dropout, a ParamArena as plain tensors). Specialize StateAdapter for your own types.
@@ -28,7 +28,7 @@
 #include "trainkit/error.hpp"
 #include "trainkit/nn/dropout.hpp"
 #include "trainkit/nn/param_arena.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 #if TRAINKIT_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -29,7 +29,7 @@
 #include "trainkit/optim/detail/host_simd.hpp"
 #include "trainkit/optim/optimizer.hpp"
 #include "trainkit/optim/param_groups.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {

@@ -19,7 +19,7 @@
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/optim/detail/space_copy.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {

@@ -23,7 +23,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/optim/param_groups.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {

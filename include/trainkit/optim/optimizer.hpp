@@ -34,7 +34,7 @@
 #include "trainkit/optim/detail/space_copy.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/optim/param_groups.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 #if TRAINKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -240,7 +240,7 @@ class FusedOptimizer {
     step(exec, amp::NoScaler{}, clip);
   }
 
-  /// One optimizer step with a loss scaler (amp::DynamicScaler, amp::StaticScaler or
+  /// One optimizer step with a loss scaler (optim::DynamicScaler, optim::StaticScaler or
   /// amp::NoScaler): unless the scaler's unscale_ ran, the gradients are checked for inf/NaN
   /// (one read pass) and unscaled as the update reads them; on inf/NaN the parameters, the
   /// state and the step counter stay bit-identical. With `clip`, gradients are clipped by the
@@ -253,7 +253,7 @@ class FusedOptimizer {
                   "exec::Cuda");
     static_assert(amp::Scaler<Sc>,
                   "optim: the second argument of step() must be a loss scaler "
-                  "(amp::DynamicScaler, amp::StaticScaler or amp::NoScaler)");
+                  "(optim::DynamicScaler, optim::StaticScaler or amp::NoScaler)");
     using Scaler = std::remove_cvref_t<Sc>;
     StepInputs in;
     in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;

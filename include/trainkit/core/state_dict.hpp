@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// trainkit/optim/state_dict.hpp: `StateDict`, what every stateful training object (optimizers,
+// trainkit/core/state_dict.hpp: `StateDict`, what every stateful training object (optimizers,
 // loss scalers, LR schedules, EMA) hands to a checkpoint and takes back: named host tensors
 // (AnyTensor) plus named scalars kept as strings. Strings because safetensors' `__metadata__` is a
 // string map; numbers are written in the shortest form that reads back to the same bits.

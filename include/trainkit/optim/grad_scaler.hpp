@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// trainkit/amp/grad_scaler.hpp: loss scalers for f16 training. `DynamicScaler` (alias
+// trainkit/optim/grad_scaler.hpp: loss scalers for f16 training. `DynamicScaler` (alias
 // `GradScaler`) is PyTorch's torch.amp.GradScaler with the same numbers and state_dict; its scale,
 // growth tracker and found_inf flag live in the executor's memory (device memory for exec::Cuda),
 // its update is a one-thread kernel and the fused optimizers read the flag themselves, so a step
@@ -21,10 +21,10 @@
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/optim/detail/space_copy.hpp"
 #include "trainkit/optim/grad_norm.hpp"
-#include "trainkit/optim/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
-namespace amp {
+namespace optim {
 
 /// What an optimizer step reads from a loss scaler: pointers into the scaler's memory (device
 /// memory for a CUDA scaler), never values, so reading them needs no host sync.
@@ -33,9 +33,6 @@ struct ScalerView {
   const float* found_inf = nullptr;  ///< skip the step when *found_inf != 0; null: never skip
   const float* grad_norm = nullptr;  ///< L2 norm of the unscaled gradients; null: not computed
 };
-
-/// The ScalerView of "no scaler": nothing to unscale, nothing to skip.
-inline constexpr ScalerView scaler_view(const NoScaler&) noexcept { return {}; }
 
 /// torch.amp.GradScaler's constructor arguments, with its defaults.
 struct DynamicScalerOptions {
@@ -180,10 +177,10 @@ class ScalerCore {
   /// The block's current contents (on the device: waits for the GPU).
   ScalerBlock read() const {
     ScalerBlock b{};
-    optim::detail::download(&b, block(), space_, sizeof b);
+    detail::download(&b, block(), space_, sizeof b);
     return b;
   }
-  void write(const ScalerBlock& b) { optim::detail::upload(block(), space_, &b, sizeof b); }
+  void write(const ScalerBlock& b) { detail::upload(block(), space_, &b, sizeof b); }
 
   template <class E, Space S>
   void check_arena(const char* what, const nn::ParamArena<S>& arena) const {
@@ -220,16 +217,16 @@ class ScalerCore {
       const float inv = b->inv_scale;
       term.inv_value = inv;
       if (inv - inv == 0.0f) {
-        optim::detail::sum_into(
+        detail::sum_into(
             exec, n, [term, inv](std::int64_t i) { return term.finite(i, inv); }, &b->grad_sumsq);
       } else {
-        optim::detail::sum_into(
+        detail::sum_into(
             exec, n, [term, inv](std::int64_t i) { return term.overflowed(i, inv); },
             &b->grad_sumsq);
       }
     } else {
       term.inv_ptr = &b->inv_scale;
-      optim::detail::sum_into(exec, n, term, &b->grad_sumsq);
+      detail::sum_into(exec, n, term, &b->grad_sumsq);
     }
     exec::launch(exec, 1, FinishCheck{b, arena.num_parameters() > 0});
   }
@@ -296,7 +293,7 @@ class DynamicScaler {
   /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. Throws
   /// when called twice before update() or after step.
   template <class E, Space S>
-  optim::GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
+  GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
     using Stage = detail::ScalerCore::Stage;
     TRAINKIT_CHECK(core_.stage() != Stage::kUnscaled,
                    "DynamicScaler::unscale_() has already been called since the last update()");
@@ -305,7 +302,7 @@ class DynamicScaler {
     if (enabled()) core_.unscale(exec, arena);
     core_.set_stage(Stage::kUnscaled);
     if (!enabled()) return {};
-    return optim::GradNorm(&core_.block()->grad_norm, space());
+    return GradNorm(&core_.block()->grad_norm, space());
   }
 
   /// For optimizers (step(exec, scaler) calls it): checks the gradients for inf/NaN (a read-only
@@ -410,7 +407,7 @@ class DynamicScaler {
   detail::ScalerCore core_;
 };
 
-/// The name the precision policies use: `amp::Precision<amp::Fp16, amp::GradScaler>`.
+/// The name the precision policies use: `amp::Precision<amp::Fp16, optim::GradScaler>`.
 using GradScaler = DynamicScaler;
 
 /// A fixed loss scale (apex's static loss scaling): gradients are unscaled and a step with an
@@ -434,12 +431,12 @@ class StaticScaler {
   bool found_inf() const { return core_.read().found_inf != 0.0f; }
 
   template <class E, Space S>
-  optim::GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
+  GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
     TRAINKIT_CHECK(core_.stage() == detail::ScalerCore::Stage::kReady,
                    "StaticScaler::unscale_() called twice or after step() before update()");
     core_.unscale(exec, arena);
     core_.set_stage(detail::ScalerCore::Stage::kUnscaled);
-    return optim::GradNorm(&core_.block()->grad_norm, space());
+    return GradNorm(&core_.block()->grad_norm, space());
   }
   template <class E, Space S>
   ScalerView prepare_step(const E& exec, const nn::ParamArena<S>& arena) {
@@ -476,5 +473,5 @@ class StaticScaler {
   detail::ScalerCore core_;
 };
 
-}  // namespace amp
+}  // namespace optim
 TRAINKIT_NAMESPACE_END
