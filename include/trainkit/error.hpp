@@ -217,6 +217,13 @@ TRAINKIT_NAMESPACE_END
   ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__, \
                                   "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD)
 
+/// Throws the one error every device-memory path gives in a build without CUDA; the parts name
+/// what was attempted: `TRAINKIT_FAIL_WITHOUT_CUDA("ParamArena: a device arena")`.
+#define TRAINKIT_FAIL_WITHOUT_CUDA(...)                                          \
+  TRAINKIT_FAIL(__VA_ARGS__,                                                     \
+                ", but trainkit was built without CUDA (TRAINKIT_WITH_CUDA=0); " \
+                "build with CUDA enabled to use device memory")
+
 /// Throws trainkit::Error when a CUDA runtime call fails (and clears the sticky error).
 #define TRAINKIT_CUDA_CHECK(expr) \
   ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)

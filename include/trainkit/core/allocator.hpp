@@ -72,8 +72,7 @@ class Allocation {
         break;
       }
 #else
-        TRAINKIT_FAIL("device memory requested (", bytes,
-                      " bytes) but trainkit was built without CUDA (TRAINKIT_WITH_CUDA=0)");
+        TRAINKIT_FAIL_WITHOUT_CUDA("device memory requested (", bytes, " bytes)");
 #endif
     }
   }

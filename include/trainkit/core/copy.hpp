@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: MIT
 // trainkit/core/copy.hpp: copies between tensor views in any pair of memory spaces. Host-to-host
 // copies accept any strides; copies that touch the device need contiguous views (one cudaMemcpy).
-// `copy` is synchronous; `copy_async` queues the transfer on a stream and returns at once (it is
-// truly asynchronous only for pinned host memory, as with cudaMemcpyAsync).
+// `copy` is synchronous; `copy_async` (cuda/copy.hpp) queues the transfer on a stream instead.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +9,10 @@
 #include <type_traits>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
-
-#if TRAINKIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "trainkit/cuda/stream.hpp"
-#endif
 
 TRAINKIT_NAMESPACE_BEGIN
 
@@ -67,14 +61,6 @@ void copy_host_strided(const TensorView<T, Rank, Space::kHost>& dst,
   }
 }
 
-#if TRAINKIT_WITH_CUDA
-inline constexpr cudaMemcpyKind memcpy_kind(Space dst, Space src) noexcept {
-  if (dst == Space::kHost)
-    return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
-  return src == Space::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
-}
-#endif
-
 }  // namespace detail
 
 /// Copies src into dst (same shape and element type), synchronously. Throws trainkit::Error for a
@@ -90,12 +76,7 @@ void copy(const TensorView<TD, Rank, SD>& dst, const TensorView<TS, Rank, SS>& s
       detail::copy_host_strided<TD, Rank>(dst, TensorView<const TD, Rank, Space::kHost>(src));
     }
   } else {
-#if TRAINKIT_WITH_CUDA
-    TRAINKIT_CUDA_CHECK(cudaMemcpy(dst.data(), src.data(), std::size_t(dst.numel()) * sizeof(TD),
-                                   detail::memcpy_kind(SD, SS)));
-#else
-    TRAINKIT_FAIL("copy involving device memory but trainkit was built without CUDA");
-#endif
+    copy_bytes(dst.data(), SD, src.data(), SS, std::size_t(dst.numel()) * sizeof(TD), "copy");
   }
 }
 
@@ -106,31 +87,6 @@ void copy(Tensor<T, SD>& dst, const Tensor<T, SS>& src) {
                  " differs from source shape ", src.shape().to_string());
   copy(dst.flat(), src.flat());
 }
-
-#if TRAINKIT_WITH_CUDA
-/// Queues the copy on `stream` and returns; the caller keeps both buffers alive until the stream
-/// has passed this point. Host-to-host copies are done immediately.
-template <class TD, class TS, int Rank, Space SD, Space SS>
-void copy_async(const TensorView<TD, Rank, SD>& dst, const TensorView<TS, Rank, SS>& src,
-                cuda::StreamRef stream) {
-  detail::check_copy(dst, src);
-  if (dst.numel() == 0) return;
-  if constexpr (SD == Space::kHost && SS == Space::kHost) {
-    copy(dst, src);
-  } else {
-    TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(),
-                                        std::size_t(dst.numel()) * sizeof(TD),
-                                        detail::memcpy_kind(SD, SS), stream.get()));
-  }
-}
-
-template <class T, Space SD, Space SS>
-void copy_async(Tensor<T, SD>& dst, const Tensor<T, SS>& src, cuda::StreamRef stream) {
-  TRAINKIT_CHECK(dst.shape() == src.shape(), "copy_async: destination shape ",
-                 dst.shape().to_string(), " differs from source shape ", src.shape().to_string());
-  copy_async(dst.flat(), src.flat(), stream);
-}
-#endif
 
 /// A new tensor in space S holding a copy of `src` (e.g. `to_space<Space::kDevice>(host_tensor)`).
 template <Space S, class T, Space SS>

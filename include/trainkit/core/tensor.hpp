@@ -11,6 +11,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/allocator.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor_view.hpp"
@@ -116,14 +117,7 @@ class Tensor {
   /// A deep copy in the same space and memory kind.
   Tensor clone() const {
     Tensor t = S == Space::kHost ? Tensor(shape_, memory_.kind()) : Tensor(shape_);
-    if (bytes() == 0) return t;
-    if constexpr (S == Space::kHost) {
-      std::memcpy(t.data(), data(), bytes());
-    } else {
-#if TRAINKIT_WITH_CUDA
-      TRAINKIT_CUDA_CHECK(cudaMemcpy(t.data(), data(), bytes(), cudaMemcpyDeviceToDevice));
-#endif
-    }
+    copy_bytes(t.data(), S, data(), S, bytes(), "Tensor::clone");
     return t;
   }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor.hpp"
@@ -79,14 +80,7 @@ struct CastFunctor {
 
 template <class T, Space S>
 void zero_fill(Tensor<T, S>& t) {
-  if (t.bytes() == 0) return;
-  if constexpr (S == Space::kHost) {
-    std::memset(t.data(), 0, t.bytes());
-  } else {
-#if TRAINKIT_WITH_CUDA
-    TRAINKIT_CUDA_CHECK(cudaMemset(t.data(), 0, t.bytes()));
-#endif
-  }
+  zero_bytes(t.data(), S, t.bytes(), "ParamArena");
 }
 
 }  // namespace detail
@@ -157,7 +151,7 @@ class ParamArena {
         valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
             static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
     block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
-    copy_bytes(block_valid_.data(), valid.data(), valid.size());
+    upload(block_valid_.data(), valid.data(), valid.size());
     finalized_ = true;
   }
 
@@ -266,13 +260,9 @@ class ParamArena {
       fill_init(params_.data() + p.offset, p.shape, init, seed,
                 static_cast<std::uint64_t>(id.index), p.name);
     } else {
-#if TRAINKIT_WITH_CUDA
       Tensor<float, Space::kHost> staging(Shape{p.numel});
       fill_init(staging.data(), p.shape, init, seed, static_cast<std::uint64_t>(id.index), p.name);
-      if (p.numel != 0)
-        TRAINKIT_CUDA_CHECK(cudaMemcpy(params_.data() + p.offset, staging.data(), staging.bytes(),
-                                       cudaMemcpyHostToDevice));
-#endif
+      upload(params_.data() + p.offset, staging.data(), staging.bytes());
     }
   }
 
@@ -433,35 +423,13 @@ class ParamArena {
   }
 
   /// Host bytes into a buffer of this arena's space.
-  static void copy_bytes(void* dst, const void* src, std::size_t bytes) {
-    if (bytes == 0) return;
-    if constexpr (S == Space::kHost) {
-      std::memcpy(dst, src, bytes);
-    } else {
-#if TRAINKIT_WITH_CUDA
-      TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-#else
-      TRAINKIT_FAIL("ParamArena: a device arena but trainkit was built without CUDA");
-#endif
-    }
+  static void upload(void* dst, const void* src, std::size_t bytes) {
+    copy_bytes(dst, S, src, Space::kHost, bytes, "ParamArena");
   }
 
   void copy_buffer(float* dst, const float* src, Space src_space) {
-    const std::size_t bytes = static_cast<std::size_t>(end_) * sizeof(float);
-    if (bytes == 0) return;
-    if (S == Space::kHost && src_space == Space::kHost) {
-      std::memcpy(dst, src, bytes);
-      return;
-    }
-#if TRAINKIT_WITH_CUDA
-    const cudaMemcpyKind kind =
-        S == Space::kHost
-            ? (src_space == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
-            : (src_space == Space::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
-    TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
-#else
-    TRAINKIT_FAIL("ParamArena: copying device memory but trainkit was built without CUDA");
-#endif
+    copy_bytes(dst, S, src, src_space, static_cast<std::size_t>(end_) * sizeof(float),
+               "ParamArena");
   }
 
   NamedBuffer* find_state(std::string_view name) {

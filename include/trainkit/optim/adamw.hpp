@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/rng.hpp"
 #include "trainkit/core/shape.hpp"
@@ -263,8 +264,8 @@ class AdamW : public FusedOptimizer<AdamW<S>, S, detail::AdamWRule> {
       std::vector<std::int64_t> begins;
       for (const detail::Segment& s : this->segments_) begins.push_back(s.begin);
       segment_begin_ = Tensor<std::int64_t, S>(Shape{static_cast<std::int64_t>(begins.size())});
-      optim::detail::upload(segment_begin_.data(), S, begins.data(),
-                            begins.size() * sizeof(std::int64_t));
+      copy_bytes(segment_begin_.data(), S, begins.data(), Space::kHost,
+                 begins.size() * sizeof(std::int64_t));
     } else {
       m_ = this->arena_state("exp_avg");
       v_ = this->arena_state("exp_avg_sq");
@@ -291,7 +292,7 @@ class AdamW : public FusedOptimizer<AdamW<S>, S, detail::AdamWRule> {
   }
   Tensor<bf16, S> zeroed_bf16(std::int64_t n) {
     Tensor<bf16, S> t(Shape{n});
-    detail::zero_bytes(t.data(), t.bytes(), S);
+    zero_bytes(t.data(), S, t.bytes());
     return t;
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor.hpp"
@@ -18,7 +19,6 @@
 #include "trainkit/exec/executor.hpp"
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/param_arena.hpp"
-#include "trainkit/optim/detail/space_copy.hpp"
 #include "trainkit/core/state_dict.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -62,7 +62,7 @@ class Ema {
     TRAINKIT_CHECK(options.decay >= 0.0 && options.decay <= 1.0,
                    "optim::Ema: decay must be in [0, 1], got ", options.decay);
     shadow_ = Tensor<float, S>(Shape{arena.buffer_numel()});
-    optim::detail::copy_within(shadow_.data(), arena.params_data(), S, shadow_.bytes());
+    copy_bytes(shadow_.data(), S, arena.params_data(), S, shadow_.bytes());
   }
 
   /// Folds the current parameters into the average (one pass; asynchronous on a CUDA stream).
@@ -98,7 +98,7 @@ class Ema {
   StateDict state_dict() const {
     StateDict sd;
     std::vector<float> host(static_cast<std::size_t>(arena_->buffer_numel()));
-    optim::detail::download(host.data(), shadow_.data(), S, host.size() * sizeof(float));
+    copy_bytes(host.data(), Space::kHost, shadow_.data(), S, host.size() * sizeof(float));
     for (const nn::ParamInfo& p : arena_->infos()) {
       AnyTensor t(DType::kF32, p.shape);
       if (t.bytes() != 0) std::memcpy(t.data(), host.data() + p.offset, t.bytes());
@@ -122,7 +122,7 @@ class Ema {
     }
     num_updates_ = sd.get_int("n_averaged");
     options_.decay = sd.get_double("decay");
-    optim::detail::upload(shadow_.data(), S, host.data(), host.size() * sizeof(float));
+    copy_bytes(shadow_.data(), S, host.data(), Space::kHost, host.size() * sizeof(float));
   }
 
  private:

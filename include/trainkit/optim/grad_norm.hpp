@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/exec/executor.hpp"
@@ -48,14 +49,9 @@ class GradNorm {
   float get() const {
     TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
     if (space_ == Space::kHost) return *data_;
-#if TRAINKIT_WITH_CUDA
     float value = 0.0f;
-    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
-    TRAINKIT_CUDA_CHECK(cudaMemcpy(&value, data_, sizeof(float), cudaMemcpyDeviceToHost));
+    copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
     return value;
-#else
-    TRAINKIT_FAIL("optim::GradNorm: a device norm but trainkit was built without CUDA");
-#endif
   }
 
  private:

@@ -12,6 +12,7 @@
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/allocator.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/error.hpp"
@@ -19,7 +20,6 @@
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/reduce.hpp"
 #include "trainkit/nn/param_arena.hpp"
-#include "trainkit/optim/detail/space_copy.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/core/state_dict.hpp"
 
@@ -177,10 +177,10 @@ class ScalerCore {
   /// The block's current contents (on the device: waits for the GPU).
   ScalerBlock read() const {
     ScalerBlock b{};
-    detail::download(&b, block(), space_, sizeof b);
+    copy_bytes(&b, Space::kHost, block(), space_, sizeof b);
     return b;
   }
-  void write(const ScalerBlock& b) { detail::upload(block(), space_, &b, sizeof b); }
+  void write(const ScalerBlock& b) { copy_bytes(block(), space_, &b, Space::kHost, sizeof b); }
 
   template <class E, Space S>
   void check_arena(const char* what, const nn::ParamArena<S>& arena) const {

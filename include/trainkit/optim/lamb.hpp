@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/error.hpp"
@@ -266,11 +267,11 @@ class LAMB : public FusedOptimizer<LAMB<S>, S, detail::LAMBRule> {
     param_first_chunk_host_ = first;
     const auto nc = static_cast<std::int64_t>(chunks_.size());
     chunk_table_ = Tensor<detail::LambChunk, S>(Shape{nc});
-    optim::detail::upload(chunk_table_.data(), S, chunks_.data(),
-                          chunks_.size() * sizeof(detail::LambChunk));
+    copy_bytes(chunk_table_.data(), S, chunks_.data(), Space::kHost,
+               chunks_.size() * sizeof(detail::LambChunk));
     first_table_ = Tensor<std::int32_t, S>(Shape{static_cast<std::int64_t>(first.size())});
-    optim::detail::upload(first_table_.data(), S, first.data(),
-                          first.size() * sizeof(std::int32_t));
+    copy_bytes(first_table_.data(), S, first.data(), Space::kHost,
+               first.size() * sizeof(std::int32_t));
     partials_ = Tensor<detail::LambPartial, S>(Shape{nc});
     ratio_ = Tensor<float, S>(Shape{std::max<std::int64_t>(num_params, 1)});
   }

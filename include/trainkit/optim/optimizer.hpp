@@ -21,6 +21,7 @@
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/shape.hpp"
@@ -31,7 +32,6 @@
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
 #include "trainkit/nn/param_arena.hpp"
-#include "trainkit/optim/detail/space_copy.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/core/state_dict.hpp"
@@ -166,20 +166,6 @@ struct FinishOwnNorm {
   }
 };
 
-/// Fills `n` elements of `data` (in `space`) with zero bytes.
-inline void zero_bytes(void* data, std::size_t bytes, Space space) {
-  if (bytes == 0) return;
-  if (space == Space::kHost) {
-    std::memset(data, 0, bytes);
-    return;
-  }
-#if TRAINKIT_WITH_CUDA
-  TRAINKIT_CUDA_CHECK(cudaMemset(data, 0, bytes));
-#else
-  TRAINKIT_FAIL("optim: device memory but trainkit was built without CUDA");
-#endif
-}
-
 /// One optimizer state buffer with the arena's layout, for state_dict.
 struct StateBuffer {
   std::string name;  ///< PyTorch's state name ("exp_avg", ...)
@@ -303,7 +289,7 @@ class FusedOptimizer {
     for (const detail::StateBuffer& b : static_cast<const Derived*>(this)->state_buffers()) {
       const std::size_t esize = dtype_size(b.dtype);
       std::vector<unsigned char> host(static_cast<std::size_t>(arena_->buffer_numel()) * esize);
-      optim::detail::download(host.data(), b.data, S, host.size());
+      copy_bytes(host.data(), Space::kHost, b.data, S, host.size());
       for (const nn::ParamInfo& p : infos) {
         AnyTensor t(b.dtype, p.shape);
         if (t.bytes() != 0)
@@ -358,7 +344,7 @@ class FusedOptimizer {
           std::memcpy(host.data() + static_cast<std::size_t>(p.offset) * esize, t.data(),
                       t.bytes());
       }
-      optim::detail::upload(b.data, S, host.data(), host.size());
+      copy_bytes(b.data, S, host.data(), Space::kHost, host.size());
     }
     lr_->lr = lrs;
     if (initial.size() == lrs.size()) lr_->initial_lr = initial;
@@ -367,7 +353,7 @@ class FusedOptimizer {
     h.step = step;
     h.skip = 0;
     h.first = 0;
-    optim::detail::upload(header_.data(), S, &h, sizeof h);
+    copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
   }
 
  protected:
@@ -394,27 +380,27 @@ class FusedOptimizer {
     header_ = Tensor<detail::StepHeader, S>(Shape{1});
     scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
     const detail::StepHeader h0{};
-    optim::detail::upload(header_.data(), S, &h0, sizeof h0);
+    copy_bytes(header_.data(), S, &h0, Space::kHost, sizeof h0);
     std::vector<Scalars> zeros(static_cast<std::size_t>(kMaxParamGroups));
-    optim::detail::upload(scalars_.data(), S, zeros.data(), zeros.size() * sizeof(Scalars));
+    copy_bytes(scalars_.data(), S, zeros.data(), Space::kHost, zeros.size() * sizeof(Scalars));
     std::vector<std::int32_t> seg_group;
     for (const detail::Segment& s : segments_) seg_group.push_back(s.group);
     segment_group_ = Tensor<std::int32_t, S>(Shape{static_cast<std::int64_t>(seg_group.size())});
-    optim::detail::upload(segment_group_.data(), S, seg_group.data(),
-                          seg_group.size() * sizeof(std::int32_t));
+    copy_bytes(segment_group_.data(), S, seg_group.data(), Space::kHost,
+               seg_group.size() * sizeof(std::int32_t));
   }
 
   /// A zero-filled f32 state buffer `name` of the arena (reused and zeroed if it exists).
   float* arena_state(const std::string& name) {
     float* data =
         arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
-    detail::zero_bytes(data, static_cast<std::size_t>(arena_->buffer_numel()) * sizeof(float), S);
+    zero_bytes(data, S, static_cast<std::size_t>(arena_->buffer_numel()) * sizeof(float));
     return data;
   }
 
   detail::StepHeader read_header() const {
     detail::StepHeader h{};
-    optim::detail::download(&h, header_.data(), S, sizeof h);
+    copy_bytes(&h, Space::kHost, header_.data(), S, sizeof h);
     return h;
   }
 

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: MIT
+// trainkit/core/bytes.hpp: untyped, synchronous byte copies and zero fills in any memory space
+// (host or device), for the places that move whole buffers outside a training step: uploading
+// tables, reading a flag or a norm, saving and restoring state. A device copy first waits for all
+// queued work (kernels on non-blocking streams may still use the memory) and returns when the
+// bytes have arrived, so the caller may reuse or read either side at once. Typed, shaped copies
+// are in core/copy.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "trainkit/config.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/error.hpp"
+
+#if TRAINKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+
+#if TRAINKIT_WITH_CUDA
+namespace detail {
+inline constexpr cudaMemcpyKind memcpy_kind(Space dst, Space src) noexcept {
+  if (dst == Space::kHost)
+    return src == Space::kHost ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
+  return src == Space::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+}
+}  // namespace detail
+#endif
+
+/// Copies `bytes` from `src` (in `src_space`) to `dst` (in `dst_space`); host to host is a
+/// memcpy. `what` names the caller in the error thrown when device memory is involved but
+/// trainkit was built without CUDA.
+inline void copy_bytes(void* dst, Space dst_space, const void* src, Space src_space,
+                       std::size_t bytes, const char* what = "copy_bytes") {
+  if (bytes == 0) return;
+  if (dst_space == Space::kHost && src_space == Space::kHost) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if TRAINKIT_WITH_CUDA
+  (void)what;
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, detail::memcpy_kind(dst_space, src_space)));
+  if (dst_space == Space::kDevice && src_space == Space::kDevice)
+    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  TRAINKIT_FAIL_WITHOUT_CUDA(what, ": copying device memory");
+#endif
+}
+
+/// Sets `bytes` bytes at `dst` (in `space`) to zero.
+inline void zero_bytes(void* dst, Space space, std::size_t bytes, const char* what = "zero_bytes") {
+  if (bytes == 0) return;
+  if (space == Space::kHost) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+#if TRAINKIT_WITH_CUDA
+  (void)what;
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  TRAINKIT_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  TRAINKIT_FAIL_WITHOUT_CUDA(what, ": zeroing device memory");
+#endif
+}
+
+TRAINKIT_NAMESPACE_END
