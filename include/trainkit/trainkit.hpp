@@ -98,7 +98,6 @@ include "trainkit/cuda/buffer.hpp"
 #include "trainkit/dist/bucketer.hpp"
 
 #include "trainkit/ckpt/checksum.hpp"
-#include "trainkit/ckpt/state_dict.hpp"
 #include "trainkit/ckpt/model.hpp"
 #include "trainkit/ckpt/train_state.hpp"
 #include "trainkit/ckpt/checkpointer.hpp"

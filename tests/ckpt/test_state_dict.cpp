@@ -1,6 +1,7 @@
-// Tests of ckpt/state_dict.hpp and ckpt/train_state.hpp: the adapters of components without
-// state_dict members (Prefetcher, samplers, Philox streams, Dropout, ParamArena) round-trip and
-// reject a differently configured component by name; TrainState composes components under
+// Tests of the state protocol (core/state_dict.hpp) as checkpoints use it, and of
+// ckpt/train_state.hpp: the state dicts of the Prefetcher, samplers, Philox streams, Dropout and
+// ParamArena round-trip and reject a differently configured component by name; TrainState composes
+// components under
 // "<name>.<key>", restores counters and metadata, and checks missing/unexpected components.
 #include <doctest/doctest.h>
 
@@ -10,9 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <trainkit/optim/grad_scaler.hpp>
-#include <trainkit/ckpt/state_dict.hpp>
 #include <trainkit/ckpt/train_state.hpp>
+#include <trainkit/core/state_dict.hpp>
 #include <trainkit/core/rng.hpp>
 #include <trainkit/data/prefetcher.hpp>
 #include <trainkit/data/sampler.hpp>
@@ -21,6 +21,7 @@
 #include <trainkit/nn/dropout.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
 
 namespace {
@@ -54,7 +55,7 @@ std::vector<std::int64_t> rows(const data::Batch& b) {
 
 }  // namespace
 
-TEST_CASE("StateAdapter<Prefetcher>: resumes at the same batch, checks the batching") {
+TEST_CASE("Prefetcher state dict: resumes at the same batch, checks the batching") {
   const Indices ds(20);
   const data::RandomSampler sampler(ds.size(), 5);
   const data::PrefetchOptions opts{
@@ -64,51 +65,51 @@ TEST_CASE("StateAdapter<Prefetcher>: resumes at the same batch, checks the batch
   {
     data::Prefetcher p(ds, sampler, opts);
     for (int k = 0; k < 12; ++k) {
-      if (k == 9) saved = ckpt::state_dict_of(p);  // mid second epoch (7 batches per epoch)
+      if (k == 9) saved = tk::state_dict_of(p);  // mid second epoch (7 batches per epoch)
       straight.push_back(rows(p.next()));
     }
   }
   CHECK(saved.get_string("epoch") == "1");
   CHECK(saved.get_string("batch") == "2");
   data::Prefetcher resumed(ds, sampler, opts);
-  ckpt::load_state_dict_into(resumed, saved);
+  tk::load_state_dict_into(resumed, saved);
   for (int k = 9; k < 12; ++k) CHECK(rows(resumed.next()) == straight[std::size_t(k)]);
 
   data::PrefetchOptions other = opts;
   other.batch_size = 4;
   data::Prefetcher different(ds, sampler, other);
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(different, saved),
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(different, saved),
                        doctest::Contains("batch_size = 3 but this one has batch_size = 4"),
                        tk::Error);
 }
 
-TEST_CASE("StateAdapter for samplers: configuration saved and checked") {
+TEST_CASE("sampler state dicts: configuration saved and checked") {
   data::RandomSampler a(100, 7);
   data::RandomSampler same(100, 7);
   data::RandomSampler other_seed(100, 8);
-  const tk::StateDict sd = ckpt::state_dict_of(a);
-  CHECK_NOTHROW(ckpt::load_state_dict_into(same, sd));
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(other_seed, sd),
+  const tk::StateDict sd = tk::state_dict_of(a);
+  CHECK_NOTHROW(tk::load_state_dict_into(same, sd));
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(other_seed, sd),
                        doctest::Contains("seed = 7 but this one has seed = 8"), tk::Error);
 
   data::DistributedSampler d(100, {.world = 4, .rank = 1, .seed = 3});
   data::DistributedSampler d_world(100, {.world = 2, .rank = 1, .seed = 3});
-  const tk::StateDict dsd = ckpt::state_dict_of(d);
+  const tk::StateDict dsd = tk::state_dict_of(d);
   data::DistributedSampler d_same(100, {.world = 4, .rank = 1, .seed = 3});
-  CHECK_NOTHROW(ckpt::load_state_dict_into(d_same, dsd));
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(d_world, dsd), doctest::Contains("world size"),
+  CHECK_NOTHROW(tk::load_state_dict_into(d_same, dsd));
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(d_world, dsd), doctest::Contains("world"),
                        tk::Error);
   data::SequentialSampler seq(10);
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(seq, sd), doctest::Contains("kind"), tk::Error);
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(seq, sd), doctest::Contains("kind"), tk::Error);
 }
 
-TEST_CASE("StateAdapter<PhiloxStream> and <nn::Dropout>") {
+TEST_CASE("PhiloxStream and nn::Dropout state dicts") {
   tk::PhiloxStream s(0xfedcba9876543210ULL, 4, 0);
   for (int i = 0; i < 13; ++i) (void)s.next_u32();
-  const tk::StateDict sd = ckpt::state_dict_of(s);
+  const tk::StateDict sd = tk::state_dict_of(s);
   CHECK(sd.get_string("seed") == "18364758544493064720");  // > 2^63: kept exactly
   tk::PhiloxStream r(1, 1, 1);
-  ckpt::load_state_dict_into(r, sd);
+  tk::load_state_dict_into(r, sd);
   CHECK(r.seed() == s.seed());
   CHECK(r.stream() == 4);
   for (int i = 0; i < 5; ++i) CHECK(r.next_u32() == s.next_u32());
@@ -116,35 +117,34 @@ TEST_CASE("StateAdapter<PhiloxStream> and <nn::Dropout>") {
   nn::Dropout d({.p = 0.3f, .seed = 5, .site = 2});
   d.set_step(41);
   d.eval();
-  const tk::StateDict dsd = ckpt::state_dict_of(d);
+  const tk::StateDict dsd = tk::state_dict_of(d);
   nn::Dropout e({.p = 0.3f, .seed = 5, .site = 2});
-  ckpt::load_state_dict_into(e, dsd);
+  tk::load_state_dict_into(e, dsd);
   CHECK(e.step() == 41);
   CHECK_FALSE(e.training());
   nn::Dropout f({.p = 0.3f, .seed = 6, .site = 2});
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(f, dsd), doctest::Contains("seed = 5"),
-                       tk::Error);
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(f, dsd), doctest::Contains("seed = 5"), tk::Error);
 }
 
-TEST_CASE("StateAdapter<ParamArena>: names, shapes, values") {
+TEST_CASE("ParamArena state dict: names, shapes, values") {
   nn::ParamArena<> a;
   a.add("w", tk::Shape{2, 3});
   a.add("b", tk::Shape{3});
   a.finalize();
   a.initialize(3);
-  const tk::StateDict sd = ckpt::state_dict_of(a);
+  const tk::StateDict sd = tk::state_dict_of(a);
   CHECK(sd.tensors.size() == 2);
   nn::ParamArena<> b;
   b.add("w", tk::Shape{2, 3});
   b.add("b", tk::Shape{3});
   b.finalize();
-  ckpt::load_state_dict_into(b, sd);
+  tk::load_state_dict_into(b, sd);
   CHECK(std::memcmp(a.params_data(), b.params_data(), a.buffer_numel() * 4) == 0);
   nn::ParamArena<> c;
   c.add("w", tk::Shape{3, 2});
   c.add("b", tk::Shape{3});
   c.finalize();
-  CHECK_THROWS_WITH_AS(ckpt::load_state_dict_into(c, sd), doctest::Contains("'w' is F32 [2, 3]"),
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(c, sd), doctest::Contains("'w' is F32 [2, 3]"),
                        tk::Error);
 }
 

@@ -38,7 +38,7 @@
 
 #include "trainkit/ckpt/checksum.hpp"
 #include "trainkit/ckpt/model.hpp"
-#include "trainkit/ckpt/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/ckpt/train_state.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/any_tensor.hpp"

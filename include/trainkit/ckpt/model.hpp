@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "trainkit/ckpt/checksum.hpp"
-#include "trainkit/ckpt/state_dict.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
@@ -259,8 +259,8 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       detail::convert_to_f32(t, staging.data());
       from = staging.data();
     }
-    detail::copy_between(arena.params_data() + p->offset, S, from, Space::kHost,
-                         std::size_t(p->numel) * sizeof(float));
+    copy_bytes(arena.params_data() + p->offset, S, from, Space::kHost,
+               std::size_t(p->numel) * sizeof(float), "ckpt::load_model");
     report.loaded.push_back(p->name);
   }
   return report;
@@ -342,7 +342,7 @@ std::vector<io::NamedTensor> model_views(const nn::ParamArena<S>& arena, bool co
       if constexpr (S == Space::kHost) {
         copies.push_back({dst, src, bytes});
       } else {
-        copy_between(dst, Space::kHost, src, S, bytes);
+        copy_bytes(dst, Space::kHost, src, S, bytes, "ckpt::save_model");
       }
       src = dst;
     }

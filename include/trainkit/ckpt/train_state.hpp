@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "trainkit/ckpt/model.hpp"
-#include "trainkit/ckpt/state_dict.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/error.hpp"

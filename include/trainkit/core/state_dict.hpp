@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: MIT
-// trainkit/core/state_dict.hpp: `StateDict`, what every stateful training object (optimizers,
-// loss scalers, LR schedules, EMA) hands to a checkpoint and takes back: named host tensors
-// (AnyTensor) plus named scalars kept as strings. Strings because safetensors' `__metadata__` is a
-// string map; numbers are written in the shortest form that reads back to the same bits.
+// trainkit/core/state_dict.hpp: the state protocol of every stateful training object. `StateDict`
+// is what an object hands to a checkpoint and takes back: named host tensors (AnyTensor) plus
+// named scalars kept as strings (safetensors' `__metadata__` is a string map; numbers are written
+// in the shortest form that reads back to the same bits). A type is `Stateful` when
+// `StateAdapter<T>` can save and load it; types with PyTorch-style `state_dict()` /
+// `load_state_dict()` members (optimizers, scalers, schedules, the Prefetcher, samplers,
+// Dropout, ParamArena) are Stateful as they are; `StateAdapter` is specialized for types that
+// cannot have the members (PhiloxStream, below) and can be by users for theirs.
 #pragma once
 
 #include <charconv>
+#include <concepts>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,6 +20,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/any_tensor.hpp"
+#include "trainkit/core/rng.hpp"
 #include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -50,6 +56,11 @@ struct StateDict {
   void set(std::string key, std::string value) { values[std::move(key)] = std::move(value); }
   void set(std::string key, const char* value) { values[std::move(key)] = value; }
 
+  /// Unsigned 64-bit values (counters, seeds) do not fit set(int64): stored as decimal text.
+  void set_u64(std::string key, std::uint64_t value) {
+    values[std::move(key)] = std::to_string(value);
+  }
+
   /// The scalar `key`; throws trainkit::Error naming the key when absent or not a number.
   double get_double(std::string_view key) const {
     const std::string& text = get_string(key);
@@ -65,6 +76,14 @@ struct StateDict {
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
                    "' is '", text, "', not an integer");
+    return value;
+  }
+  std::uint64_t get_u64(std::string_view key) const {
+    const std::string& text = get_string(key);
+    std::uint64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
+                   "' is '", text, "', not an unsigned integer");
     return value;
   }
   const std::string& get_string(std::string_view key) const {
@@ -101,6 +120,73 @@ struct StateDict {
     char buffer[64];
     const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
     return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
+  }
+};
+
+/// Checks that a setting saved with a component equals the one of the component being restored
+/// (a different value would change the trajectory silently). `who` names the component.
+template <class V>
+void check_saved_setting(std::string_view who, std::string_view key, const V& saved,
+                         const V& here) {
+  TRAINKIT_CHECK(saved == here, who, ": the checkpoint was saved with ", key, " = ", saved,
+                 " but this one has ", key, " = ", here,
+                 "; resuming would not continue the same run (construct it as the saved run did)");
+}
+
+/// Types with PyTorch-style members: `state_dict() const -> StateDict` and
+/// `load_state_dict(const StateDict&)`.
+template <class T>
+concept HasStateDict = requires(const T& c, T& m, const StateDict& sd) {
+  { c.state_dict() } -> std::convertible_to<StateDict>;
+  m.load_state_dict(sd);
+};
+
+/// How a component of type T is saved (`static StateDict save(const T&)`) and restored
+/// (`static void load(T&, const StateDict&)`, which throws trainkit::Error naming the component
+/// and the key on a mismatch). The primary template is empty; specialize it for types that
+/// cannot have the members themselves.
+template <class T>
+struct StateAdapter {};
+
+/// Components with state_dict() / load_state_dict() members.
+template <HasStateDict T>
+struct StateAdapter<T> {
+  static StateDict save(const T& c) { return c.state_dict(); }
+  static void load(T& c, const StateDict& sd) { c.load_state_dict(sd); }
+};
+
+/// Anything a checkpoint can hold: StateAdapter<T> has save and load.
+template <class T>
+concept Stateful = requires(const T& c, T& m, const StateDict& sd) {
+  { StateAdapter<T>::save(c) } -> std::convertible_to<StateDict>;
+  StateAdapter<T>::load(m, sd);
+};
+
+/// The state of `c` (see StateAdapter).
+template <Stateful T>
+StateDict state_dict_of(const T& c) {
+  return StateAdapter<T>::save(c);
+}
+/// Restores `c` from `sd` (see StateAdapter).
+template <Stateful T>
+void load_state_dict_into(T& c, const StateDict& sd) {
+  StateAdapter<T>::load(c, sd);
+}
+
+/// A Philox stream is counter-based: its whole state is (seed, stream, position). load()
+/// replaces the stream (seed included), so the next draw is the one the saved run made next.
+/// (An adapter rather than members: core/rng.hpp is included by device code and stays light.)
+template <>
+struct StateAdapter<PhiloxStream> {
+  static StateDict save(const PhiloxStream& s) {
+    StateDict sd;
+    sd.set_u64("seed", s.seed());
+    sd.set_u64("stream", s.stream());
+    sd.set_u64("position", s.position());
+    return sd;
+  }
+  static void load(PhiloxStream& s, const StateDict& sd) {
+    s = PhiloxStream(sd.get_u64("seed"), sd.get_u64("stream"), sd.get_u64("position"));
   }
 };
 

@@ -29,6 +29,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/allocator.hpp"
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/cuda/device.hpp"
 #include "trainkit/data/dataset.hpp"
@@ -271,6 +272,27 @@ class Prefetcher {
                    ": restore() to batch ", state.batch, " of epoch ", state.epoch,
                    " but an epoch has ", per_epoch_, " batches");
     begin(state);
+  }
+
+  /// The position of the next batch ("epoch", "batch") plus "batch_size" and
+  /// "batches_per_epoch", which must match on load (another batching changes what batch k is).
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set_u64("epoch", next_state_.epoch);
+    sd.set_u64("batch", next_state_.batch);
+    sd.set_u64("batch_size", options_.batch_size);
+    sd.set_u64("batches_per_epoch", per_epoch_);
+    return sd;
+  }
+  /// Checks the batching, then restore()s the saved position: the next next() returns exactly
+  /// the batch an uninterrupted run would have returned.
+  void load_state_dict(const StateDict& sd) {
+    const std::string who = "restoring Prefetcher '" + options_.name + "'";
+    check_saved_setting<std::uint64_t>(who, "batch_size", sd.get_u64("batch_size"),
+                                       options_.batch_size);
+    check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
+                                       per_epoch_);
+    restore({sd.get_u64("epoch"), sd.get_u64("batch")});
   }
 
   /// Batches per epoch for a random-access dataset; 0 for streaming datasets (unknown ahead).

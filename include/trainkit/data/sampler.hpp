@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -57,6 +58,21 @@ class SequentialSampler {
     return r;
   }
 
+  /// Samplers are pure functions of (seed, epoch, rank, world): nothing to restore, but their
+  /// configuration is saved and checked on load, so a resumed run with another seed or world
+  /// size fails loudly instead of visiting other samples.
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set("kind", "SequentialSampler");
+    sd.set_u64("size", n_);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) const {
+    const char* who = "restoring a SequentialSampler";
+    check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "SequentialSampler");
+    check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
+  }
+
  private:
   std::size_t n_;
 };
@@ -73,6 +89,21 @@ class RandomSampler {
     return torch_randperm(static_cast<std::int64_t>(n_), seed_ + epoch);
   }
 
+  /// Configuration only, checked on load (see SequentialSampler::state_dict).
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set("kind", "RandomSampler");
+    sd.set_u64("size", n_);
+    sd.set_u64("seed", seed_);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) const {
+    const char* who = "restoring a RandomSampler";
+    check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "RandomSampler");
+    check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
+    check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), seed_);
+  }
+
  private:
   std::size_t n_;
   std::uint64_t seed_;
@@ -81,7 +112,7 @@ class RandomSampler {
 /// Options of DistributedSampler, PyTorch's defaults.
 struct DistributedOptions {
   std::size_t world = 1;  ///< num_replicas
-  std::size_t rank = 0;   ///< this replica, in [0, world)
+  std::size_t rank = 0;        ///< this replica, in [0, world)
   bool shuffle = true;
   std::uint64_t seed = 0;  ///< must be the same on every rank
   bool drop_last = false;  ///< drop the tail so every rank gets floor-ish N/world samples
@@ -89,17 +120,19 @@ struct DistributedOptions {
 
 /// PyTorch's DistributedSampler: every rank draws the same permutation (torch_randperm(N,
 /// seed + epoch), or 0..N-1 without shuffle), pads it by repeating its head until it divides
-/// evenly (or, with drop_last, cuts the tail), and takes every world-th index starting at rank.
+/// evenly (or, with drop_last, cuts the tail), and takes every world-th index starting at
+/// rank.
 class DistributedSampler {
  public:
   /// Throws trainkit::Error when world is 0 or rank >= world.
   DistributedSampler(std::size_t n, const DistributedOptions& options) : n_(n), o_(options) {
-    TRAINKIT_CHECK(o_.world >= 1, "DistributedSampler: world size must be >= 1");
+    TRAINKIT_CHECK(o_.world >= 1, "DistributedSampler: world must be >= 1");
     TRAINKIT_CHECK(o_.rank < o_.world, "DistributedSampler: rank ", o_.rank,
                    " is not in [0, world=", o_.world, ")");
     if (o_.drop_last && n_ % o_.world != 0) {
       // ceil((N - R) / R), as math.ceil does for the (possibly negative) float.
-      num_samples_ = n_ > o_.world ? (n_ - o_.world + o_.world - 1) / o_.world : 0;
+      num_samples_ =
+          n_ > o_.world ? (n_ - o_.world + o_.world - 1) / o_.world : 0;
     } else {
       num_samples_ = (n_ + o_.world - 1) / o_.world;
     }
@@ -127,6 +160,31 @@ class DistributedSampler {
     // Position p of the padded list is all[p % N] (padding repeats the list from its head).
     for (std::size_t p = o_.rank; p < total_size_; p += o_.world) out.push_back(all[p % n_]);
     return out;
+  }
+
+  /// Configuration only, checked on load (see SequentialSampler::state_dict). The key "world"
+  /// holds world.
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set("kind", "DistributedSampler");
+    sd.set_u64("num_samples", num_samples_);
+    sd.set_u64("total_size", total_size_);
+    sd.set_u64("world", o_.world);
+    sd.set_u64("rank", o_.rank);
+    sd.set_u64("seed", o_.seed);
+    sd.set("shuffle", o_.shuffle);
+    sd.set("drop_last", o_.drop_last);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) const {
+    const char* who = "restoring a DistributedSampler";
+    check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "DistributedSampler");
+    check_saved_setting<std::uint64_t>(who, "world", sd.get_u64("world"), o_.world);
+    check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
+    check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
+    check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);
+    check_saved_setting<bool>(who, "shuffle", sd.get_int("shuffle") != 0, o_.shuffle);
+    check_saved_setting<bool>(who, "drop_last", sd.get_int("drop_last") != 0, o_.drop_last);
   }
 
  private:

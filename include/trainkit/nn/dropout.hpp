@@ -9,6 +9,7 @@
 
 #include "trainkit/amp/policy.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/rng.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
@@ -73,6 +74,28 @@ class Dropout {
   void set_step(std::uint32_t step) noexcept { step_ = step; }
   std::uint32_t step() const noexcept { return step_; }
   const DropoutOptions& options() const noexcept { return options_; }
+
+  /// The mask is keyed by (seed, step, site): the step and training flag are saved; p, seed and
+  /// site come from the model's construction and are checked on load.
+  StateDict state_dict() const {
+    StateDict sd;
+    sd.set("p", static_cast<double>(options_.p));
+    sd.set_u64("seed", options_.seed);
+    sd.set_u64("site", options_.site);
+    sd.set_u64("step", step_);
+    sd.set("training", training_);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) {
+    const char* who = "restoring nn::Dropout";
+    check_saved_setting<double>(who, "p", sd.get_double("p"), double(options_.p));
+    check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), options_.seed);
+    check_saved_setting<std::uint64_t>(who, "site", sd.get_u64("site"), options_.site);
+    const std::uint64_t step = sd.get_u64("step");
+    TRAINKIT_CHECK(step <= 0xffffffffu, who, ": step ", step, " does not fit 32 bits");
+    step_ = static_cast<std::uint32_t>(step);
+    training_ = sd.get_int("training") != 0;
+  }
 
   /// True when element i is kept at the current step (what the mask is; for tests).
   bool kept(std::int64_t i) const noexcept {

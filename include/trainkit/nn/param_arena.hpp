@@ -20,6 +20,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/bytes.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor.hpp"
@@ -187,6 +188,36 @@ class ParamArena {
   std::int64_t buffer_numel() const noexcept { return end_; }
   /// Which elements of the buffers are padding (in this arena's memory space; after finalize()).
   PaddingMask padding_mask() const noexcept { return PaddingMask{block_valid_.data()}; }
+
+  /// The parameters as a component: one F32 tensor per parameter under its name (host copies),
+  /// for a second arena in a checkpoint (an EMA copy, a frozen teacher); the model itself goes
+  /// to model.safetensors through ckpt::TrainState::model().
+  StateDict state_dict() const {
+    check_finalized("state_dict");
+    StateDict sd;
+    for (const ParamInfo& p : infos_) {
+      AnyTensor t(DType::kF32, p.shape);
+      copy_bytes(t.data(), Space::kHost, params_.data() + p.offset, S, t.bytes(), "ParamArena");
+      sd.tensors.emplace(p.name, std::move(t));
+    }
+    return sd;
+  }
+  /// Requires exactly this arena's names, shapes and F32; checks all before changing anything.
+  void load_state_dict(const StateDict& sd) {
+    check_finalized("load_state_dict");
+    TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
+                   " parameters from a state of ", sd.tensors.size(), " tensors");
+    for (const ParamInfo& p : infos_) {
+      const AnyTensor& t = sd.tensor(p.name);
+      TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
+                     p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
+                     " in the state but F32 ", p.shape.to_string(), " in the arena");
+    }
+    for (const ParamInfo& p : infos_) {
+      const AnyTensor& t = sd.tensor(p.name);
+      upload(params_.data() + p.offset, t.data(), t.bytes());
+    }
+  }
 
   // ---- buffers and views ----------------------------------------------------------------------
 
