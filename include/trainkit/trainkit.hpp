@@ -22,7 +22,7 @@
 #include "trainkit/cuda/stream.hpp"
 #include "trainkit/cuda/event.hpp"
 #include "trainkit/cuda/device.hpp"
-include "trainkit/cuda/buffer.hpp"
+#include "trainkit/cuda/buffer.hpp"
 #include "trainkit/cuda/copy.hpp"
 
 #include "trainkit/exec/executor.hpp"

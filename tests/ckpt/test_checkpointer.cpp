@@ -269,11 +269,11 @@ TEST_CASE("Checkpointer: resume on an empty directory; configuration errors are 
   CrashState bigger(0.002);
   CHECK_THROWS_WITH_AS(ck.resume(bigger.state), doctest::Contains("encoder.weight"), tk::Error);
 
-  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.world = 2}), tk::Error);  // no barrier
-  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.rank = 2, .world = 2, .barrier = [] {}}),
+  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.world_size = 2}), tk::Error);  // no barrier
+  CHECK_THROWS_AS(ckpt::Checkpointer(dir.path(), {.rank = 2, .world_size = 2, .barrier = [] {}}),
                   tk::Error);
   CHECK_THROWS_AS(
-      ckpt::Checkpointer(dir.path(), {.every_seconds = 1, .world = 2, .barrier = [] {}}),
+      ckpt::Checkpointer(dir.path(), {.every_seconds = 1, .world_size = 2, .barrier = [] {}}),
       tk::Error);
 }
 
@@ -374,7 +374,7 @@ TEST_CASE("Checkpointer: 3 ranks (ThreadComm) - replicated shards, index, per-ra
                                          .async = async,
                                          .durable = false,
                                          .rank = comm.rank(),
-                                         .world = 3,
+                                         .world_size = 3,
                                          .barrier = ckpt::comm_barrier(ck_comm)});
       // CrashState's counter check requires values == counter * (i + 1): consistent per rank.
       ck.save(s.state);
@@ -425,7 +425,7 @@ TEST_CASE("Checkpointer: 2 ranks with distinct parameters (ModelSharding::kLocal
     state.step = 7;
     ckpt::Checkpointer ck(dir.path(), {.durable = false,
                                        .rank = r,
-                                       .world = 2,
+                                       .world_size = 2,
                                        .barrier = ckpt::comm_barrier(comm),
                                        .sharding = ckpt::ModelSharding::kLocal});
     ck.save(state);
@@ -436,7 +436,7 @@ TEST_CASE("Checkpointer: 2 ranks with distinct parameters (ModelSharding::kLocal
   const io::SafetensorsIndex index =
       io::load_safetensors_index(dir / "step_000000007" / io::kSafetensorsIndexName);
   CHECK(index.weight_map.at("layers.1.weight") == "model-00002-of-00002.safetensors");
-  // A run with another world size cannot take the per-rank state, and says so.
+  // A run with another world_size cannot take the per-rank state, and says so.
   ckpt::Checkpointer one(dir.path(), {.durable = false});
   ckpt::TrainState bare;
   CHECK_THROWS_WITH_AS(one.resume(bare), doctest::Contains("written by 2 rank(s); this run has 1"),

@@ -395,7 +395,7 @@ TEST_CASE("damaged checkpoints: manifest_text -> parse_manifest round trip, rand
     info.path = "/some/dir";
     info.step = std::uniform_int_distribution<std::int64_t>(0, std::int64_t(1) << 40)(rng);
     info.epoch = std::uniform_int_distribution<std::int64_t>(0, 1000)(rng);
-    info.world = std::uniform_int_distribution<int>(1, 4)(rng);
+    info.world_size = std::uniform_int_distribution<int>(1, 4)(rng);
     info.created_unix = std::uniform_int_distribution<std::int64_t>(0, 2000000000)(rng);
     const int nm = std::uniform_int_distribution<int>(0, 3)(rng);
     for (int i = 0; i < nm; ++i)
@@ -403,20 +403,20 @@ TEST_CASE("damaged checkpoints: manifest_text -> parse_manifest round trip, rand
     const int nd = std::uniform_int_distribution<int>(0, 5)(rng);
     for (int i = 0; i < nd; ++i) info.metadata[random_text(10)] = random_text(30);
     const bool model = trial % 3 != 0;
-    for (int r = 0; r < info.world; ++r) {
+    for (int r = 0; r < info.world_size; ++r) {
       if (model)
-        info.files.push_back({ckpt::detail::model_file_name(r, info.world), 100u + r, rng()});
-      info.files.push_back({ckpt::detail::state_file_name(r, info.world), 50u + r, rng()});
+        info.files.push_back({ckpt::detail::model_file_name(r, info.world_size), 100u + r, rng()});
+      info.files.push_back({ckpt::detail::state_file_name(r, info.world_size), 50u + r, rng()});
     }
     if (model) {
-      info.model_file = info.world == 1 ? "model.safetensors" : "model.safetensors.index.json";
-      if (info.world > 1) info.files.push_back({info.model_file, 10, rng()});
+      info.model_file = info.world_size == 1 ? "model.safetensors" : "model.safetensors.index.json";
+      if (info.world_size > 1) info.files.push_back({info.model_file, 10, rng()});
     }
     const std::string text = ckpt::detail::manifest_text(info);
     const ckpt::CheckpointInfo back = ckpt::detail::parse_manifest(text, info.path, "m");
     CHECK(back.step == info.step);
     CHECK(back.epoch == info.epoch);
-    CHECK(back.world == info.world);
+    CHECK(back.world_size == info.world_size);
     CHECK(back.metrics == info.metrics);
     CHECK(back.metadata == info.metadata);
     CHECK(back.model_file == info.model_file);

@@ -92,12 +92,12 @@ TEST_CASE("sampler state dicts: configuration saved and checked") {
   CHECK_THROWS_WITH_AS(tk::load_state_dict_into(other_seed, sd),
                        doctest::Contains("seed = 7 but this one has seed = 8"), tk::Error);
 
-  data::DistributedSampler d(100, {.world = 4, .rank = 1, .seed = 3});
-  data::DistributedSampler d_world(100, {.world = 2, .rank = 1, .seed = 3});
+  data::DistributedSampler d(100, {.world_size = 4, .rank = 1, .seed = 3});
+  data::DistributedSampler d_world(100, {.world_size = 2, .rank = 1, .seed = 3});
   const tk::StateDict dsd = tk::state_dict_of(d);
-  data::DistributedSampler d_same(100, {.world = 4, .rank = 1, .seed = 3});
+  data::DistributedSampler d_same(100, {.world_size = 4, .rank = 1, .seed = 3});
   CHECK_NOTHROW(tk::load_state_dict_into(d_same, dsd));
-  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(d_world, dsd), doctest::Contains("world"),
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(d_world, dsd), doctest::Contains("world_size"),
                        tk::Error);
   data::SequentialSampler seq(10);
   CHECK_THROWS_WITH_AS(tk::load_state_dict_into(seq, sd), doctest::Contains("kind"), tk::Error);

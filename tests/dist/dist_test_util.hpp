@@ -1,6 +1,6 @@
 // Helpers of the dist tests (ThreadComm here, MpiComm in tests/dist_mpi): deterministic inputs
 // per (case, rank, element), the list of collective cases (every op, dtype and the sizes 0, 1,
-// world-1 and primes), and a checker that runs one case on a communicator and compares every
+// world_size-1 and primes), and a checker that runs one case on a communicator and compares every
 // element with a float64 reference (integers and data movement exactly) and, for ThreadComm,
 // bitwise with its documented summation order.
 #pragma once
@@ -97,14 +97,14 @@ struct Case {
 };
 
 /// Every op (all reductions, both ends as broadcast root, in-place variants) x every reducible
-/// dtype x sizes {0, 1, world-1, 7, 13, 1031, 4099}.
-inline std::vector<Case> all_cases(int world) {
+/// dtype x sizes {0, 1, world_size-1, 7, 13, 1031, 4099}.
+inline std::vector<Case> all_cases(int world_size) {
   const tk::DType dtypes[] = {tk::DType::kF32, tk::DType::kBF16, tk::DType::kF16,
                               tk::DType::kF64, tk::DType::kI32,  tk::DType::kI64};
   const dist::ReduceOp ops[] = {dist::ReduceOp::kSum, dist::ReduceOp::kAvg, dist::ReduceOp::kMax,
                                 dist::ReduceOp::kMin};
   std::vector<std::int64_t> sizes = {0, 1, 7, 13, 1031, 4099};
-  if (world > 2) sizes.push_back(world - 1);
+  if (world_size > 2) sizes.push_back(world_size - 1);
   std::vector<Case> out;
   std::uint64_t seed = 1;
   for (tk::DType t : dtypes) {
@@ -117,46 +117,48 @@ inline std::vector<Case> all_cases(int world) {
       out.push_back({Kind::kAllGather, dist::ReduceOp::kSum, t, n, 0, false, seed++});
       out.push_back({Kind::kAllGather, dist::ReduceOp::kSum, t, n, 0, true, seed++});
       out.push_back({Kind::kBroadcast, dist::ReduceOp::kSum, t, n, 0, false, seed++});
-      out.push_back({Kind::kBroadcast, dist::ReduceOp::kSum, t, n, world - 1, false, seed++});
+      out.push_back({Kind::kBroadcast, dist::ReduceOp::kSum, t, n, world_size - 1, false, seed++});
     }
   }
   return out;
 }
 
-/// Allowed |got - f64 reference| of a reduction over `world` values in [-1, 1]: each of the
-/// world - 1 steps rounds once in T (16-bit floats: from f32), plus the division of an average.
+/// Allowed |got - f64 reference| of a reduction over `world_size` values in [-1, 1]: each of the
+/// world_size - 1 steps rounds once in T (16-bit floats: from f32), plus the division of an
+/// average.
 template <class T>
-double tolerance(int world) {
+double tolerance(int world_size) {
   double eps = 0.0;
   if constexpr (std::is_same_v<T, float>) eps = 0x1.0p-24;
   if constexpr (std::is_same_v<T, double>) eps = 0x1.0p-53;
   if constexpr (std::is_same_v<T, tk::bf16>) eps = 0x1.0p-8;
   if constexpr (std::is_same_v<T, tk::f16>) eps = 0x1.0p-11;
-  return eps * 2.0 * world * world;
+  return eps * 2.0 * world_size * world_size;
 }
 
-/// op over the world's values of element `idx` in float64 (integers: exact, average truncated).
+/// op over the world_size's values of element `idx` in float64 (integers: exact, average
+/// truncated).
 template <class T>
-double reference(const Case& c, int world, std::int64_t idx) {
+double reference(const Case& c, int world_size, std::int64_t idx) {
   if constexpr (std::is_integral_v<T>) {
     std::int64_t acc = static_cast<std::int64_t>(value<T>(c.seed, 0, idx));
-    for (int r = 1; r < world; ++r) {
+    for (int r = 1; r < world_size; ++r) {
       const auto x = static_cast<std::int64_t>(value<T>(c.seed, r, idx));
       if (c.op == dist::ReduceOp::kMax) acc = std::max(acc, x);
       else if (c.op == dist::ReduceOp::kMin) acc = std::min(acc, x);
       else acc += x;
     }
-    if (c.op == dist::ReduceOp::kAvg) acc /= world;
+    if (c.op == dist::ReduceOp::kAvg) acc /= world_size;
     return static_cast<double>(acc);
   } else {
     double acc = to_double(value<T>(c.seed, 0, idx));
-    for (int r = 1; r < world; ++r) {
+    for (int r = 1; r < world_size; ++r) {
       const double x = to_double(value<T>(c.seed, r, idx));
       if (c.op == dist::ReduceOp::kMax) acc = std::max(acc, x);
       else if (c.op == dist::ReduceOp::kMin) acc = std::min(acc, x);
       else acc += x;
     }
-    if (c.op == dist::ReduceOp::kAvg) acc /= world;
+    if (c.op == dist::ReduceOp::kAvg) acc /= world_size;
     return acc;
   }
 }
@@ -164,13 +166,13 @@ double reference(const Case& c, int world, std::int64_t idx) {
 /// ThreadComm's documented order (dist::detail::ring_chain_start) for element `idx` of
 /// `segment`, computed with the same per-step arithmetic.
 template <class T>
-T chain_reference(const Case& c, int world, int segment, std::int64_t idx) {
-  const int start = dist::detail::ring_chain_start(segment, world);
+T chain_reference(const Case& c, int world_size, int segment, std::int64_t idx) {
+  const int start = dist::detail::ring_chain_start(segment, world_size);
   T acc = value<T>(c.seed, start, idx);
   const dist::ReduceOp op = c.op == dist::ReduceOp::kAvg ? dist::ReduceOp::kSum : c.op;
-  for (int j = 1; j < world; ++j) {
-    const T x = value<T>(c.seed, (start + j) % world, idx);
-    const int divisor = (j == world - 1 && c.op == dist::ReduceOp::kAvg) ? world : 1;
+  for (int j = 1; j < world_size; ++j) {
+    const T x = value<T>(c.seed, (start + j) % world_size, idx);
+    const int divisor = (j == world_size - 1 && c.op == dist::ReduceOp::kAvg) ? world_size : 1;
     dist::detail::combine_typed<T>(op, &acc, &x, &acc, 1, divisor);
   }
   return acc;
@@ -188,18 +190,18 @@ inline std::string describe_error(const Case& c, int rank, std::int64_t i, doubl
 /// bits of ThreadComm's summation order.
 template <class T>
 std::string run_case_typed(dist::Comm& comm, const Case& c, bool chain_order) {
-  const int world = comm.size(), rank = comm.rank();
+  const int world_size = comm.world_size(), rank = comm.rank();
   const std::int64_t n = c.count;
   auto check_reduced = [&](std::int64_t i, T got, int segment, std::int64_t idx) -> std::string {
-    const double want = reference<T>(c, world, idx);
+    const double want = reference<T>(c, world_size, idx);
     const double g = to_double(got);
     if (c.op == dist::ReduceOp::kMax || c.op == dist::ReduceOp::kMin || std::is_integral_v<T>) {
       if (g != want) return describe_error(c, rank, i, g, want);
-    } else if (!(std::fabs(g - want) <= tolerance<T>(world))) {
+    } else if (!(std::fabs(g - want) <= tolerance<T>(world_size))) {
       return describe_error(c, rank, i, g, want);
     }
     if (chain_order) {
-      const T bits = chain_reference<T>(c, world, segment, idx);
+      const T bits = chain_reference<T>(c, world_size, segment, idx);
       if (!same_bits(got, bits))
         return describe_error(c, rank, i, g, to_double(bits)) + " (not the documented order)";
     }
@@ -212,14 +214,14 @@ std::string run_case_typed(dist::Comm& comm, const Case& c, bool chain_order) {
       comm.all_reduce(std::span<T>(buf), c.op).wait();
       int segment = 0;
       for (std::int64_t i = 0; i < n; ++i) {
-        while ((segment + 1) * n / world <= i) ++segment;
+        while ((segment + 1) * n / world_size <= i) ++segment;
         if (auto e = check_reduced(i, buf[static_cast<std::size_t>(i)], segment, i); !e.empty())
           return e;
       }
       return {};
     }
     case Kind::kReduceScatter: {
-      std::vector<T> send = values<T>(c.seed, rank, n * world);
+      std::vector<T> send = values<T>(c.seed, rank, n * world_size);
       std::vector<T> out(static_cast<std::size_t>(n), value<T>(99, rank, 0));
       std::span<T> recv(out);
       if (c.in_place)
@@ -232,7 +234,7 @@ std::string run_case_typed(dist::Comm& comm, const Case& c, bool chain_order) {
       return {};
     }
     case Kind::kAllGather: {
-      std::vector<T> recv(static_cast<std::size_t>(n * world), value<T>(98, rank, 0));
+      std::vector<T> recv(static_cast<std::size_t>(n * world_size), value<T>(98, rank, 0));
       std::vector<T> own = values<T>(c.seed, rank, n);
       std::span<T> send(own);
       if (c.in_place) {
@@ -240,7 +242,7 @@ std::string run_case_typed(dist::Comm& comm, const Case& c, bool chain_order) {
         std::copy(own.begin(), own.end(), send.begin());
       }
       comm.all_gather(send, std::span<T>(recv)).wait();
-      for (int r = 0; r < world; ++r)
+      for (int r = 0; r < world_size; ++r)
         for (std::int64_t i = 0; i < n; ++i) {
           const T want = value<T>(c.seed, r, i);
           const T got = recv[static_cast<std::size_t>(r * n + i)];

@@ -174,7 +174,7 @@ TEST_CASE("dist::init: a single process gets a one-rank ThreadComm") {
   auto ctx = dist::init();
   CHECK(ctx.backend() == dist::Backend::kThread);
   CHECK(ctx.rank() == 0);
-  CHECK(ctx.size() == 1);
+  CHECK(ctx.world_size() == 1);
   CHECK(ctx.device() == -1);
   CHECK(ctx.host_comm() == nullptr);
   std::vector<double> v{1.5, -2.0};
@@ -202,25 +202,25 @@ TEST_CASE("dist::init: errors say what is missing") {
 }
 
 TEST_CASE("tcp_broadcast: rank 0's bytes reach every rank over loopback") {
-  constexpr int world = 4;
+  constexpr int world_size = 4;
   const int port = free_port();
-  std::vector<std::array<std::byte, 128>> payloads(world);
+  std::vector<std::array<std::byte, 128>> payloads(world_size);
   for (std::size_t i = 0; i < 128; ++i) payloads[0][i] = static_cast<std::byte>(i * 7 + 3);
-  std::vector<std::string> errors(world);
+  std::vector<std::string> errors(world_size);
   std::vector<std::thread> threads;
-  for (int r = world - 1; r >= 0; --r) {  // clients first: they must retry until rank 0 is up
+  for (int r = world_size - 1; r >= 0; --r) {  // clients first: they must retry until rank 0 is up
     threads.emplace_back([&, r] {
       try {
-        dist::tcp_broadcast("127.0.0.1", port, r, world, payloads[static_cast<std::size_t>(r)],
+        dist::tcp_broadcast("127.0.0.1", port, r, world_size, payloads[static_cast<std::size_t>(r)],
                             std::chrono::milliseconds(10000));
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
     });
-    if (r == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (r == world_size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world_size; ++r) {
     CAPTURE(r);
     CHECK(errors[static_cast<std::size_t>(r)].empty());
     CHECK(payloads[static_cast<std::size_t>(r)] == payloads[0]);

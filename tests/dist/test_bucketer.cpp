@@ -197,9 +197,11 @@ TEST_CASE("GradBucketer: 2 ranks x batch B == 1 rank x batch 2B, bitwise (Thread
       o.bf16_compression = compress;
       dist::GradBucketer<> ddp(model.arena, comm, o);
       buckets[static_cast<std::size_t>(comm.rank())] = ddp.buckets().size();
-      tk::data::DistributedSampler sampler(
-          kExamples,
-          {.world = 2, .rank = static_cast<std::size_t>(comm.rank()), .shuffle = true, .seed = 3});
+      tk::data::DistributedSampler sampler(kExamples,
+                                           {.world_size = 2,
+                                            .rank = static_cast<std::size_t>(comm.rank()),
+                                            .shuffle = true,
+                                            .seed = 3});
       for (int s = 0; s < kSteps; ++s) {
         model.arena.zero_grad();
         model.backward(sampler.indices(static_cast<std::uint64_t>(s)),

@@ -1,4 +1,4 @@
-// NcclComm with world size 1 on one GPU (skipped, exit 77, without one): every op and dtype on
+// NcclComm with world_size 1 on one GPU (skipped, exit 77, without one): every op and dtype on
 // device buffers, groups, stream ordering (wait_on), the GradBucketer on a device arena with and
 // without bf16 compression (its kernels are registered by this nvcc TU), and dist::init choosing
 // NCCL for device tensors.
@@ -43,9 +43,9 @@ dist::NcclComm& solo() {
 
 }  // namespace
 
-TEST_CASE("NcclComm world 1: every reduction and dtype is the identity") {
+TEST_CASE("NcclComm world_size 1: every reduction and dtype is the identity") {
   auto& comm = solo();
-  CHECK(comm.size() == 1);
+  CHECK(comm.world_size() == 1);
   CHECK(comm.space() == tk::Space::kDevice);
   CHECK(dist::NcclComm::version() >= 21003);
   for (auto op :
@@ -64,7 +64,7 @@ TEST_CASE("NcclComm world 1: every reduction and dtype is the identity") {
   }
 }
 
-TEST_CASE("NcclComm world 1: data movement, groups, barrier and stream order") {
+TEST_CASE("NcclComm world_size 1: data movement, groups, barrier and stream order") {
   auto& comm = solo();
   const std::vector<double> v{1.0, 2.0, 3.0, 4.0};
   std::vector<double> got = round_trip(v, [&](double* d) {
@@ -86,7 +86,7 @@ TEST_CASE("NcclComm world 1: data movement, groups, barrier and stream order") {
   comm.check_async_error();
 }
 
-TEST_CASE("GradBucketer on a device arena (NCCL, world 1), with and without bf16") {
+TEST_CASE("GradBucketer on a device arena (NCCL, world_size 1), with and without bf16") {
   for (bool compress : {false, true}) {
     tk::nn::ParamArena<tk::Space::kDevice> arena;
     const auto w = arena.add("w", tk::Shape{1000});
@@ -126,7 +126,7 @@ TEST_CASE("dist::init: a single process with device tensors gets NCCL on device 
   auto ctx = dist::init({.space = tk::Space::kDevice});
   CHECK(ctx.backend() == dist::Backend::kNccl);
   CHECK(ctx.device() == 0);
-  CHECK(ctx.comm().size() == 1);
+  CHECK(ctx.comm().world_size() == 1);
   ctx.comm().barrier().wait();
 }
 

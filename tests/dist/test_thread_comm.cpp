@@ -41,16 +41,16 @@ double seconds_since(Clock::time_point t0) {
 }  // namespace
 
 TEST_CASE("ThreadComm: every op, dtype and size, worlds 1-4 (float64 reference, fixed order)") {
-  for (int world = 1; world <= 4; ++world) {
-    CAPTURE(world);
-    const auto cases = disttest::all_cases(world);
+  for (int world_size = 1; world_size <= 4; ++world_size) {
+    CAPTURE(world_size);
+    const auto cases = disttest::all_cases(world_size);
     Messages errors;
     // Tiny chunks: the sizes above span many pipelined chunks per ring step.
     dist::ThreadCommOptions options;
     options.chunk_bytes = 96;
     options.timeout = std::chrono::milliseconds(20000);
     dist::ThreadComm::run(
-        world,
+        world_size,
         [&](dist::ThreadComm& comm) {
           for (const auto& c : cases) {
             const std::string e = disttest::run_case(comm, c, true);
@@ -174,10 +174,11 @@ TEST_CASE("ThreadComm: argument errors throw at the call") {
   CHECK_THROWS_WITH_AS(comm.all_reduce(std::span<std::uint8_t>(bytes), dist::ReduceOp::kSum),
                        doctest::Contains("cannot reduce U8"), tk::Error);
   CHECK_THROWS_WITH_AS(comm.all_gather(std::span<float>(a), std::span<float>(b)),
-                       doctest::Contains("recv must hold size * send.count = 2 * 10"), tk::Error);
+                       doctest::Contains("recv must hold world_size * send.count = 2 * 10"),
+                       tk::Error);
   CHECK_THROWS_WITH_AS(
       comm.reduce_scatter(std::span<float>(b), std::span<float>(a), dist::ReduceOp::kSum),
-      doctest::Contains("send must hold size * recv.count"), tk::Error);
+      doctest::Contains("send must hold world_size * recv.count"), tk::Error);
   CHECK_THROWS_WITH_AS(comm.broadcast(std::span<float>(a), 2), doctest::Contains("root 2"),
                        tk::Error);
   CHECK_THROWS_WITH_AS(comm.all_reduce(dist::device_buffer(a.data(), 10), dist::ReduceOp::kSum),
@@ -190,7 +191,7 @@ TEST_CASE("ThreadComm: argument errors throw at the call") {
 }
 
 TEST_CASE("ThreadComm: a stalled rank fails every other rank within the timeout, naming it") {
-  constexpr int world = 4;
+  constexpr int world_size = 4;
   const auto timeout = std::chrono::milliseconds(400);
   dist::ThreadCommOptions options;
   options.timeout = timeout;
@@ -200,10 +201,10 @@ TEST_CASE("ThreadComm: a stalled rank fails every other rank within the timeout,
     if (rank == 2 && op == 2 && unit == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
   };
   Messages errors;
-  std::vector<double> elapsed(world, -1.0);
+  std::vector<double> elapsed(world_size, -1.0);
   const auto t0 = Clock::now();
   CHECK_THROWS_AS(dist::ThreadComm::run(
-                      world,
+                      world_size,
                       [&](dist::ThreadComm& comm) {
                         std::vector<float> buf(1000, 1.0f);
                         comm.all_reduce(std::span<float>(buf), dist::ReduceOp::kSum).wait();
@@ -220,12 +221,12 @@ TEST_CASE("ThreadComm: a stalled rank fails every other rank within the timeout,
                       options),
                   tk::Error);
   (void)t0;
-  REQUIRE(errors.items.size() == world - 1);
+  REQUIRE(errors.items.size() == world_size - 1);
   for (const auto& e : errors.items) {
     CAPTURE(e);
     CHECK(e.find("rank 2 is stuck inside collective #2") != std::string::npos);
   }
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world_size; ++r) {
     if (r == 2) continue;
     CAPTURE(r);
     CHECK(elapsed[static_cast<std::size_t>(r)] > 0.0);

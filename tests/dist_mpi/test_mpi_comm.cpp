@@ -52,13 +52,13 @@ tk::HostView<float, 2> mat(float* p, std::int64_t r, std::int64_t c) {
 TEST_CASE("MpiComm: launched by mpirun, rank and size agree with the environment") {
   const auto info = dist::detect_launch();
   CHECK(info.launcher == dist::Launcher::kOpenMpi);
-  CHECK(info.world_size == comm().size());
+  CHECK(info.world_size == comm().world_size());
   CHECK(info.rank == comm().rank());
   CHECK(comm().backend() == "MpiComm");
 }
 
 TEST_CASE("MpiComm: every op, dtype and size (float64 reference)") {
-  const auto cases = disttest::all_cases(comm().size());
+  const auto cases = disttest::all_cases(comm().world_size());
   std::string first_error;
   for (const auto& c : cases) {
     const std::string e = disttest::run_case(comm(), c, false);
@@ -73,7 +73,7 @@ TEST_CASE("MpiComm: every op, dtype and size (float64 reference)") {
     works.push_back(comm().all_reduce(std::span<std::int64_t>(b), dist::ReduceOp::kSum));
   works.push_back(comm().barrier());
   for (auto& w : works) w.wait();
-  const std::int64_t n = comm().size();
+  const std::int64_t n = comm().world_size();
   CHECK(bufs[3][99] == n * (n - 1) / 2);
 }
 
@@ -84,9 +84,9 @@ TEST_CASE("MpiComm: 10^7-element all_reduce") {
   std::vector<float> buf = disttest::values<float>(c.seed, comm().rank(), n);
   comm().all_reduce(std::span<float>(buf), c.op).wait();
   std::int64_t bad = 0;
-  for (std::int64_t i = comm().rank(); i < n; i += 7 * comm().size())
+  for (std::int64_t i = comm().rank(); i < n; i += 7 * comm().world_size())
     bad += std::fabs(buf[static_cast<std::size_t>(i)] -
-                     disttest::reference<float>(c, comm().size(), i)) > 1e-6;
+                     disttest::reference<float>(c, comm().world_size(), i)) > 1e-6;
   CHECK(bad == 0);
 }
 
@@ -96,8 +96,8 @@ TEST_CASE("MpiComm: argument errors throw at the call") {
   CHECK_THROWS_WITH_AS(comm().all_reduce(std::span<std::uint8_t>(bytes), dist::ReduceOp::kSum),
                        doctest::Contains("cannot reduce U8"), tk::Error);
   CHECK_THROWS_WITH_AS(comm().all_gather(std::span<float>(a), std::span<float>(b)),
-                       doctest::Contains("recv must hold size * send.count"), tk::Error);
-  CHECK_THROWS_AS(comm().broadcast(std::span<float>(a), comm().size()), tk::Error);
+                       doctest::Contains("recv must hold world_size * send.count"), tk::Error);
+  CHECK_THROWS_AS(comm().broadcast(std::span<float>(a), comm().world_size()), tk::Error);
   if (!comm().cuda_aware())
     CHECK_THROWS_WITH_AS(comm().all_reduce(dist::device_buffer(a.data(), 10), dist::ReduceOp::kSum),
                          doctest::Contains("not CUDA-aware"), tk::Error);
@@ -106,8 +106,8 @@ TEST_CASE("MpiComm: argument errors throw at the call") {
 TEST_CASE("GradBucketer over MPI: N ranks x batch B == 1 rank x batch N*B within 1e-6") {
   // An MLP on random data: every rank can compute the single-process reference itself.
   constexpr std::int64_t in = 12, hidden = 24, out = 5, per_rank = 6;
-  const int world = comm().size();
-  const std::int64_t total = per_rank * world;
+  const int world_size = comm().world_size();
+  const std::int64_t total = per_rank * world_size;
   auto make = [&](nn::ParamArena<>& arena, std::uint64_t seed) {
     auto fc1 = nn::Linear<>(arena, "fc1", {.in_features = in, .out_features = hidden});
     auto fc2 = nn::Linear<>(arena, "fc2", {.in_features = hidden, .out_features = out});
@@ -174,7 +174,7 @@ TEST_CASE("GradBucketer over MPI: N ranks x batch B == 1 rank x batch N*B within
 TEST_CASE("GradBucketer over MPI: a rank with another layout fails every rank at start") {
   nn::ParamArena<> arena;
   arena.add("embed", tk::Shape{10, 4});
-  arena.add("head", comm().rank() == comm().size() - 1 ? tk::Shape{4, 3} : tk::Shape{3, 4});
+  arena.add("head", comm().rank() == comm().world_size() - 1 ? tk::Shape{4, 3} : tk::Shape{3, 4});
   arena.finalize();
   std::string error;
   try {
@@ -184,7 +184,7 @@ TEST_CASE("GradBucketer over MPI: a rank with another layout fails every rank at
   }
   const std::string want =
       "parameter #1 is 'head' [3, 4] F32 on rank 0 but 'head' [4, 3] F32 on rank " +
-      std::to_string(comm().size() - 1);
+      std::to_string(comm().world_size() - 1);
   CHECK_MESSAGE(error.find(want) != std::string::npos, error);
 }
 
@@ -193,7 +193,7 @@ namespace {
 // --fault=stall: the last rank stalls before its second all_reduce for much longer than the
 // timeout; every other rank must fail within the timeout (plus slack) with trainkit::Error.
 int run_stall_fault() {
-  const int rank = comm().rank(), last = comm().size() - 1;
+  const int rank = comm().rank(), last = comm().world_size() - 1;
   std::vector<float> buf(1000, 1.0f);
   comm().all_reduce(std::span<float>(buf), dist::ReduceOp::kSum).wait();
   if (rank == last) {
@@ -228,7 +228,7 @@ int run_stall_fault() {
 int run_exit_fault() {
   std::vector<float> buf(1000, 1.0f);
   comm().all_reduce(std::span<float>(buf), dist::ReduceOp::kSum).wait();
-  if (comm().rank() == comm().size() - 1) std::_Exit(3);
+  if (comm().rank() == comm().world_size() - 1) std::_Exit(3);
   try {
     comm().all_reduce(std::span<float>(buf), dist::ReduceOp::kSum).wait();
     std::printf("rank %d: the all_reduce completed\n", comm().rank());
@@ -261,6 +261,6 @@ int main(int argc, char** argv) {
   // The job fails when any rank failed.
   std::vector<std::int32_t> worst{rc};
   mpi.all_reduce(std::span<std::int32_t>(worst), dist::ReduceOp::kMax).wait();
-  if (mpi.rank() == 0) std::printf("test_dist_mpi: %d ranks, exit %d\n", mpi.size(), worst[0]);
+  if (mpi.rank() == 0) std::printf("test_dist_mpi: %d ranks, exit %d\n", mpi.world_size(), worst[0]);
   return worst[0];
 }

@@ -18,13 +18,13 @@ namespace {
 namespace ckpt = trainkit::ckpt;
 
 void check_accepted(const ckpt::CheckpointInfo& info, std::string_view text) {
-  if (info.world < 1 || info.files.size() < std::size_t(info.world)) std::abort();
+  if (info.world_size < 1 || info.files.size() < std::size_t(info.world_size)) std::abort();
   for (const auto& f : info.files)
     if (f.name.empty() || f.name.find('/') != std::string::npos) std::abort();
   // Round trip: what the writer makes of it parses to the same description.
   const std::string again = ckpt::detail::manifest_text(info);
   const ckpt::CheckpointInfo back = ckpt::detail::parse_manifest(again, info.path, "again");
-  if (back.step != info.step || back.epoch != info.epoch || back.world != info.world ||
+  if (back.step != info.step || back.epoch != info.epoch || back.world_size != info.world_size ||
       back.metadata != info.metadata || back.model_file != info.model_file ||
       back.files.size() != info.files.size())
     std::abort();

@@ -253,7 +253,7 @@ TEST_CASE("TarShardDataset: shard shuffle, shuffle buffer, ranks: pure functions
   CHECK(read_epoch(again) == e0);
 
   std::set<int> all;
-  o.world = 3;
+  o.world_size = 3;
   for (std::size_t r = 0; r < 3; ++r) {
     o.rank = r;
     tk::data::TarShardDataset part(fixture("tar/wds-{000000..000002}.tar"), o);
@@ -264,7 +264,7 @@ TEST_CASE("TarShardDataset: shard shuffle, shuffle buffer, ranks: pure functions
     all.insert(keys.begin(), keys.end());
   }
   CHECK(all.size() == 21);
-  o.world = 4;
+  o.world_size = 4;
   o.rank = 0;
   check_contains(
       error_of([&] { tk::data::TarShardDataset bad(fixture("tar/wds-{000000..000002}.tar"), o); }),

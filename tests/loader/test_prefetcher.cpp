@@ -131,7 +131,7 @@ TEST_CASE("Prefetcher: drop_last, DistributedSampler and a real NpyDataset") {
   CHECK(p.batches_per_epoch() == 2);
   CHECK(take(p, 5) == expected(seq, 4, true, 0, 5));
 
-  const tk::data::DistributedSampler dist(ds.size(), {.world = 3, .rank = 2, .seed = 8});
+  const tk::data::DistributedSampler dist(ds.size(), {.world_size = 3, .rank = 2, .seed = 8});
   tk::data::Prefetcher q(ds, dist, {.batch_size = 2, .num_workers = 2});
   CHECK(take(q, 6) == expected(dist, 2, false, 0, 6));
 

@@ -96,8 +96,8 @@ struct CheckpointerOptions {
   /// This process's rank and the number of ranks writing one checkpoint together. Every rank
   /// must call save() for the same steps, with its own TrainState.
   int rank = 0;
-  int world = 1;
-  /// Required when world > 1: blocks until every rank called it (e.g. comm_barrier(comm)). In
+  int world_size = 1;
+  /// Required when world_size > 1: blocks until every rank called it (e.g. comm_barrier(comm)). In
   /// async mode it runs on the writer thread: give the checkpointer a communicator of its own
   /// (collectives issued from two threads on one communicator would interleave).
   std::function<void()> barrier = {};
@@ -125,7 +125,7 @@ struct CheckpointInfo {
   std::filesystem::path path;  ///< the step directory
   std::int64_t step = 0;
   std::int64_t epoch = 0;
-  int world = 1;
+  int world_size = 1;
   std::int64_t created_unix = 0;  ///< seconds since the epoch (wall clock of rank 0)
   Metrics metrics;
   std::map<std::string, std::string> metadata;  ///< TrainState::metadata at the save
@@ -137,7 +137,7 @@ struct CheckpointInfo {
 struct LoadOptions {
   ModelLoadOptions model = {};
   RestoreOptions restore = {};
-  /// kFull: verify the checksums of the files read (of all ranks' files when world > 1, so
+  /// kFull: verify the checksums of the files read (of all ranks' files when world_size > 1, so
   /// every rank reaches the same verdict) before anything is restored.
   Verify verify = Verify::kFull;
   /// resume() / newest_usable() throw when no checkpoint is usable but damaged ones exist (met
@@ -174,15 +174,15 @@ inline constexpr std::string_view kManifestPrefix = "{\n  \"manifest_xxh64\": \"
 /// Larger manifests are refused before they are read (one lists a few files per rank).
 inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t(64) << 20;
 
-inline std::string state_file_name(int rank, int world) {
-  if (world == 1) return "train_state.safetensors";
+inline std::string state_file_name(int rank, int world_size) {
+  if (world_size == 1) return "train_state.safetensors";
   char buf[64];
   std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
   return buf;
 }
-inline std::string model_file_name(int rank, int world) {
-  return world == 1 ? std::string("model.safetensors")
-                    : io::safetensors_shard_name(std::size_t(rank), std::size_t(world));
+inline std::string model_file_name(int rank, int world_size) {
+  return world_size == 1 ? std::string("model.safetensors")
+                         : io::safetensors_shard_name(std::size_t(rank), std::size_t(world_size));
 }
 
 /// The step of a directory name `<prefix><digits>`, or nullopt.
@@ -199,7 +199,7 @@ inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::st
 
 /// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
 /// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
-inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos, int world) {
+inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos, int world_size) {
   std::int64_t total = 0;
   for (const nn::ParamInfo& p : infos) total += p.numel;
   std::vector<int> owner(infos.size(), 0);
@@ -207,8 +207,8 @@ inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos
   for (std::size_t i = 0; i < infos.size(); ++i) {
     if (total > 0) {
       const long double mid = static_cast<long double>(start) + infos[i].numel / 2.0L;
-      owner[i] =
-          std::min(world - 1, static_cast<int>(mid * world / static_cast<long double>(total)));
+      owner[i] = std::min(world_size - 1,
+                          static_cast<int>(mid * world_size / static_cast<long double>(total)));
     }
     start += infos[i].numel;
   }
@@ -242,8 +242,8 @@ inline std::uint64_t manifest_checksum(std::string_view text) {
 
 /// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
 /// Verifies the manifest checksum first, then the content: every file a resume reads (each
-/// rank's train_state, the model file and, for world > 1, every model shard) must be listed with
-/// its size and checksum. Throws trainkit::Error on any problem, never anything else.
+/// rank's train_state, the model file and, for world_size > 1, every model shard) must be listed
+/// with its size and checksum. Throws trainkit::Error on any problem, never anything else.
 inline CheckpointInfo parse_manifest(std::string_view text, const std::filesystem::path& dir,
                                      const std::string& where) {
   TRAINKIT_CHECK(!text.empty(), "checkpoint manifest '", where, "' is empty");
@@ -285,9 +285,9 @@ inline CheckpointInfo parse_manifest(std::string_view text, const std::filesyste
   info.path = dir;
   info.step = root.at("step").as_int();
   info.epoch = root.at("epoch").as_int();
-  info.world = static_cast<int>(
+  info.world_size = static_cast<int>(
       std::clamp<std::int64_t>(root.at("world_size").as_int(), 0, std::numeric_limits<int>::max()));
-  TRAINKIT_CHECK(info.world >= 1, "checkpoint manifest '", where, "': world_size < 1");
+  TRAINKIT_CHECK(info.world_size >= 1, "checkpoint manifest '", where, "': world_size < 1");
   info.created_unix = root.at("created_unix").as_int();
   for (const io::JsonMember& m : root.at("metrics").as_object())
     info.metrics.emplace(m.key, metric_value(m.value));
@@ -322,13 +322,14 @@ inline CheckpointInfo parse_manifest(std::string_view text, const std::filesyste
     TRAINKIT_CHECK(listed(name), "checkpoint manifest '", where, "' does not list '", name,
                    "', which a resume reads (its size and checksum must be recorded)");
   };
-  TRAINKIT_CHECK(std::size_t(info.world) <= info.files.size(), "checkpoint manifest '", where,
-                 "': world_size ", info.world, " but only ", info.files.size(), " file(s) listed");
-  for (int r = 0; r < info.world; ++r) require(state_file_name(r, info.world));
+  TRAINKIT_CHECK(std::size_t(info.world_size) <= info.files.size(), "checkpoint manifest '", where,
+                 "': world_size ", info.world_size, " but only ", info.files.size(),
+                 " file(s) listed");
+  for (int r = 0; r < info.world_size; ++r) require(state_file_name(r, info.world_size));
   if (!info.model_file.empty()) {
     require(info.model_file);
-    if (info.world > 1)
-      for (int r = 0; r < info.world; ++r) require(model_file_name(r, info.world));
+    if (info.world_size > 1)
+      for (int r = 0; r < info.world_size; ++r) require(model_file_name(r, info.world_size));
   }
   return info;
 }
@@ -390,7 +391,7 @@ inline std::string manifest_text(const CheckpointInfo& info) {
   root.set("trainkit", TRAINKIT_VERSION_STRING);
   root.set("step", info.step);
   root.set("epoch", info.epoch);
-  root.set("world_size", info.world);
+  root.set("world_size", info.world_size);
   root.set("created_unix", info.created_unix);
   io::Json metrics = io::Json::object();
   for (const auto& [k, v] : info.metrics) metrics.set(k, metric_json(v));
@@ -515,19 +516,20 @@ class Checkpointer {
   /// Creates `root` if needed and (rank 0, remove_stale) removes temp directories a crashed
   /// save left: open a Checkpointer that only reads a root another process is saving to (an
   /// evaluation job) with remove_stale = false. Throws
-  /// trainkit::Error for inconsistent options (world > 1 without a barrier, rank out of range,
-  /// every_seconds with world > 1) or when the root cannot be created.
+  /// trainkit::Error for inconsistent options (world_size > 1 without a barrier, rank out of range,
+  /// every_seconds with world_size > 1) or when the root cannot be created.
   explicit Checkpointer(std::filesystem::path root, CheckpointerOptions options = {})
       : root_(std::move(root)), options_(std::move(options)) {
-    TRAINKIT_CHECK(options_.world >= 1 && options_.rank >= 0 && options_.rank < options_.world,
-                   "ckpt::Checkpointer: rank ", options_.rank,
-                   " is not in [0, world = ", options_.world, ")");
-    TRAINKIT_CHECK(options_.world == 1 || options_.barrier,
-                   "ckpt::Checkpointer: world = ", options_.world,
+    TRAINKIT_CHECK(
+        options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+        "ckpt::Checkpointer: rank ", options_.rank,
+        " is not in [0, world_size = ", options_.world_size, ")");
+    TRAINKIT_CHECK(options_.world_size == 1 || options_.barrier,
+                   "ckpt::Checkpointer: world_size = ", options_.world_size,
                    " needs a barrier (CheckpointerOptions::barrier, e.g. "
                    "ckpt::comm_barrier(comm))");
-    TRAINKIT_CHECK(options_.world == 1 || options_.every_seconds <= 0.0,
-                   "ckpt::Checkpointer: every_seconds with world > 1 would let ranks disagree "
+    TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
+                   "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
                    "on when to save; use every_steps");
     TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
                    "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
@@ -704,7 +706,7 @@ class Checkpointer {
   /// - when no checkpoint is usable but damaged ones exist (met now, or quarantined by an
   ///   earlier resume), listing them, unless options.allow_fresh_start;
   /// - for a manifest of another format version (version 1 has no checksum);
-  /// - for an error of this run's configuration (another world size, a model registered but not
+  /// - for an error of this run's configuration (another world_size, a model registered but not
   ///   saved, another optimizer, a changed model): an older checkpoint would fail the same way.
   std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
     wait();
@@ -872,7 +874,7 @@ class Checkpointer {
   }
 
   void barrier() const {
-    if (options_.world > 1) options_.barrier();
+    if (options_.world_size > 1) options_.barrier();
   }
 
   bool has_metric(const CheckpointInfo& info) const {
@@ -896,8 +898,9 @@ class Checkpointer {
     if (const detail::ModelEntry* model = state.model_entry()) {
       job.has_model = true;
       std::vector<bool> keep;
-      if (options_.world > 1 && options_.sharding == ModelSharding::kReplicated) {
-        const std::vector<int> owner = detail::partition_params(model->infos(), options_.world);
+      if (options_.world_size > 1 && options_.sharding == ModelSharding::kReplicated) {
+        const std::vector<int> owner =
+            detail::partition_params(model->infos(), options_.world_size);
         keep.resize(owner.size());
         for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
       }
@@ -916,7 +919,7 @@ class Checkpointer {
     const fs::path final_dir = path_for(job.step);
     const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
     const int rank = options_.rank;
-    const int world = options_.world;
+    const int world_size = options_.world_size;
     std::exception_ptr error;
     std::uint64_t bytes = 0;
     const auto attempt = [&](auto&& f) {
@@ -942,8 +945,8 @@ class Checkpointer {
                                            .durable = options_.durable};
       if (job.has_model) {
         io::SafetensorsMetadata meta{{"format", "pt"}};
-        bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world), job.model,
-                                              std::move(meta), wo)
+        bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world_size),
+                                              job.model, std::move(meta), wo)
                      .bytes;
       }
       std::vector<io::NamedTensor> tensors;
@@ -951,8 +954,8 @@ class Checkpointer {
       for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
       io::SafetensorsMetadata meta;
       for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
-      bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world), tensors,
-                                            std::move(meta), wo)
+      bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world_size),
+                                            tensors, std::move(meta), wo)
                    .bytes;
     });
     barrier();
@@ -982,30 +985,30 @@ class Checkpointer {
     return s;
   }
 
-  /// Rank 0: index (world > 1), manifest, rename into place, directory fsync, rotation.
+  /// Rank 0: index (world_size > 1), manifest, rename into place, directory fsync, rotation.
   void commit(const Job& job, const std::filesystem::path& tmp,
               const std::filesystem::path& final_dir) {
     namespace fs = std::filesystem;
-    const int world = options_.world;
+    const int world_size = options_.world_size;
     CheckpointInfo info;
     info.path = final_dir;
     info.step = job.step;
     info.epoch = job.epoch;
-    info.world = world;
+    info.world_size = world_size;
     info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
     info.metrics = job.metrics;
     info.metadata = job.metadata;
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < world_size; ++r) {
       if (job.has_model)
-        info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world)));
-      info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world)));
+        info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world_size)));
+      info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world_size)));
     }
-    if (job.has_model && world == 1) info.model_file = "model.safetensors";
-    if (job.has_model && world > 1) {
+    if (job.has_model && world_size == 1) info.model_file = "model.safetensors";
+    if (job.has_model && world_size > 1) {
       io::SafetensorsIndex index;
       std::uint64_t total = 0;
-      for (int r = 0; r < world; ++r) {
-        const std::string file = detail::model_file_name(r, world);
+      for (int r = 0; r < world_size; ++r) {
+        const std::string file = detail::model_file_name(r, world_size);
         const io::SafetensorsFile shard(tmp / file);
         for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
           const bool fresh = index.weight_map.emplace(t.name, file).second;
@@ -1115,9 +1118,9 @@ class Checkpointer {
 
   /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
   void check_compatible(const CheckpointInfo& info, const TrainState& state) const {
-    TRAINKIT_CHECK(info.world == options_.world, "checkpoint '", info.path.string(),
-                   "' was written by ", info.world, " rank(s); this run has ", options_.world,
-                   " (the per-rank training state cannot be redistributed)");
+    TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
+                   "' was written by ", info.world_size, " rank(s); this run has ",
+                   options_.world_size, " (the per-rank training state cannot be redistributed)");
     TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
                    info.path.string(), "' holds no model, but a model is registered");
   }
@@ -1126,15 +1129,16 @@ class Checkpointer {
   /// checkpoint.
   Opened read_verified(const CheckpointInfo& info, const TrainState& state,
                        const LoadOptions& options) const {
-    const int world = options_.world;
-    const std::string state_file = detail::state_file_name(options_.rank, world);
+    const int world_size = options_.world_size;
+    const std::string state_file = detail::state_file_name(options_.rank, world_size);
     std::vector<std::string> mine;
-    if (world == 1 || options.verify != Verify::kFull) {
+    if (world_size == 1 || options.verify != Verify::kFull) {
       mine.push_back(state_file);
       if (!info.model_file.empty()) {
         mine.push_back(info.model_file);
-        if (world > 1)
-          for (int r = 0; r < world; ++r) mine.push_back(detail::model_file_name(r, world));
+        if (world_size > 1)
+          for (int r = 0; r < world_size; ++r)
+            mine.push_back(detail::model_file_name(r, world_size));
       }
     }  // else: verify every file, so that every rank reaches the same verdict
     detail::verify_checkpoint(info, options.verify, mine);
@@ -1155,7 +1159,7 @@ class Checkpointer {
     if (opened.model) {
       ModelLoadOptions mo = options.model;
       mo.verify_checksum = false;
-      if (options_.world > 1 && options_.sharding == ModelSharding::kLocal)
+      if (options_.world_size > 1 && options_.sharding == ModelSharding::kLocal)
         mo.allow_unexpected = true;
       state.model_entry()->load(*opened.model, mo);
     }

@@ -3,7 +3,7 @@
 // RandomSampler and DistributedSampler, the last index for index equal to PyTorch's
 // torch.utils.data.DistributedSampler: torch.randperm under manual_seed(seed + epoch) (its mt19937
 // and swap loop are reproduced here), padding from the head, strided shards, drop_last. Every
-// order is a pure function of (seed, epoch, rank, world): resuming needs only those numbers.
+// order is a pure function of (seed, epoch, rank, world_size): resuming needs only those numbers.
 #pragma once
 
 #include <cstddef>
@@ -58,9 +58,9 @@ class SequentialSampler {
     return r;
   }
 
-  /// Samplers are pure functions of (seed, epoch, rank, world): nothing to restore, but their
-  /// configuration is saved and checked on load, so a resumed run with another seed or world
-  /// size fails loudly instead of visiting other samples.
+  /// Samplers are pure functions of (seed, epoch, rank, world_size): nothing to restore, but their
+  /// configuration is saved and checked on load, so a resumed run with another seed or
+  /// world_size fails loudly instead of visiting other samples.
   StateDict state_dict() const {
     StateDict sd;
     sd.set("kind", "SequentialSampler");
@@ -111,37 +111,37 @@ class RandomSampler {
 
 /// Options of DistributedSampler, PyTorch's defaults.
 struct DistributedOptions {
-  std::size_t world = 1;  ///< num_replicas
-  std::size_t rank = 0;        ///< this replica, in [0, world)
+  std::size_t world_size = 1;  ///< num_replicas
+  std::size_t rank = 0;        ///< this replica, in [0, world_size)
   bool shuffle = true;
   std::uint64_t seed = 0;  ///< must be the same on every rank
-  bool drop_last = false;  ///< drop the tail so every rank gets floor-ish N/world samples
+  bool drop_last = false;  ///< drop the tail so every rank gets floor-ish N/world_size samples
 };
 
 /// PyTorch's DistributedSampler: every rank draws the same permutation (torch_randperm(N,
 /// seed + epoch), or 0..N-1 without shuffle), pads it by repeating its head until it divides
-/// evenly (or, with drop_last, cuts the tail), and takes every world-th index starting at
+/// evenly (or, with drop_last, cuts the tail), and takes every world_size-th index starting at
 /// rank.
 class DistributedSampler {
  public:
-  /// Throws trainkit::Error when world is 0 or rank >= world.
+  /// Throws trainkit::Error when world_size is 0 or rank >= world_size.
   DistributedSampler(std::size_t n, const DistributedOptions& options) : n_(n), o_(options) {
-    TRAINKIT_CHECK(o_.world >= 1, "DistributedSampler: world must be >= 1");
-    TRAINKIT_CHECK(o_.rank < o_.world, "DistributedSampler: rank ", o_.rank,
-                   " is not in [0, world=", o_.world, ")");
-    if (o_.drop_last && n_ % o_.world != 0) {
+    TRAINKIT_CHECK(o_.world_size >= 1, "DistributedSampler: world_size must be >= 1");
+    TRAINKIT_CHECK(o_.rank < o_.world_size, "DistributedSampler: rank ", o_.rank,
+                   " is not in [0, world_size=", o_.world_size, ")");
+    if (o_.drop_last && n_ % o_.world_size != 0) {
       // ceil((N - R) / R), as math.ceil does for the (possibly negative) float.
       num_samples_ =
-          n_ > o_.world ? (n_ - o_.world + o_.world - 1) / o_.world : 0;
+          n_ > o_.world_size ? (n_ - o_.world_size + o_.world_size - 1) / o_.world_size : 0;
     } else {
-      num_samples_ = (n_ + o_.world - 1) / o_.world;
+      num_samples_ = (n_ + o_.world_size - 1) / o_.world_size;
     }
-    total_size_ = num_samples_ * o_.world;
+    total_size_ = num_samples_ * o_.world_size;
   }
 
   /// Samples this rank visits per epoch (PyTorch's num_samples).
   std::size_t size() const noexcept { return num_samples_; }
-  /// num_samples * world.
+  /// num_samples * world_size.
   std::size_t total_size() const noexcept { return total_size_; }
   const DistributedOptions& options() const noexcept { return o_; }
 
@@ -158,18 +158,18 @@ class DistributedSampler {
     std::vector<std::int64_t> out;
     out.reserve(num_samples_);
     // Position p of the padded list is all[p % N] (padding repeats the list from its head).
-    for (std::size_t p = o_.rank; p < total_size_; p += o_.world) out.push_back(all[p % n_]);
+    for (std::size_t p = o_.rank; p < total_size_; p += o_.world_size) out.push_back(all[p % n_]);
     return out;
   }
 
   /// Configuration only, checked on load (see SequentialSampler::state_dict). The key "world"
-  /// holds world.
+  /// holds world_size.
   StateDict state_dict() const {
     StateDict sd;
     sd.set("kind", "DistributedSampler");
     sd.set_u64("num_samples", num_samples_);
     sd.set_u64("total_size", total_size_);
-    sd.set_u64("world", o_.world);
+    sd.set_u64("world", o_.world_size);
     sd.set_u64("rank", o_.rank);
     sd.set_u64("seed", o_.seed);
     sd.set("shuffle", o_.shuffle);
@@ -179,7 +179,7 @@ class DistributedSampler {
   void load_state_dict(const StateDict& sd) const {
     const char* who = "restoring a DistributedSampler";
     check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "DistributedSampler");
-    check_saved_setting<std::uint64_t>(who, "world", sd.get_u64("world"), o_.world);
+    check_saved_setting<std::uint64_t>(who, "world_size", sd.get_u64("world"), o_.world_size);
     check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
     check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
     check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);

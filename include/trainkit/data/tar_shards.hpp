@@ -4,7 +4,7 @@
 // extensions fill fields: `.npy` (checked against the field's dtype and shape), `.cls` (a decimal
 // integer), `.json` (a number or nested arrays of numbers, or raw bytes), anything else raw bytes.
 // Each epoch reads this rank's shards in a shuffled order through a sample shuffle buffer, both
-// pure functions of (seed, epoch, rank, world), so start(epoch, skip) reproduces any position.
+// pure functions of (seed, epoch, rank, world_size), so start(epoch, skip) reproduces any position.
 #pragma once
 
 #include <algorithm>
@@ -55,8 +55,8 @@ struct TarShardOptions {
   std::uint64_t seed = 0;
   bool shuffle_shards = true;  ///< permute the shard list each epoch (torch_randperm(seed+epoch))
   std::size_t shuffle_buffer = 0;  ///< samples held for shuffling; 0 = shard order
-  std::size_t rank = 0;            ///< this rank reads shards rank, rank+world, ... of the order
-  std::size_t world = 1;
+  std::size_t rank = 0;  ///< this rank reads shards rank, rank+world_size, ... of the order
+  std::size_t world_size = 1;
   /// Members larger than this (bytes) are refused before they are read into memory (see
   /// io::TarReaderOptions). Members are also never read past the shard's end, and `.npy`, `.cls`
   /// and `.json` members have tighter limits of their own derived from the field.
@@ -164,10 +164,11 @@ class TarShardDataset {
   TarShardDataset(std::vector<std::string> shards, TarShardOptions options)
       : shards_(std::move(shards)), o_(std::move(options)) {
     TRAINKIT_CHECK(!o_.fields.empty(), "TarShardDataset: no fields declared");
-    TRAINKIT_CHECK(o_.world >= 1 && o_.rank < o_.world, "TarShardDataset: rank ", o_.rank,
-                   " is not in [0, world=", o_.world, ")");
-    TRAINKIT_CHECK(shards_.size() >= o_.world, "TarShardDataset: ", shards_.size(),
-                   " shard(s) cannot feed ", o_.world, " ranks (each rank reads whole shards)");
+    TRAINKIT_CHECK(o_.world_size >= 1 && o_.rank < o_.world_size, "TarShardDataset: rank ", o_.rank,
+                   " is not in [0, world_size=", o_.world_size, ")");
+    TRAINKIT_CHECK(shards_.size() >= o_.world_size, "TarShardDataset: ", shards_.size(),
+                   " shard(s) cannot feed ", o_.world_size,
+                   " ranks (each rank reads whole shards)");
     std::size_t offset = 0;
     for (TarField& f : o_.fields) {
       TRAINKIT_CHECK(!f.ext.empty(), "TarShardDataset: field '", f.name, "' has no extension");
@@ -212,7 +213,7 @@ class TarShardDataset {
       for (std::size_t k = 0; k < shards_.size(); ++k)
         order.push_back(static_cast<std::int64_t>(k));
     }
-    for (std::size_t k = o_.rank; k < order.size(); k += o_.world)
+    for (std::size_t k = o_.rank; k < order.size(); k += o_.world_size)
       out.push_back(shards_[static_cast<std::size_t>(order[k])]);
     return out;
   }

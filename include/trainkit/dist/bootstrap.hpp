@@ -205,7 +205,7 @@ class Context {
 
   const LaunchInfo& launch() const noexcept { return launch_; }
   int rank() const noexcept { return comm_->rank(); }
-  int size() const noexcept { return comm_->size(); }
+  int world_size() const noexcept { return comm_->world_size(); }
   int local_rank() const noexcept { return launch_.local_rank; }
   /// The CUDA device selected for this rank; -1 for host backends.
   int device() const noexcept { return device_; }
@@ -230,7 +230,7 @@ class Context {
 /// Creates this process's communicator from the launcher's environment (see detect_launch and
 /// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
 /// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
-/// not compiled in, MASTER_ADDR unset, no GPU, a world size that disagrees with MPI's, ...).
+/// not compiled in, MASTER_ADDR unset, no GPU, a world_size that disagrees with MPI's, ...).
 inline Context init(InitOptions options = {}) {
   Context ctx;
   ctx.launch_ = detect_launch();
@@ -272,9 +272,9 @@ inline Context init(InitOptions options = {}) {
       MpiOptions o;
       o.timeout = options.timeout;
       auto mpi = std::make_unique<MpiComm>(o);
-      TRAINKIT_CHECK(L.launcher == Launcher::kNone || mpi->size() == L.world_size,
+      TRAINKIT_CHECK(L.launcher == Launcher::kNone || mpi->world_size() == L.world_size,
                      "dist::init: ", launcher_name(L.launcher), " started ", L.world_size,
-                     " processes but MPI sees ", mpi->size(),
+                     " processes but MPI sees ", mpi->world_size(),
                      " (srun needs --mpi=pmix or "
                      "similar for MPI to see the whole job)");
       ctx.comm_ = std::move(mpi);
@@ -307,8 +307,8 @@ inline Context init(InitOptions options = {}) {
           MpiOptions o;
           o.timeout = options.timeout;
           auto mpi = std::make_unique<MpiComm>(o);
-          TRAINKIT_CHECK(mpi->size() == L.world_size, "dist::init: mpirun started ", L.world_size,
-                         " processes but MPI sees ", mpi->size());
+          TRAINKIT_CHECK(mpi->world_size() == L.world_size, "dist::init: mpirun started ",
+                         L.world_size, " processes but MPI sees ", mpi->world_size());
           mpi->broadcast(Buffer(bytes.data(), static_cast<std::int64_t>(bytes.size()), DType::kU8),
                          0)
               .wait();

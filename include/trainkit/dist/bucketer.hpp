@@ -418,12 +418,13 @@ class GradBucketer {
     for (std::size_t i = 0; i < common && index == kNone; ++i)
       if (mine[i] != theirs[i]) index = static_cast<std::int64_t>(i);
     if (index == kNone && mine.size() != theirs.size()) index = static_cast<std::int64_t>(common);
-    std::vector<std::int64_t> key{index == kNone ? kNone : index * comm_->size() + comm_->rank()};
+    std::vector<std::int64_t> key{index == kNone ? kNone
+                                                 : index * comm_->world_size() + comm_->rank()};
     host_collective(key, [&](Buffer b) { return comm_->all_reduce(b, ReduceOp::kMin); });
     if (key[0] == kNone) return;
 
-    const std::int64_t at = key[0] / comm_->size();
-    const int culprit = static_cast<int>(key[0] % comm_->size());
+    const std::int64_t at = key[0] / comm_->world_size();
+    const int culprit = static_cast<int>(key[0] % comm_->world_size());
     auto record = [at](const std::vector<std::string>& recs, int who) {
       return static_cast<std::size_t>(at) < recs.size()
                  ? recs[static_cast<std::size_t>(at)]

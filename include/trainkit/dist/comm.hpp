@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // trainkit/dist/comm.hpp: what a communicator is. `Comm` is the interface ThreadComm, MpiComm and
-// NcclComm implement (rank, size, all_reduce with sum/avg/max/min, broadcast, all_gather,
+// NcclComm implement (rank, world_size, all_reduce with sum/avg/max/min, broadcast, all_gather,
 // reduce_scatter, barrier on f32/bf16/f16/f64/i32/i64 buffers); `Communicator` is the same as a
 // concept. Every collective is asynchronous and returns a `Work` handle: `wait()` blocks until it
 // finished and throws trainkit::Error when it failed, a peer died or the timeout passed.
@@ -212,7 +212,7 @@ inline std::chrono::milliseconds default_timeout() {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
-/// A communicator: `size()` ranks, this process or thread being `rank()`. Collectives must be
+/// A communicator: `world_size()` ranks, this process or thread being `rank()`. Collectives must be
 /// called by every rank in the same order with matching arguments; each returns at once with a
 /// Work handle (the transfer proceeds on the backend's thread or stream). Argument errors (wrong
 /// memory space, counts that do not fit, a dtype that cannot be reduced) throw trainkit::Error at
@@ -221,9 +221,10 @@ inline std::chrono::milliseconds default_timeout() {
 /// Operations (count = elements; all buffers of one call have the same dtype):
 ///  - all_reduce(buf, op): in place; every rank ends with op over all ranks' buf.
 ///  - broadcast(buf, root): every rank ends with root's buf.
-///  - all_gather(send, recv): recv.count == size * send.count; rank r's send lands in
+///  - all_gather(send, recv): recv.count == world_size * send.count; rank r's send lands in
 ///    recv[r * send.count, (r + 1) * send.count). In place when send is that slice of recv.
-///  - reduce_scatter(send, recv, op): send.count == size * recv.count; rank r receives op over
+///  - reduce_scatter(send, recv, op): send.count == world_size * recv.count; rank r receives op
+///  over
 ///    all ranks of send[r * recv.count, (r + 1) * recv.count).
 ///  - barrier(): completes once every rank has called it.
 class Comm {
@@ -233,10 +234,10 @@ class Comm {
   Comm& operator=(const Comm&) = delete;
   virtual ~Comm() = default;
 
-  /// This rank, in [0, size()).
+  /// This rank, in [0, world_size()).
   virtual int rank() const noexcept = 0;
   /// Number of ranks.
-  virtual int size() const noexcept = 0;
+  virtual int world_size() const noexcept = 0;
   /// "ThreadComm", "MpiComm" or "NcclComm" (error messages start with it).
   virtual std::string_view backend() const noexcept = 0;
   /// Where the buffers must live: host for ThreadComm and MpiComm, device for NcclComm.
@@ -253,7 +254,7 @@ class Comm {
 template <class C>
 concept Communicator = requires(C& c, const C& cc, Buffer b, ReduceOp op, int root) {
   { cc.rank() } -> std::convertible_to<int>;
-  { cc.size() } -> std::convertible_to<int>;
+  { cc.world_size() } -> std::convertible_to<int>;
   { c.all_reduce(b, op) } -> std::same_as<Work>;
   { c.broadcast(b, root) } -> std::same_as<Work>;
   { c.all_gather(b, b) } -> std::same_as<Work>;
@@ -294,8 +295,8 @@ inline void check_all_reduce(const Comm& c, const Buffer& b) {
 
 inline void check_broadcast(const Comm& c, const Buffer& b, int root) {
   check_buffer(c, "broadcast", "the buffer", b);
-  TRAINKIT_CHECK(root >= 0 && root < c.size(), c.backend(), " rank ", c.rank(), ": broadcast root ",
-                 root, " is not in [0, ", c.size(), ")");
+  TRAINKIT_CHECK(root >= 0 && root < c.world_size(), c.backend(), " rank ", c.rank(),
+                 ": broadcast root ", root, " is not in [0, ", c.world_size(), ")");
 }
 
 inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& recv) {
@@ -304,9 +305,9 @@ inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& re
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": all_gather: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(recv.count == send.count * c.size(), c.backend(), " rank ", c.rank(),
-                 ": all_gather: recv must hold size * send.count = ", c.size(), " * ", send.count,
-                 " elements, it holds ", recv.count);
+  TRAINKIT_CHECK(recv.count == send.count * c.world_size(), c.backend(), " rank ", c.rank(),
+                 ": all_gather: recv must hold world_size * send.count = ", c.world_size(), " * ",
+                 send.count, " elements, it holds ", recv.count);
 }
 
 inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer& recv) {
@@ -316,9 +317,9 @@ inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": reduce_scatter: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(send.count == recv.count * c.size(), c.backend(), " rank ", c.rank(),
-                 ": reduce_scatter: send must hold size * recv.count = ", c.size(), " * ",
-                 recv.count, " elements, it holds ", send.count);
+  TRAINKIT_CHECK(send.count == recv.count * c.world_size(), c.backend(), " rank ", c.rank(),
+                 ": reduce_scatter: send must hold world_size * recv.count = ", c.world_size(),
+                 " * ", recv.count, " elements, it holds ", send.count);
 }
 
 /// A Work that has already failed with `error` (for collectives refused by a broken

@@ -194,7 +194,7 @@ class MpiComm final : public Comm {
     TRAINKIT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TRAINKIT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    TRAINKIT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    TRAINKIT_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
     cuda_aware_ = MPIX_Query_cuda_support() == 1;
 #endif
@@ -231,7 +231,7 @@ class MpiComm final : public Comm {
   }
 
   int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return size_; }
+  int world_size() const noexcept override { return world_size_; }
   std::string_view backend() const noexcept override { return "MpiComm"; }
   Space space() const noexcept override { return Space::kHost; }
 
@@ -439,7 +439,7 @@ class MpiComm final : public Comm {
                 "MPI_Iallreduce");
           complete(request, op, seq, start);
         }
-        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, size_);
+        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, world_size_);
         return;
       }
       case Kind::kBroadcast: {
@@ -476,7 +476,7 @@ class MpiComm final : public Comm {
               "MPI_Ireduce_scatter_block");
         complete(request, op, seq, start);
         if (in_place) detail::copy_bytes(b.data, recv, staging.size());
-        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, size_);
+        if (op.op == ReduceOp::kAvg) detail::divide(b.dtype, b.data, b.count, world_size_);
         return;
       }
       case Kind::kBarrier: {
@@ -491,7 +491,7 @@ class MpiComm final : public Comm {
   std::shared_ptr<detail::MpiRuntime> runtime_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
-  int size_ = 1;
+  int world_size_ = 1;
   bool cuda_aware_ = false;
   std::uint64_t seq_ = 0;  // progress thread only
 

@@ -65,8 +65,8 @@ using NcclClock = std::chrono::steady_clock;
 /// events that are polled against it). Destroyed with finalize+destroy, or aborted once failed.
 class NcclHandle {
  public:
-  NcclHandle(int rank, int size, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), timeout_(timeout) {}
+  NcclHandle(int rank, int world_size, std::chrono::milliseconds timeout)
+      : rank_(rank), world_size_(world_size), timeout_(timeout) {}
   NcclHandle(const NcclHandle&) = delete;
   NcclHandle& operator=(const NcclHandle&) = delete;
   ~NcclHandle() {
@@ -96,7 +96,7 @@ class NcclHandle {
 
   ncclComm_t& comm() noexcept { return comm_; }
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
+  int world_size() const noexcept { return world_size_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   std::string reason() const {
@@ -163,7 +163,7 @@ class NcclHandle {
  private:
   ncclComm_t comm_ = nullptr;
   int rank_;
-  int size_;
+  int world_size_;
   std::chrono::milliseconds timeout_;
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
@@ -230,8 +230,8 @@ inline ncclDataType_t nccl_type(DType t) {
 
 }  // namespace detail
 
-/// A communicator over NCCL: rank `rank` of `size`, on the CUDA device that was current when it
-/// was created. Device buffers only.
+/// A communicator over NCCL: rank `rank` of `world_size`, on the CUDA device that was current when
+/// it was created. Device buffers only.
 ///
 /// Streams: collectives run on the communicator's own stream (stream()), after the work queued
 /// so far on the caller stream (set_stream(); default: the legacy default stream), so they are
@@ -256,29 +256,31 @@ class NcclComm final : public Comm {
     return v;
   }
 
-  /// Joins the communicator `id` as `rank` of `size` on the current CUDA device. Every rank
+  /// Joins the communicator `id` as `rank` of `world_size` on the current CUDA device. Every rank
   /// must call it with the same id. Throws trainkit::Error (after aborting) when init fails or
   /// does not finish within the timeout.
-  NcclComm(int rank, int size, const ncclUniqueId& id, NcclOptions options = {})
+  NcclComm(int rank, int world_size, const ncclUniqueId& id, NcclOptions options = {})
       : options_(std::move(options)) {
-    TRAINKIT_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclComm: rank ", rank,
-                   " is not in [0, ", size, ")");
+    TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "NcclComm: rank ", rank,
+                   " is not in [0, ", world_size, ")");
     TRAINKIT_CHECK(options_.timeout.count() > 0, "NcclComm: the timeout must be positive");
     TRAINKIT_CUDA_CHECK(cudaGetDevice(&device_));
     TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    handle_ = std::make_shared<detail::NcclHandle>(rank, size, options_.timeout);
+    handle_ = std::make_shared<detail::NcclHandle>(rank, world_size, options_.timeout);
     const auto start = detail::NcclClock::now();
 #if TRAINKIT_DETAIL_NCCL_HAS_CONFIG
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = options_.nonblocking ? 0 : 1;
-    const ncclResult_t status = ncclCommInitRankConfig(&handle_->comm(), size, id, rank, &config);
+    const ncclResult_t status =
+        ncclCommInitRankConfig(&handle_->comm(), world_size, id, rank, &config);
 #else
-    const ncclResult_t status = ncclCommInitRank(&handle_->comm(), size, id, rank);
+    const ncclResult_t status = ncclCommInitRank(&handle_->comm(), world_size, id, rank);
 #endif
     if (status != ncclSuccess && status != ncclInProgress)
-      handle_->fail(trainkit::detail::concat("ncclCommInitRank(size ", size, ", device ", device_,
-                                             ") failed: ", trainkit::detail::nccl_message(status)),
-                    status);
+      handle_->fail(
+          trainkit::detail::concat("ncclCommInitRank(world_size ", world_size, ", device ", device_,
+                                   ") failed: ", trainkit::detail::nccl_message(status)),
+          status);
     handle_->wait_ready("ncclCommInitRank", start);
 #if TRAINKIT_DETAIL_NCCL_HAS_AVG
     has_avg_ = version() >= 21003;
@@ -295,7 +297,7 @@ class NcclComm final : public Comm {
   }
 
   int rank() const noexcept override { return handle_->rank(); }
-  int size() const noexcept override { return handle_->size(); }
+  int world_size() const noexcept override { return handle_->world_size(); }
   std::string_view backend() const noexcept override { return "NcclComm"; }
   Space space() const noexcept override { return Space::kDevice; }
 
@@ -464,7 +466,7 @@ class NcclComm final : public Comm {
   void divide_after(Work& work, const Buffer& b) {
     const auto& kernels = detail::device_kernels();
     cuda::DeviceGuard guard(device_);
-    kernels.divide(b.dtype, b.data, b.count, size(), stream_.get());
+    kernels.divide(b.dtype, b.data, b.count, world_size(), stream_.get());
     auto* nccl = static_cast<detail::NcclWork*>(work.state().get());
     TRAINKIT_CUDA_CHECK(cudaEventRecord(nccl->event(), stream_.get()));
   }

@@ -44,7 +44,7 @@ namespace detail {
 
 using RdvClock = std::chrono::steady_clock;
 
-// "TKRDV" + protocol version 1, then rank, size and payload length (big-endian).
+// "TKRDV" + protocol version 1, then rank, world_size and payload length (big-endian).
 inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '1'};
 inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8;
 
@@ -230,20 +230,19 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 
 }  // namespace detail
 
-/// Hands `payload` from rank 0 to ranks 1..size-1 over TCP. Rank 0 fills `payload` and listens
-/// on `port` on every local interface; the other ranks connect to `host`:`port` (retrying while
-/// rank 0 is not up yet) and receive it into their `payload`, which must have the same size. It
-/// returns on every rank only after rank 0 heard from all of them (a barrier too). `size` == 1
-/// returns at once.
-/// Throws trainkit::Error naming host, port and rank when the port cannot be bound, nobody
-/// answers, a peer sends something else (another job on the port?), ranks disagree on size or
-/// payload length, or `timeout` passes.
-inline void tcp_broadcast(std::string_view host, int port, int rank, int size,
+/// Hands `payload` from rank 0 to ranks 1..world_size-1 over TCP. Rank 0 fills `payload` and
+/// listens on `port` on every local interface; the other ranks connect to `host`:`port` (retrying
+/// while rank 0 is not up yet) and receive it into their `payload`, which must have the same size.
+/// It returns on every rank only after rank 0 heard from all of them (a barrier too). `world_size`
+/// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
+/// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
+/// world_size or payload length, or `timeout` passes.
+inline void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
                           std::span<std::byte> payload, std::chrono::milliseconds timeout) {
-  TRAINKIT_CHECK(size >= 1 && rank >= 0 && rank < size, "tcp_broadcast: rank ", rank,
-                 " is not in [0, ", size, ")");
+  TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
+                 " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
-  if (size == 1) return;
+  if (world_size == 1) return;
 #if TRAINKIT_DETAIL_HAS_SOCKETS
   using detail::RdvClock;
   const auto deadline = RdvClock::now() + timeout;
@@ -255,12 +254,12 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int size,
     detail::Socket listener = detail::listen_on(port, error);
     TRAINKIT_CHECK(listener.valid(), "tcp_broadcast: rank 0 cannot listen on port ", port, ": ",
                    error, " (is another job using it? set MASTER_PORT or TRAINKIT_RDZV_PORT)");
-    std::vector<detail::Socket> peers(static_cast<std::size_t>(size));
+    std::vector<detail::Socket> peers(static_cast<std::size_t>(world_size));
     int joined = 0;
-    while (joined < size - 1) {
+    while (joined < world_size - 1) {
       if (!detail::wait_fd(listener.fd(), POLLIN, deadline))
         TRAINKIT_FAIL("tcp_broadcast: rank 0 waited ", seconds, " s on port ", port, " but only ",
-                      joined, " of the other ", size - 1, " ranks connected");
+                      joined, " of the other ", world_size - 1, " ranks connected");
       detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
       if (!s.valid()) continue;
       unsigned char header[detail::kRendezvousHeader];
@@ -273,18 +272,18 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int size,
       const auto peer_rank = static_cast<int>(detail::get_u32(header + 8));
       const auto peer_size = static_cast<int>(detail::get_u32(header + 12));
       const std::uint64_t peer_len = detail::get_u64(header + 16);
-      TRAINKIT_CHECK(peer_size == size && peer_len == payload.size(), "tcp_broadcast on port ",
-                     port, ": rank ", peer_rank, " expects ", peer_size, " ranks and ", peer_len,
-                     " bytes, rank 0 has ", size, " ranks and ", payload.size(),
-                     " bytes (two jobs on one port?)");
-      TRAINKIT_CHECK(peer_rank >= 1 && peer_rank < size, "tcp_broadcast on port ", port,
-                     ": a peer claims rank ", peer_rank, " of ", size);
+      TRAINKIT_CHECK(peer_size == world_size && peer_len == payload.size(),
+                     "tcp_broadcast on port ", port, ": rank ", peer_rank, " expects ", peer_size,
+                     " ranks and ", peer_len, " bytes, rank 0 has ", world_size, " ranks and ",
+                     payload.size(), " bytes (two jobs on one port?)");
+      TRAINKIT_CHECK(peer_rank >= 1 && peer_rank < world_size, "tcp_broadcast on port ", port,
+                     ": a peer claims rank ", peer_rank, " of ", world_size);
       TRAINKIT_CHECK(!peers[static_cast<std::size_t>(peer_rank)].valid(), "tcp_broadcast on port ",
                      port, ": rank ", peer_rank, " connected twice (two jobs on one port?)");
       peers[static_cast<std::size_t>(peer_rank)] = std::move(s);
       ++joined;
     }
-    for (int r = 1; r < size; ++r) {
+    for (int r = 1; r < world_size; ++r) {
       const int fd = peers[static_cast<std::size_t>(r)].fd();
       TRAINKIT_CHECK(detail::send_all(fd, detail::kRendezvousMagic, 8, deadline) &&
                          detail::send_all(fd, payload.data(), payload.size(), deadline),
@@ -300,7 +299,7 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int size,
       unsigned char header[detail::kRendezvousHeader];
       std::memcpy(header, detail::kRendezvousMagic, 8);
       detail::put_u32(header + 8, static_cast<std::uint32_t>(rank));
-      detail::put_u32(header + 12, static_cast<std::uint32_t>(size));
+      detail::put_u32(header + 12, static_cast<std::uint32_t>(world_size));
       detail::put_u64(header + 16, payload.size());
       char magic[8];
       if (detail::send_all(s.fd(), header, sizeof header, deadline)) {

@@ -3,7 +3,7 @@
 // the CPU data-parallel engine on one machine and the test bed for everything distributed.
 // Collectives are rings over shared memory (each rank reads its left neighbour's buffer chunk by
 // chunk: all_reduce is a pipelined reduce-scatter + all-gather) with a summation order fixed by
-// (segment, size), so results are bitwise reproducible. Every wait has a timeout: a rank that
+// (segment, world_size), so results are bitwise reproducible. Every wait has a timeout: a rank that
 // stalls, throws or leaves makes the others fail with a trainkit::Error naming it, not a hang.
 #pragma once
 
@@ -61,13 +61,14 @@ inline constexpr const char* ring_op_name(RingOp op) noexcept {
   return "?";
 }
 
-/// ThreadComm's fixed summation order. all_reduce splits the buffer into `size` segments
-/// (segment c = elements [c*n/size, (c+1)*n/size)), reduce_scatter's send buffer is its `size`
-/// segments of recv.count. Element i of segment c is reduced, in every run, as
-///   acc = x[s]; for j in 1..size-1: acc = x[(s + j) % size] (op) acc;   s = ring_chain_start(c)
+/// ThreadComm's fixed summation order. all_reduce splits the buffer into `world_size` segments
+/// (segment c = elements [c*n/world_size, (c+1)*n/world_size)), reduce_scatter's send buffer is its
+/// `world_size` segments of recv.count. Element i of segment c is reduced, in every run, as
+///   acc = x[s]; for j in 1..world_size-1: acc = x[(s + j) % world_size] (op) acc;   s =
+///   ring_chain_start(c)
 /// where x[r] is rank r's value (16-bit floats: each step in f32, rounded to the type).
-inline constexpr int ring_chain_start(int segment, int size) noexcept {
-  return (segment + 1) % size;
+inline constexpr int ring_chain_start(int segment, int world_size) noexcept {
+  return (segment + 1) % world_size;
 }
 
 /// What a rank publishes about its current collective. Written by the owner before `seq` is
@@ -81,7 +82,7 @@ struct RingDesc {
   std::int64_t count = 0;
   void* data = nullptr;        // all_reduce/broadcast buffer, all_gather/reduce_scatter recv
   const void* send = nullptr;  // all_gather/reduce_scatter send
-  void* scratch = nullptr;     // reduce_scatter partial sums (size * count elements)
+  void* scratch = nullptr;     // reduce_scatter partial sums (world_size * count elements)
 };
 
 /// Per-rank shared state, one cache line apart. `progress` counts finished units of work over
@@ -114,23 +115,24 @@ inline std::string format_seconds(std::chrono::milliseconds ms) {
 
 }  // namespace detail
 
-/// The shared state of a ThreadComm group of `size` ranks: create one, hand it to `size`
-/// threads, and construct one ThreadComm per thread from it (or use ThreadComm::run).
+/// The shared state of a ThreadComm group of `world_size` ranks: create one, hand it to
+/// `world_size` threads, and construct one ThreadComm per thread from it (or use ThreadComm::run).
 class ThreadGroup {
  public:
   /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
-  explicit ThreadGroup(int size, ThreadCommOptions options = {})
-      : size_(size), options_(std::move(options)) {
-    TRAINKIT_CHECK(size >= 1 && size <= 4096, "ThreadGroup: size must be in [1, 4096], got ", size);
+  explicit ThreadGroup(int world_size, ThreadCommOptions options = {})
+      : world_size_(world_size), options_(std::move(options)) {
+    TRAINKIT_CHECK(world_size >= 1 && world_size <= 4096,
+                   "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
     TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
                    options_.chunk_bytes);
     TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
-    slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(size));
+    slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
   }
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
 
-  int size() const noexcept { return size_; }
+  int world_size() const noexcept { return world_size_; }
   const ThreadCommOptions& options() const noexcept { return options_; }
 
   /// True once a rank failed (timeout, mismatch, a rank left mid-collective); every collective
@@ -167,7 +169,7 @@ class ThreadGroup {
     }
   }
 
-  int size_;
+  int world_size_;
   ThreadCommOptions options_;
   std::unique_ptr<detail::RingSlot[]> slots_;
   std::atomic<bool> aborted_{false};
@@ -195,8 +197,8 @@ class ThreadComm final : public Comm {
   /// Joins `group` as `rank`. Throws trainkit::Error when rank is out of range or taken.
   ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : group_(std::move(group)), rank_(rank) {
     TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
-    TRAINKIT_CHECK(rank >= 0 && rank < group_->size(), "ThreadComm: rank ", rank, " is not in [0, ",
-                   group_->size(), ")");
+    TRAINKIT_CHECK(rank >= 0 && rank < group_->world_size(), "ThreadComm: rank ", rank,
+                   " is not in [0, ", group_->world_size(), ")");
     TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
                    " of this ThreadGroup already has a ThreadComm");
     worker_ = std::thread([this] { worker_loop(); });
@@ -228,16 +230,16 @@ class ThreadComm final : public Comm {
     if (worker_.joinable()) worker_.join();
   }
 
-  /// Runs f(ThreadComm&) on `size` new threads, one per rank of a fresh group, and joins them.
-  /// Rethrows the first exception a rank threw (the others then fail with errors naming it).
+  /// Runs f(ThreadComm&) on `world_size` new threads, one per rank of a fresh group, and joins
+  /// them. Rethrows the first exception a rank threw (the others then fail with errors naming it).
   template <class F>
-  static void run(int size, F&& f, ThreadCommOptions options = {}) {
-    auto group = std::make_shared<ThreadGroup>(size, std::move(options));
+  static void run(int world_size, F&& f, ThreadCommOptions options = {}) {
+    auto group = std::make_shared<ThreadGroup>(world_size, std::move(options));
     std::mutex mutex;
     std::exception_ptr first;
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) {
+    threads.reserve(static_cast<std::size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) {
       threads.emplace_back([&, r] {
         try {
           ThreadComm comm(group, r);
@@ -253,7 +255,7 @@ class ThreadComm final : public Comm {
   }
 
   int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return group_->size(); }
+  int world_size() const noexcept override { return group_->world_size(); }
   std::string_view backend() const noexcept override { return "ThreadComm"; }
   Space space() const noexcept override { return Space::kHost; }
   const std::shared_ptr<ThreadGroup>& group() const noexcept { return group_; }
@@ -413,7 +415,7 @@ class ThreadComm final : public Comm {
   }
 
   Plan plan_for(const detail::RingDesc& d) const {
-    const int n = size();
+    const int n = world_size();
     Plan p;
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
     p.chunk_elems =
@@ -465,7 +467,7 @@ class ThreadComm final : public Comm {
   // that stalled (or left without saying so), and says where it is.
   std::string diagnose(int peer, std::uint64_t seq) const {
     int p = peer;
-    for (int hops = 0; hops < size(); ++hops) {
+    for (int hops = 0; hops < world_size(); ++hops) {
       const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
       if (w < 0 || w == rank_) break;
       p = w;
@@ -583,7 +585,7 @@ class ThreadComm final : public Comm {
   // reading buffers, ours included, so the caller may free them once its Work failed.
   void quiesce() noexcept {
     const auto deadline = Clock::now() + group_->options().timeout;
-    for (int p = 0; p < size(); ++p) {
+    for (int p = 0; p < world_size(); ++p) {
       if (p == rank_) continue;
       while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -631,7 +633,7 @@ class ThreadComm final : public Comm {
       fail(trainkit::detail::concat(
                what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
            false);
-    const int n = size();
+    const int n = world_size();
     const Plan plan = plan_for(d);
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
     if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
