@@ -113,4 +113,6 @@
 #include "trainkit/monitor/tensorboard.hpp"
 #include "trainkit/monitor/monitor.hpp"
 
+#include "trainkit/train/flags.hpp"
+
 #endif  // TRAINKIT_TRAINKIT_HPP_

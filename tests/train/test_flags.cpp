@@ -1,0 +1,231 @@
+// Tests of train/flags.hpp: every accepted spelling sets the bound variable, every malformed one
+// is an error naming the flag; --config files are typed and checked; run_config() round-trips
+// random values exactly through adopt(), and adopt() lists every setting that differs.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <trainkit/error.hpp>
+#include <trainkit/train/flags.hpp>
+
+namespace {
+namespace tk = trainkit;
+namespace train = trainkit::train;
+namespace fs = std::filesystem;
+
+struct Cfg {
+  bool flag = false;
+  int layers = 4;
+  std::int64_t steps = 300;
+  double lr = 3e-3;
+  float dropout = 0.1f;
+  std::string out = "runs/x";
+};
+
+train::Flags make(Cfg& c) {
+  train::Flags f("prog", "A test program.");
+  f.add("flag", c.flag, "a switch")
+      .add("layers", c.layers, "blocks")
+      .add("steps", c.steps, "steps", train::kSession)
+      .add("lr", c.lr, "learning rate")
+      .add("dropout", c.dropout, "dropout probability")
+      .add("out", c.out, "run directory", train::kSession);
+  return f;
+}
+
+bool parse(train::Flags& f, std::vector<std::string_view> args) { return f.parse(args); }
+
+fs::path write_file(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("trainkit_flags_" + name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+
+TEST_CASE("Flags: defaults stay, every spelling sets its variable") {
+  Cfg c;
+  train::Flags f = make(c);
+  REQUIRE(parse(f, {}));
+  CHECK(c.layers == 4);
+  CHECK_FALSE(f.given("layers"));
+  REQUIRE(parse(f, {"--layers", "7", "--steps=12", "--lr", "1e-4", "--dropout=0.25", "--flag",
+                    "--out", "a b"}));
+  CHECK(c.layers == 7);
+  CHECK(c.steps == 12);
+  CHECK(c.lr == 1e-4);
+  CHECK(c.dropout == 0.25f);
+  CHECK(c.flag);
+  CHECK(c.out == "a b");
+  CHECK(f.given("layers"));
+  CHECK(f.given("out"));
+  REQUIRE(parse(f, {"--no-flag"}));
+  CHECK_FALSE(c.flag);
+  REQUIRE(parse(f, {"--flag=true"}));
+  CHECK(c.flag);
+  REQUIRE(parse(f, {"--flag=0"}));
+  CHECK_FALSE(c.flag);
+  REQUIRE(parse(f, {"--out="}));
+  CHECK(c.out.empty());
+  REQUIRE(parse(f, {"--lr", "-2.5"}));  // a value may start with '-'
+  CHECK(c.lr == -2.5);
+}
+
+TEST_CASE("Flags: malformed command lines are errors naming the flag") {
+  Cfg c;
+  train::Flags f = make(c);
+  const auto fails = [&](std::vector<std::string_view> args, const char* text) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(parse(f, args), doctest::Contains(text), tk::Error);
+  };
+  fails({"--nope", "1"}, "unknown flag --nope");
+  fails({"layers"}, "unexpected argument 'layers'");
+  fails({"--layers"}, "--layers needs a value (INT)");
+  fails({"--layers", "4x"}, "--layers is '4x', not an integer");
+  fails({"--layers", "99999999999"}, "not an integer in range");
+  fails({"--steps", "1.5"}, "--steps is '1.5', not an integer");
+  fails({"--lr", "nan"}, "not a finite number");
+  fails({"--lr", "inf"}, "not a finite number");
+  fails({"--lr", ""}, "not a finite number");
+  fails({"--dropout", "1e39"}, "not a number in range");
+  fails({"--flag=yes"}, "not true or false");
+  fails({"--no-flag=1"}, "takes no value");
+  fails({"--no-layers"}, "unknown flag --no-layers");
+  fails({"--layers", "1", "--layers=2"}, "--layers is given twice");
+  fails({"--config"}, "--config needs a file name");
+  fails({"--config", "/nonexistent/run.json"}, "cannot open --config file");
+}
+
+TEST_CASE("Flags: bad definitions are refused") {
+  Cfg c;
+  train::Flags f("prog", "");
+  f.add("lr", c.lr, "");
+  CHECK_THROWS_WITH_AS(f.add("lr", c.lr, ""), doctest::Contains("defined twice"), tk::Error);
+  for (const char* bad : {"", "Upper", "-x", "help", "config", "no-x", "a_b", "a b"})
+    CHECK_THROWS_WITH_AS(f.add(bad, c.layers, ""), doctest::Contains("not a usable flag name"),
+                         tk::Error);
+}
+
+TEST_CASE("Flags: --help prints the usage with types and defaults") {
+  Cfg c;
+  train::Flags f = make(c);
+  const std::string u = f.usage();
+  CHECK(u.find("usage: prog [flags]") != std::string::npos);
+  CHECK(u.find("--layers INT") != std::string::npos);
+  CHECK(u.find("(default: 0.003; fixed by a resumed checkpoint)") != std::string::npos);
+  CHECK(u.find("--out TEXT") != std::string::npos);
+  CHECK(u.find("--config FILE") != std::string::npos);
+  CHECK_FALSE(parse(f, {"--layers", "9", "--help"}));
+}
+
+TEST_CASE("Flags: --config sets typed values, the command line overrides them") {
+  Cfg c;
+  train::Flags f = make(c);
+  const fs::path p = write_file(
+      "ok.json",
+      R"({"layers": 6, "lr": 0.5, "flag": true, "out": "r", "steps": 18446744073709551615})");
+  CHECK_THROWS_WITH_AS(parse(f, {"--config", p.string()}),
+                       doctest::Contains("not an integer in range"), tk::Error);
+  const fs::path q =
+      write_file("ok2.json", R"({"layers": 6, "lr": 0.5, "flag": true, "out": "r"})");
+  REQUIRE(parse(f, {"--layers", "8", "--config=" + q.string()}));
+  CHECK(c.layers == 8);  // the command line wins, wherever --config stands
+  CHECK(c.lr == 0.5);
+  CHECK(c.flag);
+  CHECK(c.out == "r");
+  CHECK(f.given("lr"));
+  CHECK_FALSE(f.given("dropout"));
+
+  const auto fails = [&](const std::string& text, const char* what) {
+    CAPTURE(text);
+    const fs::path bad = write_file("bad.json", text);
+    CHECK_THROWS_WITH_AS(parse(f, {"--config", bad.string()}), doctest::Contains(what), tk::Error);
+  };
+  fails(R"({"nope": 1})", "sets 'nope', which is not a flag");
+  fails(R"({"layers": "6"})", "'layers' must be a number");
+  fails(R"({"layers": 6.5})", "not an integer");
+  fails(R"({"flag": 1})", "'flag' must be true or false");
+  fails(R"({"out": 3})", "'out' must be a string");
+  fails(R"([1, 2])", "must hold a JSON object");
+  fails(R"({"layers": 6,})", "--config file");
+  fails(R"({"layers": 6, "layers": 7})", "--config file");
+  fails(std::string(train::Flags::kMaxConfigBytes + 1, ' '), "is larger than");
+}
+
+TEST_CASE("Flags: run_config round-trips random values exactly through adopt") {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    Cfg a;
+    train::Flags fa = make(a);
+    std::uint64_t bits = rng();
+    double lr = 0.0;
+    std::memcpy(&lr, &bits, sizeof lr);
+    if (!std::isfinite(lr)) lr = static_cast<double>(rng() % 1000) * 1e-7;
+    const std::string lr_text = tk::StateDict::number_to_string(lr);
+    const std::string layers_text = std::to_string(static_cast<int>(rng() % 2000) - 1000);
+    const float d = static_cast<float>(rng() % 100000) / 7.0f;
+    const std::string d_text = std::to_string(d);  // 6 decimals: not the float's shortest form
+    REQUIRE(parse(fa, {"--lr", lr_text, "--layers", layers_text, "--dropout", d_text,
+                       rng() % 2 ? "--flag" : "--no-flag"}));
+    const auto saved = fa.run_config();
+    CHECK(saved.count("steps") == 0);  // kSession flags are not part of the run
+    CHECK(saved.count("out") == 0);
+    Cfg b;
+    train::Flags fb = make(b);
+    REQUIRE(parse(fb, {}));
+    fb.adopt(saved, "ckpt/step_000000001");
+    CHECK(std::memcmp(&a.lr, &b.lr, sizeof a.lr) == 0);
+    CHECK(std::memcmp(&a.dropout, &b.dropout, sizeof a.dropout) == 0);
+    CHECK(a.layers == b.layers);
+    CHECK(a.flag == b.flag);
+    CHECK(fb.run_config() == saved);
+  }
+}
+
+TEST_CASE("Flags: adopt lists every differing and unknown setting") {
+  Cfg a;
+  train::Flags fa = make(a);
+  REQUIRE(parse(fa, {"--lr", "0.01", "--layers", "3"}));
+  auto saved = fa.run_config();
+
+  Cfg b;
+  train::Flags fb = make(b);
+  REQUIRE(parse(fb, {"--lr", "0.02", "--layers", "3", "--dropout", "0.5", "--steps", "9"}));
+  try {
+    fb.adopt(saved, "run/ckpt/step_000000010");
+    FAIL("adopt accepted differing settings");
+  } catch (const tk::Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("cannot resume from run/ckpt/step_000000010") != std::string::npos);
+    CHECK(m.find("--lr: the run has 0.01, the command line 0.02") != std::string::npos);
+    CHECK(m.find("--dropout: the run has 0.1, the command line 0.5") != std::string::npos);
+    CHECK(m.find("--layers") == std::string::npos);  // equal: not listed
+    CHECK(m.find("--steps") == std::string::npos);   // a session flag may change
+  }
+  saved["width"] = "64";
+  Cfg c;
+  train::Flags fc = make(c);
+  REQUIRE(parse(fc, {}));
+  CHECK_THROWS_WITH_AS(fc.adopt(saved, "x"), doctest::Contains("'width' = 64 is not a run setting"),
+                       tk::Error);
+  saved.erase("width");
+  saved["layers"] = "three";
+  CHECK_THROWS_WITH_AS(fc.adopt(saved, "x"), doctest::Contains("saved setting 'layers' is 'three'"),
+                       tk::Error);
+  // A setting the saved run did not have (a flag added since) keeps its current value.
+  saved.erase("layers");
+  Cfg d;
+  train::Flags fd = make(d);
+  REQUIRE(parse(fd, {"--layers", "5"}));
+  fd.adopt(saved, "x");
+  CHECK(d.layers == 5);
+  CHECK(d.lr == 0.01);
+}
+
+}  // namespace
