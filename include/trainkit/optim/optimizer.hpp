@@ -1,30 +1,34 @@
 // SPDX-License-Identifier: MIT
-// trainkit/optim/optimizer.hpp: what the fused optimizers (SGD, AdamW, LAMB) share. A step is a
-// one-thread "prologue" that reads the loss scaler's found_inf flag and inverse scale, advances
-// the step counter (not on a skipped step, as GradScaler skips optimizer.step()), and derives the
-// per-group scalars (bias corrections, clip coefficient) in the executor's memory; then ONE pass
-// over the whole ParamArena (Host: thread pool over fixed chunks; CUDA: one multi_tensor_apply)
-// that unscales each gradient as it reads it and does nothing when the step is skipped. No value
-// ever travels back to the host, so a CUDA step never waits for the GPU.
+// trainkit/optim/optimizer.hpp: `FusedOptimizer<Rule, S>`, the one optimizer class; SGD, AdamW,
+// LAMB (and any rule written as in docs/optimizers.md) are instantiations of it with a rule
+// (optim/rule.hpp). A step is a one-thread "prologue" that reads the loss scaler's found_inf flag
+// and inverse scale, advances the step counter (not on a skipped step, as GradScaler skips
+// optimizer.step()), and derives the per-group scalars (rule.derive, clip coefficient) in the
+// executor's memory; then ONE pass over the whole ParamArena (Host: thread pool over fixed
+// chunks, VecF body; CUDA: one multi_tensor_apply) that unscales each gradient as it reads it
+// and does nothing when the step is skipped. No value ever travels back to the host, so a CUDA
+// step never waits for the GPU. Rules with a per-tensor trust ratio get three passes instead.
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/config.hpp"
-#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/any_tensor.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/half.hpp"
 #include "trainkit/core/shape.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/exec/executor.hpp"
@@ -32,13 +36,10 @@
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
 #include "trainkit/nn/param_arena.hpp"
+#include "trainkit/optim/detail/fused_pass.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/optim/param_groups.hpp"
-#include "trainkit/core/state_dict.hpp"
-
-#if TRAINKIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "trainkit/optim/rule.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
@@ -62,18 +63,6 @@ struct StepInputs {
 
 namespace detail {
 
-/// Per-optimizer step state in the executor's memory space.
-struct StepHeader {
-  double step;         ///< applied (not skipped) steps so far: PyTorch's `step` state
-  double own_sumsq;    ///< the optimizer's own gradient-norm pass (when no scaler measured it)
-  float own_norm;      ///< sqrt(own_sumsq)
-  float grad_mult_a;   ///< this step's inverse loss scale (1 without a scaler or after unscale_)
-  float grad_mult_b;   ///< this step's clip coefficient (1 without clipping)
-  float grad_norm;     ///< the global norm of the unscaled gradients this step (0 if unknown)
-  std::int32_t skip;   ///< 1: this step was skipped (found_inf)
-  std::int32_t first;  ///< 1: this is the first applied step
-};
-
 /// One contiguous range [begin, end) of the arena's buffers updated with group `group`'s
 /// scalars. `param` is the parameter index for per-parameter segments, -1 for merged runs.
 struct Segment {
@@ -86,7 +75,7 @@ struct Segment {
 /// Segments covering the parameters' elements, never the alignment padding after them (which
 /// thus stays zero whatever the gradients and the clip coefficient hold). Merged: maximal runs
 /// of consecutive parameters of the same group with no padding between them (fewer CUDA table
-/// entries and longer host loops); otherwise one per parameter (LAMB's per-tensor trust ratio).
+/// entries and longer host loops); otherwise one per parameter (per-tensor trust ratios).
 template <Space S>
 std::vector<Segment> make_segments(const nn::ParamArena<S>& arena, const std::vector<int>& group,
                                    bool merge) {
@@ -131,14 +120,12 @@ void for_each_segment_range(const exec::Host& host, const std::vector<Segment>& 
 }
 
 /// The prologue: skip decision, step counter, gradient multipliers and per-group scalars.
-/// `Rule` provides Hyper (host doubles per group), Scalars (floats per group the pass reads) and
-/// `static void derive(const Hyper&, const StepHeader&, Scalars&)`.
 template <class Rule>
 struct Prologue {
   StepHeader* header;
   typename Rule::Scalars* scalars;
   StepInputs in;
-  typename Rule::Hyper hyper[kMaxParamGroups];
+  typename Rule::Options group[kMaxParamGroups];
   int num_groups;
 
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t) const {
@@ -151,10 +138,10 @@ struct Prologue {
     }
     h.step += 1.0;
     h.first = h.step == 1.0 ? 1 : 0;
-    h.grad_mult_a = in.inv_scale != nullptr ? *in.inv_scale : 1.0f;
+    h.inv_loss_scale = in.inv_scale != nullptr ? *in.inv_scale : 1.0f;
     h.grad_norm = in.grad_norm != nullptr ? *in.grad_norm : 0.0f;
-    h.grad_mult_b = in.max_norm > 0.0f ? clip_coefficient(h.grad_norm, in.max_norm) : 1.0f;
-    for (int g = 0; g < num_groups; ++g) Rule::derive(hyper[g], h, scalars[g]);
+    h.clip_coef = in.max_norm > 0.0f ? clip_coefficient(h.grad_norm, in.max_norm) : 1.0f;
+    for (int g = 0; g < num_groups; ++g) Rule::derive(group[g], h, scalars[g]);
   }
 };
 
@@ -173,28 +160,105 @@ struct StateBuffer {
   DType dtype;
 };
 
+/// A table of the executor's memory space holding `values`.
+template <Space S, class T>
+Tensor<T, S> upload_table(const std::vector<T>& values) {
+  Tensor<T, S> t(Shape{static_cast<std::int64_t>(values.size())});
+  copy_bytes(t.data(), S, values.data(), Space::kHost, values.size() * sizeof(T));
+  return t;
+}
+
+/// Checks beta1, beta2 and eps as torch.optim's Adam family does.
+template <class O>
+void check_adam_options(const char* name, const O& o) {
+  TRAINKIT_CHECK(o.eps >= 0.0, "optim::", name, ": invalid epsilon ", o.eps);
+  TRAINKIT_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0, "optim::", name, ": invalid beta1 ", o.beta1);
+  TRAINKIT_CHECK(o.beta2 >= 0.0 && o.beta2 < 1.0, "optim::", name, ": invalid beta2 ", o.beta2);
+}
+
+template <std::size_t, class T>
+using Repeat = T;
+
+/// The multi_tensor_apply list of variant V: (param, grad, state...) per segment.
+template <class Rule, unsigned V,
+          class Seq =
+              std::make_index_sequence<static_cast<std::size_t>(RuleTraits<Rule>::num_states(V))>>
+struct ListOf;
+template <class Rule, unsigned V, std::size_t... K>
+struct ListOf<Rule, V, std::index_sequence<K...>> {
+  using type = exec::TensorList<float, const float, Repeat<K, StateStorage<Rule, V>>...>;
+};
+
+/// One list per variant (only the one in use is ever filled).
+template <class Rule, class Seq = std::make_integer_sequence<unsigned, RuleTraits<Rule>::kVariants>>
+struct ListsOf;
+template <class Rule, unsigned... V>
+struct ListsOf<Rule, std::integer_sequence<unsigned, V...>> {
+  using type = std::tuple<typename ListOf<Rule, V>::type...>;
+};
+
 }  // namespace detail
 
-/// Base of the fused optimizers (CRTP: Derived provides `launch_update(exec)` and
-/// `state_buffers()`). Holds the parameter groups, their learning rates (LrGroups, which LR
-/// schedules write), the step header and the per-group scalars in the arena's memory space.
-/// One optimizer per ParamArena: its state buffers are the arena's named states.
-template <class Derived, Space S, class Rule>
+/// The fused optimizer of `Rule` over a ParamArena in memory space S (see optim/rule.hpp for
+/// what a rule declares). Holds the parameter groups (each a copy of the options with its own
+/// lr / weight_decay), their learning rates (LrGroups, which LR schedules write), the step header,
+/// the per-group scalars and the state buffers (f32 state: the arena's named states; bf16
+/// state: buffers of the optimizer). One optimizer per ParamArena. Move-only.
+template <class Rule, Space S>
 class FusedOptimizer {
+  using Traits = detail::RuleTraits<Rule>;
+
  public:
-  using Hyper = typename Rule::Hyper;
+  using Options = typename Rule::Options;
   using Scalars = typename Rule::Scalars;
   static constexpr Space space = S;
+
+  /// `options` are the optimizer's hyper-parameters; `groups` override lr / weight_decay per
+  /// group. Throws for invalid options (as torch.optim does), when the arena is not finalized or
+  /// there are more than kMaxParamGroups groups.
+  explicit FusedOptimizer(nn::ParamArena<S>& arena, Options options = {},
+                          std::vector<GroupRule> groups = {})
+      : arena_(&arena), options_(validated(options)) {
+    TRAINKIT_CHECK(arena.finalized(), "optim::", Rule::kName,
+                   ": the ParamArena must be finalized before the optimizer is created");
+    std::vector<std::string> names;
+    for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
+    param_group_ = assign_groups(names, groups);
+    group_.assign(groups.size() + 1, options_);
+    for (std::size_t r = 0; r < groups.size(); ++r) {
+      if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
+      if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
+    }
+    for (const Options& g : group_) lr_->lr.push_back(g.lr);
+    segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
+
+    header_ = Tensor<StepHeader, S>(Shape{1});
+    zero_bytes(header_.data(), S, header_.bytes());
+    scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
+    zero_bytes(scalars_.data(), S, scalars_.bytes());
+    std::vector<std::int32_t> seg_group;
+    std::vector<std::int64_t> seg_begin;
+    for (const detail::Segment& s : segments_) {
+      seg_group.push_back(s.group);
+      seg_begin.push_back(s.begin);
+    }
+    segment_group_ = detail::upload_table<S>(seg_group);
+    segment_begin_ = detail::upload_table<S>(seg_begin);
+    allocate_states();
+    if constexpr (Traits::kTrustRatio) build_chunks();
+  }
 
   FusedOptimizer(const FusedOptimizer&) = delete;
   FusedOptimizer& operator=(const FusedOptimizer&) = delete;
   FusedOptimizer(FusedOptimizer&&) noexcept = default;
   FusedOptimizer& operator=(FusedOptimizer&&) noexcept = default;
 
+  const Options& options() const noexcept { return options_; }
+
   // ---- groups and learning rates ---------------------------------------------------------
 
   /// Number of parameter groups (1 + number of GroupRules).
-  int num_groups() const noexcept { return static_cast<int>(hyper_.size()); }
+  int num_groups() const noexcept { return static_cast<int>(group_.size()); }
   /// The group of parameter `name` (0 = default, i + 1 = rule i); throws for an unknown name.
   int group_of(std::string_view name) const {
     return param_group_[static_cast<std::size_t>(arena_->at(name).index)];
@@ -207,7 +271,7 @@ class FusedOptimizer {
   void set_lr(double lr) { lr_->set_all(lr); }
   void set_lr(int group, double lr) { lr_->lr.at(static_cast<std::size_t>(group)) = lr; }
   double weight_decay(int group = 0) const {
-    return hyper_.at(static_cast<std::size_t>(group)).weight_decay;
+    return group_.at(static_cast<std::size_t>(group)).weight_decay;
   }
 
   nn::ParamArena<S>& arena() noexcept { return *arena_; }
@@ -243,8 +307,7 @@ class FusedOptimizer {
     using Scaler = std::remove_cvref_t<Sc>;
     StepInputs in;
     in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
-    const bool want_norm =
-        in.max_norm > 0.0f || static_cast<const Derived*>(this)->needs_grad_norm();
+    const bool want_norm = in.max_norm > 0.0f || Traits::needs_grad_norm(options_);
     if constexpr (amp::is_loss_scaler_v<Scaler>) {
       TRAINKIT_CHECK(scaler.space() == S, "optim: the loss scaler lives in ",
                      space_name(scaler.space()), " memory, the ParamArena in ", space_name(S),
@@ -255,27 +318,28 @@ class FusedOptimizer {
       in.grad_norm = view.grad_norm;
     }
     if (want_norm && in.grad_norm == nullptr) {
-      detail::StepHeader* h = header_.data();
-      optim::detail::sum_into(exec, arena_->buffer_numel(),
-                              optim::detail::SquaredTerm{arena_->grads_data(), nullptr},
-                              &h->own_sumsq);
+      StepHeader* h = header_.data();
+      detail::sum_into(exec, arena_->buffer_numel(),
+                       detail::SquaredTerm{arena_->grads_data(), nullptr}, &h->own_sumsq);
       exec::launch(exec, 1, detail::FinishOwnNorm{h});
       in.grad_norm = &h->own_norm;
     }
     launch_prologue(exec, in);
-    static_cast<Derived*>(this)->launch_update(exec);
+    detail::dispatch_variant<Traits::kVariants>(
+        Traits::variant(options_), [&](auto v) { launch_pass<decltype(v)::value>(exec); });
     if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.mark_stepped();
   }
 
   // ---- state -----------------------------------------------------------------------------
 
-  /// PyTorch-named state: tensors "<param>.<state>" (exp_avg, exp_avg_sq, max_exp_avg_sq,
-  /// momentum_buffer; f32, or bf16 for AdamW's bf16 state) and "<param>.step" (f32 scalar, as
-  /// PyTorch keeps it), values "step", "num_groups", "group.<g>.lr", "group.<g>.initial_lr",
-  /// "group.<g>.weight_decay" plus the derived optimizer's options. Downloads device state (sync).
+  /// PyTorch-named state: tensors "<param>.<state>" (the rule's kStates; f32, or bf16 for bf16
+  /// state) and "<param>.step" (f32 scalar, as PyTorch keeps it), values "optimizer" (the rule's
+  /// name), "step", "num_groups", "group.<g>.lr", "group.<g>.initial_lr",
+  /// "group.<g>.weight_decay" and the rule's saved options. Downloads device state (sync).
   StateDict state_dict() const {
     StateDict sd;
-    const detail::StepHeader h = read_header();
+    const StepHeader h = read_header();
+    sd.set("optimizer", Rule::kName);
     sd.set("step", h.step);
     sd.set("num_groups", num_groups());
     for (int g = 0; g < num_groups(); ++g) {
@@ -283,10 +347,10 @@ class FusedOptimizer {
       sd.set(key + ".lr", lr_->lr[static_cast<std::size_t>(g)]);
       if (lr_->initial_lr.size() == lr_->lr.size())
         sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
-      sd.set(key + ".weight_decay", hyper_[static_cast<std::size_t>(g)].weight_decay);
+      sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
     }
     const auto& infos = arena_->infos();
-    for (const detail::StateBuffer& b : static_cast<const Derived*>(this)->state_buffers()) {
+    for (const detail::StateBuffer& b : state_buffers()) {
       const std::size_t esize = dtype_size(b.dtype);
       std::vector<unsigned char> host(static_cast<std::size_t>(arena_->buffer_numel()) * esize);
       copy_bytes(host.data(), Space::kHost, b.data, S, host.size());
@@ -304,26 +368,33 @@ class FusedOptimizer {
       std::memcpy(t.data(), &step, sizeof step);
       sd.tensors[p.name + ".step"] = std::move(t);
     }
-    static_cast<const Derived*>(this)->save_options(sd);
+    std::apply([&](const auto&... o) { (sd.set(o.key, options_.*o.member), ...); },
+               Traits::saved_options());
     return sd;
   }
 
-  /// Restores a state_dict() of an optimizer of the same kind over the same parameters. Throws
-  /// naming the first missing or mismatched entry (nothing is changed then).
+  /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
+  /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
   void load_state_dict(const StateDict& sd) {
-    TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(),
-                   "optim::load_state_dict: the state "
-                   "has ",
+    const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
+    TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
+                   sd.get_string("optimizer"));
+    TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                    sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
+    Options loaded = options_;
+    std::apply([&](const auto&... o) { (load_option(sd, o.key, loaded.*o.member), ...); },
+               Traits::saved_options());
+    TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
+                   "the state's options keep the state ", state_layout(loaded),
+                   ", this optimizer's keep ", state_layout(options_));
     const auto& infos = arena_->infos();
-    const auto buffers = static_cast<const Derived*>(this)->state_buffers();
+    const auto buffers = state_buffers();
     for (const detail::StateBuffer& b : buffers)
       for (const nn::ParamInfo& p : infos) {
         const AnyTensor& t = sd.tensor(p.name + "." + b.name);
-        TRAINKIT_CHECK(t.dtype() == b.dtype && t.shape() == p.shape, "optim::load_state_dict: '",
-                       p.name, ".", b.name, "' is ", dtype_name(t.dtype()), " ",
-                       t.shape().to_string(), ", expected ", dtype_name(b.dtype), " ",
-                       p.shape.to_string());
+        TRAINKIT_CHECK(t.dtype() == b.dtype && t.shape() == p.shape, prefix, "'", p.name, ".",
+                       b.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
+                       ", expected ", dtype_name(b.dtype), " ", p.shape.to_string());
       }
     std::vector<double> lrs, initial, wds;
     for (int g = 0; g < num_groups(); ++g) {
@@ -334,7 +405,6 @@ class FusedOptimizer {
       wds.push_back(sd.get_double(key + ".weight_decay"));
     }
     const double step = sd.get_double("step");
-    static_cast<Derived*>(this)->load_options(sd);
     for (const detail::StateBuffer& b : buffers) {
       const std::size_t esize = dtype_size(b.dtype);
       std::vector<unsigned char> host(static_cast<std::size_t>(arena_->buffer_numel()) * esize, 0);
@@ -346,60 +416,75 @@ class FusedOptimizer {
       }
       copy_bytes(b.data, S, host.data(), Space::kHost, host.size());
     }
+    options_ = loaded;
+    for (std::size_t g = 0; g < group_.size(); ++g) {
+      group_[g] = loaded;
+      group_[g].weight_decay = wds[g];
+    }
     lr_->lr = lrs;
     if (initial.size() == lrs.size()) lr_->initial_lr = initial;
-    for (std::size_t g = 0; g < wds.size(); ++g) hyper_[g].weight_decay = wds[g];
-    detail::StepHeader h = read_header();
+    StepHeader h = read_header();
     h.step = step;
     h.skip = 0;
     h.first = 0;
     copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
   }
 
- protected:
-  /// `defaults` are the optimizer's hyper-parameters (lr and weight_decay included); `rules`
-  /// override lr / weight_decay per group. Throws when the arena is not finalized or there are
-  /// more than kMaxParamGroups groups.
-  FusedOptimizer(nn::ParamArena<S>& arena, const Hyper& defaults, std::vector<GroupRule> rules,
-                 bool merge_segments)
-      : arena_(&arena), rules_(std::move(rules)) {
-    TRAINKIT_CHECK(arena.finalized(),
-                   "optim: the ParamArena must be finalized before the "
-                   "optimizer is created");
-    std::vector<std::string> names;
-    for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
-    param_group_ = assign_groups(names, rules_);
-    hyper_.assign(rules_.size() + 1, defaults);
-    for (std::size_t r = 0; r < rules_.size(); ++r) {
-      if (rules_[r].lr) hyper_[r + 1].lr = *rules_[r].lr;
-      if (rules_[r].weight_decay) hyper_[r + 1].weight_decay = *rules_[r].weight_decay;
+ private:
+  static Options validated(const Options& o) {
+    TRAINKIT_CHECK(o.lr >= 0.0, "optim::", Rule::kName, ": invalid learning rate ", o.lr);
+    TRAINKIT_CHECK(o.weight_decay >= 0.0, "optim::", Rule::kName, ": invalid weight_decay ",
+                   o.weight_decay);
+    Traits::validate(o);
+    return o;
+  }
+
+  static void load_option(const StateDict& sd, const char* key, double& value) {
+    value = sd.get_double(key);
+  }
+  static void load_option(const StateDict& sd, const char* key, bool& value) {
+    value = sd.get_int(key) != 0;
+  }
+
+  /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.
+  static std::string state_layout(const Options& o) {
+    const unsigned v = Traits::variant(o);
+    std::string out;
+    for (int k = 0; k < Traits::num_states(v); ++k)
+      out += std::string(k == 0 ? "" : ", ") + Rule::kStates[static_cast<std::size_t>(k)];
+    return (out.empty() ? "(none)" : out) + " (" + std::string(dtype_name(Traits::state_dtype(v))) +
+           ")";
+  }
+
+  void allocate_states() {
+    const unsigned v = Traits::variant(options_);
+    const std::int64_t n = arena_->buffer_numel();
+    for (int k = 0; k < Traits::num_states(v); ++k) {
+      const std::string name = Rule::kStates[static_cast<std::size_t>(k)];
+      if (Traits::state_dtype(v) == DType::kBF16) {
+        owned_.emplace_back(Shape{n});
+        zero_bytes(owned_.back().data(), S, owned_.back().bytes());
+        state_[k] = owned_.back().data();
+      } else {
+        float* data =
+            arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
+        zero_bytes(data, S, static_cast<std::size_t>(n) * sizeof(float));
+        state_[k] = data;
+      }
     }
-    for (const Hyper& h : hyper_) lr_->lr.push_back(h.lr);
-    segments_ = detail::make_segments(arena, param_group_, merge_segments);
-
-    header_ = Tensor<detail::StepHeader, S>(Shape{1});
-    scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
-    const detail::StepHeader h0{};
-    copy_bytes(header_.data(), S, &h0, Space::kHost, sizeof h0);
-    std::vector<Scalars> zeros(static_cast<std::size_t>(kMaxParamGroups));
-    copy_bytes(scalars_.data(), S, zeros.data(), Space::kHost, zeros.size() * sizeof(Scalars));
-    std::vector<std::int32_t> seg_group;
-    for (const detail::Segment& s : segments_) seg_group.push_back(s.group);
-    segment_group_ = Tensor<std::int32_t, S>(Shape{static_cast<std::int64_t>(seg_group.size())});
-    copy_bytes(segment_group_.data(), S, seg_group.data(), Space::kHost,
-               seg_group.size() * sizeof(std::int32_t));
   }
 
-  /// A zero-filled f32 state buffer `name` of the arena (reused and zeroed if it exists).
-  float* arena_state(const std::string& name) {
-    float* data =
-        arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
-    zero_bytes(data, S, static_cast<std::size_t>(arena_->buffer_numel()) * sizeof(float));
-    return data;
+  std::vector<detail::StateBuffer> state_buffers() const {
+    const unsigned v = Traits::variant(options_);
+    std::vector<detail::StateBuffer> out;
+    for (int k = 0; k < Traits::num_states(v); ++k)
+      out.push_back(
+          {Rule::kStates[static_cast<std::size_t>(k)], state_[k], Traits::state_dtype(v)});
+    return out;
   }
 
-  detail::StepHeader read_header() const {
-    detail::StepHeader h{};
+  StepHeader read_header() const {
+    StepHeader h{};
     copy_bytes(&h, Space::kHost, header_.data(), S, sizeof h);
     return h;
   }
@@ -412,26 +497,168 @@ class FusedOptimizer {
     pro.in = in;
     pro.num_groups = num_groups();
     for (int g = 0; g < num_groups(); ++g) {
-      pro.hyper[g] = hyper_[static_cast<std::size_t>(g)];
-      pro.hyper[g].lr = lr_->lr.at(static_cast<std::size_t>(g));
+      pro.group[g] = group_[static_cast<std::size_t>(g)];
+      pro.group[g].lr = lr_->lr.at(static_cast<std::size_t>(g));
     }
     exec::launch(exec, 1, pro);
   }
 
-  // Host passes read the header and scalars directly (host memory).
-  const detail::StepHeader& host_header() const { return *header_.data(); }
-  const Scalars& host_scalars(int group) const { return scalars_.data()[group]; }
+  /// f(state pointers of variant V as StateStorage<Rule, V>*...).
+  template <unsigned V, class F>
+  void with_states(F&& f) const {
+    using Store = detail::StateStorage<Rule, V>;
+    [&]<std::size_t... K>(std::index_sequence<K...>) { f(static_cast<Store*>(state_[K])...); }
+    (std::make_index_sequence<static_cast<std::size_t>(Traits::num_states(V))>{});
+  }
+
+  template <unsigned V, class E>
+  void launch_pass(const E& exec) {
+    if constexpr (Traits::kTrustRatio) {
+      launch_trust_ratio<V>(exec);
+    } else if constexpr (exec::is_host_executor_v<E>) {
+      const StepHeader& h = *header_.data();  // host memory
+      if (h.skip != 0) return;
+      float* p = arena_->params_data();
+      const float* g = arena_->grads_data();
+      const detail::Rounding rounding{Traits::rounding_seed(options_), h.step};
+      const Scalars* scalars = scalars_.data();
+      with_states<V>([&](auto*... st) {
+        detail::for_each_segment_range(
+            exec, segments_, arena_->buffer_numel(),
+            [&](const detail::Segment& s, std::int64_t begin, std::int64_t end) {
+              detail::host_range<Rule, V>(scalars[s.group], h, rounding, p, g, begin, end, st...);
+            });
+      });
+    } else {
+      auto& list = std::get<V>(lists_);
+      if (list.empty()) {
+        float* p = arena_->params_data();
+        const float* g = arena_->grads_data();
+        with_states<V>([&](auto*... st) {
+          for (const detail::Segment& s : segments_)
+            list.add(s.end - s.begin, p + s.begin, g + s.begin, (st + s.begin)...);
+        });
+      }
+      exec::multi_tensor_apply(
+          exec, list,
+          detail::FusedFunctor<Rule, V>{header_.data(), scalars_.data(), segment_group_.data(),
+                                        segment_begin_.data(), Traits::rounding_seed(options_)});
+    }
+  }
+
+  // ---- rules with a per-tensor trust ratio -----------------------------------------------
+
+  void build_chunks() {
+    static_assert(Traits::state_dtype(0) == DType::kF32,
+                  "optim: rules with a trust ratio keep f32 state");
+    const int num_params = static_cast<int>(arena_->size());
+    std::vector<std::int32_t> first(static_cast<std::size_t>(num_params) + 1, 0);
+    std::vector<bool> has(static_cast<std::size_t>(num_params), false);
+    for (const detail::Segment& s : segments_) {
+      has[static_cast<std::size_t>(s.param)] = true;
+      first[static_cast<std::size_t>(s.param)] = static_cast<std::int32_t>(chunks_.size());
+      for (std::int64_t b = s.begin; b < s.end; b += detail::kTrustChunk)
+        chunks_.push_back({b, std::min(s.end, b + detail::kTrustChunk), s.param, s.group});
+    }
+    // Parameters without elements own no chunk: they point at the next parameter's first.
+    first[static_cast<std::size_t>(num_params)] = static_cast<std::int32_t>(chunks_.size());
+    for (int t = num_params - 1; t >= 0; --t)
+      if (!has[static_cast<std::size_t>(t)])
+        first[static_cast<std::size_t>(t)] = first[static_cast<std::size_t>(t) + 1];
+    param_first_chunk_ = first;
+    chunk_table_ = detail::upload_table<S>(chunks_);
+    first_table_ = detail::upload_table<S>(first);
+    partials_ = Tensor<detail::NormPartial, S>(Shape{static_cast<std::int64_t>(chunks_.size())});
+    ratio_ = Tensor<float, S>(Shape{std::max<std::int64_t>(num_params, 1)});
+  }
+
+  /// Stage 1 (the rule's update direction into the gradient buffer, per-chunk norm partials),
+  /// the per-tensor ratios, stage 2 (p -= ratio * u).
+  template <unsigned V, class E>
+  void launch_trust_ratio(const E& exec) {
+    float* p = arena_->params_data();
+    float* g = arena_->grads_data();
+    if constexpr (exec::is_host_executor_v<E>) {
+      const StepHeader& h = *header_.data();
+      if (h.skip != 0) return;
+      const detail::TensorChunk* chunks = chunks_.data();
+      detail::NormPartial* partials = partials_.data();
+      const Scalars* scalars = scalars_.data();
+      with_states<V>([&](auto*... st) {
+        exec.parallel_for(static_cast<std::int64_t>(chunks_.size()), [&](std::int64_t c) {
+          const detail::TensorChunk& ch = chunks[c];
+          detail::host_range<Rule, V>(scalars[ch.group], h, detail::Rounding{0, 0.0}, p, g,
+                                      ch.begin, ch.end, st...);
+          partials[c] = detail::norm_partial(p, g, ch.begin, ch.end);
+        });
+      });
+      float* ratio = ratio_.data();
+      for (std::size_t t = 0; t + 1 < param_first_chunk_.size(); ++t) {
+        const int first = param_first_chunk_[t];
+        const int last = param_first_chunk_[t + 1];
+        if (first != last)
+          ratio[t] =
+              detail::tensor_ratio<Rule>(scalars[chunks[first].group], partials, first, last);
+      }
+      exec.parallel_for(static_cast<std::int64_t>(chunks_.size()), [&](std::int64_t c) {
+        const detail::TensorChunk& ch = chunks[c];
+        const float r = ratio[ch.param];
+        for (std::int64_t i = ch.begin; i < ch.end; ++i) p[i] = p[i] - r * g[i];
+      });
+    } else {
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+      const auto num_chunks = static_cast<unsigned>(chunks_.size());
+      if (num_chunks == 0) return;
+      const int num_params = static_cast<int>(arena_->size());
+      detail::TrustRatioArgs<Rule> args{header_.data(),
+                                        scalars_.data(),
+                                        chunk_table_.data(),
+                                        first_table_.data(),
+                                        partials_.data(),
+                                        ratio_.data(),
+                                        p,
+                                        g,
+                                        {},
+                                        num_params};
+      for (int k = 0; k < Traits::kMaxStates; ++k) args.states[k] = static_cast<float*>(state_[k]);
+      const cudaStream_t stream = exec.stream().get();
+      constexpr int kThreads = detail::kTrustThreads;
+      detail::trust_stage1_kernel<Rule, V><<<num_chunks, kThreads, 0, stream>>>(args);
+      TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      const auto ratio_blocks = static_cast<unsigned>((num_params + kThreads - 1) / kThreads);
+      detail::trust_ratio_kernel<Rule><<<ratio_blocks, kThreads, 0, stream>>>(args);
+      TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      detail::trust_stage2_kernel<Rule><<<num_chunks, kThreads, 0, stream>>>(args);
+      TRAINKIT_CUDA_CHECK(cudaGetLastError());
+#else
+      static_assert(exec::detail::dependent_false<E>,
+                    "optim: a trust-ratio optimizer (LAMB) stepping with exec::Cuda launches CUDA "
+                    "kernels: compile this TU with nvcc (a .cu file)");
+#endif
+    }
+  }
 
   nn::ParamArena<S>* arena_;
-  std::vector<GroupRule> rules_;
+  Options options_;
   std::vector<int> param_group_;
-  std::vector<Hyper> hyper_;
+  std::vector<Options> group_;
   // On the heap so that LR schedules holding a reference survive moves of the optimizer.
   std::unique_ptr<LrGroups> lr_ = std::make_unique<LrGroups>();
   std::vector<detail::Segment> segments_;
-  Tensor<detail::StepHeader, S> header_;
+  Tensor<StepHeader, S> header_;
   Tensor<Scalars, S> scalars_;
   Tensor<std::int32_t, S> segment_group_;
+  Tensor<std::int64_t, S> segment_begin_;  ///< the flat index of each segment's first element
+  void* state_[Traits::kMaxStates > 0 ? Traits::kMaxStates : 1] = {};
+  std::vector<Tensor<bf16, S>> owned_;  ///< bf16 state buffers
+  typename detail::ListsOf<Rule>::type lists_;
+  // Trust-ratio rules only.
+  std::vector<detail::TensorChunk> chunks_;
+  std::vector<std::int32_t> param_first_chunk_;
+  Tensor<detail::TensorChunk, S> chunk_table_;
+  Tensor<std::int32_t, S> first_table_;
+  Tensor<detail::NormPartial, S> partials_;
+  Tensor<float, S> ratio_;
 };
 
 }  // namespace optim

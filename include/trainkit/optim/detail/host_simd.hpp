@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
-// trainkit/optim/detail/host_simd.hpp (internal): a minimal float vector for the host loops of
-// the fused optimizers. Compilers do not vectorise sqrtf without -fno-math-errno, which a
-// header-only library cannot demand, and a scalar sqrt makes AdamW compute-bound (measured 4x
-// below the memory bandwidth on a 2-vCPU AVX-512 VM). The widest of AVX-512 / AVX / SSE2 that the
-// TU is compiled for is used, else one lane. Every operation is correctly rounded IEEE
-// arithmetic, so a vector lane computes exactly what the scalar code computes.
+// trainkit/optim/detail/host_simd.hpp: `optim::VecF`, the float vector that an optimizer rule's
+// per-element update is instantiated with in the host loops (the same template also runs with
+// T = float for loop tails and in CUDA kernels). Compilers do not vectorise sqrtf without
+// -fno-math-errno, which a header-only library cannot demand, and a scalar sqrt makes AdamW
+// compute-bound (measured 4x below the memory bandwidth on a 2-vCPU AVX-512 VM). The widest of
+// AVX-512 / AVX / SSE2 that the TU is compiled for is used, else VecF is plain float. Every
+// operation is correctly rounded IEEE arithmetic, so a vector lane computes exactly what the
+// scalar code computes. A float converts implicitly to a VecF (all lanes), so a rule writes
+// `s.beta2 * v` for either T. vsqrt / vmax are namespace functions for both types.
 #pragma once
 
 #include <cmath>
@@ -18,88 +21,58 @@
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
-namespace detail {
 
-// The vector type differs with the instruction set a TU is compiled for; an inline namespace
-// per ISA keeps TUs built with different -m flags from sharing (ODR-merging) these symbols.
+// One vector type for the ISA of prefix P (the intrinsics are P##_add_ps etc.), W lanes in
+// register type R; the trailing arguments are the body of vmax(a, b), which differs per ISA.
+// The vector type differs with the instruction set a TU is compiled for; an inline namespace per
+// ISA keeps TUs built with different -m flags from sharing (ODR-merging) these symbols.
+#define TRAINKIT_OPTIM_DEFINE_VECF(NS, W, R, P, ...)                                \
+  inline namespace NS {                                                             \
+  struct VecF {                                                                     \
+    static constexpr int kWidth = W;                                                \
+    R v;                                                                            \
+    VecF() = default;                                                               \
+    VecF(R x) : v(x) {}                                                             \
+    VecF(float x) : v(P##_set1_ps(x)) {}                                            \
+    static VecF load(const float* p) { return P##_loadu_ps(p); }                    \
+    void store(float* p) const { P##_storeu_ps(p, v); }                             \
+    friend VecF operator+(VecF a, VecF b) { return P##_add_ps(a.v, b.v); }          \
+    friend VecF operator-(VecF a, VecF b) { return P##_sub_ps(a.v, b.v); }          \
+    friend VecF operator*(VecF a, VecF b) { return P##_mul_ps(a.v, b.v); }          \
+    friend VecF operator/(VecF a, VecF b) { return P##_div_ps(a.v, b.v); }          \
+  };                                                                                \
+  inline VecF vsqrt(VecF a) { return P##_sqrt_ps(a.v); }                            \
+  /* max(a, b) as std::fmax would NOT give: NaN in `b` wins, like torch.maximum. */ \
+  inline VecF vmax(VecF a, VecF b) { __VA_ARGS__ }                                  \
+  }
+
 #if defined(__AVX512F__)
-inline namespace simd_avx512 {
-struct VecF {
-  static constexpr int kWidth = 16;
-  __m512 v;
-  static VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static VecF set1(float x) { return {_mm512_set1_ps(x)}; }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-  friend VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
-  friend VecF operator-(VecF a, VecF b) { return {_mm512_sub_ps(a.v, b.v)}; }
-  friend VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
-  friend VecF operator/(VecF a, VecF b) { return {_mm512_div_ps(a.v, b.v)}; }
-  friend VecF vsqrt(VecF a) { return {_mm512_sqrt_ps(a.v)}; }
-  // max(a, b) as std::fmax would NOT give: NaN in `b` wins, like torch.maximum's propagation.
-  friend VecF vmax(VecF a, VecF b) {
-    const __mmask16 unordered = _mm512_cmp_ps_mask(b.v, b.v, _CMP_UNORD_Q);
-    return {_mm512_mask_blend_ps(unordered, _mm512_max_ps(b.v, a.v), b.v)};
-  }
-};
-}  // namespace simd_avx512
+TRAINKIT_OPTIM_DEFINE_VECF(simd_avx512, 16, __m512, _mm512,
+                           const __mmask16 nan = _mm512_cmp_ps_mask(b.v, b.v, _CMP_UNORD_Q);
+                           return _mm512_mask_blend_ps(nan, _mm512_max_ps(b.v, a.v), b.v);)
 #elif defined(__AVX__)
-inline namespace simd_avx {
-struct VecF {
-  static constexpr int kWidth = 8;
-  __m256 v;
-  static VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
-  static VecF set1(float x) { return {_mm256_set1_ps(x)}; }
-  void store(float* p) const { _mm256_storeu_ps(p, v); }
-  friend VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.v, b.v)}; }
-  friend VecF operator-(VecF a, VecF b) { return {_mm256_sub_ps(a.v, b.v)}; }
-  friend VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.v, b.v)}; }
-  friend VecF operator/(VecF a, VecF b) { return {_mm256_div_ps(a.v, b.v)}; }
-  friend VecF vsqrt(VecF a) { return {_mm256_sqrt_ps(a.v)}; }
-  friend VecF vmax(VecF a, VecF b) {
-    const __m256 unordered = _mm256_cmp_ps(b.v, b.v, _CMP_UNORD_Q);
-    return {_mm256_blendv_ps(_mm256_max_ps(b.v, a.v), b.v, unordered)};
-  }
-};
-}  // namespace simd_avx
+TRAINKIT_OPTIM_DEFINE_VECF(simd_avx, 8, __m256, _mm256,
+                           const __m256 nan = _mm256_cmp_ps(b.v, b.v, _CMP_UNORD_Q);
+                           return _mm256_blendv_ps(_mm256_max_ps(b.v, a.v), b.v, nan);)
 #elif defined(__SSE2__)
-inline namespace simd_sse2 {
-struct VecF {
-  static constexpr int kWidth = 4;
-  __m128 v;
-  static VecF load(const float* p) { return {_mm_loadu_ps(p)}; }
-  static VecF set1(float x) { return {_mm_set1_ps(x)}; }
-  void store(float* p) const { _mm_storeu_ps(p, v); }
-  friend VecF operator+(VecF a, VecF b) { return {_mm_add_ps(a.v, b.v)}; }
-  friend VecF operator-(VecF a, VecF b) { return {_mm_sub_ps(a.v, b.v)}; }
-  friend VecF operator*(VecF a, VecF b) { return {_mm_mul_ps(a.v, b.v)}; }
-  friend VecF operator/(VecF a, VecF b) { return {_mm_div_ps(a.v, b.v)}; }
-  friend VecF vsqrt(VecF a) { return {_mm_sqrt_ps(a.v)}; }
-  friend VecF vmax(VecF a, VecF b) {
-    const __m128 unordered = _mm_cmpunord_ps(b.v, b.v);
-    const __m128 m = _mm_max_ps(b.v, a.v);
-    return {_mm_or_ps(_mm_and_ps(unordered, b.v), _mm_andnot_ps(unordered, m))};
-  }
-};
-}  // namespace simd_sse2
+TRAINKIT_OPTIM_DEFINE_VECF(simd_sse2, 4, __m128, _mm, const __m128 nan = _mm_cmpunord_ps(b.v, b.v);
+                           const __m128 m = _mm_max_ps(b.v, a.v);
+                           return _mm_or_ps(_mm_and_ps(nan, b.v), _mm_andnot_ps(nan, m));)
 #else
-inline namespace simd_scalar {
-struct VecF {
-  static constexpr int kWidth = 1;
-  float v;
-  static VecF load(const float* p) { return {*p}; }
-  static VecF set1(float x) { return {x}; }
-  void store(float* p) const { *p = v; }
-  friend VecF operator+(VecF a, VecF b) { return {a.v + b.v}; }
-  friend VecF operator-(VecF a, VecF b) { return {a.v - b.v}; }
-  friend VecF operator*(VecF a, VecF b) { return {a.v * b.v}; }
-  friend VecF operator/(VecF a, VecF b) { return {a.v / b.v}; }
-  friend VecF vsqrt(VecF a) { return {std::sqrt(a.v)}; }
-  friend VecF vmax(VecF a, VecF b) { return {(b.v != b.v || b.v > a.v) ? b.v : a.v}; }
-};
-}  // namespace simd_scalar
+/// No vector ISA: the "vector" loop runs on floats.
+using VecF = float;
+#endif
+#undef TRAINKIT_OPTIM_DEFINE_VECF
+
+/// Lanes of VecF (1 when it is float).
+template <class T>
+inline constexpr int kLanes = 1;
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+template <>
+inline constexpr int kLanes<VecF> = VecF::kWidth;
 #endif
 
-/// Scalar twins of VecF's vsqrt / vmax, for the tails of host loops and for device code.
+/// sqrt in f32 (the scalar twin of vsqrt(VecF), also for device code).
 TRAINKIT_HOST_DEVICE inline float vsqrt(float x) {
 #if defined(__CUDA_ARCH__)
   return ::sqrtf(x);
@@ -109,6 +82,22 @@ TRAINKIT_HOST_DEVICE inline float vsqrt(float x) {
 }
 /// max(a, b) propagating a NaN from either side (torch.maximum).
 TRAINKIT_HOST_DEVICE inline float vmax(float a, float b) { return (b != b || b > a) ? b : a; }
+
+namespace detail {
+
+/// The T (float or VecF) at p, and back.
+template <class T>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE T load_as(const float* p) {
+  if constexpr (kLanes<T> == 1) {
+    return *p;
+  } else {
+    return T::load(p);
+  }
+}
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void store_to(float x, float* p) { *p = x; }
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+inline void store_to(VecF x, float* p) { x.store(p); }
+#endif
 
 }  // namespace detail
 }  // namespace optim
