@@ -60,6 +60,7 @@
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/optim/grad_norm.hpp"
+#include "trainkit/optim/rule.hpp"
 #include "trainkit/optim/optimizer.hpp"
 #include "trainkit/optim/sgd.hpp"
 #include "trainkit/optim/adamw.hpp"

@@ -393,7 +393,7 @@ TEST_CASE(
     optim::SGD opt(arena, {.lr = 1e-3});
     const std::int64_t interval = 1 + rng.next_u32() % 3;
     optim::DynamicScaler s(pool(),
-                         {.init_scale = init > 0.0 ? init : 1.0, .growth_interval = interval});
+                           {.init_scale = init > 0.0 ? init : 1.0, .growth_interval = interval});
     if (init == 0.0) {  // a zero scale, as backoff reaches it, comes from a checkpoint
       tk::StateDict sd = s.state_dict();
       sd.set("scale", 0.0);

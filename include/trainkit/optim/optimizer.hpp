@@ -496,7 +496,8 @@ class FusedOptimizer {
     pro.scalars = scalars_.data();
     pro.in = in;
     pro.num_groups = num_groups();
-    for (int g = 0; g < num_groups(); ++g) {
+    // assign_groups guarantees at most kMaxParamGroups groups.
+    for (int g = 0; g < num_groups() && g < kMaxParamGroups; ++g) {
       pro.group[g] = group_[static_cast<std::size_t>(g)];
       pro.group[g].lr = lr_->lr.at(static_cast<std::size_t>(g));
     }

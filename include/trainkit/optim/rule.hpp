@@ -71,8 +71,9 @@ struct StepHeader {
 /// One entry of a rule's kSavedOptions: the state-dict key and the option member it holds.
 template <class O, class M>
 struct SavedOption {
+  using Member = M O::*;
   const char* key;
-  M O::*member;
+  Member member;
 };
 template <class O, class M>
 constexpr SavedOption<O, M> saved_option(const char* key, M O::*member) {
