@@ -111,6 +111,10 @@ struct AdamWRule {
 /// `opt.step(exec, scaler)` each iteration. The state (exp_avg, exp_avg_sq, max_exp_avg_sq) is
 /// kept in the arena's named state buffers (f32), or in bf16 buffers of the optimizer with
 /// bf16_state. Throws for invalid hyper-parameters (as torch.optim does) or an unfinalized arena.
+/// (SGD, AdamW and LAMB are classes deriving from FusedOptimizer, alike but for the rule, rather
+/// than alias templates, so that `optim::AdamW opt(arena, ...)` deduces the memory space on
+/// every compiler: class template argument deduction through an alias template is C++20 that
+/// not all supported compilers implement.)
 template <Space S = Space::kHost>
 class AdamW : public FusedOptimizer<detail::AdamWRule, S> {
  public:

@@ -11,6 +11,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/core/state_dict.hpp"
+#include "trainkit/optim/detail/state_fields.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
@@ -49,9 +50,7 @@ class GradAccumulation {
 
   StateDict state_dict() const {
     StateDict sd;
-    sd.set("micro_batches", n_);
-    sd.set("index", index_);
-    sd.set("steps", steps_);
+    detail::set_values(sd, "micro_batches", n_, "index", index_, "steps", steps_);
     return sd;
   }
   /// Throws when the state was saved with a different micro-batch count.

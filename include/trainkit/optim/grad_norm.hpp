@@ -147,7 +147,9 @@ TRAINKIT_HOST_DEVICE inline float clip_coefficient(float norm, float max_norm) {
 }
 
 /// g[i] *= min(1, max_norm / (*norm + 1e-6)), computed in f32 as PyTorch's clip_grad_norm_
-/// (a NaN norm propagates into the gradients, as there, but not into the padding).
+/// (a NaN norm propagates into the gradients, as there, but not into the padding). Its fields
+/// resemble grad_scaler.hpp's ScalerTerm (gradients, a scalar read in the kernel, the padding
+/// mask), but that one is a reduction term with its own inf/NaN cases: they stay apart.
 struct ClipByNorm {
   float* g;
   const float* norm;

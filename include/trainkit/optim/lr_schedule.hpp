@@ -17,11 +17,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/optim/detail/state_fields.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/core/state_dict.hpp"
 
@@ -60,12 +62,9 @@ class LRScheduler {
   /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
   virtual StateDict state_dict() const {
     StateDict sd;
-    sd.set("last_epoch", last_epoch_);
-    sd.set("_step_count", step_count_);
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
-      sd.set("base_lrs." + std::to_string(g), base_lrs_[g]);
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
+    detail::save_list(sd, "base_lrs", base_lrs_);
+    detail::save_list(sd, "_last_lr", last_lr_);
     save_options(sd);
     return sd;
   }
@@ -73,10 +72,8 @@ class LRScheduler {
   virtual void load_state_dict(const StateDict& sd) {
     last_epoch_ = sd.get_int("last_epoch");
     step_count_ = sd.get_int("_step_count");
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
-      base_lrs_[g] = sd.get_double("base_lrs." + std::to_string(g));
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+    detail::load_list(sd, "base_lrs", base_lrs_);
+    detail::load_list(sd, "_last_lr", last_lr_);
     load_options(sd);
   }
 
@@ -170,8 +167,7 @@ class ConstantLR final : public LRScheduler {
     });
   }
   void save_options(StateDict& sd) const override {
-    sd.set("factor", o_.factor);
-    sd.set("total_iters", o_.total_iters);
+    detail::set_values(sd, "factor", o_.factor, "total_iters", o_.total_iters);
   }
   ConstantLROptions o_;
 };
@@ -213,9 +209,8 @@ class LinearLR final : public LRScheduler {
     });
   }
   void save_options(StateDict& sd) const override {
-    sd.set("start_factor", o_.start_factor);
-    sd.set("end_factor", o_.end_factor);
-    sd.set("total_iters", o_.total_iters);
+    detail::set_values(sd, "start_factor", o_.start_factor, "end_factor", o_.end_factor,
+                       "total_iters", o_.total_iters);
   }
   LinearLROptions o_;
 };
@@ -270,8 +265,7 @@ class CosineAnnealingLR final : public LRScheduler {
     });
   }
   void save_options(StateDict& sd) const override {
-    sd.set("T_max", o_.t_max);
-    sd.set("eta_min", o_.eta_min);
+    detail::set_values(sd, "T_max", o_.t_max, "eta_min", o_.eta_min);
   }
   CosineAnnealingLROptions o_;
 };
@@ -300,8 +294,7 @@ class StepLR final : public LRScheduler {
     return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
   }
   void save_options(StateDict& sd) const override {
-    sd.set("step_size", o_.step_size);
-    sd.set("gamma", o_.gamma);
+    detail::set_values(sd, "step_size", o_.step_size, "gamma", o_.gamma);
   }
   StepLROptions o_;
 };
@@ -334,8 +327,8 @@ class MultiStepLR final : public LRScheduler {
     return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
   }
   void save_options(StateDict& sd) const override {
-    sd.set("gamma", o_.gamma);
-    sd.set("milestones", static_cast<std::int64_t>(o_.milestones.size()));
+    detail::set_values(sd, "gamma", o_.gamma, "milestones",
+                       static_cast<std::int64_t>(o_.milestones.size()));
     for (std::size_t i = 0; i < o_.milestones.size(); ++i)
       sd.set("milestones." + std::to_string(i), o_.milestones[i]);
   }
@@ -413,8 +406,7 @@ class SequentialLR final : public LRScheduler {
   StateDict state_dict() const override {
     StateDict sd;
     sd.set("last_epoch", last_epoch_);
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    detail::save_list(sd, "_last_lr", last_lr_);
     for (std::size_t i = 0; i < milestones_.size(); ++i)
       sd.set("_milestones." + std::to_string(i), milestones_[i]);
     for (std::size_t i = 0; i < schedules_.size(); ++i)
@@ -424,8 +416,7 @@ class SequentialLR final : public LRScheduler {
   void load_state_dict(const StateDict& sd) override {
     last_epoch_ = sd.get_int("last_epoch");
     last_lr_.assign(groups_->lr.size(), 0.0);
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+    detail::load_list(sd, "_last_lr", last_lr_);
     for (std::size_t i = 0; i < schedules_.size(); ++i)
       schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
   }
@@ -485,6 +476,24 @@ struct ReduceLROnPlateauOptions {
 class ReduceLROnPlateau {
  public:
   using Options = ReduceLROnPlateauOptions;
+
+ private:
+  // What state_dict() saves besides mode, threshold_mode and _last_lr.
+  static constexpr auto counters() {
+    return std::tuple{
+        detail::state_field("best", &ReduceLROnPlateau::best_),
+        detail::state_field("num_bad_epochs", &ReduceLROnPlateau::num_bad_epochs_),
+        detail::state_field("cooldown_counter", &ReduceLROnPlateau::cooldown_counter_),
+        detail::state_field("last_epoch", &ReduceLROnPlateau::last_epoch_)};
+  }
+  static constexpr auto saved_options() {
+    return std::tuple{detail::state_field("factor", &Options::factor),
+                      detail::state_field("patience", &Options::patience),
+                      detail::state_field("threshold", &Options::threshold),
+                      detail::state_field("cooldown", &Options::cooldown)};
+  }
+
+ public:
   /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
   explicit ReduceLROnPlateau(LrGroups& groups, Options o = {})
       : groups_(&groups), o_(std::move(o)) {
@@ -531,34 +540,20 @@ class ReduceLROnPlateau {
 
   StateDict state_dict() const {
     StateDict sd;
-    sd.set("best", best_);
-    sd.set("num_bad_epochs", num_bad_epochs_);
-    sd.set("cooldown_counter", cooldown_counter_);
-    sd.set("last_epoch", last_epoch_);
-    sd.set("factor", o_.factor);
-    sd.set("patience", o_.patience);
-    sd.set("threshold", o_.threshold);
-    sd.set("cooldown", o_.cooldown);
+    detail::save_fields(sd, *this, counters());
+    detail::save_fields(sd, o_, saved_options());
     sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
     sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      sd.set("_last_lr." + std::to_string(g), last_lr_[g]);
+    detail::save_list(sd, "_last_lr", last_lr_);
     return sd;
   }
   void load_state_dict(const StateDict& sd) {
-    best_ = sd.get_double("best");
-    num_bad_epochs_ = sd.get_int("num_bad_epochs");
-    cooldown_counter_ = sd.get_int("cooldown_counter");
-    last_epoch_ = sd.get_int("last_epoch");
-    o_.factor = sd.get_double("factor");
-    o_.patience = sd.get_int("patience");
-    o_.threshold = sd.get_double("threshold");
-    o_.cooldown = sd.get_int("cooldown");
+    detail::load_fields(sd, *this, counters());
+    detail::load_fields(sd, o_, saved_options());
     o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
     o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
                                                                  : Options::ThresholdMode::kAbs;
-    for (std::size_t g = 0; g < last_lr_.size(); ++g)
-      last_lr_[g] = sd.get_double("_last_lr." + std::to_string(g));
+    detail::load_list(sd, "_last_lr", last_lr_);
   }
 
  private:

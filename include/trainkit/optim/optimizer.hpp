@@ -37,6 +37,7 @@
 #include "trainkit/exec/multi_tensor_apply.hpp"
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/optim/detail/fused_pass.hpp"
+#include "trainkit/optim/detail/state_fields.hpp"
 #include "trainkit/optim/grad_norm.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/optim/rule.hpp"
@@ -368,8 +369,7 @@ class FusedOptimizer {
       std::memcpy(t.data(), &step, sizeof step);
       sd.tensors[p.name + ".step"] = std::move(t);
     }
-    std::apply([&](const auto&... o) { (sd.set(o.key, options_.*o.member), ...); },
-               Traits::saved_options());
+    detail::save_fields(sd, options_, Traits::saved_options());
     return sd;
   }
 
@@ -382,8 +382,7 @@ class FusedOptimizer {
     TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                    sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
     Options loaded = options_;
-    std::apply([&](const auto&... o) { (load_option(sd, o.key, loaded.*o.member), ...); },
-               Traits::saved_options());
+    detail::load_fields(sd, loaded, Traits::saved_options());
     TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
                    "the state's options keep the state ", state_layout(loaded),
                    ", this optimizer's keep ", state_layout(options_));
@@ -437,13 +436,6 @@ class FusedOptimizer {
                    o.weight_decay);
     Traits::validate(o);
     return o;
-  }
-
-  static void load_option(const StateDict& sd, const char* key, double& value) {
-    value = sd.get_double(key);
-  }
-  static void load_option(const StateDict& sd, const char* key, bool& value) {
-    value = sd.get_int(key) != 0;
   }
 
   /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.

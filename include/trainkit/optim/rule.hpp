@@ -31,8 +31,8 @@
 //                           weight_decay >= 0 are checked for every rule)
 //   needs_grad_norm(o)      true: the global gradient norm is measured before the prologue
 //   kSavedOptions           `std::tuple{saved_option("beta1", &Options::beta1), ...}`: options
-//                           that state_dict() stores and load_state_dict() restores (double or
-//                           bool members)
+//                           that state_dict() stores and load_state_dict() restores (double,
+//                           bool or integer members)
 //   trust_ratio(s, pn, un)  declares a per-tensor phase: update() then RETURNS the step direction
 //                           u (p stays; u is written over the gradient), the driver reduces
 //                           ||p|| and ||u|| per parameter tensor (deterministically) and moves
@@ -51,6 +51,7 @@
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/optim/detail/host_simd.hpp"
+#include "trainkit/optim/detail/state_fields.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
@@ -70,14 +71,8 @@ struct StepHeader {
 
 /// One entry of a rule's kSavedOptions: the state-dict key and the option member it holds.
 template <class O, class M>
-struct SavedOption {
-  using Member = M O::*;
-  const char* key;
-  Member member;
-};
-template <class O, class M>
-constexpr SavedOption<O, M> saved_option(const char* key, M O::*member) {
-  return {key, member};
+constexpr detail::StateField<O, M> saved_option(const char* key, M O::*member) {
+  return detail::state_field(key, member);
 }
 
 namespace detail {
