@@ -115,5 +115,6 @@
 #include "trainkit/monitor/monitor.hpp"
 
 #include "trainkit/train/flags.hpp"
+#include "trainkit/train/loop.hpp"
 
 #endif  // TRAINKIT_TRAINKIT_HPP_

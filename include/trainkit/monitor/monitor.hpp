@@ -306,6 +306,19 @@ class Monitor {
   /// {"step":0,"time":...,"val/loss":5.5}. Both are flushed, like a summary.
   void log_metrics(std::int64_t step,
                    std::initializer_list<std::pair<std::string_view, double>> values) {
+    log_metrics_range(step, values);
+  }
+  /// The same for a map of names to values (e.g. an evaluation's ckpt::Metrics).
+  template <class Map>
+  requires requires(const Map& m) {
+    std::string_view(m.begin()->first);
+    double(m.begin()->second);
+  }
+  void log_metrics(std::int64_t step, const Map& values) { log_metrics_range(step, values); }
+
+ private:
+  template <class Range>
+  void log_metrics_range(std::int64_t step, const Range& values) {
     if (tensorboard_ && tensorboard_->enabled()) {
       for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
       tensorboard_->flush();
@@ -319,6 +332,7 @@ class Monitor {
     }
   }
 
+ public:
   /// Prints a line on rank 0's console without breaking the progress bar.
   void print(std::string_view line) {
     if (progress_) {

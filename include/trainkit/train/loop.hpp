@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: MIT
+// trainkit/train/loop.hpp: `train::Loop`, the training loop every trainer repeats, owned by the
+// library. The user supplies the step (forward, loss, backward: a `step(StepContext&)` member
+// returning the loss) and optionally `evaluate()`; the loop owns the rest:
+//   - resume: the newest checkpoint of <dir>/ckpt that verifies is restored (model, optimizer,
+//     schedule, scaler, every registered component, counters), and the run's configuration
+//     (Flags::run_config()) stored with it is adopted or checked: a differing flag is an error
+//     listing every difference;
+//   - cadence: evaluation every `eval_every` steps and at the end, checkpoints every
+//     `ckpt_every` steps / `ckpt_every_seconds`, a final save, logging through a Monitor
+//     (progress, TensorBoard in <dir>/tb, <dir>/metrics.jsonl) that continues a resumed run's;
+//   - the optimizer's fused step with gradient clipping and the loss scaler, then the schedule;
+//   - a non-finite loss stops the run with an error naming the step (nothing is saved for it);
+//   - SIGINT / SIGTERM finish the current step, save a checkpoint and return.
+// Hooks are found at compile time (a task without evaluate() has no evaluation), so the step
+// costs no virtual call. Everything the loop does is public API of ckpt/, optim/ and monitor/:
+// a trainer that needs another order writes its own loop from the same pieces (the low-level
+// tier); Loop is the high-level one.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "trainkit/amp/scaler_fwd.hpp"
+#include "trainkit/ckpt/checkpointer.hpp"
+#include "trainkit/ckpt/train_state.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/shape.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/monitor/monitor.hpp"
+#include "trainkit/nn/param_arena.hpp"
+#include "trainkit/optim/optimizer.hpp"
+#include "trainkit/train/flags.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace train {
+
+/// What a Loop does; `steps` and `dir` are required.
+struct LoopOptions {
+  std::int64_t steps = 0;           ///< train until this many optimizer steps are completed
+  std::filesystem::path dir;        ///< the run directory: ckpt/, tb/, metrics.jsonl
+  std::int64_t eval_every = 0;      ///< evaluate after every N steps (0: only after the last one)
+  std::int64_t ckpt_every = 0;      ///< checkpoint after every N steps (0: only the final save)
+  double ckpt_every_seconds = 0.0;  ///< also after this many seconds since the last save
+  int keep_last = 3;                ///< checkpoints kept besides the best (see Checkpointer)
+  /// The evaluate() metric that picks the best checkpoint (kept besides the last ones) and
+  /// `best_mode` says whether lower or higher is better; empty: no best checkpoint.
+  std::string best_metric = {};
+  ckpt::MetricMode best_mode = ckpt::MetricMode::kMin;
+  double clip_grad_norm = 0.0;  ///< > 0: clip by global norm inside the optimizer's step
+  /// Continue from the newest usable checkpoint of dir/ckpt when there is one (false: refuse to
+  /// start in a directory that holds checkpoints).
+  bool resume = true;
+  /// When only damaged checkpoints remain: start from scratch instead of failing.
+  bool allow_fresh_start = false;
+  /// SIGINT / SIGTERM end the run after the current step with a checkpoint.
+  bool handle_signals = true;
+  bool async_checkpoints = true;  ///< write checkpoints on a background thread
+  /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
+  /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
+  monitor::MonitorOptions monitor = {};
+};
+
+/// What the task's step sees.
+struct StepContext {
+  std::int64_t step = 0;                ///< steps completed before this one (0 for the first step)
+  monitor::Monitor* monitor = nullptr;  ///< for spans (data wait, forward, backward)
+};
+
+/// How run() ended.
+struct LoopResult {
+  std::int64_t step = 0;            ///< steps completed (the checkpoint's number)
+  std::int64_t steps_this_run = 0;  ///< steps this process trained
+  float last_loss = NAN;            ///< loss of the last step (NaN when none ran)
+  ckpt::Metrics last_eval;          ///< the last evaluate() result
+  bool interrupted = false;         ///< stopped by SIGINT / SIGTERM (after a checkpoint)
+  std::optional<ckpt::CheckpointInfo> resumed_from;  ///< the checkpoint this run continued
+};
+
+namespace detail {
+
+/// The signal a running Loop was asked to stop by (0: none). One Loop runs at a time.
+inline std::atomic<int>& stop_signal() noexcept {
+  static std::atomic<int> value{0};
+  return value;
+}
+extern "C" inline void loop_signal_handler(int sig) { stop_signal().store(sig); }
+
+/// Installs the handlers for the lifetime of a run and restores the previous ones.
+class SignalScope {
+ public:
+  explicit SignalScope(bool enabled) : enabled_(enabled) {
+    stop_signal().store(0);
+    if (!enabled_) return;
+    previous_int_ = std::signal(SIGINT, loop_signal_handler);
+    previous_term_ = std::signal(SIGTERM, loop_signal_handler);
+  }
+  ~SignalScope() {
+    if (!enabled_) return;
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  bool enabled_;
+  void (*previous_int_)(int) = SIG_DFL;
+  void (*previous_term_)(int) = SIG_DFL;
+};
+
+template <class T>
+concept HasEvaluate = requires(T& t) {
+  { t.evaluate() } -> std::convertible_to<ckpt::Metrics>;
+};
+template <class T>
+concept HasStepEnd = requires(T& t, std::int64_t step, float loss) {
+  t.on_step_end(step, loss);
+};
+
+inline constexpr std::string_view kConfigPrefix = "config.";
+
+}  // namespace detail
+
+/// The training loop. Construct it before building the model: on resume it adopts the saved
+/// run configuration into `flags` (so the model is built with the checkpoint's sizes). Register
+/// everything that has state with state() (the model arena, the optimizer and the schedule are
+/// registered by run()), then call run().
+class Loop {
+ public:
+  /// Opens <dir>/ckpt. With `flags`, the kRun flags are saved into every checkpoint and, on
+  /// resume, adopted from the newest usable one (a flag given with another value is an error
+  /// listing each difference). Throws when options.resume is false and checkpoints exist.
+  explicit Loop(LoopOptions options, Flags* flags = nullptr)
+      : options_(std::move(options)),
+        flags_(flags),
+        checkpointer_((options_.dir / "ckpt").string(),
+                      {.every_steps = options_.ckpt_every,
+                       .every_seconds = options_.ckpt_every_seconds,
+                       .keep_last = options_.keep_last,
+                       .best_metric = options_.best_metric,
+                       .best_mode = options_.best_mode,
+                       .keep_best = options_.best_metric.empty() ? 0 : 1,
+                       .async = options_.async_checkpoints}) {
+    TRAINKIT_CHECK(options_.steps > 0, "train::Loop: steps must be > 0 (got ", options_.steps, ")");
+    TRAINKIT_CHECK(!options_.dir.empty(), "train::Loop: the run directory (dir) is empty");
+    TRAINKIT_CHECK(options_.eval_every >= 0 && options_.ckpt_every >= 0,
+                   "train::Loop: eval_every and ckpt_every must be >= 0");
+    if (options_.resume) {
+      resume_from_ = checkpointer_.newest_usable({.allow_fresh_start = options_.allow_fresh_start});
+    } else {
+      const auto existing = checkpointer_.list();
+      TRAINKIT_CHECK(existing.empty(), "train::Loop: ", checkpointer_.root().string(),
+                     " holds checkpoints already (newest: step ",
+                     existing.empty() ? 0 : existing.back().step,
+                     "); resume that run, or give the new one another directory");
+    }
+    if (resume_from_ && flags_ != nullptr) {
+      std::map<std::string, std::string> saved;
+      for (const auto& [key, value] : resume_from_->metadata)
+        if (key.starts_with(detail::kConfigPrefix))
+          saved[key.substr(detail::kConfigPrefix.size())] = value;
+      flags_->adopt(saved, resume_from_->path.string());
+    }
+  }
+
+  /// The checkpoint run() will continue from (nullopt: a fresh run).
+  const std::optional<ckpt::CheckpointInfo>& resuming() const noexcept { return resume_from_; }
+  /// What checkpoints hold besides the model, optimizer and schedule: add the data loader,
+  /// samplers, RNG streams, dropout, EMA, ... here before run().
+  ckpt::TrainState& state() noexcept { return state_; }
+  ckpt::Checkpointer& checkpointer() noexcept { return checkpointer_; }
+  const LoopOptions& options() const noexcept { return options_; }
+
+  /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
+  /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss
+  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics)
+  /// and optional `task.on_step_end(step, loss)` is called after each step. `schedule` (any
+  /// type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none) is stepped
+  /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
+  template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
+            class Scaler = amp::NoScaler>
+  LoopResult run(const E& exec, nn::ParamArena<S>& arena, Opt& opt, Task& task,
+                 Sched* schedule = nullptr, Scaler&& scaler = {}) {
+    LoopResult result;
+    register_parts(arena, opt, schedule, scaler);
+    if (flags_ != nullptr)
+      for (const auto& [key, value] : flags_->run_config())
+        state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
+    if (resume_from_) {
+      const auto info =
+          checkpointer_.resume(state_, {.allow_fresh_start = options_.allow_fresh_start});
+      TRAINKIT_CHECK(info.has_value() && info->step == resume_from_->step,
+                     "train::Loop: the checkpoint of step ", resume_from_->step,
+                     " verified when the loop was built but could not be restored now (",
+                     info ? "restored step " + std::to_string(info->step) : "nothing restored",
+                     "; see the log above)");
+      result.resumed_from = info;
+    }
+    result.step = state_.step;
+
+    monitor::MonitorOptions mo = options_.monitor;
+    if (mo.total_steps == 0) mo.total_steps = options_.steps;
+    if (resume_from_ && mo.resume_step < 0) mo.resume_step = state_.step;
+    if (mo.log_dir.empty()) mo.log_dir = (options_.dir / "tb").string();
+    if (mo.metrics_file.empty()) mo.metrics_file = (options_.dir / "metrics.jsonl").string();
+    monitor::Monitor monitor(mo);
+
+    detail::SignalScope signals(options_.handle_signals);
+    ckpt::Metrics eval;
+    while (state_.step < options_.steps) {
+      const std::int64_t step = state_.step;
+      monitor.begin_step(step);
+      arena.zero_grad();
+      StepContext ctx{step, &monitor};
+      const float loss = task.step(ctx);
+      if (!std::isfinite(loss)) {
+        monitor.close();
+        checkpointer_.wait();
+        TRAINKIT_FAIL(
+            "train::Loop: step ", step + 1, ": the loss is ", loss,
+            "; training diverged (try a lower learning rate or gradient clipping); "
+            "the last checkpoint is ",
+            checkpointer_.list().empty() ? "none" : checkpointer_.list().back().path.string());
+      }
+      {
+        auto span = monitor.span(monitor::Phase::kOptimizer);
+        opt.step(exec, scaler, optim::ClipGradNorm{options_.clip_grad_norm});
+        if (schedule != nullptr) schedule->step();
+      }
+      ++state_.step;
+      ++result.steps_this_run;
+      result.last_loss = loss;
+      if (schedule != nullptr && !schedule->last_lr().empty())
+        monitor.log_scalar("train/lr", schedule->last_lr().front());
+
+      ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
+      const bool last = state_.step == options_.steps;
+      if constexpr (detail::HasEvaluate<Task>) {
+        if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
+          eval = task.evaluate();
+          result.last_eval = eval;
+          monitor.log_metrics(state_.step, eval);
+          for (const auto& [k, v] : eval) metrics[k] = v;
+        }
+      }
+      const bool stop = detail::stop_signal().load() != 0;
+      {
+        auto span = monitor.span(monitor::Phase::kCheckpoint);
+        if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
+          checkpointer_.save(state_, metrics);
+      }
+      monitor.end_step({.loss = loss});
+      if constexpr (detail::HasStepEnd<Task>) task.on_step_end(state_.step, loss);
+      if (stop) {
+        result.interrupted = true;
+        monitor.print("train::Loop: stopped by signal " +
+                      std::to_string(detail::stop_signal().load()) + " after step " +
+                      std::to_string(state_.step) + " (checkpoint saved)");
+        break;
+      }
+    }
+    checkpointer_.wait();
+    monitor.close();
+    result.step = state_.step;
+    return result;
+  }
+
+ private:
+  template <Space S, class Opt, class Sched, class Scaler>
+  void register_parts(nn::ParamArena<S>& arena, Opt& opt, Sched* schedule, Scaler& scaler) {
+    if (registered_) return;
+    registered_ = true;
+    state_.model(arena).add("optimizer", opt);
+    if (schedule != nullptr) state_.add("schedule", *schedule);
+    if constexpr (amp::is_loss_scaler_v<Scaler>) state_.add("scaler", scaler);
+  }
+
+  LoopOptions options_;
+  Flags* flags_;
+  ckpt::Checkpointer checkpointer_;
+  ckpt::TrainState state_;
+  std::optional<ckpt::CheckpointInfo> resume_from_;
+  bool registered_ = false;
+};
+
+}  // namespace train
+TRAINKIT_NAMESPACE_END

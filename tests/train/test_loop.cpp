@@ -1,0 +1,263 @@
+// Tests of train/loop.hpp on a small noisy quadratic task (a Philox stream draws the noise, so a
+// resume must restore it too): a run cut into pieces, or killed with SIGKILL in the middle and
+// resumed, ends bit for bit where the uninterrupted run does; evaluation and checkpoint cadence;
+// a non-finite loss stops with an error naming the step; SIGTERM ends the run after a
+// checkpoint; a resume with a differing run setting is refused, listing the difference.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <trainkit/core/rng.hpp>
+#include <trainkit/error.hpp>
+#include <trainkit/exec/host.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/lr_schedule.hpp>
+#include <trainkit/train/flags.hpp>
+#include <trainkit/train/loop.hpp>
+
+namespace {
+namespace tk = trainkit;
+namespace train = trainkit::train;
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("trainkit_loop_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+/// 0.5 * |w - (target + noise)|^2 over 37 weights; the noise comes from `rng`.
+struct Quadratic {
+  tk::nn::ParamArena<>* arena = nullptr;
+  tk::nn::ParamId id{};
+  tk::PhiloxStream rng{5};
+  std::int64_t nan_at = -1, term_at = -1, kill_at = -1;  // 1-based step numbers
+  int evaluations = 0;
+  std::vector<std::int64_t> ended;
+
+  float step(train::StepContext& ctx) {
+    auto w = arena->param<1>(id);
+    auto g = arena->grad<1>(id);
+    double loss = 0.0;
+    for (std::int64_t i = 0; i < w.size(0); ++i) {
+      const float target = std::sin(0.3f * static_cast<float>(i)) + 0.1f * rng.next_normal();
+      const float d = w(i) - target;
+      loss += 0.5 * static_cast<double>(d) * d;
+      g(i) += d;
+    }
+    const std::int64_t number = ctx.step + 1;
+    if (number == kill_at) ::raise(SIGKILL);
+    if (number == term_at) ::raise(SIGTERM);
+    if (number == nan_at) return NAN;
+    return static_cast<float>(loss);
+  }
+  tk::ckpt::Metrics evaluate() {
+    ++evaluations;
+    auto w = arena->param<1>(id);
+    double d = 0.0;
+    for (std::int64_t i = 0; i < w.size(0); ++i) d += std::fabs(w(i) - std::sin(0.3f * i));
+    return {{"val_dist", d}};
+  }
+  void on_step_end(std::int64_t step, float) { ended.push_back(step); }
+};
+
+struct Run {
+  double lr = 0.05;
+  std::int64_t seed = 3;
+};
+
+/// One process's run: builds the model and optimizer, runs the loop, returns the weights.
+std::vector<float> train_run(const fs::path& dir, std::int64_t steps, Quadratic& task,
+                             train::LoopResult* out = nullptr, std::int64_t ckpt_every = 3,
+                             std::vector<std::string_view> args = {},
+                             const tk::exec::Host& exec = tk::exec::Host::default_instance()) {
+  Run r;
+  train::Flags flags("quadratic", "test");
+  flags.add("lr", r.lr, "learning rate").add("seed", r.seed, "init seed");
+  REQUIRE(flags.parse(args));
+  train::Loop loop({.steps = steps,
+                    .dir = dir,
+                    .eval_every = 4,
+                    .ckpt_every = ckpt_every,
+                    .best_metric = "val_dist",
+                    .clip_grad_norm = 1.0,
+                    .monitor = {.console = nullptr}},
+                   &flags);
+  tk::nn::ParamArena<> arena;
+  task.arena = &arena;
+  task.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(static_cast<std::uint64_t>(r.seed));
+  tk::optim::AdamW<> opt(arena, {.lr = r.lr, .weight_decay = 0.01});
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {.warmup_steps = 2, .total_steps = 20});
+  loop.state().add("noise", task.rng);
+  const train::LoopResult res = loop.run(exec, arena, opt, task, schedule.get());
+  if (out) *out = res;
+  auto w = arena.param<1>(task.id);
+  return std::vector<float>(w.data(), w.data() + w.size(0));
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_CASE("Loop: a run cut into pieces ends bit for bit where one run does") {
+  Quadratic whole_task;
+  train::LoopResult whole;
+  const std::vector<float> straight = train_run(fresh_dir("whole"), 20, whole_task, &whole);
+  CHECK(whole.step == 20);
+  CHECK_FALSE(whole.resumed_from.has_value());
+  CHECK(std::isfinite(whole.last_loss));
+
+  for (const std::int64_t cut : {1, 3, 7, 12, 19}) {
+    CAPTURE(cut);
+    const fs::path dir = fresh_dir("cut");
+    Quadratic a;
+    train_run(dir, cut, a);
+    Quadratic b;
+    train::LoopResult res;
+    const std::vector<float> resumed = train_run(dir, 20, b, &res);
+    REQUIRE(res.resumed_from.has_value());
+    CHECK(res.resumed_from->step == cut);
+    CHECK(res.steps_this_run == 20 - cut);
+    CHECK(same_bits(resumed, straight));
+    CHECK(res.last_loss == whole.last_loss);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("Loop: killed with SIGKILL mid-run, the resumed run is bitwise the uninterrupted one") {
+  Quadratic whole_task;
+  const std::vector<float> straight = train_run(fresh_dir("whole2"), 20, whole_task);
+  for (const std::int64_t kill_at : {2, 9, 17}) {
+    CAPTURE(kill_at);
+    const fs::path dir = fresh_dir("kill");
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // A fresh executor: the parent's thread pool does not exist in the child.
+      const tk::exec::Host exec(1);
+      Quadratic t;
+      t.kill_at = kill_at;
+      try {
+        train_run(dir, 20, t, nullptr, 1, {}, exec);
+      } catch (...) {
+      }
+      ::_exit(0);  // not reached: the task kills the process
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+    Quadratic b;
+    train::LoopResult res;
+    const std::vector<float> resumed = train_run(dir, 20, b, &res);
+    // Checkpoints every step, written in the background one at a time: when step k starts,
+    // the save of step k - 1 may still be in flight, but that of step k - 2 has committed.
+    if (kill_at >= 3) {
+      REQUIRE(res.resumed_from.has_value());
+      CHECK(res.resumed_from->step >= kill_at - 2);
+    }
+    if (res.resumed_from) CHECK(res.resumed_from->step <= kill_at - 1);
+    CHECK(same_bits(resumed, straight));
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {
+  const fs::path dir = fresh_dir("cadence");
+  Quadratic t;
+  train_run(dir, 10, t, nullptr, 3);
+  CHECK(t.evaluations == 3);  // after steps 4, 8 and the last (10)
+  CHECK(t.ended == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
+  std::vector<std::int64_t> steps;
+  for (const auto& c : ck.list()) steps.push_back(c.step);
+  // Every 3 steps, the final one, keep_last 3 plus the best by val_dist.
+  CHECK(steps.back() == 10);
+  CHECK(steps.size() <= 4);
+  CHECK(std::find(steps.begin(), steps.end(), 9) != steps.end());
+  const auto newest = ck.latest();
+  REQUIRE(newest.has_value());
+  CHECK(newest->metadata.at("config.lr") == "0.05");
+  CHECK(newest->metrics.count("val_dist") == 1);
+  CHECK(fs::exists(dir / "metrics.jsonl"));
+  CHECK(fs::exists(dir / "tb"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loop: a non-finite loss stops the run with an error naming the step") {
+  const fs::path dir = fresh_dir("nan");
+  Quadratic t;
+  t.nan_at = 5;
+  CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 2),
+                       doctest::Contains("step 5: the loss is nan; training diverged"), tk::Error);
+  tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
+  REQUIRE_FALSE(ck.list().empty());
+  CHECK(ck.list().back().step == 4);  // nothing saved for the diverged step
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loop: SIGTERM ends the run after the step, with a checkpoint, and restores handlers") {
+  const fs::path dir = fresh_dir("term");
+  Quadratic t;
+  t.term_at = 6;
+  train::LoopResult res;
+  const auto before = std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGTERM, before);
+  train_run(dir, 20, t, &res, 0);
+  const bool restored = std::signal(SIGTERM, before) == before;  // the loop's handler is gone
+  CHECK(restored);
+  CHECK(res.interrupted);
+  CHECK(res.step == 6);
+  tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
+  REQUIRE_FALSE(ck.list().empty());
+  CHECK(ck.list().back().step == 6);
+
+  Quadratic whole_task;
+  const std::vector<float> straight = train_run(fresh_dir("whole3"), 20, whole_task);
+  Quadratic b;
+  CHECK(same_bits(train_run(dir, 20, b), straight));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loop: a resume with a differing run setting is refused, listing it") {
+  const fs::path dir = fresh_dir("config");
+  Quadratic a;
+  train_run(dir, 4, a, nullptr, 2, {"--lr", "0.1"});
+  Quadratic b;
+  CHECK_THROWS_WITH_AS(train_run(dir, 8, b, nullptr, 2, {"--lr", "0.2", "--seed", "3"}),
+                       doctest::Contains("--lr: the run has 0.1, the command line 0.2"), tk::Error);
+  // Not given: the saved value is adopted, and the run continues.
+  Quadratic c;
+  train::LoopResult res;
+  train_run(dir, 8, c, &res, 2);
+  CHECK(res.resumed_from.has_value());
+  CHECK(res.step == 8);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loop: bad options and refusing to overwrite a run") {
+  CHECK_THROWS_WITH_AS(train::Loop({.steps = 0, .dir = "x"}),
+                       doctest::Contains("steps must be > 0"), tk::Error);
+  const fs::path dir = fresh_dir("exists");
+  Quadratic a;
+  train_run(dir, 2, a);
+  CHECK_THROWS_WITH_AS(train::Loop({.steps = 4, .dir = dir, .resume = false}),
+                       doctest::Contains("holds checkpoints already"), tk::Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
