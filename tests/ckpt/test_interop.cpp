@@ -1,4 +1,4 @@
-// Python interop of checkpoints: tests/data/ckpt/check_checkpoint.py reads a checkpoint this
+// Python interop of checkpoints: tests/fixtures/ckpt/check_checkpoint.py reads a checkpoint this
 // test writes with safetensors.numpy (names, shapes, exact values), recomputes every checksum
 // in pure Python, and - where torch is importable - loads the model file into the equivalent
 // torch.nn.Sequential with load_state_dict(strict=True) and reproduces trainkit's output.
@@ -80,7 +80,7 @@ TEST_CASE("interop: Python reads a trainkit checkpoint (safetensors.numpy, torch
   ckpt_test::write_file(dir / "expected.json", expected.dump());
 
   const std::string cmd = "'" + ckpt_test::python() + "' '" + TRAINKIT_SOURCE_DIR +
-                          "/tests/data/ckpt/check_checkpoint.py' '" + path.string() + "' '" +
+                          "/tests/fixtures/ckpt/check_checkpoint.py' '" + path.string() + "' '" +
                           (dir / "expected.json").string() + "'";
   const int status = std::system(cmd.c_str());
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -1,5 +1,5 @@
 // Tests of ckpt/model.hpp: model weights under PyTorch names. A file PyTorch wrote
-// (tests/data/ckpt/make_torch_fixture.py) loads into a trainkit MLP that then computes PyTorch's
+// (tests/fixtures/ckpt/make_torch_fixture.py) loads into a trainkit MLP that computes PyTorch's
 // output; our files round-trip bit for bit; every mismatch (missing, unexpected, shape, dtype)
 // is listed in one error before anything changes; strict = false, skip patterns, prefixes,
 // dtype conversion, sharded sets and directories work; a corrupt file is refused.

@@ -130,7 +130,7 @@ TEST_CASE("set_device on a missing device throws trainkit::Error naming the CUDA
 }
 
 TEST_CASE("without a device, device queries and allocations throw trainkit::Error") {
-  if (cuda::device_count() > 0) return;  // covered by test_cuda_runtime_cuda on GPU machines
+  if (cuda::device_count() > 0) return;  // covered by test_cuda_cuda on GPU machines
   CHECK_THROWS_AS(cuda::memory_info(), trainkit::Error);
   CHECK_THROWS_AS(cuda::synchronize_device(), trainkit::Error);
   CHECK_THROWS_AS(cuda::Stream(), trainkit::Error);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Helpers shared by the tests of tests/loader (datasets, samplers, prefetcher, file formats).
+// Helpers shared by the tests of tests/data (datasets, samplers, prefetcher, file formats).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -20,11 +20,11 @@
 
 #include <trainkit/error.hpp>
 
-namespace loader_test {
+namespace data_test {
 
-/// tests/data/loader/fixtures/<rel>.
+/// tests/fixtures/data/<rel>.
 inline std::string fixture(std::string_view rel) {
-  return std::string(TRAINKIT_TEST_DATA_DIR) + "/loader/fixtures/" + std::string(rel);
+  return std::string(TRAINKIT_TEST_DATA_DIR) + "/data/" + std::string(rel);
 }
 
 inline std::vector<std::byte> read_file(const std::filesystem::path& p) {
@@ -49,7 +49,7 @@ class TempDir {
   TempDir() {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /
-            ("trainkit_loader_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+            ("trainkit_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
@@ -98,4 +98,4 @@ inline void set_checksum(std::vector<std::byte>& b, std::size_t header) {
   std::memcpy(b.data() + header + 148, text, 7);
 }
 
-}  // namespace loader_test
+}  // namespace data_test

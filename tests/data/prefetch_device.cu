@@ -100,7 +100,7 @@ TEST_CASE("Prefetcher device mode: the device sees each batch intact, in order, 
 
 TEST_CASE("augment: the device kernel gives the host path's bits") {
   const tk::data::NpyDataset ds(
-      {{"image", std::string(TRAINKIT_TEST_DATA_DIR) + "/loader/fixtures/npy/images_u8.npy"}});
+      {{"image", std::string(TRAINKIT_TEST_DATA_DIR) + "/data/npy/images_u8.npy"}});
   tk::data::ImageAugmentOptions o;
   o.layout = {3, 4, 5, false};
   o.crop.padding = 2;

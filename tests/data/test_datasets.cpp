@@ -15,15 +15,15 @@
 #include <trainkit/data/tar_shards.hpp>
 #include <trainkit/data/token_shards.hpp>
 
-#include "loader_util.hpp"
+#include "data_test_util.hpp"
 
 namespace tk = trainkit;
-using loader_test::check_contains;
-using loader_test::error_of;
-using loader_test::fixture;
-using loader_test::read_file;
-using loader_test::TempDir;
-using loader_test::write_file;
+using data_test::check_contains;
+using data_test::error_of;
+using data_test::fixture;
+using data_test::read_file;
+using data_test::TempDir;
+using data_test::write_file;
 
 static_assert(tk::data::Dataset<tk::data::NpyDataset>);
 static_assert(tk::data::Dataset<tk::data::TokenShardDataset>);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// .npy parsing and writing against files numpy wrote (tests/data/loader/gen_fixtures.py) and
+// .npy parsing and writing against files numpy wrote (tests/fixtures/data/gen_fixtures.py) and
 // byte-level test vectors of numpy 1.24's np.save (header, padding, data offset), plus every
 // refusal path.
 #include <doctest/doctest.h>
@@ -12,15 +12,15 @@
 #include <trainkit/core/half.hpp>
 #include <trainkit/io/npy.hpp>
 
-#include "loader_util.hpp"
+#include "data_test_util.hpp"
 
 namespace tk = trainkit;
-using loader_test::check_contains;
-using loader_test::error_of;
-using loader_test::fixture;
-using loader_test::read_file;
-using loader_test::TempDir;
-using loader_test::write_file;
+using data_test::check_contains;
+using data_test::error_of;
+using data_test::fixture;
+using data_test::read_file;
+using data_test::TempDir;
+using data_test::write_file;
 
 namespace {
 

@@ -20,12 +20,12 @@
 #include <trainkit/data/sampler.hpp>
 #include <trainkit/data/tar_shards.hpp>
 
-#include "loader_util.hpp"
+#include "data_test_util.hpp"
 
 namespace tk = trainkit;
-using loader_test::check_contains;
-using loader_test::error_of;
-using loader_test::fixture;
+using data_test::check_contains;
+using data_test::error_of;
+using data_test::fixture;
 
 namespace {
 

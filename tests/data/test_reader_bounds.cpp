@@ -28,13 +28,13 @@
 #include <trainkit/io/tar.hpp>
 
 #include "alloc_probe.hpp"
-#include "loader_util.hpp"
+#include "data_test_util.hpp"
 
 namespace tk = trainkit;
-using loader_test::check_contains;
-using loader_test::error_of;
-using loader_test::TempDir;
-using loader_test::write_file;
+using data_test::check_contains;
+using data_test::error_of;
+using data_test::TempDir;
+using data_test::write_file;
 
 namespace {
 
@@ -44,7 +44,7 @@ void put(std::vector<std::byte>& b, std::size_t at, std::string_view s) {
   std::memcpy(b.data() + at, s.data(), s.size());
 }
 
-using loader_test::set_checksum;
+using data_test::set_checksum;
 
 /// Appends a ustar header for `name` whose size field says `size`: octal when it fits the 11
 /// digits, else GNU base-256 (or always base-256 when `base256`).

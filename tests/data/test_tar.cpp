@@ -12,15 +12,15 @@
 
 #include <trainkit/io/tar.hpp>
 
-#include "loader_util.hpp"
+#include "data_test_util.hpp"
 
 namespace tk = trainkit;
-using loader_test::check_contains;
-using loader_test::error_of;
-using loader_test::fixture;
-using loader_test::read_file;
-using loader_test::TempDir;
-using loader_test::write_file;
+using data_test::check_contains;
+using data_test::error_of;
+using data_test::fixture;
+using data_test::read_file;
+using data_test::TempDir;
+using data_test::write_file;
 
 namespace {
 
@@ -60,7 +60,7 @@ std::vector<std::pair<std::string, std::string>> sample_files(int k) {
           {"txt", "sample " + std::to_string(k)}};
 }
 
-using loader_test::set_checksum;
+using data_test::set_checksum;
 
 }  // namespace
 

@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
   // The job fails when any rank failed.
   std::vector<std::int32_t> worst{rc};
   mpi.all_reduce(std::span<std::int32_t>(worst), dist::ReduceOp::kMax).wait();
-  if (mpi.rank() == 0) std::printf("test_dist_mpi: %d ranks, exit %d\n", mpi.world_size(), worst[0]);
+  if (mpi.rank() == 0)
+    std::printf("test_dist_mpi: %d ranks, exit %d\n", mpi.world_size(), worst[0]);
   return worst[0];
 }

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "loader/alloc_probe.hpp"
+#include "data/alloc_probe.hpp"
 #include "trainkit/core/checked.hpp"
 #include "trainkit/io/json.hpp"
 #include "trainkit/io/safetensors.hpp"

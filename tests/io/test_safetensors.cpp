@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Tests of trainkit/io/safetensors.hpp: the writer against the reference test vectors
 // (the byte images of the safetensors crate's own tests and fixtures written by the Python
-// reference in tests/data/safetensors/), zero-copy reading of every dtype, one crafted bad file per
-// validation rule (the error must name the file and the rule), sharded index files, and a
+// reference in tests/fixtures/safetensors/), zero-copy reading of every dtype, one crafted bad file
+// per validation rule (the error must name the file and the rule), sharded index files, and a
 // simulated full disk during save.
 #include <doctest/doctest.h>
 
@@ -100,7 +100,7 @@ void expect_rule(const std::string& image, SafetensorsRule rule, std::string_vie
 }
 
 /// A deterministic tensor: byte j = (37 j + 11 k + 5) mod 256 (bool: (j + k) mod 2), the
-/// pattern tests/data/safetensors/generate.py uses.
+/// pattern tests/fixtures/safetensors/generate.py uses.
 AnyTensor pattern_tensor(DType t, const Shape& shape, int k) {
   AnyTensor a(t, shape);
   for (std::size_t j = 0; j < a.bytes(); ++j)
@@ -117,7 +117,7 @@ bool same_bytes(const AnyTensorView& a, const AnyTensorView& b) {
 const Shape kFixtureShapes[] = {Shape{},        Shape{0},          Shape{3},   Shape{2, 3},
                                 Shape{2, 0, 4}, Shape{1, 2, 3, 2}, Shape{5, 1}};
 
-/// The tensors of tests/data/safetensors/python_all_dtypes.safetensors.
+/// The tensors of tests/fixtures/safetensors/python_all_dtypes.safetensors.
 std::vector<io::NamedTensor> fixture_all_dtypes(std::vector<AnyTensor>& storage) {
   storage.clear();
   std::vector<io::NamedTensor> out;
@@ -167,7 +167,7 @@ TEST_CASE("safetensors writer: reference test vectors, byte for byte") {
           R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F16","shape":[2],"data_offsets":[4,8]}})" +
           "      " + hex_bytes("00004040003c0040"));
 
-  // The same five files as written by the Python reference (tests/data/safetensors).
+  // The same five files as written by the Python reference (tests/fixtures/safetensors).
   CHECK(io_test::to_string(bytes1) ==
         io_test::read_file(kFixtures + "vec_serialization.safetensors"));
   CHECK(io_test::to_string(bytes2) ==

@@ -1,7 +1,7 @@
 // TensorBoard event files: CRC-32C and TFRecord framing against published test vectors (RFC 3720
 // and the Rust TFRecord tests masked_crc.rs / tf_record.rs), hand-built Event records checked
 // against Python protobuf's SerializeToString, records byte-identical to PyTorch's SummaryWriter
-// (tests/data/tfevents/generate_reference.py), crash safety of the buffered writer, and
+// (tests/fixtures/tfevents/generate_reference.py), crash safety of the buffered writer, and
 // TensorBoard's own reader accepting our files.
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -219,7 +219,7 @@ TEST_CASE("make_histogram: numpy semantics, trimming and non-finite values") {
 }
 
 namespace {
-// The inputs of tests/data/tfevents/generate_reference.py, record by record (after the first).
+// The inputs of tests/fixtures/tfevents/generate_reference.py, record by record (after the first).
 std::vector<std::string> encode_reference_inputs() {
   const double wall = 1700000000.0;
   std::vector<std::string> out;

@@ -1,4 +1,4 @@
-// Helpers of the nn/ tests: the PyTorch reference values (tests/data/nn/reference.{txt,bin},
+// Helpers of the nn/ tests: the PyTorch reference values (tests/fixtures/nn/reference.{txt,bin},
 // written by make_reference.py), float64 tensors, relative errors and central finite differences.
 #pragma once
 

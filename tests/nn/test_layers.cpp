@@ -1,6 +1,6 @@
 // Tests of the element-wise, linear, normalisation, embedding and loss layers of nn/ on the host:
 // forward against float64 references, backward against float64 central finite differences and
-// against PyTorch (tests/data/nn/reference.*), plus the accumulate/write conventions.
+// against PyTorch (tests/fixtures/nn/reference.*), plus the accumulate/write conventions.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,5 +1,6 @@
-// Helpers of the optim/ tests: the PyTorch reference values (tests/data/optim/reference.{txt,bin},
-// written by make_reference.py), the 4-parameter test model they describe, and error measures.
+// Helpers of the optim/ tests: the PyTorch reference values
+// (tests/fixtures/optim/reference.{txt,bin}, written by make_reference.py), the 4-parameter test
+// model they describe, and error measures.
 #pragma once
 
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Reading the PyTorch reference values that tests/data/<area>/make_reference.py scripts commit
+// Reading the PyTorch reference values that tests/fixtures/<area>/make_reference.py scripts commit
 // (CI has no PyTorch: the values are generated once and read back here).
 #pragma once
 
@@ -22,7 +22,7 @@ struct RefTensor {
   std::int64_t numel() const { return static_cast<std::int64_t>(values.size()); }
 };
 
-/// A bundle of reference tensors written by a tests/data/*/make_reference.py script:
+/// A bundle of reference tensors written by a tests/fixtures/*/make_reference.py script:
 /// <stem>.txt lists "key dtype offset rank dims..." per tensor, <stem>.bin holds the values
 /// (f4, f8 or i8 little-endian), all widened to double here.
 class ReferenceBundle {
