@@ -1,8 +1,17 @@
-# Finds the optional backends and adds, for each one enabled, its TRAINKIT_WITH_<X>=1 definition
-# and its libraries to the INTERFACE target: macro and link flags always travel together.
-# TRAINKIT_ENABLE_<X> = AUTO (use when found), ON (fail when missing) or OFF.
-# Sets TRAINKIT_HAS_<X> (TRUE/FALSE) in the caller's scope for tests, examples and the package
-# config, which re-finds exactly the backends recorded here.
+# Finds the optional backends and creates one INTERFACE target per backend found, each carrying
+# its TRAINKIT_WITH_<X>=1 definition and its libraries together (macro and link flags always
+# travel together), on top of the CPU target `trainkit`:
+#   trainkit_cuda (trainkit::cuda)          CUDA runtime          TRAINKIT_WITH_CUDA=1
+#   trainkit_cublaslt (trainkit::cublaslt)  + cuBLASLt            TRAINKIT_WITH_CUBLASLT=1
+#   trainkit_nccl (trainkit::nccl)          + NCCL                TRAINKIT_WITH_NCCL=1
+#   trainkit_mpi (trainkit::mpi)            MPI                   TRAINKIT_WITH_MPI=1
+#   trainkit_blas (trainkit::blas)          CBLAS                 TRAINKIT_WITH_CBLAS=1
+#   trainkit_openmp (trainkit::openmp)      OpenMP                TRAINKIT_WITH_OPENMP=1
+#   trainkit_all (trainkit::all)            every backend above that was found
+# A consumer links trainkit::trainkit for the CPU tier and adds the backends it wants.
+# TRAINKIT_ENABLE_<X> = AUTO (create the target when found), ON (fail when missing) or OFF.
+# Sets TRAINKIT_HAS_<X> (TRUE/FALSE) and TRAINKIT_BACKEND_TARGETS (the targets created, for
+# install/export) in the caller's scope.
 
 function(_trainkit_backend_wanted name out_wanted out_required)
   string(TOUPPER "${TRAINKIT_ENABLE_${name}}" value)
@@ -20,12 +29,23 @@ function(_trainkit_backend_wanted name out_wanted out_required)
   endif()
 endfunction()
 
+# One backend target `trainkit_<name>` (alias trainkit::<name>) over `base`, with its libraries
+# and its TRAINKIT_WITH_<MACRO>=1.
+function(_trainkit_backend_target name base macro)
+  add_library(trainkit_${name} INTERFACE)
+  add_library(trainkit::${name} ALIAS trainkit_${name})
+  set_target_properties(trainkit_${name} PROPERTIES EXPORT_NAME ${name})
+  target_link_libraries(trainkit_${name} INTERFACE ${base} ${ARGN})
+  target_compile_definitions(trainkit_${name} INTERFACE TRAINKIT_WITH_${macro}=1)
+endfunction()
+
 # A macro (not a function) so the find modules' result variables (CUDAToolkit_INCLUDE_DIRS,
 # MPI_CXX_INCLUDE_DIRS, ...) stay visible to the tests that compile headers per tier.
 macro(trainkit_configure_backends target)
   foreach(_tk_b CUDA CUBLASLT NCCL MPI BLAS OPENMP)
     set(TRAINKIT_HAS_${_tk_b} FALSE)
   endforeach()
+  set(TRAINKIT_BACKEND_TARGETS)
 
   # CUDA runtime: host code in .cpp files may call cudart. Kernels additionally need the CUDA
   # language, which only the consumer (or our tests) enables.
@@ -38,21 +58,16 @@ macro(trainkit_configure_backends target)
     endif()
     if(CUDAToolkit_FOUND)
       set(TRAINKIT_HAS_CUDA TRUE)
-      target_link_libraries(${target} INTERFACE CUDA::cudart)
-      target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_CUDA=1)
+      _trainkit_backend_target(cuda ${target} CUDA CUDA::cudart)
+      list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_cuda)
     endif()
-  endif()
-  if(NOT TRAINKIT_HAS_CUDA)
-    # Explicit 0: a consumer's .cu files then get the CPU tier too (config.hpp would otherwise
-    # turn TRAINKIT_WITH_CUDA on under nvcc, without cudart being linked on purpose).
-    target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_CUDA=0)
   endif()
 
   _trainkit_backend_wanted(CUBLASLT _tk_want _tk_req)
   if(_tk_want AND TRAINKIT_HAS_CUDA AND TARGET CUDA::cublasLt)
     set(TRAINKIT_HAS_CUBLASLT TRUE)
-    target_link_libraries(${target} INTERFACE CUDA::cublasLt)
-    target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_CUBLASLT=1)
+    _trainkit_backend_target(cublaslt trainkit_cuda CUBLASLT CUDA::cublasLt)
+    list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_cublaslt)
   elseif(_tk_req)
     message(FATAL_ERROR "TRAINKIT_ENABLE_CUBLASLT=ON but cuBLASLt was not found "
                         "(it needs the CUDA toolkit and TRAINKIT_ENABLE_CUDA not OFF)")
@@ -67,8 +82,8 @@ macro(trainkit_configure_backends target)
     endif()
     if(NCCL_FOUND)
       set(TRAINKIT_HAS_NCCL TRUE)
-      target_link_libraries(${target} INTERFACE NCCL::nccl)
-      target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_NCCL=1)
+      _trainkit_backend_target(nccl trainkit_cuda NCCL NCCL::nccl)
+      list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_nccl)
     endif()
   elseif(_tk_req)
     message(FATAL_ERROR "TRAINKIT_ENABLE_NCCL=ON needs the CUDA toolkit (and TRAINKIT_ENABLE_CUDA "
@@ -84,8 +99,8 @@ macro(trainkit_configure_backends target)
     endif()
     if(MPI_CXX_FOUND)
       set(TRAINKIT_HAS_MPI TRUE)
-      target_link_libraries(${target} INTERFACE MPI::MPI_CXX)
-      target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_MPI=1)
+      _trainkit_backend_target(mpi ${target} MPI MPI::MPI_CXX)
+      list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_mpi)
     endif()
   endif()
 
@@ -99,8 +114,8 @@ macro(trainkit_configure_backends target)
     endif()
     if(CBLAS_FOUND)
       set(TRAINKIT_HAS_BLAS TRUE)
-      target_link_libraries(${target} INTERFACE CBLAS::CBLAS)
-      target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_CBLAS=1)
+      _trainkit_backend_target(blas ${target} CBLAS CBLAS::CBLAS)
+      list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_blas)
     endif()
   endif()
 
@@ -113,17 +128,24 @@ macro(trainkit_configure_backends target)
     endif()
     if(OpenMP_CXX_FOUND)
       set(TRAINKIT_HAS_OPENMP TRUE)
-      target_link_libraries(${target} INTERFACE OpenMP::OpenMP_CXX)
-      target_compile_definitions(${target} INTERFACE TRAINKIT_WITH_OPENMP=1)
+      _trainkit_backend_target(openmp ${target} OPENMP OpenMP::OpenMP_CXX)
+      list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_openmp)
       # OpenMP::OpenMP_CXX adds -fopenmp for CXX sources only; the host half of a consumer's .cu
       # files sees TRAINKIT_WITH_OPENMP=1 as well and must get the flag through nvcc.
       if(OpenMP_CXX_FLAGS)
         string(REPLACE ";" "," _tk_omp_flags "${OpenMP_CXX_FLAGS}")
-        target_compile_options(${target} INTERFACE
+        target_compile_options(trainkit_openmp INTERFACE
           "$<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-Xcompiler=${_tk_omp_flags}>")
       endif()
     endif()
   endif()
+
+  # Everything found, for our own tests and examples and for consumers who want it all.
+  add_library(trainkit_all INTERFACE)
+  add_library(trainkit::all ALIAS trainkit_all)
+  set_target_properties(trainkit_all PROPERTIES EXPORT_NAME all)
+  target_link_libraries(trainkit_all INTERFACE ${target} ${TRAINKIT_BACKEND_TARGETS})
+  list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_all)
 
   set(_tk_summary)
   foreach(_tk_b CUDA CUBLASLT NCCL MPI BLAS OPENMP)

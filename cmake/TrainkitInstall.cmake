@@ -12,8 +12,23 @@ set(_trainkit_modules "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake"
 # The headers (from single_include/ when TRAINKIT_USE_SINGLE_HEADER is ON).
 install(DIRECTORY "${TRAINKIT_INCLUDE_DIR}/trainkit" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h" PATTERN "*.cuh")
+# One export file per target: the config includes a backend's file only when its dependency is
+# found on the consumer's machine (trainkit::all is assembled there from what is usable).
+list(REMOVE_ITEM TRAINKIT_BACKEND_TARGETS trainkit_all)
 install(TARGETS trainkit EXPORT trainkitTargets)
 install(EXPORT trainkitTargets NAMESPACE trainkit:: DESTINATION "${TRAINKIT_INSTALL_CMAKEDIR}")
+foreach(_trainkit_t IN LISTS TRAINKIT_BACKEND_TARGETS)
+  install(TARGETS ${_trainkit_t} EXPORT ${_trainkit_t}Targets)
+  install(EXPORT ${_trainkit_t}Targets NAMESPACE trainkit:: DESTINATION "${TRAINKIT_INSTALL_CMAKEDIR}")
+  export(EXPORT ${_trainkit_t}Targets NAMESPACE trainkit::
+         FILE "${PROJECT_BINARY_DIR}/${_trainkit_t}Targets.cmake")
+endforeach()
+unset(_trainkit_t)
+
+# pkg-config: the CPU tier (headers, C++20, threads). The backends are a compiler definition and
+# a library each (TRAINKIT_WITH_MPI=1 with MPI's flags, ...), added by the consumer.
+configure_file("${PROJECT_SOURCE_DIR}/cmake/trainkit.pc.in" "${PROJECT_BINARY_DIR}/trainkit.pc" @ONLY)
+install(FILES "${PROJECT_BINARY_DIR}/trainkit.pc" DESTINATION "${CMAKE_INSTALL_DATADIR}/pkgconfig")
 
 # Header-only and no compiled code: one package serves every architecture.
 write_basic_package_version_file("${PROJECT_BINARY_DIR}/trainkitConfigVersion.cmake"

@@ -341,7 +341,7 @@ int main() {
 #else
     section("CUDA");
     row("runtime", "not compiled in (CPU tier)");
-    row("to enable", "link the trainkit::trainkit CMake target with CUDA found, or compile with");
+    row("to enable", "link the trainkit::cuda (or trainkit::all) CMake target, or compile with");
     row("", "-DTRAINKIT_WITH_CUDA=1 -I<cuda>/include and link -lcudart");
     std::printf("  CUDA support not compiled in: trainkit will run on the CPU\n");
 #endif

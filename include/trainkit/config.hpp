@@ -38,7 +38,7 @@
 #if TRAINKIT_WITH_CUDA
 #if !__has_include(<cuda_runtime_api.h>)
 #error \
-    "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link trainkit::trainkit with TRAINKIT_ENABLE_CUDA=ON), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
+    "TRAINKIT_WITH_CUDA=1 but <cuda_runtime_api.h> is not on the include path: add the CUDA toolkit's include directory (CMake: link the trainkit::cuda target), or build with -DTRAINKIT_WITH_CUDA=0 for the CPU tier."
 #endif
 #endif
 #if TRAINKIT_WITH_CUBLASLT

@@ -14,9 +14,18 @@ shift 2
 rm -rf "$work"
 cmake -S "$source_dir" -B "$work" "$@"
 cmake --build "$work" --parallel "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
-for exe in "$work"/consumer "$work"/consumer_cuda; do
+for exe in "$work"/consumer "$work"/consumer_cuda "$work"/consumer_cpu "$work"/app; do
   if [[ -x $exe ]]; then
     echo "+ $exe"
     "$exe"
+  fi
+done
+# A consumer of the CPU target links no backend library, even where they are installed.
+for exe in "$work"/consumer_cpu "$work"/app; do
+  if [[ -x $exe ]] && command -v ldd > /dev/null; then
+    if ldd "$exe" | grep -E 'libcudart|libcublas|libnccl|libmpi|libgomp|libopenblas|libcblas'; then
+      echo "run_cmake_consumer.sh: $exe (trainkit::trainkit only) links the backend libraries above" >&2
+      exit 1
+    fi
   fi
 done

@@ -69,8 +69,8 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
 
   bool use_cblas = o.host_backend == HostBackend::kCblas;
   TRAINKIT_CHECK(!use_cblas || kHaveCblas, "blas::gemm: HostBackend::kCblas requested but this ",
-                 "build has TRAINKIT_WITH_CBLAS=0 (link trainkit::trainkit with "
-                 "TRAINKIT_ENABLE_BLAS=ON, or define it and link a CBLAS)");
+                 "build has TRAINKIT_WITH_CBLAS=0 (link the CMake target trainkit::blas, "
+                 "or define TRAINKIT_WITH_CBLAS=1 and link a CBLAS)");
   use_cblas = use_cblas && std::is_same_v<TA, float> && std::is_same_v<TB, float> &&
               std::is_same_v<C, float>;
 #if TRAINKIT_WITH_CBLAS
