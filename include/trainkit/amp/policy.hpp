@@ -30,47 +30,45 @@ enum class OpClass : std::uint8_t {
   kLoss,         ///< cross-entropy and other losses: f32.
 };
 
-/// Full f32 everywhere (the reference). Matmuls use full f32 products.
-struct Fp32 {
-  static constexpr const char* name = "fp32";
-  using low_type = float;  ///< the type of matmul operands and of activations between layers
-  static constexpr blas::ComputeType gemm_compute = blas::ComputeType::kF32;
-  static constexpr bool requires_loss_scaler = false;
+namespace detail {
+/// The members every precision policy has: `low_type`, the type of matmul operands and of
+/// activations between layers; `gemm_compute`; whether a loss scaler is required; the scaler a
+/// Precision gets when it names none. Each policy adds its `name` and `tolerance`.
+template <class Low, blas::ComputeType Gemm, bool RequiresLossScaler>
+struct PolicyBase {
+  using low_type = Low;
+  static constexpr blas::ComputeType gemm_compute = Gemm;
+  static constexpr bool requires_loss_scaler = RequiresLossScaler;
   using default_scaler = NoScaler;
+};
+}  // namespace detail
+
+/// Full f32 everywhere (the reference). Matmuls use full f32 products.
+struct Fp32 : detail::PolicyBase<float, blas::ComputeType::kF32, false> {
+  static constexpr const char* name = "fp32";
   /// ||step - f32 step|| / ||f32 step|| a small MLP step may reach (tests hold policies to it).
   static constexpr double tolerance = 1e-5;
 };
 
 /// f32 storage, matmuls on tensor cores in TF32 (10-bit mantissa inputs, f32 accumulate), like
 /// `torch.backends.cuda.matmul.allow_tf32 = True`. On the CPU, TF32 gemms compute in full f32.
-struct Tf32 {
+struct Tf32 : detail::PolicyBase<float, blas::ComputeType::kTf32, false> {
   static constexpr const char* name = "tf32";
-  using low_type = float;
-  static constexpr blas::ComputeType gemm_compute = blas::ComputeType::kTf32;
-  static constexpr bool requires_loss_scaler = false;
-  using default_scaler = NoScaler;
   static constexpr double tolerance = 5e-3;
 };
 
 /// bfloat16 matmuls and activations, f32 norms/softmax/losses/reductions and master weights.
 /// bf16 has f32's exponent range, so no loss scaler is needed (autocast on CPU defaults to it).
-struct Bf16 {
+struct Bf16 : detail::PolicyBase<bf16, blas::ComputeType::kF32, false> {
   static constexpr const char* name = "bf16";
-  using low_type = bf16;
-  static constexpr blas::ComputeType gemm_compute = blas::ComputeType::kF32;
-  static constexpr bool requires_loss_scaler = false;
-  using default_scaler = NoScaler;
   static constexpr double tolerance = 2e-2;
 };
 
 /// IEEE f16 matmuls and activations (autocast's CUDA default). f16 gradients below 6e-8
 /// underflow to zero, so this policy must be paired with a loss scaler (PyTorch's GradScaler).
-struct Fp16 {
+// default_scaler stays NoScaler, deliberately: Precision<Fp16> must name its scaler.
+struct Fp16 : detail::PolicyBase<f16, blas::ComputeType::kF32, true> {
   static constexpr const char* name = "fp16";
-  using low_type = f16;
-  static constexpr blas::ComputeType gemm_compute = blas::ComputeType::kF32;
-  static constexpr bool requires_loss_scaler = true;
-  using default_scaler = NoScaler;  // deliberately: Precision<Fp16> must name its scaler
   static constexpr double tolerance = 2e-3;
 };
 

@@ -235,6 +235,8 @@ class CublasLt {
   }
 
  private:
+  // Member by member, like every swap of a class's own members (io::EventFileWriter's has the same
+  // shape): nothing to share.
   void swap(CublasLt& other) noexcept {
     std::swap(handle_, other.handle_);
     std::swap(workspace_, other.workspace_);
@@ -433,30 +435,20 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
 /// cuBLASLt needs aux_ld % 8 == 0. The first call of each shape plans (descriptor + heuristic);
 /// later calls reuse the plan (see CublasLt::stats). Throws trainkit::Error on bad views or when
 /// cuBLASLt supports no algorithm for the combination.
-template <class A, class B, class C>
-void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, 2> a, DeviceView<B, 2> b,
-          DeviceView<C, 2> c, const GemmOptions<C>& options, cuda::StreamRef stream) {
+/// Rank 3 is the strided-batched gemm ([batch, rows, cols] views; A or B may have batch 1 =
+/// broadcast), with Epilogue::kNone only.
+template <class A, class B, class C, int Rank>
+requires(Rank == 2 || Rank == 3) void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, Rank> a,
+                                           DeviceView<B, Rank> b, DeviceView<C, Rank> c,
+                                           const GemmOptions<C>& options, cuda::StreamRef stream) {
   detail::cublaslt_gemm(lt, op_a, op_b, a, b, c, options, stream);
 }
 
 /// gemm with default options (C = op(A) @ op(B)) on `stream`.
-template <class A, class B, class C>
-void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, 2> a, DeviceView<B, 2> b,
-          DeviceView<C, 2> c, cuda::StreamRef stream) {
-  detail::cublaslt_gemm(lt, op_a, op_b, a, b, c, GemmOptions<C>{}, stream);
-}
-
-/// Strided-batched gemm ([batch, rows, cols] views; A or B may have batch 1 = broadcast).
-/// Only Epilogue::kNone.
-template <class A, class B, class C>
-void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, 3> a, DeviceView<B, 3> b,
-          DeviceView<C, 3> c, const GemmOptions<C>& options, cuda::StreamRef stream) {
-  detail::cublaslt_gemm(lt, op_a, op_b, a, b, c, options, stream);
-}
-
-template <class A, class B, class C>
-void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, 3> a, DeviceView<B, 3> b,
-          DeviceView<C, 3> c, cuda::StreamRef stream) {
+template <class A, class B, class C, int Rank>
+requires(Rank == 2 || Rank == 3) void gemm(CublasLt& lt, Op op_a, Op op_b, DeviceView<A, Rank> a,
+                                           DeviceView<B, Rank> b, DeviceView<C, Rank> c,
+                                           cuda::StreamRef stream) {
   detail::cublaslt_gemm(lt, op_a, op_b, a, b, c, GemmOptions<C>{}, stream);
 }
 

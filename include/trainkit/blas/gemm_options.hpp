@@ -70,6 +70,7 @@ struct GemmOptions {
 
 inline constexpr const char* to_string(Op op) noexcept { return op == Op::kN ? "N" : "T"; }
 
+// A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr const char* to_string(Epilogue e) noexcept {
   switch (e) {
     case Epilogue::kNone: return "none";

@@ -290,6 +290,8 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(std::int64_t kc
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + kGemmNR - 1), _MM_HINT_T0);
   }
+  // The six rows are written out: each accumulator pair stays a named register (an array indexed in
+  // a loop is what compilers spill).
   for (std::int64_t p = 0; p < kc; ++p) {
     const __m256 b0 = _mm256_load_ps(b);
     const __m256 b1 = _mm256_load_ps(b + 8);

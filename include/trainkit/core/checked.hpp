@@ -87,17 +87,25 @@ constexpr std::optional<T> checked_product(std::span<const T> values) noexcept {
   return n;
 }
 
+namespace detail {
+/// *r, or throws trainkit::Error "size overflow: <what...>: a <op> b does not fit in N bits".
+template <class R, class A, class B, class... What>
+constexpr R value_or_overflow(const std::optional<R>& r, A a, const char* op, B b,
+                              const What&... what) {
+  if (!r)
+    TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, op, +b, " does not fit in ",
+                  std::numeric_limits<R>::digits, " bits");
+  return *r;
+}
+}  // namespace detail
+
 /// a + b; throws trainkit::Error "size overflow: <what...>: a + b does not fit ..." otherwise.
 /// `what` describes the value (and the file it comes from) for the message.
 template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
 requires(detail::SameSignedness<A, B> &&
          sizeof...(What) >
              0) constexpr detail::CheckedResult<A, B> checked_add(A a, B b, const What&... what) {
-  const auto r = checked_add(a, b);
-  if (!r)
-    TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " + ", +b, " does not fit in ",
-                  std::numeric_limits<detail::CheckedResult<A, B>>::digits, " bits");
-  return *r;
+  return detail::value_or_overflow(checked_add(a, b), a, " + ", b, what...);
 }
 
 /// a * b; throws trainkit::Error "size overflow: <what...>: a * b does not fit ..." otherwise.
@@ -105,11 +113,7 @@ template <detail::CheckedInteger A, detail::CheckedInteger B, class... What>
 requires(detail::SameSignedness<A, B> &&
          sizeof...(What) >
              0) constexpr detail::CheckedResult<A, B> checked_mul(A a, B b, const What&... what) {
-  const auto r = checked_mul(a, b);
-  if (!r)
-    TRAINKIT_FAIL("size overflow: ", what..., ": ", +a, " * ", +b, " does not fit in ",
-                  std::numeric_limits<detail::CheckedResult<A, B>>::digits, " bits");
-  return *r;
+  return detail::value_or_overflow(checked_mul(a, b), a, " * ", b, what...);
 }
 
 /// `v` as a To; throws trainkit::Error "size overflow: <what...>: v does not fit ..." otherwise.

@@ -98,66 +98,36 @@ inline constexpr bool is_floating(DType t) noexcept {
 }
 
 namespace detail {
+template <class... Ts>
+struct TypeList {};
+
+/// The C++ element types that have a DType, and their DTypes at the same positions (the f8 types
+/// have no C++ element type).
+using DTypeElements =
+    TypeList<double, float, f16, bf16, std::int64_t, std::int32_t, std::int16_t, std::int8_t,
+             std::uint64_t, std::uint32_t, std::uint16_t, std::uint8_t, bool>;
+inline constexpr DType kDTypeOfElements[] = {
+    DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kI32, DType::kI16,
+    DType::kI8,  DType::kU64, DType::kU32, DType::kU16,  DType::kU8,  DType::kBool};
+
+/// Position of T in the list, -1 when absent.
+template <class T, class... Ts>
+constexpr int type_index(TypeList<Ts...>) noexcept {
+  int i = 0, found = -1;
+  ((found = (found < 0 && std::is_same_v<T, Ts>) ? i : found, ++i), ...);
+  return found;
+}
+
 template <class T>
-struct DTypeOf {
-  static_assert(sizeof(T) == 0, "trainkit: no DType for this element type");
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kF64;
-};
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kF32;
-};
-template <>
-struct DTypeOf<f16> {
-  static constexpr DType value = DType::kF16;
-};
-template <>
-struct DTypeOf<bf16> {
-  static constexpr DType value = DType::kBF16;
-};
-template <>
-struct DTypeOf<std::int64_t> {
-  static constexpr DType value = DType::kI64;
-};
-template <>
-struct DTypeOf<std::int32_t> {
-  static constexpr DType value = DType::kI32;
-};
-template <>
-struct DTypeOf<std::int16_t> {
-  static constexpr DType value = DType::kI16;
-};
-template <>
-struct DTypeOf<std::int8_t> {
-  static constexpr DType value = DType::kI8;
-};
-template <>
-struct DTypeOf<std::uint64_t> {
-  static constexpr DType value = DType::kU64;
-};
-template <>
-struct DTypeOf<std::uint32_t> {
-  static constexpr DType value = DType::kU32;
-};
-template <>
-struct DTypeOf<std::uint16_t> {
-  static constexpr DType value = DType::kU16;
-};
-template <>
-struct DTypeOf<std::uint8_t> {
-  static constexpr DType value = DType::kU8;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::kBool;
-};
+constexpr DType dtype_of_element() noexcept {
+  constexpr int i = type_index<T>(DTypeElements{});
+  static_assert(i >= 0, "trainkit: no DType for this element type");
+  return kDTypeOfElements[i < 0 ? 0 : i];
+}
 }  // namespace detail
 
 /// The DType of a C++ element type: `dtype_of<float> == DType::kF32`.
 template <class T>
-inline constexpr DType dtype_of = detail::DTypeOf<std::remove_cv_t<T>>::value;
+inline constexpr DType dtype_of = detail::dtype_of_element<std::remove_cv_t<T>>();
 
 TRAINKIT_NAMESPACE_END

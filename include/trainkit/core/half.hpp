@@ -253,24 +253,27 @@ static_assert(std::is_standard_layout_v<f16> && std::is_trivially_copyable_v<f16
 static_assert(std::is_standard_layout_v<bf16> && std::is_trivially_copyable_v<bf16> &&
               std::is_trivially_default_constructible_v<bf16>);
 
-/// Classification by bits (exact, and unaffected by -ffast-math's finite-math assumptions).
-TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(f16 h) noexcept {
-  return (h.bits() & 0x7fffU) > 0x7c00U;
+namespace detail {
+/// The exponent bits of a 16-bit float type (all set: infinity or NaN).
+template <class H>
+inline constexpr std::uint16_t kExponentMask = std::is_same_v<H, f16> ? 0x7c00 : 0x7f80;
+template <class H>
+concept Float16Type = std::is_same_v<H, f16> || std::is_same_v<H, bf16>;
+}  // namespace detail
+
+/// Classification of f16 and bf16 by bits (exact, and unaffected by -ffast-math's finite-math
+/// assumptions).
+template <detail::Float16Type H>
+TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(H h) noexcept {
+  return (h.bits() & 0x7fffU) > detail::kExponentMask<H>;
 }
-TRAINKIT_HOST_DEVICE inline constexpr bool is_inf(f16 h) noexcept {
-  return (h.bits() & 0x7fffU) == 0x7c00U;
+template <detail::Float16Type H>
+TRAINKIT_HOST_DEVICE inline constexpr bool is_inf(H h) noexcept {
+  return (h.bits() & 0x7fffU) == detail::kExponentMask<H>;
 }
-TRAINKIT_HOST_DEVICE inline constexpr bool is_finite(f16 h) noexcept {
-  return (h.bits() & 0x7c00U) != 0x7c00U;
-}
-TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(bf16 h) noexcept {
-  return (h.bits() & 0x7fffU) > 0x7f80U;
-}
-TRAINKIT_HOST_DEVICE inline constexpr bool is_inf(bf16 h) noexcept {
-  return (h.bits() & 0x7fffU) == 0x7f80U;
-}
-TRAINKIT_HOST_DEVICE inline constexpr bool is_finite(bf16 h) noexcept {
-  return (h.bits() & 0x7f80U) != 0x7f80U;
+template <detail::Float16Type H>
+TRAINKIT_HOST_DEVICE inline constexpr bool is_finite(H h) noexcept {
+  return (h.bits() & detail::kExponentMask<H>) != detail::kExponentMask<H>;
 }
 
 #if TRAINKIT_WITH_CUDA
@@ -293,86 +296,88 @@ TRAINKIT_HOST_DEVICE inline bf16 from_cuda(__nv_bfloat16 h) noexcept {
 }
 #endif
 
+namespace detail {
+/// The std::numeric_limits members of a 16-bit binary float type T: what f16 and bf16 share, with
+/// their format-specific numbers and bit patterns as parameters (the values of min(), lowest(),
+/// max(), epsilon(), round_error(), infinity(), quiet_NaN(), signaling_NaN(), denorm_min()).
+struct Float16Format {
+  bool is_iec559;
+  int digits, digits10, max_digits10, min_exponent, min_exponent10, max_exponent, max_exponent10;
+  std::uint16_t min, lowest, max, epsilon, round_error, infinity, quiet_nan, signaling_nan,
+      denorm_min;
+};
+
+template <class T, Float16Format F>
+struct Float16Limits {  // `struct` as in libstdc++'s primary template
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+  static constexpr bool is_iec559 = F.is_iec559;
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr int digits = F.digits;
+  static constexpr int digits10 = F.digits10;
+  static constexpr int max_digits10 = F.max_digits10;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = F.min_exponent;
+  static constexpr int min_exponent10 = F.min_exponent10;
+  static constexpr int max_exponent = F.max_exponent;
+  static constexpr int max_exponent10 = F.max_exponent10;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+
+  TRAINKIT_HOST_DEVICE static constexpr T min() noexcept { return T::from_bits(F.min); }
+  TRAINKIT_HOST_DEVICE static constexpr T lowest() noexcept { return T::from_bits(F.lowest); }
+  TRAINKIT_HOST_DEVICE static constexpr T max() noexcept { return T::from_bits(F.max); }
+  TRAINKIT_HOST_DEVICE static constexpr T epsilon() noexcept { return T::from_bits(F.epsilon); }
+  TRAINKIT_HOST_DEVICE static constexpr T round_error() noexcept {
+    return T::from_bits(F.round_error);
+  }
+  TRAINKIT_HOST_DEVICE static constexpr T infinity() noexcept { return T::from_bits(F.infinity); }
+  TRAINKIT_HOST_DEVICE static constexpr T quiet_NaN() noexcept { return T::from_bits(F.quiet_nan); }
+  TRAINKIT_HOST_DEVICE static constexpr T signaling_NaN() noexcept {
+    return T::from_bits(F.signaling_nan);
+  }
+  TRAINKIT_HOST_DEVICE static constexpr T denorm_min() noexcept {
+    return T::from_bits(F.denorm_min);
+  }
+};
+
+// One format per block of lines (the formatter would put each field on a line of its own).
+// clang-format off
+// IEEE binary16: 11 significand digits, exponents [-13, 16].
+inline constexpr Float16Format kF16Format{
+    .is_iec559 = true, .digits = 11, .digits10 = 3, .max_digits10 = 5, .min_exponent = -13,
+    .min_exponent10 = -4, .max_exponent = 16, .max_exponent10 = 4,
+    .min = 0x0400, .lowest = 0xfbff, .max = 0x7bff, .epsilon = 0x1400, .round_error = 0x3800,
+    .infinity = 0x7c00, .quiet_nan = 0x7fff, .signaling_nan = 0x7d00, .denorm_min = 0x0001};
+// bfloat16: float's exponent range with 8 significand digits; IEEE-style semantics, but not an
+// IEEE 754 format.
+inline constexpr Float16Format kBF16Format{
+    .is_iec559 = false, .digits = 8, .digits10 = 2, .max_digits10 = 4, .min_exponent = -125,
+    .min_exponent10 = -37, .max_exponent = 128, .max_exponent10 = 38,
+    .min = 0x0080, .lowest = 0xff7f, .max = 0x7f7f, .epsilon = 0x3c00, .round_error = 0x3f00,
+    .infinity = 0x7f80, .quiet_nan = 0x7fff, .signaling_nan = 0x7f81, .denorm_min = 0x0001};
+// clang-format on
+}  // namespace detail
+
 TRAINKIT_NAMESPACE_END
 
 namespace std {
 
 template <>
-struct numeric_limits<::trainkit::f16> {  // `struct` as in libstdc++'s primary template
-  using T = ::trainkit::f16;
-
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
-  static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
-  static constexpr bool has_signaling_NaN = true;
-  static constexpr float_denorm_style has_denorm = denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr float_round_style round_style = round_to_nearest;
-  static constexpr bool is_iec559 = true;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
-  static constexpr int digits = 11;
-  static constexpr int digits10 = 3;
-  static constexpr int max_digits10 = 5;
-  static constexpr int radix = 2;
-  static constexpr int min_exponent = -13;
-  static constexpr int min_exponent10 = -4;
-  static constexpr int max_exponent = 16;
-  static constexpr int max_exponent10 = 4;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
-
-  TRAINKIT_HOST_DEVICE static constexpr T min() noexcept { return T::from_bits(0x0400); }
-  TRAINKIT_HOST_DEVICE static constexpr T lowest() noexcept { return T::from_bits(0xfbff); }
-  TRAINKIT_HOST_DEVICE static constexpr T max() noexcept { return T::from_bits(0x7bff); }
-  TRAINKIT_HOST_DEVICE static constexpr T epsilon() noexcept { return T::from_bits(0x1400); }
-  TRAINKIT_HOST_DEVICE static constexpr T round_error() noexcept { return T::from_bits(0x3800); }
-  TRAINKIT_HOST_DEVICE static constexpr T infinity() noexcept { return T::from_bits(0x7c00); }
-  TRAINKIT_HOST_DEVICE static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7fff); }
-  TRAINKIT_HOST_DEVICE static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7d00); }
-  TRAINKIT_HOST_DEVICE static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
-};
+struct numeric_limits<::trainkit::f16>
+    : ::trainkit::detail::Float16Limits<::trainkit::f16, ::trainkit::detail::kF16Format> {};
 
 template <>
-struct numeric_limits<::trainkit::bf16> {  // `struct` as in libstdc++'s primary template
-  using T = ::trainkit::bf16;
-
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
-  static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
-  static constexpr bool has_signaling_NaN = true;
-  static constexpr float_denorm_style has_denorm = denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr float_round_style round_style = round_to_nearest;
-  static constexpr bool is_iec559 = false;  // IEEE-style semantics, but not an IEEE 754 format
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
-  static constexpr int digits = 8;
-  static constexpr int digits10 = 2;
-  static constexpr int max_digits10 = 4;
-  static constexpr int radix = 2;
-  static constexpr int min_exponent = -125;
-  static constexpr int min_exponent10 = -37;
-  static constexpr int max_exponent = 128;
-  static constexpr int max_exponent10 = 38;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
-
-  TRAINKIT_HOST_DEVICE static constexpr T min() noexcept { return T::from_bits(0x0080); }
-  TRAINKIT_HOST_DEVICE static constexpr T lowest() noexcept { return T::from_bits(0xff7f); }
-  TRAINKIT_HOST_DEVICE static constexpr T max() noexcept { return T::from_bits(0x7f7f); }
-  TRAINKIT_HOST_DEVICE static constexpr T epsilon() noexcept { return T::from_bits(0x3c00); }
-  TRAINKIT_HOST_DEVICE static constexpr T round_error() noexcept { return T::from_bits(0x3f00); }
-  TRAINKIT_HOST_DEVICE static constexpr T infinity() noexcept { return T::from_bits(0x7f80); }
-  TRAINKIT_HOST_DEVICE static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7fff); }
-  TRAINKIT_HOST_DEVICE static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7f81); }
-  TRAINKIT_HOST_DEVICE static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
-};
+struct numeric_limits<::trainkit::bf16>
+    : ::trainkit::detail::Float16Limits<::trainkit::bf16, ::trainkit::detail::kBF16Format> {};
 
 }  // namespace std

@@ -62,35 +62,30 @@ struct StateDict {
   }
 
   /// The scalar `key`; throws trainkit::Error naming the key when absent or not a number.
-  double get_double(std::string_view key) const {
-    const std::string& text = get_string(key);
-    double value = 0.0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
-                   "' is '", text, "', not a number");
-    return value;
-  }
+  double get_double(std::string_view key) const { return get_number<double>(key, "a number"); }
   std::int64_t get_int(std::string_view key) const {
-    const std::string& text = get_string(key);
-    std::int64_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
-                   "' is '", text, "', not an integer");
-    return value;
+    return get_number<std::int64_t>(key, "an integer");
   }
   std::uint64_t get_u64(std::string_view key) const {
-    const std::string& text = get_string(key);
-    std::uint64_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
-                   "' is '", text, "', not an unsigned integer");
-    return value;
+    return get_number<std::uint64_t>(key, "an unsigned integer");
   }
   const std::string& get_string(std::string_view key) const {
     const auto it = values.find(std::string(key));
     TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", key, "'");
     return it->second;
   }
+  /// The scalar `key` parsed as a T (from_chars, the whole text); throws trainkit::Error naming
+  /// the key and its text otherwise ("..., not <what>").
+  template <class T>
+  T get_number(std::string_view key, const char* what) const {
+    const std::string& text = get_string(key);
+    T value{};
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
+                   "' is '", text, "', not ", what);
+    return value;
+  }
+
   /// The tensor `key`; throws naming the key when absent.
   const AnyTensor& tensor(std::string_view key) const {
     const auto it = tensors.find(std::string(key));

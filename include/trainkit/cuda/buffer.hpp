@@ -95,6 +95,52 @@ inline void check_copy(const char* what, const void* host, std::size_t n, std::s
 
 }  // namespace detail
 
+namespace detail {
+/// What DeviceBuffer and PinnedBuffer share: the owned pointer, its element and byte counts, the
+/// accessors, release() and the moves. The owning class frees the memory (its reset()) before it
+/// moves into a buffer or is destroyed.
+template <class T>
+class OwnedElements {
+ public:
+  /// Pointer to the first element (nullptr when empty).
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  /// Number of elements.
+  std::size_t size() const noexcept { return size_; }
+  /// Size in bytes, size() * sizeof(T).
+  std::size_t bytes() const noexcept { return bytes_; }
+  bool empty() const noexcept { return size_ == 0; }
+
+  /// Gives up ownership and returns the pointer (the buffer's class says how to free it). The
+  /// buffer is left empty.
+  T* release() noexcept {
+    size_ = 0;
+    bytes_ = 0;
+    return std::exchange(data_, nullptr);
+  }
+
+ protected:
+  OwnedElements() noexcept = default;
+  OwnedElements(std::size_t n, std::size_t bytes) noexcept : size_(n), bytes_(bytes) {}
+  OwnedElements(OwnedElements&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        bytes_(std::exchange(other.bytes_, 0)) {}
+  /// Takes other's memory; the caller has freed its own.
+  OwnedElements& operator=(OwnedElements&& other) noexcept {
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
+    return *this;
+  }
+  ~OwnedElements() = default;
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t bytes_ = 0;
+};
+}  // namespace detail
+
 /// Owning, move-only global memory for `size()` elements of T on the device that was current when
 /// it was allocated. Contents start uninitialised (call zero()). Two allocation modes:
 /// - `DeviceBuffer(n)`: cudaMalloc; the destructor calls cudaFree, which waits for the device.
@@ -102,9 +148,13 @@ inline void check_copy(const char* what, const void* host, std::size_t n, std::s
 ///   stream, so neither blocks the host; the stream must outlive the buffer.
 /// An empty buffer (n == 0) allocates nothing and makes no CUDA call.
 template <class T>
-class DeviceBuffer {
+class DeviceBuffer : public detail::OwnedElements<T> {
   static_assert(std::is_trivially_copyable_v<T>,
                 "DeviceBuffer<T> needs a trivially copyable T: elements move by memcpy/memset");
+  using Base = detail::OwnedElements<T>;
+  using Base::bytes_;
+  using Base::data_;
+  using Base::size_;
 
  public:
   using value_type = T;
@@ -114,8 +164,7 @@ class DeviceBuffer {
 
   /// Allocates `n` elements with cudaMalloc on the current device. Throws trainkit::Error when
   /// n * sizeof(T) overflows or the allocation fails (the message gives bytes requested and free).
-  explicit DeviceBuffer(std::size_t n)
-      : size_(n), bytes_(detail::checked_bytes<T>(n, "DeviceBuffer")) {
+  explicit DeviceBuffer(std::size_t n) : Base(n, detail::checked_bytes<T>(n, "DeviceBuffer")) {
     if (bytes_ == 0) return;
     void* data = nullptr;
     const cudaError_t status = cudaMalloc(&data, bytes_);
@@ -129,8 +178,7 @@ class DeviceBuffer {
   /// Allocates `n` elements stream-ordered (cudaMallocAsync): the memory may be used by work on
   /// `stream` right away, and by other streams once they are ordered after it (an Event).
   DeviceBuffer(std::size_t n, StreamRef stream)
-      : size_(n),
-        bytes_(detail::checked_bytes<T>(n, "DeviceBuffer")),
+      : Base(n, detail::checked_bytes<T>(n, "DeviceBuffer")),
         stream_(stream),
         stream_ordered_(true) {
     if (bytes_ == 0) return;
@@ -146,17 +194,13 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(DeviceBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)),
-        bytes_(std::exchange(other.bytes_, 0)),
+      : Base(std::move(other)),
         stream_(std::exchange(other.stream_, StreamRef{})),
         stream_ordered_(std::exchange(other.stream_ordered_, false)) {}
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     if (this != &other) {
       reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      bytes_ = std::exchange(other.bytes_, 0);
+      Base::operator=(std::move(other));
       stream_ = std::exchange(other.stream_, StreamRef{});
       stream_ordered_ = std::exchange(other.stream_ordered_, false);
     }
@@ -179,22 +223,8 @@ class DeviceBuffer {
     bytes_ = 0;
   }
 
-  /// Gives up ownership and returns the pointer; the caller frees it with cudaFree (or
-  /// cudaFreeAsync when stream_ordered()). The buffer is left empty.
-  T* release() noexcept {
-    size_ = 0;
-    bytes_ = 0;
-    return std::exchange(data_, nullptr);
-  }
-
-  /// Device pointer to the first element (nullptr when empty). Never dereference it on the host.
-  T* data() noexcept { return data_; }
-  const T* data() const noexcept { return data_; }
-  /// Number of elements.
-  std::size_t size() const noexcept { return size_; }
-  /// Size in bytes, size() * sizeof(T).
-  std::size_t bytes() const noexcept { return bytes_; }
-  bool empty() const noexcept { return size_ == 0; }
+  // release() (OwnedElements): the caller frees the pointer with cudaFree, or cudaFreeAsync when
+  // stream_ordered(). data() is a device pointer: never dereference it on the host.
   /// True when allocated with cudaMallocAsync; stream() is then the stream that frees it.
   bool stream_ordered() const noexcept { return stream_ordered_; }
   StreamRef stream() const noexcept { return stream_; }
@@ -237,9 +267,6 @@ class DeviceBuffer {
   }
 
  private:
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t bytes_ = 0;
   StreamRef stream_{};
   bool stream_ordered_ = false;
 };
@@ -249,9 +276,13 @@ class DeviceBuffer {
 /// needs a CUDA driver. Pinned memory is taken from the OS for good: keep such buffers few, large
 /// and long-lived.
 template <class T>
-class PinnedBuffer {
+class PinnedBuffer : public detail::OwnedElements<T> {
   static_assert(std::is_trivially_copyable_v<T>,
                 "PinnedBuffer<T> needs a trivially copyable T: elements move by memcpy");
+  using Base = detail::OwnedElements<T>;
+  using Base::bytes_;
+  using Base::data_;
+  using Base::size_;
 
  public:
   using value_type = T;
@@ -260,8 +291,7 @@ class PinnedBuffer {
 
   /// Allocates `n` elements. Throws trainkit::Error when n * sizeof(T) overflows or the
   /// allocation fails (no driver, or not enough lockable host memory).
-  explicit PinnedBuffer(std::size_t n)
-      : size_(n), bytes_(detail::checked_bytes<T>(n, "PinnedBuffer")) {
+  explicit PinnedBuffer(std::size_t n) : Base(n, detail::checked_bytes<T>(n, "PinnedBuffer")) {
     if (bytes_ == 0) return;
     void* data = nullptr;
     const cudaError_t status = cudaMallocHost(&data, bytes_);
@@ -274,16 +304,11 @@ class PinnedBuffer {
 
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)),
-        bytes_(std::exchange(other.bytes_, 0)) {}
+  PinnedBuffer(PinnedBuffer&& other) noexcept : Base(std::move(other)) {}
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
     if (this != &other) {
       reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      bytes_ = std::exchange(other.bytes_, 0);
+      Base::operator=(std::move(other));
     }
     return *this;
   }
@@ -297,18 +322,7 @@ class PinnedBuffer {
     bytes_ = 0;
   }
 
-  /// Gives up ownership; the caller frees the pointer with cudaFreeHost. The buffer is left empty.
-  T* release() noexcept {
-    size_ = 0;
-    bytes_ = 0;
-    return std::exchange(data_, nullptr);
-  }
-
-  T* data() noexcept { return data_; }
-  const T* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
-  std::size_t bytes() const noexcept { return bytes_; }
-  bool empty() const noexcept { return size_ == 0; }
+  // release() (OwnedElements): the caller frees the pointer with cudaFreeHost.
 
   /// Element access on the host (unchecked, like std::vector).
   T& operator[](std::size_t i) noexcept { return data_[i]; }
@@ -319,11 +333,6 @@ class PinnedBuffer {
   const T* end() const noexcept { return data_ + size_; }
   std::span<T> span() noexcept { return {data_, size_}; }
   std::span<const T> span() const noexcept { return {data_, size_}; }
-
- private:
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t bytes_ = 0;
 };
 
 }  // namespace cuda

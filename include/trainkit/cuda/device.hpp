@@ -34,16 +34,21 @@ inline std::string version_string(int cuda_version) {
 // some TUs of one program with TRAINKIT_WITH_CUDA=0 and others with 1.
 #if TRAINKIT_WITH_CUDA
 
-/// Number of CUDA devices this process can use. Returns 0, never throws, when there is no driver,
-/// no device, or a driver too old for this runtime; the sticky CUDA error is cleared in that case.
-inline int device_count() noexcept {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+namespace detail {
+/// query(&value), or 0 when it fails (no driver, no device), the sticky CUDA error cleared.
+inline int query_or_zero(cudaError_t (*query)(int*)) noexcept {
+  int value = 0;
+  if (query(&value) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return count;
+  return value;
 }
+}  // namespace detail
+
+/// Number of CUDA devices this process can use. Returns 0, never throws, when there is no driver,
+/// no device, or a driver too old for this runtime; the sticky CUDA error is cleared in that case.
+inline int device_count() noexcept { return detail::query_or_zero(cudaGetDeviceCount); }
 
 #else
 
@@ -197,14 +202,7 @@ inline int runtime_version() {
 
 /// Latest CUDA version the installed driver supports (1000 * major + 10 * minor); 0 when no
 /// driver is installed. Never throws.
-inline int driver_version() noexcept {
-  int version = 0;
-  if (cudaDriverGetVersion(&version) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return version;
-}
+inline int driver_version() noexcept { return detail::query_or_zero(cudaDriverGetVersion); }
 
 /// Blocks the host until all work on the current device, in every stream, has finished. Prefer
 /// StreamRef::synchronize() or Event::synchronize(): this one also waits for other libraries' work.

@@ -24,6 +24,8 @@ class Event {
     TRAINKIT_CUDA_CHECK(
         cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
+  // The move members have Stream's shape; each class keeps its own so that the one CUDA handle it
+  // owns and the call that destroys it (reset()) stay in view.
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}

@@ -35,6 +35,7 @@ namespace dist {
 /// Who started this process.
 enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm };
 
+// A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view launcher_name(Launcher l) noexcept {
   switch (l) {
     case Launcher::kNone: return "none";
@@ -171,6 +172,7 @@ inline LaunchInfo detect_launch() {
 /// The communicator backends dist::init can create.
 enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
 
+// A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view backend_name(Backend b) noexcept {
   switch (b) {
     case Backend::kAuto: return "auto";

@@ -37,6 +37,7 @@ namespace dist {
 /// ranks (truncating for integers), as NCCL's ncclAvg. kMax/kMin propagate NaN.
 enum class ReduceOp : std::uint8_t { kSum, kAvg, kMax, kMin };
 
+// A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view reduce_op_name(ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::kSum: return "sum";
@@ -223,10 +224,10 @@ inline std::chrono::milliseconds default_timeout() {
 ///  - broadcast(buf, root): every rank ends with root's buf.
 ///  - all_gather(send, recv): recv.count == world_size * send.count; rank r's send lands in
 ///    recv[r * send.count, (r + 1) * send.count). In place when send is that slice of recv.
-///  - reduce_scatter(send, recv, op): send.count == world_size * recv.count; rank r receives op
-///  over
-///    all ranks of send[r * recv.count, (r + 1) * recv.count).
+///  - reduce_scatter(send, recv, op): send.count == world_size * recv.count; rank r receives
+///    op over all ranks of send[r * recv.count, (r + 1) * recv.count).
 ///  - barrier(): completes once every rank has called it.
+// Non-copyable polymorphic base: the same four special members as WorkState.
 class Comm {
  public:
   Comm() = default;

@@ -91,6 +91,8 @@ inline void launch_bf16_to_f32(const bf16* src, float* dst, std::int64_t n, cuda
   exec::launch(exec::Cuda(cuda::StreamRef(stream)), n, Bf16ToF32{src, dst});
 }
 
+// One case per reducible dtype, each naming its element and compute types (the dispatch of
+// host_reduce.hpp's combine has the same shape for the same reason).
 inline void launch_divide(DType dtype, void* data, std::int64_t n, int divisor,
                           cudaStream_t stream) {
   const exec::Cuda on{cuda::StreamRef(stream)};

@@ -28,6 +28,7 @@
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/dist/comm.hpp"
 #include "trainkit/dist/host_reduce.hpp"
+#include "trainkit/exec/host.hpp"
 #include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -64,8 +65,8 @@ inline constexpr const char* ring_op_name(RingOp op) noexcept {
 /// ThreadComm's fixed summation order. all_reduce splits the buffer into `world_size` segments
 /// (segment c = elements [c*n/world_size, (c+1)*n/world_size)), reduce_scatter's send buffer is its
 /// `world_size` segments of recv.count. Element i of segment c is reduced, in every run, as
-///   acc = x[s]; for j in 1..world_size-1: acc = x[(s + j) % world_size] (op) acc;   s =
-///   ring_chain_start(c)
+///   acc = x[s]; for j in 1..world_size-1: acc = x[(s + j) % world_size] (op) acc;
+/// with s = ring_chain_start(c)
 /// where x[r] is rank r's value (16-bit floats: each step in f32, rounded to the type).
 inline constexpr int ring_chain_start(int segment, int world_size) noexcept {
   return (segment + 1) % world_size;
@@ -98,16 +99,6 @@ struct alignas(64) RingSlot {
   std::atomic<bool> accessing{false};  // reading a neighbour's buffers right now
   RingDesc desc;
 };
-
-inline void cpu_pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#else
-  std::this_thread::yield();
-#endif
-}
 
 inline std::string format_seconds(std::chrono::milliseconds ms) {
   return trainkit::detail::concat(static_cast<double>(ms.count()) / 1000.0, " s");
@@ -262,47 +253,39 @@ class ThreadComm final : public Comm {
 
   Work all_reduce(Buffer buf, ReduceOp op) override {
     detail::check_all_reduce(*this, buf);
-    detail::RingDesc d;
-    d.kind = detail::RingOp::kAllReduce;
-    d.op = op;
-    d.dtype = buf.dtype;
-    d.count = buf.count;
-    d.data = buf.data;
-    return enqueue(d);
+    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
+                                    .op = op,
+                                    .dtype = buf.dtype,
+                                    .count = buf.count,
+                                    .data = buf.data});
   }
 
   Work broadcast(Buffer buf, int root) override {
     detail::check_broadcast(*this, buf, root);
-    detail::RingDesc d;
-    d.kind = detail::RingOp::kBroadcast;
-    d.dtype = buf.dtype;
-    d.root = root;
-    d.count = buf.count;
-    d.data = buf.data;
-    return enqueue(d);
+    return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
+                                    .dtype = buf.dtype,
+                                    .root = root,
+                                    .count = buf.count,
+                                    .data = buf.data});
   }
 
   Work all_gather(Buffer send, Buffer recv) override {
     detail::check_all_gather(*this, send, recv);
-    detail::RingDesc d;
-    d.kind = detail::RingOp::kAllGather;
-    d.dtype = send.dtype;
-    d.count = send.count;
-    d.data = recv.data;
-    d.send = send.data;
-    return enqueue(d);
+    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
+                                    .dtype = send.dtype,
+                                    .count = send.count,
+                                    .data = recv.data,
+                                    .send = send.data});
   }
 
   Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
     detail::check_reduce_scatter(*this, send, recv);
-    detail::RingDesc d;
-    d.kind = detail::RingOp::kReduceScatter;
-    d.op = op;
-    d.dtype = send.dtype;
-    d.count = recv.count;
-    d.data = recv.data;
-    d.send = send.data;
-    return enqueue(d);
+    return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
+                                    .op = op,
+                                    .dtype = send.dtype,
+                                    .count = recv.count,
+                                    .data = recv.data,
+                                    .send = send.data});
   }
 
   Work barrier() override {
@@ -511,7 +494,7 @@ class ThreadComm final : public Comm {
       if (ready()) return;
       if ((i & 63) == 0 && Clock::now() > spin_end) break;
       if (i < 64) {
-        detail::cpu_pause();
+        exec::detail::cpu_relax();
       } else {
         std::this_thread::yield();
       }
@@ -736,6 +719,8 @@ class ThreadComm final : public Comm {
         break;
       }
       case detail::RingOp::kAllGather: {
+        // Its steps have the shape of all_reduce's all-gather phase above; each stays inline with
+        // its own unit numbering (a shared step would need both schedules as parameters).
         const std::int64_t m = d.count;
         for (std::int64_t g = 0; g < plan.steps; ++g) {
           const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g

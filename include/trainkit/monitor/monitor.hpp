@@ -126,7 +126,8 @@ inline std::string si(double v) {
   std::snprintf(text, sizeof text, "%.3g%s", v, kSuffix[i]);
   return text;
 }
-/// "512 MiB", "1.23 GiB": binary units, three significant digits.
+/// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
+/// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
 inline std::string bytes(std::size_t n) {
   constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
