@@ -88,9 +88,9 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 TEST_CASE("docs/optimizers.md: the example rule is this file's, and it steps like Adagrad") {
-  const std::string root = TRAINKIT_SOURCE_DIR;
-  const std::string doc = read_file(root + "/docs/optimizers.md");
-  const std::string self = read_file(root + "/tests/optim/test_rule_example.cpp");
+  const std::string root = std::string(TRAINKIT_SOURCE_DIR) + "/";
+  const std::string doc = read_file(root + "docs/optimizers.md");
+  const std::string self = read_file(root + "tests/optim/test_rule_example.cpp");
   CHECK(between(doc, "<!-- BEGIN example -->", "<!-- END example -->") ==
         "```cpp\n" +
             between(self, "// BEGIN docs/optimizers.md example",

@@ -6,13 +6,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
-#include <utility>
-#include <vector>
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/bytes.hpp"
-#include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/error.hpp"
@@ -20,6 +16,7 @@
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/core/state_dict.hpp"
+#include "trainkit/optim/detail/state_fields.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
@@ -97,32 +94,18 @@ class Ema {
   /// Tensors "<param>" (the averages, f32, host copies), values "n_averaged" and "decay".
   StateDict state_dict() const {
     StateDict sd;
-    std::vector<float> host(static_cast<std::size_t>(arena_->buffer_numel()));
-    copy_bytes(host.data(), Space::kHost, shadow_.data(), S, host.size() * sizeof(float));
-    for (const nn::ParamInfo& p : arena_->infos()) {
-      AnyTensor t(DType::kF32, p.shape);
-      if (t.bytes() != 0) std::memcpy(t.data(), host.data() + p.offset, t.bytes());
-      sd.tensors[p.name] = std::move(t);
-    }
-    sd.set("n_averaged", num_updates_);
-    sd.set("decay", options_.decay);
+    detail::save_by_param(sd, *arena_, shadow_.data(), DType::kF32, "");
+    detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
     return sd;
   }
   /// Throws naming the first missing or mis-shaped tensor (nothing changed then).
   void load_state_dict(const StateDict& sd) {
-    std::vector<float> host(static_cast<std::size_t>(arena_->buffer_numel()), 0.0f);
-    for (const nn::ParamInfo& p : arena_->infos()) {
-      const AnyTensor& t = sd.tensor(p.name);
-      TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape,
-                     "optim::Ema::"
-                     "load_state_dict: '",
-                     p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
-                     ", expected f32 ", p.shape.to_string());
-      if (t.bytes() != 0) std::memcpy(host.data() + p.offset, t.data(), t.bytes());
-    }
-    num_updates_ = sd.get_int("n_averaged");
-    options_.decay = sd.get_double("decay");
-    copy_bytes(shadow_.data(), S, host.data(), Space::kHost, host.size() * sizeof(float));
+    detail::check_by_param(sd, *arena_, DType::kF32, "", "optim::Ema::load_state_dict: ");
+    const std::int64_t num_updates = sd.get_int("n_averaged");
+    const double decay = sd.get_double("decay");
+    detail::load_by_param(sd, *arena_, shadow_.data(), DType::kF32, "");
+    num_updates_ = num_updates;
+    options_.decay = decay;
   }
 
  private:

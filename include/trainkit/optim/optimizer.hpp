@@ -190,7 +190,7 @@ struct ListOf<Rule, V, std::index_sequence<K...>> {
   using type = exec::TensorList<float, const float, Repeat<K, StateStorage<Rule, V>>...>;
 };
 
-/// One list per variant (only the one in use is ever filled).
+/// One list per variant, each filled when its variant first steps on the device.
 template <class Rule, class Seq = std::make_integer_sequence<unsigned, RuleTraits<Rule>::kVariants>>
 struct ListsOf;
 template <class Rule, unsigned... V>
@@ -350,20 +350,9 @@ class FusedOptimizer {
         sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
       sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
     }
-    const auto& infos = arena_->infos();
-    for (const detail::StateBuffer& b : state_buffers()) {
-      const std::size_t esize = dtype_size(b.dtype);
-      std::vector<unsigned char> host(static_cast<std::size_t>(arena_->buffer_numel()) * esize);
-      copy_bytes(host.data(), Space::kHost, b.data, S, host.size());
-      for (const nn::ParamInfo& p : infos) {
-        AnyTensor t(b.dtype, p.shape);
-        if (t.bytes() != 0)
-          std::memcpy(t.data(), host.data() + static_cast<std::size_t>(p.offset) * esize,
-                      t.bytes());
-        sd.tensors[p.name + "." + b.name] = std::move(t);
-      }
-    }
-    for (const nn::ParamInfo& p : infos) {
+    for (const detail::StateBuffer& b : state_buffers())
+      detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
+    for (const nn::ParamInfo& p : arena_->infos()) {
       AnyTensor t(DType::kF32, Shape{});
       const float step = static_cast<float>(h.step);
       std::memcpy(t.data(), &step, sizeof step);
@@ -386,15 +375,9 @@ class FusedOptimizer {
     TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
                    "the state's options keep the state ", state_layout(loaded),
                    ", this optimizer's keep ", state_layout(options_));
-    const auto& infos = arena_->infos();
     const auto buffers = state_buffers();
     for (const detail::StateBuffer& b : buffers)
-      for (const nn::ParamInfo& p : infos) {
-        const AnyTensor& t = sd.tensor(p.name + "." + b.name);
-        TRAINKIT_CHECK(t.dtype() == b.dtype && t.shape() == p.shape, prefix, "'", p.name, ".",
-                       b.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
-                       ", expected ", dtype_name(b.dtype), " ", p.shape.to_string());
-      }
+      detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
     std::vector<double> lrs, initial, wds;
     for (int g = 0; g < num_groups(); ++g) {
       const std::string key = "group." + std::to_string(g);
@@ -404,17 +387,8 @@ class FusedOptimizer {
       wds.push_back(sd.get_double(key + ".weight_decay"));
     }
     const double step = sd.get_double("step");
-    for (const detail::StateBuffer& b : buffers) {
-      const std::size_t esize = dtype_size(b.dtype);
-      std::vector<unsigned char> host(static_cast<std::size_t>(arena_->buffer_numel()) * esize, 0);
-      for (const nn::ParamInfo& p : infos) {
-        const AnyTensor& t = sd.tensor(p.name + "." + b.name);
-        if (t.bytes() != 0)
-          std::memcpy(host.data() + static_cast<std::size_t>(p.offset) * esize, t.data(),
-                      t.bytes());
-      }
-      copy_bytes(b.data, S, host.data(), Space::kHost, host.size());
-    }
+    for (const detail::StateBuffer& b : buffers)
+      detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
     options_ = loaded;
     for (std::size_t g = 0; g < group_.size(); ++g) {
       group_[g] = loaded;

@@ -1,18 +1,25 @@
 // SPDX-License-Identifier: MIT
 // trainkit/optim/detail/state_fields.hpp (internal): the StateDict plumbing of optim's stateful
 // objects written once: fields (a key and a member pointer) saved and restored as a list, several
-// key/value pairs set in one call, and per-group lists stored as "<prefix>.<g>".
+// key/value pairs set in one call, per-group lists stored as "<prefix>.<g>", and buffers with a
+// ParamArena's layout stored as one tensor per parameter.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/any_tensor.hpp"
+#include "trainkit/core/bytes.hpp"
+#include "trainkit/core/dtype.hpp"
 #include "trainkit/core/state_dict.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/nn/param_arena.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
@@ -70,6 +77,50 @@ inline void save_list(StateDict& sd, const std::string& prefix, const std::vecto
 inline void load_list(const StateDict& sd, const std::string& prefix, std::vector<double>& values) {
   for (std::size_t g = 0; g < values.size(); ++g)
     values[g] = sd.get_double(prefix + "." + std::to_string(g));
+}
+
+/// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
+/// layout) as tensors "<param><suffix>" of each parameter's shape, padding left out. Downloads
+/// device memory (sync).
+template <Space S>
+void save_by_param(StateDict& sd, const nn::ParamArena<S>& arena, const void* data, DType dtype,
+                   const std::string& suffix) {
+  const std::size_t esize = dtype_size(dtype);
+  std::vector<unsigned char> host(static_cast<std::size_t>(arena.buffer_numel()) * esize);
+  copy_bytes(host.data(), Space::kHost, data, S, host.size());
+  for (const nn::ParamInfo& p : arena.infos()) {
+    AnyTensor t(dtype, p.shape);
+    if (t.bytes() != 0)
+      std::memcpy(t.data(), host.data() + static_cast<std::size_t>(p.offset) * esize, t.bytes());
+    sd.tensors[p.name + suffix] = std::move(t);
+  }
+}
+
+/// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
+/// save_by_param layout that is missing or has another dtype or shape.
+template <Space S>
+void check_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, DType dtype,
+                    const std::string& suffix, const std::string& what) {
+  for (const nn::ParamInfo& p : arena.infos()) {
+    const AnyTensor& t = sd.tensor(p.name + suffix);
+    TRAINKIT_CHECK(t.dtype() == dtype && t.shape() == p.shape, what, "'", p.name, suffix, "' is ",
+                   dtype_name(t.dtype()), " ", t.shape().to_string(), ", expected ",
+                   dtype_name(dtype), " ", p.shape.to_string());
+  }
+}
+
+/// The inverse of save_by_param (after check_by_param): the padding becomes zero.
+template <Space S>
+void load_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, void* data, DType dtype,
+                   const std::string& suffix) {
+  const std::size_t esize = dtype_size(dtype);
+  std::vector<unsigned char> host(static_cast<std::size_t>(arena.buffer_numel()) * esize, 0);
+  for (const nn::ParamInfo& p : arena.infos()) {
+    const AnyTensor& t = sd.tensor(p.name + suffix);
+    if (t.bytes() != 0)
+      std::memcpy(host.data() + static_cast<std::size_t>(p.offset) * esize, t.data(), t.bytes());
+  }
+  copy_bytes(data, S, host.data(), Space::kHost, host.size());
 }
 
 }  // namespace detail
