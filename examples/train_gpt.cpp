@@ -397,6 +397,7 @@ class Gpt {
     for (std::int64_t n = 0; n < N; ++n) pos_.data()[n] = static_cast<std::int32_t>(n % T_);
     emb_ = tk::Tensor<float>(tk::Shape{N, C_});
     for (std::int64_t l = 0; l <= c.layers; ++l) xs_.emplace_back(tk::Shape{N, C_});
+    block_ctx_.resize(blocks_.size());
     h_ = tk::Tensor<float>(tk::Shape{N, C_});
     logits_ = tk::Tensor<float>(tk::Shape{N, kVocab});
     dlogits_ = tk::Tensor<float>(tk::Shape{N, kVocab});
@@ -419,11 +420,11 @@ class Gpt {
       for (std::int64_t n = 0; n < N; ++n) pos_.data()[n] = static_cast<std::int32_t>(n % T);
     }
     wte_.forward(exec, ids_view(), mat(emb_, N, C_));
-    wpe_.forward(exec, pos_view(), mat(emb_, N, C_), nn::InputGrad::kAccumulate);
+    wpe_.forward(exec, pos_view(), mat(emb_, N, C_), nn::Write::kAccumulate);
     drop_.forward(exec, mat(emb_, N, C_), mat(xs_[0], N, C_));
     for (std::size_t l = 0; l < blocks_.size(); ++l)
-      blocks_[l]->forward(exec, cube(xs_[l], B, T), cube(xs_[l + 1], B, T));
-    ln_f_->forward(exec, mat(xs_.back(), N, C_), mat(h_, N, C_));
+      blocks_[l]->forward(exec, block_ctx_[l], cube(xs_[l], B, T), cube(xs_[l + 1], B, T));
+    ln_f_->forward(exec, ln_f_ctx_, mat(xs_.back(), N, C_), mat(h_, N, C_));
     lm_head_->forward(exec, mat(h_, N, C_), mat(logits_, N, kVocab));
     if (T != T_) {
       for (std::int64_t n = 0; n < B_ * T_; ++n) pos_.data()[n] = static_cast<std::int32_t>(n % T_);
@@ -439,10 +440,11 @@ class Gpt {
     TRAINKIT_CHECK(B0_ == B_ && T0_ == T_, "Gpt::backward after a forward of another shape");
     const std::int64_t N = B_ * T_;
     lm_head_->backward(exec, mat(h_, N, C_), mat(dlogits_, N, kVocab), mat(da_, N, C_));
-    ln_f_->backward(exec, mat(xs_.back(), N, C_), mat(da_, N, C_), mat(db_, N, C_));
+    ln_f_->backward(exec, ln_f_ctx_, mat(xs_.back(), N, C_), mat(da_, N, C_), mat(db_, N, C_));
     std::swap(da_, db_);
     for (std::size_t l = blocks_.size(); l-- > 0;) {
-      blocks_[l]->backward(exec, cube(xs_[l], B_, T_), cube(da_, B_, T_), cube(db_, B_, T_));
+      blocks_[l]->backward(exec, block_ctx_[l], cube(xs_[l], B_, T_), cube(da_, B_, T_),
+                           cube(db_, B_, T_));
       std::swap(da_, db_);
     }
     drop_.backward(exec, mat(emb_, N, C_), mat(da_, N, C_), mat(db_, N, C_));
@@ -476,6 +478,9 @@ class Gpt {
   tk::Tensor<std::int32_t> pos_;
   tk::Tensor<float> emb_, h_, logits_, dlogits_, da_, db_;
   std::vector<tk::Tensor<float>> xs_;  // xs_[l]: input of block l; xs_[L]: input of ln_f
+  // What the last forward saved for backward, per block and for ln_f.
+  std::vector<nn::TransformerBlock<>::Context> block_ctx_;
+  nn::LayerNorm<>::Context ln_f_ctx_;
 };
 
 // ---- evaluation and generation -----------------------------------------------------------------
@@ -485,6 +490,7 @@ class Gpt {
 double evaluate(Gpt& model, const tk::exec::Host& exec, const data::TokenShardDataset& val,
                 const Config& c) {
   nn::SoftmaxCrossEntropy<> ce;
+  nn::SoftmaxCrossEntropy<>::Context ce_ctx;
   const auto windows = static_cast<std::int64_t>(val.size());
   const std::int64_t want = std::min<std::int64_t>(c.eval_batches * c.batch, windows);
   const std::int64_t T = c.seq;
@@ -501,7 +507,7 @@ double evaluate(Gpt& model, const tk::exec::Host& exec, const data::TokenShardDa
       val.read(static_cast<std::size_t>((k0 + r) * windows / want), data::SampleRef(fields));
     }
     float loss = 0.0f;
-    ce.forward(exec, model.forward(exec, inputs.data(), rows, T),
+    ce.forward(exec, ce_ctx, model.forward(exec, inputs.data(), rows, T),
                tk::HostView<const std::int32_t, 1>(targets.data(), tk::Extents<1>{{rows * T}}),
                tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
     sum += static_cast<double>(loss) * static_cast<double>(rows);
@@ -750,6 +756,7 @@ int train(Config c, const std::set<std::string>& given) {
   }
 
   nn::SoftmaxCrossEntropy<> ce;
+  nn::SoftmaxCrossEntropy<>::Context ce_ctx;
   float loss = NAN;
   double val_loss = NAN;
   std::vector<double> recent;  // train losses of the last steps of this process
@@ -770,12 +777,12 @@ int train(Config c, const std::set<std::string>& given) {
       auto span = monitor.span(mon::Phase::kForward);
       model.dropout().set_step(static_cast<std::uint32_t>(step));
       logits = model.forward(exec, inputs.data(), c.batch, c.seq);
-      ce.forward(exec, logits, targets, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+      ce.forward(exec, ce_ctx, logits, targets, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
     }
     {
       auto span = monitor.span(mon::Phase::kBackward);
       arena.zero_grad();
-      ce.backward(exec, logits, targets, model.dlogits());
+      ce.backward(exec, ce_ctx, logits, targets, model.dlogits());
       model.backward(exec);
     }
     double grad_norm = 0.0;

@@ -42,10 +42,11 @@ int main(int argc, char** argv) {
     x.data()[i] = std::sin(0.37f * float(i % 9973));
     dy.data()[i] = 1e-3f * std::cos(0.11f * float(i % 7919));
   }
+  decltype(block)::Context ctx;  // kept across steps: forward refills it without allocating
   auto step = [&] {
     arena.zero_grad();
-    block.forward(host, x.view<3>(), y.view<3>());
-    block.backward(host, x.view<3>(), dy.view<3>(), dx.view<3>());
+    block.forward(host, ctx, x.view<3>(), y.view<3>());
+    block.backward(host, ctx, x.view<3>(), dy.view<3>(), dx.view<3>());
   };
   step();
   double ny = 0.0, ndx = 0.0, ng = 0.0;

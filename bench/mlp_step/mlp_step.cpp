@@ -42,12 +42,15 @@ int main(int argc, char** argv) {
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = std::sin(0.37f * float(i % 9973));
   for (std::int64_t i = 0; i < batch; ++i) targets.data()[i] = (i * 7) % classes;
 
+  // Kept across steps: forward refills them without allocating.
+  decltype(net)::Context ctx;
+  decltype(ce)::Context ce_ctx;
   auto step = [&] {
     arena.zero_grad();
-    net.forward(host, x.view<2>(), logits.view<2>());
-    ce.forward(host, logits.view<2>(), targets.view<1>(), loss.view<1>());
-    ce.backward(host, logits.view<2>(), targets.view<1>(), dlogits.view<2>());
-    net.backward(host, dlogits.view<2>(), tk::HostView<float, 2>());
+    net.forward(host, ctx, x.view<2>(), logits.view<2>());
+    ce.forward(host, ce_ctx, logits.view<2>(), targets.view<1>(), loss.view<1>());
+    ce.backward(host, ce_ctx, logits.view<2>(), targets.view<1>(), dlogits.view<2>());
+    net.backward(host, ctx, x.view<2>(), dlogits.view<2>(), tk::HostView<float, 2>());
   };
   step();
   double grad_norm = 0.0;

@@ -55,7 +55,8 @@ TEST_CASE("interop: Python reads a trainkit checkpoint (safetensors.numpy, torch
   const std::vector<float> x = {0.5f, -1.25f, 2.0f, -0.75f, 0.25f, 1.5f};
   tk::Tensor<float> in(tk::Shape{2, 3}), out(tk::Shape{2, 2});
   for (std::size_t i = 0; i < x.size(); ++i) in.data()[i] = x[i];
-  net.forward(exec, in.view<2>(), out.view<2>());
+  decltype(net)::Context ctx;
+  net.forward(exec, ctx, in.view<2>(), out.view<2>());
 
   io::Json expected = io::Json::object();
   expected.set("step", 5);

@@ -72,7 +72,8 @@ TEST_CASE("load_model: weights saved by PyTorch give PyTorch's output") {
   tk::exec::Host exec(1);
   tk::Tensor<float> in(tk::Shape{4, 5}), out(tk::Shape{4, 3});
   std::memcpy(in.data(), x.data(), x.size() * 4);
-  m.net.forward(exec, in.view<2>(), out.view<2>());
+  decltype(m.net)::Context ctx;
+  m.net.forward(exec, ctx, in.view<2>(), out.view<2>());
   for (std::size_t i = 0; i < y.size(); ++i)
     CHECK(out.data()[i] == doctest::Approx(y[i]).epsilon(1e-5));
 

@@ -133,6 +133,8 @@ int train(const std::string& dir, std::int64_t steps, std::int64_t every, bool a
   tk::Tensor<float> logits(tk::Shape{std::int64_t(kBatch), kClasses});
   tk::Tensor<float> dlogits(tk::Shape{std::int64_t(kBatch), kClasses});
   float loss = 0;
+  decltype(net)::Context ctx;
+  nn::SoftmaxCrossEntropy<>::Context loss_ctx;
   while (state.step < steps) {
     const data::Batch b = loader.next();
     const auto bx = b.host<float, 2>("x");
@@ -142,10 +144,11 @@ int train(const std::string& dir, std::int64_t steps, std::int64_t every, bool a
                                                 tk::Extents<1>{{std::int64_t(kBatch)}});
     net.get<2>().set_step(static_cast<std::uint32_t>(state.step));
     arena.zero_grad();
-    net.forward(exec, x.view<2>(), logits.view<2>());
-    loss_fn.forward(exec, logits.view<2>(), y, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
-    loss_fn.backward(exec, logits.view<2>(), y, dlogits.view<2>());
-    net.backward(exec, dlogits.view<2>(), tk::HostView<float, 2>());
+    net.forward(exec, ctx, x.view<2>(), logits.view<2>());
+    loss_fn.forward(exec, loss_ctx, logits.view<2>(), y,
+                    tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+    loss_fn.backward(exec, loss_ctx, logits.view<2>(), y, dlogits.view<2>());
+    net.backward(exec, ctx, x.view<2>(), dlogits.view<2>(), tk::HostView<float, 2>());
     opt.step(exec, optim::ClipGradNorm{1.0});
     if (kill_at >= 0 && state.step == kill_at) ::kill(::getpid(), SIGKILL);  // mid-step
     schedule->step();

@@ -93,8 +93,9 @@ TEST_CASE("CausalSelfAttention: forward vs f64, backward vs finite differences, 
   const auto x = nntest::random_floats(B * T * C, 61, 1.5f);
   const auto dy = nntest::random_floats(B * T * C, 62);
   std::vector<float> y(x.size()), dx(x.size());
-  attn.forward(pool(), cube(x.data(), B, T, C), cube(y.data(), B, T, C));
-  attn.backward(pool(), cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
+  decltype(attn)::Context ctx;
+  attn.forward(pool(), ctx, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
+  attn.backward(pool(), ctx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
                 cube(dx.data(), B, T, C));
 
   const auto wa = param_d(arena, attn.c_attn().weight()), ba = param_d(arena, attn.c_attn().bias());
@@ -122,7 +123,7 @@ TEST_CASE("CausalSelfAttention: forward vs f64, backward vs finite differences, 
   CHECK(rel_err(grad(attn.c_proj().weight()), gwp.data(), C * C) < 1e-5);
 
   // Probabilities: rows sum to one, exact zeros above the diagonal.
-  const float* p = attn.saved_probs<float>();
+  const float* p = ctx.probs<float>();
   for (int r = 0; r < B * H * T; ++r) {
     const int i = r % T;
     double s = 0.0;
@@ -143,8 +144,9 @@ TEST_CASE("CausalSelfAttention: sequences longer than one causal block (directio
   const auto x = nntest::random_floats(B * T * C, 63, 2.0f);
   const auto dy = nntest::random_floats(B * T * C, 64);
   std::vector<float> y(x.size()), dx(x.size());
-  attn.forward(pool(), cube(x.data(), B, T, C), cube(y.data(), B, T, C));
-  attn.backward(pool(), cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
+  decltype(attn)::Context ctx;
+  attn.forward(pool(), ctx, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
+  attn.backward(pool(), ctx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
                 cube(dx.data(), B, T, C));
   const auto wa = param_d(arena, attn.c_attn().weight()), ba = param_d(arena, attn.c_attn().bias());
   const auto wp = param_d(arena, attn.c_proj().weight()), bp = param_d(arena, attn.c_proj().bias());
@@ -187,8 +189,9 @@ TEST_CASE("CausalSelfAttention and TransformerBlock: match PyTorch (nanoGPT) val
     auto x = nntest::tensor_of(ref["attention/x"]);
     auto dy = nntest::tensor_of(ref["attention/dy"]);
     tk::Tensor<float> y(x.shape()), dx(x.shape());
-    attn.forward(pool(), x.view<3>(), y.view<3>());
-    attn.backward(pool(), x.view<3>(), dy.view<3>(), dx.view<3>());
+    decltype(attn)::Context ctx;
+    attn.forward(pool(), ctx, x.view<3>(), y.view<3>());
+    attn.backward(pool(), ctx, x.view<3>(), dy.view<3>(), dx.view<3>());
     CHECK(rel_err(y.data(), ref["attention/y"].values.data(), y.numel()) < 1e-6);
     CHECK(rel_err(dx.data(), ref["attention/dx"].values.data(), dx.numel()) < 1e-5);
     nntest::check_grads(arena, "attention", 1e-5);
@@ -204,15 +207,16 @@ TEST_CASE("CausalSelfAttention and TransformerBlock: match PyTorch (nanoGPT) val
     auto x = nntest::tensor_of(ref["block/x"]);
     auto dy = nntest::tensor_of(ref["block/dy"]);
     tk::Tensor<float> y(x.shape()), dx(x.shape());
-    block.forward(pool(), x.view<3>(), y.view<3>());
-    block.backward(pool(), x.view<3>(), dy.view<3>(), dx.view<3>());
+    decltype(block)::Context ctx;
+    block.forward(pool(), ctx, x.view<3>(), y.view<3>());
+    block.backward(pool(), ctx, x.view<3>(), dy.view<3>(), dx.view<3>());
     CHECK(rel_err(y.data(), ref["block/y"].values.data(), y.numel()) < 1e-6);
     CHECK(rel_err(dx.data(), ref["block/dx"].values.data(), dx.numel()) < 1e-5);
     nntest::check_grads(arena, "block", 1e-5);
 
     // kAccumulate adds the block's input gradient to what dx held.
     tk::Tensor<float> acc = tk::Tensor<float>::full(x.shape(), 0.5f);
-    block.backward(pool(), x.view<3>(), dy.view<3>(), acc.view<3>(), nn::InputGrad::kAccumulate);
+    block.backward(pool(), ctx, x.view<3>(), dy.view<3>(), acc.view<3>(), nn::Write::kAccumulate);
     for (std::int64_t i = 0; i < acc.numel(); i += 7)
       CHECK(acc.data()[i] == doctest::Approx(0.5f + dx.data()[i]).epsilon(1e-5));
   }
@@ -237,8 +241,9 @@ TEST_CASE("TransformerBlock: GPT-2 initialisation and thread-count independence"
     const auto x = nntest::random_floats(B * T * C, 71);
     const auto dy = nntest::random_floats(B * T * C, 72);
     std::vector<float> y(x.size()), dx(x.size());
-    block.forward(host, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
-    block.backward(host, cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
+    decltype(block)::Context ctx;
+    block.forward(host, ctx, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
+    block.backward(host, ctx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
                    cube(dx.data(), B, T, C));
     results[t] = y;
     results[t].insert(results[t].end(), dx.begin(), dx.end());

@@ -86,9 +86,10 @@ void run_case(tk::PhiloxStream& rng, double offset, double& worst_loss, double& 
   float loss = 0.0f;
   const tk::HostView<const float, 2> lv(logits.data(), tk::Extents<2>{{n, v}});
   const tk::HostView<const I, 1> tv(targets.data(), tk::Extents<1>{{n}});
-  ce.forward(pool(), lv, tv, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+  decltype(ce)::Context ctx;
+  ce.forward(pool(), ctx, lv, tv, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
   std::vector<float> grad(logits.size());
-  ce.backward(pool(), lv, tv, tk::HostView<float, 2>(grad.data(), tk::Extents<2>{{n, v}}),
+  ce.backward(pool(), ctx, lv, tv, tk::HostView<float, 2>(grad.data(), tk::Extents<2>{{n, v}}),
               static_cast<float>(dloss));
 
   const Reference ref = reference(logits, targets, n, v, ignore, dloss);

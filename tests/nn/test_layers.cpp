@@ -144,7 +144,7 @@ TEST_CASE("Linear: forward vs f64, backward vs finite differences (odd sizes)") 
     for (std::size_t i = 0; i < gw.size(); ++i) twice[i] = 2.0 * gw[i];
     CHECK(rel_err(arena.grad<2>(lin.weight()).data(), twice.data(), out * in) < 1e-5);
     lin.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in),
-                 nn::InputGrad::kAccumulate);
+                 nn::Write::kAccumulate);
     for (std::size_t i = 0; i < dx.size(); ++i)
       CHECK(dx[i] == doctest::Approx(2.0f * dx1[i]).epsilon(1e-5));
     arena.zero_grad();
@@ -260,7 +260,8 @@ TEST_CASE("LayerNorm: forward vs f64 (saved statistics), backward vs finite diff
   for (auto& v : x) v += 5.0f;  // an offset: the variance must be centred
   const auto dy = nntest::random_floats(n * c, 24);
   std::vector<float> y(x.size()), dx(x.size());
-  ln.forward(pool(), mat(x.data(), n, c), mat(y.data(), n, c));
+  decltype(ln)::Context ctx;
+  ln.forward(pool(), ctx, mat(x.data(), n, c), mat(y.data(), n, c));
   const auto xd = nntest::to_double(x.data(), n * c);
   const auto w = nntest::to_double(arena.param<1>(ln.weight()).data(), c);
   const auto b = nntest::to_double(arena.param<1>(ln.bias()).data(), c);
@@ -268,9 +269,10 @@ TEST_CASE("LayerNorm: forward vs f64 (saved statistics), backward vs finite diff
   CHECK(rel_err(y.data(), layer_norm_ref(xd, w, b, n, c, 1e-5).data(), n * c) < 1e-6);
   double m0 = 0.0;
   for (std::int64_t j = 0; j < c; ++j) m0 += xd[std::size_t(j)];
-  CHECK(ln.saved_mean()[0] == doctest::Approx(m0 / double(c)).epsilon(1e-6));
+  CHECK(ctx.rows() == n);
+  CHECK(ctx.mean()[0] == doctest::Approx(m0 / double(c)).epsilon(1e-6));
 
-  ln.backward(pool(), mat(x.data(), n, c), mat(dy.data(), n, c), mat(dx.data(), n, c));
+  ln.backward(pool(), ctx, mat(x.data(), n, c), mat(dy.data(), n, c), mat(dx.data(), n, c));
   auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv2,
                   const std::vector<double>& bv2) {
     return nntest::dot(layer_norm_ref(xv, wv2, bv2, n, c, 1e-5), dyd);
@@ -287,8 +289,8 @@ TEST_CASE("LayerNorm: forward vs f64 (saved statistics), backward vs finite diff
 
   // Accumulate mode adds to dx.
   std::vector<float> acc(dx.size(), 1.0f);
-  ln.backward(pool(), mat(x.data(), n, c), mat(dy.data(), n, c), mat(acc.data(), n, c),
-              nn::InputGrad::kAccumulate);
+  ln.backward(pool(), ctx, mat(x.data(), n, c), mat(dy.data(), n, c), mat(acc.data(), n, c),
+              nn::Write::kAccumulate);
   for (std::size_t i = 0; i < dx.size(); i += 17)
     CHECK(acc[i] == doctest::Approx(1.0f + dx[i]).epsilon(1e-5));
 }
@@ -302,9 +304,10 @@ TEST_CASE("LayerNorm: matches PyTorch values; bits independent of threads") {
   auto x = nntest::tensor_of(ref["layer_norm/x"]);
   auto dy = nntest::tensor_of(ref["layer_norm/dy"]);
   tk::Tensor<float> y(tk::Shape{6, 10}), dx(tk::Shape{6, 10});
-  ln.forward(pool(), x.view<2>(), y.view<2>());
+  decltype(ln)::Context ctx;
+  ln.forward(pool(), ctx, x.view<2>(), y.view<2>());
   CHECK(rel_err(y.data(), ref["layer_norm/y"].values.data(), 60) < 1e-6);
-  ln.backward(pool(), x.view<2>(), dy.view<2>(), dx.view<2>());
+  ln.backward(pool(), ctx, x.view<2>(), dy.view<2>(), dx.view<2>());
   CHECK(rel_err(dx.data(), ref["layer_norm/dx"].values.data(), 60) < 1e-5);
   nntest::check_grads(arena, "layer_norm", 1e-6);
 
@@ -319,8 +322,9 @@ TEST_CASE("LayerNorm: matches PyTorch values; bits independent of threads") {
     a2.finalize();
     a2.initialize(1);
     std::vector<float> ys(xs.size()), dxs(xs.size());
-    l2.forward(host, mat(xs.data(), n, c), mat(ys.data(), n, c));
-    l2.backward(host, mat(xs.data(), n, c), mat(dys.data(), n, c), mat(dxs.data(), n, c));
+    decltype(l2)::Context c2;
+    l2.forward(host, c2, mat(xs.data(), n, c), mat(ys.data(), n, c));
+    l2.backward(host, c2, mat(xs.data(), n, c), mat(dys.data(), n, c), mat(dxs.data(), n, c));
     grads[t].assign(a2.grads_data(), a2.grads_data() + a2.buffer_numel());
   }
   CHECK(grads[0] == grads[1]);
@@ -448,7 +452,7 @@ TEST_CASE("residual_forward / residual_backward") {
   nn::residual_forward(pool(), v(a), v(b), v(out));
   CHECK(out == std::vector<float>{11, 22, 33, 44});
   nn::residual_backward(pool(), tk::HostView<const float, 1>(dout.data(), tk::Extents<1>{{4}}),
-                        v(da), v(db), nn::InputGrad::kWrite, nn::InputGrad::kAccumulate);
+                        v(da), v(db), nn::Write::kOverwrite, nn::Write::kAccumulate);
   CHECK(da == dout);
   CHECK(db == std::vector<float>{5.5f, 4, 7, 5});
 }
@@ -473,7 +477,7 @@ TEST_CASE("Embedding: matches PyTorch (repeated ids), accumulate mode, id range 
   nntest::check_grads(arena, "embedding", 1e-6);
 
   // Accumulate: out += W[ids] (token + position embeddings).
-  emb.forward(pool(), idv, out.view<2>(), nn::InputGrad::kAccumulate);
+  emb.forward(pool(), idv, out.view<2>(), nn::Write::kAccumulate);
   CHECK(out.data()[5] == doctest::Approx(2.0 * ref["embedding/out"].values[5]));
 
   std::vector<std::int64_t> bad = {0, 6};
@@ -495,10 +499,11 @@ TEST_CASE("SoftmaxCrossEntropy: PyTorch parity with ignore_index, finite differe
   float loss = 0.0f;
   const tk::HostView<float, 1> lv(&loss, tk::Extents<1>{{1}});
   nn::SoftmaxCrossEntropy ce;
-  ce.forward(pool(), logits.view<2>(), tv, lv);
+  decltype(ce)::Context ctx;
+  ce.forward(pool(), ctx, logits.view<2>(), tv, lv);
   CHECK(loss == doctest::Approx(ref["cross_entropy/loss"].values[0]).epsilon(1e-6));
   tk::Tensor<float> dl(tk::Shape{7, 5});
-  ce.backward(pool(), logits.view<2>(), tv, dl.view<2>());
+  ce.backward(pool(), ctx, logits.view<2>(), tv, dl.view<2>());
   CHECK(rel_err(dl.data(), ref["cross_entropy/dlogits"].values.data(), 35) < 1e-6);
 
   // Finite differences of the f64 loss on random logits; dloss scales the gradient.
@@ -510,11 +515,11 @@ TEST_CASE("SoftmaxCrossEntropy: PyTorch parity with ignore_index, finite differe
   nn::SoftmaxCrossEntropy ce2({.ignore_index = -1});
   const tk::HostView<const float, 2> lrv(lr.data(), tk::Extents<2>{{n, v}});
   const tk::HostView<const std::int64_t, 1> trv(t.data(), tk::Extents<1>{{n}});
-  ce2.forward(pool(), lrv, trv, lv);
+  ce2.forward(pool(), ctx, lrv, trv, lv);
   const auto ld = nntest::to_double(lr.data(), n * v);
   CHECK(loss == doctest::Approx(cross_entropy_ref(ld, t, n, v, -1)).epsilon(1e-6));
   std::vector<float> g(static_cast<std::size_t>(n * v));
-  ce2.backward(pool(), lrv, trv, mat(g.data(), n, v), 2.0f);
+  ce2.backward(pool(), ctx, lrv, trv, mat(g.data(), n, v), 2.0f);
   auto fd = nntest::finite_diff(
       [&](const std::vector<double>& x) { return 2.0 * cross_entropy_ref(x, t, n, v, -1); }, ld);
   CHECK(rel_err(g.data(), fd.data(), n * v) < 1e-5);
@@ -523,23 +528,24 @@ TEST_CASE("SoftmaxCrossEntropy: PyTorch parity with ignore_index, finite differe
   // Stable for huge logits.
   std::vector<float> big(static_cast<std::size_t>(n * v));
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = lr[i] + 1e4f;
-  ce2.forward(pool(), tk::HostView<const float, 2>(big.data(), tk::Extents<2>{{n, v}}), trv, lv);
+  ce2.forward(pool(), ctx, tk::HostView<const float, 2>(big.data(), tk::Extents<2>{{n, v}}), trv,
+              lv);
   CHECK(std::isfinite(loss));
   CHECK(loss == doctest::Approx(cross_entropy_ref(ld, t, n, v, -1)).epsilon(1e-2));
 
   // All ignored: NaN loss (0/0, as PyTorch) and zero gradient.
   std::vector<std::int64_t> none(static_cast<std::size_t>(n), -1);
   const tk::HostView<const std::int64_t, 1> nv(none.data(), tk::Extents<1>{{n}});
-  ce2.forward(pool(), lrv, nv, lv);
+  ce2.forward(pool(), ctx, lrv, nv, lv);
   CHECK(std::isnan(loss));
-  ce2.backward(pool(), lrv, nv, mat(g.data(), n, v));
+  ce2.backward(pool(), ctx, lrv, nv, mat(g.data(), n, v));
   for (float gi : g) CHECK(gi == 0.0f);
 
   // A target out of range throws.
   std::vector<std::int64_t> bad(static_cast<std::size_t>(n), 0);
   bad[2] = v;
   CHECK_THROWS_AS(
-      ce2.forward(pool(), lrv, tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{n}}),
-                  lv),
+      ce2.forward(pool(), ctx, lrv,
+                  tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{n}}), lv),
       tk::Error);
 }

@@ -157,8 +157,9 @@ TEST_CASE("device layers match the host layers (f32)") {
   compare(
       "LayerNorm", [](auto& arena) { return nn::LayerNorm(arena, "ln", {.features = 72}); },
       [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
-        m.forward(ex, x.template view<2>(), y.template view<2>());
-        m.backward(ex, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+        typename std::remove_reference_t<decltype(m)>::Context ctx;
+        m.forward(ex, ctx, x.template view<2>(), y.template view<2>());
+        m.backward(ex, ctx, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
       },
       tk::Shape{100, 72}, tk::Shape{100, 72}, 1e-5);
   compare(
@@ -197,16 +198,18 @@ TEST_CASE("device layers match the host layers (f32)") {
         return nn::CausalSelfAttention(arena, "attn", {.n_embd = 32, .n_head = 4});
       },
       [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
-        m.forward(ex, x.template view<3>(), y.template view<3>());
-        m.backward(ex, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+        typename std::remove_reference_t<decltype(m)>::Context ctx;
+        m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
+        m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
       },
       tk::Shape{3, 17, 32}, tk::Shape{3, 17, 32}, 1e-5);
   compare(
       "TransformerBlock",
       [](auto& arena) { return nn::TransformerBlock(arena, "h.0", {.n_embd = 64, .n_head = 4}); },
       [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
-        m.forward(ex, x.template view<3>(), y.template view<3>());
-        m.backward(ex, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+        typename std::remove_reference_t<decltype(m)>::Context ctx;
+        m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
+        m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
       },
       tk::Shape{2, 24, 64}, tk::Shape{2, 24, 64}, 1e-5);
   (void)sizeof(Dev);
@@ -256,15 +259,18 @@ TEST_CASE("device Dropout, Embedding and SoftmaxCrossEntropy") {
   auto dt = to_device(t, tk::Shape{rows});
   tk::Tensor<float, tk::Space::kDevice> dloss(tk::Shape{1}), dgrad(tk::Shape{rows, vocab});
   nn::SoftmaxCrossEntropy<tk::Space::kDevice> dce;
-  dce.forward(gpu, dl.view<2>(), dt.view<1>(), dloss.view<1>());
-  dce.backward(gpu, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
+  decltype(dce)::Context dctx;
+  dce.forward(gpu, dctx, dl.view<2>(), dt.view<1>(), dloss.view<1>());
+  dce.backward(gpu, dctx, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
   float hloss = 0.0f;
   std::vector<float> hgrad(static_cast<std::size_t>(rows * vocab));
   nn::SoftmaxCrossEntropy hce;
   const tk::HostView<const float, 2> hl(logits.data(), tk::Extents<2>{{rows, vocab}});
   const tk::HostView<const std::int64_t, 1> ht(t.data(), tk::Extents<1>{{rows}});
-  hce.forward(host(), hl, ht, tk::HostView<float, 1>(&hloss, tk::Extents<1>{{1}}));
-  hce.backward(host(), hl, ht, tk::HostView<float, 2>(hgrad.data(), tk::Extents<2>{{rows, vocab}}));
+  decltype(hce)::Context hctx;
+  hce.forward(host(), hctx, hl, ht, tk::HostView<float, 1>(&hloss, tk::Extents<1>{{1}}));
+  hce.backward(host(), hctx, hl, ht,
+               tk::HostView<float, 2>(hgrad.data(), tk::Extents<2>{{rows, vocab}}));
   CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(hloss).epsilon(1e-5));
   CHECK(err(as_float(dgrad), hgrad) < 1e-5);
 }
@@ -299,8 +305,9 @@ TEST_CASE("device SoftmaxCrossEntropy keeps f32 precision at logit offsets up to
     auto dt = to_device(t, tk::Shape{rows});
     tk::Tensor<float, tk::Space::kDevice> dloss(tk::Shape{1}), dgrad(tk::Shape{rows, vocab});
     nn::SoftmaxCrossEntropy<tk::Space::kDevice> ce;
-    ce.forward(gpu, dl.view<2>(), dt.view<1>(), dloss.view<1>());
-    ce.backward(gpu, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
+    decltype(ce)::Context ctx;
+    ce.forward(gpu, ctx, dl.view<2>(), dt.view<1>(), dloss.view<1>());
+    ce.backward(gpu, ctx, dl.view<2>(), dt.view<1>(), dgrad.view<2>());
     const std::vector<float> g = as_float(dgrad);
     CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(loss_ref).epsilon(1e-6));
     CHECK(rel_err(g.data(), grad_ref.data(), rows * vocab) < 1e-6);
@@ -331,12 +338,15 @@ std::vector<float> mlp_grads(const E& ex) {
   tk::copy(ts.template view<1>(),
            tk::HostView<const std::int32_t, 1>(t.data(), tk::Extents<1>{{n}}));
   nn::SoftmaxCrossEntropy<S> ce;
-  net.template forward<P>(ex, xs.template view<2>(), logits.template view<2>());
-  ce.template forward<P>(ex, logits.template view<2>(), ts.template view<1>(),
+  typename decltype(net)::Context ctx;
+  typename nn::SoftmaxCrossEntropy<S>::Context ce_ctx;
+  net.template forward<P>(ex, ctx, xs.template view<2>(), logits.template view<2>());
+  ce.template forward<P>(ex, ce_ctx, logits.template view<2>(), ts.template view<1>(),
                          loss.template view<1>());
-  ce.template backward<P>(ex, logits.template view<2>(), ts.template view<1>(),
+  ce.template backward<P>(ex, ce_ctx, logits.template view<2>(), ts.template view<1>(),
                           dlogits.template view<2>());
-  net.template backward<P>(ex, dlogits.template view<2>(), tk::TensorView<T, 2, S>());
+  net.template backward<P>(ex, ctx, xs.template view<2>(), dlogits.template view<2>(),
+                           tk::TensorView<T, 2, S>());
   if constexpr (S == tk::Space::kDevice) {
     TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
     return to_host(arena.grads_data(), arena.buffer_numel());

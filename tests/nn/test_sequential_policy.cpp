@@ -89,16 +89,19 @@ TEST_CASE("Sequential: MLP + cross-entropy step matches PyTorch") {
   float loss = 0.0f;
   nn::SoftmaxCrossEntropy ce;
   const tk::HostView<const std::int64_t, 1> tv(t.data(), tk::Extents<1>{{8}});
-  net.forward(pool(), x.view<2>(), logits.view<2>());
-  ce.forward(pool(), logits.view<2>(), tv, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
-  ce.backward(pool(), logits.view<2>(), tv, dlogits.view<2>());
-  net.backward(pool(), dlogits.view<2>(), tk::HostView<float, 2>());
+  decltype(net)::Context ctx;
+  decltype(ce)::Context ce_ctx;
+  net.forward(pool(), ctx, x.view<2>(), logits.view<2>());
+  ce.forward(pool(), ce_ctx, logits.view<2>(), tv,
+             tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+  ce.backward(pool(), ce_ctx, logits.view<2>(), tv, dlogits.view<2>());
+  net.backward(pool(), ctx, x.view<2>(), dlogits.view<2>(), tk::HostView<float, 2>());
   CHECK(loss == doctest::Approx(ref["mlp/loss"].values[0]).epsilon(1e-6));
   nntest::check_grads(arena, "mlp", 1e-5);
 
   // With dx: the first layer's input gradient (parameter grads accumulate a second time).
   tk::Tensor<float> dx(tk::Shape{8, 6});
-  net.backward(pool(), dlogits.view<2>(), dx.view<2>());
+  net.backward(pool(), ctx, x.view<2>(), dlogits.view<2>(), dx.view<2>());
   tk::Tensor<float> h(tk::Shape{8, 9}), r(tk::Shape{8, 9}), dr(tk::Shape{8, 9}),
       dh(tk::Shape{8, 9}), dx2(tk::Shape{8, 6});
   net.get<0>().forward(pool(), x.view<2>(), h.view<2>());
@@ -107,9 +110,9 @@ TEST_CASE("Sequential: MLP + cross-entropy step matches PyTorch") {
   net.get<1>().backward(pool(), h.view<2>(), dr.view<2>(), dh.view<2>());
   net.get<0>().backward(pool(), x.view<2>(), dh.view<2>(), dx2.view<2>());
   CHECK(rel_err(dx.data(), dx2.data(), 48) == 0.0);
-  CHECK_THROWS_AS(
-      net.backward(pool(), dlogits.view<2>(), tk::Tensor<float>(tk::Shape{8, 5}).view<2>()),
-      tk::Error);
+  CHECK_THROWS_AS(net.backward(pool(), ctx, x.view<2>(), dlogits.view<2>(),
+                               tk::Tensor<float>(tk::Shape{8, 5}).view<2>()),
+                  tk::Error);
 }
 
 TEST_CASE("Sequential: parameters registered out of layer order are rejected") {
@@ -134,13 +137,15 @@ TEST_CASE("Sequential: LayerNorm, GELU and Dropout (eval) stack") {
   const auto x = nntest::random_floats(7 * 5, 81);
   std::vector<float> y(21), y2(21);
   const tk::HostView<const float, 2> xv(x.data(), tk::Extents<2>{{7, 5}});
-  net.forward(pool(), xv, tk::HostView<float, 2>(y.data(), tk::Extents<2>{{7, 3}}));
+  decltype(net)::Context ctx;
+  net.forward(pool(), ctx, xv, tk::HostView<float, 2>(y.data(), tk::Extents<2>{{7, 3}}));
   // The same computation by hand.
   std::vector<float> h(7 * 12), g(7 * 12);
   const tk::HostView<float, 2> hv(h.data(), tk::Extents<2>{{7, 12}}),
       gv(g.data(), tk::Extents<2>{{7, 12}});
   net.get<0>().forward(pool(), xv, hv);
-  net.get<1>().forward(pool(), tk::HostView<const float, 2>(hv), gv);
+  nn::LayerNorm<>::Context ln_ctx;
+  net.get<1>().forward(pool(), ln_ctx, tk::HostView<const float, 2>(hv), gv);
   net.get<2>().forward(pool(), gv, hv);
   net.get<4>().forward(pool(), hv, tk::HostView<float, 2>(y2.data(), tk::Extents<2>{{7, 3}}));
   CHECK(y == y2);
@@ -170,11 +175,13 @@ std::vector<float> policy_step(float* loss_out) {
   const tk::HostView<T, 2> dlv(dlogits.data(), tk::Extents<2>{{n, classes}});
   const tk::HostView<const std::int32_t, 1> tv(targets.data(), tk::Extents<1>{{n}});
   nn::SoftmaxCrossEntropy ce;
-  net.template forward<P>(pool(), xv, lv);
-  ce.template forward<P>(pool(), tk::HostView<const T, 2>(lv), tv,
+  typename decltype(net)::Context ctx;
+  typename decltype(ce)::Context ce_ctx;
+  net.template forward<P>(pool(), ctx, xv, lv);
+  ce.template forward<P>(pool(), ce_ctx, tk::HostView<const T, 2>(lv), tv,
                          tk::HostView<float, 1>(loss_out, tk::Extents<1>{{1}}));
-  ce.template backward<P>(pool(), tk::HostView<const T, 2>(lv), tv, dlv);
-  net.template backward<P>(pool(), tk::HostView<const T, 2>(dlv), tk::HostView<T, 2>());
+  ce.template backward<P>(pool(), ce_ctx, tk::HostView<const T, 2>(lv), tv, dlv);
+  net.template backward<P>(pool(), ctx, xv, tk::HostView<const T, 2>(dlv), tk::HostView<T, 2>());
   return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "trainkit/amp/policy.hpp"
 #include "trainkit/config.hpp"
@@ -72,73 +73,74 @@ void check_same_shape(const char* who, const char* a_name, const VA& a, const ch
   check_contiguous(who, b_name, b);
 }
 
-/// Launches Fwd/Bwd functor templates for an element-wise layer.
-template <template <class> class Fwd, class P, class E, class TX, class TY, int R, Space S>
-void unary_forward(const char* who, const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) {
-  using T = std::remove_const_t<TX>;
-  check_call<P, E, S, TX, TY>();
-  static_assert(std::is_same_v<T, TY>, "trainkit::nn: x and y must have one element type");
-  check_same_shape(who, "x", x, "y", y);
-  exec::launch(exec, x.numel(), Fwd<T>{x.data(), y.data()});
-}
-
-template <template <class, bool> class Bwd, class P, class E, class TX, class TD, class TG, int R,
-          Space S>
-void unary_backward(const char* who, const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
-                    TensorView<TG, R, S> dx, InputGrad mode) {
-  using T = std::remove_const_t<TX>;
-  check_call<P, E, S, TX, TD, TG>();
-  static_assert(std::is_same_v<T, std::remove_const_t<TD>> && std::is_same_v<T, TG>,
-                "trainkit::nn: x, dy and dx must have one element type");
-  if (absent(dx)) return;
-  check_same_shape(who, "x", x, "dy", dy);
-  check_same_shape(who, "x", x, "dx", dx);
-  if (mode == InputGrad::kAccumulate) {
-    exec::launch(exec, x.numel(), Bwd<T, true>{x.data(), dy.data(), dx.data()});
+/// Calls f(std::true_type) for Write::kAccumulate and f(std::false_type) otherwise: picks the
+/// accumulating or the overwriting instantiation of an element-wise functor.
+template <class F>
+void with_write_mode(Write mode, F&& f) {
+  if (mode == Write::kAccumulate) {
+    f(std::true_type{});
   } else {
-    exec::launch(exec, x.numel(), Bwd<T, false>{x.data(), dy.data(), dx.data()});
+    f(std::false_type{});
   }
 }
 
-}  // namespace detail
-
-/// ReLU: y = max(x, 0). Shapes: any rank, x and y alike (y may be x: in place).
-/// backward reads x and dy and writes dx = dy * (x > 0) (or adds it, InputGrad::kAccumulate);
-/// an absent dx (default view) skips the work. dx may alias dy.
-struct ReLU {
+/// An element-wise layer without parameters or saved state: Fwd<T>{x, y} computes y from x,
+/// Bwd<T, accumulate>{x, dy, dx} the input gradient. Names gives the `forward` / `backward`
+/// names of its messages.
+template <template <class> class Fwd, template <class, bool> class Bwd, class Names>
+struct ElementwiseLayer {
   /// Width of the output for an input of `in` features (Sequential uses it): `in`.
   std::int64_t out_features(std::int64_t in) const noexcept { return in; }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY, int R, Space S>
   void forward(const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) const {
-    detail::unary_forward<detail::ReluForward, P>("nn::ReLU::forward", exec, x, y);
+    using T = std::remove_const_t<TX>;
+    check_call<P, E, S, TX, TY>();
+    static_assert(std::is_same_v<T, TY>, "trainkit::nn: x and y must have one element type");
+    check_same_shape(Names::forward, "x", x, "y", y);
+    exec::launch(exec, x.numel(), Fwd<T>{x.data(), y.data()});
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, int R, Space S>
   void backward(const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
-                TensorView<TG, R, S> dx, InputGrad mode = InputGrad::kWrite) const {
-    detail::unary_backward<detail::ReluBackward, P>("nn::ReLU::backward", exec, x, dy, dx, mode);
+                TensorView<TG, R, S> dx, Write mode = Write::kOverwrite) const {
+    using T = std::remove_const_t<TX>;
+    check_call<P, E, S, TX, TD, TG>();
+    static_assert(std::is_same_v<T, std::remove_const_t<TD>> && std::is_same_v<T, TG>,
+                  "trainkit::nn: x, dy and dx must have one element type");
+    if (absent(dx)) return;
+    check_same_shape(Names::backward, "x", x, "dy", dy);
+    check_same_shape(Names::backward, "x", x, "dx", dx);
+    with_write_mode(mode, [&](auto accumulate) {
+      exec::launch(exec, x.numel(),
+                   Bwd<T, decltype(accumulate)::value>{x.data(), dy.data(), dx.data()});
+    });
   }
 };
+
+struct ReluNames {
+  static constexpr const char* forward = "nn::ReLU::forward";
+  static constexpr const char* backward = "nn::ReLU::backward";
+};
+struct GeluNames {
+  static constexpr const char* forward = "nn::GELU::forward";
+  static constexpr const char* backward = "nn::GELU::backward";
+};
+
+}  // namespace detail
+
+/// ReLU: y = max(x, 0). Shapes: any rank, x and y alike (y may be x: in place).
+/// backward reads x and dy and writes dx = dy * (x > 0) (or adds it, Write::kAccumulate);
+/// an absent dx (default view) skips the work. dx may alias dy.
+struct ReLU
+    : detail::ElementwiseLayer<detail::ReluForward, detail::ReluBackward, detail::ReluNames> {};
 
 /// GELU with the tanh approximation (GPT-2; torch.nn.GELU(approximate='tanh')):
 /// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Shapes: any rank, x and y alike.
 /// backward reads x (the forward's input) and dy, writes dx = dy * gelu'(x) (or adds it).
 /// For a Linear followed by GELU, Linear::forward_gelu / backward_dgelu fuse the two.
-struct GELU {
-  std::int64_t out_features(std::int64_t in) const noexcept { return in; }
-
-  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, int R, Space S>
-  void forward(const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) const {
-    detail::unary_forward<detail::GeluForward, P>("nn::GELU::forward", exec, x, y);
-  }
-
-  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, int R, Space S>
-  void backward(const E& exec, TensorView<TX, R, S> x, TensorView<TD, R, S> dy,
-                TensorView<TG, R, S> dx, InputGrad mode = InputGrad::kWrite) const {
-    detail::unary_backward<detail::GeluBackward, P>("nn::GELU::backward", exec, x, dy, dx, mode);
-  }
-};
+struct GELU
+    : detail::ElementwiseLayer<detail::GeluForward, detail::GeluBackward, detail::GeluNames> {};
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/attention.hpp: `CausalSelfAttention`, GPT-2's multi-head masked self-attention
 // (nanoGPT's module: c_attn [3C, C] -> per-head softmax(Q K^T / sqrt(hs)) V -> c_proj [C, C]).
-// The core materialises the [B, H, T, T] attention matrix, which backward reuses. On the CPU each
+// The core materialises the [B, H, T, T] attention matrix, which the caller's
+// CausalSelfAttention::Context keeps for backward. On the CPU each
 // (batch, head) is one task (two small gemms and a fused masked softmax, all in cache); on the
 // GPU it is batched cuBLASLt gemms over heads plus warp-per-row softmax kernels.
 #pragma once
@@ -98,7 +99,6 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
     T* dbase = a.dqkv + b * Tn * 3 * C;
     const T* dobase = a.dout + b * Tn * C + h * hs;
     const Extents<2> qkv_strides{{3 * C, 1}};
-    const Extents<2> out_strides{{C, 1}};
     const Extents<2> sq_strides{{Tn, 1}};
     const T* p = a.probs + task * Tn * Tn;
     float* dp = a.scores + task * Tn * Tn;
@@ -140,7 +140,6 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
                  TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
                                   qkv_strides));
     }
-    (void)out_strides;
   });
 }
 
@@ -154,20 +153,18 @@ inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 template <class T>
 __global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
                                       std::int64_t rows, std::int64_t Tn) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
   if (row >= rows) return;
   const std::int64_t i = row % Tn;
   const float* s = scores + row * Tn;
   T* p = probs + row * Tn;
   float m = -INFINITY;
   for (std::int64_t j = lane; j <= i; j += 32) m = fmaxf(m, s[j]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffU, m, o));
+  m = warp_max(m);
   float sum = 0.0f;
   for (std::int64_t j = lane; j <= i; j += 32) sum += expf(s[j] - m);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffU, sum, o);
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / warp_sum(sum);
   for (std::int64_t j = lane; j < Tn; j += 32)
     p[j] = store<T>(j <= i ? expf(s[j] - m) * inv : 0.0f);
 }
@@ -178,9 +175,8 @@ template <class T>
 __global__ void causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs,
                                                T* dscores, std::int64_t rows, std::int64_t Tn,
                                                float scale) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
   if (row >= rows) return;
   const std::int64_t i = row % Tn;
   const T* p = probs + row * Tn;
@@ -188,7 +184,7 @@ __global__ void causal_softmax_backward_kernel(const T* __restrict__ probs, cons
   T* ds = dscores + row * Tn;
   float dot = 0.0f;
   for (std::int64_t j = lane; j <= i; j += 32) dot += load(p[j]) * dp[j];
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffU, dot, o);
+  dot = warp_sum(dot);
   for (std::int64_t j = lane; j < Tn; j += 32)
     ds[j] = store<T>(j <= i ? scale * load(p[j]) * (dp[j] - dot) : 0.0f);
 }
@@ -213,16 +209,14 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
     const T* base = a.qkv + b * Tn * 3 * C;
     const DeviceView<const T, 3> q(base, head, qkv_strides);
     const DeviceView<const T, 3> k(base + C, head, qkv_strides);
-    blas::GemmOptions<float> so;
+    blas::GemmOptions<float> so = options<float>(a.compute);
     so.alpha = scale;
-    so.compute = a.compute;
     gemm_on(exec, blas::Op::kN, blas::Op::kT, q, k,
             DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), so);
   }
   const std::int64_t rows = a.B * H * Tn;
-  constexpr int kWarps = 8;
-  causal_softmax_kernel<T><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0,
-                             exec.stream().get()>>>(a.scores, a.probs, rows, Tn);
+  causal_softmax_kernel<T><<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
+      a.scores, a.probs, rows, Tn);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   for (std::int64_t b = 0; b < a.B; ++b) {
     const DeviceView<const T, 3> v(a.qkv + b * Tn * 3 * C + 2 * C, head, qkv_strides);
@@ -252,10 +246,9 @@ void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
             DeviceView<T, 3>(dbase + 2 * C, head, qkv_strides), options<T>(a.compute));
   }
   const std::int64_t rows = a.B * H * Tn;
-  constexpr int kWarps = 8;
   causal_softmax_backward_kernel<T>
-      <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0,
-         exec.stream().get()>>>(a.probs, a.scores, a.dscores, rows, Tn, scale);
+      <<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
+          a.probs, a.scores, a.dscores, rows, Tn, scale);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   for (std::int64_t b = 0; b < a.B; ++b) {
     const T* base = a.qkv + b * Tn * 3 * C;
@@ -285,7 +278,7 @@ struct AttentionOptions {
   std::int64_t n_head = 0;  ///< H; C must be a multiple of H (head size hs = C / H)
   bool bias = true;
   /// Initialisers of c_attn/c_proj weights (default: torch.nn.Linear's) and biases.
-  Init weight_init = Init::kaiming_uniform(2.23606797749979f);
+  Init weight_init = Init::kaiming_uniform(kTorchLinearKaimingA);
   std::optional<Init> bias_init = std::nullopt;
   /// c_proj's weight init if set (GPT-2 scales it by 1/sqrt(2 * n_layer)).
   std::optional<Init> proj_weight_init = std::nullopt;
@@ -295,17 +288,44 @@ struct AttentionOptions {
 /// CausalSelfAttention: parameters "<name>.c_attn.weight" [3C, C], "<name>.c_attn.bias" [3C],
 /// "<name>.c_proj.weight" [C, C], "<name>.c_proj.bias" [C]. No attention dropout.
 ///
-/// Shapes: x, y [B, T, C]. forward saves, inside the layer, qkv [B, T, 3C], the probabilities
-/// [B, H, T, T] and the heads' output [B, T, C] (memory O(B H T^2): fine for moderate T).
-/// backward reads x, dy and the saved tensors of the LAST forward, accumulates the four
-/// parameter gradients and writes dx (or adds it, InputGrad::kAccumulate; absent: skipped).
+/// Shapes: x, y [B, T, C]. forward writes y and saves, in the caller's Context, qkv [B, T, 3C],
+/// the probabilities [B, H, T, T] and the heads' output [B, T, C] (memory O(B H T^2): fine for
+/// moderate T). backward reads x, dy and that context, accumulates the four parameter gradients
+/// and writes dx (or adds it, Write::kAccumulate; absent: skipped).
 /// Softmax is f32 under every policy; Q K^T is accumulated in f32, P V in the activation type.
 template <Space S = Space::kHost>
 class CausalSelfAttention {
  public:
+  /// What forward saves for backward, in the activation type of its policy and in space S. Keep
+  /// one per forward whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    /// qkv [B, T, 3C]: Q | K | V of each token (c_attn's output).
+    template <class T>
+    const T* qkv() const noexcept {
+      return qkv_.template data<T>();
+    }
+    /// The heads side by side [B, T, C] (c_proj's input).
+    template <class T>
+    const T* heads() const noexcept {
+      return heads_.template data<T>();
+    }
+    /// The softmax probabilities [B, H, T, T] (zero above the diagonal).
+    template <class T>
+    const T* probs() const noexcept {
+      return probs_.template data<T>();
+    }
+
+   private:
+    friend class CausalSelfAttention;
+    detail::ForwardRecord rec_;
+    detail::Bytes<S> qkv_, heads_, probs_;
+  };
+
   CausalSelfAttention(ParamArena<S>& arena, const std::string& name, AttentionOptions o)
-      : c_attn_(arena, prefixed(name, "c_attn"), linear_options(o, 3 * o.n_embd, o.weight_init)),
-        c_proj_(arena, prefixed(name, "c_proj"),
+      : c_attn_(arena, detail::child_name(name, "c_attn"),
+                linear_options(o, 3 * o.n_embd, o.weight_init)),
+        c_proj_(arena, detail::child_name(name, "c_proj"),
                 linear_options(o, o.n_embd, o.proj_weight_init.value_or(o.weight_init))),
         C_(o.n_embd),
         H_(o.n_head) {
@@ -319,97 +339,50 @@ class CausalSelfAttention {
   std::int64_t n_head() const noexcept { return H_; }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
-  void forward(const E& exec, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
+  void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     check_io("nn::CausalSelfAttention::forward", x, y);
-    B_ = x.size(0);
-    T_ = x.size(1);
-    const std::int64_t N = B_ * T_;
-    T* qkv = qkv_.template get<T>(N * 3 * C_);
-    T* heads = heads_.template get<T>(N * C_);
-    T* probs = probs_.template get<T>(B_ * H_ * T_ * T_);
-    float* scores = scores_.get(B_ * H_ * T_ * T_);
-    c_attn_.template forward<P>(exec, flat2(x), TensorView<T, 2, S>(qkv, Extents<2>{{N, 3 * C_}}));
-    detail::AttentionArgs<T> a{};
-    a.qkv = qkv;
-    a.out = heads;
-    a.probs = probs;
-    a.scores = scores;
-    a.B = B_;
-    a.T_ = T_;
-    a.C = C_;
-    a.H = H_;
-    a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
+    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
+    ctx.rec_.template set<T>(B, Tn);
+    T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
+    T* heads = ctx.heads_.template get<T>(N * C_);
+    detail::AttentionArgs<T> a =
+        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
+    c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
     detail::attention_forward(exec, a);
-    c_proj_.template forward<P>(exec, TensorView<const T, 2, S>(heads, Extents<2>{{N, C_}}),
-                                flat2(y));
+    c_proj_.template forward<P>(exec, detail::mat<S>(static_cast<const T*>(heads), N, C_),
+                                detail::flat2(y));
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
-  void backward(const E& exec, TensorView<TX, 3, S> x, TensorView<TD, 3, S> dy,
-                TensorView<TG, 3, S> dx, InputGrad mode = InputGrad::kWrite) {
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 3, S> x, TensorView<TD, 3, S> dy,
+                TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
     check_io("nn::CausalSelfAttention::backward", x, dy);
-    TRAINKIT_CHECK(x.size(0) == B_ && x.size(1) == T_ && qkv_.bytes() > 0,
-                   "nn::CausalSelfAttention::backward: no forward of shape ", detail::shape_of(x));
-    const std::int64_t N = B_ * T_;
+    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
+    ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn);
     T* dheads = dheads_.template get<T>(N * C_);
     T* dqkv = dqkv_.template get<T>(N * 3 * C_);
-    T* dscores = std::is_same_v<T, float> ? reinterpret_cast<T*>(scores_.data())
-                                          : dscores_.template get<T>(B_ * H_ * T_ * T_);
-    const TensorView<const T, 2, S> heads(qkv_heads<T>(), Extents<2>{{N, C_}});
-    c_proj_.template backward<P>(exec, heads, flat2(dy),
-                                 TensorView<T, 2, S>(dheads, Extents<2>{{N, C_}}));
-    detail::AttentionArgs<T> a{};
-    a.qkv = qkv_.template data<T>();
-    a.probs = probs_.template data<T>();
-    a.scores = scores_.data();
-    a.dscores = dscores;
+    // The core's argument block is shared with forward; backward only reads the probabilities.
+    detail::AttentionArgs<T> a =
+        args<P, T>(ctx.template qkv<T>(), nullptr, const_cast<T*>(ctx.template probs<T>()), B, Tn);
+    // f32 operands: dS reuses the f32 scores scratch (each element is read before written).
+    a.dscores = std::is_same_v<T, float> ? reinterpret_cast<T*>(a.scores)
+                                         : dscores_.template get<T>(B * H_ * Tn * Tn);
     a.dout = dheads;
     a.dqkv = dqkv;
-    a.B = B_;
-    a.T_ = T_;
-    a.C = C_;
-    a.H = H_;
-    a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
+    c_proj_.template backward<P>(exec, detail::mat<S>(ctx.template heads<T>(), N, C_),
+                                 detail::flat2(dy), detail::mat<S>(dheads, N, C_));
     detail::attention_backward(exec, a);
     TensorView<T, 2, S> dx2;
-    if (!detail::absent(dx)) dx2 = flat2(dx);
-    c_attn_.template backward<P>(
-        exec, flat2(x), TensorView<const T, 2, S>(dqkv, Extents<2>{{N, 3 * C_}}), dx2, mode);
-  }
-
-  /// The saved probabilities of the last forward, [B, H, T, T] (zero above the diagonal).
-  template <class T>
-  const T* saved_probs() const noexcept {
-    return probs_.template data<T>();
+    if (!detail::absent(dx)) dx2 = detail::flat2(dx);
+    c_attn_.template backward<P>(exec, detail::flat2(x),
+                                 detail::mat<S>(static_cast<const T*>(dqkv), N, 3 * C_), dx2, mode);
   }
 
  private:
-  /// Untyped grow-only scratch (the element type follows the policy at each call).
-  class Bytes {
-   public:
-    template <class T>
-    T* get(std::int64_t n) {
-      const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
-      if (bytes > mem_.numel()) mem_ = Tensor<unsigned char, S>(Shape{bytes});
-      return reinterpret_cast<T*>(mem_.data());
-    }
-    template <class T>
-    T* data() const noexcept {
-      return reinterpret_cast<T*>(const_cast<unsigned char*>(mem_.data()));
-    }
-    std::int64_t bytes() const noexcept { return mem_.numel(); }
-
-   private:
-    Tensor<unsigned char, S> mem_;
-  };
-
-  static std::string prefixed(const std::string& name, const char* child) {
-    return name.empty() ? std::string(child) : name + "." + child;
-  }
   static LinearOptions linear_options(const AttentionOptions& o, std::int64_t out, Init w) {
     LinearOptions l;
     l.in_features = o.n_embd;
@@ -420,14 +393,21 @@ class CausalSelfAttention {
     return l;
   }
 
-  template <class T>
-  T* qkv_heads() const noexcept {
-    return heads_.template data<T>();
-  }
-
-  template <class TV>
-  static auto flat2(const TensorView<TV, 3, S>& v) {
-    return v.template reshape<2>(Extents<2>{{v.size(0) * v.size(1), v.size(2)}});
+  /// The arguments of the attention core common to forward and backward (the saved tensors, the
+  /// f32 scores scratch, the sizes and the compute type of policy P).
+  template <class P, class T>
+  detail::AttentionArgs<T> args(const T* qkv, T* heads, T* probs, std::int64_t B, std::int64_t Tn) {
+    detail::AttentionArgs<T> a{};
+    a.qkv = qkv;
+    a.out = heads;
+    a.probs = probs;
+    a.scores = scores_.template get<float>(B * H_ * Tn * Tn);
+    a.B = B;
+    a.T_ = Tn;
+    a.C = C_;
+    a.H = H_;
+    a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
+    return a;
   }
 
   template <class VX, class VY>
@@ -442,10 +422,9 @@ class CausalSelfAttention {
   Linear<S> c_proj_;
   std::int64_t C_;
   std::int64_t H_;
-  std::int64_t B_ = 0;
-  std::int64_t T_ = 0;
-  Bytes qkv_, heads_, probs_, dheads_, dqkv_, dscores_;
-  detail::Scratch<float, S> scores_;
+  // Scratch of one call: the f32 scores (forward: Q K^T / sqrt(hs); backward: dP), and the
+  // backward's dheads, dqkv and (low-precision operands) dS.
+  detail::Bytes<S> scores_, dheads_, dqkv_, dscores_;
 };
 
 template <Space S>

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/cross_entropy.hpp: `SoftmaxCrossEntropy`, torch.nn.functional.cross_entropy on raw
-// logits, fused: log-softmax is never materialised. Forward saves each row's max m and
-// log(sum_j exp(l_j - m)) apart, never their f32 sum m + log(...), whose rounding (half an ulp of
-// |m|: 5e-4 for logits around 1e4) would shift every loss and gradient; like PyTorch's
-// log_softmax, every log-probability is (l - m) - log(sum). Backward writes
-// (softmax - onehot) * dloss / n_valid in one pass. `ignore_index` rows count neither in the loss
-// nor in the mean, as in PyTorch.
+// logits, fused: log-softmax is never materialised. Forward saves, in the caller's
+// SoftmaxCrossEntropy::Context, each row's max m and log(sum_j exp(l_j - m)) apart, never their f32
+// sum m + log(...), whose rounding (half an ulp of |m|: 5e-4 for logits around 1e4) would shift
+// every loss and gradient; like PyTorch's log_softmax, every log-probability is (l - m) - log(sum).
+// Backward writes (softmax - onehot) * dloss / n_valid in one pass. `ignore_index` rows count
+// neither in the loss nor in the mean, as in PyTorch.
 #pragma once
 
 #include <cmath>
@@ -32,7 +32,7 @@ struct CrossEntropyArgs {
   float* loss;       // forward output, 1 element
   float* row_max;    // [N] saved max of each row
   float* log_sum;    // [N] saved log(sum_j exp(l_j - max)) of each row
-  float* row_loss;   // [N] scratch
+  float* row_loss;   // [N] each row's loss (forward)
   float* count;      // 1 element: number of valid targets (saved)
   std::int64_t rows;
   std::int64_t vocab;
@@ -246,47 +246,62 @@ struct CrossEntropyOptions {
 /// layer's memory space: no host sync on the GPU). All targets ignored: the loss is NaN (as
 /// PyTorch's 0/0) and backward writes zeros. A target outside [0, V) that is not ignore_index
 /// throws on the host and traps on the device.
-/// forward saves each row's max and log-sum-exp of the shifted logits (apart) and the valid count;
-/// backward reads logits, targets and them, and writes dlogits = (softmax(logits) -
-/// onehot(target)) * dloss / n_valid. Loss and gradient keep f32 precision (~1e-7 relative, as
-/// PyTorch's) for logits of any magnitude, 1e6 included.
+/// forward saves, in the caller's Context, each row's max and log-sum-exp of the shifted logits
+/// (apart) and the valid count; backward reads logits, targets and that context, and writes
+/// dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid. Loss and gradient keep f32
+/// precision (~1e-7 relative, as PyTorch's) for logits of any magnitude, 1e6 included.
 template <Space S = Space::kHost>
 class SoftmaxCrossEntropy {
  public:
+  /// What forward saves for backward (f32, in space S): per row the max and the log-sum-exp of
+  /// the shifted logits and the row's loss, then the number of valid targets. Keep one per
+  /// forward whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    /// Rows of the forward that filled it (0 before any).
+    std::int64_t rows() const noexcept { return rec_.filled() ? rec_.d0 : 0; }
+
+   private:
+    friend class SoftmaxCrossEntropy;
+    detail::ForwardRecord rec_;
+    detail::Bytes<S> stats_;
+  };
+
   SoftmaxCrossEntropy() = default;
   explicit SoftmaxCrossEntropy(CrossEntropyOptions options) : options_(options) {}
 
   const CrossEntropyOptions& options() const noexcept { return options_; }
 
   template <amp::Policy P = amp::Fp32, class E, class TL, class I, class TO>
-  void forward(const E& exec, TensorView<TL, 2, S> logits, TensorView<I, 1, S> targets,
-               TensorView<TO, 1, S> loss) {
+  void forward(const E& exec, Context& ctx, TensorView<TL, 2, S> logits,
+               TensorView<I, 1, S> targets, TensorView<TO, 1, S> loss) const {
     using T = std::remove_const_t<TL>;
     detail::check_call<P, E, S, TL>();
     static_assert(std::is_same_v<TO, float>, "nn::SoftmaxCrossEntropy: the loss is a float view");
     check_io("nn::SoftmaxCrossEntropy::forward", logits, targets);
     TRAINKIT_CHECK(loss.size(0) >= 1, "nn::SoftmaxCrossEntropy::forward: loss needs 1 element");
-    rows_ = logits.size(0);
-    auto a = args<T>(logits, targets);
+    const std::int64_t rows = logits.size(0);
+    ctx.rec_.template set<T>(rows, logits.size(1));
+    auto a = args<T>(logits, targets, ctx.stats_.template get<float>(3 * rows + 1));
     a.loss = loss.data();
     detail::cross_entropy_forward(exec, a);
   }
 
-  /// dlogits = d(mean loss)/d logits * dloss. Use the same logits/targets as the last forward.
+  /// dlogits = d(mean loss)/d logits * dloss, from the forward of these logits and targets that
+  /// filled ctx.
   template <amp::Policy P = amp::Fp32, class E, class TL, class I, class TG>
-  void backward(const E& exec, TensorView<TL, 2, S> logits, TensorView<I, 1, S> targets,
-                TensorView<TG, 2, S> dlogits, float dloss = 1.0f) {
+  void backward(const E& exec, const Context& ctx, TensorView<TL, 2, S> logits,
+                TensorView<I, 1, S> targets, TensorView<TG, 2, S> dlogits,
+                float dloss = 1.0f) const {
     using T = std::remove_const_t<TL>;
     detail::check_call<P, E, S, TL, TG>();
     check_io("nn::SoftmaxCrossEntropy::backward", logits, targets);
-    TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(),
-                   "nn::SoftmaxCrossEntropy::backward: "
-                   "dlogits ",
+    TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(), "nn::SoftmaxCrossEntropy::backward: dlogits ",
                    detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
     detail::check_contiguous("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
-    TRAINKIT_CHECK(rows_ == logits.size(0), "nn::SoftmaxCrossEntropy::backward: no forward of ",
-                   logits.size(0), " rows");
-    auto a = args<T>(logits, targets);
+    ctx.rec_.template check<T>("nn::SoftmaxCrossEntropy::backward", logits.size(0), logits.size(1));
+    // The kernels' argument block is shared with forward; backward only reads the statistics.
+    auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
     a.dloss = dloss;
     detail::cross_entropy_backward(exec, a);
@@ -295,19 +310,20 @@ class SoftmaxCrossEntropy {
  private:
   template <class T, class TL, class I>
   detail::CrossEntropyArgs<T, std::remove_const_t<I>> args(TensorView<TL, 2, S> logits,
-                                                           TensorView<I, 1, S> targets) {
+                                                           TensorView<I, 1, S> targets,
+                                                           float* stats) const {
     static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
                       std::is_same_v<std::remove_const_t<I>, std::int64_t>,
                   "nn::SoftmaxCrossEntropy: targets are int32 or int64");
-    float* scratch = scratch_.get(3 * rows_ + 1);
+    const std::int64_t rows = logits.size(0);
     detail::CrossEntropyArgs<T, std::remove_const_t<I>> a{};
     a.logits = logits.data();
     a.targets = targets.data();
-    a.row_max = scratch;
-    a.log_sum = scratch + rows_;
-    a.row_loss = scratch + 2 * rows_;
-    a.count = scratch + 3 * rows_;
-    a.rows = rows_;
+    a.row_max = stats;
+    a.log_sum = stats + rows;
+    a.row_loss = stats + 2 * rows;
+    a.count = stats + 3 * rows;
+    a.rows = rows;
     a.vocab = logits.size(1);
     a.ignore_index = options_.ignore_index;
     return a;
@@ -324,8 +340,6 @@ class SoftmaxCrossEntropy {
   }
 
   CrossEntropyOptions options_{};
-  std::int64_t rows_ = 0;
-  detail::Scratch<float, S> scratch_;
 };
 
 }  // namespace nn

@@ -105,14 +105,14 @@ class Dropout {
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY, int R, Space S>
   void forward(const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y) const {
-    apply<P>("nn::Dropout::forward", exec, x, y, InputGrad::kWrite);
+    apply<P>("nn::Dropout::forward", exec, x, y, Write::kOverwrite);
   }
 
-  /// dx = dy * mask / (1 - p) (or dx += ..., InputGrad::kAccumulate). `x` is unused (kept for
+  /// dx = dy * mask / (1 - p) (or dx += ..., Write::kAccumulate). `x` is unused (kept for
   /// the uniform layer signature).
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, int R, Space S>
   void backward(const E& exec, TensorView<TX, R, S> /*x*/, TensorView<TD, R, S> dy,
-                TensorView<TG, R, S> dx, InputGrad mode = InputGrad::kWrite) const {
+                TensorView<TG, R, S> dx, Write mode = Write::kOverwrite) const {
     if (detail::absent(dx)) return;
     apply<P>("nn::Dropout::backward", exec, dy, dx, mode);
   }
@@ -120,7 +120,7 @@ class Dropout {
  private:
   template <class P, class E, class TX, class TY, int R, Space S>
   void apply(const char* who, const E& exec, TensorView<TX, R, S> x, TensorView<TY, R, S> y,
-             InputGrad mode) const {
+             Write mode) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     static_assert(std::is_same_v<T, TY>, "trainkit::nn::Dropout: x and y need one element type");
@@ -130,15 +130,11 @@ class Dropout {
     const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
     // Identity (eval or p == 0): the functor sees p = -1, keeps everything and draws nothing.
     const std::uint64_t stream = rng_stream_id(step_, options_.site);
-    if (mode == InputGrad::kAccumulate) {
+    detail::with_write_mode(mode, [&](auto accumulate) {
       exec::launch(exec, x.numel(),
-                   detail::DropoutApply<T, true>{x.data(), y.data(), options_.seed, stream,
-                                                 identity ? -1.0f : p, scale});
-    } else {
-      exec::launch(exec, x.numel(),
-                   detail::DropoutApply<T, false>{x.data(), y.data(), options_.seed, stream,
-                                                  identity ? -1.0f : p, scale});
-    }
+                   detail::DropoutApply<T, decltype(accumulate)::value>{
+                       x.data(), y.data(), options_.seed, stream, identity ? -1.0f : p, scale});
+    });
   }
 
   DropoutOptions options_{};

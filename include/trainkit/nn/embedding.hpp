@@ -141,7 +141,7 @@ struct EmbeddingOptions {
 
 /// Lookup table (torch.nn.Embedding): out[n, :] = W[ids[n], :]. Parameter "<name>.weight" [V, C].
 /// Shapes: ids [N] (int32 or int64 token ids in [0, V)), out [N, C] in the activation type.
-/// forward writes out (or adds the rows to it with InputGrad::kAccumulate: token + position
+/// forward writes out (or adds the rows to it with Write::kAccumulate: token + position
 /// embeddings in one buffer) and throws (host) / traps (device) on an id out of range.
 /// backward reads ids and dout and adds dout[n] to dW[ids[n]]; there is no input gradient.
 template <Space S = Space::kHost>
@@ -151,8 +151,7 @@ class Embedding {
       : arena_(&arena), vocab_(options.num_embeddings), dim_(options.embedding_dim) {
     TRAINKIT_CHECK(vocab_ > 0 && dim_ > 0, "nn::Embedding '", name, "': num_embeddings (", vocab_,
                    ") and embedding_dim (", dim_, ") must be positive");
-    const std::string prefix = name.empty() ? std::string() : name + ".";
-    weight_ = arena.add(prefix + "weight", Shape{vocab_, dim_}, options.init);
+    weight_ = arena.add(detail::child_name(name, "weight"), Shape{vocab_, dim_}, options.init);
   }
 
   ParamId weight() const noexcept { return weight_; }
@@ -161,7 +160,7 @@ class Embedding {
 
   template <amp::Policy P = amp::Fp32, class E, class I, class TO>
   void forward(const E& exec, TensorView<I, 1, S> ids, TensorView<TO, 2, S> out,
-               InputGrad mode = InputGrad::kWrite) const {
+               Write mode = Write::kOverwrite) const {
     static_assert(std::is_same_v<std::remove_const_t<I>, std::int32_t> ||
                       std::is_same_v<std::remove_const_t<I>, std::int64_t>,
                   "nn::Embedding: ids are int32 or int64");
@@ -169,7 +168,7 @@ class Embedding {
     check_io("nn::Embedding::forward", ids, out);
     auto a = args<TO>(ids.data(), ids.size(0));
     a.out = out.data();
-    a.accumulate = mode == InputGrad::kAccumulate;
+    a.accumulate = mode == Write::kAccumulate;
     detail::embedding_forward(exec, a);
   }
 

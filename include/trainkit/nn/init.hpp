@@ -20,6 +20,11 @@ namespace nn {
 /// Which fan kaiming_* scales by (torch.nn.init's `mode`).
 enum class FanMode : std::uint8_t { kFanIn, kFanOut };
 
+/// The `a` of torch.nn.Linear's default weight init, kaiming_uniform(a = sqrt(5)): its gain
+/// sqrt(2 / (1 + a^2)) = 1 / sqrt(3) makes the bound gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in).
+/// Spelled as a literal because std::sqrt is not constexpr.
+inline constexpr float kTorchLinearKaimingA = 2.23606797749979f;
+
 /// How to initialise one parameter. Build it with the named constructors:
 /// `Init::normal(0.0f, 0.02f)`, `Init::kaiming_uniform(std::sqrt(5.0f))`, ...
 struct Init {
@@ -54,7 +59,7 @@ struct Init {
     return {Kind::kXavierNormal, gain, 0.0f};
   }
   /// `a` is the negative slope of the leaky ReLU that follows (0: ReLU, gain sqrt(2)).
-  /// PyTorch's nn.Linear default weight init is kaiming_uniform(sqrt(5)) = U(±1/sqrt(fan_in)).
+  /// PyTorch's nn.Linear default weight init is kaiming_uniform(kTorchLinearKaimingA).
   static constexpr Init kaiming_uniform(float a = 0.0f, FanMode mode = FanMode::kFanIn) noexcept {
     return {Kind::kKaimingUniform, a, 0.0f, mode};
   }

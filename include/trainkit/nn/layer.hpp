@@ -1,19 +1,30 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/layer.hpp: the conventions every nn/ layer follows, and their shared helpers.
 //
-// Layers are llm.c-style: explicit `forward(exec, x, y)` and `backward(exec, x, dy, dx)` on
-// caller-owned activation views, parameters in a ParamArena. Backward ACCUMULATES (+=) into the
-// arena's parameter gradients (so micro-batches add up until zero_grad) and WRITES (=) the input
-// gradient dx, or adds to it when passed InputGrad::kAccumulate (residual branches).
+// Layers are llm.c-style: explicit forward and backward calls on caller-owned activation views,
+// parameters in a ParamArena. A layer whose backward needs more than its input (LayerNorm's row
+// statistics, attention's probabilities, ...) has a nested `Context` type: the CALLER owns one,
+// `forward(exec, ctx, x, y)` fills it and `backward(exec, ctx, x, dy, dx)` reads it. The layer
+// object itself keeps no state of any forward, so one layer can run several forwards (an
+// evaluation batch in the middle of a step, a recomputation) before the backward of each; the
+// context's buffers only grow, so a context kept across steps is refilled without allocating.
+// Layers without such state (Linear, Embedding, ReLU, GELU, Dropout) take no context:
+// `forward(exec, x, y)`, `backward(exec, x, dy, dx)`. Backward ACCUMULATES (+=) into the arena's
+// parameter gradients (so micro-batches add up until zero_grad) and WRITES (=) the input
+// gradient dx, or adds to it when passed Write::kAccumulate (residual branches); outputs that
+// can be accumulated take the same Write argument. Scratch used only inside one call (never
+// read by a later call) belongs to the layer, so calls on one layer run one at a time.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "trainkit/amp/policy.hpp"
 #include "trainkit/blas/gemm.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/core/tensor_view.hpp"
@@ -31,34 +42,34 @@
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
 
-/// What a backward does with the input gradient it computes: `kWrite` overwrites dx (the
-/// default), `kAccumulate` adds to it (dx += ...), for inputs that also feed a residual branch.
-enum class InputGrad : std::uint8_t { kWrite, kAccumulate };
+/// How a call stores what it computes, an output or an input gradient: `kOverwrite` replaces the
+/// destination (the default), `kAccumulate` adds to it (+=): an input gradient of an input that
+/// also feeds a residual branch, an output seeded with the residual stream.
+enum class Write : std::uint8_t { kOverwrite, kAccumulate };
+
+/// The context type of layer L (what its forward saves for its backward), for layers that have
+/// one (`has_context_v<L>`).
+template <class L>
+using context_t = typename L::Context;
+template <class L>
+inline constexpr bool has_context_v = requires {
+  typename L::Context;
+};
 
 namespace detail {
 
-/// Element types activations may have.
+/// Element types activations may have (those of the gemms: float, bf16, f16).
 template <class T>
-inline constexpr bool is_activation_element_v =
-    std::is_same_v<std::remove_cv_t<T>, float> || std::is_same_v<std::remove_cv_t<T>, bf16> ||
-    std::is_same_v<std::remove_cv_t<T>, f16>;
+inline constexpr bool is_activation_element_v = blas::detail::is_gemm_type_v<T>;
 
 /// Widening load / rounding store for float, bf16 and f16 (host and device).
 template <class T>
 TRAINKIT_HOST_DEVICE inline float load(T v) noexcept {
-  if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
-    return v;
-  } else {
-    return static_cast<float>(v);
-  }
+  return blas::detail::to_f32(v);
 }
 template <class T>
 TRAINKIT_HOST_DEVICE inline T store(float v) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return T(v);
-  }
+  return blas::detail::from_f32<T>(v);
 }
 
 /// The executor type matches the memory space of the layer's views.
@@ -121,23 +132,112 @@ void for_rows(const exec::Host& host, std::int64_t rows, std::int64_t cost, F&& 
   });
 }
 
-/// Grow-only scratch storage owned by a layer (saved activations such as LayerNorm's mean/rstd,
-/// attention probabilities): reallocated only when a larger size is requested.
-template <class T, Space S>
-class Scratch {
+/// Grow-only untyped storage in memory space S: a context's saved tensors, a layer's scratch.
+/// The element type is chosen at each use (it follows the policy of the call). Reallocated only
+/// when a larger size is requested; contents are kept otherwise.
+template <Space S>
+class Bytes {
  public:
-  /// At least n elements, contents unspecified (kept from earlier use when not reallocated).
+  /// At least n elements of T, contents unspecified.
+  template <class T>
   T* get(std::int64_t n) {
-    if (n > tensor_.numel()) tensor_ = Tensor<T, S>(Shape{n});
-    return tensor_.data();
+    const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+    if (bytes > mem_.numel()) mem_ = Tensor<unsigned char, S>(Shape{bytes});
+    return data<T>();
   }
-  T* data() noexcept { return tensor_.data(); }
-  const T* data() const noexcept { return tensor_.data(); }
-  std::int64_t capacity() const noexcept { return tensor_.numel(); }
+  template <class T>
+  T* data() noexcept {
+    return reinterpret_cast<T*>(mem_.data());
+  }
+  template <class T>
+  const T* data() const noexcept {
+    return reinterpret_cast<const T*>(mem_.data());
+  }
+  std::int64_t bytes() const noexcept { return mem_.numel(); }
 
  private:
-  Tensor<T, S> tensor_;
+  Tensor<unsigned char, S> mem_;
 };
+
+/// What a context records of the forward that filled it, checked by its backward: the
+/// activation type and the two leading sizes of the input ([N, C], or [B, T] of [B, T, C]).
+struct ForwardRecord {
+  DType dtype = DType::kF32;
+  std::int64_t d0 = -1;
+  std::int64_t d1 = -1;
+
+  template <class T>
+  void set(std::int64_t a, std::int64_t b) noexcept {
+    dtype = dtype_of<T>;
+    d0 = a;
+    d1 = b;
+  }
+  bool filled() const noexcept { return d0 >= 0; }
+
+  /// Throws unless a forward of element type T with leading sizes [a, b] filled the context.
+  template <class T>
+  void check(const char* who, std::int64_t a, std::int64_t b) const {
+    TRAINKIT_CHECK(filled(), who, ": the context was not filled by a forward");
+    TRAINKIT_CHECK(dtype == dtype_of<T> && d0 == a && d1 == b, who,
+                   ": the context holds the forward of a [", d0, ", ", d1, "] input of ",
+                   dtype_name(dtype), ", but backward got [", a, ", ", b, "] of ",
+                   dtype_name(dtype_of<T>));
+  }
+};
+
+/// What a composite keeps for a layer that has no Context.
+struct NoContext {};
+
+/// The context a composite keeps for layer L: context_t<L>, or NoContext.
+template <class L>
+struct ContextSlot {
+  using type = NoContext;
+};
+template <class L>
+requires has_context_v<L>
+struct ContextSlot<L> {
+  using type = context_t<L>;
+};
+template <class L>
+using context_slot_t = typename ContextSlot<L>::type;
+
+/// layer.forward<P>(exec, ctx, x, y), or layer.forward<P>(exec, x, y) for a layer without a
+/// context: how a composite calls a layer it does not know.
+template <class P, class L, class E, class C, class X, class Y>
+void forward_with(L& layer, const E& exec, C& ctx, X x, Y y) {
+  if constexpr (has_context_v<L>) {
+    layer.template forward<P>(exec, ctx, x, y);
+  } else {
+    layer.template forward<P>(exec, x, y);
+  }
+}
+
+/// layer.backward<P>(exec, ctx, x, dy, dx), or without ctx for a layer that has none.
+template <class P, class L, class E, class C, class X, class D, class G>
+void backward_with(L& layer, const E& exec, const C& ctx, X x, D dy, G dx) {
+  if constexpr (has_context_v<L>) {
+    layer.template backward<P>(exec, ctx, x, dy, dx);
+  } else {
+    layer.template backward<P>(exec, x, dy, dx);
+  }
+}
+
+/// "<name>.<child>", or "<child>" for an empty name (the parameter names of nested layers).
+inline std::string child_name(const std::string& name, const char* child) {
+  return name.empty() ? std::string(child) : name + "." + child;
+}
+
+/// A dense [rows, cols] view of p.
+template <Space S, class T>
+TensorView<T, 2, S> mat(T* p, std::int64_t rows, std::int64_t cols) {
+  return TensorView<T, 2, S>(p, Extents<2>{{rows, cols}});
+}
+
+/// [B, T, C] as [B * T, C] (contiguous views).
+template <class T, Space S>
+TensorView<T, 2, S> flat2(const TensorView<T, 3, S>& v) {
+  return v.template reshape<2>(Extents<2>{{v.size(0) * v.size(1), v.size(2)}});
+}
 
 /// The static_assert every CUDA-only entry point has in TUs not compiled by nvcc.
 template <class E>
@@ -182,6 +282,39 @@ void gemm_on(const E&, Args&&...) {
 #endif
 
 }  // namespace detail
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+namespace detail {
+inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
+
+/// Warps per block of the one-warp-per-row kernels.
+inline constexpr int kRowWarps = 8;
+
+/// Blocks of kRowWarps warps that give every one of `rows` rows its warp.
+inline unsigned row_warp_blocks(std::int64_t rows) {
+  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
+}
+
+/// The row of the calling warp in a one-warp-per-row kernel, and the thread's lane in it.
+__device__ inline std::int64_t warp_row() {
+  return static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+}
+__device__ inline int warp_lane() { return static_cast<int>(threadIdx.x % 32); }
+
+/// Sum / max over the 32 lanes of a warp (every lane gets the result; fixed butterfly order).
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffU, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffU, v, o));
+  return v;
+}
+
+}  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
+}  // namespace detail
+#endif
+
 }  // namespace nn
 TRAINKIT_NAMESPACE_END
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/layer_norm.hpp: `LayerNorm` over the last dimension (torch.nn.LayerNorm(C)),
-// always computed in f32 (autocast's f32 list). Forward saves each row's mean and 1/std inside
-// the layer for backward, as llm.c does. The weight/bias gradients are reduced in fixed row
-// chunks and then in chunk order, so they are bitwise reproducible for any thread count and grid.
+// always computed in f32 (autocast's f32 list). Forward saves each row's mean and 1/std in the
+// caller's LayerNorm::Context for backward, as llm.c does. The weight/bias gradients are reduced in
+// fixed row chunks and then in chunk order, so they are bitwise reproducible for any thread count
+// and grid.
 #pragma once
 
 #include <algorithm>
@@ -100,16 +101,14 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
         }
         const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
         if (dx == nullptr) continue;
+        const auto dx_of = [&](std::int64_t c) {
+          const float xhat = (load(x[c]) - m) * s;
+          return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
+        };
         if (a.accumulate) {
-          for (std::int64_t c = 0; c < C; ++c) {
-            const float xhat = (load(x[c]) - m) * s;
-            dx[c] = store<T>(load(dx[c]) + s * (load(dy[c]) * a.w[c] - mg - xhat * mgx));
-          }
+          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(load(dx[c]) + dx_of(c));
         } else {
-          for (std::int64_t c = 0; c < C; ++c) {
-            const float xhat = (load(x[c]) - m) * s;
-            dx[c] = store<T>(s * (load(dy[c]) * a.w[c] - mg - xhat * mgx));
-          }
+          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(dx_of(c));
         }
       }
     }
@@ -134,18 +133,11 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
 namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// Sum over the 32 lanes of a warp (every lane gets the result; fixed butterfly order).
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffU, v, o);
-  return v;
-}
-
 /// One warp per row: mean, then the centred variance (two passes over the row, from cache).
 template <class T>
 __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
   if (row >= a.rows) return;
   const std::int64_t C = a.cols;
   const T* x = a.x + row * C;
@@ -173,9 +165,8 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
 /// One warp per row: dx.
 template <class T>
 __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
   if (row >= a.rows) return;
   const std::int64_t C = a.cols;
   const T* x = a.x + row * C;
@@ -234,20 +225,17 @@ __global__ void layer_norm_backward_reduce_kernel(LayerNormArgs<T> a, std::int64
 template <class T>
 void layer_norm_forward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
-  constexpr int kWarps = 8;
-  const auto grid = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
-  layer_norm_forward_kernel<T><<<grid, kWarps * 32, 0, exec.stream().get()>>>(a);
+  layer_norm_forward_kernel<T>
+      <<<row_warp_blocks(a.rows), kRowWarps * 32, 0, exec.stream().get()>>>(a);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
 void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
-  constexpr int kWarps = 8;
   cudaStream_t stream = exec.stream().get();
   if (a.dx != nullptr) {
-    const auto grid = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
-    layer_norm_backward_dx_kernel<T><<<grid, kWarps * 32, 0, stream>>>(a);
+    layer_norm_backward_dx_kernel<T><<<row_warp_blocks(a.rows), kRowWarps * 32, 0, stream>>>(a);
     TRAINKIT_CUDA_CHECK(cudaGetLastError());
   }
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
@@ -280,19 +268,33 @@ struct LayerNormOptions {
 /// "<name>.bias" [C] (zeros), always used in f32 (autocast runs layer_norm in f32; activations
 /// may be bf16/f16 and are widened on load).
 ///
-/// Shapes: x, y [N, C]. forward saves mean and rstd (= 1/std) of every row inside the layer;
-/// backward reads x, dy, w and the saved statistics of the LAST forward, adds to dw and db, and
-/// writes dx (or adds it, InputGrad::kAccumulate). An absent dx still accumulates dw, db.
-/// Not re-entrant: one forward, then its backward (one layer object per use in a model).
+/// Shapes: x, y [N, C]. forward writes y and saves mean and rstd (= 1/std) of every row in the
+/// caller's Context; backward reads x, dy, w and that context, adds to dw and db, and writes dx
+/// (or adds it, Write::kAccumulate). An absent dx still accumulates dw, db.
 template <Space S = Space::kHost>
 class LayerNorm {
  public:
+  /// What forward saves for backward: the f32 mean and 1/std of each row, in space S. Keep one
+  /// per forward whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    /// Rows of the forward that filled it (0 before any).
+    std::int64_t rows() const noexcept { return rec_.filled() ? rec_.d0 : 0; }
+    const float* mean() const noexcept { return stats_.template data<float>(); }
+    const float* rstd() const noexcept { return mean() + rows(); }
+
+   private:
+    friend class LayerNorm;
+    detail::ForwardRecord rec_;
+    detail::Bytes<S> stats_;
+  };
+
   LayerNorm(ParamArena<S>& arena, const std::string& name, LayerNormOptions options)
       : arena_(&arena), features_(options.features), eps_(options.eps) {
     TRAINKIT_CHECK(features_ > 0, "nn::LayerNorm '", name, "': features must be positive");
-    const std::string prefix = name.empty() ? std::string() : name + ".";
-    weight_ = arena.add(prefix + "weight", Shape{features_}, Init::ones());
-    if (options.bias) bias_ = arena.add(prefix + "bias", Shape{features_}, Init::zeros());
+    weight_ = arena.add(detail::child_name(name, "weight"), Shape{features_}, Init::ones());
+    if (options.bias)
+      bias_ = arena.add(detail::child_name(name, "bias"), Shape{features_}, Init::zeros());
   }
 
   ParamId weight() const noexcept { return weight_; }
@@ -305,58 +307,53 @@ class LayerNorm {
     return in;
   }
 
-  /// y = layer_norm(x); saves mean/rstd for backward.
+  /// y = layer_norm(x); saves mean/rstd in ctx for backward.
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
-  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) {
+  void forward(const E& exec, Context& ctx, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     check_io("nn::LayerNorm::forward", x, y);
-    rows_ = x.size(0);
-    float* stats = stats_.get(2 * rows_ + 1);
-    detail::LayerNormArgs<T> a = args<T>(x.data(), stats);
+    const std::int64_t rows = x.size(0);
+    ctx.rec_.template set<T>(rows, features_);
+    detail::LayerNormArgs<T> a =
+        args<T>(x.data(), ctx.stats_.template get<float>(2 * rows + 1), rows);
     a.y = y.data();
     detail::layer_norm_forward(exec, a);
   }
 
-  /// dw += sum dy * xhat, db += sum dy, dx = dL/dx (written or accumulated; absent: skipped).
+  /// dw += sum dy * xhat, db += sum dy, dx = dL/dx (written or accumulated; absent: skipped),
+  /// from the forward of x that filled ctx.
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
-  void backward(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
-                TensorView<TG, 2, S> dx, InputGrad mode = InputGrad::kWrite) {
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
     check_io("nn::LayerNorm::backward", x, dy);
     if (!detail::absent(dx)) check_io("nn::LayerNorm::backward", x, dx);
-    TRAINKIT_CHECK(x.size(0) == rows_ && stats_.capacity() >= 2 * rows_,
-                   "nn::LayerNorm::backward"
-                   ": no forward of ",
-                   x.size(0), " rows to take the statistics from");
-    const std::int64_t chunks = (rows_ + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
-    float* partial = partial_.get(chunks * 2 * features_);
-    detail::LayerNormArgs<T> a = args<T>(x.data(), stats_.data());
+    ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
+    const std::int64_t rows = x.size(0);
+    const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
+    // The kernels' argument block is shared with forward; backward only reads the statistics.
+    detail::LayerNormArgs<T> a = args<T>(x.data(), const_cast<float*>(ctx.mean()), rows);
     a.dy = dy.data();
     a.dx = detail::absent(dx) ? nullptr : dx.data();
-    a.partial = partial;
+    a.partial = partial_.template get<float>(chunks * 2 * features_);
     a.dw = arena_->grad_flat(weight_).data();
     a.db = bias_.valid() ? arena_->grad_flat(bias_).data() : nullptr;
-    a.accumulate = mode == InputGrad::kAccumulate;
+    a.accumulate = mode == Write::kAccumulate;
     detail::layer_norm_backward(exec, a);
   }
 
-  /// The saved per-row means and reciprocal standard deviations of the last forward (f32, in
-  /// the layer's memory space), for tests and inspection.
-  const float* saved_mean() const noexcept { return stats_.data(); }
-  const float* saved_rstd() const noexcept { return stats_.data() + rows_; }
-
  private:
   template <class T>
-  detail::LayerNormArgs<T> args(const T* x, float* stats) const {
+  detail::LayerNormArgs<T> args(const T* x, float* stats, std::int64_t rows) const {
     detail::LayerNormArgs<T> a{};
     a.x = x;
     a.w = arena_->params_data() + arena_->info(weight_).offset;
     a.b = bias_.valid() ? arena_->params_data() + arena_->info(bias_).offset : nullptr;
     a.mean = stats;
-    a.rstd = stats + rows_;
-    a.rows = rows_;
+    a.rstd = stats + rows;
+    a.rows = rows;
     a.cols = features_;
     a.eps = eps_;
     return a;
@@ -376,9 +373,7 @@ class LayerNorm {
   float eps_;
   ParamId weight_;
   ParamId bias_;
-  std::int64_t rows_ = 0;
-  detail::Scratch<float, S> stats_;
-  detail::Scratch<float, S> partial_;
+  detail::Bytes<S> partial_;  // backward scratch: per-chunk partial sums of dw, db
 };
 
 template <Space S>

@@ -106,12 +106,12 @@ TRAINKIT_DETAIL_NN_CUDA_ONLY(bias_grad_accumulate)
 #endif
 
 /// Options of nn::Linear. Defaults initialise like torch.nn.Linear: W ~ kaiming_uniform(a =
-/// sqrt(5)) = U(±1/sqrt(in)), b ~ U(±1/sqrt(in)).
+/// sqrt(5)) = U(±1/sqrt(in)) (kTorchLinearKaimingA), b ~ U(±1/sqrt(in)).
 struct LinearOptions {
   std::int64_t in_features = 0;
   std::int64_t out_features = 0;
   bool bias = true;
-  Init weight_init = Init::kaiming_uniform(2.23606797749979f);
+  Init weight_init = Init::kaiming_uniform(kTorchLinearKaimingA);
   /// Unset: U(-1/sqrt(in), 1/sqrt(in)), as PyTorch.
   std::optional<Init> bias_init = std::nullopt;
 };
@@ -124,7 +124,7 @@ struct LinearOptions {
 /// master weights (Tf32: TF32 tensor-core products on the GPU), Bf16/Fp16 the arena's compute
 /// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
 /// backward reads x (the forward input), dy and W; it adds dy^T x to dW and the column sums of
-/// dy to db (f32, in the arena), and writes dx = dy W (or adds it, InputGrad::kAccumulate).
+/// dy to db (f32, in the arena), and writes dx = dy W (or adds it, Write::kAccumulate).
 /// An absent dx (default view) skips that gemm, e.g. for the first layer.
 /// The arena must outlive the layer and must not be moved after the layer registered.
 template <Space S = Space::kHost>
@@ -134,11 +134,10 @@ class Linear {
       : arena_(&arena), in_(options.in_features), out_(options.out_features) {
     TRAINKIT_CHECK(in_ > 0 && out_ > 0, "nn::Linear '", name, "': in_features (", in_,
                    ") and out_features (", out_, ") must be positive");
-    const std::string prefix = name.empty() ? std::string() : name + ".";
-    weight_ = arena.add(prefix + "weight", Shape{out_, in_}, options.weight_init);
+    weight_ = arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
     if (options.bias) {
       const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)));
-      bias_ = arena.add(prefix + "bias", Shape{out_},
+      bias_ = arena.add(detail::child_name(name, "bias"), Shape{out_},
                         options.bias_init.value_or(Init::uniform(-bound, bound)));
     }
   }
@@ -155,21 +154,16 @@ class Linear {
     return out_;
   }
 
-  /// y = x W^T + b, or y += x W^T + b with InputGrad::kAccumulate (a residual connection fused
-  /// into the gemm: seed y with the residual stream).
+  /// y = x W^T + b, or y += x W^T + b with Write::kAccumulate (a residual connection fused into
+  /// the gemm: seed y with the residual stream).
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
   void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y,
-               InputGrad mode = InputGrad::kWrite) const {
+               Write mode = Write::kOverwrite) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     check_io("nn::Linear::forward", x, y);
-    blas::GemmOptions<T> o;
-    o.compute = P::gemm_compute;
-    o.beta = mode == InputGrad::kAccumulate ? 1.0f : 0.0f;
-    if (has_bias()) {
-      o.epilogue = blas::Epilogue::kBias;
-      o.bias = weight_data<T>(bias_);
-    }
+    blas::GemmOptions<T> o = bias_options<P, T>();
+    o.beta = mode == Write::kAccumulate ? 1.0f : 0.0f;
     detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                     weight_view<T>(), y, o);
   }
@@ -183,30 +177,15 @@ class Linear {
     detail::check_call<P, E, S, TX, TP, TY>();
     check_io("nn::Linear::forward_gelu", x, y);
     detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
-    blas::GemmOptions<T> o;
-    o.compute = P::gemm_compute;
-    if constexpr (S == Space::kHost) {
-      // Host: bias in the gemm epilogue, then a vectorised GELU pass (libm's tanhf in the
-      // epilogue would not vectorise).
-      if (has_bias()) {
-        o.epilogue = blas::Epilogue::kBias;
-        o.bias = weight_data<T>(bias_);
-      }
-      detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
-                      weight_view<T>(), pre, o);
-      exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
-    } else if (out_ % 8 != 0) {
-      // cuBLASLt wants the aux row stride to be a multiple of 8: unfused.
-      if (has_bias()) {
-        o.epilogue = blas::Epilogue::kBias;
-        o.bias = weight_data<T>(bias_);
-      }
+    blas::GemmOptions<T> o = bias_options<P, T>();
+    if (S == Space::kHost || out_ % 8 != 0) {
+      // Unfused: bias in the gemm epilogue, then a GELU pass. On the host libm's tanhf in the
+      // epilogue would not vectorise; cuBLASLt wants the aux row stride to be a multiple of 8.
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), pre, o);
       exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
     } else {
       o.epilogue = has_bias() ? blas::Epilogue::kBiasGelu : blas::Epilogue::kGelu;
-      if (has_bias()) o.bias = weight_data<T>(bias_);
       o.aux = pre.data();
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), y, o);
@@ -216,7 +195,7 @@ class Linear {
   /// dW += dy^T x, db += sum_rows dy, dx = dy W (or dx += dy W). dx may be absent.
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
   void backward(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
-                TensorView<TG, 2, S> dx, InputGrad mode = InputGrad::kWrite) {
+                TensorView<TG, 2, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
     check_io("nn::Linear::backward", x, dy);
@@ -224,7 +203,7 @@ class Linear {
       check_io("nn::Linear::backward", dx, dy);
       blas::GemmOptions<T> o;
       o.compute = P::gemm_compute;
-      o.beta = mode == InputGrad::kAccumulate ? 1.0f : 0.0f;
+      o.beta = mode == Write::kAccumulate ? 1.0f : 0.0f;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dx, o);
     }
@@ -258,6 +237,18 @@ class Linear {
   }
 
  private:
+  /// Gemm options of the forward products: the policy's compute type, the bias in the epilogue.
+  template <class P, class T>
+  blas::GemmOptions<T> bias_options() const {
+    blas::GemmOptions<T> o;
+    o.compute = P::gemm_compute;
+    if (has_bias()) {
+      o.epilogue = blas::Epilogue::kBias;
+      o.bias = weight_data<T>(bias_);
+    }
+    return o;
+  }
+
   template <class P, class E, class T>
   void accumulate_param_grads(const E& exec, TensorView<const T, 2, S> x,
                               TensorView<const T, 2, S> dy) {

@@ -55,21 +55,20 @@ void residual_forward(const E& exec, TensorView<TA, R, S> a, TensorView<TB, R, S
 }
 
 /// Backward of out = a + b: da = dout and db = dout (each written, or added with
-/// InputGrad::kAccumulate). Either gradient may be absent (default view: skipped).
+/// Write::kAccumulate). Either gradient may be absent (default view: skipped).
 template <amp::Policy P = amp::Fp32, class E, class TD, class TA, class TB, int R, Space S>
 void residual_backward(const E& exec, TensorView<TD, R, S> dout, TensorView<TA, R, S> da,
-                       TensorView<TB, R, S> db, InputGrad mode_a = InputGrad::kWrite,
-                       InputGrad mode_b = InputGrad::kWrite) {
+                       TensorView<TB, R, S> db, Write mode_a = Write::kOverwrite,
+                       Write mode_b = Write::kOverwrite) {
   using T = std::remove_const_t<TD>;
   detail::check_call<P, E, S, TD, TA, TB>();
   if (!detail::absent(da))
     detail::check_same_shape("nn::residual_backward", "dout", dout, "da", da);
   if (!detail::absent(db))
     detail::check_same_shape("nn::residual_backward", "dout", dout, "db", db);
-  exec::launch(
-      exec, dout.numel(),
-      detail::GradSplit<T>{dout.data(), da.data(), db.data(), mode_a == InputGrad::kAccumulate,
-                           mode_b == InputGrad::kAccumulate});
+  exec::launch(exec, dout.numel(),
+               detail::GradSplit<T>{dout.data(), da.data(), db.data(), mode_a == Write::kAccumulate,
+                                    mode_b == Write::kAccumulate});
 }
 
 }  // namespace nn

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/sequential.hpp: `Sequential<Layers...>`, a stack of [N, in] -> [N, out] layers
 // composed at compile time (a std::tuple, no virtual calls): forward runs them in order, backward
-// in reverse, and the stack owns the intermediate activations and two ping-pong gradient buffers.
+// in reverse. Its Context holds the intermediate activations and the layers' contexts; the stack
+// owns two ping-pong gradient buffers for backward.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +24,9 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
 
 /// A layer Sequential can stack: `out_features(in)` gives its output width, and it has
-/// `forward<P>(exec, x, y)` / `backward<P>(exec, x, dy, dx)` on [N, width] views (Linear,
-/// LayerNorm, ReLU, GELU, Dropout, or your own).
+/// `forward<P>(exec, x, y)` / `backward<P>(exec, x, dy, dx)` on [N, width] views, or with a
+/// `Context` the `forward<P>(exec, ctx, x, y)` / `backward<P>(exec, ctx, x, dy, dx)` pair (Linear,
+/// LayerNorm, ReLU, GELU, Dropout, a Sequential, or your own).
 template <class L>
 concept StackableLayer = requires(const L& layer, std::int64_t in) {
   { layer.out_features(in) } -> std::convertible_to<std::int64_t>;
@@ -37,15 +39,39 @@ concept StackableLayer = requires(const L& layer, std::int64_t in) {
 /// any order (g++ goes right to left), which the constructor detects and rejects.
 ///
 /// Shapes: x [N, in], y [N, out]; every layer maps [N, w_i] -> [N, w_{i+1}] (checked through
-/// out_features). forward stores a view of x (keep x alive and unchanged until backward) and
-/// the intermediate activations (owned, in the activation type of P). backward runs the layers'
+/// out_features). forward fills the caller's Context with the intermediate activations (in the
+/// activation type of P) and the layers' contexts; backward takes the same x, runs the layers'
 /// backward in reverse order and writes dx (absent: the first layer skips its input gradient).
 template <StackableLayer... Layers>
 class Sequential {
   static_assert(sizeof...(Layers) >= 1, "nn::Sequential needs at least one layer");
 
+  /// Grow-only storage usable in either memory space (the stack's views decide which).
+  struct Buffer {
+    detail::Bytes<Space::kHost> host;
+    detail::Bytes<Space::kDevice> device;
+  };
+
  public:
   static constexpr std::size_t kSize = sizeof...(Layers);
+
+  /// What forward saves for backward: activation i (the output of layer i, the input of layer
+  /// i + 1) for i < kSize - 1, and the context of every layer that has one. Keep one per forward
+  /// whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    /// The context of layer I (detail::NoContext for a layer without one).
+    template <std::size_t I>
+    const auto& layer() const noexcept {
+      return std::get<I>(layers_);
+    }
+
+   private:
+    friend class Sequential;
+    detail::ForwardRecord rec_;
+    std::tuple<detail::context_slot_t<Layers>...> layers_;
+    std::array<Buffer, kSize - 1> acts_{};
+  };
 
   /// Throws trainkit::Error when the layers' parameters were registered out of layer order
   /// (constructed with parentheses instead of braces).
@@ -74,72 +100,55 @@ class Sequential {
   }
 
   /// Output width for an input of `in` features.
-  std::int64_t out_features(std::int64_t in) const {
-    widths(in);
-    return widths_[kSize];
-  }
+  std::int64_t out_features(std::int64_t in) const { return widths(in)[kSize]; }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY, Space S>
-  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) {
+  void forward(const E& exec, Context& ctx, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
-    widths(x.size(1));
-    TRAINKIT_CHECK(y.size(0) == x.size(0) && y.size(1) == widths_[kSize],
-                   "nn::Sequential::"
-                   "forward: y is ",
-                   detail::shape_of(y), ", expected [", x.size(0), ", ", widths_[kSize], "]");
-    rows_ = x.size(0);
-    input_ = x.data();
-    [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I, P, T>(exec, y), ...); }
+    const Widths w = widths(x.size(1));
+    const std::int64_t rows = x.size(0);
+    TRAINKIT_CHECK(y.size(0) == rows && y.size(1) == w[kSize], "nn::Sequential::forward: y is ",
+                   detail::shape_of(y), ", expected [", rows, ", ", w[kSize], "]");
+    ctx.rec_.template set<T>(rows, x.size(1));
+    for (std::size_t i = 0; i + 1 < kSize; ++i)
+      storage<S>(ctx.acts_[i]).template get<T>(rows * w[i + 1]);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (detail::forward_with<P>(std::get<I>(layers_), exec, std::get<I>(ctx.layers_),
+                               input_of<I, S>(ctx, TensorView<const T, 2, S>(x), w),
+                               output_of<I, T>(ctx, y, w)),
+       ...);
+    }
     (std::make_index_sequence<kSize>{});
   }
 
-  template <amp::Policy P = amp::Fp32, class E, class TD, class TG, Space S>
-  void backward(const E& exec, TensorView<TD, 2, S> dy, TensorView<TG, 2, S> dx) {
-    using T = std::remove_const_t<TD>;
-    detail::check_call<P, E, S, TD, TG>();
-    TRAINKIT_CHECK(input_ != nullptr && dy.size(0) == rows_ && dy.size(1) == widths_[kSize],
-                   "nn::Sequential::backward: dy ", detail::shape_of(dy),
-                   " does not match the last forward ([", rows_, ", ", widths_[kSize], "])");
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, Space S>
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx) {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TD, TG>();
+    const std::int64_t rows = x.size(0);
+    ctx.rec_.template check<T>("nn::Sequential::backward", rows, x.size(1));
+    const Widths w = widths(x.size(1));
+    TRAINKIT_CHECK(dy.size(0) == rows && dy.size(1) == w[kSize], "nn::Sequential::backward: dy ",
+                   detail::shape_of(dy), ", expected [", rows, ", ", w[kSize], "]");
     if (!detail::absent(dx))
-      TRAINKIT_CHECK(dx.size(0) == rows_ && dx.size(1) == widths_[0],
-                     "nn::Sequential::backward: "
-                     "dx ",
-                     detail::shape_of(dx), ", expected [", rows_, ", ", widths_[0], "]");
+      TRAINKIT_CHECK(dx.sizes() == x.sizes(), "nn::Sequential::backward: dx ", detail::shape_of(dx),
+                     " differs from x ", detail::shape_of(x));
     std::int64_t max_width = 0;
-    for (std::size_t i = 1; i < kSize; ++i) max_width = std::max(max_width, widths_[i]);
-    for (auto& g : grads_) storage<S>(g).template get<T>(rows_ * max_width);
+    for (std::size_t i = 1; i < kSize; ++i) max_width = std::max(max_width, w[i]);
+    for (auto& g : grads_) storage<S>(g).template get<T>(rows * max_width);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (backward_one<kSize - 1 - I, P, T>(exec, dy, dx), ...);
+      (backward_one<kSize - 1 - I, P>(exec, ctx, TensorView<const T, 2, S>(x), dy, dx, w), ...);
     }
     (std::make_index_sequence<kSize>{});
   }
 
  private:
-  /// Grow-only untyped storage in one memory space.
-  template <Space S>
-  class Bytes {
-   public:
-    template <class T>
-    T* get(std::int64_t n) {
-      const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
-      if (bytes > mem_.numel()) mem_ = Tensor<unsigned char, S>(Shape{bytes});
-      return reinterpret_cast<T*>(mem_.data());
-    }
-    template <class T>
-    T* data() noexcept {
-      return reinterpret_cast<T*>(mem_.data());
-    }
+  using Widths = std::array<std::int64_t, kSize + 1>;
 
-   private:
-    Tensor<unsigned char, S> mem_;
-  };
-  struct Buffer {
-    Bytes<Space::kHost> host;
-    Bytes<Space::kDevice> device;
-  };
-  template <Space S>
-  static Bytes<S>& storage(Buffer& b) {
+  template <Space S, class B>
+  static auto& storage(B& b) {
     if constexpr (S == Space::kHost) {
       return b.host;
     } else {
@@ -158,72 +167,69 @@ class Sequential {
     }
   }
 
-  void widths(std::int64_t in) const {
-    widths_[0] = in;
+  /// w[0] = in, w[i + 1] = layer i's output width.
+  Widths widths(std::int64_t in) const {
+    Widths w{};
+    w[0] = in;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((widths_[I + 1] = static_cast<std::int64_t>(std::get<I>(layers_).out_features(widths_[I]))),
-       ...);
+      ((w[I + 1] = static_cast<std::int64_t>(std::get<I>(layers_).out_features(w[I]))), ...);
     }
     (std::make_index_sequence<kSize>{});
+    return w;
   }
 
-  /// Activation i (the output of layer i, input of layer i + 1), for i < kSize - 1.
-  template <class T, Space S>
-  TensorView<T, 2, S> activation(std::size_t i) {
-    return TensorView<T, 2, S>(storage<S>(acts_[i]).template data<T>(),
-                               Extents<2>{{rows_, widths_[i + 1]}});
+  /// Activation i of ctx, [rows, w[i + 1]] (const for a const context).
+  template <class T, Space S, class C>
+  static auto activation(C& ctx, std::size_t i, std::int64_t rows, const Widths& w) {
+    return detail::mat<S>(storage<S>(ctx.acts_[i]).template data<T>(), rows, w[i + 1]);
   }
 
-  template <std::size_t I, class P, class T, class E, class TY, Space S>
-  void forward_one(const E& exec, TensorView<TY, 2, S> y) {
-    TensorView<const T, 2, S> in;
+  /// The input of layer I: x, or activation I - 1.
+  template <std::size_t I, Space S, class T>
+  static TensorView<const T, 2, S> input_of(const Context& ctx, TensorView<const T, 2, S> x,
+                                            const Widths& w) {
     if constexpr (I == 0) {
-      in =
-          TensorView<const T, 2, S>(static_cast<const T*>(input_), Extents<2>{{rows_, widths_[0]}});
+      return x;
     } else {
-      in = activation<T, S>(I - 1);
+      return activation<T, S>(ctx, I - 1, x.size(0), w);
     }
+  }
+
+  /// The output of layer I in forward: y for the last layer, else activation I.
+  template <std::size_t I, class T, class TY, Space S>
+  static auto output_of(Context& ctx, TensorView<TY, 2, S> y, const Widths& w) {
     if constexpr (I + 1 == kSize) {
-      std::get<I>(layers_).template forward<P>(exec, in, y);
+      return y;
     } else {
-      storage<S>(acts_[I]).template get<T>(rows_ * widths_[I + 1]);
-      std::get<I>(layers_).template forward<P>(exec, in, activation<T, S>(I));
+      return activation<T, S>(ctx, I, y.size(0), w);
     }
   }
 
-  template <std::size_t I, class P, class T, class E, class TD, class TG, Space S>
-  void backward_one(const E& exec, TensorView<TD, 2, S> dy, TensorView<TG, 2, S> dx) {
-    TensorView<const T, 2, S> in;
-    if constexpr (I == 0) {
-      in =
-          TensorView<const T, 2, S>(static_cast<const T*>(input_), Extents<2>{{rows_, widths_[0]}});
-    } else {
-      in = activation<T, S>(I - 1);
-    }
+  template <std::size_t I, class P, class E, class T, class TD, class TG, Space S>
+  void backward_one(const E& exec, const Context& ctx, TensorView<const T, 2, S> x,
+                    TensorView<TD, 2, S> dy, TensorView<TG, 2, S> dx, const Widths& w) {
+    const std::int64_t rows = x.size(0);
     // Gradient w.r.t. this layer's output: dy for the last layer, else what layer I+1 wrote.
     TensorView<const T, 2, S> g_out;
     if constexpr (I + 1 == kSize) {
       g_out = dy;
     } else {
-      g_out = TensorView<const T, 2, S>(storage<S>(grads_[(I + 1) % 2]).template data<T>(),
-                                        Extents<2>{{rows_, widths_[I + 1]}});
+      g_out =
+          detail::mat<S>(static_cast<const T*>(storage<S>(grads_[(I + 1) % 2]).template data<T>()),
+                         rows, w[I + 1]);
     }
     TensorView<T, 2, S> g_in;
     if constexpr (I == 0) {
       g_in = dx;
     } else {
-      g_in = TensorView<T, 2, S>(storage<S>(grads_[I % 2]).template data<T>(),
-                                 Extents<2>{{rows_, widths_[I]}});
+      g_in = detail::mat<S>(storage<S>(grads_[I % 2]).template data<T>(), rows, w[I]);
     }
-    std::get<I>(layers_).template backward<P>(exec, in, g_out, g_in);
+    detail::backward_with<P>(std::get<I>(layers_), exec, std::get<I>(ctx.layers_),
+                             input_of<I, S>(ctx, x, w), g_out, g_in);
   }
 
   std::tuple<Layers...> layers_;
-  mutable std::array<std::int64_t, kSize + 1> widths_{};
-  std::int64_t rows_ = 0;
-  const void* input_ = nullptr;
-  std::array<Buffer, kSize> acts_{};
-  std::array<Buffer, 2> grads_{};
+  std::array<Buffer, 2> grads_{};  // backward scratch: the ping-pong gradients between layers
 };
 
 }  // namespace nn

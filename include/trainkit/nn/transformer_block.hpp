@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/transformer_block.hpp: `TransformerBlock`, one pre-LayerNorm GPT-2 block
 // (nanoGPT's Block): x1 = x + attn(ln_1(x)); y = x1 + mlp(ln_2(x1)), mlp = c_proj(gelu(c_fc)).
-// Forward keeps what backward needs inside the block; the MLP's GELU is fused into its gemms and
-// the residual gradients are accumulated in place instead of being copied around.
+// Forward keeps what backward needs in the caller's TransformerBlock::Context; the MLP's GELU is
+// fused into its gemms and the residual gradients are accumulated in place instead of being
+// copied around.
 #pragma once
 
 #include <cmath>
@@ -39,18 +40,38 @@ struct TransformerBlockOptions {
 /// attn.c_attn.{weight,bias} [3C, C], attn.c_proj.{weight,bias} [C, C], ln_2.{weight,bias},
 /// mlp.c_fc.{weight,bias} [4C, C], mlp.c_proj.{weight,bias} [C, 4C].
 ///
-/// Shapes: x, y [B, T, C]. forward saves ln_1/ln_2 outputs, x1, the MLP pre-activation and
-/// activation, and the attention's tensors inside the block. backward reads x and dy, adds every
-/// parameter gradient and writes dx (or adds it, InputGrad::kAccumulate).
+/// Shapes: x, y [B, T, C]. forward writes y and saves, in the caller's Context, the ln_1/ln_2
+/// outputs, x1, the MLP pre-activation and activation, and the contexts of ln_1, attn and ln_2.
+/// backward reads x, dy and that context, adds every parameter gradient and writes dx (or adds
+/// it, Write::kAccumulate).
 template <Space S = Space::kHost>
 class TransformerBlock {
  public:
+  /// What forward saves for backward (activations in the policy's type, in space S). Keep one
+  /// per forward whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    const typename LayerNorm<S>::Context& ln_1() const noexcept { return ln_1_; }
+    const typename CausalSelfAttention<S>::Context& attn() const noexcept { return attn_; }
+    const typename LayerNorm<S>::Context& ln_2() const noexcept { return ln_2_; }
+
+   private:
+    friend class TransformerBlock;
+    detail::ForwardRecord rec_;
+    typename LayerNorm<S>::Context ln_1_;
+    typename CausalSelfAttention<S>::Context attn_;
+    typename LayerNorm<S>::Context ln_2_;
+    // ln_1(x), x1 = x + attn(ln_1(x)), ln_2(x1), pre = c_fc(ln_2(x1)), g = gelu(pre).
+    detail::Bytes<S> h1_, x1_, h2_, pre_, g_;
+  };
+
   TransformerBlock(ParamArena<S>& arena, const std::string& name, TransformerBlockOptions o)
-      : ln_1_(arena, child(name, "ln_1"), {o.n_embd, o.eps, o.bias}),
-        attn_(arena, child(name, "attn"), attention_options(o)),
-        ln_2_(arena, child(name, "ln_2"), {o.n_embd, o.eps, o.bias}),
-        c_fc_(arena, child(name, "mlp.c_fc"), linear_options(o, o.n_embd, 4 * o.n_embd, 0.02f)),
-        c_proj_(arena, child(name, "mlp.c_proj"),
+      : ln_1_(arena, detail::child_name(name, "ln_1"), {o.n_embd, o.eps, o.bias}),
+        attn_(arena, detail::child_name(name, "attn"), attention_options(o)),
+        ln_2_(arena, detail::child_name(name, "ln_2"), {o.n_embd, o.eps, o.bias}),
+        c_fc_(arena, detail::child_name(name, "mlp.c_fc"),
+              linear_options(o, o.n_embd, 4 * o.n_embd, 0.02f)),
+        c_proj_(arena, detail::child_name(name, "mlp.c_proj"),
                 linear_options(o, 4 * o.n_embd, o.n_embd, residual_std(o))),
         C_(o.n_embd) {}
 
@@ -61,115 +82,82 @@ class TransformerBlock {
   Linear<S>& c_proj() noexcept { return c_proj_; }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
-  void forward(const E& exec, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
+  void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     TRAINKIT_CHECK(x.size(2) == C_ && x.sizes() == y.sizes(),
-                   "nn::TransformerBlock::forward: "
-                   "expected [B, T, ",
-                   C_, "] views of one shape, got ", detail::shape_of(x), " and ",
-                   detail::shape_of(y));
-    B_ = x.size(0);
-    T_ = x.size(1);
-    const std::int64_t N = B_ * T_;
-    auto* h1 = h1_.template get<T>(N * C_);
-    auto* a = a_.template get<T>(N * C_);
-    auto* x1 = x1_.template get<T>(N * C_);
-    auto* h2 = h2_.template get<T>(N * C_);
-    auto* pre = pre_.template get<T>(N * 4 * C_);
-    auto* g = g_.template get<T>(N * 4 * C_);
-    const TensorView<const T, 2, S> x2 = flat2(TensorView<const T, 3, S>(x));
-    ln_1_.template forward<P>(exec, x2, mat(h1, N, C_));
-    attn_.template forward<P>(exec, TensorView<const T, 3, S>(h1, x.sizes()),
+                   "nn::TransformerBlock::forward: expected [B, T, ", C_,
+                   "] views of one shape, got ", detail::shape_of(x), " and ", detail::shape_of(y));
+    const std::int64_t N = x.size(0) * x.size(1);
+    ctx.rec_.template set<T>(x.size(0), x.size(1));
+    T* h1 = ctx.h1_.template get<T>(N * C_);
+    T* a = a_.template get<T>(N * C_);
+    T* x1 = ctx.x1_.template get<T>(N * C_);
+    T* h2 = ctx.h2_.template get<T>(N * C_);
+    T* pre = ctx.pre_.template get<T>(N * 4 * C_);
+    T* g = ctx.g_.template get<T>(N * 4 * C_);
+    const TensorView<const T, 2, S> x2 = detail::flat2(TensorView<const T, 3, S>(x));
+    ln_1_.template forward<P>(exec, ctx.ln_1_, x2, mat(h1, N, C_));
+    attn_.template forward<P>(exec, ctx.attn_, TensorView<const T, 3, S>(h1, x.sizes()),
                               TensorView<T, 3, S>(a, x.sizes()));
-    residual_forward<P>(exec, x2, cmat(a, N, C_), mat(x1, N, C_));
-    ln_2_.template forward<P>(exec, cmat(x1, N, C_), mat(h2, N, C_));
-    c_fc_.template forward_gelu<P>(exec, cmat(h2, N, C_), mat(pre, N, 4 * C_), mat(g, N, 4 * C_));
+    residual_forward<P>(exec, x2, mat(a, N, C_), mat(x1, N, C_));
+    ln_2_.template forward<P>(exec, ctx.ln_2_, mat(x1, N, C_), mat(h2, N, C_));
+    c_fc_.template forward_gelu<P>(exec, mat(h2, N, C_), mat(pre, N, 4 * C_), mat(g, N, 4 * C_));
     // y = x1 + c_proj(g): y is seeded with x1 and the gemm adds to it (beta = 1).
     T* y_data = y.data();
-    copy_rows<P>(exec, cmat(x1, N, C_), mat(y_data, N, C_));
-    c_proj_.template forward<P>(exec, cmat(g, N, 4 * C_), mat(y_data, N, C_),
-                                InputGrad::kAccumulate);
+    copy_rows<P>(exec, mat(x1, N, C_), mat(y_data, N, C_));
+    c_proj_.template forward<P>(exec, mat(g, N, 4 * C_), mat(y_data, N, C_), Write::kAccumulate);
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
-  void backward(const E& exec, TensorView<TX, 3, S> x, TensorView<TD, 3, S> dy,
-                TensorView<TG, 3, S> dx, InputGrad mode = InputGrad::kWrite) {
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 3, S> x, TensorView<TD, 3, S> dy,
+                TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    TRAINKIT_CHECK(x.size(0) == B_ && x.size(1) == T_ && x.sizes() == dy.sizes(),
-                   "nn::TransformerBlock::backward: no forward of shape ", detail::shape_of(x),
-                   " (or dy ", detail::shape_of(dy), " differs)");
-    const std::int64_t N = B_ * T_;
-    auto* dpre = dpre_.template get<T>(N * 4 * C_);
-    auto* dh = dh_.template get<T>(N * C_);
-    auto* dx1 = dx1_.template get<T>(N * C_);
-    const TensorView<const T, 2, S> dy2 = flat2(TensorView<const T, 3, S>(dy));
+    TRAINKIT_CHECK(x.sizes() == dy.sizes(), "nn::TransformerBlock::backward: x ",
+                   detail::shape_of(x), " and dy ", detail::shape_of(dy), " differ");
+    ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1));
+    const std::int64_t N = x.size(0) * x.size(1);
+    T* dpre = dpre_.template get<T>(N * 4 * C_);
+    T* dh = dh_.template get<T>(N * C_);
+    T* dx1 = dx1_.template get<T>(N * C_);
+    const TensorView<const T, 2, S> dy2 = detail::flat2(TensorView<const T, 3, S>(dy));
     // y = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
-    c_proj_.template backward_dgelu<P>(exec, cmat(g_.template data<T>(), N, 4 * C_), dy2,
-                                       cmat(pre_.template data<T>(), N, 4 * C_),
+    c_proj_.template backward_dgelu<P>(exec, mat(ctx.g_.template data<T>(), N, 4 * C_), dy2,
+                                       mat(ctx.pre_.template data<T>(), N, 4 * C_),
                                        mat(dpre, N, 4 * C_));
-    c_fc_.template backward<P>(exec, cmat(h2_.template data<T>(), N, C_), cmat(dpre, N, 4 * C_),
+    c_fc_.template backward<P>(exec, mat(ctx.h2_.template data<T>(), N, C_), mat(dpre, N, 4 * C_),
                                mat(dh, N, C_));
     copy_rows<P>(exec, dy2, mat(dx1, N, C_));
-    ln_2_.template backward<P>(exec, cmat(x1_.template data<T>(), N, C_), cmat(dh, N, C_),
-                               mat(dx1, N, C_), InputGrad::kAccumulate);
+    ln_2_.template backward<P>(exec, ctx.ln_2_, mat(ctx.x1_.template data<T>(), N, C_),
+                               mat(dh, N, C_), mat(dx1, N, C_), Write::kAccumulate);
     // x1 = x + attn(ln_1(x)).
     const Extents<3> shape = x.sizes();
-    attn_.template backward<P>(exec, TensorView<const T, 3, S>(h1_.template data<T>(), shape),
-                               TensorView<const T, 3, S>(dx1, shape),
-                               TensorView<T, 3, S>(dh, shape));
+    attn_.template backward<P>(
+        exec, ctx.attn_, TensorView<const T, 3, S>(ctx.h1_.template data<T>(), shape),
+        TensorView<const T, 3, S>(dx1, shape), TensorView<T, 3, S>(dh, shape));
+    const TensorView<const T, 2, S> x2 = detail::flat2(TensorView<const T, 3, S>(x));
     if (detail::absent(dx)) {
-      ln_1_.template backward<P>(exec, flat2(TensorView<const T, 3, S>(x)), cmat(dh, N, C_),
-                                 TensorView<T, 2, S>());
+      ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), TensorView<T, 2, S>());
       return;
     }
-    const TensorView<T, 2, S> dx2 = flat2(dx);
-    residual_backward<P>(exec, cmat(dx1, N, C_), dx2, TensorView<T, 2, S>(), mode);
-    ln_1_.template backward<P>(exec, flat2(TensorView<const T, 3, S>(x)), cmat(dh, N, C_), dx2,
-                               InputGrad::kAccumulate);
+    const TensorView<T, 2, S> dx2 = detail::flat2(dx);
+    residual_backward<P>(exec, mat(dx1, N, C_), dx2, TensorView<T, 2, S>(), mode);
+    ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), dx2, Write::kAccumulate);
   }
 
  private:
-  class Bytes {
-   public:
-    template <class T>
-    T* get(std::int64_t n) {
-      const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
-      if (bytes > mem_.numel()) mem_ = Tensor<unsigned char, S>(Shape{bytes});
-      return reinterpret_cast<T*>(mem_.data());
-    }
-    template <class T>
-    T* data() const noexcept {
-      return reinterpret_cast<T*>(const_cast<unsigned char*>(mem_.data()));
-    }
-
-   private:
-    Tensor<unsigned char, S> mem_;
-  };
-
   /// dst = src (a GradSplit with one destination), on the layer's executor.
-  template <class P, class E, class T>
-  static void copy_rows(const E& exec, TensorView<const T, 2, S> src, TensorView<T, 2, S> dst) {
+  template <class P, class E, class TS, class T>
+  static void copy_rows(const E& exec, TensorView<TS, 2, S> src, TensorView<T, 2, S> dst) {
     residual_backward<P>(exec, src, dst, TensorView<T, 2, S>());
   }
 
   template <class T>
-  static TensorView<T, 2, S> mat(T* p, std::int64_t r, std::int64_t c) {
-    return TensorView<T, 2, S>(p, Extents<2>{{r, c}});
-  }
-  template <class T>
-  static TensorView<const T, 2, S> cmat(const T* p, std::int64_t r, std::int64_t c) {
-    return TensorView<const T, 2, S>(p, Extents<2>{{r, c}});
-  }
-  template <class TV>
-  static TensorView<TV, 2, S> flat2(const TensorView<TV, 3, S>& v) {
-    return v.template reshape<2>(Extents<2>{{v.size(0) * v.size(1), v.size(2)}});
+  static TensorView<T, 2, S> mat(T* p, std::int64_t rows, std::int64_t cols) {
+    return detail::mat<S>(p, rows, cols);
   }
 
-  static std::string child(const std::string& name, const char* c) {
-    return name.empty() ? std::string(c) : name + "." + c;
-  }
   static float residual_std(const TransformerBlockOptions& o) {
     return 0.02f / std::sqrt(2.0f * static_cast<float>(o.n_layer < 1 ? 1 : o.n_layer));
   }
@@ -200,9 +188,8 @@ class TransformerBlock {
   Linear<S> c_fc_;
   Linear<S> c_proj_;
   std::int64_t C_;
-  std::int64_t B_ = 0;
-  std::int64_t T_ = 0;
-  Bytes h1_, a_, x1_, h2_, pre_, g_, dpre_, dh_, dx1_;
+  // Scratch of one call: the attention output (forward), dpre, dh and dx1 (backward).
+  detail::Bytes<S> a_, dpre_, dh_, dx1_;
 };
 
 template <Space S>
