@@ -43,7 +43,7 @@ struct Quadratic {
   tk::nn::ParamArena<>* arena = nullptr;
   tk::nn::ParamId id{};
   tk::PhiloxStream rng{5};
-  std::int64_t nan_at = -1, term_at = -1, kill_at = -1;  // 1-based step numbers
+  std::int64_t nan_at = -1, grad_nan_at = -1, term_at = -1, kill_at = -1;  // 1-based steps
   int evaluations = 0;
   std::vector<std::int64_t> ended;
 
@@ -61,6 +61,7 @@ struct Quadratic {
     if (number == kill_at) ::raise(SIGKILL);
     if (number == term_at) ::raise(SIGTERM);
     if (number == nan_at) return NAN;
+    if (number == grad_nan_at) g(3) = NAN;
     return static_cast<float>(loss);
   }
   tk::ckpt::Metrics evaluate() {
@@ -207,6 +208,18 @@ TEST_CASE("Loop: a non-finite loss stops the run with an error naming the step")
   tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
   REQUIRE_FALSE(ck.list().empty());
   CHECK(ck.list().back().step == 4);  // nothing saved for the diverged step
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loop: a non-finite gradient norm (finite loss, no scaler) stops the run") {
+  const fs::path dir = fresh_dir("gradnan");
+  Quadratic t;
+  t.grad_nan_at = 3;
+  CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 1),
+                       doctest::Contains("step 3: the gradient norm is nan"), tk::Error);
+  tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
+  REQUIRE_FALSE(ck.list().empty());
+  CHECK(ck.list().back().step == 2);
   fs::remove_all(dir);
 }
 

@@ -51,6 +51,29 @@ namespace optim {
 /// gradients). max_norm <= 0: no clipping.
 struct ClipGradNorm {
   double max_norm = 0.0;
+  /// Also compute the global norm when nothing needs it (no clipping, no scaler that computes
+  /// it), so StepResult::grad_norm can be logged: one extra read pass over the gradients.
+  bool report_norm = false;
+};
+
+/// What one step computed, as handles into the executor's memory: nothing is read back unless
+/// asked (on a device arena each read waits for the GPU). Valid until the next step.
+struct StepResult {
+  /// Global L2 norm of the unscaled gradients when the step computed it (clipping, a loss
+  /// scaler's check, or ClipGradNorm::report_norm); an empty handle otherwise.
+  GradNorm grad_norm;
+  /// The loss scaler's inf/NaN flag for this step (null without a scaler).
+  const float* found_inf = nullptr;
+  Space space = Space::kHost;
+
+  /// True when the step changed nothing because the gradients held inf/NaN (reads the flag:
+  /// a sync on the device). Always false without a loss scaler.
+  bool skipped() const {
+    if (found_inf == nullptr) return false;
+    float flag = 0.0f;
+    copy_bytes(&flag, Space::kHost, found_inf, space, sizeof flag, "optim::StepResult");
+    return flag != 0.0f;
+  }
 };
 
 /// What one fused step reads, as pointers in the executor's memory space (never values: reading
@@ -287,8 +310,8 @@ class FusedOptimizer {
 
   /// One optimizer step with the gradients as they are (no scaler).
   template <class E>
-  void step(const E& exec, ClipGradNorm clip = {}) {
-    step(exec, amp::NoScaler{}, clip);
+  StepResult step(const E& exec, ClipGradNorm clip = {}) {
+    return step(exec, amp::NoScaler{}, clip);
   }
 
   /// One optimizer step with a loss scaler (optim::DynamicScaler, optim::StaticScaler or
@@ -296,8 +319,9 @@ class FusedOptimizer {
   /// (one read pass) and unscaled as the update reads them; on inf/NaN the parameters, the
   /// state and the step counter stay bit-identical. With `clip`, gradients are clipped by the
   /// global norm of the unscaled gradients in the same pass. Asynchronous on a CUDA stream.
+  /// Returns handles to the norm it computed and to the skip flag (StepResult).
   template <class E, class Sc>
-  void step(const E& exec, Sc&& scaler, ClipGradNorm clip = {}) {
+  StepResult step(const E& exec, Sc&& scaler, ClipGradNorm clip = {}) {
     static_assert(exec::Executor<E>, "optim: step needs an exec::Host or exec::Cuda");
     static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
                   "optim: a host ParamArena steps with exec::Host, a device ParamArena with "
@@ -308,7 +332,8 @@ class FusedOptimizer {
     using Scaler = std::remove_cvref_t<Sc>;
     StepInputs in;
     in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
-    const bool want_norm = in.max_norm > 0.0f || Traits::needs_grad_norm(options_);
+    const bool want_norm =
+        in.max_norm > 0.0f || clip.report_norm || Traits::needs_grad_norm(options_);
     if constexpr (amp::is_loss_scaler_v<Scaler>) {
       TRAINKIT_CHECK(scaler.space() == S, "optim: the loss scaler lives in ",
                      space_name(scaler.space()), " memory, the ParamArena in ", space_name(S),
@@ -329,6 +354,11 @@ class FusedOptimizer {
     detail::dispatch_variant<Traits::kVariants>(
         Traits::variant(options_), [&](auto v) { launch_pass<decltype(v)::value>(exec); });
     if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.mark_stepped();
+    StepResult result;
+    if (in.grad_norm != nullptr) result.grad_norm = GradNorm(in.grad_norm, S);
+    result.found_inf = in.found_inf;
+    result.space = S;
+    return result;
   }
 
   // ---- state -----------------------------------------------------------------------------

@@ -57,6 +57,9 @@ struct LoopOptions {
   std::string best_metric = {};
   ckpt::MetricMode best_mode = ckpt::MetricMode::kMin;
   double clip_grad_norm = 0.0;  ///< > 0: clip by global norm inside the optimizer's step
+  /// Log the global gradient norm (train/grad_norm) every step; it comes from the optimizer's
+  /// step (no extra pass when clipping or a loss scaler computes it, one read pass otherwise).
+  bool log_grad_norm = true;
   /// Continue from the newest usable checkpoint of dir/ckpt when there is one (false: refuse to
   /// start in a directory that holds checkpoints).
   bool resume = true;
@@ -232,11 +235,26 @@ class Loop {
             "the last checkpoint is ",
             checkpointer_.list().empty() ? "none" : checkpointer_.list().back().path.string());
       }
+      optim::StepResult stepped;
       {
         auto span = monitor.span(monitor::Phase::kOptimizer);
-        opt.step(exec, scaler, optim::ClipGradNorm{options_.clip_grad_norm});
+        stepped = opt.step(exec, scaler,
+                           optim::ClipGradNorm{.max_norm = options_.clip_grad_norm,
+                                               .report_norm = options_.log_grad_norm});
         if (schedule != nullptr) schedule->step();
       }
+      if (stepped.grad_norm.valid()) {
+        const float norm = stepped.grad_norm.get();
+        // With a loss scaler an inf/NaN gradient only skips the step; without one it diverged.
+        if (!std::isfinite(norm) && stepped.found_inf == nullptr) {
+          monitor.close();
+          checkpointer_.wait();
+          TRAINKIT_FAIL("train::Loop: step ", step + 1, ": the gradient norm is ", norm,
+                        "; training diverged (try a lower learning rate or gradient clipping)");
+        }
+        monitor.log_scalar("train/grad_norm", norm);
+      }
+      if (stepped.found_inf != nullptr) monitor.log_scalar("train/skipped", stepped.skipped());
       ++state_.step;
       ++result.steps_this_run;
       result.last_loss = loss;
