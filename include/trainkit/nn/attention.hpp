@@ -40,6 +40,8 @@ struct AttentionArgs {
   const T* dout;  // backward input [B, T, C]
   T* dqkv;        // backward output [B, T, 3C]
   std::int64_t B, T_, C, H;
+  std::int64_t hs;            // head size C / H
+  float scale;                // 1 / sqrt(hs), the scale of the scores
   blas::ComputeType compute;  // TF32 products for f32 operands under amp::Tf32 (device only)
 };
 
@@ -58,18 +60,22 @@ inline void causal_softmax_row(const float* s, T* p, std::int64_t i, std::int64_
 /// <= r, so whole blocks above the diagonal are never multiplied (~25% fewer flops at T = 128).
 inline constexpr std::int64_t kAttentionBlock = 64;
 
+/// Runs f(task, b, h) on the Host pool for every batch item b and head h (task = b * H + h).
+template <class T, class F>
+void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
+  host.parallel_for(a.B * a.H, [&](std::int64_t task) { f(task, task / a.H, task % a.H); });
+}
+
 template <class T>
 void attention_forward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  host.parallel_for(a.B * H, [&](std::int64_t task) {
-    const std::int64_t b = task / H, h = task % H;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
     const T* base = a.qkv + b * Tn * 3 * C;
     const Extents<2> qkv_strides{{3 * C, 1}};
     float* s = a.scores + task * Tn * Tn;
     T* p = a.probs + task * Tn * Tn;
     blas::GemmOptions<float> so;
-    so.alpha = scale;
+    so.alpha = a.scale;
     for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
       const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
       const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
@@ -91,10 +97,8 @@ void attention_forward(const exec::Host& host, const AttentionArgs<T>& a) {
 
 template <class T>
 void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  host.parallel_for(a.B * H, [&](std::int64_t task) {
-    const std::int64_t b = task / H, h = task % H;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
     const T* base = a.qkv + b * Tn * 3 * C;
     T* dbase = a.dqkv + b * Tn * 3 * C;
     const T* dobase = a.dout + b * Tn * C + h * hs;
@@ -120,7 +124,7 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
         T* dsr = ds + i * Tn;
         const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
         for (std::int64_t j = 0; j <= i; ++j)
-          dsr[j] = store<T>(scale * load(pr[j]) * (dpr[j] - dot));
+          dsr[j] = store<T>(a.scale * load(pr[j]) * (dpr[j] - dot));
         for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
       }
       blas::gemm(
@@ -143,10 +147,7 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
   });
 }
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// One warp per row (b, h, i): masked softmax of the scaled scores into probs.
@@ -199,8 +200,7 @@ blas::GemmOptions<C> options(blas::ComputeType compute) {
 
 template <class T>
 void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = a.hs;
   // Per batch item b, heads are a strided batch: head h starts hs elements after head h-1.
   const Extents<3> head{{H, Tn, hs}};
   const Extents<3> qkv_strides{{hs, 3 * C, 1}};
@@ -210,7 +210,7 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
     const DeviceView<const T, 3> q(base, head, qkv_strides);
     const DeviceView<const T, 3> k(base + C, head, qkv_strides);
     blas::GemmOptions<float> so = options<float>(a.compute);
-    so.alpha = scale;
+    so.alpha = a.scale;
     gemm_on(exec, blas::Op::kN, blas::Op::kT, q, k,
             DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), so);
   }
@@ -228,8 +228,7 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
 
 template <class T>
 void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = C / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = a.hs;
   const Extents<3> head{{H, Tn, hs}};
   const Extents<3> qkv_strides{{hs, 3 * C, 1}};
   const Extents<3> out_strides{{hs, C, 1}};
@@ -248,7 +247,7 @@ void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
   const std::int64_t rows = a.B * H * Tn;
   causal_softmax_backward_kernel<T>
       <<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
-          a.probs, a.scores, a.dscores, rows, Tn, scale);
+          a.probs, a.scores, a.dscores, rows, Tn, a.scale);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   for (std::int64_t b = 0; b < a.B; ++b) {
     const T* base = a.qkv + b * Tn * 3 * C;
@@ -264,13 +263,11 @@ void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #else
-namespace detail {
 TRAINKIT_DETAIL_NN_CUDA_ONLY(attention_forward)
 TRAINKIT_DETAIL_NN_CUDA_ONLY(attention_backward)
-}  // namespace detail
 #endif
+}  // namespace detail
 
 /// Options of nn::CausalSelfAttention.
 struct AttentionOptions {
@@ -342,7 +339,7 @@ class CausalSelfAttention {
   void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
-    check_io("nn::CausalSelfAttention::forward", x, y);
+    detail::check_same_io("nn::CausalSelfAttention::forward", x, y, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
     ctx.rec_.template set<T>(B, Tn);
     T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
@@ -360,7 +357,7 @@ class CausalSelfAttention {
                 TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    check_io("nn::CausalSelfAttention::backward", x, dy);
+    detail::check_same_io("nn::CausalSelfAttention::backward", x, dy, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
     ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn);
     T* dheads = dheads_.template get<T>(N * C_);
@@ -406,16 +403,10 @@ class CausalSelfAttention {
     a.T_ = Tn;
     a.C = C_;
     a.H = H_;
+    a.hs = C_ / H_;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(a.hs));
     a.compute = std::is_same_v<T, float> ? P::gemm_compute : blas::ComputeType::kF32;
     return a;
-  }
-
-  template <class VX, class VY>
-  void check_io(const char* who, const VX& x, const VY& y) const {
-    TRAINKIT_CHECK(x.size(2) == C_ && x.sizes() == y.sizes(), who, ": expected [B, T, ", C_,
-                   "] views of one shape, got ", detail::shape_of(x), " and ", detail::shape_of(y));
-    detail::check_contiguous(who, "input", x);
-    detail::check_contiguous(who, "output", y);
   }
 
   Linear<S> c_attn_;

@@ -117,10 +117,7 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
   });
 }
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// One block of 256 threads per row: max, then sum of exp, by fixed-shape tree reductions.
@@ -225,13 +222,11 @@ void cross_entropy_backward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #else
-namespace detail {
 TRAINKIT_DETAIL_NN_CUDA_ONLY(cross_entropy_forward)
 TRAINKIT_DETAIL_NN_CUDA_ONLY(cross_entropy_backward)
-}  // namespace detail
 #endif
+}  // namespace detail
 
 /// Options of nn::SoftmaxCrossEntropy.
 struct CrossEntropyOptions {

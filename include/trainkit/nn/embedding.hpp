@@ -73,10 +73,7 @@ void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
   });
 }
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 template <class T, class I>
@@ -124,13 +121,11 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #else
-namespace detail {
 TRAINKIT_DETAIL_NN_CUDA_ONLY(embedding_forward)
 TRAINKIT_DETAIL_NN_CUDA_ONLY(embedding_backward)
-}  // namespace detail
 #endif
+}  // namespace detail
 
 /// Options of nn::Embedding. Default init N(0, 1), as torch.nn.Embedding (GPT-2 uses 0.02).
 struct EmbeddingOptions {
@@ -149,8 +144,8 @@ class Embedding {
  public:
   Embedding(ParamArena<S>& arena, const std::string& name, EmbeddingOptions options)
       : arena_(&arena), vocab_(options.num_embeddings), dim_(options.embedding_dim) {
-    TRAINKIT_CHECK(vocab_ > 0 && dim_ > 0, "nn::Embedding '", name, "': num_embeddings (", vocab_,
-                   ") and embedding_dim (", dim_, ") must be positive");
+    detail::check_sizes_positive("nn::Embedding", name, "num_embeddings", vocab_, "embedding_dim",
+                                 dim_);
     weight_ = arena.add(detail::child_name(name, "weight"), Shape{vocab_, dim_}, options.init);
   }
 

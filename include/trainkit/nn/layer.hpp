@@ -105,6 +105,18 @@ void check_contiguous(const char* who, const char* name, const V& v) {
                  " must be contiguous (row-major, dense)");
 }
 
+/// Throws unless x and y have one shape, [N, width] or [B, T, width], and are contiguous (the
+/// input and output of a layer that keeps the width).
+template <class VX, class VY>
+void check_same_io(const char* who, const VX& x, const VY& y, std::int64_t width) {
+  static_assert(VX::rank == 2 || VX::rank == 3, "trainkit::nn: [N, C] or [B, T, C] views");
+  TRAINKIT_CHECK(x.size(VX::rank - 1) == width && x.sizes() == y.sizes(), who, ": expected ",
+                 VX::rank == 2 ? "[N, " : "[B, T, ", width, "] views of one shape, got ",
+                 shape_of(x), " and ", shape_of(y));
+  check_contiguous(who, "input", x);
+  check_contiguous(who, "output", y);
+}
+
 /// True for a view that was not given (default-constructed: null data).
 template <class V>
 bool absent(const V& v) noexcept {
@@ -222,6 +234,14 @@ void backward_with(L& layer, const E& exec, const C& ctx, X x, D dy, G dx) {
   }
 }
 
+/// Throws unless the two sizes a layer is built with are positive ("<who> '<name>': <a_name>
+/// (a) and <b_name> (b) must be positive").
+inline void check_sizes_positive(const char* who, const std::string& name, const char* a_name,
+                                 std::int64_t a, const char* b_name, std::int64_t b) {
+  TRAINKIT_CHECK(a > 0 && b > 0, who, " '", name, "': ", a_name, " (", a, ") and ", b_name, " (", b,
+                 ") must be positive");
+}
+
 /// "<name>.<child>", or "<child>" for an empty name (the parameter names of nested layers).
 inline std::string child_name(const std::string& name, const char* child) {
   return name.empty() ? std::string(child) : name + "." + child;
@@ -281,10 +301,7 @@ void gemm_on(const E&, Args&&...) {
 }
 #endif
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// Warps per block of the one-warp-per-row kernels.
@@ -312,8 +329,8 @@ __device__ inline float warp_max(float v) {
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #endif
+}  // namespace detail
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END

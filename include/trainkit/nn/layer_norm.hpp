@@ -48,6 +48,21 @@ struct LayerNormArgs {
   bool accumulate;
 };
 
+/// Column c of the weight/bias gradients: the chunk partials of pass 1 added in chunk order
+/// (host and device).
+template <class T>
+TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, std::int64_t chunks,
+                                                    std::int64_t c) {
+  const std::int64_t C = a.cols;
+  float w = 0.0f, b = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    w += a.partial[k * 2 * C + c];
+    b += a.partial[k * 2 * C + C + c];
+  }
+  a.dw[c] += w;
+  if (a.db != nullptr) a.db[c] += b;
+}
+
 template <class T>
 void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
@@ -115,22 +130,11 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
   });
   // Pass 2: add the chunk partials in chunk order, columns split among tasks.
   for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      float w = 0.0f, b = 0.0f;
-      for (std::int64_t k = 0; k < chunks; ++k) {
-        w += a.partial[k * 2 * C + c];
-        b += a.partial[k * 2 * C + C + c];
-      }
-      a.dw[c] += w;
-      if (a.db != nullptr) a.db[c] += b;
-    }
+    for (std::int64_t c = c0; c < c1; ++c) add_chunk_partials(a, chunks, c);
   });
 }
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// One warp per row: mean, then the centred variance (two passes over the row, from cache).
@@ -211,15 +215,7 @@ __global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
 template <class T>
 __global__ void layer_norm_backward_reduce_kernel(LayerNormArgs<T> a, std::int64_t chunks) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t C = a.cols;
-  if (c >= C) return;
-  float w = 0.0f, b = 0.0f;
-  for (std::int64_t k = 0; k < chunks; ++k) {
-    w += a.partial[k * 2 * C + c];
-    b += a.partial[k * 2 * C + C + c];
-  }
-  a.dw[c] += w;
-  if (a.db != nullptr) a.db[c] += b;
+  if (c < a.cols) add_chunk_partials(a, chunks, c);
 }
 
 template <class T>
@@ -248,13 +244,11 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #else
-namespace detail {
 TRAINKIT_DETAIL_NN_CUDA_ONLY(layer_norm_forward)
 TRAINKIT_DETAIL_NN_CUDA_ONLY(layer_norm_backward)
-}  // namespace detail
 #endif
+}  // namespace detail
 
 /// Options of nn::LayerNorm.
 struct LayerNormOptions {
@@ -312,7 +306,7 @@ class LayerNorm {
   void forward(const E& exec, Context& ctx, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
-    check_io("nn::LayerNorm::forward", x, y);
+    detail::check_same_io("nn::LayerNorm::forward", x, y, features_);
     const std::int64_t rows = x.size(0);
     ctx.rec_.template set<T>(rows, features_);
     detail::LayerNormArgs<T> a =
@@ -328,8 +322,8 @@ class LayerNorm {
                 TensorView<TG, 2, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    check_io("nn::LayerNorm::backward", x, dy);
-    if (!detail::absent(dx)) check_io("nn::LayerNorm::backward", x, dx);
+    detail::check_same_io("nn::LayerNorm::backward", x, dy, features_);
+    if (!detail::absent(dx)) detail::check_same_io("nn::LayerNorm::backward", x, dx, features_);
     ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
     const std::int64_t rows = x.size(0);
     const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
@@ -357,15 +351,6 @@ class LayerNorm {
     a.cols = features_;
     a.eps = eps_;
     return a;
-  }
-
-  template <class VX, class VY>
-  void check_io(const char* who, const VX& x, const VY& y) const {
-    TRAINKIT_CHECK(x.size(1) == features_ && x.sizes() == y.sizes(), who, ": expected [N, ",
-                   features_, "] views of one shape, got ", detail::shape_of(x), " and ",
-                   detail::shape_of(y));
-    detail::check_contiguous(who, "input", x);
-    detail::check_contiguous(who, "output", y);
   }
 
   ParamArena<S>* arena_;

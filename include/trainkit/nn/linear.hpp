@@ -61,10 +61,7 @@ struct DGeluInPlace {
   }
 };
 
-}  // namespace detail
-
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
-namespace detail {
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// Column sums of dy [rows, cols] added to db: a 32 x 8 block per 32 columns; each thread sums a
@@ -98,12 +95,10 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
-}  // namespace detail
 #else
-namespace detail {
 TRAINKIT_DETAIL_NN_CUDA_ONLY(bias_grad_accumulate)
-}  // namespace detail
 #endif
+}  // namespace detail
 
 /// Options of nn::Linear. Defaults initialise like torch.nn.Linear: W ~ kaiming_uniform(a =
 /// sqrt(5)) = U(±1/sqrt(in)) (kTorchLinearKaimingA), b ~ U(±1/sqrt(in)).
@@ -132,8 +127,7 @@ class Linear {
  public:
   Linear(ParamArena<S>& arena, const std::string& name, LinearOptions options)
       : arena_(&arena), in_(options.in_features), out_(options.out_features) {
-    TRAINKIT_CHECK(in_ > 0 && out_ > 0, "nn::Linear '", name, "': in_features (", in_,
-                   ") and out_features (", out_, ") must be positive");
+    detail::check_sizes_positive("nn::Linear", name, "in_features", in_, "out_features", out_);
     weight_ = arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
     if (options.bias) {
       const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)));

@@ -85,9 +85,7 @@ class TransformerBlock {
   void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
-    TRAINKIT_CHECK(x.size(2) == C_ && x.sizes() == y.sizes(),
-                   "nn::TransformerBlock::forward: expected [B, T, ", C_,
-                   "] views of one shape, got ", detail::shape_of(x), " and ", detail::shape_of(y));
+    detail::check_same_io("nn::TransformerBlock::forward", x, y, C_);
     const std::int64_t N = x.size(0) * x.size(1);
     ctx.rec_.template set<T>(x.size(0), x.size(1));
     T* h1 = ctx.h1_.template get<T>(N * C_);
