@@ -93,6 +93,18 @@ inline void log_error(const std::string& message, const char* expr, const char* 
   }
 }
 
+/// Logs message() (building it may throw; nothing escapes) and returns false: the failure path
+/// of the *_check_nothrow functions below.
+template <class Message>
+inline bool log_failed_call(const Message& message, const char* expr, const char* file, int line,
+                            bool debug_build) noexcept {
+  try {
+    log_error(message(), expr, file, line, debug_build);
+  } catch (...) {
+  }
+  return false;
+}
+
 #if TRAINKIT_WITH_CUDA
 inline std::string cuda_message(cudaError_t status) {
   return concat("CUDA error ", static_cast<int>(status), " ", cudaGetErrorName(status), ": ",
@@ -111,11 +123,7 @@ inline bool cuda_check_nothrow(cudaError_t status, const char* expr, const char*
                                bool debug_build = false) noexcept {
   if (status == cudaSuccess) return true;
   (void)cudaGetLastError();
-  try {
-    log_error(cuda_message(status), expr, file, line, debug_build);
-  } catch (...) {
-  }
-  return false;
+  return log_failed_call([&] { return cuda_message(status); }, expr, file, line, debug_build);
 }
 #endif
 
@@ -134,11 +142,7 @@ inline void cublas_check(cublasStatus_t status, const char* expr, const char* fi
 inline bool cublas_check_nothrow(cublasStatus_t status, const char* expr, const char* file,
                                  int line, bool debug_build = false) noexcept {
   if (status == CUBLAS_STATUS_SUCCESS) return true;
-  try {
-    log_error(cublas_message(status), expr, file, line, debug_build);
-  } catch (...) {
-  }
-  return false;
+  return log_failed_call([&] { return cublas_message(status); }, expr, file, line, debug_build);
 }
 #endif
 
@@ -157,11 +161,7 @@ inline void nccl_check(ncclResult_t status, const char* expr, const char* file, 
 inline bool nccl_check_nothrow(ncclResult_t status, const char* expr, const char* file, int line,
                                bool debug_build = false) noexcept {
   if (status == ncclSuccess || status == ncclInProgress) return true;
-  try {
-    log_error(nccl_message(status), expr, file, line, debug_build);
-  } catch (...) {
-  }
-  return false;
+  return log_failed_call([&] { return nccl_message(status); }, expr, file, line, debug_build);
 }
 #endif
 
@@ -182,11 +182,7 @@ inline void mpi_check(int status, const char* expr, const char* file, int line,
 inline bool mpi_check_nothrow(int status, const char* expr, const char* file, int line,
                               bool debug_build = false) noexcept {
   if (status == MPI_SUCCESS) return true;
-  try {
-    log_error(mpi_message(status), expr, file, line, debug_build);
-  } catch (...) {
-  }
-  return false;
+  return log_failed_call([&] { return mpi_message(status); }, expr, file, line, debug_build);
 }
 #endif
 
@@ -224,28 +220,26 @@ TRAINKIT_NAMESPACE_END
                 ", but trainkit was built without CUDA (TRAINKIT_WITH_CUDA=0); " \
                 "build with CUDA enabled to use device memory")
 
+/// Calls ::trainkit::detail::<check>(value, text, file, line, debug): the one shape of the
+/// library check macros below (`text` is the call as written, stringized by the outer macro).
+#define TRAINKIT_DETAIL_LIBRARY_CHECK(check, value, text) \
+  ::trainkit::detail::check((value), text, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+
+// One public name per library and mode; each is a one-line use of the helper above.
 /// Throws trainkit::Error when a CUDA runtime call fails (and clears the sticky error).
-#define TRAINKIT_CUDA_CHECK(expr) \
-  ::trainkit::detail::cuda_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_CUDA_CHECK(expr) TRAINKIT_DETAIL_LIBRARY_CHECK(cuda_check, expr, #expr)
 /// Logs instead of throwing; returns true on success. For destructors.
-#define TRAINKIT_CUDA_CHECK_NOTHROW(expr)                                   \
-  ::trainkit::detail::cuda_check_nothrow((expr), #expr, __FILE__, __LINE__, \
-                                         TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_CUBLAS_CHECK(expr) \
-  ::trainkit::detail::cublas_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr)                                   \
-  ::trainkit::detail::cublas_check_nothrow((expr), #expr, __FILE__, __LINE__, \
-                                           TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_NCCL_CHECK(expr) \
-  ::trainkit::detail::nccl_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_NCCL_CHECK_NOTHROW(expr)                                   \
-  ::trainkit::detail::nccl_check_nothrow((expr), #expr, __FILE__, __LINE__, \
-                                         TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_MPI_CHECK(expr) \
-  ::trainkit::detail::mpi_check((expr), #expr, __FILE__, __LINE__, TRAINKIT_DETAIL_DEBUG_BUILD)
-#define TRAINKIT_MPI_CHECK_NOTHROW(expr)                                   \
-  ::trainkit::detail::mpi_check_nothrow((expr), #expr, __FILE__, __LINE__, \
-                                        TRAINKIT_DETAIL_DEBUG_BUILD)
+#define TRAINKIT_CUDA_CHECK_NOTHROW(expr) \
+  TRAINKIT_DETAIL_LIBRARY_CHECK(cuda_check_nothrow, expr, #expr)
+#define TRAINKIT_CUBLAS_CHECK(expr) TRAINKIT_DETAIL_LIBRARY_CHECK(cublas_check, expr, #expr)
+#define TRAINKIT_CUBLAS_CHECK_NOTHROW(expr) \
+  TRAINKIT_DETAIL_LIBRARY_CHECK(cublas_check_nothrow, expr, #expr)
+#define TRAINKIT_NCCL_CHECK(expr) TRAINKIT_DETAIL_LIBRARY_CHECK(nccl_check, expr, #expr)
+#define TRAINKIT_NCCL_CHECK_NOTHROW(expr) \
+  TRAINKIT_DETAIL_LIBRARY_CHECK(nccl_check_nothrow, expr, #expr)
+#define TRAINKIT_MPI_CHECK(expr) TRAINKIT_DETAIL_LIBRARY_CHECK(mpi_check, expr, #expr)
+#define TRAINKIT_MPI_CHECK_NOTHROW(expr) \
+  TRAINKIT_DETAIL_LIBRARY_CHECK(mpi_check_nothrow, expr, #expr)
 
 /// Device-side assertion: traps the kernel (the host sees a launch failure); on the host the
 /// same functor aborts. Never throws, so it is usable in TRAINKIT_HOST_DEVICE code.

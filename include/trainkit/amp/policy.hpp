@@ -43,6 +43,7 @@ struct PolicyBase {
 };
 }  // namespace detail
 
+// Each policy below is then its name and tolerance (four lines of the same shape each).
 /// Full f32 everywhere (the reference). Matmuls use full f32 products.
 struct Fp32 : detail::PolicyBase<float, blas::ComputeType::kF32, false> {
   static constexpr const char* name = "fp32";
@@ -110,12 +111,14 @@ inline constexpr bool is_activation_type_v = std::is_same_v<std::remove_cv_t<T>,
 template <Policy P, class S = typename P::default_scaler>
 struct Precision {
   static_assert(Scaler<S>,
-                "trainkit::amp::Precision<P, S>: S is not a loss scaler; use amp::NoScaler or a "
-                "scaler type declaring `static constexpr bool scales_loss` (optim::GradScaler)");
+                "trainkit::amp::Precision<P, S>: S is not a loss scaler; "
+                "use amp::NoScaler or a scaler type declaring `static constexpr bool scales_loss` "
+                "(optim::GradScaler)");
   static_assert(!P::requires_loss_scaler || is_loss_scaler_v<S>,
-                "trainkit::amp::Fp16 requires a loss scaler: f16 gradients below 6e-8 flush to "
-                "zero. Use amp::Precision<amp::Fp16, optim::GradScaler> (dynamic loss scaling), or "
-                "amp::Bf16, which needs none");
+                "trainkit::amp::Fp16 requires a loss scaler: "
+                "f16 gradients below 6e-8 flush to zero. "
+                "Use amp::Precision<amp::Fp16, optim::GradScaler> (dynamic loss scaling), "
+                "or amp::Bf16, which needs none");
   using policy = P;
   using scaler = S;
   template <OpClass C>
@@ -135,10 +138,11 @@ inline constexpr bool grad_compatible_v =
 template <class Grad, class Master = master_t>
 constexpr void check_optimizer_grad() {
   static_assert(grad_compatible_v<Grad, Master>,
-                "trainkit::amp: an f32 optimizer needs f32 gradients. f16/bf16 gradients lose "
-                "small updates and overflow silently; accumulate backward into the ParamArena's "
-                "f32 grad buffer (trainkit layers do) or cast the gradients to f32 (unscaling "
-                "them first under amp::Fp16)");
+                "trainkit::amp: an f32 optimizer needs f32 gradients. "
+                "f16/bf16 gradients lose small updates and overflow silently; "
+                "accumulate backward into the ParamArena's f32 grad buffer (trainkit layers do) "
+                "or cast the gradients to f32 "
+                "(unscaling them first under amp::Fp16)");
 }
 
 }  // namespace amp

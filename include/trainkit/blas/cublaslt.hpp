@@ -364,8 +364,8 @@ constexpr void check_cublaslt_types() {
       "blas::gemm (cuBLASLt): element types must be float, trainkit::f16 or trainkit::bf16");
   static_assert(!std::is_const_v<C>, "blas::gemm (cuBLASLt): C is written; pass a non-const view");
   static_assert(std::is_same_v<C, TA> || std::is_same_v<C, float>,
-                "blas::gemm (cuBLASLt): C must have A's element type or be float (f32 output of "
-                "f16/bf16 inputs)");
+                "blas::gemm (cuBLASLt): C must have A's element type or be float "
+                "(f32 output of f16/bf16 inputs)");
 }
 
 template <class A, class B, class C, int Rank>

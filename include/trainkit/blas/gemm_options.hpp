@@ -154,8 +154,8 @@ template <class V>
 void check_matrix_layout(const char* who, const char* name, const V& v) {
   const int r = V::rank - 2, c = V::rank - 1;
   TRAINKIT_CHECK(v.size(c) <= 1 || v.stride(c) == 1, who, ": ", name, " ", describe_matrix(v),
-                 " must have unit column stride (rows contiguous); pass Op::kT instead of a "
-                 "transposed view, or copy it");
+                 " must have unit column stride (rows contiguous); "
+                 "pass Op::kT instead of a transposed view, or copy it");
   TRAINKIT_CHECK(v.size(r) <= 1 || v.stride(r) >= v.size(c), who, ": ", name, " ",
                  describe_matrix(v), " has a row stride smaller than its width");
   TRAINKIT_CHECK(v.size(r) == 0 || v.size(c) == 0 || v.data() != nullptr, who, ": ", name,

@@ -263,6 +263,7 @@ concept Float16Type = std::is_same_v<H, f16> || std::is_same_v<H, bf16>;
 
 /// Classification of f16 and bf16 by bits (exact, and unaffected by -ffast-math's finite-math
 /// assumptions).
+// Three one-line bit tests of the same shape, one per predicate.
 template <detail::Float16Type H>
 TRAINKIT_HOST_DEVICE inline constexpr bool is_nan(H h) noexcept {
   return (h.bits() & 0x7fffU) > detail::kExponentMask<H>;

@@ -277,6 +277,8 @@ class DeviceBuffer : public detail::OwnedElements<T> {
 /// and long-lived.
 template <class T>
 class PinnedBuffer : public detail::OwnedElements<T> {
+  // The head and the allocating constructor have DeviceBuffer's shape: the using-declarations
+  // bring OwnedElements' members into this template, and each allocation call is its own.
   static_assert(std::is_trivially_copyable_v<T>,
                 "PinnedBuffer<T> needs a trivially copyable T: elements move by memcpy");
   using Base = detail::OwnedElements<T>;

@@ -84,47 +84,27 @@ inline bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
   auto integral = [&](double lo, double hi) {
     return std::isfinite(v) && v == std::floor(v) && v >= lo && v <= hi;
   };
+  // An integer dtype, given by a value of its C++ type: false unless v is an integer in [lo, hi].
+  auto put_integer = [&](auto zero, double lo, double hi) {
+    if (!integral(lo, hi)) return false;
+    put(static_cast<decltype(zero)>(v));
+    return true;
+  };
   switch (t) {
     case DType::kF64: put(v); return true;
     case DType::kF32: put(static_cast<float>(v)); return true;
     case DType::kF16: put(f16(static_cast<float>(v))); return true;
     case DType::kBF16: put(bf16(static_cast<float>(v))); return true;
     case DType::kI64:
-      if (!integral(-9223372036854775808.0, 9223372036854774784.0)) return false;
-      put(static_cast<std::int64_t>(v));
-      return true;
-    case DType::kI32:
-      if (!integral(-2147483648.0, 2147483647.0)) return false;
-      put(static_cast<std::int32_t>(v));
-      return true;
-    case DType::kI16:
-      if (!integral(-32768.0, 32767.0)) return false;
-      put(static_cast<std::int16_t>(v));
-      return true;
-    case DType::kI8:
-      if (!integral(-128.0, 127.0)) return false;
-      put(static_cast<std::int8_t>(v));
-      return true;
-    case DType::kU64:
-      if (!integral(0.0, 18446744073709549568.0)) return false;
-      put(static_cast<std::uint64_t>(v));
-      return true;
-    case DType::kU32:
-      if (!integral(0.0, 4294967295.0)) return false;
-      put(static_cast<std::uint32_t>(v));
-      return true;
-    case DType::kU16:
-      if (!integral(0.0, 65535.0)) return false;
-      put(static_cast<std::uint16_t>(v));
-      return true;
-    case DType::kU8:
-      if (!integral(0.0, 255.0)) return false;
-      put(static_cast<std::uint8_t>(v));
-      return true;
-    case DType::kBool:
-      if (v != 0.0 && v != 1.0) return false;
-      put(static_cast<std::uint8_t>(v));
-      return true;
+      return put_integer(std::int64_t{}, -9223372036854775808.0, 9223372036854774784.0);
+    case DType::kI32: return put_integer(std::int32_t{}, -2147483648.0, 2147483647.0);
+    case DType::kI16: return put_integer(std::int16_t{}, -32768.0, 32767.0);
+    case DType::kI8: return put_integer(std::int8_t{}, -128.0, 127.0);
+    case DType::kU64: return put_integer(std::uint64_t{}, 0.0, 18446744073709549568.0);
+    case DType::kU32: return put_integer(std::uint32_t{}, 0.0, 4294967295.0);
+    case DType::kU16: return put_integer(std::uint16_t{}, 0.0, 65535.0);
+    case DType::kU8: return put_integer(std::uint8_t{}, 0.0, 255.0);
+    case DType::kBool: return put_integer(std::uint8_t{}, 0.0, 1.0);  // 0 or 1
     default: return false;
   }
 }
@@ -485,9 +465,8 @@ class TarShardDataset {
       fail_member(member,
                   ::trainkit::detail::concat("not a number or an array of numbers (byte ",
                                              p - reinterpret_cast<const char*>(bytes.data()),
-                                             "); to keep raw "
-                                             "JSON text declare field '",
-                                             f.name, "' as U8 with pad = true"));
+                                             "); to keep raw JSON text declare field '", f.name,
+                                             "' as U8 with pad = true"));
     }
     if (count != numel)
       fail_member(member, ::trainkit::detail::concat(count, " numbers, but field '", f.name,

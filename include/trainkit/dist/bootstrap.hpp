@@ -249,10 +249,12 @@ inline Context init(InitOptions options = {}) {
     } else {
       TRAINKIT_FAIL("dist::init: ", L.world_size, " processes launched by ",
                     launcher_name(L.launcher),
-                    " with host tensors need MPI: launch with mpirun "
-                    "or srun --mpi=pmix and build with MPI (TRAINKIT_WITH_MPI=1). torchrun jobs "
-                    "reduce device tensors with NCCL (InitOptions::space = Space::kDevice); for "
-                    "threads of one process use ThreadComm::run");
+                    " with host tensors need MPI: "
+                    "launch with mpirun or srun --mpi=pmix and build with MPI "
+                    "(TRAINKIT_WITH_MPI=1). "
+                    "torchrun jobs reduce device tensors with NCCL "
+                    "(InitOptions::space = Space::kDevice); "
+                    "for threads of one process use ThreadComm::run");
     }
   }
   ctx.backend_ = backend;
@@ -260,8 +262,7 @@ inline Context init(InitOptions options = {}) {
   switch (backend) {
     case Backend::kThread: {
       TRAINKIT_CHECK(L.world_size == 1,
-                     "dist::init: ThreadComm runs ranks as threads of one "
-                     "process, but ",
+                     "dist::init: ThreadComm runs ranks as threads of one process, but ",
                      launcher_name(L.launcher), " started ", L.world_size,
                      " processes (use MPI, or ThreadComm::run inside one process)");
       ThreadCommOptions o;
@@ -277,8 +278,7 @@ inline Context init(InitOptions options = {}) {
       TRAINKIT_CHECK(L.launcher == Launcher::kNone || mpi->world_size() == L.world_size,
                      "dist::init: ", launcher_name(L.launcher), " started ", L.world_size,
                      " processes but MPI sees ", mpi->world_size(),
-                     " (srun needs --mpi=pmix or "
-                     "similar for MPI to see the whole job)");
+                     " (srun needs --mpi=pmix or similar for MPI to see the whole job)");
       ctx.comm_ = std::move(mpi);
       return ctx;
 #else
@@ -292,8 +292,7 @@ inline Context init(InitOptions options = {}) {
       if (options.select_device) {
         const int count = cuda::device_count();
         TRAINKIT_CHECK(count > 0,
-                       "dist::init: the NCCL backend needs a CUDA device, none is "
-                       "visible to rank ",
+                       "dist::init: the NCCL backend needs a CUDA device, none is visible to rank ",
                        L.rank);
         ctx.device_ = L.local_rank % count;
         cuda::set_device(ctx.device_);
@@ -322,8 +321,8 @@ inline Context init(InitOptions options = {}) {
           if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
           if (port == 0 && L.master_port > 0) port = L.master_port + (L.agent_store ? 1 : 0);
           TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: NCCL over ", L.world_size,
-                         " processes needs MASTER_ADDR and MASTER_PORT (or "
-                         "TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
+                         " processes needs MASTER_ADDR and MASTER_PORT "
+                         "(or TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
                          launcher_name(L.launcher));
           tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout);
         }

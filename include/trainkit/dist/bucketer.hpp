@@ -151,8 +151,8 @@ class GradBucketer {
   /// Throws trainkit::Error for an invalid id or a parameter marked twice in one pass.
   void mark_ready(nn::ParamId id) {
     static_assert(S == Space::kHost,
-                  "GradBucketer<device>::mark_ready needs the stream that "
-                  "produced the gradient: mark_ready(id, stream)");
+                  "GradBucketer<device>::mark_ready needs the stream that produced the gradient: "
+                  "mark_ready(id, stream)");
     if (!mark(id)) return;
     while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) launch(next_launch_++);
   }
@@ -226,9 +226,8 @@ class GradBucketer {
    public:
     explicit NoSync(GradBucketer& b) : b_(&b), previous_(b.syncing_) {
       TRAINKIT_CHECK(b.marked_count_ == 0,
-                     "GradBucketer::no_sync() in the middle of a backward "
-                     "pass (",
-                     b.marked_count_, " parameters already marked ready)");
+                     "GradBucketer::no_sync() in the middle of a backward pass (", b.marked_count_,
+                     " parameters already marked ready)");
       b.syncing_ = false;
     }
     NoSync(NoSync&& o) noexcept : b_(std::exchange(o.b_, nullptr)), previous_(o.previous_) {}
@@ -343,8 +342,8 @@ class GradBucketer {
     TRAINKIT_FAIL("GradBucketer::finish: parameter '", name, "' (bucket ", launched,
                   ") was never marked ready in this backward pass, so buckets ", launched, "..",
                   buckets_.size() - 1,
-                  " were not reduced (every parameter must get a gradient "
-                  "and be marked on every rank)");
+                  " were not reduced "
+                  "(every parameter must get a gradient and be marked on every rank)");
   }
 
   void launch(std::size_t b) {

@@ -86,8 +86,7 @@ struct Buffer {
         dtype(dtype_of<T>),
         space(S) {
     TRAINKIT_CHECK(v.is_contiguous(),
-                   "dist::Buffer: collectives need a contiguous view, got a "
-                   "strided one of ",
+                   "dist::Buffer: collectives need a contiguous view, got a strided one of ",
                    v.numel(), " elements");
   }
 

@@ -44,9 +44,10 @@ inline DeviceKernels& device_kernels() noexcept {
 inline const DeviceKernels& require_device_kernels(const char* who) {
   const DeviceKernels& k = device_kernels();
   TRAINKIT_CHECK(k.f32_to_bf16 != nullptr, who,
-                 " needs a CUDA kernel, and no translation unit of this program compiled by nvcc "
-                 "includes trainkit/dist/device_kernels.hpp (include trainkit/dist/bucketer.hpp "
-                 "or trainkit/trainkit.hpp from one .cu file)");
+                 " needs a CUDA kernel, "
+                 "and no translation unit of this program compiled by nvcc includes "
+                 "trainkit/dist/device_kernels.hpp "
+                 "(include trainkit/dist/bucketer.hpp or trainkit/trainkit.hpp from one .cu file)");
   return k;
 }
 

@@ -133,8 +133,8 @@ class MpiRuntime {
     TRAINKIT_MPI_CHECK(MPI_Initialized(&initialized));
     TRAINKIT_MPI_CHECK(MPI_Finalized(&finalized));
     TRAINKIT_CHECK(!finalized,
-                   "MpiComm: MPI has already been finalized in this process (MPI "
-                   "cannot be initialised twice: keep one MpiComm for the whole run)");
+                   "MpiComm: MPI has already been finalized in this process "
+                   "(MPI cannot be initialised twice: keep one MpiComm for the whole run)");
     if (!initialized) {
       TRAINKIT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_));
       owns_ = true;
@@ -313,8 +313,8 @@ class MpiComm final : public Comm {
   void check_space(const Buffer& b, const char* op, ReduceOp reduce) const {
     if (b.space == Space::kHost) return;
     TRAINKIT_CHECK(cuda_aware_, "MpiComm rank ", rank_, ": ", op,
-                   ": device buffer, but this MPI is not CUDA-aware (use NcclComm for device "
-                   "memory, or copy to the host)");
+                   ": device buffer, but this MPI is not CUDA-aware "
+                   "(use NcclComm for device memory, or copy to the host)");
     TRAINKIT_CHECK(reduce != ReduceOp::kAvg, "MpiComm rank ", rank_, ": ", op,
                    ": kAvg on device buffers is not supported (reduce with kSum and scale)");
   }
@@ -392,8 +392,8 @@ class MpiComm final : public Comm {
         const std::string reason = trainkit::detail::concat(
             "MpiComm rank ", rank_, ": ", what(op, seq), " did not complete within ",
             static_cast<double>(options_.timeout.count()) / 1000.0,
-            " s: a rank has not called it, is stalled, or died (MPI cannot say which); the "
-            "communicator is broken");
+            " s: a rank has not called it, is stalled, or died (MPI cannot say which); "
+            "the communicator is broken");
         mark_broken(reason);
         TRAINKIT_FAIL(reason);
       }

@@ -138,9 +138,7 @@ class NcclHandle {
            status);
     if (state == ncclInProgress) return true;
     if (state != ncclSuccess)
-      fail(trainkit::detail::concat(what,
-                                    ": asynchronous NCCL error (a peer failed or "
-                                    "exited?): ",
+      fail(trainkit::detail::concat(what, ": asynchronous NCCL error (a peer failed or exited?): ",
                                     trainkit::detail::nccl_message(state)),
            state);
     return false;
@@ -154,8 +152,8 @@ class NcclHandle {
         fail(trainkit::detail::concat(what, " did not finish within ",
                                       static_cast<double>(timeout_.count()) / 1000.0,
                                       " s: not every rank joined (check the unique-id exchange, "
-                                      "MASTER_ADDR/MASTER_PORT, NCCL_SOCKET_IFNAME); the "
-                                      "communicator was aborted"));
+                                      "MASTER_ADDR/MASTER_PORT, NCCL_SOCKET_IFNAME); "
+                                      "the communicator was aborted"));
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -457,8 +455,7 @@ class NcclComm final : public Comm {
   // Without ncclAvg an average is a sum and a division kernel after it.
   void check_avg_fallback() const {
     TRAINKIT_CHECK(group_depth_ == 0,
-                   "NcclComm: kAvg inside a group() needs ncclAvg (NCCL >= "
-                   "2.10.3); this NCCL is ",
+                   "NcclComm: kAvg inside a group() needs ncclAvg (NCCL >= 2.10.3); this NCCL is ",
                    NCCL_MAJOR, ".", NCCL_MINOR, ": use kSum and scale");
     (void)detail::require_device_kernels("NcclComm kAvg on NCCL < 2.10.3");
   }

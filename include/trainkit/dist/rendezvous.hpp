@@ -309,8 +309,8 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int world_s
                        " s (not every rank joined, or rank 0 failed: see its log)");
         TRAINKIT_CHECK(std::memcmp(magic, detail::kRendezvousMagic, 8) == 0, "tcp_broadcast: rank ",
                        rank, ": ", where,
-                       " is not a trainkit rendezvous (another service on "
-                       "MASTER_PORT? under torchrun's agent store use MASTER_PORT + 1)");
+                       " is not a trainkit rendezvous (another service on MASTER_PORT? "
+                       "under torchrun's agent store use MASTER_PORT + 1)");
         TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), deadline),
                        "tcp_broadcast: rank ", rank, ": ", where, " closed before sending ",
                        payload.size(), " bytes");

@@ -211,8 +211,8 @@ class ThreadComm final : public Comm {
     if (in_flight) {
       group_->abort(trainkit::detail::concat(
           "rank ", rank_,
-          " left the group (its ThreadComm was destroyed) with collectives still "
-          "in flight (it issued ",
+          " left the group (its ThreadComm was destroyed) with collectives still in flight "
+          "(it issued ",
           queued_.load(std::memory_order_relaxed), ")"));
     } else {
       group_->notify();
@@ -471,8 +471,8 @@ class ThreadComm final : public Comm {
                                        " units of work");
     }
     return trainkit::detail::concat("rank ", p, " ", where,
-                                    ": it stalled, or its thread ended without destroying its "
-                                    "ThreadComm");
+                                    ": it stalled, "
+                                    "or its thread ended without destroying its ThreadComm");
   }
 
   // Blocks until ready() holds. Fails (and aborts the group) when the group is aborted, when
@@ -516,8 +516,8 @@ class ThreadComm final : public Comm {
              false);
       if (p.left.load(std::memory_order_acquire))
         fail(trainkit::detail::concat(what(seq, d), ": rank ", peer,
-                                      " left the group (its ThreadComm was destroyed) before "
-                                      "finishing its part"),
+                                      " left the group "
+                                      "(its ThreadComm was destroyed) before finishing its part"),
              true);
       const auto now = Clock::now();
       if (const auto current = snapshot(); current != seen) {
@@ -605,8 +605,8 @@ class ThreadComm final : public Comm {
     };
     fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
                                   describe(mine), ", rank ", peer, " called ", describe(theirs),
-                                  " (every rank must issue the same collectives in the same "
-                                  "order)"),
+                                  " (every rank must issue the same collectives "
+                                  "in the same order)"),
          true);
   }
 

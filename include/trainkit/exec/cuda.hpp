@@ -99,6 +99,7 @@ TRAINKIT_NAMESPACE_END
 #define TRAINKIT_DETAIL_EXEC_COUNT_(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, n, ...) n
 #define TRAINKIT_DETAIL_EXEC_COUNT(...) \
   TRAINKIT_DETAIL_EXEC_COUNT_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+// The preprocessor cannot recurse: one macro per list length, up to 12 architectures.
 #define TRAINKIT_DETAIL_EXEC_NS_1(a) a
 #define TRAINKIT_DETAIL_EXEC_NS_2(a, ...) \
   TRAINKIT_DETAIL_EXEC_CAT(a##_, TRAINKIT_DETAIL_EXEC_NS_1(__VA_ARGS__))

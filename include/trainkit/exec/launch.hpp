@@ -116,8 +116,8 @@ template <class F>
 void launch(const Cuda& exec, std::int64_t n, F&& f) {
   using Fn = std::remove_cvref_t<F>;
   static_assert(std::is_trivially_copyable_v<Fn>,
-                "exec::launch(Cuda): the functor is copied to the GPU as a kernel argument and "
-                "must be trivially copyable (hold pointers and views, not owning containers)");
+                "exec::launch(Cuda): the functor is copied to the GPU as a kernel argument "
+                "and must be trivially copyable (hold pointers and views, not owning containers)");
   if (n <= 0) return;
   const std::int64_t max_blocks =
       std::int64_t{detail::kLaunchBlocksPerSm} * detail::sm_count(detail::current_device());
@@ -133,8 +133,8 @@ void launch(const Cuda& exec, std::int64_t n, F&& f) {
 template <CudaExecutor E, class F>
 void launch(const E&, std::int64_t, F&&) {
   static_assert(detail::dependent_false<E, F>,
-                "exec::launch with an exec::Cuda executor defines a CUDA kernel: compile this TU "
-                "with nvcc (a .cu file), or pass an exec::Host");
+                "exec::launch with an exec::Cuda executor defines a CUDA kernel: "
+                "compile this TU with nvcc (a .cu file), or pass an exec::Host");
 }
 #endif
 

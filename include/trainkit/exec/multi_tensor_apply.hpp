@@ -307,12 +307,13 @@ void multi_tensor_apply(const Cuda& exec, const TensorList<Ts...>& list, F&& f) 
   using Fn = std::remove_cvref_t<F>;
   using SmallMeta = detail::MtaMeta<detail::MtaLimitsSmall, sizeof...(Ts)>;
   static_assert(std::is_trivially_copyable_v<Fn>,
-                "exec::multi_tensor_apply(Cuda): the functor is a kernel argument and must be "
-                "trivially copyable");
+                "exec::multi_tensor_apply(Cuda): "
+                "the functor is a kernel argument and must be trivially copyable");
   static_assert(detail::round_up(sizeof(SmallMeta), alignof(Fn)) + sizeof(Fn) <=
                     detail::MtaLimitsSmall::kParamBytes,
-                "exec::multi_tensor_apply(Cuda): the functor does not fit in the 4 KB kernel "
-                "argument next to the tensor tables: keep per-tensor data in device memory");
+                "exec::multi_tensor_apply(Cuda): "
+                "the functor does not fit in the 4 KB kernel argument next to the tensor tables: "
+                "keep per-tensor data in device memory");
   if (list.total_numel() == 0) return;
   const cudaStream_t stream = exec.stream().get();
 #if CUDART_VERSION >= 12010

@@ -279,8 +279,8 @@ template <class F, class Op, class T>
 void reduce_into(const Cuda& exec, std::int64_t n, F&& f, Op op, T init, T* device_out) {
   using Fn = std::remove_cvref_t<F>;
   static_assert(std::is_trivially_copyable_v<Fn> && std::is_trivially_copyable_v<Op>,
-                "exec::reduce(Cuda): the functor and the op are kernel arguments and must be "
-                "trivially copyable");
+                "exec::reduce(Cuda): "
+                "the functor and the op are kernel arguments and must be trivially copyable");
   static_assert(std::is_trivially_copyable_v<T>,
                 "exec::reduce(Cuda): the result type must be trivially copyable");
   TRAINKIT_CHECK(device_out != nullptr, "exec::reduce_into: device_out is null");
@@ -334,8 +334,8 @@ T reduce(const Cuda& exec, std::int64_t n, F&& f, Op op, T init) {
 template <CudaExecutor E, class F, class Op, class T>
 T reduce(const E&, std::int64_t, F&&, Op, T init) {
   static_assert(detail::dependent_false<E, F>,
-                "exec::reduce with an exec::Cuda executor defines a CUDA kernel: compile this TU "
-                "with nvcc (a .cu file), or pass an exec::Host");
+                "exec::reduce with an exec::Cuda executor defines a CUDA kernel: "
+                "compile this TU with nvcc (a .cu file), or pass an exec::Host");
   return init;
 }
 

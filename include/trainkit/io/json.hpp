@@ -217,6 +217,8 @@ class Json {
   }
   /// Any number as a double (integers round to nearest).
   double as_double() const;
+  // Checked accessors, const and mutable: each pair is a kind check and a return (sharing a body
+  // between the two needs C++23's explicit object parameter).
   const std::string& as_string() const {
     expect(Kind::kString);
     return text_;
@@ -509,8 +511,7 @@ class JsonParser {
     const std::size_t end = scan_number(text_, pos_, &integral);
     if (end == std::string_view::npos)
       return fail(JsonErrorKind::kSyntax,
-                  "expected a value (object, array, string, number, "
-                  "true, false or null)");
+                  "expected a value (object, array, string, number, true, false or null)");
     const std::string_view lit = text_.substr(pos_, end - pos_);
     if (integral) {
       const bool negative = lit[0] == '-';

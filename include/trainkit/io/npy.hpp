@@ -63,8 +63,8 @@ inline std::string npy_descr(DType t) {
     default: break;
   }
   TRAINKIT_FAIL("dtype ", dtype_name(t),
-                " has no .npy descr (numpy has no bfloat16/float8): store the raw bits as '<u2' / "
-                "'|u1' or convert to float32");
+                " has no .npy descr (numpy has no bfloat16/float8): "
+                "store the raw bits as '<u2' / '|u1' or convert to float32");
 }
 
 namespace detail {
@@ -317,18 +317,18 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
     const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
     if (!next)
       detail::npy_fail(source,
-                       ::trainkit::detail::concat(
-                           "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
-                           " is too large: its byte size overflows 2^63 - 1 (truncated "
-                           "or corrupt header)"));
+                       ::trainkit::detail::concat("shape ", detail::shape_text(h.shape), " of ",
+                                                  dtype_name(h.dtype),
+                                                  " is too large: its byte size overflows 2^63 - 1 "
+                                                  "(truncated or corrupt header)"));
     nonzero_bytes = *next;
     numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
   }
   if (h.fortran_order && big_dims > 1) {
     detail::npy_fail(source,
-                     "Fortran-order (column-major) arrays are not supported; save with "
-                     "np.save(path, np.ascontiguousarray(a))");
+                     "Fortran-order (column-major) arrays are not supported; "
+                     "save with np.save(path, np.ascontiguousarray(a))");
   }
   h.numel = numel;
   h.data_bytes = numel * dtype_size(h.dtype);

@@ -317,9 +317,8 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
       continue;
     }
     if (!m.value.is_object())
-      bad_entry(concat("entry is a JSON ", Json::kind_name(m.value.kind()),
-                       ", expected an "
-                       "object"));
+      bad_entry(
+          concat("entry is a JSON ", Json::kind_name(m.value.kind()), ", expected an object"));
     const Json* dtype = m.value.find("dtype");
     const Json* shape = m.value.find("shape");
     const Json* offsets = m.value.find("data_offsets");
@@ -554,9 +553,7 @@ class SafetensorsFile {
       detail::safetensors_fail(
           SafetensorsRule::kTensorNotFound, source_,
           ::trainkit::detail::concat("no tensor named '", detail::printable(name),
-                                     "' (the file "
-                                     "holds ",
-                                     size(), " tensors)"));
+                                     "' (the file holds ", size(), " tensors)"));
     return std::size_t(i);
   }
 

@@ -217,8 +217,7 @@ class TarReader {
       }
       if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
         fail(0,
-             "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read "
-             "directly");
+             "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read directly");
       }
       if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
         if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
@@ -292,8 +291,8 @@ class TarReader {
       fail(entry_.offset, ::trainkit::detail::concat(
                               "member '", entry_.name, "' has ", want,
                               " bytes, above max_member_bytes = ", options_.max_member_bytes,
-                              " (raise TarReaderOptions::max_member_bytes, or "
-                              "TarShardOptions::max_member_bytes, to read it)"));
+                              " (raise TarReaderOptions::max_member_bytes, "
+                              "or TarShardOptions::max_member_bytes, to read it)"));
     }
     const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
     if (!n)
@@ -529,6 +528,7 @@ class TarReader {
     entry_ = std::move(e);
   }
 
+  // (A member list: it shares only its shape with other classes' lists.)
   std::unique_ptr<ByteSource> source_;
   std::string name_;
   TarReaderOptions options_;

@@ -428,6 +428,7 @@ inline void encode_hparams_experiment_event(ProtoWriter& out, double wall_time, 
 /// in the order given (protobuf leaves map order unspecified; readers do not care).
 inline void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
                                                std::int64_t step, std::span<const HParam> hparams) {
+  // Nested messages built like the experiment's above (begin, fields, end); the fields differ.
   ProtoWriter content;
   const std::size_t start = content.begin_message(3);
   for (const HParam& p : hparams) {

@@ -28,28 +28,10 @@ class JsonWriter {
     need_comma_ = false;
   }
 
-  JsonWriter& begin_object() {
-    separate();
-    out_.push_back('{');
-    need_comma_ = false;
-    return *this;
-  }
-  JsonWriter& end_object() {
-    out_.push_back('}');
-    need_comma_ = true;
-    return *this;
-  }
-  JsonWriter& begin_array() {
-    separate();
-    out_.push_back('[');
-    need_comma_ = false;
-    return *this;
-  }
-  JsonWriter& end_array() {
-    out_.push_back(']');
-    need_comma_ = true;
-    return *this;
-  }
+  JsonWriter& begin_object() { return open('{'); }
+  JsonWriter& end_object() { return close('}'); }
+  JsonWriter& begin_array() { return open('['); }
+  JsonWriter& end_array() { return close(']'); }
   /// An object key; the next call writes its value.
   JsonWriter& key(std::string_view name) {
     separate();
@@ -102,6 +84,17 @@ class JsonWriter {
   }
 
  private:
+  JsonWriter& open(char bracket) {
+    separate();
+    out_.push_back(bracket);
+    need_comma_ = false;
+    return *this;
+  }
+  JsonWriter& close(char bracket) {
+    out_.push_back(bracket);
+    need_comma_ = true;
+    return *this;
+  }
   void separate() {
     if (need_comma_) out_.push_back(',');
   }

@@ -451,8 +451,9 @@ class Monitor {
       char text[400];
       std::snprintf(text, sizeof text,
                     "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
-                    "the peak is too low (a measured one may have been taken while the machine "
-                    "was busy); pass the hardware's peak to get a true MFU",
+                    "the peak is too low "
+                    "(a measured one may have been taken while the machine was busy); "
+                    "pass the hardware's peak to get a true MFU",
                     100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
       print(text);
       mfu_warned_ = true;

@@ -130,7 +130,8 @@ class Progress {
   double rate() const noexcept { return rate_; }
 
  private:
-  void measure_rate(std::int64_t now) {
+  /// Updates the smoothed rate at `now` and returns the seconds since start.
+  double measure_rate(std::int64_t now) {
     const double dt = 1e-9 * static_cast<double>(now - rate_ns_);
     const auto ds = static_cast<double>(step_ - rate_step_);
     if (dt > 0.0 && ds > 0.0) {
@@ -142,6 +143,7 @@ class Progress {
       rate_ns_ = now;
       rate_step_ = step_;
     }
+    return 1e-9 * static_cast<double>(now - start_ns_);
   }
 
   std::string stats_text(double elapsed) const {
@@ -161,8 +163,7 @@ class Progress {
   }
 
   void draw_bar(std::int64_t now) {
-    measure_rate(now);
-    const double elapsed = 1e-9 * static_cast<double>(now - start_ns_);
+    const double elapsed = measure_rate(now);
     std::string line = options_.label;
     char text[96];
     if (options_.total > 0) {
@@ -189,8 +190,7 @@ class Progress {
   }
 
   void write_line(std::int64_t now) {
-    measure_rate(now);
-    const double elapsed = 1e-9 * static_cast<double>(now - start_ns_);
+    const double elapsed = measure_rate(now);
     std::string line = options_.label;
     char text[96];
     if (options_.total > 0) {

@@ -151,6 +151,8 @@ __attribute__((target("avx2,fma"))) inline double cpu_peak_worker_avx2(
   __m256 a9 = _mm256_set1_ps(0.009f), a10 = _mm256_set1_ps(0.010f), a11 = _mm256_set1_ps(0.011f);
   const __m256 m = _mm256_set1_ps(0.999999f);
   const __m256 c = _mm256_set1_ps(1e-7f);
+  // The timing loop repeats the portable worker's: the FMA body must stay inside this
+  // target("avx2,fma") function (a lambda handed to a shared loop would not inherit the target).
   while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
   const auto t0 = std::chrono::steady_clock::now();
   std::int64_t iterations = 0;
