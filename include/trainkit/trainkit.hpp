@@ -110,7 +110,7 @@
 #include "trainkit/nn/param_arena.hpp"
 // defines: nn::Init, FanMode, fill_init, compute_fans
 #include "trainkit/nn/init.hpp"
-// defines: nn::InputGrad (the conventions every layer follows)
+// defines: nn::Write, context_t, has_context_v (the conventions every layer follows)
 #include "trainkit/nn/layer.hpp"
 // defines: nothing public (branch-free exp, sigmoid and tanh-GELU of the host layers)
 #include "trainkit/nn/math.hpp"

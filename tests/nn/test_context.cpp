@@ -83,6 +83,22 @@ void check_interleaved(nn::ParamArena<>& arena, std::int64_t in_n, std::int64_t 
   CHECK(Floats(arena.grads_data(), arena.grads_data() + arena.buffer_numel()) == ref_b.params);
 }
 
+/// check_interleaved for a layer whose input and output have one shape (x, y, dy, dx: `shape`).
+template <class L, int R>
+void check_same_shape_layer(nn::ParamArena<>& arena, L& layer, tk::Extents<R> shape) {
+  using Ctx = nn::context_t<L>;
+  std::int64_t n = 1;
+  for (int d = 0; d < R; ++d) n *= shape[d];
+  check_interleaved<Ctx>(
+      arena, n, n,
+      [&](Ctx& ctx, Floats& x, Floats& y) {
+        layer.forward(pool(), ctx, view(x, shape), view(y, shape));
+      },
+      [&](const Ctx& ctx, Floats& x, Floats& dy, Floats& dx) {
+        layer.backward(pool(), ctx, view(x, shape), view(dy, shape), view(dx, shape));
+      });
+}
+
 }  // namespace
 
 TEST_CASE("contexts: an evaluation forward between forward and backward changes nothing") {
@@ -95,31 +111,17 @@ TEST_CASE("contexts: an evaluation forward between forward and backward changes 
     nn::LayerNorm ln(arena, "ln", {.features = C});
     arena.finalize();
     arena.initialize(1);
-    using Ctx = decltype(ln)::Context;
-    check_interleaved<Ctx>(
-        arena, N * C, N * C,
-        [&](Ctx& ctx, Floats& x, Floats& y) {
-          ln.forward(pool(), ctx, view(x, rows), view(y, rows));
-        },
-        [&](const Ctx& ctx, Floats& x, Floats& dy, Floats& dx) {
-          ln.backward(pool(), ctx, view(x, rows), view(dy, rows), view(dx, rows));
-        });
+    check_same_shape_layer(arena, ln, rows);
   }
+
   SUBCASE("CausalSelfAttention") {
     nn::ParamArena<> arena;
     nn::CausalSelfAttention attn(arena, "attn", {.n_embd = C, .n_head = 4});
     arena.finalize();
     arena.initialize(2);
-    using Ctx = decltype(attn)::Context;
-    check_interleaved<Ctx>(
-        arena, N * C, N * C,
-        [&](Ctx& ctx, Floats& x, Floats& y) {
-          attn.forward(pool(), ctx, view(x, cube), view(y, cube));
-        },
-        [&](const Ctx& ctx, Floats& x, Floats& dy, Floats& dx) {
-          attn.backward(pool(), ctx, view(x, cube), view(dy, cube), view(dx, cube));
-        });
+    check_same_shape_layer(arena, attn, cube);
   }
+
   SUBCASE("SoftmaxCrossEntropy") {
     nn::ParamArena<> arena;
     arena.finalize();
@@ -142,16 +144,9 @@ TEST_CASE("contexts: an evaluation forward between forward and backward changes 
     nn::TransformerBlock block(arena, "h.0", {.n_embd = C, .n_head = 2});
     arena.finalize();
     arena.initialize(3);
-    using Ctx = decltype(block)::Context;
-    check_interleaved<Ctx>(
-        arena, N * C, N * C,
-        [&](Ctx& ctx, Floats& x, Floats& y) {
-          block.forward(pool(), ctx, view(x, cube), view(y, cube));
-        },
-        [&](const Ctx& ctx, Floats& x, Floats& dy, Floats& dx) {
-          block.backward(pool(), ctx, view(x, cube), view(dy, cube), view(dx, cube));
-        });
+    check_same_shape_layer(arena, block, cube);
   }
+
   SUBCASE("Sequential") {
     nn::ParamArena<> arena;
     nn::Sequential net{nn::Linear(arena, "0", {.in_features = C, .out_features = 24}),

@@ -118,9 +118,9 @@ TEST_CASE("Writing a layer: RmsNorm in a Sequential, an evaluation forward befor
 }
 
 TEST_CASE("Writing a layer: docs/layers.md shows example_rms_norm.hpp's code verbatim") {
-  const std::string doc = read_text(std::string(TRAINKIT_SOURCE_DIR) + "/docs/layers.md");
-  const std::string header =
-      read_text(std::string(TRAINKIT_SOURCE_DIR) + "/tests/nn/example_rms_norm.hpp");
+  const std::string root = std::string(TRAINKIT_SOURCE_DIR) + "/";
+  const std::string doc = read_text(root + "docs/layers.md");
+  const std::string header = read_text(root + "tests/nn/example_rms_norm.hpp");
   const std::string open = "```cpp\nnamespace example {";
   const auto begin = doc.find(open);
   REQUIRE(begin != std::string::npos);

@@ -251,15 +251,8 @@ class SoftmaxCrossEntropy {
   /// What forward saves for backward (f32, in space S): per row the max and the log-sum-exp of
   /// the shifted logits and the row's loss, then the number of valid targets. Keep one per
   /// forward whose backward is still to come; refilling it reuses its memory.
-  class Context {
-   public:
-    /// Rows of the forward that filled it (0 before any).
-    std::int64_t rows() const noexcept { return rec_.filled() ? rec_.d0 : 0; }
-
-   private:
+  class Context : public detail::RowStatsContext<S> {
     friend class SoftmaxCrossEntropy;
-    detail::ForwardRecord rec_;
-    detail::Bytes<S> stats_;
   };
 
   SoftmaxCrossEntropy() = default;

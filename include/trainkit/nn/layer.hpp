@@ -234,6 +234,18 @@ void backward_with(L& layer, const E& exec, const C& ctx, X x, D dy, G dx) {
   }
 }
 
+/// The context of a layer that saves f32 statistics per row (LayerNorm, SoftmaxCrossEntropy).
+template <Space S>
+class RowStatsContext {
+ public:
+  /// Rows of the forward that filled it (0 before any).
+  std::int64_t rows() const noexcept { return rec_.filled() ? rec_.d0 : 0; }
+
+ protected:
+  ForwardRecord rec_;
+  Bytes<S> stats_;
+};
+
 /// Throws unless the two sizes a layer is built with are positive ("<who> '<name>': <a_name>
 /// (a) and <b_name> (b) must be positive").
 inline void check_sizes_positive(const char* who, const std::string& name, const char* a_name,

@@ -270,17 +270,13 @@ class LayerNorm {
  public:
   /// What forward saves for backward: the f32 mean and 1/std of each row, in space S. Keep one
   /// per forward whose backward is still to come; refilling it reuses its memory.
-  class Context {
+  class Context : public detail::RowStatsContext<S> {
    public:
-    /// Rows of the forward that filled it (0 before any).
-    std::int64_t rows() const noexcept { return rec_.filled() ? rec_.d0 : 0; }
-    const float* mean() const noexcept { return stats_.template data<float>(); }
-    const float* rstd() const noexcept { return mean() + rows(); }
+    const float* mean() const noexcept { return this->stats_.template data<float>(); }
+    const float* rstd() const noexcept { return mean() + this->rows(); }
 
    private:
     friend class LayerNorm;
-    detail::ForwardRecord rec_;
-    detail::Bytes<S> stats_;
   };
 
   LayerNorm(ParamArena<S>& arena, const std::string& name, LayerNormOptions options)
