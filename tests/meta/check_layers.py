@@ -16,7 +16,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "include" / "trainkit"
-DESIGN = ROOT / "docs" / "design.md"
+DESIGN = ROOT.joinpath("docs/design.md")
 HEADING = "## Include edges between folders"
 UMBRELLA = "trainkit.hpp"
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*["<]trainkit/([^">]+)[">]')

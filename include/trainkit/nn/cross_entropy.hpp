@@ -330,5 +330,21 @@ class SoftmaxCrossEntropy {
   CrossEntropyOptions options_{};
 };
 
+/// Top-1 correct predictions of a batch on the host: rows whose largest logit (the first one on a
+/// tie, as torch.argmax) is at the target's index. Targets outside [0, classes) never count.
+template <class TL, class I>
+std::int64_t count_correct(HostView<TL, 2> logits, HostView<I, 1> targets) {
+  TRAINKIT_CHECK(targets.size(0) == logits.size(0), "nn::count_correct: ", targets.size(0),
+                 " targets for ", logits.size(0), " rows of logits");
+  std::int64_t correct = 0;
+  for (std::int64_t r = 0; r < logits.size(0); ++r) {
+    std::int64_t best = 0;
+    for (std::int64_t k = 1; k < logits.size(1); ++k)
+      if (detail::load(logits(r, k)) > detail::load(logits(r, best))) best = k;
+    correct += logits.size(1) > 0 && static_cast<std::int64_t>(targets(r)) == best;
+  }
+  return correct;
+}
+
 }  // namespace nn
 TRAINKIT_NAMESPACE_END

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -134,6 +135,21 @@ inline constexpr std::string_view kConfigPrefix = "config.";
 
 }  // namespace detail
 
+/// A task made of callables, for trainers that keep their model in local variables:
+/// `loop.run(exec, arena, opt, train::task([&](train::StepContext&) { ...; return loss; },
+/// [&] { return ckpt::Metrics{...}; }), schedule)`. The evaluation is optional.
+template <class StepFn, class EvalFn = std::nullptr_t>
+struct FunctionTask {
+  StepFn step_fn;
+  EvalFn eval_fn = nullptr;
+  float step(StepContext& ctx) { return step_fn(ctx); }
+  ckpt::Metrics evaluate() requires(!std::is_null_pointer_v<EvalFn>) { return eval_fn(); }
+};
+template <class StepFn, class EvalFn = std::nullptr_t>
+FunctionTask<StepFn, EvalFn> task(StepFn step, EvalFn evaluate = nullptr) {
+  return {std::move(step), std::move(evaluate)};
+}
+
 /// The training loop. Construct it before building the model: on resume it adopts the saved
 /// run configuration into `flags` (so the model is built with the checkpoint's sizes). Register
 /// everything that has state with state() (the model arena, the optimizer and the schedule are
@@ -192,7 +208,7 @@ class Loop {
   /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
   template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
             class Scaler = amp::NoScaler>
-  LoopResult run(const E& exec, nn::ParamArena<S>& arena, Opt& opt, Task& task,
+  LoopResult run(const E& exec, nn::ParamArena<S>& arena, Opt& opt, Task&& task,
                  Sched* schedule = nullptr, Scaler&& scaler = {}) {
     LoopResult result;
     register_parts(arena, opt, schedule, scaler);
@@ -263,7 +279,7 @@ class Loop {
 
       ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
       const bool last = state_.step == options_.steps;
-      if constexpr (detail::HasEvaluate<Task>) {
+      if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
         if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
           eval = task.evaluate();
           result.last_eval = eval;
@@ -278,7 +294,8 @@ class Loop {
           checkpointer_.save(state_, metrics);
       }
       monitor.end_step({.loss = loss});
-      if constexpr (detail::HasStepEnd<Task>) task.on_step_end(state_.step, loss);
+      if constexpr (detail::HasStepEnd<std::remove_cvref_t<Task>>)
+        task.on_step_end(state_.step, loss);
       if (stop) {
         result.interrupted = true;
         monitor.print("train::Loop: stopped by signal " +

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: MIT
+// mlp_classifier: an MLP on .npy features and labels, trained by train::Loop: AdamW, warmup +
+// cosine, clipping, TensorBoard, accuracy per epoch, checkpoints (run again to resume exactly).
+#include <cstdio>
+#include <string>
+
+#include <trainkit/trainkit.hpp>
+
+namespace tk = trainkit;
+namespace nn = tk::nn;
+
+int main(int argc, char** argv) try {
+  std::string data = "runs/mlp_data", out = "runs/mlp";
+  std::int64_t hidden = 256, epochs = 8, seed = 0;
+  double lr = 3e-3;
+  tk::train::Flags flags("mlp_classifier", "Trains an MLP on DATA/{train,val}_{x,y}.npy.");
+  flags.add("data", data, "directory of the .npy files", tk::train::kSession)
+      .add("out", out, "run directory", tk::train::kSession)
+      .add("epochs", epochs, "epochs (the schedule's length)")
+      .add("hidden", hidden, "hidden width")
+      .add("lr", lr, "peak learning rate")
+      .add("seed", seed, "initialisation and shuffling seed");
+  if (!flags.parse(argc, argv)) return 0;
+  tk::data::NpyDataset train_set({{"x", data + "/train_x.npy"}, {"y", data + "/train_y.npy"}});
+  tk::data::NpyDataset val_set({{"x", data + "/val_x.npy"}, {"y", data + "/val_y.npy"}});
+  tk::data::RandomSampler sampler(train_set.size(), seed);
+  tk::data::Prefetcher train(train_set, sampler, {.batch_size = 128, .drop_last = true});
+  tk::data::SequentialSampler in_order(val_set.size());
+  tk::data::Prefetcher val(val_set, in_order, {.batch_size = 512, .name = "val"});
+  const auto epoch = std::int64_t(train.batches_per_epoch());
+  tk::train::Loop loop({.steps = epochs * epoch,
+                        .dir = out,
+                        .eval_every = epoch,
+                        .ckpt_every = epoch,
+                        .clip_grad_norm = 1},
+                       &flags);
+  nn::ParamArena<> arena;
+  nn::Sequential net{nn::Linear(arena, "0", {train_set.fields()[0].shape[0], hidden}), nn::ReLU{},
+                     nn::Linear(arena, "2", {hidden, 10})};
+  arena.finalize();
+  arena.initialize(seed);
+  tk::optim::AdamW<> opt(arena, {.lr = lr, .weight_decay = 0.01});
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {epoch, epochs * epoch});
+  loop.state().add("loader", train).add("sampler", sampler);
+  const auto& exec = tk::exec::Host::default_instance();
+  decltype(net)::Context ctx;
+  nn::SoftmaxCrossEntropy<> ce;
+  nn::SoftmaxCrossEntropy<>::Context ce_ctx;
+  tk::Tensor<float> logits, dlogits;
+  auto forward = [&](const tk::data::Batch& b, bool backward) {  // the batch's mean loss
+    const auto x = b.host<float, 2>("x");
+    const auto y = b.host<std::int32_t, 1>("y");
+    logits = tk::Tensor<float>(tk::Shape{x.size(0), 10});
+    float loss = 0.0f;
+    net.forward(exec, ctx, x, logits.view<2>());
+    ce.forward(exec, ce_ctx, logits.view<2>(), y, tk::make_view(&loss, {1}));
+    if (backward) {
+      dlogits = tk::Tensor<float>(logits.shape());
+      ce.backward(exec, ce_ctx, logits.view<2>(), y, dlogits.view<2>());
+      net.backward(exec, ctx, x, dlogits.view<2>(), tk::HostView<float, 2>());
+    }
+    return loss;
+  };
+  auto evaluate = [&] {  // validation accuracy, one pass over val
+    double correct = 0.0;
+    for (std::size_t i = 0; i < val.batches_per_epoch(); ++i) {
+      const tk::data::Batch b = val.next();
+      forward(b, false);
+      correct += double(nn::count_correct(logits.view<2>(), b.host<std::int32_t, 1>("y")));
+    }
+    std::printf("mlp_classifier: val accuracy %.2f%%\n", 100.0 * correct / double(val_set.size()));
+    return tk::ckpt::Metrics{{"val_accuracy", correct / double(val_set.size())}};
+  };
+  loop.run(exec, arena, opt,
+           tk::train::task([&](auto&) { return forward(train.next(), true); }, evaluate),
+           schedule.get());
+} catch (const tk::Error& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 1;
+}

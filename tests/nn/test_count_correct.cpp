@@ -1,0 +1,48 @@
+// Tests of nn::count_correct (top-1 accuracy on the host): random logits against a plain argmax,
+// ties resolved to the first index as torch.argmax does, out-of-range targets never counted, and
+// a size mismatch is an error.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <trainkit/core/half.hpp>
+#include <trainkit/core/tensor_view.hpp>
+#include <trainkit/error.hpp>
+#include <trainkit/nn/cross_entropy.hpp>
+
+namespace {
+namespace tk = trainkit;
+
+TEST_CASE("count_correct: random batches against argmax, ties and bad targets") {
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t rows = rng() % 40, classes = 1 + rng() % 12;
+    std::vector<float> logits(static_cast<std::size_t>(rows * classes));
+    for (float& v : logits) v = float(int(rng() % 5));  // few values: many ties
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(rows));
+    std::int64_t want = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t best = 0;
+      for (std::int64_t k = 1; k < classes; ++k)
+        if (logits[std::size_t(r * classes + k)] > logits[std::size_t(r * classes + best)])
+          best = k;
+      targets[std::size_t(r)] =
+          rng() % 3 == 0 ? std::int32_t(best) : std::int32_t(int(rng() % (classes + 2)) - 1);
+      want += targets[std::size_t(r)] == best;
+    }
+    const auto l = tk::make_view(logits.data(), {rows, classes});
+    const auto t = tk::make_view(targets.data(), {rows});
+    CHECK(tk::nn::count_correct(l, t) == want);
+    std::vector<tk::bf16> lb(logits.begin(), logits.end());
+    CHECK(tk::nn::count_correct(tk::make_view(lb.data(), {rows, classes}), t) == want);
+  }
+  std::vector<float> l(6, 0.0f);
+  std::vector<std::int64_t> t(2, 0);
+  CHECK_THROWS_WITH_AS(
+      tk::nn::count_correct(tk::make_view(l.data(), {3, 2}), tk::make_view(t.data(), {2})),
+      doctest::Contains("2 targets for 3 rows"), tk::Error);
+}
+
+}  // namespace
