@@ -39,6 +39,7 @@
 #include "trainkit/error.hpp"
 #include "trainkit/monitor/monitor.hpp"
 #include "trainkit/nn/param_arena.hpp"
+#include "trainkit/optim/lr_schedule.hpp"
 #include "trainkit/optim/optimizer.hpp"
 #include "trainkit/train/flags.hpp"
 
