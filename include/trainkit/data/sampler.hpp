@@ -162,8 +162,9 @@ class DistributedSampler {
     return out;
   }
 
-  /// Configuration only, checked on load (see SequentialSampler::state_dict). The key "world"
-  /// holds world_size.
+  /// Configuration only, checked on load (see SequentialSampler::state_dict): a plain list of
+  /// settings, alike in shape to other key/value writers (the checkpoint manifest). The key
+  /// "world" holds world_size.
   StateDict state_dict() const {
     StateDict sd;
     sd.set("kind", "DistributedSampler");

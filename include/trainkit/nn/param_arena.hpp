@@ -232,7 +232,8 @@ class ParamArena {
   TensorView<float, 1, S> grads() { return grads_.flat(); }
   TensorView<const float, 1, S> grads() const { return grads_.flat(); }
 
-  /// Parameter `id` as a rank-R view of its registered shape (throws when R differs).
+  /// Parameter `id` as a rank-R view of its registered shape (throws when R differs). The const
+  /// and mutable overloads below repeat each other: C++20 cannot deduce `this` into one template.
   template <int R>
   TensorView<float, R, S> param(ParamId id) {
     return view_in<float, R>(params_.data(), id, "param");
