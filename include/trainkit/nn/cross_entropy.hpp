@@ -38,7 +38,14 @@ struct CrossEntropyArgs {
   std::int64_t vocab;
   std::int64_t ignore_index;
   float dloss;
+  const float* dloss_ptr;  // when set, dloss is read from here (executor memory) by the kernel
 };
+
+/// The backward's multiplier: *dloss_ptr when given (a device-resident loss scale), else dloss.
+template <class A>
+TRAINKIT_HOST_DEVICE inline float backward_dloss(const A& a) {
+  return a.dloss_ptr != nullptr ? *a.dloss_ptr : a.dloss;
+}
 
 /// log softmax(l)_j = (l_j - max) - log_sum, in this order (PyTorch's): l_j - max is exact
 /// for logits within a factor 2 of each other, so the result keeps f32 precision at any offset.
@@ -96,7 +103,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
 template <class T, class I>
 void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
   const std::int64_t V = a.vocab;
-  const float scale = *a.count > 0.0f ? a.dloss / *a.count : 0.0f;
+  const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * V;
@@ -190,7 +197,7 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   T* d = a.dlogits + r * V;
   const auto t = static_cast<std::int64_t>(a.targets[r]);
   const float count = *a.count;
-  const float scale = count > 0.0f ? a.dloss / count : 0.0f;
+  const float scale = count > 0.0f ? backward_dloss(a) / count : 0.0f;
   const bool ignored = t == a.ignore_index;
   const float m = a.row_max[r];
   const float log_sum = a.log_sum[r];
@@ -281,6 +288,23 @@ class SoftmaxCrossEntropy {
   void backward(const E& exec, const Context& ctx, TensorView<TL, 2, S> logits,
                 TensorView<I, 1, S> targets, TensorView<TG, 2, S> dlogits,
                 float dloss = 1.0f) const {
+    backward_impl<P>(exec, ctx, logits, targets, dlogits, dloss, nullptr);
+  }
+  /// The same with dloss read from memory of space S when the kernel runs, e.g. a loss
+  /// scaler's `scale_data()`: the f16 recipe multiplies by the current scale with no host sync.
+  template <amp::Policy P = amp::Fp32, class E, class TL, class I, class TG>
+  void backward(const E& exec, const Context& ctx, TensorView<TL, 2, S> logits,
+                TensorView<I, 1, S> targets, TensorView<TG, 2, S> dlogits,
+                const float* dloss) const {
+    TRAINKIT_CHECK(dloss != nullptr, "nn::SoftmaxCrossEntropy::backward: dloss is a null pointer");
+    backward_impl<P>(exec, ctx, logits, targets, dlogits, 0.0f, dloss);
+  }
+
+ private:
+  template <class P, class E, class TL, class I, class TG>
+  void backward_impl(const E& exec, const Context& ctx, TensorView<TL, 2, S> logits,
+                     TensorView<I, 1, S> targets, TensorView<TG, 2, S> dlogits, float dloss,
+                     const float* dloss_ptr) const {
     using T = std::remove_const_t<TL>;
     detail::check_call<P, E, S, TL, TG>();
     check_io("nn::SoftmaxCrossEntropy::backward", logits, targets);
@@ -292,10 +316,10 @@ class SoftmaxCrossEntropy {
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
     a.dloss = dloss;
+    a.dloss_ptr = dloss_ptr;
     detail::cross_entropy_backward(exec, a);
   }
 
- private:
   template <class T, class TL, class I>
   detail::CrossEntropyArgs<T, std::remove_const_t<I>> args(TensorView<TL, 2, S> logits,
                                                            TensorView<I, 1, S> targets,
