@@ -199,28 +199,24 @@ TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("Loop: a non-finite loss stops the run with an error naming the step") {
-  const fs::path dir = fresh_dir("nan");
-  Quadratic t;
-  t.nan_at = 5;
-  CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 2),
-                       doctest::Contains("step 5: the loss is nan; training diverged"), tk::Error);
+/// Runs `t` (which diverges at step `at`) checkpointing every step; the run must fail with
+/// `message` and the newest checkpoint be the one before the diverged step.
+void expect_divergence(Quadratic t, std::int64_t at, const char* message) {
+  const fs::path dir = fresh_dir("diverge");
+  CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 1), doctest::Contains(message), tk::Error);
   tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
   REQUIRE_FALSE(ck.list().empty());
-  CHECK(ck.list().back().step == 4);  // nothing saved for the diverged step
+  CHECK(ck.list().back().step == at - 1);  // nothing saved for the diverged step
   fs::remove_all(dir);
 }
 
-TEST_CASE("Loop: a non-finite gradient norm (finite loss, no scaler) stops the run") {
-  const fs::path dir = fresh_dir("gradnan");
-  Quadratic t;
-  t.grad_nan_at = 3;
-  CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 1),
-                       doctest::Contains("step 3: the gradient norm is nan"), tk::Error);
-  tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
-  REQUIRE_FALSE(ck.list().empty());
-  CHECK(ck.list().back().step == 2);
-  fs::remove_all(dir);
+TEST_CASE("Loop: a non-finite loss or gradient norm stops the run with an error naming the step") {
+  Quadratic loss_nan;
+  loss_nan.nan_at = 5;
+  expect_divergence(loss_nan, 5, "step 5: the loss is nan; training diverged");
+  Quadratic grad_nan;  // a finite loss, NaN gradients and no loss scaler
+  grad_nan.grad_nan_at = 3;
+  expect_divergence(grad_nan, 3, "step 3: the gradient norm is nan; training diverged");
 }
 
 TEST_CASE("Loop: SIGTERM ends the run after the step, with a checkpoint, and restores handlers") {
