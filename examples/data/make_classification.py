@@ -27,11 +27,15 @@ def main():
     ap.add_argument("--val", type=int, default=2048, help="validation samples")
     ap.add_argument("--features", type=int, default=32)
     ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the features and hidden layer")
+    ap.add_argument("--head-seed", type=int, default=None,
+                    help="separate seed for the teacher's output layer: tasks with the same --seed "
+                         "share the hidden features (a transfer-learning pair)")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     w1 = rng.standard_normal((a.features, 2 * a.features))
-    w2 = rng.standard_normal((2 * a.features, a.classes))
+    w2 = np.random.default_rng(a.head_seed).standard_normal((2 * a.features, a.classes)) \
+        if a.head_seed is not None else rng.standard_normal((2 * a.features, a.classes))
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", a.train), ("val", a.val)):
