@@ -29,6 +29,7 @@ int main(int argc, char** argv) try {
       .add("lr", lr, "peak learning rate")
       .add("seed", seed, "seed of the new head and the shuffling");
   if (!flags.parse(argc, argv)) return 0;
+  // The data setup is mlp_classifier.cpp's: each example is one file that stands alone.
   tk::data::NpyDataset train_set({{"x", data + "/train_x.npy"}, {"y", data + "/train_y.npy"}});
   tk::data::NpyDataset val_set({{"x", data + "/val_x.npy"}, {"y", data + "/val_y.npy"}});
   tk::data::RandomSampler sampler(train_set.size(), seed);
