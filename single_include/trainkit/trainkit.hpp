@@ -27367,23 +27367,6 @@ class Monitor {
   }
   void log_metrics(std::int64_t step, const Map& values) { log_metrics_range(step, values); }
 
- private:
-  template <class Range>
-  void log_metrics_range(std::int64_t step, const Range& values) {
-    if (tensorboard_ && tensorboard_->enabled()) {
-      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
-      tensorboard_->flush();
-    }
-    if (metrics_) {
-      JsonWriter w;
-      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
-      for (const auto& [tag, value] : values) w.key(tag).value(value);
-      w.end_object();
-      metrics_->write_json(w.str());
-    }
-  }
-
- public:
   /// Prints a line on rank 0's console without breaking the progress bar.
   void print(std::string_view line) {
     if (progress_) {
@@ -27457,6 +27440,21 @@ class Monitor {
   }
 
  private:
+  template <class Range>
+  void log_metrics_range(std::int64_t step, const Range& values) {
+    if (tensorboard_ && tensorboard_->enabled()) {
+      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
+      tensorboard_->flush();
+    }
+    if (metrics_) {
+      JsonWriter w;
+      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
+      for (const auto& [tag, value] : values) w.key(tag).value(value);
+      w.end_object();
+      metrics_->write_json(w.str());
+    }
+  }
+
   void resolve_peak() {
     if (options_.peak_flops > 0.0) {
       peak_flops_ = options_.peak_flops;
@@ -27955,6 +27953,7 @@ TRAINKIT_NAMESPACE_END
 // a trainer that needs another order writes its own loop from the same pieces (the low-level
 // tier); Loop is the high-level one.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -27967,6 +27966,7 @@ TRAINKIT_NAMESPACE_END
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -27985,8 +27985,10 @@ struct LoopOptions {
   std::string best_metric = {};
   ckpt::MetricMode best_mode = ckpt::MetricMode::kMin;
   double clip_grad_norm = 0.0;  ///< > 0: clip by global norm inside the optimizer's step
-  /// Log the global gradient norm (train/grad_norm) every step; it comes from the optimizer's
-  /// step (no extra pass when clipping or a loss scaler computes it, one read pass otherwise).
+  /// Log the global gradient norm (train/grad_norm); it comes from the optimizer's step (no
+  /// extra pass when clipping or a loss scaler computes it, one read pass otherwise). Read every
+  /// step for a host arena; for a device arena (the read waits for the GPU) every
+  /// monitor.log_every steps, and a non-finite norm is noticed on those steps.
   bool log_grad_norm = true;
   /// Continue from the newest usable checkpoint of dir/ckpt when there is one (false: refuse to
   /// start in a directory that holds checkpoints).
@@ -28162,22 +28164,13 @@ class Loop {
     monitor::Monitor monitor(mo);
 
     detail::SignalScope signals(options_.handle_signals);
-    ckpt::Metrics eval;
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
       arena.zero_grad();
       StepContext ctx{step, &monitor};
       const float loss = task.step(ctx);
-      if (!std::isfinite(loss)) {
-        monitor.close();
-        checkpointer_.wait();
-        TRAINKIT_FAIL(
-            "train::Loop: step ", step + 1, ": the loss is ", loss,
-            "; training diverged (try a lower learning rate or gradient clipping); "
-            "the last checkpoint is ",
-            checkpointer_.list().empty() ? "none" : checkpointer_.list().back().path.string());
-      }
+      if (!std::isfinite(loss)) fail_diverged(monitor, step + 1, "loss", loss);
       optim::StepResult stepped;
       {
         auto span = monitor.span(monitor::Phase::kOptimizer);
@@ -28186,18 +28179,18 @@ class Loop {
                                                .report_norm = options_.log_grad_norm});
         if (schedule != nullptr) schedule->step();
       }
-      if (stepped.grad_norm.valid()) {
-        const float norm = stepped.grad_norm.get();
-        // With a loss scaler an inf/NaN gradient only skips the step; without one it diverged.
-        if (!std::isfinite(norm) && stepped.found_inf == nullptr) {
-          monitor.close();
-          checkpointer_.wait();
-          TRAINKIT_FAIL("train::Loop: step ", step + 1, ": the gradient norm is ", norm,
-                        "; training diverged (try a lower learning rate or gradient clipping)");
+      // Reading the norm and the skip flag of a device arena waits for the GPU: only then every
+      // log_every steps; a host arena's are plain loads, read every step.
+      if (S == Space::kHost || (step + 1) % std::max<std::int64_t>(1, mo.log_every) == 0) {
+        if (stepped.grad_norm.valid()) {
+          const float norm = stepped.grad_norm.get();
+          // With a loss scaler an inf/NaN gradient only skips the step; without one it diverged.
+          if (!std::isfinite(norm) && stepped.found_inf == nullptr)
+            fail_diverged(monitor, step + 1, "gradient norm", norm);
+          monitor.log_scalar("train/grad_norm", norm);
         }
-        monitor.log_scalar("train/grad_norm", norm);
+        if (stepped.found_inf != nullptr) monitor.log_scalar("train/skipped", stepped.skipped());
       }
-      if (stepped.found_inf != nullptr) monitor.log_scalar("train/skipped", stepped.skipped());
       ++state_.step;
       ++result.steps_this_run;
       result.last_loss = loss;
@@ -28208,10 +28201,9 @@ class Loop {
       const bool last = state_.step == options_.steps;
       if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
         if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
-          eval = task.evaluate();
-          result.last_eval = eval;
-          monitor.log_metrics(state_.step, eval);
-          for (const auto& [k, v] : eval) metrics[k] = v;
+          result.last_eval = task.evaluate();
+          monitor.log_metrics(state_.step, result.last_eval);
+          for (const auto& [k, v] : result.last_eval) metrics[k] = v;
         }
       }
       const bool stop = detail::stop_signal().load() != 0;
@@ -28238,6 +28230,19 @@ class Loop {
   }
 
  private:
+  /// Ends a run whose step `step` produced a non-finite `what`: closes the logs, lets a
+  /// checkpoint in flight finish and throws, naming the newest checkpoint.
+  [[noreturn]] void fail_diverged(monitor::Monitor& monitor, std::int64_t step, const char* what,
+                                  float value) {
+    monitor.close();
+    checkpointer_.wait();
+    const std::vector<ckpt::CheckpointInfo> saved = checkpointer_.list();
+    TRAINKIT_FAIL("train::Loop: step ", step, ": the ", what, " is ", value,
+                  "; training diverged (try a lower learning rate or gradient clipping); the "
+                  "newest checkpoint is ",
+                  saved.empty() ? std::string("none") : saved.back().path.string());
+  }
+
   template <Space S, class Opt, class Sched, class Scaler>
   void register_parts(nn::ParamArena<S>& arena, Opt& opt, Sched* schedule, Scaler& scaler) {
     if (registered_) return;

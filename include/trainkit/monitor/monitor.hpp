@@ -317,23 +317,6 @@ class Monitor {
   }
   void log_metrics(std::int64_t step, const Map& values) { log_metrics_range(step, values); }
 
- private:
-  template <class Range>
-  void log_metrics_range(std::int64_t step, const Range& values) {
-    if (tensorboard_ && tensorboard_->enabled()) {
-      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
-      tensorboard_->flush();
-    }
-    if (metrics_) {
-      JsonWriter w;
-      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
-      for (const auto& [tag, value] : values) w.key(tag).value(value);
-      w.end_object();
-      metrics_->write_json(w.str());
-    }
-  }
-
- public:
   /// Prints a line on rank 0's console without breaking the progress bar.
   void print(std::string_view line) {
     if (progress_) {
@@ -407,6 +390,21 @@ class Monitor {
   }
 
  private:
+  template <class Range>
+  void log_metrics_range(std::int64_t step, const Range& values) {
+    if (tensorboard_ && tensorboard_->enabled()) {
+      for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
+      tensorboard_->flush();
+    }
+    if (metrics_) {
+      JsonWriter w;
+      w.begin_object().key("step").value(step).key("time").value(io::unix_time_now());
+      for (const auto& [tag, value] : values) w.key(tag).value(value);
+      w.end_object();
+      metrics_->write_json(w.str());
+    }
+  }
+
   void resolve_peak() {
     if (options_.peak_flops > 0.0) {
       peak_flops_ = options_.peak_flops;
