@@ -10,8 +10,9 @@
 #   trainkit_all (trainkit::all)            every backend above that was found
 # A consumer links trainkit::trainkit for the CPU tier and adds the backends it wants.
 # TRAINKIT_ENABLE_<X> = AUTO (create the target when found), ON (fail when missing) or OFF.
-# Sets TRAINKIT_HAS_<X> (TRUE/FALSE) and TRAINKIT_BACKEND_TARGETS (the targets created, for
-# install/export) in the caller's scope.
+# Sets TRAINKIT_HAS_<X> (TRUE/FALSE) and TRAINKIT_BACKEND_TARGETS (the backend targets created,
+# for install/export; trainkit_all is not among them: an installed package assembles it from the
+# backends usable on the consumer's machine) in the caller's scope.
 
 function(_trainkit_backend_wanted name out_wanted out_required)
   string(TOUPPER "${TRAINKIT_ENABLE_${name}}" value)
@@ -145,7 +146,6 @@ macro(trainkit_configure_backends target)
   add_library(trainkit::all ALIAS trainkit_all)
   set_target_properties(trainkit_all PROPERTIES EXPORT_NAME all)
   target_link_libraries(trainkit_all INTERFACE ${target} ${TRAINKIT_BACKEND_TARGETS})
-  list(APPEND TRAINKIT_BACKEND_TARGETS trainkit_all)
 
   set(_tk_summary)
   foreach(_tk_b CUDA CUBLASLT NCCL MPI BLAS OPENMP)

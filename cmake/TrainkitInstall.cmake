@@ -14,7 +14,6 @@ install(DIRECTORY "${TRAINKIT_INCLUDE_DIR}/trainkit" DESTINATION "${CMAKE_INSTAL
         FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h" PATTERN "*.cuh")
 # One export file per target: the config includes a backend's file only when its dependency is
 # found on the consumer's machine (trainkit::all is assembled there from what is usable).
-list(REMOVE_ITEM TRAINKIT_BACKEND_TARGETS trainkit_all)
 install(TARGETS trainkit EXPORT trainkitTargets)
 install(EXPORT trainkitTargets NAMESPACE trainkit:: DESTINATION "${TRAINKIT_INSTALL_CMAKEDIR}")
 foreach(_trainkit_t IN LISTS TRAINKIT_BACKEND_TARGETS)
