@@ -20,6 +20,8 @@
 
 #include <trainkit/error.hpp>
 
+#include "support/temp_dir.hpp"
+
 namespace data_test {
 
 /// tests/fixtures/data/<rel>.
@@ -43,28 +45,7 @@ inline void write_file(const std::filesystem::path& p, const std::vector<std::by
   REQUIRE(out.good());
 }
 
-/// A fresh directory under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("trainkit_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::filesystem::path operator/(std::string_view name) const { return path_ / name; }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using trainkit_test::TempDir;  // support/temp_dir.hpp
 
 /// Runs f and returns the what() of the trainkit::Error it throws ("" and a failed check if it
 /// throws nothing or something else).

@@ -26,17 +26,12 @@
 #include <trainkit/train/flags.hpp>
 #include <trainkit/train/loop.hpp>
 
+#include "support/temp_dir.hpp"
+
 namespace {
 namespace tk = trainkit;
 namespace train = trainkit::train;
 namespace fs = std::filesystem;
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("trainkit_loop_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
-}
 
 /// 0.5 * |w - (target + noise)|^2 over 37 weights; the noise comes from `rng`.
 struct Quadratic {
@@ -117,14 +112,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("Loop: a run cut into pieces ends bit for bit where one run does") {
   Quadratic whole_task;
   train::LoopResult whole;
-  const std::vector<float> straight = train_run(fresh_dir("whole"), 20, whole_task, &whole);
+  const trainkit_test::TempDir whole_dir;
+  const std::vector<float> straight = train_run(whole_dir.path(), 20, whole_task, &whole);
   CHECK(whole.step == 20);
   CHECK_FALSE(whole.resumed_from.has_value());
   CHECK(std::isfinite(whole.last_loss));
 
   for (const std::int64_t cut : {1, 3, 7, 12, 19}) {
     CAPTURE(cut);
-    const fs::path dir = fresh_dir("cut");
+    const trainkit_test::TempDir tmp;
+    const fs::path& dir = tmp.path();
     Quadratic a;
     train_run(dir, cut, a);
     Quadratic b;
@@ -135,16 +132,17 @@ TEST_CASE("Loop: a run cut into pieces ends bit for bit where one run does") {
     CHECK(res.steps_this_run == 20 - cut);
     CHECK(same_bits(resumed, straight));
     CHECK(res.last_loss == whole.last_loss);
-    fs::remove_all(dir);
   }
 }
 
 TEST_CASE("Loop: killed with SIGKILL mid-run, the resumed run is bitwise the uninterrupted one") {
   Quadratic whole_task;
-  const std::vector<float> straight = train_run(fresh_dir("whole2"), 20, whole_task);
+  const trainkit_test::TempDir whole_dir;
+  const std::vector<float> straight = train_run(whole_dir.path(), 20, whole_task);
   for (const std::int64_t kill_at : {2, 9, 17}) {
     CAPTURE(kill_at);
-    const fs::path dir = fresh_dir("kill");
+    const trainkit_test::TempDir tmp;
+    const fs::path& dir = tmp.path();
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {
@@ -173,12 +171,12 @@ TEST_CASE("Loop: killed with SIGKILL mid-run, the resumed run is bitwise the uni
     }
     if (res.resumed_from) CHECK(res.resumed_from->step <= kill_at - 1);
     CHECK(same_bits(resumed, straight));
-    fs::remove_all(dir);
   }
 }
 
 TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {
-  const fs::path dir = fresh_dir("cadence");
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
   Quadratic t;
   train_run(dir, 10, t, nullptr, 3);
   CHECK(t.evaluations == 3);  // after steps 4, 8 and the last (10)
@@ -196,18 +194,17 @@ TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {
   CHECK(newest->metrics.count("val_dist") == 1);
   CHECK(fs::exists(dir / "metrics.jsonl"));
   CHECK(fs::exists(dir / "tb"));
-  fs::remove_all(dir);
 }
 
 /// Runs `t` (which diverges at step `at`) checkpointing every step; the run must fail with
 /// `message` and the newest checkpoint be the one before the diverged step.
 void expect_divergence(Quadratic t, std::int64_t at, const char* message) {
-  const fs::path dir = fresh_dir("diverge");
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
   CHECK_THROWS_WITH_AS(train_run(dir, 10, t, nullptr, 1), doctest::Contains(message), tk::Error);
   tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
   REQUIRE_FALSE(ck.list().empty());
   CHECK(ck.list().back().step == at - 1);  // nothing saved for the diverged step
-  fs::remove_all(dir);
 }
 
 TEST_CASE("Loop: a non-finite loss or gradient norm stops the run with an error naming the step") {
@@ -220,7 +217,8 @@ TEST_CASE("Loop: a non-finite loss or gradient norm stops the run with an error 
 }
 
 TEST_CASE("Loop: SIGTERM ends the run after the step, with a checkpoint, and restores handlers") {
-  const fs::path dir = fresh_dir("term");
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
   Quadratic t;
   t.term_at = 6;
   train::LoopResult res;
@@ -236,14 +234,15 @@ TEST_CASE("Loop: SIGTERM ends the run after the step, with a checkpoint, and res
   CHECK(ck.list().back().step == 6);
 
   Quadratic whole_task;
-  const std::vector<float> straight = train_run(fresh_dir("whole3"), 20, whole_task);
+  const trainkit_test::TempDir whole_dir;
+  const std::vector<float> straight = train_run(whole_dir.path(), 20, whole_task);
   Quadratic b;
   CHECK(same_bits(train_run(dir, 20, b), straight));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("Loop: a resume with a differing run setting is refused, listing it") {
-  const fs::path dir = fresh_dir("config");
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
   Quadratic a;
   train_run(dir, 4, a, nullptr, 2, {"--lr", "0.1"});
   Quadratic b;
@@ -255,18 +254,17 @@ TEST_CASE("Loop: a resume with a differing run setting is refused, listing it") 
   train_run(dir, 8, c, &res, 2);
   CHECK(res.resumed_from.has_value());
   CHECK(res.step == 8);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("Loop: bad options and refusing to overwrite a run") {
   CHECK_THROWS_WITH_AS(train::Loop({.steps = 0, .dir = "x"}),
                        doctest::Contains("steps must be > 0"), tk::Error);
-  const fs::path dir = fresh_dir("exists");
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
   Quadratic a;
   train_run(dir, 2, a);
   CHECK_THROWS_WITH_AS(train::Loop({.steps = 4, .dir = dir, .resume = false}),
                        doctest::Contains("holds checkpoints already"), tk::Error);
-  fs::remove_all(dir);
 }
 
 }  // namespace
