@@ -132,6 +132,8 @@
 #include "trainkit/nn/attention.hpp"
 // defines: nn::TransformerBlock, TransformerBlockOptions
 #include "trainkit/nn/transformer_block.hpp"
+// defines: nn::Gpt, GptOptions (a GPT-2 language model)
+#include "trainkit/nn/gpt.hpp"
 // defines: nn::Sequential, StackableLayer
 #include "trainkit/nn/sequential.hpp"
 

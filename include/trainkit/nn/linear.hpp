@@ -109,6 +109,10 @@ struct LinearOptions {
   Init weight_init = Init::kaiming_uniform(kTorchLinearKaimingA);
   /// Unset: U(-1/sqrt(in), 1/sqrt(in)), as PyTorch.
   std::optional<Init> bias_init = std::nullopt;
+  /// Valid: use this [out_features, in_features] parameter of the arena as the weight instead
+  /// of registering "<name>.weight" (weight tying, e.g. a language model's head and its token
+  /// embedding); both users' gradients add up in its gradient. weight_init is then unused.
+  ParamId tied_weight = {};
 };
 
 /// Fully connected layer y = x W^T + b (torch.nn.Linear). Parameters "<name>.weight" [out, in]
@@ -128,7 +132,16 @@ class Linear {
   Linear(ParamArena<S>& arena, const std::string& name, LinearOptions options)
       : arena_(&arena), in_(options.in_features), out_(options.out_features) {
     detail::check_sizes_positive("nn::Linear", name, "in_features", in_, "out_features", out_);
-    weight_ = arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
+    if (options.tied_weight.valid()) {
+      const ParamInfo& tied = arena.info(options.tied_weight);
+      TRAINKIT_CHECK(tied.shape == Shape({out_, in_}), "nn::Linear '", name, "': the tied weight '",
+                     tied.name, "' is ", tied.shape.to_string(), ", the layer needs [", out_, ", ",
+                     in_, "]");
+      weight_ = options.tied_weight;
+    } else {
+      weight_ =
+          arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
+    }
     if (options.bias) {
       const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)));
       bias_ = arena.add(detail::child_name(name, "bias"), Shape{out_},
