@@ -91,7 +91,7 @@ elseif(CHECK STREQUAL "resume")
   endfunction()
   train()
   foreach(want "step 10: train loss" "step 20: train loss" "[trainkit] step 5/20 |"
-          "[trainkit] step 20/20 |" "(measured: f32 gemm")
+          "[trainkit] step 20/20 |" "(measured: FMA rate of")
     string(FIND "${out}" "${want}" at)
     if(at EQUAL -1)
       message(FATAL_ERROR "the first run's output lacks '${want}'")

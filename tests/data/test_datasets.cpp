@@ -126,6 +126,17 @@ TEST_CASE("NpyDataset: rows of numpy files, any dtype, first axes must agree") {
                  {"big_f4.npy", "byte order"});
 }
 
+TEST_CASE("write_token_shard: the bytes tools/write_token_shard.py writes") {
+  const std::vector<std::byte> want = data_test::read_file(fixture("tokens/tok_000000.bin"));
+  std::vector<std::uint16_t> tokens((want.size() - tk::data::kTokenShardHeaderBytes) / 2);
+  std::memcpy(tokens.data(), want.data() + tk::data::kTokenShardHeaderBytes, tokens.size() * 2);
+  TempDir dir;
+  tk::data::write_token_shard(dir.path() / "out.bin", tokens);
+  CHECK(data_test::read_file(dir.path() / "out.bin") == want);
+  tk::data::write_token_shard(dir.path() / "empty.bin", {});
+  CHECK(data_test::read_file(dir.path() / "empty.bin").size() == tk::data::kTokenShardHeaderBytes);
+}
+
 TEST_CASE("TokenShardDataset: (input, target) windows over llm.c shards") {
   const tk::data::TokenShardDataset ds(fixture("tokens/tok_00000{0..1}.bin"), {.seq_len = 8});
   CHECK(ds.num_shards() == 2);

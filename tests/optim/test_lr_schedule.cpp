@@ -287,3 +287,37 @@ TEST_CASE("CosineAnnealingLR: PyTorch's rise past T_max only when asked for") {
   CHECK(a.lr[0] == doctest::Approx(0.001));
   CHECK(b.lr[0] == doctest::Approx(0.1));  // back at the base lr after 2 T_max, as PyTorch's
 }
+
+TEST_CASE("replay_schedule: a restored schedule switched to another equals it run from step 0") {
+  tk::PhiloxStream rng(41);
+  for (int trial = 0; trial < 20; ++trial) {
+    const auto warmup = std::int64_t(1 + rng.next_u32() % 5);
+    const std::int64_t old_total = warmup + 2 + rng.next_u32() % 20;
+    const std::int64_t new_total = old_total + 1 + rng.next_u32() % 30;
+    const std::int64_t at = 1 + rng.next_u32() % old_total;  // the checkpoint's step
+    INFO("warmup ", warmup, " totals ", old_total, " -> ", new_total, " at ", at);
+    const auto make = [&](std::int64_t total) {
+      return [=](optim::LrGroups& g) {
+        return optim::warmup_cosine(
+            g, {.warmup_steps = warmup, .total_steps = total, .eta_min = 1e-4});
+      };
+    };
+    // The run that followed the longer schedule from the start.
+    optim::LrGroups straight_groups = two_groups();
+    auto straight = make(new_total)(straight_groups);
+    for (std::int64_t s = 0; s < at; ++s) straight->step();
+    // The resumed run: the old schedule restored at `at`, then switched.
+    optim::LrGroups groups = two_groups();
+    auto old = make(old_total)(groups);
+    for (std::int64_t s = 0; s < at; ++s) old->step();
+    auto resumed = make(new_total)(groups);
+    resumed->load_state_dict(old->state_dict());
+    optim::replay_schedule(*resumed, groups, at, make(new_total));
+    for (std::int64_t s = at; s < new_total + 3; ++s) {
+      REQUIRE(groups.lr == straight_groups.lr);  // bit for bit
+      resumed->step();
+      straight->step();
+    }
+    CHECK(groups.lr == straight_groups.lr);
+  }
+}

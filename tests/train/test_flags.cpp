@@ -112,6 +112,40 @@ TEST_CASE("Flags: bad definitions are refused") {
                          tk::Error);
 }
 
+TEST_CASE("Flags: ranges are checked on the command line, in --config and on adopt") {
+  std::int64_t steps = 10;
+  double p = 0.1;
+  int threads = 0;
+  train::Flags f("prog", "");
+  f.add("steps", steps, "steps", {.at_least = 1}, train::kSession)
+      .add("p", p, "probability", {.at_least = 0, .below = 1})
+      .add("threads", threads, "threads", {.above = -1, .at_most = 64});
+  const auto fails = [&](std::vector<std::string_view> args, const char* text) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(parse(f, args), doctest::Contains(text), tk::Error);
+  };
+  fails({"--steps", "0"}, "--steps is '0', not a value >= 1");
+  fails({"--steps", "-5"}, "--steps is '-5', not a value >= 1");
+  fails({"--p", "1"}, "--p is '1', not a value < 1");
+  fails({"--p", "-0.001"}, "not a value >= 0");
+  fails({"--threads", "65"}, "not a value <= 64");
+  fails({"--threads", "-1"}, "not a value > -1");
+  CHECK(parse(f, {"--steps", "1", "--p", "0.999", "--threads", "64"}));
+  CHECK(steps == 1);
+  CHECK(p == 0.999);
+  CHECK(threads == 64);
+  const fs::path cfg = write_file("range.json", R"({"p": 1.5})");
+  fails({"--config", cfg.string()}, "'p' is '1.5', not a value < 1");
+  CHECK_THROWS_WITH_AS(f.adopt({{"p", "2"}}, "ckpt/step_4"),
+                       doctest::Contains("saved setting 'p' is '2', not a value < 1"), tk::Error);
+  const std::string u = f.usage();
+  CHECK(u.find("(default: 0.1, >= 0, < 1; fixed by a resumed checkpoint)") != std::string::npos);
+  // A default outside its own range is a definition error.
+  double lr = 0.0;
+  CHECK_THROWS_WITH_AS(f.add("lr", lr, "", {.above = 0}),
+                       doctest::Contains("the default of --lr, 0, is not > 0"), tk::Error);
+}
+
 TEST_CASE("Flags: --help prints the usage with types and defaults") {
   Cfg c;
   train::Flags f = make(c);

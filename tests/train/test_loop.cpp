@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -254,6 +256,102 @@ TEST_CASE("Loop: a resume with a differing run setting is refused, listing it") 
   train_run(dir, 8, c, &res, 2);
   CHECK(res.resumed_from.has_value());
   CHECK(res.step == 8);
+}
+
+/// A Quadratic that also records what the resume hook and the evaluations saw.
+struct Hooked : Quadratic {
+  train::Loop* loop = nullptr;
+  std::vector<std::int64_t> resumed_at;
+  int evaluations_with_monitor = 0;
+  void on_resume(const tk::ckpt::CheckpointInfo& info) { resumed_at.push_back(info.step); }
+  tk::ckpt::Metrics evaluate() {
+    if (loop->monitor() != nullptr) ++evaluations_with_monitor;
+    return Quadratic::evaluate();
+  }
+};
+
+/// A run of `steps` steps of `t` with eval_at_start and printed evaluations into `console`;
+/// returns the lr values of the schedule each step used.
+std::vector<double> hooked_run(const fs::path& dir, std::int64_t steps, Hooked& t,
+                               train::LoopResult& res, std::FILE* console) {
+  train::Loop loop({.steps = steps,
+                    .dir = dir,
+                    .eval_every = 3,
+                    .eval_at_start = true,
+                    .print_evals = true,
+                    .ckpt_every = 2,
+                    .monitor = {.progress = tk::monitor::ProgressStyle::kOff, .console = console}});
+  t.loop = &loop;
+  tk::nn::ParamArena<> arena;
+  t.arena = &arena;
+  t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(3);
+  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {.warmup_steps = 2, .total_steps = 9});
+  loop.state().add("noise", t.rng);
+  std::vector<double> lrs;
+  struct Task {
+    Hooked& t;
+    std::vector<double>& lrs;
+    tk::optim::AdamW<>& opt;
+    float step(train::StepContext& c) {
+      lrs.push_back(opt.lr());
+      return t.step(c);
+    }
+    tk::ckpt::Metrics evaluate() { return t.evaluate(); }
+    void on_resume(const tk::ckpt::CheckpointInfo& info) { t.on_resume(info); }
+  } task{t, lrs, opt};
+  res = loop.run(tk::exec::Host::default_instance(), arena, opt, task, schedule.get());
+  t.loop = nullptr;
+  return lrs;
+}
+
+std::string read_back(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string text;
+  for (int ch = std::fgetc(f); ch != EOF; ch = std::fgetc(f)) text.push_back(char(ch));
+  return text;
+}
+
+TEST_CASE("Loop: eval_at_start, printed evaluations, the lr of each step, on_resume") {
+  const trainkit_test::TempDir tmp;
+  Hooked a;
+  train::LoopResult first;
+  std::FILE* console = std::tmpfile();
+  REQUIRE(console != nullptr);
+  const std::vector<double> lrs = hooked_run(tmp.path(), 5, a, first, console);
+  const std::string printed = read_back(console);
+  std::fclose(console);
+  CHECK(a.evaluations == 3);  // step 0, 3 and the last (5)
+  CHECK(a.evaluations_with_monitor == 3);
+  CHECK(a.resumed_at.empty());
+  REQUIRE(first.first_eval.count("val_dist") == 1);
+  CHECK(first.seconds > 0.0);
+  CHECK(printed.find("step 0: val_dist ") != std::string::npos);
+  CHECK(printed.find("step 0: train loss") == std::string::npos);
+  CHECK(printed.find("step 3: train loss ") != std::string::npos);
+  CHECK(printed.find("step 5: train loss ") != std::string::npos);
+  // train/lr in metrics.jsonl is the lr each step used: the optimizer's lr during that step.
+  std::ifstream metrics(tmp.path() / "metrics.jsonl");
+  std::string line, all;
+  while (std::getline(metrics, line)) all += line + "\n";
+  CHECK(all.find("\"step\":0") != std::string::npos);
+  char want[64];
+  std::snprintf(want, sizeof want, "%.3g", lrs[2]);
+  CHECK(printed.find(std::string("| lr ") + want) != std::string::npos);  // step 3 used lrs[2]
+
+  // The resumed run: the hook sees the checkpoint, no second start evaluation, first_eval kept.
+  Hooked b;
+  train::LoopResult second;
+  std::FILE* quiet = std::tmpfile();
+  hooked_run(tmp.path(), 7, b, second, quiet);
+  std::fclose(quiet);
+  CHECK(b.resumed_at == std::vector<std::int64_t>{5});
+  CHECK(b.evaluations == 2);  // step 6 and the last (7)
+  REQUIRE(second.first_eval.count("val_dist") == 1);
+  CHECK(second.first_eval.at("val_dist") == first.first_eval.at("val_dist"));
 }
 
 TEST_CASE("Loop: bad options and refusing to overwrite a run") {

@@ -3,7 +3,7 @@
 // shards (a 256 x int32 header: magic, version, token count; then the tokens). Sample i is a
 // window of T+1 consecutive tokens split into (input = tokens[0..T), target = tokens[1..T]), the
 // shift-by-one pairs llm.c trains on. Shards are memory-mapped; windows never span two shards.
-// tools/write_token_shard.py writes such shards from Python.
+// write_token_shard writes such shards (tools/write_token_shard.py from Python).
 #pragma once
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "trainkit/data/dataset.hpp"
 #include "trainkit/data/shard_pattern.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/atomic_file.hpp"
 #include "trainkit/io/mmap.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -204,6 +205,20 @@ class TokenShardDataset {
   std::vector<FieldSpec> fields_;
   std::size_t size_ = 0;
 };
+
+/// Writes `tokens` as one llm.c shard at `path`, replacing it atomically: the GPT-2 format
+/// (magic 20240520, version 1, uint16 tokens). Throws when the count does not fit the header.
+inline void write_token_shard(const std::filesystem::path& path,
+                              std::span<const std::uint16_t> tokens) {
+  TRAINKIT_CHECK(tokens.size() <= std::size_t(std::numeric_limits<std::int32_t>::max()),
+                 "write_token_shard '", path.string(), "': ", tokens.size(),
+                 " tokens do not fit the header's int32 count");
+  std::int32_t header[kTokenShardHeaderBytes / 4] = {kTokenShardMagicGpt2, 1,
+                                                     static_cast<std::int32_t>(tokens.size())};
+  const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)),
+                                               std::as_bytes(tokens)};
+  io::write_file_atomic(path, pieces);
+}
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

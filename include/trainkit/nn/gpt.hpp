@@ -17,6 +17,8 @@
 // logits and every gradient against that module in PyTorch, tied and untied.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -26,6 +28,7 @@
 #include "trainkit/amp/policy.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/bytes.hpp"
+#include "trainkit/core/rng.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/nn/dropout.hpp"
@@ -128,8 +131,8 @@ class Gpt {
     check_ids("nn::Gpt::forward", ids);
     const std::int64_t B = ids.size(0), Tn = ids.size(1), N = B * Tn, C = options_.n_embd;
     TRAINKIT_CHECK(logits.size(0) == N && logits.size(1) == options_.vocab_size,
-                   "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ",
-                   Tn, "] must be [", N, ", ", options_.vocab_size, "]");
+                   "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
+                   "] must be [", N, ", ", options_.vocab_size, "]");
     detail::check_contiguous("nn::Gpt::forward", "logits", logits);
     ctx.rec_.template set<T>(B, Tn);
     ctx.blocks_.resize(blocks_.size());
@@ -191,15 +194,60 @@ class Gpt {
     wpe_.template backward<P>(exec, stored_positions(ctx, N), mat<const T>(da, N, C));
   }
 
+  /// Continues `tokens` by `count` tokens (nanoGPT's GPT.generate): each one from a forward over
+  /// the last block_size tokens, the argmax at temperature 0, else drawn from
+  /// softmax(logits / temperature) with `rng` (deterministic for a given stream). Dropout is off
+  /// meanwhile. Returns the new tokens; `ctx` is refilled (use one that no backward waits for).
+  /// The sampling runs on the host: on the device, the last row of logits is copied back.
+  template <amp::Policy P = amp::Fp32, class E>
+  std::vector<std::int32_t> generate(const E& exec, Context& ctx, std::vector<std::int32_t> tokens,
+                                     std::int64_t count, double temperature, PhiloxStream& rng) {
+    using T = amp::activation_t<P>;
+    TRAINKIT_CHECK(!tokens.empty() && count >= 0 && temperature >= 0.0,
+                   "nn::Gpt::generate: needs at least one token, count >= 0 and temperature >= 0");
+    const std::int64_t V = options_.vocab_size;
+    const bool was_training = drop_.training();
+    drop_.eval();
+    std::vector<std::int32_t> out;
+    std::vector<T> row(static_cast<std::size_t>(V));
+    std::vector<double> p(row.size());
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto n = std::min<std::int64_t>(std::int64_t(tokens.size()), options_.block_size);
+      auto* ids = gen_ids_.template get<std::int32_t>(n);
+      copy_bytes(ids, S, tokens.data() + tokens.size() - std::size_t(n), Space::kHost,
+                 std::size_t(n) * sizeof(std::int32_t), "nn::Gpt::generate");
+      T* logits = gen_logits_.template get<T>(n * V);
+      forward<P>(exec, ctx, TensorView<const std::int32_t, 2, S>(ids, Extents<2>{{1, n}}),
+                 mat(logits, n, V));
+      copy_bytes(row.data(), Space::kHost, logits + (n - 1) * V, S, row.size() * sizeof(T),
+                 "nn::Gpt::generate");  // waits for the forward on the device
+      std::int64_t next = 0;
+      for (std::int64_t v = 1; v < V; ++v)
+        if (detail::load(row[std::size_t(v)]) > detail::load(row[std::size_t(next)])) next = v;
+      if (temperature > 0.0) {
+        const double top = detail::load(row[std::size_t(next)]);
+        double total = 0.0;
+        for (std::size_t v = 0; v < p.size(); ++v)
+          total += p[v] = std::exp((double(detail::load(row[v])) - top) / temperature);
+        double u = double(rng.next_uniform()) * total;
+        for (next = 0; next < V - 1 && (u -= p[std::size_t(next)]) >= 0.0; ++next) {
+        }
+      }
+      tokens.push_back(std::int32_t(next));
+      out.push_back(std::int32_t(next));
+    }
+    drop_.train(was_training);
+    return out;
+  }
+
  private:
   static constexpr Init kInit = Init::normal(0.0f, 0.02f);
 
   static GptOptions checked(const GptOptions& o) {
-    TRAINKIT_CHECK(o.vocab_size > 0 && o.block_size > 0 && o.n_layer > 0 && o.n_head > 0 &&
-                       o.n_embd > 0,
-                   "nn::Gpt: vocab_size, block_size, n_layer, n_head and n_embd must be > 0, got ",
-                   o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ",
-                   o.n_embd);
+    TRAINKIT_CHECK(
+        o.vocab_size > 0 && o.block_size > 0 && o.n_layer > 0 && o.n_head > 0 && o.n_embd > 0,
+        "nn::Gpt: vocab_size, block_size, n_layer, n_head and n_embd must be > 0, got ",
+        o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
     TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
                    " is not a multiple of n_head ", o.n_head);
     return o;
@@ -208,10 +256,10 @@ class Gpt {
     std::vector<TransformerBlock<S>> blocks;
     blocks.reserve(static_cast<std::size_t>(o.n_layer));
     for (std::int64_t l = 0; l < o.n_layer; ++l)
-      blocks.emplace_back(arena, "transformer.h." + std::to_string(l),
-                          TransformerBlockOptions{
-                              .n_embd = o.n_embd, .n_head = o.n_head, .bias = o.bias,
-                              .n_layer = o.n_layer});
+      blocks.emplace_back(
+          arena, "transformer.h." + std::to_string(l),
+          TransformerBlockOptions{
+              .n_embd = o.n_embd, .n_head = o.n_head, .bias = o.bias, .n_layer = o.n_layer});
     return blocks;
   }
 
@@ -220,8 +268,9 @@ class Gpt {
   template <class V>
   void check_ids(const char* who, const V& ids) const {
     TRAINKIT_CHECK(ids.size(0) >= 1 && ids.size(1) >= 1 && ids.size(1) <= options_.block_size, who,
-                   ": ids ", detail::shape_of(ids), " must be [B, T] with B >= 1 and 1 <= T <= ",
-                   options_.block_size, " (block_size)");
+                   ": ids ", detail::shape_of(ids),
+                   " must be [B, T] with B >= 1 and 1 <= T <= ", options_.block_size,
+                   " (block_size)");
     detail::check_contiguous(who, "ids", ids);
   }
 
@@ -237,8 +286,7 @@ class Gpt {
     }
     return stored_positions(ctx, N);
   }
-  static TensorView<const std::int32_t, 1, S> stored_positions(const Context& ctx,
-                                                               std::int64_t N) {
+  static TensorView<const std::int32_t, 1, S> stored_positions(const Context& ctx, std::int64_t N) {
     return TensorView<const std::int32_t, 1, S>(ctx.pos_.template data<std::int32_t>(),
                                                 Extents<1>{{N}});
   }
@@ -260,6 +308,7 @@ class Gpt {
   Linear<S> lm_head_;
   Dropout drop_;
   detail::Bytes<S> da_, db_;  // backward's two gradient buffers [N, C], swapped layer by layer
+  detail::Bytes<S> gen_ids_, gen_logits_;  // generate()'s window and logits
 };
 
 template <Space S>

@@ -457,6 +457,20 @@ inline std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosin
                                         std::vector<std::int64_t>{o.warmup_steps});
 }
 
+/// Puts `schedule` and the groups' learning rates where a schedule made by `make(groups)` is
+/// after `steps` steps from the groups' initial lr: replayed on a copy of the groups, so the
+/// result equals that schedule followed from step 0, bit for bit. For a resumed run that switches
+/// schedules, e.g. to a longer one: the restored `schedule` must be of the type `make` returns.
+template <class Make>
+void replay_schedule(LRScheduler& schedule, LrGroups& groups, std::int64_t steps, Make&& make) {
+  LrGroups copy = groups;
+  copy.lr = copy.initial_lr;
+  auto fresh = make(copy);
+  for (std::int64_t s = 0; s < steps; ++s) fresh->step();
+  schedule.load_state_dict(fresh->state_dict());
+  groups.lr = copy.lr;
+}
+
 /// torch.optim.lr_scheduler.ReduceLROnPlateau: step(metric) after each evaluation; after more
 /// than `patience` evaluations without improvement (beyond `threshold`, relative or absolute)
 /// every group's lr becomes max(lr * factor, min_lr) if that changes it by more than eps; then

@@ -42,6 +42,13 @@ enum class FlagRole : std::uint8_t { kRun, kSession };
 inline constexpr FlagRole kRun = FlagRole::kRun;
 inline constexpr FlagRole kSession = FlagRole::kSession;
 
+/// The values a number flag accepts (every bound optional): `{.at_least = 1}`,
+/// `{.at_least = 0, .below = 1}`. Checked for the command line, --config and adopt().
+struct FlagRange {
+  std::optional<double> at_least = std::nullopt, above = std::nullopt, at_most = std::nullopt,
+                        below = std::nullopt;
+};
+
 /// A set of typed flags bound to the caller's variables (which hold the defaults).
 class Flags {
  public:
@@ -65,6 +72,20 @@ class Flags {
     Flag f{std::move(name), std::move(help), role, &value, {}};
     f.default_text = text_of(f);
     flags_.push_back(std::move(f));
+    return *this;
+  }
+  /// The same for a number flag whose values must lie in `range` (see FlagRange). Throws when
+  /// the flag is not a number or its default is outside the range.
+  template <class T>
+  Flags& add(std::string name, T& value, std::string help, FlagRange range,
+             FlagRole role = FlagRole::kRun) {
+    static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                  "train::Flags::add: a range is for number flags");
+    add(std::move(name), value, std::move(help), role);
+    if (range.at_least) limit(*range.at_least, Bound::kAtLeast, ">= ");
+    if (range.above) limit(*range.above, Bound::kAbove, "> ");
+    if (range.at_most) limit(*range.at_most, Bound::kAtMost, "<= ");
+    if (range.below) limit(*range.below, Bound::kBelow, "< ");
     return *this;
   }
 
@@ -187,6 +208,7 @@ class Flags {
       if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
       std::string right =
           f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
+      for (const Limit& l : f.limits) right += ", " + l.text;
       right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
       line(left, right);
     }
@@ -197,12 +219,45 @@ class Flags {
 
  private:
   using Target = std::variant<bool*, int*, std::int64_t*, double*, float*, std::string*>;
+  enum class Bound : std::uint8_t { kAtLeast, kAbove, kAtMost, kBelow };
+  struct Limit {
+    double bound;
+    Bound kind;
+    std::string text;  // ">= 1", "< 1"
+  };
   struct Flag {
     std::string name, help;
     FlagRole role;
     Target target;
     std::string default_text;
+    std::vector<Limit> limits = {};
   };
+
+  static bool within(double v, const Limit& l) {
+    switch (l.kind) {
+      case Bound::kAtLeast: return v >= l.bound;
+      case Bound::kAbove: return v > l.bound;
+      case Bound::kAtMost: return v <= l.bound;
+      case Bound::kBelow: return v < l.bound;
+    }
+    return false;
+  }
+  static double number_of(const Flag& f) {
+    return std::visit(
+        [](auto* p) -> double {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
+          else return 0.0;
+        },
+        f.target);
+  }
+  void limit(double bound, Bound kind, const char* relation) {
+    Flag& f = flags_.back();
+    Limit l{bound, kind, relation + StateDict::number_to_string(bound)};
+    TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
+                   f.default_text, ", is not ", l.text);
+    f.limits.push_back(std::move(l));
+  }
 
   void check_name(const std::string& name) const {
     bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
@@ -267,16 +322,24 @@ class Flags {
             if (ec == std::errc::result_out_of_range) fail("a number in range");
             if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
               fail("a finite number");
+            check_limits(f, double(v), fail);
             *p = v;
           } else {
             T v = 0;
             const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
             if (ec == std::errc::result_out_of_range) fail("an integer in range");
             if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
+            check_limits(f, double(v), fail);
             *p = v;
           }
         },
         f.target);
+  }
+
+  template <class Fail>
+  static void check_limits(const Flag& f, double v, const Fail& fail) {
+    for (const Limit& l : f.limits)
+      if (!within(v, l)) fail("a value " + l.text);
   }
 
   void read_config(const std::string& path) {

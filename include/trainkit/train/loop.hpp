@@ -25,7 +25,9 @@
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,6 +38,7 @@
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/ckpt/checkpointer.hpp"
 #include "trainkit/ckpt/train_state.hpp"
+#include "trainkit/core/state_dict.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/error.hpp"
@@ -50,9 +53,15 @@ namespace train {
 
 /// What a Loop does; `steps` and `dir` are required.
 struct LoopOptions {
-  std::int64_t steps = 0;           ///< train until this many optimizer steps are completed
-  std::filesystem::path dir;        ///< the run directory: ckpt/, tb/, metrics.jsonl
-  std::int64_t eval_every = 0;      ///< evaluate after every N steps (0: only after the last one)
+  std::int64_t steps = 0;       ///< train until this many optimizer steps are completed
+  std::filesystem::path dir;    ///< the run directory: ckpt/, tb/, metrics.jsonl
+  std::int64_t eval_every = 0;  ///< evaluate after every N steps (0: only after the last one)
+  /// Also evaluate before the first step of a fresh run, logged as step 0 (the untrained
+  /// model's metrics; kept in the checkpoints, so a resumed run reports them too).
+  bool eval_at_start = false;
+  /// Print each evaluation through the monitor: "step N: train loss L | <metric> V ... | lr X"
+  /// (the lr of step N), and "step 0: <metric> V ..." for eval_at_start.
+  bool print_evals = false;
   std::int64_t ckpt_every = 0;      ///< checkpoint after every N steps (0: only the final save)
   double ckpt_every_seconds = 0.0;  ///< also after this many seconds since the last save
   int keep_last = 3;                ///< checkpoints kept besides the best (see Checkpointer)
@@ -89,8 +98,10 @@ struct StepContext {
 struct LoopResult {
   std::int64_t step = 0;            ///< steps completed (the checkpoint's number)
   std::int64_t steps_this_run = 0;  ///< steps this process trained
+  double seconds = 0.0;             ///< wall time of those steps (evaluations and saves included)
   float last_loss = NAN;            ///< loss of the last step (NaN when none ran)
   ckpt::Metrics last_eval;          ///< the last evaluate() result
+  ckpt::Metrics first_eval;         ///< the step-0 evaluation (eval_at_start), also after resume
   bool interrupted = false;         ///< stopped by SIGINT / SIGTERM (after a checkpoint)
   std::optional<ckpt::CheckpointInfo> resumed_from;  ///< the checkpoint this run continued
 };
@@ -135,24 +146,35 @@ template <class T>
 concept HasStepEnd = requires(T& t, std::int64_t step, float loss) {
   t.on_step_end(step, loss);
 };
+template <class T>
+concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
+  t.on_resume(info);
+};
 
 inline constexpr std::string_view kConfigPrefix = "config.";
+inline constexpr std::string_view kFirstEvalPrefix = "eval_at_start.";
 
 }  // namespace detail
 
 /// A task made of callables, for trainers that keep their model in local variables:
 /// `loop.run(exec, arena, opt, train::task([&](train::StepContext&) { ...; return loss; },
 /// [&] { return ckpt::Metrics{...}; }), schedule)`. The evaluation is optional.
-template <class StepFn, class EvalFn = std::nullptr_t>
+template <class StepFn, class EvalFn = std::nullptr_t, class ResumeFn = std::nullptr_t>
 struct FunctionTask {
   StepFn step_fn;
   EvalFn eval_fn = nullptr;
+  ResumeFn resume_fn = nullptr;
   float step(StepContext& ctx) { return step_fn(ctx); }
   ckpt::Metrics evaluate() requires(!std::is_null_pointer_v<EvalFn>) { return eval_fn(); }
+  void on_resume(const ckpt::CheckpointInfo& info) requires(!std::is_null_pointer_v<ResumeFn>) {
+    resume_fn(info);
+  }
 };
-template <class StepFn, class EvalFn = std::nullptr_t>
-FunctionTask<StepFn, EvalFn> task(StepFn step, EvalFn evaluate = nullptr) {
-  return {std::move(step), std::move(evaluate)};
+/// The evaluation and the resume hook (see Loop::run) are optional.
+template <class StepFn, class EvalFn = std::nullptr_t, class ResumeFn = std::nullptr_t>
+FunctionTask<StepFn, EvalFn, ResumeFn> task(StepFn step, EvalFn evaluate = nullptr,
+                                            ResumeFn on_resume = nullptr) {
+  return {std::move(step), std::move(evaluate), std::move(on_resume)};
 }
 
 /// The training loop. Construct it before building the model: on resume it adopts the saved
@@ -203,12 +225,19 @@ class Loop {
   /// samplers, RNG streams, dropout, EMA, ... here before run().
   ckpt::TrainState& state() noexcept { return state_; }
   ckpt::Checkpointer& checkpointer() noexcept { return checkpointer_; }
+  /// The Monitor of the running run() (for print() and spans in hooks); null outside run().
+  monitor::Monitor* monitor() noexcept { return monitor_; }
   const LoopOptions& options() const noexcept { return options_; }
+  /// The settings of the Monitor run() will create (throughput, FLOPs, peak, trace file): for
+  /// what is only known once the model is built (after a resume adopted its sizes).
+  monitor::MonitorOptions& monitor_options() noexcept { return options_.monitor; }
 
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
   /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss
-  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics)
-  /// and optional `task.on_step_end(step, loss)` is called after each step. `schedule` (any
+  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics),
+  /// optional `task.on_step_end(step, loss)` is called after each step and optional
+  /// `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been restored, before
+  /// the first step (to adapt restored state, e.g. a schedule for a longer run). `schedule` (any
   /// type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none) is stepped
   /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
   template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
@@ -229,6 +258,12 @@ class Loop {
                      info ? "restored step " + std::to_string(info->step) : "nothing restored",
                      "; see the log above)");
       result.resumed_from = info;
+      std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
+                  static_cast<long long>(info->step));
+      for (const auto& [key, value] : state_.metadata)
+        if (key.starts_with(detail::kFirstEvalPrefix))
+          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
+      if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;
 
@@ -238,11 +273,31 @@ class Loop {
     if (mo.log_dir.empty()) mo.log_dir = (options_.dir / "tb").string();
     if (mo.metrics_file.empty()) mo.metrics_file = (options_.dir / "metrics.jsonl").string();
     monitor::Monitor monitor(mo);
+    monitor_ = &monitor;
+    struct Unset {
+      monitor::Monitor*& m;
+      ~Unset() { m = nullptr; }
+    } unset{monitor_};
 
+    if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
+      if (options_.eval_at_start && !resume_from_) {
+        result.first_eval = task.evaluate();
+        monitor.log_metrics(0, result.first_eval);
+        if (options_.print_evals) print_eval(monitor, 0, NAN, result.first_eval, NAN);
+        for (const auto& [k, v] : result.first_eval)
+          state_.metadata[std::string(detail::kFirstEvalPrefix) + k] =
+              StateDict::number_to_string(v);
+      }
+    }
     detail::SignalScope signals(options_.handle_signals);
+    const auto started = std::chrono::steady_clock::now();
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
+      // The lr this step uses (the schedule's last_lr() is that of the next step after step()).
+      const double lr = schedule != nullptr && !schedule->last_lr().empty()
+                            ? schedule->last_lr().front()
+                            : std::numeric_limits<double>::quiet_NaN();
       arena.zero_grad();
       StepContext ctx{step, &monitor};
       const float loss = task.step(ctx);
@@ -270,8 +325,7 @@ class Loop {
       ++state_.step;
       ++result.steps_this_run;
       result.last_loss = loss;
-      if (schedule != nullptr && !schedule->last_lr().empty())
-        monitor.log_scalar("train/lr", schedule->last_lr().front());
+      if (std::isfinite(lr)) monitor.log_scalar("train/lr", lr);
 
       ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
       const bool last = state_.step == options_.steps;
@@ -279,6 +333,7 @@ class Loop {
         if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
           result.last_eval = task.evaluate();
           monitor.log_metrics(state_.step, result.last_eval);
+          if (options_.print_evals) print_eval(monitor, state_.step, loss, result.last_eval, lr);
           for (const auto& [k, v] : result.last_eval) metrics[k] = v;
         }
       }
@@ -300,12 +355,30 @@ class Loop {
       }
     }
     checkpointer_.wait();
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     monitor.close();
     result.step = state_.step;
     return result;
   }
 
  private:
+  static void print_eval(monitor::Monitor& monitor, std::int64_t step, float loss,
+                         const ckpt::Metrics& metrics, double lr) {
+    std::string line = "step " + std::to_string(step) + ":";
+    const char* separator = " ";
+    const auto part = [&](const std::string& name, double value, const char* format) {
+      char text[48];
+      std::snprintf(text, sizeof text, format, value);
+      line += separator + name + " " + text;
+      separator = " | ";
+    };
+    if (std::isfinite(loss)) part("train loss", static_cast<double>(loss), "%.4f");
+    for (const auto& [key, value] : metrics) part(key, value, "%.4f");
+    if (std::isfinite(lr)) part("lr", lr, "%.3g");
+    monitor.print(line);
+  }
+
   /// Ends a run whose step `step` produced a non-finite `what`: closes the logs, lets a
   /// checkpoint in flight finish and throws, naming the newest checkpoint.
   [[noreturn]] void fail_diverged(monitor::Monitor& monitor, std::int64_t step, const char* what,
@@ -333,6 +406,7 @@ class Loop {
   ckpt::Checkpointer checkpointer_;
   ckpt::TrainState state_;
   std::optional<ckpt::CheckpointInfo> resume_from_;
+  monitor::Monitor* monitor_ = nullptr;
   bool registered_ = false;
 };
 
