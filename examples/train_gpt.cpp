@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // train_gpt: trainkit's flagship example: a byte-level GPT (nn::Gpt) trained on real text with
-// train::Loop: AdamW with a no-decay group, warmup + cosine LR, clipping, llm.c token shards read
-// through a shuffling Prefetcher, progress / TensorBoard / metrics.jsonl / MFU, and checkpoints
-// (exact --resume, damaged ones skipped). `train_gpt --help` lists the flags. Build: the CMake
-// target, or  g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread -o train_gpt
-// Writes to --out: data/{train,val}.bin, ckpt/step_*/ (model.safetensors has nanoGPT's names),
-// tb/, metrics.jsonl, trace.json. "step N" counts completed optimizer steps (step 0: the initial
-// validation loss); a resume with a larger --steps and no --decay-steps follows the schedule of a
-// run started with that --steps, bit for bit.
+// train::Loop: AdamW (nanoGPT's betas; no decay of biases and norms), warmup + cosine LR, clipping,
+// llm.c token shards read through a shuffling Prefetcher, progress / TensorBoard / metrics.jsonl /
+// MFU, and checkpoints (exact --resume, damaged ones skipped). `train_gpt --help` lists the flags.
+// Build: the CMake target, or  g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread
+// -o train_gpt Writes to --out: data/{train,val}.bin, ckpt/step_*/ (model.safetensors has nanoGPT's
+// names), tb/, metrics.jsonl, trace.json. "step N" counts completed optimizer steps (step 0: the
+// initial validation loss); a resume with a larger --steps and no --decay-steps follows the
+// schedule of a run started with that --steps, bit for bit.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -165,11 +165,11 @@ int main(int argc, char** argv) try {
                         .seed = std::uint64_t(c.seed)});
   arena.finalize();
   arena.initialize(std::uint64_t(c.seed));
-  // AdamW (nanoGPT's betas); biases and LayerNorm parameters without weight decay.
   tk::optim::AdamW<> opt(arena,
                          {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.weight_decay},
                          {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
-  const tk::optim::WarmupCosineOptions plan{c.warmup, c.decay_steps, 0.1 * c.lr};
+  const tk::optim::WarmupCosineOptions plan{
+      .warmup_steps = c.warmup, .total_steps = c.decay_steps, .eta_min = 0.1 * c.lr};
   auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), plan);
   data::RandomSampler sampler(train_set.size(), std::uint64_t(c.seed));
   data::Prefetcher loader(train_set, sampler,

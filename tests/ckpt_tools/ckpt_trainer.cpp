@@ -145,8 +145,7 @@ int train(const std::string& dir, std::int64_t steps, std::int64_t every, bool a
     net.get<2>().set_step(static_cast<std::uint32_t>(state.step));
     arena.zero_grad();
     net.forward(exec, ctx, x.view<2>(), logits.view<2>());
-    loss_fn.forward(exec, loss_ctx, logits.view<2>(), y,
-                    tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+    loss_fn.forward(exec, loss_ctx, logits.view<2>(), y, tk::make_view(&loss, {1}));
     loss_fn.backward(exec, loss_ctx, logits.view<2>(), y, dlogits.view<2>());
     net.backward(exec, ctx, x.view<2>(), dlogits.view<2>(), tk::HostView<float, 2>());
     opt.step(exec, optim::ClipGradNorm{1.0});

@@ -29,7 +29,7 @@ namespace dist = trainkit::dist;
 namespace nn = trainkit::nn;
 
 tk::HostView<float, 2> mat(float* p, std::int64_t r, std::int64_t c) {
-  return tk::HostView<float, 2>(p, tk::Extents<2>{{r, c}});
+  return tk::make_view(p, {r, c});
 }
 
 const tk::exec::Host& one_thread() {

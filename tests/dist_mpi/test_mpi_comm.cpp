@@ -44,7 +44,7 @@ bool all_ok(bool ok) {
 }
 
 tk::HostView<float, 2> mat(float* p, std::int64_t r, std::int64_t c) {
-  return tk::HostView<float, 2>(p, tk::Extents<2>{{r, c}});
+  return tk::make_view(p, {r, c});
 }
 
 }  // namespace

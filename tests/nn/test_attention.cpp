@@ -28,7 +28,7 @@ tk::exec::Host& pool() {
 
 template <class T>
 tk::HostView<T, 3> cube(T* p, std::int64_t b, std::int64_t t, std::int64_t c) {
-  return tk::HostView<T, 3>(p, tk::Extents<3>{{b, t, c}});
+  return tk::make_view(p, {b, t, c});
 }
 
 /// float64 nanoGPT attention: x [B, T, C] -> y [B, T, C]; wa [3C, C], ba [3C], wp [C, C], bp [C].

@@ -87,7 +87,7 @@ void run_case(tk::PhiloxStream& rng, double offset, double& worst_loss, double& 
   const tk::HostView<const float, 2> lv(logits.data(), tk::Extents<2>{{n, v}});
   const tk::HostView<const I, 1> tv(targets.data(), tk::Extents<1>{{n}});
   decltype(ce)::Context ctx;
-  ce.forward(pool(), ctx, lv, tv, tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+  ce.forward(pool(), ctx, lv, tv, tk::make_view(&loss, {1}));
   std::vector<float> grad(logits.size());
   ce.backward(pool(), ctx, lv, tv, tk::HostView<float, 2>(grad.data(), tk::Extents<2>{{n, v}}),
               static_cast<float>(dloss));

@@ -34,7 +34,7 @@ tk::exec::Host& pool() {
 
 template <class T>
 tk::HostView<T, 2> mat(T* p, std::int64_t r, std::int64_t c) {
-  return tk::HostView<T, 2>(p, tk::Extents<2>{{r, c}});
+  return tk::make_view(p, {r, c});
 }
 
 // ---- float64 references -----------------------------------------------------------------------

@@ -268,7 +268,7 @@ TEST_CASE("device Dropout, Embedding and SoftmaxCrossEntropy") {
   const tk::HostView<const float, 2> hl(logits.data(), tk::Extents<2>{{rows, vocab}});
   const tk::HostView<const std::int64_t, 1> ht(t.data(), tk::Extents<1>{{rows}});
   decltype(hce)::Context hctx;
-  hce.forward(host(), hctx, hl, ht, tk::HostView<float, 1>(&hloss, tk::Extents<1>{{1}}));
+  hce.forward(host(), hctx, hl, ht, tk::make_view(&hloss, {1}));
   hce.backward(host(), hctx, hl, ht,
                tk::HostView<float, 2>(hgrad.data(), tk::Extents<2>{{rows, vocab}}));
   CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(hloss).epsilon(1e-5));

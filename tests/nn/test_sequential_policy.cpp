@@ -92,8 +92,7 @@ TEST_CASE("Sequential: MLP + cross-entropy step matches PyTorch") {
   decltype(net)::Context ctx;
   decltype(ce)::Context ce_ctx;
   net.forward(pool(), ctx, x.view<2>(), logits.view<2>());
-  ce.forward(pool(), ce_ctx, logits.view<2>(), tv,
-             tk::HostView<float, 1>(&loss, tk::Extents<1>{{1}}));
+  ce.forward(pool(), ce_ctx, logits.view<2>(), tv, tk::make_view(&loss, {1}));
   ce.backward(pool(), ce_ctx, logits.view<2>(), tv, dlogits.view<2>());
   net.backward(pool(), ctx, x.view<2>(), dlogits.view<2>(), tk::HostView<float, 2>());
   CHECK(loss == doctest::Approx(ref["mlp/loss"].values[0]).epsilon(1e-6));
@@ -179,7 +178,7 @@ std::vector<float> policy_step(float* loss_out) {
   typename decltype(ce)::Context ce_ctx;
   net.template forward<P>(pool(), ctx, xv, lv);
   ce.template forward<P>(pool(), ce_ctx, tk::HostView<const T, 2>(lv), tv,
-                         tk::HostView<float, 1>(loss_out, tk::Extents<1>{{1}}));
+                         tk::make_view(loss_out, {1}));
   ce.template backward<P>(pool(), ce_ctx, tk::HostView<const T, 2>(lv), tv, dlv);
   net.template backward<P>(pool(), ctx, xv, tk::HostView<const T, 2>(dlv), tk::HostView<T, 2>());
   return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());

@@ -217,7 +217,7 @@ class Gpt {
       copy_bytes(ids, S, tokens.data() + tokens.size() - std::size_t(n), Space::kHost,
                  std::size_t(n) * sizeof(std::int32_t), "nn::Gpt::generate");
       T* logits = gen_logits_.template get<T>(n * V);
-      forward<P>(exec, ctx, TensorView<const std::int32_t, 2, S>(ids, Extents<2>{{1, n}}),
+      forward<P>(exec, ctx, make_view<S>(static_cast<const std::int32_t*>(ids), {1, n}),
                  mat(logits, n, V));
       copy_bytes(row.data(), Space::kHost, logits + (n - 1) * V, S, row.size() * sizeof(T),
                  "nn::Gpt::generate");  // waits for the forward on the device
@@ -297,7 +297,7 @@ class Gpt {
   }
   template <class T>
   TensorView<T, 3, S> cube(T* p, std::int64_t B, std::int64_t T_) const {
-    return TensorView<T, 3, S>(p, Extents<3>{{B, T_, options_.n_embd}});
+    return make_view<S>(p, {B, T_, options_.n_embd});
   }
 
   GptOptions options_;
