@@ -102,6 +102,29 @@
 #define TRAINKIT_UNROLL
 #endif
 
+// ---- Optional separate compilation. -------------------------------------------------------------
+// By default trainkit is header-only: every function is defined in its header. With
+// TRAINKIT_SEPARATE_COMPILATION=1 (the CMake option of that name sets it through the
+// trainkit::compiled library) the bodies of the heavy non-template functions (file formats,
+// checkpoints, the loader, the monitor) and the f32 host GEMM are compiled once, in
+// src/trainkit.cpp, and a TU that includes a header sees only their declarations. TRAINKIT_IMPL
+// is 1 where those bodies are compiled: in every TU of a header-only build, and in that one TU.
+// TRAINKIT_INLINE marks such a function: `inline` in a header-only build, nothing (one external
+// definition) in the compiled library.
+#ifndef TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_SEPARATE_COMPILATION 0
+#endif
+#if !TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_IMPL 1
+#define TRAINKIT_INLINE inline
+#elif defined(TRAINKIT_BUILDING_COMPILED_LIBRARY)
+#define TRAINKIT_IMPL 1
+#define TRAINKIT_INLINE
+#else
+#define TRAINKIT_IMPL 0
+#define TRAINKIT_INLINE
+#endif
+
 // `__restrict__` is understood by g++, clang++ and nvcc alike.
 #define TRAINKIT_RESTRICT __restrict__
 
@@ -144,3 +167,31 @@ constexpr Capabilities capabilities() noexcept {
 }
 
 TRAINKIT_NAMESPACE_END
+
+// Under TRAINKIT_SEPARATE_COMPILATION the compiled library's bodies were built with its own
+// TRAINKIT_WITH_* values, so every TU linked with it must have the same ones. The library defines
+// one variable whose name spells its values, and every other TU refers to the name spelt by its
+// own: a TU of another tier fails to link with an undefined reference that names the difference
+// (e.g. `compiled_tier_cuda1_cublaslt0_nccl0_mpi0_cblas0`).
+#if TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_DETAIL_TIER_NAME2(cuda, cublaslt, nccl, mpi, cblas) \
+  compiled_tier_cuda##cuda##_cublaslt##cublaslt##_nccl##nccl##_mpi##mpi##_cblas##cblas
+#define TRAINKIT_DETAIL_TIER_NAME(cuda, cublaslt, nccl, mpi, cblas) \
+  TRAINKIT_DETAIL_TIER_NAME2(cuda, cublaslt, nccl, mpi, cblas)
+#define TRAINKIT_DETAIL_TIER                                                                \
+  TRAINKIT_DETAIL_TIER_NAME(TRAINKIT_WITH_CUDA, TRAINKIT_WITH_CUBLASLT, TRAINKIT_WITH_NCCL, \
+                            TRAINKIT_WITH_MPI, TRAINKIT_WITH_CBLAS)
+TRAINKIT_NAMESPACE_BEGIN
+namespace detail {
+extern const int TRAINKIT_DETAIL_TIER;
+#if defined(TRAINKIT_BUILDING_COMPILED_LIBRARY)
+const int TRAINKIT_DETAIL_TIER = 1;
+#elif defined(__GNUC__) || defined(__clang__)
+[[maybe_unused]] __attribute__((used)) static const int* const compiled_tier_reference =
+    &TRAINKIT_DETAIL_TIER;
+#else
+[[maybe_unused]] static const int* const compiled_tier_reference = &TRAINKIT_DETAIL_TIER;
+#endif
+}  // namespace detail
+TRAINKIT_NAMESPACE_END
+#endif

@@ -828,6 +828,17 @@ void host_bias_grad(const exec::Host* host, const OperandRef<TA>& a, std::int64_
   });
 }
 
+#if TRAINKIT_SEPARATE_COMPILATION
+// The all-f32 paths, the ones every f32 layer takes, are instantiated once, in the compiled
+// library (src/trainkit.cpp); other element types are still instantiated where they are used.
+extern template void host_gemm_2d<float, float, float>(const exec::Host*, const GemmShape&,
+                                                       const OperandRef<float>&,
+                                                       const OperandRef<float>&,
+                                                       const GemmOutput<float>&, GemmMicroKernel);
+extern template void host_bias_grad<float, float>(const exec::Host*, const OperandRef<float>&,
+                                                  std::int64_t, std::int64_t, float*);
+#endif
+
 }  // namespace detail
 }  // namespace blas
 TRAINKIT_NAMESPACE_END

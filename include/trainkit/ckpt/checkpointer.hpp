@@ -174,19 +174,87 @@ inline constexpr std::string_view kManifestPrefix = "{\n  \"manifest_xxh64\": \"
 /// Larger manifests are refused before they are read (one lists a few files per rank).
 inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t(64) << 20;
 
-inline std::string state_file_name(int rank, int world_size) {
-  if (world_size == 1) return "train_state.safetensors";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
-  return buf;
-}
+TRAINKIT_INLINE std::string state_file_name(int rank, int world_size);
 inline std::string model_file_name(int rank, int world_size) {
   return world_size == 1 ? std::string("model.safetensors")
                          : io::safetensors_shard_name(std::size_t(rank), std::size_t(world_size));
 }
 
 /// The step of a directory name `<prefix><digits>`, or nullopt.
-inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::string_view prefix) {
+TRAINKIT_INLINE std::optional<std::int64_t> parse_step_dir(std::string_view name,
+                                                           std::string_view prefix);
+
+/// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
+/// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
+TRAINKIT_INLINE std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos,
+                                                  int world_size);
+
+/// A JSON value for a metric: a number, or "nan" / "inf" / "-inf" as strings.
+inline io::Json metric_json(double v) {
+  if (std::isfinite(v)) return io::Json::number(StateDict::number_to_string(v));
+  return io::Json(StateDict::number_to_string(v));
+}
+TRAINKIT_INLINE double metric_value(const io::Json& j);
+
+/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
+TRAINKIT_INLINE std::uint64_t manifest_checksum(std::string_view text);
+
+/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
+/// Verifies the manifest checksum first, then the content: every file a resume reads (each
+/// rank's train_state, the model file and, for world_size > 1, every model shard) must be listed
+/// with its size and checksum. Throws trainkit::Error on any problem, never anything else.
+TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
+                                              const std::filesystem::path& dir,
+                                              const std::string& where);
+
+/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
+/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
+TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir);
+
+/// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
+/// quoted inside another message).
+inline std::string reason_of(const std::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  return std::string(what);
+}
+
+/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
+/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
+/// trainkit. Never throws.
+TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) noexcept;
+
+/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
+TRAINKIT_INLINE std::string manifest_text(const CheckpointInfo& info);
+
+/// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
+/// `only` (when non-empty) limits the content check to those names.
+TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
+                                       const std::vector<std::string>& only = {});
+
+/// The checksum and size a checksummed safetensors file claims (reads the header only).
+TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
+                                                   const std::string& name);
+
+/// True when every entry of `dir` is a file a checkpoint consists of (or an AtomicFile temp).
+TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir);
+
+/// Renames `from` over the directory `to`: atomically exchanged when `to` exists (Linux
+/// renameat2), then the old content (now at `from`) is removed.
+TRAINKIT_INLINE void replace_directory(const std::filesystem::path& from,
+                                       const std::filesystem::path& to);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string state_file_name(int rank, int world_size) {
+  if (world_size == 1) return "train_state.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
+  return buf;
+}
+
+TRAINKIT_INLINE std::optional<std::int64_t> parse_step_dir(std::string_view name,
+                                                           std::string_view prefix) {
   if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() > prefix.size() + 18)
     return std::nullopt;
   std::int64_t step = 0;
@@ -197,9 +265,8 @@ inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::st
   return step;
 }
 
-/// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
-/// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
-inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos, int world_size) {
+TRAINKIT_INLINE std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos,
+                                                  int world_size) {
   std::int64_t total = 0;
   for (const nn::ParamInfo& p : infos) total += p.numel;
   std::vector<int> owner(infos.size(), 0);
@@ -215,12 +282,7 @@ inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos
   return owner;
 }
 
-/// A JSON value for a metric: a number, or "nan" / "inf" / "-inf" as strings.
-inline io::Json metric_json(double v) {
-  if (std::isfinite(v)) return io::Json::number(StateDict::number_to_string(v));
-  return io::Json(StateDict::number_to_string(v));
-}
-inline double metric_value(const io::Json& j) {
+TRAINKIT_INLINE double metric_value(const io::Json& j) {
   if (j.is_number()) return j.as_double();
   const std::string& s = j.as_string();
   if (s == "inf") return HUGE_VAL;
@@ -228,8 +290,7 @@ inline double metric_value(const io::Json& j) {
   return std::nan("");
 }
 
-/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
-inline std::uint64_t manifest_checksum(std::string_view text) {
+TRAINKIT_INLINE std::uint64_t manifest_checksum(std::string_view text) {
   static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
                                       '0', '0', '0', '0', '0', '0', '0', '0'};
   const std::size_t at = kManifestPrefix.size();
@@ -240,12 +301,9 @@ inline std::uint64_t manifest_checksum(std::string_view text) {
   return h.digest();
 }
 
-/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
-/// Verifies the manifest checksum first, then the content: every file a resume reads (each
-/// rank's train_state, the model file and, for world_size > 1, every model shard) must be listed
-/// with its size and checksum. Throws trainkit::Error on any problem, never anything else.
-inline CheckpointInfo parse_manifest(std::string_view text, const std::filesystem::path& dir,
-                                     const std::string& where) {
+TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
+                                              const std::filesystem::path& dir,
+                                              const std::string& where) {
   TRAINKIT_CHECK(!text.empty(), "checkpoint manifest '", where, "' is empty");
   TRAINKIT_CHECK(text.size() <= kMaxManifestBytes, "checkpoint manifest '", where, "' has ",
                  text.size(), " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
@@ -334,9 +392,7 @@ inline CheckpointInfo parse_manifest(std::string_view text, const std::filesyste
   return info;
 }
 
-/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
-/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
-inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
+TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / kManifestName;
   std::error_code ec;
   const std::uintmax_t size = std::filesystem::file_size(file, ec);
@@ -349,18 +405,7 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
                         dir, file.string());
 }
 
-/// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
-/// quoted inside another message).
-inline std::string reason_of(const std::exception& e) {
-  std::string_view what = e.what();
-  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
-  return std::string(what);
-}
-
-/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
-/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
-/// trainkit. Never throws.
-inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
+TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) noexcept {
   try {
     const std::filesystem::path file = dir / kManifestName;
     if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
@@ -382,8 +427,7 @@ inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
   }
 }
 
-/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
-inline std::string manifest_text(const CheckpointInfo& info) {
+TRAINKIT_INLINE std::string manifest_text(const CheckpointInfo& info) {
   io::Json root = io::Json::object();
   root.set(std::string(kManifestChecksumKey), std::string(16, '0'));
   root.set("format", "trainkit.checkpoint");
@@ -415,10 +459,8 @@ inline std::string manifest_text(const CheckpointInfo& info) {
   return text;
 }
 
-/// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
-/// `only` (when non-empty) limits the content check to those names.
-inline void verify_checkpoint(const CheckpointInfo& info, Verify level,
-                              const std::vector<std::string>& only = {}) {
+TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
+                                       const std::vector<std::string>& only) {
   namespace fs = std::filesystem;
   for (const CheckpointInfo::File& f : info.files) {
     const fs::path p = info.path / f.name;
@@ -446,9 +488,8 @@ inline void verify_checkpoint(const CheckpointInfo& info, Verify level,
   }
 }
 
-/// The checksum and size a checksummed safetensors file claims (reads the header only).
-inline CheckpointInfo::File describe_file(const std::filesystem::path& dir,
-                                          const std::string& name) {
+TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
+                                                   const std::string& name) {
   const std::filesystem::path p = dir / name;
   const io::MappedFile map(p);
   const std::optional<std::uint64_t> sum = embedded_checksum(map.bytes(), p.string());
@@ -456,8 +497,7 @@ inline CheckpointInfo::File describe_file(const std::filesystem::path& dir,
   return {name, map.size(), *sum};
 }
 
-/// True when every entry of `dir` is a file a checkpoint consists of (or an AtomicFile temp).
-inline bool only_checkpoint_files(const std::filesystem::path& dir) {
+TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir) {
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
@@ -470,9 +510,8 @@ inline bool only_checkpoint_files(const std::filesystem::path& dir) {
   return !ec;
 }
 
-/// Renames `from` over the directory `to`: atomically exchanged when `to` exists (Linux
-/// renameat2), then the old content (now at `from`) is removed.
-inline void replace_directory(const std::filesystem::path& from, const std::filesystem::path& to) {
+TRAINKIT_INLINE void replace_directory(const std::filesystem::path& from,
+                                       const std::filesystem::path& to) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(to, ec)) {
@@ -502,6 +541,8 @@ inline void replace_directory(const std::filesystem::path& from, const std::file
   fs::remove_all(aside, ec);
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Saves and restores TrainStates under a root directory. One Checkpointer per run and rank.
@@ -518,54 +559,14 @@ class Checkpointer {
   /// evaluation job) with remove_stale = false. Throws
   /// trainkit::Error for inconsistent options (world_size > 1 without a barrier, rank out of range,
   /// every_seconds with world_size > 1) or when the root cannot be created.
-  explicit Checkpointer(std::filesystem::path root, CheckpointerOptions options = {})
-      : root_(std::move(root)), options_(std::move(options)) {
-    TRAINKIT_CHECK(
-        options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
-        "ckpt::Checkpointer: rank ", options_.rank,
-        " is not in [0, world_size = ", options_.world_size, ")");
-    TRAINKIT_CHECK(options_.world_size == 1 || options_.barrier,
-                   "ckpt::Checkpointer: world_size = ", options_.world_size,
-                   " needs a barrier (CheckpointerOptions::barrier, e.g. "
-                   "ckpt::comm_barrier(comm))");
-    TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
-                   "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
-                   "on when to save; use every_steps");
-    TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
-                   "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
-    std::error_code ec;
-    std::filesystem::create_directories(root_, ec);
-    TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
-    if (options_.rank == 0 && options_.remove_stale) remove_stale();
-    last_save_time_ = std::chrono::steady_clock::now();
-    if (options_.async) writer_ = std::thread([this] { writer_loop(); });
-  }
+  TRAINKIT_INLINE explicit Checkpointer(std::filesystem::path root,
+                                        CheckpointerOptions options = {});
 
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   /// Finishes the write in flight. Never throws: an error of that write is logged.
-  ~Checkpointer() {
-    if (writer_.joinable()) {
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        idle_cv_.wait(lock, [&] { return !job_; });
-        stop_ = true;
-      }
-      job_cv_.notify_all();
-      writer_.join();
-    }
-    if (error_) {
-      try {
-        try {
-          std::rethrow_exception(error_);
-        } catch (const std::exception& e) {
-          log(std::string("a background checkpoint write failed: ") + e.what());
-        }
-      } catch (...) {  // a throwing log callback, or a non-std exception
-      }
-    }
-  }
+  TRAINKIT_INLINE ~Checkpointer();
 
   const std::filesystem::path& root() const noexcept { return root_; }
   const CheckpointerOptions& options() const noexcept { return options_; }
@@ -578,16 +579,7 @@ class Checkpointer {
 
   /// True when maybe_save() would save at `step` (every_steps / every_seconds, and not saved
   /// for this step already).
-  bool due(std::int64_t step) const {
-    if (last_saved_step_ && *last_saved_step_ == step) return false;
-    if (options_.every_steps > 0 && step % options_.every_steps == 0) return true;
-    if (options_.every_seconds > 0.0) {
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
-      if (elapsed >= options_.every_seconds) return true;
-    }
-    return false;
-  }
+  TRAINKIT_INLINE bool due(std::int64_t step) const;
 
   /// Saves when due(state.step); returns whether it saved.
   bool maybe_save(const TrainState& state, const Metrics& metrics = {}) {
@@ -600,38 +592,11 @@ class Checkpointer {
   /// keep-last / keep-best rules. Sync: returns once the checkpoint is durable. Async: returns
   /// after the snapshot (waiting first for the previous write; its error is thrown here).
   /// Throws trainkit::Error naming the file on any failure; the previous checkpoints are intact.
-  std::filesystem::path save(const TrainState& state, const Metrics& metrics = {}) {
-    TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
-    if (options_.async) wait();
-    const auto t0 = std::chrono::steady_clock::now();
-    Job job = snapshot(state, metrics, options_.async);
-    const double snap = seconds_since(t0);
-    const std::filesystem::path dir = path_for(state.step);
-    last_saved_step_ = state.step;
-    last_save_time_ = std::chrono::steady_clock::now();
-    if (!options_.async) {
-      stats_ = write(job);
-      stats_.snapshot_seconds = snap;
-      return dir;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_.emplace(std::move(job));
-      stats_ = SaveStats{};
-      stats_.snapshot_seconds = snap;
-    }
-    job_cv_.notify_all();
-    return dir;
-  }
+  TRAINKIT_INLINE std::filesystem::path save(const TrainState& state, const Metrics& metrics = {});
 
   /// Blocks until no write is in flight; rethrows (once) the error of a failed background
   /// write. A no-op for a synchronous Checkpointer.
-  void wait() {
-    if (!writer_.joinable()) return;
-    std::unique_lock<std::mutex> lock(mutex_);
-    idle_cv_.wait(lock, [&] { return !job_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
+  TRAINKIT_INLINE void wait();
 
   /// Timings of the last save (write_seconds is final after wait() in async mode).
   SaveStats last_stats() const {
@@ -642,57 +607,21 @@ class Checkpointer {
   /// Complete checkpoints (manifest present and passing its checksum, files with their recorded
   /// sizes), oldest first. Anything else is skipped silently here (latest() and resume() log
   /// it); never throws for it.
-  std::vector<CheckpointInfo> list() const {
-    std::vector<CheckpointInfo> out;
-    for (const Candidate& c : candidates()) {
-      try {
-        out.push_back(inspect(c, Verify::kStructure));
-      } catch (const std::exception&) {
-      }
-    }
-    std::reverse(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<CheckpointInfo> list() const;
 
   /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it; the
   /// manifest's own checksum is always verified); every newer one skipped is logged with the
   /// reason. Moves nothing (see resume()). nullopt when there is none.
-  std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const {
-    for (const Candidate& c : candidates()) {
-      try {
-        return inspect(c, verify);
-      } catch (const std::exception& e) {
-        if (foreign(c)) {
-          log("ignoring '" + c.path.string() + "': not a checkpoint (" + detail::reason_of(e) +
-              ")");
-        } else {
-          log("skipping checkpoint '" + c.path.string() + "': " + detail::reason_of(e));
-        }
-      }
-    }
-    return std::nullopt;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const;
 
   /// The complete checkpoint with the best value of options().best_metric (nullopt when none
   /// has it). Structure-checked only.
-  std::optional<CheckpointInfo> best() const {
-    std::optional<CheckpointInfo> out;
-    for (CheckpointInfo& info : list()) {
-      if (!has_metric(info)) continue;
-      if (!out || better(info, *out)) out = std::move(info);
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> best() const;
 
   /// Restores `state` from `info` (model, components, counters, metadata). Everything is read
   /// and verified before anything changes; a corrupt file throws trainkit::Error naming it.
-  void load(const CheckpointInfo& info, TrainState& state, const LoadOptions& options = {}) {
-    // Re-read the manifest: `info` may be stale (rotated, or replaced since it was listed).
-    const CheckpointInfo fresh = detail::read_manifest(info.path);
-    check_compatible(fresh, state);
-    Opened opened = read_verified(fresh, state, options);
-    apply(opened, state, options);
-  }
+  TRAINKIT_INLINE void load(const CheckpointInfo& info, TrainState& state,
+                            const LoadOptions& options = {});
 
   /// One call to continue a run: waits for writes in flight, then restores `state` from the
   /// newest checkpoint that is complete and intact (manifest checksum, every listed file's size
@@ -708,42 +637,17 @@ class Checkpointer {
   /// - for a manifest of another format version (version 1 has no checksum);
   /// - for an error of this run's configuration (another world_size, a model registered but not
   ///   saved, another optimizer, a changed model): an older checkpoint would fail the same way.
-  std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
-    wait();
-    std::optional<Opened> opened;
-    std::optional<CheckpointInfo> info = select(
-        options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
-        [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
-    if (!info) return std::nullopt;
-    apply(*opened, state, options);
-    last_saved_step_ = info->step;
-    return info;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> resume(TrainState& state,
+                                                       const LoadOptions& options = {});
 
   /// The checkpoint resume() would restore, without restoring it (e.g. to read the settings in
   /// its metadata before the TrainState exists): the same verification of every file it lists
   /// (options.verify), the same logging, quarantine and errors. A resume() after it verifies
   /// again; compare the steps.
-  std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {}) {
-    wait();
-    return select(
-        options, [](const CheckpointInfo&) {},
-        [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {});
 
   /// The checkpoints moved aside as damaged (`.<prefix><step>.corrupt[.N]`), by name.
-  std::vector<std::filesystem::path> quarantined() const {
-    std::vector<std::filesystem::path> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
-        out.push_back(it->path());
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::filesystem::path> quarantined() const;
 
  private:
   struct Job {
@@ -765,13 +669,7 @@ class Checkpointer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  void log(const std::string& message) const {
-    if (options_.log) {
-      options_.log(message);
-    } else {
-      std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
-    }
-  }
+  TRAINKIT_INLINE void log(const std::string& message) const;
 
   /// A directory named like a checkpoint (`<prefix><digits>`).
   struct Candidate {
@@ -780,29 +678,10 @@ class Checkpointer {
   };
 
   /// The step directories under the root, newest first.
-  std::vector<Candidate> candidates() const {
-    std::vector<Candidate> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
-      std::error_code dec;
-      if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
-    }
-    std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-      return a.step != b.step ? a.step > b.step : a.path > b.path;
-    });
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<Candidate> candidates() const;
 
   /// The checkpoint in `c`, checked at `level` (its manifest always in full). Throws.
-  static CheckpointInfo inspect(const Candidate& c, Verify level) {
-    CheckpointInfo info = detail::read_manifest(c.path);
-    TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
-                   "' is damaged: its manifest says step ", info.step);
-    detail::verify_checkpoint(info, level);
-    return info;
-  }
+  TRAINKIT_INLINE static CheckpointInfo inspect(const Candidate& c, Verify level);
 
   /// True for a step directory without a manifest that holds files a checkpoint does not
   /// consist of: someone else's, never moved or deleted.
@@ -814,64 +693,9 @@ class Checkpointer {
 
   /// The search of resume() and newest_usable(): newest first, `check` (errors of this run,
   /// thrown) then `verify` (damage, skipped) on each checkpoint; see resume().
-  std::optional<CheckpointInfo> select(const LoadOptions& options,
-                                       const std::function<void(const CheckpointInfo&)>& check,
-                                       const std::function<void(const CheckpointInfo&)>& verify) {
-    std::vector<Damaged> damaged;
-    const auto skip = [&](const Candidate& c, const std::string& why) {
-      log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
-      damaged.push_back({c.path, why});
-    };
-    for (const Candidate& c : candidates()) {
-      CheckpointInfo info;
-      try {
-        info = detail::read_manifest(c.path);
-        TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
-                       "' is damaged: its manifest says step ", info.step);
-      } catch (const std::exception& e) {
-        if (foreign(c)) {
-          log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
-              detail::reason_of(e) + ")");
-          continue;
-        }
-        if (detail::other_manifest_version(c.path))
-          TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", detail::reason_of(e));
-        skip(c, detail::reason_of(e));
-        continue;
-      }
-      check(info);  // a mismatch of this run is not skipped: it is thrown
-      try {
-        verify(info);
-      } catch (const std::exception& e) {
-        skip(c, detail::reason_of(e));
-        continue;
-      }
-      quarantine(damaged);
-      return info;
-    }
-    std::vector<std::string> now = quarantine(damaged);
-    std::string earlier;
-    for (const std::filesystem::path& q : quarantined()) {
-      bool listed = false;
-      for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
-      if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
-    }
-    if (now.empty() && earlier.empty()) return std::nullopt;
-    std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
-    if (!now.empty()) {
-      what += "; damaged now: ";
-      for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
-    }
-    if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
-    if (options.allow_fresh_start) {
-      log("resume: " + what + "; starting fresh (allow_fresh_start)");
-      return std::nullopt;
-    }
-    TRAINKIT_FAIL("ckpt: ", what,
-                  ". Nothing was restored. Inspect the quarantined directories, move them out of "
-                  "the root (or delete them) to start from scratch, or allow a fresh start "
-                  "(LoadOptions::allow_fresh_start)");
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> select(
+      const LoadOptions& options, const std::function<void(const CheckpointInfo&)>& check,
+      const std::function<void(const CheckpointInfo&)>& verify);
 
   void barrier() const {
     if (options_.world_size > 1) options_.barrier();
@@ -882,191 +706,24 @@ class Checkpointer {
     const auto it = info.metrics.find(options_.best_metric);
     return it != info.metrics.end() && !std::isnan(it->second);
   }
-  bool better(const CheckpointInfo& a, const CheckpointInfo& b) const {
-    const double x = a.metrics.at(options_.best_metric);
-    const double y = b.metrics.at(options_.best_metric);
-    if (x != y) return options_.best_mode == MetricMode::kMin ? x < y : x > y;
-    return a.step > b.step;  // ties: the newer one
-  }
+  TRAINKIT_INLINE bool better(const CheckpointInfo& a, const CheckpointInfo& b) const;
 
-  Job snapshot(const TrainState& state, const Metrics& metrics, bool copy) {
-    Job job;
-    job.step = state.step;
-    job.epoch = state.epoch;
-    job.metrics = metrics;
-    job.metadata = state.metadata;
-    if (const detail::ModelEntry* model = state.model_entry()) {
-      job.has_model = true;
-      std::vector<bool> keep;
-      if (options_.world_size > 1 && options_.sharding == ModelSharding::kReplicated) {
-        const std::vector<int> owner =
-            detail::partition_params(model->infos(), options_.world_size);
-        keep.resize(owner.size());
-        for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
-      }
-      job.model = model->views(copy, keep, model_buffer_);
-    }
-    job.state = state.state_dict();
-    return job;
-  }
+  TRAINKIT_INLINE Job snapshot(const TrainState& state, const Metrics& metrics, bool copy);
 
   /// Writes this rank's files of `job` into the temp directory and (rank 0) commits it. Every
   /// rank passes the three barriers even after a local failure, so none is left waiting; rank 0
   /// commits only when every file it expects is present.
-  SaveStats write(const Job& job) {
-    namespace fs = std::filesystem;
-    const auto t0 = std::chrono::steady_clock::now();
-    const fs::path final_dir = path_for(job.step);
-    const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
-    const int rank = options_.rank;
-    const int world_size = options_.world_size;
-    std::exception_ptr error;
-    std::uint64_t bytes = 0;
-    const auto attempt = [&](auto&& f) {
-      if (error) return;
-      try {
-        f();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    };
-
-    attempt([&] {
-      if (rank != 0) return;
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      fs::create_directory(tmp, ec);
-      TRAINKIT_CHECK(!ec, "ckpt: cannot create the temp directory '", tmp.string(),
-                     "': ", ec.message());
-    });
-    barrier();
-    attempt([&] {
-      const io::SafetensorsWriteOptions wo{.alignment = options_.alignment,
-                                           .durable = options_.durable};
-      if (job.has_model) {
-        io::SafetensorsMetadata meta{{"format", "pt"}};
-        bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world_size),
-                                              job.model, std::move(meta), wo)
-                     .bytes;
-      }
-      std::vector<io::NamedTensor> tensors;
-      tensors.reserve(job.state.tensors.size());
-      for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
-      io::SafetensorsMetadata meta;
-      for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
-      bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world_size),
-                                            tensors, std::move(meta), wo)
-                   .bytes;
-    });
-    barrier();
-    if (rank == 0) {
-      attempt([&] { commit(job, tmp, final_dir); });
-      if (error) {
-        std::error_code ec;
-        fs::remove_all(tmp, ec);
-      }
-    }
-    barrier();
-    if (rank != 0) {
-      attempt([&] {
-        std::error_code ec;
-        TRAINKIT_CHECK(fs::exists(final_dir / detail::kManifestName, ec),
-                       "ckpt: the checkpoint "
-                       "of step ",
-                       job.step,
-                       " was not committed by rank 0 (its error is "
-                       "reported there)");
-      });
-    }
-    if (error) std::rethrow_exception(error);
-    SaveStats s;
-    s.write_seconds = seconds_since(t0);
-    s.bytes = bytes;
-    return s;
-  }
+  TRAINKIT_INLINE SaveStats write(const Job& job);
 
   /// Rank 0: index (world_size > 1), manifest, rename into place, directory fsync, rotation.
-  void commit(const Job& job, const std::filesystem::path& tmp,
-              const std::filesystem::path& final_dir) {
-    namespace fs = std::filesystem;
-    const int world_size = options_.world_size;
-    CheckpointInfo info;
-    info.path = final_dir;
-    info.step = job.step;
-    info.epoch = job.epoch;
-    info.world_size = world_size;
-    info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
-    info.metrics = job.metrics;
-    info.metadata = job.metadata;
-    for (int r = 0; r < world_size; ++r) {
-      if (job.has_model)
-        info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world_size)));
-      info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world_size)));
-    }
-    if (job.has_model && world_size == 1) info.model_file = "model.safetensors";
-    if (job.has_model && world_size > 1) {
-      io::SafetensorsIndex index;
-      std::uint64_t total = 0;
-      for (int r = 0; r < world_size; ++r) {
-        const std::string file = detail::model_file_name(r, world_size);
-        const io::SafetensorsFile shard(tmp / file);
-        for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
-          const bool fresh = index.weight_map.emplace(t.name, file).second;
-          TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
-                         index.weight_map.at(t.name), "' and '", file,
-                         "'); with ModelSharding::kLocal names must be unique across ranks");
-          total += t.bytes();
-        }
-      }
-      index.metadata.set("total_size", total);
-      const std::string text = index.to_json();
-      io::write_file_atomic(tmp / io::kSafetensorsIndexName, std::string_view(text),
-                            io::AtomicFileOptions{.durable = options_.durable});
-      info.files.push_back({std::string(io::kSafetensorsIndexName), text.size(),
-                            Xxh64::hash(text.data(), text.size())});
-      info.model_file = std::string(io::kSafetensorsIndexName);
-    }
-    // The manifest is written last: a directory without it is not a checkpoint.
-    io::write_file_atomic(tmp / detail::kManifestName,
-                          std::string_view(detail::manifest_text(info)),
-                          io::AtomicFileOptions{.durable = options_.durable});
-    detail::replace_directory(tmp, final_dir);
-    if (options_.durable) io::fsync_directory(root_);
-    rotate(job.step);
-  }
+  TRAINKIT_INLINE void commit(const Job& job, const std::filesystem::path& tmp,
+                              const std::filesystem::path& final_dir);
 
   /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
   /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
   /// the deletion short), so a step directory never loses its manifest to a rotation: one
   /// without a manifest is damaged, not half-deleted.
-  void rotate(std::int64_t newest) {
-    std::vector<CheckpointInfo> all = list();
-    if (options_.keep_last <= 0) return;
-    std::vector<bool> keep(all.size(), false);
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (all[i].step == newest) keep[i] = true;
-      if (i + std::size_t(options_.keep_last) >= all.size()) keep[i] = true;
-    }
-    if (!options_.best_metric.empty() && options_.keep_best > 0) {
-      std::vector<std::size_t> order;
-      for (std::size_t i = 0; i < all.size(); ++i)
-        if (has_metric(all[i])) order.push_back(i);
-      std::sort(order.begin(), order.end(),
-                [&](std::size_t a, std::size_t b) { return better(all[a], all[b]); });
-      for (std::size_t k = 0; k < order.size() && k < std::size_t(options_.keep_best); ++k)
-        keep[order[k]] = true;
-    }
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (keep[i]) continue;
-      const std::filesystem::path aside =
-          root_ / ("." + all[i].path.filename().string() + ".deleting");
-      std::error_code ec;
-      std::filesystem::remove_all(aside, ec);
-      std::filesystem::rename(all[i].path, aside, ec);
-      if (!ec) std::filesystem::remove_all(aside, ec);
-      if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
-    }
-  }
+  TRAINKIT_INLINE void rotate(std::int64_t newest);
 
   /// A damaged checkpoint met by resume() and why it is damaged.
   struct Damaged {
@@ -1076,120 +733,25 @@ class Checkpointer {
 
   /// Rank 0 (remove_stale): renames damaged checkpoints to `.<name>.corrupt[.N]`, logging each.
   /// Returns one line per checkpoint: where it went (or that it was left in place) and why.
-  std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const {
-    std::vector<std::string> out;
-    const bool move = options_.rank == 0 && options_.remove_stale;
-    for (const Damaged& d : dirs) {
-      if (!move) {
-        out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
-        continue;
-      }
-      std::error_code ec;
-      std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
-      for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
-        target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
-      std::filesystem::rename(d.path, target, ec);
-      if (ec) {
-        log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
-        out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
-                      ec.message() + "; " + d.reason + ")");
-      } else {
-        log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
-        out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
-      }
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const;
 
   /// Removes temp directories of interrupted saves and rotations (`.<prefix>*.tmp`,
   /// `.<prefix>*.deleting`). Step directories are never deleted here: a damaged one is
   /// quarantined (and logged) by resume().
-  void remove_stale() {
-    std::error_code ec;
-    std::vector<std::filesystem::path> stale;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (!name.starts_with("." + options_.prefix)) continue;
-      if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
-    }
-    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
-  }
+  TRAINKIT_INLINE void remove_stale();
 
   /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
-  void check_compatible(const CheckpointInfo& info, const TrainState& state) const {
-    TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
-                   "' was written by ", info.world_size, " rank(s); this run has ",
-                   options_.world_size, " (the per-rank training state cannot be redistributed)");
-    TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
-                   info.path.string(), "' holds no model, but a model is registered");
-  }
+  TRAINKIT_INLINE void check_compatible(const CheckpointInfo& info, const TrainState& state) const;
 
   /// Phase 1 of a load: verifies and reads everything; changes nothing. Throws for a damaged
   /// checkpoint.
-  Opened read_verified(const CheckpointInfo& info, const TrainState& state,
-                       const LoadOptions& options) const {
-    const int world_size = options_.world_size;
-    const std::string state_file = detail::state_file_name(options_.rank, world_size);
-    std::vector<std::string> mine;
-    if (world_size == 1 || options.verify != Verify::kFull) {
-      mine.push_back(state_file);
-      if (!info.model_file.empty()) {
-        mine.push_back(info.model_file);
-        if (world_size > 1)
-          for (int r = 0; r < world_size; ++r)
-            mine.push_back(detail::model_file_name(r, world_size));
-      }
-    }  // else: verify every file, so that every rank reaches the same verdict
-    detail::verify_checkpoint(info, options.verify, mine);
-    Opened out;
-    if (state.model_entry() != nullptr) {
-      out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
-    }
-    const io::SafetensorsFile file(info.path / state_file);
-    for (const io::SafetensorsTensorInfo& t : file.tensors())
-      out.state.tensors.emplace(t.name, file.copy(t.name));
-    for (const auto& [k, v] : file.metadata())
-      if (k != kChecksumKey) out.state.values.emplace(k, v);
-    return out;
-  }
+  TRAINKIT_INLINE Opened read_verified(const CheckpointInfo& info, const TrainState& state,
+                                       const LoadOptions& options) const;
 
   /// Phase 2: model, then components and counters.
-  void apply(Opened& opened, TrainState& state, const LoadOptions& options) {
-    if (opened.model) {
-      ModelLoadOptions mo = options.model;
-      mo.verify_checksum = false;
-      if (options_.world_size > 1 && options_.sharding == ModelSharding::kLocal)
-        mo.allow_unexpected = true;
-      state.model_entry()->load(*opened.model, mo);
-    }
-    state.load_state_dict(std::move(opened.state), options.restore);
-  }
+  TRAINKIT_INLINE void apply(Opened& opened, TrainState& state, const LoadOptions& options);
 
-  void writer_loop() {
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      job_cv_.wait(lock, [&] { return stop_ || job_; });
-      if (!job_) return;  // stop_ and nothing left
-      lock.unlock();
-      std::exception_ptr error;
-      SaveStats s;
-      try {
-        s = write(*job_);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      stats_.write_seconds = s.write_seconds;
-      stats_.bytes = s.bytes;
-      // Moved under the lock: the writer keeps no reference to the exception the caller's
-      // wait() rethrows, so its last release never races with the caller reading it.
-      if (error) error_ = std::move(error);
-      job_.reset();
-      lock.unlock();
-      idle_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void writer_loop();
 
   std::filesystem::path root_;
   CheckpointerOptions options_;
@@ -1205,6 +767,552 @@ class Checkpointer {
   std::exception_ptr error_;
   std::thread writer_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, CheckpointerOptions options)
+    : root_(std::move(root)), options_(std::move(options)) {
+  TRAINKIT_CHECK(
+      options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+      "ckpt::Checkpointer: rank ", options_.rank,
+      " is not in [0, world_size = ", options_.world_size, ")");
+  TRAINKIT_CHECK(options_.world_size == 1 || options_.barrier,
+                 "ckpt::Checkpointer: world_size = ", options_.world_size,
+                 " needs a barrier (CheckpointerOptions::barrier, e.g. "
+                 "ckpt::comm_barrier(comm))");
+  TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
+                 "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
+                 "on when to save; use every_steps");
+  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
+                 "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
+  std::error_code ec;
+  std::filesystem::create_directories(root_, ec);
+  TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
+  if (options_.rank == 0 && options_.remove_stale) remove_stale();
+  last_save_time_ = std::chrono::steady_clock::now();
+  if (options_.async) writer_ = std::thread([this] { writer_loop(); });
+}
+
+TRAINKIT_INLINE Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      idle_cv_.wait(lock, [&] { return !job_; });
+      stop_ = true;
+    }
+    job_cv_.notify_all();
+    writer_.join();
+  }
+  if (error_) {
+    try {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        log(std::string("a background checkpoint write failed: ") + e.what());
+      }
+    } catch (...) {  // a throwing log callback, or a non-std exception
+    }
+  }
+}
+
+TRAINKIT_INLINE bool Checkpointer::due(std::int64_t step) const {
+  if (last_saved_step_ && *last_saved_step_ == step) return false;
+  if (options_.every_steps > 0 && step % options_.every_steps == 0) return true;
+  if (options_.every_seconds > 0.0) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
+    if (elapsed >= options_.every_seconds) return true;
+  }
+  return false;
+}
+
+TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state,
+                                                         const Metrics& metrics) {
+  TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
+  if (options_.async) wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  Job job = snapshot(state, metrics, options_.async);
+  const double snap = seconds_since(t0);
+  const std::filesystem::path dir = path_for(state.step);
+  last_saved_step_ = state.step;
+  last_save_time_ = std::chrono::steady_clock::now();
+  if (!options_.async) {
+    stats_ = write(job);
+    stats_.snapshot_seconds = snap;
+    return dir;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_.emplace(std::move(job));
+    stats_ = SaveStats{};
+    stats_.snapshot_seconds = snap;
+  }
+  job_cv_.notify_all();
+  return dir;
+}
+
+TRAINKIT_INLINE void Checkpointer::wait() {
+  if (!writer_.joinable()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [&] { return !job_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+TRAINKIT_INLINE std::vector<CheckpointInfo> Checkpointer::list() const {
+  std::vector<CheckpointInfo> out;
+  for (const Candidate& c : candidates()) {
+    try {
+      out.push_back(inspect(c, Verify::kStructure));
+    } catch (const std::exception&) {
+    }
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::latest(Verify verify) const {
+  for (const Candidate& c : candidates()) {
+    try {
+      return inspect(c, verify);
+    } catch (const std::exception& e) {
+      if (foreign(c)) {
+        log("ignoring '" + c.path.string() + "': not a checkpoint (" + detail::reason_of(e) + ")");
+      } else {
+        log("skipping checkpoint '" + c.path.string() + "': " + detail::reason_of(e));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::best() const {
+  std::optional<CheckpointInfo> out;
+  for (CheckpointInfo& info : list()) {
+    if (!has_metric(info)) continue;
+    if (!out || better(info, *out)) out = std::move(info);
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::load(const CheckpointInfo& info, TrainState& state,
+                                        const LoadOptions& options) {
+  // Re-read the manifest: `info` may be stale (rotated, or replaced since it was listed).
+  const CheckpointInfo fresh = detail::read_manifest(info.path);
+  check_compatible(fresh, state);
+  Opened opened = read_verified(fresh, state, options);
+  apply(opened, state, options);
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::resume(TrainState& state,
+                                                                   const LoadOptions& options) {
+  wait();
+  std::optional<Opened> opened;
+  std::optional<CheckpointInfo> info = select(
+      options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
+      [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
+  if (!info) return std::nullopt;
+  apply(*opened, state, options);
+  last_saved_step_ = info->step;
+  return info;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::newest_usable(
+    const LoadOptions& options) {
+  wait();
+  return select(
+      options, [](const CheckpointInfo&) {},
+      [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
+}
+
+TRAINKIT_INLINE std::vector<std::filesystem::path> Checkpointer::quarantined() const {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
+      out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::log(const std::string& message) const {
+  if (options_.log) {
+    options_.log(message);
+  } else {
+    std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
+  }
+}
+
+TRAINKIT_INLINE std::vector<Checkpointer::Candidate> Checkpointer::candidates() const {
+  std::vector<Candidate> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
+    std::error_code dec;
+    if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.path > b.path;
+  });
+  return out;
+}
+
+TRAINKIT_INLINE CheckpointInfo Checkpointer::inspect(const Candidate& c, Verify level) {
+  CheckpointInfo info = detail::read_manifest(c.path);
+  TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                 "' is damaged: its manifest says step ", info.step);
+  detail::verify_checkpoint(info, level);
+  return info;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
+    const LoadOptions& options, const std::function<void(const CheckpointInfo&)>& check,
+    const std::function<void(const CheckpointInfo&)>& verify) {
+  std::vector<Damaged> damaged;
+  const auto skip = [&](const Candidate& c, const std::string& why) {
+    log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
+    damaged.push_back({c.path, why});
+  };
+  for (const Candidate& c : candidates()) {
+    CheckpointInfo info;
+    try {
+      info = detail::read_manifest(c.path);
+      TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                     "' is damaged: its manifest says step ", info.step);
+    } catch (const std::exception& e) {
+      if (foreign(c)) {
+        log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
+            detail::reason_of(e) + ")");
+        continue;
+      }
+      if (detail::other_manifest_version(c.path))
+        TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", detail::reason_of(e));
+      skip(c, detail::reason_of(e));
+      continue;
+    }
+    check(info);  // a mismatch of this run is not skipped: it is thrown
+    try {
+      verify(info);
+    } catch (const std::exception& e) {
+      skip(c, detail::reason_of(e));
+      continue;
+    }
+    quarantine(damaged);
+    return info;
+  }
+  std::vector<std::string> now = quarantine(damaged);
+  std::string earlier;
+  for (const std::filesystem::path& q : quarantined()) {
+    bool listed = false;
+    for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
+    if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
+  }
+  if (now.empty() && earlier.empty()) return std::nullopt;
+  std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
+  if (!now.empty()) {
+    what += "; damaged now: ";
+    for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
+  }
+  if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
+  if (options.allow_fresh_start) {
+    log("resume: " + what + "; starting fresh (allow_fresh_start)");
+    return std::nullopt;
+  }
+  TRAINKIT_FAIL("ckpt: ", what,
+                ". Nothing was restored. Inspect the quarantined directories, move them out of "
+                "the root (or delete them) to start from scratch, or allow a fresh start "
+                "(LoadOptions::allow_fresh_start)");
+}
+
+TRAINKIT_INLINE bool Checkpointer::better(const CheckpointInfo& a, const CheckpointInfo& b) const {
+  const double x = a.metrics.at(options_.best_metric);
+  const double y = b.metrics.at(options_.best_metric);
+  if (x != y) return options_.best_mode == MetricMode::kMin ? x < y : x > y;
+  return a.step > b.step;  // ties: the newer one
+}
+
+TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot(const TrainState& state,
+                                                         const Metrics& metrics, bool copy) {
+  Job job;
+  job.step = state.step;
+  job.epoch = state.epoch;
+  job.metrics = metrics;
+  job.metadata = state.metadata;
+  if (const detail::ModelEntry* model = state.model_entry()) {
+    job.has_model = true;
+    std::vector<bool> keep;
+    if (options_.world_size > 1 && options_.sharding == ModelSharding::kReplicated) {
+      const std::vector<int> owner = detail::partition_params(model->infos(), options_.world_size);
+      keep.resize(owner.size());
+      for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
+    }
+    job.model = model->views(copy, keep, model_buffer_);
+  }
+  job.state = state.state_dict();
+  return job;
+}
+
+TRAINKIT_INLINE SaveStats Checkpointer::write(const Job& job) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path final_dir = path_for(job.step);
+  const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
+  const int rank = options_.rank;
+  const int world_size = options_.world_size;
+  std::exception_ptr error;
+  std::uint64_t bytes = 0;
+  const auto attempt = [&](auto&& f) {
+    if (error) return;
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+
+  attempt([&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directory(tmp, ec);
+    TRAINKIT_CHECK(!ec, "ckpt: cannot create the temp directory '", tmp.string(),
+                   "': ", ec.message());
+  });
+  barrier();
+  attempt([&] {
+    const io::SafetensorsWriteOptions wo{.alignment = options_.alignment,
+                                         .durable = options_.durable};
+    if (job.has_model) {
+      io::SafetensorsMetadata meta{{"format", "pt"}};
+      bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world_size),
+                                            job.model, std::move(meta), wo)
+                   .bytes;
+    }
+    std::vector<io::NamedTensor> tensors;
+    tensors.reserve(job.state.tensors.size());
+    for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
+    io::SafetensorsMetadata meta;
+    for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
+    bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world_size), tensors,
+                                          std::move(meta), wo)
+                 .bytes;
+  });
+  barrier();
+  if (rank == 0) {
+    attempt([&] { commit(job, tmp, final_dir); });
+    if (error) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  barrier();
+  if (rank != 0) {
+    attempt([&] {
+      std::error_code ec;
+      TRAINKIT_CHECK(fs::exists(final_dir / detail::kManifestName, ec),
+                     "ckpt: the checkpoint "
+                     "of step ",
+                     job.step,
+                     " was not committed by rank 0 (its error is "
+                     "reported there)");
+    });
+  }
+  if (error) std::rethrow_exception(error);
+  SaveStats s;
+  s.write_seconds = seconds_since(t0);
+  s.bytes = bytes;
+  return s;
+}
+
+TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem::path& tmp,
+                                          const std::filesystem::path& final_dir) {
+  namespace fs = std::filesystem;
+  const int world_size = options_.world_size;
+  CheckpointInfo info;
+  info.path = final_dir;
+  info.step = job.step;
+  info.epoch = job.epoch;
+  info.world_size = world_size;
+  info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
+  info.metrics = job.metrics;
+  info.metadata = job.metadata;
+  for (int r = 0; r < world_size; ++r) {
+    if (job.has_model)
+      info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world_size)));
+    info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world_size)));
+  }
+  if (job.has_model && world_size == 1) info.model_file = "model.safetensors";
+  if (job.has_model && world_size > 1) {
+    io::SafetensorsIndex index;
+    std::uint64_t total = 0;
+    for (int r = 0; r < world_size; ++r) {
+      const std::string file = detail::model_file_name(r, world_size);
+      const io::SafetensorsFile shard(tmp / file);
+      for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
+        const bool fresh = index.weight_map.emplace(t.name, file).second;
+        TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
+                       index.weight_map.at(t.name), "' and '", file,
+                       "'); with ModelSharding::kLocal names must be unique across ranks");
+        total += t.bytes();
+      }
+    }
+    index.metadata.set("total_size", total);
+    const std::string text = index.to_json();
+    io::write_file_atomic(tmp / io::kSafetensorsIndexName, std::string_view(text),
+                          io::AtomicFileOptions{.durable = options_.durable});
+    info.files.push_back({std::string(io::kSafetensorsIndexName), text.size(),
+                          Xxh64::hash(text.data(), text.size())});
+    info.model_file = std::string(io::kSafetensorsIndexName);
+  }
+  // The manifest is written last: a directory without it is not a checkpoint.
+  io::write_file_atomic(tmp / detail::kManifestName, std::string_view(detail::manifest_text(info)),
+                        io::AtomicFileOptions{.durable = options_.durable});
+  detail::replace_directory(tmp, final_dir);
+  if (options_.durable) io::fsync_directory(root_);
+  rotate(job.step);
+}
+
+TRAINKIT_INLINE void Checkpointer::rotate(std::int64_t newest) {
+  std::vector<CheckpointInfo> all = list();
+  if (options_.keep_last <= 0) return;
+  std::vector<bool> keep(all.size(), false);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].step == newest) keep[i] = true;
+    if (i + std::size_t(options_.keep_last) >= all.size()) keep[i] = true;
+  }
+  if (!options_.best_metric.empty() && options_.keep_best > 0) {
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (has_metric(all[i])) order.push_back(i);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return better(all[a], all[b]); });
+    for (std::size_t k = 0; k < order.size() && k < std::size_t(options_.keep_best); ++k)
+      keep[order[k]] = true;
+  }
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (keep[i]) continue;
+    const std::filesystem::path aside =
+        root_ / ("." + all[i].path.filename().string() + ".deleting");
+    std::error_code ec;
+    std::filesystem::remove_all(aside, ec);
+    std::filesystem::rename(all[i].path, aside, ec);
+    if (!ec) std::filesystem::remove_all(aside, ec);
+    if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
+  }
+}
+
+TRAINKIT_INLINE std::vector<std::string> Checkpointer::quarantine(
+    const std::vector<Damaged>& dirs) const {
+  std::vector<std::string> out;
+  const bool move = options_.rank == 0 && options_.remove_stale;
+  for (const Damaged& d : dirs) {
+    if (!move) {
+      out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
+    for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
+      target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
+    std::filesystem::rename(d.path, target, ec);
+    if (ec) {
+      log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
+      out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
+                    ec.message() + "; " + d.reason + ")");
+    } else {
+      log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
+      out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
+    }
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::remove_stale() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("." + options_.prefix)) continue;
+    if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
+  }
+  for (const auto& p : stale) std::filesystem::remove_all(p, ec);
+}
+
+TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
+                                                    const TrainState& state) const {
+  TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
+                 "' was written by ", info.world_size, " rank(s); this run has ",
+                 options_.world_size, " (the per-rank training state cannot be redistributed)");
+  TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
+                 info.path.string(), "' holds no model, but a model is registered");
+}
+
+TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const CheckpointInfo& info,
+                                                                 const TrainState& state,
+                                                                 const LoadOptions& options) const {
+  const int world_size = options_.world_size;
+  const std::string state_file = detail::state_file_name(options_.rank, world_size);
+  std::vector<std::string> mine;
+  if (world_size == 1 || options.verify != Verify::kFull) {
+    mine.push_back(state_file);
+    if (!info.model_file.empty()) {
+      mine.push_back(info.model_file);
+      if (world_size > 1)
+        for (int r = 0; r < world_size; ++r) mine.push_back(detail::model_file_name(r, world_size));
+    }
+  }  // else: verify every file, so that every rank reaches the same verdict
+  detail::verify_checkpoint(info, options.verify, mine);
+  Opened out;
+  if (state.model_entry() != nullptr) {
+    out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
+  }
+  const io::SafetensorsFile file(info.path / state_file);
+  for (const io::SafetensorsTensorInfo& t : file.tensors())
+    out.state.tensors.emplace(t.name, file.copy(t.name));
+  for (const auto& [k, v] : file.metadata())
+    if (k != kChecksumKey) out.state.values.emplace(k, v);
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
+                                         const LoadOptions& options) {
+  if (opened.model) {
+    ModelLoadOptions mo = options.model;
+    mo.verify_checksum = false;
+    if (options_.world_size > 1 && options_.sharding == ModelSharding::kLocal)
+      mo.allow_unexpected = true;
+    state.model_entry()->load(*opened.model, mo);
+  }
+  state.load_state_dict(std::move(opened.state), options.restore);
+}
+
+TRAINKIT_INLINE void Checkpointer::writer_loop() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_cv_.wait(lock, [&] { return stop_ || job_; });
+    if (!job_) return;  // stop_ and nothing left
+    lock.unlock();
+    std::exception_ptr error;
+    SaveStats s;
+    try {
+      s = write(*job_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    stats_.write_seconds = s.write_seconds;
+    stats_.bytes = s.bytes;
+    // Moved under the lock: the writer keeps no reference to the exception the caller's
+    // wait() rethrows, so its last release never races with the caller reading it.
+    if (error) error_ = std::move(error);
+    job_.reset();
+    lock.unlock();
+    idle_cv_.notify_all();
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END

@@ -32,87 +32,14 @@ class Xxh64 {
  public:
   explicit Xxh64(std::uint64_t seed = 0) noexcept { reset(seed); }
 
-  void reset(std::uint64_t seed = 0) noexcept {
-    seed_ = seed;
-    v_[0] = seed + kP1 + kP2;
-    v_[1] = seed + kP2;
-    v_[2] = seed;
-    v_[3] = seed - kP1;
-    total_ = 0;
-    buffered_ = 0;
-  }
+  TRAINKIT_INLINE void reset(std::uint64_t seed = 0) noexcept;
 
-  void update(const void* data, std::size_t size) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    total_ += size;
-    if (buffered_ + size < 32) {
-      if (size != 0) std::memcpy(buffer_ + buffered_, p, size);
-      buffered_ += size;
-      return;
-    }
-    if (buffered_ != 0) {
-      const std::size_t fill = 32 - buffered_;
-      std::memcpy(buffer_ + buffered_, p, fill);
-      stripe(buffer_);
-      p += fill;
-      size -= fill;
-      buffered_ = 0;
-    }
-    // Four independent lanes: the multiply latency overlaps, ~1 byte per cycle or better.
-    std::uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
-    while (size >= 32) {
-      v0 = round(v0, read64(p));
-      v1 = round(v1, read64(p + 8));
-      v2 = round(v2, read64(p + 16));
-      v3 = round(v3, read64(p + 24));
-      p += 32;
-      size -= 32;
-    }
-    v_[0] = v0;
-    v_[1] = v1;
-    v_[2] = v2;
-    v_[3] = v3;
-    if (size != 0) std::memcpy(buffer_, p, size);
-    buffered_ = size;
-  }
+  TRAINKIT_INLINE void update(const void* data, std::size_t size) noexcept;
   void update(std::span<const std::byte> bytes) noexcept { update(bytes.data(), bytes.size()); }
   void update(std::string_view text) noexcept { update(text.data(), text.size()); }
 
   /// The hash of everything updated so far (the state is unchanged; more updates may follow).
-  std::uint64_t digest() const noexcept {
-    std::uint64_t h;
-    if (total_ >= 32) {
-      h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
-      for (std::uint64_t v : v_) h = merge(h, v);
-    } else {
-      h = seed_ + kP5;
-    }
-    h += total_;
-    const unsigned char* p = buffer_;
-    std::size_t n = buffered_;
-    while (n >= 8) {
-      h ^= round(0, read64(p));
-      h = rotl(h, 27) * kP1 + kP4;
-      p += 8;
-      n -= 8;
-    }
-    if (n >= 4) {
-      h ^= std::uint64_t(read32(p)) * kP1;
-      h = rotl(h, 23) * kP2 + kP3;
-      p += 4;
-      n -= 4;
-    }
-    while (n-- > 0) {
-      h ^= std::uint64_t(*p++) * kP5;
-      h = rotl(h, 11) * kP1;
-    }
-    h ^= h >> 33;
-    h *= kP2;
-    h ^= h >> 29;
-    h *= kP3;
-    h ^= h >> 32;
-    return h;
-  }
+  TRAINKIT_INLINE std::uint64_t digest() const noexcept;
 
   /// One-shot hash.
   static std::uint64_t hash(const void* data, std::size_t size, std::uint64_t seed = 0) noexcept {
@@ -129,12 +56,7 @@ class Xxh64 {
   static constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ULL;
 
   static std::uint64_t rotl(std::uint64_t x, int r) noexcept { return std::rotl(x, r); }
-  static std::uint64_t read64(const unsigned char* p) noexcept {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);
-    if constexpr (std::endian::native == std::endian::big) v = byteswap64(v);
-    return v;
-  }
+  TRAINKIT_INLINE static std::uint64_t read64(const unsigned char* p) noexcept;
   static std::uint32_t read32(const unsigned char* p) noexcept {
     return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
            std::uint32_t(p[3]) << 24;
@@ -153,12 +75,7 @@ class Xxh64 {
     acc ^= round(0, v);
     return acc * kP1 + kP4;
   }
-  void stripe(const unsigned char* p) noexcept {
-    v_[0] = round(v_[0], read64(p));
-    v_[1] = round(v_[1], read64(p + 8));
-    v_[2] = round(v_[2], read64(p + 16));
-    v_[3] = round(v_[3], read64(p + 24));
-  }
+  TRAINKIT_INLINE void stripe(const unsigned char* p) noexcept;
 
   std::uint64_t seed_ = 0;
   std::uint64_t v_[4] = {};
@@ -172,15 +89,165 @@ class Xxh64 {
 inline constexpr std::string_view kChecksumKey = "trainkit.xxh64";
 
 /// 16 lower-case hex digits.
-inline std::string hex64(std::uint64_t v) {
+TRAINKIT_INLINE std::string hex64(std::uint64_t v);
+
+/// Parses exactly 16 hex digits (either case); nullopt otherwise.
+TRAINKIT_INLINE std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept;
+
+/// What a checksummed write produced.
+struct FileDigest {
+  std::uint64_t bytes = 0;  ///< file size
+  std::uint64_t xxh64 = 0;  ///< the embedded checksum
+};
+
+namespace detail {
+
+/// `"trainkit.xxh64":"` as it appears in a compact header: unique, because a string value that
+/// contains it would have its quotes escaped.
+TRAINKIT_INLINE std::string checksum_pattern();
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string checksum_pattern() {
+  std::string p = "\"";
+  p += kChecksumKey;
+  p += "\":\"";
+  return p;
+}
+
+#endif  // TRAINKIT_IMPL
+
+}  // namespace detail
+
+/// Writes `tensors` as a safetensors file at `path` (crash-safe: temp file, fsync, rename,
+/// directory fsync when options.durable) whose `__metadata__` carries kChecksumKey: XXH64 of
+/// the whole file with the 16 digits as '0'. The hash is computed in a pass over the tensors
+/// before writing (the header must hold it). Throws trainkit::Error naming the file (bad input,
+/// ENOSPC, EFBIG, ...), leaving `path` as it was.
+TRAINKIT_INLINE FileDigest save_checksummed_safetensors(
+    const std::filesystem::path& path, std::span<const io::NamedTensor> tensors,
+    io::SafetensorsMetadata metadata = {}, const io::SafetensorsWriteOptions& options = {});
+
+/// The checksum a checksummed safetensors image claims (nullopt when it has none). Reads only
+/// the header. Throws trainkit::Error naming `source` when the header length is invalid.
+TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
+                                                               std::string_view source);
+
+/// Verifies a checksummed safetensors image: recomputes the hash and compares it with the
+/// embedded one. Returns the digest; throws trainkit::Error naming `source` when the file has
+/// no checksum (unless `require` is false: then the digest's xxh64 is 0) or it does not match.
+TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
+                                           bool require = true);
+
+/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
+inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
+  const io::MappedFile map(path, io::MapAccess::kSequential);
+  return verify_checksum(map.bytes(), path.string(), require);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void Xxh64::reset(std::uint64_t seed) noexcept {
+  seed_ = seed;
+  v_[0] = seed + kP1 + kP2;
+  v_[1] = seed + kP2;
+  v_[2] = seed;
+  v_[3] = seed - kP1;
+  total_ = 0;
+  buffered_ = 0;
+}
+
+TRAINKIT_INLINE void Xxh64::update(const void* data, std::size_t size) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  total_ += size;
+  if (buffered_ + size < 32) {
+    if (size != 0) std::memcpy(buffer_ + buffered_, p, size);
+    buffered_ += size;
+    return;
+  }
+  if (buffered_ != 0) {
+    const std::size_t fill = 32 - buffered_;
+    std::memcpy(buffer_ + buffered_, p, fill);
+    stripe(buffer_);
+    p += fill;
+    size -= fill;
+    buffered_ = 0;
+  }
+  // Four independent lanes: the multiply latency overlaps, ~1 byte per cycle or better.
+  std::uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
+  while (size >= 32) {
+    v0 = round(v0, read64(p));
+    v1 = round(v1, read64(p + 8));
+    v2 = round(v2, read64(p + 16));
+    v3 = round(v3, read64(p + 24));
+    p += 32;
+    size -= 32;
+  }
+  v_[0] = v0;
+  v_[1] = v1;
+  v_[2] = v2;
+  v_[3] = v3;
+  if (size != 0) std::memcpy(buffer_, p, size);
+  buffered_ = size;
+}
+
+TRAINKIT_INLINE std::uint64_t Xxh64::digest() const noexcept {
+  std::uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+    for (std::uint64_t v : v_) h = merge(h, v);
+  } else {
+    h = seed_ + kP5;
+  }
+  h += total_;
+  const unsigned char* p = buffer_;
+  std::size_t n = buffered_;
+  while (n >= 8) {
+    h ^= round(0, read64(p));
+    h = rotl(h, 27) * kP1 + kP4;
+    p += 8;
+    n -= 8;
+  }
+  if (n >= 4) {
+    h ^= std::uint64_t(read32(p)) * kP1;
+    h = rotl(h, 23) * kP2 + kP3;
+    p += 4;
+    n -= 4;
+  }
+  while (n-- > 0) {
+    h ^= std::uint64_t(*p++) * kP5;
+    h = rotl(h, 11) * kP1;
+  }
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+TRAINKIT_INLINE std::uint64_t Xxh64::read64(const unsigned char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  if constexpr (std::endian::native == std::endian::big) v = byteswap64(v);
+  return v;
+}
+
+TRAINKIT_INLINE void Xxh64::stripe(const unsigned char* p) noexcept {
+  v_[0] = round(v_[0], read64(p));
+  v_[1] = round(v_[1], read64(p + 8));
+  v_[2] = round(v_[2], read64(p + 16));
+  v_[3] = round(v_[3], read64(p + 24));
+}
+
+TRAINKIT_INLINE std::string hex64(std::uint64_t v) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) s[std::size_t(i)] = kDigits[v & 0xf];
   return s;
 }
 
-/// Parses exactly 16 hex digits (either case); nullopt otherwise.
-inline std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
+TRAINKIT_INLINE std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
   if (s.size() != 16) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {
@@ -199,34 +266,9 @@ inline std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
   return v;
 }
 
-/// What a checksummed write produced.
-struct FileDigest {
-  std::uint64_t bytes = 0;  ///< file size
-  std::uint64_t xxh64 = 0;  ///< the embedded checksum
-};
-
-namespace detail {
-
-/// `"trainkit.xxh64":"` as it appears in a compact header: unique, because a string value that
-/// contains it would have its quotes escaped.
-inline std::string checksum_pattern() {
-  std::string p = "\"";
-  p += kChecksumKey;
-  p += "\":\"";
-  return p;
-}
-
-}  // namespace detail
-
-/// Writes `tensors` as a safetensors file at `path` (crash-safe: temp file, fsync, rename,
-/// directory fsync when options.durable) whose `__metadata__` carries kChecksumKey: XXH64 of
-/// the whole file with the 16 digits as '0'. The hash is computed in a pass over the tensors
-/// before writing (the header must hold it). Throws trainkit::Error naming the file (bad input,
-/// ENOSPC, EFBIG, ...), leaving `path` as it was.
-inline FileDigest save_checksummed_safetensors(const std::filesystem::path& path,
-                                               std::span<const io::NamedTensor> tensors,
-                                               io::SafetensorsMetadata metadata = {},
-                                               const io::SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE FileDigest save_checksummed_safetensors(
+    const std::filesystem::path& path, std::span<const io::NamedTensor> tensors,
+    io::SafetensorsMetadata metadata, const io::SafetensorsWriteOptions& options) {
   metadata.insert_or_assign(std::string(kChecksumKey), std::string(16, '0'));
   io::SafetensorsLayout layout = io::plan_safetensors(tensors, metadata, options);
   const std::size_t at = layout.prefix.find(detail::checksum_pattern());
@@ -245,10 +287,8 @@ inline FileDigest save_checksummed_safetensors(const std::filesystem::path& path
   return {layout.file_bytes(), sum};
 }
 
-/// The checksum a checksummed safetensors image claims (nullopt when it has none). Reads only
-/// the header. Throws trainkit::Error naming `source` when the header length is invalid.
-inline std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
-                                                      std::string_view source) {
+TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
+                                                               std::string_view source) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
@@ -258,11 +298,8 @@ inline std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte>
   return parse_hex64(header.substr(digits, 16));
 }
 
-/// Verifies a checksummed safetensors image: recomputes the hash and compares it with the
-/// embedded one. Returns the digest; throws trainkit::Error naming `source` when the file has
-/// no checksum (unless `require` is false: then the digest's xxh64 is 0) or it does not match.
-inline FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
-                                  bool require = true) {
+TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
+                                           bool require) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
@@ -290,11 +327,7 @@ inline FileDigest verify_checksum(std::span<const std::byte> file, std::string_v
   return {file.size(), actual};
 }
 
-/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
-inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
-  const io::MappedFile map(path, io::MapAccess::kSequential);
-  return verify_checksum(map.bytes(), path.string(), require);
-}
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END

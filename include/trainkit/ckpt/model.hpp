@@ -69,49 +69,13 @@ class TensorSource {
   /// holding model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming
   /// the path when there is nothing to open or a file breaks a safetensors rule. With
   /// `verify_checksum`, files that carry a trainkit checksum are verified first.
-  static TensorSource open(const std::filesystem::path& path, bool verify_checksum = true) {
-    namespace fs = std::filesystem;
-    fs::path target = path;
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) {
-      if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
-        target = path / io::kSafetensorsIndexName;
-      } else if (fs::exists(path / "model.safetensors", ec)) {
-        target = path / "model.safetensors";
-      } else {
-        TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
-                      io::kSafetensorsIndexName, " nor model.safetensors");
-      }
-    }
-    TensorSource s;
-    s.source_ = target.string();
-    if (target.extension() == ".json") {
-      if (verify_checksum) {
-        const io::SafetensorsIndex index = io::load_safetensors_index(target);
-        for (const std::string& f : index.files())
-          ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
-      }
-      s.shards_ = std::make_unique<io::SafetensorsShards>(target);
-    } else {
-      if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
-      s.file_ = std::make_unique<io::SafetensorsFile>(target);
-    }
-    return s;
-  }
+  TRAINKIT_INLINE static TensorSource open(const std::filesystem::path& path,
+                                           bool verify_checksum = true);
 
   /// The opened file (or index) path.
   const std::string& source() const noexcept { return source_; }
   /// Every tensor name, sorted.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    if (file_) {
-      out = file_->names();
-    } else {
-      for (const auto& [name, f] : shards_->index().weight_map) out.push_back(name);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> names() const;
   /// The header entry of `name`, or null.
   const io::SafetensorsTensorInfo* find(std::string_view name) const {
     if (file_) return file_->find(name);
@@ -142,15 +106,21 @@ inline bool matches_any(const std::vector<std::string>& patterns, std::string_vi
 }
 
 /// "'a', 'b', 'c' and 4 more".
-inline std::string name_list(const std::vector<std::string>& names, std::size_t max = 8) {
+TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max = 8);
+
+/// Element i of `t` (F32, F16, BF16 or F64) as float.
+TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
   std::string s;
   for (std::size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", '" : "'") + names[i] + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
 }
 
-/// Element i of `t` (F32, F16, BF16 or F64) as float.
-inline void convert_to_f32(const AnyTensorView& t, float* out) {
+TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
   const std::int64_t n = t.numel();
   const std::byte* p = t.data();
   switch (t.dtype()) {
@@ -179,6 +149,8 @@ inline void convert_to_f32(const AnyTensorView& t, float* out) {
     default: TRAINKIT_FAIL("ckpt: cannot convert ", dtype_name(t.dtype()), " to F32");
   }
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -293,31 +265,7 @@ struct CopyPiece {
   const void* src;
   std::size_t bytes;
 };
-inline void parallel_copy(const std::vector<CopyPiece>& pieces) {
-  std::size_t total = 0;
-  for (const CopyPiece& p : pieces) total += p.bytes;
-  const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
-  if (total < (std::size_t(64) << 20) || threads < 2) {
-    for (const CopyPiece& p : pieces)
-      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
-    return;
-  }
-  constexpr std::size_t kChunk = std::size_t(8) << 20;
-  std::vector<CopyPiece> chunks;
-  for (const CopyPiece& p : pieces)
-    for (std::size_t off = 0; off < p.bytes; off += kChunk)
-      chunks.push_back({static_cast<char*>(p.dst) + off, static_cast<const char*>(p.src) + off,
-                        std::min(kChunk, p.bytes - off)});
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < chunks.size();)
-      std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].bytes);
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-}
+TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces);
 
 /// The parameters of `arena` as named F32 views: into the arena (host, `copy` false) or into
 /// `buffer` (a copy of the parameters `keep` selects; a device arena is always copied).
@@ -352,6 +300,36 @@ std::vector<io::NamedTensor> model_views(const nn::ParamArena<S>& arena, bool co
   return out;
 }
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
+  std::size_t total = 0;
+  for (const CopyPiece& p : pieces) total += p.bytes;
+  const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
+  if (total < (std::size_t(64) << 20) || threads < 2) {
+    for (const CopyPiece& p : pieces)
+      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
+    return;
+  }
+  constexpr std::size_t kChunk = std::size_t(8) << 20;
+  std::vector<CopyPiece> chunks;
+  for (const CopyPiece& p : pieces)
+    for (std::size_t off = 0; off < p.bytes; off += kChunk)
+      chunks.push_back({static_cast<char*>(p.dst) + off, static_cast<const char*>(p.src) + off,
+                        std::min(kChunk, p.bytes - off)});
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < chunks.size();)
+      std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].bytes);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Writes the parameters of `arena` to `path` as safetensors (F32, PyTorch names, checksummed,
@@ -368,6 +346,52 @@ FileDigest save_model(const std::filesystem::path& path, const nn::ParamArena<S>
       path, views, std::move(options.metadata),
       io::SafetensorsWriteOptions{.alignment = options.alignment, .durable = options.durable});
 }
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& path,
+                                                bool verify_checksum) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
+      target = path / io::kSafetensorsIndexName;
+    } else if (fs::exists(path / "model.safetensors", ec)) {
+      target = path / "model.safetensors";
+    } else {
+      TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
+                    io::kSafetensorsIndexName, " nor model.safetensors");
+    }
+  }
+  TensorSource s;
+  s.source_ = target.string();
+  if (target.extension() == ".json") {
+    if (verify_checksum) {
+      const io::SafetensorsIndex index = io::load_safetensors_index(target);
+      for (const std::string& f : index.files())
+        ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
+    }
+    s.shards_ = std::make_unique<io::SafetensorsShards>(target);
+  } else {
+    if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
+    s.file_ = std::make_unique<io::SafetensorsFile>(target);
+  }
+  return s;
+}
+
+TRAINKIT_INLINE std::vector<std::string> TensorSource::names() const {
+  std::vector<std::string> out;
+  if (file_) {
+    out = file_->names();
+  } else {
+    for (const auto& [name, f] : shards_->index().weight_map) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END

@@ -66,7 +66,11 @@ class ModelEntryOf final : public ModelEntry {
 };
 
 /// Moves the entries under "<prefix>." out of `sd` (prefix removed): no tensor copies.
-inline StateDict take_prefix(StateDict& sd, std::string_view prefix) {
+TRAINKIT_INLINE StateDict take_prefix(StateDict& sd, std::string_view prefix);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict take_prefix(StateDict& sd, std::string_view prefix) {
   const std::string p = std::string(prefix) + ".";
   StateDict out;
   for (auto it = sd.values.lower_bound(p); it != sd.values.end() && it->first.starts_with(p);) {
@@ -79,6 +83,8 @@ inline StateDict take_prefix(StateDict& sd, std::string_view prefix) {
   }
   return out;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -129,13 +135,8 @@ class TrainState {
   }
 
   /// Registers a component through two functions (for state that is not an object).
-  TrainState& add(std::string name, std::function<StateDict()> save,
-                  std::function<void(const StateDict&)> load) {
-    check_name(name);
-    TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
-    components_.push_back({std::move(name), std::move(save), std::move(load)});
-    return *this;
-  }
+  TRAINKIT_INLINE TrainState& add(std::string name, std::function<StateDict()> save,
+                                  std::function<void(const StateDict&)> load);
 
   bool has_model() const noexcept { return model_ != nullptr; }
   /// Names of the registered components, in registration order.
@@ -148,67 +149,13 @@ class TrainState {
   /// Everything but the model: "<name>.<key>" entries of every component, "trainer.step",
   /// "trainer.epoch", "trainer.components" (the names, comma-separated) and "user.<key>".
   /// Copies device state to the host (a sync).
-  StateDict state_dict() const {
-    StateDict sd;
-    std::string names;
-    for (const Component& c : components_) {
-      sd.merge(c.name, c.save());
-      names += (names.empty() ? "" : ",") + c.name;
-    }
-    sd.set("trainer.components", names);
-    sd.set("trainer.step", step);
-    sd.set("trainer.epoch", epoch);
-    for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores what state_dict() produced (consumes `sd`'s entries). Checks that the components
   /// match first (see RestoreOptions), then loads them in registration order; a component that
   /// saved nothing (e.g. a disabled loss scaler) is not asked to load. A component that rejects
   /// its state throws trainkit::Error naming it (earlier components are restored then).
-  void load_state_dict(StateDict sd, const RestoreOptions& options = {}) {
-    std::set<std::string> present;
-    if (const auto it = sd.values.find("trainer.components"); it != sd.values.end()) {
-      std::string_view list = it->second;
-      while (!list.empty()) {
-        const std::size_t comma = list.find(',');
-        present.emplace(list.substr(0, comma));
-        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-      }
-    }
-    for (const auto& [k, v] : sd.values) present.insert(k.substr(0, k.find('.')));
-    for (const auto& [k, t] : sd.tensors) present.insert(k.substr(0, k.find('.')));
-    std::vector<std::string> missing, unexpected;
-    for (const Component& c : components_)
-      if (!present.count(c.name)) missing.push_back(c.name);
-    for (const std::string& p : present)
-      if (p != "trainer" && p != "user" && p != "trainkit" && !has_component(p))
-        unexpected.push_back(p);
-    if (options.strict) {
-      TRAINKIT_CHECK(missing.empty(), "ckpt: the checkpoint has no state for component(s) ",
-                     detail::name_list(missing),
-                     " (registered, but not saved; RestoreOptions::"
-                     "strict = false skips them)");
-      TRAINKIT_CHECK(unexpected.empty(), "ckpt: the checkpoint has state for component(s) ",
-                     detail::name_list(unexpected),
-                     " that are not registered (RestoreOptions::"
-                     "strict = false ignores them)");
-    }
-    step = sd.get_int("trainer.step");
-    epoch = sd.get_int("trainer.epoch");
-    metadata.clear();
-    for (auto& [k, v] : detail::take_prefix(sd, "user").values) metadata.emplace(k, std::move(v));
-    for (const Component& c : components_) {
-      if (!present.count(c.name)) continue;
-      StateDict part = detail::take_prefix(sd, c.name);
-      if (part.empty()) continue;
-      try {
-        c.load(part);
-      } catch (const Error& e) {
-        TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
-      }
-    }
-  }
+  TRAINKIT_INLINE void load_state_dict(StateDict sd, const RestoreOptions& options = {});
 
   /// The registered model (null when none); for the Checkpointer.
   detail::ModelEntry* model_entry() const noexcept { return model_.get(); }
@@ -226,23 +173,95 @@ class TrainState {
     return false;
   }
 
-  void check_name(const std::string& name) const {
-    TRAINKIT_CHECK(!name.empty(), "ckpt::TrainState::add: empty component name");
-    for (char ch : name)
-      TRAINKIT_CHECK((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                         (ch >= '0' && ch <= '9') || ch == '_' || ch == '-',
-                     "ckpt::TrainState::add('", name,
-                     "'): names may hold letters, digits, '_' "
-                     "and '-' only (keys are '<name>.<key>')");
-    TRAINKIT_CHECK(name != "trainer" && name != "user" && name != "trainkit",
-                   "ckpt::TrainState::add('", name, "'): the name is reserved");
-    TRAINKIT_CHECK(!has_component(name), "ckpt::TrainState::add: component '", name,
-                   "' is registered twice");
-  }
+  TRAINKIT_INLINE void check_name(const std::string& name) const;
 
   std::unique_ptr<detail::ModelEntry> model_;
   std::vector<Component> components_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TrainState& TrainState::add(std::string name, std::function<StateDict()> save,
+                                            std::function<void(const StateDict&)> load) {
+  check_name(name);
+  TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
+  components_.push_back({std::move(name), std::move(save), std::move(load)});
+  return *this;
+}
+
+TRAINKIT_INLINE StateDict TrainState::state_dict() const {
+  StateDict sd;
+  std::string names;
+  for (const Component& c : components_) {
+    sd.merge(c.name, c.save());
+    names += (names.empty() ? "" : ",") + c.name;
+  }
+  sd.set("trainer.components", names);
+  sd.set("trainer.step", step);
+  sd.set("trainer.epoch", epoch);
+  for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
+  return sd;
+}
+
+TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOptions& options) {
+  std::set<std::string> present;
+  if (const auto it = sd.values.find("trainer.components"); it != sd.values.end()) {
+    std::string_view list = it->second;
+    while (!list.empty()) {
+      const std::size_t comma = list.find(',');
+      present.emplace(list.substr(0, comma));
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    }
+  }
+  for (const auto& [k, v] : sd.values) present.insert(k.substr(0, k.find('.')));
+  for (const auto& [k, t] : sd.tensors) present.insert(k.substr(0, k.find('.')));
+  std::vector<std::string> missing, unexpected;
+  for (const Component& c : components_)
+    if (!present.count(c.name)) missing.push_back(c.name);
+  for (const std::string& p : present)
+    if (p != "trainer" && p != "user" && p != "trainkit" && !has_component(p))
+      unexpected.push_back(p);
+  if (options.strict) {
+    TRAINKIT_CHECK(missing.empty(), "ckpt: the checkpoint has no state for component(s) ",
+                   detail::name_list(missing),
+                   " (registered, but not saved; RestoreOptions::"
+                   "strict = false skips them)");
+    TRAINKIT_CHECK(unexpected.empty(), "ckpt: the checkpoint has state for component(s) ",
+                   detail::name_list(unexpected),
+                   " that are not registered (RestoreOptions::"
+                   "strict = false ignores them)");
+  }
+  step = sd.get_int("trainer.step");
+  epoch = sd.get_int("trainer.epoch");
+  metadata.clear();
+  for (auto& [k, v] : detail::take_prefix(sd, "user").values) metadata.emplace(k, std::move(v));
+  for (const Component& c : components_) {
+    if (!present.count(c.name)) continue;
+    StateDict part = detail::take_prefix(sd, c.name);
+    if (part.empty()) continue;
+    try {
+      c.load(part);
+    } catch (const Error& e) {
+      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
+    }
+  }
+}
+
+TRAINKIT_INLINE void TrainState::check_name(const std::string& name) const {
+  TRAINKIT_CHECK(!name.empty(), "ckpt::TrainState::add: empty component name");
+  for (char ch : name)
+    TRAINKIT_CHECK((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                       (ch >= '0' && ch <= '9') || ch == '_' || ch == '-',
+                   "ckpt::TrainState::add('", name,
+                   "'): names may hold letters, digits, '_' "
+                   "and '-' only (keys are '<name>.<key>')");
+  TRAINKIT_CHECK(name != "trainer" && name != "user" && name != "trainkit",
+                 "ckpt::TrainState::add('", name, "'): the name is reserved");
+  TRAINKIT_CHECK(!has_component(name), "ckpt::TrainState::add: component '", name,
+                 "' is registered twice");
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END

@@ -112,20 +112,7 @@ class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
   /// trainkit::Error for a bad layout, a negative padding or a zero stddev.
-  explicit ImageAugment(const ImageAugmentOptions& options) : o_(options) {
-    const ImageLayout& l = o_.layout;
-    TRAINKIT_CHECK(l.channels >= 1 && l.channels <= kMaxImageChannels,
-                   "ImageAugment: channels must be in [1, ", kMaxImageChannels, "], got ",
-                   l.channels);
-    TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
-                   l.width);
-    TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
-    for (int c = 0; c < l.channels; ++c) {
-      TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
-      a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
-      b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
-    }
-  }
+  TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
   TRAINKIT_HOST_DEVICE const ImageLayout& layout() const noexcept { return o_.layout; }
@@ -178,35 +165,8 @@ class ImageAugment {
 /// A Prefetcher transform that augments field `field` (uint8 or f32, matching aug.layout()) into
 /// an f32 field of the same name and copies the other fields. Set both results in the options:
 /// `std::tie(opts.transform, opts.output_fields) = image_transform(aug, ds.fields(), "image");`
-inline std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
-    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field) {
-  const std::size_t k = field_index(fields, field);
-  const FieldSpec& f = fields[k];
-  TRAINKIT_CHECK(f.dtype == DType::kU8 || f.dtype == DType::kF32, "image_transform: field '", field,
-                 "' is ", dtype_name(f.dtype), "; expected U8 or F32");
-  TRAINKIT_CHECK(f.numel() == aug.layout().numel(), "image_transform: field '", field, "' has ",
-                 f.numel(), " elements per sample but the layout says ", aug.layout().numel());
-  std::vector<FieldSpec> out(fields.begin(), fields.end());
-  out[k].dtype = DType::kF32;
-  const bool u8 = f.dtype == DType::kU8;
-  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
-                                   const SampleRef& o) {
-    for (std::size_t j = 0; j < in.size(); ++j) {
-      if (j == k) {
-        if (u8) {
-          aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
-        } else {
-          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
-        }
-      } else if (!in[j].empty()) {
-        std::memcpy(o[j].data(), in[j].data(), in[j].size());
-      }
-    }
-  };
-  return {std::move(t), std::move(out)};
-}
+TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
+    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field);
 
 #if TRAINKIT_CUDA_COMPILER
 namespace detail {
@@ -254,6 +214,55 @@ void augment_batch_device(const ImageAugment& aug, const In* in, float* out,
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 #endif
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) : o_(options) {
+  const ImageLayout& l = o_.layout;
+  TRAINKIT_CHECK(l.channels >= 1 && l.channels <= kMaxImageChannels,
+                 "ImageAugment: channels must be in [1, ", kMaxImageChannels, "], got ",
+                 l.channels);
+  TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
+                 l.width);
+  TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
+  for (int c = 0; c < l.channels; ++c) {
+    TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
+    a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
+    b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
+  }
+}
+
+TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
+    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field) {
+  const std::size_t k = field_index(fields, field);
+  const FieldSpec& f = fields[k];
+  TRAINKIT_CHECK(f.dtype == DType::kU8 || f.dtype == DType::kF32, "image_transform: field '", field,
+                 "' is ", dtype_name(f.dtype), "; expected U8 or F32");
+  TRAINKIT_CHECK(f.numel() == aug.layout().numel(), "image_transform: field '", field, "' has ",
+                 f.numel(), " elements per sample but the layout says ", aug.layout().numel());
+  std::vector<FieldSpec> out(fields.begin(), fields.end());
+  out[k].dtype = DType::kF32;
+  const bool u8 = f.dtype == DType::kU8;
+  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
+                                   const SampleRef& o) {
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      if (j == k) {
+        if (u8) {
+          aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
+                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+        } else {
+          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
+                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+        }
+      } else if (!in[j].empty()) {
+        std::memcpy(o[j].data(), in[j].data(), in[j].size());
+      }
+    }
+  };
+  return {std::move(t), std::move(out)};
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

@@ -215,49 +215,7 @@ class Prefetcher {
   /// The next batch, blocking until it is ready (the wait is added to stats()). Releases the
   /// previous batch. Rethrows a worker's exception as trainkit::Error naming the dataset, the
   /// file and the sample; after that, next() keeps throwing until restore().
-  Batch next() {
-    release_held();
-    const std::uint64_t g = consumed_;
-    const std::size_t s = static_cast<std::size_t>(g % depth_);
-    Slot& slot = slots_[s];
-    const auto t0 = std::chrono::steady_clock::now();
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      // After a failure nothing more is claimed: batches claimed before it still arrive.
-      ready_cv_.wait(lock, [&] { return slot.done_gen == g + 1 || (fatal_ && g >= claimed_); });
-      if (slot.done_gen != g + 1) std::rethrow_exception(fatal_);
-      if (slot.error) std::rethrow_exception(slot.error);
-    }
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.batches += 1;
-    stats_.wait_seconds += waited;
-    stats_.last_wait_seconds = waited;
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_) consumer_stream_.wait(copy_done_[s].get());
-#endif
-    Batch b;
-    b.fields_ = &out_fields_;
-    b.epoch_ = slot.epoch;
-    b.index_ = slot.batch;
-    b.size_ = slot.rows;
-    b.last_ = slot.last;
-    auto* host = static_cast<std::byte*>(host_slots_[s].get());
-    b.host_.resize(out_fields_.size());
-    for (std::size_t k = 0; k < out_fields_.size(); ++k) b.host_[k] = host + offsets_[k];
-    b.indices_ = reinterpret_cast<const std::int64_t*>(host + indices_offset_);
-    if (device_mode_) {
-      auto* dev = static_cast<std::byte*>(device_slots_[s].get());
-      b.device_.resize(out_fields_.size());
-      for (std::size_t k = 0; k < out_fields_.size(); ++k) b.device_[k] = dev + offsets_[k];
-      b.device_indices_ = reinterpret_cast<const std::int64_t*>(dev + indices_offset_);
-    }
-    next_state_ =
-        slot.last ? PrefetchState{slot.epoch + 1, 0} : PrefetchState{slot.epoch, slot.batch + 1};
-    held_ = true;
-    ++consumed_;
-    return b;
-  }
+  TRAINKIT_INLINE Batch next();
 
   /// The position of the batch the next call to next() returns.
   PrefetchState state() const noexcept { return next_state_; }
@@ -265,35 +223,14 @@ class Prefetcher {
   /// Continues from `state` (from state(), possibly of another run with the same dataset,
   /// sampler and options): the batches that follow are exactly those an uninterrupted run would
   /// have produced from that point. Invalidates the current batch; clears a worker error.
-  void restore(const PrefetchState& state) {
-    stop_workers();
-    release_held();
-    TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
-                   ": restore() to batch ", state.batch, " of epoch ", state.epoch,
-                   " but an epoch has ", per_epoch_, " batches");
-    begin(state);
-  }
+  TRAINKIT_INLINE void restore(const PrefetchState& state);
 
   /// The position of the next batch ("epoch", "batch") plus "batch_size" and
   /// "batches_per_epoch", which must match on load (another batching changes what batch k is).
-  StateDict state_dict() const {
-    StateDict sd;
-    sd.set_u64("epoch", next_state_.epoch);
-    sd.set_u64("batch", next_state_.batch);
-    sd.set_u64("batch_size", options_.batch_size);
-    sd.set_u64("batches_per_epoch", per_epoch_);
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
   /// Checks the batching, then restore()s the saved position: the next next() returns exactly
   /// the batch an uninterrupted run would have returned.
-  void load_state_dict(const StateDict& sd) {
-    const std::string who = "restoring Prefetcher '" + options_.name + "'";
-    check_saved_setting<std::uint64_t>(who, "batch_size", sd.get_u64("batch_size"),
-                                       options_.batch_size);
-    check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
-                                       per_epoch_);
-    restore({sd.get_u64("epoch"), sd.get_u64("batch")});
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   /// Batches per epoch for a random-access dataset; 0 for streaming datasets (unknown ahead).
   std::size_t batches_per_epoch() const noexcept { return per_epoch_; }
@@ -348,175 +285,21 @@ class Prefetcher {
   }
 
   // ---- setup ---------------------------------------------------------------------------------
-  void setup(bool device) {
-    TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
-    TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
-                   "one being filled), got ", options_.depth);
-    TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
-                   options_.name, ": output_fields given without a transform to fill them");
-    depth_ = options_.depth;
-    num_workers_ = streaming_ ? 1 : std::max<std::size_t>(options_.num_workers, 1);
-    out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
-    separate_input_ = !options_.output_fields.empty();
-    const std::size_t B = options_.batch_size;
-    std::size_t off = 0;
-    for (const FieldSpec& f : out_fields_) {
-      offsets_.push_back(off);
-      off = align(off + B * f.bytes());
-    }
-    indices_offset_ = off;
-    slot_bytes_ = off + B * sizeof(std::int64_t);
-    in_sample_bytes_ = 0;
-    for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
-
-    device_mode_ = device;
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_) {
-      TRAINKIT_CHECK(cuda::device_count() > 0, options_.name,
-                     ": device mode needs a CUDA device, and none is visible");
-      device_id_ = cuda::current_device();
-      copy_stream_ = std::make_unique<cuda::Stream>();
-      for (std::size_t s = 0; s < depth_; ++s) {
-        copy_done_.emplace_back();
-        released_.emplace_back();
-      }
-    }
-#endif
-    const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
-    for (std::size_t s = 0; s < depth_; ++s) {
-      host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
-      if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
-    }
-    slots_.resize(depth_);
-    begin(PrefetchState{options_.epoch, 0});
-  }
+  TRAINKIT_INLINE void setup(bool device);
 
   static std::size_t align(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
   /// (Re)starts the workers at `state`.
-  void begin(const PrefetchState& state) {
-    origin_ = state;
-    next_state_ = state;
-    claimed_ = 0;
-    released_count_ = 0;
-    consumed_ = 0;
-    held_ = false;
-    fatal_ = nullptr;
-    stop_.store(false);
-    for (Slot& s : slots_) s = Slot{};
-    epoch_indices_.clear();
-    stream_cursor_ = state;
-    stream_started_ = false;
-    workers_.clear();
-    for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
-  }
+  TRAINKIT_INLINE void begin(const PrefetchState& state);
 
-  void stop_workers() noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_.store(true);
-    }
-    work_cv_.notify_all();
-    for (std::thread& t : workers_)
-      if (t.joinable()) t.join();
-    workers_.clear();
-#if TRAINKIT_WITH_CUDA
-    if (copy_stream_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(copy_stream_->get()));
-#endif
-  }
+  TRAINKIT_INLINE void stop_workers() noexcept;
 
-  void release_held() {
-    if (!held_) return;
-    const std::size_t s = static_cast<std::size_t>((consumed_ - 1) % depth_);
-#if TRAINKIT_WITH_CUDA
-    // The copy that refills this device slot must wait for the consumer's work on it.
-    if (device_mode_) released_[s].record(consumer_stream_);
-#endif
-    (void)s;
-    held_ = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++released_count_;
-    }
-    work_cv_.notify_all();
-  }
+  TRAINKIT_INLINE void release_held();
 
   // ---- workers -------------------------------------------------------------------------------
-  std::shared_ptr<const std::vector<std::int64_t>> indices_for(std::uint64_t epoch) {
-    std::lock_guard<std::mutex> lock(indices_mutex_);
-    auto it = epoch_indices_.find(epoch);
-    if (it == epoch_indices_.end()) {
-      auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
-      TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
-                     v->size(), " indices for epoch ", epoch, " but its size() is ",
-                     per_epoch_samples_);
-      epoch_indices_.emplace(epoch, v);
-      // Keep at most two epochs: the one asked for and the newest other. Workers are normally
-      // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
-      // epoch recomputed, never an erased entry.
-      while (epoch_indices_.size() > 2) {
-        auto victim = epoch_indices_.begin();
-        if (victim->first == epoch) ++victim;
-        epoch_indices_.erase(victim);
-      }
-      return v;
-    }
-    return it->second;
-  }
+  TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> indices_for(std::uint64_t epoch);
 
-  void work(std::size_t worker) {
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
-#endif
-    std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
-    std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
-    for (;;) {
-      std::uint64_t g = 0;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        // Batch g goes to slot g % depth, free once batch g - depth was released.
-        work_cv_.wait(
-            lock, [&] { return stop_.load() || (!fatal_ && claimed_ < released_count_ + depth_); });
-        if (stop_.load()) return;
-        g = claimed_++;
-      }
-      const std::size_t s = static_cast<std::size_t>(g % depth_);
-      Slot result;
-      try {
-#if TRAINKIT_WITH_CUDA
-        // The previous copy out of this pinned slot must be finished before we overwrite it.
-        if (device_mode_) copy_done_[s].synchronize();
-#endif
-        auto* base = static_cast<std::byte*>(host_slots_[s].get());
-        if (streaming_) {
-          fill_streaming(base, result, lookahead);
-        } else {
-          fill_indexed(g, worker, base, result, scratch);
-        }
-        if (stop_.load()) return;
-#if TRAINKIT_WITH_CUDA
-        if (device_mode_) {
-          cuda::StreamRef copy = copy_stream_->ref();
-          copy.wait(released_[s].get());
-          TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(device_slots_[s].get(), base, slot_bytes_,
-                                              cudaMemcpyHostToDevice, copy.get()));
-          copy_done_[s].record(copy);
-        }
-#endif
-      } catch (...) {
-        if (stop_.load()) return;
-        result.error = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        result.done_gen = g + 1;
-        slots_[s] = std::move(result);
-        // A failure stops further claims; batches before it still arrive in order.
-        if (slots_[s].error && !fatal_) fatal_ = slots_[s].error;
-      }
-      ready_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void work(std::size_t worker);
 
   const std::vector<FieldSpec>& out_or_in() const noexcept {
     return separate_input_ ? in_fields_ : out_fields_;
@@ -528,145 +311,19 @@ class Prefetcher {
   }
 
   /// Spans of row `row` of the slot at `base` (batch fields).
-  void row_spans(std::byte* base, std::size_t row, std::vector<std::span<std::byte>>& spans) const {
-    spans.clear();
-    for (std::size_t k = 0; k < out_fields_.size(); ++k) {
-      const std::size_t n = out_fields_[k].bytes();
-      spans.emplace_back(base + offsets_[k] + row * n, n);
-    }
-  }
+  TRAINKIT_INLINE void row_spans(std::byte* base, std::size_t row,
+                                 std::vector<std::span<std::byte>>& spans) const;
   /// Spans of a packed sample of `fields` at `p`.
-  static void packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
-                           std::vector<std::span<std::byte>>& spans) {
-    spans.clear();
-    for (const FieldSpec& f : fields) {
-      spans.emplace_back(p, f.bytes());
-      p += f.bytes();
-    }
-  }
+  TRAINKIT_INLINE static void packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
+                                           std::vector<std::span<std::byte>>& spans);
 
-  [[noreturn]] void rethrow_with(const std::string& context) const {
-    try {
-      throw;
-    } catch (const Error& e) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what(), e.library(),
-                  e.code());
-    } catch (const std::exception& e) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what());
-    } catch (...) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": unknown exception");
-    }
-  }
+  [[noreturn]] TRAINKIT_INLINE void rethrow_with(const std::string& context) const;
 
-  void fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base, Slot& result,
-                    std::vector<std::byte>& scratch) {
-    const std::uint64_t pos = origin_.batch + g;
-    const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
-    const std::uint64_t batch = pos % per_epoch_;
-    const std::size_t B = options_.batch_size;
-    std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
-    const std::size_t first = static_cast<std::size_t>(batch) * B;
-    const std::size_t rows = std::min(B, indices->size() - first);
-    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-    std::vector<std::span<std::byte>> out_spans, in_spans;
-    for (std::size_t r = 0; r < rows; ++r) {
-      if (stop_.load(std::memory_order_relaxed)) return;
-      const std::int64_t i = (*indices)[first + r];
-      idx_out[r] = i;
-      row_spans(base, r, out_spans);
-      try {
-        const SampleRef out(out_spans);
-        const SampleInfo info{epoch, first + r, i};
-        if (separate_input_) {
-          packed_spans(scratch.data(), in_fields_, in_spans);
-          const SampleRef in(in_spans);
-          read_(static_cast<std::size_t>(i), in);
-          options_.transform(info, in, out);
-        } else {
-          read_(static_cast<std::size_t>(i), out);
-          if (options_.transform) options_.transform(info, out, out);
-        }
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on sample ", i, " (",
-                                                describe_(static_cast<std::size_t>(i)), "), row ",
-                                                r, " of batch ", batch, " of epoch ", epoch));
-      }
-    }
-    result.epoch = epoch;
-    result.batch = batch;
-    result.rows = rows;
-    result.last = batch + 1 == per_epoch_;
-  }
+  TRAINKIT_INLINE void fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base,
+                                    Slot& result, std::vector<std::byte>& scratch);
 
-  void fill_streaming(std::byte* base, Slot& result, std::vector<std::byte>& lookahead) {
-    const std::size_t B = options_.batch_size;
-    const std::vector<FieldSpec>& read_fields = out_or_in();
-    std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
-    packed_spans(lookahead.data(), read_fields, look_spans);
-    const SampleRef look(look_spans);
-    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-    for (;;) {
-      const PrefetchState at = stream_cursor_;
-      const std::uint64_t first = at.batch * B;
-      try {
-        if (!stream_started_) {
-          start_(at.epoch, first);
-          have_lookahead_ = next_(look);
-          stream_started_ = true;
-        }
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                                " of ", describe_current_()));
-      }
-      std::size_t rows = 0;
-      while (rows < B && have_lookahead_) {
-        if (stop_.load(std::memory_order_relaxed)) return;
-        const std::uint64_t position = first + rows;
-        idx_out[rows] = static_cast<std::int64_t>(position);
-        row_spans(base, rows, out_spans);
-        const SampleRef out(out_spans);
-        try {
-          const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
-          if (separate_input_) {
-            packed_spans(lookahead.data(), in_fields_, in_spans);
-            options_.transform(info, SampleRef(in_spans), out);
-          } else {
-            for (std::size_t k = 0; k < out.size(); ++k)
-              if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
-            if (options_.transform) options_.transform(info, out, out);
-          }
-          ++rows;
-          have_lookahead_ = next_(look);
-        } catch (...) {
-          rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
-                                                  at.epoch, " (", describe_current_(), ")"));
-        }
-      }
-      const bool last = !have_lookahead_;
-      if (last) {
-        stream_cursor_ = PrefetchState{at.epoch + 1, 0};
-        stream_started_ = false;
-      } else {
-        stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
-      }
-      if (rows == 0 && at.batch == 0) {
-        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
-                      describe_current_(), ") has no samples");
-      }
-      if (rows == 0 || (rows < B && options_.drop_last)) {
-        if (at.batch == 0) {
-          TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
-                        " samples, fewer than one batch of ", B, " with drop_last");
-        }
-        continue;  // drop the partial tail; fill this slot from the next epoch
-      }
-      result.epoch = at.epoch;
-      result.batch = at.batch;
-      result.rows = rows;
-      result.last = last;
-      return;
-    }
-  }
+  TRAINKIT_INLINE void fill_streaming(std::byte* base, Slot& result,
+                                      std::vector<std::byte>& lookahead);
 
   PrefetchOptions options_;
   std::vector<FieldSpec> in_fields_;
@@ -726,6 +383,390 @@ class Prefetcher {
   std::vector<cuda::Event> released_;
 #endif
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE Batch Prefetcher::next() {
+  release_held();
+  const std::uint64_t g = consumed_;
+  const std::size_t s = static_cast<std::size_t>(g % depth_);
+  Slot& slot = slots_[s];
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // After a failure nothing more is claimed: batches claimed before it still arrive.
+    ready_cv_.wait(lock, [&] { return slot.done_gen == g + 1 || (fatal_ && g >= claimed_); });
+    if (slot.done_gen != g + 1) std::rethrow_exception(fatal_);
+    if (slot.error) std::rethrow_exception(slot.error);
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.batches += 1;
+  stats_.wait_seconds += waited;
+  stats_.last_wait_seconds = waited;
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_) consumer_stream_.wait(copy_done_[s].get());
+#endif
+  Batch b;
+  b.fields_ = &out_fields_;
+  b.epoch_ = slot.epoch;
+  b.index_ = slot.batch;
+  b.size_ = slot.rows;
+  b.last_ = slot.last;
+  auto* host = static_cast<std::byte*>(host_slots_[s].get());
+  b.host_.resize(out_fields_.size());
+  for (std::size_t k = 0; k < out_fields_.size(); ++k) b.host_[k] = host + offsets_[k];
+  b.indices_ = reinterpret_cast<const std::int64_t*>(host + indices_offset_);
+  if (device_mode_) {
+    auto* dev = static_cast<std::byte*>(device_slots_[s].get());
+    b.device_.resize(out_fields_.size());
+    for (std::size_t k = 0; k < out_fields_.size(); ++k) b.device_[k] = dev + offsets_[k];
+    b.device_indices_ = reinterpret_cast<const std::int64_t*>(dev + indices_offset_);
+  }
+  next_state_ =
+      slot.last ? PrefetchState{slot.epoch + 1, 0} : PrefetchState{slot.epoch, slot.batch + 1};
+  held_ = true;
+  ++consumed_;
+  return b;
+}
+
+TRAINKIT_INLINE void Prefetcher::restore(const PrefetchState& state) {
+  stop_workers();
+  release_held();
+  TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
+                 ": restore() to batch ", state.batch, " of epoch ", state.epoch,
+                 " but an epoch has ", per_epoch_, " batches");
+  begin(state);
+}
+
+TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
+  StateDict sd;
+  sd.set_u64("epoch", next_state_.epoch);
+  sd.set_u64("batch", next_state_.batch);
+  sd.set_u64("batch_size", options_.batch_size);
+  sd.set_u64("batches_per_epoch", per_epoch_);
+  return sd;
+}
+
+TRAINKIT_INLINE void Prefetcher::load_state_dict(const StateDict& sd) {
+  const std::string who = "restoring Prefetcher '" + options_.name + "'";
+  check_saved_setting<std::uint64_t>(who, "batch_size", sd.get_u64("batch_size"),
+                                     options_.batch_size);
+  check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
+                                     per_epoch_);
+  restore({sd.get_u64("epoch"), sd.get_u64("batch")});
+}
+
+TRAINKIT_INLINE void Prefetcher::setup(bool device) {
+  TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
+  TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
+                 "one being filled), got ", options_.depth);
+  TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
+                 options_.name, ": output_fields given without a transform to fill them");
+  depth_ = options_.depth;
+  num_workers_ = streaming_ ? 1 : std::max<std::size_t>(options_.num_workers, 1);
+  out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
+  separate_input_ = !options_.output_fields.empty();
+  const std::size_t B = options_.batch_size;
+  std::size_t off = 0;
+  for (const FieldSpec& f : out_fields_) {
+    offsets_.push_back(off);
+    off = align(off + B * f.bytes());
+  }
+  indices_offset_ = off;
+  slot_bytes_ = off + B * sizeof(std::int64_t);
+  in_sample_bytes_ = 0;
+  for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
+
+  device_mode_ = device;
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_) {
+    TRAINKIT_CHECK(cuda::device_count() > 0, options_.name,
+                   ": device mode needs a CUDA device, and none is visible");
+    device_id_ = cuda::current_device();
+    copy_stream_ = std::make_unique<cuda::Stream>();
+    for (std::size_t s = 0; s < depth_; ++s) {
+      copy_done_.emplace_back();
+      released_.emplace_back();
+    }
+  }
+#endif
+  const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
+  for (std::size_t s = 0; s < depth_; ++s) {
+    host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
+    if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
+  }
+  slots_.resize(depth_);
+  begin(PrefetchState{options_.epoch, 0});
+}
+
+TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
+  origin_ = state;
+  next_state_ = state;
+  claimed_ = 0;
+  released_count_ = 0;
+  consumed_ = 0;
+  held_ = false;
+  fatal_ = nullptr;
+  stop_.store(false);
+  for (Slot& s : slots_) s = Slot{};
+  epoch_indices_.clear();
+  stream_cursor_ = state;
+  stream_started_ = false;
+  workers_.clear();
+  for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
+}
+
+TRAINKIT_INLINE void Prefetcher::stop_workers() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_.store(true);
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+#if TRAINKIT_WITH_CUDA
+  if (copy_stream_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(copy_stream_->get()));
+#endif
+}
+
+TRAINKIT_INLINE void Prefetcher::release_held() {
+  if (!held_) return;
+  const std::size_t s = static_cast<std::size_t>((consumed_ - 1) % depth_);
+#if TRAINKIT_WITH_CUDA
+  // The copy that refills this device slot must wait for the consumer's work on it.
+  if (device_mode_) released_[s].record(consumer_stream_);
+#endif
+  (void)s;
+  held_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++released_count_;
+  }
+  work_cv_.notify_all();
+}
+
+TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> Prefetcher::indices_for(
+    std::uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(indices_mutex_);
+  auto it = epoch_indices_.find(epoch);
+  if (it == epoch_indices_.end()) {
+    auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
+    TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
+                   v->size(), " indices for epoch ", epoch, " but its size() is ",
+                   per_epoch_samples_);
+    epoch_indices_.emplace(epoch, v);
+    // Keep at most two epochs: the one asked for and the newest other. Workers are normally
+    // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
+    // epoch recomputed, never an erased entry.
+    while (epoch_indices_.size() > 2) {
+      auto victim = epoch_indices_.begin();
+      if (victim->first == epoch) ++victim;
+      epoch_indices_.erase(victim);
+    }
+    return v;
+  }
+  return it->second;
+}
+
+TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
+#endif
+  std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
+  std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
+  for (;;) {
+    std::uint64_t g = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Batch g goes to slot g % depth, free once batch g - depth was released.
+      work_cv_.wait(
+          lock, [&] { return stop_.load() || (!fatal_ && claimed_ < released_count_ + depth_); });
+      if (stop_.load()) return;
+      g = claimed_++;
+    }
+    const std::size_t s = static_cast<std::size_t>(g % depth_);
+    Slot result;
+    try {
+#if TRAINKIT_WITH_CUDA
+      // The previous copy out of this pinned slot must be finished before we overwrite it.
+      if (device_mode_) copy_done_[s].synchronize();
+#endif
+      auto* base = static_cast<std::byte*>(host_slots_[s].get());
+      if (streaming_) {
+        fill_streaming(base, result, lookahead);
+      } else {
+        fill_indexed(g, worker, base, result, scratch);
+      }
+      if (stop_.load()) return;
+#if TRAINKIT_WITH_CUDA
+      if (device_mode_) {
+        cuda::StreamRef copy = copy_stream_->ref();
+        copy.wait(released_[s].get());
+        TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(device_slots_[s].get(), base, slot_bytes_,
+                                            cudaMemcpyHostToDevice, copy.get()));
+        copy_done_[s].record(copy);
+      }
+#endif
+    } catch (...) {
+      if (stop_.load()) return;
+      result.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      result.done_gen = g + 1;
+      slots_[s] = std::move(result);
+      // A failure stops further claims; batches before it still arrive in order.
+      if (slots_[s].error && !fatal_) fatal_ = slots_[s].error;
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::row_spans(std::byte* base, std::size_t row,
+                                           std::vector<std::span<std::byte>>& spans) const {
+  spans.clear();
+  for (std::size_t k = 0; k < out_fields_.size(); ++k) {
+    const std::size_t n = out_fields_[k].bytes();
+    spans.emplace_back(base + offsets_[k] + row * n, n);
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
+                                              std::vector<std::span<std::byte>>& spans) {
+  spans.clear();
+  for (const FieldSpec& f : fields) {
+    spans.emplace_back(p, f.bytes());
+    p += f.bytes();
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::rethrow_with(const std::string& context) const {
+  try {
+    throw;
+  } catch (const Error& e) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what(), e.library(),
+                e.code());
+  } catch (const std::exception& e) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what());
+  } catch (...) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": unknown exception");
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base,
+                                              Slot& result, std::vector<std::byte>& scratch) {
+  const std::uint64_t pos = origin_.batch + g;
+  const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
+  const std::uint64_t batch = pos % per_epoch_;
+  const std::size_t B = options_.batch_size;
+  std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
+  const std::size_t first = static_cast<std::size_t>(batch) * B;
+  const std::size_t rows = std::min(B, indices->size() - first);
+  auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+  std::vector<std::span<std::byte>> out_spans, in_spans;
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const std::int64_t i = (*indices)[first + r];
+    idx_out[r] = i;
+    row_spans(base, r, out_spans);
+    try {
+      const SampleRef out(out_spans);
+      const SampleInfo info{epoch, first + r, i};
+      if (separate_input_) {
+        packed_spans(scratch.data(), in_fields_, in_spans);
+        const SampleRef in(in_spans);
+        read_(static_cast<std::size_t>(i), in);
+        options_.transform(info, in, out);
+      } else {
+        read_(static_cast<std::size_t>(i), out);
+        if (options_.transform) options_.transform(info, out, out);
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on sample ", i, " (",
+                                              describe_(static_cast<std::size_t>(i)), "), row ", r,
+                                              " of batch ", batch, " of epoch ", epoch));
+    }
+  }
+  result.epoch = epoch;
+  result.batch = batch;
+  result.rows = rows;
+  result.last = batch + 1 == per_epoch_;
+}
+
+TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
+                                                std::vector<std::byte>& lookahead) {
+  const std::size_t B = options_.batch_size;
+  const std::vector<FieldSpec>& read_fields = out_or_in();
+  std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
+  packed_spans(lookahead.data(), read_fields, look_spans);
+  const SampleRef look(look_spans);
+  auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+  for (;;) {
+    const PrefetchState at = stream_cursor_;
+    const std::uint64_t first = at.batch * B;
+    try {
+      if (!stream_started_) {
+        start_(at.epoch, first);
+        have_lookahead_ = next_(look);
+        stream_started_ = true;
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                              " of ", describe_current_()));
+    }
+    std::size_t rows = 0;
+    while (rows < B && have_lookahead_) {
+      if (stop_.load(std::memory_order_relaxed)) return;
+      const std::uint64_t position = first + rows;
+      idx_out[rows] = static_cast<std::int64_t>(position);
+      row_spans(base, rows, out_spans);
+      const SampleRef out(out_spans);
+      try {
+        const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
+        if (separate_input_) {
+          packed_spans(lookahead.data(), in_fields_, in_spans);
+          options_.transform(info, SampleRef(in_spans), out);
+        } else {
+          for (std::size_t k = 0; k < out.size(); ++k)
+            if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
+          if (options_.transform) options_.transform(info, out, out);
+        }
+        ++rows;
+        have_lookahead_ = next_(look);
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
+                                                at.epoch, " (", describe_current_(), ")"));
+      }
+    }
+    const bool last = !have_lookahead_;
+    if (last) {
+      stream_cursor_ = PrefetchState{at.epoch + 1, 0};
+      stream_started_ = false;
+    } else {
+      stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+    }
+    if (rows == 0 && at.batch == 0) {
+      TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
+                    describe_current_(), ") has no samples");
+    }
+    if (rows == 0 || (rows < B && options_.drop_last)) {
+      if (at.batch == 0) {
+        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
+                      " samples, fewer than one batch of ", B, " with drop_last");
+      }
+      continue;  // drop the partial tail; fill this slot from the next epoch
+    }
+    result.epoch = at.epoch;
+    result.batch = at.batch;
+    result.rows = rows;
+    result.last = last;
+    return;
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

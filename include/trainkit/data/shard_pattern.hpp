@@ -21,7 +21,17 @@ namespace data {
 namespace detail {
 
 /// Parses a (possibly signed) decimal integer that is the whole of `s`.
-inline bool parse_brace_int(std::string_view s, long long& v) {
+TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v);
+
+/// The alternatives of one brace body ("a,b,c" or "1..10..2"), or false if it is neither (bash
+/// then leaves the braces as they are).
+TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out);
+
+TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v) {
   if (s.empty() || s.size() > 18) return false;
   std::size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
   if (i == s.size()) return false;
@@ -34,9 +44,7 @@ inline bool parse_brace_int(std::string_view s, long long& v) {
   return true;
 }
 
-/// The alternatives of one brace body ("a,b,c" or "1..10..2"), or false if it is neither (bash
-/// then leaves the braces as they are).
-inline bool brace_alternatives(std::string_view body, std::vector<std::string>& out) {
+TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out) {
   // Top-level commas (nested braces are expanded later, as part of each alternative).
   std::vector<std::string> parts;
   int depth = 0;
@@ -97,7 +105,7 @@ inline bool brace_alternatives(std::string_view body, std::vector<std::string>& 
   return false;
 }
 
-inline void expand_braces_into(const std::string& s, std::vector<std::string>& out) {
+TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out) {
   // Find the first '{' whose matching '}' encloses a valid brace expression.
   for (std::size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open + 1)) {
     int depth = 0;
@@ -120,12 +128,18 @@ inline void expand_braces_into(const std::string& s, std::vector<std::string>& o
   out.push_back(s);
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Expands a shard pattern into the list of names, in order: "a-{00..02}.tar::b.tar" gives
 /// a-00.tar, a-01.tar, a-02.tar, b.tar. Bash brace semantics; text without a valid brace
 /// expression is kept literally. Throws trainkit::Error for an empty pattern.
-inline std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
+TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   std::vector<std::string> out;
   std::size_t start = 0;
   for (;;) {
@@ -139,6 +153,8 @@ inline std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   TRAINKIT_CHECK(!out.empty(), "shard pattern '", pattern, "' names no shards");
   return out;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

@@ -67,7 +67,18 @@ namespace detail {
 
 enum class TarDecode : unsigned char { kNpy, kInteger, kJson, kRaw };
 
-inline TarDecode tar_decode_kind(std::string_view ext) {
+TRAINKIT_INLINE TarDecode tar_decode_kind(std::string_view ext);
+
+/// Stores `v` as element `k` of `dst` in dtype `t`; false when it does not fit (or, for integer
+/// types, is not an integer).
+TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double v);
+
+/// Stores the integer `v` in dtype `t` exactly; false when it does not fit.
+TRAINKIT_INLINE bool store_integer(DType t, std::byte* dst, long long v);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TarDecode tar_decode_kind(std::string_view ext) {
   const std::size_t dot = ext.rfind('.');
   const std::string_view last = dot == std::string_view::npos ? ext : ext.substr(dot + 1);
   if (last == "npy") return TarDecode::kNpy;
@@ -77,9 +88,7 @@ inline TarDecode tar_decode_kind(std::string_view ext) {
   return TarDecode::kRaw;
 }
 
-/// Stores `v` as element `k` of `dst` in dtype `t`; false when it does not fit (or, for integer
-/// types, is not an integer).
-inline bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
+TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
   auto put = [&](auto x) { std::memcpy(dst + k * sizeof(x), &x, sizeof(x)); };
   auto integral = [&](double lo, double hi) {
     return std::isfinite(v) && v == std::floor(v) && v >= lo && v <= hi;
@@ -109,8 +118,7 @@ inline bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
   }
 }
 
-/// Stores the integer `v` in dtype `t` exactly; false when it does not fit.
-inline bool store_integer(DType t, std::byte* dst, long long v) {
+TRAINKIT_INLINE bool store_integer(DType t, std::byte* dst, long long v) {
   auto put = [&](auto x) {
     // Round trip plus sign: rejects truncation and negative values in unsigned types.
     if (static_cast<long long>(x) != v || (v < 0 && !std::is_signed_v<decltype(x)>)) return false;
@@ -130,6 +138,8 @@ inline bool store_integer(DType t, std::byte* dst, long long v) {
   }
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Streams WebDataset shards. Satisfies `StreamingDataset`; give it to a Prefetcher, which reads
@@ -141,106 +151,21 @@ class TarShardDataset {
       : TarShardDataset(expand_shard_pattern(pattern), std::move(options)) {}
 
   /// Throws trainkit::Error for no fields, a bad field, fewer shards than ranks, or a bad rank.
-  TarShardDataset(std::vector<std::string> shards, TarShardOptions options)
-      : shards_(std::move(shards)), o_(std::move(options)) {
-    TRAINKIT_CHECK(!o_.fields.empty(), "TarShardDataset: no fields declared");
-    TRAINKIT_CHECK(o_.world_size >= 1 && o_.rank < o_.world_size, "TarShardDataset: rank ", o_.rank,
-                   " is not in [0, world_size=", o_.world_size, ")");
-    TRAINKIT_CHECK(shards_.size() >= o_.world_size, "TarShardDataset: ", shards_.size(),
-                   " shard(s) cannot feed ", o_.world_size,
-                   " ranks (each rank reads whole shards)");
-    std::size_t offset = 0;
-    for (TarField& f : o_.fields) {
-      TRAINKIT_CHECK(!f.ext.empty(), "TarShardDataset: field '", f.name, "' has no extension");
-      std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (f.name.empty()) f.name = f.ext;
-      for (const FieldSpec& g : fields_)
-        TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
-      FieldSpec spec{f.name, f.dtype, f.shape};
-      std::size_t bytes = dtype_size(f.dtype);
-      for (std::int64_t d : f.shape) {
-        TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
-        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
-                            "' (", dtype_name(f.dtype), ") bytes per sample");
-      }
-      // Strides and batch sizes are int64 products of these extents: keep them representable.
-      TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
-                     "TarShardDataset: field '", f.name, "' of ", bytes,
-                     " bytes per sample is too large");
-      const auto kind = detail::tar_decode_kind(f.ext);
-      TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
-                     "TarShardDataset: field '", f.name, "' (.", f.ext,
-                     ") holds one integer per sample; its shape must be scalar");
-      offsets_.push_back(offset);
-      offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
-      fields_.push_back(std::move(spec));
-    }
-    sample_bytes_ = offset;
-    start(0, 0);
-  }
+  TRAINKIT_INLINE TarShardDataset(std::vector<std::string> shards, TarShardOptions options);
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
   const TarShardOptions& options() const noexcept { return o_; }
 
   /// This rank's shards for `epoch`, in reading order.
-  std::vector<std::string> shards_for_epoch(std::uint64_t epoch) const {
-    std::vector<std::string> out;
-    std::vector<std::int64_t> order;
-    if (o_.shuffle_shards) {
-      order = torch_randperm(static_cast<std::int64_t>(shards_.size()), o_.seed + epoch);
-    } else {
-      for (std::size_t k = 0; k < shards_.size(); ++k)
-        order.push_back(static_cast<std::int64_t>(k));
-    }
-    for (std::size_t k = o_.rank; k < order.size(); k += o_.world_size)
-      out.push_back(shards_[static_cast<std::size_t>(order[k])]);
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> shards_for_epoch(std::uint64_t epoch) const;
 
   /// Positions the stream at sample `skip` of epoch `epoch` (reading and discarding `skip`
   /// samples: resuming late in a long epoch costs a re-read of its start).
-  void start(std::uint64_t epoch, std::uint64_t skip) {
-    epoch_ = epoch;
-    order_ = shards_for_epoch(epoch);
-    next_shard_ = 0;
-    reader_.reset();
-    entry_pending_ = false;
-    buffer_.clear();
-    exhausted_ = false;
-    rng_ = PhiloxStream(o_.seed, rng_stream_id(static_cast<std::uint32_t>(epoch),
-                                               static_cast<std::uint32_t>(o_.rank)));
-    std::vector<std::byte> scratch(sample_bytes_);
-    std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
-    const SampleRef out(spans);
-    for (std::uint64_t k = 0; k < skip; ++k) {
-      TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ",
-                     epoch, ": the epoch has only ", k, " samples on rank ", o_.rank);
-    }
-  }
+  TRAINKIT_INLINE void start(std::uint64_t epoch, std::uint64_t skip);
 
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
   /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
-  bool next(const SampleRef& out) {
-    if (o_.shuffle_buffer == 0) {
-      if (!read_sample(scratch_)) return false;
-      emit(scratch_, out);
-      return true;
-    }
-    while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
-      std::vector<std::byte> s;
-      if (!read_sample(s)) break;
-      buffer_.push_back(std::move(s));
-    }
-    if (buffer_.empty()) return false;
-    const std::size_t k = rng_.next_u32() % buffer_.size();
-    emit(buffer_[k], out);
-    if (exhausted_ || !read_sample(buffer_[k])) {
-      buffer_[k] = std::move(buffer_.back());
-      buffer_.pop_back();
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool next(const SampleRef& out);
 
   /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
   std::string describe_current() const {
@@ -250,228 +175,28 @@ class TarShardDataset {
   }
 
  private:
-  std::vector<std::span<std::byte>> spans_of(std::byte* base) const {
-    std::vector<std::span<std::byte>> spans;
-    for (std::size_t k = 0; k < fields_.size(); ++k)
-      spans.emplace_back(base + offsets_[k], fields_[k].bytes());
-    return spans;
-  }
+  TRAINKIT_INLINE std::vector<std::span<std::byte>> spans_of(std::byte* base) const;
 
-  void emit(const std::vector<std::byte>& sample, const SampleRef& out) const {
-    TRAINKIT_CHECK(out.size() == fields_.size(), "TarShardDataset: destination has ", out.size(),
-                   " fields, expected ", fields_.size());
-    for (std::size_t k = 0; k < fields_.size(); ++k) {
-      TRAINKIT_CHECK(out[k].size() == fields_[k].bytes(), "TarShardDataset: destination for '",
-                     fields_[k].name, "' has ", out[k].size(), " bytes, expected ",
-                     fields_[k].bytes());
-      if (!out[k].empty()) std::memcpy(out[k].data(), sample.data() + offsets_[k], out[k].size());
-    }
-  }
+  TRAINKIT_INLINE void emit(const std::vector<std::byte>& sample, const SampleRef& out) const;
 
   [[noreturn]] void fail_member(const std::string& member, const std::string& what) const {
     TRAINKIT_FAIL("tar shard '", current_shard_, "': member '", member, "': ", what);
   }
 
   /// Reads one whole sample (all declared members of one key) from the shard stream.
-  bool read_sample(std::vector<std::byte>& sample) {
-    if (exhausted_) return false;
-    sample.assign(sample_bytes_, std::byte{0});
-    std::vector<char> present(fields_.size(), 0);
-    std::vector<std::string> seen_exts;
-    std::string key;
-    for (;;) {
-      if (!reader_) {
-        if (!key.empty()) break;  // a sample never spans two shards
-        if (next_shard_ == order_.size()) {
-          exhausted_ = true;
-          return false;
-        }
-        current_shard_ = order_[next_shard_++];
-        reader_.emplace(io::TarReader::open(
-            current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
-        entry_pending_ = false;
-      }
-      if (!entry_pending_) {
-        if (!reader_->next()) {
-          reader_.reset();
-          continue;
-        }
-        entry_pending_ = true;
-      }
-      const io::TarEntry& e = reader_->entry();
-      std::string member_key, ext;
-      if (!e.is_file() || !split_name(e.name, member_key, ext)) {
-        entry_pending_ = false;  // directories, links, metadata, names without a dot
-        continue;
-      }
-      if (!key.empty() && member_key != key) break;  // it starts the next sample: keep it pending
-      if (key.empty()) {
-        key = member_key;
-        current_key_ = key;
-      }
-      entry_pending_ = false;
-      if (std::find(seen_exts.begin(), seen_exts.end(), ext) != seen_exts.end())
-        fail_member(e.name, "extension '." + ext + "' appears twice in sample '" + key + "'");
-      seen_exts.push_back(ext);
-      for (std::size_t k = 0; k < fields_.size(); ++k) {
-        if (o_.fields[k].ext != ext) continue;
-        decode(k, e.name, sample.data() + offsets_[k]);
-        present[k] = 1;
-      }
-    }
-    for (std::size_t k = 0; k < fields_.size(); ++k) {
-      if (present[k]) continue;
-      std::string have;
-      for (const std::string& x : seen_exts) have += (have.empty() ? "." : ", .") + x;
-      TRAINKIT_FAIL("tar shard '", current_shard_, "': sample '", key, "' has no member '.",
-                    o_.fields[k].ext, "' for field '", fields_[k].name,
-                    "' (members: ", have.empty() ? "none" : have, ")");
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool read_sample(std::vector<std::byte>& sample);
 
   /// WebDataset's base_plus_ext: key = path up to the first dot of the basename; ext lowercased.
   /// False for names to skip (no dot, or __metadata__ names).
-  static bool split_name(const std::string& name, std::string& key, std::string& ext) {
-    const std::size_t slash = name.rfind('/');
-    const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
-    if (name.compare(base, 2, "__") == 0) {
-      const std::size_t close = name.find("__", base + 2);
-      if (close != std::string::npos && close + 2 == name.size()) return false;
-    }
-    const std::size_t dot = name.find('.', base);
-    if (dot == std::string::npos || dot == base) return false;
-    key = name.substr(0, dot);
-    ext = name.substr(dot + 1);
-    if (ext.empty()) return false;
-    std::transform(ext.begin(), ext.end(), ext.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return true;
-  }
+  TRAINKIT_INLINE static bool split_name(const std::string& name, std::string& key,
+                                         std::string& ext);
 
-  void decode(std::size_t k, const std::string& member, std::byte* dst) {
-    const FieldSpec& f = fields_[k];
-    const std::size_t want = f.bytes();
-    const std::uint64_t size = reader_->entry().size;
-    switch (detail::tar_decode_kind(o_.fields[k].ext)) {
-      case detail::TarDecode::kNpy: {
-        // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
-        const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
-        if (size > most)
-          fail_member(member,
-                      ::trainkit::detail::concat(size, " bytes, more than a .npy of field '",
-                                                 f.name, "' (", dtype_name(f.dtype), ", ", want,
-                                                 " data bytes) can hold (at most ", most, ")"));
-        const std::vector<std::byte> bytes = reader_->read_data();
-        const std::string where = current_shard_ + ":" + member;
-        const io::NpyHeader h = io::parse_npy_header(bytes, where);
-        io::check_npy_size(h, bytes.size(), where);
-        std::size_t numel = 1;
-        for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
-        if (h.dtype != f.dtype || h.numel != numel) {
-          fail_member(member, ::trainkit::detail::concat("holds ", dtype_name(h.dtype), " ",
-                                                         io::shape_string(h), " but field '",
-                                                         f.name, "' expects ", dtype_name(f.dtype),
-                                                         " with ", numel, " elements"));
-        }
-        if (want > 0) std::memcpy(dst, bytes.data() + h.data_offset, want);
-        return;
-      }
-      case detail::TarDecode::kInteger: {
-        if (size > 64) fail_member(member, "a class label longer than 64 bytes");
-        const std::vector<std::byte> bytes = reader_->read_data();
-        std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
-          text.remove_suffix(1);
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
-          text.remove_prefix(1);
-        long long v = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-          fail_member(member, "'" + std::string(text.substr(0, 32)) + "' is not a decimal integer");
-        if (!detail::store_integer(f.dtype, dst, v))
-          fail_member(member, ::trainkit::detail::concat("label ", v, " does not fit field '",
-                                                         f.name, "' (", dtype_name(f.dtype), ")"));
-        return;
-      }
-      case detail::TarDecode::kJson:
-        if (f.dtype != DType::kU8) {
-          if (size > (std::uint64_t{1} << 26))
-            fail_member(member, "JSON member larger than 64 MiB");
-          const std::vector<std::byte> bytes = reader_->read_data();
-          parse_json_numbers(k, member, bytes, dst);
-          return;
-        }
-        [[fallthrough]];
-      case detail::TarDecode::kRaw: {
-        if (size > want || (size < want && !o_.fields[k].pad)) {
-          fail_member(member,
-                      ::trainkit::detail::concat(
-                          size, " bytes, but field '", f.name, "' (", dtype_name(f.dtype), ", ",
-                          want, " bytes per sample) needs exactly ", want,
-                          size < want ? " (set pad = true to zero-pad shorter members)" : ""));
-        }
-        reader_->read(std::span<std::byte>(dst, static_cast<std::size_t>(size)));
-        return;
-      }
-    }
-  }
+  TRAINKIT_INLINE void decode(std::size_t k, const std::string& member, std::byte* dst);
 
   /// A JSON number, or (nested) arrays of numbers, flattened in order into field k.
-  void parse_json_numbers(std::size_t k, const std::string& member,
-                          const std::vector<std::byte>& bytes, std::byte* dst) const {
-    const FieldSpec& f = fields_[k];
-    const std::size_t numel = f.numel();
-    const char* p = reinterpret_cast<const char*>(bytes.data());
-    const char* end = p + bytes.size();
-    std::size_t count = 0;
-    int depth = 0;
-    bool expect_value = true;
-    for (; p < end; ++p) {
-      const char c = *p;
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-      if (c == '[') {
-        if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
-        expect_value = true;
-        continue;
-      }
-      if (c == ']' || c == ',') {
-        if (c == ']' && --depth < 0) break;
-        expect_value = c == ',';
-        continue;
-      }
-      if (!expect_value) break;
-      double v = 0;
-      if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
-        v = 1;
-        p += 3;
-      } else if (end - p >= 5 && std::memcmp(p, "false", 5) == 0) {
-        p += 4;
-      } else {
-        const auto [next, ec] = std::from_chars(p, end, v);
-        if (ec != std::errc()) break;
-        p = next - 1;
-      }
-      if (count >= numel)
-        fail_member(member, ::trainkit::detail::concat("more than the ", numel, " numbers field '",
-                                                       f.name, "' holds"));
-      if (!detail::store_number(f.dtype, dst, count, v))
-        fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
-                                                       "' (", dtype_name(f.dtype), ")"));
-      ++count;
-      expect_value = false;
-    }
-    if (p != end || depth != 0) {
-      fail_member(member,
-                  ::trainkit::detail::concat("not a number or an array of numbers (byte ",
-                                             p - reinterpret_cast<const char*>(bytes.data()),
-                                             "); to keep raw JSON text declare field '", f.name,
-                                             "' as U8 with pad = true"));
-    }
-    if (count != numel)
-      fail_member(member, ::trainkit::detail::concat(count, " numbers, but field '", f.name,
-                                                     "' holds ", numel));
-  }
+  TRAINKIT_INLINE void parse_json_numbers(std::size_t k, const std::string& member,
+                                          const std::vector<std::byte>& bytes,
+                                          std::byte* dst) const;
 
   std::vector<std::string> shards_;
   TarShardOptions o_;
@@ -491,6 +216,320 @@ class TarShardDataset {
   std::vector<std::byte> scratch_;
   PhiloxStream rng_{0};
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TarShardDataset::TarShardDataset(std::vector<std::string> shards,
+                                                 TarShardOptions options)
+    : shards_(std::move(shards)), o_(std::move(options)) {
+  TRAINKIT_CHECK(!o_.fields.empty(), "TarShardDataset: no fields declared");
+  TRAINKIT_CHECK(o_.world_size >= 1 && o_.rank < o_.world_size, "TarShardDataset: rank ", o_.rank,
+                 " is not in [0, world_size=", o_.world_size, ")");
+  TRAINKIT_CHECK(shards_.size() >= o_.world_size, "TarShardDataset: ", shards_.size(),
+                 " shard(s) cannot feed ", o_.world_size, " ranks (each rank reads whole shards)");
+  std::size_t offset = 0;
+  for (TarField& f : o_.fields) {
+    TRAINKIT_CHECK(!f.ext.empty(), "TarShardDataset: field '", f.name, "' has no extension");
+    std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (f.name.empty()) f.name = f.ext;
+    for (const FieldSpec& g : fields_)
+      TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
+    FieldSpec spec{f.name, f.dtype, f.shape};
+    std::size_t bytes = dtype_size(f.dtype);
+    for (std::int64_t d : f.shape) {
+      TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
+      bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
+                          "' (", dtype_name(f.dtype), ") bytes per sample");
+    }
+    // Strides and batch sizes are int64 products of these extents: keep them representable.
+    TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+                   "TarShardDataset: field '", f.name, "' of ", bytes,
+                   " bytes per sample is too large");
+    const auto kind = detail::tar_decode_kind(f.ext);
+    TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
+                   "TarShardDataset: field '", f.name, "' (.", f.ext,
+                   ") holds one integer per sample; its shape must be scalar");
+    offsets_.push_back(offset);
+    offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
+    fields_.push_back(std::move(spec));
+  }
+  sample_bytes_ = offset;
+  start(0, 0);
+}
+
+TRAINKIT_INLINE std::vector<std::string> TarShardDataset::shards_for_epoch(
+    std::uint64_t epoch) const {
+  std::vector<std::string> out;
+  std::vector<std::int64_t> order;
+  if (o_.shuffle_shards) {
+    order = torch_randperm(static_cast<std::int64_t>(shards_.size()), o_.seed + epoch);
+  } else {
+    for (std::size_t k = 0; k < shards_.size(); ++k) order.push_back(static_cast<std::int64_t>(k));
+  }
+  for (std::size_t k = o_.rank; k < order.size(); k += o_.world_size)
+    out.push_back(shards_[static_cast<std::size_t>(order[k])]);
+  return out;
+}
+
+TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t skip) {
+  epoch_ = epoch;
+  order_ = shards_for_epoch(epoch);
+  next_shard_ = 0;
+  reader_.reset();
+  entry_pending_ = false;
+  buffer_.clear();
+  exhausted_ = false;
+  rng_ = PhiloxStream(o_.seed, rng_stream_id(static_cast<std::uint32_t>(epoch),
+                                             static_cast<std::uint32_t>(o_.rank)));
+  std::vector<std::byte> scratch(sample_bytes_);
+  std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
+  const SampleRef out(spans);
+  for (std::uint64_t k = 0; k < skip; ++k) {
+    TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
+                   ": the epoch has only ", k, " samples on rank ", o_.rank);
+  }
+}
+
+TRAINKIT_INLINE bool TarShardDataset::next(const SampleRef& out) {
+  if (o_.shuffle_buffer == 0) {
+    if (!read_sample(scratch_)) return false;
+    emit(scratch_, out);
+    return true;
+  }
+  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
+    std::vector<std::byte> s;
+    if (!read_sample(s)) break;
+    buffer_.push_back(std::move(s));
+  }
+  if (buffer_.empty()) return false;
+  const std::size_t k = rng_.next_u32() % buffer_.size();
+  emit(buffer_[k], out);
+  if (exhausted_ || !read_sample(buffer_[k])) {
+    buffer_[k] = std::move(buffer_.back());
+    buffer_.pop_back();
+  }
+  return true;
+}
+
+TRAINKIT_INLINE std::vector<std::span<std::byte>> TarShardDataset::spans_of(std::byte* base) const {
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t k = 0; k < fields_.size(); ++k)
+    spans.emplace_back(base + offsets_[k], fields_[k].bytes());
+  return spans;
+}
+
+TRAINKIT_INLINE void TarShardDataset::emit(const std::vector<std::byte>& sample,
+                                           const SampleRef& out) const {
+  TRAINKIT_CHECK(out.size() == fields_.size(), "TarShardDataset: destination has ", out.size(),
+                 " fields, expected ", fields_.size());
+  for (std::size_t k = 0; k < fields_.size(); ++k) {
+    TRAINKIT_CHECK(out[k].size() == fields_[k].bytes(), "TarShardDataset: destination for '",
+                   fields_[k].name, "' has ", out[k].size(), " bytes, expected ",
+                   fields_[k].bytes());
+    if (!out[k].empty()) std::memcpy(out[k].data(), sample.data() + offsets_[k], out[k].size());
+  }
+}
+
+TRAINKIT_INLINE bool TarShardDataset::read_sample(std::vector<std::byte>& sample) {
+  if (exhausted_) return false;
+  sample.assign(sample_bytes_, std::byte{0});
+  std::vector<char> present(fields_.size(), 0);
+  std::vector<std::string> seen_exts;
+  std::string key;
+  for (;;) {
+    if (!reader_) {
+      if (!key.empty()) break;  // a sample never spans two shards
+      if (next_shard_ == order_.size()) {
+        exhausted_ = true;
+        return false;
+      }
+      current_shard_ = order_[next_shard_++];
+      reader_.emplace(io::TarReader::open(
+          current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
+      entry_pending_ = false;
+    }
+    if (!entry_pending_) {
+      if (!reader_->next()) {
+        reader_.reset();
+        continue;
+      }
+      entry_pending_ = true;
+    }
+    const io::TarEntry& e = reader_->entry();
+    std::string member_key, ext;
+    if (!e.is_file() || !split_name(e.name, member_key, ext)) {
+      entry_pending_ = false;  // directories, links, metadata, names without a dot
+      continue;
+    }
+    if (!key.empty() && member_key != key) break;  // it starts the next sample: keep it pending
+    if (key.empty()) {
+      key = member_key;
+      current_key_ = key;
+    }
+    entry_pending_ = false;
+    if (std::find(seen_exts.begin(), seen_exts.end(), ext) != seen_exts.end())
+      fail_member(e.name, "extension '." + ext + "' appears twice in sample '" + key + "'");
+    seen_exts.push_back(ext);
+    for (std::size_t k = 0; k < fields_.size(); ++k) {
+      if (o_.fields[k].ext != ext) continue;
+      decode(k, e.name, sample.data() + offsets_[k]);
+      present[k] = 1;
+    }
+  }
+  for (std::size_t k = 0; k < fields_.size(); ++k) {
+    if (present[k]) continue;
+    std::string have;
+    for (const std::string& x : seen_exts) have += (have.empty() ? "." : ", .") + x;
+    TRAINKIT_FAIL("tar shard '", current_shard_, "': sample '", key, "' has no member '.",
+                  o_.fields[k].ext, "' for field '", fields_[k].name,
+                  "' (members: ", have.empty() ? "none" : have, ")");
+  }
+  return true;
+}
+
+TRAINKIT_INLINE bool TarShardDataset::split_name(const std::string& name, std::string& key,
+                                                 std::string& ext) {
+  const std::size_t slash = name.rfind('/');
+  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  if (name.compare(base, 2, "__") == 0) {
+    const std::size_t close = name.find("__", base + 2);
+    if (close != std::string::npos && close + 2 == name.size()) return false;
+  }
+  const std::size_t dot = name.find('.', base);
+  if (dot == std::string::npos || dot == base) return false;
+  key = name.substr(0, dot);
+  ext = name.substr(dot + 1);
+  if (ext.empty()) return false;
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return true;
+}
+
+TRAINKIT_INLINE void TarShardDataset::decode(std::size_t k, const std::string& member,
+                                             std::byte* dst) {
+  const FieldSpec& f = fields_[k];
+  const std::size_t want = f.bytes();
+  const std::uint64_t size = reader_->entry().size;
+  switch (detail::tar_decode_kind(o_.fields[k].ext)) {
+    case detail::TarDecode::kNpy: {
+      // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
+      const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
+      if (size > most)
+        fail_member(member,
+                    ::trainkit::detail::concat(size, " bytes, more than a .npy of field '", f.name,
+                                               "' (", dtype_name(f.dtype), ", ", want,
+                                               " data bytes) can hold (at most ", most, ")"));
+      const std::vector<std::byte> bytes = reader_->read_data();
+      const std::string where = current_shard_ + ":" + member;
+      const io::NpyHeader h = io::parse_npy_header(bytes, where);
+      io::check_npy_size(h, bytes.size(), where);
+      std::size_t numel = 1;
+      for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
+      if (h.dtype != f.dtype || h.numel != numel) {
+        fail_member(member, ::trainkit::detail::concat("holds ", dtype_name(h.dtype), " ",
+                                                       io::shape_string(h), " but field '", f.name,
+                                                       "' expects ", dtype_name(f.dtype), " with ",
+                                                       numel, " elements"));
+      }
+      if (want > 0) std::memcpy(dst, bytes.data() + h.data_offset, want);
+      return;
+    }
+    case detail::TarDecode::kInteger: {
+      if (size > 64) fail_member(member, "a class label longer than 64 bytes");
+      const std::vector<std::byte> bytes = reader_->read_data();
+      std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+        text.remove_suffix(1);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+        text.remove_prefix(1);
+      long long v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        fail_member(member, "'" + std::string(text.substr(0, 32)) + "' is not a decimal integer");
+      if (!detail::store_integer(f.dtype, dst, v))
+        fail_member(member, ::trainkit::detail::concat("label ", v, " does not fit field '", f.name,
+                                                       "' (", dtype_name(f.dtype), ")"));
+      return;
+    }
+    case detail::TarDecode::kJson:
+      if (f.dtype != DType::kU8) {
+        if (size > (std::uint64_t{1} << 26)) fail_member(member, "JSON member larger than 64 MiB");
+        const std::vector<std::byte> bytes = reader_->read_data();
+        parse_json_numbers(k, member, bytes, dst);
+        return;
+      }
+      [[fallthrough]];
+    case detail::TarDecode::kRaw: {
+      if (size > want || (size < want && !o_.fields[k].pad)) {
+        fail_member(member,
+                    ::trainkit::detail::concat(
+                        size, " bytes, but field '", f.name, "' (", dtype_name(f.dtype), ", ", want,
+                        " bytes per sample) needs exactly ", want,
+                        size < want ? " (set pad = true to zero-pad shorter members)" : ""));
+      }
+      reader_->read(std::span<std::byte>(dst, static_cast<std::size_t>(size)));
+      return;
+    }
+  }
+}
+
+TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const std::string& member,
+                                                         const std::vector<std::byte>& bytes,
+                                                         std::byte* dst) const {
+  const FieldSpec& f = fields_[k];
+  const std::size_t numel = f.numel();
+  const char* p = reinterpret_cast<const char*>(bytes.data());
+  const char* end = p + bytes.size();
+  std::size_t count = 0;
+  int depth = 0;
+  bool expect_value = true;
+  for (; p < end; ++p) {
+    const char c = *p;
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (c == '[') {
+      if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
+      expect_value = true;
+      continue;
+    }
+    if (c == ']' || c == ',') {
+      if (c == ']' && --depth < 0) break;
+      expect_value = c == ',';
+      continue;
+    }
+    if (!expect_value) break;
+    double v = 0;
+    if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
+      v = 1;
+      p += 3;
+    } else if (end - p >= 5 && std::memcmp(p, "false", 5) == 0) {
+      p += 4;
+    } else {
+      const auto [next, ec] = std::from_chars(p, end, v);
+      if (ec != std::errc()) break;
+      p = next - 1;
+    }
+    if (count >= numel)
+      fail_member(member, ::trainkit::detail::concat("more than the ", numel, " numbers field '",
+                                                     f.name, "' holds"));
+    if (!detail::store_number(f.dtype, dst, count, v))
+      fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
+                                                     "' (", dtype_name(f.dtype), ")"));
+    ++count;
+    expect_value = false;
+  }
+  if (p != end || depth != 0) {
+    fail_member(member, ::trainkit::detail::concat("not a number or an array of numbers (byte ",
+                                                   p - reinterpret_cast<const char*>(bytes.data()),
+                                                   "); to keep raw JSON text declare field '",
+                                                   f.name, "' as U8 with pad = true"));
+  }
+  if (count != numel)
+    fail_member(member, ::trainkit::detail::concat(count, " numbers, but field '", f.name,
+                                                   "' holds ", numel));
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

@@ -70,7 +70,17 @@ inline std::optional<std::string> env_var(const char* name) {
 
 /// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
 /// naming the variable when it is not an integer in [lo, hi].
-inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX) {
+TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
+
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
+
+/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
+TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   const auto v = env_var(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
@@ -82,8 +92,7 @@ inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_M
   return static_cast<int>(x);
 }
 
-/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
-inline std::string first_slurm_host(std::string_view list) {
+TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
   std::size_t depth = 0, end = 0;
   for (; end < list.size(); ++end) {
     if (list[end] == '[') ++depth;
@@ -102,8 +111,7 @@ inline std::string first_slurm_host(std::string_view list) {
          std::string(first.substr(close + 1));
 }
 
-/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
-inline std::optional<int> first_slurm_count(const char* name) {
+TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
   const auto v = env_var(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
@@ -111,6 +119,8 @@ inline std::optional<int> first_slurm_count(const char* name) {
   if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
   return static_cast<int>(x);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -124,50 +134,7 @@ inline std::optional<int> first_slurm_count(const char* name) {
 ///  - none of them: a single process (rank 0 of 1).
 /// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
 /// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
-inline LaunchInfo detect_launch() {
-  using detail::env_int;
-  using detail::env_var;
-  LaunchInfo info;
-  if (env_var("RANK") && env_var("WORLD_SIZE")) {
-    info.launcher = Launcher::kTorchrun;
-    info.world_size = *env_int("WORLD_SIZE", 1);
-    info.rank = *env_int("RANK", 0);
-    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
-    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
-    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
-    info.launcher = Launcher::kOpenMpi;
-    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
-    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
-    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
-    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
-  } else if (env_var("SLURM_PROCID") &&
-             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
-    info.launcher = Launcher::kSlurm;
-    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
-                                                      : *env_int("SLURM_NTASKS", 1);
-    info.rank = *env_int("SLURM_PROCID", 0);
-    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
-    info.local_world_size =
-        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
-            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
-    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (auto v = env_var(list)) {
-        info.master_addr = detail::first_slurm_host(*v);
-        break;
-      }
-    }
-    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
-  }
-  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
-  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
-  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
-                 info.rank, " of ", info.world_size, " processes");
-  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
-                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
-                 " of ", info.local_world_size, " processes on this node");
-  return info;
-}
+TRAINKIT_INLINE LaunchInfo detect_launch();
 
 /// The communicator backends dist::init can create.
 enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
@@ -233,7 +200,56 @@ class Context {
 /// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
 /// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
 /// not compiled in, MASTER_ADDR unset, no GPU, a world_size that disagrees with MPI's, ...).
-inline Context init(InitOptions options = {}) {
+TRAINKIT_INLINE Context init(InitOptions options = {});
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE LaunchInfo detect_launch() {
+  using detail::env_int;
+  using detail::env_var;
+  LaunchInfo info;
+  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+    info.launcher = Launcher::kTorchrun;
+    info.world_size = *env_int("WORLD_SIZE", 1);
+    info.rank = *env_int("RANK", 0);
+    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
+    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+    info.launcher = Launcher::kOpenMpi;
+    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
+  } else if (env_var("SLURM_PROCID") &&
+             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
+    info.launcher = Launcher::kSlurm;
+    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
+                                                      : *env_int("SLURM_NTASKS", 1);
+    info.rank = *env_int("SLURM_PROCID", 0);
+    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    info.local_world_size =
+        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
+            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto v = env_var(list)) {
+        info.master_addr = detail::first_slurm_host(*v);
+        break;
+      }
+    }
+    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+  }
+  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
+  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
+  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
+                 info.rank, " of ", info.world_size, " processes");
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
+                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
+                 " of ", info.local_world_size, " processes on this node");
+  return info;
+}
+
+TRAINKIT_INLINE Context init(InitOptions options) {
   Context ctx;
   ctx.launch_ = detect_launch();
   const LaunchInfo& L = ctx.launch_;
@@ -341,6 +357,8 @@ inline Context init(InitOptions options = {}) {
   }
   TRAINKIT_FAIL("dist::init: no backend");
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace dist
 TRAINKIT_NAMESPACE_END

@@ -237,8 +237,14 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
 /// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
 /// world_size or payload length, or `timeout` passes.
-inline void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                          std::span<std::byte> payload, std::chrono::milliseconds timeout) {
+TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
+                                   std::span<std::byte> payload,
+                                   std::chrono::milliseconds timeout) {
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
@@ -330,6 +336,8 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int world_s
   TRAINKIT_FAIL("tcp_broadcast: this platform has no POSIX sockets; use MPI to bootstrap");
 #endif
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace dist
 TRAINKIT_NAMESPACE_END

@@ -111,15 +111,7 @@ inline std::string format_seconds(std::chrono::milliseconds ms) {
 class ThreadGroup {
  public:
   /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
-  explicit ThreadGroup(int world_size, ThreadCommOptions options = {})
-      : world_size_(world_size), options_(std::move(options)) {
-    TRAINKIT_CHECK(world_size >= 1 && world_size <= 4096,
-                   "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
-    TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
-                   options_.chunk_bytes);
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
-    slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
-  }
+  TRAINKIT_INLINE explicit ThreadGroup(int world_size, ThreadCommOptions options = {});
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
 
@@ -134,16 +126,7 @@ class ThreadGroup {
     return reason_;
   }
   /// Fails the group with `reason` (the first reason is kept) and wakes every waiting rank.
-  void abort(const std::string& reason) {
-    {
-      std::lock_guard<std::mutex> lock(reason_mutex_);
-      if (!aborted_.load(std::memory_order_relaxed)) {
-        reason_ = reason;
-        aborted_.store(true, std::memory_order_seq_cst);
-      }
-    }
-    notify();
-  }
+  TRAINKIT_INLINE void abort(const std::string& reason);
 
  private:
   friend class ThreadComm;
@@ -152,13 +135,7 @@ class ThreadGroup {
 
   // Wakes sleeping waiters after a store they may wait for. The fence pairs with the one in
   // ThreadComm::await (store-buffer pattern): either we see the sleeper or it sees our store.
-  void notify() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_relaxed) > 0) {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);
-      sleep_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void notify();
 
   int world_size_;
   ThreadCommOptions options_;
@@ -186,40 +163,14 @@ class ThreadGroup {
 class ThreadComm final : public Comm {
  public:
   /// Joins `group` as `rank`. Throws trainkit::Error when rank is out of range or taken.
-  ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : group_(std::move(group)), rank_(rank) {
-    TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
-    TRAINKIT_CHECK(rank >= 0 && rank < group_->world_size(), "ThreadComm: rank ", rank,
-                   " is not in [0, ", group_->world_size(), ")");
-    TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
-                   " of this ThreadGroup already has a ThreadComm");
-    worker_ = std::thread([this] { worker_loop(); });
-  }
+  TRAINKIT_INLINE ThreadComm(std::shared_ptr<ThreadGroup> group, int rank);
   ThreadComm(const ThreadComm&) = delete;
   ThreadComm& operator=(const ThreadComm&) = delete;
 
   /// Leaves the group. With collectives still queued or running (the owning thread threw, or
   /// returned without waiting), the group is aborted so the other ranks fail now, not at their
   /// timeout; those collectives fail too.
-  ~ThreadComm() override {
-    bool in_flight = false;
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      in_flight = busy_ || !queue_.empty();
-      stop_ = true;
-    }
-    group_->slot(rank_).left.store(true, std::memory_order_release);
-    if (in_flight) {
-      group_->abort(trainkit::detail::concat(
-          "rank ", rank_,
-          " left the group (its ThreadComm was destroyed) with collectives still in flight "
-          "(it issued ",
-          queued_.load(std::memory_order_relaxed), ")"));
-    } else {
-      group_->notify();
-    }
-    queue_cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-  }
+  TRAINKIT_INLINE ~ThreadComm() override;
 
   /// Runs f(ThreadComm&) on `world_size` new threads, one per rank of a fresh group, and joins
   /// them. Rethrows the first exception a rank threw (the others then fail with errors naming it).
@@ -251,42 +202,13 @@ class ThreadComm final : public Comm {
   Space space() const noexcept override { return Space::kHost; }
   const std::shared_ptr<ThreadGroup>& group() const noexcept { return group_; }
 
-  Work all_reduce(Buffer buf, ReduceOp op) override {
-    detail::check_all_reduce(*this, buf);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
-                                    .op = op,
-                                    .dtype = buf.dtype,
-                                    .count = buf.count,
-                                    .data = buf.data});
-  }
+  TRAINKIT_INLINE Work all_reduce(Buffer buf, ReduceOp op) override;
 
-  Work broadcast(Buffer buf, int root) override {
-    detail::check_broadcast(*this, buf, root);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
-                                    .dtype = buf.dtype,
-                                    .root = root,
-                                    .count = buf.count,
-                                    .data = buf.data});
-  }
+  TRAINKIT_INLINE Work broadcast(Buffer buf, int root) override;
 
-  Work all_gather(Buffer send, Buffer recv) override {
-    detail::check_all_gather(*this, send, recv);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
-                                    .dtype = send.dtype,
-                                    .count = send.count,
-                                    .data = recv.data,
-                                    .send = send.data});
-  }
+  TRAINKIT_INLINE Work all_gather(Buffer send, Buffer recv) override;
 
-  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
-    detail::check_reduce_scatter(*this, send, recv);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
-                                    .op = op,
-                                    .dtype = send.dtype,
-                                    .count = recv.count,
-                                    .data = recv.data,
-                                    .send = send.data});
-  }
+  TRAINKIT_INLINE Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override;
 
   Work barrier() override {
     detail::RingDesc d;
@@ -326,119 +248,22 @@ class ThreadComm final : public Comm {
     ThreadComm* comm_;
   };
 
-  Work enqueue(const detail::RingDesc& d) {
-    auto work = std::make_shared<ThreadWork>(*this);
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      queue_.push_back(Task{d, work});
-      queued_.fetch_add(1, std::memory_order_release);
-    }
-    queue_cv_.notify_one();
-    return Work(std::move(work));
-  }
+  TRAINKIT_INLINE Work enqueue(const detail::RingDesc& d);
 
   // Takes the next collective if none is running (call with queue_mutex_ held).
-  bool take(Task& task) {
-    if (busy_ || queue_.empty()) return false;
-    task = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    return true;
-  }
+  TRAINKIT_INLINE bool take(Task& task);
 
   // Runs a taken collective and completes its Work.
-  void execute(Task& task) {
-    std::exception_ptr error;
-    try {
-      run(task.desc);
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      // A failure on one rank fails the group (the first reason is kept), so the other ranks
-      // stop waiting for this one now instead of at their timeout.
-      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: ", e.what()));
-      quiesce();
-    } catch (...) {
-      error = std::current_exception();
-      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: unknown exception"));
-      quiesce();
-    }
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      busy_ = false;
-    }
-    queue_cv_.notify_all();
-    task.work->complete(error);
-  }
+  TRAINKIT_INLINE void execute(Task& task);
 
   // Work::wait() on the waiting thread: runs the next queued collective if none is running.
-  bool help() {
-    Task task;
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      if (!take(task)) return false;
-    }
-    execute(task);
-    return true;
-  }
+  TRAINKIT_INLINE bool help();
 
-  void worker_loop() {
-    for (;;) {
-      // No spinning here: a thread that waits for its collective runs it itself (help()), and
-      // on a machine with few cores a spinning progress thread only delays the rank threads.
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(queue_mutex_);
-        queue_cv_.wait(lock, [this] {
-          return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_);
-        });
-        if (!take(task)) return;  // stopping, nothing left
-      }
-      execute(task);
-    }
-  }
+  TRAINKIT_INLINE void worker_loop();
 
-  Plan plan_for(const detail::RingDesc& d) const {
-    const int n = world_size();
-    Plan p;
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
-    p.chunk_elems =
-        std::max<std::int64_t>(1, group_->options().chunk_bytes / std::max<std::int64_t>(es, 1));
-    if (n == 1) {
-      p.steps = 0;
-      return p;
-    }
-    std::int64_t longest = 0;  // the longest segment a step moves
-    switch (d.kind) {
-      case detail::RingOp::kAllReduce:
-      case detail::RingOp::kBarrier:
-        longest = (d.count + n - 1) / n;
-        p.steps = 2 * (n - 1);
-        break;
-      case detail::RingOp::kReduceScatter:
-        longest = d.count;
-        p.steps = n - 1;
-        break;
-      case detail::RingOp::kAllGather:
-        longest = d.count;
-        p.steps = n;
-        break;
-      case detail::RingOp::kBroadcast:
-        longest = d.count;
-        p.steps = 1;
-        break;
-    }
-    // At least one unit per step even for empty buffers: every collective synchronises, so a
-    // barrier is an empty all_reduce and mismatched calls are detected.
-    p.chunks = std::max<std::int64_t>(1, (longest + p.chunk_elems - 1) / p.chunk_elems);
-    return p;
-  }
+  TRAINKIT_INLINE Plan plan_for(const detail::RingDesc& d) const;
 
-  std::string what(std::uint64_t seq, const detail::RingDesc& d) const {
-    std::string s = trainkit::detail::concat(detail::ring_op_name(d.kind), " #", seq);
-    if (d.kind != detail::RingOp::kBarrier)
-      s += trainkit::detail::concat(" (", d.count, " x ", dtype_name(d.dtype), ")");
-    return s;
-  }
+  TRAINKIT_INLINE std::string what(std::uint64_t seq, const detail::RingDesc& d) const;
 
   [[noreturn]] void fail(const std::string& message, bool abort_group) {
     const std::string full = trainkit::detail::concat("ThreadComm rank ", rank_, ": ", message);
@@ -448,32 +273,7 @@ class ThreadComm final : public Comm {
 
   // Follows the chain of waits from `peer` to the rank that is not waiting for anyone: the one
   // that stalled (or left without saying so), and says where it is.
-  std::string diagnose(int peer, std::uint64_t seq) const {
-    int p = peer;
-    for (int hops = 0; hops < world_size(); ++hops) {
-      const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
-      if (w < 0 || w == rank_) break;
-      p = w;
-    }
-    const detail::RingSlot& s = group_->slot(p);
-    const std::uint64_t its_seq = s.seq.load(std::memory_order_acquire);
-    std::string where;
-    if (its_seq < seq) {
-      where = its_seq == 0 ? trainkit::detail::concat("has not entered collective #", seq,
-                                                      " (nor any before it)")
-                           : trainkit::detail::concat("has not entered collective #", seq,
-                                                      " (its last was #", its_seq, ")");
-    } else {
-      const std::int64_t done =
-          s.progress.load(std::memory_order_acquire) - s.base.load(std::memory_order_acquire);
-      where = trainkit::detail::concat("is stuck inside collective #", its_seq, " after ", done,
-                                       " of its ", s.units.load(std::memory_order_acquire),
-                                       " units of work");
-    }
-    return trainkit::detail::concat("rank ", p, " ", where,
-                                    ": it stalled, "
-                                    "or its thread ended without destroying its ThreadComm");
-  }
+  TRAINKIT_INLINE std::string diagnose(int peer, std::uint64_t seq) const;
 
   // Blocks until ready() holds. Fails (and aborts the group) when the group is aborted, when
   // `peer` left, or when `peer` shows no progress for the timeout.
@@ -566,14 +366,7 @@ class ThreadComm final : public Comm {
 
   // After a failure: wait (bounded by the timeout) until no other rank is in the middle of
   // reading buffers, ours included, so the caller may free them once its Work failed.
-  void quiesce() noexcept {
-    const auto deadline = Clock::now() + group_->options().timeout;
-    for (int p = 0; p < world_size(); ++p) {
-      if (p == rank_) continue;
-      while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
+  TRAINKIT_INLINE void quiesce() noexcept;
 
   void publish(std::int64_t progress) {
     group_->slot(rank_).progress.store(progress, std::memory_order_release);
@@ -584,188 +377,10 @@ class ThreadComm final : public Comm {
     if (group_->options().fault_injection) group_->options().fault_injection(rank_, seq, unit);
   }
 
-  void check_match(std::uint64_t seq, const detail::RingDesc& mine, const detail::RingDesc& theirs,
-                   int peer) {
-    bool same = mine.kind == theirs.kind;
-    if (same && mine.kind != detail::RingOp::kBarrier)
-      same = mine.count == theirs.count && mine.dtype == theirs.dtype;
-    if (same &&
-        (mine.kind == detail::RingOp::kAllReduce || mine.kind == detail::RingOp::kReduceScatter))
-      same = mine.op == theirs.op;
-    if (same && mine.kind == detail::RingOp::kBroadcast) same = mine.root == theirs.root;
-    if (same) return;
-    auto describe = [](const detail::RingDesc& x) {
-      std::string s = detail::ring_op_name(x.kind);
-      if (x.kind == detail::RingOp::kBarrier) return s;
-      s += trainkit::detail::concat("(", x.count, " x ", dtype_name(x.dtype));
-      if (x.kind == detail::RingOp::kBroadcast) s += trainkit::detail::concat(", root ", x.root);
-      if (x.kind == detail::RingOp::kAllReduce || x.kind == detail::RingOp::kReduceScatter)
-        s += trainkit::detail::concat(", ", reduce_op_name(x.op));
-      return s + ")";
-    };
-    fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
-                                  describe(mine), ", rank ", peer, " called ", describe(theirs),
-                                  " (every rank must issue the same collectives "
-                                  "in the same order)"),
-         true);
-  }
+  TRAINKIT_INLINE void check_match(std::uint64_t seq, const detail::RingDesc& mine,
+                                   const detail::RingDesc& theirs, int peer);
 
-  void run(detail::RingDesc d) {
-    const std::uint64_t seq = ++seq_;
-    if (group_->aborted())
-      fail(trainkit::detail::concat(
-               what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
-           false);
-    const int n = world_size();
-    const Plan plan = plan_for(d);
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
-    if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
-      const std::size_t need = static_cast<std::size_t>(d.count * n * es);
-      if (scratch_.size() < need) scratch_.assign(need, std::byte{0});
-      d.scratch = scratch_.data();
-    }
-    detail::RingSlot& me = group_->slot(rank_);
-    me.desc = d;
-    me.base.store(base_, std::memory_order_relaxed);
-    me.units.store(plan.units(), std::memory_order_relaxed);
-    me.seq.store(seq, std::memory_order_release);
-    group_->notify();
-
-    if (n == 1) {
-      run_alone(d, es);
-      return;
-    }
-    const int left = (rank_ + n - 1) % n;
-    const int right = (rank_ + 1) % n;
-    const detail::RingSlot& ls = group_->slot(left);
-    const detail::RingSlot& rs = group_->slot(right);
-    await(
-        left, [&] { return ls.seq.load(std::memory_order_acquire) >= seq; }, seq, d);
-    const detail::RingDesc& ld = ls.desc;
-    check_match(seq, d, ld, left);
-
-    const std::int64_t base = base_;
-    const std::int64_t k_n = plan.chunks;
-    const std::int64_t ce = plan.chunk_elems;
-    auto left_done = [&](std::int64_t unit) {
-      await(
-          left, [&] { return ls.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
-          d);
-    };
-    auto right_done = [&](std::int64_t unit) {
-      await(
-          right, [&] { return rs.progress.load(std::memory_order_acquire) >= base + unit + 1; },
-          seq, d);
-    };
-    auto mod = [n](std::int64_t x) { return static_cast<int>(((x % n) + n) % n); };
-    char* mine = static_cast<char*>(d.data);
-
-    switch (d.kind) {
-      case detail::RingOp::kAllReduce:
-      case detail::RingOp::kBarrier: {
-        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
-        auto segment = [&](int c) { return std::pair(c * d.count / n, (c + 1) * d.count / n); };
-        for (std::int64_t g = 0; g < plan.steps; ++g) {
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = g * k_n + k;
-            inject(seq, u);
-            if (g < n - 1) {  // reduce-scatter step g
-              const auto [sb, se] = segment(mod(rank_ - g - 2));
-              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-              if (g > 0) left_done(u - k_n);
-              const int divisor = (g == n - 2 && d.op == ReduceOp::kAvg) ? n : 1;
-              const Access access(*this, seq, d);
-              detail::combine(d.dtype, op, mine + b * es, mine + b * es,
-                              static_cast<const char*>(ld.data) + b * es, e - b, divisor);
-            } else {  // all-gather step s
-              const std::int64_t s = g - (n - 1);
-              const auto [sb, se] = segment(mod(rank_ - 1 - s));
-              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-              left_done(u - k_n);
-              right_done(s * k_n + k);  // the right neighbour has read what we overwrite
-              const Access access(*this, seq, d);
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            }
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kReduceScatter: {
-        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
-        const std::int64_t m = d.count;
-        const char* send = static_cast<const char*>(d.send);
-        char* scratch = static_cast<char*>(d.scratch);
-        for (std::int64_t s = 0; s < plan.steps; ++s) {
-          const std::int64_t c = mod(rank_ - s - 2);
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = s * k_n + k;
-            inject(seq, u);
-            const std::int64_t sb = c * m, se = sb + m;
-            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-            if (s > 0) left_done(u - k_n);
-            const char* incoming = (s == 0 ? static_cast<const char*>(ld.send)
-                                           : static_cast<const char*>(ld.scratch)) +
-                                   b * es;
-            const bool last = s == n - 2;
-            char* dst = last ? mine + (b - sb) * es : scratch + b * es;
-            const Access access(*this, seq, d);
-            detail::combine(d.dtype, op, dst, send + b * es, incoming, e - b,
-                            last && d.op == ReduceOp::kAvg ? n : 1);
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kAllGather: {
-        // Its steps have the shape of all_reduce's all-gather phase above; each stays inline with
-        // its own unit numbering (a shared step would need both schedules as parameters).
-        const std::int64_t m = d.count;
-        for (std::int64_t g = 0; g < plan.steps; ++g) {
-          const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = g * k_n + k;
-            inject(seq, u);
-            const std::int64_t sb = a * m, se = sb + m;
-            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-            if (g == 0) {
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(d.send) + (b - sb) * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            } else {
-              left_done(u - k_n);
-              const Access access(*this, seq, d);
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            }
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kBroadcast: {
-        if (rank_ == d.root) {
-          inject(seq, 0);
-          publish(base + k_n);
-          break;
-        }
-        for (std::int64_t k = 0; k < k_n; ++k) {
-          inject(seq, k);
-          const std::int64_t b = std::min(d.count, k * ce), e = std::min(d.count, b + ce);
-          left_done(k);
-          const Access access(*this, seq, d);
-          detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                             static_cast<std::size_t>((e - b) * es));
-          publish(base + k + 1);
-        }
-        break;
-      }
-    }
-    // The right neighbour reads our descriptor and buffers until its last unit: only then may
-    // the caller reuse them (and we publish the next descriptor).
-    right_done(plan.units() - 1);
-    base_ += plan.units();
-  }
+  TRAINKIT_INLINE void run(detail::RingDesc d);
 
   // A group of one: collectives are local copies.
   void run_alone(const detail::RingDesc& d, std::int64_t es) {
@@ -788,6 +403,437 @@ class ThreadComm final : public Comm {
   bool stop_ = false;
   std::thread worker_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ThreadGroup::ThreadGroup(int world_size, ThreadCommOptions options)
+    : world_size_(world_size), options_(std::move(options)) {
+  TRAINKIT_CHECK(world_size >= 1 && world_size <= 4096,
+                 "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
+  TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
+                 options_.chunk_bytes);
+  TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
+  slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
+}
+
+TRAINKIT_INLINE void ThreadGroup::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (!aborted_.load(std::memory_order_relaxed)) {
+      reason_ = reason;
+      aborted_.store(true, std::memory_order_seq_cst);
+    }
+  }
+  notify();
+}
+
+TRAINKIT_INLINE void ThreadGroup::notify() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    sleep_cv_.notify_all();
+  }
+}
+
+TRAINKIT_INLINE ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
+    : group_(std::move(group)), rank_(rank) {
+  TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
+  TRAINKIT_CHECK(rank >= 0 && rank < group_->world_size(), "ThreadComm: rank ", rank,
+                 " is not in [0, ", group_->world_size(), ")");
+  TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
+                 " of this ThreadGroup already has a ThreadComm");
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+TRAINKIT_INLINE ThreadComm::~ThreadComm() {
+  bool in_flight = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    in_flight = busy_ || !queue_.empty();
+    stop_ = true;
+  }
+  group_->slot(rank_).left.store(true, std::memory_order_release);
+  if (in_flight) {
+    group_->abort(trainkit::detail::concat(
+        "rank ", rank_,
+        " left the group (its ThreadComm was destroyed) with collectives still in flight "
+        "(it issued ",
+        queued_.load(std::memory_order_relaxed), ")"));
+  } else {
+    group_->notify();
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+TRAINKIT_INLINE Work ThreadComm::all_reduce(Buffer buf, ReduceOp op) {
+  detail::check_all_reduce(*this, buf);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
+                                  .op = op,
+                                  .dtype = buf.dtype,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::broadcast(Buffer buf, int root) {
+  detail::check_broadcast(*this, buf, root);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
+                                  .dtype = buf.dtype,
+                                  .root = root,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::all_gather(Buffer send, Buffer recv) {
+  detail::check_all_gather(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
+                                  .dtype = send.dtype,
+                                  .count = send.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  detail::check_reduce_scatter(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
+                                  .op = op,
+                                  .dtype = send.dtype,
+                                  .count = recv.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::enqueue(const detail::RingDesc& d) {
+  auto work = std::make_shared<ThreadWork>(*this);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(Task{d, work});
+    queued_.fetch_add(1, std::memory_order_release);
+  }
+  queue_cv_.notify_one();
+  return Work(std::move(work));
+}
+
+TRAINKIT_INLINE bool ThreadComm::take(Task& task) {
+  if (busy_ || queue_.empty()) return false;
+  task = std::move(queue_.front());
+  queue_.pop_front();
+  busy_ = true;
+  return true;
+}
+
+TRAINKIT_INLINE void ThreadComm::execute(Task& task) {
+  std::exception_ptr error;
+  try {
+    run(task.desc);
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    // A failure on one rank fails the group (the first reason is kept), so the other ranks
+    // stop waiting for this one now instead of at their timeout.
+    group_->abort(trainkit::detail::concat("rank ", rank_, " failed: ", e.what()));
+    quiesce();
+  } catch (...) {
+    error = std::current_exception();
+    group_->abort(trainkit::detail::concat("rank ", rank_, " failed: unknown exception"));
+    quiesce();
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    busy_ = false;
+  }
+  queue_cv_.notify_all();
+  task.work->complete(error);
+}
+
+TRAINKIT_INLINE bool ThreadComm::help() {
+  Task task;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!take(task)) return false;
+  }
+  execute(task);
+  return true;
+}
+
+TRAINKIT_INLINE void ThreadComm::worker_loop() {
+  for (;;) {
+    // No spinning here: a thread that waits for its collective runs it itself (help()), and
+    // on a machine with few cores a spinning progress thread only delays the rank threads.
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] {
+        return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_);
+      });
+      if (!take(task)) return;  // stopping, nothing left
+    }
+    execute(task);
+  }
+}
+
+TRAINKIT_INLINE ThreadComm::Plan ThreadComm::plan_for(const detail::RingDesc& d) const {
+  const int n = world_size();
+  Plan p;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+  p.chunk_elems =
+      std::max<std::int64_t>(1, group_->options().chunk_bytes / std::max<std::int64_t>(es, 1));
+  if (n == 1) {
+    p.steps = 0;
+    return p;
+  }
+  std::int64_t longest = 0;  // the longest segment a step moves
+  switch (d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier:
+      longest = (d.count + n - 1) / n;
+      p.steps = 2 * (n - 1);
+      break;
+    case detail::RingOp::kReduceScatter:
+      longest = d.count;
+      p.steps = n - 1;
+      break;
+    case detail::RingOp::kAllGather:
+      longest = d.count;
+      p.steps = n;
+      break;
+    case detail::RingOp::kBroadcast:
+      longest = d.count;
+      p.steps = 1;
+      break;
+  }
+  // At least one unit per step even for empty buffers: every collective synchronises, so a
+  // barrier is an empty all_reduce and mismatched calls are detected.
+  p.chunks = std::max<std::int64_t>(1, (longest + p.chunk_elems - 1) / p.chunk_elems);
+  return p;
+}
+
+TRAINKIT_INLINE std::string ThreadComm::what(std::uint64_t seq, const detail::RingDesc& d) const {
+  std::string s = trainkit::detail::concat(detail::ring_op_name(d.kind), " #", seq);
+  if (d.kind != detail::RingOp::kBarrier)
+    s += trainkit::detail::concat(" (", d.count, " x ", dtype_name(d.dtype), ")");
+  return s;
+}
+
+TRAINKIT_INLINE std::string ThreadComm::diagnose(int peer, std::uint64_t seq) const {
+  int p = peer;
+  for (int hops = 0; hops < world_size(); ++hops) {
+    const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
+    if (w < 0 || w == rank_) break;
+    p = w;
+  }
+  const detail::RingSlot& s = group_->slot(p);
+  const std::uint64_t its_seq = s.seq.load(std::memory_order_acquire);
+  std::string where;
+  if (its_seq < seq) {
+    where = its_seq == 0 ? trainkit::detail::concat("has not entered collective #", seq,
+                                                    " (nor any before it)")
+                         : trainkit::detail::concat("has not entered collective #", seq,
+                                                    " (its last was #", its_seq, ")");
+  } else {
+    const std::int64_t done =
+        s.progress.load(std::memory_order_acquire) - s.base.load(std::memory_order_acquire);
+    where = trainkit::detail::concat("is stuck inside collective #", its_seq, " after ", done,
+                                     " of its ", s.units.load(std::memory_order_acquire),
+                                     " units of work");
+  }
+  return trainkit::detail::concat("rank ", p, " ", where,
+                                  ": it stalled, "
+                                  "or its thread ended without destroying its ThreadComm");
+}
+
+TRAINKIT_INLINE void ThreadComm::quiesce() noexcept {
+  const auto deadline = Clock::now() + group_->options().timeout;
+  for (int p = 0; p < world_size(); ++p) {
+    if (p == rank_) continue;
+    while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+TRAINKIT_INLINE void ThreadComm::check_match(std::uint64_t seq, const detail::RingDesc& mine,
+                                             const detail::RingDesc& theirs, int peer) {
+  bool same = mine.kind == theirs.kind;
+  if (same && mine.kind != detail::RingOp::kBarrier)
+    same = mine.count == theirs.count && mine.dtype == theirs.dtype;
+  if (same &&
+      (mine.kind == detail::RingOp::kAllReduce || mine.kind == detail::RingOp::kReduceScatter))
+    same = mine.op == theirs.op;
+  if (same && mine.kind == detail::RingOp::kBroadcast) same = mine.root == theirs.root;
+  if (same) return;
+  auto describe = [](const detail::RingDesc& x) {
+    std::string s = detail::ring_op_name(x.kind);
+    if (x.kind == detail::RingOp::kBarrier) return s;
+    s += trainkit::detail::concat("(", x.count, " x ", dtype_name(x.dtype));
+    if (x.kind == detail::RingOp::kBroadcast) s += trainkit::detail::concat(", root ", x.root);
+    if (x.kind == detail::RingOp::kAllReduce || x.kind == detail::RingOp::kReduceScatter)
+      s += trainkit::detail::concat(", ", reduce_op_name(x.op));
+    return s + ")";
+  };
+  fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
+                                describe(mine), ", rank ", peer, " called ", describe(theirs),
+                                " (every rank must issue the same collectives "
+                                "in the same order)"),
+       true);
+}
+
+TRAINKIT_INLINE void ThreadComm::run(detail::RingDesc d) {
+  const std::uint64_t seq = ++seq_;
+  if (group_->aborted())
+    fail(trainkit::detail::concat(
+             what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
+         false);
+  const int n = world_size();
+  const Plan plan = plan_for(d);
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+  if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
+    const std::size_t need = static_cast<std::size_t>(d.count * n * es);
+    if (scratch_.size() < need) scratch_.assign(need, std::byte{0});
+    d.scratch = scratch_.data();
+  }
+  detail::RingSlot& me = group_->slot(rank_);
+  me.desc = d;
+  me.base.store(base_, std::memory_order_relaxed);
+  me.units.store(plan.units(), std::memory_order_relaxed);
+  me.seq.store(seq, std::memory_order_release);
+  group_->notify();
+
+  if (n == 1) {
+    run_alone(d, es);
+    return;
+  }
+  const int left = (rank_ + n - 1) % n;
+  const int right = (rank_ + 1) % n;
+  const detail::RingSlot& ls = group_->slot(left);
+  const detail::RingSlot& rs = group_->slot(right);
+  await(
+      left, [&] { return ls.seq.load(std::memory_order_acquire) >= seq; }, seq, d);
+  const detail::RingDesc& ld = ls.desc;
+  check_match(seq, d, ld, left);
+
+  const std::int64_t base = base_;
+  const std::int64_t k_n = plan.chunks;
+  const std::int64_t ce = plan.chunk_elems;
+  auto left_done = [&](std::int64_t unit) {
+    await(
+        left, [&] { return ls.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
+        d);
+  };
+  auto right_done = [&](std::int64_t unit) {
+    await(
+        right, [&] { return rs.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
+        d);
+  };
+  auto mod = [n](std::int64_t x) { return static_cast<int>(((x % n) + n) % n); };
+  char* mine = static_cast<char*>(d.data);
+
+  switch (d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier: {
+      const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+      auto segment = [&](int c) { return std::pair(c * d.count / n, (c + 1) * d.count / n); };
+      for (std::int64_t g = 0; g < plan.steps; ++g) {
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = g * k_n + k;
+          inject(seq, u);
+          if (g < n - 1) {  // reduce-scatter step g
+            const auto [sb, se] = segment(mod(rank_ - g - 2));
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            if (g > 0) left_done(u - k_n);
+            const int divisor = (g == n - 2 && d.op == ReduceOp::kAvg) ? n : 1;
+            const Access access(*this, seq, d);
+            detail::combine(d.dtype, op, mine + b * es, mine + b * es,
+                            static_cast<const char*>(ld.data) + b * es, e - b, divisor);
+          } else {  // all-gather step s
+            const std::int64_t s = g - (n - 1);
+            const auto [sb, se] = segment(mod(rank_ - 1 - s));
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            left_done(u - k_n);
+            right_done(s * k_n + k);  // the right neighbour has read what we overwrite
+            const Access access(*this, seq, d);
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                               static_cast<std::size_t>((e - b) * es));
+          }
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kReduceScatter: {
+      const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+      const std::int64_t m = d.count;
+      const char* send = static_cast<const char*>(d.send);
+      char* scratch = static_cast<char*>(d.scratch);
+      for (std::int64_t s = 0; s < plan.steps; ++s) {
+        const std::int64_t c = mod(rank_ - s - 2);
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = s * k_n + k;
+          inject(seq, u);
+          const std::int64_t sb = c * m, se = sb + m;
+          const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+          if (s > 0) left_done(u - k_n);
+          const char* incoming =
+              (s == 0 ? static_cast<const char*>(ld.send) : static_cast<const char*>(ld.scratch)) +
+              b * es;
+          const bool last = s == n - 2;
+          char* dst = last ? mine + (b - sb) * es : scratch + b * es;
+          const Access access(*this, seq, d);
+          detail::combine(d.dtype, op, dst, send + b * es, incoming, e - b,
+                          last && d.op == ReduceOp::kAvg ? n : 1);
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kAllGather: {
+      // Its steps have the shape of all_reduce's all-gather phase above; each stays inline with
+      // its own unit numbering (a shared step would need both schedules as parameters).
+      const std::int64_t m = d.count;
+      for (std::int64_t g = 0; g < plan.steps; ++g) {
+        const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = g * k_n + k;
+          inject(seq, u);
+          const std::int64_t sb = a * m, se = sb + m;
+          const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+          if (g == 0) {
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(d.send) + (b - sb) * es,
+                               static_cast<std::size_t>((e - b) * es));
+          } else {
+            left_done(u - k_n);
+            const Access access(*this, seq, d);
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                               static_cast<std::size_t>((e - b) * es));
+          }
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kBroadcast: {
+      if (rank_ == d.root) {
+        inject(seq, 0);
+        publish(base + k_n);
+        break;
+      }
+      for (std::int64_t k = 0; k < k_n; ++k) {
+        inject(seq, k);
+        const std::int64_t b = std::min(d.count, k * ce), e = std::min(d.count, b + ce);
+        left_done(k);
+        const Access access(*this, seq, d);
+        detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                           static_cast<std::size_t>((e - b) * es));
+        publish(base + k + 1);
+      }
+      break;
+    }
+  }
+  // The right neighbour reads our descriptor and buffers until its last unit: only then may
+  // the caller reuse them (and we publish the next descriptor).
+  right_done(plan.units() - 1);
+  base_ += plan.units();
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace dist
 TRAINKIT_NAMESPACE_END

@@ -33,15 +33,7 @@ namespace exec {
 namespace detail {
 
 /// Tells the core we are spinning (frees pipeline resources for the sibling hyper-thread).
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#else
-  std::this_thread::yield();
-#endif
-}
+TRAINKIT_INLINE void cpu_relax() noexcept;
 
 /// True on a thread that is running tasks of a pool (always on workers; on the calling thread
 /// while its job runs). A parallel_for issued from such a thread runs inline: no deadlock, no
@@ -52,19 +44,7 @@ inline bool& in_host_task() noexcept {
 }
 
 /// Threads for `Host()`: $TRAINKIT_NUM_THREADS if set, else hardware_concurrency() (>= 1).
-inline int default_num_threads() {
-  const char* env = std::getenv("TRAINKIT_NUM_THREADS");
-  if (env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long value = std::strtol(env, &end, 10);
-    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
-                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
-    return static_cast<int>(value);
-  }
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
-}
+TRAINKIT_INLINE int default_num_threads();
 
 /// The pool behind exec::Host. One job at a time; a job is `run(ctx, task)` for tasks claimed
 /// one by one from an atomic counter by the caller and every worker that joins in time.
@@ -78,15 +58,7 @@ class HostPool {
  public:
   using RunFn = void (*)(void* ctx, std::int64_t task);
 
-  explicit HostPool(int num_threads) {
-    workers_.reserve(static_cast<std::size_t>(num_threads - 1));
-    try {
-      for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
-    } catch (...) {
-      stop_and_join();
-      throw;
-    }
-  }
+  TRAINKIT_INLINE explicit HostPool(int num_threads);
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
   ~HostPool() { stop_and_join(); }
@@ -95,37 +67,7 @@ class HostPool {
 
   /// Runs the job on the pool and returns true, or returns false at once when another thread's
   /// job occupies the pool (the caller then runs inline). Rethrows the first task exception.
-  bool try_run(std::int64_t num_tasks, RunFn run, void* ctx) {
-    std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
-    if (!submit.owns_lock()) return false;
-
-    run_ = run;
-    ctx_ = ctx;
-    num_tasks_ = num_tasks;
-    next_.store(0, std::memory_order_relaxed);
-    failed_.store(false, std::memory_order_relaxed);
-    error_ = nullptr;
-    ++epoch_;
-    // seq_cst store + seq_cst load of sleepers_ pairs with the worker's increment-then-check:
-    // either we see the sleeper and notify, or it sees the new epoch before sleeping.
-    state_.store((static_cast<std::uint64_t>(epoch_) << 32) | kOpenBit, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      wake_.notify_all();
-    }
-
-    {
-      bool& flag = in_host_task();
-      flag = true;
-      run_tasks();
-      flag = false;
-    }
-    close_job();
-    std::exception_ptr error = std::exchange(error_, nullptr);
-    submit.unlock();
-    if (error) std::rethrow_exception(error);
-    return true;
-  }
+  TRAINKIT_INLINE bool try_run(std::int64_t num_tasks, RunFn run, void* ctx);
 
  private:
   static constexpr std::uint64_t kOpenBit = std::uint64_t{1} << 31;
@@ -139,104 +81,18 @@ class HostPool {
     return static_cast<std::uint32_t>(state >> 32);
   }
 
-  void run_tasks() noexcept {
-    for (;;) {
-      const std::int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
-      if (task >= num_tasks_ || failed_.load(std::memory_order_relaxed)) return;
-      try {
-        run_(ctx_, task);
-      } catch (...) {
-        // The first failure wins; later tasks are skipped. Published by leave()/close_job().
-        if (!failed_.exchange(true, std::memory_order_relaxed)) error_ = std::current_exception();
-      }
-    }
-  }
+  TRAINKIT_INLINE void run_tasks() noexcept;
 
-  void worker_loop() noexcept {
-    in_host_task() = true;
-    std::uint32_t seen = 0;
-    for (;;) {
-      std::uint64_t state = wait_for_job(seen);
-      if (stopping_.load(std::memory_order_acquire)) return;
-      seen = epoch_of(state);
-      while ((state & kOpenBit) != 0 && epoch_of(state) == seen) {
-        if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
-                                         std::memory_order_acquire)) {
-          run_tasks();
-          leave_job();
-          break;
-        }
-      }
-    }
-  }
+  TRAINKIT_INLINE void worker_loop() noexcept;
 
-  std::uint64_t wait_for_job(std::uint32_t seen) {
-    const auto deadline = std::chrono::steady_clock::now() + kSpin;
-    for (unsigned spin = 1;; ++spin) {
-      const std::uint64_t state = state_.load(std::memory_order_acquire);
-      if (epoch_of(state) != seen || stopping_.load(std::memory_order_relaxed)) return state;
-      if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
-      cpu_relax();
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    std::uint64_t state = 0;
-    wake_.wait(lock, [&] {
-      state = state_.load(std::memory_order_seq_cst);
-      return epoch_of(state) != seen || stopping_.load(std::memory_order_seq_cst);
-    });
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
-    return state;
-  }
+  TRAINKIT_INLINE std::uint64_t wait_for_job(std::uint32_t seen);
 
-  void leave_job() {
-    const std::uint64_t before = state_.fetch_sub(1, std::memory_order_seq_cst);
-    if ((before & kInsideMask) == 1 && caller_sleeping_.load(std::memory_order_seq_cst)) {
-      std::lock_guard<std::mutex> lock(done_mutex_);
-      done_.notify_one();
-    }
-  }
+  TRAINKIT_INLINE void leave_job();
 
   // Called by the submitting thread once it found no task left to claim.
-  void close_job() {
-    const auto deadline = std::chrono::steady_clock::now() + kSpin;
-    std::uint64_t state = state_.load(std::memory_order_acquire);
-    for (unsigned spin = 1;; ++spin) {
-      if ((state & kInsideMask) == 0) {
-        if (state_.compare_exchange_weak(state, state & ~kOpenBit, std::memory_order_acq_rel,
-                                         std::memory_order_acquire))
-          return;
-        continue;
-      }
-      if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
-      cpu_relax();
-      state = state_.load(std::memory_order_acquire);
-    }
-    std::unique_lock<std::mutex> lock(done_mutex_);
-    caller_sleeping_.store(true, std::memory_order_seq_cst);
-    for (;;) {
-      state = state_.load(std::memory_order_seq_cst);
-      if ((state & kInsideMask) == 0) {
-        if (state_.compare_exchange_strong(state, state & ~kOpenBit, std::memory_order_acq_rel,
-                                           std::memory_order_acquire))
-          break;
-        continue;
-      }
-      done_.wait(lock);
-    }
-    caller_sleeping_.store(false, std::memory_order_relaxed);
-  }
+  TRAINKIT_INLINE void close_job();
 
-  void stop_and_join() noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_.store(true, std::memory_order_seq_cst);
-    }
-    wake_.notify_all();
-    for (std::thread& worker : workers_)
-      if (worker.joinable()) worker.join();
-    workers_.clear();
-  }
+  TRAINKIT_INLINE void stop_and_join() noexcept;
 
   // Hot atomics on their own cache lines: workers hammer next_ while joiners CAS state_.
   alignas(64) std::atomic<std::uint64_t> state_{0};
@@ -258,6 +114,174 @@ class HostPool {
   std::condition_variable done_;
   std::vector<std::thread> workers_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+TRAINKIT_INLINE int default_num_threads() {
+  const char* env = std::getenv("TRAINKIT_NUM_THREADS");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long value = std::strtol(env, &end, 10);
+    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
+                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
+    return static_cast<int>(value);
+  }
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return hardware == 0 ? 1 : static_cast<int>(hardware);
+}
+
+TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
+  workers_.reserve(static_cast<std::size_t>(num_threads - 1));
+  try {
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    stop_and_join();
+    throw;
+  }
+}
+
+TRAINKIT_INLINE bool HostPool::try_run(std::int64_t num_tasks, RunFn run, void* ctx) {
+  std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
+  if (!submit.owns_lock()) return false;
+
+  run_ = run;
+  ctx_ = ctx;
+  num_tasks_ = num_tasks;
+  next_.store(0, std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
+  error_ = nullptr;
+  ++epoch_;
+  // seq_cst store + seq_cst load of sleepers_ pairs with the worker's increment-then-check:
+  // either we see the sleeper and notify, or it sees the new epoch before sleeping.
+  state_.store((static_cast<std::uint64_t>(epoch_) << 32) | kOpenBit, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+
+  {
+    bool& flag = in_host_task();
+    flag = true;
+    run_tasks();
+    flag = false;
+  }
+  close_job();
+  std::exception_ptr error = std::exchange(error_, nullptr);
+  submit.unlock();
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
+TRAINKIT_INLINE void HostPool::run_tasks() noexcept {
+  for (;;) {
+    const std::int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= num_tasks_ || failed_.load(std::memory_order_relaxed)) return;
+    try {
+      run_(ctx_, task);
+    } catch (...) {
+      // The first failure wins; later tasks are skipped. Published by leave()/close_job().
+      if (!failed_.exchange(true, std::memory_order_relaxed)) error_ = std::current_exception();
+    }
+  }
+}
+
+TRAINKIT_INLINE void HostPool::worker_loop() noexcept {
+  in_host_task() = true;
+  std::uint32_t seen = 0;
+  for (;;) {
+    std::uint64_t state = wait_for_job(seen);
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen = epoch_of(state);
+    while ((state & kOpenBit) != 0 && epoch_of(state) == seen) {
+      if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        run_tasks();
+        leave_job();
+        break;
+      }
+    }
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t HostPool::wait_for_job(std::uint32_t seen) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (unsigned spin = 1;; ++spin) {
+    const std::uint64_t state = state_.load(std::memory_order_acquire);
+    if (epoch_of(state) != seen || stopping_.load(std::memory_order_relaxed)) return state;
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+    cpu_relax();
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  std::uint64_t state = 0;
+  wake_.wait(lock, [&] {
+    state = state_.load(std::memory_order_seq_cst);
+    return epoch_of(state) != seen || stopping_.load(std::memory_order_seq_cst);
+  });
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  return state;
+}
+
+TRAINKIT_INLINE void HostPool::leave_job() {
+  const std::uint64_t before = state_.fetch_sub(1, std::memory_order_seq_cst);
+  if ((before & kInsideMask) == 1 && caller_sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    done_.notify_one();
+  }
+}
+
+TRAINKIT_INLINE void HostPool::close_job() {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  std::uint64_t state = state_.load(std::memory_order_acquire);
+  for (unsigned spin = 1;; ++spin) {
+    if ((state & kInsideMask) == 0) {
+      if (state_.compare_exchange_weak(state, state & ~kOpenBit, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
+        return;
+      continue;
+    }
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+    cpu_relax();
+    state = state_.load(std::memory_order_acquire);
+  }
+  std::unique_lock<std::mutex> lock(done_mutex_);
+  caller_sleeping_.store(true, std::memory_order_seq_cst);
+  for (;;) {
+    state = state_.load(std::memory_order_seq_cst);
+    if ((state & kInsideMask) == 0) {
+      if (state_.compare_exchange_strong(state, state & ~kOpenBit, std::memory_order_acq_rel,
+                                         std::memory_order_acquire))
+        break;
+      continue;
+    }
+    done_.wait(lock);
+  }
+  caller_sleeping_.store(false, std::memory_order_relaxed);
+}
+
+TRAINKIT_INLINE void HostPool::stop_and_join() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.store(true, std::memory_order_seq_cst);
+  }
+  wake_.notify_all();
+  for (std::thread& worker : workers_)
+    if (worker.joinable()) worker.join();
+  workers_.clear();
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 

@@ -39,7 +39,18 @@ struct AtomicFileOptions {
 
 namespace detail {
 
-inline std::string errno_text(int err) {
+TRAINKIT_INLINE std::string errno_text(int err);
+
+/// fsync, or on macOS F_FULLFSYNC (plain fsync there does not flush the drive's cache).
+TRAINKIT_INLINE int full_fsync(int fd) noexcept;
+
+inline int open_directory(const std::filesystem::path& dir) {
+  return ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string errno_text(int err) {
   std::string s = std::strerror(err);
   switch (err) {
     case ENOSPC: return s + " (ENOSPC: the filesystem is full)";
@@ -51,36 +62,20 @@ inline std::string errno_text(int err) {
   }
 }
 
-/// fsync, or on macOS F_FULLFSYNC (plain fsync there does not flush the drive's cache).
-inline int full_fsync(int fd) noexcept {
+TRAINKIT_INLINE int full_fsync(int fd) noexcept {
 #if defined(__APPLE__)
   if (::fcntl(fd, F_FULLFSYNC) == 0) return 0;
 #endif
   return ::fsync(fd);
 }
 
-inline int open_directory(const std::filesystem::path& dir) {
-  return ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-}
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
 /// Makes a completed rename or create inside `dir` durable (fsync of the directory). Throws
 /// trainkit::Error naming the directory on failure.
-inline void fsync_directory(const std::filesystem::path& dir) {
-  const int fd = detail::open_directory(dir);
-  if (fd < 0) {
-    const int err = errno;
-    TRAINKIT_FAIL("cannot open directory '", dir.string(),
-                  "' to fsync it: ", detail::errno_text(err));
-  }
-  const int rc = detail::full_fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  // Some filesystems cannot fsync directories (EINVAL); there is nothing more to make durable.
-  if (rc != 0 && err != EINVAL)
-    TRAINKIT_FAIL("fsync of directory '", dir.string(), "' failed: ", detail::errno_text(err));
-}
+TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir);
 
 /// A file being written to replace `path` atomically. Write with write(), then commit(); if the
 /// object is destroyed (or discard() is called) before commit(), the temp file is removed and
@@ -97,27 +92,7 @@ class AtomicFile {
 
   /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path`. Throws
   /// trainkit::Error naming `path` when it cannot be created (missing directory, permissions).
-  explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {})
-      : path_(std::move(path)), options_(options) {
-    TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
-                   "' does not name a file");
-    std::random_device rd;
-    std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
-    for (int attempt = 0; attempt < 64; ++attempt) {
-      char suffix[40];
-      std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
-                    static_cast<unsigned long long>(rng()));
-      temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
-      fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                   static_cast<mode_t>(options_.mode));
-      if (fd_ >= 0 || errno != EEXIST) break;
-    }
-    if (fd_ < 0) {
-      const int err = errno;
-      TRAINKIT_FAIL("cannot create a temp file to write '", path_.string(), "' (", temp_.string(),
-                    "): ", detail::errno_text(err));
-    }
-  }
+  TRAINKIT_INLINE explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {});
 
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -327,7 +302,53 @@ inline void write_file_atomic(const std::filesystem::path& path, std::string_vie
 }
 
 /// True for names AtomicFile gives its temp files (".<name>.tmp.<pid>.<16 hex digits>").
-inline bool is_atomic_temp_name(std::string_view name) noexcept {
+TRAINKIT_INLINE bool is_atomic_temp_name(std::string_view name) noexcept;
+
+/// Removes the temp files an interrupted AtomicFile left in `dir` (e.g. after a crash; call at
+/// start-up, never while another process may be writing there). Returns how many were removed.
+/// Throws trainkit::Error when `dir` cannot be listed.
+TRAINKIT_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& dir);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir) {
+  const int fd = detail::open_directory(dir);
+  if (fd < 0) {
+    const int err = errno;
+    TRAINKIT_FAIL("cannot open directory '", dir.string(),
+                  "' to fsync it: ", detail::errno_text(err));
+  }
+  const int rc = detail::full_fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some filesystems cannot fsync directories (EINVAL); there is nothing more to make durable.
+  if (rc != 0 && err != EINVAL)
+    TRAINKIT_FAIL("fsync of directory '", dir.string(), "' failed: ", detail::errno_text(err));
+}
+
+TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOptions options)
+    : path_(std::move(path)), options_(options) {
+  TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
+                 "' does not name a file");
+  std::random_device rd;
+  std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    char suffix[40];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
+                  static_cast<unsigned long long>(rng()));
+    temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                 static_cast<mode_t>(options_.mode));
+    if (fd_ >= 0 || errno != EEXIST) break;
+  }
+  if (fd_ < 0) {
+    const int err = errno;
+    TRAINKIT_FAIL("cannot create a temp file to write '", path_.string(), "' (", temp_.string(),
+                  "): ", detail::errno_text(err));
+  }
+}
+
+TRAINKIT_INLINE bool is_atomic_temp_name(std::string_view name) noexcept {
   if (name.size() < 1 + 5 + 1 + 1 + 16 || name[0] != '.') return false;
   const std::string_view hex = name.substr(name.size() - 16);
   for (char c : hex)
@@ -341,10 +362,7 @@ inline bool is_atomic_temp_name(std::string_view name) noexcept {
   return rest.substr(0, dot).ends_with(".tmp") && dot > 5;
 }
 
-/// Removes the temp files an interrupted AtomicFile left in `dir` (e.g. after a crash; call at
-/// start-up, never while another process may be writing there). Returns how many were removed.
-/// Throws trainkit::Error when `dir` cannot be listed.
-inline std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
+TRAINKIT_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
   std::error_code ec;
   std::size_t removed = 0;
   std::filesystem::directory_iterator it(dir, ec), end;
@@ -359,6 +377,8 @@ inline std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
   TRAINKIT_CHECK(!ec, "error while cleaning temp files in '", dir.string(), "': ", ec.message());
   return removed;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

@@ -31,78 +31,13 @@ namespace io {
 
 /// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
 /// U+10FFFF). On failure `*error_offset` (when given) receives the offset of the bad sequence.
-inline bool is_valid_utf8(std::string_view text, std::size_t* error_offset = nullptr) noexcept {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t i = 0;
-  while (i < n) {
-    // ASCII fast path, 8 bytes at a time.
-    while (i + 8 <= n) {
-      std::uint64_t w = 0;
-      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
-      if (w & 0x8080808080808080ull) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    const unsigned c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
-    }
-    bool ok = len != 0 && i + len <= n;
-    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
-    if (!ok) {
-      if (error_offset != nullptr) *error_offset = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
+                                   std::size_t* error_offset = nullptr) noexcept;
 
 /// Appends `s` as a JSON string literal (with quotes), escaping like serde_json: `"` `\` and
 /// control characters (\b \f \n \r \t, others as \u00xx); everything else, including non-ASCII
 /// UTF-8, is copied as is. `s` must be valid UTF-8 (checked by callers that take user strings).
-inline void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += '"';
-  std::size_t run = 0;  // start of the current run of bytes that need no escape
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(s, run, i - run);
-    run = i + 1;
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        out += "\\u00";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-    }
-  }
-  out.append(s, run, s.size() - run);
-  out += '"';
-}
+TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s);
 
 /// The deepest nesting any parse accepts, whatever JsonLimits::max_depth says: the parser
 /// recurses once per level, and this keeps it far from the end of even a small thread stack.
@@ -208,13 +143,7 @@ class Json {
     return magnitude_;
   }
   /// Throws unless this is an integer in the int64 range.
-  std::int64_t as_int() const {
-    expect(Kind::kInteger);
-    const std::uint64_t limit = std::uint64_t(std::numeric_limits<std::int64_t>::max()) + flag_;
-    TRAINKIT_CHECK(magnitude_ <= limit, "JSON integer ", flag_ ? "-" : "", magnitude_,
-                   " does not fit int64");
-    return flag_ ? std::int64_t(std::uint64_t(0) - magnitude_) : std::int64_t(magnitude_);
-  }
+  TRAINKIT_INLINE std::int64_t as_int() const;
   /// Any number as a double (integers round to nearest).
   double as_double() const;
   // Checked accessors, const and mutable: each pair is a kind check and a return (sharing a body
@@ -283,18 +212,7 @@ class Json {
 
   friend bool operator==(const Json& a, const Json& b);
 
-  static const char* kind_name(Kind k) noexcept {
-    switch (k) {
-      case Kind::kNull: return "null";
-      case Kind::kBool: return "bool";
-      case Kind::kInteger: return "integer";
-      case Kind::kNumber: return "number";
-      case Kind::kString: return "string";
-      case Kind::kArray: return "array";
-      case Kind::kObject: return "object";
-    }
-    return "?";
-  }
+  TRAINKIT_INLINE static const char* kind_name(Kind k) noexcept;
 
  private:
   friend class detail::JsonParser;
@@ -329,13 +247,6 @@ inline bool operator==(const Json& a, const Json& b) {
   return false;
 }
 
-inline const Json* Json::find(std::string_view key) const {
-  expect(Kind::kObject);
-  for (const JsonMember& m : object_)
-    if (m.key == key) return &m.value;
-  return nullptr;
-}
-
 inline Json* Json::find(std::string_view key) {
   return const_cast<Json*>(static_cast<const Json*>(this)->find(key));
 }
@@ -352,7 +263,460 @@ inline Json& Json::set(std::string key, Json value) {
   return object_.back().value;
 }
 
-inline double Json::as_double() const {
+namespace detail {
+
+/// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
+class JsonParser {
+ public:
+  JsonParser(std::string_view text, const JsonLimits& limits)
+      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
+
+  TRAINKIT_INLINE std::optional<Json> run(JsonParseError* error);
+
+  /// Checks the number grammar at text_[pos_]; returns the literal's end and whether it has a
+  /// fraction or exponent, or npos on a syntax error.
+  TRAINKIT_INLINE static std::size_t scan_number(std::string_view t, std::size_t p, bool* integral);
+
+ private:
+  TRAINKIT_INLINE bool fail(JsonErrorKind kind, std::string message, std::string key = {});
+
+  TRAINKIT_INLINE void skip_space();
+
+  TRAINKIT_INLINE bool literal(std::string_view word);
+
+  TRAINKIT_INLINE bool parse_value(Json& out, int depth);
+
+  TRAINKIT_INLINE bool parse_number(Json& out);
+
+  TRAINKIT_INLINE static int hex_value(char c) noexcept;
+
+  TRAINKIT_INLINE bool hex4(unsigned& v);
+
+  TRAINKIT_INLINE static void append_utf8(std::string& out, unsigned cp);
+
+  // At the opening quote; leaves pos_ after the closing quote.
+  TRAINKIT_INLINE bool parse_string(std::string& out);
+
+  TRAINKIT_INLINE bool parse_array(Json& out, int depth);
+
+  TRAINKIT_INLINE bool parse_object(Json& out, int depth);
+
+  std::string_view text_;
+  JsonLimits limits_;
+  int max_depth_;
+  std::size_t pos_ = 0;
+  JsonParseError error_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::optional<Json> JsonParser::run(JsonParseError* error) {
+  try {
+    Json value;
+    skip_space();
+    if (parse_value(value, 0)) {
+      skip_space();
+      if (pos_ == text_.size()) return value;
+      fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+    }
+  } catch (const std::bad_alloc&) {
+    // The partial value is gone by now, so there is room for the message.
+    fail(JsonErrorKind::kOutOfMemory,
+         ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
+                                    "-byte JSON text"));
+  }
+  if (error != nullptr) *error = std::move(error_);
+  return std::nullopt;
+}
+
+TRAINKIT_INLINE std::size_t JsonParser::scan_number(std::string_view t, std::size_t p,
+                                                    bool* integral) {
+  const auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
+  *integral = true;
+  if (p < t.size() && t[p] == '-') ++p;
+  if (!digit(p)) return std::string_view::npos;
+  if (t[p] == '0') {
+    ++p;
+    if (digit(p)) return std::string_view::npos;  // leading zeros are not JSON
+  } else {
+    while (digit(p)) ++p;
+  }
+  if (p < t.size() && t[p] == '.') {
+    *integral = false;
+    ++p;
+    if (!digit(p)) return std::string_view::npos;
+    while (digit(p)) ++p;
+  }
+  if (p < t.size() && (t[p] == 'e' || t[p] == 'E')) {
+    *integral = false;
+    ++p;
+    if (p < t.size() && (t[p] == '+' || t[p] == '-')) ++p;
+    if (!digit(p)) return std::string_view::npos;
+    while (digit(p)) ++p;
+  }
+  return p;
+}
+
+TRAINKIT_INLINE bool JsonParser::fail(JsonErrorKind kind, std::string message, std::string key) {
+  error_.kind = kind;
+  error_.offset = pos_;
+  error_.message = std::move(message);
+  error_.key = std::move(key);
+  return false;
+}
+
+TRAINKIT_INLINE void JsonParser::skip_space() {
+  while (pos_ < text_.size()) {
+    const char c = text_[pos_];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+    ++pos_;
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::literal(std::string_view word) {
+  if (text_.substr(pos_, word.size()) != word)
+    return fail(JsonErrorKind::kSyntax, "invalid literal");
+  pos_ += word.size();
+  return true;
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_value(Json& out, int depth) {
+  if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unexpected end of input");
+  switch (text_[pos_]) {
+    case '{': return parse_object(out, depth + 1);
+    case '[': return parse_array(out, depth + 1);
+    case '"': out.kind_ = Json::Kind::kString; return parse_string(out.text_);
+    case 't': out = Json(true); return literal("true");
+    case 'f': out = Json(false); return literal("false");
+    case 'n': out = Json(); return literal("null");
+    default: return parse_number(out);
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_number(Json& out) {
+  bool integral = true;
+  const std::size_t end = scan_number(text_, pos_, &integral);
+  if (end == std::string_view::npos)
+    return fail(JsonErrorKind::kSyntax,
+                "expected a value (object, array, string, number, true, false or null)");
+  const std::string_view lit = text_.substr(pos_, end - pos_);
+  if (integral) {
+    const bool negative = lit[0] == '-';
+    const std::string_view digits = lit.substr(negative ? 1 : 0);
+    std::uint64_t m = 0;
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), m);
+    if (r.ec == std::errc()) {
+      out = Json();
+      out.kind_ = Json::Kind::kInteger;
+      out.flag_ = negative && m != 0;
+      out.magnitude_ = m;
+      pos_ = end;
+      return true;
+    }
+    // Beyond uint64: keep as a plain number, as serde_json turns it into a float.
+  }
+  out = Json();
+  out.kind_ = Json::Kind::kNumber;
+  out.text_.assign(lit);
+  pos_ = end;
+  return true;
+}
+
+TRAINKIT_INLINE int JsonParser::hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+TRAINKIT_INLINE bool JsonParser::hex4(unsigned& v) {
+  v = 0;
+  if (text_.size() - pos_ < 4) return fail(JsonErrorKind::kSyntax, "truncated \\u escape");
+  for (int k = 0; k < 4; ++k) {
+    const int h = hex_value(text_[pos_ + std::size_t(k)]);
+    if (h < 0) return fail(JsonErrorKind::kSyntax, "invalid hex digit in \\u escape");
+    v = v * 16 + unsigned(h);
+  }
+  pos_ += 4;
+  return true;
+}
+
+TRAINKIT_INLINE void JsonParser::append_utf8(std::string& out, unsigned cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xc0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += char(0xe0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  } else {
+    out += char(0xf0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3f));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_string(std::string& out) {
+  out.clear();
+  ++pos_;
+  for (;;) {
+    std::size_t run = pos_;
+    while (run < text_.size()) {
+      const auto c = static_cast<unsigned char>(text_[run]);
+      if (c == '"' || c == '\\' || c < 0x20) break;
+      ++run;
+    }
+    const std::string_view chunk = text_.substr(pos_, run - pos_);
+    std::size_t bad = 0;
+    if (!is_valid_utf8(chunk, &bad)) {
+      pos_ += bad;
+      return fail(JsonErrorKind::kInvalidUtf8, "string is not valid UTF-8");
+    }
+    out.append(chunk);
+    pos_ = run;
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated string");
+    const char c = text_[pos_];
+    if (c == '"') {
+      ++pos_;
+      return true;
+    }
+    if (c != '\\')
+      return fail(JsonErrorKind::kSyntax, "control character in string (must be escaped)");
+    if (++pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated escape");
+    const char e = text_[pos_++];
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        unsigned cp = 0;
+        if (!hex4(cp)) return false;
+        if (cp >= 0xdc00 && cp <= 0xdfff)
+          return fail(JsonErrorKind::kInvalidUtf8, "unpaired low surrogate in \\u escape");
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+          if (text_.substr(pos_, 2) != "\\u")
+            return fail(JsonErrorKind::kInvalidUtf8, "unpaired high surrogate in \\u escape");
+          pos_ += 2;
+          unsigned lo = 0;
+          if (!hex4(lo)) return false;
+          if (lo < 0xdc00 || lo > 0xdfff)
+            return fail(JsonErrorKind::kInvalidUtf8, "high surrogate not followed by a low one");
+          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+        }
+        append_utf8(out, cp);
+        break;
+      }
+      default: --pos_; return fail(JsonErrorKind::kSyntax, "invalid escape in string");
+    }
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_array(Json& out, int depth) {
+  if (depth > max_depth_)
+    return fail(JsonErrorKind::kTooDeep,
+                ::trainkit::detail::concat("nesting deeper than ", max_depth_));
+  out = Json::array();
+  ++pos_;
+  skip_space();
+  if (pos_ < text_.size() && text_[pos_] == ']') {
+    ++pos_;
+    return true;
+  }
+  for (;;) {
+    skip_space();
+    Json element;
+    if (!parse_value(element, depth)) return false;
+    out.array_.push_back(std::move(element));
+    skip_space();
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated array");
+    if (text_[pos_] == ']') {
+      ++pos_;
+      return true;
+    }
+    if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or ']'");
+    ++pos_;
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_object(Json& out, int depth) {
+  if (depth > max_depth_)
+    return fail(JsonErrorKind::kTooDeep,
+                ::trainkit::detail::concat("nesting deeper than ", max_depth_));
+  out = Json::object();
+  const std::size_t start = pos_;
+  ++pos_;
+  skip_space();
+  if (pos_ < text_.size() && text_[pos_] == '}') {
+    ++pos_;
+    return true;
+  }
+  for (;;) {
+    skip_space();
+    if (pos_ >= text_.size() || text_[pos_] != '"')
+      return fail(JsonErrorKind::kSyntax, "expected a string key");
+    JsonMember member;
+    const std::size_t key_pos = pos_;
+    if (!parse_string(member.key)) return false;
+    // Small objects: linear duplicate check now; large ones are checked once at the end.
+    if (out.object_.size() < 16) {
+      for (const JsonMember& m : out.object_) {
+        if (m.key == member.key) {
+          pos_ = key_pos;
+          return fail(JsonErrorKind::kDuplicateKey, "duplicate key", member.key);
+        }
+      }
+    }
+    skip_space();
+    if (pos_ >= text_.size() || text_[pos_] != ':')
+      return fail(JsonErrorKind::kSyntax, "expected ':' after a key");
+    ++pos_;
+    skip_space();
+    if (!parse_value(member.value, depth)) return false;
+    out.object_.push_back(std::move(member));
+    skip_space();
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated object");
+    if (text_[pos_] == '}') {
+      ++pos_;
+      break;
+    }
+    if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or '}'");
+    ++pos_;
+  }
+  const auto& members = out.object_;
+  if (members.size() > 16) {
+    std::vector<std::uint32_t> order(members.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::uint32_t(i);
+    std::sort(order.begin(), order.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return members[a].key < members[b].key; });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      if (members[order[i]].key == members[order[i - 1]].key) {
+        pos_ = start;
+        return fail(JsonErrorKind::kDuplicateKey, "duplicate key in the object starting here",
+                    members[order[i]].key);
+      }
+    }
+  }
+  return true;
+}
+
+#endif  // TRAINKIT_IMPL
+
+}  // namespace detail
+
+inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError* error,
+                                           const JsonLimits& limits) {
+  return detail::JsonParser(text, limits).run(error);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_offset) noexcept {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    // ASCII fast path, 8 bytes at a time.
+    while (i + 8 <= n) {
+      std::uint64_t w = 0;
+      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
+      if (w & 0x8080808080808080ull) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    const unsigned c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;  // overlong
+      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;  // overlong
+      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+    }
+    bool ok = len != 0 && i + len <= n;
+    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
+    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
+    if (!ok) {
+      if (error_offset != nullptr) *error_offset = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  std::size_t run = 0;  // start of the current run of bytes that need no escape
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s, run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+    }
+  }
+  out.append(s, run, s.size() - run);
+  out += '"';
+}
+
+TRAINKIT_INLINE std::int64_t Json::as_int() const {
+  expect(Kind::kInteger);
+  const std::uint64_t limit = std::uint64_t(std::numeric_limits<std::int64_t>::max()) + flag_;
+  TRAINKIT_CHECK(magnitude_ <= limit, "JSON integer ", flag_ ? "-" : "", magnitude_,
+                 " does not fit int64");
+  return flag_ ? std::int64_t(std::uint64_t(0) - magnitude_) : std::int64_t(magnitude_);
+}
+
+TRAINKIT_INLINE const char* Json::kind_name(Kind k) noexcept {
+  switch (k) {
+    case Kind::kNull: return "null";
+    case Kind::kBool: return "bool";
+    case Kind::kInteger: return "integer";
+    case Kind::kNumber: return "number";
+    case Kind::kString: return "string";
+    case Kind::kArray: return "array";
+    case Kind::kObject: return "object";
+  }
+  return "?";
+}
+
+TRAINKIT_INLINE const Json* Json::find(std::string_view key) const {
+  expect(Kind::kObject);
+  for (const JsonMember& m : object_)
+    if (m.key == key) return &m.value;
+  return nullptr;
+}
+
+TRAINKIT_INLINE double Json::as_double() const {
   TRAINKIT_CHECK(is_number(), "JSON value is ", kind_name(kind_), ", expected a number");
   if (kind_ == Kind::kInteger) return flag_ ? -double(magnitude_) : double(magnitude_);
   double v = 0;
@@ -366,7 +730,7 @@ inline double Json::as_double() const {
                   : std::numeric_limits<double>::infinity();
 }
 
-inline void Json::dump_to(std::string& out, int indent, int level) const {
+TRAINKIT_INLINE void Json::dump_to(std::string& out, int indent, int level) const {
   const auto newline = [&](int lvl) {
     if (indent < 0) return;
     out += '\n';
@@ -413,329 +777,8 @@ inline void Json::dump_to(std::string& out, int indent, int level) const {
   }
 }
 
-namespace detail {
-
-/// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const JsonLimits& limits)
-      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
-
-  std::optional<Json> run(JsonParseError* error) {
-    try {
-      Json value;
-      skip_space();
-      if (parse_value(value, 0)) {
-        skip_space();
-        if (pos_ == text_.size()) return value;
-        fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
-      }
-    } catch (const std::bad_alloc&) {
-      // The partial value is gone by now, so there is room for the message.
-      fail(JsonErrorKind::kOutOfMemory,
-           ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
-                                      "-byte JSON text"));
-    }
-    if (error != nullptr) *error = std::move(error_);
-    return std::nullopt;
-  }
-
-  /// Checks the number grammar at text_[pos_]; returns the literal's end and whether it has a
-  /// fraction or exponent, or npos on a syntax error.
-  static std::size_t scan_number(std::string_view t, std::size_t p, bool* integral) {
-    const auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
-    *integral = true;
-    if (p < t.size() && t[p] == '-') ++p;
-    if (!digit(p)) return std::string_view::npos;
-    if (t[p] == '0') {
-      ++p;
-      if (digit(p)) return std::string_view::npos;  // leading zeros are not JSON
-    } else {
-      while (digit(p)) ++p;
-    }
-    if (p < t.size() && t[p] == '.') {
-      *integral = false;
-      ++p;
-      if (!digit(p)) return std::string_view::npos;
-      while (digit(p)) ++p;
-    }
-    if (p < t.size() && (t[p] == 'e' || t[p] == 'E')) {
-      *integral = false;
-      ++p;
-      if (p < t.size() && (t[p] == '+' || t[p] == '-')) ++p;
-      if (!digit(p)) return std::string_view::npos;
-      while (digit(p)) ++p;
-    }
-    return p;
-  }
-
- private:
-  bool fail(JsonErrorKind kind, std::string message, std::string key = {}) {
-    error_.kind = kind;
-    error_.offset = pos_;
-    error_.message = std::move(message);
-    error_.key = std::move(key);
-    return false;
-  }
-
-  void skip_space() {
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-      ++pos_;
-    }
-  }
-
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word)
-      return fail(JsonErrorKind::kSyntax, "invalid literal");
-    pos_ += word.size();
-    return true;
-  }
-
-  bool parse_value(Json& out, int depth) {
-    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unexpected end of input");
-    switch (text_[pos_]) {
-      case '{': return parse_object(out, depth + 1);
-      case '[': return parse_array(out, depth + 1);
-      case '"': out.kind_ = Json::Kind::kString; return parse_string(out.text_);
-      case 't': out = Json(true); return literal("true");
-      case 'f': out = Json(false); return literal("false");
-      case 'n': out = Json(); return literal("null");
-      default: return parse_number(out);
-    }
-  }
-
-  bool parse_number(Json& out) {
-    bool integral = true;
-    const std::size_t end = scan_number(text_, pos_, &integral);
-    if (end == std::string_view::npos)
-      return fail(JsonErrorKind::kSyntax,
-                  "expected a value (object, array, string, number, true, false or null)");
-    const std::string_view lit = text_.substr(pos_, end - pos_);
-    if (integral) {
-      const bool negative = lit[0] == '-';
-      const std::string_view digits = lit.substr(negative ? 1 : 0);
-      std::uint64_t m = 0;
-      const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), m);
-      if (r.ec == std::errc()) {
-        out = Json();
-        out.kind_ = Json::Kind::kInteger;
-        out.flag_ = negative && m != 0;
-        out.magnitude_ = m;
-        pos_ = end;
-        return true;
-      }
-      // Beyond uint64: keep as a plain number, as serde_json turns it into a float.
-    }
-    out = Json();
-    out.kind_ = Json::Kind::kNumber;
-    out.text_.assign(lit);
-    pos_ = end;
-    return true;
-  }
-
-  static int hex_value(char c) noexcept {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-
-  bool hex4(unsigned& v) {
-    v = 0;
-    if (text_.size() - pos_ < 4) return fail(JsonErrorKind::kSyntax, "truncated \\u escape");
-    for (int k = 0; k < 4; ++k) {
-      const int h = hex_value(text_[pos_ + std::size_t(k)]);
-      if (h < 0) return fail(JsonErrorKind::kSyntax, "invalid hex digit in \\u escape");
-      v = v * 16 + unsigned(h);
-    }
-    pos_ += 4;
-    return true;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xc0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += char(0xe0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    } else {
-      out += char(0xf0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3f));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    }
-  }
-
-  // At the opening quote; leaves pos_ after the closing quote.
-  bool parse_string(std::string& out) {
-    out.clear();
-    ++pos_;
-    for (;;) {
-      std::size_t run = pos_;
-      while (run < text_.size()) {
-        const auto c = static_cast<unsigned char>(text_[run]);
-        if (c == '"' || c == '\\' || c < 0x20) break;
-        ++run;
-      }
-      const std::string_view chunk = text_.substr(pos_, run - pos_);
-      std::size_t bad = 0;
-      if (!is_valid_utf8(chunk, &bad)) {
-        pos_ += bad;
-        return fail(JsonErrorKind::kInvalidUtf8, "string is not valid UTF-8");
-      }
-      out.append(chunk);
-      pos_ = run;
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated string");
-      const char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return true;
-      }
-      if (c != '\\')
-        return fail(JsonErrorKind::kSyntax, "control character in string (must be escaped)");
-      if (++pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = 0;
-          if (!hex4(cp)) return false;
-          if (cp >= 0xdc00 && cp <= 0xdfff)
-            return fail(JsonErrorKind::kInvalidUtf8, "unpaired low surrogate in \\u escape");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (text_.substr(pos_, 2) != "\\u")
-              return fail(JsonErrorKind::kInvalidUtf8, "unpaired high surrogate in \\u escape");
-            pos_ += 2;
-            unsigned lo = 0;
-            if (!hex4(lo)) return false;
-            if (lo < 0xdc00 || lo > 0xdfff)
-              return fail(JsonErrorKind::kInvalidUtf8, "high surrogate not followed by a low one");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --pos_; return fail(JsonErrorKind::kSyntax, "invalid escape in string");
-      }
-    }
-  }
-
-  bool parse_array(Json& out, int depth) {
-    if (depth > max_depth_)
-      return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
-    out = Json::array();
-    ++pos_;
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == ']') {
-      ++pos_;
-      return true;
-    }
-    for (;;) {
-      skip_space();
-      Json element;
-      if (!parse_value(element, depth)) return false;
-      out.array_.push_back(std::move(element));
-      skip_space();
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated array");
-      if (text_[pos_] == ']') {
-        ++pos_;
-        return true;
-      }
-      if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or ']'");
-      ++pos_;
-    }
-  }
-
-  bool parse_object(Json& out, int depth) {
-    if (depth > max_depth_)
-      return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
-    out = Json::object();
-    const std::size_t start = pos_;
-    ++pos_;
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == '}') {
-      ++pos_;
-      return true;
-    }
-    for (;;) {
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != '"')
-        return fail(JsonErrorKind::kSyntax, "expected a string key");
-      JsonMember member;
-      const std::size_t key_pos = pos_;
-      if (!parse_string(member.key)) return false;
-      // Small objects: linear duplicate check now; large ones are checked once at the end.
-      if (out.object_.size() < 16) {
-        for (const JsonMember& m : out.object_) {
-          if (m.key == member.key) {
-            pos_ = key_pos;
-            return fail(JsonErrorKind::kDuplicateKey, "duplicate key", member.key);
-          }
-        }
-      }
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != ':')
-        return fail(JsonErrorKind::kSyntax, "expected ':' after a key");
-      ++pos_;
-      skip_space();
-      if (!parse_value(member.value, depth)) return false;
-      out.object_.push_back(std::move(member));
-      skip_space();
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated object");
-      if (text_[pos_] == '}') {
-        ++pos_;
-        break;
-      }
-      if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or '}'");
-      ++pos_;
-    }
-    const auto& members = out.object_;
-    if (members.size() > 16) {
-      std::vector<std::uint32_t> order(members.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::uint32_t(i);
-      std::sort(order.begin(), order.end(),
-                [&](std::uint32_t a, std::uint32_t b) { return members[a].key < members[b].key; });
-      for (std::size_t i = 1; i < order.size(); ++i) {
-        if (members[order[i]].key == members[order[i - 1]].key) {
-          pos_ = start;
-          return fail(JsonErrorKind::kDuplicateKey, "duplicate key in the object starting here",
-                      members[order[i]].key);
-        }
-      }
-    }
-    return true;
-  }
-
-  std::string_view text_;
-  JsonLimits limits_;
-  int max_depth_;
-  std::size_t pos_ = 0;
-  JsonParseError error_;
-};
-
-}  // namespace detail
-
-inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError* error,
-                                           const JsonLimits& limits) {
-  return detail::JsonParser(text, limits).run(error);
-}
-
-inline Json Json::parse(std::string_view text, std::string_view source, const JsonLimits& limits) {
+TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
+                                 const JsonLimits& limits) {
   JsonParseError error;
   std::optional<Json> v = try_parse(text, &error, limits);
   if (!v) {
@@ -746,12 +789,14 @@ inline Json Json::parse(std::string_view text, std::string_view source, const Js
   return std::move(*v);
 }
 
-inline Json Json::number(std::string_view literal) {
+TRAINKIT_INLINE Json Json::number(std::string_view literal) {
   bool integral = true;
   const std::size_t end = detail::JsonParser::scan_number(literal, 0, &integral);
   TRAINKIT_CHECK(end == literal.size() && !literal.empty(), "'", literal, "' is not a JSON number");
   return parse(literal);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

@@ -41,36 +41,8 @@ class MappedFile {
 
   /// Maps `path` read-only. Throws trainkit::Error naming the file when it cannot be opened,
   /// stat'ed or mapped, or is not a regular file.
-  explicit MappedFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
-      : path_(path.string()) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("cannot open");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      errno = err;
-      fail("cannot stat");
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      TRAINKIT_FAIL("cannot map '", path_, "': not a regular file");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const int err = errno;
-        ::close(fd);
-        errno = err;
-        size_ = 0;
-        fail("cannot mmap");
-      }
-      data_ = static_cast<const std::byte*>(p);
-      advise(access);
-    }
-    ::close(fd);  // the mapping keeps its own reference to the file
-  }
+  TRAINKIT_INLINE explicit MappedFile(const std::filesystem::path& path,
+                                      MapAccess access = MapAccess::kNormal);
 
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -124,6 +96,41 @@ class MappedFile {
   const std::byte* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE MappedFile::MappedFile(const std::filesystem::path& path, MapAccess access)
+    : path_(path.string()) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    fail("cannot stat");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    TRAINKIT_FAIL("cannot map '", path_, "': not a regular file");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      size_ = 0;
+      fail("cannot mmap");
+    }
+    data_ = static_cast<const std::byte*>(p);
+    advise(access);
+  }
+  ::close(fd);  // the mapping keeps its own reference to the file
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

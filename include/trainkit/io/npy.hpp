@@ -46,26 +46,7 @@ inline constexpr std::size_t kNpyMaxHeaderBytes = 10000;
 
 /// The `descr` string numpy writes for `t` ('<f4', '|u1', '|b1', ...). Throws trainkit::Error for
 /// types numpy cannot represent (bf16, the float8 types).
-inline std::string npy_descr(DType t) {
-  switch (t) {
-    case DType::kF64: return "<f8";
-    case DType::kF32: return "<f4";
-    case DType::kF16: return "<f2";
-    case DType::kI64: return "<i8";
-    case DType::kI32: return "<i4";
-    case DType::kI16: return "<i2";
-    case DType::kI8: return "|i1";
-    case DType::kU64: return "<u8";
-    case DType::kU32: return "<u4";
-    case DType::kU16: return "<u2";
-    case DType::kU8: return "|u1";
-    case DType::kBool: return "|b1";
-    default: break;
-  }
-  TRAINKIT_FAIL("dtype ", dtype_name(t),
-                " has no .npy descr (numpy has no bfloat16/float8): "
-                "store the raw bits as '<u2' / '|u1' or convert to float32");
-}
+TRAINKIT_INLINE std::string npy_descr(DType t);
 
 namespace detail {
 
@@ -83,12 +64,7 @@ struct NpyHeaderText {
     npy_fail(source, ::trainkit::detail::concat("corrupt header at character ", pos, ": ", what,
                                                 " (header: ", shorten(), ")"));
   }
-  std::string shorten() const {
-    std::string s(text.substr(0, 120));
-    for (char& c : s)
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-    return text.size() > 120 ? s + "..." : s;
-  }
+  TRAINKIT_INLINE std::string shorten() const;
   void skip_space() {
     while (pos < text.size() &&
            (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r'))
@@ -102,64 +78,92 @@ struct NpyHeaderText {
     if (!peek(c)) fail(::trainkit::detail::concat("expected '", c, "'"));
     ++pos;
   }
-  std::string_view string() {
-    skip_space();
-    if (pos >= text.size() || (text[pos] != '\'' && text[pos] != '"')) fail("expected a string");
-    const char quote = text[pos++];
-    const std::size_t start = pos;
-    while (pos < text.size() && text[pos] != quote) {
-      if (text[pos] == '\\') fail("escapes are not supported in header strings");
-      ++pos;
-    }
-    if (pos >= text.size()) fail("unterminated string");
-    return text.substr(start, pos++ - start);
-  }
-  bool boolean() {
-    skip_space();
-    if (text.substr(pos, 4) == "True") {
-      pos += 4;
-      return true;
-    }
-    if (text.substr(pos, 5) == "False") {
-      pos += 5;
-      return false;
-    }
-    fail("expected True or False");
-  }
-  std::int64_t integer() {
-    skip_space();
-    const std::size_t start = pos;
-    std::uint64_t v = 0;
-    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
-      const auto digit = static_cast<std::uint64_t>(text[pos] - '0');
-      if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - digit) / 10)
-        fail("shape extent too large");
-      v = v * 10 + digit;
-      ++pos;
-    }
-    if (pos == start) fail("expected a non-negative integer in 'shape'");
-    if (pos < text.size() && text[pos] == 'L') ++pos;  // Python 2 long literal
-    return static_cast<std::int64_t>(v);
-  }
-  std::vector<std::int64_t> tuple() {
-    expect('(');
-    std::vector<std::int64_t> dims;
-    while (!peek(')')) {
-      if (dims.size() >= 64) fail("more than 64 dimensions");
-      dims.push_back(integer());
-      if (peek(',')) {
-        ++pos;
-      } else if (!peek(')')) {
-        fail("expected ',' or ')' in 'shape'");
-      }
-    }
-    ++pos;
-    return dims;
-  }
+  TRAINKIT_INLINE std::string_view string();
+  TRAINKIT_INLINE bool boolean();
+  TRAINKIT_INLINE std::int64_t integer();
+  TRAINKIT_INLINE std::vector<std::int64_t> tuple();
 };
 
 /// Maps a descr string to a DType, or fails saying why it is refused.
-inline DType parse_npy_descr(std::string_view descr, std::string_view source) {
+TRAINKIT_INLINE DType parse_npy_descr(std::string_view descr, std::string_view source);
+
+inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
+  std::uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
+TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string NpyHeaderText::shorten() const {
+  std::string s(text.substr(0, 120));
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  return text.size() > 120 ? s + "..." : s;
+}
+
+TRAINKIT_INLINE std::string_view NpyHeaderText::string() {
+  skip_space();
+  if (pos >= text.size() || (text[pos] != '\'' && text[pos] != '"')) fail("expected a string");
+  const char quote = text[pos++];
+  const std::size_t start = pos;
+  while (pos < text.size() && text[pos] != quote) {
+    if (text[pos] == '\\') fail("escapes are not supported in header strings");
+    ++pos;
+  }
+  if (pos >= text.size()) fail("unterminated string");
+  return text.substr(start, pos++ - start);
+}
+
+TRAINKIT_INLINE bool NpyHeaderText::boolean() {
+  skip_space();
+  if (text.substr(pos, 4) == "True") {
+    pos += 4;
+    return true;
+  }
+  if (text.substr(pos, 5) == "False") {
+    pos += 5;
+    return false;
+  }
+  fail("expected True or False");
+}
+
+TRAINKIT_INLINE std::int64_t NpyHeaderText::integer() {
+  skip_space();
+  const std::size_t start = pos;
+  std::uint64_t v = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    const auto digit = static_cast<std::uint64_t>(text[pos] - '0');
+    if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - digit) / 10)
+      fail("shape extent too large");
+    v = v * 10 + digit;
+    ++pos;
+  }
+  if (pos == start) fail("expected a non-negative integer in 'shape'");
+  if (pos < text.size() && text[pos] == 'L') ++pos;  // Python 2 long literal
+  return static_cast<std::int64_t>(v);
+}
+
+TRAINKIT_INLINE std::vector<std::int64_t> NpyHeaderText::tuple() {
+  expect('(');
+  std::vector<std::int64_t> dims;
+  while (!peek(')')) {
+    if (dims.size() >= 64) fail("more than 64 dimensions");
+    dims.push_back(integer());
+    if (peek(',')) {
+      ++pos;
+    } else if (!peek(')')) {
+      fail("expected ',' or ')' in 'shape'");
+    }
+  }
+  ++pos;
+  return dims;
+}
+
+TRAINKIT_INLINE DType parse_npy_descr(std::string_view descr, std::string_view source) {
   if (descr.size() >= 2 && descr[1] == 'O')
     npy_fail(source, "object arrays (descr '|O') hold pickled Python objects; refused");
   if (descr.size() < 3) npy_fail(source, ::trainkit::detail::concat("unknown descr '", descr, "'"));
@@ -215,14 +219,7 @@ inline DType parse_npy_descr(std::string_view descr, std::string_view source) {
   return t;
 }
 
-inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
-  std::uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
-inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
@@ -231,13 +228,117 @@ inline std::string shape_text(const std::vector<std::int64_t>& shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Parses the .npy header at the start of `bytes` (the whole file, or at least its header) and
 /// checks it: magic, version, header length, the dict `{'descr', 'fortran_order', 'shape'}` in
 /// any key order, a supported dtype, C order, and sizes that do not overflow. `source` names the
 /// file in messages. Does NOT check the data length: see check_npy_size(). Throws trainkit::Error.
-inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_view source) {
+TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
+                                           std::string_view source);
+
+/// "(2, 3)" style text of a header's shape, for messages.
+inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
+
+/// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
+/// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
+TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
+                                    std::string_view source);
+
+/// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
+/// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
+/// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
+TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape);
+
+/// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
+/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure.
+TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
+                               std::span<const std::int64_t> shape, const void* data);
+
+/// Typed convenience: `write_npy(path, shape, values)` with the dtype taken from T.
+template <class T>
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
+               std::span<const T> values) {
+  std::size_t numel = 1;
+  for (std::int64_t d : shape)
+    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): element count");
+  TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
+                 " elements but ", values.size(), " were given");
+  write_npy(path, dtype_of<T>, shape, values.data());
+}
+
+/// A memory-mapped .npy file, validated on open (header and exact size). Move-only; the data
+/// stays mapped while the object lives.
+class NpyFile {
+ public:
+  NpyFile() = default;
+
+  /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
+  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
+  explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
+      : file_(path, access) {
+    header_ = parse_npy_header(file_.bytes(), file_.path());
+    check_npy_size(header_, file_.size(), file_.path());
+  }
+
+  const NpyHeader& header() const noexcept { return header_; }
+  DType dtype() const noexcept { return header_.dtype; }
+  const std::vector<std::int64_t>& shape() const noexcept { return header_.shape; }
+  std::size_t numel() const noexcept { return header_.numel; }
+  const std::string& path() const noexcept { return file_.path(); }
+  /// The raw array bytes (C order), `header().data_bytes` long.
+  const std::byte* data() const noexcept {
+    return file_.data() == nullptr ? nullptr : file_.data() + header_.data_offset;
+  }
+  std::span<const std::byte> bytes() const noexcept { return {data(), header_.data_bytes}; }
+
+  /// The elements as T; throws unless T is the file's dtype and the data is aligned for T.
+  template <class T>
+  std::span<const T> values() const {
+    TRAINKIT_CHECK(dtype_of<T> == header_.dtype, "npy file '", path(), "' holds ",
+                   dtype_name(header_.dtype), ", not ", dtype_name(dtype_of<T>));
+    TRAINKIT_CHECK(reinterpret_cast<std::uintptr_t>(data()) % alignof(T) == 0, "npy file '", path(),
+                   "': data offset ", header_.data_offset, " is not aligned for ",
+                   dtype_name(header_.dtype));
+    return {reinterpret_cast<const T*>(data()), header_.numel};
+  }
+
+  /// Re-advises the kernel on the access pattern (see MappedFile::advise).
+  void advise(MapAccess access) const noexcept { file_.advise(access); }
+
+ private:
+  MappedFile file_;
+  NpyHeader header_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string npy_descr(DType t) {
+  switch (t) {
+    case DType::kF64: return "<f8";
+    case DType::kF32: return "<f4";
+    case DType::kF16: return "<f2";
+    case DType::kI64: return "<i8";
+    case DType::kI32: return "<i4";
+    case DType::kI16: return "<i2";
+    case DType::kI8: return "|i1";
+    case DType::kU64: return "<u8";
+    case DType::kU32: return "<u4";
+    case DType::kU16: return "<u2";
+    case DType::kU8: return "|u1";
+    case DType::kBool: return "|b1";
+    default: break;
+  }
+  TRAINKIT_FAIL("dtype ", dtype_name(t),
+                " has no .npy descr (numpy has no bfloat16/float8): "
+                "store the raw bits as '<u2' / '|u1' or convert to float32");
+}
+
+TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
+                                           std::string_view source) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t n = bytes.size();
   static constexpr unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -335,12 +436,8 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
   return h;
 }
 
-/// "(2, 3)" style text of a header's shape, for messages.
-inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
-
-/// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
-/// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
-inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::string_view source) {
+TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
+                                    std::string_view source) {
   // An end past 2^64 is simply more than any file holds.
   const std::optional<std::size_t> expected = checked_add(h.data_offset, h.data_bytes);
   if (!expected || file_size < *expected) {
@@ -358,10 +455,7 @@ inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::strin
   }
 }
 
-/// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
-/// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
-/// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
-inline std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
+TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
   std::string dict = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     TRAINKIT_CHECK(shape[i] >= 0, "npy_header_bytes: negative extent ", shape[i]);
@@ -389,10 +483,8 @@ inline std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> s
   return out;
 }
 
-/// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
-/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure.
-inline void write_npy(const std::filesystem::path& path, DType dtype,
-                      std::span<const std::int64_t> shape, const void* data) {
+TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
+                               std::span<const std::int64_t> shape, const void* data) {
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
   for (std::int64_t d : shape)
@@ -408,62 +500,7 @@ inline void write_npy(const std::filesystem::path& path, DType dtype,
                  path.string(), "' (disk full?)");
 }
 
-/// Typed convenience: `write_npy(path, shape, values)` with the dtype taken from T.
-template <class T>
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const T> values) {
-  std::size_t numel = 1;
-  for (std::int64_t d : shape)
-    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
-                        path.string(), "'): element count");
-  TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
-                 " elements but ", values.size(), " were given");
-  write_npy(path, dtype_of<T>, shape, values.data());
-}
-
-/// A memory-mapped .npy file, validated on open (header and exact size). Move-only; the data
-/// stays mapped while the object lives.
-class NpyFile {
- public:
-  NpyFile() = default;
-
-  /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
-  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
-  explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
-      : file_(path, access) {
-    header_ = parse_npy_header(file_.bytes(), file_.path());
-    check_npy_size(header_, file_.size(), file_.path());
-  }
-
-  const NpyHeader& header() const noexcept { return header_; }
-  DType dtype() const noexcept { return header_.dtype; }
-  const std::vector<std::int64_t>& shape() const noexcept { return header_.shape; }
-  std::size_t numel() const noexcept { return header_.numel; }
-  const std::string& path() const noexcept { return file_.path(); }
-  /// The raw array bytes (C order), `header().data_bytes` long.
-  const std::byte* data() const noexcept {
-    return file_.data() == nullptr ? nullptr : file_.data() + header_.data_offset;
-  }
-  std::span<const std::byte> bytes() const noexcept { return {data(), header_.data_bytes}; }
-
-  /// The elements as T; throws unless T is the file's dtype and the data is aligned for T.
-  template <class T>
-  std::span<const T> values() const {
-    TRAINKIT_CHECK(dtype_of<T> == header_.dtype, "npy file '", path(), "' holds ",
-                   dtype_name(header_.dtype), ", not ", dtype_name(dtype_of<T>));
-    TRAINKIT_CHECK(reinterpret_cast<std::uintptr_t>(data()) % alignof(T) == 0, "npy file '", path(),
-                   "': data offset ", header_.data_offset, " is not aligned for ",
-                   dtype_name(header_.dtype));
-    return {reinterpret_cast<const T*>(data()), header_.numel};
-  }
-
-  /// Re-advises the kernel on the access pattern (see MappedFile::advise).
-  void advise(MapAccess access) const noexcept { file_.advise(access); }
-
- private:
-  MappedFile file_;
-  NpyHeader header_;
-};
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

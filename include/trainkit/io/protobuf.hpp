@@ -42,16 +42,7 @@ class ProtoWriter {
   void clear() noexcept { bytes_.clear(); }
 
   /// A base-128 varint (little-endian groups of 7 bits, high bit = more).
-  void varint(std::uint64_t value) {
-    char buffer[10];
-    std::size_t n = 0;
-    while (value >= 0x80) {
-      buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
-      value >>= 7;
-    }
-    buffer[n++] = static_cast<char>(value);
-    bytes_.append(buffer, n);
-  }
+  TRAINKIT_INLINE void varint(std::uint64_t value);
 
   void key(int field, WireType type) {
     varint((static_cast<std::uint64_t>(field) << 3) | static_cast<std::uint32_t>(type));
@@ -80,12 +71,7 @@ class ProtoWriter {
     bytes_.append(value);
   }
   /// A `repeated double` field in packed encoding (proto3's default); nothing when empty.
-  void field_packed_doubles(int field, std::span<const double> values) {
-    if (values.empty()) return;
-    key(field, WireType::kLengthDelimited);
-    varint(values.size() * 8);
-    for (double v : values) fixed64(std::bit_cast<std::uint64_t>(v));
-  }
+  TRAINKIT_INLINE void field_packed_doubles(int field, std::span<const double> values);
 
   // proto3 "implicit presence": a field equal to its default is not written at all. Doubles are
   // compared by bit pattern, as protobuf does, so -0.0 is still written.
@@ -112,19 +98,7 @@ class ProtoWriter {
     return bytes_.size();
   }
   /// Finishes the sub-message started at `mark`, writing its length in front of it.
-  void end_message(std::size_t mark) {
-    const std::size_t length = bytes_.size() - mark;
-    char buffer[10];
-    std::size_t n = 0;
-    std::uint64_t value = length;
-    while (value >= 0x80) {
-      buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
-      value >>= 7;
-    }
-    buffer[n++] = static_cast<char>(value);
-    if (n > 1) bytes_.insert(mark, n - 1, '\0');  // rare: messages of 128 bytes or more
-    std::memcpy(bytes_.data() + mark - 1, buffer, n);
-  }
+  TRAINKIT_INLINE void end_message(std::size_t mark);
 
  private:
   void fixed64(std::uint64_t value) {
@@ -140,6 +114,42 @@ class ProtoWriter {
 
   std::string bytes_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void ProtoWriter::varint(std::uint64_t value) {
+  char buffer[10];
+  std::size_t n = 0;
+  while (value >= 0x80) {
+    buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
+    value >>= 7;
+  }
+  buffer[n++] = static_cast<char>(value);
+  bytes_.append(buffer, n);
+}
+
+TRAINKIT_INLINE void ProtoWriter::field_packed_doubles(int field, std::span<const double> values) {
+  if (values.empty()) return;
+  key(field, WireType::kLengthDelimited);
+  varint(values.size() * 8);
+  for (double v : values) fixed64(std::bit_cast<std::uint64_t>(v));
+}
+
+TRAINKIT_INLINE void ProtoWriter::end_message(std::size_t mark) {
+  const std::size_t length = bytes_.size() - mark;
+  char buffer[10];
+  std::size_t n = 0;
+  std::uint64_t value = length;
+  while (value >= 0x80) {
+    buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
+    value >>= 7;
+  }
+  buffer[n++] = static_cast<char>(value);
+  if (n > 1) bytes_.insert(mark, n - 1, '\0');  // rare: messages of 128 bytes or more
+  std::memcpy(bytes_.data() + mark - 1, buffer, n);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

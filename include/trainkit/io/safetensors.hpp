@@ -143,13 +143,8 @@ struct SafetensorsHeader {
 
 namespace detail {
 
-[[noreturn]] inline void safetensors_fail(SafetensorsRule rule, std::string_view source,
-                                          const std::string& what) {
-  ::trainkit::detail::throw_error(
-      ::trainkit::detail::concat("safetensors file '", source, "': ", safetensors_rule_name(rule),
-                                 ": ", what),
-      "", __FILE__, __LINE__, "io", static_cast<long long>(rule));
-}
+[[noreturn]] TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
+                                                   const std::string& what);
 
 inline void require_little_endian(std::string_view source) {
   if constexpr (std::endian::native != std::endian::little)
@@ -223,7 +218,22 @@ inline void append_uint(std::string& out, std::uint64_t v) {
 /// Faults in fresh memory about to be overwritten with one call instead of one page fault per
 /// 4 KiB page (Linux >= 5.14; a hint, errors ignored). In a VM a load from the page cache is
 /// dominated by these faults, not by the copy.
-inline void prefault(std::byte* p, std::uint64_t bytes) noexcept {
+TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept;
+
+/// A printable, bounded rendering of an untrusted name for messages.
+TRAINKIT_INLINE std::string printable(std::string_view s);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
+                                      const std::string& what) {
+  ::trainkit::detail::throw_error(
+      ::trainkit::detail::concat("safetensors file '", source, "': ", safetensors_rule_name(rule),
+                                 ": ", what),
+      "", __FILE__, __LINE__, "io", static_cast<long long>(rule));
+}
+
+TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
   const auto page = std::uintptr_t(4096);
   const auto lo = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
@@ -235,8 +245,7 @@ inline void prefault(std::byte* p, std::uint64_t bytes) noexcept {
 #endif
 }
 
-/// A printable, bounded rendering of an untrusted name for messages.
-inline std::string printable(std::string_view s) {
+TRAINKIT_INLINE std::string printable(std::string_view s) {
   std::string out;
   for (char c : s.substr(0, 200)) {
     const auto u = static_cast<unsigned char>(c);
@@ -246,6 +255,8 @@ inline std::string printable(std::string_view s) {
   return out;
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Validates the JSON header of a safetensors file: `json` is the N header bytes and
@@ -253,8 +264,237 @@ inline std::string printable(std::string_view s) {
 /// the reference reader after the length checks (UTF-8, JSON, dtype, shape, contiguous offsets,
 /// sizes, data size) and rejects duplicate keys. Throws trainkit::Error naming `source`, the
 /// SafetensorsRule and the tensor; Error::code() is the rule.
-inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t file_bytes,
-                                                  std::string_view source) {
+TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json,
+                                                           std::uint64_t file_bytes,
+                                                           std::string_view source);
+
+/// Reads the 8-byte length and checks it against the buffer (rules HeaderTooSmall,
+/// HeaderTooLarge, InvalidHeaderLength); returns N.
+TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
+                                                        std::uint64_t file_bytes,
+                                                        std::string_view source);
+
+/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
+/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
+/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
+/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
+/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
+/// rename, which is safe.
+class SafetensorsFile {
+ public:
+  SafetensorsFile() = default;
+
+  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
+  /// and tensor) when it cannot be read or breaks a rule.
+  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
+    init(map_.bytes());
+  }
+
+  /// Validates a safetensors image in memory without copying it; `bytes` must outlive the
+  /// object. `source` names it in errors.
+  TRAINKIT_INLINE static SafetensorsFile from_buffer(std::span<const std::byte> bytes,
+                                                     std::string source = "<memory>");
+
+  /// The path (or buffer name) given at open.
+  const std::string& source() const noexcept { return source_; }
+  /// Tensor descriptions in data (offset) order.
+  const std::vector<SafetensorsTensorInfo>& tensors() const noexcept { return header_.tensors; }
+  const SafetensorsMetadata& metadata() const noexcept { return header_.metadata; }
+  const SafetensorsHeader& header() const noexcept { return header_; }
+  std::size_t size() const noexcept { return header_.tensors.size(); }
+  /// Names in data order.
+  TRAINKIT_INLINE std::vector<std::string> names() const;
+  bool contains(std::string_view name) const noexcept { return index_of(name) >= 0; }
+  /// The description of `name`, or null.
+  const SafetensorsTensorInfo* find(std::string_view name) const noexcept {
+    const long i = index_of(name);
+    return i < 0 ? nullptr : &header_.tensors[std::size_t(i)];
+  }
+  /// The description of `name`; throws (rule TensorNotFound) when absent.
+  const SafetensorsTensorInfo& info(std::string_view name) const {
+    return header_.tensors[checked_index(name)];
+  }
+
+  /// A zero-copy view of tensor `name` (valid while this object lives). Throws trainkit::Error
+  /// naming the file and tensor when it is absent or its dtype has no trainkit DType.
+  AnyTensorView tensor(std::string_view name) const { return view_at(checked_index(name)); }
+  AnyTensorView operator[](std::string_view name) const { return tensor(name); }
+  /// The view of the i-th tensor in data order.
+  AnyTensorView tensor_at(std::size_t i) const {
+    TRAINKIT_CHECK(i < size(), "tensor index ", i, " out of range for ", size(), " tensors");
+    return view_at(i);
+  }
+  /// An owning copy of tensor `name`.
+  AnyTensor copy(std::string_view name) const { return AnyTensor::copy_of(tensor(name)); }
+
+  /// The raw bytes of tensor `name` (any dtype, including ones tensor() refuses).
+  std::span<const std::byte> raw_bytes(std::string_view name) const {
+    const std::size_t i = checked_index(name);
+    return {data_[i], std::size_t(header_.tensors[i].bytes())};
+  }
+
+  /// False when some tensors had to be copied for alignment.
+  bool zero_copy() const noexcept { return copies_.empty(); }
+
+ private:
+  TRAINKIT_INLINE void init(std::span<const std::byte> bytes);
+
+  TRAINKIT_INLINE long index_of(std::string_view name) const noexcept;
+
+  TRAINKIT_INLINE std::size_t checked_index(std::string_view name) const;
+
+  TRAINKIT_INLINE AnyTensorView view_at(std::size_t i) const;
+
+  std::string source_;
+  MappedFile map_;
+  SafetensorsHeader header_;
+  std::vector<const std::byte*> data_;  // per tensor: into the file, or into copies_
+  std::vector<std::uint32_t> by_name_;  // tensor indices sorted by name
+  std::vector<AnyTensor> copies_;       // aligned copies of misaligned tensors
+};
+
+struct SafetensorsLoadOptions {
+  /// Threads reading (and first-touching) the tensors' memory; 0 picks min(4, cores), or one for
+  /// files under 64 MiB. Page faults on the fresh memory, not the copy, dominate a load from the
+  /// page cache, and they proceed in parallel.
+  unsigned threads = 0;
+};
+
+/// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
+/// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
+/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
+/// (rule Unsupported). Throws trainkit::Error naming the file.
+TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {});
+
+/// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
+/// order, so wider types come first and every tensor is naturally aligned), then by name (byte
+/// order); compact JSON with `__metadata__` first (omitted when `metadata` is empty); padded with
+/// spaces. Throws trainkit::Error (rule InvalidArgument) for a duplicate or reserved name
+/// (`__metadata__`), non-UTF-8 text, a null view with data, or a header over 100 MB.
+TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
+                                                   const SafetensorsMetadata& metadata = {},
+                                                   const SafetensorsWriteOptions& options = {});
+
+/// Streams a planned file through `sink(const std::byte* data, std::size_t bytes)`.
+template <class Sink>
+void write_safetensors(const SafetensorsLayout& layout, std::span<const NamedTensor> tensors,
+                       Sink&& sink) {
+  sink(reinterpret_cast<const std::byte*>(layout.prefix.data()), layout.prefix.size());
+  for (std::size_t i : layout.order) {
+    const AnyTensorView& t = tensors[i].tensor;
+    if (t.bytes() != 0) sink(t.data(), t.bytes());
+  }
+}
+
+/// The file image in memory (same bytes save_safetensors writes).
+TRAINKIT_INLINE std::vector<std::byte> safetensors_bytes(
+    std::span<const NamedTensor> tensors, const SafetensorsMetadata& metadata = {},
+    const SafetensorsWriteOptions& options = {});
+inline std::vector<std::byte> safetensors_bytes(std::initializer_list<NamedTensor> tensors,
+                                                const SafetensorsMetadata& metadata = {},
+                                                const SafetensorsWriteOptions& options = {}) {
+  return safetensors_bytes(std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
+                           options);
+}
+
+/// Writes `tensors` to `path` crash-safely (temp file in the same directory, fsync, rename,
+/// directory fsync): `path` holds either its previous content or the complete new file. Throws
+/// trainkit::Error naming the file on bad input (see plan_safetensors) or an I/O error
+/// (ENOSPC, EFBIG, ...), leaving `path` untouched.
+TRAINKIT_INLINE void save_safetensors(const std::filesystem::path& path,
+                                      std::span<const NamedTensor> tensors,
+                                      const SafetensorsMetadata& metadata = {},
+                                      const SafetensorsWriteOptions& options = {});
+inline void save_safetensors(const std::filesystem::path& path,
+                             std::initializer_list<NamedTensor> tensors,
+                             const SafetensorsMetadata& metadata = {},
+                             const SafetensorsWriteOptions& options = {}) {
+  save_safetensors(path, std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
+                   options);
+}
+
+// ---- Sharded sets: model-00001-of-00003.safetensors + model.safetensors.index.json -----------
+
+/// The index file name of a sharded set (Hugging Face convention).
+inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
+
+/// "model-00001-of-00003.safetensors" for shard `i` (0-based) of `n`, as huggingface_hub names
+/// them (`prefix` replaces "model").
+TRAINKIT_INLINE std::string safetensors_shard_name(std::size_t i, std::size_t n,
+                                                   std::string_view prefix = "model");
+
+/// `model.safetensors.index.json`: {"metadata": {...}, "weight_map": {tensor: shard file}}.
+struct SafetensorsIndex {
+  /// Free-form; Hugging Face writes {"total_size": <bytes of all tensors>}.
+  Json metadata = Json::object();
+  /// Tensor name -> shard file name, relative to the index's directory.
+  std::map<std::string, std::string, std::less<>> weight_map;
+
+  /// The distinct shard files, sorted.
+  TRAINKIT_INLINE std::vector<std::string> files() const;
+
+  /// metadata["total_size"] when it is a non-negative integer.
+  std::optional<std::uint64_t> total_size() const {
+    const Json* v = metadata.is_object() ? metadata.find("total_size") : nullptr;
+    if (v == nullptr || !v->is_unsigned()) return std::nullopt;
+    return v->as_uint();
+  }
+
+  /// The file text: 2-space indented JSON with sorted keys and a final newline, the layout
+  /// `transformers` writes.
+  TRAINKIT_INLINE std::string to_json() const;
+
+  /// Parses and checks an index: an object with a "weight_map" object of strings (required) and
+  /// an optional "metadata" object; shard names must be relative paths without "..". Throws
+  /// trainkit::Error naming `source` and the offending entry.
+  TRAINKIT_INLINE static SafetensorsIndex parse(std::string_view text,
+                                                std::string_view source = "index");
+};
+
+/// Writes an index file crash-safely (see AtomicFile).
+inline void save_safetensors_index(const std::filesystem::path& path, const SafetensorsIndex& index,
+                                   AtomicFileOptions options = {}) {
+  write_file_atomic(path, std::string_view(index.to_json()), options);
+}
+
+/// Reads and checks an index file (see SafetensorsIndex::parse).
+inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
+  const MappedFile map(path);
+  return SafetensorsIndex::parse(
+      std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
+}
+
+/// A sharded set opened through its index: every shard is mapped and validated, and every
+/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
+class SafetensorsShards {
+ public:
+  /// Opens `index_path` and the shards it names (relative to its directory). Throws
+  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
+  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
+
+  const SafetensorsIndex& index() const noexcept { return index_; }
+  std::size_t size() const noexcept { return index_.weight_map.size(); }
+  bool contains(std::string_view name) const { return index_.weight_map.count(name) != 0; }
+  /// The shard holding `name`; throws when the index does not list it.
+  TRAINKIT_INLINE const SafetensorsFile& shard_of(std::string_view name) const;
+  /// A zero-copy view of `name` from its shard.
+  AnyTensorView tensor(std::string_view name) const { return shard_of(name).tensor(name); }
+  /// The opened shards by file name.
+  const std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>>& shards() const {
+    return shards_;
+  }
+
+ private:
+  SafetensorsIndex index_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json,
+                                                           std::uint64_t file_bytes,
+                                                           std::string_view source) {
   using R = SafetensorsRule;
   using detail::safetensors_fail;
   using ::trainkit::detail::concat;
@@ -419,10 +659,9 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
   return out;
 }
 
-/// Reads the 8-byte length and checks it against the buffer (rules HeaderTooSmall,
-/// HeaderTooLarge, InvalidHeaderLength); returns N.
-inline std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
-                                               std::uint64_t file_bytes, std::string_view source) {
+TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
+                                                        std::uint64_t file_bytes,
+                                                        std::string_view source) {
   using R = SafetensorsRule;
   using ::trainkit::detail::concat;
   if (prefix.size() < 8 || file_bytes < 8)
@@ -441,154 +680,77 @@ inline std::uint64_t safetensors_header_length(std::span<const std::byte> prefix
   return n;
 }
 
-/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
-/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
-/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
-/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
-/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
-/// rename, which is safe.
-class SafetensorsFile {
- public:
-  SafetensorsFile() = default;
+TRAINKIT_INLINE SafetensorsFile SafetensorsFile::from_buffer(std::span<const std::byte> bytes,
+                                                             std::string source) {
+  SafetensorsFile f;
+  f.source_ = std::move(source);
+  f.init(bytes);
+  return f;
+}
 
-  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
-  /// and tensor) when it cannot be read or breaks a rule.
-  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
-    init(map_.bytes());
-  }
+TRAINKIT_INLINE std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(size());
+  for (const auto& t : header_.tensors) out.push_back(t.name);
+  return out;
+}
 
-  /// Validates a safetensors image in memory without copying it; `bytes` must outlive the
-  /// object. `source` names it in errors.
-  static SafetensorsFile from_buffer(std::span<const std::byte> bytes,
-                                     std::string source = "<memory>") {
-    SafetensorsFile f;
-    f.source_ = std::move(source);
-    f.init(bytes);
-    return f;
-  }
-
-  /// The path (or buffer name) given at open.
-  const std::string& source() const noexcept { return source_; }
-  /// Tensor descriptions in data (offset) order.
-  const std::vector<SafetensorsTensorInfo>& tensors() const noexcept { return header_.tensors; }
-  const SafetensorsMetadata& metadata() const noexcept { return header_.metadata; }
-  const SafetensorsHeader& header() const noexcept { return header_; }
-  std::size_t size() const noexcept { return header_.tensors.size(); }
-  /// Names in data order.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    out.reserve(size());
-    for (const auto& t : header_.tensors) out.push_back(t.name);
-    return out;
-  }
-  bool contains(std::string_view name) const noexcept { return index_of(name) >= 0; }
-  /// The description of `name`, or null.
-  const SafetensorsTensorInfo* find(std::string_view name) const noexcept {
-    const long i = index_of(name);
-    return i < 0 ? nullptr : &header_.tensors[std::size_t(i)];
-  }
-  /// The description of `name`; throws (rule TensorNotFound) when absent.
-  const SafetensorsTensorInfo& info(std::string_view name) const {
-    return header_.tensors[checked_index(name)];
-  }
-
-  /// A zero-copy view of tensor `name` (valid while this object lives). Throws trainkit::Error
-  /// naming the file and tensor when it is absent or its dtype has no trainkit DType.
-  AnyTensorView tensor(std::string_view name) const { return view_at(checked_index(name)); }
-  AnyTensorView operator[](std::string_view name) const { return tensor(name); }
-  /// The view of the i-th tensor in data order.
-  AnyTensorView tensor_at(std::size_t i) const {
-    TRAINKIT_CHECK(i < size(), "tensor index ", i, " out of range for ", size(), " tensors");
-    return view_at(i);
-  }
-  /// An owning copy of tensor `name`.
-  AnyTensor copy(std::string_view name) const { return AnyTensor::copy_of(tensor(name)); }
-
-  /// The raw bytes of tensor `name` (any dtype, including ones tensor() refuses).
-  std::span<const std::byte> raw_bytes(std::string_view name) const {
-    const std::size_t i = checked_index(name);
-    return {data_[i], std::size_t(header_.tensors[i].bytes())};
-  }
-
-  /// False when some tensors had to be copied for alignment.
-  bool zero_copy() const noexcept { return copies_.empty(); }
-
- private:
-  void init(std::span<const std::byte> bytes) {
-    detail::require_little_endian(source_);
-    const std::uint64_t n = safetensors_header_length(bytes, bytes.size(), source_);
-    const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, std::size_t(n));
-    header_ = parse_safetensors_header(json, bytes.size(), source_);
-    const std::byte* base = bytes.data() + 8 + n;
-    data_.resize(header_.tensors.size());
-    by_name_.resize(header_.tensors.size());
-    for (std::size_t i = 0; i < header_.tensors.size(); ++i) {
-      const SafetensorsTensorInfo& t = header_.tensors[i];
-      data_[i] = base + t.begin;
-      by_name_[i] = std::uint32_t(i);
-      if (!t.dtype || t.bytes() == 0) continue;
-      const std::size_t align = dtype_size(*t.dtype);
-      if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
-        copies_.push_back(AnyTensor(*t.dtype, t.shape));
-        std::memcpy(copies_.back().data(), data_[i], std::size_t(t.bytes()));
-        data_[i] = copies_.back().data();
-      }
-    }
-    std::sort(by_name_.begin(), by_name_.end(), [&](std::uint32_t a, std::uint32_t b) {
-      return header_.tensors[a].name < header_.tensors[b].name;
-    });
-  }
-
-  long index_of(std::string_view name) const noexcept {
-    const auto it = std::lower_bound(
-        by_name_.begin(), by_name_.end(), name,
-        [&](std::uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
-    if (it == by_name_.end() || header_.tensors[*it].name != name) return -1;
-    return long(*it);
-  }
-
-  std::size_t checked_index(std::string_view name) const {
-    const long i = index_of(name);
-    if (i < 0)
-      detail::safetensors_fail(
-          SafetensorsRule::kTensorNotFound, source_,
-          ::trainkit::detail::concat("no tensor named '", detail::printable(name),
-                                     "' (the file holds ", size(), " tensors)"));
-    return std::size_t(i);
-  }
-
-  AnyTensorView view_at(std::size_t i) const {
+TRAINKIT_INLINE void SafetensorsFile::init(std::span<const std::byte> bytes) {
+  detail::require_little_endian(source_);
+  const std::uint64_t n = safetensors_header_length(bytes, bytes.size(), source_);
+  const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, std::size_t(n));
+  header_ = parse_safetensors_header(json, bytes.size(), source_);
+  const std::byte* base = bytes.data() + 8 + n;
+  data_.resize(header_.tensors.size());
+  by_name_.resize(header_.tensors.size());
+  for (std::size_t i = 0; i < header_.tensors.size(); ++i) {
     const SafetensorsTensorInfo& t = header_.tensors[i];
-    if (!t.dtype)
-      detail::safetensors_fail(SafetensorsRule::kUnsupported, source_,
-                               ::trainkit::detail::concat("tensor '", detail::printable(t.name),
-                                                          "' has dtype ", t.dtype_name,
-                                                          ", which trainkit has no DType for "
-                                                          "(raw_bytes() gives its bytes)"));
-    return AnyTensorView(*t.dtype, t.shape, data_[i]);
+    data_[i] = base + t.begin;
+    by_name_[i] = std::uint32_t(i);
+    if (!t.dtype || t.bytes() == 0) continue;
+    const std::size_t align = dtype_size(*t.dtype);
+    if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
+      copies_.push_back(AnyTensor(*t.dtype, t.shape));
+      std::memcpy(copies_.back().data(), data_[i], std::size_t(t.bytes()));
+      data_[i] = copies_.back().data();
+    }
   }
+  std::sort(by_name_.begin(), by_name_.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return header_.tensors[a].name < header_.tensors[b].name;
+  });
+}
 
-  std::string source_;
-  MappedFile map_;
-  SafetensorsHeader header_;
-  std::vector<const std::byte*> data_;  // per tensor: into the file, or into copies_
-  std::vector<std::uint32_t> by_name_;  // tensor indices sorted by name
-  std::vector<AnyTensor> copies_;       // aligned copies of misaligned tensors
-};
+TRAINKIT_INLINE long SafetensorsFile::index_of(std::string_view name) const noexcept {
+  const auto it = std::lower_bound(
+      by_name_.begin(), by_name_.end(), name,
+      [&](std::uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
+  if (it == by_name_.end() || header_.tensors[*it].name != name) return -1;
+  return long(*it);
+}
 
-struct SafetensorsLoadOptions {
-  /// Threads reading (and first-touching) the tensors' memory; 0 picks min(4, cores), or one for
-  /// files under 64 MiB. Page faults on the fresh memory, not the copy, dominate a load from the
-  /// page cache, and they proceed in parallel.
-  unsigned threads = 0;
-};
+TRAINKIT_INLINE std::size_t SafetensorsFile::checked_index(std::string_view name) const {
+  const long i = index_of(name);
+  if (i < 0)
+    detail::safetensors_fail(
+        SafetensorsRule::kTensorNotFound, source_,
+        ::trainkit::detail::concat("no tensor named '", detail::printable(name),
+                                   "' (the file holds ", size(), " tensors)"));
+  return std::size_t(i);
+}
 
-/// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
-/// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
-/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
-/// (rule Unsupported). Throws trainkit::Error naming the file.
-inline std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {}) {
+TRAINKIT_INLINE AnyTensorView SafetensorsFile::view_at(std::size_t i) const {
+  const SafetensorsTensorInfo& t = header_.tensors[i];
+  if (!t.dtype)
+    detail::safetensors_fail(SafetensorsRule::kUnsupported, source_,
+                             ::trainkit::detail::concat("tensor '", detail::printable(t.name),
+                                                        "' has dtype ", t.dtype_name,
+                                                        ", which trainkit has no DType for "
+                                                        "(raw_bytes() gives its bytes)"));
+  return AnyTensorView(*t.dtype, t.shape, data_[i]);
+}
+
+TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options) {
   const std::string source = path.string();
   detail::require_little_endian(source);
   struct Fd {
@@ -676,14 +838,9 @@ inline std::map<std::string, AnyTensor, std::less<>> load_safetensors(
   return out;
 }
 
-/// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
-/// order, so wider types come first and every tensor is naturally aligned), then by name (byte
-/// order); compact JSON with `__metadata__` first (omitted when `metadata` is empty); padded with
-/// spaces. Throws trainkit::Error (rule InvalidArgument) for a duplicate or reserved name
-/// (`__metadata__`), non-UTF-8 text, a null view with data, or a header over 100 MB.
-inline SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
-                                          const SafetensorsMetadata& metadata = {},
-                                          const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
+                                                   const SafetensorsMetadata& metadata,
+                                                   const SafetensorsWriteOptions& options) {
   using ::trainkit::detail::concat;
   const auto invalid = [](const std::string& what) {
     ::trainkit::detail::throw_error(
@@ -764,21 +921,9 @@ inline SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
   return layout;
 }
 
-/// Streams a planned file through `sink(const std::byte* data, std::size_t bytes)`.
-template <class Sink>
-void write_safetensors(const SafetensorsLayout& layout, std::span<const NamedTensor> tensors,
-                       Sink&& sink) {
-  sink(reinterpret_cast<const std::byte*>(layout.prefix.data()), layout.prefix.size());
-  for (std::size_t i : layout.order) {
-    const AnyTensorView& t = tensors[i].tensor;
-    if (t.bytes() != 0) sink(t.data(), t.bytes());
-  }
-}
-
-/// The file image in memory (same bytes save_safetensors writes).
-inline std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> tensors,
-                                                const SafetensorsMetadata& metadata = {},
-                                                const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> tensors,
+                                                         const SafetensorsMetadata& metadata,
+                                                         const SafetensorsWriteOptions& options) {
   const SafetensorsLayout layout = plan_safetensors(tensors, metadata, options);
   std::vector<std::byte> out;
   out.reserve(std::size_t(layout.file_bytes()));
@@ -786,175 +931,98 @@ inline std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> ten
                     [&](const std::byte* p, std::size_t n) { out.insert(out.end(), p, p + n); });
   return out;
 }
-inline std::vector<std::byte> safetensors_bytes(std::initializer_list<NamedTensor> tensors,
-                                                const SafetensorsMetadata& metadata = {},
-                                                const SafetensorsWriteOptions& options = {}) {
-  return safetensors_bytes(std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
-                           options);
-}
 
-/// Writes `tensors` to `path` crash-safely (temp file in the same directory, fsync, rename,
-/// directory fsync): `path` holds either its previous content or the complete new file. Throws
-/// trainkit::Error naming the file on bad input (see plan_safetensors) or an I/O error
-/// (ENOSPC, EFBIG, ...), leaving `path` untouched.
-inline void save_safetensors(const std::filesystem::path& path,
-                             std::span<const NamedTensor> tensors,
-                             const SafetensorsMetadata& metadata = {},
-                             const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE void save_safetensors(const std::filesystem::path& path,
+                                      std::span<const NamedTensor> tensors,
+                                      const SafetensorsMetadata& metadata,
+                                      const SafetensorsWriteOptions& options) {
   const SafetensorsLayout layout = plan_safetensors(tensors, metadata, options);
   AtomicFile file(path, AtomicFileOptions{.durable = options.durable});
   file.reserve(layout.file_bytes());
   write_safetensors(layout, tensors, [&](const std::byte* p, std::size_t n) { file.write(p, n); });
   file.commit();
 }
-inline void save_safetensors(const std::filesystem::path& path,
-                             std::initializer_list<NamedTensor> tensors,
-                             const SafetensorsMetadata& metadata = {},
-                             const SafetensorsWriteOptions& options = {}) {
-  save_safetensors(path, std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
-                   options);
-}
 
-// ---- Sharded sets: model-00001-of-00003.safetensors + model.safetensors.index.json -----------
-
-/// The index file name of a sharded set (Hugging Face convention).
-inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
-
-/// "model-00001-of-00003.safetensors" for shard `i` (0-based) of `n`, as huggingface_hub names
-/// them (`prefix` replaces "model").
-inline std::string safetensors_shard_name(std::size_t i, std::size_t n,
-                                          std::string_view prefix = "model") {
+TRAINKIT_INLINE std::string safetensors_shard_name(std::size_t i, std::size_t n,
+                                                   std::string_view prefix) {
   TRAINKIT_CHECK(n > 0 && i < n, "shard index ", i, " out of range for ", n, " shards");
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
   return std::string(prefix) + buf;
 }
 
-/// `model.safetensors.index.json`: {"metadata": {...}, "weight_map": {tensor: shard file}}.
-struct SafetensorsIndex {
-  /// Free-form; Hugging Face writes {"total_size": <bytes of all tensors>}.
-  Json metadata = Json::object();
-  /// Tensor name -> shard file name, relative to the index's directory.
-  std::map<std::string, std::string, std::less<>> weight_map;
-
-  /// The distinct shard files, sorted.
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& [name, file] : weight_map) out.push_back(file);
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  }
-
-  /// metadata["total_size"] when it is a non-negative integer.
-  std::optional<std::uint64_t> total_size() const {
-    const Json* v = metadata.is_object() ? metadata.find("total_size") : nullptr;
-    if (v == nullptr || !v->is_unsigned()) return std::nullopt;
-    return v->as_uint();
-  }
-
-  /// The file text: 2-space indented JSON with sorted keys and a final newline, the layout
-  /// `transformers` writes.
-  std::string to_json() const {
-    Json root = Json::object();
-    Json meta = metadata;
-    if (meta.is_object())
-      std::sort(meta.as_object().begin(), meta.as_object().end(),
-                [](const JsonMember& a, const JsonMember& b) { return a.key < b.key; });
-    root.set("metadata", std::move(meta));
-    Json map = Json::object();
-    map.as_object().reserve(weight_map.size());
-    for (const auto& [name, file] : weight_map) map.as_object().push_back({name, Json(file)});
-    root.set("weight_map", std::move(map));
-    return root.dump(2) + "\n";
-  }
-
-  /// Parses and checks an index: an object with a "weight_map" object of strings (required) and
-  /// an optional "metadata" object; shard names must be relative paths without "..". Throws
-  /// trainkit::Error naming `source` and the offending entry.
-  static SafetensorsIndex parse(std::string_view text, std::string_view source = "index") {
-    using ::trainkit::detail::concat;
-    const Json root = Json::parse(text, source);
-    TRAINKIT_CHECK(root.is_object(), "safetensors index '", source,
-                   "': expected a JSON object at the top level");
-    SafetensorsIndex index;
-    if (const Json* m = root.find("metadata"); m != nullptr && !m->is_null()) {
-      TRAINKIT_CHECK(m->is_object(), "safetensors index '", source,
-                     "': 'metadata' is not an object");
-      index.metadata = *m;
-    }
-    const Json* map = root.find("weight_map");
-    TRAINKIT_CHECK(map != nullptr && map->is_object(), "safetensors index '", source,
-                   "': missing 'weight_map' object");
-    for (const JsonMember& e : map->as_object()) {
-      TRAINKIT_CHECK(e.value.is_string(), "safetensors index '", source, "': weight_map['",
-                     detail::printable(e.key), "'] is not a string");
-      const std::string& file = e.value.as_string();
-      const std::filesystem::path p(file);
-      bool escapes = file.empty() || p.is_absolute();
-      for (const auto& part : p) escapes = escapes || part == "..";
-      TRAINKIT_CHECK(!escapes, "safetensors index '", source, "': weight_map['",
-                     detail::printable(e.key), "'] = '", detail::printable(file),
-                     "' is not a relative path inside the index's directory");
-      index.weight_map.emplace(e.key, file);
-    }
-    return index;
-  }
-};
-
-/// Writes an index file crash-safely (see AtomicFile).
-inline void save_safetensors_index(const std::filesystem::path& path, const SafetensorsIndex& index,
-                                   AtomicFileOptions options = {}) {
-  write_file_atomic(path, std::string_view(index.to_json()), options);
+TRAINKIT_INLINE std::vector<std::string> SafetensorsIndex::files() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : weight_map) out.push_back(file);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
-/// Reads and checks an index file (see SafetensorsIndex::parse).
-inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
-  const MappedFile map(path);
-  return SafetensorsIndex::parse(
-      std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
+TRAINKIT_INLINE std::string SafetensorsIndex::to_json() const {
+  Json root = Json::object();
+  Json meta = metadata;
+  if (meta.is_object())
+    std::sort(meta.as_object().begin(), meta.as_object().end(),
+              [](const JsonMember& a, const JsonMember& b) { return a.key < b.key; });
+  root.set("metadata", std::move(meta));
+  Json map = Json::object();
+  map.as_object().reserve(weight_map.size());
+  for (const auto& [name, file] : weight_map) map.as_object().push_back({name, Json(file)});
+  root.set("weight_map", std::move(map));
+  return root.dump(2) + "\n";
 }
 
-/// A sharded set opened through its index: every shard is mapped and validated, and every
-/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
-class SafetensorsShards {
- public:
-  /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
-  explicit SafetensorsShards(const std::filesystem::path& index_path)
-      : index_(load_safetensors_index(index_path)) {
-    const std::filesystem::path dir = index_path.parent_path();
-    for (const std::string& file : index_.files())
-      shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
-    for (const auto& [name, file] : index_.weight_map) {
-      const SafetensorsFile& shard = *shards_.at(file);
-      TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                     "' maps tensor '", detail::printable(name), "' to '", file,
-                     "', which does not hold it");
-    }
+TRAINKIT_INLINE SafetensorsIndex SafetensorsIndex::parse(std::string_view text,
+                                                         std::string_view source) {
+  using ::trainkit::detail::concat;
+  const Json root = Json::parse(text, source);
+  TRAINKIT_CHECK(root.is_object(), "safetensors index '", source,
+                 "': expected a JSON object at the top level");
+  SafetensorsIndex index;
+  if (const Json* m = root.find("metadata"); m != nullptr && !m->is_null()) {
+    TRAINKIT_CHECK(m->is_object(), "safetensors index '", source, "': 'metadata' is not an object");
+    index.metadata = *m;
   }
+  const Json* map = root.find("weight_map");
+  TRAINKIT_CHECK(map != nullptr && map->is_object(), "safetensors index '", source,
+                 "': missing 'weight_map' object");
+  for (const JsonMember& e : map->as_object()) {
+    TRAINKIT_CHECK(e.value.is_string(), "safetensors index '", source, "': weight_map['",
+                   detail::printable(e.key), "'] is not a string");
+    const std::string& file = e.value.as_string();
+    const std::filesystem::path p(file);
+    bool escapes = file.empty() || p.is_absolute();
+    for (const auto& part : p) escapes = escapes || part == "..";
+    TRAINKIT_CHECK(!escapes, "safetensors index '", source, "': weight_map['",
+                   detail::printable(e.key), "'] = '", detail::printable(file),
+                   "' is not a relative path inside the index's directory");
+    index.weight_map.emplace(e.key, file);
+  }
+  return index;
+}
 
-  const SafetensorsIndex& index() const noexcept { return index_; }
-  std::size_t size() const noexcept { return index_.weight_map.size(); }
-  bool contains(std::string_view name) const { return index_.weight_map.count(name) != 0; }
-  /// The shard holding `name`; throws when the index does not list it.
-  const SafetensorsFile& shard_of(std::string_view name) const {
-    const auto it = index_.weight_map.find(name);
-    TRAINKIT_CHECK(it != index_.weight_map.end(), "sharded safetensors set: no tensor named '",
-                   detail::printable(name), "' in the index");
-    return *shards_.at(it->second);
+TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path)
+    : index_(load_safetensors_index(index_path)) {
+  const std::filesystem::path dir = index_path.parent_path();
+  for (const std::string& file : index_.files())
+    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+  for (const auto& [name, file] : index_.weight_map) {
+    const SafetensorsFile& shard = *shards_.at(file);
+    TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
+                   "' maps tensor '", detail::printable(name), "' to '", file,
+                   "', which does not hold it");
   }
-  /// A zero-copy view of `name` from its shard.
-  AnyTensorView tensor(std::string_view name) const { return shard_of(name).tensor(name); }
-  /// The opened shards by file name.
-  const std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>>& shards() const {
-    return shards_;
-  }
+}
 
- private:
-  SafetensorsIndex index_;
-  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
-};
+TRAINKIT_INLINE const SafetensorsFile& SafetensorsShards::shard_of(std::string_view name) const {
+  const auto it = index_.weight_map.find(name);
+  TRAINKIT_CHECK(it != index_.weight_map.end(), "sharded safetensors set: no tensor named '",
+                 detail::printable(name), "' in the index");
+  return *shards_.at(it->second);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

@@ -47,36 +47,15 @@ class ByteSource {
   virtual ~ByteSource() = default;
   virtual std::size_t read(void* dst, std::size_t n) = 0;
   virtual std::optional<std::uint64_t> available() const { return std::nullopt; }
-  virtual std::uint64_t skip(std::uint64_t n) {
-    std::array<unsigned char, 4096> sink{};
-    std::uint64_t done = 0;
-    while (done < n) {
-      const std::size_t want =
-          static_cast<std::size_t>(std::min<std::uint64_t>(sink.size(), n - done));
-      const std::size_t got = read(sink.data(), want);
-      done += got;
-      if (got < want) break;
-    }
-    return done;
-  }
+  TRAINKIT_INLINE virtual std::uint64_t skip(std::uint64_t n);
 };
 
 /// A ByteSource over memory the caller keeps alive (tests, fuzzing, archives already in RAM).
 class MemorySource final : public ByteSource {
  public:
   explicit MemorySource(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
-  std::size_t read(void* dst, std::size_t n) override {
-    const std::size_t k = std::min(n, bytes_.size() - pos_);
-    if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
-    pos_ += k;
-    return k;
-  }
-  std::uint64_t skip(std::uint64_t n) override {
-    const std::size_t k =
-        static_cast<std::size_t>(std::min<std::uint64_t>(n, bytes_.size() - pos_));
-    pos_ += k;
-    return k;
-  }
+  TRAINKIT_INLINE std::size_t read(void* dst, std::size_t n) override;
+  TRAINKIT_INLINE std::uint64_t skip(std::uint64_t n) override;
   std::optional<std::uint64_t> available() const override { return bytes_.size() - pos_; }
 
  private:
@@ -89,49 +68,16 @@ class MemorySource final : public ByteSource {
 class FileSource final : public ByteSource {
  public:
   /// Opens `path` for reading. Throws trainkit::Error naming the file when it cannot.
-  explicit FileSource(const std::filesystem::path& path, std::size_t buffer_bytes = 1 << 20)
-      : path_(path.string()) {
-    file_ = std::fopen(path_.c_str(), "rb");
-    TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
-      size_ = static_cast<std::uint64_t>(st.st_size);
-      regular_ = true;
-      // A small file needs no 1 MiB buffer: round its size up to a page.
-      buffer_bytes = static_cast<std::size_t>(
-          std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
-    }
-    try {
-      buffer_.resize(buffer_bytes);
-    } catch (const std::bad_alloc&) {
-      std::fclose(file_);
-      TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
-    }
-    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
-  }
+  TRAINKIT_INLINE explicit FileSource(const std::filesystem::path& path,
+                                      std::size_t buffer_bytes = 1 << 20);
   FileSource(const FileSource&) = delete;
   FileSource& operator=(const FileSource&) = delete;
   ~FileSource() override {
     if (file_ != nullptr) std::fclose(file_);
   }
 
-  std::size_t read(void* dst, std::size_t n) override {
-    const std::size_t got = std::fread(dst, 1, n, file_);
-    TRAINKIT_CHECK(got == n || !std::ferror(file_), "read error in '", path_,
-                   "': ", std::strerror(errno));
-    pos_ += got;
-    return got;
-  }
-  std::uint64_t skip(std::uint64_t n) override {
-    if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
-    const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
-    if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
-        ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
-      pos_ += k;
-      return k;
-    }
-    return ByteSource::skip(k);
-  }
+  TRAINKIT_INLINE std::size_t read(void* dst, std::size_t n) override;
+  TRAINKIT_INLINE std::uint64_t skip(std::uint64_t n) override;
   std::optional<std::uint64_t> available() const override {
     if (!regular_) return std::nullopt;
     return size_ > pos_ ? size_ - pos_ : 0;
@@ -197,63 +143,7 @@ class TarReader {
   /// Advances to the next member, skipping whatever data of the current one was not read.
   /// Returns false at the end of the archive (a zero block, or the input ending cleanly on a
   /// header boundary). Throws trainkit::Error for a truncated or corrupt archive.
-  bool next() {
-    if (done_) return false;
-    finish_member();
-    PendingMeta meta;
-    for (;;) {
-      const std::uint64_t header_offset = pos_;
-      std::array<unsigned char, 512> block{};
-      const std::size_t got = source_->read(block.data(), block.size());
-      pos_ += got;
-      if (got == 0 && !meta.any) {
-        done_ = true;  // no end-of-archive blocks: tolerated, as Python's tarfile does
-        return false;
-      }
-      if (got < block.size()) {
-        fail(header_offset, ::trainkit::detail::concat(
-                                "truncated: the archive ends ", got, " bytes into a 512-byte ",
-                                meta.any ? "header after an extended header" : "header"));
-      }
-      if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
-        fail(0,
-             "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read directly");
-      }
-      if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
-        if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
-        done_ = true;
-        return false;
-      }
-      verify_checksum(block, header_offset);
-      const char type = static_cast<char>(block[156]);
-      const std::uint64_t size = number(block, 124, 12, "size", header_offset);
-      if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
-        if (size > kTarMaxMetaBytes) {
-          fail(header_offset,
-               ::trainkit::detail::concat("extended header of ", size, " bytes exceeds the ",
-                                          kTarMaxMetaBytes, "-byte limit"));
-        }
-        std::string data = read_meta(static_cast<std::size_t>(size), header_offset);
-        if (type == 'x') {
-          parse_pax(data, meta.pax, header_offset);
-        } else if (type == 'g') {
-          parse_pax(data, global_, header_offset);
-        } else {
-          // GNU long name/link: NUL-terminated text; the next header's field is truncated.
-          const std::size_t end = data.find('\0');
-          if (end != std::string::npos) data.resize(end);
-          (type == 'L' ? meta.long_name : meta.long_link) = std::move(data);
-          (type == 'L' ? meta.has_long_name : meta.has_long_link) = true;
-        }
-        meta.any = true;
-        continue;
-      }
-      build_entry(block, header_offset, size, meta);
-      remaining_ = entry_.size;
-      padding_ = pad(entry_.size);
-      return true;
-    }
-  }
+  TRAINKIT_INLINE bool next();
 
   /// The current member (valid after next() returned true).
   const TarEntry& entry() const noexcept { return entry_; }
@@ -264,62 +154,13 @@ class TarReader {
 
   /// Reads the next `out.size()` bytes of the current member's data. Throws when the member has
   /// fewer bytes left, or the archive ends inside them (truncated).
-  void read(std::span<std::byte> out) {
-    if (out.size() > remaining_) {
-      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' has ", remaining_,
-                                                     " bytes left, ", out.size(), " requested"));
-    }
-    const std::size_t got = source_->read(out.data(), out.size());
-    pos_ += got;
-    remaining_ -= got;
-    if (got < out.size()) truncated_member();
-  }
+  TRAINKIT_INLINE void read(std::span<std::byte> out);
 
   /// Reads all remaining data of the current member. Throws trainkit::Error, before allocating,
   /// when the source knows it holds fewer bytes (truncated) or the member is larger than
   /// options().max_member_bytes; sources of unknown size are read in growing chunks, so memory
   /// never runs far ahead of the bytes actually there. Allocation failure is an Error too.
-  std::vector<std::byte> read_data() {
-    const std::uint64_t want = remaining_;
-    const std::optional<std::uint64_t> avail = source_->available();
-    if (avail && *avail < want) {
-      fail(entry_.offset, ::trainkit::detail::concat(
-                              "truncated: member '", entry_.name, "' declares ", entry_.size,
-                              " bytes but the archive ends after ", entry_.size - want + *avail));
-    }
-    if (want > options_.max_member_bytes) {
-      fail(entry_.offset, ::trainkit::detail::concat(
-                              "member '", entry_.name, "' has ", want,
-                              " bytes, above max_member_bytes = ", options_.max_member_bytes,
-                              " (raise TarReaderOptions::max_member_bytes, "
-                              "or TarShardOptions::max_member_bytes, to read it)"));
-    }
-    const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
-    if (!n)
-      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
-                                                     " bytes does not fit in memory"));
-    std::vector<std::byte> out;
-    try {
-      if (avail) {
-        out.resize(*n);
-        read(out);
-        return out;
-      }
-      constexpr std::size_t kFirstChunk = 64 << 10;
-      while (remaining_ > 0) {
-        const std::size_t have = out.size();
-        const std::size_t chunk = static_cast<std::size_t>(
-            std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
-        out.resize(have + chunk);
-        read(std::span<std::byte>(out.data() + have, chunk));
-      }
-    } catch (const std::bad_alloc&) {
-      fail(entry_.offset,
-           ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
-                                      entry_.name, "' (out of memory)"));
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::byte> read_data();
 
  private:
   struct Pax {
@@ -346,187 +187,29 @@ class TarReader {
 
   static std::uint64_t pad(std::uint64_t size) noexcept { return (512 - size % 512) % 512; }
 
-  void finish_member() {
-    // remaining_ + padding_ overflows only for a declared size no archive can hold.
-    const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
-    if (want == 0) return;
-    const std::uint64_t got = source_->skip(want);
-    pos_ += got;
-    if (got < remaining_) {
-      remaining_ -= got;
-      truncated_member();
-    }
-    if (got < want) {
-      fail(entry_.offset, ::trainkit::detail::concat("truncated: the archive ends inside the ",
-                                                     "padding after member '", entry_.name, "'"));
-    }
-    remaining_ = 0;
-    padding_ = 0;
-  }
+  TRAINKIT_INLINE void finish_member();
 
-  std::string read_meta(std::size_t size, std::uint64_t header_offset) {
-    const std::optional<std::uint64_t> avail = source_->available();
-    if (avail && *avail < size) {
-      fail(header_offset,
-           ::trainkit::detail::concat("truncated: an extended header declares ", size,
-                                      " bytes but the archive ends after ", *avail));
-    }
-    std::string data(size, '\0');
-    const std::size_t got = source_->read(data.data(), size);
-    pos_ += got;
-    const std::uint64_t padding = pad(size);
-    const std::uint64_t skipped = got == size ? source_->skip(padding) : 0;
-    pos_ += skipped;
-    if (got < size || skipped < padding)
-      fail(header_offset, "truncated: the archive ends inside an extended header");
-    return data;
-  }
+  TRAINKIT_INLINE std::string read_meta(std::size_t size, std::uint64_t header_offset);
 
-  void verify_checksum(const std::array<unsigned char, 512>& b, std::uint64_t offset) const {
-    const std::uint64_t stored = number(b, 148, 8, "checksum", offset);
-    std::uint64_t unsigned_sum = 0;
-    std::int64_t signed_sum = 0;
-    for (std::size_t i = 0; i < 512; ++i) {
-      const unsigned char c = (i >= 148 && i < 156) ? ' ' : b[i];
-      unsigned_sum += c;
-      signed_sum += static_cast<signed char>(c);
-    }
-    // Like Python's tarfile, accept the signed sum some historic tars wrote.
-    if (stored != unsigned_sum && static_cast<std::int64_t>(stored) != signed_sum) {
-      fail(offset, ::trainkit::detail::concat("bad header checksum (stored ", stored, ", computed ",
-                                              unsigned_sum, "): not a tar archive, or corrupt"));
-    }
-  }
+  TRAINKIT_INLINE void verify_checksum(const std::array<unsigned char, 512>& b,
+                                       std::uint64_t offset) const;
 
   /// An octal field (spaces/NULs around it allowed) or GNU base-256 (first byte & 0x80).
-  std::uint64_t number(const std::array<unsigned char, 512>& b, std::size_t off, std::size_t len,
-                       const char* field, std::uint64_t offset) const {
-    if (b[off] & 0x80) {
-      if (b[off] == 0xff) fail(offset, ::trainkit::detail::concat("negative base-256 ", field));
-      std::uint64_t v = b[off] & 0x7f;
-      for (std::size_t i = off + 1; i < off + len; ++i) {
-        if (v >> 55) fail(offset, ::trainkit::detail::concat("base-256 ", field, " overflows"));
-        v = (v << 8) | b[i];
-      }
-      return v;
-    }
-    std::size_t i = off;
-    const std::size_t end = off + len;
-    while (i < end && (b[i] == ' ' || b[i] == 0)) ++i;
-    // An all-blank numeric field reads as 0, as in GNU tar.
-    std::uint64_t v = 0;
-    for (; i < end && b[i] >= '0' && b[i] <= '7'; ++i) {
-      if (v >> 60) fail(offset, ::trainkit::detail::concat("octal ", field, " overflows"));
-      v = v * 8 + (b[i] - '0');
-    }
-    for (; i < end; ++i) {
-      if (b[i] != ' ' && b[i] != 0) {
-        fail(offset, ::trainkit::detail::concat("bad ", field,
-                                                " field: not an octal number (not a tar archive, "
-                                                "or corrupt)"));
-      }
-    }
-    return v;
-  }
+  TRAINKIT_INLINE std::uint64_t number(const std::array<unsigned char, 512>& b, std::size_t off,
+                                       std::size_t len, const char* field,
+                                       std::uint64_t offset) const;
 
-  static std::string text(const std::array<unsigned char, 512>& b, std::size_t off,
-                          std::size_t len) {
-    const auto* p = reinterpret_cast<const char*>(b.data() + off);
-    std::size_t n = 0;
-    while (n < len && p[n] != 0) ++n;
-    return std::string(p, n);
-  }
+  TRAINKIT_INLINE static std::string text(const std::array<unsigned char, 512>& b, std::size_t off,
+                                          std::size_t len);
 
   /// Parses "<len> <key>=<value>\n" records into `pax`.
-  void parse_pax(const std::string& data, Pax& pax, std::uint64_t offset) const {
-    std::size_t pos = 0;
-    while (pos < data.size()) {
-      if (data[pos] == '\0') break;  // some writers pad the record block with NULs
-      std::size_t i = pos;
-      std::uint64_t len = 0;
-      // Digits stop mattering once len exceeds the record block (it is then refused below).
-      while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
-        if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
-        ++i;
-      }
-      if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
-          len > data.size() - pos || data[pos + len - 1] != '\n') {
-        fail(offset, ::trainkit::detail::concat("corrupt pax record at byte ", pos,
-                                                " of the extended header"));
-      }
-      const std::string_view record(data.data() + i + 1, pos + len - 1 - (i + 1));
-      const std::size_t eq = record.find('=');
-      if (eq == std::string_view::npos || eq == 0)
-        fail(offset, "corrupt pax record: no 'key=value'");
-      const std::string_view key = record.substr(0, eq);
-      const std::string_view value = record.substr(eq + 1);
-      if (key == "path") {
-        pax.path = value;
-        pax.has_path = !value.empty();
-      } else if (key == "linkpath") {
-        pax.linkpath = value;
-        pax.has_linkpath = !value.empty();
-      } else if (key == "size") {
-        pax.size = pax_number(value, "size", offset);
-        pax.has_size = !value.empty();
-      } else if (key == "mtime") {
-        pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
-        pax.has_mtime = !value.empty();
-      }
-      pos += len;
-    }
-  }
+  TRAINKIT_INLINE void parse_pax(const std::string& data, Pax& pax, std::uint64_t offset) const;
 
-  std::uint64_t pax_number(std::string_view v, const char* key, std::uint64_t offset) const {
-    std::uint64_t n = 0;
-    for (char c : v) {
-      std::optional<std::uint64_t> next;
-      if (c >= '0' && c <= '9') {
-        if (const auto tens = checked_mul(n, std::uint64_t{10}))
-          next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
-      }
-      if (!next) {
-        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
-                                                v.size() > 40 ? "...'" : "'",
-                                                c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
-      }
-      n = *next;
-    }
-    return n;
-  }
+  TRAINKIT_INLINE std::uint64_t pax_number(std::string_view v, const char* key,
+                                           std::uint64_t offset) const;
 
-  void build_entry(const std::array<unsigned char, 512>& b, std::uint64_t offset,
-                   std::uint64_t size, const PendingMeta& meta) {
-    TarEntry e;
-    e.offset = offset;
-    e.type = static_cast<char>(b[156]);
-    e.mode = number(b, 100, 8, "mode", offset);
-    e.mtime = number(b, 136, 12, "mtime", offset);
-    e.size = size;
-    e.name = text(b, 0, 100);
-    e.linkname = text(b, 157, 100);
-    // POSIX ustar ("ustar\0" + "00") has a prefix field; GNU ("ustar  \0") uses those bytes
-    // for other things, and v7 headers have no magic at all.
-    if (std::memcmp(b.data() + 257, "ustar\0", 6) == 0) {
-      const std::string prefix = text(b, 345, 155);
-      if (!prefix.empty()) e.name = prefix + "/" + e.name;
-    }
-    if (global_.has_path) e.name = global_.path;
-    if (global_.has_linkpath) e.linkname = global_.linkpath;
-    if (global_.has_size) e.size = global_.size;
-    if (global_.has_mtime) e.mtime = global_.mtime;
-    if (meta.has_long_name) e.name = meta.long_name;
-    if (meta.has_long_link) e.linkname = meta.long_link;
-    if (meta.pax.has_path) e.name = meta.pax.path;
-    if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
-    if (meta.pax.has_size) e.size = meta.pax.size;
-    if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
-    // Links, directories and devices carry no data whatever their size field says (tarfile).
-    if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
-        e.type == '6')
-      e.size = 0;
-    entry_ = std::move(e);
-  }
+  TRAINKIT_INLINE void build_entry(const std::array<unsigned char, 512>& b, std::uint64_t offset,
+                                   std::uint64_t size, const PendingMeta& meta);
 
   // (A member list: it shares only its shape with other classes' lists.)
   std::unique_ptr<ByteSource> source_;
@@ -554,46 +237,17 @@ class TarWriter {
   TarWriter(const TarWriter&) = delete;
   TarWriter& operator=(const TarWriter&) = delete;
   /// Closes the archive if close() was not called; errors are swallowed (call close() to see them).
-  ~TarWriter() {
-    if (file_ == nullptr) return;
-    try {
-      close();
-    } catch (...) {
-    }
-  }
+  TRAINKIT_INLINE ~TarWriter();
 
   /// Appends a regular file `name` (mode 0444) with `data`.
-  void add(std::string_view name, std::span<const std::byte> data, std::uint64_t mtime = 0) {
-    TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
-    std::string short_name(name.substr(0, 100));
-    if (name.size() > 100) {
-      // pax record "<len> path=<name>\n"; len counts its own digits.
-      const std::string body = " path=" + std::string(name) + "\n";
-      std::size_t len = body.size() + 1;
-      while (std::to_string(len).size() + body.size() != len) ++len;
-      const std::string record = std::to_string(len) + body;
-      write_header("././@PaxHeader", 'x', record.size(), mtime);
-      write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
-    }
-    write_header(short_name, '0', data.size(), mtime);
-    write_padded(data.data(), data.size());
-  }
+  TRAINKIT_INLINE void add(std::string_view name, std::span<const std::byte> data,
+                           std::uint64_t mtime = 0);
   void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
     add(name, std::as_bytes(std::span<const char>(data.data(), data.size())), mtime);
   }
 
   /// Writes the end-of-archive blocks and closes the file. Throws on I/O failure.
-  void close() {
-    if (file_ == nullptr) return;
-    const std::array<std::byte, 1024> zeros{};
-    write(zeros.data(), zeros.size());
-    const std::uint64_t record = 10240;
-    const std::array<std::byte, 512> block{};
-    while (written_ % record != 0) write(block.data(), block.size());
-    std::FILE* f = std::exchange(file_, nullptr);
-    TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_,
-                   "' (disk full?)");
-  }
+  TRAINKIT_INLINE void close();
 
  private:
   void write(const std::byte* p, std::size_t n) {
@@ -605,47 +259,453 @@ class TarWriter {
     const std::array<std::byte, 512> zeros{};
     write(zeros.data(), (512 - n % 512) % 512);
   }
-  static void octal(unsigned char* field, std::size_t len, std::uint64_t v) {
-    // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
-    for (std::size_t i = len - 1; i-- > 0;) {
-      field[i] = static_cast<unsigned char>('0' + (v & 7));
-      v >>= 3;
-    }
-    field[len - 1] = 0;
-  }
-  void write_header(std::string_view name, char type, std::uint64_t size, std::uint64_t mtime) {
-    TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
-                   " bytes exceeds ustar's 8 GiB limit");
-    std::array<unsigned char, 512> b{};
-    std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-    octal(b.data() + 100, 8, 0444);
-    octal(b.data() + 108, 8, 0);
-    octal(b.data() + 116, 8, 0);
-    octal(b.data() + 124, 12, size);
-    octal(b.data() + 136, 12, mtime);
-    b[156] = static_cast<unsigned char>(type);
-    std::memcpy(b.data() + 257,
-                "ustar\0"
-                "00",
-                8);
-    std::memset(b.data() + 148, ' ', 8);
-    std::uint64_t sum = 0;
-    for (unsigned char c : b) sum += c;
-    // "%06o\0 " like tarfile.
-    for (int i = 5; i >= 0; --i) {
-      b[148 + static_cast<std::size_t>(i)] = static_cast<unsigned char>('0' + (sum & 7));
-      sum >>= 3;
-    }
-    b[154] = 0;
-    b[155] = ' ';
-    write(reinterpret_cast<const std::byte*>(b.data()), b.size());
-  }
+  TRAINKIT_INLINE static void octal(unsigned char* field, std::size_t len, std::uint64_t v);
+  TRAINKIT_INLINE void write_header(std::string_view name, char type, std::uint64_t size,
+                                    std::uint64_t mtime);
 
   std::string path_;
   std::FILE* file_ = nullptr;
   std::uint64_t written_ = 0;
   bool ok_ = true;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::uint64_t ByteSource::skip(std::uint64_t n) {
+  std::array<unsigned char, 4096> sink{};
+  std::uint64_t done = 0;
+  while (done < n) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(sink.size(), n - done));
+    const std::size_t got = read(sink.data(), want);
+    done += got;
+    if (got < want) break;
+  }
+  return done;
+}
+
+TRAINKIT_INLINE std::size_t MemorySource::read(void* dst, std::size_t n) {
+  const std::size_t k = std::min(n, bytes_.size() - pos_);
+  if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
+  pos_ += k;
+  return k;
+}
+
+TRAINKIT_INLINE std::uint64_t MemorySource::skip(std::uint64_t n) {
+  const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, bytes_.size() - pos_));
+  pos_ += k;
+  return k;
+}
+
+TRAINKIT_INLINE FileSource::FileSource(const std::filesystem::path& path, std::size_t buffer_bytes)
+    : path_(path.string()) {
+  file_ = std::fopen(path_.c_str(), "rb");
+  TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    regular_ = true;
+    // A small file needs no 1 MiB buffer: round its size up to a page.
+    buffer_bytes = static_cast<std::size_t>(
+        std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
+  }
+  try {
+    buffer_.resize(buffer_bytes);
+  } catch (const std::bad_alloc&) {
+    std::fclose(file_);
+    TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
+  }
+  if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
+}
+
+TRAINKIT_INLINE std::size_t FileSource::read(void* dst, std::size_t n) {
+  const std::size_t got = std::fread(dst, 1, n, file_);
+  TRAINKIT_CHECK(got == n || !std::ferror(file_), "read error in '", path_,
+                 "': ", std::strerror(errno));
+  pos_ += got;
+  return got;
+}
+
+TRAINKIT_INLINE std::uint64_t FileSource::skip(std::uint64_t n) {
+  if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
+  const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
+  if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
+      ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
+    pos_ += k;
+    return k;
+  }
+  return ByteSource::skip(k);
+}
+
+TRAINKIT_INLINE bool TarReader::next() {
+  if (done_) return false;
+  finish_member();
+  PendingMeta meta;
+  for (;;) {
+    const std::uint64_t header_offset = pos_;
+    std::array<unsigned char, 512> block{};
+    const std::size_t got = source_->read(block.data(), block.size());
+    pos_ += got;
+    if (got == 0 && !meta.any) {
+      done_ = true;  // no end-of-archive blocks: tolerated, as Python's tarfile does
+      return false;
+    }
+    if (got < block.size()) {
+      fail(header_offset, ::trainkit::detail::concat(
+                              "truncated: the archive ends ", got, " bytes into a 512-byte ",
+                              meta.any ? "header after an extended header" : "header"));
+    }
+    if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
+      fail(0,
+           "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read directly");
+    }
+    if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
+      if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
+      done_ = true;
+      return false;
+    }
+    verify_checksum(block, header_offset);
+    const char type = static_cast<char>(block[156]);
+    const std::uint64_t size = number(block, 124, 12, "size", header_offset);
+    if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
+      if (size > kTarMaxMetaBytes) {
+        fail(header_offset,
+             ::trainkit::detail::concat("extended header of ", size, " bytes exceeds the ",
+                                        kTarMaxMetaBytes, "-byte limit"));
+      }
+      std::string data = read_meta(static_cast<std::size_t>(size), header_offset);
+      if (type == 'x') {
+        parse_pax(data, meta.pax, header_offset);
+      } else if (type == 'g') {
+        parse_pax(data, global_, header_offset);
+      } else {
+        // GNU long name/link: NUL-terminated text; the next header's field is truncated.
+        const std::size_t end = data.find('\0');
+        if (end != std::string::npos) data.resize(end);
+        (type == 'L' ? meta.long_name : meta.long_link) = std::move(data);
+        (type == 'L' ? meta.has_long_name : meta.has_long_link) = true;
+      }
+      meta.any = true;
+      continue;
+    }
+    build_entry(block, header_offset, size, meta);
+    remaining_ = entry_.size;
+    padding_ = pad(entry_.size);
+    return true;
+  }
+}
+
+TRAINKIT_INLINE void TarReader::read(std::span<std::byte> out) {
+  if (out.size() > remaining_) {
+    fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' has ", remaining_,
+                                                   " bytes left, ", out.size(), " requested"));
+  }
+  const std::size_t got = source_->read(out.data(), out.size());
+  pos_ += got;
+  remaining_ -= got;
+  if (got < out.size()) truncated_member();
+}
+
+TRAINKIT_INLINE std::vector<std::byte> TarReader::read_data() {
+  const std::uint64_t want = remaining_;
+  const std::optional<std::uint64_t> avail = source_->available();
+  if (avail && *avail < want) {
+    fail(entry_.offset, ::trainkit::detail::concat(
+                            "truncated: member '", entry_.name, "' declares ", entry_.size,
+                            " bytes but the archive ends after ", entry_.size - want + *avail));
+  }
+  if (want > options_.max_member_bytes) {
+    fail(entry_.offset,
+         ::trainkit::detail::concat("member '", entry_.name, "' has ", want,
+                                    " bytes, above max_member_bytes = ", options_.max_member_bytes,
+                                    " (raise TarReaderOptions::max_member_bytes, "
+                                    "or TarShardOptions::max_member_bytes, to read it)"));
+  }
+  const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
+  if (!n)
+    fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
+                                                   " bytes does not fit in memory"));
+  std::vector<std::byte> out;
+  try {
+    if (avail) {
+      out.resize(*n);
+      read(out);
+      return out;
+    }
+    constexpr std::size_t kFirstChunk = 64 << 10;
+    while (remaining_ > 0) {
+      const std::size_t have = out.size();
+      const std::size_t chunk = static_cast<std::size_t>(
+          std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
+      out.resize(have + chunk);
+      read(std::span<std::byte>(out.data() + have, chunk));
+    }
+  } catch (const std::bad_alloc&) {
+    fail(entry_.offset,
+         ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
+                                    entry_.name, "' (out of memory)"));
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void TarReader::finish_member() {
+  // remaining_ + padding_ overflows only for a declared size no archive can hold.
+  const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
+  if (want == 0) return;
+  const std::uint64_t got = source_->skip(want);
+  pos_ += got;
+  if (got < remaining_) {
+    remaining_ -= got;
+    truncated_member();
+  }
+  if (got < want) {
+    fail(entry_.offset, ::trainkit::detail::concat("truncated: the archive ends inside the ",
+                                                   "padding after member '", entry_.name, "'"));
+  }
+  remaining_ = 0;
+  padding_ = 0;
+}
+
+TRAINKIT_INLINE std::string TarReader::read_meta(std::size_t size, std::uint64_t header_offset) {
+  const std::optional<std::uint64_t> avail = source_->available();
+  if (avail && *avail < size) {
+    fail(header_offset, ::trainkit::detail::concat("truncated: an extended header declares ", size,
+                                                   " bytes but the archive ends after ", *avail));
+  }
+  std::string data(size, '\0');
+  const std::size_t got = source_->read(data.data(), size);
+  pos_ += got;
+  const std::uint64_t padding = pad(size);
+  const std::uint64_t skipped = got == size ? source_->skip(padding) : 0;
+  pos_ += skipped;
+  if (got < size || skipped < padding)
+    fail(header_offset, "truncated: the archive ends inside an extended header");
+  return data;
+}
+
+TRAINKIT_INLINE void TarReader::verify_checksum(const std::array<unsigned char, 512>& b,
+                                                std::uint64_t offset) const {
+  const std::uint64_t stored = number(b, 148, 8, "checksum", offset);
+  std::uint64_t unsigned_sum = 0;
+  std::int64_t signed_sum = 0;
+  for (std::size_t i = 0; i < 512; ++i) {
+    const unsigned char c = (i >= 148 && i < 156) ? ' ' : b[i];
+    unsigned_sum += c;
+    signed_sum += static_cast<signed char>(c);
+  }
+  // Like Python's tarfile, accept the signed sum some historic tars wrote.
+  if (stored != unsigned_sum && static_cast<std::int64_t>(stored) != signed_sum) {
+    fail(offset, ::trainkit::detail::concat("bad header checksum (stored ", stored, ", computed ",
+                                            unsigned_sum, "): not a tar archive, or corrupt"));
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t TarReader::number(const std::array<unsigned char, 512>& b,
+                                                std::size_t off, std::size_t len, const char* field,
+                                                std::uint64_t offset) const {
+  if (b[off] & 0x80) {
+    if (b[off] == 0xff) fail(offset, ::trainkit::detail::concat("negative base-256 ", field));
+    std::uint64_t v = b[off] & 0x7f;
+    for (std::size_t i = off + 1; i < off + len; ++i) {
+      if (v >> 55) fail(offset, ::trainkit::detail::concat("base-256 ", field, " overflows"));
+      v = (v << 8) | b[i];
+    }
+    return v;
+  }
+  std::size_t i = off;
+  const std::size_t end = off + len;
+  while (i < end && (b[i] == ' ' || b[i] == 0)) ++i;
+  // An all-blank numeric field reads as 0, as in GNU tar.
+  std::uint64_t v = 0;
+  for (; i < end && b[i] >= '0' && b[i] <= '7'; ++i) {
+    if (v >> 60) fail(offset, ::trainkit::detail::concat("octal ", field, " overflows"));
+    v = v * 8 + (b[i] - '0');
+  }
+  for (; i < end; ++i) {
+    if (b[i] != ' ' && b[i] != 0) {
+      fail(offset, ::trainkit::detail::concat("bad ", field,
+                                              " field: not an octal number (not a tar archive, "
+                                              "or corrupt)"));
+    }
+  }
+  return v;
+}
+
+TRAINKIT_INLINE std::string TarReader::text(const std::array<unsigned char, 512>& b,
+                                            std::size_t off, std::size_t len) {
+  const auto* p = reinterpret_cast<const char*>(b.data() + off);
+  std::size_t n = 0;
+  while (n < len && p[n] != 0) ++n;
+  return std::string(p, n);
+}
+
+TRAINKIT_INLINE void TarReader::parse_pax(const std::string& data, Pax& pax,
+                                          std::uint64_t offset) const {
+  std::size_t pos = 0;
+  while (pos < data.size()) {
+    if (data[pos] == '\0') break;  // some writers pad the record block with NULs
+    std::size_t i = pos;
+    std::uint64_t len = 0;
+    // Digits stop mattering once len exceeds the record block (it is then refused below).
+    while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
+      if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
+      ++i;
+    }
+    if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
+        len > data.size() - pos || data[pos + len - 1] != '\n') {
+      fail(offset, ::trainkit::detail::concat("corrupt pax record at byte ", pos,
+                                              " of the extended header"));
+    }
+    const std::string_view record(data.data() + i + 1, pos + len - 1 - (i + 1));
+    const std::size_t eq = record.find('=');
+    if (eq == std::string_view::npos || eq == 0) fail(offset, "corrupt pax record: no 'key=value'");
+    const std::string_view key = record.substr(0, eq);
+    const std::string_view value = record.substr(eq + 1);
+    if (key == "path") {
+      pax.path = value;
+      pax.has_path = !value.empty();
+    } else if (key == "linkpath") {
+      pax.linkpath = value;
+      pax.has_linkpath = !value.empty();
+    } else if (key == "size") {
+      pax.size = pax_number(value, "size", offset);
+      pax.has_size = !value.empty();
+    } else if (key == "mtime") {
+      pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
+      pax.has_mtime = !value.empty();
+    }
+    pos += len;
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t TarReader::pax_number(std::string_view v, const char* key,
+                                                    std::uint64_t offset) const {
+  std::uint64_t n = 0;
+  for (char c : v) {
+    std::optional<std::uint64_t> next;
+    if (c >= '0' && c <= '9') {
+      if (const auto tens = checked_mul(n, std::uint64_t{10}))
+        next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
+    }
+    if (!next) {
+      fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
+                                              v.size() > 40 ? "...'" : "'",
+                                              c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
+    }
+    n = *next;
+  }
+  return n;
+}
+
+TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>& b,
+                                            std::uint64_t offset, std::uint64_t size,
+                                            const PendingMeta& meta) {
+  TarEntry e;
+  e.offset = offset;
+  e.type = static_cast<char>(b[156]);
+  e.mode = number(b, 100, 8, "mode", offset);
+  e.mtime = number(b, 136, 12, "mtime", offset);
+  e.size = size;
+  e.name = text(b, 0, 100);
+  e.linkname = text(b, 157, 100);
+  // POSIX ustar ("ustar\0" + "00") has a prefix field; GNU ("ustar  \0") uses those bytes
+  // for other things, and v7 headers have no magic at all.
+  if (std::memcmp(b.data() + 257, "ustar\0", 6) == 0) {
+    const std::string prefix = text(b, 345, 155);
+    if (!prefix.empty()) e.name = prefix + "/" + e.name;
+  }
+  if (global_.has_path) e.name = global_.path;
+  if (global_.has_linkpath) e.linkname = global_.linkpath;
+  if (global_.has_size) e.size = global_.size;
+  if (global_.has_mtime) e.mtime = global_.mtime;
+  if (meta.has_long_name) e.name = meta.long_name;
+  if (meta.has_long_link) e.linkname = meta.long_link;
+  if (meta.pax.has_path) e.name = meta.pax.path;
+  if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
+  if (meta.pax.has_size) e.size = meta.pax.size;
+  if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
+  // Links, directories and devices carry no data whatever their size field says (tarfile).
+  if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
+      e.type == '6')
+    e.size = 0;
+  entry_ = std::move(e);
+}
+
+TRAINKIT_INLINE TarWriter::~TarWriter() {
+  if (file_ == nullptr) return;
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::byte> data,
+                                    std::uint64_t mtime) {
+  TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
+  std::string short_name(name.substr(0, 100));
+  if (name.size() > 100) {
+    // pax record "<len> path=<name>\n"; len counts its own digits.
+    const std::string body = " path=" + std::string(name) + "\n";
+    std::size_t len = body.size() + 1;
+    while (std::to_string(len).size() + body.size() != len) ++len;
+    const std::string record = std::to_string(len) + body;
+    write_header("././@PaxHeader", 'x', record.size(), mtime);
+    write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
+  }
+  write_header(short_name, '0', data.size(), mtime);
+  write_padded(data.data(), data.size());
+}
+
+TRAINKIT_INLINE void TarWriter::close() {
+  if (file_ == nullptr) return;
+  const std::array<std::byte, 1024> zeros{};
+  write(zeros.data(), zeros.size());
+  const std::uint64_t record = 10240;
+  const std::array<std::byte, 512> block{};
+  while (written_ % record != 0) write(block.data(), block.size());
+  std::FILE* f = std::exchange(file_, nullptr);
+  TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_, "' (disk full?)");
+}
+
+TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std::uint64_t v) {
+  // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
+  for (std::size_t i = len - 1; i-- > 0;) {
+    field[i] = static_cast<unsigned char>('0' + (v & 7));
+    v >>= 3;
+  }
+  field[len - 1] = 0;
+}
+
+TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, std::uint64_t size,
+                                             std::uint64_t mtime) {
+  TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
+                 " bytes exceeds ustar's 8 GiB limit");
+  std::array<unsigned char, 512> b{};
+  std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
+  octal(b.data() + 100, 8, 0444);
+  octal(b.data() + 108, 8, 0);
+  octal(b.data() + 116, 8, 0);
+  octal(b.data() + 124, 12, size);
+  octal(b.data() + 136, 12, mtime);
+  b[156] = static_cast<unsigned char>(type);
+  std::memcpy(b.data() + 257,
+              "ustar\0"
+              "00",
+              8);
+  std::memset(b.data() + 148, ' ', 8);
+  std::uint64_t sum = 0;
+  for (unsigned char c : b) sum += c;
+  // "%06o\0 " like tarfile.
+  for (int i = 5; i >= 0; --i) {
+    b[148 + static_cast<std::size_t>(i)] = static_cast<unsigned char>('0' + (sum & 7));
+    sum >>= 3;
+  }
+  b[154] = 0;
+  b[155] = ' ';
+  write(reinterpret_cast<const std::byte*>(b.data()), b.size());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

@@ -42,19 +42,7 @@ namespace io {
 
 /// Appends one TFRecord holding `data` to `out`: 8-byte little-endian length, masked CRC-32C of
 /// those 8 bytes, the data, masked CRC-32C of the data (all little-endian).
-inline void append_tfrecord(std::string& out, std::string_view data) {
-  char header[12];
-  const std::uint64_t length = data.size();
-  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
-  const std::uint32_t length_crc = masked_crc32c(header, 8);
-  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<char>((length_crc >> (8 * i)) & 0xFF);
-  out.append(header, 12);
-  out.append(data);
-  const std::uint32_t data_crc = masked_crc32c(data.data(), data.size());
-  char footer[4];
-  for (int i = 0; i < 4; ++i) footer[i] = static_cast<char>((data_crc >> (8 * i)) & 0xFF);
-  out.append(footer, 4);
-}
+TRAINKIT_INLINE void append_tfrecord(std::string& out, std::string_view data);
 
 /// The records of an event file, as read back by `split_tfrecords` / `read_tfrecords`.
 struct TfRecords {
@@ -73,44 +61,11 @@ inline std::uint32_t load_u32le(const unsigned char* p) noexcept {
 /// Splits TFRecord-framed bytes into payloads, checking both CRCs of every record. A partial last
 /// record sets `truncated` (a killed writer leaves one; readers then stop there, like TensorBoard).
 /// Throws trainkit::Error naming `what` (a file name) and the byte offset on a CRC mismatch.
-inline TfRecords split_tfrecords(std::string_view bytes, std::string_view what = "buffer") {
-  TfRecords result;
-  std::size_t offset = 0;
-  const auto* base = reinterpret_cast<const unsigned char*>(bytes.data());
-  while (offset < bytes.size()) {
-    if (bytes.size() - offset < 12) {
-      result.truncated = true;
-      break;
-    }
-    const unsigned char* p = base + offset;
-    std::uint64_t length = 0;
-    for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-    TRAINKIT_CHECK(detail::load_u32le(p + 8) == masked_crc32c(p, 8),
-                   "TFRecord length CRC mismatch in '", what, "' at byte ", offset,
-                   ": the file is corrupt and cannot be framed further");
-    if (bytes.size() - offset - 12 < length || bytes.size() - offset - 12 - length < 4) {
-      result.truncated = true;
-      break;
-    }
-    const auto size = static_cast<std::size_t>(length);
-    TRAINKIT_CHECK(detail::load_u32le(p + 12 + size) == masked_crc32c(p + 12, size),
-                   "TFRecord data CRC mismatch in '", what, "' for the record at byte ", offset,
-                   " (", size, " bytes): the record is corrupt");
-    result.records.emplace_back(bytes.substr(offset + 12, size));
-    offset += 16 + size;
-    result.valid_bytes = offset;
-  }
-  return result;
-}
+TRAINKIT_INLINE TfRecords split_tfrecords(std::string_view bytes, std::string_view what = "buffer");
 
 /// Reads and checks every record of the file at `path` (see split_tfrecords). Throws
 /// trainkit::Error when the file cannot be read or a CRC does not match.
-inline TfRecords read_tfrecords(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TRAINKIT_CHECK(in.good(), "cannot open event file '", path, "' for reading");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return split_tfrecords(bytes, path);
-}
+TRAINKIT_INLINE TfRecords read_tfrecords(const std::string& path);
 
 // ---- Event encoders ----------------------------------------------------------------------------
 // Field numbers from tensorboard/compat/proto/{event,summary,histogram,tensor,tensor_shape}.proto.
@@ -124,8 +79,19 @@ struct ValueMarks {
   std::size_t summary;
   std::size_t value;
 };
-inline ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
-                                   std::string_view tag) {
+TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag);
+inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
+  out.end_message(marks.value);
+  out.end_message(marks.summary);
+}
+/// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
+TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
+                                           std::string_view content);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag) {
   out.clear();
   out.field_double_nonzero(1, wall_time);
   out.field_int64_nonzero(2, step);
@@ -134,13 +100,9 @@ inline ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int6
   out.field_bytes_nonempty(1, tag);
   return {summary, value};
 }
-inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
-  out.end_message(marks.value);
-  out.end_message(marks.summary);
-}
-/// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
-inline void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
-                                  std::string_view content) {
+
+TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
+                                           std::string_view content) {
   const std::size_t metadata = out.begin_message(9);
   const std::size_t plugin_data = out.begin_message(1);
   out.field_bytes_nonempty(1, plugin);
@@ -148,42 +110,26 @@ inline void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
   out.end_message(plugin_data);
   out.end_message(metadata);
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// The first record of every event file: Event{wall_time, file_version="brain.Event:2"}, plus
 /// source_metadata{writer} (field 10) when `writer` is not empty, as tensorboard >= 2.12 writes.
-inline void encode_file_version_event(ProtoWriter& out, double wall_time,
-                                      std::string_view writer = {}) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_bytes(3, "brain.Event:2");
-  if (!writer.empty()) {
-    const std::size_t source = out.begin_message(10);
-    out.field_bytes(1, writer);
-    out.end_message(source);
-  }
-}
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::string_view writer = {});
 
 /// Event{wall_time, step, file_version="brain.Event:2"}: the record SummaryWriter(purge_step=N)
 /// writes at step N after the file's own first record, ahead of the SessionLog START.
-inline void encode_file_version_event(ProtoWriter& out, double wall_time, std::int64_t step) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_int64_nonzero(2, step);
-  out.field_bytes(3, "brain.Event:2");
-}
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::int64_t step);
 
 /// Event{wall_time, step, session_log=7{status=1 START}}: TensorBoard discards every point read so
 /// far at a step >= `step` (its restart purge), which is how SummaryWriter(purge_step=step) makes
 /// a resumed run supersede what a crashed one logged past its checkpoint.
-inline void encode_session_start_event(ProtoWriter& out, double wall_time, std::int64_t step) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_int64_nonzero(2, step);
-  const std::size_t session_log = out.begin_message(7);
-  out.field_varint(1, 1);  // SessionLog.START
-  out.end_message(session_log);
-}
+TRAINKIT_INLINE void encode_session_start_event(ProtoWriter& out, double wall_time,
+                                                std::int64_t step);
 
 /// A scalar as SummaryWriter.add_scalar writes it (new_style=False): Summary.Value{tag,
 /// simple_value=float32(value)}, no metadata; TensorBoard files it under the "scalars" plugin.
@@ -197,24 +143,8 @@ inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t
 /// A text entry as SummaryWriter.add_text writes it: tag + "/text_summary", a DT_STRING tensor of
 /// shape [1] holding the UTF-8 text, metadata plugin "text" (TextPluginData version 0 = no bytes).
 /// TensorBoard renders the text as Markdown.
-inline void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                              std::string_view tag, std::string_view text) {
-  std::string full_tag;
-  full_tag.reserve(tag.size() + 13);
-  full_tag.append(tag).append("/text_summary");
-  const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
-  const std::size_t tensor = out.begin_message(8);
-  out.field_varint(1, 7);  // dtype DT_STRING
-  const std::size_t shape = out.begin_message(2);
-  const std::size_t dim = out.begin_message(2);
-  out.field_int64(1, 1);  // size 1
-  out.end_message(dim);
-  out.end_message(shape);
-  out.field_bytes(8, text);  // string_val
-  out.end_message(tensor);
-  detail::write_plugin_metadata(out, "text", {});
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                       std::string_view tag, std::string_view text);
 
 // ---- Histograms --------------------------------------------------------------------------------
 
@@ -233,19 +163,7 @@ struct Histogram {
 /// SummaryWriter's default ('tensorflow') bin edges: -1e20..-1e-12, 0, 1e-12..1e20 growing by a
 /// factor 1.1, generated with the same double arithmetic as torch/utils/tensorboard/writer.py
 /// (v = 1e-12; while v < 1e20: push v; v *= 1.1), so the edges are bit-identical. 1549 edges.
-inline const std::vector<double>& default_histogram_bins() {
-  static const std::vector<double> bins = [] {
-    std::vector<double> positive;
-    for (double v = 1e-12; v < 1e20; v *= 1.1) positive.push_back(v);
-    std::vector<double> edges;
-    edges.reserve(2 * positive.size() + 1);
-    for (auto it = positive.rbegin(); it != positive.rend(); ++it) edges.push_back(-*it);
-    edges.push_back(0.0);
-    edges.insert(edges.end(), positive.begin(), positive.end());
-    return edges;
-  }();
-  return bins;
-}
+TRAINKIT_INLINE const std::vector<double>& default_histogram_bins();
 
 namespace detail {
 // numpy's pairwise summation (npy_pairwise_sum): 8 accumulators for blocks of <= 128 values,
@@ -353,20 +271,8 @@ inline Histogram make_histogram(std::span<const float> values,
 }
 
 /// A histogram as SummaryWriter.add_histogram writes it: Summary.Value{tag, histo=HistogramProto}.
-inline void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                   std::string_view tag, const Histogram& h) {
-  const auto marks = detail::open_event_value(out, wall_time, step, tag);
-  const std::size_t histo = out.begin_message(5);
-  out.field_double_nonzero(1, h.min);
-  out.field_double_nonzero(2, h.max);
-  out.field_double_nonzero(3, h.num);
-  out.field_double_nonzero(4, h.sum);
-  out.field_double_nonzero(5, h.sum_squares);
-  out.field_packed_doubles(6, h.bucket_limit);
-  out.field_packed_doubles(7, h.bucket);
-  out.end_message(histo);
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag, const Histogram& h);
 
 // ---- Hyper-parameters (the TensorBoard "HPARAMS" dashboard) ------------------------------------
 
@@ -388,81 +294,39 @@ struct HParam {
 namespace detail {
 // plugin_data content = HParamsPluginData{version=1 (0, omitted), experiment=2 |
 // session_start_info=3 | session_end_info=4}; tensorboard/plugins/hparams/{api,plugin_data}.proto.
-inline int hparam_data_type(const HParam& p) {
+TRAINKIT_INLINE int hparam_data_type(const HParam& p);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int hparam_data_type(const HParam& p) {
   // tensorboard.hparams.DataType: STRING 1, BOOL 2, FLOAT64 3.
   if (std::holds_alternative<std::string>(p.value)) return 1;
   if (std::holds_alternative<bool>(p.value)) return 2;
   return 3;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// `_hparams_/experiment`: declares the hyper-parameter names and types and the metric tags the
 /// HPARAMS dashboard tabulates, as torch.utils.tensorboard.summary.hparams builds it (HParamInfo
 /// {name, type}, MetricInfo{name{tag}}). Unlike PyTorch, a bool is typed DATA_TYPE_BOOL.
-inline void encode_hparams_experiment_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                            std::span<const HParam> hparams,
-                                            std::span<const std::string> metric_tags) {
-  ProtoWriter content;
-  const std::size_t experiment = content.begin_message(2);
-  for (const HParam& p : hparams) {
-    const std::size_t info = content.begin_message(4);
-    content.field_bytes_nonempty(1, p.name);
-    content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
-    content.end_message(info);
-  }
-  for (const std::string& tag : metric_tags) {
-    const std::size_t info = content.begin_message(5);
-    const std::size_t name = content.begin_message(1);
-    content.field_bytes_nonempty(2, tag);
-    content.end_message(name);
-    content.end_message(info);
-  }
-  content.end_message(experiment);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/experiment");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wall_time,
+                                                     std::int64_t step,
+                                                     std::span<const HParam> hparams,
+                                                     std::span<const std::string> metric_tags);
 
 /// `_hparams_/session_start_info`: this run's hyper-parameter values (a map<string,
 /// google.protobuf.Value>; number_value=2, string_value=3, bool_value=4). Map entries are written
 /// in the order given (protobuf leaves map order unspecified; readers do not care).
-inline void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
-                                               std::int64_t step, std::span<const HParam> hparams) {
-  // Nested messages built like the experiment's above (begin, fields, end); the fields differ.
-  ProtoWriter content;
-  const std::size_t start = content.begin_message(3);
-  for (const HParam& p : hparams) {
-    const std::size_t entry = content.begin_message(1);
-    content.field_bytes(1, p.name);
-    const std::size_t value = content.begin_message(2);
-    if (const auto* number = std::get_if<double>(&p.value)) {
-      content.field_double(2, *number);  // oneof member: written even when 0
-    } else if (const auto* text = std::get_if<std::string>(&p.value)) {
-      content.field_bytes(3, *text);
-    } else {
-      content.field_varint(4, std::get<bool>(p.value) ? 1 : 0);
-    }
-    content.end_message(value);
-    content.end_message(entry);
-  }
-  content.end_message(start);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_start_info");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
+                                                        std::int64_t step,
+                                                        std::span<const HParam> hparams);
 
 /// `_hparams_/session_end_info` with status (tensorboard.hparams.Status): 1 SUCCESS, 2 FAILURE,
 /// 3 RUNNING.
-inline void encode_hparams_session_end_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                             int status = 1) {
-  ProtoWriter content;
-  const std::size_t end = content.begin_message(4);
-  content.field_varint_nonzero(1, static_cast<std::uint64_t>(status));
-  content.end_message(end);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_end_info");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
+                                                      std::int64_t step, int status = 1);
 
 // ---- Event files -------------------------------------------------------------------------------
 
@@ -470,15 +334,8 @@ inline void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
 /// writer (used by PyTorch) gives, so files sort chronologically and several writers of one
 /// process (uid 0, 1, ...) never collide. TensorBoard reads any file whose name contains
 /// "tfevents".
-inline std::string event_file_name(std::int64_t unix_seconds, std::string_view host, long pid,
-                                   long uid, std::string_view suffix = {}) {
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(unix_seconds));
-  std::string name = "events.out.tfevents.";
-  name.append(seconds).append(".").append(host).append(".");
-  name.append(std::to_string(pid)).append(".").append(std::to_string(uid)).append(suffix);
-  return name;
-}
+TRAINKIT_INLINE std::string event_file_name(std::int64_t unix_seconds, std::string_view host,
+                                            long pid, long uid, std::string_view suffix = {});
 
 /// Seconds since the Unix epoch as a double, the wall_time of every Event (Python's time.time()).
 inline double unix_time_now() noexcept {
@@ -515,23 +372,8 @@ class EventFileWriter {
  public:
   /// Creates `log_dir` (with parents) and the event file, writes the file_version record and
   /// flushes it, so even an empty run shows up. Throws trainkit::Error naming the path on failure.
-  explicit EventFileWriter(const std::string& log_dir, EventFileOptions options = {})
-      : options_(std::move(options)) {
-    std::error_code ec;
-    std::filesystem::create_directories(log_dir, ec);
-    TRAINKIT_CHECK(!ec, "cannot create the TensorBoard log directory '", log_dir,
-                   "': ", ec.message());
-    const double now = unix_time_now();
-    const auto name = event_file_name(
-        static_cast<std::int64_t>(now), detail::host_name(), static_cast<long>(::getpid()),
-        detail::event_file_uid().fetch_add(1), options_.filename_suffix);
-    path_ = (std::filesystem::path(log_dir) / name).string();
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    TRAINKIT_CHECK(fd_ >= 0, "cannot create event file '", path_, "': ", std::strerror(errno));
-    encode_file_version_event(scratch_, now, options_.writer_name);
-    write_event(scratch_.bytes());
-    flush();
-  }
+  TRAINKIT_INLINE explicit EventFileWriter(const std::string& log_dir,
+                                           EventFileOptions options = {});
 
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;
@@ -620,6 +462,230 @@ class EventFileWriter {
   std::chrono::steady_clock::time_point first_pending_{};
   ProtoWriter scratch_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void append_tfrecord(std::string& out, std::string_view data) {
+  char header[12];
+  const std::uint64_t length = data.size();
+  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
+  const std::uint32_t length_crc = masked_crc32c(header, 8);
+  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<char>((length_crc >> (8 * i)) & 0xFF);
+  out.append(header, 12);
+  out.append(data);
+  const std::uint32_t data_crc = masked_crc32c(data.data(), data.size());
+  char footer[4];
+  for (int i = 0; i < 4; ++i) footer[i] = static_cast<char>((data_crc >> (8 * i)) & 0xFF);
+  out.append(footer, 4);
+}
+
+TRAINKIT_INLINE TfRecords split_tfrecords(std::string_view bytes, std::string_view what) {
+  TfRecords result;
+  std::size_t offset = 0;
+  const auto* base = reinterpret_cast<const unsigned char*>(bytes.data());
+  while (offset < bytes.size()) {
+    if (bytes.size() - offset < 12) {
+      result.truncated = true;
+      break;
+    }
+    const unsigned char* p = base + offset;
+    std::uint64_t length = 0;
+    for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+    TRAINKIT_CHECK(detail::load_u32le(p + 8) == masked_crc32c(p, 8),
+                   "TFRecord length CRC mismatch in '", what, "' at byte ", offset,
+                   ": the file is corrupt and cannot be framed further");
+    if (bytes.size() - offset - 12 < length || bytes.size() - offset - 12 - length < 4) {
+      result.truncated = true;
+      break;
+    }
+    const auto size = static_cast<std::size_t>(length);
+    TRAINKIT_CHECK(detail::load_u32le(p + 12 + size) == masked_crc32c(p + 12, size),
+                   "TFRecord data CRC mismatch in '", what, "' for the record at byte ", offset,
+                   " (", size, " bytes): the record is corrupt");
+    result.records.emplace_back(bytes.substr(offset + 12, size));
+    offset += 16 + size;
+    result.valid_bytes = offset;
+  }
+  return result;
+}
+
+TRAINKIT_INLINE TfRecords read_tfrecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot open event file '", path, "' for reading");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return split_tfrecords(bytes, path);
+}
+
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::string_view writer) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_bytes(3, "brain.Event:2");
+  if (!writer.empty()) {
+    const std::size_t source = out.begin_message(10);
+    out.field_bytes(1, writer);
+    out.end_message(source);
+  }
+}
+
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  out.field_bytes(3, "brain.Event:2");
+}
+
+TRAINKIT_INLINE void encode_session_start_event(ProtoWriter& out, double wall_time,
+                                                std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  const std::size_t session_log = out.begin_message(7);
+  out.field_varint(1, 1);  // SessionLog.START
+  out.end_message(session_log);
+}
+
+TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                       std::string_view tag, std::string_view text) {
+  std::string full_tag;
+  full_tag.reserve(tag.size() + 13);
+  full_tag.append(tag).append("/text_summary");
+  const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
+  const std::size_t tensor = out.begin_message(8);
+  out.field_varint(1, 7);  // dtype DT_STRING
+  const std::size_t shape = out.begin_message(2);
+  const std::size_t dim = out.begin_message(2);
+  out.field_int64(1, 1);  // size 1
+  out.end_message(dim);
+  out.end_message(shape);
+  out.field_bytes(8, text);  // string_val
+  out.end_message(tensor);
+  detail::write_plugin_metadata(out, "text", {});
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE const std::vector<double>& default_histogram_bins() {
+  static const std::vector<double> bins = [] {
+    std::vector<double> positive;
+    for (double v = 1e-12; v < 1e20; v *= 1.1) positive.push_back(v);
+    std::vector<double> edges;
+    edges.reserve(2 * positive.size() + 1);
+    for (auto it = positive.rbegin(); it != positive.rend(); ++it) edges.push_back(-*it);
+    edges.push_back(0.0);
+    edges.insert(edges.end(), positive.begin(), positive.end());
+    return edges;
+  }();
+  return bins;
+}
+
+TRAINKIT_INLINE void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag, const Histogram& h) {
+  const auto marks = detail::open_event_value(out, wall_time, step, tag);
+  const std::size_t histo = out.begin_message(5);
+  out.field_double_nonzero(1, h.min);
+  out.field_double_nonzero(2, h.max);
+  out.field_double_nonzero(3, h.num);
+  out.field_double_nonzero(4, h.sum);
+  out.field_double_nonzero(5, h.sum_squares);
+  out.field_packed_doubles(6, h.bucket_limit);
+  out.field_packed_doubles(7, h.bucket);
+  out.end_message(histo);
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wall_time,
+                                                     std::int64_t step,
+                                                     std::span<const HParam> hparams,
+                                                     std::span<const std::string> metric_tags) {
+  ProtoWriter content;
+  const std::size_t experiment = content.begin_message(2);
+  for (const HParam& p : hparams) {
+    const std::size_t info = content.begin_message(4);
+    content.field_bytes_nonempty(1, p.name);
+    content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
+    content.end_message(info);
+  }
+  for (const std::string& tag : metric_tags) {
+    const std::size_t info = content.begin_message(5);
+    const std::size_t name = content.begin_message(1);
+    content.field_bytes_nonempty(2, tag);
+    content.end_message(name);
+    content.end_message(info);
+  }
+  content.end_message(experiment);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/experiment");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
+                                                        std::int64_t step,
+                                                        std::span<const HParam> hparams) {
+  // Nested messages built like the experiment's above (begin, fields, end); the fields differ.
+  ProtoWriter content;
+  const std::size_t start = content.begin_message(3);
+  for (const HParam& p : hparams) {
+    const std::size_t entry = content.begin_message(1);
+    content.field_bytes(1, p.name);
+    const std::size_t value = content.begin_message(2);
+    if (const auto* number = std::get_if<double>(&p.value)) {
+      content.field_double(2, *number);  // oneof member: written even when 0
+    } else if (const auto* text = std::get_if<std::string>(&p.value)) {
+      content.field_bytes(3, *text);
+    } else {
+      content.field_varint(4, std::get<bool>(p.value) ? 1 : 0);
+    }
+    content.end_message(value);
+    content.end_message(entry);
+  }
+  content.end_message(start);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_start_info");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
+                                                      std::int64_t step, int status) {
+  ProtoWriter content;
+  const std::size_t end = content.begin_message(4);
+  content.field_varint_nonzero(1, static_cast<std::uint64_t>(status));
+  content.end_message(end);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_end_info");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE std::string event_file_name(std::int64_t unix_seconds, std::string_view host,
+                                            long pid, long uid, std::string_view suffix) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(unix_seconds));
+  std::string name = "events.out.tfevents.";
+  name.append(seconds).append(".").append(host).append(".");
+  name.append(std::to_string(pid)).append(".").append(std::to_string(uid)).append(suffix);
+  return name;
+}
+
+TRAINKIT_INLINE EventFileWriter::EventFileWriter(const std::string& log_dir,
+                                                 EventFileOptions options)
+    : options_(std::move(options)) {
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  TRAINKIT_CHECK(!ec, "cannot create the TensorBoard log directory '", log_dir,
+                 "': ", ec.message());
+  const double now = unix_time_now();
+  const auto name = event_file_name(
+      static_cast<std::int64_t>(now), detail::host_name(), static_cast<long>(::getpid()),
+      detail::event_file_uid().fetch_add(1), options_.filename_suffix);
+  path_ = (std::filesystem::path(log_dir) / name).string();
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TRAINKIT_CHECK(fd_ >= 0, "cannot create event file '", path_, "': ", std::strerror(errno));
+  encode_file_version_event(scratch_, now, options_.writer_name);
+  write_event(scratch_.bytes());
+  flush();
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END

@@ -74,25 +74,7 @@ enum ThrottleReason : std::uint64_t {
 };
 
 /// "none", or the set reasons joined by '+', e.g. "sw_power_cap+hw_thermal".
-inline std::string throttle_reason_string(std::uint64_t reasons) {
-  constexpr std::pair<std::uint64_t, const char*> kNames[] = {
-      {kThrottleGpuIdle, "gpu_idle"},
-      {kThrottleApplicationClocks, "app_clocks"},
-      {kThrottleSwPowerCap, "sw_power_cap"},
-      {kThrottleHwSlowdown, "hw_slowdown"},
-      {kThrottleSyncBoost, "sync_boost"},
-      {kThrottleSwThermal, "sw_thermal"},
-      {kThrottleHwThermal, "hw_thermal"},
-      {kThrottleHwPowerBrake, "hw_power_brake"},
-      {kThrottleDisplayClocks, "display_clocks"}};
-  std::string out;
-  for (const auto& [bit, name] : kNames) {
-    if ((reasons & bit) == 0) continue;
-    if (!out.empty()) out.push_back('+');
-    out.append(name);
-  }
-  return out.empty() ? "none" : out;
-}
+TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons);
 
 /// Statistics of the samples taken since the previous GpuMonitor::take_window().
 struct GpuStats {
@@ -124,30 +106,7 @@ class GpuMonitor {
  public:
   /// Loads NVML with dlopen(options.library) and starts sampling. Never throws for a missing
   /// driver or device.
-  explicit GpuMonitor(GpuMonitorOptions options = {}) : options_(options) {
-    library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
-    if (library_ == nullptr) {
-      disable(std::string("NVML not available (") + options_.library +
-              " could not be loaded: no NVIDIA driver?)");
-      return;
-    }
-    nvml::Api api;
-    const bool ok = load(api.init, "nvmlInit_v2") && load(api.shutdown, "nvmlShutdown") &&
-                    load(api.error_string, "nvmlErrorString") &&
-                    load(api.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") &&
-                    load(api.utilization, "nvmlDeviceGetUtilizationRates") &&
-                    load(api.memory, "nvmlDeviceGetMemoryInfo") &&
-                    load(api.temperature, "nvmlDeviceGetTemperature") &&
-                    load(api.power_usage, "nvmlDeviceGetPowerUsage") &&
-                    load(api.clock_info, "nvmlDeviceGetClockInfo") &&
-                    load(api.throttle_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    (void)load(api.handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");  // optional
-    if (!ok) {
-      disable(std::string("NVML in ") + options_.library + " lacks a required function");
-      return;
-    }
-    start(api);
-  }
+  TRAINKIT_INLINE explicit GpuMonitor(GpuMonitorOptions options = {});
 
   /// Uses a caller-provided function table (tests, or an NVML loaded some other way).
   GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(options) { start(api); }
@@ -155,16 +114,7 @@ class GpuMonitor {
   GpuMonitor(const GpuMonitor&) = delete;
   GpuMonitor& operator=(const GpuMonitor&) = delete;
 
-  ~GpuMonitor() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    if (initialized_ && api_.shutdown != nullptr) (void)api_.shutdown();
-    if (library_ != nullptr) ::dlclose(library_);
-  }
+  TRAINKIT_INLINE ~GpuMonitor();
 
   /// True when NVML is loaded and the device was found.
   bool enabled() const noexcept { return enabled_; }
@@ -175,27 +125,10 @@ class GpuMonitor {
 
   /// Takes one sample now on the calling thread and adds it to the window (also what the
   /// background thread does every interval_secs).
-  void sample_now() {
-    if (!enabled_) return;
-    Sample s = read_sample();
-    std::lock_guard<std::mutex> lock(mutex_);
-    accumulate(s);
-  }
+  TRAINKIT_INLINE void sample_now();
 
   /// Statistics since the previous call; `samples == 0` when disabled or nothing was sampled.
-  GpuStats take_window() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    GpuStats out = window_;
-    if (out.samples > 0) {
-      out.util_gpu_mean = util_sum_ / out.samples;
-      out.util_memory_mean = util_mem_sum_ / out.samples;
-      out.power_mean_w = power_sum_ / out.samples;
-      out.sm_clock_mean = static_cast<unsigned int>(clock_sum_ / out.samples);
-    }
-    window_ = GpuStats{};
-    util_sum_ = util_mem_sum_ = power_sum_ = clock_sum_ = 0.0;
-    return out;
-  }
+  TRAINKIT_INLINE GpuStats take_window();
 
  private:
   struct Sample {
@@ -214,15 +147,7 @@ class GpuMonitor {
     return symbol != nullptr;
   }
 
-  void disable(std::string reason) {
-    disabled_reason_ = std::move(reason);
-    enabled_ = false;
-    if (options_.log != nullptr) {
-      std::fprintf(options_.log, "[trainkit] info: GPU monitor disabled: %s\n",
-                   disabled_reason_.c_str());
-      std::fflush(options_.log);
-    }
-  }
+  TRAINKIT_INLINE void disable(std::string reason);
 
   std::string nvml_error(nvml::Return status) const {
     const char* text = api_.error_string != nullptr ? api_.error_string(status) : nullptr;
@@ -230,97 +155,15 @@ class GpuMonitor {
            (text != nullptr ? std::string(": ") + text : "");
   }
 
-  void start(const nvml::Api& api) {
-    api_ = api;
-    if (api_.init == nullptr || api_.handle_by_index == nullptr || api_.utilization == nullptr ||
-        api_.memory == nullptr || api_.temperature == nullptr || api_.power_usage == nullptr ||
-        api_.clock_info == nullptr || api_.throttle_reasons == nullptr) {
-      disable("the NVML function table is incomplete");
-      return;
-    }
-    const nvml::Return init = api_.init();
-    if (init != 0) {
-      disable("nvmlInit failed (" + nvml_error(init) + ")");
-      return;
-    }
-    initialized_ = true;
-    if (!find_device()) return;
-    enabled_ = true;
-    Sample first = read_sample();
-    accumulate(first);
-    thread_ = std::thread([this] { run(); });
-  }
+  TRAINKIT_INLINE void start(const nvml::Api& api);
 
-  bool find_device() {
-#if TRAINKIT_WITH_CUDA
-    if (options_.device < 0 && api_.handle_by_pci_bus_id != nullptr) {
-      int cuda_device = 0;
-      char bus_id[32] = {};
-      if (cudaGetDevice(&cuda_device) == cudaSuccess &&
-          cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof bus_id), cuda_device) ==
-              cudaSuccess) {
-        const nvml::Return r = api_.handle_by_pci_bus_id(bus_id, &device_);
-        if (r == 0) {
-          device_label_ = bus_id;
-          return true;
-        }
-      }
-      (void)cudaGetLastError();
-    }
-#endif
-    unsigned int index = 0;
-    if (options_.device >= 0) {
-      index = static_cast<unsigned int>(options_.device);
-    } else if (const char* local_rank = std::getenv("LOCAL_RANK")) {
-      index = static_cast<unsigned int>(std::max(0, std::atoi(local_rank)));
-    }
-    const nvml::Return r = api_.handle_by_index(index, &device_);
-    if (r != 0) {
-      disable("NVML has no device " + std::to_string(index) + " (" + nvml_error(r) + ")");
-      return false;
-    }
-    device_label_ = std::to_string(index);
-    return true;
-  }
+  TRAINKIT_INLINE bool find_device();
 
-  Sample read_sample() const {
-    // A query the device does not support leaves its field 0 instead of failing the sample.
-    Sample s;
-    (void)api_.utilization(device_, &s.util);
-    (void)api_.memory(device_, &s.memory);
-    (void)api_.temperature(device_, nvml::kTemperatureGpu, &s.temperature);
-    (void)api_.power_usage(device_, &s.power_mw);
-    (void)api_.clock_info(device_, nvml::kClockSm, &s.sm_clock);
-    (void)api_.throttle_reasons(device_, &s.throttle);
-    return s;
-  }
+  TRAINKIT_INLINE Sample read_sample() const;
 
-  void accumulate(const Sample& s) {
-    ++window_.samples;
-    util_sum_ += s.util.gpu;
-    util_mem_sum_ += s.util.memory;
-    power_sum_ += 1e-3 * s.power_mw;
-    clock_sum_ += s.sm_clock;
-    window_.memory_used_max = std::max<std::uint64_t>(window_.memory_used_max, s.memory.used);
-    window_.memory_total = s.memory.total;
-    window_.temperature_max = std::max(window_.temperature_max, s.temperature);
-    window_.sm_clock_min =
-        window_.samples == 1 ? s.sm_clock : std::min(window_.sm_clock_min, s.sm_clock);
-    // Idle is not a problem to report while training; it only means a sample fell between kernels.
-    window_.throttle_reasons |= s.throttle & ~static_cast<std::uint64_t>(kThrottleGpuIdle);
-  }
+  TRAINKIT_INLINE void accumulate(const Sample& s);
 
-  void run() {
-    const auto interval = std::chrono::duration<double>(options_.interval_secs);
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
-      lock.unlock();
-      const Sample s = read_sample();  // NVML calls take ~100 µs; never hold the lock for them
-      lock.lock();
-      accumulate(s);
-    }
-  }
+  TRAINKIT_INLINE void run();
 
   GpuMonitorOptions options_;
   void* library_ = nullptr;
@@ -340,6 +183,189 @@ class GpuMonitor {
   double power_sum_ = 0.0;
   double clock_sum_ = 0.0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons) {
+  constexpr std::pair<std::uint64_t, const char*> kNames[] = {
+      {kThrottleGpuIdle, "gpu_idle"},
+      {kThrottleApplicationClocks, "app_clocks"},
+      {kThrottleSwPowerCap, "sw_power_cap"},
+      {kThrottleHwSlowdown, "hw_slowdown"},
+      {kThrottleSyncBoost, "sync_boost"},
+      {kThrottleSwThermal, "sw_thermal"},
+      {kThrottleHwThermal, "hw_thermal"},
+      {kThrottleHwPowerBrake, "hw_power_brake"},
+      {kThrottleDisplayClocks, "display_clocks"}};
+  std::string out;
+  for (const auto& [bit, name] : kNames) {
+    if ((reasons & bit) == 0) continue;
+    if (!out.empty()) out.push_back('+');
+    out.append(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
+TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(options) {
+  library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
+  if (library_ == nullptr) {
+    disable(std::string("NVML not available (") + options_.library +
+            " could not be loaded: no NVIDIA driver?)");
+    return;
+  }
+  nvml::Api api;
+  const bool ok = load(api.init, "nvmlInit_v2") && load(api.shutdown, "nvmlShutdown") &&
+                  load(api.error_string, "nvmlErrorString") &&
+                  load(api.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") &&
+                  load(api.utilization, "nvmlDeviceGetUtilizationRates") &&
+                  load(api.memory, "nvmlDeviceGetMemoryInfo") &&
+                  load(api.temperature, "nvmlDeviceGetTemperature") &&
+                  load(api.power_usage, "nvmlDeviceGetPowerUsage") &&
+                  load(api.clock_info, "nvmlDeviceGetClockInfo") &&
+                  load(api.throttle_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  (void)load(api.handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");  // optional
+  if (!ok) {
+    disable(std::string("NVML in ") + options_.library + " lacks a required function");
+    return;
+  }
+  start(api);
+}
+
+TRAINKIT_INLINE GpuMonitor::~GpuMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (initialized_ && api_.shutdown != nullptr) (void)api_.shutdown();
+  if (library_ != nullptr) ::dlclose(library_);
+}
+
+TRAINKIT_INLINE void GpuMonitor::sample_now() {
+  if (!enabled_) return;
+  Sample s = read_sample();
+  std::lock_guard<std::mutex> lock(mutex_);
+  accumulate(s);
+}
+
+TRAINKIT_INLINE GpuStats GpuMonitor::take_window() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  GpuStats out = window_;
+  if (out.samples > 0) {
+    out.util_gpu_mean = util_sum_ / out.samples;
+    out.util_memory_mean = util_mem_sum_ / out.samples;
+    out.power_mean_w = power_sum_ / out.samples;
+    out.sm_clock_mean = static_cast<unsigned int>(clock_sum_ / out.samples);
+  }
+  window_ = GpuStats{};
+  util_sum_ = util_mem_sum_ = power_sum_ = clock_sum_ = 0.0;
+  return out;
+}
+
+TRAINKIT_INLINE void GpuMonitor::disable(std::string reason) {
+  disabled_reason_ = std::move(reason);
+  enabled_ = false;
+  if (options_.log != nullptr) {
+    std::fprintf(options_.log, "[trainkit] info: GPU monitor disabled: %s\n",
+                 disabled_reason_.c_str());
+    std::fflush(options_.log);
+  }
+}
+
+TRAINKIT_INLINE void GpuMonitor::start(const nvml::Api& api) {
+  api_ = api;
+  if (api_.init == nullptr || api_.handle_by_index == nullptr || api_.utilization == nullptr ||
+      api_.memory == nullptr || api_.temperature == nullptr || api_.power_usage == nullptr ||
+      api_.clock_info == nullptr || api_.throttle_reasons == nullptr) {
+    disable("the NVML function table is incomplete");
+    return;
+  }
+  const nvml::Return init = api_.init();
+  if (init != 0) {
+    disable("nvmlInit failed (" + nvml_error(init) + ")");
+    return;
+  }
+  initialized_ = true;
+  if (!find_device()) return;
+  enabled_ = true;
+  Sample first = read_sample();
+  accumulate(first);
+  thread_ = std::thread([this] { run(); });
+}
+
+TRAINKIT_INLINE bool GpuMonitor::find_device() {
+#if TRAINKIT_WITH_CUDA
+  if (options_.device < 0 && api_.handle_by_pci_bus_id != nullptr) {
+    int cuda_device = 0;
+    char bus_id[32] = {};
+    if (cudaGetDevice(&cuda_device) == cudaSuccess &&
+        cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof bus_id), cuda_device) ==
+            cudaSuccess) {
+      const nvml::Return r = api_.handle_by_pci_bus_id(bus_id, &device_);
+      if (r == 0) {
+        device_label_ = bus_id;
+        return true;
+      }
+    }
+    (void)cudaGetLastError();
+  }
+#endif
+  unsigned int index = 0;
+  if (options_.device >= 0) {
+    index = static_cast<unsigned int>(options_.device);
+  } else if (const char* local_rank = std::getenv("LOCAL_RANK")) {
+    index = static_cast<unsigned int>(std::max(0, std::atoi(local_rank)));
+  }
+  const nvml::Return r = api_.handle_by_index(index, &device_);
+  if (r != 0) {
+    disable("NVML has no device " + std::to_string(index) + " (" + nvml_error(r) + ")");
+    return false;
+  }
+  device_label_ = std::to_string(index);
+  return true;
+}
+
+TRAINKIT_INLINE GpuMonitor::Sample GpuMonitor::read_sample() const {
+  // A query the device does not support leaves its field 0 instead of failing the sample.
+  Sample s;
+  (void)api_.utilization(device_, &s.util);
+  (void)api_.memory(device_, &s.memory);
+  (void)api_.temperature(device_, nvml::kTemperatureGpu, &s.temperature);
+  (void)api_.power_usage(device_, &s.power_mw);
+  (void)api_.clock_info(device_, nvml::kClockSm, &s.sm_clock);
+  (void)api_.throttle_reasons(device_, &s.throttle);
+  return s;
+}
+
+TRAINKIT_INLINE void GpuMonitor::accumulate(const Sample& s) {
+  ++window_.samples;
+  util_sum_ += s.util.gpu;
+  util_mem_sum_ += s.util.memory;
+  power_sum_ += 1e-3 * s.power_mw;
+  clock_sum_ += s.sm_clock;
+  window_.memory_used_max = std::max<std::uint64_t>(window_.memory_used_max, s.memory.used);
+  window_.memory_total = s.memory.total;
+  window_.temperature_max = std::max(window_.temperature_max, s.temperature);
+  window_.sm_clock_min =
+      window_.samples == 1 ? s.sm_clock : std::min(window_.sm_clock_min, s.sm_clock);
+  // Idle is not a problem to report while training; it only means a sample fell between kernels.
+  window_.throttle_reasons |= s.throttle & ~static_cast<std::uint64_t>(kThrottleGpuIdle);
+}
+
+TRAINKIT_INLINE void GpuMonitor::run() {
+  const auto interval = std::chrono::duration<double>(options_.interval_secs);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
+    lock.unlock();
+    const Sample s = read_sample();  // NVML calls take ~100 µs; never hold the lock for them
+    lock.lock();
+    accumulate(s);
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

@@ -33,63 +33,19 @@ class JsonWriter {
   JsonWriter& begin_array() { return open('['); }
   JsonWriter& end_array() { return close(']'); }
   /// An object key; the next call writes its value.
-  JsonWriter& key(std::string_view name) {
-    separate();
-    append_string(name);
-    out_.push_back(':');
-    need_comma_ = false;
-    return *this;
-  }
-  JsonWriter& value(std::string_view text) {
-    separate();
-    append_string(text);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& key(std::string_view name);
+  TRAINKIT_INLINE JsonWriter& value(std::string_view text);
   JsonWriter& value(const char* text) { return value(std::string_view(text)); }
-  JsonWriter& value(bool b) {
-    separate();
-    out_.append(b ? "true" : "false");
-    need_comma_ = true;
-    return *this;
-  }
-  JsonWriter& value(std::int64_t v) {
-    separate();
-    char buffer[24];
-    const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
-    out_.append(buffer, r.ptr);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& value(bool b);
+  TRAINKIT_INLINE JsonWriter& value(std::int64_t v);
   JsonWriter& value(int v) { return value(static_cast<std::int64_t>(v)); }
   /// Shortest text that parses back to the same double; NaN and infinities become null.
-  JsonWriter& value(double v) {
-    separate();
-    if (!std::isfinite(v)) {
-      out_.append("null");
-    } else {
-      char buffer[32];
-      const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
-      out_.append(buffer, r.ptr);
-    }
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& value(double v);
   /// Pre-formatted JSON (a number printed with a chosen precision, a nested document).
-  JsonWriter& raw(std::string_view json) {
-    separate();
-    out_.append(json);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& raw(std::string_view json);
 
  private:
-  JsonWriter& open(char bracket) {
-    separate();
-    out_.push_back(bracket);
-    need_comma_ = false;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& open(char bracket);
   JsonWriter& close(char bracket) {
     out_.push_back(bracket);
     need_comma_ = true;
@@ -98,34 +54,98 @@ class JsonWriter {
   void separate() {
     if (need_comma_) out_.push_back(',');
   }
-  void append_string(std::string_view s) {
-    out_.push_back('"');
-    std::size_t run = 0;  // start of the pending run of characters that need no escaping
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      const auto c = static_cast<unsigned char>(s[i]);
-      if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
-      out_.append(s.data() + run, i - run);
-      run = i + 1;
-      switch (c) {
-        case '"': out_.append("\\\""); break;
-        case '\\': out_.append("\\\\"); break;
-        case '\n': out_.append("\\n"); break;
-        case '\r': out_.append("\\r"); break;
-        case '\t': out_.append("\\t"); break;
-        default: {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
-          out_.append(buffer);
-        }
-      }
-    }
-    out_.append(s.data() + run, s.size() - run);
-    out_.push_back('"');
-  }
+  TRAINKIT_INLINE void append_string(std::string_view s);
 
   std::string out_;
   bool need_comma_ = false;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::key(std::string_view name) {
+  separate();
+  append_string(name);
+  out_.push_back(':');
+  need_comma_ = false;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(std::string_view text) {
+  separate();
+  append_string(text);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(bool b) {
+  separate();
+  out_.append(b ? "true" : "false");
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(std::int64_t v) {
+  separate();
+  char buffer[24];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  out_.append(buffer, r.ptr);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(double v) {
+  separate();
+  if (!std::isfinite(v)) {
+    out_.append("null");
+  } else {
+    char buffer[32];
+    const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+    out_.append(buffer, r.ptr);
+  }
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::raw(std::string_view json) {
+  separate();
+  out_.append(json);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::open(char bracket) {
+  separate();
+  out_.push_back(bracket);
+  need_comma_ = false;
+  return *this;
+}
+
+TRAINKIT_INLINE void JsonWriter::append_string(std::string_view s) {
+  out_.push_back('"');
+  std::size_t run = 0;  // start of the pending run of characters that need no escaping
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
+    out_.append(s.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': out_.append("\\\""); break;
+      case '\\': out_.append("\\\\"); break;
+      case '\n': out_.append("\\n"); break;
+      case '\r': out_.append("\\r"); break;
+      case '\t': out_.append("\\t"); break;
+      default: {
+        char buffer[8];
+        std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
+        out_.append(buffer);
+      }
+    }
+  }
+  out_.append(s.data() + run, s.size() - run);
+  out_.push_back('"');
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

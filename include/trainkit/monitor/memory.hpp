@@ -28,7 +28,16 @@ struct HostMemory {
 
 /// The resident set now (/proc/self/statm, resident pages) and its peak (getrusage ru_maxrss,
 /// the kernel's VmHWM). Two cheap reads (a few µs), meant for summaries rather than every step.
-inline HostMemory host_memory() noexcept {
+TRAINKIT_INLINE HostMemory host_memory() noexcept;
+
+/// Bytes in use on the current CUDA device (total - free from cudaMemGetInfo: this process's
+/// allocations, its context and any other process on the device). 0 in the CPU tier or without a
+/// usable device; never throws.
+TRAINKIT_INLINE std::size_t device_memory_used() noexcept;
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE HostMemory host_memory() noexcept {
   HostMemory m;
   rusage usage{};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) {
@@ -53,10 +62,7 @@ inline HostMemory host_memory() noexcept {
   return m;
 }
 
-/// Bytes in use on the current CUDA device (total - free from cudaMemGetInfo: this process's
-/// allocations, its context and any other process on the device). 0 in the CPU tier or without a
-/// usable device; never throws.
-inline std::size_t device_memory_used() noexcept {
+TRAINKIT_INLINE std::size_t device_memory_used() noexcept {
 #if TRAINKIT_WITH_CUDA
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
@@ -69,6 +75,8 @@ inline std::size_t device_memory_used() noexcept {
   return 0;
 #endif
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

@@ -34,39 +34,8 @@ namespace monitor {
 /// file is replaced atomically (a temp file renamed over it), so a crash here leaves the old or the
 /// new content, never a mix. Returns the number of lines dropped; a missing file is not an error
 /// (0). Throws trainkit::Error naming the path when it cannot be read or replaced.
-inline std::size_t keep_metrics_through_step(const std::string& path, std::int64_t resume_step) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return 0;
-  std::ifstream in(path, std::ios::binary);
-  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
-  in.close();
-  std::string kept;
-  kept.reserve(text.size());
-  std::size_t dropped = 0;
-  for (std::size_t begin = 0; begin < text.size();) {
-    const std::size_t newline = text.find('\n', begin);
-    const std::size_t end = newline != std::string::npos ? newline : text.size();
-    const std::string_view line(text.data() + begin, end - begin);
-    begin = end + 1;
-    if (line.empty()) continue;
-    // A torn line (no newline: killed mid-write) is kept only if it still parses.
-    bool keep = false;
-    const std::optional<io::Json> json = io::Json::try_parse(line);
-    if (json && json->is_object()) {
-      const io::Json* step = json->find("step");
-      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
-    }
-    if (keep) {
-      kept.append(line).push_back('\n');
-    } else {
-      ++dropped;
-    }
-  }
-  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
-  return dropped;
-}
+TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
+                                                      std::int64_t resume_step);
 
 /// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
 class MetricsFile {
@@ -138,6 +107,45 @@ class MetricsFile {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
+                                                      std::int64_t resume_step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
+  in.close();
+  std::string kept;
+  kept.reserve(text.size());
+  std::size_t dropped = 0;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t newline = text.find('\n', begin);
+    const std::size_t end = newline != std::string::npos ? newline : text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    if (line.empty()) continue;
+    // A torn line (no newline: killed mid-write) is kept only if it still parses.
+    bool keep = false;
+    const std::optional<io::Json> json = io::Json::try_parse(line);
+    if (json && json->is_object()) {
+      const io::Json* step = json->find("step");
+      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+    }
+    if (keep) {
+      kept.append(line).push_back('\n');
+    } else {
+      ++dropped;
+    }
+  }
+  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  return dropped;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

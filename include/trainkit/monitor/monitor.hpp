@@ -115,7 +115,13 @@ struct StepSummary {
 
 namespace detail {
 /// "81.2k", "5.20M": three significant digits with an SI suffix.
-inline std::string si(double v) {
+TRAINKIT_INLINE std::string si(double v);
+/// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
+/// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
+TRAINKIT_INLINE std::string bytes(std::size_t n);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string si(double v) {
   constexpr const char* kSuffix[] = {"", "k", "M", "G", "T", "P"};
   int i = 0;
   while (std::fabs(v) >= 1000.0 && i < 5) {
@@ -126,9 +132,8 @@ inline std::string si(double v) {
   std::snprintf(text, sizeof text, "%.3g%s", v, kSuffix[i]);
   return text;
 }
-/// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
-/// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
-inline std::string bytes(std::size_t n) {
+
+TRAINKIT_INLINE std::string bytes(std::size_t n) {
   constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
   int i = 0;
@@ -140,57 +145,16 @@ inline std::string bytes(std::size_t n) {
   std::snprintf(text, sizeof text, "%.3g %s", v, kUnits[i]);
   return text;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// One greppable line describing a summary, e.g.
 /// `[trainkit] step 100/1000 | 12.3 ms/step | 5.2k samples/s | 81.2k tok/s | 45.1 TFLOP/s |
 ///  MFU 4.6% of 989 TFLOP/s (H200 SXM bf16) | data 3.1% fwd 30.2% bwd 55.0% opt 8.1%
 ///  other 3.6% | loss 2.346 | host peak 1.23 GiB | gpu 98% 65C 512W 1980MHz`
-inline std::string format_summary(const StepSummary& s, std::int64_t total_steps) {
-  std::string out = "[trainkit] step " + std::to_string(s.step);
-  if (total_steps > 0) out += "/" + std::to_string(total_steps);
-  char text[160];
-  std::snprintf(text, sizeof text, " | %.4g ms/step", 1e3 * s.step_time_s);
-  out += text;
-  if (s.samples_per_s > 0.0) out += " | " + detail::si(s.samples_per_s) + " samples/s";
-  if (s.tokens_per_s > 0.0) out += " | " + detail::si(s.tokens_per_s) + " tok/s";
-  if (s.flops_per_s > 0.0) {
-    std::snprintf(text, sizeof text, " | %.4g TFLOP/s", 1e-12 * s.flops_per_s);
-    out += text;
-    if (std::isfinite(s.mfu)) {
-      std::snprintf(text, sizeof text, " | MFU %.1f%% of %.4g TFLOP/s (%s)", 100.0 * s.mfu,
-                    1e-12 * s.peak_flops, s.peak_label.c_str());
-      out += text;
-    }
-  }
-  out += " |";
-  constexpr const char* kShort[kPhaseCount] = {"data", "fwd", "bwd", "comm", "opt", "ckpt"};
-  for (std::size_t i = 0; i < kPhaseCount; ++i) {
-    const double f = s.timeline.fraction(static_cast<Phase>(i));
-    if (f <= 0.0 && i != 0) continue;
-    std::snprintf(text, sizeof text, " %s %.1f%%", kShort[i], 100.0 * f);
-    out += text;
-  }
-  if (s.timeline.elapsed_s > 0.0) {
-    std::snprintf(text, sizeof text, " other %.1f%%",
-                  100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
-    out += text;
-  }
-  if (std::isfinite(s.loss_last)) {
-    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
-    out += text;
-  }
-  if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
-  if (s.device_memory_used_peak > 0) out += " | device " + detail::bytes(s.device_memory_used_peak);
-  if (s.gpu.samples > 0) {
-    std::snprintf(text, sizeof text, " | gpu %.0f%% %uC %.0fW %uMHz", s.gpu.util_gpu_mean,
-                  s.gpu.temperature_max, s.gpu.power_mean_w, s.gpu.sm_clock_mean);
-    out += text;
-    if (s.gpu.throttle_reasons != 0)
-      out += " throttle " + throttle_reason_string(s.gpu.throttle_reasons);
-  }
-  return out;
-}
+TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t total_steps);
 
 /// The training-loop facade. Usage:
 /// ```
@@ -209,60 +173,10 @@ inline std::string format_summary(const StepSummary& s, std::int64_t total_steps
 class Monitor {
  public:
   /// Opens the configured outputs. Throws trainkit::Error when a log file cannot be created.
-  explicit Monitor(MonitorOptions options = {})
-      : options_(std::move(options)),
-        timeline_(TimelineOptions{
-            .trace_capacity = options_.chrome_trace.empty() ? 0 : options_.trace_capacity,
-            .nvtx = options_.nvtx,
-            .rank = options_.rank,
-            .clock = options_.clock}) {
-    TRAINKIT_CHECK(options_.log_every > 0, "Monitor log_every must be positive, got ",
-                   options_.log_every);
-    const bool writes = options_.rank == 0 || options_.all_ranks;
-    const std::string suffix = options_.all_ranks && options_.world_size > 1
-                                   ? ".rank" + std::to_string(options_.rank)
-                                   : "";
-    if (options_.rank == 0 && options_.console != nullptr) {
-      progress_.emplace(ProgressOptions{.total = options_.total_steps,
-                                        .initial = std::max<std::int64_t>(0, options_.resume_step),
-                                        .style = options_.progress,
-                                        .stream = options_.console,
-                                        .clock = options_.clock});
-    }
-    if (!options_.log_dir.empty()) {
-      tensorboard_.emplace(
-          options_.log_dir,
-          TensorBoardOptions{
-              .rank = options_.rank,
-              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
-              .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
-    }
-    if (writes && !options_.metrics_file.empty()) {
-      if (options_.resume_step >= 0) {
-        metrics_.emplace(
-            MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
-      } else {
-        metrics_.emplace(options_.metrics_file + suffix);
-      }
-    }
-    if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
-    if (!writes) trace_path_.clear();
-    resolve_peak();
-    if (options_.gpu_monitor) {
-      gpu_ = std::make_unique<GpuMonitor>(
-          GpuMonitorOptions{.interval_secs = options_.gpu_interval_secs,
-                            .log = options_.rank == 0 ? options_.console : nullptr});
-    }
-  }
+  TRAINKIT_INLINE explicit Monitor(MonitorOptions options = {});
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
-  ~Monitor() {
-    try {
-      close();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "trainkit: closing the monitor failed: %s\n", e.what());
-    }
-  }
+  TRAINKIT_INLINE ~Monitor();
 
   /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
   /// the optimizer steps completed when it ends (see the top of this file).
@@ -318,50 +232,11 @@ class Monitor {
   void log_metrics(std::int64_t step, const Map& values) { log_metrics_range(step, values); }
 
   /// Prints a line on rank 0's console without breaking the progress bar.
-  void print(std::string_view line) {
-    if (progress_) {
-      progress_->message(line);
-    } else if (options_.rank == 0 && options_.console != nullptr) {
-      std::fprintf(options_.console, "%.*s\n", static_cast<int>(line.size()), line.data());
-      std::fflush(options_.console);
-    }
-  }
+  TRAINKIT_INLINE void print(std::string_view line);
 
   /// Summarizes the steps since the previous summary now (end_step calls it every log_every
   /// steps; close() for the remainder). Returns the summary, also kept as last_summary().
-  const StepSummary& summarize() {
-    StepSummary s;
-    s.timeline = timeline_.take_window();
-    s.step = s.timeline.last_step;
-    s.steps = s.timeline.steps;
-    s.step_time_s = s.timeline.step_s();
-    const double elapsed = s.timeline.elapsed_s;
-    if (elapsed > 0.0) {
-      s.samples_per_s = window_samples_ / elapsed;
-      s.tokens_per_s = window_tokens_ / elapsed;
-      s.flops_per_s = window_flops_ / elapsed;
-    }
-    s.tokens_per_s_global = s.tokens_per_s * options_.world_size;
-    s.peak_flops = peak_flops_;
-    s.peak_label = peak_label_;
-    if (peak_flops_ > 0.0 && s.flops_per_s > 0.0) s.mfu = s.flops_per_s / peak_flops_;
-    s.data_wait_fraction = s.timeline.fraction(Phase::kDataWait);
-    s.input_bound = s.steps > 0 && s.data_wait_fraction > options_.input_bound_threshold;
-    s.loss_last = loss_last_;
-    s.loss_mean = loss_count_ > 0 ? loss_sum_ / static_cast<double>(loss_count_) : NAN;
-    s.host_memory = host_memory();
-    s.device_memory_used = device_memory_used();
-    device_peak_ = std::max(device_peak_, s.device_memory_used);
-    s.device_memory_used_peak = device_peak_;
-    if (gpu_) s.gpu = gpu_->take_window();
-    window_steps_ = 0;
-    window_samples_ = window_tokens_ = window_flops_ = 0.0;
-    loss_sum_ = 0.0;
-    loss_count_ = 0;
-    if (s.steps > 0) report(s);
-    last_ = std::move(s);
-    return *last_;
-  }
+  TRAINKIT_INLINE const StepSummary& summarize();
 
   /// The latest summary, if any.
   const std::optional<StepSummary>& last_summary() const noexcept { return last_; }
@@ -376,18 +251,7 @@ class Monitor {
 
   /// Summarizes the remaining steps, writes the Chrome trace, finishes the progress bar and
   /// flushes and closes the files. Idempotent; the destructor calls it.
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    timeline_.end_step();
-    timeline_.synchronize_device();
-    if (window_steps_ > 0) summarize();
-    if (progress_) progress_->finish();
-    gpu_.reset();
-    if (!trace_path_.empty()) timeline_.write_chrome_trace(trace_path_);
-    if (tensorboard_) tensorboard_->close();
-    if (metrics_) metrics_->close();
-  }
+  TRAINKIT_INLINE void close();
 
  private:
   template <class Range>
@@ -405,122 +269,13 @@ class Monitor {
     }
   }
 
-  void resolve_peak() {
-    if (options_.peak_flops > 0.0) {
-      peak_flops_ = options_.peak_flops;
-      peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
-      return;
-    }
-#if TRAINKIT_WITH_CUDA
-    int device = 0;
-    cudaDeviceProp prop{};
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-      if (const DevicePeak* entry = find_device_peak(prop.name)) {
-        peak_flops_ = device_peak_flops(prop.name, options_.precision);
-        peak_label_ = std::string(entry->label) + " " + precision_name(options_.precision);
-        return;
-      }
-    }
-    (void)cudaGetLastError();
-#endif
-    if (options_.measure_cpu_peak) {
-      peak_flops_ = measure_cpu_peak_flops();
-      peak_label_ = "measured CPU fp32";
-    }
-  }
+  TRAINKIT_INLINE void resolve_peak();
 
-  void report(const StepSummary& s) {
-    const std::string line = format_summary(s, options_.total_steps);
-    if (options_.rank == 0) print(line);
-    if (s.input_bound && options_.rank == 0 && summaries_since_warning_ >= 10) {
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "[trainkit] warning: input-bound: data-wait is %.1f%% of step time "
-                    "(threshold %.0f%%); use more loader workers or prefetch deeper",
-                    100.0 * s.data_wait_fraction, 100.0 * options_.input_bound_threshold);
-      print(text);
-      summaries_since_warning_ = 0;
-    } else {
-      ++summaries_since_warning_;
-    }
-    // MFU is never capped: above 100% the peak is wrong, and the line says so once.
-    if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
-      char text[400];
-      std::snprintf(text, sizeof text,
-                    "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
-                    "the peak is too low "
-                    "(a measured one may have been taken while the machine was busy); "
-                    "pass the hardware's peak to get a true MFU",
-                    100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
-      print(text);
-      mfu_warned_ = true;
-    }
-    if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
-    if (metrics_) write_metrics(s);
-  }
+  TRAINKIT_INLINE void report(const StepSummary& s);
 
-  void write_tensorboard(const StepSummary& s) {
-    TensorBoardWriter& tb = *tensorboard_;
-    const std::int64_t step = s.step;
-    tb.add_scalar("perf/step_time_ms", 1e3 * s.step_time_s, step);
-    if (s.samples_per_s > 0.0) tb.add_scalar("perf/samples_per_s", s.samples_per_s, step);
-    if (s.tokens_per_s > 0.0) tb.add_scalar("perf/tokens_per_s", s.tokens_per_s, step);
-    if (s.flops_per_s > 0.0) tb.add_scalar("perf/tflops", 1e-12 * s.flops_per_s, step);
-    if (std::isfinite(s.mfu)) tb.add_scalar("perf/mfu_pct", 100.0 * s.mfu, step);
-    for (std::size_t i = 0; i < kPhaseCount; ++i) {
-      const auto phase = static_cast<Phase>(i);
-      tb.add_scalar(std::string("time/") + phase_name(phase) + "_pct",
-                    100.0 * s.timeline.fraction(phase), step);
-    }
-    if (s.host_memory.peak_rss > 0) {
-      tb.add_scalar("memory/host_peak_rss_gib",
-                    static_cast<double>(s.host_memory.peak_rss) / (1u << 30), step);
-    }
-    if (s.device_memory_used_peak > 0) {
-      tb.add_scalar("memory/device_used_peak_gib",
-                    static_cast<double>(s.device_memory_used_peak) / (1u << 30), step);
-    }
-    if (s.gpu.samples > 0) {
-      tb.add_scalar("gpu/utilization_pct", s.gpu.util_gpu_mean, step);
-      tb.add_scalar("gpu/temperature_c", s.gpu.temperature_max, step);
-      tb.add_scalar("gpu/power_w", s.gpu.power_mean_w, step);
-      tb.add_scalar("gpu/sm_clock_mhz", s.gpu.sm_clock_mean, step);
-      tb.add_scalar("gpu/throttle_reasons", static_cast<double>(s.gpu.throttle_reasons), step);
-    }
-    // Summaries are rare (every log_every steps): putting them on disk at once keeps the
-    // dashboard current and a crashed run's file complete up to its last summary.
-    tb.flush();
-  }
+  TRAINKIT_INLINE void write_tensorboard(const StepSummary& s);
 
-  void write_metrics(const StepSummary& s) {
-    JsonWriter w;
-    w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
-    w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
-    w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
-    w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
-    w.key("tokens_per_s_global").value(s.tokens_per_s_global);
-    w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);
-    w.key("peak_tflops").value(1e-12 * s.peak_flops).key("peak").value(s.peak_label);
-    for (std::size_t i = 0; i < kPhaseCount; ++i) {
-      const auto phase = static_cast<Phase>(i);
-      w.key(std::string(phase_name(phase)) + "_s").value(s.timeline.phase_s(phase));
-    }
-    w.key("other_s").value(s.timeline.other_s()).key("elapsed_s").value(s.timeline.elapsed_s);
-    w.key("data_wait_fraction").value(s.data_wait_fraction).key("input_bound").value(s.input_bound);
-    w.key("host_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.rss));
-    w.key("host_peak_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.peak_rss));
-    w.key("device_used_bytes").value(static_cast<std::int64_t>(s.device_memory_used));
-    if (s.gpu.samples > 0) {
-      w.key("gpu_util_pct").value(s.gpu.util_gpu_mean);
-      w.key("gpu_temperature_c").value(static_cast<std::int64_t>(s.gpu.temperature_max));
-      w.key("gpu_power_w").value(s.gpu.power_mean_w);
-      w.key("gpu_sm_clock_mhz").value(static_cast<std::int64_t>(s.gpu.sm_clock_mean));
-      w.key("gpu_throttle").value(throttle_reason_string(s.gpu.throttle_reasons));
-    }
-    w.end_object();
-    metrics_->write_json(w.str());
-  }
+  TRAINKIT_INLINE void write_metrics(const StepSummary& s);
 
   MonitorOptions options_;
   Timeline timeline_;
@@ -545,6 +300,281 @@ class Monitor {
   std::optional<StepSummary> last_;
   bool closed_ = false;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t total_steps) {
+  std::string out = "[trainkit] step " + std::to_string(s.step);
+  if (total_steps > 0) out += "/" + std::to_string(total_steps);
+  char text[160];
+  std::snprintf(text, sizeof text, " | %.4g ms/step", 1e3 * s.step_time_s);
+  out += text;
+  if (s.samples_per_s > 0.0) out += " | " + detail::si(s.samples_per_s) + " samples/s";
+  if (s.tokens_per_s > 0.0) out += " | " + detail::si(s.tokens_per_s) + " tok/s";
+  if (s.flops_per_s > 0.0) {
+    std::snprintf(text, sizeof text, " | %.4g TFLOP/s", 1e-12 * s.flops_per_s);
+    out += text;
+    if (std::isfinite(s.mfu)) {
+      std::snprintf(text, sizeof text, " | MFU %.1f%% of %.4g TFLOP/s (%s)", 100.0 * s.mfu,
+                    1e-12 * s.peak_flops, s.peak_label.c_str());
+      out += text;
+    }
+  }
+  out += " |";
+  constexpr const char* kShort[kPhaseCount] = {"data", "fwd", "bwd", "comm", "opt", "ckpt"};
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const double f = s.timeline.fraction(static_cast<Phase>(i));
+    if (f <= 0.0 && i != 0) continue;
+    std::snprintf(text, sizeof text, " %s %.1f%%", kShort[i], 100.0 * f);
+    out += text;
+  }
+  if (s.timeline.elapsed_s > 0.0) {
+    std::snprintf(text, sizeof text, " other %.1f%%",
+                  100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
+    out += text;
+  }
+  if (std::isfinite(s.loss_last)) {
+    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
+    out += text;
+  }
+  if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
+  if (s.device_memory_used_peak > 0) out += " | device " + detail::bytes(s.device_memory_used_peak);
+  if (s.gpu.samples > 0) {
+    std::snprintf(text, sizeof text, " | gpu %.0f%% %uC %.0fW %uMHz", s.gpu.util_gpu_mean,
+                  s.gpu.temperature_max, s.gpu.power_mean_w, s.gpu.sm_clock_mean);
+    out += text;
+    if (s.gpu.throttle_reasons != 0)
+      out += " throttle " + throttle_reason_string(s.gpu.throttle_reasons);
+  }
+  return out;
+}
+
+TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
+    : options_(std::move(options)),
+      timeline_(TimelineOptions{
+          .trace_capacity = options_.chrome_trace.empty() ? 0 : options_.trace_capacity,
+          .nvtx = options_.nvtx,
+          .rank = options_.rank,
+          .clock = options_.clock}) {
+  TRAINKIT_CHECK(options_.log_every > 0, "Monitor log_every must be positive, got ",
+                 options_.log_every);
+  const bool writes = options_.rank == 0 || options_.all_ranks;
+  const std::string suffix =
+      options_.all_ranks && options_.world_size > 1 ? ".rank" + std::to_string(options_.rank) : "";
+  if (options_.rank == 0 && options_.console != nullptr) {
+    progress_.emplace(ProgressOptions{.total = options_.total_steps,
+                                      .initial = std::max<std::int64_t>(0, options_.resume_step),
+                                      .style = options_.progress,
+                                      .stream = options_.console,
+                                      .clock = options_.clock});
+  }
+  if (!options_.log_dir.empty()) {
+    tensorboard_.emplace(
+        options_.log_dir,
+        TensorBoardOptions{
+            .rank = options_.rank,
+            .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
+            .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
+  }
+  if (writes && !options_.metrics_file.empty()) {
+    if (options_.resume_step >= 0) {
+      metrics_.emplace(MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
+    } else {
+      metrics_.emplace(options_.metrics_file + suffix);
+    }
+  }
+  if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
+  if (!writes) trace_path_.clear();
+  resolve_peak();
+  if (options_.gpu_monitor) {
+    gpu_ = std::make_unique<GpuMonitor>(
+        GpuMonitorOptions{.interval_secs = options_.gpu_interval_secs,
+                          .log = options_.rank == 0 ? options_.console : nullptr});
+  }
+}
+
+TRAINKIT_INLINE Monitor::~Monitor() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainkit: closing the monitor failed: %s\n", e.what());
+  }
+}
+
+TRAINKIT_INLINE void Monitor::print(std::string_view line) {
+  if (progress_) {
+    progress_->message(line);
+  } else if (options_.rank == 0 && options_.console != nullptr) {
+    std::fprintf(options_.console, "%.*s\n", static_cast<int>(line.size()), line.data());
+    std::fflush(options_.console);
+  }
+}
+
+TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
+  StepSummary s;
+  s.timeline = timeline_.take_window();
+  s.step = s.timeline.last_step;
+  s.steps = s.timeline.steps;
+  s.step_time_s = s.timeline.step_s();
+  const double elapsed = s.timeline.elapsed_s;
+  if (elapsed > 0.0) {
+    s.samples_per_s = window_samples_ / elapsed;
+    s.tokens_per_s = window_tokens_ / elapsed;
+    s.flops_per_s = window_flops_ / elapsed;
+  }
+  s.tokens_per_s_global = s.tokens_per_s * options_.world_size;
+  s.peak_flops = peak_flops_;
+  s.peak_label = peak_label_;
+  if (peak_flops_ > 0.0 && s.flops_per_s > 0.0) s.mfu = s.flops_per_s / peak_flops_;
+  s.data_wait_fraction = s.timeline.fraction(Phase::kDataWait);
+  s.input_bound = s.steps > 0 && s.data_wait_fraction > options_.input_bound_threshold;
+  s.loss_last = loss_last_;
+  s.loss_mean = loss_count_ > 0 ? loss_sum_ / static_cast<double>(loss_count_) : NAN;
+  s.host_memory = host_memory();
+  s.device_memory_used = device_memory_used();
+  device_peak_ = std::max(device_peak_, s.device_memory_used);
+  s.device_memory_used_peak = device_peak_;
+  if (gpu_) s.gpu = gpu_->take_window();
+  window_steps_ = 0;
+  window_samples_ = window_tokens_ = window_flops_ = 0.0;
+  loss_sum_ = 0.0;
+  loss_count_ = 0;
+  if (s.steps > 0) report(s);
+  last_ = std::move(s);
+  return *last_;
+}
+
+TRAINKIT_INLINE void Monitor::close() {
+  if (closed_) return;
+  closed_ = true;
+  timeline_.end_step();
+  timeline_.synchronize_device();
+  if (window_steps_ > 0) summarize();
+  if (progress_) progress_->finish();
+  gpu_.reset();
+  if (!trace_path_.empty()) timeline_.write_chrome_trace(trace_path_);
+  if (tensorboard_) tensorboard_->close();
+  if (metrics_) metrics_->close();
+}
+
+TRAINKIT_INLINE void Monitor::resolve_peak() {
+  if (options_.peak_flops > 0.0) {
+    peak_flops_ = options_.peak_flops;
+    peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
+    return;
+  }
+#if TRAINKIT_WITH_CUDA
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    if (const DevicePeak* entry = find_device_peak(prop.name)) {
+      peak_flops_ = device_peak_flops(prop.name, options_.precision);
+      peak_label_ = std::string(entry->label) + " " + precision_name(options_.precision);
+      return;
+    }
+  }
+  (void)cudaGetLastError();
+#endif
+  if (options_.measure_cpu_peak) {
+    peak_flops_ = measure_cpu_peak_flops();
+    peak_label_ = "measured CPU fp32";
+  }
+}
+
+TRAINKIT_INLINE void Monitor::report(const StepSummary& s) {
+  const std::string line = format_summary(s, options_.total_steps);
+  if (options_.rank == 0) print(line);
+  if (s.input_bound && options_.rank == 0 && summaries_since_warning_ >= 10) {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "[trainkit] warning: input-bound: data-wait is %.1f%% of step time "
+                  "(threshold %.0f%%); use more loader workers or prefetch deeper",
+                  100.0 * s.data_wait_fraction, 100.0 * options_.input_bound_threshold);
+    print(text);
+    summaries_since_warning_ = 0;
+  } else {
+    ++summaries_since_warning_;
+  }
+  // MFU is never capped: above 100% the peak is wrong, and the line says so once.
+  if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
+    char text[400];
+    std::snprintf(text, sizeof text,
+                  "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
+                  "the peak is too low "
+                  "(a measured one may have been taken while the machine was busy); "
+                  "pass the hardware's peak to get a true MFU",
+                  100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
+    print(text);
+    mfu_warned_ = true;
+  }
+  if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
+  if (metrics_) write_metrics(s);
+}
+
+TRAINKIT_INLINE void Monitor::write_tensorboard(const StepSummary& s) {
+  TensorBoardWriter& tb = *tensorboard_;
+  const std::int64_t step = s.step;
+  tb.add_scalar("perf/step_time_ms", 1e3 * s.step_time_s, step);
+  if (s.samples_per_s > 0.0) tb.add_scalar("perf/samples_per_s", s.samples_per_s, step);
+  if (s.tokens_per_s > 0.0) tb.add_scalar("perf/tokens_per_s", s.tokens_per_s, step);
+  if (s.flops_per_s > 0.0) tb.add_scalar("perf/tflops", 1e-12 * s.flops_per_s, step);
+  if (std::isfinite(s.mfu)) tb.add_scalar("perf/mfu_pct", 100.0 * s.mfu, step);
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const auto phase = static_cast<Phase>(i);
+    tb.add_scalar(std::string("time/") + phase_name(phase) + "_pct",
+                  100.0 * s.timeline.fraction(phase), step);
+  }
+  if (s.host_memory.peak_rss > 0) {
+    tb.add_scalar("memory/host_peak_rss_gib",
+                  static_cast<double>(s.host_memory.peak_rss) / (1u << 30), step);
+  }
+  if (s.device_memory_used_peak > 0) {
+    tb.add_scalar("memory/device_used_peak_gib",
+                  static_cast<double>(s.device_memory_used_peak) / (1u << 30), step);
+  }
+  if (s.gpu.samples > 0) {
+    tb.add_scalar("gpu/utilization_pct", s.gpu.util_gpu_mean, step);
+    tb.add_scalar("gpu/temperature_c", s.gpu.temperature_max, step);
+    tb.add_scalar("gpu/power_w", s.gpu.power_mean_w, step);
+    tb.add_scalar("gpu/sm_clock_mhz", s.gpu.sm_clock_mean, step);
+    tb.add_scalar("gpu/throttle_reasons", static_cast<double>(s.gpu.throttle_reasons), step);
+  }
+  // Summaries are rare (every log_every steps): putting them on disk at once keeps the
+  // dashboard current and a crashed run's file complete up to its last summary.
+  tb.flush();
+}
+
+TRAINKIT_INLINE void Monitor::write_metrics(const StepSummary& s) {
+  JsonWriter w;
+  w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
+  w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
+  w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
+  w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
+  w.key("tokens_per_s_global").value(s.tokens_per_s_global);
+  w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);
+  w.key("peak_tflops").value(1e-12 * s.peak_flops).key("peak").value(s.peak_label);
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const auto phase = static_cast<Phase>(i);
+    w.key(std::string(phase_name(phase)) + "_s").value(s.timeline.phase_s(phase));
+  }
+  w.key("other_s").value(s.timeline.other_s()).key("elapsed_s").value(s.timeline.elapsed_s);
+  w.key("data_wait_fraction").value(s.data_wait_fraction).key("input_bound").value(s.input_bound);
+  w.key("host_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.rss));
+  w.key("host_peak_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.peak_rss));
+  w.key("device_used_bytes").value(static_cast<std::int64_t>(s.device_memory_used));
+  if (s.gpu.samples > 0) {
+    w.key("gpu_util_pct").value(s.gpu.util_gpu_mean);
+    w.key("gpu_temperature_c").value(static_cast<std::int64_t>(s.gpu.temperature_max));
+    w.key("gpu_power_w").value(s.gpu.power_mean_w);
+    w.key("gpu_sm_clock_mhz").value(static_cast<std::int64_t>(s.gpu.sm_clock_mean));
+    w.key("gpu_throttle").value(throttle_reason_string(s.gpu.throttle_reasons));
+  }
+  w.end_object();
+  metrics_->write_json(w.str());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

@@ -49,27 +49,7 @@ class TensorBoardWriter {
  public:
   /// Creates the run directory and its event file (on ranks that write). Throws trainkit::Error
   /// when the directory or file cannot be created.
-  explicit TensorBoardWriter(std::string log_dir, TensorBoardOptions options = {})
-      : log_dir_(std::move(log_dir)) {
-    TRAINKIT_CHECK(!log_dir_.empty(), "TensorBoardWriter needs a log directory");
-    if (options.rank_mode == RankMode::kRank0Only && options.rank != 0) return;
-    if (options.rank_mode == RankMode::kPerRank) {
-      log_dir_ += "/rank" + std::to_string(options.rank);
-    }
-    file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
-                                                 .max_buffer_bytes = options.max_buffer_bytes,
-                                                 .filename_suffix = options.filename_suffix});
-    if (options.purge_step >= 0) {
-      // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
-      // file_version event and a SessionLog START, both at the purge step.
-      const double now = io::unix_time_now();
-      io::encode_file_version_event(scratch_, now, options.purge_step);
-      file_->write_event(scratch_.bytes());
-      io::encode_session_start_event(scratch_, now, options.purge_step);
-      file_->write_event(scratch_.bytes());
-      file_->flush();
-    }
-  }
+  TRAINKIT_INLINE explicit TensorBoardWriter(std::string log_dir, TensorBoardOptions options = {});
 
   /// False on ranks that do not write (then every add_* returns at once) and after close().
   bool enabled() const noexcept { return file_.has_value() && file_->is_open(); }
@@ -119,17 +99,9 @@ class TensorBoardWriter {
   /// SummaryWriter.add_hparams (which starts a separate sub-run holding only final metric values)
   /// the session is this run itself, so the table shows the last value of scalars this writer
   /// logs under `metric_tags`, like TensorFlow's hp.hparams().
-  void add_hparams(std::span<const io::HParam> hparams, std::span<const std::string> metric_tags,
-                   std::optional<double> wall_time = std::nullopt) {
-    if (!enabled()) return;
-    const double t = wall(wall_time);
-    io::encode_hparams_experiment_event(scratch_, t, 0, hparams, metric_tags);
-    file_->write_event(scratch_.bytes());
-    io::encode_hparams_session_start_event(scratch_, t, 0, hparams);
-    file_->write_event(scratch_.bytes());
-    io::encode_hparams_session_end_event(scratch_, t, 0, 1);
-    file_->write_event(scratch_.bytes());
-  }
+  TRAINKIT_INLINE void add_hparams(std::span<const io::HParam> hparams,
+                                   std::span<const std::string> metric_tags,
+                                   std::optional<double> wall_time = std::nullopt);
 
   /// Appends an already serialized tensorboard.Event (advanced: other plugins).
   void write_event(std::string_view serialized_event) {
@@ -154,6 +126,46 @@ class TensorBoardWriter {
   std::optional<io::EventFileWriter> file_;
   io::ProtoWriter scratch_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TensorBoardWriter::TensorBoardWriter(std::string log_dir,
+                                                     TensorBoardOptions options)
+    : log_dir_(std::move(log_dir)) {
+  TRAINKIT_CHECK(!log_dir_.empty(), "TensorBoardWriter needs a log directory");
+  if (options.rank_mode == RankMode::kRank0Only && options.rank != 0) return;
+  if (options.rank_mode == RankMode::kPerRank) {
+    log_dir_ += "/rank" + std::to_string(options.rank);
+  }
+  file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
+                                               .max_buffer_bytes = options.max_buffer_bytes,
+                                               .filename_suffix = options.filename_suffix});
+  if (options.purge_step >= 0) {
+    // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
+    // file_version event and a SessionLog START, both at the purge step.
+    const double now = io::unix_time_now();
+    io::encode_file_version_event(scratch_, now, options.purge_step);
+    file_->write_event(scratch_.bytes());
+    io::encode_session_start_event(scratch_, now, options.purge_step);
+    file_->write_event(scratch_.bytes());
+    file_->flush();
+  }
+}
+
+TRAINKIT_INLINE void TensorBoardWriter::add_hparams(std::span<const io::HParam> hparams,
+                                                    std::span<const std::string> metric_tags,
+                                                    std::optional<double> wall_time) {
+  if (!enabled()) return;
+  const double t = wall(wall_time);
+  io::encode_hparams_experiment_event(scratch_, t, 0, hparams, metric_tags);
+  file_->write_event(scratch_.bytes());
+  io::encode_hparams_session_start_event(scratch_, t, 0, hparams);
+  file_->write_event(scratch_.bytes());
+  io::encode_hparams_session_end_event(scratch_, t, 0, 1);
+  file_->write_event(scratch_.bytes());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

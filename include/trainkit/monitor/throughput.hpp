@@ -55,25 +55,11 @@ inline constexpr DevicePeak kDevicePeaks[] = {
 };
 
 /// The table entry whose pattern occurs in `device_name`, or nullptr for an unknown device.
-inline const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
-  for (const DevicePeak& entry : kDevicePeaks) {
-    if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
-  }
-  return nullptr;
-}
+TRAINKIT_INLINE const DevicePeak* find_device_peak(std::string_view device_name) noexcept;
 
 /// Dense peak FLOP/s of `device_name` for `precision`; 0 when the device is not in the table.
-inline double device_peak_flops(std::string_view device_name, Precision precision) noexcept {
-  const DevicePeak* entry = find_device_peak(device_name);
-  if (entry == nullptr) return 0.0;
-  switch (precision) {
-    case Precision::kFp32: return entry->fp32;
-    case Precision::kTf32: return entry->tf32;
-    case Precision::kBf16:
-    case Precision::kFp16: return entry->bf16;
-  }
-  return 0.0;
-}
+TRAINKIT_INLINE double device_peak_flops(std::string_view device_name,
+                                         Precision precision) noexcept;
 
 /// Training FLOPs per token of a decoder-only transformer, PaLM appendix B / torchtitan
 /// `get_num_flop_per_token`: 6·N + 12·L·H·Q·T.
@@ -111,31 +97,8 @@ inline constexpr double mfu(double flops_per_step, double step_seconds,
 namespace detail {
 // 32 independent multiply-add chains hide the FP latency; the compiler vectorizes them with
 // whatever the build enables (SSE2 by default on x86-64, AVX2/FMA with -march=native).
-inline double cpu_peak_worker_portable(std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
-  constexpr int kChains = 32;
-  float acc[kChains];
-  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j) * 1e-3f;
-  const float m = 0.999999f;
-  const float c = 1e-7f;
-  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t iterations = 0;
-  std::int64_t elapsed = 0;
-  do {
-    for (int rep = 0; rep < 4096; ++rep) {
-      for (int j = 0; j < kChains; ++j) acc[j] = acc[j] * m + c;
-    }
-    iterations += 4096;
-    elapsed =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-  } while (elapsed < min_ns);
-  float sink = 0.0f;
-  for (int j = 0; j < kChains; ++j) sink += acc[j];
-  volatile float keep = sink;  // keeps the loop from being optimized away
-  (void)keep;
-  return 2.0 * kChains * static_cast<double>(iterations) / (1e-9 * static_cast<double>(elapsed));
-}
+TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
+                                                const std::atomic<bool>& go) noexcept;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX2+FMA micro-kernel
@@ -199,7 +162,37 @@ inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) 
 }
 
 /// One probe: every thread runs its multiply-add loop for `min_ns` at once; the sum of their rates.
-inline double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
+TRAINKIT_INLINE double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
+                                                const std::atomic<bool>& go) noexcept {
+  constexpr int kChains = 32;
+  float acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j) * 1e-3f;
+  const float m = 0.999999f;
+  const float c = 1e-7f;
+  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t iterations = 0;
+  std::int64_t elapsed = 0;
+  do {
+    for (int rep = 0; rep < 4096; ++rep) {
+      for (int j = 0; j < kChains; ++j) acc[j] = acc[j] * m + c;
+    }
+    iterations += 4096;
+    elapsed =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+  } while (elapsed < min_ns);
+  float sink = 0.0f;
+  for (int j = 0; j < kChains; ++j) sink += acc[j];
+  volatile float keep = sink;  // keeps the loop from being optimized away
+  (void)keep;
+  return 2.0 * kChains * static_cast<double>(iterations) / (1e-9 * static_cast<double>(elapsed));
+}
+
+TRAINKIT_INLINE double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
   std::atomic<bool> go{false};
   std::vector<double> rates(threads, 0.0);
   std::vector<std::thread> workers;
@@ -213,6 +206,9 @@ inline double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
   for (double r : rates) total += r;
   return total;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// The best (largest) rate of `probes` calls of `probe` (a callable returning FLOP/s). A peak
@@ -230,12 +226,39 @@ double best_of_probes(int probes, Probe&& probe) {
 /// number: the best of `probes` probes of seconds / probes each (see best_of_probes). It depends on
 /// the CPU features the build and the run time dispatch use, so prefer a configured peak when
 /// comparing machines.
-inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2, int probes = 4) {
+TRAINKIT_INLINE double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2,
+                                              int probes = 4);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
+  for (const DevicePeak& entry : kDevicePeaks) {
+    if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
+  }
+  return nullptr;
+}
+
+TRAINKIT_INLINE double device_peak_flops(std::string_view device_name,
+                                         Precision precision) noexcept {
+  const DevicePeak* entry = find_device_peak(device_name);
+  if (entry == nullptr) return 0.0;
+  switch (precision) {
+    case Precision::kFp32: return entry->fp32;
+    case Precision::kTf32: return entry->tf32;
+    case Precision::kBf16:
+    case Precision::kFp16: return entry->bf16;
+  }
+  return 0.0;
+}
+
+TRAINKIT_INLINE double measure_cpu_peak_flops(unsigned threads, double seconds, int probes) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   probes = std::max(1, probes);
   const auto min_ns = static_cast<std::int64_t>(seconds * 1e9 / probes);
   return best_of_probes(probes, [&] { return detail::measure_cpu_peak_once(threads, min_ns); });
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END

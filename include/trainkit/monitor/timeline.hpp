@@ -157,53 +157,16 @@ class Timeline {
   };
 
   /// Starts step `step`. A step still open is ended first.
-  void begin_step(std::int64_t step) {
-    if (in_step_) end_step();
-    const std::int64_t now = options_.clock();
-    in_step_ = true;
-    step_ = step;
-    step_begin_ns_ = now;
-    if (window_steps_ == 0 && !window_open_) {
-      window_open_ = true;
-      window_begin_ns_ = now;
-      window_.first_step = step;
-    }
-#if TRAINKIT_WITH_CUDA
-    // Bounded memory when take_window() is called rarely: resolve what has finished.
-    if (pending_.size() > 512) resolve_device(false);
-#endif
-  }
+  TRAINKIT_INLINE void begin_step(std::int64_t step);
 
   /// Ends the current step (no-op when none is open).
-  void end_step() {
-    if (!in_step_) return;
-    const std::int64_t now = options_.clock();
-    in_step_ = false;
-    window_.in_step_s += 1e-9 * static_cast<double>(now - step_begin_ns_);
-    window_.last_step = step_;
-    window_end_ns_ = now;
-    ++window_steps_;
-    record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
-  }
+  TRAINKIT_INLINE void end_step();
 
   /// Starts a host span of `phase`. A span of the same phase still open is ended first.
-  void begin(Phase phase) noexcept {
-    const auto i = static_cast<std::size_t>(phase);
-    if (open_ns_[i] >= 0) end(phase);
-    if (options_.nvtx) nvtx_push(phase_name(phase));
-    open_ns_[i] = options_.clock();
-  }
+  TRAINKIT_INLINE void begin(Phase phase) noexcept;
 
   /// Ends the host span of `phase` (no-op when none is open).
-  void end(Phase phase) noexcept {
-    const auto i = static_cast<std::size_t>(phase);
-    if (open_ns_[i] < 0) return;
-    const std::int64_t now = options_.clock();
-    window_.host_s[i] += 1e-9 * static_cast<double>(now - open_ns_[i]);
-    record_trace(kHostTrack, open_ns_[i], now, static_cast<std::uint8_t>(phase));
-    open_ns_[i] = -1;
-    if (options_.nvtx) nvtx_pop();
-  }
+  TRAINKIT_INLINE void end(Phase phase) noexcept;
 
   /// A host span that ends when the returned object goes out of scope.
   [[nodiscard]] Span span(Phase phase) noexcept {
@@ -274,50 +237,10 @@ class Timeline {
   /// The kept spans as Chrome trace-event JSON ("X" complete events, microseconds since the
   /// timeline started; tid 0 = steps, 1 = host phases, 2 = device phases). Opens in
   /// chrome://tracing and ui.perfetto.dev.
-  std::string chrome_trace_json() const {
-    JsonWriter w;
-    w.begin_object().key("displayTimeUnit").value("ms").key("traceEvents").begin_array();
-    constexpr const char* kTrackNames[3] = {"steps", "host", "device"};
-    for (int track = 0; track < 3; ++track) {
-      w.begin_object().key("name").value("thread_name").key("ph").value("M");
-      w.key("pid").value(options_.rank).key("tid").value(track);
-      w.key("args").begin_object().key("name").value(kTrackNames[track]).end_object();
-      w.end_object();
-    }
-    w.begin_object().key("name").value("process_name").key("ph").value("M");
-    w.key("pid").value(options_.rank).key("tid").value(0);
-    w.key("args").begin_object().key("name").value("rank " + std::to_string(options_.rank));
-    w.end_object().end_object();
-    const std::size_t n = trace_.size();
-    const std::size_t start = n < options_.trace_capacity ? 0 : trace_next_;
-    for (std::size_t k = 0; k < n; ++k) {
-      const TraceSpan& s = trace_[(start + k) % n];
-      w.begin_object();
-      if (s.kind == kStepMarker) {
-        w.key("name").value("step " + std::to_string(s.step)).key("cat").value("step");
-      } else {
-        w.key("name").value(phase_name(static_cast<Phase>(s.kind))).key("cat").value("phase");
-      }
-      w.key("ph").value("X");
-      w.key("ts").value(static_cast<double>(s.begin_ns - origin_ns_) / 1000.0);
-      w.key("dur").value(static_cast<double>(s.end_ns - s.begin_ns) / 1000.0);
-      w.key("pid").value(options_.rank).key("tid").value(static_cast<int>(s.track));
-      w.key("args").begin_object().key("step").value(s.step).end_object();
-      w.end_object();
-    }
-    w.end_array().end_object();
-    return w.take();
-  }
+  TRAINKIT_INLINE std::string chrome_trace_json() const;
 
   /// Writes chrome_trace_json() to `path`. Throws trainkit::Error when the file cannot be written.
-  void write_chrome_trace(const std::string& path) const {
-    const std::string json = chrome_trace_json();
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
-    const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-    const bool closed = std::fclose(f) == 0;
-    TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
-  }
+  TRAINKIT_INLINE void write_chrome_trace(const std::string& path) const;
 
   /// Host clock reading (ns) at the latest end_step (0 before the first).
   std::int64_t last_step_end_ns() const noexcept { return window_end_ns_; }
@@ -340,17 +263,8 @@ class Timeline {
     std::uint8_t kind;  // a Phase, or kStepMarker
   };
 
-  void record_trace(std::uint8_t track, std::int64_t begin_ns, std::int64_t end_ns,
-                    std::uint8_t kind) noexcept {
-    if (options_.trace_capacity == 0) return;
-    const TraceSpan s{begin_ns, end_ns, step_, track, kind};
-    if (trace_.size() < options_.trace_capacity) {
-      trace_.push_back(s);  // capacity reserved up front: never reallocates
-    } else {
-      trace_[trace_next_] = s;
-      trace_next_ = (trace_next_ + 1) % options_.trace_capacity;
-    }
-  }
+  TRAINKIT_INLINE void record_trace(std::uint8_t track, std::int64_t begin_ns, std::int64_t end_ns,
+                                    std::uint8_t kind) noexcept;
 
 #if TRAINKIT_WITH_CUDA
   struct DeviceSpan {
@@ -436,6 +350,111 @@ class Timeline {
   std::vector<TraceSpan> trace_;
   std::size_t trace_next_ = 0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void Timeline::begin_step(std::int64_t step) {
+  if (in_step_) end_step();
+  const std::int64_t now = options_.clock();
+  in_step_ = true;
+  step_ = step;
+  step_begin_ns_ = now;
+  if (window_steps_ == 0 && !window_open_) {
+    window_open_ = true;
+    window_begin_ns_ = now;
+    window_.first_step = step;
+  }
+#if TRAINKIT_WITH_CUDA
+  // Bounded memory when take_window() is called rarely: resolve what has finished.
+  if (pending_.size() > 512) resolve_device(false);
+#endif
+}
+
+TRAINKIT_INLINE void Timeline::end_step() {
+  if (!in_step_) return;
+  const std::int64_t now = options_.clock();
+  in_step_ = false;
+  window_.in_step_s += 1e-9 * static_cast<double>(now - step_begin_ns_);
+  window_.last_step = step_;
+  window_end_ns_ = now;
+  ++window_steps_;
+  record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
+}
+
+TRAINKIT_INLINE void Timeline::begin(Phase phase) noexcept {
+  const auto i = static_cast<std::size_t>(phase);
+  if (open_ns_[i] >= 0) end(phase);
+  if (options_.nvtx) nvtx_push(phase_name(phase));
+  open_ns_[i] = options_.clock();
+}
+
+TRAINKIT_INLINE void Timeline::end(Phase phase) noexcept {
+  const auto i = static_cast<std::size_t>(phase);
+  if (open_ns_[i] < 0) return;
+  const std::int64_t now = options_.clock();
+  window_.host_s[i] += 1e-9 * static_cast<double>(now - open_ns_[i]);
+  record_trace(kHostTrack, open_ns_[i], now, static_cast<std::uint8_t>(phase));
+  open_ns_[i] = -1;
+  if (options_.nvtx) nvtx_pop();
+}
+
+TRAINKIT_INLINE std::string Timeline::chrome_trace_json() const {
+  JsonWriter w;
+  w.begin_object().key("displayTimeUnit").value("ms").key("traceEvents").begin_array();
+  constexpr const char* kTrackNames[3] = {"steps", "host", "device"};
+  for (int track = 0; track < 3; ++track) {
+    w.begin_object().key("name").value("thread_name").key("ph").value("M");
+    w.key("pid").value(options_.rank).key("tid").value(track);
+    w.key("args").begin_object().key("name").value(kTrackNames[track]).end_object();
+    w.end_object();
+  }
+  w.begin_object().key("name").value("process_name").key("ph").value("M");
+  w.key("pid").value(options_.rank).key("tid").value(0);
+  w.key("args").begin_object().key("name").value("rank " + std::to_string(options_.rank));
+  w.end_object().end_object();
+  const std::size_t n = trace_.size();
+  const std::size_t start = n < options_.trace_capacity ? 0 : trace_next_;
+  for (std::size_t k = 0; k < n; ++k) {
+    const TraceSpan& s = trace_[(start + k) % n];
+    w.begin_object();
+    if (s.kind == kStepMarker) {
+      w.key("name").value("step " + std::to_string(s.step)).key("cat").value("step");
+    } else {
+      w.key("name").value(phase_name(static_cast<Phase>(s.kind))).key("cat").value("phase");
+    }
+    w.key("ph").value("X");
+    w.key("ts").value(static_cast<double>(s.begin_ns - origin_ns_) / 1000.0);
+    w.key("dur").value(static_cast<double>(s.end_ns - s.begin_ns) / 1000.0);
+    w.key("pid").value(options_.rank).key("tid").value(static_cast<int>(s.track));
+    w.key("args").begin_object().key("step").value(s.step).end_object();
+    w.end_object();
+  }
+  w.end_array().end_object();
+  return w.take();
+}
+
+TRAINKIT_INLINE void Timeline::write_chrome_trace(const std::string& path) const {
+  const std::string json = chrome_trace_json();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
+  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  const bool closed = std::fclose(f) == 0;
+  TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
+}
+
+TRAINKIT_INLINE void Timeline::record_trace(std::uint8_t track, std::int64_t begin_ns,
+                                            std::int64_t end_ns, std::uint8_t kind) noexcept {
+  if (options_.trace_capacity == 0) return;
+  const TraceSpan s{begin_ns, end_ns, step_, track, kind};
+  if (trace_.size() < options_.trace_capacity) {
+    trace_.push_back(s);  // capacity reserved up front: never reallocates
+  } else {
+    trace_[trace_next_] = s;
+    trace_next_ = (trace_next_ + 1) % options_.trace_capacity;
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
