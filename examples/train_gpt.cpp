@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: MIT
 // train_gpt: trainkit's flagship example: a byte-level GPT (nn::Gpt) trained on real text with
 // train::Loop: AdamW (nanoGPT's betas; no decay of biases and norms), warmup + cosine LR, clipping,
-// llm.c token shards read through a shuffling Prefetcher, progress / TensorBoard / metrics.jsonl /
-// MFU, and checkpoints (exact --resume, damaged ones skipped). `train_gpt --help` lists the flags.
-// Build: the CMake target, or  g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread
-// -o train_gpt Writes to --out: data/{train,val}.bin, ckpt/step_*/ (model.safetensors has nanoGPT's
-// names), tb/, metrics.jsonl, trace.json. "step N" counts completed optimizer steps (step 0: the
-// initial validation loss); a resume with a larger --steps and no --decay-steps follows the
-// schedule of a run started with that --steps, bit for bit.
+// llm.c token shards through a shuffling Prefetcher, progress / TensorBoard / metrics.jsonl / MFU,
+// checkpoints (exact --resume, damaged ones skipped). `--help` lists the flags. Build: the CMake
+// target, or  g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread -o train_gpt
+// Writes to --out: data/{train,val}.bin, ckpt/step_*/ (model.safetensors: nanoGPT's names), tb/,
+// metrics.jsonl, trace.json. "step N" counts completed optimizer steps (step 0: the first eval);
+// a resume with a larger --steps (no --decay-steps) follows the schedule of a run that long.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -38,6 +37,7 @@ struct Config {
   double temperature = 0.8;
   bool tie_weights = false, resume = false, allow_fresh_start = false, check = false;
   std::string out = "runs/train_gpt", data = "/usr/share/common-licenses", prompt = "The ";
+  std::string init_from;
 };
 
 void add_flags(tk::train::Flags& f, Config& c) {
@@ -48,6 +48,7 @@ void add_flags(tk::train::Flags& f, Config& c) {
       .add("dim", c.dim, "embedding width (a multiple of --heads)", {.at_least = 1})
       .add("heads", c.heads, "attention heads", {.at_least = 1})
       .add("tie-weights", c.tie_weights, "lm_head shares transformer.wte's weight (GPT-2)")
+      .add("init-from", c.init_from, "start from these weights (.safetensors, PyTorch names)")
       .add("lr", c.lr, "peak learning rate of AdamW", {.above = 0})
       .add("seed", c.seed, "seed of initialisation, data order, dropout, sampling", {.at_least = 0})
       .add("dropout", c.dropout, "dropout after the embeddings", {.at_least = 0, .below = 1})
@@ -100,7 +101,6 @@ std::string read_corpus(const fs::path& path) {
     TRAINKIT_CHECK(in.good(), "--data: cannot read '", f.string(), "'");
     text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  TRAINKIT_CHECK(!text.empty(), "--data: no text found at '", path.string(), "'");
   return text;
 }
 
@@ -165,6 +165,11 @@ int main(int argc, char** argv) try {
                         .seed = std::uint64_t(c.seed)});
   arena.finalize();
   arena.initialize(std::uint64_t(c.seed));
+  if (!c.init_from.empty() && !loop.resuming()) {  // a resumed run's weights are its checkpoint's
+    const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
+    std::printf("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
+                c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
+  }
   tk::optim::AdamW<> opt(arena,
                          {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.weight_decay},
                          {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
@@ -195,9 +200,7 @@ int main(int argc, char** argv) try {
       int(c.seq), double(tokens));
   mo.peak_flops = c.peak_tflops > 0 ? 1e12 * c.peak_tflops
                                     : tk::monitor::measure_cpu_peak_flops(exec.num_threads());
-  mo.peak_label = c.peak_tflops > 0
-                      ? "configured"
-                      : "measured: FMA rate of " + std::to_string(exec.num_threads()) + " threads";
+  mo.peak_label = c.peak_tflops > 0 ? "configured" : "measured: FMA rate of the threads";
 
   nn::Gpt<>::Context ctx, eval_ctx;
   nn::SoftmaxCrossEntropy<> ce;
@@ -246,7 +249,6 @@ int main(int argc, char** argv) try {
     model.train();
     return tk::ckpt::Metrics{{"val/loss", sum / double(val_set.size())}};
   };
-  // A resume with a longer schedule takes its lr at the checkpoint's step.
   auto on_resume = [&](const tk::ckpt::CheckpointInfo& info) {
     if (!extend) return;
     std::printf(
@@ -273,8 +275,6 @@ int main(int argc, char** argv) try {
       (long long)r.step, initial, final_loss, recent.size(), unsigned(bits), initial_val, val,
       r.steps_this_run > 0 ? 1e3 * r.seconds / double(r.steps_this_run) : 0.0,
       (long long)r.steps_this_run);
-  std::printf("train_gpt: checkpoints in %s/ckpt, TensorBoard: tensorboard --logdir %s/tb\n",
-              c.out.c_str(), c.out.c_str());
 
   std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
   for (auto& t : prompt) t &= 0xff;

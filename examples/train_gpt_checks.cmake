@@ -7,6 +7,9 @@
 #                step once, the initial validation loss at step 0, nothing lost or doubled; step
 #                numbers agree between console, metrics, checkpoints (and TensorBoard, when
 #                PYTHON can import tensorboard); MFU says where its peak came from.
+# CHECK=init_from: --init-from FIXTURE (weights saved by PyTorch's safetensors) loads every tensor
+#                and changes the initial validation loss; a model of other sizes is refused with
+#                the tensor and both shapes named, and a resumed run keeps its checkpoint's weights.
 cmake_minimum_required(VERSION 3.20)
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
@@ -172,6 +175,39 @@ sys.exit(1 if problems else 0)
     else()
       message(STATUS "${PYTHON} cannot import tensorboard: TensorBoard view not checked")
     endif()
+  endif()
+elseif(CHECK STREQUAL "init_from")
+  function(run_tiny name)
+    execute_process(COMMAND "${EXE}" ${tiny} --out "${OUT}/${name}" ${ARGN}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    message(STATUS "train_gpt ${ARGN} -> ${rc}\n${out}${err}")
+    set(rc ${rc} PARENT_SCOPE)
+    set(log "${out}${err}" PARENT_SCOPE)
+  endfunction()
+  run_tiny(random --steps 2)
+  string(REGEX MATCH "step 0: val/loss ([0-9.]+)" _ "${log}")
+  set(random_loss "${CMAKE_MATCH_1}")
+  run_tiny(loaded --init-from "${FIXTURE}" --steps 2)
+  if(NOT rc EQUAL 0 OR NOT log MATCHES "--init-from [^\n]*: loaded 17 tensors, 0 of the file unused")
+    message(FATAL_ERROR "--init-from did not load the 17 tensors of ${FIXTURE}")
+  endif()
+  string(REGEX MATCH "step 0: val/loss ([0-9.]+)" _ "${log}")
+  if(random_loss STREQUAL "" OR CMAKE_MATCH_1 STREQUAL random_loss)
+    message(FATAL_ERROR "the initial val loss is ${CMAKE_MATCH_1} with and without --init-from")
+  endif()
+  run_tiny(loaded --init-from "${FIXTURE}" --resume --steps 3)
+  if(NOT rc EQUAL 0 OR log MATCHES "loaded 17 tensors" OR NOT log MATCHES "resumed from")
+    message(FATAL_ERROR "a resumed run must keep its checkpoint's weights")
+  endif()
+  execute_process(COMMAND "${EXE}" --threads 1 --layers 1 --dim 64 --heads 2 --seq 16 --steps 2
+                          --out "${OUT}/wide" --init-from "${FIXTURE}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE log)
+  if(NOT rc EQUAL 1 OR NOT log MATCHES "'transformer.wte.weight' has shape \\[256, 32\\] in the file but \\[256, 64\\]")
+    message(FATAL_ERROR "a model of other sizes must be refused naming the tensor and shapes")
+  endif()
+  run_tiny(missing --init-from "${OUT}/no_such.safetensors" --steps 2)
+  if(NOT rc EQUAL 1 OR NOT log MATCHES "no_such.safetensors")
+    message(FATAL_ERROR "a missing --init-from file must be an error naming it")
   endif()
 else()
   message(FATAL_ERROR "unknown CHECK '${CHECK}'")
