@@ -157,6 +157,29 @@ TRAINKIT_NAMESPACE_END
 #define TRAINKIT_UNROLL
 #endif
 
+// ---- Optional separate compilation. -------------------------------------------------------------
+// By default trainkit is header-only: every function is defined in its header. With
+// TRAINKIT_SEPARATE_COMPILATION=1 (the CMake option of that name sets it through the
+// trainkit::compiled library) the bodies of the heavy non-template functions (file formats,
+// checkpoints, the loader, the monitor) and the f32 host GEMM are compiled once, in
+// src/trainkit.cpp, and a TU that includes a header sees only their declarations. TRAINKIT_IMPL
+// is 1 where those bodies are compiled: in every TU of a header-only build, and in that one TU.
+// TRAINKIT_INLINE marks such a function: `inline` in a header-only build, nothing (one external
+// definition) in the compiled library.
+#ifndef TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_SEPARATE_COMPILATION 0
+#endif
+#if !TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_IMPL 1
+#define TRAINKIT_INLINE inline
+#elif defined(TRAINKIT_BUILDING_COMPILED_LIBRARY)
+#define TRAINKIT_IMPL 1
+#define TRAINKIT_INLINE
+#else
+#define TRAINKIT_IMPL 0
+#define TRAINKIT_INLINE
+#endif
+
 // `__restrict__` is understood by g++, clang++ and nvcc alike.
 #define TRAINKIT_RESTRICT __restrict__
 
@@ -199,6 +222,34 @@ constexpr Capabilities capabilities() noexcept {
 }
 
 TRAINKIT_NAMESPACE_END
+
+// Under TRAINKIT_SEPARATE_COMPILATION the compiled library's bodies were built with its own
+// TRAINKIT_WITH_* values, so every TU linked with it must have the same ones. The library defines
+// one variable whose name spells its values, and every other TU refers to the name spelt by its
+// own: a TU of another tier fails to link with an undefined reference that names the difference
+// (e.g. `compiled_tier_cuda1_cublaslt0_nccl0_mpi0_cblas0`).
+#if TRAINKIT_SEPARATE_COMPILATION
+#define TRAINKIT_DETAIL_TIER_NAME2(cuda, cublaslt, nccl, mpi, cblas) \
+  compiled_tier_cuda##cuda##_cublaslt##cublaslt##_nccl##nccl##_mpi##mpi##_cblas##cblas
+#define TRAINKIT_DETAIL_TIER_NAME(cuda, cublaslt, nccl, mpi, cblas) \
+  TRAINKIT_DETAIL_TIER_NAME2(cuda, cublaslt, nccl, mpi, cblas)
+#define TRAINKIT_DETAIL_TIER                                                                \
+  TRAINKIT_DETAIL_TIER_NAME(TRAINKIT_WITH_CUDA, TRAINKIT_WITH_CUBLASLT, TRAINKIT_WITH_NCCL, \
+                            TRAINKIT_WITH_MPI, TRAINKIT_WITH_CBLAS)
+TRAINKIT_NAMESPACE_BEGIN
+namespace detail {
+extern const int TRAINKIT_DETAIL_TIER;
+#if defined(TRAINKIT_BUILDING_COMPILED_LIBRARY)
+const int TRAINKIT_DETAIL_TIER = 1;
+#elif defined(__GNUC__) || defined(__clang__)
+[[maybe_unused]] __attribute__((used)) static const int* const compiled_tier_reference =
+    &TRAINKIT_DETAIL_TIER;
+#else
+[[maybe_unused]] static const int* const compiled_tier_reference = &TRAINKIT_DETAIL_TIER;
+#endif
+}  // namespace detail
+TRAINKIT_NAMESPACE_END
+#endif
 // end trainkit/config.hpp
 // defines: Error, TRAINKIT_CHECK, TRAINKIT_FAIL, TRAINKIT_FAIL_WITHOUT_CUDA, TRAINKIT_CUDA_CHECK
 // begin trainkit/error.hpp
@@ -3330,15 +3381,7 @@ namespace exec {
 namespace detail {
 
 /// Tells the core we are spinning (frees pipeline resources for the sibling hyper-thread).
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#else
-  std::this_thread::yield();
-#endif
-}
+TRAINKIT_INLINE void cpu_relax() noexcept;
 
 /// True on a thread that is running tasks of a pool (always on workers; on the calling thread
 /// while its job runs). A parallel_for issued from such a thread runs inline: no deadlock, no
@@ -3349,19 +3392,7 @@ inline bool& in_host_task() noexcept {
 }
 
 /// Threads for `Host()`: $TRAINKIT_NUM_THREADS if set, else hardware_concurrency() (>= 1).
-inline int default_num_threads() {
-  const char* env = std::getenv("TRAINKIT_NUM_THREADS");
-  if (env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long value = std::strtol(env, &end, 10);
-    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
-                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
-    return static_cast<int>(value);
-  }
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
-}
+TRAINKIT_INLINE int default_num_threads();
 
 /// The pool behind exec::Host. One job at a time; a job is `run(ctx, task)` for tasks claimed
 /// one by one from an atomic counter by the caller and every worker that joins in time.
@@ -3375,15 +3406,7 @@ class HostPool {
  public:
   using RunFn = void (*)(void* ctx, std::int64_t task);
 
-  explicit HostPool(int num_threads) {
-    workers_.reserve(static_cast<std::size_t>(num_threads - 1));
-    try {
-      for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
-    } catch (...) {
-      stop_and_join();
-      throw;
-    }
-  }
+  TRAINKIT_INLINE explicit HostPool(int num_threads);
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
   ~HostPool() { stop_and_join(); }
@@ -3392,37 +3415,7 @@ class HostPool {
 
   /// Runs the job on the pool and returns true, or returns false at once when another thread's
   /// job occupies the pool (the caller then runs inline). Rethrows the first task exception.
-  bool try_run(std::int64_t num_tasks, RunFn run, void* ctx) {
-    std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
-    if (!submit.owns_lock()) return false;
-
-    run_ = run;
-    ctx_ = ctx;
-    num_tasks_ = num_tasks;
-    next_.store(0, std::memory_order_relaxed);
-    failed_.store(false, std::memory_order_relaxed);
-    error_ = nullptr;
-    ++epoch_;
-    // seq_cst store + seq_cst load of sleepers_ pairs with the worker's increment-then-check:
-    // either we see the sleeper and notify, or it sees the new epoch before sleeping.
-    state_.store((static_cast<std::uint64_t>(epoch_) << 32) | kOpenBit, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      wake_.notify_all();
-    }
-
-    {
-      bool& flag = in_host_task();
-      flag = true;
-      run_tasks();
-      flag = false;
-    }
-    close_job();
-    std::exception_ptr error = std::exchange(error_, nullptr);
-    submit.unlock();
-    if (error) std::rethrow_exception(error);
-    return true;
-  }
+  TRAINKIT_INLINE bool try_run(std::int64_t num_tasks, RunFn run, void* ctx);
 
  private:
   static constexpr std::uint64_t kOpenBit = std::uint64_t{1} << 31;
@@ -3436,104 +3429,18 @@ class HostPool {
     return static_cast<std::uint32_t>(state >> 32);
   }
 
-  void run_tasks() noexcept {
-    for (;;) {
-      const std::int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
-      if (task >= num_tasks_ || failed_.load(std::memory_order_relaxed)) return;
-      try {
-        run_(ctx_, task);
-      } catch (...) {
-        // The first failure wins; later tasks are skipped. Published by leave()/close_job().
-        if (!failed_.exchange(true, std::memory_order_relaxed)) error_ = std::current_exception();
-      }
-    }
-  }
+  TRAINKIT_INLINE void run_tasks() noexcept;
 
-  void worker_loop() noexcept {
-    in_host_task() = true;
-    std::uint32_t seen = 0;
-    for (;;) {
-      std::uint64_t state = wait_for_job(seen);
-      if (stopping_.load(std::memory_order_acquire)) return;
-      seen = epoch_of(state);
-      while ((state & kOpenBit) != 0 && epoch_of(state) == seen) {
-        if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
-                                         std::memory_order_acquire)) {
-          run_tasks();
-          leave_job();
-          break;
-        }
-      }
-    }
-  }
+  TRAINKIT_INLINE void worker_loop() noexcept;
 
-  std::uint64_t wait_for_job(std::uint32_t seen) {
-    const auto deadline = std::chrono::steady_clock::now() + kSpin;
-    for (unsigned spin = 1;; ++spin) {
-      const std::uint64_t state = state_.load(std::memory_order_acquire);
-      if (epoch_of(state) != seen || stopping_.load(std::memory_order_relaxed)) return state;
-      if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
-      cpu_relax();
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    std::uint64_t state = 0;
-    wake_.wait(lock, [&] {
-      state = state_.load(std::memory_order_seq_cst);
-      return epoch_of(state) != seen || stopping_.load(std::memory_order_seq_cst);
-    });
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
-    return state;
-  }
+  TRAINKIT_INLINE std::uint64_t wait_for_job(std::uint32_t seen);
 
-  void leave_job() {
-    const std::uint64_t before = state_.fetch_sub(1, std::memory_order_seq_cst);
-    if ((before & kInsideMask) == 1 && caller_sleeping_.load(std::memory_order_seq_cst)) {
-      std::lock_guard<std::mutex> lock(done_mutex_);
-      done_.notify_one();
-    }
-  }
+  TRAINKIT_INLINE void leave_job();
 
   // Called by the submitting thread once it found no task left to claim.
-  void close_job() {
-    const auto deadline = std::chrono::steady_clock::now() + kSpin;
-    std::uint64_t state = state_.load(std::memory_order_acquire);
-    for (unsigned spin = 1;; ++spin) {
-      if ((state & kInsideMask) == 0) {
-        if (state_.compare_exchange_weak(state, state & ~kOpenBit, std::memory_order_acq_rel,
-                                         std::memory_order_acquire))
-          return;
-        continue;
-      }
-      if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
-      cpu_relax();
-      state = state_.load(std::memory_order_acquire);
-    }
-    std::unique_lock<std::mutex> lock(done_mutex_);
-    caller_sleeping_.store(true, std::memory_order_seq_cst);
-    for (;;) {
-      state = state_.load(std::memory_order_seq_cst);
-      if ((state & kInsideMask) == 0) {
-        if (state_.compare_exchange_strong(state, state & ~kOpenBit, std::memory_order_acq_rel,
-                                           std::memory_order_acquire))
-          break;
-        continue;
-      }
-      done_.wait(lock);
-    }
-    caller_sleeping_.store(false, std::memory_order_relaxed);
-  }
+  TRAINKIT_INLINE void close_job();
 
-  void stop_and_join() noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_.store(true, std::memory_order_seq_cst);
-    }
-    wake_.notify_all();
-    for (std::thread& worker : workers_)
-      if (worker.joinable()) worker.join();
-    workers_.clear();
-  }
+  TRAINKIT_INLINE void stop_and_join() noexcept;
 
   // Hot atomics on their own cache lines: workers hammer next_ while joiners CAS state_.
   alignas(64) std::atomic<std::uint64_t> state_{0};
@@ -3555,6 +3462,174 @@ class HostPool {
   std::condition_variable done_;
   std::vector<std::thread> workers_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+TRAINKIT_INLINE int default_num_threads() {
+  const char* env = std::getenv("TRAINKIT_NUM_THREADS");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long value = std::strtol(env, &end, 10);
+    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
+                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
+    return static_cast<int>(value);
+  }
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return hardware == 0 ? 1 : static_cast<int>(hardware);
+}
+
+TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
+  workers_.reserve(static_cast<std::size_t>(num_threads - 1));
+  try {
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    stop_and_join();
+    throw;
+  }
+}
+
+TRAINKIT_INLINE bool HostPool::try_run(std::int64_t num_tasks, RunFn run, void* ctx) {
+  std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
+  if (!submit.owns_lock()) return false;
+
+  run_ = run;
+  ctx_ = ctx;
+  num_tasks_ = num_tasks;
+  next_.store(0, std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
+  error_ = nullptr;
+  ++epoch_;
+  // seq_cst store + seq_cst load of sleepers_ pairs with the worker's increment-then-check:
+  // either we see the sleeper and notify, or it sees the new epoch before sleeping.
+  state_.store((static_cast<std::uint64_t>(epoch_) << 32) | kOpenBit, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+
+  {
+    bool& flag = in_host_task();
+    flag = true;
+    run_tasks();
+    flag = false;
+  }
+  close_job();
+  std::exception_ptr error = std::exchange(error_, nullptr);
+  submit.unlock();
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
+TRAINKIT_INLINE void HostPool::run_tasks() noexcept {
+  for (;;) {
+    const std::int64_t task = next_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= num_tasks_ || failed_.load(std::memory_order_relaxed)) return;
+    try {
+      run_(ctx_, task);
+    } catch (...) {
+      // The first failure wins; later tasks are skipped. Published by leave()/close_job().
+      if (!failed_.exchange(true, std::memory_order_relaxed)) error_ = std::current_exception();
+    }
+  }
+}
+
+TRAINKIT_INLINE void HostPool::worker_loop() noexcept {
+  in_host_task() = true;
+  std::uint32_t seen = 0;
+  for (;;) {
+    std::uint64_t state = wait_for_job(seen);
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen = epoch_of(state);
+    while ((state & kOpenBit) != 0 && epoch_of(state) == seen) {
+      if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        run_tasks();
+        leave_job();
+        break;
+      }
+    }
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t HostPool::wait_for_job(std::uint32_t seen) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (unsigned spin = 1;; ++spin) {
+    const std::uint64_t state = state_.load(std::memory_order_acquire);
+    if (epoch_of(state) != seen || stopping_.load(std::memory_order_relaxed)) return state;
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+    cpu_relax();
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  std::uint64_t state = 0;
+  wake_.wait(lock, [&] {
+    state = state_.load(std::memory_order_seq_cst);
+    return epoch_of(state) != seen || stopping_.load(std::memory_order_seq_cst);
+  });
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  return state;
+}
+
+TRAINKIT_INLINE void HostPool::leave_job() {
+  const std::uint64_t before = state_.fetch_sub(1, std::memory_order_seq_cst);
+  if ((before & kInsideMask) == 1 && caller_sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    done_.notify_one();
+  }
+}
+
+TRAINKIT_INLINE void HostPool::close_job() {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  std::uint64_t state = state_.load(std::memory_order_acquire);
+  for (unsigned spin = 1;; ++spin) {
+    if ((state & kInsideMask) == 0) {
+      if (state_.compare_exchange_weak(state, state & ~kOpenBit, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
+        return;
+      continue;
+    }
+    if (spin % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+    cpu_relax();
+    state = state_.load(std::memory_order_acquire);
+  }
+  std::unique_lock<std::mutex> lock(done_mutex_);
+  caller_sleeping_.store(true, std::memory_order_seq_cst);
+  for (;;) {
+    state = state_.load(std::memory_order_seq_cst);
+    if ((state & kInsideMask) == 0) {
+      if (state_.compare_exchange_strong(state, state & ~kOpenBit, std::memory_order_acq_rel,
+                                         std::memory_order_acquire))
+        break;
+      continue;
+    }
+    done_.wait(lock);
+  }
+  caller_sleeping_.store(false, std::memory_order_relaxed);
+}
+
+TRAINKIT_INLINE void HostPool::stop_and_join() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.store(true, std::memory_order_seq_cst);
+  }
+  wake_.notify_all();
+  for (std::thread& worker : workers_)
+    if (worker.joinable()) worker.join();
+  workers_.clear();
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -4718,16 +4793,7 @@ class ProtoWriter {
   void clear() noexcept { bytes_.clear(); }
 
   /// A base-128 varint (little-endian groups of 7 bits, high bit = more).
-  void varint(std::uint64_t value) {
-    char buffer[10];
-    std::size_t n = 0;
-    while (value >= 0x80) {
-      buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
-      value >>= 7;
-    }
-    buffer[n++] = static_cast<char>(value);
-    bytes_.append(buffer, n);
-  }
+  TRAINKIT_INLINE void varint(std::uint64_t value);
 
   void key(int field, WireType type) {
     varint((static_cast<std::uint64_t>(field) << 3) | static_cast<std::uint32_t>(type));
@@ -4756,12 +4822,7 @@ class ProtoWriter {
     bytes_.append(value);
   }
   /// A `repeated double` field in packed encoding (proto3's default); nothing when empty.
-  void field_packed_doubles(int field, std::span<const double> values) {
-    if (values.empty()) return;
-    key(field, WireType::kLengthDelimited);
-    varint(values.size() * 8);
-    for (double v : values) fixed64(std::bit_cast<std::uint64_t>(v));
-  }
+  TRAINKIT_INLINE void field_packed_doubles(int field, std::span<const double> values);
 
   // proto3 "implicit presence": a field equal to its default is not written at all. Doubles are
   // compared by bit pattern, as protobuf does, so -0.0 is still written.
@@ -4788,19 +4849,7 @@ class ProtoWriter {
     return bytes_.size();
   }
   /// Finishes the sub-message started at `mark`, writing its length in front of it.
-  void end_message(std::size_t mark) {
-    const std::size_t length = bytes_.size() - mark;
-    char buffer[10];
-    std::size_t n = 0;
-    std::uint64_t value = length;
-    while (value >= 0x80) {
-      buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
-      value >>= 7;
-    }
-    buffer[n++] = static_cast<char>(value);
-    if (n > 1) bytes_.insert(mark, n - 1, '\0');  // rare: messages of 128 bytes or more
-    std::memcpy(bytes_.data() + mark - 1, buffer, n);
-  }
+  TRAINKIT_INLINE void end_message(std::size_t mark);
 
  private:
   void fixed64(std::uint64_t value) {
@@ -4816,6 +4865,42 @@ class ProtoWriter {
 
   std::string bytes_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void ProtoWriter::varint(std::uint64_t value) {
+  char buffer[10];
+  std::size_t n = 0;
+  while (value >= 0x80) {
+    buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
+    value >>= 7;
+  }
+  buffer[n++] = static_cast<char>(value);
+  bytes_.append(buffer, n);
+}
+
+TRAINKIT_INLINE void ProtoWriter::field_packed_doubles(int field, std::span<const double> values) {
+  if (values.empty()) return;
+  key(field, WireType::kLengthDelimited);
+  varint(values.size() * 8);
+  for (double v : values) fixed64(std::bit_cast<std::uint64_t>(v));
+}
+
+TRAINKIT_INLINE void ProtoWriter::end_message(std::size_t mark) {
+  const std::size_t length = bytes_.size() - mark;
+  char buffer[10];
+  std::size_t n = 0;
+  std::uint64_t value = length;
+  while (value >= 0x80) {
+    buffer[n++] = static_cast<char>((value & 0x7F) | 0x80);
+    value >>= 7;
+  }
+  buffer[n++] = static_cast<char>(value);
+  if (n > 1) bytes_.insert(mark, n - 1, '\0');  // rare: messages of 128 bytes or more
+  std::memcpy(bytes_.data() + mark - 1, buffer, n);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -4861,19 +4946,7 @@ namespace io {
 
 /// Appends one TFRecord holding `data` to `out`: 8-byte little-endian length, masked CRC-32C of
 /// those 8 bytes, the data, masked CRC-32C of the data (all little-endian).
-inline void append_tfrecord(std::string& out, std::string_view data) {
-  char header[12];
-  const std::uint64_t length = data.size();
-  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
-  const std::uint32_t length_crc = masked_crc32c(header, 8);
-  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<char>((length_crc >> (8 * i)) & 0xFF);
-  out.append(header, 12);
-  out.append(data);
-  const std::uint32_t data_crc = masked_crc32c(data.data(), data.size());
-  char footer[4];
-  for (int i = 0; i < 4; ++i) footer[i] = static_cast<char>((data_crc >> (8 * i)) & 0xFF);
-  out.append(footer, 4);
-}
+TRAINKIT_INLINE void append_tfrecord(std::string& out, std::string_view data);
 
 /// The records of an event file, as read back by `split_tfrecords` / `read_tfrecords`.
 struct TfRecords {
@@ -4892,44 +4965,11 @@ inline std::uint32_t load_u32le(const unsigned char* p) noexcept {
 /// Splits TFRecord-framed bytes into payloads, checking both CRCs of every record. A partial last
 /// record sets `truncated` (a killed writer leaves one; readers then stop there, like TensorBoard).
 /// Throws trainkit::Error naming `what` (a file name) and the byte offset on a CRC mismatch.
-inline TfRecords split_tfrecords(std::string_view bytes, std::string_view what = "buffer") {
-  TfRecords result;
-  std::size_t offset = 0;
-  const auto* base = reinterpret_cast<const unsigned char*>(bytes.data());
-  while (offset < bytes.size()) {
-    if (bytes.size() - offset < 12) {
-      result.truncated = true;
-      break;
-    }
-    const unsigned char* p = base + offset;
-    std::uint64_t length = 0;
-    for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-    TRAINKIT_CHECK(detail::load_u32le(p + 8) == masked_crc32c(p, 8),
-                   "TFRecord length CRC mismatch in '", what, "' at byte ", offset,
-                   ": the file is corrupt and cannot be framed further");
-    if (bytes.size() - offset - 12 < length || bytes.size() - offset - 12 - length < 4) {
-      result.truncated = true;
-      break;
-    }
-    const auto size = static_cast<std::size_t>(length);
-    TRAINKIT_CHECK(detail::load_u32le(p + 12 + size) == masked_crc32c(p + 12, size),
-                   "TFRecord data CRC mismatch in '", what, "' for the record at byte ", offset,
-                   " (", size, " bytes): the record is corrupt");
-    result.records.emplace_back(bytes.substr(offset + 12, size));
-    offset += 16 + size;
-    result.valid_bytes = offset;
-  }
-  return result;
-}
+TRAINKIT_INLINE TfRecords split_tfrecords(std::string_view bytes, std::string_view what = "buffer");
 
 /// Reads and checks every record of the file at `path` (see split_tfrecords). Throws
 /// trainkit::Error when the file cannot be read or a CRC does not match.
-inline TfRecords read_tfrecords(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TRAINKIT_CHECK(in.good(), "cannot open event file '", path, "' for reading");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return split_tfrecords(bytes, path);
-}
+TRAINKIT_INLINE TfRecords read_tfrecords(const std::string& path);
 
 // ---- Event encoders ----------------------------------------------------------------------------
 // Field numbers from tensorboard/compat/proto/{event,summary,histogram,tensor,tensor_shape}.proto.
@@ -4943,8 +4983,19 @@ struct ValueMarks {
   std::size_t summary;
   std::size_t value;
 };
-inline ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
-                                   std::string_view tag) {
+TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag);
+inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
+  out.end_message(marks.value);
+  out.end_message(marks.summary);
+}
+/// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
+TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
+                                           std::string_view content);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag) {
   out.clear();
   out.field_double_nonzero(1, wall_time);
   out.field_int64_nonzero(2, step);
@@ -4953,13 +5004,9 @@ inline ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int6
   out.field_bytes_nonempty(1, tag);
   return {summary, value};
 }
-inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
-  out.end_message(marks.value);
-  out.end_message(marks.summary);
-}
-/// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
-inline void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
-                                  std::string_view content) {
+
+TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
+                                           std::string_view content) {
   const std::size_t metadata = out.begin_message(9);
   const std::size_t plugin_data = out.begin_message(1);
   out.field_bytes_nonempty(1, plugin);
@@ -4967,42 +5014,26 @@ inline void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
   out.end_message(plugin_data);
   out.end_message(metadata);
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// The first record of every event file: Event{wall_time, file_version="brain.Event:2"}, plus
 /// source_metadata{writer} (field 10) when `writer` is not empty, as tensorboard >= 2.12 writes.
-inline void encode_file_version_event(ProtoWriter& out, double wall_time,
-                                      std::string_view writer = {}) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_bytes(3, "brain.Event:2");
-  if (!writer.empty()) {
-    const std::size_t source = out.begin_message(10);
-    out.field_bytes(1, writer);
-    out.end_message(source);
-  }
-}
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::string_view writer = {});
 
 /// Event{wall_time, step, file_version="brain.Event:2"}: the record SummaryWriter(purge_step=N)
 /// writes at step N after the file's own first record, ahead of the SessionLog START.
-inline void encode_file_version_event(ProtoWriter& out, double wall_time, std::int64_t step) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_int64_nonzero(2, step);
-  out.field_bytes(3, "brain.Event:2");
-}
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::int64_t step);
 
 /// Event{wall_time, step, session_log=7{status=1 START}}: TensorBoard discards every point read so
 /// far at a step >= `step` (its restart purge), which is how SummaryWriter(purge_step=step) makes
 /// a resumed run supersede what a crashed one logged past its checkpoint.
-inline void encode_session_start_event(ProtoWriter& out, double wall_time, std::int64_t step) {
-  out.clear();
-  out.field_double_nonzero(1, wall_time);
-  out.field_int64_nonzero(2, step);
-  const std::size_t session_log = out.begin_message(7);
-  out.field_varint(1, 1);  // SessionLog.START
-  out.end_message(session_log);
-}
+TRAINKIT_INLINE void encode_session_start_event(ProtoWriter& out, double wall_time,
+                                                std::int64_t step);
 
 /// A scalar as SummaryWriter.add_scalar writes it (new_style=False): Summary.Value{tag,
 /// simple_value=float32(value)}, no metadata; TensorBoard files it under the "scalars" plugin.
@@ -5016,24 +5047,8 @@ inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t
 /// A text entry as SummaryWriter.add_text writes it: tag + "/text_summary", a DT_STRING tensor of
 /// shape [1] holding the UTF-8 text, metadata plugin "text" (TextPluginData version 0 = no bytes).
 /// TensorBoard renders the text as Markdown.
-inline void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                              std::string_view tag, std::string_view text) {
-  std::string full_tag;
-  full_tag.reserve(tag.size() + 13);
-  full_tag.append(tag).append("/text_summary");
-  const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
-  const std::size_t tensor = out.begin_message(8);
-  out.field_varint(1, 7);  // dtype DT_STRING
-  const std::size_t shape = out.begin_message(2);
-  const std::size_t dim = out.begin_message(2);
-  out.field_int64(1, 1);  // size 1
-  out.end_message(dim);
-  out.end_message(shape);
-  out.field_bytes(8, text);  // string_val
-  out.end_message(tensor);
-  detail::write_plugin_metadata(out, "text", {});
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                       std::string_view tag, std::string_view text);
 
 // ---- Histograms --------------------------------------------------------------------------------
 
@@ -5052,19 +5067,7 @@ struct Histogram {
 /// SummaryWriter's default ('tensorflow') bin edges: -1e20..-1e-12, 0, 1e-12..1e20 growing by a
 /// factor 1.1, generated with the same double arithmetic as torch/utils/tensorboard/writer.py
 /// (v = 1e-12; while v < 1e20: push v; v *= 1.1), so the edges are bit-identical. 1549 edges.
-inline const std::vector<double>& default_histogram_bins() {
-  static const std::vector<double> bins = [] {
-    std::vector<double> positive;
-    for (double v = 1e-12; v < 1e20; v *= 1.1) positive.push_back(v);
-    std::vector<double> edges;
-    edges.reserve(2 * positive.size() + 1);
-    for (auto it = positive.rbegin(); it != positive.rend(); ++it) edges.push_back(-*it);
-    edges.push_back(0.0);
-    edges.insert(edges.end(), positive.begin(), positive.end());
-    return edges;
-  }();
-  return bins;
-}
+TRAINKIT_INLINE const std::vector<double>& default_histogram_bins();
 
 namespace detail {
 // numpy's pairwise summation (npy_pairwise_sum): 8 accumulators for blocks of <= 128 values,
@@ -5172,20 +5175,8 @@ inline Histogram make_histogram(std::span<const float> values,
 }
 
 /// A histogram as SummaryWriter.add_histogram writes it: Summary.Value{tag, histo=HistogramProto}.
-inline void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                   std::string_view tag, const Histogram& h) {
-  const auto marks = detail::open_event_value(out, wall_time, step, tag);
-  const std::size_t histo = out.begin_message(5);
-  out.field_double_nonzero(1, h.min);
-  out.field_double_nonzero(2, h.max);
-  out.field_double_nonzero(3, h.num);
-  out.field_double_nonzero(4, h.sum);
-  out.field_double_nonzero(5, h.sum_squares);
-  out.field_packed_doubles(6, h.bucket_limit);
-  out.field_packed_doubles(7, h.bucket);
-  out.end_message(histo);
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag, const Histogram& h);
 
 // ---- Hyper-parameters (the TensorBoard "HPARAMS" dashboard) ------------------------------------
 
@@ -5207,81 +5198,39 @@ struct HParam {
 namespace detail {
 // plugin_data content = HParamsPluginData{version=1 (0, omitted), experiment=2 |
 // session_start_info=3 | session_end_info=4}; tensorboard/plugins/hparams/{api,plugin_data}.proto.
-inline int hparam_data_type(const HParam& p) {
+TRAINKIT_INLINE int hparam_data_type(const HParam& p);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int hparam_data_type(const HParam& p) {
   // tensorboard.hparams.DataType: STRING 1, BOOL 2, FLOAT64 3.
   if (std::holds_alternative<std::string>(p.value)) return 1;
   if (std::holds_alternative<bool>(p.value)) return 2;
   return 3;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// `_hparams_/experiment`: declares the hyper-parameter names and types and the metric tags the
 /// HPARAMS dashboard tabulates, as torch.utils.tensorboard.summary.hparams builds it (HParamInfo
 /// {name, type}, MetricInfo{name{tag}}). Unlike PyTorch, a bool is typed DATA_TYPE_BOOL.
-inline void encode_hparams_experiment_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                            std::span<const HParam> hparams,
-                                            std::span<const std::string> metric_tags) {
-  ProtoWriter content;
-  const std::size_t experiment = content.begin_message(2);
-  for (const HParam& p : hparams) {
-    const std::size_t info = content.begin_message(4);
-    content.field_bytes_nonempty(1, p.name);
-    content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
-    content.end_message(info);
-  }
-  for (const std::string& tag : metric_tags) {
-    const std::size_t info = content.begin_message(5);
-    const std::size_t name = content.begin_message(1);
-    content.field_bytes_nonempty(2, tag);
-    content.end_message(name);
-    content.end_message(info);
-  }
-  content.end_message(experiment);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/experiment");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wall_time,
+                                                     std::int64_t step,
+                                                     std::span<const HParam> hparams,
+                                                     std::span<const std::string> metric_tags);
 
 /// `_hparams_/session_start_info`: this run's hyper-parameter values (a map<string,
 /// google.protobuf.Value>; number_value=2, string_value=3, bool_value=4). Map entries are written
 /// in the order given (protobuf leaves map order unspecified; readers do not care).
-inline void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
-                                               std::int64_t step, std::span<const HParam> hparams) {
-  // Nested messages built like the experiment's above (begin, fields, end); the fields differ.
-  ProtoWriter content;
-  const std::size_t start = content.begin_message(3);
-  for (const HParam& p : hparams) {
-    const std::size_t entry = content.begin_message(1);
-    content.field_bytes(1, p.name);
-    const std::size_t value = content.begin_message(2);
-    if (const auto* number = std::get_if<double>(&p.value)) {
-      content.field_double(2, *number);  // oneof member: written even when 0
-    } else if (const auto* text = std::get_if<std::string>(&p.value)) {
-      content.field_bytes(3, *text);
-    } else {
-      content.field_varint(4, std::get<bool>(p.value) ? 1 : 0);
-    }
-    content.end_message(value);
-    content.end_message(entry);
-  }
-  content.end_message(start);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_start_info");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
+                                                        std::int64_t step,
+                                                        std::span<const HParam> hparams);
 
 /// `_hparams_/session_end_info` with status (tensorboard.hparams.Status): 1 SUCCESS, 2 FAILURE,
 /// 3 RUNNING.
-inline void encode_hparams_session_end_event(ProtoWriter& out, double wall_time, std::int64_t step,
-                                             int status = 1) {
-  ProtoWriter content;
-  const std::size_t end = content.begin_message(4);
-  content.field_varint_nonzero(1, static_cast<std::uint64_t>(status));
-  content.end_message(end);
-  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_end_info");
-  detail::write_plugin_metadata(out, "hparams", content.bytes());
-  detail::close_event_value(out, marks);
-}
+TRAINKIT_INLINE void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
+                                                      std::int64_t step, int status = 1);
 
 // ---- Event files -------------------------------------------------------------------------------
 
@@ -5289,15 +5238,8 @@ inline void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
 /// writer (used by PyTorch) gives, so files sort chronologically and several writers of one
 /// process (uid 0, 1, ...) never collide. TensorBoard reads any file whose name contains
 /// "tfevents".
-inline std::string event_file_name(std::int64_t unix_seconds, std::string_view host, long pid,
-                                   long uid, std::string_view suffix = {}) {
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(unix_seconds));
-  std::string name = "events.out.tfevents.";
-  name.append(seconds).append(".").append(host).append(".");
-  name.append(std::to_string(pid)).append(".").append(std::to_string(uid)).append(suffix);
-  return name;
-}
+TRAINKIT_INLINE std::string event_file_name(std::int64_t unix_seconds, std::string_view host,
+                                            long pid, long uid, std::string_view suffix = {});
 
 /// Seconds since the Unix epoch as a double, the wall_time of every Event (Python's time.time()).
 inline double unix_time_now() noexcept {
@@ -5334,23 +5276,8 @@ class EventFileWriter {
  public:
   /// Creates `log_dir` (with parents) and the event file, writes the file_version record and
   /// flushes it, so even an empty run shows up. Throws trainkit::Error naming the path on failure.
-  explicit EventFileWriter(const std::string& log_dir, EventFileOptions options = {})
-      : options_(std::move(options)) {
-    std::error_code ec;
-    std::filesystem::create_directories(log_dir, ec);
-    TRAINKIT_CHECK(!ec, "cannot create the TensorBoard log directory '", log_dir,
-                   "': ", ec.message());
-    const double now = unix_time_now();
-    const auto name = event_file_name(
-        static_cast<std::int64_t>(now), detail::host_name(), static_cast<long>(::getpid()),
-        detail::event_file_uid().fetch_add(1), options_.filename_suffix);
-    path_ = (std::filesystem::path(log_dir) / name).string();
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    TRAINKIT_CHECK(fd_ >= 0, "cannot create event file '", path_, "': ", std::strerror(errno));
-    encode_file_version_event(scratch_, now, options_.writer_name);
-    write_event(scratch_.bytes());
-    flush();
-  }
+  TRAINKIT_INLINE explicit EventFileWriter(const std::string& log_dir,
+                                           EventFileOptions options = {});
 
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;
@@ -5440,6 +5367,230 @@ class EventFileWriter {
   ProtoWriter scratch_;
 };
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void append_tfrecord(std::string& out, std::string_view data) {
+  char header[12];
+  const std::uint64_t length = data.size();
+  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
+  const std::uint32_t length_crc = masked_crc32c(header, 8);
+  for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<char>((length_crc >> (8 * i)) & 0xFF);
+  out.append(header, 12);
+  out.append(data);
+  const std::uint32_t data_crc = masked_crc32c(data.data(), data.size());
+  char footer[4];
+  for (int i = 0; i < 4; ++i) footer[i] = static_cast<char>((data_crc >> (8 * i)) & 0xFF);
+  out.append(footer, 4);
+}
+
+TRAINKIT_INLINE TfRecords split_tfrecords(std::string_view bytes, std::string_view what) {
+  TfRecords result;
+  std::size_t offset = 0;
+  const auto* base = reinterpret_cast<const unsigned char*>(bytes.data());
+  while (offset < bytes.size()) {
+    if (bytes.size() - offset < 12) {
+      result.truncated = true;
+      break;
+    }
+    const unsigned char* p = base + offset;
+    std::uint64_t length = 0;
+    for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+    TRAINKIT_CHECK(detail::load_u32le(p + 8) == masked_crc32c(p, 8),
+                   "TFRecord length CRC mismatch in '", what, "' at byte ", offset,
+                   ": the file is corrupt and cannot be framed further");
+    if (bytes.size() - offset - 12 < length || bytes.size() - offset - 12 - length < 4) {
+      result.truncated = true;
+      break;
+    }
+    const auto size = static_cast<std::size_t>(length);
+    TRAINKIT_CHECK(detail::load_u32le(p + 12 + size) == masked_crc32c(p + 12, size),
+                   "TFRecord data CRC mismatch in '", what, "' for the record at byte ", offset,
+                   " (", size, " bytes): the record is corrupt");
+    result.records.emplace_back(bytes.substr(offset + 12, size));
+    offset += 16 + size;
+    result.valid_bytes = offset;
+  }
+  return result;
+}
+
+TRAINKIT_INLINE TfRecords read_tfrecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot open event file '", path, "' for reading");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return split_tfrecords(bytes, path);
+}
+
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::string_view writer) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_bytes(3, "brain.Event:2");
+  if (!writer.empty()) {
+    const std::size_t source = out.begin_message(10);
+    out.field_bytes(1, writer);
+    out.end_message(source);
+  }
+}
+
+TRAINKIT_INLINE void encode_file_version_event(ProtoWriter& out, double wall_time,
+                                               std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  out.field_bytes(3, "brain.Event:2");
+}
+
+TRAINKIT_INLINE void encode_session_start_event(ProtoWriter& out, double wall_time,
+                                                std::int64_t step) {
+  out.clear();
+  out.field_double_nonzero(1, wall_time);
+  out.field_int64_nonzero(2, step);
+  const std::size_t session_log = out.begin_message(7);
+  out.field_varint(1, 1);  // SessionLog.START
+  out.end_message(session_log);
+}
+
+TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                       std::string_view tag, std::string_view text) {
+  std::string full_tag;
+  full_tag.reserve(tag.size() + 13);
+  full_tag.append(tag).append("/text_summary");
+  const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
+  const std::size_t tensor = out.begin_message(8);
+  out.field_varint(1, 7);  // dtype DT_STRING
+  const std::size_t shape = out.begin_message(2);
+  const std::size_t dim = out.begin_message(2);
+  out.field_int64(1, 1);  // size 1
+  out.end_message(dim);
+  out.end_message(shape);
+  out.field_bytes(8, text);  // string_val
+  out.end_message(tensor);
+  detail::write_plugin_metadata(out, "text", {});
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE const std::vector<double>& default_histogram_bins() {
+  static const std::vector<double> bins = [] {
+    std::vector<double> positive;
+    for (double v = 1e-12; v < 1e20; v *= 1.1) positive.push_back(v);
+    std::vector<double> edges;
+    edges.reserve(2 * positive.size() + 1);
+    for (auto it = positive.rbegin(); it != positive.rend(); ++it) edges.push_back(-*it);
+    edges.push_back(0.0);
+    edges.insert(edges.end(), positive.begin(), positive.end());
+    return edges;
+  }();
+  return bins;
+}
+
+TRAINKIT_INLINE void encode_histogram_event(ProtoWriter& out, double wall_time, std::int64_t step,
+                                            std::string_view tag, const Histogram& h) {
+  const auto marks = detail::open_event_value(out, wall_time, step, tag);
+  const std::size_t histo = out.begin_message(5);
+  out.field_double_nonzero(1, h.min);
+  out.field_double_nonzero(2, h.max);
+  out.field_double_nonzero(3, h.num);
+  out.field_double_nonzero(4, h.sum);
+  out.field_double_nonzero(5, h.sum_squares);
+  out.field_packed_doubles(6, h.bucket_limit);
+  out.field_packed_doubles(7, h.bucket);
+  out.end_message(histo);
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wall_time,
+                                                     std::int64_t step,
+                                                     std::span<const HParam> hparams,
+                                                     std::span<const std::string> metric_tags) {
+  ProtoWriter content;
+  const std::size_t experiment = content.begin_message(2);
+  for (const HParam& p : hparams) {
+    const std::size_t info = content.begin_message(4);
+    content.field_bytes_nonempty(1, p.name);
+    content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
+    content.end_message(info);
+  }
+  for (const std::string& tag : metric_tags) {
+    const std::size_t info = content.begin_message(5);
+    const std::size_t name = content.begin_message(1);
+    content.field_bytes_nonempty(2, tag);
+    content.end_message(name);
+    content.end_message(info);
+  }
+  content.end_message(experiment);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/experiment");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double wall_time,
+                                                        std::int64_t step,
+                                                        std::span<const HParam> hparams) {
+  // Nested messages built like the experiment's above (begin, fields, end); the fields differ.
+  ProtoWriter content;
+  const std::size_t start = content.begin_message(3);
+  for (const HParam& p : hparams) {
+    const std::size_t entry = content.begin_message(1);
+    content.field_bytes(1, p.name);
+    const std::size_t value = content.begin_message(2);
+    if (const auto* number = std::get_if<double>(&p.value)) {
+      content.field_double(2, *number);  // oneof member: written even when 0
+    } else if (const auto* text = std::get_if<std::string>(&p.value)) {
+      content.field_bytes(3, *text);
+    } else {
+      content.field_varint(4, std::get<bool>(p.value) ? 1 : 0);
+    }
+    content.end_message(value);
+    content.end_message(entry);
+  }
+  content.end_message(start);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_start_info");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE void encode_hparams_session_end_event(ProtoWriter& out, double wall_time,
+                                                      std::int64_t step, int status) {
+  ProtoWriter content;
+  const std::size_t end = content.begin_message(4);
+  content.field_varint_nonzero(1, static_cast<std::uint64_t>(status));
+  content.end_message(end);
+  const auto marks = detail::open_event_value(out, wall_time, step, "_hparams_/session_end_info");
+  detail::write_plugin_metadata(out, "hparams", content.bytes());
+  detail::close_event_value(out, marks);
+}
+
+TRAINKIT_INLINE std::string event_file_name(std::int64_t unix_seconds, std::string_view host,
+                                            long pid, long uid, std::string_view suffix) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(unix_seconds));
+  std::string name = "events.out.tfevents.";
+  name.append(seconds).append(".").append(host).append(".");
+  name.append(std::to_string(pid)).append(".").append(std::to_string(uid)).append(suffix);
+  return name;
+}
+
+TRAINKIT_INLINE EventFileWriter::EventFileWriter(const std::string& log_dir,
+                                                 EventFileOptions options)
+    : options_(std::move(options)) {
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  TRAINKIT_CHECK(!ec, "cannot create the TensorBoard log directory '", log_dir,
+                 "': ", ec.message());
+  const double now = unix_time_now();
+  const auto name = event_file_name(
+      static_cast<std::int64_t>(now), detail::host_name(), static_cast<long>(::getpid()),
+      detail::event_file_uid().fetch_add(1), options_.filename_suffix);
+  path_ = (std::filesystem::path(log_dir) / name).string();
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TRAINKIT_CHECK(fd_ >= 0, "cannot create event file '", path_, "': ", std::strerror(errno));
+  encode_file_version_event(scratch_, now, options_.writer_name);
+  write_event(scratch_.bytes());
+  flush();
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace io
 TRAINKIT_NAMESPACE_END
 // end trainkit/io/tfevents.hpp
@@ -5485,36 +5636,8 @@ class MappedFile {
 
   /// Maps `path` read-only. Throws trainkit::Error naming the file when it cannot be opened,
   /// stat'ed or mapped, or is not a regular file.
-  explicit MappedFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
-      : path_(path.string()) {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("cannot open");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      errno = err;
-      fail("cannot stat");
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      TRAINKIT_FAIL("cannot map '", path_, "': not a regular file");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const int err = errno;
-        ::close(fd);
-        errno = err;
-        size_ = 0;
-        fail("cannot mmap");
-      }
-      data_ = static_cast<const std::byte*>(p);
-      advise(access);
-    }
-    ::close(fd);  // the mapping keeps its own reference to the file
-  }
+  TRAINKIT_INLINE explicit MappedFile(const std::filesystem::path& path,
+                                      MapAccess access = MapAccess::kNormal);
 
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -5569,6 +5692,41 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE MappedFile::MappedFile(const std::filesystem::path& path, MapAccess access)
+    : path_(path.string()) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    fail("cannot stat");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    TRAINKIT_FAIL("cannot map '", path_, "': not a regular file");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      size_ = 0;
+      fail("cannot mmap");
+    }
+    data_ = static_cast<const std::byte*>(p);
+    advise(access);
+  }
+  ::close(fd);  // the mapping keeps its own reference to the file
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace io
 TRAINKIT_NAMESPACE_END
 // end trainkit/io/mmap.hpp
@@ -5616,26 +5774,7 @@ inline constexpr std::size_t kNpyMaxHeaderBytes = 10000;
 
 /// The `descr` string numpy writes for `t` ('<f4', '|u1', '|b1', ...). Throws trainkit::Error for
 /// types numpy cannot represent (bf16, the float8 types).
-inline std::string npy_descr(DType t) {
-  switch (t) {
-    case DType::kF64: return "<f8";
-    case DType::kF32: return "<f4";
-    case DType::kF16: return "<f2";
-    case DType::kI64: return "<i8";
-    case DType::kI32: return "<i4";
-    case DType::kI16: return "<i2";
-    case DType::kI8: return "|i1";
-    case DType::kU64: return "<u8";
-    case DType::kU32: return "<u4";
-    case DType::kU16: return "<u2";
-    case DType::kU8: return "|u1";
-    case DType::kBool: return "|b1";
-    default: break;
-  }
-  TRAINKIT_FAIL("dtype ", dtype_name(t),
-                " has no .npy descr (numpy has no bfloat16/float8): "
-                "store the raw bits as '<u2' / '|u1' or convert to float32");
-}
+TRAINKIT_INLINE std::string npy_descr(DType t);
 
 namespace detail {
 
@@ -5653,12 +5792,7 @@ struct NpyHeaderText {
     npy_fail(source, ::trainkit::detail::concat("corrupt header at character ", pos, ": ", what,
                                                 " (header: ", shorten(), ")"));
   }
-  std::string shorten() const {
-    std::string s(text.substr(0, 120));
-    for (char& c : s)
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-    return text.size() > 120 ? s + "..." : s;
-  }
+  TRAINKIT_INLINE std::string shorten() const;
   void skip_space() {
     while (pos < text.size() &&
            (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r'))
@@ -5672,64 +5806,92 @@ struct NpyHeaderText {
     if (!peek(c)) fail(::trainkit::detail::concat("expected '", c, "'"));
     ++pos;
   }
-  std::string_view string() {
-    skip_space();
-    if (pos >= text.size() || (text[pos] != '\'' && text[pos] != '"')) fail("expected a string");
-    const char quote = text[pos++];
-    const std::size_t start = pos;
-    while (pos < text.size() && text[pos] != quote) {
-      if (text[pos] == '\\') fail("escapes are not supported in header strings");
-      ++pos;
-    }
-    if (pos >= text.size()) fail("unterminated string");
-    return text.substr(start, pos++ - start);
-  }
-  bool boolean() {
-    skip_space();
-    if (text.substr(pos, 4) == "True") {
-      pos += 4;
-      return true;
-    }
-    if (text.substr(pos, 5) == "False") {
-      pos += 5;
-      return false;
-    }
-    fail("expected True or False");
-  }
-  std::int64_t integer() {
-    skip_space();
-    const std::size_t start = pos;
-    std::uint64_t v = 0;
-    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
-      const auto digit = static_cast<std::uint64_t>(text[pos] - '0');
-      if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - digit) / 10)
-        fail("shape extent too large");
-      v = v * 10 + digit;
-      ++pos;
-    }
-    if (pos == start) fail("expected a non-negative integer in 'shape'");
-    if (pos < text.size() && text[pos] == 'L') ++pos;  // Python 2 long literal
-    return static_cast<std::int64_t>(v);
-  }
-  std::vector<std::int64_t> tuple() {
-    expect('(');
-    std::vector<std::int64_t> dims;
-    while (!peek(')')) {
-      if (dims.size() >= 64) fail("more than 64 dimensions");
-      dims.push_back(integer());
-      if (peek(',')) {
-        ++pos;
-      } else if (!peek(')')) {
-        fail("expected ',' or ')' in 'shape'");
-      }
-    }
-    ++pos;
-    return dims;
-  }
+  TRAINKIT_INLINE std::string_view string();
+  TRAINKIT_INLINE bool boolean();
+  TRAINKIT_INLINE std::int64_t integer();
+  TRAINKIT_INLINE std::vector<std::int64_t> tuple();
 };
 
 /// Maps a descr string to a DType, or fails saying why it is refused.
-inline DType parse_npy_descr(std::string_view descr, std::string_view source) {
+TRAINKIT_INLINE DType parse_npy_descr(std::string_view descr, std::string_view source);
+
+inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
+  std::uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
+TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string NpyHeaderText::shorten() const {
+  std::string s(text.substr(0, 120));
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  return text.size() > 120 ? s + "..." : s;
+}
+
+TRAINKIT_INLINE std::string_view NpyHeaderText::string() {
+  skip_space();
+  if (pos >= text.size() || (text[pos] != '\'' && text[pos] != '"')) fail("expected a string");
+  const char quote = text[pos++];
+  const std::size_t start = pos;
+  while (pos < text.size() && text[pos] != quote) {
+    if (text[pos] == '\\') fail("escapes are not supported in header strings");
+    ++pos;
+  }
+  if (pos >= text.size()) fail("unterminated string");
+  return text.substr(start, pos++ - start);
+}
+
+TRAINKIT_INLINE bool NpyHeaderText::boolean() {
+  skip_space();
+  if (text.substr(pos, 4) == "True") {
+    pos += 4;
+    return true;
+  }
+  if (text.substr(pos, 5) == "False") {
+    pos += 5;
+    return false;
+  }
+  fail("expected True or False");
+}
+
+TRAINKIT_INLINE std::int64_t NpyHeaderText::integer() {
+  skip_space();
+  const std::size_t start = pos;
+  std::uint64_t v = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    const auto digit = static_cast<std::uint64_t>(text[pos] - '0');
+    if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - digit) / 10)
+      fail("shape extent too large");
+    v = v * 10 + digit;
+    ++pos;
+  }
+  if (pos == start) fail("expected a non-negative integer in 'shape'");
+  if (pos < text.size() && text[pos] == 'L') ++pos;  // Python 2 long literal
+  return static_cast<std::int64_t>(v);
+}
+
+TRAINKIT_INLINE std::vector<std::int64_t> NpyHeaderText::tuple() {
+  expect('(');
+  std::vector<std::int64_t> dims;
+  while (!peek(')')) {
+    if (dims.size() >= 64) fail("more than 64 dimensions");
+    dims.push_back(integer());
+    if (peek(',')) {
+      ++pos;
+    } else if (!peek(')')) {
+      fail("expected ',' or ')' in 'shape'");
+    }
+  }
+  ++pos;
+  return dims;
+}
+
+TRAINKIT_INLINE DType parse_npy_descr(std::string_view descr, std::string_view source) {
   if (descr.size() >= 2 && descr[1] == 'O')
     npy_fail(source, "object arrays (descr '|O') hold pickled Python objects; refused");
   if (descr.size() < 3) npy_fail(source, ::trainkit::detail::concat("unknown descr '", descr, "'"));
@@ -5785,14 +5947,7 @@ inline DType parse_npy_descr(std::string_view descr, std::string_view source) {
   return t;
 }
 
-inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
-  std::uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-/// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
-inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
@@ -5801,13 +5956,117 @@ inline std::string shape_text(const std::vector<std::int64_t>& shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Parses the .npy header at the start of `bytes` (the whole file, or at least its header) and
 /// checks it: magic, version, header length, the dict `{'descr', 'fortran_order', 'shape'}` in
 /// any key order, a supported dtype, C order, and sizes that do not overflow. `source` names the
 /// file in messages. Does NOT check the data length: see check_npy_size(). Throws trainkit::Error.
-inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_view source) {
+TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
+                                           std::string_view source);
+
+/// "(2, 3)" style text of a header's shape, for messages.
+inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
+
+/// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
+/// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
+TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
+                                    std::string_view source);
+
+/// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
+/// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
+/// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
+TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape);
+
+/// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
+/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure.
+TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
+                               std::span<const std::int64_t> shape, const void* data);
+
+/// Typed convenience: `write_npy(path, shape, values)` with the dtype taken from T.
+template <class T>
+void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
+               std::span<const T> values) {
+  std::size_t numel = 1;
+  for (std::int64_t d : shape)
+    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
+                        path.string(), "'): element count");
+  TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
+                 " elements but ", values.size(), " were given");
+  write_npy(path, dtype_of<T>, shape, values.data());
+}
+
+/// A memory-mapped .npy file, validated on open (header and exact size). Move-only; the data
+/// stays mapped while the object lives.
+class NpyFile {
+ public:
+  NpyFile() = default;
+
+  /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
+  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
+  explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
+      : file_(path, access) {
+    header_ = parse_npy_header(file_.bytes(), file_.path());
+    check_npy_size(header_, file_.size(), file_.path());
+  }
+
+  const NpyHeader& header() const noexcept { return header_; }
+  DType dtype() const noexcept { return header_.dtype; }
+  const std::vector<std::int64_t>& shape() const noexcept { return header_.shape; }
+  std::size_t numel() const noexcept { return header_.numel; }
+  const std::string& path() const noexcept { return file_.path(); }
+  /// The raw array bytes (C order), `header().data_bytes` long.
+  const std::byte* data() const noexcept {
+    return file_.data() == nullptr ? nullptr : file_.data() + header_.data_offset;
+  }
+  std::span<const std::byte> bytes() const noexcept { return {data(), header_.data_bytes}; }
+
+  /// The elements as T; throws unless T is the file's dtype and the data is aligned for T.
+  template <class T>
+  std::span<const T> values() const {
+    TRAINKIT_CHECK(dtype_of<T> == header_.dtype, "npy file '", path(), "' holds ",
+                   dtype_name(header_.dtype), ", not ", dtype_name(dtype_of<T>));
+    TRAINKIT_CHECK(reinterpret_cast<std::uintptr_t>(data()) % alignof(T) == 0, "npy file '", path(),
+                   "': data offset ", header_.data_offset, " is not aligned for ",
+                   dtype_name(header_.dtype));
+    return {reinterpret_cast<const T*>(data()), header_.numel};
+  }
+
+  /// Re-advises the kernel on the access pattern (see MappedFile::advise).
+  void advise(MapAccess access) const noexcept { file_.advise(access); }
+
+ private:
+  MappedFile file_;
+  NpyHeader header_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string npy_descr(DType t) {
+  switch (t) {
+    case DType::kF64: return "<f8";
+    case DType::kF32: return "<f4";
+    case DType::kF16: return "<f2";
+    case DType::kI64: return "<i8";
+    case DType::kI32: return "<i4";
+    case DType::kI16: return "<i2";
+    case DType::kI8: return "|i1";
+    case DType::kU64: return "<u8";
+    case DType::kU32: return "<u4";
+    case DType::kU16: return "<u2";
+    case DType::kU8: return "|u1";
+    case DType::kBool: return "|b1";
+    default: break;
+  }
+  TRAINKIT_FAIL("dtype ", dtype_name(t),
+                " has no .npy descr (numpy has no bfloat16/float8): "
+                "store the raw bits as '<u2' / '|u1' or convert to float32");
+}
+
+TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
+                                           std::string_view source) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t n = bytes.size();
   static constexpr unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -5905,12 +6164,8 @@ inline NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_
   return h;
 }
 
-/// "(2, 3)" style text of a header's shape, for messages.
-inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(h.shape); }
-
-/// Checks that a file of `file_size` bytes holds exactly the header's data. Throws a
-/// trainkit::Error saying "truncated" or "trailing bytes" with both sizes.
-inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::string_view source) {
+TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
+                                    std::string_view source) {
   // An end past 2^64 is simply more than any file holds.
   const std::optional<std::size_t> expected = checked_add(h.data_offset, h.data_bytes);
   if (!expected || file_size < *expected) {
@@ -5928,10 +6183,7 @@ inline void check_npy_size(const NpyHeader& h, std::size_t file_size, std::strin
   }
 }
 
-/// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
-/// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
-/// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
-inline std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
+TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
   std::string dict = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     TRAINKIT_CHECK(shape[i] >= 0, "npy_header_bytes: negative extent ", shape[i]);
@@ -5959,10 +6211,8 @@ inline std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> s
   return out;
 }
 
-/// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
-/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure.
-inline void write_npy(const std::filesystem::path& path, DType dtype,
-                      std::span<const std::int64_t> shape, const void* data) {
+TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
+                               std::span<const std::int64_t> shape, const void* data) {
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
   for (std::int64_t d : shape)
@@ -5978,62 +6228,7 @@ inline void write_npy(const std::filesystem::path& path, DType dtype,
                  path.string(), "' (disk full?)");
 }
 
-/// Typed convenience: `write_npy(path, shape, values)` with the dtype taken from T.
-template <class T>
-void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
-               std::span<const T> values) {
-  std::size_t numel = 1;
-  for (std::int64_t d : shape)
-    numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
-                        path.string(), "'): element count");
-  TRAINKIT_CHECK(values.size() == numel, "write_npy('", path.string(), "'): shape holds ", numel,
-                 " elements but ", values.size(), " were given");
-  write_npy(path, dtype_of<T>, shape, values.data());
-}
-
-/// A memory-mapped .npy file, validated on open (header and exact size). Move-only; the data
-/// stays mapped while the object lives.
-class NpyFile {
- public:
-  NpyFile() = default;
-
-  /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
-  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
-  explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
-      : file_(path, access) {
-    header_ = parse_npy_header(file_.bytes(), file_.path());
-    check_npy_size(header_, file_.size(), file_.path());
-  }
-
-  const NpyHeader& header() const noexcept { return header_; }
-  DType dtype() const noexcept { return header_.dtype; }
-  const std::vector<std::int64_t>& shape() const noexcept { return header_.shape; }
-  std::size_t numel() const noexcept { return header_.numel; }
-  const std::string& path() const noexcept { return file_.path(); }
-  /// The raw array bytes (C order), `header().data_bytes` long.
-  const std::byte* data() const noexcept {
-    return file_.data() == nullptr ? nullptr : file_.data() + header_.data_offset;
-  }
-  std::span<const std::byte> bytes() const noexcept { return {data(), header_.data_bytes}; }
-
-  /// The elements as T; throws unless T is the file's dtype and the data is aligned for T.
-  template <class T>
-  std::span<const T> values() const {
-    TRAINKIT_CHECK(dtype_of<T> == header_.dtype, "npy file '", path(), "' holds ",
-                   dtype_name(header_.dtype), ", not ", dtype_name(dtype_of<T>));
-    TRAINKIT_CHECK(reinterpret_cast<std::uintptr_t>(data()) % alignof(T) == 0, "npy file '", path(),
-                   "': data offset ", header_.data_offset, " is not aligned for ",
-                   dtype_name(header_.dtype));
-    return {reinterpret_cast<const T*>(data()), header_.numel};
-  }
-
-  /// Re-advises the kernel on the access pattern (see MappedFile::advise).
-  void advise(MapAccess access) const noexcept { file_.advise(access); }
-
- private:
-  MappedFile file_;
-  NpyHeader header_;
-};
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -6085,36 +6280,15 @@ class ByteSource {
   virtual ~ByteSource() = default;
   virtual std::size_t read(void* dst, std::size_t n) = 0;
   virtual std::optional<std::uint64_t> available() const { return std::nullopt; }
-  virtual std::uint64_t skip(std::uint64_t n) {
-    std::array<unsigned char, 4096> sink{};
-    std::uint64_t done = 0;
-    while (done < n) {
-      const std::size_t want =
-          static_cast<std::size_t>(std::min<std::uint64_t>(sink.size(), n - done));
-      const std::size_t got = read(sink.data(), want);
-      done += got;
-      if (got < want) break;
-    }
-    return done;
-  }
+  TRAINKIT_INLINE virtual std::uint64_t skip(std::uint64_t n);
 };
 
 /// A ByteSource over memory the caller keeps alive (tests, fuzzing, archives already in RAM).
 class MemorySource final : public ByteSource {
  public:
   explicit MemorySource(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
-  std::size_t read(void* dst, std::size_t n) override {
-    const std::size_t k = std::min(n, bytes_.size() - pos_);
-    if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
-    pos_ += k;
-    return k;
-  }
-  std::uint64_t skip(std::uint64_t n) override {
-    const std::size_t k =
-        static_cast<std::size_t>(std::min<std::uint64_t>(n, bytes_.size() - pos_));
-    pos_ += k;
-    return k;
-  }
+  TRAINKIT_INLINE std::size_t read(void* dst, std::size_t n) override;
+  TRAINKIT_INLINE std::uint64_t skip(std::uint64_t n) override;
   std::optional<std::uint64_t> available() const override { return bytes_.size() - pos_; }
 
  private:
@@ -6127,49 +6301,16 @@ class MemorySource final : public ByteSource {
 class FileSource final : public ByteSource {
  public:
   /// Opens `path` for reading. Throws trainkit::Error naming the file when it cannot.
-  explicit FileSource(const std::filesystem::path& path, std::size_t buffer_bytes = 1 << 20)
-      : path_(path.string()) {
-    file_ = std::fopen(path_.c_str(), "rb");
-    TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
-      size_ = static_cast<std::uint64_t>(st.st_size);
-      regular_ = true;
-      // A small file needs no 1 MiB buffer: round its size up to a page.
-      buffer_bytes = static_cast<std::size_t>(
-          std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
-    }
-    try {
-      buffer_.resize(buffer_bytes);
-    } catch (const std::bad_alloc&) {
-      std::fclose(file_);
-      TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
-    }
-    if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
-  }
+  TRAINKIT_INLINE explicit FileSource(const std::filesystem::path& path,
+                                      std::size_t buffer_bytes = 1 << 20);
   FileSource(const FileSource&) = delete;
   FileSource& operator=(const FileSource&) = delete;
   ~FileSource() override {
     if (file_ != nullptr) std::fclose(file_);
   }
 
-  std::size_t read(void* dst, std::size_t n) override {
-    const std::size_t got = std::fread(dst, 1, n, file_);
-    TRAINKIT_CHECK(got == n || !std::ferror(file_), "read error in '", path_,
-                   "': ", std::strerror(errno));
-    pos_ += got;
-    return got;
-  }
-  std::uint64_t skip(std::uint64_t n) override {
-    if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
-    const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
-    if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
-        ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
-      pos_ += k;
-      return k;
-    }
-    return ByteSource::skip(k);
-  }
+  TRAINKIT_INLINE std::size_t read(void* dst, std::size_t n) override;
+  TRAINKIT_INLINE std::uint64_t skip(std::uint64_t n) override;
   std::optional<std::uint64_t> available() const override {
     if (!regular_) return std::nullopt;
     return size_ > pos_ ? size_ - pos_ : 0;
@@ -6235,63 +6376,7 @@ class TarReader {
   /// Advances to the next member, skipping whatever data of the current one was not read.
   /// Returns false at the end of the archive (a zero block, or the input ending cleanly on a
   /// header boundary). Throws trainkit::Error for a truncated or corrupt archive.
-  bool next() {
-    if (done_) return false;
-    finish_member();
-    PendingMeta meta;
-    for (;;) {
-      const std::uint64_t header_offset = pos_;
-      std::array<unsigned char, 512> block{};
-      const std::size_t got = source_->read(block.data(), block.size());
-      pos_ += got;
-      if (got == 0 && !meta.any) {
-        done_ = true;  // no end-of-archive blocks: tolerated, as Python's tarfile does
-        return false;
-      }
-      if (got < block.size()) {
-        fail(header_offset, ::trainkit::detail::concat(
-                                "truncated: the archive ends ", got, " bytes into a 512-byte ",
-                                meta.any ? "header after an extended header" : "header"));
-      }
-      if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
-        fail(0,
-             "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read directly");
-      }
-      if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
-        if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
-        done_ = true;
-        return false;
-      }
-      verify_checksum(block, header_offset);
-      const char type = static_cast<char>(block[156]);
-      const std::uint64_t size = number(block, 124, 12, "size", header_offset);
-      if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
-        if (size > kTarMaxMetaBytes) {
-          fail(header_offset,
-               ::trainkit::detail::concat("extended header of ", size, " bytes exceeds the ",
-                                          kTarMaxMetaBytes, "-byte limit"));
-        }
-        std::string data = read_meta(static_cast<std::size_t>(size), header_offset);
-        if (type == 'x') {
-          parse_pax(data, meta.pax, header_offset);
-        } else if (type == 'g') {
-          parse_pax(data, global_, header_offset);
-        } else {
-          // GNU long name/link: NUL-terminated text; the next header's field is truncated.
-          const std::size_t end = data.find('\0');
-          if (end != std::string::npos) data.resize(end);
-          (type == 'L' ? meta.long_name : meta.long_link) = std::move(data);
-          (type == 'L' ? meta.has_long_name : meta.has_long_link) = true;
-        }
-        meta.any = true;
-        continue;
-      }
-      build_entry(block, header_offset, size, meta);
-      remaining_ = entry_.size;
-      padding_ = pad(entry_.size);
-      return true;
-    }
-  }
+  TRAINKIT_INLINE bool next();
 
   /// The current member (valid after next() returned true).
   const TarEntry& entry() const noexcept { return entry_; }
@@ -6302,62 +6387,13 @@ class TarReader {
 
   /// Reads the next `out.size()` bytes of the current member's data. Throws when the member has
   /// fewer bytes left, or the archive ends inside them (truncated).
-  void read(std::span<std::byte> out) {
-    if (out.size() > remaining_) {
-      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' has ", remaining_,
-                                                     " bytes left, ", out.size(), " requested"));
-    }
-    const std::size_t got = source_->read(out.data(), out.size());
-    pos_ += got;
-    remaining_ -= got;
-    if (got < out.size()) truncated_member();
-  }
+  TRAINKIT_INLINE void read(std::span<std::byte> out);
 
   /// Reads all remaining data of the current member. Throws trainkit::Error, before allocating,
   /// when the source knows it holds fewer bytes (truncated) or the member is larger than
   /// options().max_member_bytes; sources of unknown size are read in growing chunks, so memory
   /// never runs far ahead of the bytes actually there. Allocation failure is an Error too.
-  std::vector<std::byte> read_data() {
-    const std::uint64_t want = remaining_;
-    const std::optional<std::uint64_t> avail = source_->available();
-    if (avail && *avail < want) {
-      fail(entry_.offset, ::trainkit::detail::concat(
-                              "truncated: member '", entry_.name, "' declares ", entry_.size,
-                              " bytes but the archive ends after ", entry_.size - want + *avail));
-    }
-    if (want > options_.max_member_bytes) {
-      fail(entry_.offset, ::trainkit::detail::concat(
-                              "member '", entry_.name, "' has ", want,
-                              " bytes, above max_member_bytes = ", options_.max_member_bytes,
-                              " (raise TarReaderOptions::max_member_bytes, "
-                              "or TarShardOptions::max_member_bytes, to read it)"));
-    }
-    const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
-    if (!n)
-      fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
-                                                     " bytes does not fit in memory"));
-    std::vector<std::byte> out;
-    try {
-      if (avail) {
-        out.resize(*n);
-        read(out);
-        return out;
-      }
-      constexpr std::size_t kFirstChunk = 64 << 10;
-      while (remaining_ > 0) {
-        const std::size_t have = out.size();
-        const std::size_t chunk = static_cast<std::size_t>(
-            std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
-        out.resize(have + chunk);
-        read(std::span<std::byte>(out.data() + have, chunk));
-      }
-    } catch (const std::bad_alloc&) {
-      fail(entry_.offset,
-           ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
-                                      entry_.name, "' (out of memory)"));
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::byte> read_data();
 
  private:
   struct Pax {
@@ -6384,187 +6420,29 @@ class TarReader {
 
   static std::uint64_t pad(std::uint64_t size) noexcept { return (512 - size % 512) % 512; }
 
-  void finish_member() {
-    // remaining_ + padding_ overflows only for a declared size no archive can hold.
-    const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
-    if (want == 0) return;
-    const std::uint64_t got = source_->skip(want);
-    pos_ += got;
-    if (got < remaining_) {
-      remaining_ -= got;
-      truncated_member();
-    }
-    if (got < want) {
-      fail(entry_.offset, ::trainkit::detail::concat("truncated: the archive ends inside the ",
-                                                     "padding after member '", entry_.name, "'"));
-    }
-    remaining_ = 0;
-    padding_ = 0;
-  }
+  TRAINKIT_INLINE void finish_member();
 
-  std::string read_meta(std::size_t size, std::uint64_t header_offset) {
-    const std::optional<std::uint64_t> avail = source_->available();
-    if (avail && *avail < size) {
-      fail(header_offset,
-           ::trainkit::detail::concat("truncated: an extended header declares ", size,
-                                      " bytes but the archive ends after ", *avail));
-    }
-    std::string data(size, '\0');
-    const std::size_t got = source_->read(data.data(), size);
-    pos_ += got;
-    const std::uint64_t padding = pad(size);
-    const std::uint64_t skipped = got == size ? source_->skip(padding) : 0;
-    pos_ += skipped;
-    if (got < size || skipped < padding)
-      fail(header_offset, "truncated: the archive ends inside an extended header");
-    return data;
-  }
+  TRAINKIT_INLINE std::string read_meta(std::size_t size, std::uint64_t header_offset);
 
-  void verify_checksum(const std::array<unsigned char, 512>& b, std::uint64_t offset) const {
-    const std::uint64_t stored = number(b, 148, 8, "checksum", offset);
-    std::uint64_t unsigned_sum = 0;
-    std::int64_t signed_sum = 0;
-    for (std::size_t i = 0; i < 512; ++i) {
-      const unsigned char c = (i >= 148 && i < 156) ? ' ' : b[i];
-      unsigned_sum += c;
-      signed_sum += static_cast<signed char>(c);
-    }
-    // Like Python's tarfile, accept the signed sum some historic tars wrote.
-    if (stored != unsigned_sum && static_cast<std::int64_t>(stored) != signed_sum) {
-      fail(offset, ::trainkit::detail::concat("bad header checksum (stored ", stored, ", computed ",
-                                              unsigned_sum, "): not a tar archive, or corrupt"));
-    }
-  }
+  TRAINKIT_INLINE void verify_checksum(const std::array<unsigned char, 512>& b,
+                                       std::uint64_t offset) const;
 
   /// An octal field (spaces/NULs around it allowed) or GNU base-256 (first byte & 0x80).
-  std::uint64_t number(const std::array<unsigned char, 512>& b, std::size_t off, std::size_t len,
-                       const char* field, std::uint64_t offset) const {
-    if (b[off] & 0x80) {
-      if (b[off] == 0xff) fail(offset, ::trainkit::detail::concat("negative base-256 ", field));
-      std::uint64_t v = b[off] & 0x7f;
-      for (std::size_t i = off + 1; i < off + len; ++i) {
-        if (v >> 55) fail(offset, ::trainkit::detail::concat("base-256 ", field, " overflows"));
-        v = (v << 8) | b[i];
-      }
-      return v;
-    }
-    std::size_t i = off;
-    const std::size_t end = off + len;
-    while (i < end && (b[i] == ' ' || b[i] == 0)) ++i;
-    // An all-blank numeric field reads as 0, as in GNU tar.
-    std::uint64_t v = 0;
-    for (; i < end && b[i] >= '0' && b[i] <= '7'; ++i) {
-      if (v >> 60) fail(offset, ::trainkit::detail::concat("octal ", field, " overflows"));
-      v = v * 8 + (b[i] - '0');
-    }
-    for (; i < end; ++i) {
-      if (b[i] != ' ' && b[i] != 0) {
-        fail(offset, ::trainkit::detail::concat("bad ", field,
-                                                " field: not an octal number (not a tar archive, "
-                                                "or corrupt)"));
-      }
-    }
-    return v;
-  }
+  TRAINKIT_INLINE std::uint64_t number(const std::array<unsigned char, 512>& b, std::size_t off,
+                                       std::size_t len, const char* field,
+                                       std::uint64_t offset) const;
 
-  static std::string text(const std::array<unsigned char, 512>& b, std::size_t off,
-                          std::size_t len) {
-    const auto* p = reinterpret_cast<const char*>(b.data() + off);
-    std::size_t n = 0;
-    while (n < len && p[n] != 0) ++n;
-    return std::string(p, n);
-  }
+  TRAINKIT_INLINE static std::string text(const std::array<unsigned char, 512>& b, std::size_t off,
+                                          std::size_t len);
 
   /// Parses "<len> <key>=<value>\n" records into `pax`.
-  void parse_pax(const std::string& data, Pax& pax, std::uint64_t offset) const {
-    std::size_t pos = 0;
-    while (pos < data.size()) {
-      if (data[pos] == '\0') break;  // some writers pad the record block with NULs
-      std::size_t i = pos;
-      std::uint64_t len = 0;
-      // Digits stop mattering once len exceeds the record block (it is then refused below).
-      while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
-        if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
-        ++i;
-      }
-      if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
-          len > data.size() - pos || data[pos + len - 1] != '\n') {
-        fail(offset, ::trainkit::detail::concat("corrupt pax record at byte ", pos,
-                                                " of the extended header"));
-      }
-      const std::string_view record(data.data() + i + 1, pos + len - 1 - (i + 1));
-      const std::size_t eq = record.find('=');
-      if (eq == std::string_view::npos || eq == 0)
-        fail(offset, "corrupt pax record: no 'key=value'");
-      const std::string_view key = record.substr(0, eq);
-      const std::string_view value = record.substr(eq + 1);
-      if (key == "path") {
-        pax.path = value;
-        pax.has_path = !value.empty();
-      } else if (key == "linkpath") {
-        pax.linkpath = value;
-        pax.has_linkpath = !value.empty();
-      } else if (key == "size") {
-        pax.size = pax_number(value, "size", offset);
-        pax.has_size = !value.empty();
-      } else if (key == "mtime") {
-        pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
-        pax.has_mtime = !value.empty();
-      }
-      pos += len;
-    }
-  }
+  TRAINKIT_INLINE void parse_pax(const std::string& data, Pax& pax, std::uint64_t offset) const;
 
-  std::uint64_t pax_number(std::string_view v, const char* key, std::uint64_t offset) const {
-    std::uint64_t n = 0;
-    for (char c : v) {
-      std::optional<std::uint64_t> next;
-      if (c >= '0' && c <= '9') {
-        if (const auto tens = checked_mul(n, std::uint64_t{10}))
-          next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
-      }
-      if (!next) {
-        fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
-                                                v.size() > 40 ? "...'" : "'",
-                                                c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
-      }
-      n = *next;
-    }
-    return n;
-  }
+  TRAINKIT_INLINE std::uint64_t pax_number(std::string_view v, const char* key,
+                                           std::uint64_t offset) const;
 
-  void build_entry(const std::array<unsigned char, 512>& b, std::uint64_t offset,
-                   std::uint64_t size, const PendingMeta& meta) {
-    TarEntry e;
-    e.offset = offset;
-    e.type = static_cast<char>(b[156]);
-    e.mode = number(b, 100, 8, "mode", offset);
-    e.mtime = number(b, 136, 12, "mtime", offset);
-    e.size = size;
-    e.name = text(b, 0, 100);
-    e.linkname = text(b, 157, 100);
-    // POSIX ustar ("ustar\0" + "00") has a prefix field; GNU ("ustar  \0") uses those bytes
-    // for other things, and v7 headers have no magic at all.
-    if (std::memcmp(b.data() + 257, "ustar\0", 6) == 0) {
-      const std::string prefix = text(b, 345, 155);
-      if (!prefix.empty()) e.name = prefix + "/" + e.name;
-    }
-    if (global_.has_path) e.name = global_.path;
-    if (global_.has_linkpath) e.linkname = global_.linkpath;
-    if (global_.has_size) e.size = global_.size;
-    if (global_.has_mtime) e.mtime = global_.mtime;
-    if (meta.has_long_name) e.name = meta.long_name;
-    if (meta.has_long_link) e.linkname = meta.long_link;
-    if (meta.pax.has_path) e.name = meta.pax.path;
-    if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
-    if (meta.pax.has_size) e.size = meta.pax.size;
-    if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
-    // Links, directories and devices carry no data whatever their size field says (tarfile).
-    if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
-        e.type == '6')
-      e.size = 0;
-    entry_ = std::move(e);
-  }
+  TRAINKIT_INLINE void build_entry(const std::array<unsigned char, 512>& b, std::uint64_t offset,
+                                   std::uint64_t size, const PendingMeta& meta);
 
   // (A member list: it shares only its shape with other classes' lists.)
   std::unique_ptr<ByteSource> source_;
@@ -6592,46 +6470,17 @@ class TarWriter {
   TarWriter(const TarWriter&) = delete;
   TarWriter& operator=(const TarWriter&) = delete;
   /// Closes the archive if close() was not called; errors are swallowed (call close() to see them).
-  ~TarWriter() {
-    if (file_ == nullptr) return;
-    try {
-      close();
-    } catch (...) {
-    }
-  }
+  TRAINKIT_INLINE ~TarWriter();
 
   /// Appends a regular file `name` (mode 0444) with `data`.
-  void add(std::string_view name, std::span<const std::byte> data, std::uint64_t mtime = 0) {
-    TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
-    std::string short_name(name.substr(0, 100));
-    if (name.size() > 100) {
-      // pax record "<len> path=<name>\n"; len counts its own digits.
-      const std::string body = " path=" + std::string(name) + "\n";
-      std::size_t len = body.size() + 1;
-      while (std::to_string(len).size() + body.size() != len) ++len;
-      const std::string record = std::to_string(len) + body;
-      write_header("././@PaxHeader", 'x', record.size(), mtime);
-      write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
-    }
-    write_header(short_name, '0', data.size(), mtime);
-    write_padded(data.data(), data.size());
-  }
+  TRAINKIT_INLINE void add(std::string_view name, std::span<const std::byte> data,
+                           std::uint64_t mtime = 0);
   void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
     add(name, std::as_bytes(std::span<const char>(data.data(), data.size())), mtime);
   }
 
   /// Writes the end-of-archive blocks and closes the file. Throws on I/O failure.
-  void close() {
-    if (file_ == nullptr) return;
-    const std::array<std::byte, 1024> zeros{};
-    write(zeros.data(), zeros.size());
-    const std::uint64_t record = 10240;
-    const std::array<std::byte, 512> block{};
-    while (written_ % record != 0) write(block.data(), block.size());
-    std::FILE* f = std::exchange(file_, nullptr);
-    TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_,
-                   "' (disk full?)");
-  }
+  TRAINKIT_INLINE void close();
 
  private:
   void write(const std::byte* p, std::size_t n) {
@@ -6643,47 +6492,453 @@ class TarWriter {
     const std::array<std::byte, 512> zeros{};
     write(zeros.data(), (512 - n % 512) % 512);
   }
-  static void octal(unsigned char* field, std::size_t len, std::uint64_t v) {
-    // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
-    for (std::size_t i = len - 1; i-- > 0;) {
-      field[i] = static_cast<unsigned char>('0' + (v & 7));
-      v >>= 3;
-    }
-    field[len - 1] = 0;
-  }
-  void write_header(std::string_view name, char type, std::uint64_t size, std::uint64_t mtime) {
-    TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
-                   " bytes exceeds ustar's 8 GiB limit");
-    std::array<unsigned char, 512> b{};
-    std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-    octal(b.data() + 100, 8, 0444);
-    octal(b.data() + 108, 8, 0);
-    octal(b.data() + 116, 8, 0);
-    octal(b.data() + 124, 12, size);
-    octal(b.data() + 136, 12, mtime);
-    b[156] = static_cast<unsigned char>(type);
-    std::memcpy(b.data() + 257,
-                "ustar\0"
-                "00",
-                8);
-    std::memset(b.data() + 148, ' ', 8);
-    std::uint64_t sum = 0;
-    for (unsigned char c : b) sum += c;
-    // "%06o\0 " like tarfile.
-    for (int i = 5; i >= 0; --i) {
-      b[148 + static_cast<std::size_t>(i)] = static_cast<unsigned char>('0' + (sum & 7));
-      sum >>= 3;
-    }
-    b[154] = 0;
-    b[155] = ' ';
-    write(reinterpret_cast<const std::byte*>(b.data()), b.size());
-  }
+  TRAINKIT_INLINE static void octal(unsigned char* field, std::size_t len, std::uint64_t v);
+  TRAINKIT_INLINE void write_header(std::string_view name, char type, std::uint64_t size,
+                                    std::uint64_t mtime);
 
   std::string path_;
   std::FILE* file_ = nullptr;
   std::uint64_t written_ = 0;
   bool ok_ = true;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::uint64_t ByteSource::skip(std::uint64_t n) {
+  std::array<unsigned char, 4096> sink{};
+  std::uint64_t done = 0;
+  while (done < n) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(sink.size(), n - done));
+    const std::size_t got = read(sink.data(), want);
+    done += got;
+    if (got < want) break;
+  }
+  return done;
+}
+
+TRAINKIT_INLINE std::size_t MemorySource::read(void* dst, std::size_t n) {
+  const std::size_t k = std::min(n, bytes_.size() - pos_);
+  if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
+  pos_ += k;
+  return k;
+}
+
+TRAINKIT_INLINE std::uint64_t MemorySource::skip(std::uint64_t n) {
+  const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, bytes_.size() - pos_));
+  pos_ += k;
+  return k;
+}
+
+TRAINKIT_INLINE FileSource::FileSource(const std::filesystem::path& path, std::size_t buffer_bytes)
+    : path_(path.string()) {
+  file_ = std::fopen(path_.c_str(), "rb");
+  TRAINKIT_CHECK(file_ != nullptr, "cannot open '", path_, "': ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    regular_ = true;
+    // A small file needs no 1 MiB buffer: round its size up to a page.
+    buffer_bytes = static_cast<std::size_t>(
+        std::min<std::uint64_t>(buffer_bytes, (size_ + 4095) / 4096 * 4096));
+  }
+  try {
+    buffer_.resize(buffer_bytes);
+  } catch (const std::bad_alloc&) {
+    std::fclose(file_);
+    TRAINKIT_FAIL("cannot allocate a ", buffer_bytes, "-byte read buffer for '", path_, "'");
+  }
+  if (!buffer_.empty()) std::setvbuf(file_, buffer_.data(), _IOFBF, buffer_.size());
+}
+
+TRAINKIT_INLINE std::size_t FileSource::read(void* dst, std::size_t n) {
+  const std::size_t got = std::fread(dst, 1, n, file_);
+  TRAINKIT_CHECK(got == n || !std::ferror(file_), "read error in '", path_,
+                 "': ", std::strerror(errno));
+  pos_ += got;
+  return got;
+}
+
+TRAINKIT_INLINE std::uint64_t FileSource::skip(std::uint64_t n) {
+  if (!regular_) return ByteSource::skip(n);  // a pipe or device: no size, no seeking
+  const std::uint64_t k = std::min<std::uint64_t>(n, size_ > pos_ ? size_ - pos_ : 0);
+  if (k > 0 && k <= static_cast<std::uint64_t>(std::numeric_limits<long>::max()) &&
+      ::fseeko(file_, static_cast<off_t>(k), SEEK_CUR) == 0) {
+    pos_ += k;
+    return k;
+  }
+  return ByteSource::skip(k);
+}
+
+TRAINKIT_INLINE bool TarReader::next() {
+  if (done_) return false;
+  finish_member();
+  PendingMeta meta;
+  for (;;) {
+    const std::uint64_t header_offset = pos_;
+    std::array<unsigned char, 512> block{};
+    const std::size_t got = source_->read(block.data(), block.size());
+    pos_ += got;
+    if (got == 0 && !meta.any) {
+      done_ = true;  // no end-of-archive blocks: tolerated, as Python's tarfile does
+      return false;
+    }
+    if (got < block.size()) {
+      fail(header_offset, ::trainkit::detail::concat(
+                              "truncated: the archive ends ", got, " bytes into a 512-byte ",
+                              meta.any ? "header after an extended header" : "header"));
+    }
+    if (header_offset == 0 && block[0] == 0x1f && block[1] == 0x8b) {
+      fail(0,
+           "gzip-compressed archive: decompress it first (gunzip); .tar.gz is not read directly");
+    }
+    if (std::all_of(block.begin(), block.end(), [](unsigned char c) { return c == 0; })) {
+      if (meta.any) fail(header_offset, "end-of-archive block right after an extended header");
+      done_ = true;
+      return false;
+    }
+    verify_checksum(block, header_offset);
+    const char type = static_cast<char>(block[156]);
+    const std::uint64_t size = number(block, 124, 12, "size", header_offset);
+    if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
+      if (size > kTarMaxMetaBytes) {
+        fail(header_offset,
+             ::trainkit::detail::concat("extended header of ", size, " bytes exceeds the ",
+                                        kTarMaxMetaBytes, "-byte limit"));
+      }
+      std::string data = read_meta(static_cast<std::size_t>(size), header_offset);
+      if (type == 'x') {
+        parse_pax(data, meta.pax, header_offset);
+      } else if (type == 'g') {
+        parse_pax(data, global_, header_offset);
+      } else {
+        // GNU long name/link: NUL-terminated text; the next header's field is truncated.
+        const std::size_t end = data.find('\0');
+        if (end != std::string::npos) data.resize(end);
+        (type == 'L' ? meta.long_name : meta.long_link) = std::move(data);
+        (type == 'L' ? meta.has_long_name : meta.has_long_link) = true;
+      }
+      meta.any = true;
+      continue;
+    }
+    build_entry(block, header_offset, size, meta);
+    remaining_ = entry_.size;
+    padding_ = pad(entry_.size);
+    return true;
+  }
+}
+
+TRAINKIT_INLINE void TarReader::read(std::span<std::byte> out) {
+  if (out.size() > remaining_) {
+    fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' has ", remaining_,
+                                                   " bytes left, ", out.size(), " requested"));
+  }
+  const std::size_t got = source_->read(out.data(), out.size());
+  pos_ += got;
+  remaining_ -= got;
+  if (got < out.size()) truncated_member();
+}
+
+TRAINKIT_INLINE std::vector<std::byte> TarReader::read_data() {
+  const std::uint64_t want = remaining_;
+  const std::optional<std::uint64_t> avail = source_->available();
+  if (avail && *avail < want) {
+    fail(entry_.offset, ::trainkit::detail::concat(
+                            "truncated: member '", entry_.name, "' declares ", entry_.size,
+                            " bytes but the archive ends after ", entry_.size - want + *avail));
+  }
+  if (want > options_.max_member_bytes) {
+    fail(entry_.offset,
+         ::trainkit::detail::concat("member '", entry_.name, "' has ", want,
+                                    " bytes, above max_member_bytes = ", options_.max_member_bytes,
+                                    " (raise TarReaderOptions::max_member_bytes, "
+                                    "or TarShardOptions::max_member_bytes, to read it)"));
+  }
+  const std::optional<std::size_t> n = checked_cast<std::size_t>(want);
+  if (!n)
+    fail(entry_.offset, ::trainkit::detail::concat("member '", entry_.name, "' of ", want,
+                                                   " bytes does not fit in memory"));
+  std::vector<std::byte> out;
+  try {
+    if (avail) {
+      out.resize(*n);
+      read(out);
+      return out;
+    }
+    constexpr std::size_t kFirstChunk = 64 << 10;
+    while (remaining_ > 0) {
+      const std::size_t have = out.size();
+      const std::size_t chunk = static_cast<std::size_t>(
+          std::min<std::uint64_t>(remaining_, std::max(kFirstChunk, have)));
+      out.resize(have + chunk);
+      read(std::span<std::byte>(out.data() + have, chunk));
+    }
+  } catch (const std::bad_alloc&) {
+    fail(entry_.offset,
+         ::trainkit::detail::concat("cannot allocate ", want, " bytes to read member '",
+                                    entry_.name, "' (out of memory)"));
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void TarReader::finish_member() {
+  // remaining_ + padding_ overflows only for a declared size no archive can hold.
+  const std::uint64_t want = checked_add(remaining_, padding_).value_or(remaining_);
+  if (want == 0) return;
+  const std::uint64_t got = source_->skip(want);
+  pos_ += got;
+  if (got < remaining_) {
+    remaining_ -= got;
+    truncated_member();
+  }
+  if (got < want) {
+    fail(entry_.offset, ::trainkit::detail::concat("truncated: the archive ends inside the ",
+                                                   "padding after member '", entry_.name, "'"));
+  }
+  remaining_ = 0;
+  padding_ = 0;
+}
+
+TRAINKIT_INLINE std::string TarReader::read_meta(std::size_t size, std::uint64_t header_offset) {
+  const std::optional<std::uint64_t> avail = source_->available();
+  if (avail && *avail < size) {
+    fail(header_offset, ::trainkit::detail::concat("truncated: an extended header declares ", size,
+                                                   " bytes but the archive ends after ", *avail));
+  }
+  std::string data(size, '\0');
+  const std::size_t got = source_->read(data.data(), size);
+  pos_ += got;
+  const std::uint64_t padding = pad(size);
+  const std::uint64_t skipped = got == size ? source_->skip(padding) : 0;
+  pos_ += skipped;
+  if (got < size || skipped < padding)
+    fail(header_offset, "truncated: the archive ends inside an extended header");
+  return data;
+}
+
+TRAINKIT_INLINE void TarReader::verify_checksum(const std::array<unsigned char, 512>& b,
+                                                std::uint64_t offset) const {
+  const std::uint64_t stored = number(b, 148, 8, "checksum", offset);
+  std::uint64_t unsigned_sum = 0;
+  std::int64_t signed_sum = 0;
+  for (std::size_t i = 0; i < 512; ++i) {
+    const unsigned char c = (i >= 148 && i < 156) ? ' ' : b[i];
+    unsigned_sum += c;
+    signed_sum += static_cast<signed char>(c);
+  }
+  // Like Python's tarfile, accept the signed sum some historic tars wrote.
+  if (stored != unsigned_sum && static_cast<std::int64_t>(stored) != signed_sum) {
+    fail(offset, ::trainkit::detail::concat("bad header checksum (stored ", stored, ", computed ",
+                                            unsigned_sum, "): not a tar archive, or corrupt"));
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t TarReader::number(const std::array<unsigned char, 512>& b,
+                                                std::size_t off, std::size_t len, const char* field,
+                                                std::uint64_t offset) const {
+  if (b[off] & 0x80) {
+    if (b[off] == 0xff) fail(offset, ::trainkit::detail::concat("negative base-256 ", field));
+    std::uint64_t v = b[off] & 0x7f;
+    for (std::size_t i = off + 1; i < off + len; ++i) {
+      if (v >> 55) fail(offset, ::trainkit::detail::concat("base-256 ", field, " overflows"));
+      v = (v << 8) | b[i];
+    }
+    return v;
+  }
+  std::size_t i = off;
+  const std::size_t end = off + len;
+  while (i < end && (b[i] == ' ' || b[i] == 0)) ++i;
+  // An all-blank numeric field reads as 0, as in GNU tar.
+  std::uint64_t v = 0;
+  for (; i < end && b[i] >= '0' && b[i] <= '7'; ++i) {
+    if (v >> 60) fail(offset, ::trainkit::detail::concat("octal ", field, " overflows"));
+    v = v * 8 + (b[i] - '0');
+  }
+  for (; i < end; ++i) {
+    if (b[i] != ' ' && b[i] != 0) {
+      fail(offset, ::trainkit::detail::concat("bad ", field,
+                                              " field: not an octal number (not a tar archive, "
+                                              "or corrupt)"));
+    }
+  }
+  return v;
+}
+
+TRAINKIT_INLINE std::string TarReader::text(const std::array<unsigned char, 512>& b,
+                                            std::size_t off, std::size_t len) {
+  const auto* p = reinterpret_cast<const char*>(b.data() + off);
+  std::size_t n = 0;
+  while (n < len && p[n] != 0) ++n;
+  return std::string(p, n);
+}
+
+TRAINKIT_INLINE void TarReader::parse_pax(const std::string& data, Pax& pax,
+                                          std::uint64_t offset) const {
+  std::size_t pos = 0;
+  while (pos < data.size()) {
+    if (data[pos] == '\0') break;  // some writers pad the record block with NULs
+    std::size_t i = pos;
+    std::uint64_t len = 0;
+    // Digits stop mattering once len exceeds the record block (it is then refused below).
+    while (i < data.size() && data[i] >= '0' && data[i] <= '9') {
+      if (len <= data.size()) len = len * 10 + static_cast<std::uint64_t>(data[i] - '0');
+      ++i;
+    }
+    if (i == pos || i >= data.size() || data[i] != ' ' || len <= i - pos + 1 ||
+        len > data.size() - pos || data[pos + len - 1] != '\n') {
+      fail(offset, ::trainkit::detail::concat("corrupt pax record at byte ", pos,
+                                              " of the extended header"));
+    }
+    const std::string_view record(data.data() + i + 1, pos + len - 1 - (i + 1));
+    const std::size_t eq = record.find('=');
+    if (eq == std::string_view::npos || eq == 0) fail(offset, "corrupt pax record: no 'key=value'");
+    const std::string_view key = record.substr(0, eq);
+    const std::string_view value = record.substr(eq + 1);
+    if (key == "path") {
+      pax.path = value;
+      pax.has_path = !value.empty();
+    } else if (key == "linkpath") {
+      pax.linkpath = value;
+      pax.has_linkpath = !value.empty();
+    } else if (key == "size") {
+      pax.size = pax_number(value, "size", offset);
+      pax.has_size = !value.empty();
+    } else if (key == "mtime") {
+      pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
+      pax.has_mtime = !value.empty();
+    }
+    pos += len;
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t TarReader::pax_number(std::string_view v, const char* key,
+                                                    std::uint64_t offset) const {
+  std::uint64_t n = 0;
+  for (char c : v) {
+    std::optional<std::uint64_t> next;
+    if (c >= '0' && c <= '9') {
+      if (const auto tens = checked_mul(n, std::uint64_t{10}))
+        next = checked_add(*tens, static_cast<std::uint64_t>(c - '0'));
+    }
+    if (!next) {
+      fail(offset, ::trainkit::detail::concat("bad pax '", key, "' value '", v.substr(0, 40),
+                                              v.size() > 40 ? "...'" : "'",
+                                              c >= '0' && c <= '9' ? " (above 2^64 - 1)" : ""));
+    }
+    n = *next;
+  }
+  return n;
+}
+
+TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>& b,
+                                            std::uint64_t offset, std::uint64_t size,
+                                            const PendingMeta& meta) {
+  TarEntry e;
+  e.offset = offset;
+  e.type = static_cast<char>(b[156]);
+  e.mode = number(b, 100, 8, "mode", offset);
+  e.mtime = number(b, 136, 12, "mtime", offset);
+  e.size = size;
+  e.name = text(b, 0, 100);
+  e.linkname = text(b, 157, 100);
+  // POSIX ustar ("ustar\0" + "00") has a prefix field; GNU ("ustar  \0") uses those bytes
+  // for other things, and v7 headers have no magic at all.
+  if (std::memcmp(b.data() + 257, "ustar\0", 6) == 0) {
+    const std::string prefix = text(b, 345, 155);
+    if (!prefix.empty()) e.name = prefix + "/" + e.name;
+  }
+  if (global_.has_path) e.name = global_.path;
+  if (global_.has_linkpath) e.linkname = global_.linkpath;
+  if (global_.has_size) e.size = global_.size;
+  if (global_.has_mtime) e.mtime = global_.mtime;
+  if (meta.has_long_name) e.name = meta.long_name;
+  if (meta.has_long_link) e.linkname = meta.long_link;
+  if (meta.pax.has_path) e.name = meta.pax.path;
+  if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
+  if (meta.pax.has_size) e.size = meta.pax.size;
+  if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
+  // Links, directories and devices carry no data whatever their size field says (tarfile).
+  if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
+      e.type == '6')
+    e.size = 0;
+  entry_ = std::move(e);
+}
+
+TRAINKIT_INLINE TarWriter::~TarWriter() {
+  if (file_ == nullptr) return;
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::byte> data,
+                                    std::uint64_t mtime) {
+  TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
+  std::string short_name(name.substr(0, 100));
+  if (name.size() > 100) {
+    // pax record "<len> path=<name>\n"; len counts its own digits.
+    const std::string body = " path=" + std::string(name) + "\n";
+    std::size_t len = body.size() + 1;
+    while (std::to_string(len).size() + body.size() != len) ++len;
+    const std::string record = std::to_string(len) + body;
+    write_header("././@PaxHeader", 'x', record.size(), mtime);
+    write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
+  }
+  write_header(short_name, '0', data.size(), mtime);
+  write_padded(data.data(), data.size());
+}
+
+TRAINKIT_INLINE void TarWriter::close() {
+  if (file_ == nullptr) return;
+  const std::array<std::byte, 1024> zeros{};
+  write(zeros.data(), zeros.size());
+  const std::uint64_t record = 10240;
+  const std::array<std::byte, 512> block{};
+  while (written_ % record != 0) write(block.data(), block.size());
+  std::FILE* f = std::exchange(file_, nullptr);
+  TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_, "' (disk full?)");
+}
+
+TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std::uint64_t v) {
+  // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
+  for (std::size_t i = len - 1; i-- > 0;) {
+    field[i] = static_cast<unsigned char>('0' + (v & 7));
+    v >>= 3;
+  }
+  field[len - 1] = 0;
+}
+
+TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, std::uint64_t size,
+                                             std::uint64_t mtime) {
+  TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
+                 " bytes exceeds ustar's 8 GiB limit");
+  std::array<unsigned char, 512> b{};
+  std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
+  octal(b.data() + 100, 8, 0444);
+  octal(b.data() + 108, 8, 0);
+  octal(b.data() + 116, 8, 0);
+  octal(b.data() + 124, 12, size);
+  octal(b.data() + 136, 12, mtime);
+  b[156] = static_cast<unsigned char>(type);
+  std::memcpy(b.data() + 257,
+              "ustar\0"
+              "00",
+              8);
+  std::memset(b.data() + 148, ' ', 8);
+  std::uint64_t sum = 0;
+  for (unsigned char c : b) sum += c;
+  // "%06o\0 " like tarfile.
+  for (int i = 5; i >= 0; --i) {
+    b[148 + static_cast<std::size_t>(i)] = static_cast<unsigned char>('0' + (sum & 7));
+    sum >>= 3;
+  }
+  b[154] = 0;
+  b[155] = ' ';
+  write(reinterpret_cast<const std::byte*>(b.data()), b.size());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -6720,78 +6975,13 @@ namespace io {
 
 /// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
 /// U+10FFFF). On failure `*error_offset` (when given) receives the offset of the bad sequence.
-inline bool is_valid_utf8(std::string_view text, std::size_t* error_offset = nullptr) noexcept {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t i = 0;
-  while (i < n) {
-    // ASCII fast path, 8 bytes at a time.
-    while (i + 8 <= n) {
-      std::uint64_t w = 0;
-      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
-      if (w & 0x8080808080808080ull) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    const unsigned c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
-    }
-    bool ok = len != 0 && i + len <= n;
-    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
-    if (!ok) {
-      if (error_offset != nullptr) *error_offset = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
+                                   std::size_t* error_offset = nullptr) noexcept;
 
 /// Appends `s` as a JSON string literal (with quotes), escaping like serde_json: `"` `\` and
 /// control characters (\b \f \n \r \t, others as \u00xx); everything else, including non-ASCII
 /// UTF-8, is copied as is. `s` must be valid UTF-8 (checked by callers that take user strings).
-inline void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += '"';
-  std::size_t run = 0;  // start of the current run of bytes that need no escape
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(s, run, i - run);
-    run = i + 1;
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        out += "\\u00";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-    }
-  }
-  out.append(s, run, s.size() - run);
-  out += '"';
-}
+TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s);
 
 /// The deepest nesting any parse accepts, whatever JsonLimits::max_depth says: the parser
 /// recurses once per level, and this keeps it far from the end of even a small thread stack.
@@ -6897,13 +7087,7 @@ class Json {
     return magnitude_;
   }
   /// Throws unless this is an integer in the int64 range.
-  std::int64_t as_int() const {
-    expect(Kind::kInteger);
-    const std::uint64_t limit = std::uint64_t(std::numeric_limits<std::int64_t>::max()) + flag_;
-    TRAINKIT_CHECK(magnitude_ <= limit, "JSON integer ", flag_ ? "-" : "", magnitude_,
-                   " does not fit int64");
-    return flag_ ? std::int64_t(std::uint64_t(0) - magnitude_) : std::int64_t(magnitude_);
-  }
+  TRAINKIT_INLINE std::int64_t as_int() const;
   /// Any number as a double (integers round to nearest).
   double as_double() const;
   // Checked accessors, const and mutable: each pair is a kind check and a return (sharing a body
@@ -6972,18 +7156,7 @@ class Json {
 
   friend bool operator==(const Json& a, const Json& b);
 
-  static const char* kind_name(Kind k) noexcept {
-    switch (k) {
-      case Kind::kNull: return "null";
-      case Kind::kBool: return "bool";
-      case Kind::kInteger: return "integer";
-      case Kind::kNumber: return "number";
-      case Kind::kString: return "string";
-      case Kind::kArray: return "array";
-      case Kind::kObject: return "object";
-    }
-    return "?";
-  }
+  TRAINKIT_INLINE static const char* kind_name(Kind k) noexcept;
 
  private:
   friend class detail::JsonParser;
@@ -7018,13 +7191,6 @@ inline bool operator==(const Json& a, const Json& b) {
   return false;
 }
 
-inline const Json* Json::find(std::string_view key) const {
-  expect(Kind::kObject);
-  for (const JsonMember& m : object_)
-    if (m.key == key) return &m.value;
-  return nullptr;
-}
-
 inline Json* Json::find(std::string_view key) {
   return const_cast<Json*>(static_cast<const Json*>(this)->find(key));
 }
@@ -7041,7 +7207,460 @@ inline Json& Json::set(std::string key, Json value) {
   return object_.back().value;
 }
 
-inline double Json::as_double() const {
+namespace detail {
+
+/// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
+class JsonParser {
+ public:
+  JsonParser(std::string_view text, const JsonLimits& limits)
+      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
+
+  TRAINKIT_INLINE std::optional<Json> run(JsonParseError* error);
+
+  /// Checks the number grammar at text_[pos_]; returns the literal's end and whether it has a
+  /// fraction or exponent, or npos on a syntax error.
+  TRAINKIT_INLINE static std::size_t scan_number(std::string_view t, std::size_t p, bool* integral);
+
+ private:
+  TRAINKIT_INLINE bool fail(JsonErrorKind kind, std::string message, std::string key = {});
+
+  TRAINKIT_INLINE void skip_space();
+
+  TRAINKIT_INLINE bool literal(std::string_view word);
+
+  TRAINKIT_INLINE bool parse_value(Json& out, int depth);
+
+  TRAINKIT_INLINE bool parse_number(Json& out);
+
+  TRAINKIT_INLINE static int hex_value(char c) noexcept;
+
+  TRAINKIT_INLINE bool hex4(unsigned& v);
+
+  TRAINKIT_INLINE static void append_utf8(std::string& out, unsigned cp);
+
+  // At the opening quote; leaves pos_ after the closing quote.
+  TRAINKIT_INLINE bool parse_string(std::string& out);
+
+  TRAINKIT_INLINE bool parse_array(Json& out, int depth);
+
+  TRAINKIT_INLINE bool parse_object(Json& out, int depth);
+
+  std::string_view text_;
+  JsonLimits limits_;
+  int max_depth_;
+  std::size_t pos_ = 0;
+  JsonParseError error_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::optional<Json> JsonParser::run(JsonParseError* error) {
+  try {
+    Json value;
+    skip_space();
+    if (parse_value(value, 0)) {
+      skip_space();
+      if (pos_ == text_.size()) return value;
+      fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
+    }
+  } catch (const std::bad_alloc&) {
+    // The partial value is gone by now, so there is room for the message.
+    fail(JsonErrorKind::kOutOfMemory,
+         ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
+                                    "-byte JSON text"));
+  }
+  if (error != nullptr) *error = std::move(error_);
+  return std::nullopt;
+}
+
+TRAINKIT_INLINE std::size_t JsonParser::scan_number(std::string_view t, std::size_t p,
+                                                    bool* integral) {
+  const auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
+  *integral = true;
+  if (p < t.size() && t[p] == '-') ++p;
+  if (!digit(p)) return std::string_view::npos;
+  if (t[p] == '0') {
+    ++p;
+    if (digit(p)) return std::string_view::npos;  // leading zeros are not JSON
+  } else {
+    while (digit(p)) ++p;
+  }
+  if (p < t.size() && t[p] == '.') {
+    *integral = false;
+    ++p;
+    if (!digit(p)) return std::string_view::npos;
+    while (digit(p)) ++p;
+  }
+  if (p < t.size() && (t[p] == 'e' || t[p] == 'E')) {
+    *integral = false;
+    ++p;
+    if (p < t.size() && (t[p] == '+' || t[p] == '-')) ++p;
+    if (!digit(p)) return std::string_view::npos;
+    while (digit(p)) ++p;
+  }
+  return p;
+}
+
+TRAINKIT_INLINE bool JsonParser::fail(JsonErrorKind kind, std::string message, std::string key) {
+  error_.kind = kind;
+  error_.offset = pos_;
+  error_.message = std::move(message);
+  error_.key = std::move(key);
+  return false;
+}
+
+TRAINKIT_INLINE void JsonParser::skip_space() {
+  while (pos_ < text_.size()) {
+    const char c = text_[pos_];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+    ++pos_;
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::literal(std::string_view word) {
+  if (text_.substr(pos_, word.size()) != word)
+    return fail(JsonErrorKind::kSyntax, "invalid literal");
+  pos_ += word.size();
+  return true;
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_value(Json& out, int depth) {
+  if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unexpected end of input");
+  switch (text_[pos_]) {
+    case '{': return parse_object(out, depth + 1);
+    case '[': return parse_array(out, depth + 1);
+    case '"': out.kind_ = Json::Kind::kString; return parse_string(out.text_);
+    case 't': out = Json(true); return literal("true");
+    case 'f': out = Json(false); return literal("false");
+    case 'n': out = Json(); return literal("null");
+    default: return parse_number(out);
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_number(Json& out) {
+  bool integral = true;
+  const std::size_t end = scan_number(text_, pos_, &integral);
+  if (end == std::string_view::npos)
+    return fail(JsonErrorKind::kSyntax,
+                "expected a value (object, array, string, number, true, false or null)");
+  const std::string_view lit = text_.substr(pos_, end - pos_);
+  if (integral) {
+    const bool negative = lit[0] == '-';
+    const std::string_view digits = lit.substr(negative ? 1 : 0);
+    std::uint64_t m = 0;
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), m);
+    if (r.ec == std::errc()) {
+      out = Json();
+      out.kind_ = Json::Kind::kInteger;
+      out.flag_ = negative && m != 0;
+      out.magnitude_ = m;
+      pos_ = end;
+      return true;
+    }
+    // Beyond uint64: keep as a plain number, as serde_json turns it into a float.
+  }
+  out = Json();
+  out.kind_ = Json::Kind::kNumber;
+  out.text_.assign(lit);
+  pos_ = end;
+  return true;
+}
+
+TRAINKIT_INLINE int JsonParser::hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+TRAINKIT_INLINE bool JsonParser::hex4(unsigned& v) {
+  v = 0;
+  if (text_.size() - pos_ < 4) return fail(JsonErrorKind::kSyntax, "truncated \\u escape");
+  for (int k = 0; k < 4; ++k) {
+    const int h = hex_value(text_[pos_ + std::size_t(k)]);
+    if (h < 0) return fail(JsonErrorKind::kSyntax, "invalid hex digit in \\u escape");
+    v = v * 16 + unsigned(h);
+  }
+  pos_ += 4;
+  return true;
+}
+
+TRAINKIT_INLINE void JsonParser::append_utf8(std::string& out, unsigned cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xc0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += char(0xe0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  } else {
+    out += char(0xf0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3f));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_string(std::string& out) {
+  out.clear();
+  ++pos_;
+  for (;;) {
+    std::size_t run = pos_;
+    while (run < text_.size()) {
+      const auto c = static_cast<unsigned char>(text_[run]);
+      if (c == '"' || c == '\\' || c < 0x20) break;
+      ++run;
+    }
+    const std::string_view chunk = text_.substr(pos_, run - pos_);
+    std::size_t bad = 0;
+    if (!is_valid_utf8(chunk, &bad)) {
+      pos_ += bad;
+      return fail(JsonErrorKind::kInvalidUtf8, "string is not valid UTF-8");
+    }
+    out.append(chunk);
+    pos_ = run;
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated string");
+    const char c = text_[pos_];
+    if (c == '"') {
+      ++pos_;
+      return true;
+    }
+    if (c != '\\')
+      return fail(JsonErrorKind::kSyntax, "control character in string (must be escaped)");
+    if (++pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated escape");
+    const char e = text_[pos_++];
+    switch (e) {
+      case '"': out += '"'; break;
+      case '\\': out += '\\'; break;
+      case '/': out += '/'; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        unsigned cp = 0;
+        if (!hex4(cp)) return false;
+        if (cp >= 0xdc00 && cp <= 0xdfff)
+          return fail(JsonErrorKind::kInvalidUtf8, "unpaired low surrogate in \\u escape");
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+          if (text_.substr(pos_, 2) != "\\u")
+            return fail(JsonErrorKind::kInvalidUtf8, "unpaired high surrogate in \\u escape");
+          pos_ += 2;
+          unsigned lo = 0;
+          if (!hex4(lo)) return false;
+          if (lo < 0xdc00 || lo > 0xdfff)
+            return fail(JsonErrorKind::kInvalidUtf8, "high surrogate not followed by a low one");
+          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+        }
+        append_utf8(out, cp);
+        break;
+      }
+      default: --pos_; return fail(JsonErrorKind::kSyntax, "invalid escape in string");
+    }
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_array(Json& out, int depth) {
+  if (depth > max_depth_)
+    return fail(JsonErrorKind::kTooDeep,
+                ::trainkit::detail::concat("nesting deeper than ", max_depth_));
+  out = Json::array();
+  ++pos_;
+  skip_space();
+  if (pos_ < text_.size() && text_[pos_] == ']') {
+    ++pos_;
+    return true;
+  }
+  for (;;) {
+    skip_space();
+    Json element;
+    if (!parse_value(element, depth)) return false;
+    out.array_.push_back(std::move(element));
+    skip_space();
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated array");
+    if (text_[pos_] == ']') {
+      ++pos_;
+      return true;
+    }
+    if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or ']'");
+    ++pos_;
+  }
+}
+
+TRAINKIT_INLINE bool JsonParser::parse_object(Json& out, int depth) {
+  if (depth > max_depth_)
+    return fail(JsonErrorKind::kTooDeep,
+                ::trainkit::detail::concat("nesting deeper than ", max_depth_));
+  out = Json::object();
+  const std::size_t start = pos_;
+  ++pos_;
+  skip_space();
+  if (pos_ < text_.size() && text_[pos_] == '}') {
+    ++pos_;
+    return true;
+  }
+  for (;;) {
+    skip_space();
+    if (pos_ >= text_.size() || text_[pos_] != '"')
+      return fail(JsonErrorKind::kSyntax, "expected a string key");
+    JsonMember member;
+    const std::size_t key_pos = pos_;
+    if (!parse_string(member.key)) return false;
+    // Small objects: linear duplicate check now; large ones are checked once at the end.
+    if (out.object_.size() < 16) {
+      for (const JsonMember& m : out.object_) {
+        if (m.key == member.key) {
+          pos_ = key_pos;
+          return fail(JsonErrorKind::kDuplicateKey, "duplicate key", member.key);
+        }
+      }
+    }
+    skip_space();
+    if (pos_ >= text_.size() || text_[pos_] != ':')
+      return fail(JsonErrorKind::kSyntax, "expected ':' after a key");
+    ++pos_;
+    skip_space();
+    if (!parse_value(member.value, depth)) return false;
+    out.object_.push_back(std::move(member));
+    skip_space();
+    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated object");
+    if (text_[pos_] == '}') {
+      ++pos_;
+      break;
+    }
+    if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or '}'");
+    ++pos_;
+  }
+  const auto& members = out.object_;
+  if (members.size() > 16) {
+    std::vector<std::uint32_t> order(members.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::uint32_t(i);
+    std::sort(order.begin(), order.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return members[a].key < members[b].key; });
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      if (members[order[i]].key == members[order[i - 1]].key) {
+        pos_ = start;
+        return fail(JsonErrorKind::kDuplicateKey, "duplicate key in the object starting here",
+                    members[order[i]].key);
+      }
+    }
+  }
+  return true;
+}
+
+#endif  // TRAINKIT_IMPL
+
+}  // namespace detail
+
+inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError* error,
+                                           const JsonLimits& limits) {
+  return detail::JsonParser(text, limits).run(error);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_offset) noexcept {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    // ASCII fast path, 8 bytes at a time.
+    while (i + 8 <= n) {
+      std::uint64_t w = 0;
+      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
+      if (w & 0x8080808080808080ull) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    const unsigned c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;  // overlong
+      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;  // overlong
+      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+    }
+    bool ok = len != 0 && i + len <= n;
+    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
+    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
+    if (!ok) {
+      if (error_offset != nullptr) *error_offset = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  std::size_t run = 0;  // start of the current run of bytes that need no escape
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s, run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+    }
+  }
+  out.append(s, run, s.size() - run);
+  out += '"';
+}
+
+TRAINKIT_INLINE std::int64_t Json::as_int() const {
+  expect(Kind::kInteger);
+  const std::uint64_t limit = std::uint64_t(std::numeric_limits<std::int64_t>::max()) + flag_;
+  TRAINKIT_CHECK(magnitude_ <= limit, "JSON integer ", flag_ ? "-" : "", magnitude_,
+                 " does not fit int64");
+  return flag_ ? std::int64_t(std::uint64_t(0) - magnitude_) : std::int64_t(magnitude_);
+}
+
+TRAINKIT_INLINE const char* Json::kind_name(Kind k) noexcept {
+  switch (k) {
+    case Kind::kNull: return "null";
+    case Kind::kBool: return "bool";
+    case Kind::kInteger: return "integer";
+    case Kind::kNumber: return "number";
+    case Kind::kString: return "string";
+    case Kind::kArray: return "array";
+    case Kind::kObject: return "object";
+  }
+  return "?";
+}
+
+TRAINKIT_INLINE const Json* Json::find(std::string_view key) const {
+  expect(Kind::kObject);
+  for (const JsonMember& m : object_)
+    if (m.key == key) return &m.value;
+  return nullptr;
+}
+
+TRAINKIT_INLINE double Json::as_double() const {
   TRAINKIT_CHECK(is_number(), "JSON value is ", kind_name(kind_), ", expected a number");
   if (kind_ == Kind::kInteger) return flag_ ? -double(magnitude_) : double(magnitude_);
   double v = 0;
@@ -7055,7 +7674,7 @@ inline double Json::as_double() const {
                   : std::numeric_limits<double>::infinity();
 }
 
-inline void Json::dump_to(std::string& out, int indent, int level) const {
+TRAINKIT_INLINE void Json::dump_to(std::string& out, int indent, int level) const {
   const auto newline = [&](int lvl) {
     if (indent < 0) return;
     out += '\n';
@@ -7102,329 +7721,8 @@ inline void Json::dump_to(std::string& out, int indent, int level) const {
   }
 }
 
-namespace detail {
-
-/// The recursive-descent parser behind Json::parse (use Json::parse / try_parse).
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const JsonLimits& limits)
-      : text_(text), limits_(limits), max_depth_(std::min(limits.max_depth, kJsonMaxDepth)) {}
-
-  std::optional<Json> run(JsonParseError* error) {
-    try {
-      Json value;
-      skip_space();
-      if (parse_value(value, 0)) {
-        skip_space();
-        if (pos_ == text_.size()) return value;
-        fail(JsonErrorKind::kSyntax, "trailing characters after the JSON value");
-      }
-    } catch (const std::bad_alloc&) {
-      // The partial value is gone by now, so there is room for the message.
-      fail(JsonErrorKind::kOutOfMemory,
-           ::trainkit::detail::concat("out of memory building the value of a ", text_.size(),
-                                      "-byte JSON text"));
-    }
-    if (error != nullptr) *error = std::move(error_);
-    return std::nullopt;
-  }
-
-  /// Checks the number grammar at text_[pos_]; returns the literal's end and whether it has a
-  /// fraction or exponent, or npos on a syntax error.
-  static std::size_t scan_number(std::string_view t, std::size_t p, bool* integral) {
-    const auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
-    *integral = true;
-    if (p < t.size() && t[p] == '-') ++p;
-    if (!digit(p)) return std::string_view::npos;
-    if (t[p] == '0') {
-      ++p;
-      if (digit(p)) return std::string_view::npos;  // leading zeros are not JSON
-    } else {
-      while (digit(p)) ++p;
-    }
-    if (p < t.size() && t[p] == '.') {
-      *integral = false;
-      ++p;
-      if (!digit(p)) return std::string_view::npos;
-      while (digit(p)) ++p;
-    }
-    if (p < t.size() && (t[p] == 'e' || t[p] == 'E')) {
-      *integral = false;
-      ++p;
-      if (p < t.size() && (t[p] == '+' || t[p] == '-')) ++p;
-      if (!digit(p)) return std::string_view::npos;
-      while (digit(p)) ++p;
-    }
-    return p;
-  }
-
- private:
-  bool fail(JsonErrorKind kind, std::string message, std::string key = {}) {
-    error_.kind = kind;
-    error_.offset = pos_;
-    error_.message = std::move(message);
-    error_.key = std::move(key);
-    return false;
-  }
-
-  void skip_space() {
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-      ++pos_;
-    }
-  }
-
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word)
-      return fail(JsonErrorKind::kSyntax, "invalid literal");
-    pos_ += word.size();
-    return true;
-  }
-
-  bool parse_value(Json& out, int depth) {
-    if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unexpected end of input");
-    switch (text_[pos_]) {
-      case '{': return parse_object(out, depth + 1);
-      case '[': return parse_array(out, depth + 1);
-      case '"': out.kind_ = Json::Kind::kString; return parse_string(out.text_);
-      case 't': out = Json(true); return literal("true");
-      case 'f': out = Json(false); return literal("false");
-      case 'n': out = Json(); return literal("null");
-      default: return parse_number(out);
-    }
-  }
-
-  bool parse_number(Json& out) {
-    bool integral = true;
-    const std::size_t end = scan_number(text_, pos_, &integral);
-    if (end == std::string_view::npos)
-      return fail(JsonErrorKind::kSyntax,
-                  "expected a value (object, array, string, number, true, false or null)");
-    const std::string_view lit = text_.substr(pos_, end - pos_);
-    if (integral) {
-      const bool negative = lit[0] == '-';
-      const std::string_view digits = lit.substr(negative ? 1 : 0);
-      std::uint64_t m = 0;
-      const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), m);
-      if (r.ec == std::errc()) {
-        out = Json();
-        out.kind_ = Json::Kind::kInteger;
-        out.flag_ = negative && m != 0;
-        out.magnitude_ = m;
-        pos_ = end;
-        return true;
-      }
-      // Beyond uint64: keep as a plain number, as serde_json turns it into a float.
-    }
-    out = Json();
-    out.kind_ = Json::Kind::kNumber;
-    out.text_.assign(lit);
-    pos_ = end;
-    return true;
-  }
-
-  static int hex_value(char c) noexcept {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-
-  bool hex4(unsigned& v) {
-    v = 0;
-    if (text_.size() - pos_ < 4) return fail(JsonErrorKind::kSyntax, "truncated \\u escape");
-    for (int k = 0; k < 4; ++k) {
-      const int h = hex_value(text_[pos_ + std::size_t(k)]);
-      if (h < 0) return fail(JsonErrorKind::kSyntax, "invalid hex digit in \\u escape");
-      v = v * 16 + unsigned(h);
-    }
-    pos_ += 4;
-    return true;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xc0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += char(0xe0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    } else {
-      out += char(0xf0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3f));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    }
-  }
-
-  // At the opening quote; leaves pos_ after the closing quote.
-  bool parse_string(std::string& out) {
-    out.clear();
-    ++pos_;
-    for (;;) {
-      std::size_t run = pos_;
-      while (run < text_.size()) {
-        const auto c = static_cast<unsigned char>(text_[run]);
-        if (c == '"' || c == '\\' || c < 0x20) break;
-        ++run;
-      }
-      const std::string_view chunk = text_.substr(pos_, run - pos_);
-      std::size_t bad = 0;
-      if (!is_valid_utf8(chunk, &bad)) {
-        pos_ += bad;
-        return fail(JsonErrorKind::kInvalidUtf8, "string is not valid UTF-8");
-      }
-      out.append(chunk);
-      pos_ = run;
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated string");
-      const char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return true;
-      }
-      if (c != '\\')
-        return fail(JsonErrorKind::kSyntax, "control character in string (must be escaped)");
-      if (++pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = 0;
-          if (!hex4(cp)) return false;
-          if (cp >= 0xdc00 && cp <= 0xdfff)
-            return fail(JsonErrorKind::kInvalidUtf8, "unpaired low surrogate in \\u escape");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (text_.substr(pos_, 2) != "\\u")
-              return fail(JsonErrorKind::kInvalidUtf8, "unpaired high surrogate in \\u escape");
-            pos_ += 2;
-            unsigned lo = 0;
-            if (!hex4(lo)) return false;
-            if (lo < 0xdc00 || lo > 0xdfff)
-              return fail(JsonErrorKind::kInvalidUtf8, "high surrogate not followed by a low one");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: --pos_; return fail(JsonErrorKind::kSyntax, "invalid escape in string");
-      }
-    }
-  }
-
-  bool parse_array(Json& out, int depth) {
-    if (depth > max_depth_)
-      return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
-    out = Json::array();
-    ++pos_;
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == ']') {
-      ++pos_;
-      return true;
-    }
-    for (;;) {
-      skip_space();
-      Json element;
-      if (!parse_value(element, depth)) return false;
-      out.array_.push_back(std::move(element));
-      skip_space();
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated array");
-      if (text_[pos_] == ']') {
-        ++pos_;
-        return true;
-      }
-      if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or ']'");
-      ++pos_;
-    }
-  }
-
-  bool parse_object(Json& out, int depth) {
-    if (depth > max_depth_)
-      return fail(JsonErrorKind::kTooDeep,
-                  ::trainkit::detail::concat("nesting deeper than ", max_depth_));
-    out = Json::object();
-    const std::size_t start = pos_;
-    ++pos_;
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == '}') {
-      ++pos_;
-      return true;
-    }
-    for (;;) {
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != '"')
-        return fail(JsonErrorKind::kSyntax, "expected a string key");
-      JsonMember member;
-      const std::size_t key_pos = pos_;
-      if (!parse_string(member.key)) return false;
-      // Small objects: linear duplicate check now; large ones are checked once at the end.
-      if (out.object_.size() < 16) {
-        for (const JsonMember& m : out.object_) {
-          if (m.key == member.key) {
-            pos_ = key_pos;
-            return fail(JsonErrorKind::kDuplicateKey, "duplicate key", member.key);
-          }
-        }
-      }
-      skip_space();
-      if (pos_ >= text_.size() || text_[pos_] != ':')
-        return fail(JsonErrorKind::kSyntax, "expected ':' after a key");
-      ++pos_;
-      skip_space();
-      if (!parse_value(member.value, depth)) return false;
-      out.object_.push_back(std::move(member));
-      skip_space();
-      if (pos_ >= text_.size()) return fail(JsonErrorKind::kSyntax, "unterminated object");
-      if (text_[pos_] == '}') {
-        ++pos_;
-        break;
-      }
-      if (text_[pos_] != ',') return fail(JsonErrorKind::kSyntax, "expected ',' or '}'");
-      ++pos_;
-    }
-    const auto& members = out.object_;
-    if (members.size() > 16) {
-      std::vector<std::uint32_t> order(members.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::uint32_t(i);
-      std::sort(order.begin(), order.end(),
-                [&](std::uint32_t a, std::uint32_t b) { return members[a].key < members[b].key; });
-      for (std::size_t i = 1; i < order.size(); ++i) {
-        if (members[order[i]].key == members[order[i - 1]].key) {
-          pos_ = start;
-          return fail(JsonErrorKind::kDuplicateKey, "duplicate key in the object starting here",
-                      members[order[i]].key);
-        }
-      }
-    }
-    return true;
-  }
-
-  std::string_view text_;
-  JsonLimits limits_;
-  int max_depth_;
-  std::size_t pos_ = 0;
-  JsonParseError error_;
-};
-
-}  // namespace detail
-
-inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError* error,
-                                           const JsonLimits& limits) {
-  return detail::JsonParser(text, limits).run(error);
-}
-
-inline Json Json::parse(std::string_view text, std::string_view source, const JsonLimits& limits) {
+TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
+                                 const JsonLimits& limits) {
   JsonParseError error;
   std::optional<Json> v = try_parse(text, &error, limits);
   if (!v) {
@@ -7435,12 +7733,14 @@ inline Json Json::parse(std::string_view text, std::string_view source, const Js
   return std::move(*v);
 }
 
-inline Json Json::number(std::string_view literal) {
+TRAINKIT_INLINE Json Json::number(std::string_view literal) {
   bool integral = true;
   const std::size_t end = detail::JsonParser::scan_number(literal, 0, &integral);
   TRAINKIT_CHECK(end == literal.size() && !literal.empty(), "'", literal, "' is not a JSON number");
   return parse(literal);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -7485,7 +7785,18 @@ struct AtomicFileOptions {
 
 namespace detail {
 
-inline std::string errno_text(int err) {
+TRAINKIT_INLINE std::string errno_text(int err);
+
+/// fsync, or on macOS F_FULLFSYNC (plain fsync there does not flush the drive's cache).
+TRAINKIT_INLINE int full_fsync(int fd) noexcept;
+
+inline int open_directory(const std::filesystem::path& dir) {
+  return ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string errno_text(int err) {
   std::string s = std::strerror(err);
   switch (err) {
     case ENOSPC: return s + " (ENOSPC: the filesystem is full)";
@@ -7497,36 +7808,20 @@ inline std::string errno_text(int err) {
   }
 }
 
-/// fsync, or on macOS F_FULLFSYNC (plain fsync there does not flush the drive's cache).
-inline int full_fsync(int fd) noexcept {
+TRAINKIT_INLINE int full_fsync(int fd) noexcept {
 #if defined(__APPLE__)
   if (::fcntl(fd, F_FULLFSYNC) == 0) return 0;
 #endif
   return ::fsync(fd);
 }
 
-inline int open_directory(const std::filesystem::path& dir) {
-  return ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-}
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
 /// Makes a completed rename or create inside `dir` durable (fsync of the directory). Throws
 /// trainkit::Error naming the directory on failure.
-inline void fsync_directory(const std::filesystem::path& dir) {
-  const int fd = detail::open_directory(dir);
-  if (fd < 0) {
-    const int err = errno;
-    TRAINKIT_FAIL("cannot open directory '", dir.string(),
-                  "' to fsync it: ", detail::errno_text(err));
-  }
-  const int rc = detail::full_fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  // Some filesystems cannot fsync directories (EINVAL); there is nothing more to make durable.
-  if (rc != 0 && err != EINVAL)
-    TRAINKIT_FAIL("fsync of directory '", dir.string(), "' failed: ", detail::errno_text(err));
-}
+TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir);
 
 /// A file being written to replace `path` atomically. Write with write(), then commit(); if the
 /// object is destroyed (or discard() is called) before commit(), the temp file is removed and
@@ -7543,27 +7838,7 @@ class AtomicFile {
 
   /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path`. Throws
   /// trainkit::Error naming `path` when it cannot be created (missing directory, permissions).
-  explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {})
-      : path_(std::move(path)), options_(options) {
-    TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
-                   "' does not name a file");
-    std::random_device rd;
-    std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
-    for (int attempt = 0; attempt < 64; ++attempt) {
-      char suffix[40];
-      std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
-                    static_cast<unsigned long long>(rng()));
-      temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
-      fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                   static_cast<mode_t>(options_.mode));
-      if (fd_ >= 0 || errno != EEXIST) break;
-    }
-    if (fd_ < 0) {
-      const int err = errno;
-      TRAINKIT_FAIL("cannot create a temp file to write '", path_.string(), "' (", temp_.string(),
-                    "): ", detail::errno_text(err));
-    }
-  }
+  TRAINKIT_INLINE explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {});
 
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -7773,7 +8048,53 @@ inline void write_file_atomic(const std::filesystem::path& path, std::string_vie
 }
 
 /// True for names AtomicFile gives its temp files (".<name>.tmp.<pid>.<16 hex digits>").
-inline bool is_atomic_temp_name(std::string_view name) noexcept {
+TRAINKIT_INLINE bool is_atomic_temp_name(std::string_view name) noexcept;
+
+/// Removes the temp files an interrupted AtomicFile left in `dir` (e.g. after a crash; call at
+/// start-up, never while another process may be writing there). Returns how many were removed.
+/// Throws trainkit::Error when `dir` cannot be listed.
+TRAINKIT_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& dir);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir) {
+  const int fd = detail::open_directory(dir);
+  if (fd < 0) {
+    const int err = errno;
+    TRAINKIT_FAIL("cannot open directory '", dir.string(),
+                  "' to fsync it: ", detail::errno_text(err));
+  }
+  const int rc = detail::full_fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some filesystems cannot fsync directories (EINVAL); there is nothing more to make durable.
+  if (rc != 0 && err != EINVAL)
+    TRAINKIT_FAIL("fsync of directory '", dir.string(), "' failed: ", detail::errno_text(err));
+}
+
+TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOptions options)
+    : path_(std::move(path)), options_(options) {
+  TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
+                 "' does not name a file");
+  std::random_device rd;
+  std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    char suffix[40];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
+                  static_cast<unsigned long long>(rng()));
+    temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                 static_cast<mode_t>(options_.mode));
+    if (fd_ >= 0 || errno != EEXIST) break;
+  }
+  if (fd_ < 0) {
+    const int err = errno;
+    TRAINKIT_FAIL("cannot create a temp file to write '", path_.string(), "' (", temp_.string(),
+                  "): ", detail::errno_text(err));
+  }
+}
+
+TRAINKIT_INLINE bool is_atomic_temp_name(std::string_view name) noexcept {
   if (name.size() < 1 + 5 + 1 + 1 + 16 || name[0] != '.') return false;
   const std::string_view hex = name.substr(name.size() - 16);
   for (char c : hex)
@@ -7787,10 +8108,7 @@ inline bool is_atomic_temp_name(std::string_view name) noexcept {
   return rest.substr(0, dot).ends_with(".tmp") && dot > 5;
 }
 
-/// Removes the temp files an interrupted AtomicFile left in `dir` (e.g. after a crash; call at
-/// start-up, never while another process may be writing there). Returns how many were removed.
-/// Throws trainkit::Error when `dir` cannot be listed.
-inline std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
+TRAINKIT_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
   std::error_code ec;
   std::size_t removed = 0;
   std::filesystem::directory_iterator it(dir, ec), end;
@@ -7805,6 +8123,8 @@ inline std::size_t remove_stale_temp_files(const std::filesystem::path& dir) {
   TRAINKIT_CHECK(!ec, "error while cleaning temp files in '", dir.string(), "': ", ec.message());
   return removed;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -7946,13 +8266,8 @@ struct SafetensorsHeader {
 
 namespace detail {
 
-[[noreturn]] inline void safetensors_fail(SafetensorsRule rule, std::string_view source,
-                                          const std::string& what) {
-  ::trainkit::detail::throw_error(
-      ::trainkit::detail::concat("safetensors file '", source, "': ", safetensors_rule_name(rule),
-                                 ": ", what),
-      "", __FILE__, __LINE__, "io", static_cast<long long>(rule));
-}
+[[noreturn]] TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
+                                                   const std::string& what);
 
 inline void require_little_endian(std::string_view source) {
   if constexpr (std::endian::native != std::endian::little)
@@ -8026,7 +8341,22 @@ inline void append_uint(std::string& out, std::uint64_t v) {
 /// Faults in fresh memory about to be overwritten with one call instead of one page fault per
 /// 4 KiB page (Linux >= 5.14; a hint, errors ignored). In a VM a load from the page cache is
 /// dominated by these faults, not by the copy.
-inline void prefault(std::byte* p, std::uint64_t bytes) noexcept {
+TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept;
+
+/// A printable, bounded rendering of an untrusted name for messages.
+TRAINKIT_INLINE std::string printable(std::string_view s);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
+                                      const std::string& what) {
+  ::trainkit::detail::throw_error(
+      ::trainkit::detail::concat("safetensors file '", source, "': ", safetensors_rule_name(rule),
+                                 ": ", what),
+      "", __FILE__, __LINE__, "io", static_cast<long long>(rule));
+}
+
+TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
   const auto page = std::uintptr_t(4096);
   const auto lo = (reinterpret_cast<std::uintptr_t>(p) + page - 1) / page * page;
@@ -8038,8 +8368,7 @@ inline void prefault(std::byte* p, std::uint64_t bytes) noexcept {
 #endif
 }
 
-/// A printable, bounded rendering of an untrusted name for messages.
-inline std::string printable(std::string_view s) {
+TRAINKIT_INLINE std::string printable(std::string_view s) {
   std::string out;
   for (char c : s.substr(0, 200)) {
     const auto u = static_cast<unsigned char>(c);
@@ -8049,6 +8378,8 @@ inline std::string printable(std::string_view s) {
   return out;
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Validates the JSON header of a safetensors file: `json` is the N header bytes and
@@ -8056,8 +8387,237 @@ inline std::string printable(std::string_view s) {
 /// the reference reader after the length checks (UTF-8, JSON, dtype, shape, contiguous offsets,
 /// sizes, data size) and rejects duplicate keys. Throws trainkit::Error naming `source`, the
 /// SafetensorsRule and the tensor; Error::code() is the rule.
-inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t file_bytes,
-                                                  std::string_view source) {
+TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json,
+                                                           std::uint64_t file_bytes,
+                                                           std::string_view source);
+
+/// Reads the 8-byte length and checks it against the buffer (rules HeaderTooSmall,
+/// HeaderTooLarge, InvalidHeaderLength); returns N.
+TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
+                                                        std::uint64_t file_bytes,
+                                                        std::string_view source);
+
+/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
+/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
+/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
+/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
+/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
+/// rename, which is safe.
+class SafetensorsFile {
+ public:
+  SafetensorsFile() = default;
+
+  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
+  /// and tensor) when it cannot be read or breaks a rule.
+  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
+    init(map_.bytes());
+  }
+
+  /// Validates a safetensors image in memory without copying it; `bytes` must outlive the
+  /// object. `source` names it in errors.
+  TRAINKIT_INLINE static SafetensorsFile from_buffer(std::span<const std::byte> bytes,
+                                                     std::string source = "<memory>");
+
+  /// The path (or buffer name) given at open.
+  const std::string& source() const noexcept { return source_; }
+  /// Tensor descriptions in data (offset) order.
+  const std::vector<SafetensorsTensorInfo>& tensors() const noexcept { return header_.tensors; }
+  const SafetensorsMetadata& metadata() const noexcept { return header_.metadata; }
+  const SafetensorsHeader& header() const noexcept { return header_; }
+  std::size_t size() const noexcept { return header_.tensors.size(); }
+  /// Names in data order.
+  TRAINKIT_INLINE std::vector<std::string> names() const;
+  bool contains(std::string_view name) const noexcept { return index_of(name) >= 0; }
+  /// The description of `name`, or null.
+  const SafetensorsTensorInfo* find(std::string_view name) const noexcept {
+    const long i = index_of(name);
+    return i < 0 ? nullptr : &header_.tensors[std::size_t(i)];
+  }
+  /// The description of `name`; throws (rule TensorNotFound) when absent.
+  const SafetensorsTensorInfo& info(std::string_view name) const {
+    return header_.tensors[checked_index(name)];
+  }
+
+  /// A zero-copy view of tensor `name` (valid while this object lives). Throws trainkit::Error
+  /// naming the file and tensor when it is absent or its dtype has no trainkit DType.
+  AnyTensorView tensor(std::string_view name) const { return view_at(checked_index(name)); }
+  AnyTensorView operator[](std::string_view name) const { return tensor(name); }
+  /// The view of the i-th tensor in data order.
+  AnyTensorView tensor_at(std::size_t i) const {
+    TRAINKIT_CHECK(i < size(), "tensor index ", i, " out of range for ", size(), " tensors");
+    return view_at(i);
+  }
+  /// An owning copy of tensor `name`.
+  AnyTensor copy(std::string_view name) const { return AnyTensor::copy_of(tensor(name)); }
+
+  /// The raw bytes of tensor `name` (any dtype, including ones tensor() refuses).
+  std::span<const std::byte> raw_bytes(std::string_view name) const {
+    const std::size_t i = checked_index(name);
+    return {data_[i], std::size_t(header_.tensors[i].bytes())};
+  }
+
+  /// False when some tensors had to be copied for alignment.
+  bool zero_copy() const noexcept { return copies_.empty(); }
+
+ private:
+  TRAINKIT_INLINE void init(std::span<const std::byte> bytes);
+
+  TRAINKIT_INLINE long index_of(std::string_view name) const noexcept;
+
+  TRAINKIT_INLINE std::size_t checked_index(std::string_view name) const;
+
+  TRAINKIT_INLINE AnyTensorView view_at(std::size_t i) const;
+
+  std::string source_;
+  MappedFile map_;
+  SafetensorsHeader header_;
+  std::vector<const std::byte*> data_;  // per tensor: into the file, or into copies_
+  std::vector<std::uint32_t> by_name_;  // tensor indices sorted by name
+  std::vector<AnyTensor> copies_;       // aligned copies of misaligned tensors
+};
+
+struct SafetensorsLoadOptions {
+  /// Threads reading (and first-touching) the tensors' memory; 0 picks min(4, cores), or one for
+  /// files under 64 MiB. Page faults on the fresh memory, not the copy, dominate a load from the
+  /// page cache, and they proceed in parallel.
+  unsigned threads = 0;
+};
+
+/// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
+/// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
+/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
+/// (rule Unsupported). Throws trainkit::Error naming the file.
+TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {});
+
+/// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
+/// order, so wider types come first and every tensor is naturally aligned), then by name (byte
+/// order); compact JSON with `__metadata__` first (omitted when `metadata` is empty); padded with
+/// spaces. Throws trainkit::Error (rule InvalidArgument) for a duplicate or reserved name
+/// (`__metadata__`), non-UTF-8 text, a null view with data, or a header over 100 MB.
+TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
+                                                   const SafetensorsMetadata& metadata = {},
+                                                   const SafetensorsWriteOptions& options = {});
+
+/// Streams a planned file through `sink(const std::byte* data, std::size_t bytes)`.
+template <class Sink>
+void write_safetensors(const SafetensorsLayout& layout, std::span<const NamedTensor> tensors,
+                       Sink&& sink) {
+  sink(reinterpret_cast<const std::byte*>(layout.prefix.data()), layout.prefix.size());
+  for (std::size_t i : layout.order) {
+    const AnyTensorView& t = tensors[i].tensor;
+    if (t.bytes() != 0) sink(t.data(), t.bytes());
+  }
+}
+
+/// The file image in memory (same bytes save_safetensors writes).
+TRAINKIT_INLINE std::vector<std::byte> safetensors_bytes(
+    std::span<const NamedTensor> tensors, const SafetensorsMetadata& metadata = {},
+    const SafetensorsWriteOptions& options = {});
+inline std::vector<std::byte> safetensors_bytes(std::initializer_list<NamedTensor> tensors,
+                                                const SafetensorsMetadata& metadata = {},
+                                                const SafetensorsWriteOptions& options = {}) {
+  return safetensors_bytes(std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
+                           options);
+}
+
+/// Writes `tensors` to `path` crash-safely (temp file in the same directory, fsync, rename,
+/// directory fsync): `path` holds either its previous content or the complete new file. Throws
+/// trainkit::Error naming the file on bad input (see plan_safetensors) or an I/O error
+/// (ENOSPC, EFBIG, ...), leaving `path` untouched.
+TRAINKIT_INLINE void save_safetensors(const std::filesystem::path& path,
+                                      std::span<const NamedTensor> tensors,
+                                      const SafetensorsMetadata& metadata = {},
+                                      const SafetensorsWriteOptions& options = {});
+inline void save_safetensors(const std::filesystem::path& path,
+                             std::initializer_list<NamedTensor> tensors,
+                             const SafetensorsMetadata& metadata = {},
+                             const SafetensorsWriteOptions& options = {}) {
+  save_safetensors(path, std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
+                   options);
+}
+
+// ---- Sharded sets: model-00001-of-00003.safetensors + model.safetensors.index.json -----------
+
+/// The index file name of a sharded set (Hugging Face convention).
+inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
+
+/// "model-00001-of-00003.safetensors" for shard `i` (0-based) of `n`, as huggingface_hub names
+/// them (`prefix` replaces "model").
+TRAINKIT_INLINE std::string safetensors_shard_name(std::size_t i, std::size_t n,
+                                                   std::string_view prefix = "model");
+
+/// `model.safetensors.index.json`: {"metadata": {...}, "weight_map": {tensor: shard file}}.
+struct SafetensorsIndex {
+  /// Free-form; Hugging Face writes {"total_size": <bytes of all tensors>}.
+  Json metadata = Json::object();
+  /// Tensor name -> shard file name, relative to the index's directory.
+  std::map<std::string, std::string, std::less<>> weight_map;
+
+  /// The distinct shard files, sorted.
+  TRAINKIT_INLINE std::vector<std::string> files() const;
+
+  /// metadata["total_size"] when it is a non-negative integer.
+  std::optional<std::uint64_t> total_size() const {
+    const Json* v = metadata.is_object() ? metadata.find("total_size") : nullptr;
+    if (v == nullptr || !v->is_unsigned()) return std::nullopt;
+    return v->as_uint();
+  }
+
+  /// The file text: 2-space indented JSON with sorted keys and a final newline, the layout
+  /// `transformers` writes.
+  TRAINKIT_INLINE std::string to_json() const;
+
+  /// Parses and checks an index: an object with a "weight_map" object of strings (required) and
+  /// an optional "metadata" object; shard names must be relative paths without "..". Throws
+  /// trainkit::Error naming `source` and the offending entry.
+  TRAINKIT_INLINE static SafetensorsIndex parse(std::string_view text,
+                                                std::string_view source = "index");
+};
+
+/// Writes an index file crash-safely (see AtomicFile).
+inline void save_safetensors_index(const std::filesystem::path& path, const SafetensorsIndex& index,
+                                   AtomicFileOptions options = {}) {
+  write_file_atomic(path, std::string_view(index.to_json()), options);
+}
+
+/// Reads and checks an index file (see SafetensorsIndex::parse).
+inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
+  const MappedFile map(path);
+  return SafetensorsIndex::parse(
+      std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
+}
+
+/// A sharded set opened through its index: every shard is mapped and validated, and every
+/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
+class SafetensorsShards {
+ public:
+  /// Opens `index_path` and the shards it names (relative to its directory). Throws
+  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
+  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
+
+  const SafetensorsIndex& index() const noexcept { return index_; }
+  std::size_t size() const noexcept { return index_.weight_map.size(); }
+  bool contains(std::string_view name) const { return index_.weight_map.count(name) != 0; }
+  /// The shard holding `name`; throws when the index does not list it.
+  TRAINKIT_INLINE const SafetensorsFile& shard_of(std::string_view name) const;
+  /// A zero-copy view of `name` from its shard.
+  AnyTensorView tensor(std::string_view name) const { return shard_of(name).tensor(name); }
+  /// The opened shards by file name.
+  const std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>>& shards() const {
+    return shards_;
+  }
+
+ private:
+  SafetensorsIndex index_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
+};
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json,
+                                                           std::uint64_t file_bytes,
+                                                           std::string_view source) {
   using R = SafetensorsRule;
   using detail::safetensors_fail;
   using ::trainkit::detail::concat;
@@ -8222,10 +8782,9 @@ inline SafetensorsHeader parse_safetensors_header(std::string_view json, std::ui
   return out;
 }
 
-/// Reads the 8-byte length and checks it against the buffer (rules HeaderTooSmall,
-/// HeaderTooLarge, InvalidHeaderLength); returns N.
-inline std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
-                                               std::uint64_t file_bytes, std::string_view source) {
+TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byte> prefix,
+                                                        std::uint64_t file_bytes,
+                                                        std::string_view source) {
   using R = SafetensorsRule;
   using ::trainkit::detail::concat;
   if (prefix.size() < 8 || file_bytes < 8)
@@ -8244,154 +8803,77 @@ inline std::uint64_t safetensors_header_length(std::span<const std::byte> prefix
   return n;
 }
 
-/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
-/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
-/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
-/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
-/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
-/// rename, which is safe.
-class SafetensorsFile {
- public:
-  SafetensorsFile() = default;
+TRAINKIT_INLINE SafetensorsFile SafetensorsFile::from_buffer(std::span<const std::byte> bytes,
+                                                             std::string source) {
+  SafetensorsFile f;
+  f.source_ = std::move(source);
+  f.init(bytes);
+  return f;
+}
 
-  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
-  /// and tensor) when it cannot be read or breaks a rule.
-  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
-    init(map_.bytes());
-  }
+TRAINKIT_INLINE std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(size());
+  for (const auto& t : header_.tensors) out.push_back(t.name);
+  return out;
+}
 
-  /// Validates a safetensors image in memory without copying it; `bytes` must outlive the
-  /// object. `source` names it in errors.
-  static SafetensorsFile from_buffer(std::span<const std::byte> bytes,
-                                     std::string source = "<memory>") {
-    SafetensorsFile f;
-    f.source_ = std::move(source);
-    f.init(bytes);
-    return f;
-  }
-
-  /// The path (or buffer name) given at open.
-  const std::string& source() const noexcept { return source_; }
-  /// Tensor descriptions in data (offset) order.
-  const std::vector<SafetensorsTensorInfo>& tensors() const noexcept { return header_.tensors; }
-  const SafetensorsMetadata& metadata() const noexcept { return header_.metadata; }
-  const SafetensorsHeader& header() const noexcept { return header_; }
-  std::size_t size() const noexcept { return header_.tensors.size(); }
-  /// Names in data order.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    out.reserve(size());
-    for (const auto& t : header_.tensors) out.push_back(t.name);
-    return out;
-  }
-  bool contains(std::string_view name) const noexcept { return index_of(name) >= 0; }
-  /// The description of `name`, or null.
-  const SafetensorsTensorInfo* find(std::string_view name) const noexcept {
-    const long i = index_of(name);
-    return i < 0 ? nullptr : &header_.tensors[std::size_t(i)];
-  }
-  /// The description of `name`; throws (rule TensorNotFound) when absent.
-  const SafetensorsTensorInfo& info(std::string_view name) const {
-    return header_.tensors[checked_index(name)];
-  }
-
-  /// A zero-copy view of tensor `name` (valid while this object lives). Throws trainkit::Error
-  /// naming the file and tensor when it is absent or its dtype has no trainkit DType.
-  AnyTensorView tensor(std::string_view name) const { return view_at(checked_index(name)); }
-  AnyTensorView operator[](std::string_view name) const { return tensor(name); }
-  /// The view of the i-th tensor in data order.
-  AnyTensorView tensor_at(std::size_t i) const {
-    TRAINKIT_CHECK(i < size(), "tensor index ", i, " out of range for ", size(), " tensors");
-    return view_at(i);
-  }
-  /// An owning copy of tensor `name`.
-  AnyTensor copy(std::string_view name) const { return AnyTensor::copy_of(tensor(name)); }
-
-  /// The raw bytes of tensor `name` (any dtype, including ones tensor() refuses).
-  std::span<const std::byte> raw_bytes(std::string_view name) const {
-    const std::size_t i = checked_index(name);
-    return {data_[i], std::size_t(header_.tensors[i].bytes())};
-  }
-
-  /// False when some tensors had to be copied for alignment.
-  bool zero_copy() const noexcept { return copies_.empty(); }
-
- private:
-  void init(std::span<const std::byte> bytes) {
-    detail::require_little_endian(source_);
-    const std::uint64_t n = safetensors_header_length(bytes, bytes.size(), source_);
-    const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, std::size_t(n));
-    header_ = parse_safetensors_header(json, bytes.size(), source_);
-    const std::byte* base = bytes.data() + 8 + n;
-    data_.resize(header_.tensors.size());
-    by_name_.resize(header_.tensors.size());
-    for (std::size_t i = 0; i < header_.tensors.size(); ++i) {
-      const SafetensorsTensorInfo& t = header_.tensors[i];
-      data_[i] = base + t.begin;
-      by_name_[i] = std::uint32_t(i);
-      if (!t.dtype || t.bytes() == 0) continue;
-      const std::size_t align = dtype_size(*t.dtype);
-      if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
-        copies_.push_back(AnyTensor(*t.dtype, t.shape));
-        std::memcpy(copies_.back().data(), data_[i], std::size_t(t.bytes()));
-        data_[i] = copies_.back().data();
-      }
-    }
-    std::sort(by_name_.begin(), by_name_.end(), [&](std::uint32_t a, std::uint32_t b) {
-      return header_.tensors[a].name < header_.tensors[b].name;
-    });
-  }
-
-  long index_of(std::string_view name) const noexcept {
-    const auto it = std::lower_bound(
-        by_name_.begin(), by_name_.end(), name,
-        [&](std::uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
-    if (it == by_name_.end() || header_.tensors[*it].name != name) return -1;
-    return long(*it);
-  }
-
-  std::size_t checked_index(std::string_view name) const {
-    const long i = index_of(name);
-    if (i < 0)
-      detail::safetensors_fail(
-          SafetensorsRule::kTensorNotFound, source_,
-          ::trainkit::detail::concat("no tensor named '", detail::printable(name),
-                                     "' (the file holds ", size(), " tensors)"));
-    return std::size_t(i);
-  }
-
-  AnyTensorView view_at(std::size_t i) const {
+TRAINKIT_INLINE void SafetensorsFile::init(std::span<const std::byte> bytes) {
+  detail::require_little_endian(source_);
+  const std::uint64_t n = safetensors_header_length(bytes, bytes.size(), source_);
+  const std::string_view json(reinterpret_cast<const char*>(bytes.data()) + 8, std::size_t(n));
+  header_ = parse_safetensors_header(json, bytes.size(), source_);
+  const std::byte* base = bytes.data() + 8 + n;
+  data_.resize(header_.tensors.size());
+  by_name_.resize(header_.tensors.size());
+  for (std::size_t i = 0; i < header_.tensors.size(); ++i) {
     const SafetensorsTensorInfo& t = header_.tensors[i];
-    if (!t.dtype)
-      detail::safetensors_fail(SafetensorsRule::kUnsupported, source_,
-                               ::trainkit::detail::concat("tensor '", detail::printable(t.name),
-                                                          "' has dtype ", t.dtype_name,
-                                                          ", which trainkit has no DType for "
-                                                          "(raw_bytes() gives its bytes)"));
-    return AnyTensorView(*t.dtype, t.shape, data_[i]);
+    data_[i] = base + t.begin;
+    by_name_[i] = std::uint32_t(i);
+    if (!t.dtype || t.bytes() == 0) continue;
+    const std::size_t align = dtype_size(*t.dtype);
+    if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
+      copies_.push_back(AnyTensor(*t.dtype, t.shape));
+      std::memcpy(copies_.back().data(), data_[i], std::size_t(t.bytes()));
+      data_[i] = copies_.back().data();
+    }
   }
+  std::sort(by_name_.begin(), by_name_.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return header_.tensors[a].name < header_.tensors[b].name;
+  });
+}
 
-  std::string source_;
-  MappedFile map_;
-  SafetensorsHeader header_;
-  std::vector<const std::byte*> data_;  // per tensor: into the file, or into copies_
-  std::vector<std::uint32_t> by_name_;  // tensor indices sorted by name
-  std::vector<AnyTensor> copies_;       // aligned copies of misaligned tensors
-};
+TRAINKIT_INLINE long SafetensorsFile::index_of(std::string_view name) const noexcept {
+  const auto it = std::lower_bound(
+      by_name_.begin(), by_name_.end(), name,
+      [&](std::uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
+  if (it == by_name_.end() || header_.tensors[*it].name != name) return -1;
+  return long(*it);
+}
 
-struct SafetensorsLoadOptions {
-  /// Threads reading (and first-touching) the tensors' memory; 0 picks min(4, cores), or one for
-  /// files under 64 MiB. Page faults on the fresh memory, not the copy, dominate a load from the
-  /// page cache, and they proceed in parallel.
-  unsigned threads = 0;
-};
+TRAINKIT_INLINE std::size_t SafetensorsFile::checked_index(std::string_view name) const {
+  const long i = index_of(name);
+  if (i < 0)
+    detail::safetensors_fail(
+        SafetensorsRule::kTensorNotFound, source_,
+        ::trainkit::detail::concat("no tensor named '", detail::printable(name),
+                                   "' (the file holds ", size(), " tensors)"));
+  return std::size_t(i);
+}
 
-/// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
-/// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
-/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
-/// (rule Unsupported). Throws trainkit::Error naming the file.
-inline std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {}) {
+TRAINKIT_INLINE AnyTensorView SafetensorsFile::view_at(std::size_t i) const {
+  const SafetensorsTensorInfo& t = header_.tensors[i];
+  if (!t.dtype)
+    detail::safetensors_fail(SafetensorsRule::kUnsupported, source_,
+                             ::trainkit::detail::concat("tensor '", detail::printable(t.name),
+                                                        "' has dtype ", t.dtype_name,
+                                                        ", which trainkit has no DType for "
+                                                        "(raw_bytes() gives its bytes)"));
+  return AnyTensorView(*t.dtype, t.shape, data_[i]);
+}
+
+TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options) {
   const std::string source = path.string();
   detail::require_little_endian(source);
   struct Fd {
@@ -8479,14 +8961,9 @@ inline std::map<std::string, AnyTensor, std::less<>> load_safetensors(
   return out;
 }
 
-/// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
-/// order, so wider types come first and every tensor is naturally aligned), then by name (byte
-/// order); compact JSON with `__metadata__` first (omitted when `metadata` is empty); padded with
-/// spaces. Throws trainkit::Error (rule InvalidArgument) for a duplicate or reserved name
-/// (`__metadata__`), non-UTF-8 text, a null view with data, or a header over 100 MB.
-inline SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
-                                          const SafetensorsMetadata& metadata = {},
-                                          const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
+                                                   const SafetensorsMetadata& metadata,
+                                                   const SafetensorsWriteOptions& options) {
   using ::trainkit::detail::concat;
   const auto invalid = [](const std::string& what) {
     ::trainkit::detail::throw_error(
@@ -8567,21 +9044,9 @@ inline SafetensorsLayout plan_safetensors(std::span<const NamedTensor> tensors,
   return layout;
 }
 
-/// Streams a planned file through `sink(const std::byte* data, std::size_t bytes)`.
-template <class Sink>
-void write_safetensors(const SafetensorsLayout& layout, std::span<const NamedTensor> tensors,
-                       Sink&& sink) {
-  sink(reinterpret_cast<const std::byte*>(layout.prefix.data()), layout.prefix.size());
-  for (std::size_t i : layout.order) {
-    const AnyTensorView& t = tensors[i].tensor;
-    if (t.bytes() != 0) sink(t.data(), t.bytes());
-  }
-}
-
-/// The file image in memory (same bytes save_safetensors writes).
-inline std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> tensors,
-                                                const SafetensorsMetadata& metadata = {},
-                                                const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> tensors,
+                                                         const SafetensorsMetadata& metadata,
+                                                         const SafetensorsWriteOptions& options) {
   const SafetensorsLayout layout = plan_safetensors(tensors, metadata, options);
   std::vector<std::byte> out;
   out.reserve(std::size_t(layout.file_bytes()));
@@ -8589,175 +9054,98 @@ inline std::vector<std::byte> safetensors_bytes(std::span<const NamedTensor> ten
                     [&](const std::byte* p, std::size_t n) { out.insert(out.end(), p, p + n); });
   return out;
 }
-inline std::vector<std::byte> safetensors_bytes(std::initializer_list<NamedTensor> tensors,
-                                                const SafetensorsMetadata& metadata = {},
-                                                const SafetensorsWriteOptions& options = {}) {
-  return safetensors_bytes(std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
-                           options);
-}
 
-/// Writes `tensors` to `path` crash-safely (temp file in the same directory, fsync, rename,
-/// directory fsync): `path` holds either its previous content or the complete new file. Throws
-/// trainkit::Error naming the file on bad input (see plan_safetensors) or an I/O error
-/// (ENOSPC, EFBIG, ...), leaving `path` untouched.
-inline void save_safetensors(const std::filesystem::path& path,
-                             std::span<const NamedTensor> tensors,
-                             const SafetensorsMetadata& metadata = {},
-                             const SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE void save_safetensors(const std::filesystem::path& path,
+                                      std::span<const NamedTensor> tensors,
+                                      const SafetensorsMetadata& metadata,
+                                      const SafetensorsWriteOptions& options) {
   const SafetensorsLayout layout = plan_safetensors(tensors, metadata, options);
   AtomicFile file(path, AtomicFileOptions{.durable = options.durable});
   file.reserve(layout.file_bytes());
   write_safetensors(layout, tensors, [&](const std::byte* p, std::size_t n) { file.write(p, n); });
   file.commit();
 }
-inline void save_safetensors(const std::filesystem::path& path,
-                             std::initializer_list<NamedTensor> tensors,
-                             const SafetensorsMetadata& metadata = {},
-                             const SafetensorsWriteOptions& options = {}) {
-  save_safetensors(path, std::span<const NamedTensor>(tensors.begin(), tensors.size()), metadata,
-                   options);
-}
 
-// ---- Sharded sets: model-00001-of-00003.safetensors + model.safetensors.index.json -----------
-
-/// The index file name of a sharded set (Hugging Face convention).
-inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
-
-/// "model-00001-of-00003.safetensors" for shard `i` (0-based) of `n`, as huggingface_hub names
-/// them (`prefix` replaces "model").
-inline std::string safetensors_shard_name(std::size_t i, std::size_t n,
-                                          std::string_view prefix = "model") {
+TRAINKIT_INLINE std::string safetensors_shard_name(std::size_t i, std::size_t n,
+                                                   std::string_view prefix) {
   TRAINKIT_CHECK(n > 0 && i < n, "shard index ", i, " out of range for ", n, " shards");
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
   return std::string(prefix) + buf;
 }
 
-/// `model.safetensors.index.json`: {"metadata": {...}, "weight_map": {tensor: shard file}}.
-struct SafetensorsIndex {
-  /// Free-form; Hugging Face writes {"total_size": <bytes of all tensors>}.
-  Json metadata = Json::object();
-  /// Tensor name -> shard file name, relative to the index's directory.
-  std::map<std::string, std::string, std::less<>> weight_map;
-
-  /// The distinct shard files, sorted.
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& [name, file] : weight_map) out.push_back(file);
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  }
-
-  /// metadata["total_size"] when it is a non-negative integer.
-  std::optional<std::uint64_t> total_size() const {
-    const Json* v = metadata.is_object() ? metadata.find("total_size") : nullptr;
-    if (v == nullptr || !v->is_unsigned()) return std::nullopt;
-    return v->as_uint();
-  }
-
-  /// The file text: 2-space indented JSON with sorted keys and a final newline, the layout
-  /// `transformers` writes.
-  std::string to_json() const {
-    Json root = Json::object();
-    Json meta = metadata;
-    if (meta.is_object())
-      std::sort(meta.as_object().begin(), meta.as_object().end(),
-                [](const JsonMember& a, const JsonMember& b) { return a.key < b.key; });
-    root.set("metadata", std::move(meta));
-    Json map = Json::object();
-    map.as_object().reserve(weight_map.size());
-    for (const auto& [name, file] : weight_map) map.as_object().push_back({name, Json(file)});
-    root.set("weight_map", std::move(map));
-    return root.dump(2) + "\n";
-  }
-
-  /// Parses and checks an index: an object with a "weight_map" object of strings (required) and
-  /// an optional "metadata" object; shard names must be relative paths without "..". Throws
-  /// trainkit::Error naming `source` and the offending entry.
-  static SafetensorsIndex parse(std::string_view text, std::string_view source = "index") {
-    using ::trainkit::detail::concat;
-    const Json root = Json::parse(text, source);
-    TRAINKIT_CHECK(root.is_object(), "safetensors index '", source,
-                   "': expected a JSON object at the top level");
-    SafetensorsIndex index;
-    if (const Json* m = root.find("metadata"); m != nullptr && !m->is_null()) {
-      TRAINKIT_CHECK(m->is_object(), "safetensors index '", source,
-                     "': 'metadata' is not an object");
-      index.metadata = *m;
-    }
-    const Json* map = root.find("weight_map");
-    TRAINKIT_CHECK(map != nullptr && map->is_object(), "safetensors index '", source,
-                   "': missing 'weight_map' object");
-    for (const JsonMember& e : map->as_object()) {
-      TRAINKIT_CHECK(e.value.is_string(), "safetensors index '", source, "': weight_map['",
-                     detail::printable(e.key), "'] is not a string");
-      const std::string& file = e.value.as_string();
-      const std::filesystem::path p(file);
-      bool escapes = file.empty() || p.is_absolute();
-      for (const auto& part : p) escapes = escapes || part == "..";
-      TRAINKIT_CHECK(!escapes, "safetensors index '", source, "': weight_map['",
-                     detail::printable(e.key), "'] = '", detail::printable(file),
-                     "' is not a relative path inside the index's directory");
-      index.weight_map.emplace(e.key, file);
-    }
-    return index;
-  }
-};
-
-/// Writes an index file crash-safely (see AtomicFile).
-inline void save_safetensors_index(const std::filesystem::path& path, const SafetensorsIndex& index,
-                                   AtomicFileOptions options = {}) {
-  write_file_atomic(path, std::string_view(index.to_json()), options);
+TRAINKIT_INLINE std::vector<std::string> SafetensorsIndex::files() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : weight_map) out.push_back(file);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
-/// Reads and checks an index file (see SafetensorsIndex::parse).
-inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
-  const MappedFile map(path);
-  return SafetensorsIndex::parse(
-      std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
+TRAINKIT_INLINE std::string SafetensorsIndex::to_json() const {
+  Json root = Json::object();
+  Json meta = metadata;
+  if (meta.is_object())
+    std::sort(meta.as_object().begin(), meta.as_object().end(),
+              [](const JsonMember& a, const JsonMember& b) { return a.key < b.key; });
+  root.set("metadata", std::move(meta));
+  Json map = Json::object();
+  map.as_object().reserve(weight_map.size());
+  for (const auto& [name, file] : weight_map) map.as_object().push_back({name, Json(file)});
+  root.set("weight_map", std::move(map));
+  return root.dump(2) + "\n";
 }
 
-/// A sharded set opened through its index: every shard is mapped and validated, and every
-/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
-class SafetensorsShards {
- public:
-  /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
-  explicit SafetensorsShards(const std::filesystem::path& index_path)
-      : index_(load_safetensors_index(index_path)) {
-    const std::filesystem::path dir = index_path.parent_path();
-    for (const std::string& file : index_.files())
-      shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
-    for (const auto& [name, file] : index_.weight_map) {
-      const SafetensorsFile& shard = *shards_.at(file);
-      TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                     "' maps tensor '", detail::printable(name), "' to '", file,
-                     "', which does not hold it");
-    }
+TRAINKIT_INLINE SafetensorsIndex SafetensorsIndex::parse(std::string_view text,
+                                                         std::string_view source) {
+  using ::trainkit::detail::concat;
+  const Json root = Json::parse(text, source);
+  TRAINKIT_CHECK(root.is_object(), "safetensors index '", source,
+                 "': expected a JSON object at the top level");
+  SafetensorsIndex index;
+  if (const Json* m = root.find("metadata"); m != nullptr && !m->is_null()) {
+    TRAINKIT_CHECK(m->is_object(), "safetensors index '", source, "': 'metadata' is not an object");
+    index.metadata = *m;
   }
+  const Json* map = root.find("weight_map");
+  TRAINKIT_CHECK(map != nullptr && map->is_object(), "safetensors index '", source,
+                 "': missing 'weight_map' object");
+  for (const JsonMember& e : map->as_object()) {
+    TRAINKIT_CHECK(e.value.is_string(), "safetensors index '", source, "': weight_map['",
+                   detail::printable(e.key), "'] is not a string");
+    const std::string& file = e.value.as_string();
+    const std::filesystem::path p(file);
+    bool escapes = file.empty() || p.is_absolute();
+    for (const auto& part : p) escapes = escapes || part == "..";
+    TRAINKIT_CHECK(!escapes, "safetensors index '", source, "': weight_map['",
+                   detail::printable(e.key), "'] = '", detail::printable(file),
+                   "' is not a relative path inside the index's directory");
+    index.weight_map.emplace(e.key, file);
+  }
+  return index;
+}
 
-  const SafetensorsIndex& index() const noexcept { return index_; }
-  std::size_t size() const noexcept { return index_.weight_map.size(); }
-  bool contains(std::string_view name) const { return index_.weight_map.count(name) != 0; }
-  /// The shard holding `name`; throws when the index does not list it.
-  const SafetensorsFile& shard_of(std::string_view name) const {
-    const auto it = index_.weight_map.find(name);
-    TRAINKIT_CHECK(it != index_.weight_map.end(), "sharded safetensors set: no tensor named '",
-                   detail::printable(name), "' in the index");
-    return *shards_.at(it->second);
+TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path)
+    : index_(load_safetensors_index(index_path)) {
+  const std::filesystem::path dir = index_path.parent_path();
+  for (const std::string& file : index_.files())
+    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+  for (const auto& [name, file] : index_.weight_map) {
+    const SafetensorsFile& shard = *shards_.at(file);
+    TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
+                   "' maps tensor '", detail::printable(name), "' to '", file,
+                   "', which does not hold it");
   }
-  /// A zero-copy view of `name` from its shard.
-  AnyTensorView tensor(std::string_view name) const { return shard_of(name).tensor(name); }
-  /// The opened shards by file name.
-  const std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>>& shards() const {
-    return shards_;
-  }
+}
 
- private:
-  SafetensorsIndex index_;
-  std::map<std::string, std::unique_ptr<SafetensorsFile>, std::less<>> shards_;
-};
+TRAINKIT_INLINE const SafetensorsFile& SafetensorsShards::shard_of(std::string_view name) const {
+  const auto it = index_.weight_map.find(name);
+  TRAINKIT_CHECK(it != index_.weight_map.end(), "sharded safetensors set: no tensor named '",
+                 detail::printable(name), "' in the index");
+  return *shards_.at(it->second);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace io
 TRAINKIT_NAMESPACE_END
@@ -9809,6 +10197,17 @@ void host_bias_grad(const exec::Host* host, const OperandRef<TA>& a, std::int64_
     }
   });
 }
+
+#if TRAINKIT_SEPARATE_COMPILATION
+// The all-f32 paths, the ones every f32 layer takes, are instantiated once, in the compiled
+// library (src/trainkit.cpp); other element types are still instantiated where they are used.
+extern template void host_gemm_2d<float, float, float>(const exec::Host*, const GemmShape&,
+                                                       const OperandRef<float>&,
+                                                       const OperandRef<float>&,
+                                                       const GemmOutput<float>&, GemmMicroKernel);
+extern template void host_bias_grad<float, float>(const exec::Host*, const OperandRef<float>&,
+                                                  std::int64_t, std::int64_t, float*);
+#endif
 
 }  // namespace detail
 }  // namespace blas
@@ -12234,6 +12633,10 @@ struct LinearOptions {
   Init weight_init = Init::kaiming_uniform(kTorchLinearKaimingA);
   /// Unset: U(-1/sqrt(in), 1/sqrt(in)), as PyTorch.
   std::optional<Init> bias_init = std::nullopt;
+  /// Valid: use this [out_features, in_features] parameter of the arena as the weight instead
+  /// of registering "<name>.weight" (weight tying, e.g. a language model's head and its token
+  /// embedding); both users' gradients add up in its gradient. weight_init is then unused.
+  ParamId tied_weight = {};
 };
 
 /// Fully connected layer y = x W^T + b (torch.nn.Linear). Parameters "<name>.weight" [out, in]
@@ -12253,7 +12656,16 @@ class Linear {
   Linear(ParamArena<S>& arena, const std::string& name, LinearOptions options)
       : arena_(&arena), in_(options.in_features), out_(options.out_features) {
     detail::check_sizes_positive("nn::Linear", name, "in_features", in_, "out_features", out_);
-    weight_ = arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
+    if (options.tied_weight.valid()) {
+      const ParamInfo& tied = arena.info(options.tied_weight);
+      TRAINKIT_CHECK(tied.shape == Shape({out_, in_}), "nn::Linear '", name, "': the tied weight '",
+                     tied.name, "' is ", tied.shape.to_string(), ", the layer needs [", out_, ", ",
+                     in_, "]");
+      weight_ = options.tied_weight;
+    } else {
+      weight_ =
+          arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
+    }
     if (options.bias) {
       const auto bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in_)));
       bias_ = arena.add(detail::child_name(name, "bias"), Shape{out_},
@@ -13961,6 +14373,312 @@ TransformerBlock(ParamArena<S>&, const std::string&, TransformerBlockOptions)
 }  // namespace nn
 TRAINKIT_NAMESPACE_END
 // end trainkit/nn/transformer_block.hpp
+// defines: nn::Gpt, GptOptions (a GPT-2 language model)
+// begin trainkit/nn/gpt.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/nn/gpt.hpp: `Gpt`, a GPT-2 language model: token + position embeddings, dropout,
+// n_layer pre-LayerNorm TransformerBlocks, a final LayerNorm and the lm_head, with PyTorch
+// (nanoGPT) state-dict names. Written once for both memory spaces and every precision policy:
+// `Gpt<Space::kHost>` runs on exec::Host, `Gpt<Space::kDevice>` on exec::Cuda, and forward<P> /
+// backward<P> take the policy (Fp32, Tf32, Bf16, Fp16) that sets the activation type.
+//
+// Which PyTorch module it is: nanoGPT's `GPT(GPTConfig(block_size, vocab_size, n_layer, n_head,
+// n_embd, dropout=0.0, bias))` with two differences, both stated by an option or fixed here:
+//   - GELU is the tanh approximation (GPT-2's, torch.nn.GELU(approximate='tanh')); nanoGPT's MLP
+//     uses the exact erf GELU. Weights trained by one load into the other, but the functions differ
+//     by up to ~1e-3 per activation.
+//   - the lm_head is tied to transformer.wte (nanoGPT's and GPT-2's choice) only with
+//     `tie_weights`; untied it is its own "lm_head.weight" [V, C] parameter.
+// Dropout, when p > 0, is applied after the embeddings only (nanoGPT's `transformer.drop`); the
+// attention and residual dropouts of nanoGPT are not implemented. tests/nn/test_gpt.cpp checks
+// logits and every gradient against that module in PyTorch, tied and untied.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+
+/// Options of nn::Gpt (nanoGPT's GPTConfig, plus the head tying and the dropout seed).
+struct GptOptions {
+  std::int64_t vocab_size = 0;  ///< V: token ids are in [0, V)
+  std::int64_t block_size = 0;  ///< the longest context T (rows of the position table)
+  std::int64_t n_layer = 0;
+  std::int64_t n_head = 0;
+  std::int64_t n_embd = 0;  ///< C, a multiple of n_head
+  bool bias = true;         ///< biases in the blocks' Linear and LayerNorm layers and in ln_f
+  /// lm_head.weight is transformer.wte.weight (GPT-2): one [V, C] parameter, whose gradient
+  /// gets both the embedding's and the head's contribution.
+  bool tie_weights = false;
+  float dropout = 0.0f;    ///< dropout probability after the embeddings
+  std::uint64_t seed = 0;  ///< key of the dropout masks
+};
+
+/// A GPT-2 model. Parameters (in registration order): transformer.wte.weight [V, C],
+/// transformer.wpe.weight [block_size, C], transformer.h.<l>.* (see TransformerBlock),
+/// transformer.ln_f.{weight,bias}, lm_head.weight [V, C] unless tied. GPT-2 initialisation:
+/// N(0, 0.02) for embeddings and weights, N(0, 0.02 / sqrt(2 n_layer)) for the residual
+/// projections, zero biases, LayerNorm weights one.
+///
+/// Shapes: ids [B, T] (int32 or int64 token ids, T <= block_size, contiguous), logits [B*T, V]
+/// in the policy's activation type; row b*T + t holds the scores of the token after ids[b, t].
+/// forward writes logits and fills the caller's Context; backward reads ids, that context and
+/// dlogits (e.g. SoftmaxCrossEntropy's) and adds every parameter gradient to the arena.
+/// Set the dropout step before each training forward (`set_step`); eval() turns dropout off.
+template <Space S = Space::kHost>
+class Gpt {
+ public:
+  /// What forward saves for backward: the embeddings, each block's input, ln_f's output and the
+  /// contexts of the blocks and of ln_f (activations in the policy's type, in space S). Keep one
+  /// per forward whose backward is still to come; refilling it reuses its memory.
+  class Context {
+   public:
+    bool filled() const noexcept { return rec_.filled(); }
+
+   private:
+    friend class Gpt;
+    detail::ForwardRecord rec_;
+    detail::Bytes<S> emb_;  // the embeddings before dropout (only when dropout is applied)
+    detail::Bytes<S> xs_;   // n_layer + 1 [N, C] slices: the input of each block, then of ln_f
+    detail::Bytes<S> h_;    // ln_f's output, the lm_head's input
+    detail::Bytes<S> pos_;  // position ids [N] (n % T) for the shape pos_shape_
+    std::pair<std::int64_t, std::int64_t> pos_shape_{-1, -1};
+    std::vector<typename TransformerBlock<S>::Context> blocks_;
+    typename LayerNorm<S>::Context ln_f_;
+    bool dropped_ = false;  // dropout applied in forward, at step drop_step_
+    std::uint32_t drop_step_ = 0;
+  };
+
+  Gpt(ParamArena<S>& arena, GptOptions options)
+      : options_(checked(options)),
+        wte_(arena, "transformer.wte", {options.vocab_size, options.n_embd, kInit}),
+        wpe_(arena, "transformer.wpe", {options.block_size, options.n_embd, kInit}),
+        blocks_(make_blocks(arena, options)),
+        ln_f_(arena, "transformer.ln_f", {.features = options.n_embd, .bias = options.bias}),
+        lm_head_(arena, "lm_head",
+                 {.in_features = options.n_embd,
+                  .out_features = options.vocab_size,
+                  .bias = false,
+                  .weight_init = kInit,
+                  .tied_weight = options.tie_weights ? wte_.weight() : ParamId{}}),
+        drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {}
+
+  const GptOptions& options() const noexcept { return options_; }
+  /// Parameters of the matrix products per token (the blocks' four weights and the lm_head's),
+  /// the N of the usual 6 N FLOPs-per-token estimate; embeddings, biases and norms excluded.
+  std::int64_t matmul_parameters() const noexcept {
+    const std::int64_t C = options_.n_embd;
+    return options_.n_layer * 12 * C * C + options_.vocab_size * C;
+  }
+
+  /// Training mode (the default) applies dropout; eval mode does not.
+  void train(bool on = true) noexcept { drop_.train(on); }
+  void eval() noexcept { drop_.eval(); }
+  /// The step the next forward draws its dropout mask for (the run's step counter).
+  void set_step(std::uint32_t step) noexcept { drop_.set_step(step); }
+  /// The dropout layer (its step and mode are part of a checkpoint: register it).
+  Dropout& dropout() noexcept { return drop_; }
+  const Dropout& dropout() const noexcept { return drop_; }
+
+  template <amp::Policy P = amp::Fp32, class E, class I, class TL>
+  void forward(const E& exec, Context& ctx, TensorView<I, 2, S> ids, TensorView<TL, 2, S> logits) {
+    using T = TL;
+    detail::check_call<P, E, S, TL>();
+    check_ids("nn::Gpt::forward", ids);
+    const std::int64_t B = ids.size(0), Tn = ids.size(1), N = B * Tn, C = options_.n_embd;
+    TRAINKIT_CHECK(logits.size(0) == N && logits.size(1) == options_.vocab_size,
+                   "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
+                   "] must be [", N, ", ", options_.vocab_size, "]");
+    detail::check_contiguous("nn::Gpt::forward", "logits", logits);
+    ctx.rec_.template set<T>(B, Tn);
+    ctx.blocks_.resize(blocks_.size());
+    ctx.dropped_ = drop_.training() && drop_.options().p > 0.0f;
+    ctx.drop_step_ = drop_.step();
+    T* xs = ctx.xs_.template get<T>((n_layer() + 1) * N * C);
+    T* emb = ctx.dropped_ ? ctx.emb_.template get<T>(N * C) : xs;
+    const auto flat_ids = ids.template reshape<1>(Extents<1>{{N}});
+    wte_.template forward<P>(exec, flat_ids, mat(emb, N, C));
+    wpe_.template forward<P>(exec, positions(ctx, B, Tn), mat(emb, N, C), Write::kAccumulate);
+    if (ctx.dropped_) drop_.template forward<P>(exec, mat<const T>(emb, N, C), mat(xs, N, C));
+    for (std::int64_t l = 0; l < n_layer(); ++l)
+      blocks_[std::size_t(l)].template forward<P>(exec, ctx.blocks_[std::size_t(l)],
+                                                  cube<const T>(xs + l * N * C, B, Tn),
+                                                  cube(xs + (l + 1) * N * C, B, Tn));
+    T* h = ctx.h_.template get<T>(N * C);
+    ln_f_.template forward<P>(exec, ctx.ln_f_, mat<const T>(xs + n_layer() * N * C, N, C),
+                              mat(h, N, C));
+    lm_head_.template forward<P>(exec, mat<const T>(h, N, C), logits);
+  }
+
+  /// Adds the gradients of the forward that filled ctx (with these ids) to the arena, given
+  /// dlogits [B*T, V].
+  template <amp::Policy P = amp::Fp32, class E, class I, class TD>
+  void backward(const E& exec, const Context& ctx, TensorView<I, 2, S> ids,
+                TensorView<TD, 2, S> dlogits) {
+    using T = std::remove_const_t<TD>;
+    detail::check_call<P, E, S, TD>();
+    check_ids("nn::Gpt::backward", ids);
+    const std::int64_t B = ids.size(0), Tn = ids.size(1), N = B * Tn, C = options_.n_embd;
+    ctx.rec_.template check<T>("nn::Gpt::backward", B, Tn);
+    TRAINKIT_CHECK(dlogits.size(0) == N && dlogits.size(1) == options_.vocab_size,
+                   "nn::Gpt::backward: dlogits ", detail::shape_of(dlogits), " must be [", N, ", ",
+                   options_.vocab_size, "]");
+    const T* xs = ctx.xs_.template data<T>();
+    T* da = da_.template get<T>(N * C);
+    T* db = db_.template get<T>(N * C);
+    lm_head_.template backward<P>(exec, mat(ctx.h_.template data<T>(), N, C),
+                                  TensorView<const T, 2, S>(dlogits), mat(da, N, C));
+    ln_f_.template backward<P>(exec, ctx.ln_f_, mat(xs + n_layer() * N * C, N, C),
+                               mat<const T>(da, N, C), mat(db, N, C));
+    std::swap(da, db);  // da: the gradient of the current block's output
+    for (std::int64_t l = n_layer(); l-- > 0;) {
+      blocks_[std::size_t(l)].template backward<P>(exec, ctx.blocks_[std::size_t(l)],
+                                                   cube(xs + l * N * C, B, Tn),
+                                                   cube<const T>(da, B, Tn), cube(db, B, Tn));
+      std::swap(da, db);
+    }
+    if (ctx.dropped_) {  // the mask of the forward's step, whatever the layer's state is now
+      Dropout mask = drop_;
+      mask.train();
+      mask.set_step(ctx.drop_step_);
+      mask.template backward<P>(exec, mat(ctx.emb_.template data<T>(), N, C),
+                                mat<const T>(da, N, C), mat(db, N, C));
+      std::swap(da, db);
+    }
+    const auto flat_ids = ids.template reshape<1>(Extents<1>{{N}});
+    wte_.template backward<P>(exec, flat_ids, mat<const T>(da, N, C));
+    wpe_.template backward<P>(exec, stored_positions(ctx, N), mat<const T>(da, N, C));
+  }
+
+  /// Continues `tokens` by `count` tokens (nanoGPT's GPT.generate): each one from a forward over
+  /// the last block_size tokens, the argmax at temperature 0, else drawn from
+  /// softmax(logits / temperature) with `rng` (deterministic for a given stream). Dropout is off
+  /// meanwhile. Returns the new tokens; `ctx` is refilled (use one that no backward waits for).
+  /// The sampling runs on the host: on the device, the last row of logits is copied back.
+  template <amp::Policy P = amp::Fp32, class E>
+  std::vector<std::int32_t> generate(const E& exec, Context& ctx, std::vector<std::int32_t> tokens,
+                                     std::int64_t count, double temperature, PhiloxStream& rng) {
+    using T = amp::activation_t<P>;
+    TRAINKIT_CHECK(!tokens.empty() && count >= 0 && temperature >= 0.0,
+                   "nn::Gpt::generate: needs at least one token, count >= 0 and temperature >= 0");
+    const std::int64_t V = options_.vocab_size;
+    const bool was_training = drop_.training();
+    drop_.eval();
+    std::vector<std::int32_t> out;
+    std::vector<T> row(static_cast<std::size_t>(V));
+    std::vector<double> p(row.size());
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto n = std::min<std::int64_t>(std::int64_t(tokens.size()), options_.block_size);
+      auto* ids = gen_ids_.template get<std::int32_t>(n);
+      copy_bytes(ids, S, tokens.data() + tokens.size() - std::size_t(n), Space::kHost,
+                 std::size_t(n) * sizeof(std::int32_t), "nn::Gpt::generate");
+      T* logits = gen_logits_.template get<T>(n * V);
+      forward<P>(exec, ctx, make_view<S>(static_cast<const std::int32_t*>(ids), {1, n}),
+                 mat(logits, n, V));
+      copy_bytes(row.data(), Space::kHost, logits + (n - 1) * V, S, row.size() * sizeof(T),
+                 "nn::Gpt::generate");  // waits for the forward on the device
+      std::int64_t next = 0;
+      for (std::int64_t v = 1; v < V; ++v)
+        if (detail::load(row[std::size_t(v)]) > detail::load(row[std::size_t(next)])) next = v;
+      if (temperature > 0.0) {
+        const double top = detail::load(row[std::size_t(next)]);
+        double total = 0.0;
+        for (std::size_t v = 0; v < p.size(); ++v)
+          total += p[v] = std::exp((double(detail::load(row[v])) - top) / temperature);
+        double u = double(rng.next_uniform()) * total;
+        for (next = 0; next < V - 1 && (u -= p[std::size_t(next)]) >= 0.0; ++next) {
+        }
+      }
+      tokens.push_back(std::int32_t(next));
+      out.push_back(std::int32_t(next));
+    }
+    drop_.train(was_training);
+    return out;
+  }
+
+ private:
+  static constexpr Init kInit = Init::normal(0.0f, 0.02f);
+
+  static GptOptions checked(const GptOptions& o) {
+    TRAINKIT_CHECK(
+        o.vocab_size > 0 && o.block_size > 0 && o.n_layer > 0 && o.n_head > 0 && o.n_embd > 0,
+        "nn::Gpt: vocab_size, block_size, n_layer, n_head and n_embd must be > 0, got ",
+        o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
+    TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
+                   " is not a multiple of n_head ", o.n_head);
+    return o;
+  }
+  static std::vector<TransformerBlock<S>> make_blocks(ParamArena<S>& arena, const GptOptions& o) {
+    std::vector<TransformerBlock<S>> blocks;
+    blocks.reserve(static_cast<std::size_t>(o.n_layer));
+    for (std::int64_t l = 0; l < o.n_layer; ++l)
+      blocks.emplace_back(
+          arena, "transformer.h." + std::to_string(l),
+          TransformerBlockOptions{
+              .n_embd = o.n_embd, .n_head = o.n_head, .bias = o.bias, .n_layer = o.n_layer});
+    return blocks;
+  }
+
+  std::int64_t n_layer() const noexcept { return options_.n_layer; }
+
+  template <class V>
+  void check_ids(const char* who, const V& ids) const {
+    TRAINKIT_CHECK(ids.size(0) >= 1 && ids.size(1) >= 1 && ids.size(1) <= options_.block_size, who,
+                   ": ids ", detail::shape_of(ids),
+                   " must be [B, T] with B >= 1 and 1 <= T <= ", options_.block_size,
+                   " (block_size)");
+    detail::check_contiguous(who, "ids", ids);
+  }
+
+  /// Position ids n % T for a [B, T] batch, rebuilt only when the shape changes.
+  TensorView<const std::int32_t, 1, S> positions(Context& ctx, std::int64_t B, std::int64_t T) {
+    const std::int64_t N = B * T;
+    if (ctx.pos_shape_ != std::pair{B, T}) {
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(N));
+      for (std::int64_t n = 0; n < N; ++n) pos[std::size_t(n)] = static_cast<std::int32_t>(n % T);
+      copy_bytes(ctx.pos_.template get<std::int32_t>(N), S, pos.data(), Space::kHost,
+                 pos.size() * sizeof(std::int32_t), "nn::Gpt positions");
+      ctx.pos_shape_ = {B, T};
+    }
+    return stored_positions(ctx, N);
+  }
+  static TensorView<const std::int32_t, 1, S> stored_positions(const Context& ctx, std::int64_t N) {
+    return TensorView<const std::int32_t, 1, S>(ctx.pos_.template data<std::int32_t>(),
+                                                Extents<1>{{N}});
+  }
+
+  template <class T>
+  static TensorView<T, 2, S> mat(T* p, std::int64_t rows, std::int64_t cols) {
+    return detail::mat<S>(p, rows, cols);
+  }
+  template <class T>
+  TensorView<T, 3, S> cube(T* p, std::int64_t B, std::int64_t T_) const {
+    return make_view<S>(p, {B, T_, options_.n_embd});
+  }
+
+  GptOptions options_;
+  Embedding<S> wte_;
+  Embedding<S> wpe_;
+  std::vector<TransformerBlock<S>> blocks_;
+  LayerNorm<S> ln_f_;
+  Linear<S> lm_head_;
+  Dropout drop_;
+  detail::Bytes<S> da_, db_;  // backward's two gradient buffers [N, C], swapped layer by layer
+  detail::Bytes<S> gen_ids_, gen_logits_;  // generate()'s window and logits
+};
+
+template <Space S>
+Gpt(ParamArena<S>&, GptOptions) -> Gpt<S>;
+
+}  // namespace nn
+TRAINKIT_NAMESPACE_END
+// end trainkit/nn/gpt.hpp
 // defines: nn::Sequential, StackableLayer
 // begin trainkit/nn/sequential.hpp
 // SPDX-License-Identifier: MIT
@@ -17054,6 +17772,20 @@ inline std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosin
                                         std::vector<std::int64_t>{o.warmup_steps});
 }
 
+/// Puts `schedule` and the groups' learning rates where a schedule made by `make(groups)` is
+/// after `steps` steps from the groups' initial lr: replayed on a copy of the groups, so the
+/// result equals that schedule followed from step 0, bit for bit. For a resumed run that switches
+/// schedules, e.g. to a longer one: the restored `schedule` must be of the type `make` returns.
+template <class Make>
+void replay_schedule(LRScheduler& schedule, LrGroups& groups, std::int64_t steps, Make&& make) {
+  LrGroups copy = groups;
+  copy.lr = copy.initial_lr;
+  auto fresh = make(copy);
+  for (std::int64_t s = 0; s < steps; ++s) fresh->step();
+  schedule.load_state_dict(fresh->state_dict());
+  groups.lr = copy.lr;
+}
+
 /// torch.optim.lr_scheduler.ReduceLROnPlateau: step(metric) after each evaluation; after more
 /// than `patience` evaluations without improvement (beyond `threshold`, relative or absolute)
 /// every group's lr becomes max(lr * factor, min_lr) if that changes it by more than eps; then
@@ -17486,27 +18218,7 @@ namespace data {
 /// n < 2^32 / 20, randperm starts from 0..n-1 and swaps element i with i + random() % (n - i)
 /// (one 32-bit draw per swap); for larger n it runs the "inside-out" Fisher-Yates shuffle with
 /// 64-bit draws (two words, high first) (aten/src/ATen/native/TensorFactories.cpp `randperm_cpu`).
-inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t seed) {
-  TRAINKIT_CHECK(n >= 0, "torch_randperm: negative n ", n);
-  std::vector<std::int64_t> r(static_cast<std::size_t>(n));
-  std::mt19937 engine(static_cast<std::uint32_t>(seed));
-  if (n < static_cast<std::int64_t>(0xffffffffu / 20)) {
-    std::iota(r.begin(), r.end(), std::int64_t{0});
-    for (std::int64_t i = 0; i + 1 < n; ++i) {
-      const auto z = static_cast<std::int64_t>(engine() % static_cast<std::uint64_t>(n - i));
-      std::swap(r[static_cast<std::size_t>(i)], r[static_cast<std::size_t>(z + i)]);
-    }
-    return r;
-  }
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint64_t hi = engine();
-    const std::uint64_t lo = engine();
-    const auto z = static_cast<std::size_t>(((hi << 32) | lo) % static_cast<std::uint64_t>(i + 1));
-    r[static_cast<std::size_t>(i)] = r[z];
-    r[z] = i;
-  }
-  return r;
-}
+TRAINKIT_INLINE std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t seed);
 
 /// 0, 1, ..., n-1 every epoch.
 class SequentialSampler {
@@ -17522,12 +18234,7 @@ class SequentialSampler {
   /// Samplers are pure functions of (seed, epoch, rank, world_size): nothing to restore, but their
   /// configuration is saved and checked on load, so a resumed run with another seed or
   /// world_size fails loudly instead of visiting other samples.
-  StateDict state_dict() const {
-    StateDict sd;
-    sd.set("kind", "SequentialSampler");
-    sd.set_u64("size", n_);
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
   void load_state_dict(const StateDict& sd) const {
     const char* who = "restoring a SequentialSampler";
     check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "SequentialSampler");
@@ -17551,19 +18258,8 @@ class RandomSampler {
   }
 
   /// Configuration only, checked on load (see SequentialSampler::state_dict).
-  StateDict state_dict() const {
-    StateDict sd;
-    sd.set("kind", "RandomSampler");
-    sd.set_u64("size", n_);
-    sd.set_u64("seed", seed_);
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) const {
-    const char* who = "restoring a RandomSampler";
-    check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "RandomSampler");
-    check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
-    check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), seed_);
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd) const;
 
  private:
   std::size_t n_;
@@ -17586,19 +18282,7 @@ struct DistributedOptions {
 class DistributedSampler {
  public:
   /// Throws trainkit::Error when world_size is 0 or rank >= world_size.
-  DistributedSampler(std::size_t n, const DistributedOptions& options) : n_(n), o_(options) {
-    TRAINKIT_CHECK(o_.world_size >= 1, "DistributedSampler: world_size must be >= 1");
-    TRAINKIT_CHECK(o_.rank < o_.world_size, "DistributedSampler: rank ", o_.rank,
-                   " is not in [0, world_size=", o_.world_size, ")");
-    if (o_.drop_last && n_ % o_.world_size != 0) {
-      // ceil((N - R) / R), as math.ceil does for the (possibly negative) float.
-      num_samples_ =
-          n_ > o_.world_size ? (n_ - o_.world_size + o_.world_size - 1) / o_.world_size : 0;
-    } else {
-      num_samples_ = (n_ + o_.world_size - 1) / o_.world_size;
-    }
-    total_size_ = num_samples_ * o_.world_size;
-  }
+  TRAINKIT_INLINE DistributedSampler(std::size_t n, const DistributedOptions& options);
 
   /// Samples this rank visits per epoch (PyTorch's num_samples).
   std::size_t size() const noexcept { return num_samples_; }
@@ -17608,46 +18292,13 @@ class DistributedSampler {
 
   /// This rank's indices in epoch `epoch` (what iterating PyTorch's sampler yields after
   /// set_epoch(epoch)).
-  std::vector<std::int64_t> indices(std::uint64_t epoch) const {
-    std::vector<std::int64_t> all;
-    if (o_.shuffle) {
-      all = torch_randperm(static_cast<std::int64_t>(n_), o_.seed + epoch);
-    } else {
-      all.resize(n_);
-      std::iota(all.begin(), all.end(), std::int64_t{0});
-    }
-    std::vector<std::int64_t> out;
-    out.reserve(num_samples_);
-    // Position p of the padded list is all[p % N] (padding repeats the list from its head).
-    for (std::size_t p = o_.rank; p < total_size_; p += o_.world_size) out.push_back(all[p % n_]);
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::int64_t> indices(std::uint64_t epoch) const;
 
   /// Configuration only, checked on load (see SequentialSampler::state_dict): a plain list of
   /// settings, alike in shape to other key/value writers (the checkpoint manifest). The key
   /// "world" holds world_size.
-  StateDict state_dict() const {
-    StateDict sd;
-    sd.set("kind", "DistributedSampler");
-    sd.set_u64("num_samples", num_samples_);
-    sd.set_u64("total_size", total_size_);
-    sd.set_u64("world", o_.world_size);
-    sd.set_u64("rank", o_.rank);
-    sd.set_u64("seed", o_.seed);
-    sd.set("shuffle", o_.shuffle);
-    sd.set("drop_last", o_.drop_last);
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) const {
-    const char* who = "restoring a DistributedSampler";
-    check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "DistributedSampler");
-    check_saved_setting<std::uint64_t>(who, "world_size", sd.get_u64("world"), o_.world_size);
-    check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
-    check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
-    check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);
-    check_saved_setting<bool>(who, "shuffle", sd.get_int("shuffle") != 0, o_.shuffle);
-    check_saved_setting<bool>(who, "drop_last", sd.get_int("drop_last") != 0, o_.drop_last);
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd) const;
 
  private:
   std::size_t n_;
@@ -17655,6 +18306,109 @@ class DistributedSampler {
   std::size_t num_samples_ = 0;
   std::size_t total_size_ = 0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t seed) {
+  TRAINKIT_CHECK(n >= 0, "torch_randperm: negative n ", n);
+  std::vector<std::int64_t> r(static_cast<std::size_t>(n));
+  std::mt19937 engine(static_cast<std::uint32_t>(seed));
+  if (n < static_cast<std::int64_t>(0xffffffffu / 20)) {
+    std::iota(r.begin(), r.end(), std::int64_t{0});
+    for (std::int64_t i = 0; i + 1 < n; ++i) {
+      const auto z = static_cast<std::int64_t>(engine() % static_cast<std::uint64_t>(n - i));
+      std::swap(r[static_cast<std::size_t>(i)], r[static_cast<std::size_t>(z + i)]);
+    }
+    return r;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t hi = engine();
+    const std::uint64_t lo = engine();
+    const auto z = static_cast<std::size_t>(((hi << 32) | lo) % static_cast<std::uint64_t>(i + 1));
+    r[static_cast<std::size_t>(i)] = r[z];
+    r[z] = i;
+  }
+  return r;
+}
+
+TRAINKIT_INLINE StateDict SequentialSampler::state_dict() const {
+  StateDict sd;
+  sd.set("kind", "SequentialSampler");
+  sd.set_u64("size", n_);
+  return sd;
+}
+
+TRAINKIT_INLINE StateDict RandomSampler::state_dict() const {
+  StateDict sd;
+  sd.set("kind", "RandomSampler");
+  sd.set_u64("size", n_);
+  sd.set_u64("seed", seed_);
+  return sd;
+}
+
+TRAINKIT_INLINE void RandomSampler::load_state_dict(const StateDict& sd) const {
+  const char* who = "restoring a RandomSampler";
+  check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "RandomSampler");
+  check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
+  check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), seed_);
+}
+
+TRAINKIT_INLINE DistributedSampler::DistributedSampler(std::size_t n,
+                                                       const DistributedOptions& options)
+    : n_(n), o_(options) {
+  TRAINKIT_CHECK(o_.world_size >= 1, "DistributedSampler: world_size must be >= 1");
+  TRAINKIT_CHECK(o_.rank < o_.world_size, "DistributedSampler: rank ", o_.rank,
+                 " is not in [0, world_size=", o_.world_size, ")");
+  if (o_.drop_last && n_ % o_.world_size != 0) {
+    // ceil((N - R) / R), as math.ceil does for the (possibly negative) float.
+    num_samples_ =
+        n_ > o_.world_size ? (n_ - o_.world_size + o_.world_size - 1) / o_.world_size : 0;
+  } else {
+    num_samples_ = (n_ + o_.world_size - 1) / o_.world_size;
+  }
+  total_size_ = num_samples_ * o_.world_size;
+}
+
+TRAINKIT_INLINE std::vector<std::int64_t> DistributedSampler::indices(std::uint64_t epoch) const {
+  std::vector<std::int64_t> all;
+  if (o_.shuffle) {
+    all = torch_randperm(static_cast<std::int64_t>(n_), o_.seed + epoch);
+  } else {
+    all.resize(n_);
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+  }
+  std::vector<std::int64_t> out;
+  out.reserve(num_samples_);
+  // Position p of the padded list is all[p % N] (padding repeats the list from its head).
+  for (std::size_t p = o_.rank; p < total_size_; p += o_.world_size) out.push_back(all[p % n_]);
+  return out;
+}
+
+TRAINKIT_INLINE StateDict DistributedSampler::state_dict() const {
+  StateDict sd;
+  sd.set("kind", "DistributedSampler");
+  sd.set_u64("num_samples", num_samples_);
+  sd.set_u64("total_size", total_size_);
+  sd.set_u64("world", o_.world_size);
+  sd.set_u64("rank", o_.rank);
+  sd.set_u64("seed", o_.seed);
+  sd.set("shuffle", o_.shuffle);
+  sd.set("drop_last", o_.drop_last);
+  return sd;
+}
+
+TRAINKIT_INLINE void DistributedSampler::load_state_dict(const StateDict& sd) const {
+  const char* who = "restoring a DistributedSampler";
+  check_saved_setting<std::string>(who, "kind", sd.get_string("kind"), "DistributedSampler");
+  check_saved_setting<std::uint64_t>(who, "world_size", sd.get_u64("world"), o_.world_size);
+  check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
+  check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
+  check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);
+  check_saved_setting<bool>(who, "shuffle", sd.get_int("shuffle") != 0, o_.shuffle);
+  check_saved_setting<bool>(who, "drop_last", sd.get_int("drop_last") != 0, o_.drop_last);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -17681,7 +18435,17 @@ namespace data {
 namespace detail {
 
 /// Parses a (possibly signed) decimal integer that is the whole of `s`.
-inline bool parse_brace_int(std::string_view s, long long& v) {
+TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v);
+
+/// The alternatives of one brace body ("a,b,c" or "1..10..2"), or false if it is neither (bash
+/// then leaves the braces as they are).
+TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out);
+
+TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v) {
   if (s.empty() || s.size() > 18) return false;
   std::size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
   if (i == s.size()) return false;
@@ -17694,9 +18458,7 @@ inline bool parse_brace_int(std::string_view s, long long& v) {
   return true;
 }
 
-/// The alternatives of one brace body ("a,b,c" or "1..10..2"), or false if it is neither (bash
-/// then leaves the braces as they are).
-inline bool brace_alternatives(std::string_view body, std::vector<std::string>& out) {
+TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out) {
   // Top-level commas (nested braces are expanded later, as part of each alternative).
   std::vector<std::string> parts;
   int depth = 0;
@@ -17757,7 +18519,7 @@ inline bool brace_alternatives(std::string_view body, std::vector<std::string>& 
   return false;
 }
 
-inline void expand_braces_into(const std::string& s, std::vector<std::string>& out) {
+TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out) {
   // Find the first '{' whose matching '}' encloses a valid brace expression.
   for (std::size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open + 1)) {
     int depth = 0;
@@ -17780,12 +18542,18 @@ inline void expand_braces_into(const std::string& s, std::vector<std::string>& o
   out.push_back(s);
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Expands a shard pattern into the list of names, in order: "a-{00..02}.tar::b.tar" gives
 /// a-00.tar, a-01.tar, a-02.tar, b.tar. Bash brace semantics; text without a valid brace
 /// expression is kept literally. Throws trainkit::Error for an empty pattern.
-inline std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
+TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   std::vector<std::string> out;
   std::size_t start = 0;
   for (;;) {
@@ -17799,6 +18567,8 @@ inline std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   TRAINKIT_CHECK(!out.empty(), "shard pattern '", pattern, "' names no shards");
   return out;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -17838,29 +18608,8 @@ class NpyDataset {
   /// Maps every file and checks them. Throws trainkit::Error naming the file for anything a
   /// .npy reader refuses (see io::NpyFile), a 0-d array, an empty or duplicate field name, or
   /// files whose first axes differ ("label/feature count mismatch").
-  explicit NpyDataset(std::vector<Source> sources, io::MapAccess access = io::MapAccess::kRandom) {
-    TRAINKIT_CHECK(!sources.empty(), "NpyDataset: no files given");
-    for (Source& s : sources) {
-      TRAINKIT_CHECK(!s.name.empty(), "NpyDataset: empty field name for '", s.path.string(), "'");
-      for (const FieldSpec& f : fields_)
-        TRAINKIT_CHECK(f.name != s.name, "NpyDataset: field '", s.name, "' given twice");
-      io::NpyFile file(s.path, access);
-      TRAINKIT_CHECK(!file.shape().empty(), "NpyDataset: '", file.path(),
-                     "' holds a 0-d array; samples are rows along the first axis");
-      const auto rows = static_cast<std::size_t>(file.shape()[0]);
-      if (files_.empty()) {
-        size_ = rows;
-      } else {
-        TRAINKIT_CHECK(rows == size_, "NpyDataset: sample count mismatch: '", file.path(), "' (",
-                       s.name, ") has ", rows, " rows but '", files_[0].path(), "' (",
-                       fields_[0].name, ") has ", size_);
-      }
-      FieldSpec spec{s.name, file.dtype(), {file.shape().begin() + 1, file.shape().end()}};
-      row_bytes_.push_back(spec.bytes());
-      fields_.push_back(std::move(spec));
-      files_.push_back(std::move(file));
-    }
-  }
+  TRAINKIT_INLINE explicit NpyDataset(std::vector<Source> sources,
+                                      io::MapAccess access = io::MapAccess::kRandom);
 
   /// Number of samples (rows).
   std::size_t size() const noexcept { return size_; }
@@ -17869,25 +18618,10 @@ class NpyDataset {
   const io::NpyFile& file(std::size_t k) const { return files_.at(k); }
 
   /// Copies row `i` of every file into `out`. Throws trainkit::Error for i >= size().
-  void read(std::size_t i, const SampleRef& out) const {
-    TRAINKIT_CHECK(i < size_, "NpyDataset: sample ", i, " out of range [0, ", size_, ") of '",
-                   files_[0].path(), "'");
-    for (std::size_t k = 0; k < files_.size(); ++k) {
-      const std::size_t n = row_bytes_[k];
-      TRAINKIT_CHECK(out[k].size() == n, "NpyDataset: destination for field '", fields_[k].name,
-                     "' has ", out[k].size(), " bytes, expected ", n);
-      if (n > 0) std::memcpy(out[k].data(), files_[k].data() + i * n, n);
-    }
-  }
+  TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   /// "'train_x.npy' row 17 (+ 1 more file)", for error messages.
-  std::string describe(std::size_t i) const {
-    std::string s = "'" + files_[0].path() + "' row " + std::to_string(i);
-    if (files_.size() > 1)
-      s += " (and the same row of " + std::to_string(files_.size() - 1) + " more file" +
-           (files_.size() > 2 ? "s)" : ")");
-    return s;
-  }
+  TRAINKIT_INLINE std::string describe(std::size_t i) const;
 
  private:
   std::vector<io::NpyFile> files_;
@@ -17895,6 +18629,53 @@ class NpyDataset {
   std::vector<std::size_t> row_bytes_;
   std::size_t size_ = 0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE NpyDataset::NpyDataset(std::vector<Source> sources, io::MapAccess access) {
+  TRAINKIT_CHECK(!sources.empty(), "NpyDataset: no files given");
+  for (Source& s : sources) {
+    TRAINKIT_CHECK(!s.name.empty(), "NpyDataset: empty field name for '", s.path.string(), "'");
+    for (const FieldSpec& f : fields_)
+      TRAINKIT_CHECK(f.name != s.name, "NpyDataset: field '", s.name, "' given twice");
+    io::NpyFile file(s.path, access);
+    TRAINKIT_CHECK(!file.shape().empty(), "NpyDataset: '", file.path(),
+                   "' holds a 0-d array; samples are rows along the first axis");
+    const auto rows = static_cast<std::size_t>(file.shape()[0]);
+    if (files_.empty()) {
+      size_ = rows;
+    } else {
+      TRAINKIT_CHECK(rows == size_, "NpyDataset: sample count mismatch: '", file.path(), "' (",
+                     s.name, ") has ", rows, " rows but '", files_[0].path(), "' (",
+                     fields_[0].name, ") has ", size_);
+    }
+    FieldSpec spec{s.name, file.dtype(), {file.shape().begin() + 1, file.shape().end()}};
+    row_bytes_.push_back(spec.bytes());
+    fields_.push_back(std::move(spec));
+    files_.push_back(std::move(file));
+  }
+}
+
+TRAINKIT_INLINE void NpyDataset::read(std::size_t i, const SampleRef& out) const {
+  TRAINKIT_CHECK(i < size_, "NpyDataset: sample ", i, " out of range [0, ", size_, ") of '",
+                 files_[0].path(), "'");
+  for (std::size_t k = 0; k < files_.size(); ++k) {
+    const std::size_t n = row_bytes_[k];
+    TRAINKIT_CHECK(out[k].size() == n, "NpyDataset: destination for field '", fields_[k].name,
+                   "' has ", out[k].size(), " bytes, expected ", n);
+    if (n > 0) std::memcpy(out[k].data(), files_[k].data() + i * n, n);
+  }
+}
+
+TRAINKIT_INLINE std::string NpyDataset::describe(std::size_t i) const {
+  std::string s = "'" + files_[0].path() + "' row " + std::to_string(i);
+  if (files_.size() > 1)
+    s += " (and the same row of " + std::to_string(files_.size() - 1) + " more file" +
+         (files_.size() > 2 ? "s)" : ")");
+  return s;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -17906,7 +18687,7 @@ TRAINKIT_NAMESPACE_END
 // shards (a 256 x int32 header: magic, version, token count; then the tokens). Sample i is a
 // window of T+1 consecutive tokens split into (input = tokens[0..T), target = tokens[1..T]), the
 // shift-by-one pairs llm.c trains on. Shards are memory-mapped; windows never span two shards.
-// tools/write_token_shard.py writes such shards from Python.
+// write_token_shard writes such shards (tools/write_token_shard.py from Python).
 
 #include <algorithm>
 #include <cstddef>
@@ -18100,6 +18881,20 @@ class TokenShardDataset {
   std::size_t size_ = 0;
 };
 
+/// Writes `tokens` as one llm.c shard at `path`, replacing it atomically: the GPT-2 format
+/// (magic 20240520, version 1, uint16 tokens). Throws when the count does not fit the header.
+inline void write_token_shard(const std::filesystem::path& path,
+                              std::span<const std::uint16_t> tokens) {
+  TRAINKIT_CHECK(tokens.size() <= std::size_t(std::numeric_limits<std::int32_t>::max()),
+                 "write_token_shard '", path.string(), "': ", tokens.size(),
+                 " tokens do not fit the header's int32 count");
+  std::int32_t header[kTokenShardHeaderBytes / 4] = {kTokenShardMagicGpt2, 1,
+                                                     static_cast<std::int32_t>(tokens.size())};
+  const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)),
+                                               std::as_bytes(tokens)};
+  io::write_file_atomic(path, pieces);
+}
+
 }  // namespace data
 TRAINKIT_NAMESPACE_END
 // end trainkit/data/token_shards.hpp
@@ -18162,7 +18957,18 @@ namespace detail {
 
 enum class TarDecode : unsigned char { kNpy, kInteger, kJson, kRaw };
 
-inline TarDecode tar_decode_kind(std::string_view ext) {
+TRAINKIT_INLINE TarDecode tar_decode_kind(std::string_view ext);
+
+/// Stores `v` as element `k` of `dst` in dtype `t`; false when it does not fit (or, for integer
+/// types, is not an integer).
+TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double v);
+
+/// Stores the integer `v` in dtype `t` exactly; false when it does not fit.
+TRAINKIT_INLINE bool store_integer(DType t, std::byte* dst, long long v);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TarDecode tar_decode_kind(std::string_view ext) {
   const std::size_t dot = ext.rfind('.');
   const std::string_view last = dot == std::string_view::npos ? ext : ext.substr(dot + 1);
   if (last == "npy") return TarDecode::kNpy;
@@ -18172,9 +18978,7 @@ inline TarDecode tar_decode_kind(std::string_view ext) {
   return TarDecode::kRaw;
 }
 
-/// Stores `v` as element `k` of `dst` in dtype `t`; false when it does not fit (or, for integer
-/// types, is not an integer).
-inline bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
+TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
   auto put = [&](auto x) { std::memcpy(dst + k * sizeof(x), &x, sizeof(x)); };
   auto integral = [&](double lo, double hi) {
     return std::isfinite(v) && v == std::floor(v) && v >= lo && v <= hi;
@@ -18204,8 +19008,7 @@ inline bool store_number(DType t, std::byte* dst, std::size_t k, double v) {
   }
 }
 
-/// Stores the integer `v` in dtype `t` exactly; false when it does not fit.
-inline bool store_integer(DType t, std::byte* dst, long long v) {
+TRAINKIT_INLINE bool store_integer(DType t, std::byte* dst, long long v) {
   auto put = [&](auto x) {
     // Round trip plus sign: rejects truncation and negative values in unsigned types.
     if (static_cast<long long>(x) != v || (v < 0 && !std::is_signed_v<decltype(x)>)) return false;
@@ -18225,6 +19028,8 @@ inline bool store_integer(DType t, std::byte* dst, long long v) {
   }
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Streams WebDataset shards. Satisfies `StreamingDataset`; give it to a Prefetcher, which reads
@@ -18236,106 +19041,21 @@ class TarShardDataset {
       : TarShardDataset(expand_shard_pattern(pattern), std::move(options)) {}
 
   /// Throws trainkit::Error for no fields, a bad field, fewer shards than ranks, or a bad rank.
-  TarShardDataset(std::vector<std::string> shards, TarShardOptions options)
-      : shards_(std::move(shards)), o_(std::move(options)) {
-    TRAINKIT_CHECK(!o_.fields.empty(), "TarShardDataset: no fields declared");
-    TRAINKIT_CHECK(o_.world_size >= 1 && o_.rank < o_.world_size, "TarShardDataset: rank ", o_.rank,
-                   " is not in [0, world_size=", o_.world_size, ")");
-    TRAINKIT_CHECK(shards_.size() >= o_.world_size, "TarShardDataset: ", shards_.size(),
-                   " shard(s) cannot feed ", o_.world_size,
-                   " ranks (each rank reads whole shards)");
-    std::size_t offset = 0;
-    for (TarField& f : o_.fields) {
-      TRAINKIT_CHECK(!f.ext.empty(), "TarShardDataset: field '", f.name, "' has no extension");
-      std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      if (f.name.empty()) f.name = f.ext;
-      for (const FieldSpec& g : fields_)
-        TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
-      FieldSpec spec{f.name, f.dtype, f.shape};
-      std::size_t bytes = dtype_size(f.dtype);
-      for (std::int64_t d : f.shape) {
-        TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
-        bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
-                            "' (", dtype_name(f.dtype), ") bytes per sample");
-      }
-      // Strides and batch sizes are int64 products of these extents: keep them representable.
-      TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
-                     "TarShardDataset: field '", f.name, "' of ", bytes,
-                     " bytes per sample is too large");
-      const auto kind = detail::tar_decode_kind(f.ext);
-      TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
-                     "TarShardDataset: field '", f.name, "' (.", f.ext,
-                     ") holds one integer per sample; its shape must be scalar");
-      offsets_.push_back(offset);
-      offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
-      fields_.push_back(std::move(spec));
-    }
-    sample_bytes_ = offset;
-    start(0, 0);
-  }
+  TRAINKIT_INLINE TarShardDataset(std::vector<std::string> shards, TarShardOptions options);
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
   const TarShardOptions& options() const noexcept { return o_; }
 
   /// This rank's shards for `epoch`, in reading order.
-  std::vector<std::string> shards_for_epoch(std::uint64_t epoch) const {
-    std::vector<std::string> out;
-    std::vector<std::int64_t> order;
-    if (o_.shuffle_shards) {
-      order = torch_randperm(static_cast<std::int64_t>(shards_.size()), o_.seed + epoch);
-    } else {
-      for (std::size_t k = 0; k < shards_.size(); ++k)
-        order.push_back(static_cast<std::int64_t>(k));
-    }
-    for (std::size_t k = o_.rank; k < order.size(); k += o_.world_size)
-      out.push_back(shards_[static_cast<std::size_t>(order[k])]);
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> shards_for_epoch(std::uint64_t epoch) const;
 
   /// Positions the stream at sample `skip` of epoch `epoch` (reading and discarding `skip`
   /// samples: resuming late in a long epoch costs a re-read of its start).
-  void start(std::uint64_t epoch, std::uint64_t skip) {
-    epoch_ = epoch;
-    order_ = shards_for_epoch(epoch);
-    next_shard_ = 0;
-    reader_.reset();
-    entry_pending_ = false;
-    buffer_.clear();
-    exhausted_ = false;
-    rng_ = PhiloxStream(o_.seed, rng_stream_id(static_cast<std::uint32_t>(epoch),
-                                               static_cast<std::uint32_t>(o_.rank)));
-    std::vector<std::byte> scratch(sample_bytes_);
-    std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
-    const SampleRef out(spans);
-    for (std::uint64_t k = 0; k < skip; ++k) {
-      TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ",
-                     epoch, ": the epoch has only ", k, " samples on rank ", o_.rank);
-    }
-  }
+  TRAINKIT_INLINE void start(std::uint64_t epoch, std::uint64_t skip);
 
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
   /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
-  bool next(const SampleRef& out) {
-    if (o_.shuffle_buffer == 0) {
-      if (!read_sample(scratch_)) return false;
-      emit(scratch_, out);
-      return true;
-    }
-    while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
-      std::vector<std::byte> s;
-      if (!read_sample(s)) break;
-      buffer_.push_back(std::move(s));
-    }
-    if (buffer_.empty()) return false;
-    const std::size_t k = rng_.next_u32() % buffer_.size();
-    emit(buffer_[k], out);
-    if (exhausted_ || !read_sample(buffer_[k])) {
-      buffer_[k] = std::move(buffer_.back());
-      buffer_.pop_back();
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool next(const SampleRef& out);
 
   /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
   std::string describe_current() const {
@@ -18345,228 +19065,28 @@ class TarShardDataset {
   }
 
  private:
-  std::vector<std::span<std::byte>> spans_of(std::byte* base) const {
-    std::vector<std::span<std::byte>> spans;
-    for (std::size_t k = 0; k < fields_.size(); ++k)
-      spans.emplace_back(base + offsets_[k], fields_[k].bytes());
-    return spans;
-  }
+  TRAINKIT_INLINE std::vector<std::span<std::byte>> spans_of(std::byte* base) const;
 
-  void emit(const std::vector<std::byte>& sample, const SampleRef& out) const {
-    TRAINKIT_CHECK(out.size() == fields_.size(), "TarShardDataset: destination has ", out.size(),
-                   " fields, expected ", fields_.size());
-    for (std::size_t k = 0; k < fields_.size(); ++k) {
-      TRAINKIT_CHECK(out[k].size() == fields_[k].bytes(), "TarShardDataset: destination for '",
-                     fields_[k].name, "' has ", out[k].size(), " bytes, expected ",
-                     fields_[k].bytes());
-      if (!out[k].empty()) std::memcpy(out[k].data(), sample.data() + offsets_[k], out[k].size());
-    }
-  }
+  TRAINKIT_INLINE void emit(const std::vector<std::byte>& sample, const SampleRef& out) const;
 
   [[noreturn]] void fail_member(const std::string& member, const std::string& what) const {
     TRAINKIT_FAIL("tar shard '", current_shard_, "': member '", member, "': ", what);
   }
 
   /// Reads one whole sample (all declared members of one key) from the shard stream.
-  bool read_sample(std::vector<std::byte>& sample) {
-    if (exhausted_) return false;
-    sample.assign(sample_bytes_, std::byte{0});
-    std::vector<char> present(fields_.size(), 0);
-    std::vector<std::string> seen_exts;
-    std::string key;
-    for (;;) {
-      if (!reader_) {
-        if (!key.empty()) break;  // a sample never spans two shards
-        if (next_shard_ == order_.size()) {
-          exhausted_ = true;
-          return false;
-        }
-        current_shard_ = order_[next_shard_++];
-        reader_.emplace(io::TarReader::open(
-            current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
-        entry_pending_ = false;
-      }
-      if (!entry_pending_) {
-        if (!reader_->next()) {
-          reader_.reset();
-          continue;
-        }
-        entry_pending_ = true;
-      }
-      const io::TarEntry& e = reader_->entry();
-      std::string member_key, ext;
-      if (!e.is_file() || !split_name(e.name, member_key, ext)) {
-        entry_pending_ = false;  // directories, links, metadata, names without a dot
-        continue;
-      }
-      if (!key.empty() && member_key != key) break;  // it starts the next sample: keep it pending
-      if (key.empty()) {
-        key = member_key;
-        current_key_ = key;
-      }
-      entry_pending_ = false;
-      if (std::find(seen_exts.begin(), seen_exts.end(), ext) != seen_exts.end())
-        fail_member(e.name, "extension '." + ext + "' appears twice in sample '" + key + "'");
-      seen_exts.push_back(ext);
-      for (std::size_t k = 0; k < fields_.size(); ++k) {
-        if (o_.fields[k].ext != ext) continue;
-        decode(k, e.name, sample.data() + offsets_[k]);
-        present[k] = 1;
-      }
-    }
-    for (std::size_t k = 0; k < fields_.size(); ++k) {
-      if (present[k]) continue;
-      std::string have;
-      for (const std::string& x : seen_exts) have += (have.empty() ? "." : ", .") + x;
-      TRAINKIT_FAIL("tar shard '", current_shard_, "': sample '", key, "' has no member '.",
-                    o_.fields[k].ext, "' for field '", fields_[k].name,
-                    "' (members: ", have.empty() ? "none" : have, ")");
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool read_sample(std::vector<std::byte>& sample);
 
   /// WebDataset's base_plus_ext: key = path up to the first dot of the basename; ext lowercased.
   /// False for names to skip (no dot, or __metadata__ names).
-  static bool split_name(const std::string& name, std::string& key, std::string& ext) {
-    const std::size_t slash = name.rfind('/');
-    const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
-    if (name.compare(base, 2, "__") == 0) {
-      const std::size_t close = name.find("__", base + 2);
-      if (close != std::string::npos && close + 2 == name.size()) return false;
-    }
-    const std::size_t dot = name.find('.', base);
-    if (dot == std::string::npos || dot == base) return false;
-    key = name.substr(0, dot);
-    ext = name.substr(dot + 1);
-    if (ext.empty()) return false;
-    std::transform(ext.begin(), ext.end(), ext.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return true;
-  }
+  TRAINKIT_INLINE static bool split_name(const std::string& name, std::string& key,
+                                         std::string& ext);
 
-  void decode(std::size_t k, const std::string& member, std::byte* dst) {
-    const FieldSpec& f = fields_[k];
-    const std::size_t want = f.bytes();
-    const std::uint64_t size = reader_->entry().size;
-    switch (detail::tar_decode_kind(o_.fields[k].ext)) {
-      case detail::TarDecode::kNpy: {
-        // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
-        const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
-        if (size > most)
-          fail_member(member,
-                      ::trainkit::detail::concat(size, " bytes, more than a .npy of field '",
-                                                 f.name, "' (", dtype_name(f.dtype), ", ", want,
-                                                 " data bytes) can hold (at most ", most, ")"));
-        const std::vector<std::byte> bytes = reader_->read_data();
-        const std::string where = current_shard_ + ":" + member;
-        const io::NpyHeader h = io::parse_npy_header(bytes, where);
-        io::check_npy_size(h, bytes.size(), where);
-        std::size_t numel = 1;
-        for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
-        if (h.dtype != f.dtype || h.numel != numel) {
-          fail_member(member, ::trainkit::detail::concat("holds ", dtype_name(h.dtype), " ",
-                                                         io::shape_string(h), " but field '",
-                                                         f.name, "' expects ", dtype_name(f.dtype),
-                                                         " with ", numel, " elements"));
-        }
-        if (want > 0) std::memcpy(dst, bytes.data() + h.data_offset, want);
-        return;
-      }
-      case detail::TarDecode::kInteger: {
-        if (size > 64) fail_member(member, "a class label longer than 64 bytes");
-        const std::vector<std::byte> bytes = reader_->read_data();
-        std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
-          text.remove_suffix(1);
-        while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
-          text.remove_prefix(1);
-        long long v = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-          fail_member(member, "'" + std::string(text.substr(0, 32)) + "' is not a decimal integer");
-        if (!detail::store_integer(f.dtype, dst, v))
-          fail_member(member, ::trainkit::detail::concat("label ", v, " does not fit field '",
-                                                         f.name, "' (", dtype_name(f.dtype), ")"));
-        return;
-      }
-      case detail::TarDecode::kJson:
-        if (f.dtype != DType::kU8) {
-          if (size > (std::uint64_t{1} << 26))
-            fail_member(member, "JSON member larger than 64 MiB");
-          const std::vector<std::byte> bytes = reader_->read_data();
-          parse_json_numbers(k, member, bytes, dst);
-          return;
-        }
-        [[fallthrough]];
-      case detail::TarDecode::kRaw: {
-        if (size > want || (size < want && !o_.fields[k].pad)) {
-          fail_member(member,
-                      ::trainkit::detail::concat(
-                          size, " bytes, but field '", f.name, "' (", dtype_name(f.dtype), ", ",
-                          want, " bytes per sample) needs exactly ", want,
-                          size < want ? " (set pad = true to zero-pad shorter members)" : ""));
-        }
-        reader_->read(std::span<std::byte>(dst, static_cast<std::size_t>(size)));
-        return;
-      }
-    }
-  }
+  TRAINKIT_INLINE void decode(std::size_t k, const std::string& member, std::byte* dst);
 
   /// A JSON number, or (nested) arrays of numbers, flattened in order into field k.
-  void parse_json_numbers(std::size_t k, const std::string& member,
-                          const std::vector<std::byte>& bytes, std::byte* dst) const {
-    const FieldSpec& f = fields_[k];
-    const std::size_t numel = f.numel();
-    const char* p = reinterpret_cast<const char*>(bytes.data());
-    const char* end = p + bytes.size();
-    std::size_t count = 0;
-    int depth = 0;
-    bool expect_value = true;
-    for (; p < end; ++p) {
-      const char c = *p;
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-      if (c == '[') {
-        if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
-        expect_value = true;
-        continue;
-      }
-      if (c == ']' || c == ',') {
-        if (c == ']' && --depth < 0) break;
-        expect_value = c == ',';
-        continue;
-      }
-      if (!expect_value) break;
-      double v = 0;
-      if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
-        v = 1;
-        p += 3;
-      } else if (end - p >= 5 && std::memcmp(p, "false", 5) == 0) {
-        p += 4;
-      } else {
-        const auto [next, ec] = std::from_chars(p, end, v);
-        if (ec != std::errc()) break;
-        p = next - 1;
-      }
-      if (count >= numel)
-        fail_member(member, ::trainkit::detail::concat("more than the ", numel, " numbers field '",
-                                                       f.name, "' holds"));
-      if (!detail::store_number(f.dtype, dst, count, v))
-        fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
-                                                       "' (", dtype_name(f.dtype), ")"));
-      ++count;
-      expect_value = false;
-    }
-    if (p != end || depth != 0) {
-      fail_member(member,
-                  ::trainkit::detail::concat("not a number or an array of numbers (byte ",
-                                             p - reinterpret_cast<const char*>(bytes.data()),
-                                             "); to keep raw JSON text declare field '", f.name,
-                                             "' as U8 with pad = true"));
-    }
-    if (count != numel)
-      fail_member(member, ::trainkit::detail::concat(count, " numbers, but field '", f.name,
-                                                     "' holds ", numel));
-  }
+  TRAINKIT_INLINE void parse_json_numbers(std::size_t k, const std::string& member,
+                                          const std::vector<std::byte>& bytes,
+                                          std::byte* dst) const;
 
   std::vector<std::string> shards_;
   TarShardOptions o_;
@@ -18586,6 +19106,320 @@ class TarShardDataset {
   std::vector<std::byte> scratch_;
   PhiloxStream rng_{0};
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TarShardDataset::TarShardDataset(std::vector<std::string> shards,
+                                                 TarShardOptions options)
+    : shards_(std::move(shards)), o_(std::move(options)) {
+  TRAINKIT_CHECK(!o_.fields.empty(), "TarShardDataset: no fields declared");
+  TRAINKIT_CHECK(o_.world_size >= 1 && o_.rank < o_.world_size, "TarShardDataset: rank ", o_.rank,
+                 " is not in [0, world_size=", o_.world_size, ")");
+  TRAINKIT_CHECK(shards_.size() >= o_.world_size, "TarShardDataset: ", shards_.size(),
+                 " shard(s) cannot feed ", o_.world_size, " ranks (each rank reads whole shards)");
+  std::size_t offset = 0;
+  for (TarField& f : o_.fields) {
+    TRAINKIT_CHECK(!f.ext.empty(), "TarShardDataset: field '", f.name, "' has no extension");
+    std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (f.name.empty()) f.name = f.ext;
+    for (const FieldSpec& g : fields_)
+      TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
+    FieldSpec spec{f.name, f.dtype, f.shape};
+    std::size_t bytes = dtype_size(f.dtype);
+    for (std::int64_t d : f.shape) {
+      TRAINKIT_CHECK(d >= 0, "TarShardDataset: field '", f.name, "' has a negative extent ", d);
+      bytes = checked_mul(bytes, static_cast<std::size_t>(d), "TarShardDataset: field '", f.name,
+                          "' (", dtype_name(f.dtype), ") bytes per sample");
+    }
+    // Strides and batch sizes are int64 products of these extents: keep them representable.
+    TRAINKIT_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+                   "TarShardDataset: field '", f.name, "' of ", bytes,
+                   " bytes per sample is too large");
+    const auto kind = detail::tar_decode_kind(f.ext);
+    TRAINKIT_CHECK(kind != detail::TarDecode::kInteger || spec.numel() == 1,
+                   "TarShardDataset: field '", f.name, "' (.", f.ext,
+                   ") holds one integer per sample; its shape must be scalar");
+    offsets_.push_back(offset);
+    offset = checked_add(offset, bytes, "TarShardDataset: bytes per sample of all fields");
+    fields_.push_back(std::move(spec));
+  }
+  sample_bytes_ = offset;
+  start(0, 0);
+}
+
+TRAINKIT_INLINE std::vector<std::string> TarShardDataset::shards_for_epoch(
+    std::uint64_t epoch) const {
+  std::vector<std::string> out;
+  std::vector<std::int64_t> order;
+  if (o_.shuffle_shards) {
+    order = torch_randperm(static_cast<std::int64_t>(shards_.size()), o_.seed + epoch);
+  } else {
+    for (std::size_t k = 0; k < shards_.size(); ++k) order.push_back(static_cast<std::int64_t>(k));
+  }
+  for (std::size_t k = o_.rank; k < order.size(); k += o_.world_size)
+    out.push_back(shards_[static_cast<std::size_t>(order[k])]);
+  return out;
+}
+
+TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t skip) {
+  epoch_ = epoch;
+  order_ = shards_for_epoch(epoch);
+  next_shard_ = 0;
+  reader_.reset();
+  entry_pending_ = false;
+  buffer_.clear();
+  exhausted_ = false;
+  rng_ = PhiloxStream(o_.seed, rng_stream_id(static_cast<std::uint32_t>(epoch),
+                                             static_cast<std::uint32_t>(o_.rank)));
+  std::vector<std::byte> scratch(sample_bytes_);
+  std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
+  const SampleRef out(spans);
+  for (std::uint64_t k = 0; k < skip; ++k) {
+    TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
+                   ": the epoch has only ", k, " samples on rank ", o_.rank);
+  }
+}
+
+TRAINKIT_INLINE bool TarShardDataset::next(const SampleRef& out) {
+  if (o_.shuffle_buffer == 0) {
+    if (!read_sample(scratch_)) return false;
+    emit(scratch_, out);
+    return true;
+  }
+  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
+    std::vector<std::byte> s;
+    if (!read_sample(s)) break;
+    buffer_.push_back(std::move(s));
+  }
+  if (buffer_.empty()) return false;
+  const std::size_t k = rng_.next_u32() % buffer_.size();
+  emit(buffer_[k], out);
+  if (exhausted_ || !read_sample(buffer_[k])) {
+    buffer_[k] = std::move(buffer_.back());
+    buffer_.pop_back();
+  }
+  return true;
+}
+
+TRAINKIT_INLINE std::vector<std::span<std::byte>> TarShardDataset::spans_of(std::byte* base) const {
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t k = 0; k < fields_.size(); ++k)
+    spans.emplace_back(base + offsets_[k], fields_[k].bytes());
+  return spans;
+}
+
+TRAINKIT_INLINE void TarShardDataset::emit(const std::vector<std::byte>& sample,
+                                           const SampleRef& out) const {
+  TRAINKIT_CHECK(out.size() == fields_.size(), "TarShardDataset: destination has ", out.size(),
+                 " fields, expected ", fields_.size());
+  for (std::size_t k = 0; k < fields_.size(); ++k) {
+    TRAINKIT_CHECK(out[k].size() == fields_[k].bytes(), "TarShardDataset: destination for '",
+                   fields_[k].name, "' has ", out[k].size(), " bytes, expected ",
+                   fields_[k].bytes());
+    if (!out[k].empty()) std::memcpy(out[k].data(), sample.data() + offsets_[k], out[k].size());
+  }
+}
+
+TRAINKIT_INLINE bool TarShardDataset::read_sample(std::vector<std::byte>& sample) {
+  if (exhausted_) return false;
+  sample.assign(sample_bytes_, std::byte{0});
+  std::vector<char> present(fields_.size(), 0);
+  std::vector<std::string> seen_exts;
+  std::string key;
+  for (;;) {
+    if (!reader_) {
+      if (!key.empty()) break;  // a sample never spans two shards
+      if (next_shard_ == order_.size()) {
+        exhausted_ = true;
+        return false;
+      }
+      current_shard_ = order_[next_shard_++];
+      reader_.emplace(io::TarReader::open(
+          current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
+      entry_pending_ = false;
+    }
+    if (!entry_pending_) {
+      if (!reader_->next()) {
+        reader_.reset();
+        continue;
+      }
+      entry_pending_ = true;
+    }
+    const io::TarEntry& e = reader_->entry();
+    std::string member_key, ext;
+    if (!e.is_file() || !split_name(e.name, member_key, ext)) {
+      entry_pending_ = false;  // directories, links, metadata, names without a dot
+      continue;
+    }
+    if (!key.empty() && member_key != key) break;  // it starts the next sample: keep it pending
+    if (key.empty()) {
+      key = member_key;
+      current_key_ = key;
+    }
+    entry_pending_ = false;
+    if (std::find(seen_exts.begin(), seen_exts.end(), ext) != seen_exts.end())
+      fail_member(e.name, "extension '." + ext + "' appears twice in sample '" + key + "'");
+    seen_exts.push_back(ext);
+    for (std::size_t k = 0; k < fields_.size(); ++k) {
+      if (o_.fields[k].ext != ext) continue;
+      decode(k, e.name, sample.data() + offsets_[k]);
+      present[k] = 1;
+    }
+  }
+  for (std::size_t k = 0; k < fields_.size(); ++k) {
+    if (present[k]) continue;
+    std::string have;
+    for (const std::string& x : seen_exts) have += (have.empty() ? "." : ", .") + x;
+    TRAINKIT_FAIL("tar shard '", current_shard_, "': sample '", key, "' has no member '.",
+                  o_.fields[k].ext, "' for field '", fields_[k].name,
+                  "' (members: ", have.empty() ? "none" : have, ")");
+  }
+  return true;
+}
+
+TRAINKIT_INLINE bool TarShardDataset::split_name(const std::string& name, std::string& key,
+                                                 std::string& ext) {
+  const std::size_t slash = name.rfind('/');
+  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  if (name.compare(base, 2, "__") == 0) {
+    const std::size_t close = name.find("__", base + 2);
+    if (close != std::string::npos && close + 2 == name.size()) return false;
+  }
+  const std::size_t dot = name.find('.', base);
+  if (dot == std::string::npos || dot == base) return false;
+  key = name.substr(0, dot);
+  ext = name.substr(dot + 1);
+  if (ext.empty()) return false;
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return true;
+}
+
+TRAINKIT_INLINE void TarShardDataset::decode(std::size_t k, const std::string& member,
+                                             std::byte* dst) {
+  const FieldSpec& f = fields_[k];
+  const std::size_t want = f.bytes();
+  const std::uint64_t size = reader_->entry().size;
+  switch (detail::tar_decode_kind(o_.fields[k].ext)) {
+    case detail::TarDecode::kNpy: {
+      // A .npy of this field is its header (at most 12 + kNpyMaxHeaderBytes) plus `want`.
+      const std::uint64_t most = std::uint64_t{12} + io::kNpyMaxHeaderBytes + want;
+      if (size > most)
+        fail_member(member,
+                    ::trainkit::detail::concat(size, " bytes, more than a .npy of field '", f.name,
+                                               "' (", dtype_name(f.dtype), ", ", want,
+                                               " data bytes) can hold (at most ", most, ")"));
+      const std::vector<std::byte> bytes = reader_->read_data();
+      const std::string where = current_shard_ + ":" + member;
+      const io::NpyHeader h = io::parse_npy_header(bytes, where);
+      io::check_npy_size(h, bytes.size(), where);
+      std::size_t numel = 1;
+      for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
+      if (h.dtype != f.dtype || h.numel != numel) {
+        fail_member(member, ::trainkit::detail::concat("holds ", dtype_name(h.dtype), " ",
+                                                       io::shape_string(h), " but field '", f.name,
+                                                       "' expects ", dtype_name(f.dtype), " with ",
+                                                       numel, " elements"));
+      }
+      if (want > 0) std::memcpy(dst, bytes.data() + h.data_offset, want);
+      return;
+    }
+    case detail::TarDecode::kInteger: {
+      if (size > 64) fail_member(member, "a class label longer than 64 bytes");
+      const std::vector<std::byte> bytes = reader_->read_data();
+      std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+        text.remove_suffix(1);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+        text.remove_prefix(1);
+      long long v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        fail_member(member, "'" + std::string(text.substr(0, 32)) + "' is not a decimal integer");
+      if (!detail::store_integer(f.dtype, dst, v))
+        fail_member(member, ::trainkit::detail::concat("label ", v, " does not fit field '", f.name,
+                                                       "' (", dtype_name(f.dtype), ")"));
+      return;
+    }
+    case detail::TarDecode::kJson:
+      if (f.dtype != DType::kU8) {
+        if (size > (std::uint64_t{1} << 26)) fail_member(member, "JSON member larger than 64 MiB");
+        const std::vector<std::byte> bytes = reader_->read_data();
+        parse_json_numbers(k, member, bytes, dst);
+        return;
+      }
+      [[fallthrough]];
+    case detail::TarDecode::kRaw: {
+      if (size > want || (size < want && !o_.fields[k].pad)) {
+        fail_member(member,
+                    ::trainkit::detail::concat(
+                        size, " bytes, but field '", f.name, "' (", dtype_name(f.dtype), ", ", want,
+                        " bytes per sample) needs exactly ", want,
+                        size < want ? " (set pad = true to zero-pad shorter members)" : ""));
+      }
+      reader_->read(std::span<std::byte>(dst, static_cast<std::size_t>(size)));
+      return;
+    }
+  }
+}
+
+TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const std::string& member,
+                                                         const std::vector<std::byte>& bytes,
+                                                         std::byte* dst) const {
+  const FieldSpec& f = fields_[k];
+  const std::size_t numel = f.numel();
+  const char* p = reinterpret_cast<const char*>(bytes.data());
+  const char* end = p + bytes.size();
+  std::size_t count = 0;
+  int depth = 0;
+  bool expect_value = true;
+  for (; p < end; ++p) {
+    const char c = *p;
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (c == '[') {
+      if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
+      expect_value = true;
+      continue;
+    }
+    if (c == ']' || c == ',') {
+      if (c == ']' && --depth < 0) break;
+      expect_value = c == ',';
+      continue;
+    }
+    if (!expect_value) break;
+    double v = 0;
+    if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
+      v = 1;
+      p += 3;
+    } else if (end - p >= 5 && std::memcmp(p, "false", 5) == 0) {
+      p += 4;
+    } else {
+      const auto [next, ec] = std::from_chars(p, end, v);
+      if (ec != std::errc()) break;
+      p = next - 1;
+    }
+    if (count >= numel)
+      fail_member(member, ::trainkit::detail::concat("more than the ", numel, " numbers field '",
+                                                     f.name, "' holds"));
+    if (!detail::store_number(f.dtype, dst, count, v))
+      fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
+                                                     "' (", dtype_name(f.dtype), ")"));
+    ++count;
+    expect_value = false;
+  }
+  if (p != end || depth != 0) {
+    fail_member(member, ::trainkit::detail::concat("not a number or an array of numbers (byte ",
+                                                   p - reinterpret_cast<const char*>(bytes.data()),
+                                                   "); to keep raw JSON text declare field '",
+                                                   f.name, "' as U8 with pad = true"));
+  }
+  if (count != numel)
+    fail_member(member, ::trainkit::detail::concat(count, " numbers, but field '", f.name,
+                                                   "' holds ", numel));
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -18798,49 +19632,7 @@ class Prefetcher {
   /// The next batch, blocking until it is ready (the wait is added to stats()). Releases the
   /// previous batch. Rethrows a worker's exception as trainkit::Error naming the dataset, the
   /// file and the sample; after that, next() keeps throwing until restore().
-  Batch next() {
-    release_held();
-    const std::uint64_t g = consumed_;
-    const std::size_t s = static_cast<std::size_t>(g % depth_);
-    Slot& slot = slots_[s];
-    const auto t0 = std::chrono::steady_clock::now();
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      // After a failure nothing more is claimed: batches claimed before it still arrive.
-      ready_cv_.wait(lock, [&] { return slot.done_gen == g + 1 || (fatal_ && g >= claimed_); });
-      if (slot.done_gen != g + 1) std::rethrow_exception(fatal_);
-      if (slot.error) std::rethrow_exception(slot.error);
-    }
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.batches += 1;
-    stats_.wait_seconds += waited;
-    stats_.last_wait_seconds = waited;
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_) consumer_stream_.wait(copy_done_[s].get());
-#endif
-    Batch b;
-    b.fields_ = &out_fields_;
-    b.epoch_ = slot.epoch;
-    b.index_ = slot.batch;
-    b.size_ = slot.rows;
-    b.last_ = slot.last;
-    auto* host = static_cast<std::byte*>(host_slots_[s].get());
-    b.host_.resize(out_fields_.size());
-    for (std::size_t k = 0; k < out_fields_.size(); ++k) b.host_[k] = host + offsets_[k];
-    b.indices_ = reinterpret_cast<const std::int64_t*>(host + indices_offset_);
-    if (device_mode_) {
-      auto* dev = static_cast<std::byte*>(device_slots_[s].get());
-      b.device_.resize(out_fields_.size());
-      for (std::size_t k = 0; k < out_fields_.size(); ++k) b.device_[k] = dev + offsets_[k];
-      b.device_indices_ = reinterpret_cast<const std::int64_t*>(dev + indices_offset_);
-    }
-    next_state_ =
-        slot.last ? PrefetchState{slot.epoch + 1, 0} : PrefetchState{slot.epoch, slot.batch + 1};
-    held_ = true;
-    ++consumed_;
-    return b;
-  }
+  TRAINKIT_INLINE Batch next();
 
   /// The position of the batch the next call to next() returns.
   PrefetchState state() const noexcept { return next_state_; }
@@ -18848,35 +19640,14 @@ class Prefetcher {
   /// Continues from `state` (from state(), possibly of another run with the same dataset,
   /// sampler and options): the batches that follow are exactly those an uninterrupted run would
   /// have produced from that point. Invalidates the current batch; clears a worker error.
-  void restore(const PrefetchState& state) {
-    stop_workers();
-    release_held();
-    TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
-                   ": restore() to batch ", state.batch, " of epoch ", state.epoch,
-                   " but an epoch has ", per_epoch_, " batches");
-    begin(state);
-  }
+  TRAINKIT_INLINE void restore(const PrefetchState& state);
 
   /// The position of the next batch ("epoch", "batch") plus "batch_size" and
   /// "batches_per_epoch", which must match on load (another batching changes what batch k is).
-  StateDict state_dict() const {
-    StateDict sd;
-    sd.set_u64("epoch", next_state_.epoch);
-    sd.set_u64("batch", next_state_.batch);
-    sd.set_u64("batch_size", options_.batch_size);
-    sd.set_u64("batches_per_epoch", per_epoch_);
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
   /// Checks the batching, then restore()s the saved position: the next next() returns exactly
   /// the batch an uninterrupted run would have returned.
-  void load_state_dict(const StateDict& sd) {
-    const std::string who = "restoring Prefetcher '" + options_.name + "'";
-    check_saved_setting<std::uint64_t>(who, "batch_size", sd.get_u64("batch_size"),
-                                       options_.batch_size);
-    check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
-                                       per_epoch_);
-    restore({sd.get_u64("epoch"), sd.get_u64("batch")});
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   /// Batches per epoch for a random-access dataset; 0 for streaming datasets (unknown ahead).
   std::size_t batches_per_epoch() const noexcept { return per_epoch_; }
@@ -18931,175 +19702,21 @@ class Prefetcher {
   }
 
   // ---- setup ---------------------------------------------------------------------------------
-  void setup(bool device) {
-    TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
-    TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
-                   "one being filled), got ", options_.depth);
-    TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
-                   options_.name, ": output_fields given without a transform to fill them");
-    depth_ = options_.depth;
-    num_workers_ = streaming_ ? 1 : std::max<std::size_t>(options_.num_workers, 1);
-    out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
-    separate_input_ = !options_.output_fields.empty();
-    const std::size_t B = options_.batch_size;
-    std::size_t off = 0;
-    for (const FieldSpec& f : out_fields_) {
-      offsets_.push_back(off);
-      off = align(off + B * f.bytes());
-    }
-    indices_offset_ = off;
-    slot_bytes_ = off + B * sizeof(std::int64_t);
-    in_sample_bytes_ = 0;
-    for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
-
-    device_mode_ = device;
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_) {
-      TRAINKIT_CHECK(cuda::device_count() > 0, options_.name,
-                     ": device mode needs a CUDA device, and none is visible");
-      device_id_ = cuda::current_device();
-      copy_stream_ = std::make_unique<cuda::Stream>();
-      for (std::size_t s = 0; s < depth_; ++s) {
-        copy_done_.emplace_back();
-        released_.emplace_back();
-      }
-    }
-#endif
-    const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
-    for (std::size_t s = 0; s < depth_; ++s) {
-      host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
-      if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
-    }
-    slots_.resize(depth_);
-    begin(PrefetchState{options_.epoch, 0});
-  }
+  TRAINKIT_INLINE void setup(bool device);
 
   static std::size_t align(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
   /// (Re)starts the workers at `state`.
-  void begin(const PrefetchState& state) {
-    origin_ = state;
-    next_state_ = state;
-    claimed_ = 0;
-    released_count_ = 0;
-    consumed_ = 0;
-    held_ = false;
-    fatal_ = nullptr;
-    stop_.store(false);
-    for (Slot& s : slots_) s = Slot{};
-    epoch_indices_.clear();
-    stream_cursor_ = state;
-    stream_started_ = false;
-    workers_.clear();
-    for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
-  }
+  TRAINKIT_INLINE void begin(const PrefetchState& state);
 
-  void stop_workers() noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_.store(true);
-    }
-    work_cv_.notify_all();
-    for (std::thread& t : workers_)
-      if (t.joinable()) t.join();
-    workers_.clear();
-#if TRAINKIT_WITH_CUDA
-    if (copy_stream_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(copy_stream_->get()));
-#endif
-  }
+  TRAINKIT_INLINE void stop_workers() noexcept;
 
-  void release_held() {
-    if (!held_) return;
-    const std::size_t s = static_cast<std::size_t>((consumed_ - 1) % depth_);
-#if TRAINKIT_WITH_CUDA
-    // The copy that refills this device slot must wait for the consumer's work on it.
-    if (device_mode_) released_[s].record(consumer_stream_);
-#endif
-    (void)s;
-    held_ = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++released_count_;
-    }
-    work_cv_.notify_all();
-  }
+  TRAINKIT_INLINE void release_held();
 
   // ---- workers -------------------------------------------------------------------------------
-  std::shared_ptr<const std::vector<std::int64_t>> indices_for(std::uint64_t epoch) {
-    std::lock_guard<std::mutex> lock(indices_mutex_);
-    auto it = epoch_indices_.find(epoch);
-    if (it == epoch_indices_.end()) {
-      auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
-      TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
-                     v->size(), " indices for epoch ", epoch, " but its size() is ",
-                     per_epoch_samples_);
-      epoch_indices_.emplace(epoch, v);
-      // Keep at most two epochs: the one asked for and the newest other. Workers are normally
-      // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
-      // epoch recomputed, never an erased entry.
-      while (epoch_indices_.size() > 2) {
-        auto victim = epoch_indices_.begin();
-        if (victim->first == epoch) ++victim;
-        epoch_indices_.erase(victim);
-      }
-      return v;
-    }
-    return it->second;
-  }
+  TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> indices_for(std::uint64_t epoch);
 
-  void work(std::size_t worker) {
-#if TRAINKIT_WITH_CUDA
-    if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
-#endif
-    std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
-    std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
-    for (;;) {
-      std::uint64_t g = 0;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        // Batch g goes to slot g % depth, free once batch g - depth was released.
-        work_cv_.wait(
-            lock, [&] { return stop_.load() || (!fatal_ && claimed_ < released_count_ + depth_); });
-        if (stop_.load()) return;
-        g = claimed_++;
-      }
-      const std::size_t s = static_cast<std::size_t>(g % depth_);
-      Slot result;
-      try {
-#if TRAINKIT_WITH_CUDA
-        // The previous copy out of this pinned slot must be finished before we overwrite it.
-        if (device_mode_) copy_done_[s].synchronize();
-#endif
-        auto* base = static_cast<std::byte*>(host_slots_[s].get());
-        if (streaming_) {
-          fill_streaming(base, result, lookahead);
-        } else {
-          fill_indexed(g, worker, base, result, scratch);
-        }
-        if (stop_.load()) return;
-#if TRAINKIT_WITH_CUDA
-        if (device_mode_) {
-          cuda::StreamRef copy = copy_stream_->ref();
-          copy.wait(released_[s].get());
-          TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(device_slots_[s].get(), base, slot_bytes_,
-                                              cudaMemcpyHostToDevice, copy.get()));
-          copy_done_[s].record(copy);
-        }
-#endif
-      } catch (...) {
-        if (stop_.load()) return;
-        result.error = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        result.done_gen = g + 1;
-        slots_[s] = std::move(result);
-        // A failure stops further claims; batches before it still arrive in order.
-        if (slots_[s].error && !fatal_) fatal_ = slots_[s].error;
-      }
-      ready_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void work(std::size_t worker);
 
   const std::vector<FieldSpec>& out_or_in() const noexcept {
     return separate_input_ ? in_fields_ : out_fields_;
@@ -19111,145 +19728,19 @@ class Prefetcher {
   }
 
   /// Spans of row `row` of the slot at `base` (batch fields).
-  void row_spans(std::byte* base, std::size_t row, std::vector<std::span<std::byte>>& spans) const {
-    spans.clear();
-    for (std::size_t k = 0; k < out_fields_.size(); ++k) {
-      const std::size_t n = out_fields_[k].bytes();
-      spans.emplace_back(base + offsets_[k] + row * n, n);
-    }
-  }
+  TRAINKIT_INLINE void row_spans(std::byte* base, std::size_t row,
+                                 std::vector<std::span<std::byte>>& spans) const;
   /// Spans of a packed sample of `fields` at `p`.
-  static void packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
-                           std::vector<std::span<std::byte>>& spans) {
-    spans.clear();
-    for (const FieldSpec& f : fields) {
-      spans.emplace_back(p, f.bytes());
-      p += f.bytes();
-    }
-  }
+  TRAINKIT_INLINE static void packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
+                                           std::vector<std::span<std::byte>>& spans);
 
-  [[noreturn]] void rethrow_with(const std::string& context) const {
-    try {
-      throw;
-    } catch (const Error& e) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what(), e.library(),
-                  e.code());
-    } catch (const std::exception& e) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what());
-    } catch (...) {
-      throw Error("trainkit: " + options_.name + ": " + context + ": unknown exception");
-    }
-  }
+  [[noreturn]] TRAINKIT_INLINE void rethrow_with(const std::string& context) const;
 
-  void fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base, Slot& result,
-                    std::vector<std::byte>& scratch) {
-    const std::uint64_t pos = origin_.batch + g;
-    const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
-    const std::uint64_t batch = pos % per_epoch_;
-    const std::size_t B = options_.batch_size;
-    std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
-    const std::size_t first = static_cast<std::size_t>(batch) * B;
-    const std::size_t rows = std::min(B, indices->size() - first);
-    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-    std::vector<std::span<std::byte>> out_spans, in_spans;
-    for (std::size_t r = 0; r < rows; ++r) {
-      if (stop_.load(std::memory_order_relaxed)) return;
-      const std::int64_t i = (*indices)[first + r];
-      idx_out[r] = i;
-      row_spans(base, r, out_spans);
-      try {
-        const SampleRef out(out_spans);
-        const SampleInfo info{epoch, first + r, i};
-        if (separate_input_) {
-          packed_spans(scratch.data(), in_fields_, in_spans);
-          const SampleRef in(in_spans);
-          read_(static_cast<std::size_t>(i), in);
-          options_.transform(info, in, out);
-        } else {
-          read_(static_cast<std::size_t>(i), out);
-          if (options_.transform) options_.transform(info, out, out);
-        }
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on sample ", i, " (",
-                                                describe_(static_cast<std::size_t>(i)), "), row ",
-                                                r, " of batch ", batch, " of epoch ", epoch));
-      }
-    }
-    result.epoch = epoch;
-    result.batch = batch;
-    result.rows = rows;
-    result.last = batch + 1 == per_epoch_;
-  }
+  TRAINKIT_INLINE void fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base,
+                                    Slot& result, std::vector<std::byte>& scratch);
 
-  void fill_streaming(std::byte* base, Slot& result, std::vector<std::byte>& lookahead) {
-    const std::size_t B = options_.batch_size;
-    const std::vector<FieldSpec>& read_fields = out_or_in();
-    std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
-    packed_spans(lookahead.data(), read_fields, look_spans);
-    const SampleRef look(look_spans);
-    auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-    for (;;) {
-      const PrefetchState at = stream_cursor_;
-      const std::uint64_t first = at.batch * B;
-      try {
-        if (!stream_started_) {
-          start_(at.epoch, first);
-          have_lookahead_ = next_(look);
-          stream_started_ = true;
-        }
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                                " of ", describe_current_()));
-      }
-      std::size_t rows = 0;
-      while (rows < B && have_lookahead_) {
-        if (stop_.load(std::memory_order_relaxed)) return;
-        const std::uint64_t position = first + rows;
-        idx_out[rows] = static_cast<std::int64_t>(position);
-        row_spans(base, rows, out_spans);
-        const SampleRef out(out_spans);
-        try {
-          const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
-          if (separate_input_) {
-            packed_spans(lookahead.data(), in_fields_, in_spans);
-            options_.transform(info, SampleRef(in_spans), out);
-          } else {
-            for (std::size_t k = 0; k < out.size(); ++k)
-              if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
-            if (options_.transform) options_.transform(info, out, out);
-          }
-          ++rows;
-          have_lookahead_ = next_(look);
-        } catch (...) {
-          rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
-                                                  at.epoch, " (", describe_current_(), ")"));
-        }
-      }
-      const bool last = !have_lookahead_;
-      if (last) {
-        stream_cursor_ = PrefetchState{at.epoch + 1, 0};
-        stream_started_ = false;
-      } else {
-        stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
-      }
-      if (rows == 0 && at.batch == 0) {
-        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
-                      describe_current_(), ") has no samples");
-      }
-      if (rows == 0 || (rows < B && options_.drop_last)) {
-        if (at.batch == 0) {
-          TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
-                        " samples, fewer than one batch of ", B, " with drop_last");
-        }
-        continue;  // drop the partial tail; fill this slot from the next epoch
-      }
-      result.epoch = at.epoch;
-      result.batch = at.batch;
-      result.rows = rows;
-      result.last = last;
-      return;
-    }
-  }
+  TRAINKIT_INLINE void fill_streaming(std::byte* base, Slot& result,
+                                      std::vector<std::byte>& lookahead);
 
   PrefetchOptions options_;
   std::vector<FieldSpec> in_fields_;
@@ -19309,6 +19800,390 @@ class Prefetcher {
   std::vector<cuda::Event> released_;
 #endif
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE Batch Prefetcher::next() {
+  release_held();
+  const std::uint64_t g = consumed_;
+  const std::size_t s = static_cast<std::size_t>(g % depth_);
+  Slot& slot = slots_[s];
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // After a failure nothing more is claimed: batches claimed before it still arrive.
+    ready_cv_.wait(lock, [&] { return slot.done_gen == g + 1 || (fatal_ && g >= claimed_); });
+    if (slot.done_gen != g + 1) std::rethrow_exception(fatal_);
+    if (slot.error) std::rethrow_exception(slot.error);
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.batches += 1;
+  stats_.wait_seconds += waited;
+  stats_.last_wait_seconds = waited;
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_) consumer_stream_.wait(copy_done_[s].get());
+#endif
+  Batch b;
+  b.fields_ = &out_fields_;
+  b.epoch_ = slot.epoch;
+  b.index_ = slot.batch;
+  b.size_ = slot.rows;
+  b.last_ = slot.last;
+  auto* host = static_cast<std::byte*>(host_slots_[s].get());
+  b.host_.resize(out_fields_.size());
+  for (std::size_t k = 0; k < out_fields_.size(); ++k) b.host_[k] = host + offsets_[k];
+  b.indices_ = reinterpret_cast<const std::int64_t*>(host + indices_offset_);
+  if (device_mode_) {
+    auto* dev = static_cast<std::byte*>(device_slots_[s].get());
+    b.device_.resize(out_fields_.size());
+    for (std::size_t k = 0; k < out_fields_.size(); ++k) b.device_[k] = dev + offsets_[k];
+    b.device_indices_ = reinterpret_cast<const std::int64_t*>(dev + indices_offset_);
+  }
+  next_state_ =
+      slot.last ? PrefetchState{slot.epoch + 1, 0} : PrefetchState{slot.epoch, slot.batch + 1};
+  held_ = true;
+  ++consumed_;
+  return b;
+}
+
+TRAINKIT_INLINE void Prefetcher::restore(const PrefetchState& state) {
+  stop_workers();
+  release_held();
+  TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
+                 ": restore() to batch ", state.batch, " of epoch ", state.epoch,
+                 " but an epoch has ", per_epoch_, " batches");
+  begin(state);
+}
+
+TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
+  StateDict sd;
+  sd.set_u64("epoch", next_state_.epoch);
+  sd.set_u64("batch", next_state_.batch);
+  sd.set_u64("batch_size", options_.batch_size);
+  sd.set_u64("batches_per_epoch", per_epoch_);
+  return sd;
+}
+
+TRAINKIT_INLINE void Prefetcher::load_state_dict(const StateDict& sd) {
+  const std::string who = "restoring Prefetcher '" + options_.name + "'";
+  check_saved_setting<std::uint64_t>(who, "batch_size", sd.get_u64("batch_size"),
+                                     options_.batch_size);
+  check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
+                                     per_epoch_);
+  restore({sd.get_u64("epoch"), sd.get_u64("batch")});
+}
+
+TRAINKIT_INLINE void Prefetcher::setup(bool device) {
+  TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
+  TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
+                 "one being filled), got ", options_.depth);
+  TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
+                 options_.name, ": output_fields given without a transform to fill them");
+  depth_ = options_.depth;
+  num_workers_ = streaming_ ? 1 : std::max<std::size_t>(options_.num_workers, 1);
+  out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
+  separate_input_ = !options_.output_fields.empty();
+  const std::size_t B = options_.batch_size;
+  std::size_t off = 0;
+  for (const FieldSpec& f : out_fields_) {
+    offsets_.push_back(off);
+    off = align(off + B * f.bytes());
+  }
+  indices_offset_ = off;
+  slot_bytes_ = off + B * sizeof(std::int64_t);
+  in_sample_bytes_ = 0;
+  for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
+
+  device_mode_ = device;
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_) {
+    TRAINKIT_CHECK(cuda::device_count() > 0, options_.name,
+                   ": device mode needs a CUDA device, and none is visible");
+    device_id_ = cuda::current_device();
+    copy_stream_ = std::make_unique<cuda::Stream>();
+    for (std::size_t s = 0; s < depth_; ++s) {
+      copy_done_.emplace_back();
+      released_.emplace_back();
+    }
+  }
+#endif
+  const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
+  for (std::size_t s = 0; s < depth_; ++s) {
+    host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
+    if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
+  }
+  slots_.resize(depth_);
+  begin(PrefetchState{options_.epoch, 0});
+}
+
+TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
+  origin_ = state;
+  next_state_ = state;
+  claimed_ = 0;
+  released_count_ = 0;
+  consumed_ = 0;
+  held_ = false;
+  fatal_ = nullptr;
+  stop_.store(false);
+  for (Slot& s : slots_) s = Slot{};
+  epoch_indices_.clear();
+  stream_cursor_ = state;
+  stream_started_ = false;
+  workers_.clear();
+  for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
+}
+
+TRAINKIT_INLINE void Prefetcher::stop_workers() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_.store(true);
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+#if TRAINKIT_WITH_CUDA
+  if (copy_stream_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(copy_stream_->get()));
+#endif
+}
+
+TRAINKIT_INLINE void Prefetcher::release_held() {
+  if (!held_) return;
+  const std::size_t s = static_cast<std::size_t>((consumed_ - 1) % depth_);
+#if TRAINKIT_WITH_CUDA
+  // The copy that refills this device slot must wait for the consumer's work on it.
+  if (device_mode_) released_[s].record(consumer_stream_);
+#endif
+  (void)s;
+  held_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++released_count_;
+  }
+  work_cv_.notify_all();
+}
+
+TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> Prefetcher::indices_for(
+    std::uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(indices_mutex_);
+  auto it = epoch_indices_.find(epoch);
+  if (it == epoch_indices_.end()) {
+    auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
+    TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
+                   v->size(), " indices for epoch ", epoch, " but its size() is ",
+                   per_epoch_samples_);
+    epoch_indices_.emplace(epoch, v);
+    // Keep at most two epochs: the one asked for and the newest other. Workers are normally
+    // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
+    // epoch recomputed, never an erased entry.
+    while (epoch_indices_.size() > 2) {
+      auto victim = epoch_indices_.begin();
+      if (victim->first == epoch) ++victim;
+      epoch_indices_.erase(victim);
+    }
+    return v;
+  }
+  return it->second;
+}
+
+TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
+#if TRAINKIT_WITH_CUDA
+  if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
+#endif
+  std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
+  std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
+  for (;;) {
+    std::uint64_t g = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Batch g goes to slot g % depth, free once batch g - depth was released.
+      work_cv_.wait(
+          lock, [&] { return stop_.load() || (!fatal_ && claimed_ < released_count_ + depth_); });
+      if (stop_.load()) return;
+      g = claimed_++;
+    }
+    const std::size_t s = static_cast<std::size_t>(g % depth_);
+    Slot result;
+    try {
+#if TRAINKIT_WITH_CUDA
+      // The previous copy out of this pinned slot must be finished before we overwrite it.
+      if (device_mode_) copy_done_[s].synchronize();
+#endif
+      auto* base = static_cast<std::byte*>(host_slots_[s].get());
+      if (streaming_) {
+        fill_streaming(base, result, lookahead);
+      } else {
+        fill_indexed(g, worker, base, result, scratch);
+      }
+      if (stop_.load()) return;
+#if TRAINKIT_WITH_CUDA
+      if (device_mode_) {
+        cuda::StreamRef copy = copy_stream_->ref();
+        copy.wait(released_[s].get());
+        TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(device_slots_[s].get(), base, slot_bytes_,
+                                            cudaMemcpyHostToDevice, copy.get()));
+        copy_done_[s].record(copy);
+      }
+#endif
+    } catch (...) {
+      if (stop_.load()) return;
+      result.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      result.done_gen = g + 1;
+      slots_[s] = std::move(result);
+      // A failure stops further claims; batches before it still arrive in order.
+      if (slots_[s].error && !fatal_) fatal_ = slots_[s].error;
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::row_spans(std::byte* base, std::size_t row,
+                                           std::vector<std::span<std::byte>>& spans) const {
+  spans.clear();
+  for (std::size_t k = 0; k < out_fields_.size(); ++k) {
+    const std::size_t n = out_fields_[k].bytes();
+    spans.emplace_back(base + offsets_[k] + row * n, n);
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::packed_spans(std::byte* p, const std::vector<FieldSpec>& fields,
+                                              std::vector<std::span<std::byte>>& spans) {
+  spans.clear();
+  for (const FieldSpec& f : fields) {
+    spans.emplace_back(p, f.bytes());
+    p += f.bytes();
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::rethrow_with(const std::string& context) const {
+  try {
+    throw;
+  } catch (const Error& e) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what(), e.library(),
+                e.code());
+  } catch (const std::exception& e) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": " + e.what());
+  } catch (...) {
+    throw Error("trainkit: " + options_.name + ": " + context + ": unknown exception");
+  }
+}
+
+TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worker, std::byte* base,
+                                              Slot& result, std::vector<std::byte>& scratch) {
+  const std::uint64_t pos = origin_.batch + g;
+  const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
+  const std::uint64_t batch = pos % per_epoch_;
+  const std::size_t B = options_.batch_size;
+  std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
+  const std::size_t first = static_cast<std::size_t>(batch) * B;
+  const std::size_t rows = std::min(B, indices->size() - first);
+  auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+  std::vector<std::span<std::byte>> out_spans, in_spans;
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const std::int64_t i = (*indices)[first + r];
+    idx_out[r] = i;
+    row_spans(base, r, out_spans);
+    try {
+      const SampleRef out(out_spans);
+      const SampleInfo info{epoch, first + r, i};
+      if (separate_input_) {
+        packed_spans(scratch.data(), in_fields_, in_spans);
+        const SampleRef in(in_spans);
+        read_(static_cast<std::size_t>(i), in);
+        options_.transform(info, in, out);
+      } else {
+        read_(static_cast<std::size_t>(i), out);
+        if (options_.transform) options_.transform(info, out, out);
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on sample ", i, " (",
+                                              describe_(static_cast<std::size_t>(i)), "), row ", r,
+                                              " of batch ", batch, " of epoch ", epoch));
+    }
+  }
+  result.epoch = epoch;
+  result.batch = batch;
+  result.rows = rows;
+  result.last = batch + 1 == per_epoch_;
+}
+
+TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
+                                                std::vector<std::byte>& lookahead) {
+  const std::size_t B = options_.batch_size;
+  const std::vector<FieldSpec>& read_fields = out_or_in();
+  std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
+  packed_spans(lookahead.data(), read_fields, look_spans);
+  const SampleRef look(look_spans);
+  auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
+  for (;;) {
+    const PrefetchState at = stream_cursor_;
+    const std::uint64_t first = at.batch * B;
+    try {
+      if (!stream_started_) {
+        start_(at.epoch, first);
+        have_lookahead_ = next_(look);
+        stream_started_ = true;
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                              " of ", describe_current_()));
+    }
+    std::size_t rows = 0;
+    while (rows < B && have_lookahead_) {
+      if (stop_.load(std::memory_order_relaxed)) return;
+      const std::uint64_t position = first + rows;
+      idx_out[rows] = static_cast<std::int64_t>(position);
+      row_spans(base, rows, out_spans);
+      const SampleRef out(out_spans);
+      try {
+        const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
+        if (separate_input_) {
+          packed_spans(lookahead.data(), in_fields_, in_spans);
+          options_.transform(info, SampleRef(in_spans), out);
+        } else {
+          for (std::size_t k = 0; k < out.size(); ++k)
+            if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
+          if (options_.transform) options_.transform(info, out, out);
+        }
+        ++rows;
+        have_lookahead_ = next_(look);
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
+                                                at.epoch, " (", describe_current_(), ")"));
+      }
+    }
+    const bool last = !have_lookahead_;
+    if (last) {
+      stream_cursor_ = PrefetchState{at.epoch + 1, 0};
+      stream_started_ = false;
+    } else {
+      stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+    }
+    if (rows == 0 && at.batch == 0) {
+      TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
+                    describe_current_(), ") has no samples");
+    }
+    if (rows == 0 || (rows < B && options_.drop_last)) {
+      if (at.batch == 0) {
+        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
+                      " samples, fewer than one batch of ", B, " with drop_last");
+      }
+      continue;  // drop the partial tail; fill this slot from the next epoch
+    }
+    result.epoch = at.epoch;
+    result.batch = at.batch;
+    result.rows = rows;
+    result.last = last;
+    return;
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -19421,20 +20296,7 @@ class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
   /// trainkit::Error for a bad layout, a negative padding or a zero stddev.
-  explicit ImageAugment(const ImageAugmentOptions& options) : o_(options) {
-    const ImageLayout& l = o_.layout;
-    TRAINKIT_CHECK(l.channels >= 1 && l.channels <= kMaxImageChannels,
-                   "ImageAugment: channels must be in [1, ", kMaxImageChannels, "], got ",
-                   l.channels);
-    TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
-                   l.width);
-    TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
-    for (int c = 0; c < l.channels; ++c) {
-      TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
-      a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
-      b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
-    }
-  }
+  TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
   TRAINKIT_HOST_DEVICE const ImageLayout& layout() const noexcept { return o_.layout; }
@@ -19487,35 +20349,8 @@ class ImageAugment {
 /// A Prefetcher transform that augments field `field` (uint8 or f32, matching aug.layout()) into
 /// an f32 field of the same name and copies the other fields. Set both results in the options:
 /// `std::tie(opts.transform, opts.output_fields) = image_transform(aug, ds.fields(), "image");`
-inline std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
-    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field) {
-  const std::size_t k = field_index(fields, field);
-  const FieldSpec& f = fields[k];
-  TRAINKIT_CHECK(f.dtype == DType::kU8 || f.dtype == DType::kF32, "image_transform: field '", field,
-                 "' is ", dtype_name(f.dtype), "; expected U8 or F32");
-  TRAINKIT_CHECK(f.numel() == aug.layout().numel(), "image_transform: field '", field, "' has ",
-                 f.numel(), " elements per sample but the layout says ", aug.layout().numel());
-  std::vector<FieldSpec> out(fields.begin(), fields.end());
-  out[k].dtype = DType::kF32;
-  const bool u8 = f.dtype == DType::kU8;
-  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
-                                   const SampleRef& o) {
-    for (std::size_t j = 0; j < in.size(); ++j) {
-      if (j == k) {
-        if (u8) {
-          aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
-        } else {
-          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
-        }
-      } else if (!in[j].empty()) {
-        std::memcpy(o[j].data(), in[j].data(), in[j].size());
-      }
-    }
-  };
-  return {std::move(t), std::move(out)};
-}
+TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
+    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field);
 
 #if TRAINKIT_CUDA_COMPILER
 namespace detail {
@@ -19563,6 +20398,55 @@ void augment_batch_device(const ImageAugment& aug, const In* in, float* out,
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 #endif
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) : o_(options) {
+  const ImageLayout& l = o_.layout;
+  TRAINKIT_CHECK(l.channels >= 1 && l.channels <= kMaxImageChannels,
+                 "ImageAugment: channels must be in [1, ", kMaxImageChannels, "], got ",
+                 l.channels);
+  TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
+                 l.width);
+  TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
+  for (int c = 0; c < l.channels; ++c) {
+    TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
+    a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
+    b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
+  }
+}
+
+TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
+    const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field) {
+  const std::size_t k = field_index(fields, field);
+  const FieldSpec& f = fields[k];
+  TRAINKIT_CHECK(f.dtype == DType::kU8 || f.dtype == DType::kF32, "image_transform: field '", field,
+                 "' is ", dtype_name(f.dtype), "; expected U8 or F32");
+  TRAINKIT_CHECK(f.numel() == aug.layout().numel(), "image_transform: field '", field, "' has ",
+                 f.numel(), " elements per sample but the layout says ", aug.layout().numel());
+  std::vector<FieldSpec> out(fields.begin(), fields.end());
+  out[k].dtype = DType::kF32;
+  const bool u8 = f.dtype == DType::kU8;
+  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
+                                   const SampleRef& o) {
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      if (j == k) {
+        if (u8) {
+          aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
+                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+        } else {
+          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
+                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+        }
+      } else if (!in[j].empty()) {
+        std::memcpy(o[j].data(), in[j].data(), in[j].size());
+      }
+    }
+  };
+  return {std::move(t), std::move(out)};
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -20143,15 +21027,7 @@ inline std::string format_seconds(std::chrono::milliseconds ms) {
 class ThreadGroup {
  public:
   /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
-  explicit ThreadGroup(int world_size, ThreadCommOptions options = {})
-      : world_size_(world_size), options_(std::move(options)) {
-    TRAINKIT_CHECK(world_size >= 1 && world_size <= 4096,
-                   "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
-    TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
-                   options_.chunk_bytes);
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
-    slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
-  }
+  TRAINKIT_INLINE explicit ThreadGroup(int world_size, ThreadCommOptions options = {});
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
 
@@ -20166,16 +21042,7 @@ class ThreadGroup {
     return reason_;
   }
   /// Fails the group with `reason` (the first reason is kept) and wakes every waiting rank.
-  void abort(const std::string& reason) {
-    {
-      std::lock_guard<std::mutex> lock(reason_mutex_);
-      if (!aborted_.load(std::memory_order_relaxed)) {
-        reason_ = reason;
-        aborted_.store(true, std::memory_order_seq_cst);
-      }
-    }
-    notify();
-  }
+  TRAINKIT_INLINE void abort(const std::string& reason);
 
  private:
   friend class ThreadComm;
@@ -20184,13 +21051,7 @@ class ThreadGroup {
 
   // Wakes sleeping waiters after a store they may wait for. The fence pairs with the one in
   // ThreadComm::await (store-buffer pattern): either we see the sleeper or it sees our store.
-  void notify() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_relaxed) > 0) {
-      std::lock_guard<std::mutex> lock(sleep_mutex_);
-      sleep_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void notify();
 
   int world_size_;
   ThreadCommOptions options_;
@@ -20218,40 +21079,14 @@ class ThreadGroup {
 class ThreadComm final : public Comm {
  public:
   /// Joins `group` as `rank`. Throws trainkit::Error when rank is out of range or taken.
-  ThreadComm(std::shared_ptr<ThreadGroup> group, int rank) : group_(std::move(group)), rank_(rank) {
-    TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
-    TRAINKIT_CHECK(rank >= 0 && rank < group_->world_size(), "ThreadComm: rank ", rank,
-                   " is not in [0, ", group_->world_size(), ")");
-    TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
-                   " of this ThreadGroup already has a ThreadComm");
-    worker_ = std::thread([this] { worker_loop(); });
-  }
+  TRAINKIT_INLINE ThreadComm(std::shared_ptr<ThreadGroup> group, int rank);
   ThreadComm(const ThreadComm&) = delete;
   ThreadComm& operator=(const ThreadComm&) = delete;
 
   /// Leaves the group. With collectives still queued or running (the owning thread threw, or
   /// returned without waiting), the group is aborted so the other ranks fail now, not at their
   /// timeout; those collectives fail too.
-  ~ThreadComm() override {
-    bool in_flight = false;
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      in_flight = busy_ || !queue_.empty();
-      stop_ = true;
-    }
-    group_->slot(rank_).left.store(true, std::memory_order_release);
-    if (in_flight) {
-      group_->abort(trainkit::detail::concat(
-          "rank ", rank_,
-          " left the group (its ThreadComm was destroyed) with collectives still in flight "
-          "(it issued ",
-          queued_.load(std::memory_order_relaxed), ")"));
-    } else {
-      group_->notify();
-    }
-    queue_cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-  }
+  TRAINKIT_INLINE ~ThreadComm() override;
 
   /// Runs f(ThreadComm&) on `world_size` new threads, one per rank of a fresh group, and joins
   /// them. Rethrows the first exception a rank threw (the others then fail with errors naming it).
@@ -20283,42 +21118,13 @@ class ThreadComm final : public Comm {
   Space space() const noexcept override { return Space::kHost; }
   const std::shared_ptr<ThreadGroup>& group() const noexcept { return group_; }
 
-  Work all_reduce(Buffer buf, ReduceOp op) override {
-    detail::check_all_reduce(*this, buf);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
-                                    .op = op,
-                                    .dtype = buf.dtype,
-                                    .count = buf.count,
-                                    .data = buf.data});
-  }
+  TRAINKIT_INLINE Work all_reduce(Buffer buf, ReduceOp op) override;
 
-  Work broadcast(Buffer buf, int root) override {
-    detail::check_broadcast(*this, buf, root);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
-                                    .dtype = buf.dtype,
-                                    .root = root,
-                                    .count = buf.count,
-                                    .data = buf.data});
-  }
+  TRAINKIT_INLINE Work broadcast(Buffer buf, int root) override;
 
-  Work all_gather(Buffer send, Buffer recv) override {
-    detail::check_all_gather(*this, send, recv);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
-                                    .dtype = send.dtype,
-                                    .count = send.count,
-                                    .data = recv.data,
-                                    .send = send.data});
-  }
+  TRAINKIT_INLINE Work all_gather(Buffer send, Buffer recv) override;
 
-  Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
-    detail::check_reduce_scatter(*this, send, recv);
-    return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
-                                    .op = op,
-                                    .dtype = send.dtype,
-                                    .count = recv.count,
-                                    .data = recv.data,
-                                    .send = send.data});
-  }
+  TRAINKIT_INLINE Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override;
 
   Work barrier() override {
     detail::RingDesc d;
@@ -20358,119 +21164,22 @@ class ThreadComm final : public Comm {
     ThreadComm* comm_;
   };
 
-  Work enqueue(const detail::RingDesc& d) {
-    auto work = std::make_shared<ThreadWork>(*this);
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      queue_.push_back(Task{d, work});
-      queued_.fetch_add(1, std::memory_order_release);
-    }
-    queue_cv_.notify_one();
-    return Work(std::move(work));
-  }
+  TRAINKIT_INLINE Work enqueue(const detail::RingDesc& d);
 
   // Takes the next collective if none is running (call with queue_mutex_ held).
-  bool take(Task& task) {
-    if (busy_ || queue_.empty()) return false;
-    task = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    return true;
-  }
+  TRAINKIT_INLINE bool take(Task& task);
 
   // Runs a taken collective and completes its Work.
-  void execute(Task& task) {
-    std::exception_ptr error;
-    try {
-      run(task.desc);
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      // A failure on one rank fails the group (the first reason is kept), so the other ranks
-      // stop waiting for this one now instead of at their timeout.
-      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: ", e.what()));
-      quiesce();
-    } catch (...) {
-      error = std::current_exception();
-      group_->abort(trainkit::detail::concat("rank ", rank_, " failed: unknown exception"));
-      quiesce();
-    }
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      busy_ = false;
-    }
-    queue_cv_.notify_all();
-    task.work->complete(error);
-  }
+  TRAINKIT_INLINE void execute(Task& task);
 
   // Work::wait() on the waiting thread: runs the next queued collective if none is running.
-  bool help() {
-    Task task;
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      if (!take(task)) return false;
-    }
-    execute(task);
-    return true;
-  }
+  TRAINKIT_INLINE bool help();
 
-  void worker_loop() {
-    for (;;) {
-      // No spinning here: a thread that waits for its collective runs it itself (help()), and
-      // on a machine with few cores a spinning progress thread only delays the rank threads.
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(queue_mutex_);
-        queue_cv_.wait(lock, [this] {
-          return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_);
-        });
-        if (!take(task)) return;  // stopping, nothing left
-      }
-      execute(task);
-    }
-  }
+  TRAINKIT_INLINE void worker_loop();
 
-  Plan plan_for(const detail::RingDesc& d) const {
-    const int n = world_size();
-    Plan p;
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
-    p.chunk_elems =
-        std::max<std::int64_t>(1, group_->options().chunk_bytes / std::max<std::int64_t>(es, 1));
-    if (n == 1) {
-      p.steps = 0;
-      return p;
-    }
-    std::int64_t longest = 0;  // the longest segment a step moves
-    switch (d.kind) {
-      case detail::RingOp::kAllReduce:
-      case detail::RingOp::kBarrier:
-        longest = (d.count + n - 1) / n;
-        p.steps = 2 * (n - 1);
-        break;
-      case detail::RingOp::kReduceScatter:
-        longest = d.count;
-        p.steps = n - 1;
-        break;
-      case detail::RingOp::kAllGather:
-        longest = d.count;
-        p.steps = n;
-        break;
-      case detail::RingOp::kBroadcast:
-        longest = d.count;
-        p.steps = 1;
-        break;
-    }
-    // At least one unit per step even for empty buffers: every collective synchronises, so a
-    // barrier is an empty all_reduce and mismatched calls are detected.
-    p.chunks = std::max<std::int64_t>(1, (longest + p.chunk_elems - 1) / p.chunk_elems);
-    return p;
-  }
+  TRAINKIT_INLINE Plan plan_for(const detail::RingDesc& d) const;
 
-  std::string what(std::uint64_t seq, const detail::RingDesc& d) const {
-    std::string s = trainkit::detail::concat(detail::ring_op_name(d.kind), " #", seq);
-    if (d.kind != detail::RingOp::kBarrier)
-      s += trainkit::detail::concat(" (", d.count, " x ", dtype_name(d.dtype), ")");
-    return s;
-  }
+  TRAINKIT_INLINE std::string what(std::uint64_t seq, const detail::RingDesc& d) const;
 
   [[noreturn]] void fail(const std::string& message, bool abort_group) {
     const std::string full = trainkit::detail::concat("ThreadComm rank ", rank_, ": ", message);
@@ -20480,32 +21189,7 @@ class ThreadComm final : public Comm {
 
   // Follows the chain of waits from `peer` to the rank that is not waiting for anyone: the one
   // that stalled (or left without saying so), and says where it is.
-  std::string diagnose(int peer, std::uint64_t seq) const {
-    int p = peer;
-    for (int hops = 0; hops < world_size(); ++hops) {
-      const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
-      if (w < 0 || w == rank_) break;
-      p = w;
-    }
-    const detail::RingSlot& s = group_->slot(p);
-    const std::uint64_t its_seq = s.seq.load(std::memory_order_acquire);
-    std::string where;
-    if (its_seq < seq) {
-      where = its_seq == 0 ? trainkit::detail::concat("has not entered collective #", seq,
-                                                      " (nor any before it)")
-                           : trainkit::detail::concat("has not entered collective #", seq,
-                                                      " (its last was #", its_seq, ")");
-    } else {
-      const std::int64_t done =
-          s.progress.load(std::memory_order_acquire) - s.base.load(std::memory_order_acquire);
-      where = trainkit::detail::concat("is stuck inside collective #", its_seq, " after ", done,
-                                       " of its ", s.units.load(std::memory_order_acquire),
-                                       " units of work");
-    }
-    return trainkit::detail::concat("rank ", p, " ", where,
-                                    ": it stalled, "
-                                    "or its thread ended without destroying its ThreadComm");
-  }
+  TRAINKIT_INLINE std::string diagnose(int peer, std::uint64_t seq) const;
 
   // Blocks until ready() holds. Fails (and aborts the group) when the group is aborted, when
   // `peer` left, or when `peer` shows no progress for the timeout.
@@ -20598,14 +21282,7 @@ class ThreadComm final : public Comm {
 
   // After a failure: wait (bounded by the timeout) until no other rank is in the middle of
   // reading buffers, ours included, so the caller may free them once its Work failed.
-  void quiesce() noexcept {
-    const auto deadline = Clock::now() + group_->options().timeout;
-    for (int p = 0; p < world_size(); ++p) {
-      if (p == rank_) continue;
-      while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
+  TRAINKIT_INLINE void quiesce() noexcept;
 
   void publish(std::int64_t progress) {
     group_->slot(rank_).progress.store(progress, std::memory_order_release);
@@ -20616,188 +21293,10 @@ class ThreadComm final : public Comm {
     if (group_->options().fault_injection) group_->options().fault_injection(rank_, seq, unit);
   }
 
-  void check_match(std::uint64_t seq, const detail::RingDesc& mine, const detail::RingDesc& theirs,
-                   int peer) {
-    bool same = mine.kind == theirs.kind;
-    if (same && mine.kind != detail::RingOp::kBarrier)
-      same = mine.count == theirs.count && mine.dtype == theirs.dtype;
-    if (same &&
-        (mine.kind == detail::RingOp::kAllReduce || mine.kind == detail::RingOp::kReduceScatter))
-      same = mine.op == theirs.op;
-    if (same && mine.kind == detail::RingOp::kBroadcast) same = mine.root == theirs.root;
-    if (same) return;
-    auto describe = [](const detail::RingDesc& x) {
-      std::string s = detail::ring_op_name(x.kind);
-      if (x.kind == detail::RingOp::kBarrier) return s;
-      s += trainkit::detail::concat("(", x.count, " x ", dtype_name(x.dtype));
-      if (x.kind == detail::RingOp::kBroadcast) s += trainkit::detail::concat(", root ", x.root);
-      if (x.kind == detail::RingOp::kAllReduce || x.kind == detail::RingOp::kReduceScatter)
-        s += trainkit::detail::concat(", ", reduce_op_name(x.op));
-      return s + ")";
-    };
-    fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
-                                  describe(mine), ", rank ", peer, " called ", describe(theirs),
-                                  " (every rank must issue the same collectives "
-                                  "in the same order)"),
-         true);
-  }
+  TRAINKIT_INLINE void check_match(std::uint64_t seq, const detail::RingDesc& mine,
+                                   const detail::RingDesc& theirs, int peer);
 
-  void run(detail::RingDesc d) {
-    const std::uint64_t seq = ++seq_;
-    if (group_->aborted())
-      fail(trainkit::detail::concat(
-               what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
-           false);
-    const int n = world_size();
-    const Plan plan = plan_for(d);
-    const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
-    if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
-      const std::size_t need = static_cast<std::size_t>(d.count * n * es);
-      if (scratch_.size() < need) scratch_.assign(need, std::byte{0});
-      d.scratch = scratch_.data();
-    }
-    detail::RingSlot& me = group_->slot(rank_);
-    me.desc = d;
-    me.base.store(base_, std::memory_order_relaxed);
-    me.units.store(plan.units(), std::memory_order_relaxed);
-    me.seq.store(seq, std::memory_order_release);
-    group_->notify();
-
-    if (n == 1) {
-      run_alone(d, es);
-      return;
-    }
-    const int left = (rank_ + n - 1) % n;
-    const int right = (rank_ + 1) % n;
-    const detail::RingSlot& ls = group_->slot(left);
-    const detail::RingSlot& rs = group_->slot(right);
-    await(
-        left, [&] { return ls.seq.load(std::memory_order_acquire) >= seq; }, seq, d);
-    const detail::RingDesc& ld = ls.desc;
-    check_match(seq, d, ld, left);
-
-    const std::int64_t base = base_;
-    const std::int64_t k_n = plan.chunks;
-    const std::int64_t ce = plan.chunk_elems;
-    auto left_done = [&](std::int64_t unit) {
-      await(
-          left, [&] { return ls.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
-          d);
-    };
-    auto right_done = [&](std::int64_t unit) {
-      await(
-          right, [&] { return rs.progress.load(std::memory_order_acquire) >= base + unit + 1; },
-          seq, d);
-    };
-    auto mod = [n](std::int64_t x) { return static_cast<int>(((x % n) + n) % n); };
-    char* mine = static_cast<char*>(d.data);
-
-    switch (d.kind) {
-      case detail::RingOp::kAllReduce:
-      case detail::RingOp::kBarrier: {
-        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
-        auto segment = [&](int c) { return std::pair(c * d.count / n, (c + 1) * d.count / n); };
-        for (std::int64_t g = 0; g < plan.steps; ++g) {
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = g * k_n + k;
-            inject(seq, u);
-            if (g < n - 1) {  // reduce-scatter step g
-              const auto [sb, se] = segment(mod(rank_ - g - 2));
-              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-              if (g > 0) left_done(u - k_n);
-              const int divisor = (g == n - 2 && d.op == ReduceOp::kAvg) ? n : 1;
-              const Access access(*this, seq, d);
-              detail::combine(d.dtype, op, mine + b * es, mine + b * es,
-                              static_cast<const char*>(ld.data) + b * es, e - b, divisor);
-            } else {  // all-gather step s
-              const std::int64_t s = g - (n - 1);
-              const auto [sb, se] = segment(mod(rank_ - 1 - s));
-              const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-              left_done(u - k_n);
-              right_done(s * k_n + k);  // the right neighbour has read what we overwrite
-              const Access access(*this, seq, d);
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            }
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kReduceScatter: {
-        const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
-        const std::int64_t m = d.count;
-        const char* send = static_cast<const char*>(d.send);
-        char* scratch = static_cast<char*>(d.scratch);
-        for (std::int64_t s = 0; s < plan.steps; ++s) {
-          const std::int64_t c = mod(rank_ - s - 2);
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = s * k_n + k;
-            inject(seq, u);
-            const std::int64_t sb = c * m, se = sb + m;
-            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-            if (s > 0) left_done(u - k_n);
-            const char* incoming = (s == 0 ? static_cast<const char*>(ld.send)
-                                           : static_cast<const char*>(ld.scratch)) +
-                                   b * es;
-            const bool last = s == n - 2;
-            char* dst = last ? mine + (b - sb) * es : scratch + b * es;
-            const Access access(*this, seq, d);
-            detail::combine(d.dtype, op, dst, send + b * es, incoming, e - b,
-                            last && d.op == ReduceOp::kAvg ? n : 1);
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kAllGather: {
-        // Its steps have the shape of all_reduce's all-gather phase above; each stays inline with
-        // its own unit numbering (a shared step would need both schedules as parameters).
-        const std::int64_t m = d.count;
-        for (std::int64_t g = 0; g < plan.steps; ++g) {
-          const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g
-          for (std::int64_t k = 0; k < k_n; ++k) {
-            const std::int64_t u = g * k_n + k;
-            inject(seq, u);
-            const std::int64_t sb = a * m, se = sb + m;
-            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
-            if (g == 0) {
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(d.send) + (b - sb) * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            } else {
-              left_done(u - k_n);
-              const Access access(*this, seq, d);
-              detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                                 static_cast<std::size_t>((e - b) * es));
-            }
-            publish(base + u + 1);
-          }
-        }
-        break;
-      }
-      case detail::RingOp::kBroadcast: {
-        if (rank_ == d.root) {
-          inject(seq, 0);
-          publish(base + k_n);
-          break;
-        }
-        for (std::int64_t k = 0; k < k_n; ++k) {
-          inject(seq, k);
-          const std::int64_t b = std::min(d.count, k * ce), e = std::min(d.count, b + ce);
-          left_done(k);
-          const Access access(*this, seq, d);
-          detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
-                             static_cast<std::size_t>((e - b) * es));
-          publish(base + k + 1);
-        }
-        break;
-      }
-    }
-    // The right neighbour reads our descriptor and buffers until its last unit: only then may
-    // the caller reuse them (and we publish the next descriptor).
-    right_done(plan.units() - 1);
-    base_ += plan.units();
-  }
+  TRAINKIT_INLINE void run(detail::RingDesc d);
 
   // A group of one: collectives are local copies.
   void run_alone(const detail::RingDesc& d, std::int64_t es) {
@@ -20820,6 +21319,437 @@ class ThreadComm final : public Comm {
   bool stop_ = false;
   std::thread worker_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ThreadGroup::ThreadGroup(int world_size, ThreadCommOptions options)
+    : world_size_(world_size), options_(std::move(options)) {
+  TRAINKIT_CHECK(world_size >= 1 && world_size <= 4096,
+                 "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
+  TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
+                 options_.chunk_bytes);
+  TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
+  slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
+}
+
+TRAINKIT_INLINE void ThreadGroup::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (!aborted_.load(std::memory_order_relaxed)) {
+      reason_ = reason;
+      aborted_.store(true, std::memory_order_seq_cst);
+    }
+  }
+  notify();
+}
+
+TRAINKIT_INLINE void ThreadGroup::notify() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    sleep_cv_.notify_all();
+  }
+}
+
+TRAINKIT_INLINE ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
+    : group_(std::move(group)), rank_(rank) {
+  TRAINKIT_CHECK(group_ != nullptr, "ThreadComm: null ThreadGroup");
+  TRAINKIT_CHECK(rank >= 0 && rank < group_->world_size(), "ThreadComm: rank ", rank,
+                 " is not in [0, ", group_->world_size(), ")");
+  TRAINKIT_CHECK(!group_->slot(rank).claimed.exchange(true), "ThreadComm: rank ", rank,
+                 " of this ThreadGroup already has a ThreadComm");
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+TRAINKIT_INLINE ThreadComm::~ThreadComm() {
+  bool in_flight = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    in_flight = busy_ || !queue_.empty();
+    stop_ = true;
+  }
+  group_->slot(rank_).left.store(true, std::memory_order_release);
+  if (in_flight) {
+    group_->abort(trainkit::detail::concat(
+        "rank ", rank_,
+        " left the group (its ThreadComm was destroyed) with collectives still in flight "
+        "(it issued ",
+        queued_.load(std::memory_order_relaxed), ")"));
+  } else {
+    group_->notify();
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+TRAINKIT_INLINE Work ThreadComm::all_reduce(Buffer buf, ReduceOp op) {
+  detail::check_all_reduce(*this, buf);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
+                                  .op = op,
+                                  .dtype = buf.dtype,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::broadcast(Buffer buf, int root) {
+  detail::check_broadcast(*this, buf, root);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
+                                  .dtype = buf.dtype,
+                                  .root = root,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::all_gather(Buffer send, Buffer recv) {
+  detail::check_all_gather(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
+                                  .dtype = send.dtype,
+                                  .count = send.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  detail::check_reduce_scatter(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
+                                  .op = op,
+                                  .dtype = send.dtype,
+                                  .count = recv.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work ThreadComm::enqueue(const detail::RingDesc& d) {
+  auto work = std::make_shared<ThreadWork>(*this);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(Task{d, work});
+    queued_.fetch_add(1, std::memory_order_release);
+  }
+  queue_cv_.notify_one();
+  return Work(std::move(work));
+}
+
+TRAINKIT_INLINE bool ThreadComm::take(Task& task) {
+  if (busy_ || queue_.empty()) return false;
+  task = std::move(queue_.front());
+  queue_.pop_front();
+  busy_ = true;
+  return true;
+}
+
+TRAINKIT_INLINE void ThreadComm::execute(Task& task) {
+  std::exception_ptr error;
+  try {
+    run(task.desc);
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    // A failure on one rank fails the group (the first reason is kept), so the other ranks
+    // stop waiting for this one now instead of at their timeout.
+    group_->abort(trainkit::detail::concat("rank ", rank_, " failed: ", e.what()));
+    quiesce();
+  } catch (...) {
+    error = std::current_exception();
+    group_->abort(trainkit::detail::concat("rank ", rank_, " failed: unknown exception"));
+    quiesce();
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    busy_ = false;
+  }
+  queue_cv_.notify_all();
+  task.work->complete(error);
+}
+
+TRAINKIT_INLINE bool ThreadComm::help() {
+  Task task;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!take(task)) return false;
+  }
+  execute(task);
+  return true;
+}
+
+TRAINKIT_INLINE void ThreadComm::worker_loop() {
+  for (;;) {
+    // No spinning here: a thread that waits for its collective runs it itself (help()), and
+    // on a machine with few cores a spinning progress thread only delays the rank threads.
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] {
+        return (!queue_.empty() && !busy_) || (stop_ && queue_.empty() && !busy_);
+      });
+      if (!take(task)) return;  // stopping, nothing left
+    }
+    execute(task);
+  }
+}
+
+TRAINKIT_INLINE ThreadComm::Plan ThreadComm::plan_for(const detail::RingDesc& d) const {
+  const int n = world_size();
+  Plan p;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+  p.chunk_elems =
+      std::max<std::int64_t>(1, group_->options().chunk_bytes / std::max<std::int64_t>(es, 1));
+  if (n == 1) {
+    p.steps = 0;
+    return p;
+  }
+  std::int64_t longest = 0;  // the longest segment a step moves
+  switch (d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier:
+      longest = (d.count + n - 1) / n;
+      p.steps = 2 * (n - 1);
+      break;
+    case detail::RingOp::kReduceScatter:
+      longest = d.count;
+      p.steps = n - 1;
+      break;
+    case detail::RingOp::kAllGather:
+      longest = d.count;
+      p.steps = n;
+      break;
+    case detail::RingOp::kBroadcast:
+      longest = d.count;
+      p.steps = 1;
+      break;
+  }
+  // At least one unit per step even for empty buffers: every collective synchronises, so a
+  // barrier is an empty all_reduce and mismatched calls are detected.
+  p.chunks = std::max<std::int64_t>(1, (longest + p.chunk_elems - 1) / p.chunk_elems);
+  return p;
+}
+
+TRAINKIT_INLINE std::string ThreadComm::what(std::uint64_t seq, const detail::RingDesc& d) const {
+  std::string s = trainkit::detail::concat(detail::ring_op_name(d.kind), " #", seq);
+  if (d.kind != detail::RingOp::kBarrier)
+    s += trainkit::detail::concat(" (", d.count, " x ", dtype_name(d.dtype), ")");
+  return s;
+}
+
+TRAINKIT_INLINE std::string ThreadComm::diagnose(int peer, std::uint64_t seq) const {
+  int p = peer;
+  for (int hops = 0; hops < world_size(); ++hops) {
+    const int w = group_->slot(p).waiting_on.load(std::memory_order_acquire);
+    if (w < 0 || w == rank_) break;
+    p = w;
+  }
+  const detail::RingSlot& s = group_->slot(p);
+  const std::uint64_t its_seq = s.seq.load(std::memory_order_acquire);
+  std::string where;
+  if (its_seq < seq) {
+    where = its_seq == 0 ? trainkit::detail::concat("has not entered collective #", seq,
+                                                    " (nor any before it)")
+                         : trainkit::detail::concat("has not entered collective #", seq,
+                                                    " (its last was #", its_seq, ")");
+  } else {
+    const std::int64_t done =
+        s.progress.load(std::memory_order_acquire) - s.base.load(std::memory_order_acquire);
+    where = trainkit::detail::concat("is stuck inside collective #", its_seq, " after ", done,
+                                     " of its ", s.units.load(std::memory_order_acquire),
+                                     " units of work");
+  }
+  return trainkit::detail::concat("rank ", p, " ", where,
+                                  ": it stalled, "
+                                  "or its thread ended without destroying its ThreadComm");
+}
+
+TRAINKIT_INLINE void ThreadComm::quiesce() noexcept {
+  const auto deadline = Clock::now() + group_->options().timeout;
+  for (int p = 0; p < world_size(); ++p) {
+    if (p == rank_) continue;
+    while (group_->slot(p).accessing.load(std::memory_order_seq_cst) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+TRAINKIT_INLINE void ThreadComm::check_match(std::uint64_t seq, const detail::RingDesc& mine,
+                                             const detail::RingDesc& theirs, int peer) {
+  bool same = mine.kind == theirs.kind;
+  if (same && mine.kind != detail::RingOp::kBarrier)
+    same = mine.count == theirs.count && mine.dtype == theirs.dtype;
+  if (same &&
+      (mine.kind == detail::RingOp::kAllReduce || mine.kind == detail::RingOp::kReduceScatter))
+    same = mine.op == theirs.op;
+  if (same && mine.kind == detail::RingOp::kBroadcast) same = mine.root == theirs.root;
+  if (same) return;
+  auto describe = [](const detail::RingDesc& x) {
+    std::string s = detail::ring_op_name(x.kind);
+    if (x.kind == detail::RingOp::kBarrier) return s;
+    s += trainkit::detail::concat("(", x.count, " x ", dtype_name(x.dtype));
+    if (x.kind == detail::RingOp::kBroadcast) s += trainkit::detail::concat(", root ", x.root);
+    if (x.kind == detail::RingOp::kAllReduce || x.kind == detail::RingOp::kReduceScatter)
+      s += trainkit::detail::concat(", ", reduce_op_name(x.op));
+    return s + ")";
+  };
+  fail(trainkit::detail::concat("collective #", seq, " does not match: rank ", rank_, " called ",
+                                describe(mine), ", rank ", peer, " called ", describe(theirs),
+                                " (every rank must issue the same collectives "
+                                "in the same order)"),
+       true);
+}
+
+TRAINKIT_INLINE void ThreadComm::run(detail::RingDesc d) {
+  const std::uint64_t seq = ++seq_;
+  if (group_->aborted())
+    fail(trainkit::detail::concat(
+             what(seq, d), " refused: the group was aborted earlier: ", group_->abort_reason()),
+         false);
+  const int n = world_size();
+  const Plan plan = plan_for(d);
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(d.dtype));
+  if (d.kind == detail::RingOp::kReduceScatter && n > 1) {
+    const std::size_t need = static_cast<std::size_t>(d.count * n * es);
+    if (scratch_.size() < need) scratch_.assign(need, std::byte{0});
+    d.scratch = scratch_.data();
+  }
+  detail::RingSlot& me = group_->slot(rank_);
+  me.desc = d;
+  me.base.store(base_, std::memory_order_relaxed);
+  me.units.store(plan.units(), std::memory_order_relaxed);
+  me.seq.store(seq, std::memory_order_release);
+  group_->notify();
+
+  if (n == 1) {
+    run_alone(d, es);
+    return;
+  }
+  const int left = (rank_ + n - 1) % n;
+  const int right = (rank_ + 1) % n;
+  const detail::RingSlot& ls = group_->slot(left);
+  const detail::RingSlot& rs = group_->slot(right);
+  await(
+      left, [&] { return ls.seq.load(std::memory_order_acquire) >= seq; }, seq, d);
+  const detail::RingDesc& ld = ls.desc;
+  check_match(seq, d, ld, left);
+
+  const std::int64_t base = base_;
+  const std::int64_t k_n = plan.chunks;
+  const std::int64_t ce = plan.chunk_elems;
+  auto left_done = [&](std::int64_t unit) {
+    await(
+        left, [&] { return ls.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
+        d);
+  };
+  auto right_done = [&](std::int64_t unit) {
+    await(
+        right, [&] { return rs.progress.load(std::memory_order_acquire) >= base + unit + 1; }, seq,
+        d);
+  };
+  auto mod = [n](std::int64_t x) { return static_cast<int>(((x % n) + n) % n); };
+  char* mine = static_cast<char*>(d.data);
+
+  switch (d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier: {
+      const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+      auto segment = [&](int c) { return std::pair(c * d.count / n, (c + 1) * d.count / n); };
+      for (std::int64_t g = 0; g < plan.steps; ++g) {
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = g * k_n + k;
+          inject(seq, u);
+          if (g < n - 1) {  // reduce-scatter step g
+            const auto [sb, se] = segment(mod(rank_ - g - 2));
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            if (g > 0) left_done(u - k_n);
+            const int divisor = (g == n - 2 && d.op == ReduceOp::kAvg) ? n : 1;
+            const Access access(*this, seq, d);
+            detail::combine(d.dtype, op, mine + b * es, mine + b * es,
+                            static_cast<const char*>(ld.data) + b * es, e - b, divisor);
+          } else {  // all-gather step s
+            const std::int64_t s = g - (n - 1);
+            const auto [sb, se] = segment(mod(rank_ - 1 - s));
+            const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+            left_done(u - k_n);
+            right_done(s * k_n + k);  // the right neighbour has read what we overwrite
+            const Access access(*this, seq, d);
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                               static_cast<std::size_t>((e - b) * es));
+          }
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kReduceScatter: {
+      const ReduceOp op = d.op == ReduceOp::kAvg ? ReduceOp::kSum : d.op;
+      const std::int64_t m = d.count;
+      const char* send = static_cast<const char*>(d.send);
+      char* scratch = static_cast<char*>(d.scratch);
+      for (std::int64_t s = 0; s < plan.steps; ++s) {
+        const std::int64_t c = mod(rank_ - s - 2);
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = s * k_n + k;
+          inject(seq, u);
+          const std::int64_t sb = c * m, se = sb + m;
+          const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+          if (s > 0) left_done(u - k_n);
+          const char* incoming =
+              (s == 0 ? static_cast<const char*>(ld.send) : static_cast<const char*>(ld.scratch)) +
+              b * es;
+          const bool last = s == n - 2;
+          char* dst = last ? mine + (b - sb) * es : scratch + b * es;
+          const Access access(*this, seq, d);
+          detail::combine(d.dtype, op, dst, send + b * es, incoming, e - b,
+                          last && d.op == ReduceOp::kAvg ? n : 1);
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kAllGather: {
+      // Its steps have the shape of all_reduce's all-gather phase above; each stays inline with
+      // its own unit numbering (a shared step would need both schedules as parameters).
+      const std::int64_t m = d.count;
+      for (std::int64_t g = 0; g < plan.steps; ++g) {
+        const std::int64_t a = g == 0 ? rank_ : mod(rank_ - g);  // segment moved at step g
+        for (std::int64_t k = 0; k < k_n; ++k) {
+          const std::int64_t u = g * k_n + k;
+          inject(seq, u);
+          const std::int64_t sb = a * m, se = sb + m;
+          const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+          if (g == 0) {
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(d.send) + (b - sb) * es,
+                               static_cast<std::size_t>((e - b) * es));
+          } else {
+            left_done(u - k_n);
+            const Access access(*this, seq, d);
+            detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                               static_cast<std::size_t>((e - b) * es));
+          }
+          publish(base + u + 1);
+        }
+      }
+      break;
+    }
+    case detail::RingOp::kBroadcast: {
+      if (rank_ == d.root) {
+        inject(seq, 0);
+        publish(base + k_n);
+        break;
+      }
+      for (std::int64_t k = 0; k < k_n; ++k) {
+        inject(seq, k);
+        const std::int64_t b = std::min(d.count, k * ce), e = std::min(d.count, b + ce);
+        left_done(k);
+        const Access access(*this, seq, d);
+        detail::copy_bytes(mine + b * es, static_cast<const char*>(ld.data) + b * es,
+                           static_cast<std::size_t>((e - b) * es));
+        publish(base + k + 1);
+      }
+      break;
+    }
+  }
+  // The right neighbour reads our descriptor and buffers until its last unit: only then may
+  // the caller reuse them (and we publish the next descriptor).
+  right_done(plan.units() - 1);
+  base_ += plan.units();
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace dist
 TRAINKIT_NAMESPACE_END
@@ -22214,8 +23144,14 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
 /// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
 /// world_size or payload length, or `timeout` passes.
-inline void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                          std::span<std::byte> payload, std::chrono::milliseconds timeout) {
+TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
+                                   std::span<std::byte> payload,
+                                   std::chrono::milliseconds timeout) {
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
@@ -22308,6 +23244,8 @@ inline void tcp_broadcast(std::string_view host, int port, int rank, int world_s
 #endif
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace dist
 TRAINKIT_NAMESPACE_END
 // end trainkit/dist/rendezvous.hpp
@@ -22375,7 +23313,17 @@ inline std::optional<std::string> env_var(const char* name) {
 
 /// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
 /// naming the variable when it is not an integer in [lo, hi].
-inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX) {
+TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
+
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
+
+/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
+TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   const auto v = env_var(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
@@ -22387,8 +23335,7 @@ inline std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_M
   return static_cast<int>(x);
 }
 
-/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
-inline std::string first_slurm_host(std::string_view list) {
+TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
   std::size_t depth = 0, end = 0;
   for (; end < list.size(); ++end) {
     if (list[end] == '[') ++depth;
@@ -22407,8 +23354,7 @@ inline std::string first_slurm_host(std::string_view list) {
          std::string(first.substr(close + 1));
 }
 
-/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
-inline std::optional<int> first_slurm_count(const char* name) {
+TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
   const auto v = env_var(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
@@ -22416,6 +23362,8 @@ inline std::optional<int> first_slurm_count(const char* name) {
   if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
   return static_cast<int>(x);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -22429,50 +23377,7 @@ inline std::optional<int> first_slurm_count(const char* name) {
 ///  - none of them: a single process (rank 0 of 1).
 /// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
 /// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
-inline LaunchInfo detect_launch() {
-  using detail::env_int;
-  using detail::env_var;
-  LaunchInfo info;
-  if (env_var("RANK") && env_var("WORLD_SIZE")) {
-    info.launcher = Launcher::kTorchrun;
-    info.world_size = *env_int("WORLD_SIZE", 1);
-    info.rank = *env_int("RANK", 0);
-    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
-    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
-    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
-    info.launcher = Launcher::kOpenMpi;
-    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
-    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
-    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
-    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
-  } else if (env_var("SLURM_PROCID") &&
-             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
-    info.launcher = Launcher::kSlurm;
-    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
-                                                      : *env_int("SLURM_NTASKS", 1);
-    info.rank = *env_int("SLURM_PROCID", 0);
-    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
-    info.local_world_size =
-        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
-            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
-    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (auto v = env_var(list)) {
-        info.master_addr = detail::first_slurm_host(*v);
-        break;
-      }
-    }
-    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
-  }
-  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
-  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
-  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
-                 info.rank, " of ", info.world_size, " processes");
-  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
-                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
-                 " of ", info.local_world_size, " processes on this node");
-  return info;
-}
+TRAINKIT_INLINE LaunchInfo detect_launch();
 
 /// The communicator backends dist::init can create.
 enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
@@ -22538,7 +23443,56 @@ class Context {
 /// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
 /// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
 /// not compiled in, MASTER_ADDR unset, no GPU, a world_size that disagrees with MPI's, ...).
-inline Context init(InitOptions options = {}) {
+TRAINKIT_INLINE Context init(InitOptions options = {});
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE LaunchInfo detect_launch() {
+  using detail::env_int;
+  using detail::env_var;
+  LaunchInfo info;
+  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+    info.launcher = Launcher::kTorchrun;
+    info.world_size = *env_int("WORLD_SIZE", 1);
+    info.rank = *env_int("RANK", 0);
+    info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
+    info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+    info.launcher = Launcher::kOpenMpi;
+    info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+    info.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(info.world_size);
+  } else if (env_var("SLURM_PROCID") &&
+             (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
+    info.launcher = Launcher::kSlurm;
+    info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
+                                                      : *env_int("SLURM_NTASKS", 1);
+    info.rank = *env_int("SLURM_PROCID", 0);
+    info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    info.local_world_size =
+        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
+            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto v = env_var(list)) {
+        info.master_addr = detail::first_slurm_host(*v);
+        break;
+      }
+    }
+    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+  }
+  if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
+  if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
+  TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
+                 info.rank, " of ", info.world_size, " processes");
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
+                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
+                 " of ", info.local_world_size, " processes on this node");
+  return info;
+}
+
+TRAINKIT_INLINE Context init(InitOptions options) {
   Context ctx;
   ctx.launch_ = detect_launch();
   const LaunchInfo& L = ctx.launch_;
@@ -22646,6 +23600,8 @@ inline Context init(InitOptions options = {}) {
   }
   TRAINKIT_FAIL("dist::init: no backend");
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace dist
 TRAINKIT_NAMESPACE_END
@@ -23169,87 +24125,14 @@ class Xxh64 {
  public:
   explicit Xxh64(std::uint64_t seed = 0) noexcept { reset(seed); }
 
-  void reset(std::uint64_t seed = 0) noexcept {
-    seed_ = seed;
-    v_[0] = seed + kP1 + kP2;
-    v_[1] = seed + kP2;
-    v_[2] = seed;
-    v_[3] = seed - kP1;
-    total_ = 0;
-    buffered_ = 0;
-  }
+  TRAINKIT_INLINE void reset(std::uint64_t seed = 0) noexcept;
 
-  void update(const void* data, std::size_t size) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    total_ += size;
-    if (buffered_ + size < 32) {
-      if (size != 0) std::memcpy(buffer_ + buffered_, p, size);
-      buffered_ += size;
-      return;
-    }
-    if (buffered_ != 0) {
-      const std::size_t fill = 32 - buffered_;
-      std::memcpy(buffer_ + buffered_, p, fill);
-      stripe(buffer_);
-      p += fill;
-      size -= fill;
-      buffered_ = 0;
-    }
-    // Four independent lanes: the multiply latency overlaps, ~1 byte per cycle or better.
-    std::uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
-    while (size >= 32) {
-      v0 = round(v0, read64(p));
-      v1 = round(v1, read64(p + 8));
-      v2 = round(v2, read64(p + 16));
-      v3 = round(v3, read64(p + 24));
-      p += 32;
-      size -= 32;
-    }
-    v_[0] = v0;
-    v_[1] = v1;
-    v_[2] = v2;
-    v_[3] = v3;
-    if (size != 0) std::memcpy(buffer_, p, size);
-    buffered_ = size;
-  }
+  TRAINKIT_INLINE void update(const void* data, std::size_t size) noexcept;
   void update(std::span<const std::byte> bytes) noexcept { update(bytes.data(), bytes.size()); }
   void update(std::string_view text) noexcept { update(text.data(), text.size()); }
 
   /// The hash of everything updated so far (the state is unchanged; more updates may follow).
-  std::uint64_t digest() const noexcept {
-    std::uint64_t h;
-    if (total_ >= 32) {
-      h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
-      for (std::uint64_t v : v_) h = merge(h, v);
-    } else {
-      h = seed_ + kP5;
-    }
-    h += total_;
-    const unsigned char* p = buffer_;
-    std::size_t n = buffered_;
-    while (n >= 8) {
-      h ^= round(0, read64(p));
-      h = rotl(h, 27) * kP1 + kP4;
-      p += 8;
-      n -= 8;
-    }
-    if (n >= 4) {
-      h ^= std::uint64_t(read32(p)) * kP1;
-      h = rotl(h, 23) * kP2 + kP3;
-      p += 4;
-      n -= 4;
-    }
-    while (n-- > 0) {
-      h ^= std::uint64_t(*p++) * kP5;
-      h = rotl(h, 11) * kP1;
-    }
-    h ^= h >> 33;
-    h *= kP2;
-    h ^= h >> 29;
-    h *= kP3;
-    h ^= h >> 32;
-    return h;
-  }
+  TRAINKIT_INLINE std::uint64_t digest() const noexcept;
 
   /// One-shot hash.
   static std::uint64_t hash(const void* data, std::size_t size, std::uint64_t seed = 0) noexcept {
@@ -23266,12 +24149,7 @@ class Xxh64 {
   static constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ULL;
 
   static std::uint64_t rotl(std::uint64_t x, int r) noexcept { return std::rotl(x, r); }
-  static std::uint64_t read64(const unsigned char* p) noexcept {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);
-    if constexpr (std::endian::native == std::endian::big) v = byteswap64(v);
-    return v;
-  }
+  TRAINKIT_INLINE static std::uint64_t read64(const unsigned char* p) noexcept;
   static std::uint32_t read32(const unsigned char* p) noexcept {
     return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
            std::uint32_t(p[3]) << 24;
@@ -23290,12 +24168,7 @@ class Xxh64 {
     acc ^= round(0, v);
     return acc * kP1 + kP4;
   }
-  void stripe(const unsigned char* p) noexcept {
-    v_[0] = round(v_[0], read64(p));
-    v_[1] = round(v_[1], read64(p + 8));
-    v_[2] = round(v_[2], read64(p + 16));
-    v_[3] = round(v_[3], read64(p + 24));
-  }
+  TRAINKIT_INLINE void stripe(const unsigned char* p) noexcept;
 
   std::uint64_t seed_ = 0;
   std::uint64_t v_[4] = {};
@@ -23309,15 +24182,165 @@ class Xxh64 {
 inline constexpr std::string_view kChecksumKey = "trainkit.xxh64";
 
 /// 16 lower-case hex digits.
-inline std::string hex64(std::uint64_t v) {
+TRAINKIT_INLINE std::string hex64(std::uint64_t v);
+
+/// Parses exactly 16 hex digits (either case); nullopt otherwise.
+TRAINKIT_INLINE std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept;
+
+/// What a checksummed write produced.
+struct FileDigest {
+  std::uint64_t bytes = 0;  ///< file size
+  std::uint64_t xxh64 = 0;  ///< the embedded checksum
+};
+
+namespace detail {
+
+/// `"trainkit.xxh64":"` as it appears in a compact header: unique, because a string value that
+/// contains it would have its quotes escaped.
+TRAINKIT_INLINE std::string checksum_pattern();
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string checksum_pattern() {
+  std::string p = "\"";
+  p += kChecksumKey;
+  p += "\":\"";
+  return p;
+}
+
+#endif  // TRAINKIT_IMPL
+
+}  // namespace detail
+
+/// Writes `tensors` as a safetensors file at `path` (crash-safe: temp file, fsync, rename,
+/// directory fsync when options.durable) whose `__metadata__` carries kChecksumKey: XXH64 of
+/// the whole file with the 16 digits as '0'. The hash is computed in a pass over the tensors
+/// before writing (the header must hold it). Throws trainkit::Error naming the file (bad input,
+/// ENOSPC, EFBIG, ...), leaving `path` as it was.
+TRAINKIT_INLINE FileDigest save_checksummed_safetensors(
+    const std::filesystem::path& path, std::span<const io::NamedTensor> tensors,
+    io::SafetensorsMetadata metadata = {}, const io::SafetensorsWriteOptions& options = {});
+
+/// The checksum a checksummed safetensors image claims (nullopt when it has none). Reads only
+/// the header. Throws trainkit::Error naming `source` when the header length is invalid.
+TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
+                                                               std::string_view source);
+
+/// Verifies a checksummed safetensors image: recomputes the hash and compares it with the
+/// embedded one. Returns the digest; throws trainkit::Error naming `source` when the file has
+/// no checksum (unless `require` is false: then the digest's xxh64 is 0) or it does not match.
+TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
+                                           bool require = true);
+
+/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
+inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
+  const io::MappedFile map(path, io::MapAccess::kSequential);
+  return verify_checksum(map.bytes(), path.string(), require);
+}
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void Xxh64::reset(std::uint64_t seed) noexcept {
+  seed_ = seed;
+  v_[0] = seed + kP1 + kP2;
+  v_[1] = seed + kP2;
+  v_[2] = seed;
+  v_[3] = seed - kP1;
+  total_ = 0;
+  buffered_ = 0;
+}
+
+TRAINKIT_INLINE void Xxh64::update(const void* data, std::size_t size) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  total_ += size;
+  if (buffered_ + size < 32) {
+    if (size != 0) std::memcpy(buffer_ + buffered_, p, size);
+    buffered_ += size;
+    return;
+  }
+  if (buffered_ != 0) {
+    const std::size_t fill = 32 - buffered_;
+    std::memcpy(buffer_ + buffered_, p, fill);
+    stripe(buffer_);
+    p += fill;
+    size -= fill;
+    buffered_ = 0;
+  }
+  // Four independent lanes: the multiply latency overlaps, ~1 byte per cycle or better.
+  std::uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
+  while (size >= 32) {
+    v0 = round(v0, read64(p));
+    v1 = round(v1, read64(p + 8));
+    v2 = round(v2, read64(p + 16));
+    v3 = round(v3, read64(p + 24));
+    p += 32;
+    size -= 32;
+  }
+  v_[0] = v0;
+  v_[1] = v1;
+  v_[2] = v2;
+  v_[3] = v3;
+  if (size != 0) std::memcpy(buffer_, p, size);
+  buffered_ = size;
+}
+
+TRAINKIT_INLINE std::uint64_t Xxh64::digest() const noexcept {
+  std::uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+    for (std::uint64_t v : v_) h = merge(h, v);
+  } else {
+    h = seed_ + kP5;
+  }
+  h += total_;
+  const unsigned char* p = buffer_;
+  std::size_t n = buffered_;
+  while (n >= 8) {
+    h ^= round(0, read64(p));
+    h = rotl(h, 27) * kP1 + kP4;
+    p += 8;
+    n -= 8;
+  }
+  if (n >= 4) {
+    h ^= std::uint64_t(read32(p)) * kP1;
+    h = rotl(h, 23) * kP2 + kP3;
+    p += 4;
+    n -= 4;
+  }
+  while (n-- > 0) {
+    h ^= std::uint64_t(*p++) * kP5;
+    h = rotl(h, 11) * kP1;
+  }
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+TRAINKIT_INLINE std::uint64_t Xxh64::read64(const unsigned char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  if constexpr (std::endian::native == std::endian::big) v = byteswap64(v);
+  return v;
+}
+
+TRAINKIT_INLINE void Xxh64::stripe(const unsigned char* p) noexcept {
+  v_[0] = round(v_[0], read64(p));
+  v_[1] = round(v_[1], read64(p + 8));
+  v_[2] = round(v_[2], read64(p + 16));
+  v_[3] = round(v_[3], read64(p + 24));
+}
+
+TRAINKIT_INLINE std::string hex64(std::uint64_t v) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) s[std::size_t(i)] = kDigits[v & 0xf];
   return s;
 }
 
-/// Parses exactly 16 hex digits (either case); nullopt otherwise.
-inline std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
+TRAINKIT_INLINE std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
   if (s.size() != 16) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {
@@ -23336,34 +24359,9 @@ inline std::optional<std::uint64_t> parse_hex64(std::string_view s) noexcept {
   return v;
 }
 
-/// What a checksummed write produced.
-struct FileDigest {
-  std::uint64_t bytes = 0;  ///< file size
-  std::uint64_t xxh64 = 0;  ///< the embedded checksum
-};
-
-namespace detail {
-
-/// `"trainkit.xxh64":"` as it appears in a compact header: unique, because a string value that
-/// contains it would have its quotes escaped.
-inline std::string checksum_pattern() {
-  std::string p = "\"";
-  p += kChecksumKey;
-  p += "\":\"";
-  return p;
-}
-
-}  // namespace detail
-
-/// Writes `tensors` as a safetensors file at `path` (crash-safe: temp file, fsync, rename,
-/// directory fsync when options.durable) whose `__metadata__` carries kChecksumKey: XXH64 of
-/// the whole file with the 16 digits as '0'. The hash is computed in a pass over the tensors
-/// before writing (the header must hold it). Throws trainkit::Error naming the file (bad input,
-/// ENOSPC, EFBIG, ...), leaving `path` as it was.
-inline FileDigest save_checksummed_safetensors(const std::filesystem::path& path,
-                                               std::span<const io::NamedTensor> tensors,
-                                               io::SafetensorsMetadata metadata = {},
-                                               const io::SafetensorsWriteOptions& options = {}) {
+TRAINKIT_INLINE FileDigest save_checksummed_safetensors(
+    const std::filesystem::path& path, std::span<const io::NamedTensor> tensors,
+    io::SafetensorsMetadata metadata, const io::SafetensorsWriteOptions& options) {
   metadata.insert_or_assign(std::string(kChecksumKey), std::string(16, '0'));
   io::SafetensorsLayout layout = io::plan_safetensors(tensors, metadata, options);
   const std::size_t at = layout.prefix.find(detail::checksum_pattern());
@@ -23382,10 +24380,8 @@ inline FileDigest save_checksummed_safetensors(const std::filesystem::path& path
   return {layout.file_bytes(), sum};
 }
 
-/// The checksum a checksummed safetensors image claims (nullopt when it has none). Reads only
-/// the header. Throws trainkit::Error naming `source` when the header length is invalid.
-inline std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
-                                                      std::string_view source) {
+TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte> file,
+                                                               std::string_view source) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
@@ -23395,11 +24391,8 @@ inline std::optional<std::uint64_t> embedded_checksum(std::span<const std::byte>
   return parse_hex64(header.substr(digits, 16));
 }
 
-/// Verifies a checksummed safetensors image: recomputes the hash and compares it with the
-/// embedded one. Returns the digest; throws trainkit::Error naming `source` when the file has
-/// no checksum (unless `require` is false: then the digest's xxh64 is 0) or it does not match.
-inline FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
-                                  bool require = true) {
+TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
+                                           bool require) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
@@ -23427,11 +24420,7 @@ inline FileDigest verify_checksum(std::span<const std::byte> file, std::string_v
   return {file.size(), actual};
 }
 
-/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
-inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
-  const io::MappedFile map(path, io::MapAccess::kSequential);
-  return verify_checksum(map.bytes(), path.string(), require);
-}
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END
@@ -23498,49 +24487,13 @@ class TensorSource {
   /// holding model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming
   /// the path when there is nothing to open or a file breaks a safetensors rule. With
   /// `verify_checksum`, files that carry a trainkit checksum are verified first.
-  static TensorSource open(const std::filesystem::path& path, bool verify_checksum = true) {
-    namespace fs = std::filesystem;
-    fs::path target = path;
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) {
-      if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
-        target = path / io::kSafetensorsIndexName;
-      } else if (fs::exists(path / "model.safetensors", ec)) {
-        target = path / "model.safetensors";
-      } else {
-        TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
-                      io::kSafetensorsIndexName, " nor model.safetensors");
-      }
-    }
-    TensorSource s;
-    s.source_ = target.string();
-    if (target.extension() == ".json") {
-      if (verify_checksum) {
-        const io::SafetensorsIndex index = io::load_safetensors_index(target);
-        for (const std::string& f : index.files())
-          ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
-      }
-      s.shards_ = std::make_unique<io::SafetensorsShards>(target);
-    } else {
-      if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
-      s.file_ = std::make_unique<io::SafetensorsFile>(target);
-    }
-    return s;
-  }
+  TRAINKIT_INLINE static TensorSource open(const std::filesystem::path& path,
+                                           bool verify_checksum = true);
 
   /// The opened file (or index) path.
   const std::string& source() const noexcept { return source_; }
   /// Every tensor name, sorted.
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    if (file_) {
-      out = file_->names();
-    } else {
-      for (const auto& [name, f] : shards_->index().weight_map) out.push_back(name);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> names() const;
   /// The header entry of `name`, or null.
   const io::SafetensorsTensorInfo* find(std::string_view name) const {
     if (file_) return file_->find(name);
@@ -23571,15 +24524,21 @@ inline bool matches_any(const std::vector<std::string>& patterns, std::string_vi
 }
 
 /// "'a', 'b', 'c' and 4 more".
-inline std::string name_list(const std::vector<std::string>& names, std::size_t max = 8) {
+TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max = 8);
+
+/// Element i of `t` (F32, F16, BF16 or F64) as float.
+TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
   std::string s;
   for (std::size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", '" : "'") + names[i] + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
 }
 
-/// Element i of `t` (F32, F16, BF16 or F64) as float.
-inline void convert_to_f32(const AnyTensorView& t, float* out) {
+TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
   const std::int64_t n = t.numel();
   const std::byte* p = t.data();
   switch (t.dtype()) {
@@ -23608,6 +24567,8 @@ inline void convert_to_f32(const AnyTensorView& t, float* out) {
     default: TRAINKIT_FAIL("ckpt: cannot convert ", dtype_name(t.dtype()), " to F32");
   }
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -23722,31 +24683,7 @@ struct CopyPiece {
   const void* src;
   std::size_t bytes;
 };
-inline void parallel_copy(const std::vector<CopyPiece>& pieces) {
-  std::size_t total = 0;
-  for (const CopyPiece& p : pieces) total += p.bytes;
-  const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
-  if (total < (std::size_t(64) << 20) || threads < 2) {
-    for (const CopyPiece& p : pieces)
-      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
-    return;
-  }
-  constexpr std::size_t kChunk = std::size_t(8) << 20;
-  std::vector<CopyPiece> chunks;
-  for (const CopyPiece& p : pieces)
-    for (std::size_t off = 0; off < p.bytes; off += kChunk)
-      chunks.push_back({static_cast<char*>(p.dst) + off, static_cast<const char*>(p.src) + off,
-                        std::min(kChunk, p.bytes - off)});
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < chunks.size();)
-      std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].bytes);
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-}
+TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces);
 
 /// The parameters of `arena` as named F32 views: into the arena (host, `copy` false) or into
 /// `buffer` (a copy of the parameters `keep` selects; a device arena is always copied).
@@ -23781,6 +24718,36 @@ std::vector<io::NamedTensor> model_views(const nn::ParamArena<S>& arena, bool co
   return out;
 }
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
+  std::size_t total = 0;
+  for (const CopyPiece& p : pieces) total += p.bytes;
+  const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
+  if (total < (std::size_t(64) << 20) || threads < 2) {
+    for (const CopyPiece& p : pieces)
+      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
+    return;
+  }
+  constexpr std::size_t kChunk = std::size_t(8) << 20;
+  std::vector<CopyPiece> chunks;
+  for (const CopyPiece& p : pieces)
+    for (std::size_t off = 0; off < p.bytes; off += kChunk)
+      chunks.push_back({static_cast<char*>(p.dst) + off, static_cast<const char*>(p.src) + off,
+                        std::min(kChunk, p.bytes - off)});
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < chunks.size();)
+      std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].bytes);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Writes the parameters of `arena` to `path` as safetensors (F32, PyTorch names, checksummed,
@@ -23797,6 +24764,52 @@ FileDigest save_model(const std::filesystem::path& path, const nn::ParamArena<S>
       path, views, std::move(options.metadata),
       io::SafetensorsWriteOptions{.alignment = options.alignment, .durable = options.durable});
 }
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& path,
+                                                bool verify_checksum) {
+  namespace fs = std::filesystem;
+  fs::path target = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
+      target = path / io::kSafetensorsIndexName;
+    } else if (fs::exists(path / "model.safetensors", ec)) {
+      target = path / "model.safetensors";
+    } else {
+      TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
+                    io::kSafetensorsIndexName, " nor model.safetensors");
+    }
+  }
+  TensorSource s;
+  s.source_ = target.string();
+  if (target.extension() == ".json") {
+    if (verify_checksum) {
+      const io::SafetensorsIndex index = io::load_safetensors_index(target);
+      for (const std::string& f : index.files())
+        ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
+    }
+    s.shards_ = std::make_unique<io::SafetensorsShards>(target);
+  } else {
+    if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
+    s.file_ = std::make_unique<io::SafetensorsFile>(target);
+  }
+  return s;
+}
+
+TRAINKIT_INLINE std::vector<std::string> TensorSource::names() const {
+  std::vector<std::string> out;
+  if (file_) {
+    out = file_->names();
+  } else {
+    for (const auto& [name, f] : shards_->index().weight_map) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END
@@ -23863,7 +24876,11 @@ class ModelEntryOf final : public ModelEntry {
 };
 
 /// Moves the entries under "<prefix>." out of `sd` (prefix removed): no tensor copies.
-inline StateDict take_prefix(StateDict& sd, std::string_view prefix) {
+TRAINKIT_INLINE StateDict take_prefix(StateDict& sd, std::string_view prefix);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict take_prefix(StateDict& sd, std::string_view prefix) {
   const std::string p = std::string(prefix) + ".";
   StateDict out;
   for (auto it = sd.values.lower_bound(p); it != sd.values.end() && it->first.starts_with(p);) {
@@ -23876,6 +24893,8 @@ inline StateDict take_prefix(StateDict& sd, std::string_view prefix) {
   }
   return out;
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -23926,13 +24945,8 @@ class TrainState {
   }
 
   /// Registers a component through two functions (for state that is not an object).
-  TrainState& add(std::string name, std::function<StateDict()> save,
-                  std::function<void(const StateDict&)> load) {
-    check_name(name);
-    TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
-    components_.push_back({std::move(name), std::move(save), std::move(load)});
-    return *this;
-  }
+  TRAINKIT_INLINE TrainState& add(std::string name, std::function<StateDict()> save,
+                                  std::function<void(const StateDict&)> load);
 
   bool has_model() const noexcept { return model_ != nullptr; }
   /// Names of the registered components, in registration order.
@@ -23945,67 +24959,13 @@ class TrainState {
   /// Everything but the model: "<name>.<key>" entries of every component, "trainer.step",
   /// "trainer.epoch", "trainer.components" (the names, comma-separated) and "user.<key>".
   /// Copies device state to the host (a sync).
-  StateDict state_dict() const {
-    StateDict sd;
-    std::string names;
-    for (const Component& c : components_) {
-      sd.merge(c.name, c.save());
-      names += (names.empty() ? "" : ",") + c.name;
-    }
-    sd.set("trainer.components", names);
-    sd.set("trainer.step", step);
-    sd.set("trainer.epoch", epoch);
-    for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores what state_dict() produced (consumes `sd`'s entries). Checks that the components
   /// match first (see RestoreOptions), then loads them in registration order; a component that
   /// saved nothing (e.g. a disabled loss scaler) is not asked to load. A component that rejects
   /// its state throws trainkit::Error naming it (earlier components are restored then).
-  void load_state_dict(StateDict sd, const RestoreOptions& options = {}) {
-    std::set<std::string> present;
-    if (const auto it = sd.values.find("trainer.components"); it != sd.values.end()) {
-      std::string_view list = it->second;
-      while (!list.empty()) {
-        const std::size_t comma = list.find(',');
-        present.emplace(list.substr(0, comma));
-        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-      }
-    }
-    for (const auto& [k, v] : sd.values) present.insert(k.substr(0, k.find('.')));
-    for (const auto& [k, t] : sd.tensors) present.insert(k.substr(0, k.find('.')));
-    std::vector<std::string> missing, unexpected;
-    for (const Component& c : components_)
-      if (!present.count(c.name)) missing.push_back(c.name);
-    for (const std::string& p : present)
-      if (p != "trainer" && p != "user" && p != "trainkit" && !has_component(p))
-        unexpected.push_back(p);
-    if (options.strict) {
-      TRAINKIT_CHECK(missing.empty(), "ckpt: the checkpoint has no state for component(s) ",
-                     detail::name_list(missing),
-                     " (registered, but not saved; RestoreOptions::"
-                     "strict = false skips them)");
-      TRAINKIT_CHECK(unexpected.empty(), "ckpt: the checkpoint has state for component(s) ",
-                     detail::name_list(unexpected),
-                     " that are not registered (RestoreOptions::"
-                     "strict = false ignores them)");
-    }
-    step = sd.get_int("trainer.step");
-    epoch = sd.get_int("trainer.epoch");
-    metadata.clear();
-    for (auto& [k, v] : detail::take_prefix(sd, "user").values) metadata.emplace(k, std::move(v));
-    for (const Component& c : components_) {
-      if (!present.count(c.name)) continue;
-      StateDict part = detail::take_prefix(sd, c.name);
-      if (part.empty()) continue;
-      try {
-        c.load(part);
-      } catch (const Error& e) {
-        TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
-      }
-    }
-  }
+  TRAINKIT_INLINE void load_state_dict(StateDict sd, const RestoreOptions& options = {});
 
   /// The registered model (null when none); for the Checkpointer.
   detail::ModelEntry* model_entry() const noexcept { return model_.get(); }
@@ -24023,23 +24983,95 @@ class TrainState {
     return false;
   }
 
-  void check_name(const std::string& name) const {
-    TRAINKIT_CHECK(!name.empty(), "ckpt::TrainState::add: empty component name");
-    for (char ch : name)
-      TRAINKIT_CHECK((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                         (ch >= '0' && ch <= '9') || ch == '_' || ch == '-',
-                     "ckpt::TrainState::add('", name,
-                     "'): names may hold letters, digits, '_' "
-                     "and '-' only (keys are '<name>.<key>')");
-    TRAINKIT_CHECK(name != "trainer" && name != "user" && name != "trainkit",
-                   "ckpt::TrainState::add('", name, "'): the name is reserved");
-    TRAINKIT_CHECK(!has_component(name), "ckpt::TrainState::add: component '", name,
-                   "' is registered twice");
-  }
+  TRAINKIT_INLINE void check_name(const std::string& name) const;
 
   std::unique_ptr<detail::ModelEntry> model_;
   std::vector<Component> components_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TrainState& TrainState::add(std::string name, std::function<StateDict()> save,
+                                            std::function<void(const StateDict&)> load) {
+  check_name(name);
+  TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
+  components_.push_back({std::move(name), std::move(save), std::move(load)});
+  return *this;
+}
+
+TRAINKIT_INLINE StateDict TrainState::state_dict() const {
+  StateDict sd;
+  std::string names;
+  for (const Component& c : components_) {
+    sd.merge(c.name, c.save());
+    names += (names.empty() ? "" : ",") + c.name;
+  }
+  sd.set("trainer.components", names);
+  sd.set("trainer.step", step);
+  sd.set("trainer.epoch", epoch);
+  for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
+  return sd;
+}
+
+TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOptions& options) {
+  std::set<std::string> present;
+  if (const auto it = sd.values.find("trainer.components"); it != sd.values.end()) {
+    std::string_view list = it->second;
+    while (!list.empty()) {
+      const std::size_t comma = list.find(',');
+      present.emplace(list.substr(0, comma));
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    }
+  }
+  for (const auto& [k, v] : sd.values) present.insert(k.substr(0, k.find('.')));
+  for (const auto& [k, t] : sd.tensors) present.insert(k.substr(0, k.find('.')));
+  std::vector<std::string> missing, unexpected;
+  for (const Component& c : components_)
+    if (!present.count(c.name)) missing.push_back(c.name);
+  for (const std::string& p : present)
+    if (p != "trainer" && p != "user" && p != "trainkit" && !has_component(p))
+      unexpected.push_back(p);
+  if (options.strict) {
+    TRAINKIT_CHECK(missing.empty(), "ckpt: the checkpoint has no state for component(s) ",
+                   detail::name_list(missing),
+                   " (registered, but not saved; RestoreOptions::"
+                   "strict = false skips them)");
+    TRAINKIT_CHECK(unexpected.empty(), "ckpt: the checkpoint has state for component(s) ",
+                   detail::name_list(unexpected),
+                   " that are not registered (RestoreOptions::"
+                   "strict = false ignores them)");
+  }
+  step = sd.get_int("trainer.step");
+  epoch = sd.get_int("trainer.epoch");
+  metadata.clear();
+  for (auto& [k, v] : detail::take_prefix(sd, "user").values) metadata.emplace(k, std::move(v));
+  for (const Component& c : components_) {
+    if (!present.count(c.name)) continue;
+    StateDict part = detail::take_prefix(sd, c.name);
+    if (part.empty()) continue;
+    try {
+      c.load(part);
+    } catch (const Error& e) {
+      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
+    }
+  }
+}
+
+TRAINKIT_INLINE void TrainState::check_name(const std::string& name) const {
+  TRAINKIT_CHECK(!name.empty(), "ckpt::TrainState::add: empty component name");
+  for (char ch : name)
+    TRAINKIT_CHECK((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                       (ch >= '0' && ch <= '9') || ch == '_' || ch == '-',
+                   "ckpt::TrainState::add('", name,
+                   "'): names may hold letters, digits, '_' "
+                   "and '-' only (keys are '<name>.<key>')");
+  TRAINKIT_CHECK(name != "trainer" && name != "user" && name != "trainkit",
+                 "ckpt::TrainState::add('", name, "'): the name is reserved");
+  TRAINKIT_CHECK(!has_component(name), "ckpt::TrainState::add: component '", name,
+                 "' is registered twice");
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END
@@ -24208,19 +25240,87 @@ inline constexpr std::string_view kManifestPrefix = "{\n  \"manifest_xxh64\": \"
 /// Larger manifests are refused before they are read (one lists a few files per rank).
 inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t(64) << 20;
 
-inline std::string state_file_name(int rank, int world_size) {
-  if (world_size == 1) return "train_state.safetensors";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
-  return buf;
-}
+TRAINKIT_INLINE std::string state_file_name(int rank, int world_size);
 inline std::string model_file_name(int rank, int world_size) {
   return world_size == 1 ? std::string("model.safetensors")
                          : io::safetensors_shard_name(std::size_t(rank), std::size_t(world_size));
 }
 
 /// The step of a directory name `<prefix><digits>`, or nullopt.
-inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::string_view prefix) {
+TRAINKIT_INLINE std::optional<std::int64_t> parse_step_dir(std::string_view name,
+                                                           std::string_view prefix);
+
+/// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
+/// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
+TRAINKIT_INLINE std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos,
+                                                  int world_size);
+
+/// A JSON value for a metric: a number, or "nan" / "inf" / "-inf" as strings.
+inline io::Json metric_json(double v) {
+  if (std::isfinite(v)) return io::Json::number(StateDict::number_to_string(v));
+  return io::Json(StateDict::number_to_string(v));
+}
+TRAINKIT_INLINE double metric_value(const io::Json& j);
+
+/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
+TRAINKIT_INLINE std::uint64_t manifest_checksum(std::string_view text);
+
+/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
+/// Verifies the manifest checksum first, then the content: every file a resume reads (each
+/// rank's train_state, the model file and, for world_size > 1, every model shard) must be listed
+/// with its size and checksum. Throws trainkit::Error on any problem, never anything else.
+TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
+                                              const std::filesystem::path& dir,
+                                              const std::string& where);
+
+/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
+/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
+TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir);
+
+/// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
+/// quoted inside another message).
+inline std::string reason_of(const std::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  return std::string(what);
+}
+
+/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
+/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
+/// trainkit. Never throws.
+TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) noexcept;
+
+/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
+TRAINKIT_INLINE std::string manifest_text(const CheckpointInfo& info);
+
+/// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
+/// `only` (when non-empty) limits the content check to those names.
+TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
+                                       const std::vector<std::string>& only = {});
+
+/// The checksum and size a checksummed safetensors file claims (reads the header only).
+TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
+                                                   const std::string& name);
+
+/// True when every entry of `dir` is a file a checkpoint consists of (or an AtomicFile temp).
+TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir);
+
+/// Renames `from` over the directory `to`: atomically exchanged when `to` exists (Linux
+/// renameat2), then the old content (now at `from`) is removed.
+TRAINKIT_INLINE void replace_directory(const std::filesystem::path& from,
+                                       const std::filesystem::path& to);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string state_file_name(int rank, int world_size) {
+  if (world_size == 1) return "train_state.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "train_state-rank%05d.safetensors", rank);
+  return buf;
+}
+
+TRAINKIT_INLINE std::optional<std::int64_t> parse_step_dir(std::string_view name,
+                                                           std::string_view prefix) {
   if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() > prefix.size() + 18)
     return std::nullopt;
   std::int64_t step = 0;
@@ -24231,9 +25331,8 @@ inline std::optional<std::int64_t> parse_step_dir(std::string_view name, std::st
   return step;
 }
 
-/// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
-/// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
-inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos, int world_size) {
+TRAINKIT_INLINE std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos,
+                                                  int world_size) {
   std::int64_t total = 0;
   for (const nn::ParamInfo& p : infos) total += p.numel;
   std::vector<int> owner(infos.size(), 0);
@@ -24249,12 +25348,7 @@ inline std::vector<int> partition_params(const std::vector<nn::ParamInfo>& infos
   return owner;
 }
 
-/// A JSON value for a metric: a number, or "nan" / "inf" / "-inf" as strings.
-inline io::Json metric_json(double v) {
-  if (std::isfinite(v)) return io::Json::number(StateDict::number_to_string(v));
-  return io::Json(StateDict::number_to_string(v));
-}
-inline double metric_value(const io::Json& j) {
+TRAINKIT_INLINE double metric_value(const io::Json& j) {
   if (j.is_number()) return j.as_double();
   const std::string& s = j.as_string();
   if (s == "inf") return HUGE_VAL;
@@ -24262,8 +25356,7 @@ inline double metric_value(const io::Json& j) {
   return std::nan("");
 }
 
-/// XXH64 of a manifest text with the 16 digits after kManifestPrefix read as '0'.
-inline std::uint64_t manifest_checksum(std::string_view text) {
+TRAINKIT_INLINE std::uint64_t manifest_checksum(std::string_view text) {
   static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
                                       '0', '0', '0', '0', '0', '0', '0', '0'};
   const std::size_t at = kManifestPrefix.size();
@@ -24274,12 +25367,9 @@ inline std::uint64_t manifest_checksum(std::string_view text) {
   return h.digest();
 }
 
-/// Parses the text of a checkpoint.json (`where` names it in errors; `dir` becomes info.path).
-/// Verifies the manifest checksum first, then the content: every file a resume reads (each
-/// rank's train_state, the model file and, for world_size > 1, every model shard) must be listed
-/// with its size and checksum. Throws trainkit::Error on any problem, never anything else.
-inline CheckpointInfo parse_manifest(std::string_view text, const std::filesystem::path& dir,
-                                     const std::string& where) {
+TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
+                                              const std::filesystem::path& dir,
+                                              const std::string& where) {
   TRAINKIT_CHECK(!text.empty(), "checkpoint manifest '", where, "' is empty");
   TRAINKIT_CHECK(text.size() <= kMaxManifestBytes, "checkpoint manifest '", where, "' has ",
                  text.size(), " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
@@ -24368,9 +25458,7 @@ inline CheckpointInfo parse_manifest(std::string_view text, const std::filesyste
   return info;
 }
 
-/// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
-/// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
-inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
+TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / kManifestName;
   std::error_code ec;
   const std::uintmax_t size = std::filesystem::file_size(file, ec);
@@ -24383,18 +25471,7 @@ inline CheckpointInfo read_manifest(const std::filesystem::path& dir) {
                         dir, file.string());
 }
 
-/// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
-/// quoted inside another message).
-inline std::string reason_of(const std::exception& e) {
-  std::string_view what = e.what();
-  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
-  return std::string(what);
-}
-
-/// True when the checkpoint.json of `dir` is an intact trainkit manifest of another format
-/// version (version 1: no checksum, so "intact" means it parses): not damaged, but not for this
-/// trainkit. Never throws.
-inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
+TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) noexcept {
   try {
     const std::filesystem::path file = dir / kManifestName;
     if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
@@ -24416,8 +25493,7 @@ inline bool other_manifest_version(const std::filesystem::path& dir) noexcept {
   }
 }
 
-/// The text of checkpoint.json for `info`, its checksum included (kManifestChecksumKey first).
-inline std::string manifest_text(const CheckpointInfo& info) {
+TRAINKIT_INLINE std::string manifest_text(const CheckpointInfo& info) {
   io::Json root = io::Json::object();
   root.set(std::string(kManifestChecksumKey), std::string(16, '0'));
   root.set("format", "trainkit.checkpoint");
@@ -24449,10 +25525,8 @@ inline std::string manifest_text(const CheckpointInfo& info) {
   return text;
 }
 
-/// Throws unless every file of `info` exists with its recorded size (and, for kFull, content).
-/// `only` (when non-empty) limits the content check to those names.
-inline void verify_checkpoint(const CheckpointInfo& info, Verify level,
-                              const std::vector<std::string>& only = {}) {
+TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
+                                       const std::vector<std::string>& only) {
   namespace fs = std::filesystem;
   for (const CheckpointInfo::File& f : info.files) {
     const fs::path p = info.path / f.name;
@@ -24480,9 +25554,8 @@ inline void verify_checkpoint(const CheckpointInfo& info, Verify level,
   }
 }
 
-/// The checksum and size a checksummed safetensors file claims (reads the header only).
-inline CheckpointInfo::File describe_file(const std::filesystem::path& dir,
-                                          const std::string& name) {
+TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
+                                                   const std::string& name) {
   const std::filesystem::path p = dir / name;
   const io::MappedFile map(p);
   const std::optional<std::uint64_t> sum = embedded_checksum(map.bytes(), p.string());
@@ -24490,8 +25563,7 @@ inline CheckpointInfo::File describe_file(const std::filesystem::path& dir,
   return {name, map.size(), *sum};
 }
 
-/// True when every entry of `dir` is a file a checkpoint consists of (or an AtomicFile temp).
-inline bool only_checkpoint_files(const std::filesystem::path& dir) {
+TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir) {
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
@@ -24504,9 +25576,8 @@ inline bool only_checkpoint_files(const std::filesystem::path& dir) {
   return !ec;
 }
 
-/// Renames `from` over the directory `to`: atomically exchanged when `to` exists (Linux
-/// renameat2), then the old content (now at `from`) is removed.
-inline void replace_directory(const std::filesystem::path& from, const std::filesystem::path& to) {
+TRAINKIT_INLINE void replace_directory(const std::filesystem::path& from,
+                                       const std::filesystem::path& to) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(to, ec)) {
@@ -24536,6 +25607,8 @@ inline void replace_directory(const std::filesystem::path& from, const std::file
   fs::remove_all(aside, ec);
 }
 
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// Saves and restores TrainStates under a root directory. One Checkpointer per run and rank.
@@ -24552,54 +25625,14 @@ class Checkpointer {
   /// evaluation job) with remove_stale = false. Throws
   /// trainkit::Error for inconsistent options (world_size > 1 without a barrier, rank out of range,
   /// every_seconds with world_size > 1) or when the root cannot be created.
-  explicit Checkpointer(std::filesystem::path root, CheckpointerOptions options = {})
-      : root_(std::move(root)), options_(std::move(options)) {
-    TRAINKIT_CHECK(
-        options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
-        "ckpt::Checkpointer: rank ", options_.rank,
-        " is not in [0, world_size = ", options_.world_size, ")");
-    TRAINKIT_CHECK(options_.world_size == 1 || options_.barrier,
-                   "ckpt::Checkpointer: world_size = ", options_.world_size,
-                   " needs a barrier (CheckpointerOptions::barrier, e.g. "
-                   "ckpt::comm_barrier(comm))");
-    TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
-                   "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
-                   "on when to save; use every_steps");
-    TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
-                   "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
-    std::error_code ec;
-    std::filesystem::create_directories(root_, ec);
-    TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
-    if (options_.rank == 0 && options_.remove_stale) remove_stale();
-    last_save_time_ = std::chrono::steady_clock::now();
-    if (options_.async) writer_ = std::thread([this] { writer_loop(); });
-  }
+  TRAINKIT_INLINE explicit Checkpointer(std::filesystem::path root,
+                                        CheckpointerOptions options = {});
 
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   /// Finishes the write in flight. Never throws: an error of that write is logged.
-  ~Checkpointer() {
-    if (writer_.joinable()) {
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        idle_cv_.wait(lock, [&] { return !job_; });
-        stop_ = true;
-      }
-      job_cv_.notify_all();
-      writer_.join();
-    }
-    if (error_) {
-      try {
-        try {
-          std::rethrow_exception(error_);
-        } catch (const std::exception& e) {
-          log(std::string("a background checkpoint write failed: ") + e.what());
-        }
-      } catch (...) {  // a throwing log callback, or a non-std exception
-      }
-    }
-  }
+  TRAINKIT_INLINE ~Checkpointer();
 
   const std::filesystem::path& root() const noexcept { return root_; }
   const CheckpointerOptions& options() const noexcept { return options_; }
@@ -24612,16 +25645,7 @@ class Checkpointer {
 
   /// True when maybe_save() would save at `step` (every_steps / every_seconds, and not saved
   /// for this step already).
-  bool due(std::int64_t step) const {
-    if (last_saved_step_ && *last_saved_step_ == step) return false;
-    if (options_.every_steps > 0 && step % options_.every_steps == 0) return true;
-    if (options_.every_seconds > 0.0) {
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
-      if (elapsed >= options_.every_seconds) return true;
-    }
-    return false;
-  }
+  TRAINKIT_INLINE bool due(std::int64_t step) const;
 
   /// Saves when due(state.step); returns whether it saved.
   bool maybe_save(const TrainState& state, const Metrics& metrics = {}) {
@@ -24634,38 +25658,11 @@ class Checkpointer {
   /// keep-last / keep-best rules. Sync: returns once the checkpoint is durable. Async: returns
   /// after the snapshot (waiting first for the previous write; its error is thrown here).
   /// Throws trainkit::Error naming the file on any failure; the previous checkpoints are intact.
-  std::filesystem::path save(const TrainState& state, const Metrics& metrics = {}) {
-    TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
-    if (options_.async) wait();
-    const auto t0 = std::chrono::steady_clock::now();
-    Job job = snapshot(state, metrics, options_.async);
-    const double snap = seconds_since(t0);
-    const std::filesystem::path dir = path_for(state.step);
-    last_saved_step_ = state.step;
-    last_save_time_ = std::chrono::steady_clock::now();
-    if (!options_.async) {
-      stats_ = write(job);
-      stats_.snapshot_seconds = snap;
-      return dir;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_.emplace(std::move(job));
-      stats_ = SaveStats{};
-      stats_.snapshot_seconds = snap;
-    }
-    job_cv_.notify_all();
-    return dir;
-  }
+  TRAINKIT_INLINE std::filesystem::path save(const TrainState& state, const Metrics& metrics = {});
 
   /// Blocks until no write is in flight; rethrows (once) the error of a failed background
   /// write. A no-op for a synchronous Checkpointer.
-  void wait() {
-    if (!writer_.joinable()) return;
-    std::unique_lock<std::mutex> lock(mutex_);
-    idle_cv_.wait(lock, [&] { return !job_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
+  TRAINKIT_INLINE void wait();
 
   /// Timings of the last save (write_seconds is final after wait() in async mode).
   SaveStats last_stats() const {
@@ -24676,57 +25673,21 @@ class Checkpointer {
   /// Complete checkpoints (manifest present and passing its checksum, files with their recorded
   /// sizes), oldest first. Anything else is skipped silently here (latest() and resume() log
   /// it); never throws for it.
-  std::vector<CheckpointInfo> list() const {
-    std::vector<CheckpointInfo> out;
-    for (const Candidate& c : candidates()) {
-      try {
-        out.push_back(inspect(c, Verify::kStructure));
-      } catch (const std::exception&) {
-      }
-    }
-    std::reverse(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<CheckpointInfo> list() const;
 
   /// The newest checkpoint that passes `verify` (kFull reads and hashes every file of it; the
   /// manifest's own checksum is always verified); every newer one skipped is logged with the
   /// reason. Moves nothing (see resume()). nullopt when there is none.
-  std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const {
-    for (const Candidate& c : candidates()) {
-      try {
-        return inspect(c, verify);
-      } catch (const std::exception& e) {
-        if (foreign(c)) {
-          log("ignoring '" + c.path.string() + "': not a checkpoint (" + detail::reason_of(e) +
-              ")");
-        } else {
-          log("skipping checkpoint '" + c.path.string() + "': " + detail::reason_of(e));
-        }
-      }
-    }
-    return std::nullopt;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> latest(Verify verify = Verify::kFull) const;
 
   /// The complete checkpoint with the best value of options().best_metric (nullopt when none
   /// has it). Structure-checked only.
-  std::optional<CheckpointInfo> best() const {
-    std::optional<CheckpointInfo> out;
-    for (CheckpointInfo& info : list()) {
-      if (!has_metric(info)) continue;
-      if (!out || better(info, *out)) out = std::move(info);
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> best() const;
 
   /// Restores `state` from `info` (model, components, counters, metadata). Everything is read
   /// and verified before anything changes; a corrupt file throws trainkit::Error naming it.
-  void load(const CheckpointInfo& info, TrainState& state, const LoadOptions& options = {}) {
-    // Re-read the manifest: `info` may be stale (rotated, or replaced since it was listed).
-    const CheckpointInfo fresh = detail::read_manifest(info.path);
-    check_compatible(fresh, state);
-    Opened opened = read_verified(fresh, state, options);
-    apply(opened, state, options);
-  }
+  TRAINKIT_INLINE void load(const CheckpointInfo& info, TrainState& state,
+                            const LoadOptions& options = {});
 
   /// One call to continue a run: waits for writes in flight, then restores `state` from the
   /// newest checkpoint that is complete and intact (manifest checksum, every listed file's size
@@ -24742,42 +25703,17 @@ class Checkpointer {
   /// - for a manifest of another format version (version 1 has no checksum);
   /// - for an error of this run's configuration (another world_size, a model registered but not
   ///   saved, another optimizer, a changed model): an older checkpoint would fail the same way.
-  std::optional<CheckpointInfo> resume(TrainState& state, const LoadOptions& options = {}) {
-    wait();
-    std::optional<Opened> opened;
-    std::optional<CheckpointInfo> info = select(
-        options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
-        [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
-    if (!info) return std::nullopt;
-    apply(*opened, state, options);
-    last_saved_step_ = info->step;
-    return info;
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> resume(TrainState& state,
+                                                       const LoadOptions& options = {});
 
   /// The checkpoint resume() would restore, without restoring it (e.g. to read the settings in
   /// its metadata before the TrainState exists): the same verification of every file it lists
   /// (options.verify), the same logging, quarantine and errors. A resume() after it verifies
   /// again; compare the steps.
-  std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {}) {
-    wait();
-    return select(
-        options, [](const CheckpointInfo&) {},
-        [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> newest_usable(const LoadOptions& options = {});
 
   /// The checkpoints moved aside as damaged (`.<prefix><step>.corrupt[.N]`), by name.
-  std::vector<std::filesystem::path> quarantined() const {
-    std::vector<std::filesystem::path> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
-        out.push_back(it->path());
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::filesystem::path> quarantined() const;
 
  private:
   struct Job {
@@ -24799,13 +25735,7 @@ class Checkpointer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  void log(const std::string& message) const {
-    if (options_.log) {
-      options_.log(message);
-    } else {
-      std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
-    }
-  }
+  TRAINKIT_INLINE void log(const std::string& message) const;
 
   /// A directory named like a checkpoint (`<prefix><digits>`).
   struct Candidate {
@@ -24814,29 +25744,10 @@ class Checkpointer {
   };
 
   /// The step directories under the root, newest first.
-  std::vector<Candidate> candidates() const {
-    std::vector<Candidate> out;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
-      std::error_code dec;
-      if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
-    }
-    std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-      return a.step != b.step ? a.step > b.step : a.path > b.path;
-    });
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<Candidate> candidates() const;
 
   /// The checkpoint in `c`, checked at `level` (its manifest always in full). Throws.
-  static CheckpointInfo inspect(const Candidate& c, Verify level) {
-    CheckpointInfo info = detail::read_manifest(c.path);
-    TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
-                   "' is damaged: its manifest says step ", info.step);
-    detail::verify_checkpoint(info, level);
-    return info;
-  }
+  TRAINKIT_INLINE static CheckpointInfo inspect(const Candidate& c, Verify level);
 
   /// True for a step directory without a manifest that holds files a checkpoint does not
   /// consist of: someone else's, never moved or deleted.
@@ -24848,64 +25759,9 @@ class Checkpointer {
 
   /// The search of resume() and newest_usable(): newest first, `check` (errors of this run,
   /// thrown) then `verify` (damage, skipped) on each checkpoint; see resume().
-  std::optional<CheckpointInfo> select(const LoadOptions& options,
-                                       const std::function<void(const CheckpointInfo&)>& check,
-                                       const std::function<void(const CheckpointInfo&)>& verify) {
-    std::vector<Damaged> damaged;
-    const auto skip = [&](const Candidate& c, const std::string& why) {
-      log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
-      damaged.push_back({c.path, why});
-    };
-    for (const Candidate& c : candidates()) {
-      CheckpointInfo info;
-      try {
-        info = detail::read_manifest(c.path);
-        TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
-                       "' is damaged: its manifest says step ", info.step);
-      } catch (const std::exception& e) {
-        if (foreign(c)) {
-          log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
-              detail::reason_of(e) + ")");
-          continue;
-        }
-        if (detail::other_manifest_version(c.path))
-          TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", detail::reason_of(e));
-        skip(c, detail::reason_of(e));
-        continue;
-      }
-      check(info);  // a mismatch of this run is not skipped: it is thrown
-      try {
-        verify(info);
-      } catch (const std::exception& e) {
-        skip(c, detail::reason_of(e));
-        continue;
-      }
-      quarantine(damaged);
-      return info;
-    }
-    std::vector<std::string> now = quarantine(damaged);
-    std::string earlier;
-    for (const std::filesystem::path& q : quarantined()) {
-      bool listed = false;
-      for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
-      if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
-    }
-    if (now.empty() && earlier.empty()) return std::nullopt;
-    std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
-    if (!now.empty()) {
-      what += "; damaged now: ";
-      for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
-    }
-    if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
-    if (options.allow_fresh_start) {
-      log("resume: " + what + "; starting fresh (allow_fresh_start)");
-      return std::nullopt;
-    }
-    TRAINKIT_FAIL("ckpt: ", what,
-                  ". Nothing was restored. Inspect the quarantined directories, move them out of "
-                  "the root (or delete them) to start from scratch, or allow a fresh start "
-                  "(LoadOptions::allow_fresh_start)");
-  }
+  TRAINKIT_INLINE std::optional<CheckpointInfo> select(
+      const LoadOptions& options, const std::function<void(const CheckpointInfo&)>& check,
+      const std::function<void(const CheckpointInfo&)>& verify);
 
   void barrier() const {
     if (options_.world_size > 1) options_.barrier();
@@ -24916,191 +25772,24 @@ class Checkpointer {
     const auto it = info.metrics.find(options_.best_metric);
     return it != info.metrics.end() && !std::isnan(it->second);
   }
-  bool better(const CheckpointInfo& a, const CheckpointInfo& b) const {
-    const double x = a.metrics.at(options_.best_metric);
-    const double y = b.metrics.at(options_.best_metric);
-    if (x != y) return options_.best_mode == MetricMode::kMin ? x < y : x > y;
-    return a.step > b.step;  // ties: the newer one
-  }
+  TRAINKIT_INLINE bool better(const CheckpointInfo& a, const CheckpointInfo& b) const;
 
-  Job snapshot(const TrainState& state, const Metrics& metrics, bool copy) {
-    Job job;
-    job.step = state.step;
-    job.epoch = state.epoch;
-    job.metrics = metrics;
-    job.metadata = state.metadata;
-    if (const detail::ModelEntry* model = state.model_entry()) {
-      job.has_model = true;
-      std::vector<bool> keep;
-      if (options_.world_size > 1 && options_.sharding == ModelSharding::kReplicated) {
-        const std::vector<int> owner =
-            detail::partition_params(model->infos(), options_.world_size);
-        keep.resize(owner.size());
-        for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
-      }
-      job.model = model->views(copy, keep, model_buffer_);
-    }
-    job.state = state.state_dict();
-    return job;
-  }
+  TRAINKIT_INLINE Job snapshot(const TrainState& state, const Metrics& metrics, bool copy);
 
   /// Writes this rank's files of `job` into the temp directory and (rank 0) commits it. Every
   /// rank passes the three barriers even after a local failure, so none is left waiting; rank 0
   /// commits only when every file it expects is present.
-  SaveStats write(const Job& job) {
-    namespace fs = std::filesystem;
-    const auto t0 = std::chrono::steady_clock::now();
-    const fs::path final_dir = path_for(job.step);
-    const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
-    const int rank = options_.rank;
-    const int world_size = options_.world_size;
-    std::exception_ptr error;
-    std::uint64_t bytes = 0;
-    const auto attempt = [&](auto&& f) {
-      if (error) return;
-      try {
-        f();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    };
-
-    attempt([&] {
-      if (rank != 0) return;
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      fs::create_directory(tmp, ec);
-      TRAINKIT_CHECK(!ec, "ckpt: cannot create the temp directory '", tmp.string(),
-                     "': ", ec.message());
-    });
-    barrier();
-    attempt([&] {
-      const io::SafetensorsWriteOptions wo{.alignment = options_.alignment,
-                                           .durable = options_.durable};
-      if (job.has_model) {
-        io::SafetensorsMetadata meta{{"format", "pt"}};
-        bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world_size),
-                                              job.model, std::move(meta), wo)
-                     .bytes;
-      }
-      std::vector<io::NamedTensor> tensors;
-      tensors.reserve(job.state.tensors.size());
-      for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
-      io::SafetensorsMetadata meta;
-      for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
-      bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world_size),
-                                            tensors, std::move(meta), wo)
-                   .bytes;
-    });
-    barrier();
-    if (rank == 0) {
-      attempt([&] { commit(job, tmp, final_dir); });
-      if (error) {
-        std::error_code ec;
-        fs::remove_all(tmp, ec);
-      }
-    }
-    barrier();
-    if (rank != 0) {
-      attempt([&] {
-        std::error_code ec;
-        TRAINKIT_CHECK(fs::exists(final_dir / detail::kManifestName, ec),
-                       "ckpt: the checkpoint "
-                       "of step ",
-                       job.step,
-                       " was not committed by rank 0 (its error is "
-                       "reported there)");
-      });
-    }
-    if (error) std::rethrow_exception(error);
-    SaveStats s;
-    s.write_seconds = seconds_since(t0);
-    s.bytes = bytes;
-    return s;
-  }
+  TRAINKIT_INLINE SaveStats write(const Job& job);
 
   /// Rank 0: index (world_size > 1), manifest, rename into place, directory fsync, rotation.
-  void commit(const Job& job, const std::filesystem::path& tmp,
-              const std::filesystem::path& final_dir) {
-    namespace fs = std::filesystem;
-    const int world_size = options_.world_size;
-    CheckpointInfo info;
-    info.path = final_dir;
-    info.step = job.step;
-    info.epoch = job.epoch;
-    info.world_size = world_size;
-    info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
-    info.metrics = job.metrics;
-    info.metadata = job.metadata;
-    for (int r = 0; r < world_size; ++r) {
-      if (job.has_model)
-        info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world_size)));
-      info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world_size)));
-    }
-    if (job.has_model && world_size == 1) info.model_file = "model.safetensors";
-    if (job.has_model && world_size > 1) {
-      io::SafetensorsIndex index;
-      std::uint64_t total = 0;
-      for (int r = 0; r < world_size; ++r) {
-        const std::string file = detail::model_file_name(r, world_size);
-        const io::SafetensorsFile shard(tmp / file);
-        for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
-          const bool fresh = index.weight_map.emplace(t.name, file).second;
-          TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
-                         index.weight_map.at(t.name), "' and '", file,
-                         "'); with ModelSharding::kLocal names must be unique across ranks");
-          total += t.bytes();
-        }
-      }
-      index.metadata.set("total_size", total);
-      const std::string text = index.to_json();
-      io::write_file_atomic(tmp / io::kSafetensorsIndexName, std::string_view(text),
-                            io::AtomicFileOptions{.durable = options_.durable});
-      info.files.push_back({std::string(io::kSafetensorsIndexName), text.size(),
-                            Xxh64::hash(text.data(), text.size())});
-      info.model_file = std::string(io::kSafetensorsIndexName);
-    }
-    // The manifest is written last: a directory without it is not a checkpoint.
-    io::write_file_atomic(tmp / detail::kManifestName,
-                          std::string_view(detail::manifest_text(info)),
-                          io::AtomicFileOptions{.durable = options_.durable});
-    detail::replace_directory(tmp, final_dir);
-    if (options_.durable) io::fsync_directory(root_);
-    rotate(job.step);
-  }
+  TRAINKIT_INLINE void commit(const Job& job, const std::filesystem::path& tmp,
+                              const std::filesystem::path& final_dir);
 
   /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
   /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
   /// the deletion short), so a step directory never loses its manifest to a rotation: one
   /// without a manifest is damaged, not half-deleted.
-  void rotate(std::int64_t newest) {
-    std::vector<CheckpointInfo> all = list();
-    if (options_.keep_last <= 0) return;
-    std::vector<bool> keep(all.size(), false);
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (all[i].step == newest) keep[i] = true;
-      if (i + std::size_t(options_.keep_last) >= all.size()) keep[i] = true;
-    }
-    if (!options_.best_metric.empty() && options_.keep_best > 0) {
-      std::vector<std::size_t> order;
-      for (std::size_t i = 0; i < all.size(); ++i)
-        if (has_metric(all[i])) order.push_back(i);
-      std::sort(order.begin(), order.end(),
-                [&](std::size_t a, std::size_t b) { return better(all[a], all[b]); });
-      for (std::size_t k = 0; k < order.size() && k < std::size_t(options_.keep_best); ++k)
-        keep[order[k]] = true;
-    }
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      if (keep[i]) continue;
-      const std::filesystem::path aside =
-          root_ / ("." + all[i].path.filename().string() + ".deleting");
-      std::error_code ec;
-      std::filesystem::remove_all(aside, ec);
-      std::filesystem::rename(all[i].path, aside, ec);
-      if (!ec) std::filesystem::remove_all(aside, ec);
-      if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
-    }
-  }
+  TRAINKIT_INLINE void rotate(std::int64_t newest);
 
   /// A damaged checkpoint met by resume() and why it is damaged.
   struct Damaged {
@@ -25110,120 +25799,25 @@ class Checkpointer {
 
   /// Rank 0 (remove_stale): renames damaged checkpoints to `.<name>.corrupt[.N]`, logging each.
   /// Returns one line per checkpoint: where it went (or that it was left in place) and why.
-  std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const {
-    std::vector<std::string> out;
-    const bool move = options_.rank == 0 && options_.remove_stale;
-    for (const Damaged& d : dirs) {
-      if (!move) {
-        out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
-        continue;
-      }
-      std::error_code ec;
-      std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
-      for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
-        target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
-      std::filesystem::rename(d.path, target, ec);
-      if (ec) {
-        log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
-        out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
-                      ec.message() + "; " + d.reason + ")");
-      } else {
-        log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
-        out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
-      }
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<std::string> quarantine(const std::vector<Damaged>& dirs) const;
 
   /// Removes temp directories of interrupted saves and rotations (`.<prefix>*.tmp`,
   /// `.<prefix>*.deleting`). Step directories are never deleted here: a damaged one is
   /// quarantined (and logged) by resume().
-  void remove_stale() {
-    std::error_code ec;
-    std::vector<std::filesystem::path> stale;
-    for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (!name.starts_with("." + options_.prefix)) continue;
-      if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
-    }
-    for (const auto& p : stale) std::filesystem::remove_all(p, ec);
-  }
+  TRAINKIT_INLINE void remove_stale();
 
   /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
-  void check_compatible(const CheckpointInfo& info, const TrainState& state) const {
-    TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
-                   "' was written by ", info.world_size, " rank(s); this run has ",
-                   options_.world_size, " (the per-rank training state cannot be redistributed)");
-    TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
-                   info.path.string(), "' holds no model, but a model is registered");
-  }
+  TRAINKIT_INLINE void check_compatible(const CheckpointInfo& info, const TrainState& state) const;
 
   /// Phase 1 of a load: verifies and reads everything; changes nothing. Throws for a damaged
   /// checkpoint.
-  Opened read_verified(const CheckpointInfo& info, const TrainState& state,
-                       const LoadOptions& options) const {
-    const int world_size = options_.world_size;
-    const std::string state_file = detail::state_file_name(options_.rank, world_size);
-    std::vector<std::string> mine;
-    if (world_size == 1 || options.verify != Verify::kFull) {
-      mine.push_back(state_file);
-      if (!info.model_file.empty()) {
-        mine.push_back(info.model_file);
-        if (world_size > 1)
-          for (int r = 0; r < world_size; ++r)
-            mine.push_back(detail::model_file_name(r, world_size));
-      }
-    }  // else: verify every file, so that every rank reaches the same verdict
-    detail::verify_checkpoint(info, options.verify, mine);
-    Opened out;
-    if (state.model_entry() != nullptr) {
-      out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
-    }
-    const io::SafetensorsFile file(info.path / state_file);
-    for (const io::SafetensorsTensorInfo& t : file.tensors())
-      out.state.tensors.emplace(t.name, file.copy(t.name));
-    for (const auto& [k, v] : file.metadata())
-      if (k != kChecksumKey) out.state.values.emplace(k, v);
-    return out;
-  }
+  TRAINKIT_INLINE Opened read_verified(const CheckpointInfo& info, const TrainState& state,
+                                       const LoadOptions& options) const;
 
   /// Phase 2: model, then components and counters.
-  void apply(Opened& opened, TrainState& state, const LoadOptions& options) {
-    if (opened.model) {
-      ModelLoadOptions mo = options.model;
-      mo.verify_checksum = false;
-      if (options_.world_size > 1 && options_.sharding == ModelSharding::kLocal)
-        mo.allow_unexpected = true;
-      state.model_entry()->load(*opened.model, mo);
-    }
-    state.load_state_dict(std::move(opened.state), options.restore);
-  }
+  TRAINKIT_INLINE void apply(Opened& opened, TrainState& state, const LoadOptions& options);
 
-  void writer_loop() {
-    for (;;) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      job_cv_.wait(lock, [&] { return stop_ || job_; });
-      if (!job_) return;  // stop_ and nothing left
-      lock.unlock();
-      std::exception_ptr error;
-      SaveStats s;
-      try {
-        s = write(*job_);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      stats_.write_seconds = s.write_seconds;
-      stats_.bytes = s.bytes;
-      // Moved under the lock: the writer keeps no reference to the exception the caller's
-      // wait() rethrows, so its last release never races with the caller reading it.
-      if (error) error_ = std::move(error);
-      job_.reset();
-      lock.unlock();
-      idle_cv_.notify_all();
-    }
-  }
+  TRAINKIT_INLINE void writer_loop();
 
   std::filesystem::path root_;
   CheckpointerOptions options_;
@@ -25239,6 +25833,552 @@ class Checkpointer {
   std::exception_ptr error_;
   std::thread writer_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, CheckpointerOptions options)
+    : root_(std::move(root)), options_(std::move(options)) {
+  TRAINKIT_CHECK(
+      options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+      "ckpt::Checkpointer: rank ", options_.rank,
+      " is not in [0, world_size = ", options_.world_size, ")");
+  TRAINKIT_CHECK(options_.world_size == 1 || options_.barrier,
+                 "ckpt::Checkpointer: world_size = ", options_.world_size,
+                 " needs a barrier (CheckpointerOptions::barrier, e.g. "
+                 "ckpt::comm_barrier(comm))");
+  TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
+                 "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
+                 "on when to save; use every_steps");
+  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
+                 "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
+  std::error_code ec;
+  std::filesystem::create_directories(root_, ec);
+  TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
+  if (options_.rank == 0 && options_.remove_stale) remove_stale();
+  last_save_time_ = std::chrono::steady_clock::now();
+  if (options_.async) writer_ = std::thread([this] { writer_loop(); });
+}
+
+TRAINKIT_INLINE Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      idle_cv_.wait(lock, [&] { return !job_; });
+      stop_ = true;
+    }
+    job_cv_.notify_all();
+    writer_.join();
+  }
+  if (error_) {
+    try {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        log(std::string("a background checkpoint write failed: ") + e.what());
+      }
+    } catch (...) {  // a throwing log callback, or a non-std exception
+    }
+  }
+}
+
+TRAINKIT_INLINE bool Checkpointer::due(std::int64_t step) const {
+  if (last_saved_step_ && *last_saved_step_ == step) return false;
+  if (options_.every_steps > 0 && step % options_.every_steps == 0) return true;
+  if (options_.every_seconds > 0.0) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
+    if (elapsed >= options_.every_seconds) return true;
+  }
+  return false;
+}
+
+TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state,
+                                                         const Metrics& metrics) {
+  TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
+  if (options_.async) wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  Job job = snapshot(state, metrics, options_.async);
+  const double snap = seconds_since(t0);
+  const std::filesystem::path dir = path_for(state.step);
+  last_saved_step_ = state.step;
+  last_save_time_ = std::chrono::steady_clock::now();
+  if (!options_.async) {
+    stats_ = write(job);
+    stats_.snapshot_seconds = snap;
+    return dir;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_.emplace(std::move(job));
+    stats_ = SaveStats{};
+    stats_.snapshot_seconds = snap;
+  }
+  job_cv_.notify_all();
+  return dir;
+}
+
+TRAINKIT_INLINE void Checkpointer::wait() {
+  if (!writer_.joinable()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [&] { return !job_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+TRAINKIT_INLINE std::vector<CheckpointInfo> Checkpointer::list() const {
+  std::vector<CheckpointInfo> out;
+  for (const Candidate& c : candidates()) {
+    try {
+      out.push_back(inspect(c, Verify::kStructure));
+    } catch (const std::exception&) {
+    }
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::latest(Verify verify) const {
+  for (const Candidate& c : candidates()) {
+    try {
+      return inspect(c, verify);
+    } catch (const std::exception& e) {
+      if (foreign(c)) {
+        log("ignoring '" + c.path.string() + "': not a checkpoint (" + detail::reason_of(e) + ")");
+      } else {
+        log("skipping checkpoint '" + c.path.string() + "': " + detail::reason_of(e));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::best() const {
+  std::optional<CheckpointInfo> out;
+  for (CheckpointInfo& info : list()) {
+    if (!has_metric(info)) continue;
+    if (!out || better(info, *out)) out = std::move(info);
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::load(const CheckpointInfo& info, TrainState& state,
+                                        const LoadOptions& options) {
+  // Re-read the manifest: `info` may be stale (rotated, or replaced since it was listed).
+  const CheckpointInfo fresh = detail::read_manifest(info.path);
+  check_compatible(fresh, state);
+  Opened opened = read_verified(fresh, state, options);
+  apply(opened, state, options);
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::resume(TrainState& state,
+                                                                   const LoadOptions& options) {
+  wait();
+  std::optional<Opened> opened;
+  std::optional<CheckpointInfo> info = select(
+      options, [&](const CheckpointInfo& i) { check_compatible(i, state); },
+      [&](const CheckpointInfo& i) { opened.emplace(read_verified(i, state, options)); });
+  if (!info) return std::nullopt;
+  apply(*opened, state, options);
+  last_saved_step_ = info->step;
+  return info;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::newest_usable(
+    const LoadOptions& options) {
+  wait();
+  return select(
+      options, [](const CheckpointInfo&) {},
+      [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
+}
+
+TRAINKIT_INLINE std::vector<std::filesystem::path> Checkpointer::quarantined() const {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("." + options_.prefix) && name.find(".corrupt") != std::string::npos)
+      out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::log(const std::string& message) const {
+  if (options_.log) {
+    options_.log(message);
+  } else {
+    std::cerr << "trainkit ckpt (rank " << options_.rank << "): " << message << "\n";
+  }
+}
+
+TRAINKIT_INLINE std::vector<Checkpointer::Candidate> Checkpointer::candidates() const {
+  std::vector<Candidate> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
+    std::error_code dec;
+    if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.path > b.path;
+  });
+  return out;
+}
+
+TRAINKIT_INLINE CheckpointInfo Checkpointer::inspect(const Candidate& c, Verify level) {
+  CheckpointInfo info = detail::read_manifest(c.path);
+  TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                 "' is damaged: its manifest says step ", info.step);
+  detail::verify_checkpoint(info, level);
+  return info;
+}
+
+TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
+    const LoadOptions& options, const std::function<void(const CheckpointInfo&)>& check,
+    const std::function<void(const CheckpointInfo&)>& verify) {
+  std::vector<Damaged> damaged;
+  const auto skip = [&](const Candidate& c, const std::string& why) {
+    log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
+    damaged.push_back({c.path, why});
+  };
+  for (const Candidate& c : candidates()) {
+    CheckpointInfo info;
+    try {
+      info = detail::read_manifest(c.path);
+      TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
+                     "' is damaged: its manifest says step ", info.step);
+    } catch (const std::exception& e) {
+      if (foreign(c)) {
+        log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
+            detail::reason_of(e) + ")");
+        continue;
+      }
+      if (detail::other_manifest_version(c.path))
+        TRAINKIT_FAIL("ckpt: cannot resume from '", c.path.string(), "': ", detail::reason_of(e));
+      skip(c, detail::reason_of(e));
+      continue;
+    }
+    check(info);  // a mismatch of this run is not skipped: it is thrown
+    try {
+      verify(info);
+    } catch (const std::exception& e) {
+      skip(c, detail::reason_of(e));
+      continue;
+    }
+    quarantine(damaged);
+    return info;
+  }
+  std::vector<std::string> now = quarantine(damaged);
+  std::string earlier;
+  for (const std::filesystem::path& q : quarantined()) {
+    bool listed = false;
+    for (const std::string& n : now) listed = listed || n.find("'" + q.string() + "'") != n.npos;
+    if (!listed) earlier += (earlier.empty() ? "'" : ", '") + q.string() + "'";
+  }
+  if (now.empty() && earlier.empty()) return std::nullopt;
+  std::string what = "no usable checkpoint remains in '" + root_.string() + "'";
+  if (!now.empty()) {
+    what += "; damaged now: ";
+    for (std::size_t i = 0; i < now.size(); ++i) what += (i ? ", " : "") + now[i];
+  }
+  if (!earlier.empty()) what += "; quarantined by an earlier resume: " + earlier;
+  if (options.allow_fresh_start) {
+    log("resume: " + what + "; starting fresh (allow_fresh_start)");
+    return std::nullopt;
+  }
+  TRAINKIT_FAIL("ckpt: ", what,
+                ". Nothing was restored. Inspect the quarantined directories, move them out of "
+                "the root (or delete them) to start from scratch, or allow a fresh start "
+                "(LoadOptions::allow_fresh_start)");
+}
+
+TRAINKIT_INLINE bool Checkpointer::better(const CheckpointInfo& a, const CheckpointInfo& b) const {
+  const double x = a.metrics.at(options_.best_metric);
+  const double y = b.metrics.at(options_.best_metric);
+  if (x != y) return options_.best_mode == MetricMode::kMin ? x < y : x > y;
+  return a.step > b.step;  // ties: the newer one
+}
+
+TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot(const TrainState& state,
+                                                         const Metrics& metrics, bool copy) {
+  Job job;
+  job.step = state.step;
+  job.epoch = state.epoch;
+  job.metrics = metrics;
+  job.metadata = state.metadata;
+  if (const detail::ModelEntry* model = state.model_entry()) {
+    job.has_model = true;
+    std::vector<bool> keep;
+    if (options_.world_size > 1 && options_.sharding == ModelSharding::kReplicated) {
+      const std::vector<int> owner = detail::partition_params(model->infos(), options_.world_size);
+      keep.resize(owner.size());
+      for (std::size_t i = 0; i < owner.size(); ++i) keep[i] = owner[i] == options_.rank;
+    }
+    job.model = model->views(copy, keep, model_buffer_);
+  }
+  job.state = state.state_dict();
+  return job;
+}
+
+TRAINKIT_INLINE SaveStats Checkpointer::write(const Job& job) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path final_dir = path_for(job.step);
+  const fs::path tmp = root_ / ("." + final_dir.filename().string() + ".tmp");
+  const int rank = options_.rank;
+  const int world_size = options_.world_size;
+  std::exception_ptr error;
+  std::uint64_t bytes = 0;
+  const auto attempt = [&](auto&& f) {
+    if (error) return;
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+
+  attempt([&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directory(tmp, ec);
+    TRAINKIT_CHECK(!ec, "ckpt: cannot create the temp directory '", tmp.string(),
+                   "': ", ec.message());
+  });
+  barrier();
+  attempt([&] {
+    const io::SafetensorsWriteOptions wo{.alignment = options_.alignment,
+                                         .durable = options_.durable};
+    if (job.has_model) {
+      io::SafetensorsMetadata meta{{"format", "pt"}};
+      bytes += save_checksummed_safetensors(tmp / detail::model_file_name(rank, world_size),
+                                            job.model, std::move(meta), wo)
+                   .bytes;
+    }
+    std::vector<io::NamedTensor> tensors;
+    tensors.reserve(job.state.tensors.size());
+    for (const auto& [name, t] : job.state.tensors) tensors.push_back({name, t.view()});
+    io::SafetensorsMetadata meta;
+    for (const auto& [k, v] : job.state.values) meta.emplace(k, v);
+    bytes += save_checksummed_safetensors(tmp / detail::state_file_name(rank, world_size), tensors,
+                                          std::move(meta), wo)
+                 .bytes;
+  });
+  barrier();
+  if (rank == 0) {
+    attempt([&] { commit(job, tmp, final_dir); });
+    if (error) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  barrier();
+  if (rank != 0) {
+    attempt([&] {
+      std::error_code ec;
+      TRAINKIT_CHECK(fs::exists(final_dir / detail::kManifestName, ec),
+                     "ckpt: the checkpoint "
+                     "of step ",
+                     job.step,
+                     " was not committed by rank 0 (its error is "
+                     "reported there)");
+    });
+  }
+  if (error) std::rethrow_exception(error);
+  SaveStats s;
+  s.write_seconds = seconds_since(t0);
+  s.bytes = bytes;
+  return s;
+}
+
+TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem::path& tmp,
+                                          const std::filesystem::path& final_dir) {
+  namespace fs = std::filesystem;
+  const int world_size = options_.world_size;
+  CheckpointInfo info;
+  info.path = final_dir;
+  info.step = job.step;
+  info.epoch = job.epoch;
+  info.world_size = world_size;
+  info.created_unix = static_cast<std::int64_t>(std::time(nullptr));
+  info.metrics = job.metrics;
+  info.metadata = job.metadata;
+  for (int r = 0; r < world_size; ++r) {
+    if (job.has_model)
+      info.files.push_back(detail::describe_file(tmp, detail::model_file_name(r, world_size)));
+    info.files.push_back(detail::describe_file(tmp, detail::state_file_name(r, world_size)));
+  }
+  if (job.has_model && world_size == 1) info.model_file = "model.safetensors";
+  if (job.has_model && world_size > 1) {
+    io::SafetensorsIndex index;
+    std::uint64_t total = 0;
+    for (int r = 0; r < world_size; ++r) {
+      const std::string file = detail::model_file_name(r, world_size);
+      const io::SafetensorsFile shard(tmp / file);
+      for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
+        const bool fresh = index.weight_map.emplace(t.name, file).second;
+        TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
+                       index.weight_map.at(t.name), "' and '", file,
+                       "'); with ModelSharding::kLocal names must be unique across ranks");
+        total += t.bytes();
+      }
+    }
+    index.metadata.set("total_size", total);
+    const std::string text = index.to_json();
+    io::write_file_atomic(tmp / io::kSafetensorsIndexName, std::string_view(text),
+                          io::AtomicFileOptions{.durable = options_.durable});
+    info.files.push_back({std::string(io::kSafetensorsIndexName), text.size(),
+                          Xxh64::hash(text.data(), text.size())});
+    info.model_file = std::string(io::kSafetensorsIndexName);
+  }
+  // The manifest is written last: a directory without it is not a checkpoint.
+  io::write_file_atomic(tmp / detail::kManifestName, std::string_view(detail::manifest_text(info)),
+                        io::AtomicFileOptions{.durable = options_.durable});
+  detail::replace_directory(tmp, final_dir);
+  if (options_.durable) io::fsync_directory(root_);
+  rotate(job.step);
+}
+
+TRAINKIT_INLINE void Checkpointer::rotate(std::int64_t newest) {
+  std::vector<CheckpointInfo> all = list();
+  if (options_.keep_last <= 0) return;
+  std::vector<bool> keep(all.size(), false);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].step == newest) keep[i] = true;
+    if (i + std::size_t(options_.keep_last) >= all.size()) keep[i] = true;
+  }
+  if (!options_.best_metric.empty() && options_.keep_best > 0) {
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (has_metric(all[i])) order.push_back(i);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return better(all[a], all[b]); });
+    for (std::size_t k = 0; k < order.size() && k < std::size_t(options_.keep_best); ++k)
+      keep[order[k]] = true;
+  }
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (keep[i]) continue;
+    const std::filesystem::path aside =
+        root_ / ("." + all[i].path.filename().string() + ".deleting");
+    std::error_code ec;
+    std::filesystem::remove_all(aside, ec);
+    std::filesystem::rename(all[i].path, aside, ec);
+    if (!ec) std::filesystem::remove_all(aside, ec);
+    if (ec) log("cannot delete old checkpoint '" + all[i].path.string() + "': " + ec.message());
+  }
+}
+
+TRAINKIT_INLINE std::vector<std::string> Checkpointer::quarantine(
+    const std::vector<Damaged>& dirs) const {
+  std::vector<std::string> out;
+  const bool move = options_.rank == 0 && options_.remove_stale;
+  for (const Damaged& d : dirs) {
+    if (!move) {
+      out.push_back("'" + d.path.string() + "' (left in place: " + d.reason + ")");
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
+    for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
+      target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
+    std::filesystem::rename(d.path, target, ec);
+    if (ec) {
+      log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());
+      out.push_back("'" + d.path.string() + "' (left in place: cannot move it aside: " +
+                    ec.message() + "; " + d.reason + ")");
+    } else {
+      log("moved the damaged checkpoint '" + d.path.string() + "' to '" + target.string() + "'");
+      out.push_back("'" + d.path.string() + "' -> '" + target.string() + "' (" + d.reason + ")");
+    }
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::remove_stale() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("." + options_.prefix)) continue;
+    if (name.ends_with(".tmp") || name.ends_with(".deleting")) stale.push_back(it->path());
+  }
+  for (const auto& p : stale) std::filesystem::remove_all(p, ec);
+}
+
+TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
+                                                    const TrainState& state) const {
+  TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
+                 "' was written by ", info.world_size, " rank(s); this run has ",
+                 options_.world_size, " (the per-rank training state cannot be redistributed)");
+  TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
+                 info.path.string(), "' holds no model, but a model is registered");
+}
+
+TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const CheckpointInfo& info,
+                                                                 const TrainState& state,
+                                                                 const LoadOptions& options) const {
+  const int world_size = options_.world_size;
+  const std::string state_file = detail::state_file_name(options_.rank, world_size);
+  std::vector<std::string> mine;
+  if (world_size == 1 || options.verify != Verify::kFull) {
+    mine.push_back(state_file);
+    if (!info.model_file.empty()) {
+      mine.push_back(info.model_file);
+      if (world_size > 1)
+        for (int r = 0; r < world_size; ++r) mine.push_back(detail::model_file_name(r, world_size));
+    }
+  }  // else: verify every file, so that every rank reaches the same verdict
+  detail::verify_checkpoint(info, options.verify, mine);
+  Opened out;
+  if (state.model_entry() != nullptr) {
+    out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
+  }
+  const io::SafetensorsFile file(info.path / state_file);
+  for (const io::SafetensorsTensorInfo& t : file.tensors())
+    out.state.tensors.emplace(t.name, file.copy(t.name));
+  for (const auto& [k, v] : file.metadata())
+    if (k != kChecksumKey) out.state.values.emplace(k, v);
+  return out;
+}
+
+TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
+                                         const LoadOptions& options) {
+  if (opened.model) {
+    ModelLoadOptions mo = options.model;
+    mo.verify_checksum = false;
+    if (options_.world_size > 1 && options_.sharding == ModelSharding::kLocal)
+      mo.allow_unexpected = true;
+    state.model_entry()->load(*opened.model, mo);
+  }
+  state.load_state_dict(std::move(opened.state), options.restore);
+}
+
+TRAINKIT_INLINE void Checkpointer::writer_loop() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_cv_.wait(lock, [&] { return stop_ || job_; });
+    if (!job_) return;  // stop_ and nothing left
+    lock.unlock();
+    std::exception_ptr error;
+    SaveStats s;
+    try {
+      s = write(*job_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    stats_.write_seconds = s.write_seconds;
+    stats_.bytes = s.bytes;
+    // Moved under the lock: the writer keeps no reference to the exception the caller's
+    // wait() rethrows, so its last release never races with the caller reading it.
+    if (error) error_ = std::move(error);
+    job_.reset();
+    lock.unlock();
+    idle_cv_.notify_all();
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END
@@ -25280,63 +26420,19 @@ class JsonWriter {
   JsonWriter& begin_array() { return open('['); }
   JsonWriter& end_array() { return close(']'); }
   /// An object key; the next call writes its value.
-  JsonWriter& key(std::string_view name) {
-    separate();
-    append_string(name);
-    out_.push_back(':');
-    need_comma_ = false;
-    return *this;
-  }
-  JsonWriter& value(std::string_view text) {
-    separate();
-    append_string(text);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& key(std::string_view name);
+  TRAINKIT_INLINE JsonWriter& value(std::string_view text);
   JsonWriter& value(const char* text) { return value(std::string_view(text)); }
-  JsonWriter& value(bool b) {
-    separate();
-    out_.append(b ? "true" : "false");
-    need_comma_ = true;
-    return *this;
-  }
-  JsonWriter& value(std::int64_t v) {
-    separate();
-    char buffer[24];
-    const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
-    out_.append(buffer, r.ptr);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& value(bool b);
+  TRAINKIT_INLINE JsonWriter& value(std::int64_t v);
   JsonWriter& value(int v) { return value(static_cast<std::int64_t>(v)); }
   /// Shortest text that parses back to the same double; NaN and infinities become null.
-  JsonWriter& value(double v) {
-    separate();
-    if (!std::isfinite(v)) {
-      out_.append("null");
-    } else {
-      char buffer[32];
-      const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
-      out_.append(buffer, r.ptr);
-    }
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& value(double v);
   /// Pre-formatted JSON (a number printed with a chosen precision, a nested document).
-  JsonWriter& raw(std::string_view json) {
-    separate();
-    out_.append(json);
-    need_comma_ = true;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& raw(std::string_view json);
 
  private:
-  JsonWriter& open(char bracket) {
-    separate();
-    out_.push_back(bracket);
-    need_comma_ = false;
-    return *this;
-  }
+  TRAINKIT_INLINE JsonWriter& open(char bracket);
   JsonWriter& close(char bracket) {
     out_.push_back(bracket);
     need_comma_ = true;
@@ -25345,34 +26441,98 @@ class JsonWriter {
   void separate() {
     if (need_comma_) out_.push_back(',');
   }
-  void append_string(std::string_view s) {
-    out_.push_back('"');
-    std::size_t run = 0;  // start of the pending run of characters that need no escaping
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      const auto c = static_cast<unsigned char>(s[i]);
-      if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
-      out_.append(s.data() + run, i - run);
-      run = i + 1;
-      switch (c) {
-        case '"': out_.append("\\\""); break;
-        case '\\': out_.append("\\\\"); break;
-        case '\n': out_.append("\\n"); break;
-        case '\r': out_.append("\\r"); break;
-        case '\t': out_.append("\\t"); break;
-        default: {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
-          out_.append(buffer);
-        }
-      }
-    }
-    out_.append(s.data() + run, s.size() - run);
-    out_.push_back('"');
-  }
+  TRAINKIT_INLINE void append_string(std::string_view s);
 
   std::string out_;
   bool need_comma_ = false;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::key(std::string_view name) {
+  separate();
+  append_string(name);
+  out_.push_back(':');
+  need_comma_ = false;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(std::string_view text) {
+  separate();
+  append_string(text);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(bool b) {
+  separate();
+  out_.append(b ? "true" : "false");
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(std::int64_t v) {
+  separate();
+  char buffer[24];
+  const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+  out_.append(buffer, r.ptr);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::value(double v) {
+  separate();
+  if (!std::isfinite(v)) {
+    out_.append("null");
+  } else {
+    char buffer[32];
+    const auto r = std::to_chars(buffer, buffer + sizeof buffer, v);
+    out_.append(buffer, r.ptr);
+  }
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::raw(std::string_view json) {
+  separate();
+  out_.append(json);
+  need_comma_ = true;
+  return *this;
+}
+
+TRAINKIT_INLINE JsonWriter& JsonWriter::open(char bracket) {
+  separate();
+  out_.push_back(bracket);
+  need_comma_ = false;
+  return *this;
+}
+
+TRAINKIT_INLINE void JsonWriter::append_string(std::string_view s) {
+  out_.push_back('"');
+  std::size_t run = 0;  // start of the pending run of characters that need no escaping
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
+    out_.append(s.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': out_.append("\\\""); break;
+      case '\\': out_.append("\\\\"); break;
+      case '\n': out_.append("\\n"); break;
+      case '\r': out_.append("\\r"); break;
+      case '\t': out_.append("\\t"); break;
+      default: {
+        char buffer[8];
+        std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
+        out_.append(buffer);
+      }
+    }
+  }
+  out_.append(s.data() + run, s.size() - run);
+  out_.push_back('"');
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -25584,53 +26744,16 @@ class Timeline {
   };
 
   /// Starts step `step`. A step still open is ended first.
-  void begin_step(std::int64_t step) {
-    if (in_step_) end_step();
-    const std::int64_t now = options_.clock();
-    in_step_ = true;
-    step_ = step;
-    step_begin_ns_ = now;
-    if (window_steps_ == 0 && !window_open_) {
-      window_open_ = true;
-      window_begin_ns_ = now;
-      window_.first_step = step;
-    }
-#if TRAINKIT_WITH_CUDA
-    // Bounded memory when take_window() is called rarely: resolve what has finished.
-    if (pending_.size() > 512) resolve_device(false);
-#endif
-  }
+  TRAINKIT_INLINE void begin_step(std::int64_t step);
 
   /// Ends the current step (no-op when none is open).
-  void end_step() {
-    if (!in_step_) return;
-    const std::int64_t now = options_.clock();
-    in_step_ = false;
-    window_.in_step_s += 1e-9 * static_cast<double>(now - step_begin_ns_);
-    window_.last_step = step_;
-    window_end_ns_ = now;
-    ++window_steps_;
-    record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
-  }
+  TRAINKIT_INLINE void end_step();
 
   /// Starts a host span of `phase`. A span of the same phase still open is ended first.
-  void begin(Phase phase) noexcept {
-    const auto i = static_cast<std::size_t>(phase);
-    if (open_ns_[i] >= 0) end(phase);
-    if (options_.nvtx) nvtx_push(phase_name(phase));
-    open_ns_[i] = options_.clock();
-  }
+  TRAINKIT_INLINE void begin(Phase phase) noexcept;
 
   /// Ends the host span of `phase` (no-op when none is open).
-  void end(Phase phase) noexcept {
-    const auto i = static_cast<std::size_t>(phase);
-    if (open_ns_[i] < 0) return;
-    const std::int64_t now = options_.clock();
-    window_.host_s[i] += 1e-9 * static_cast<double>(now - open_ns_[i]);
-    record_trace(kHostTrack, open_ns_[i], now, static_cast<std::uint8_t>(phase));
-    open_ns_[i] = -1;
-    if (options_.nvtx) nvtx_pop();
-  }
+  TRAINKIT_INLINE void end(Phase phase) noexcept;
 
   /// A host span that ends when the returned object goes out of scope.
   [[nodiscard]] Span span(Phase phase) noexcept {
@@ -25701,50 +26824,10 @@ class Timeline {
   /// The kept spans as Chrome trace-event JSON ("X" complete events, microseconds since the
   /// timeline started; tid 0 = steps, 1 = host phases, 2 = device phases). Opens in
   /// chrome://tracing and ui.perfetto.dev.
-  std::string chrome_trace_json() const {
-    JsonWriter w;
-    w.begin_object().key("displayTimeUnit").value("ms").key("traceEvents").begin_array();
-    constexpr const char* kTrackNames[3] = {"steps", "host", "device"};
-    for (int track = 0; track < 3; ++track) {
-      w.begin_object().key("name").value("thread_name").key("ph").value("M");
-      w.key("pid").value(options_.rank).key("tid").value(track);
-      w.key("args").begin_object().key("name").value(kTrackNames[track]).end_object();
-      w.end_object();
-    }
-    w.begin_object().key("name").value("process_name").key("ph").value("M");
-    w.key("pid").value(options_.rank).key("tid").value(0);
-    w.key("args").begin_object().key("name").value("rank " + std::to_string(options_.rank));
-    w.end_object().end_object();
-    const std::size_t n = trace_.size();
-    const std::size_t start = n < options_.trace_capacity ? 0 : trace_next_;
-    for (std::size_t k = 0; k < n; ++k) {
-      const TraceSpan& s = trace_[(start + k) % n];
-      w.begin_object();
-      if (s.kind == kStepMarker) {
-        w.key("name").value("step " + std::to_string(s.step)).key("cat").value("step");
-      } else {
-        w.key("name").value(phase_name(static_cast<Phase>(s.kind))).key("cat").value("phase");
-      }
-      w.key("ph").value("X");
-      w.key("ts").value(static_cast<double>(s.begin_ns - origin_ns_) / 1000.0);
-      w.key("dur").value(static_cast<double>(s.end_ns - s.begin_ns) / 1000.0);
-      w.key("pid").value(options_.rank).key("tid").value(static_cast<int>(s.track));
-      w.key("args").begin_object().key("step").value(s.step).end_object();
-      w.end_object();
-    }
-    w.end_array().end_object();
-    return w.take();
-  }
+  TRAINKIT_INLINE std::string chrome_trace_json() const;
 
   /// Writes chrome_trace_json() to `path`. Throws trainkit::Error when the file cannot be written.
-  void write_chrome_trace(const std::string& path) const {
-    const std::string json = chrome_trace_json();
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
-    const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-    const bool closed = std::fclose(f) == 0;
-    TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
-  }
+  TRAINKIT_INLINE void write_chrome_trace(const std::string& path) const;
 
   /// Host clock reading (ns) at the latest end_step (0 before the first).
   std::int64_t last_step_end_ns() const noexcept { return window_end_ns_; }
@@ -25767,17 +26850,8 @@ class Timeline {
     std::uint8_t kind;  // a Phase, or kStepMarker
   };
 
-  void record_trace(std::uint8_t track, std::int64_t begin_ns, std::int64_t end_ns,
-                    std::uint8_t kind) noexcept {
-    if (options_.trace_capacity == 0) return;
-    const TraceSpan s{begin_ns, end_ns, step_, track, kind};
-    if (trace_.size() < options_.trace_capacity) {
-      trace_.push_back(s);  // capacity reserved up front: never reallocates
-    } else {
-      trace_[trace_next_] = s;
-      trace_next_ = (trace_next_ + 1) % options_.trace_capacity;
-    }
-  }
+  TRAINKIT_INLINE void record_trace(std::uint8_t track, std::int64_t begin_ns, std::int64_t end_ns,
+                                    std::uint8_t kind) noexcept;
 
 #if TRAINKIT_WITH_CUDA
   struct DeviceSpan {
@@ -25864,6 +26938,111 @@ class Timeline {
   std::size_t trace_next_ = 0;
 };
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void Timeline::begin_step(std::int64_t step) {
+  if (in_step_) end_step();
+  const std::int64_t now = options_.clock();
+  in_step_ = true;
+  step_ = step;
+  step_begin_ns_ = now;
+  if (window_steps_ == 0 && !window_open_) {
+    window_open_ = true;
+    window_begin_ns_ = now;
+    window_.first_step = step;
+  }
+#if TRAINKIT_WITH_CUDA
+  // Bounded memory when take_window() is called rarely: resolve what has finished.
+  if (pending_.size() > 512) resolve_device(false);
+#endif
+}
+
+TRAINKIT_INLINE void Timeline::end_step() {
+  if (!in_step_) return;
+  const std::int64_t now = options_.clock();
+  in_step_ = false;
+  window_.in_step_s += 1e-9 * static_cast<double>(now - step_begin_ns_);
+  window_.last_step = step_;
+  window_end_ns_ = now;
+  ++window_steps_;
+  record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
+}
+
+TRAINKIT_INLINE void Timeline::begin(Phase phase) noexcept {
+  const auto i = static_cast<std::size_t>(phase);
+  if (open_ns_[i] >= 0) end(phase);
+  if (options_.nvtx) nvtx_push(phase_name(phase));
+  open_ns_[i] = options_.clock();
+}
+
+TRAINKIT_INLINE void Timeline::end(Phase phase) noexcept {
+  const auto i = static_cast<std::size_t>(phase);
+  if (open_ns_[i] < 0) return;
+  const std::int64_t now = options_.clock();
+  window_.host_s[i] += 1e-9 * static_cast<double>(now - open_ns_[i]);
+  record_trace(kHostTrack, open_ns_[i], now, static_cast<std::uint8_t>(phase));
+  open_ns_[i] = -1;
+  if (options_.nvtx) nvtx_pop();
+}
+
+TRAINKIT_INLINE std::string Timeline::chrome_trace_json() const {
+  JsonWriter w;
+  w.begin_object().key("displayTimeUnit").value("ms").key("traceEvents").begin_array();
+  constexpr const char* kTrackNames[3] = {"steps", "host", "device"};
+  for (int track = 0; track < 3; ++track) {
+    w.begin_object().key("name").value("thread_name").key("ph").value("M");
+    w.key("pid").value(options_.rank).key("tid").value(track);
+    w.key("args").begin_object().key("name").value(kTrackNames[track]).end_object();
+    w.end_object();
+  }
+  w.begin_object().key("name").value("process_name").key("ph").value("M");
+  w.key("pid").value(options_.rank).key("tid").value(0);
+  w.key("args").begin_object().key("name").value("rank " + std::to_string(options_.rank));
+  w.end_object().end_object();
+  const std::size_t n = trace_.size();
+  const std::size_t start = n < options_.trace_capacity ? 0 : trace_next_;
+  for (std::size_t k = 0; k < n; ++k) {
+    const TraceSpan& s = trace_[(start + k) % n];
+    w.begin_object();
+    if (s.kind == kStepMarker) {
+      w.key("name").value("step " + std::to_string(s.step)).key("cat").value("step");
+    } else {
+      w.key("name").value(phase_name(static_cast<Phase>(s.kind))).key("cat").value("phase");
+    }
+    w.key("ph").value("X");
+    w.key("ts").value(static_cast<double>(s.begin_ns - origin_ns_) / 1000.0);
+    w.key("dur").value(static_cast<double>(s.end_ns - s.begin_ns) / 1000.0);
+    w.key("pid").value(options_.rank).key("tid").value(static_cast<int>(s.track));
+    w.key("args").begin_object().key("step").value(s.step).end_object();
+    w.end_object();
+  }
+  w.end_array().end_object();
+  return w.take();
+}
+
+TRAINKIT_INLINE void Timeline::write_chrome_trace(const std::string& path) const {
+  const std::string json = chrome_trace_json();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
+  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  const bool closed = std::fclose(f) == 0;
+  TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
+}
+
+TRAINKIT_INLINE void Timeline::record_trace(std::uint8_t track, std::int64_t begin_ns,
+                                            std::int64_t end_ns, std::uint8_t kind) noexcept {
+  if (options_.trace_capacity == 0) return;
+  const TraceSpan s{begin_ns, end_ns, step_, track, kind};
+  if (trace_.size() < options_.trace_capacity) {
+    trace_.push_back(s);  // capacity reserved up front: never reallocates
+  } else {
+    trace_[trace_next_] = s;
+    trace_next_ = (trace_next_ + 1) % options_.trace_capacity;
+  }
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
 // end trainkit/monitor/timeline.hpp
@@ -25924,25 +27103,11 @@ inline constexpr DevicePeak kDevicePeaks[] = {
 };
 
 /// The table entry whose pattern occurs in `device_name`, or nullptr for an unknown device.
-inline const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
-  for (const DevicePeak& entry : kDevicePeaks) {
-    if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
-  }
-  return nullptr;
-}
+TRAINKIT_INLINE const DevicePeak* find_device_peak(std::string_view device_name) noexcept;
 
 /// Dense peak FLOP/s of `device_name` for `precision`; 0 when the device is not in the table.
-inline double device_peak_flops(std::string_view device_name, Precision precision) noexcept {
-  const DevicePeak* entry = find_device_peak(device_name);
-  if (entry == nullptr) return 0.0;
-  switch (precision) {
-    case Precision::kFp32: return entry->fp32;
-    case Precision::kTf32: return entry->tf32;
-    case Precision::kBf16:
-    case Precision::kFp16: return entry->bf16;
-  }
-  return 0.0;
-}
+TRAINKIT_INLINE double device_peak_flops(std::string_view device_name,
+                                         Precision precision) noexcept;
 
 /// Training FLOPs per token of a decoder-only transformer, PaLM appendix B / torchtitan
 /// `get_num_flop_per_token`: 6·N + 12·L·H·Q·T.
@@ -25980,31 +27145,8 @@ inline constexpr double mfu(double flops_per_step, double step_seconds,
 namespace detail {
 // 32 independent multiply-add chains hide the FP latency; the compiler vectorizes them with
 // whatever the build enables (SSE2 by default on x86-64, AVX2/FMA with -march=native).
-inline double cpu_peak_worker_portable(std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
-  constexpr int kChains = 32;
-  float acc[kChains];
-  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j) * 1e-3f;
-  const float m = 0.999999f;
-  const float c = 1e-7f;
-  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t iterations = 0;
-  std::int64_t elapsed = 0;
-  do {
-    for (int rep = 0; rep < 4096; ++rep) {
-      for (int j = 0; j < kChains; ++j) acc[j] = acc[j] * m + c;
-    }
-    iterations += 4096;
-    elapsed =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-  } while (elapsed < min_ns);
-  float sink = 0.0f;
-  for (int j = 0; j < kChains; ++j) sink += acc[j];
-  volatile float keep = sink;  // keeps the loop from being optimized away
-  (void)keep;
-  return 2.0 * kChains * static_cast<double>(iterations) / (1e-9 * static_cast<double>(elapsed));
-}
+TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
+                                                const std::atomic<bool>& go) noexcept;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX2+FMA micro-kernel
@@ -26068,7 +27210,37 @@ inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) 
 }
 
 /// One probe: every thread runs its multiply-add loop for `min_ns` at once; the sum of their rates.
-inline double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
+TRAINKIT_INLINE double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
+                                                const std::atomic<bool>& go) noexcept {
+  constexpr int kChains = 32;
+  float acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j) * 1e-3f;
+  const float m = 0.999999f;
+  const float c = 1e-7f;
+  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t iterations = 0;
+  std::int64_t elapsed = 0;
+  do {
+    for (int rep = 0; rep < 4096; ++rep) {
+      for (int j = 0; j < kChains; ++j) acc[j] = acc[j] * m + c;
+    }
+    iterations += 4096;
+    elapsed =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+  } while (elapsed < min_ns);
+  float sink = 0.0f;
+  for (int j = 0; j < kChains; ++j) sink += acc[j];
+  volatile float keep = sink;  // keeps the loop from being optimized away
+  (void)keep;
+  return 2.0 * kChains * static_cast<double>(iterations) / (1e-9 * static_cast<double>(elapsed));
+}
+
+TRAINKIT_INLINE double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
   std::atomic<bool> go{false};
   std::vector<double> rates(threads, 0.0);
   std::vector<std::thread> workers;
@@ -26082,6 +27254,9 @@ inline double measure_cpu_peak_once(unsigned threads, std::int64_t min_ns) {
   for (double r : rates) total += r;
   return total;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// The best (largest) rate of `probes` calls of `probe` (a callable returning FLOP/s). A peak
@@ -26099,12 +27274,39 @@ double best_of_probes(int probes, Probe&& probe) {
 /// number: the best of `probes` probes of seconds / probes each (see best_of_probes). It depends on
 /// the CPU features the build and the run time dispatch use, so prefer a configured peak when
 /// comparing machines.
-inline double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2, int probes = 4) {
+TRAINKIT_INLINE double measure_cpu_peak_flops(unsigned threads = 0, double seconds = 0.2,
+                                              int probes = 4);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
+  for (const DevicePeak& entry : kDevicePeaks) {
+    if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
+  }
+  return nullptr;
+}
+
+TRAINKIT_INLINE double device_peak_flops(std::string_view device_name,
+                                         Precision precision) noexcept {
+  const DevicePeak* entry = find_device_peak(device_name);
+  if (entry == nullptr) return 0.0;
+  switch (precision) {
+    case Precision::kFp32: return entry->fp32;
+    case Precision::kTf32: return entry->tf32;
+    case Precision::kBf16:
+    case Precision::kFp16: return entry->bf16;
+  }
+  return 0.0;
+}
+
+TRAINKIT_INLINE double measure_cpu_peak_flops(unsigned threads, double seconds, int probes) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   probes = std::max(1, probes);
   const auto min_ns = static_cast<std::int64_t>(seconds * 1e9 / probes);
   return best_of_probes(probes, [&] { return detail::measure_cpu_peak_once(threads, min_ns); });
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -26139,7 +27341,16 @@ struct HostMemory {
 
 /// The resident set now (/proc/self/statm, resident pages) and its peak (getrusage ru_maxrss,
 /// the kernel's VmHWM). Two cheap reads (a few µs), meant for summaries rather than every step.
-inline HostMemory host_memory() noexcept {
+TRAINKIT_INLINE HostMemory host_memory() noexcept;
+
+/// Bytes in use on the current CUDA device (total - free from cudaMemGetInfo: this process's
+/// allocations, its context and any other process on the device). 0 in the CPU tier or without a
+/// usable device; never throws.
+TRAINKIT_INLINE std::size_t device_memory_used() noexcept;
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE HostMemory host_memory() noexcept {
   HostMemory m;
   rusage usage{};
   if (::getrusage(RUSAGE_SELF, &usage) == 0) {
@@ -26164,10 +27375,7 @@ inline HostMemory host_memory() noexcept {
   return m;
 }
 
-/// Bytes in use on the current CUDA device (total - free from cudaMemGetInfo: this process's
-/// allocations, its context and any other process on the device). 0 in the CPU tier or without a
-/// usable device; never throws.
-inline std::size_t device_memory_used() noexcept {
+TRAINKIT_INLINE std::size_t device_memory_used() noexcept {
 #if TRAINKIT_WITH_CUDA
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
@@ -26180,6 +27388,8 @@ inline std::size_t device_memory_used() noexcept {
   return 0;
 #endif
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -26260,25 +27470,7 @@ enum ThrottleReason : std::uint64_t {
 };
 
 /// "none", or the set reasons joined by '+', e.g. "sw_power_cap+hw_thermal".
-inline std::string throttle_reason_string(std::uint64_t reasons) {
-  constexpr std::pair<std::uint64_t, const char*> kNames[] = {
-      {kThrottleGpuIdle, "gpu_idle"},
-      {kThrottleApplicationClocks, "app_clocks"},
-      {kThrottleSwPowerCap, "sw_power_cap"},
-      {kThrottleHwSlowdown, "hw_slowdown"},
-      {kThrottleSyncBoost, "sync_boost"},
-      {kThrottleSwThermal, "sw_thermal"},
-      {kThrottleHwThermal, "hw_thermal"},
-      {kThrottleHwPowerBrake, "hw_power_brake"},
-      {kThrottleDisplayClocks, "display_clocks"}};
-  std::string out;
-  for (const auto& [bit, name] : kNames) {
-    if ((reasons & bit) == 0) continue;
-    if (!out.empty()) out.push_back('+');
-    out.append(name);
-  }
-  return out.empty() ? "none" : out;
-}
+TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons);
 
 /// Statistics of the samples taken since the previous GpuMonitor::take_window().
 struct GpuStats {
@@ -26310,30 +27502,7 @@ class GpuMonitor {
  public:
   /// Loads NVML with dlopen(options.library) and starts sampling. Never throws for a missing
   /// driver or device.
-  explicit GpuMonitor(GpuMonitorOptions options = {}) : options_(options) {
-    library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
-    if (library_ == nullptr) {
-      disable(std::string("NVML not available (") + options_.library +
-              " could not be loaded: no NVIDIA driver?)");
-      return;
-    }
-    nvml::Api api;
-    const bool ok = load(api.init, "nvmlInit_v2") && load(api.shutdown, "nvmlShutdown") &&
-                    load(api.error_string, "nvmlErrorString") &&
-                    load(api.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") &&
-                    load(api.utilization, "nvmlDeviceGetUtilizationRates") &&
-                    load(api.memory, "nvmlDeviceGetMemoryInfo") &&
-                    load(api.temperature, "nvmlDeviceGetTemperature") &&
-                    load(api.power_usage, "nvmlDeviceGetPowerUsage") &&
-                    load(api.clock_info, "nvmlDeviceGetClockInfo") &&
-                    load(api.throttle_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    (void)load(api.handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");  // optional
-    if (!ok) {
-      disable(std::string("NVML in ") + options_.library + " lacks a required function");
-      return;
-    }
-    start(api);
-  }
+  TRAINKIT_INLINE explicit GpuMonitor(GpuMonitorOptions options = {});
 
   /// Uses a caller-provided function table (tests, or an NVML loaded some other way).
   GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(options) { start(api); }
@@ -26341,16 +27510,7 @@ class GpuMonitor {
   GpuMonitor(const GpuMonitor&) = delete;
   GpuMonitor& operator=(const GpuMonitor&) = delete;
 
-  ~GpuMonitor() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    if (initialized_ && api_.shutdown != nullptr) (void)api_.shutdown();
-    if (library_ != nullptr) ::dlclose(library_);
-  }
+  TRAINKIT_INLINE ~GpuMonitor();
 
   /// True when NVML is loaded and the device was found.
   bool enabled() const noexcept { return enabled_; }
@@ -26361,27 +27521,10 @@ class GpuMonitor {
 
   /// Takes one sample now on the calling thread and adds it to the window (also what the
   /// background thread does every interval_secs).
-  void sample_now() {
-    if (!enabled_) return;
-    Sample s = read_sample();
-    std::lock_guard<std::mutex> lock(mutex_);
-    accumulate(s);
-  }
+  TRAINKIT_INLINE void sample_now();
 
   /// Statistics since the previous call; `samples == 0` when disabled or nothing was sampled.
-  GpuStats take_window() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    GpuStats out = window_;
-    if (out.samples > 0) {
-      out.util_gpu_mean = util_sum_ / out.samples;
-      out.util_memory_mean = util_mem_sum_ / out.samples;
-      out.power_mean_w = power_sum_ / out.samples;
-      out.sm_clock_mean = static_cast<unsigned int>(clock_sum_ / out.samples);
-    }
-    window_ = GpuStats{};
-    util_sum_ = util_mem_sum_ = power_sum_ = clock_sum_ = 0.0;
-    return out;
-  }
+  TRAINKIT_INLINE GpuStats take_window();
 
  private:
   struct Sample {
@@ -26400,15 +27543,7 @@ class GpuMonitor {
     return symbol != nullptr;
   }
 
-  void disable(std::string reason) {
-    disabled_reason_ = std::move(reason);
-    enabled_ = false;
-    if (options_.log != nullptr) {
-      std::fprintf(options_.log, "[trainkit] info: GPU monitor disabled: %s\n",
-                   disabled_reason_.c_str());
-      std::fflush(options_.log);
-    }
-  }
+  TRAINKIT_INLINE void disable(std::string reason);
 
   std::string nvml_error(nvml::Return status) const {
     const char* text = api_.error_string != nullptr ? api_.error_string(status) : nullptr;
@@ -26416,97 +27551,15 @@ class GpuMonitor {
            (text != nullptr ? std::string(": ") + text : "");
   }
 
-  void start(const nvml::Api& api) {
-    api_ = api;
-    if (api_.init == nullptr || api_.handle_by_index == nullptr || api_.utilization == nullptr ||
-        api_.memory == nullptr || api_.temperature == nullptr || api_.power_usage == nullptr ||
-        api_.clock_info == nullptr || api_.throttle_reasons == nullptr) {
-      disable("the NVML function table is incomplete");
-      return;
-    }
-    const nvml::Return init = api_.init();
-    if (init != 0) {
-      disable("nvmlInit failed (" + nvml_error(init) + ")");
-      return;
-    }
-    initialized_ = true;
-    if (!find_device()) return;
-    enabled_ = true;
-    Sample first = read_sample();
-    accumulate(first);
-    thread_ = std::thread([this] { run(); });
-  }
+  TRAINKIT_INLINE void start(const nvml::Api& api);
 
-  bool find_device() {
-#if TRAINKIT_WITH_CUDA
-    if (options_.device < 0 && api_.handle_by_pci_bus_id != nullptr) {
-      int cuda_device = 0;
-      char bus_id[32] = {};
-      if (cudaGetDevice(&cuda_device) == cudaSuccess &&
-          cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof bus_id), cuda_device) ==
-              cudaSuccess) {
-        const nvml::Return r = api_.handle_by_pci_bus_id(bus_id, &device_);
-        if (r == 0) {
-          device_label_ = bus_id;
-          return true;
-        }
-      }
-      (void)cudaGetLastError();
-    }
-#endif
-    unsigned int index = 0;
-    if (options_.device >= 0) {
-      index = static_cast<unsigned int>(options_.device);
-    } else if (const char* local_rank = std::getenv("LOCAL_RANK")) {
-      index = static_cast<unsigned int>(std::max(0, std::atoi(local_rank)));
-    }
-    const nvml::Return r = api_.handle_by_index(index, &device_);
-    if (r != 0) {
-      disable("NVML has no device " + std::to_string(index) + " (" + nvml_error(r) + ")");
-      return false;
-    }
-    device_label_ = std::to_string(index);
-    return true;
-  }
+  TRAINKIT_INLINE bool find_device();
 
-  Sample read_sample() const {
-    // A query the device does not support leaves its field 0 instead of failing the sample.
-    Sample s;
-    (void)api_.utilization(device_, &s.util);
-    (void)api_.memory(device_, &s.memory);
-    (void)api_.temperature(device_, nvml::kTemperatureGpu, &s.temperature);
-    (void)api_.power_usage(device_, &s.power_mw);
-    (void)api_.clock_info(device_, nvml::kClockSm, &s.sm_clock);
-    (void)api_.throttle_reasons(device_, &s.throttle);
-    return s;
-  }
+  TRAINKIT_INLINE Sample read_sample() const;
 
-  void accumulate(const Sample& s) {
-    ++window_.samples;
-    util_sum_ += s.util.gpu;
-    util_mem_sum_ += s.util.memory;
-    power_sum_ += 1e-3 * s.power_mw;
-    clock_sum_ += s.sm_clock;
-    window_.memory_used_max = std::max<std::uint64_t>(window_.memory_used_max, s.memory.used);
-    window_.memory_total = s.memory.total;
-    window_.temperature_max = std::max(window_.temperature_max, s.temperature);
-    window_.sm_clock_min =
-        window_.samples == 1 ? s.sm_clock : std::min(window_.sm_clock_min, s.sm_clock);
-    // Idle is not a problem to report while training; it only means a sample fell between kernels.
-    window_.throttle_reasons |= s.throttle & ~static_cast<std::uint64_t>(kThrottleGpuIdle);
-  }
+  TRAINKIT_INLINE void accumulate(const Sample& s);
 
-  void run() {
-    const auto interval = std::chrono::duration<double>(options_.interval_secs);
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
-      lock.unlock();
-      const Sample s = read_sample();  // NVML calls take ~100 µs; never hold the lock for them
-      lock.lock();
-      accumulate(s);
-    }
-  }
+  TRAINKIT_INLINE void run();
 
   GpuMonitorOptions options_;
   void* library_ = nullptr;
@@ -26526,6 +27579,189 @@ class GpuMonitor {
   double power_sum_ = 0.0;
   double clock_sum_ = 0.0;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons) {
+  constexpr std::pair<std::uint64_t, const char*> kNames[] = {
+      {kThrottleGpuIdle, "gpu_idle"},
+      {kThrottleApplicationClocks, "app_clocks"},
+      {kThrottleSwPowerCap, "sw_power_cap"},
+      {kThrottleHwSlowdown, "hw_slowdown"},
+      {kThrottleSyncBoost, "sync_boost"},
+      {kThrottleSwThermal, "sw_thermal"},
+      {kThrottleHwThermal, "hw_thermal"},
+      {kThrottleHwPowerBrake, "hw_power_brake"},
+      {kThrottleDisplayClocks, "display_clocks"}};
+  std::string out;
+  for (const auto& [bit, name] : kNames) {
+    if ((reasons & bit) == 0) continue;
+    if (!out.empty()) out.push_back('+');
+    out.append(name);
+  }
+  return out.empty() ? "none" : out;
+}
+
+TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(options) {
+  library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
+  if (library_ == nullptr) {
+    disable(std::string("NVML not available (") + options_.library +
+            " could not be loaded: no NVIDIA driver?)");
+    return;
+  }
+  nvml::Api api;
+  const bool ok = load(api.init, "nvmlInit_v2") && load(api.shutdown, "nvmlShutdown") &&
+                  load(api.error_string, "nvmlErrorString") &&
+                  load(api.handle_by_index, "nvmlDeviceGetHandleByIndex_v2") &&
+                  load(api.utilization, "nvmlDeviceGetUtilizationRates") &&
+                  load(api.memory, "nvmlDeviceGetMemoryInfo") &&
+                  load(api.temperature, "nvmlDeviceGetTemperature") &&
+                  load(api.power_usage, "nvmlDeviceGetPowerUsage") &&
+                  load(api.clock_info, "nvmlDeviceGetClockInfo") &&
+                  load(api.throttle_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  (void)load(api.handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");  // optional
+  if (!ok) {
+    disable(std::string("NVML in ") + options_.library + " lacks a required function");
+    return;
+  }
+  start(api);
+}
+
+TRAINKIT_INLINE GpuMonitor::~GpuMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (initialized_ && api_.shutdown != nullptr) (void)api_.shutdown();
+  if (library_ != nullptr) ::dlclose(library_);
+}
+
+TRAINKIT_INLINE void GpuMonitor::sample_now() {
+  if (!enabled_) return;
+  Sample s = read_sample();
+  std::lock_guard<std::mutex> lock(mutex_);
+  accumulate(s);
+}
+
+TRAINKIT_INLINE GpuStats GpuMonitor::take_window() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  GpuStats out = window_;
+  if (out.samples > 0) {
+    out.util_gpu_mean = util_sum_ / out.samples;
+    out.util_memory_mean = util_mem_sum_ / out.samples;
+    out.power_mean_w = power_sum_ / out.samples;
+    out.sm_clock_mean = static_cast<unsigned int>(clock_sum_ / out.samples);
+  }
+  window_ = GpuStats{};
+  util_sum_ = util_mem_sum_ = power_sum_ = clock_sum_ = 0.0;
+  return out;
+}
+
+TRAINKIT_INLINE void GpuMonitor::disable(std::string reason) {
+  disabled_reason_ = std::move(reason);
+  enabled_ = false;
+  if (options_.log != nullptr) {
+    std::fprintf(options_.log, "[trainkit] info: GPU monitor disabled: %s\n",
+                 disabled_reason_.c_str());
+    std::fflush(options_.log);
+  }
+}
+
+TRAINKIT_INLINE void GpuMonitor::start(const nvml::Api& api) {
+  api_ = api;
+  if (api_.init == nullptr || api_.handle_by_index == nullptr || api_.utilization == nullptr ||
+      api_.memory == nullptr || api_.temperature == nullptr || api_.power_usage == nullptr ||
+      api_.clock_info == nullptr || api_.throttle_reasons == nullptr) {
+    disable("the NVML function table is incomplete");
+    return;
+  }
+  const nvml::Return init = api_.init();
+  if (init != 0) {
+    disable("nvmlInit failed (" + nvml_error(init) + ")");
+    return;
+  }
+  initialized_ = true;
+  if (!find_device()) return;
+  enabled_ = true;
+  Sample first = read_sample();
+  accumulate(first);
+  thread_ = std::thread([this] { run(); });
+}
+
+TRAINKIT_INLINE bool GpuMonitor::find_device() {
+#if TRAINKIT_WITH_CUDA
+  if (options_.device < 0 && api_.handle_by_pci_bus_id != nullptr) {
+    int cuda_device = 0;
+    char bus_id[32] = {};
+    if (cudaGetDevice(&cuda_device) == cudaSuccess &&
+        cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof bus_id), cuda_device) ==
+            cudaSuccess) {
+      const nvml::Return r = api_.handle_by_pci_bus_id(bus_id, &device_);
+      if (r == 0) {
+        device_label_ = bus_id;
+        return true;
+      }
+    }
+    (void)cudaGetLastError();
+  }
+#endif
+  unsigned int index = 0;
+  if (options_.device >= 0) {
+    index = static_cast<unsigned int>(options_.device);
+  } else if (const char* local_rank = std::getenv("LOCAL_RANK")) {
+    index = static_cast<unsigned int>(std::max(0, std::atoi(local_rank)));
+  }
+  const nvml::Return r = api_.handle_by_index(index, &device_);
+  if (r != 0) {
+    disable("NVML has no device " + std::to_string(index) + " (" + nvml_error(r) + ")");
+    return false;
+  }
+  device_label_ = std::to_string(index);
+  return true;
+}
+
+TRAINKIT_INLINE GpuMonitor::Sample GpuMonitor::read_sample() const {
+  // A query the device does not support leaves its field 0 instead of failing the sample.
+  Sample s;
+  (void)api_.utilization(device_, &s.util);
+  (void)api_.memory(device_, &s.memory);
+  (void)api_.temperature(device_, nvml::kTemperatureGpu, &s.temperature);
+  (void)api_.power_usage(device_, &s.power_mw);
+  (void)api_.clock_info(device_, nvml::kClockSm, &s.sm_clock);
+  (void)api_.throttle_reasons(device_, &s.throttle);
+  return s;
+}
+
+TRAINKIT_INLINE void GpuMonitor::accumulate(const Sample& s) {
+  ++window_.samples;
+  util_sum_ += s.util.gpu;
+  util_mem_sum_ += s.util.memory;
+  power_sum_ += 1e-3 * s.power_mw;
+  clock_sum_ += s.sm_clock;
+  window_.memory_used_max = std::max<std::uint64_t>(window_.memory_used_max, s.memory.used);
+  window_.memory_total = s.memory.total;
+  window_.temperature_max = std::max(window_.temperature_max, s.temperature);
+  window_.sm_clock_min =
+      window_.samples == 1 ? s.sm_clock : std::min(window_.sm_clock_min, s.sm_clock);
+  // Idle is not a problem to report while training; it only means a sample fell between kernels.
+  window_.throttle_reasons |= s.throttle & ~static_cast<std::uint64_t>(kThrottleGpuIdle);
+}
+
+TRAINKIT_INLINE void GpuMonitor::run() {
+  const auto interval = std::chrono::duration<double>(options_.interval_secs);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
+    lock.unlock();
+    const Sample s = read_sample();  // NVML calls take ~100 µs; never hold the lock for them
+    lock.lock();
+    accumulate(s);
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -26572,31 +27808,12 @@ struct ProgressOptions {
 };
 
 /// "mm:ss", or "h:mm:ss" from one hour on; "--:--" for unknown.
-inline std::string format_duration(double seconds) {
-  if (!(seconds >= 0.0) || !std::isfinite(seconds)) return "--:--";
-  const auto total = static_cast<long long>(seconds + 0.5);
-  char text[32];
-  if (total >= 3600) {
-    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, (total / 60) % 60,
-                  total % 60);
-  } else {
-    std::snprintf(text, sizeof text, "%02lld:%02lld", total / 60, total % 60);
-  }
-  return text;
-}
+TRAINKIT_INLINE std::string format_duration(double seconds);
 
 /// A progress display. Not thread-safe; call it from the training loop.
 class Progress {
  public:
-  explicit Progress(ProgressOptions options = {}) : options_(std::move(options)) {
-    if (options_.stream == nullptr) options_.style = ProgressStyle::kOff;
-    if (options_.style == ProgressStyle::kAuto) {
-      options_.style =
-          ::isatty(::fileno(options_.stream)) != 0 ? ProgressStyle::kBar : ProgressStyle::kPlain;
-    }
-    start_ns_ = last_output_ns_ = rate_ns_ = options_.clock();
-    step_ = last_line_step_ = rate_step_ = options_.initial;
-  }
+  TRAINKIT_INLINE explicit Progress(ProgressOptions options = {});
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   ~Progress() { finish(); }
@@ -26609,135 +27826,28 @@ class Progress {
   /// the latest loss. Draws when the bar's redraw interval passed or, in plain mode, when a line is
   /// due; always at step == total. `now_ns` is the time on options.clock when the caller already
   /// read it (saves a clock read per step); -1 reads the clock.
-  void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1) {
-    if (options_.style == ProgressStyle::kOff || finished_) return;
-    step_ = step;
-    if (std::isfinite(loss)) loss_ = loss;
-    const std::int64_t now = now_ns >= 0 ? now_ns : options_.clock();
-    const double since = 1e-9 * static_cast<double>(now - last_output_ns_);
-    const bool at_end = options_.total > 0 && step >= options_.total;
-    if (options_.style == ProgressStyle::kBar) {
-      if (since >= options_.bar_interval_secs || at_end || !drawn_) draw_bar(now);
-    } else {
-      const bool by_steps =
-          options_.line_every_steps > 0 && step - last_line_step_ >= options_.line_every_steps;
-      if (since >= options_.line_interval_secs || by_steps || at_end) write_line(now);
-    }
-  }
+  TRAINKIT_INLINE void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1);
 
   /// Prints a whole line (a summary, a warning) without corrupting the bar: the bar is erased,
   /// the line printed, and the bar redrawn below it.
-  void message(std::string_view line) {
-    if (options_.stream == nullptr) return;
-    std::string out;
-    const bool redraw = options_.style == ProgressStyle::kBar && drawn_ && !finished_;
-    if (redraw) out.append("\r\x1b[K");
-    out.append(line);
-    out.push_back('\n');
-    if (redraw) out.append(bar_text_);
-    emit(out);
-  }
+  TRAINKIT_INLINE void message(std::string_view line);
 
   /// Ends the display: the bar is drawn one last time and the line ended; plain mode prints a
   /// final line when steps were made since the last one. Idempotent.
-  void finish() {
-    if (finished_ || options_.style == ProgressStyle::kOff) {
-      finished_ = true;
-      return;
-    }
-    const std::int64_t now = options_.clock();
-    if (options_.style == ProgressStyle::kBar) {
-      if (drawn_) {
-        draw_bar(now);
-        emit("\n");
-      }
-    } else if (step_ != last_line_step_) {
-      write_line(now);
-    }
-    finished_ = true;
-  }
+  TRAINKIT_INLINE void finish();
 
   /// The current rate in steps per second (smoothed); 0 before the second update.
   double rate() const noexcept { return rate_; }
 
  private:
   /// Updates the smoothed rate at `now` and returns the seconds since start.
-  double measure_rate(std::int64_t now) {
-    const double dt = 1e-9 * static_cast<double>(now - rate_ns_);
-    const auto ds = static_cast<double>(step_ - rate_step_);
-    if (dt > 0.0 && ds > 0.0) {
-      const double instant = ds / dt;
-      // Exponential smoothing (tqdm's 0.3) so one slow step does not swing the ETA.
-      rate_ = rate_ > 0.0 ? 0.3 * instant + 0.7 * rate_ : instant;
-    }
-    if (ds > 0.0 || step_ < rate_step_) {
-      rate_ns_ = now;
-      rate_step_ = step_;
-    }
-    return 1e-9 * static_cast<double>(now - start_ns_);
-  }
+  TRAINKIT_INLINE double measure_rate(std::int64_t now);
 
-  std::string stats_text(double elapsed) const {
-    char text[160];
-    std::string out;
-    const double remaining = options_.total > 0 && rate_ > 0.0
-                                 ? static_cast<double>(options_.total - step_) / rate_
-                                 : NAN;
-    std::snprintf(text, sizeof text, "%s<%s, %.3g %s/s", format_duration(elapsed).c_str(),
-                  format_duration(remaining).c_str(), rate_, options_.unit.c_str());
-    out.append(text);
-    if (std::isfinite(loss_)) {
-      std::snprintf(text, sizeof text, ", loss %.4g", loss_);
-      out.append(text);
-    }
-    return out;
-  }
+  TRAINKIT_INLINE std::string stats_text(double elapsed) const;
 
-  void draw_bar(std::int64_t now) {
-    const double elapsed = measure_rate(now);
-    std::string line = options_.label;
-    char text[96];
-    if (options_.total > 0) {
-      const double frac = std::min(
-          1.0, std::max(0.0, static_cast<double>(step_) / static_cast<double>(options_.total)));
-      const int width = std::max(1, options_.bar_width);
-      const int filled = static_cast<int>(frac * width);
-      std::snprintf(text, sizeof text, " %3d%%|", static_cast<int>(frac * 100.0));
-      line.append(text);
-      line.append(static_cast<std::size_t>(filled), '#');
-      line.append(static_cast<std::size_t>(width - filled), ' ');
-      std::snprintf(text, sizeof text, "| %lld/%lld [", static_cast<long long>(step_),
-                    static_cast<long long>(options_.total));
-    } else {
-      std::snprintf(text, sizeof text, " %lld [", static_cast<long long>(step_));
-    }
-    line.append(text);
-    line.append(stats_text(elapsed));
-    line.push_back(']');
-    bar_text_ = "\r" + line + "\x1b[K";
-    emit(bar_text_);
-    drawn_ = true;
-    last_output_ns_ = now;
-  }
+  TRAINKIT_INLINE void draw_bar(std::int64_t now);
 
-  void write_line(std::int64_t now) {
-    const double elapsed = measure_rate(now);
-    std::string line = options_.label;
-    char text[96];
-    if (options_.total > 0) {
-      std::snprintf(text, sizeof text, " step %lld/%lld (%.1f%%) [", static_cast<long long>(step_),
-                    static_cast<long long>(options_.total),
-                    100.0 * static_cast<double>(step_) / static_cast<double>(options_.total));
-    } else {
-      std::snprintf(text, sizeof text, " step %lld [", static_cast<long long>(step_));
-    }
-    line.append(text);
-    line.append(stats_text(elapsed));
-    line.append("]\n");
-    emit(line);
-    last_line_step_ = step_;
-    last_output_ns_ = now;
-  }
+  TRAINKIT_INLINE void write_line(std::int64_t now);
 
   void emit(std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), options_.stream);
@@ -26757,6 +27867,153 @@ class Progress {
   bool finished_ = false;
   std::string bar_text_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string format_duration(double seconds) {
+  if (!(seconds >= 0.0) || !std::isfinite(seconds)) return "--:--";
+  const auto total = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, (total / 60) % 60,
+                  total % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%02lld:%02lld", total / 60, total % 60);
+  }
+  return text;
+}
+
+TRAINKIT_INLINE Progress::Progress(ProgressOptions options) : options_(std::move(options)) {
+  if (options_.stream == nullptr) options_.style = ProgressStyle::kOff;
+  if (options_.style == ProgressStyle::kAuto) {
+    options_.style =
+        ::isatty(::fileno(options_.stream)) != 0 ? ProgressStyle::kBar : ProgressStyle::kPlain;
+  }
+  start_ns_ = last_output_ns_ = rate_ns_ = options_.clock();
+  step_ = last_line_step_ = rate_step_ = options_.initial;
+}
+
+TRAINKIT_INLINE void Progress::update(std::int64_t step, double loss, std::int64_t now_ns) {
+  if (options_.style == ProgressStyle::kOff || finished_) return;
+  step_ = step;
+  if (std::isfinite(loss)) loss_ = loss;
+  const std::int64_t now = now_ns >= 0 ? now_ns : options_.clock();
+  const double since = 1e-9 * static_cast<double>(now - last_output_ns_);
+  const bool at_end = options_.total > 0 && step >= options_.total;
+  if (options_.style == ProgressStyle::kBar) {
+    if (since >= options_.bar_interval_secs || at_end || !drawn_) draw_bar(now);
+  } else {
+    const bool by_steps =
+        options_.line_every_steps > 0 && step - last_line_step_ >= options_.line_every_steps;
+    if (since >= options_.line_interval_secs || by_steps || at_end) write_line(now);
+  }
+}
+
+TRAINKIT_INLINE void Progress::message(std::string_view line) {
+  if (options_.stream == nullptr) return;
+  std::string out;
+  const bool redraw = options_.style == ProgressStyle::kBar && drawn_ && !finished_;
+  if (redraw) out.append("\r\x1b[K");
+  out.append(line);
+  out.push_back('\n');
+  if (redraw) out.append(bar_text_);
+  emit(out);
+}
+
+TRAINKIT_INLINE void Progress::finish() {
+  if (finished_ || options_.style == ProgressStyle::kOff) {
+    finished_ = true;
+    return;
+  }
+  const std::int64_t now = options_.clock();
+  if (options_.style == ProgressStyle::kBar) {
+    if (drawn_) {
+      draw_bar(now);
+      emit("\n");
+    }
+  } else if (step_ != last_line_step_) {
+    write_line(now);
+  }
+  finished_ = true;
+}
+
+TRAINKIT_INLINE double Progress::measure_rate(std::int64_t now) {
+  const double dt = 1e-9 * static_cast<double>(now - rate_ns_);
+  const auto ds = static_cast<double>(step_ - rate_step_);
+  if (dt > 0.0 && ds > 0.0) {
+    const double instant = ds / dt;
+    // Exponential smoothing (tqdm's 0.3) so one slow step does not swing the ETA.
+    rate_ = rate_ > 0.0 ? 0.3 * instant + 0.7 * rate_ : instant;
+  }
+  if (ds > 0.0 || step_ < rate_step_) {
+    rate_ns_ = now;
+    rate_step_ = step_;
+  }
+  return 1e-9 * static_cast<double>(now - start_ns_);
+}
+
+TRAINKIT_INLINE std::string Progress::stats_text(double elapsed) const {
+  char text[160];
+  std::string out;
+  const double remaining =
+      options_.total > 0 && rate_ > 0.0 ? static_cast<double>(options_.total - step_) / rate_ : NAN;
+  std::snprintf(text, sizeof text, "%s<%s, %.3g %s/s", format_duration(elapsed).c_str(),
+                format_duration(remaining).c_str(), rate_, options_.unit.c_str());
+  out.append(text);
+  if (std::isfinite(loss_)) {
+    std::snprintf(text, sizeof text, ", loss %.4g", loss_);
+    out.append(text);
+  }
+  return out;
+}
+
+TRAINKIT_INLINE void Progress::draw_bar(std::int64_t now) {
+  const double elapsed = measure_rate(now);
+  std::string line = options_.label;
+  char text[96];
+  if (options_.total > 0) {
+    const double frac = std::min(
+        1.0, std::max(0.0, static_cast<double>(step_) / static_cast<double>(options_.total)));
+    const int width = std::max(1, options_.bar_width);
+    const int filled = static_cast<int>(frac * width);
+    std::snprintf(text, sizeof text, " %3d%%|", static_cast<int>(frac * 100.0));
+    line.append(text);
+    line.append(static_cast<std::size_t>(filled), '#');
+    line.append(static_cast<std::size_t>(width - filled), ' ');
+    std::snprintf(text, sizeof text, "| %lld/%lld [", static_cast<long long>(step_),
+                  static_cast<long long>(options_.total));
+  } else {
+    std::snprintf(text, sizeof text, " %lld [", static_cast<long long>(step_));
+  }
+  line.append(text);
+  line.append(stats_text(elapsed));
+  line.push_back(']');
+  bar_text_ = "\r" + line + "\x1b[K";
+  emit(bar_text_);
+  drawn_ = true;
+  last_output_ns_ = now;
+}
+
+TRAINKIT_INLINE void Progress::write_line(std::int64_t now) {
+  const double elapsed = measure_rate(now);
+  std::string line = options_.label;
+  char text[96];
+  if (options_.total > 0) {
+    std::snprintf(text, sizeof text, " step %lld/%lld (%.1f%%) [", static_cast<long long>(step_),
+                  static_cast<long long>(options_.total),
+                  100.0 * static_cast<double>(step_) / static_cast<double>(options_.total));
+  } else {
+    std::snprintf(text, sizeof text, " step %lld [", static_cast<long long>(step_));
+  }
+  line.append(text);
+  line.append(stats_text(elapsed));
+  line.append("]\n");
+  emit(line);
+  last_line_step_ = step_;
+  last_output_ns_ = now;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -26793,39 +28050,8 @@ namespace monitor {
 /// file is replaced atomically (a temp file renamed over it), so a crash here leaves the old or the
 /// new content, never a mix. Returns the number of lines dropped; a missing file is not an error
 /// (0). Throws trainkit::Error naming the path when it cannot be read or replaced.
-inline std::size_t keep_metrics_through_step(const std::string& path, std::int64_t resume_step) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return 0;
-  std::ifstream in(path, std::ios::binary);
-  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
-  in.close();
-  std::string kept;
-  kept.reserve(text.size());
-  std::size_t dropped = 0;
-  for (std::size_t begin = 0; begin < text.size();) {
-    const std::size_t newline = text.find('\n', begin);
-    const std::size_t end = newline != std::string::npos ? newline : text.size();
-    const std::string_view line(text.data() + begin, end - begin);
-    begin = end + 1;
-    if (line.empty()) continue;
-    // A torn line (no newline: killed mid-write) is kept only if it still parses.
-    bool keep = false;
-    const std::optional<io::Json> json = io::Json::try_parse(line);
-    if (json && json->is_object()) {
-      const io::Json* step = json->find("step");
-      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
-    }
-    if (keep) {
-      kept.append(line).push_back('\n');
-    } else {
-      ++dropped;
-    }
-  }
-  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
-  return dropped;
-}
+TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
+                                                      std::int64_t resume_step);
 
 /// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
 class MetricsFile {
@@ -26898,6 +28124,45 @@ class MetricsFile {
   std::FILE* file_ = nullptr;
 };
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
+                                                      std::int64_t resume_step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  TRAINKIT_CHECK(in.good(), "cannot read metrics file '", path, "' to resume it");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TRAINKIT_CHECK(!in.bad(), "reading metrics file '", path, "' failed");
+  in.close();
+  std::string kept;
+  kept.reserve(text.size());
+  std::size_t dropped = 0;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t newline = text.find('\n', begin);
+    const std::size_t end = newline != std::string::npos ? newline : text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    begin = end + 1;
+    if (line.empty()) continue;
+    // A torn line (no newline: killed mid-write) is kept only if it still parses.
+    bool keep = false;
+    const std::optional<io::Json> json = io::Json::try_parse(line);
+    if (json && json->is_object()) {
+      const io::Json* step = json->find("step");
+      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+    }
+    if (keep) {
+      kept.append(line).push_back('\n');
+    } else {
+      ++dropped;
+    }
+  }
+  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  return dropped;
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
 // end trainkit/monitor/metrics_file.hpp
@@ -26949,27 +28214,7 @@ class TensorBoardWriter {
  public:
   /// Creates the run directory and its event file (on ranks that write). Throws trainkit::Error
   /// when the directory or file cannot be created.
-  explicit TensorBoardWriter(std::string log_dir, TensorBoardOptions options = {})
-      : log_dir_(std::move(log_dir)) {
-    TRAINKIT_CHECK(!log_dir_.empty(), "TensorBoardWriter needs a log directory");
-    if (options.rank_mode == RankMode::kRank0Only && options.rank != 0) return;
-    if (options.rank_mode == RankMode::kPerRank) {
-      log_dir_ += "/rank" + std::to_string(options.rank);
-    }
-    file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
-                                                 .max_buffer_bytes = options.max_buffer_bytes,
-                                                 .filename_suffix = options.filename_suffix});
-    if (options.purge_step >= 0) {
-      // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
-      // file_version event and a SessionLog START, both at the purge step.
-      const double now = io::unix_time_now();
-      io::encode_file_version_event(scratch_, now, options.purge_step);
-      file_->write_event(scratch_.bytes());
-      io::encode_session_start_event(scratch_, now, options.purge_step);
-      file_->write_event(scratch_.bytes());
-      file_->flush();
-    }
-  }
+  TRAINKIT_INLINE explicit TensorBoardWriter(std::string log_dir, TensorBoardOptions options = {});
 
   /// False on ranks that do not write (then every add_* returns at once) and after close().
   bool enabled() const noexcept { return file_.has_value() && file_->is_open(); }
@@ -27019,17 +28264,9 @@ class TensorBoardWriter {
   /// SummaryWriter.add_hparams (which starts a separate sub-run holding only final metric values)
   /// the session is this run itself, so the table shows the last value of scalars this writer
   /// logs under `metric_tags`, like TensorFlow's hp.hparams().
-  void add_hparams(std::span<const io::HParam> hparams, std::span<const std::string> metric_tags,
-                   std::optional<double> wall_time = std::nullopt) {
-    if (!enabled()) return;
-    const double t = wall(wall_time);
-    io::encode_hparams_experiment_event(scratch_, t, 0, hparams, metric_tags);
-    file_->write_event(scratch_.bytes());
-    io::encode_hparams_session_start_event(scratch_, t, 0, hparams);
-    file_->write_event(scratch_.bytes());
-    io::encode_hparams_session_end_event(scratch_, t, 0, 1);
-    file_->write_event(scratch_.bytes());
-  }
+  TRAINKIT_INLINE void add_hparams(std::span<const io::HParam> hparams,
+                                   std::span<const std::string> metric_tags,
+                                   std::optional<double> wall_time = std::nullopt);
 
   /// Appends an already serialized tensorboard.Event (advanced: other plugins).
   void write_event(std::string_view serialized_event) {
@@ -27054,6 +28291,46 @@ class TensorBoardWriter {
   std::optional<io::EventFileWriter> file_;
   io::ProtoWriter scratch_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TensorBoardWriter::TensorBoardWriter(std::string log_dir,
+                                                     TensorBoardOptions options)
+    : log_dir_(std::move(log_dir)) {
+  TRAINKIT_CHECK(!log_dir_.empty(), "TensorBoardWriter needs a log directory");
+  if (options.rank_mode == RankMode::kRank0Only && options.rank != 0) return;
+  if (options.rank_mode == RankMode::kPerRank) {
+    log_dir_ += "/rank" + std::to_string(options.rank);
+  }
+  file_.emplace(log_dir_, io::EventFileOptions{.flush_secs = options.flush_secs,
+                                               .max_buffer_bytes = options.max_buffer_bytes,
+                                               .filename_suffix = options.filename_suffix});
+  if (options.purge_step >= 0) {
+    // What torch.utils.tensorboard's SummaryWriter writes for purge_step: a second
+    // file_version event and a SessionLog START, both at the purge step.
+    const double now = io::unix_time_now();
+    io::encode_file_version_event(scratch_, now, options.purge_step);
+    file_->write_event(scratch_.bytes());
+    io::encode_session_start_event(scratch_, now, options.purge_step);
+    file_->write_event(scratch_.bytes());
+    file_->flush();
+  }
+}
+
+TRAINKIT_INLINE void TensorBoardWriter::add_hparams(std::span<const io::HParam> hparams,
+                                                    std::span<const std::string> metric_tags,
+                                                    std::optional<double> wall_time) {
+  if (!enabled()) return;
+  const double t = wall(wall_time);
+  io::encode_hparams_experiment_event(scratch_, t, 0, hparams, metric_tags);
+  file_->write_event(scratch_.bytes());
+  io::encode_hparams_session_start_event(scratch_, t, 0, hparams);
+  file_->write_event(scratch_.bytes());
+  io::encode_hparams_session_end_event(scratch_, t, 0, 1);
+  file_->write_event(scratch_.bytes());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -27165,7 +28442,13 @@ struct StepSummary {
 
 namespace detail {
 /// "81.2k", "5.20M": three significant digits with an SI suffix.
-inline std::string si(double v) {
+TRAINKIT_INLINE std::string si(double v);
+/// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
+/// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
+TRAINKIT_INLINE std::string bytes(std::size_t n);
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string si(double v) {
   constexpr const char* kSuffix[] = {"", "k", "M", "G", "T", "P"};
   int i = 0;
   while (std::fabs(v) >= 1000.0 && i < 5) {
@@ -27176,9 +28459,8 @@ inline std::string si(double v) {
   std::snprintf(text, sizeof text, "%.3g%s", v, kSuffix[i]);
   return text;
 }
-/// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
-/// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
-inline std::string bytes(std::size_t n) {
+
+TRAINKIT_INLINE std::string bytes(std::size_t n) {
   constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
   int i = 0;
@@ -27190,57 +28472,16 @@ inline std::string bytes(std::size_t n) {
   std::snprintf(text, sizeof text, "%.3g %s", v, kUnits[i]);
   return text;
 }
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace detail
 
 /// One greppable line describing a summary, e.g.
 /// `[trainkit] step 100/1000 | 12.3 ms/step | 5.2k samples/s | 81.2k tok/s | 45.1 TFLOP/s |
 ///  MFU 4.6% of 989 TFLOP/s (H200 SXM bf16) | data 3.1% fwd 30.2% bwd 55.0% opt 8.1%
 ///  other 3.6% | loss 2.346 | host peak 1.23 GiB | gpu 98% 65C 512W 1980MHz`
-inline std::string format_summary(const StepSummary& s, std::int64_t total_steps) {
-  std::string out = "[trainkit] step " + std::to_string(s.step);
-  if (total_steps > 0) out += "/" + std::to_string(total_steps);
-  char text[160];
-  std::snprintf(text, sizeof text, " | %.4g ms/step", 1e3 * s.step_time_s);
-  out += text;
-  if (s.samples_per_s > 0.0) out += " | " + detail::si(s.samples_per_s) + " samples/s";
-  if (s.tokens_per_s > 0.0) out += " | " + detail::si(s.tokens_per_s) + " tok/s";
-  if (s.flops_per_s > 0.0) {
-    std::snprintf(text, sizeof text, " | %.4g TFLOP/s", 1e-12 * s.flops_per_s);
-    out += text;
-    if (std::isfinite(s.mfu)) {
-      std::snprintf(text, sizeof text, " | MFU %.1f%% of %.4g TFLOP/s (%s)", 100.0 * s.mfu,
-                    1e-12 * s.peak_flops, s.peak_label.c_str());
-      out += text;
-    }
-  }
-  out += " |";
-  constexpr const char* kShort[kPhaseCount] = {"data", "fwd", "bwd", "comm", "opt", "ckpt"};
-  for (std::size_t i = 0; i < kPhaseCount; ++i) {
-    const double f = s.timeline.fraction(static_cast<Phase>(i));
-    if (f <= 0.0 && i != 0) continue;
-    std::snprintf(text, sizeof text, " %s %.1f%%", kShort[i], 100.0 * f);
-    out += text;
-  }
-  if (s.timeline.elapsed_s > 0.0) {
-    std::snprintf(text, sizeof text, " other %.1f%%",
-                  100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
-    out += text;
-  }
-  if (std::isfinite(s.loss_last)) {
-    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
-    out += text;
-  }
-  if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
-  if (s.device_memory_used_peak > 0) out += " | device " + detail::bytes(s.device_memory_used_peak);
-  if (s.gpu.samples > 0) {
-    std::snprintf(text, sizeof text, " | gpu %.0f%% %uC %.0fW %uMHz", s.gpu.util_gpu_mean,
-                  s.gpu.temperature_max, s.gpu.power_mean_w, s.gpu.sm_clock_mean);
-    out += text;
-    if (s.gpu.throttle_reasons != 0)
-      out += " throttle " + throttle_reason_string(s.gpu.throttle_reasons);
-  }
-  return out;
-}
+TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t total_steps);
 
 /// The training-loop facade. Usage:
 /// ```
@@ -27259,60 +28500,10 @@ inline std::string format_summary(const StepSummary& s, std::int64_t total_steps
 class Monitor {
  public:
   /// Opens the configured outputs. Throws trainkit::Error when a log file cannot be created.
-  explicit Monitor(MonitorOptions options = {})
-      : options_(std::move(options)),
-        timeline_(TimelineOptions{
-            .trace_capacity = options_.chrome_trace.empty() ? 0 : options_.trace_capacity,
-            .nvtx = options_.nvtx,
-            .rank = options_.rank,
-            .clock = options_.clock}) {
-    TRAINKIT_CHECK(options_.log_every > 0, "Monitor log_every must be positive, got ",
-                   options_.log_every);
-    const bool writes = options_.rank == 0 || options_.all_ranks;
-    const std::string suffix = options_.all_ranks && options_.world_size > 1
-                                   ? ".rank" + std::to_string(options_.rank)
-                                   : "";
-    if (options_.rank == 0 && options_.console != nullptr) {
-      progress_.emplace(ProgressOptions{.total = options_.total_steps,
-                                        .initial = std::max<std::int64_t>(0, options_.resume_step),
-                                        .style = options_.progress,
-                                        .stream = options_.console,
-                                        .clock = options_.clock});
-    }
-    if (!options_.log_dir.empty()) {
-      tensorboard_.emplace(
-          options_.log_dir,
-          TensorBoardOptions{
-              .rank = options_.rank,
-              .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
-              .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
-    }
-    if (writes && !options_.metrics_file.empty()) {
-      if (options_.resume_step >= 0) {
-        metrics_.emplace(
-            MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
-      } else {
-        metrics_.emplace(options_.metrics_file + suffix);
-      }
-    }
-    if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
-    if (!writes) trace_path_.clear();
-    resolve_peak();
-    if (options_.gpu_monitor) {
-      gpu_ = std::make_unique<GpuMonitor>(
-          GpuMonitorOptions{.interval_secs = options_.gpu_interval_secs,
-                            .log = options_.rank == 0 ? options_.console : nullptr});
-    }
-  }
+  TRAINKIT_INLINE explicit Monitor(MonitorOptions options = {});
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
-  ~Monitor() {
-    try {
-      close();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "trainkit: closing the monitor failed: %s\n", e.what());
-    }
-  }
+  TRAINKIT_INLINE ~Monitor();
 
   /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
   /// the optimizer steps completed when it ends (see the top of this file).
@@ -27368,50 +28559,11 @@ class Monitor {
   void log_metrics(std::int64_t step, const Map& values) { log_metrics_range(step, values); }
 
   /// Prints a line on rank 0's console without breaking the progress bar.
-  void print(std::string_view line) {
-    if (progress_) {
-      progress_->message(line);
-    } else if (options_.rank == 0 && options_.console != nullptr) {
-      std::fprintf(options_.console, "%.*s\n", static_cast<int>(line.size()), line.data());
-      std::fflush(options_.console);
-    }
-  }
+  TRAINKIT_INLINE void print(std::string_view line);
 
   /// Summarizes the steps since the previous summary now (end_step calls it every log_every
   /// steps; close() for the remainder). Returns the summary, also kept as last_summary().
-  const StepSummary& summarize() {
-    StepSummary s;
-    s.timeline = timeline_.take_window();
-    s.step = s.timeline.last_step;
-    s.steps = s.timeline.steps;
-    s.step_time_s = s.timeline.step_s();
-    const double elapsed = s.timeline.elapsed_s;
-    if (elapsed > 0.0) {
-      s.samples_per_s = window_samples_ / elapsed;
-      s.tokens_per_s = window_tokens_ / elapsed;
-      s.flops_per_s = window_flops_ / elapsed;
-    }
-    s.tokens_per_s_global = s.tokens_per_s * options_.world_size;
-    s.peak_flops = peak_flops_;
-    s.peak_label = peak_label_;
-    if (peak_flops_ > 0.0 && s.flops_per_s > 0.0) s.mfu = s.flops_per_s / peak_flops_;
-    s.data_wait_fraction = s.timeline.fraction(Phase::kDataWait);
-    s.input_bound = s.steps > 0 && s.data_wait_fraction > options_.input_bound_threshold;
-    s.loss_last = loss_last_;
-    s.loss_mean = loss_count_ > 0 ? loss_sum_ / static_cast<double>(loss_count_) : NAN;
-    s.host_memory = host_memory();
-    s.device_memory_used = device_memory_used();
-    device_peak_ = std::max(device_peak_, s.device_memory_used);
-    s.device_memory_used_peak = device_peak_;
-    if (gpu_) s.gpu = gpu_->take_window();
-    window_steps_ = 0;
-    window_samples_ = window_tokens_ = window_flops_ = 0.0;
-    loss_sum_ = 0.0;
-    loss_count_ = 0;
-    if (s.steps > 0) report(s);
-    last_ = std::move(s);
-    return *last_;
-  }
+  TRAINKIT_INLINE const StepSummary& summarize();
 
   /// The latest summary, if any.
   const std::optional<StepSummary>& last_summary() const noexcept { return last_; }
@@ -27426,18 +28578,7 @@ class Monitor {
 
   /// Summarizes the remaining steps, writes the Chrome trace, finishes the progress bar and
   /// flushes and closes the files. Idempotent; the destructor calls it.
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    timeline_.end_step();
-    timeline_.synchronize_device();
-    if (window_steps_ > 0) summarize();
-    if (progress_) progress_->finish();
-    gpu_.reset();
-    if (!trace_path_.empty()) timeline_.write_chrome_trace(trace_path_);
-    if (tensorboard_) tensorboard_->close();
-    if (metrics_) metrics_->close();
-  }
+  TRAINKIT_INLINE void close();
 
  private:
   template <class Range>
@@ -27455,122 +28596,13 @@ class Monitor {
     }
   }
 
-  void resolve_peak() {
-    if (options_.peak_flops > 0.0) {
-      peak_flops_ = options_.peak_flops;
-      peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
-      return;
-    }
-#if TRAINKIT_WITH_CUDA
-    int device = 0;
-    cudaDeviceProp prop{};
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-      if (const DevicePeak* entry = find_device_peak(prop.name)) {
-        peak_flops_ = device_peak_flops(prop.name, options_.precision);
-        peak_label_ = std::string(entry->label) + " " + precision_name(options_.precision);
-        return;
-      }
-    }
-    (void)cudaGetLastError();
-#endif
-    if (options_.measure_cpu_peak) {
-      peak_flops_ = measure_cpu_peak_flops();
-      peak_label_ = "measured CPU fp32";
-    }
-  }
+  TRAINKIT_INLINE void resolve_peak();
 
-  void report(const StepSummary& s) {
-    const std::string line = format_summary(s, options_.total_steps);
-    if (options_.rank == 0) print(line);
-    if (s.input_bound && options_.rank == 0 && summaries_since_warning_ >= 10) {
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "[trainkit] warning: input-bound: data-wait is %.1f%% of step time "
-                    "(threshold %.0f%%); use more loader workers or prefetch deeper",
-                    100.0 * s.data_wait_fraction, 100.0 * options_.input_bound_threshold);
-      print(text);
-      summaries_since_warning_ = 0;
-    } else {
-      ++summaries_since_warning_;
-    }
-    // MFU is never capped: above 100% the peak is wrong, and the line says so once.
-    if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
-      char text[400];
-      std::snprintf(text, sizeof text,
-                    "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
-                    "the peak is too low "
-                    "(a measured one may have been taken while the machine was busy); "
-                    "pass the hardware's peak to get a true MFU",
-                    100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
-      print(text);
-      mfu_warned_ = true;
-    }
-    if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
-    if (metrics_) write_metrics(s);
-  }
+  TRAINKIT_INLINE void report(const StepSummary& s);
 
-  void write_tensorboard(const StepSummary& s) {
-    TensorBoardWriter& tb = *tensorboard_;
-    const std::int64_t step = s.step;
-    tb.add_scalar("perf/step_time_ms", 1e3 * s.step_time_s, step);
-    if (s.samples_per_s > 0.0) tb.add_scalar("perf/samples_per_s", s.samples_per_s, step);
-    if (s.tokens_per_s > 0.0) tb.add_scalar("perf/tokens_per_s", s.tokens_per_s, step);
-    if (s.flops_per_s > 0.0) tb.add_scalar("perf/tflops", 1e-12 * s.flops_per_s, step);
-    if (std::isfinite(s.mfu)) tb.add_scalar("perf/mfu_pct", 100.0 * s.mfu, step);
-    for (std::size_t i = 0; i < kPhaseCount; ++i) {
-      const auto phase = static_cast<Phase>(i);
-      tb.add_scalar(std::string("time/") + phase_name(phase) + "_pct",
-                    100.0 * s.timeline.fraction(phase), step);
-    }
-    if (s.host_memory.peak_rss > 0) {
-      tb.add_scalar("memory/host_peak_rss_gib",
-                    static_cast<double>(s.host_memory.peak_rss) / (1u << 30), step);
-    }
-    if (s.device_memory_used_peak > 0) {
-      tb.add_scalar("memory/device_used_peak_gib",
-                    static_cast<double>(s.device_memory_used_peak) / (1u << 30), step);
-    }
-    if (s.gpu.samples > 0) {
-      tb.add_scalar("gpu/utilization_pct", s.gpu.util_gpu_mean, step);
-      tb.add_scalar("gpu/temperature_c", s.gpu.temperature_max, step);
-      tb.add_scalar("gpu/power_w", s.gpu.power_mean_w, step);
-      tb.add_scalar("gpu/sm_clock_mhz", s.gpu.sm_clock_mean, step);
-      tb.add_scalar("gpu/throttle_reasons", static_cast<double>(s.gpu.throttle_reasons), step);
-    }
-    // Summaries are rare (every log_every steps): putting them on disk at once keeps the
-    // dashboard current and a crashed run's file complete up to its last summary.
-    tb.flush();
-  }
+  TRAINKIT_INLINE void write_tensorboard(const StepSummary& s);
 
-  void write_metrics(const StepSummary& s) {
-    JsonWriter w;
-    w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
-    w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
-    w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
-    w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
-    w.key("tokens_per_s_global").value(s.tokens_per_s_global);
-    w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);
-    w.key("peak_tflops").value(1e-12 * s.peak_flops).key("peak").value(s.peak_label);
-    for (std::size_t i = 0; i < kPhaseCount; ++i) {
-      const auto phase = static_cast<Phase>(i);
-      w.key(std::string(phase_name(phase)) + "_s").value(s.timeline.phase_s(phase));
-    }
-    w.key("other_s").value(s.timeline.other_s()).key("elapsed_s").value(s.timeline.elapsed_s);
-    w.key("data_wait_fraction").value(s.data_wait_fraction).key("input_bound").value(s.input_bound);
-    w.key("host_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.rss));
-    w.key("host_peak_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.peak_rss));
-    w.key("device_used_bytes").value(static_cast<std::int64_t>(s.device_memory_used));
-    if (s.gpu.samples > 0) {
-      w.key("gpu_util_pct").value(s.gpu.util_gpu_mean);
-      w.key("gpu_temperature_c").value(static_cast<std::int64_t>(s.gpu.temperature_max));
-      w.key("gpu_power_w").value(s.gpu.power_mean_w);
-      w.key("gpu_sm_clock_mhz").value(static_cast<std::int64_t>(s.gpu.sm_clock_mean));
-      w.key("gpu_throttle").value(throttle_reason_string(s.gpu.throttle_reasons));
-    }
-    w.end_object();
-    metrics_->write_json(w.str());
-  }
+  TRAINKIT_INLINE void write_metrics(const StepSummary& s);
 
   MonitorOptions options_;
   Timeline timeline_;
@@ -27595,6 +28627,281 @@ class Monitor {
   std::optional<StepSummary> last_;
   bool closed_ = false;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t total_steps) {
+  std::string out = "[trainkit] step " + std::to_string(s.step);
+  if (total_steps > 0) out += "/" + std::to_string(total_steps);
+  char text[160];
+  std::snprintf(text, sizeof text, " | %.4g ms/step", 1e3 * s.step_time_s);
+  out += text;
+  if (s.samples_per_s > 0.0) out += " | " + detail::si(s.samples_per_s) + " samples/s";
+  if (s.tokens_per_s > 0.0) out += " | " + detail::si(s.tokens_per_s) + " tok/s";
+  if (s.flops_per_s > 0.0) {
+    std::snprintf(text, sizeof text, " | %.4g TFLOP/s", 1e-12 * s.flops_per_s);
+    out += text;
+    if (std::isfinite(s.mfu)) {
+      std::snprintf(text, sizeof text, " | MFU %.1f%% of %.4g TFLOP/s (%s)", 100.0 * s.mfu,
+                    1e-12 * s.peak_flops, s.peak_label.c_str());
+      out += text;
+    }
+  }
+  out += " |";
+  constexpr const char* kShort[kPhaseCount] = {"data", "fwd", "bwd", "comm", "opt", "ckpt"};
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const double f = s.timeline.fraction(static_cast<Phase>(i));
+    if (f <= 0.0 && i != 0) continue;
+    std::snprintf(text, sizeof text, " %s %.1f%%", kShort[i], 100.0 * f);
+    out += text;
+  }
+  if (s.timeline.elapsed_s > 0.0) {
+    std::snprintf(text, sizeof text, " other %.1f%%",
+                  100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
+    out += text;
+  }
+  if (std::isfinite(s.loss_last)) {
+    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
+    out += text;
+  }
+  if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
+  if (s.device_memory_used_peak > 0) out += " | device " + detail::bytes(s.device_memory_used_peak);
+  if (s.gpu.samples > 0) {
+    std::snprintf(text, sizeof text, " | gpu %.0f%% %uC %.0fW %uMHz", s.gpu.util_gpu_mean,
+                  s.gpu.temperature_max, s.gpu.power_mean_w, s.gpu.sm_clock_mean);
+    out += text;
+    if (s.gpu.throttle_reasons != 0)
+      out += " throttle " + throttle_reason_string(s.gpu.throttle_reasons);
+  }
+  return out;
+}
+
+TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
+    : options_(std::move(options)),
+      timeline_(TimelineOptions{
+          .trace_capacity = options_.chrome_trace.empty() ? 0 : options_.trace_capacity,
+          .nvtx = options_.nvtx,
+          .rank = options_.rank,
+          .clock = options_.clock}) {
+  TRAINKIT_CHECK(options_.log_every > 0, "Monitor log_every must be positive, got ",
+                 options_.log_every);
+  const bool writes = options_.rank == 0 || options_.all_ranks;
+  const std::string suffix =
+      options_.all_ranks && options_.world_size > 1 ? ".rank" + std::to_string(options_.rank) : "";
+  if (options_.rank == 0 && options_.console != nullptr) {
+    progress_.emplace(ProgressOptions{.total = options_.total_steps,
+                                      .initial = std::max<std::int64_t>(0, options_.resume_step),
+                                      .style = options_.progress,
+                                      .stream = options_.console,
+                                      .clock = options_.clock});
+  }
+  if (!options_.log_dir.empty()) {
+    tensorboard_.emplace(
+        options_.log_dir,
+        TensorBoardOptions{
+            .rank = options_.rank,
+            .rank_mode = options_.all_ranks ? RankMode::kPerRank : RankMode::kRank0Only,
+            .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
+  }
+  if (writes && !options_.metrics_file.empty()) {
+    if (options_.resume_step >= 0) {
+      metrics_.emplace(MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
+    } else {
+      metrics_.emplace(options_.metrics_file + suffix);
+    }
+  }
+  if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
+  if (!writes) trace_path_.clear();
+  resolve_peak();
+  if (options_.gpu_monitor) {
+    gpu_ = std::make_unique<GpuMonitor>(
+        GpuMonitorOptions{.interval_secs = options_.gpu_interval_secs,
+                          .log = options_.rank == 0 ? options_.console : nullptr});
+  }
+}
+
+TRAINKIT_INLINE Monitor::~Monitor() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainkit: closing the monitor failed: %s\n", e.what());
+  }
+}
+
+TRAINKIT_INLINE void Monitor::print(std::string_view line) {
+  if (progress_) {
+    progress_->message(line);
+  } else if (options_.rank == 0 && options_.console != nullptr) {
+    std::fprintf(options_.console, "%.*s\n", static_cast<int>(line.size()), line.data());
+    std::fflush(options_.console);
+  }
+}
+
+TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
+  StepSummary s;
+  s.timeline = timeline_.take_window();
+  s.step = s.timeline.last_step;
+  s.steps = s.timeline.steps;
+  s.step_time_s = s.timeline.step_s();
+  const double elapsed = s.timeline.elapsed_s;
+  if (elapsed > 0.0) {
+    s.samples_per_s = window_samples_ / elapsed;
+    s.tokens_per_s = window_tokens_ / elapsed;
+    s.flops_per_s = window_flops_ / elapsed;
+  }
+  s.tokens_per_s_global = s.tokens_per_s * options_.world_size;
+  s.peak_flops = peak_flops_;
+  s.peak_label = peak_label_;
+  if (peak_flops_ > 0.0 && s.flops_per_s > 0.0) s.mfu = s.flops_per_s / peak_flops_;
+  s.data_wait_fraction = s.timeline.fraction(Phase::kDataWait);
+  s.input_bound = s.steps > 0 && s.data_wait_fraction > options_.input_bound_threshold;
+  s.loss_last = loss_last_;
+  s.loss_mean = loss_count_ > 0 ? loss_sum_ / static_cast<double>(loss_count_) : NAN;
+  s.host_memory = host_memory();
+  s.device_memory_used = device_memory_used();
+  device_peak_ = std::max(device_peak_, s.device_memory_used);
+  s.device_memory_used_peak = device_peak_;
+  if (gpu_) s.gpu = gpu_->take_window();
+  window_steps_ = 0;
+  window_samples_ = window_tokens_ = window_flops_ = 0.0;
+  loss_sum_ = 0.0;
+  loss_count_ = 0;
+  if (s.steps > 0) report(s);
+  last_ = std::move(s);
+  return *last_;
+}
+
+TRAINKIT_INLINE void Monitor::close() {
+  if (closed_) return;
+  closed_ = true;
+  timeline_.end_step();
+  timeline_.synchronize_device();
+  if (window_steps_ > 0) summarize();
+  if (progress_) progress_->finish();
+  gpu_.reset();
+  if (!trace_path_.empty()) timeline_.write_chrome_trace(trace_path_);
+  if (tensorboard_) tensorboard_->close();
+  if (metrics_) metrics_->close();
+}
+
+TRAINKIT_INLINE void Monitor::resolve_peak() {
+  if (options_.peak_flops > 0.0) {
+    peak_flops_ = options_.peak_flops;
+    peak_label_ = options_.peak_label.empty() ? "configured" : options_.peak_label;
+    return;
+  }
+#if TRAINKIT_WITH_CUDA
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    if (const DevicePeak* entry = find_device_peak(prop.name)) {
+      peak_flops_ = device_peak_flops(prop.name, options_.precision);
+      peak_label_ = std::string(entry->label) + " " + precision_name(options_.precision);
+      return;
+    }
+  }
+  (void)cudaGetLastError();
+#endif
+  if (options_.measure_cpu_peak) {
+    peak_flops_ = measure_cpu_peak_flops();
+    peak_label_ = "measured CPU fp32";
+  }
+}
+
+TRAINKIT_INLINE void Monitor::report(const StepSummary& s) {
+  const std::string line = format_summary(s, options_.total_steps);
+  if (options_.rank == 0) print(line);
+  if (s.input_bound && options_.rank == 0 && summaries_since_warning_ >= 10) {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "[trainkit] warning: input-bound: data-wait is %.1f%% of step time "
+                  "(threshold %.0f%%); use more loader workers or prefetch deeper",
+                  100.0 * s.data_wait_fraction, 100.0 * options_.input_bound_threshold);
+    print(text);
+    summaries_since_warning_ = 0;
+  } else {
+    ++summaries_since_warning_;
+  }
+  // MFU is never capped: above 100% the peak is wrong, and the line says so once.
+  if (std::isfinite(s.mfu) && s.mfu > 1.0 && !mfu_warned_ && options_.rank == 0) {
+    char text[400];
+    std::snprintf(text, sizeof text,
+                  "[trainkit] warning: MFU %.1f%% exceeds 100%% of the %.4g TFLOP/s peak (%s): "
+                  "the peak is too low "
+                  "(a measured one may have been taken while the machine was busy); "
+                  "pass the hardware's peak to get a true MFU",
+                  100.0 * s.mfu, 1e-12 * s.peak_flops, s.peak_label.c_str());
+    print(text);
+    mfu_warned_ = true;
+  }
+  if (tensorboard_ && tensorboard_->enabled()) write_tensorboard(s);
+  if (metrics_) write_metrics(s);
+}
+
+TRAINKIT_INLINE void Monitor::write_tensorboard(const StepSummary& s) {
+  TensorBoardWriter& tb = *tensorboard_;
+  const std::int64_t step = s.step;
+  tb.add_scalar("perf/step_time_ms", 1e3 * s.step_time_s, step);
+  if (s.samples_per_s > 0.0) tb.add_scalar("perf/samples_per_s", s.samples_per_s, step);
+  if (s.tokens_per_s > 0.0) tb.add_scalar("perf/tokens_per_s", s.tokens_per_s, step);
+  if (s.flops_per_s > 0.0) tb.add_scalar("perf/tflops", 1e-12 * s.flops_per_s, step);
+  if (std::isfinite(s.mfu)) tb.add_scalar("perf/mfu_pct", 100.0 * s.mfu, step);
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const auto phase = static_cast<Phase>(i);
+    tb.add_scalar(std::string("time/") + phase_name(phase) + "_pct",
+                  100.0 * s.timeline.fraction(phase), step);
+  }
+  if (s.host_memory.peak_rss > 0) {
+    tb.add_scalar("memory/host_peak_rss_gib",
+                  static_cast<double>(s.host_memory.peak_rss) / (1u << 30), step);
+  }
+  if (s.device_memory_used_peak > 0) {
+    tb.add_scalar("memory/device_used_peak_gib",
+                  static_cast<double>(s.device_memory_used_peak) / (1u << 30), step);
+  }
+  if (s.gpu.samples > 0) {
+    tb.add_scalar("gpu/utilization_pct", s.gpu.util_gpu_mean, step);
+    tb.add_scalar("gpu/temperature_c", s.gpu.temperature_max, step);
+    tb.add_scalar("gpu/power_w", s.gpu.power_mean_w, step);
+    tb.add_scalar("gpu/sm_clock_mhz", s.gpu.sm_clock_mean, step);
+    tb.add_scalar("gpu/throttle_reasons", static_cast<double>(s.gpu.throttle_reasons), step);
+  }
+  // Summaries are rare (every log_every steps): putting them on disk at once keeps the
+  // dashboard current and a crashed run's file complete up to its last summary.
+  tb.flush();
+}
+
+TRAINKIT_INLINE void Monitor::write_metrics(const StepSummary& s) {
+  JsonWriter w;
+  w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
+  w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
+  w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
+  w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
+  w.key("tokens_per_s_global").value(s.tokens_per_s_global);
+  w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);
+  w.key("peak_tflops").value(1e-12 * s.peak_flops).key("peak").value(s.peak_label);
+  for (std::size_t i = 0; i < kPhaseCount; ++i) {
+    const auto phase = static_cast<Phase>(i);
+    w.key(std::string(phase_name(phase)) + "_s").value(s.timeline.phase_s(phase));
+  }
+  w.key("other_s").value(s.timeline.other_s()).key("elapsed_s").value(s.timeline.elapsed_s);
+  w.key("data_wait_fraction").value(s.data_wait_fraction).key("input_bound").value(s.input_bound);
+  w.key("host_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.rss));
+  w.key("host_peak_rss_bytes").value(static_cast<std::int64_t>(s.host_memory.peak_rss));
+  w.key("device_used_bytes").value(static_cast<std::int64_t>(s.device_memory_used));
+  if (s.gpu.samples > 0) {
+    w.key("gpu_util_pct").value(s.gpu.util_gpu_mean);
+    w.key("gpu_temperature_c").value(static_cast<std::int64_t>(s.gpu.temperature_max));
+    w.key("gpu_power_w").value(s.gpu.power_mean_w);
+    w.key("gpu_sm_clock_mhz").value(static_cast<std::int64_t>(s.gpu.sm_clock_mean));
+    w.key("gpu_throttle").value(throttle_reason_string(s.gpu.throttle_reasons));
+  }
+  w.end_object();
+  metrics_->write_json(w.str());
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace monitor
 TRAINKIT_NAMESPACE_END
@@ -27642,6 +28949,13 @@ enum class FlagRole : std::uint8_t { kRun, kSession };
 inline constexpr FlagRole kRun = FlagRole::kRun;
 inline constexpr FlagRole kSession = FlagRole::kSession;
 
+/// The values a number flag accepts (every bound optional): `{.at_least = 1}`,
+/// `{.at_least = 0, .below = 1}`. Checked for the command line, --config and adopt().
+struct FlagRange {
+  std::optional<double> at_least = std::nullopt, above = std::nullopt, at_most = std::nullopt,
+                        below = std::nullopt;
+};
+
 /// A set of typed flags bound to the caller's variables (which hold the defaults).
 class Flags {
  public:
@@ -27665,6 +28979,20 @@ class Flags {
     Flag f{std::move(name), std::move(help), role, &value, {}};
     f.default_text = text_of(f);
     flags_.push_back(std::move(f));
+    return *this;
+  }
+  /// The same for a number flag whose values must lie in `range` (see FlagRange). Throws when
+  /// the flag is not a number or its default is outside the range.
+  template <class T>
+  Flags& add(std::string name, T& value, std::string help, FlagRange range,
+             FlagRole role = FlagRole::kRun) {
+    static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                  "train::Flags::add: a range is for number flags");
+    add(std::move(name), value, std::move(help), role);
+    if (range.at_least) limit(*range.at_least, Bound::kAtLeast, ">= ");
+    if (range.above) limit(*range.above, Bound::kAbove, "> ");
+    if (range.at_most) limit(*range.at_most, Bound::kAtMost, "<= ");
+    if (range.below) limit(*range.below, Bound::kBelow, "< ");
     return *this;
   }
 
@@ -27787,6 +29115,7 @@ class Flags {
       if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
       std::string right =
           f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
+      for (const Limit& l : f.limits) right += ", " + l.text;
       right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
       line(left, right);
     }
@@ -27797,12 +29126,45 @@ class Flags {
 
  private:
   using Target = std::variant<bool*, int*, std::int64_t*, double*, float*, std::string*>;
+  enum class Bound : std::uint8_t { kAtLeast, kAbove, kAtMost, kBelow };
+  struct Limit {
+    double bound;
+    Bound kind;
+    std::string text;  // ">= 1", "< 1"
+  };
   struct Flag {
     std::string name, help;
     FlagRole role;
     Target target;
     std::string default_text;
+    std::vector<Limit> limits = {};
   };
+
+  static bool within(double v, const Limit& l) {
+    switch (l.kind) {
+      case Bound::kAtLeast: return v >= l.bound;
+      case Bound::kAbove: return v > l.bound;
+      case Bound::kAtMost: return v <= l.bound;
+      case Bound::kBelow: return v < l.bound;
+    }
+    return false;
+  }
+  static double number_of(const Flag& f) {
+    return std::visit(
+        [](auto* p) -> double {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
+          else return 0.0;
+        },
+        f.target);
+  }
+  void limit(double bound, Bound kind, const char* relation) {
+    Flag& f = flags_.back();
+    Limit l{bound, kind, relation + StateDict::number_to_string(bound)};
+    TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
+                   f.default_text, ", is not ", l.text);
+    f.limits.push_back(std::move(l));
+  }
 
   void check_name(const std::string& name) const {
     bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
@@ -27867,16 +29229,24 @@ class Flags {
             if (ec == std::errc::result_out_of_range) fail("a number in range");
             if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
               fail("a finite number");
+            check_limits(f, double(v), fail);
             *p = v;
           } else {
             T v = 0;
             const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
             if (ec == std::errc::result_out_of_range) fail("an integer in range");
             if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
+            check_limits(f, double(v), fail);
             *p = v;
           }
         },
         f.target);
+  }
+
+  template <class Fail>
+  static void check_limits(const Flag& f, double v, const Fail& fail) {
+    for (const Limit& l : f.limits)
+      if (!within(v, l)) fail("a value " + l.text);
   }
 
   void read_config(const std::string& path) {
@@ -27960,7 +29330,9 @@ TRAINKIT_NAMESPACE_END
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -27974,9 +29346,15 @@ namespace train {
 
 /// What a Loop does; `steps` and `dir` are required.
 struct LoopOptions {
-  std::int64_t steps = 0;           ///< train until this many optimizer steps are completed
-  std::filesystem::path dir;        ///< the run directory: ckpt/, tb/, metrics.jsonl
-  std::int64_t eval_every = 0;      ///< evaluate after every N steps (0: only after the last one)
+  std::int64_t steps = 0;       ///< train until this many optimizer steps are completed
+  std::filesystem::path dir;    ///< the run directory: ckpt/, tb/, metrics.jsonl
+  std::int64_t eval_every = 0;  ///< evaluate after every N steps (0: only after the last one)
+  /// Also evaluate before the first step of a fresh run, logged as step 0 (the untrained
+  /// model's metrics; kept in the checkpoints, so a resumed run reports them too).
+  bool eval_at_start = false;
+  /// Print each evaluation through the monitor: "step N: train loss L | <metric> V ... | lr X"
+  /// (the lr of step N), and "step 0: <metric> V ..." for eval_at_start.
+  bool print_evals = false;
   std::int64_t ckpt_every = 0;      ///< checkpoint after every N steps (0: only the final save)
   double ckpt_every_seconds = 0.0;  ///< also after this many seconds since the last save
   int keep_last = 3;                ///< checkpoints kept besides the best (see Checkpointer)
@@ -28013,8 +29391,10 @@ struct StepContext {
 struct LoopResult {
   std::int64_t step = 0;            ///< steps completed (the checkpoint's number)
   std::int64_t steps_this_run = 0;  ///< steps this process trained
+  double seconds = 0.0;             ///< wall time of those steps (evaluations and saves included)
   float last_loss = NAN;            ///< loss of the last step (NaN when none ran)
   ckpt::Metrics last_eval;          ///< the last evaluate() result
+  ckpt::Metrics first_eval;         ///< the step-0 evaluation (eval_at_start), also after resume
   bool interrupted = false;         ///< stopped by SIGINT / SIGTERM (after a checkpoint)
   std::optional<ckpt::CheckpointInfo> resumed_from;  ///< the checkpoint this run continued
 };
@@ -28059,24 +29439,35 @@ template <class T>
 concept HasStepEnd = requires(T& t, std::int64_t step, float loss) {
   t.on_step_end(step, loss);
 };
+template <class T>
+concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
+  t.on_resume(info);
+};
 
 inline constexpr std::string_view kConfigPrefix = "config.";
+inline constexpr std::string_view kFirstEvalPrefix = "eval_at_start.";
 
 }  // namespace detail
 
 /// A task made of callables, for trainers that keep their model in local variables:
 /// `loop.run(exec, arena, opt, train::task([&](train::StepContext&) { ...; return loss; },
 /// [&] { return ckpt::Metrics{...}; }), schedule)`. The evaluation is optional.
-template <class StepFn, class EvalFn = std::nullptr_t>
+template <class StepFn, class EvalFn = std::nullptr_t, class ResumeFn = std::nullptr_t>
 struct FunctionTask {
   StepFn step_fn;
   EvalFn eval_fn = nullptr;
+  ResumeFn resume_fn = nullptr;
   float step(StepContext& ctx) { return step_fn(ctx); }
   ckpt::Metrics evaluate() requires(!std::is_null_pointer_v<EvalFn>) { return eval_fn(); }
+  void on_resume(const ckpt::CheckpointInfo& info) requires(!std::is_null_pointer_v<ResumeFn>) {
+    resume_fn(info);
+  }
 };
-template <class StepFn, class EvalFn = std::nullptr_t>
-FunctionTask<StepFn, EvalFn> task(StepFn step, EvalFn evaluate = nullptr) {
-  return {std::move(step), std::move(evaluate)};
+/// The evaluation and the resume hook (see Loop::run) are optional.
+template <class StepFn, class EvalFn = std::nullptr_t, class ResumeFn = std::nullptr_t>
+FunctionTask<StepFn, EvalFn, ResumeFn> task(StepFn step, EvalFn evaluate = nullptr,
+                                            ResumeFn on_resume = nullptr) {
+  return {std::move(step), std::move(evaluate), std::move(on_resume)};
 }
 
 /// The training loop. Construct it before building the model: on resume it adopts the saved
@@ -28127,12 +29518,19 @@ class Loop {
   /// samplers, RNG streams, dropout, EMA, ... here before run().
   ckpt::TrainState& state() noexcept { return state_; }
   ckpt::Checkpointer& checkpointer() noexcept { return checkpointer_; }
+  /// The Monitor of the running run() (for print() and spans in hooks); null outside run().
+  monitor::Monitor* monitor() noexcept { return monitor_; }
   const LoopOptions& options() const noexcept { return options_; }
+  /// The settings of the Monitor run() will create (throughput, FLOPs, peak, trace file): for
+  /// what is only known once the model is built (after a resume adopted its sizes).
+  monitor::MonitorOptions& monitor_options() noexcept { return options_.monitor; }
 
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
   /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss
-  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics)
-  /// and optional `task.on_step_end(step, loss)` is called after each step. `schedule` (any
+  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics),
+  /// optional `task.on_step_end(step, loss)` is called after each step and optional
+  /// `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been restored, before
+  /// the first step (to adapt restored state, e.g. a schedule for a longer run). `schedule` (any
   /// type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none) is stepped
   /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
   template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
@@ -28153,6 +29551,12 @@ class Loop {
                      info ? "restored step " + std::to_string(info->step) : "nothing restored",
                      "; see the log above)");
       result.resumed_from = info;
+      std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
+                  static_cast<long long>(info->step));
+      for (const auto& [key, value] : state_.metadata)
+        if (key.starts_with(detail::kFirstEvalPrefix))
+          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
+      if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;
 
@@ -28162,11 +29566,31 @@ class Loop {
     if (mo.log_dir.empty()) mo.log_dir = (options_.dir / "tb").string();
     if (mo.metrics_file.empty()) mo.metrics_file = (options_.dir / "metrics.jsonl").string();
     monitor::Monitor monitor(mo);
+    monitor_ = &monitor;
+    struct Unset {
+      monitor::Monitor*& m;
+      ~Unset() { m = nullptr; }
+    } unset{monitor_};
 
+    if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
+      if (options_.eval_at_start && !resume_from_) {
+        result.first_eval = task.evaluate();
+        monitor.log_metrics(0, result.first_eval);
+        if (options_.print_evals) print_eval(monitor, 0, NAN, result.first_eval, NAN);
+        for (const auto& [k, v] : result.first_eval)
+          state_.metadata[std::string(detail::kFirstEvalPrefix) + k] =
+              StateDict::number_to_string(v);
+      }
+    }
     detail::SignalScope signals(options_.handle_signals);
+    const auto started = std::chrono::steady_clock::now();
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
+      // The lr this step uses (the schedule's last_lr() is that of the next step after step()).
+      const double lr = schedule != nullptr && !schedule->last_lr().empty()
+                            ? schedule->last_lr().front()
+                            : std::numeric_limits<double>::quiet_NaN();
       arena.zero_grad();
       StepContext ctx{step, &monitor};
       const float loss = task.step(ctx);
@@ -28194,8 +29618,7 @@ class Loop {
       ++state_.step;
       ++result.steps_this_run;
       result.last_loss = loss;
-      if (schedule != nullptr && !schedule->last_lr().empty())
-        monitor.log_scalar("train/lr", schedule->last_lr().front());
+      if (std::isfinite(lr)) monitor.log_scalar("train/lr", lr);
 
       ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
       const bool last = state_.step == options_.steps;
@@ -28203,6 +29626,7 @@ class Loop {
         if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
           result.last_eval = task.evaluate();
           monitor.log_metrics(state_.step, result.last_eval);
+          if (options_.print_evals) print_eval(monitor, state_.step, loss, result.last_eval, lr);
           for (const auto& [k, v] : result.last_eval) metrics[k] = v;
         }
       }
@@ -28224,12 +29648,30 @@ class Loop {
       }
     }
     checkpointer_.wait();
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     monitor.close();
     result.step = state_.step;
     return result;
   }
 
  private:
+  static void print_eval(monitor::Monitor& monitor, std::int64_t step, float loss,
+                         const ckpt::Metrics& metrics, double lr) {
+    std::string line = "step " + std::to_string(step) + ":";
+    const char* separator = " ";
+    const auto part = [&](const std::string& name, double value, const char* format) {
+      char text[48];
+      std::snprintf(text, sizeof text, format, value);
+      line += separator + name + " " + text;
+      separator = " | ";
+    };
+    if (std::isfinite(loss)) part("train loss", static_cast<double>(loss), "%.4f");
+    for (const auto& [key, value] : metrics) part(key, value, "%.4f");
+    if (std::isfinite(lr)) part("lr", lr, "%.3g");
+    monitor.print(line);
+  }
+
   /// Ends a run whose step `step` produced a non-finite `what`: closes the logs, lets a
   /// checkpoint in flight finish and throws, naming the newest checkpoint.
   [[noreturn]] void fail_diverged(monitor::Monitor& monitor, std::int64_t step, const char* what,
@@ -28257,6 +29699,7 @@ class Loop {
   ckpt::Checkpointer checkpointer_;
   ckpt::TrainState state_;
   std::optional<ckpt::CheckpointInfo> resume_from_;
+  monitor::Monitor* monitor_ = nullptr;
   bool registered_ = false;
 };
 
