@@ -354,6 +354,75 @@ TEST_CASE("Loop: eval_at_start, printed evaluations, the lr of each step, on_res
   CHECK(second.first_eval.at("val_dist") == first.first_eval.at("val_dist"));
 }
 
+/// The Quadratic task returning its loss as a LossHandle (as a GPU task would).
+struct Deferred : Quadratic {
+  float value = 0.0f;
+  std::vector<std::int64_t> read_at;  // steps whose loss on_step_end saw
+  train::LossHandle step(train::StepContext& ctx) {
+    value = Quadratic::step(ctx);
+    return {&value, tk::Space::kHost};
+  }
+  void on_step_end(std::int64_t step, float loss) {
+    if (!std::isnan(loss)) read_at.push_back(step);
+  }
+};
+
+std::vector<float> deferred_run(const fs::path& dir, Deferred& t, std::int64_t steps = 12) {
+  train::Loop loop({.steps = steps,
+                    .dir = dir,
+                    .ckpt_every = 5,
+                    .clip_grad_norm = 1.0,
+                    .monitor = {.log_every = 4, .console = nullptr}});
+  tk::nn::ParamArena<> arena;
+  t.arena = &arena;
+  t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(3);
+  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
+  loop.state().add("noise", t.rng);
+  loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+  auto w = arena.param<1>(t.id);
+  return std::vector<float>(w.data(), w.data() + w.size(0));
+}
+
+TEST_CASE("Loop: a LossHandle is read only on logging, checkpoint and last steps") {
+  const trainkit_test::TempDir a_dir, b_dir, c_dir;
+  Deferred a;
+  const std::vector<float> deferred = deferred_run(a_dir.path(), a);
+  CHECK(a.read_at == std::vector<std::int64_t>{4, 5, 8, 10, 12});
+  // The same training as a task returning floats (read every step).
+  struct Eager : Quadratic {
+    float step(train::StepContext& ctx) { return Quadratic::step(ctx); }
+  };
+  Eager e;
+  train::Loop loop({.steps = 12,
+                    .dir = b_dir.path(),
+                    .ckpt_every = 5,
+                    .clip_grad_norm = 1.0,
+                    .monitor = {.log_every = 4, .console = nullptr}});
+  tk::nn::ParamArena<> arena;
+  e.arena = &arena;
+  e.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(3);
+  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
+  loop.state().add("noise", e.rng);
+  const train::LoopResult r = loop.run(tk::exec::Host::default_instance(), arena, opt, e);
+  auto w = arena.param<1>(e.id);
+  CHECK(same_bits(deferred, std::vector<float>(w.data(), w.data() + w.size(0))));
+  CHECK(std::isfinite(r.last_loss));
+  // A NaN loss is noticed on the next step that reads it: step 7's is not read, step 8's is.
+  Deferred nan7;
+  nan7.nan_at = 7;
+  deferred_run(c_dir.path(), nan7);
+  CHECK(nan7.read_at == std::vector<std::int64_t>{4, 5, 8, 10, 12});
+  const trainkit_test::TempDir d_dir;
+  Deferred nan8;
+  nan8.nan_at = 8;
+  CHECK_THROWS_WITH_AS(deferred_run(d_dir.path(), nan8),
+                       doctest::Contains("step 8: the loss is nan"), tk::Error);
+}
+
 TEST_CASE("Loop: bad options and refusing to overwrite a run") {
   CHECK_THROWS_WITH_AS(train::Loop({.steps = 0, .dir = "x"}),
                        doctest::Contains("steps must be > 0"), tk::Error);

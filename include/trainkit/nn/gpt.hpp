@@ -72,6 +72,7 @@ struct GptOptions {
 template <Space S = Space::kHost>
 class Gpt {
  public:
+  static constexpr Space space = S;  ///< where parameters and activations live
   /// What forward saves for backward: the embeddings, each block's input, ln_f's output and the
   /// contexts of the blocks and of ln_f (activations in the policy's type, in space S). Keep one
   /// per forward whose backward is still to come; refilling it reuses its memory.

@@ -40,6 +40,7 @@
 #include "trainkit/ckpt/train_state.hpp"
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/monitor/monitor.hpp"
@@ -86,6 +87,23 @@ struct LoopOptions {
   /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
   /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
   monitor::MonitorOptions monitor = {};
+};
+
+/// A loss left in the memory it was computed in (e.g. a float in device memory that the loss
+/// kernel wrote). task.step() may return one instead of a float: the loop then reads it only on
+/// the steps that log (monitor.log_every), evaluate or checkpoint (ckpt_every) and on the last
+/// one, so a GPU step needs no host synchronisation; a non-finite loss is noticed on those steps,
+/// and on_step_end() gets NaN on the others. The memory must hold the loss until the next step.
+struct LossHandle {
+  const float* data = nullptr;
+  Space space = Space::kHost;
+  /// The value (on the device: waits for the work that writes it).
+  float get() const {
+    TRAINKIT_CHECK(data != nullptr, "train::LossHandle::get on an empty handle");
+    float value = 0.0f;
+    copy_bytes(&value, Space::kHost, data, space, sizeof value, "train::LossHandle");
+    return value;
+  }
 };
 
 /// What the task's step sees.
@@ -233,13 +251,13 @@ class Loop {
   monitor::MonitorOptions& monitor_options() noexcept { return options_.monitor; }
 
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
-  /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss
-  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics),
-  /// optional `task.on_step_end(step, loss)` is called after each step and optional
-  /// `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been restored, before
-  /// the first step (to adapt restored state, e.g. a schedule for a longer run). `schedule` (any
-  /// type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none) is stepped
-  /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
+  /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss,
+  /// as a float or a LossHandle (gradients are zeroed before it); optional `task.evaluate()`
+  /// returns metrics (ckpt::Metrics), optional `task.on_step_end(step, loss)` is called after each
+  /// step and optional `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been
+  /// restored, before the first step (to adapt restored state, e.g. a schedule for a longer run).
+  /// `schedule` (any type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none)
+  /// is stepped after each optimizer step; `scaler` is passed to the optimizer's fused step.
   template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
             class Scaler = amp::NoScaler>
   LoopResult run(const E& exec, nn::ParamArena<S>& arena, Opt& opt, Task&& task,
@@ -300,8 +318,23 @@ class Loop {
                             : std::numeric_limits<double>::quiet_NaN();
       arena.zero_grad();
       StepContext ctx{step, &monitor};
-      const float loss = task.step(ctx);
-      if (!std::isfinite(loss)) fail_diverged(monitor, step + 1, "loss", loss);
+      const bool last = step + 1 == options_.steps;
+      const bool evaluating =
+          detail::HasEvaluate<std::remove_cvref_t<Task>> &&
+          (last || (options_.eval_every > 0 && (step + 1) % options_.eval_every == 0));
+      const auto out = task.step(ctx);
+      float loss = std::numeric_limits<float>::quiet_NaN();  // NaN: a handle left unread
+      bool read = true;
+      if constexpr (std::is_convertible_v<decltype(out), float>) {
+        loss = static_cast<float>(out);
+      } else {
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(out)>, LossHandle>,
+                      "train::Loop: task.step() returns the loss as a float or a LossHandle");
+        read = last || evaluating || (step + 1) % std::max<std::int64_t>(1, mo.log_every) == 0 ||
+               (options_.ckpt_every > 0 && (step + 1) % options_.ckpt_every == 0);
+        if (read) loss = out.get();
+      }
+      if (read && !std::isfinite(loss)) fail_diverged(monitor, step + 1, "loss", loss);
       optim::StepResult stepped;
       {
         auto span = monitor.span(monitor::Phase::kOptimizer);
@@ -324,13 +357,13 @@ class Loop {
       }
       ++state_.step;
       ++result.steps_this_run;
-      result.last_loss = loss;
+      if (read) result.last_loss = loss;
       if (std::isfinite(lr)) monitor.log_scalar("train/lr", lr);
 
-      ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
-      const bool last = state_.step == options_.steps;
+      ckpt::Metrics metrics;
+      if (read) metrics["train_loss"] = static_cast<double>(loss);
       if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
-        if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
+        if (evaluating) {
           result.last_eval = task.evaluate();
           monitor.log_metrics(state_.step, result.last_eval);
           if (options_.print_evals) print_eval(monitor, state_.step, loss, result.last_eval, lr);
