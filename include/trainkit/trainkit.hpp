@@ -236,5 +236,7 @@
 #include "trainkit/train/flags.hpp"
 // defines: train::Loop, LoopOptions, StepContext, LoopResult
 #include "trainkit/train/loop.hpp"
+// defines: train::CausalLmTask, CausalLmOptions (a language model's step and evaluation)
+#include "trainkit/train/causal_lm.hpp"
 
 #endif  // TRAINKIT_TRAINKIT_HPP_

@@ -341,6 +341,8 @@ class Loop {
         stepped = opt.step(exec, scaler,
                            optim::ClipGradNorm{.max_norm = options_.clip_grad_norm,
                                                .report_norm = options_.log_grad_norm});
+        // PyTorch's scaler.update(): backoff or growth of the scale from this step's check.
+        if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.update(exec);
         if (schedule != nullptr) schedule->step();
       }
       // Reading the norm and the skip flag of a device arena waits for the GPU: only then every

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: MIT
+// trainkit/train/causal_lm.hpp: `train::CausalLmTask`, the step and the evaluation of a causal
+// language model for train::Loop, on the host or the device and in any precision policy. The
+// batches ("input" and "target" token ids [B, T], as TokenShardDataset gives them) come from a
+// Prefetcher (in device mode on the GPU); the model (e.g. nn::Gpt) maps ids to logits
+// [B*T, V]; the loss is the mean cross-entropy. On the device the step returns the loss as a
+// LossHandle, so nothing waits for the GPU between logging steps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "trainkit/amp/policy.hpp"
+#include "trainkit/ckpt/checkpointer.hpp"
+#include "trainkit/config.hpp"
+#include "trainkit/core/bytes.hpp"
+#include "trainkit/core/tensor.hpp"
+#include "trainkit/core/tensor_view.hpp"
+#include "trainkit/data/prefetcher.hpp"
+#include "trainkit/error.hpp"
+#include "trainkit/exec/cuda.hpp"
+#include "trainkit/exec/host.hpp"
+#include "trainkit/monitor/monitor.hpp"
+#include "trainkit/nn/cross_entropy.hpp"
+#include "trainkit/nn/param_arena.hpp"
+#include "trainkit/train/loop.hpp"
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace train {
+
+/// What a CausalLmTask reads.
+struct CausalLmOptions {
+  data::Prefetcher* train = nullptr;  ///< training batches (required)
+  data::Prefetcher* val = nullptr;    ///< evaluate() runs one epoch of these; null: no metric
+  std::string metric = "val/loss";    ///< the name evaluate() reports the mean loss under
+  /// The loss scale in the arena's memory space (a loss scaler's scale_data()), multiplied into
+  /// the gradients without a host read; null: 1.
+  const float* loss_scale = nullptr;
+};
+
+/// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
+/// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
+/// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
+/// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
+/// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
+/// f32 master weights). The task, the model, the arena and the loaders must outlive the run.
+template <class Model, amp::Policy P = amp::Fp32>
+class CausalLmTask {
+ public:
+  static constexpr Space S = Model::space;
+  using T = amp::activation_t<P>;
+  using Exec = std::conditional_t<S == Space::kHost, exec::Host, exec::Cuda>;
+
+  CausalLmTask(const Exec& exec, Model& model, nn::ParamArena<S>& arena, CausalLmOptions options)
+      : exec_(&exec), model_(&model), arena_(&arena), options_(std::move(options)) {
+    TRAINKIT_CHECK(options_.train != nullptr, "train::CausalLmTask: no training loader");
+  }
+
+  /// One step: the next training batch, forward, the mean cross-entropy, backward (the
+  /// gradients are added to the arena). Returns the loss (a handle into device memory on the
+  /// device).
+  auto step(StepContext& ctx) {
+    data::Batch batch;
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kDataWait);
+      batch = options_.train->next();
+    }
+    const auto ids = view<2>(batch, "input");
+    const auto targets = flat(view<2>(batch, "target"));
+    const auto logits = logits_view(ids.numel());
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kForward);
+      refresh();
+      model_->set_step(static_cast<std::uint32_t>(ctx.step));
+      model_->template forward<P>(*exec_, ctx_, ids, logits);
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, targets, loss_.template view<1>());
+    }
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kBackward);
+      const auto dlogits =
+          make_view<S>(dlogits_.template get<T>(logits.numel()), {logits.size(0), logits.size(1)});
+      if (options_.loss_scale != nullptr)
+        ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits, options_.loss_scale);
+      else ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits);
+      model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+    }
+    if constexpr (S == Space::kHost) {
+      return loss_.data()[0];
+    } else {
+      return LossHandle{loss_.data(), S};
+    }
+  }
+
+  /// The mean loss over one epoch of the validation loader (dropout off), as {metric: value};
+  /// no loader: no metrics. Reads each batch's loss (a host sync per batch on the device).
+  ckpt::Metrics evaluate() {
+    if (options_.val == nullptr) return {};
+    double sum = 0.0, rows = 0.0;
+    refresh();
+    model_->eval();
+    for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
+      const data::Batch batch = options_.val->next();
+      const auto ids = view<2>(batch, "input");
+      const auto logits = logits_view(ids.numel());
+      model_->template forward<P>(*exec_, eval_ctx_, ids, logits);
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat(view<2>(batch, "target")),
+                              loss_.template view<1>());
+      float loss = 0.0f;
+      copy_bytes(&loss, Space::kHost, loss_.data(), S, sizeof loss, "train::CausalLmTask");
+      sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
+      rows += static_cast<double>(ids.size(0));
+    }
+    model_->train();
+    return {{options_.metric, rows > 0.0 ? sum / rows : 0.0}};
+  }
+
+  Model& model() noexcept { return *model_; }
+
+ private:
+  template <int R>
+  static TensorView<const std::int32_t, R, S> view(const data::Batch& batch, const char* name) {
+    if constexpr (S == Space::kHost) {
+      return batch.host<const std::int32_t, R>(name);
+    } else {
+      return batch.device<const std::int32_t, R>(name);
+    }
+  }
+  static TensorView<const std::int32_t, 1, S> flat(TensorView<const std::int32_t, 2, S> v) {
+    return v.template reshape<1>(Extents<1>{{v.numel()}});
+  }
+  TensorView<T, 2, S> logits_view(std::int64_t rows) {
+    const std::int64_t V = model_->options().vocab_size;
+    return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
+  }
+  void refresh() {
+    if constexpr (!std::is_same_v<T, float>) arena_->template refresh_compute_copy<T>(*exec_);
+  }
+
+  const Exec* exec_;
+  Model* model_;
+  nn::ParamArena<S>* arena_;
+  CausalLmOptions options_;
+  typename Model::Context ctx_, eval_ctx_;
+  nn::SoftmaxCrossEntropy<S> ce_;
+  typename nn::SoftmaxCrossEntropy<S>::Context ce_ctx_;
+  nn::detail::Bytes<S> logits_, dlogits_;
+  Tensor<float, S> loss_{Shape{1}};
+};
+
+}  // namespace train
+TRAINKIT_NAMESPACE_END
