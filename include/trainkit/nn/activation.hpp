@@ -24,7 +24,7 @@ template <class T>
 struct ReluForward {
   const T* x;
   T* y;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     const float v = load(x[i]);
     y[i] = store<T>(v < 0.0f ? 0.0f : v);  // NaN stays NaN, as torch.relu
   }
@@ -35,7 +35,7 @@ struct ReluBackward {
   const T* x;
   const T* dy;
   T* dx;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     float g = load(x[i]) > 0.0f ? load(dy[i]) : 0.0f;
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);
@@ -46,7 +46,7 @@ template <class T>
 struct GeluForward {
   const T* x;
   T* y;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     y[i] = store<T>(gelu_approx(load(x[i])));
   }
 };
@@ -56,7 +56,7 @@ struct GeluBackward {
   const T* x;
   const T* dy;
   T* dx;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     float g = load(dy[i]) * gelu_grad_approx(load(x[i]));
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);

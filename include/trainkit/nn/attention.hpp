@@ -46,13 +46,19 @@ struct AttentionArgs {
 };
 
 /// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
+/// The scores are overwritten with exp(s - max) (computed once, summed in lane_sum's order).
 template <class T>
-inline void causal_softmax_row(const float* s, T* p, std::int64_t i, std::int64_t len) {
+inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
   const std::int64_t n = i + 1;
   const float m = lane_max(n, [&](std::int64_t j) { return s[j]; });
-  const float sum = lane_sum(n, [&](std::int64_t j) { return exp_approx(s[j] - m); });
+  lane_map(
+      n, [&](std::int64_t j) { return exp_approx(s[j] - m); },
+      [&](std::int64_t j, float e) { s[j] = e; });
+  const float sum = lane_sum(n, [&](std::int64_t j) { return s[j]; });
   const float inv = 1.0f / sum;
-  for (std::int64_t j = 0; j < n; ++j) p[j] = store<T>(exp_approx(s[j] - m) * inv);
+  lane_map(
+      n, [&](std::int64_t j) { return s[j] * inv; },
+      [&](std::int64_t j, float v) { p[j] = store<T>(v); });
   for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
 }
 
@@ -123,8 +129,9 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
         const float* dpr = dp + i * Tn;
         T* dsr = ds + i * Tn;
         const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
-        for (std::int64_t j = 0; j <= i; ++j)
-          dsr[j] = store<T>(a.scale * load(pr[j]) * (dpr[j] - dot));
+        lane_map(
+            i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
+            [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
         for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
       }
       blas::gemm(

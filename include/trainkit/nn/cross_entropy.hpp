@@ -115,9 +115,13 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
       }
       const float m = a.row_max[r];
       const float log_sum = a.log_sum[r];
-      for (std::int64_t j = 0; j < V; ++j)
-        d[j] = store<T>(
-            cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale, false));
+      lane_map(
+          V,
+          [&](std::int64_t j) {
+            return cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale,
+                                      false);
+          },
+          [&](std::int64_t j, float v) { d[j] = store<T>(v); });
       d[t] = store<T>(
           cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
     }

@@ -77,11 +77,13 @@ void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
         return d * d;
       });
       const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
+      const auto put = [&](std::int64_t c, float v) { y[c] = store<T>(v); };
       if (a.b != nullptr) {
-        for (std::int64_t c = 0; c < C; ++c)
-          y[c] = store<T>((load(x[c]) - m) * s * a.w[c] + a.b[c]);
+        lane_map(
+            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c] + a.b[c]; }, put);
       } else {
-        for (std::int64_t c = 0; c < C; ++c) y[c] = store<T>((load(x[c]) - m) * s * a.w[c]);
+        lane_map(
+            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c]; }, put);
       }
       a.mean[r] = m;
       a.rstd[r] = s;
@@ -109,21 +111,24 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
         const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
         const float sum_gx = lane_sum(
             C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float g = load(dy[c]);
-          pw[c] += g * ((load(x[c]) - m) * s);
-          pb[c] += g;
-        }
+        lane_map(
+            C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
+            [&](std::int64_t c, float v) { pw[c] = v; });
+        lane_map(
+            C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
+            [&](std::int64_t c, float v) { pb[c] = v; });
         const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
         if (dx == nullptr) continue;
         const auto dx_of = [&](std::int64_t c) {
           const float xhat = (load(x[c]) - m) * s;
           return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
         };
+        const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
         if (a.accumulate) {
-          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(load(dx[c]) + dx_of(c));
+          lane_map(
+              C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
         } else {
-          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(dx_of(c));
+          lane_map(C, dx_of, put);
         }
       }
     }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/linear.hpp: `Linear`, y = x W^T + b with W [out, in] like torch.nn.Linear, on
 // blas::gemm (the built-in host kernel or cuBLASLt). The bias is fused into the gemm epilogue,
-// and so is a following GELU (forward_gelu / backward_dgelu), as llm.c does; the bias gradient
+// and so is a following GELU (forward_gelu / backward_dgelu), as llm.c does, on the CPU (AVX2
+// kernel) as on the GPU; the bias gradient
 // is a deterministic column sum (fixed order, no atomics) accumulated into the arena.
 #pragma once
 
@@ -15,6 +16,7 @@
 
 #include "trainkit/amp/policy.hpp"
 #include "trainkit/blas/gemm.hpp"
+#include "trainkit/blas/host_gemm.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
@@ -41,9 +43,16 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t j0 = b * kBlock, w = std::min(kBlock, cols - j0);
       float acc[kBlock] = {};
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const T* row = dy.data() + i * cols + j0;
-        for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
+      if (w == kBlock) {  // a constant trip count: vectorised at -O2 too
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const T* row = dy.data() + i * cols + j0;
+          for (std::int64_t j = 0; j < kBlock; ++j) acc[j] += load(row[j]);
+        }
+      } else {
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const T* row = dy.data() + i * cols + j0;
+          for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
+        }
       }
       for (std::int64_t j = 0; j < w; ++j) db[j0 + j] += acc[j];
     }
@@ -51,12 +60,35 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
   for_rows(host, blocks, rows * kBlock, run);
 }
 
-/// dpre = dpre * gelu'(pre), in place (the host half of the dgelu fusion).
+/// Whether Linear's GELU variants run the GELU (or its derivative) in the gemm's epilogue, on
+/// the tile while it is in registers, instead of in a second pass over [N, width]. On the GPU:
+/// when cuBLASLt takes the aux matrix (its row stride, `width`, a multiple of 8). On the host:
+/// when the built-in gemm runs its AVX2+FMA micro-kernel, whose epilogue evaluates the tanh GELU
+/// 8 lanes at a time (the same function as gelu_approx, also within f32 rounding: relative error
+/// ~1e-7 where |x| < 3, at most ~1e-5 below x = -9 where the exponent's argument itself is that
+/// inexact); elsewhere its portable epilogue would call libm's expf per element, which the
+/// separate pass over exp_approx beats. Either way the result is the same bits for any thread
+/// count: each element is computed once, by one task.
+template <Space S>
+inline bool fused_gelu_epilogue(std::int64_t width) noexcept {
+  if constexpr (S == Space::kDevice) {
+    return width % 8 == 0;
+  } else {
+    (void)width;
+#if TRAINKIT_DETAIL_GEMM_X86
+    return blas::detail::cpu_has_avx2_fma();
+#else
+    return false;
+#endif
+  }
+}
+
+/// dpre = dpre * gelu'(pre), in place (the unfused dgelu).
 template <class T>
 struct DGeluInPlace {
   const T* pre;
   T* d;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     d[i] = store<T>(load(d[i]) * gelu_grad_approx(load(pre[i])));
   }
 };
@@ -185,9 +217,8 @@ class Linear {
     check_io("nn::Linear::forward_gelu", x, y);
     detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
-    if (S == Space::kHost || out_ % 8 != 0) {
-      // Unfused: bias in the gemm epilogue, then a GELU pass. On the host libm's tanhf in the
-      // epilogue would not vectorise; cuBLASLt wants the aux row stride to be a multiple of 8.
+    if (!detail::fused_gelu_epilogue<S>(out_)) {
+      // Unfused: bias in the gemm epilogue, then a GELU pass.
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), pre, o);
       exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
@@ -230,7 +261,7 @@ class Linear {
     detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
-    if (S == Space::kHost || in_ % 8 != 0) {
+    if (!detail::fused_gelu_epilogue<S>(in_)) {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
       exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{pre.data(), dpre.data()});

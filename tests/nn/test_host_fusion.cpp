@@ -1,0 +1,165 @@
+// The host fast paths of the nn layers: Linear's GELU pair in the gemm epilogue (against the
+// separate GELU pass it replaces), lane_map (against a plain loop, bit for bit) and the host
+// residual_backward (every write mode, absent gradients, odd lengths, thread counts).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <trainkit/exec/host.hpp>
+#include <trainkit/nn/activation.hpp>
+#include <trainkit/nn/linear.hpp>
+#include <trainkit/nn/math.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/nn/residual.hpp>
+
+#include "nn_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace nn = trainkit::nn;
+
+template <class T>
+tk::HostView<T, 2> mat(T* p, std::int64_t r, std::int64_t c) {
+  return tk::HostView<T, 2>(p, tk::Extents<2>{{r, c}});
+}
+
+/// max_i |a[i] - b[i]| / max(1, |b[i]|).
+double max_scaled_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    m = std::max(m,
+                 std::fabs(double(a[i]) - double(b[i])) / std::max(1.0, std::fabs(double(b[i]))));
+  return m;
+}
+
+struct GeluPairResult {
+  std::vector<float> pre, g, dpre, grads;
+};
+
+/// forward_gelu of fc and backward_dgelu of proj (the MLP of a GPT block) on x and dy.
+GeluPairResult run_gelu_pair(const tk::exec::Host& host, std::int64_t n, std::int64_t c,
+                             std::int64_t h, float x_scale) {
+  nn::ParamArena<> arena;
+  nn::Linear fc(arena, "c_fc", {.in_features = c, .out_features = h});
+  nn::Linear proj(arena, "c_proj", {.in_features = h, .out_features = c});
+  arena.finalize();
+  arena.initialize(11);
+  const auto x = nntest::random_floats(n * c, 12, x_scale);
+  const auto dy = nntest::random_floats(n * c, 13);
+  GeluPairResult r;
+  r.pre.resize(std::size_t(n * h));
+  r.g.resize(r.pre.size());
+  r.dpre.resize(r.pre.size());
+  fc.forward_gelu(host, mat(x.data(), n, c), mat(r.pre.data(), n, h), mat(r.g.data(), n, h));
+  proj.backward_dgelu(host, mat(r.g.data(), n, h), mat(dy.data(), n, c), mat(r.pre.data(), n, h),
+                      mat(r.dpre.data(), n, h));
+  r.grads.assign(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("Linear: the fused host GELU epilogue matches the separate GELU pass") {
+  // Partial tiles in every direction (37 rows, 70 columns) and inputs up to |x| ~ 30, so the
+  // epilogue's clamps are reached on both sides.
+  const std::int64_t n = 37, c = 40, h = 70;
+  tk::exec::Host host(1);
+  for (const float scale : {1.0f, 30.0f}) {
+    CAPTURE(scale);
+    const GeluPairResult fused = run_gelu_pair(host, n, c, h, scale);
+    // The unfused composition: the bias gemm, then nn::GELU / gelu_grad_approx element-wise.
+    nn::ParamArena<> arena;
+    nn::Linear fc(arena, "c_fc", {.in_features = c, .out_features = h});
+    nn::Linear proj(arena, "c_proj", {.in_features = h, .out_features = c});
+    arena.finalize();
+    arena.initialize(11);
+    const auto x = nntest::random_floats(n * c, 12, scale);
+    const auto dy = nntest::random_floats(n * c, 13);
+    std::vector<float> pre(fused.pre.size()), g(pre.size()), dpre(pre.size());
+    fc.forward(host, mat(x.data(), n, c), mat(pre.data(), n, h));
+    nn::GELU().forward(host, mat(static_cast<const float*>(pre.data()), n, h), mat(g.data(), n, h));
+    std::vector<float> dg(pre.size());
+    proj.backward(host, mat(static_cast<const float*>(g.data()), n, h), mat(dy.data(), n, c),
+                  mat(dg.data(), n, h));
+    for (std::size_t i = 0; i < dpre.size(); ++i)
+      dpre[i] = dg[i] * nn::detail::gelu_grad_approx(pre[i]);
+
+    CHECK(fused.pre == pre);  // the same bias epilogue arithmetic
+    CHECK(max_scaled_diff(fused.g, g) < 2e-6);
+    CHECK(max_scaled_diff(fused.dpre, dpre) < 2e-6);
+    for (float v : fused.g) REQUIRE(std::isfinite(v));
+    for (float v : fused.dpre) REQUIRE(std::isfinite(v));
+    // Far left of zero GELU is -0-ish, far right it is x.
+    for (std::size_t i = 0; i < pre.size(); ++i) {
+      if (pre[i] < -20.0f) CHECK(std::fabs(fused.g[i]) < 1e-30f);
+      if (pre[i] > 20.0f) CHECK(fused.g[i] == pre[i]);
+    }
+  }
+}
+
+TEST_CASE("Linear: the fused GELU pair gives the same bits for 1 and 2 threads") {
+  const std::int64_t n = 300, c = 64, h = 256;  // big enough for the gemm to use the pool
+  tk::exec::Host one(1), two(2);
+  const GeluPairResult a = run_gelu_pair(one, n, c, h, 2.0f);
+  const GeluPairResult b = run_gelu_pair(two, n, c, h, 2.0f);
+  CHECK(a.pre == b.pre);
+  CHECK(a.g == b.g);
+  CHECK(a.dpre == b.dpre);
+  CHECK(a.grads == b.grads);
+}
+
+TEST_CASE("lane_map: the plain loop's values and bits, every length, nothing past n") {
+  const auto x = nntest::random_floats(64, 21, 20.0f);
+  for (std::int64_t n = 0; n <= 41; ++n) {
+    CAPTURE(n);
+    std::vector<float> want(48, -7.0f), got(48, -7.0f);
+    for (std::int64_t j = 0; j < n; ++j) want[std::size_t(j)] = nn::detail::gelu_approx(x[j]);
+    nn::detail::lane_map(
+        n, [&](std::int64_t j) { return nn::detail::gelu_approx(x[std::size_t(j)]); },
+        [&](std::int64_t j, float v) { got[std::size_t(j)] = v; });
+    bool same_bits = true;
+    for (std::size_t j = 0; j < want.size(); ++j)
+      same_bits = same_bits &&
+                  std::bit_cast<std::uint32_t>(want[j]) == std::bit_cast<std::uint32_t>(got[j]);
+    CHECK(same_bits);
+  }
+}
+
+TEST_CASE("residual_backward (host): write modes, absent gradients, odd lengths, threads") {
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{13}, std::int64_t{100003}}) {
+    CAPTURE(n);
+    const auto dout = nntest::random_floats(n, 31);
+    const auto a0 = nntest::random_floats(n, 32);
+    const auto b0 = nntest::random_floats(n, 33);
+    const tk::HostView<const float, 1> dv(dout.data(), tk::Extents<1>{{n}});
+    auto view = [&](std::vector<float>& v) { return tk::HostView<float, 1>(v.data(), {{n}}); };
+    for (const int threads : {1, 2}) {
+      tk::exec::Host host(threads);
+      std::vector<float> da = a0, db = b0;
+      nn::residual_backward(host, dv, view(da), view(db), nn::Write::kAccumulate,
+                            nn::Write::kOverwrite);
+      bool ok = true;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto k = std::size_t(i);
+        ok = ok && da[k] == a0[k] + dout[k] && db[k] == dout[k];
+      }
+      CHECK(ok);
+      // One destination absent: the other is still written, in either mode.
+      std::vector<float> only = b0;
+      nn::residual_backward(host, dv, tk::HostView<float, 1>(), view(only), nn::Write::kOverwrite,
+                            nn::Write::kAccumulate);
+      ok = true;
+      for (std::int64_t i = 0; i < n; ++i)
+        ok = ok && only[std::size_t(i)] == b0[std::size_t(i)] + dout[std::size_t(i)];
+      CHECK(ok);
+      std::vector<float> first = a0;
+      nn::residual_backward(host, dv, view(first), tk::HostView<float, 1>());
+      CHECK(first == dout);
+    }
+  }
+}
