@@ -94,17 +94,16 @@ int main(int argc, char** argv) try {
     ++step_index;
   };
 
-  std::string curve;
+  std::vector<float> curve;
   for (std::int64_t s = 0; s < curve_steps; ++s) {
     step();
-    char line[64];
-    std::snprintf(line, sizeof line, "%lld,%.9g\n", (long long)s, double(loss));
-    curve += line;
+    curve.push_back(loss);
   }
   if (!curve_path.empty()) {
     std::FILE* f = std::fopen(curve_path.c_str(), "w");
     if (f == nullptr) return 2;
-    std::fputs(curve.c_str(), f);
+    for (std::size_t s = 0; s < curve.size(); ++s)
+      std::fprintf(f, "%zu,%.9g\n", s, double(curve[s]));
     std::fclose(f);
   }
   if (profile_steps > 0) {

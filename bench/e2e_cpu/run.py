@@ -26,7 +26,7 @@ import harness as h
 B, T = 16, 64
 TOKENS = B * T
 WINDOWS, CURVE_STEPS, SEED = 20, 20, 1337
-ROUNDS, WARMUP = 20, 3
+ROUNDS, WARMUP = 25, 3
 COMPILE_CAP_S = 240  # torch.compile gets this long for its first steps, then it is skipped
 CURVE_TOL = 1e-3
 ROOT, OUT = h.ROOT, h.BIN
@@ -229,15 +229,22 @@ if max(float(load_start.split()[0]), float(load_end.split()[0])) > 1.5:
 
 
 def ratio(b, peer, t):
-    """trainkit tokens/s over the peer's (= peer time / trainkit time)."""
+    """trainkit tokens/s over the peer's (= peer time / trainkit time), from the medians."""
     return med[f"{labels[peer]} {t}t"] / med[f"{labels[b]} {t}t"]
+
+
+def min_ratio(b, peer, t):
+    """The same from each case's fastest sample: less sensitive to other work on the machine."""
+    return min(samples[f"{labels[peer]} {t}t"]) / min(samples[f"{labels[b]} {t}t"])
 
 
 for t in (1, 2):
     for b in builds:
-        line = f"  {t} thread(s), {labels[b]}: {ratio(b, 'eager', t):.2f}x torch eager"
+        line = (f"  {t} thread(s), {labels[b]}: {ratio(b, 'eager', t):.2f}x torch eager "
+                f"(fastest samples: {min_ratio(b, 'eager', t):.2f}x)")
         if f"{labels['compile']} {t}t" in med:
-            line += f", {ratio(b, 'compile', t):.2f}x torch.compile"
+            line += (f", {ratio(b, 'compile', t):.2f}x torch.compile (fastest samples: "
+                     f"{min_ratio(b, 'compile', t):.2f}x)")
         print(line)
 if "compile" in skipped:
     print(f"  torch.compile ratios: none (skipped: {skipped['compile']})")
