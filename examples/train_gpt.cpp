@@ -1,19 +1,20 @@
 // SPDX-License-Identifier: MIT
-// train_gpt: trainkit's flagship example: a byte-level GPT (nn::Gpt) trained on real text with
-// train::Loop: AdamW (nanoGPT's betas; no decay of biases and norms), warmup + cosine LR, clipping,
-// llm.c token shards through a shuffling Prefetcher, progress / TensorBoard / metrics.jsonl / MFU,
-// checkpoints (exact --resume, damaged ones skipped). `--help` lists the flags. Build: the CMake
-// target, or  g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread -o train_gpt
-// Writes to --out: data/{train,val}.bin, ckpt/step_*/ (model.safetensors: nanoGPT's names), tb/,
-// metrics.jsonl, trace.json. "step N" counts completed optimizer steps (step 0: the first eval);
-// a resume with a larger --steps (no --decay-steps) follows the schedule of a run that long.
+// train_gpt: trainkit's flagship example: a byte-level GPT (nn::Gpt) trained on text with
+// train::Loop on the CPU or a GPU (--device, --precision): AdamW, warmup + cosine LR, clipping,
+// llm.c token shards through a shuffling Prefetcher, TensorBoard / metrics.jsonl / MFU, exact
+// --resume. Build: the CMake target (train_gpt_cuda: nvcc), or with the single header:
+//   g++ -std=c++20 -O2 -I single_include examples/train_gpt.cpp -pthread -o train_gpt
+// "step N" counts completed optimizer steps (step 0: the first evaluation); a resume with a
+// larger --steps (no --decay-steps) follows the schedule of a run that long. `--help`: flags.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,16 +29,16 @@ namespace data = tk::data;
 using tk::train::kSession;
 
 constexpr std::int64_t kVocab = 256;  // byte-level: every file is valid input
+constexpr bool kCudaBuild = TRAINKIT_WITH_CUDA && TRAINKIT_CUDA_COMPILER;  // nvcc, CUDA tier
 
 struct Config {
   std::int64_t steps = 300, batch = 16, seq = 64, layers = 4, dim = 128, heads = 4, seed = 1337;
   std::int64_t warmup = 0, decay_steps = 0, log_every = 25, eval_every = 50, eval_batches = 8;
   std::int64_t ckpt_every = 100, keep = 3, sample_chars = 240, threads = 0;
-  double lr = 3e-3, weight_decay = 0.1, grad_clip = 1.0, dropout = 0.0, peak_tflops = 0.0;
-  double temperature = 0.8;
+  double lr = 3e-3, wd = 0.1, grad_clip = 1.0, dropout = 0.0, peak_tflops = 0.0, temperature = 0.8;
   bool tie_weights = false, resume = false, allow_fresh_start = false, check = false;
   std::string out = "runs/train_gpt", data = "/usr/share/common-licenses", prompt = "The ";
-  std::string init_from;
+  std::string init_from, device = "cpu", precision = "fp32";
 };
 
 void add_flags(tk::train::Flags& f, Config& c) {
@@ -49,10 +50,13 @@ void add_flags(tk::train::Flags& f, Config& c) {
       .add("heads", c.heads, "attention heads", {.at_least = 1})
       .add("tie-weights", c.tie_weights, "lm_head shares transformer.wte's weight (GPT-2)")
       .add("init-from", c.init_from, "start from these weights (.safetensors, PyTorch names)")
+      .add("device", c.device, "cpu, or cuda (a build by nvcc: the train_gpt_cuda target)",
+           kSession)
+      .add("precision", c.precision, "fp32, tf32, bf16 or fp16 (dynamic loss scaling)")
       .add("lr", c.lr, "peak learning rate of AdamW", {.above = 0})
       .add("seed", c.seed, "seed of initialisation, data order, dropout, sampling", {.at_least = 0})
       .add("dropout", c.dropout, "dropout after the embeddings", {.at_least = 0, .below = 1})
-      .add("weight-decay", c.weight_decay, "AdamW weight decay of the matrices", {.at_least = 0})
+      .add("weight-decay", c.wd, "AdamW weight decay of the matrices", {.at_least = 0})
       .add("grad-clip", c.grad_clip, "clip the gradient norm to X, 0 = off", {.at_least = 0})
       .add("warmup", c.warmup, "linear warmup steps (0: decay-steps / 10)", {.at_least = 0})
       .add("decay-steps", c.decay_steps, "warmup + cosine length (0: --steps)", {.at_least = 0})
@@ -104,6 +108,126 @@ std::string read_corpus(const fs::path& path) {
   return text;
 }
 
+/// What main prepares for train(): the settings, the loop and the datasets.
+struct Run {
+  Config& c;
+  tk::train::Loop& loop;
+  std::size_t corpus_bytes;
+  const data::TokenShardDataset &train_set, &val_set;
+  bool extend;  // a resume with a longer schedule (from planned_decay to c.steps)
+  std::int64_t planned_decay;
+};
+
+/// Builds the model, optimizer and data on `exec` (host or GPU) in policy P, and trains.
+template <class P, class E>
+int train(Run& run, const E& exec) {
+  constexpr tk::Space S = tk::exec::is_cuda_executor_v<E> ? tk::Space::kDevice : tk::Space::kHost;
+  Config& c = run.c;
+  nn::ParamArena<S> arena;
+  nn::Gpt<S> model(arena, {.vocab_size = kVocab,
+                           .block_size = c.seq,
+                           .n_layer = c.layers,
+                           .n_head = c.heads,
+                           .n_embd = c.dim,
+                           .tie_weights = c.tie_weights,
+                           .dropout = float(c.dropout),
+                           .seed = std::uint64_t(c.seed)});
+  arena.finalize();
+  arena.initialize(std::uint64_t(c.seed));
+  if (!c.init_from.empty() &&
+      !run.loop.resuming()) {  // a resumed run's weights are its checkpoint's
+    const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
+    std::printf("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
+                c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
+  }
+  tk::optim::AdamW<S> opt(arena, {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.wd},
+                          {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
+  const tk::optim::WarmupCosineOptions plan{
+      .warmup_steps = c.warmup, .total_steps = c.decay_steps, .eta_min = 0.1 * c.lr};
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), plan);
+  data::RandomSampler sampler(run.train_set.size(), std::uint64_t(c.seed));
+  auto loader = data::make_prefetcher(exec, run.train_set, sampler,
+                                      {.batch_size = std::size_t(c.batch), .drop_last = true});
+  auto val = data::make_prefetcher(exec, run.val_set, data::SequentialSampler(run.val_set.size()),
+                                   {.batch_size = std::size_t(c.batch)});
+  run.loop.state().add("loader", *loader).add("sampler", sampler).add("dropout", model.dropout());
+
+  std::string where = "cuda";
+  if constexpr (S == tk::Space::kHost) where = std::to_string(exec.num_threads()) + " threads";
+  std::printf(
+      "train_gpt: %lld parameters (%lld layers, dim %lld, %lld heads, context %lld%s) | "
+      "%zu-byte corpus: %zu train, %zu val windows | %s, %s\n",
+      (long long)arena.num_parameters(), (long long)c.layers, (long long)c.dim, (long long)c.heads,
+      (long long)c.seq, c.tie_weights ? ", tied head" : "", run.corpus_bytes, run.train_set.size(),
+      run.val_set.size(), where.c_str(), c.precision.c_str());
+  const std::int64_t tokens = c.batch * c.seq;
+  tk::monitor::MonitorOptions& mo = run.loop.monitor_options();
+  mo.log_every = c.log_every;
+  mo.chrome_trace = (fs::path(c.out) / "trace.json").string();
+  mo.tokens_per_step = double(tokens);
+  mo.flops_per_step = tk::monitor::transformer_flops_per_step(
+      double(model.matmul_parameters()), int(c.layers), int(c.heads), int(c.dim / c.heads),
+      int(c.seq), double(tokens));
+  for (int i = 0; i < 4; ++i)  // the precision picks the GPU's peak
+    if (c.precision == precision_name(tk::monitor::Precision(i)))
+      mo.precision = decltype(mo.precision)(i);
+  mo.peak_flops = 1e12 * c.peak_tflops;  // 0: the GPU's table entry, or measured on the CPU
+  if constexpr (S == tk::Space::kHost) {
+    if (c.peak_tflops == 0) mo.peak_flops = tk::monitor::measure_cpu_peak_flops(exec.num_threads());
+    mo.peak_label = c.peak_tflops > 0 ? "configured" : "measured: FMA rate of the threads";
+  }
+
+  constexpr bool fp16 = std::is_same_v<P, tk::amp::Fp16>;  // loss scaling, skipping overflows
+  auto scaler = [&] {
+    if constexpr (fp16) return tk::optim::DynamicScaler(exec);
+    else return tk::amp::NoScaler{};
+  }();
+  const float* loss_scale = nullptr;
+  if constexpr (fp16) loss_scale = scaler.scale_data();
+  auto on_resume = [&](const tk::ckpt::CheckpointInfo& info) {
+    if (!run.extend) return;
+    std::printf(
+        "train_gpt: the schedule now decays until step %lld (--decay-steps %lld keeps it)\n",
+        (long long)c.steps, (long long)run.planned_decay);
+    tk::optim::replay_schedule(*schedule, opt.lr_groups(), info.step, [&](auto& groups) {
+      return tk::optim::warmup_cosine(groups, plan);
+    });
+  };
+  tk::train::CausalLmTask<nn::Gpt<S>, P> task(
+      exec, model, arena,
+      {.train = loader.get(), .val = val.get(), .loss_scale = loss_scale, .on_resume = on_resume});
+  const tk::train::LoopResult r = run.loop.run(exec, arena, opt, task, schedule.get(), scaler);
+
+  const double last_val =
+      r.last_eval.count("val/loss") ? r.last_eval.at("val/loss") : task.evaluate().at("val/loss");
+  const double first_val = r.first_eval.count("val/loss") ? r.first_eval.at("val/loss") : NAN;
+  std::printf(
+      "train_gpt: step %lld | train loss %.4f -> %.4f (mean of the last %d steps; last 0x%08x) | "
+      "val loss %.4f -> %.4f | %.1f ms/step over %lld steps\n",
+      (long long)r.step, r.first_loss, r.recent_loss, r.recent_count,
+      unsigned(std::bit_cast<std::uint32_t>(r.last_loss)), first_val, last_val,
+      r.steps_this_run > 0 ? 1e3 * r.seconds / double(r.steps_this_run) : 0.0,
+      (long long)r.steps_this_run);
+
+  std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
+  for (auto& t : prompt) t &= 0xff;
+  if (prompt.empty()) prompt.push_back('\n');
+  tk::PhiloxStream rng(std::uint64_t(c.seed), /*stream=*/0x5a3e);
+  std::string sample;
+  task.refresh_weights();
+  typename nn::Gpt<S>::Context gen;
+  for (std::int32_t t :
+       model.template generate<P>(exec, gen, prompt, c.sample_chars, c.temperature, rng))
+    sample.push_back(t == '\n' || t == '\t' || t >= 32 ? char(t) : '?');  // no control bytes
+  std::printf("---- sample (temperature %.2g, %lld bytes) ----\n%s%s\n----\n", c.temperature,
+              (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
+
+  if (!c.check) return 0;
+  const bool ok = r.recent_loss < r.first_loss && last_val < first_val;
+  std::printf("train_gpt: --check %s\n", ok ? "passed" : "FAILED: the loss did not fall");
+  return ok ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -113,6 +237,10 @@ int main(int argc, char** argv) try {
   add_flags(flags, c);
   if (!flags.parse(argc, argv)) return 0;
   TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
+  tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
+  TRAINKIT_CHECK(c.device == "cpu" || (c.device == "cuda" && kCudaBuild), "--device '", c.device,
+                 "' is not cpu or, in an nvcc build (train_gpt_cuda), cuda");
+  TRAINKIT_CHECK(c.device == "cpu" || tk::cuda::device_count() > 0, "--device cuda: no GPU here");
   if (!c.resume) resolved(c);  // bad schedule flags fail before anything is written
   const std::string text = read_corpus(c.data);
   TRAINKIT_CHECK(text.size() / 10 > std::size_t(c.seq) + 1, "the corpus (", text.size(),
@@ -153,143 +281,14 @@ int main(int argc, char** argv) try {
       std::vector{out / "data" / "val.bin"},
       {.seq_len = T, .stride = want > 1 ? std::max(T, val_tokens / (want - 1)) : T});
 
-  tk::exec::Host exec = c.threads > 0 ? tk::exec::Host(int(c.threads)) : tk::exec::Host();
-  nn::ParamArena<> arena;
-  nn::Gpt model(arena, {.vocab_size = kVocab,
-                        .block_size = c.seq,
-                        .n_layer = c.layers,
-                        .n_head = c.heads,
-                        .n_embd = c.dim,
-                        .tie_weights = c.tie_weights,
-                        .dropout = float(c.dropout),
-                        .seed = std::uint64_t(c.seed)});
-  arena.finalize();
-  arena.initialize(std::uint64_t(c.seed));
-  if (!c.init_from.empty() && !loop.resuming()) {  // a resumed run's weights are its checkpoint's
-    const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
-    std::printf("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
-                c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
-  }
-  tk::optim::AdamW<> opt(arena,
-                         {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.weight_decay},
-                         {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
-  const tk::optim::WarmupCosineOptions plan{
-      .warmup_steps = c.warmup, .total_steps = c.decay_steps, .eta_min = 0.1 * c.lr};
-  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), plan);
-  data::RandomSampler sampler(train_set.size(), std::uint64_t(c.seed));
-  data::Prefetcher loader(train_set, sampler,
-                          {.batch_size = std::size_t(c.batch), .drop_last = true, .name = "train"});
-  data::SequentialSampler in_order(val_set.size());
-  data::Prefetcher val_loader(val_set, in_order,
-                              {.batch_size = std::size_t(c.batch), .name = "val"});
-  loop.state().add("loader", loader).add("sampler", sampler).add("dropout", model.dropout());
-
-  const std::int64_t tokens = c.batch * c.seq;
-  std::printf(
-      "train_gpt: %lld parameters (%lld layers, dim %lld, %lld heads, context %lld%s) | "
-      "%zu-byte corpus: %zu train, %zu val windows | %d threads\n",
-      (long long)arena.num_parameters(), (long long)c.layers, (long long)c.dim, (long long)c.heads,
-      (long long)c.seq, c.tie_weights ? ", tied head" : "", text.size(), train_set.size(),
-      val_set.size(), exec.num_threads());
-  tk::monitor::MonitorOptions& mo = loop.monitor_options();
-  mo.log_every = c.log_every;
-  mo.chrome_trace = (out / "trace.json").string();
-  mo.tokens_per_step = double(tokens);
-  mo.flops_per_step = tk::monitor::transformer_flops_per_step(
-      double(model.matmul_parameters()), int(c.layers), int(c.heads), int(c.dim / c.heads),
-      int(c.seq), double(tokens));
-  mo.peak_flops = c.peak_tflops > 0 ? 1e12 * c.peak_tflops
-                                    : tk::monitor::measure_cpu_peak_flops(exec.num_threads());
-  mo.peak_label = c.peak_tflops > 0 ? "configured" : "measured: FMA rate of the threads";
-
-  nn::Gpt<>::Context ctx, eval_ctx;
-  nn::SoftmaxCrossEntropy<> ce;
-  nn::SoftmaxCrossEntropy<>::Context ce_ctx;
-  tk::Tensor<float> logits(tk::Shape{tokens, kVocab}), dlogits(logits.shape());
-  std::vector<double> recent;  // train losses of the last steps of this process
-  float loss = NAN;
-  auto step = [&](tk::train::StepContext& s) {
-    data::Batch batch;
-    {
-      auto span = s.monitor->span(tk::monitor::Phase::kDataWait);
-      batch = loader.next();
-    }
-    const auto ids = batch.host<std::int32_t, 2>("input");
-    const auto targets = batch.host<std::int32_t, 2>("target").reshape<1>({{tokens}});
-    {
-      auto span = s.monitor->span(tk::monitor::Phase::kForward);
-      model.set_step(std::uint32_t(s.step));
-      model.forward(exec, ctx, ids, logits.view<2>());
-      ce.forward(exec, ce_ctx, logits.view<2>(), targets, tk::make_view(&loss, {1}));
-    }
-    {
-      auto span = s.monitor->span(tk::monitor::Phase::kBackward);
-      ce.backward(exec, ce_ctx, logits.view<2>(), targets, dlogits.view<2>());
-      model.backward(exec, ctx, ids, dlogits.view<2>());
-    }
-    if (s.step == 0) loop.state().metadata["initial_loss"] = tk::StateDict::number_to_string(loss);
-    recent.push_back(loss);
-    if (recent.size() > 10) recent.erase(recent.begin());
-    return loss;
+  Run run{c, loop, text.size(), train_set, val_set, extend, planned_decay};
+  const auto train_on = [&](const auto& exec) {  // one run-time choice of the policy
+    return tk::amp::visit_policy(c.precision, [&]<class P>() { return train<P>(run, exec); });
   };
-  // Mean loss (nats per byte) over the validation windows, dropout off.
-  auto evaluate = [&] {
-    double sum = 0.0;
-    model.eval();
-    for (std::size_t b = 0; b < val_loader.batches_per_epoch(); ++b) {
-      const data::Batch batch = val_loader.next();
-      const auto ids = batch.host<std::int32_t, 2>("input");
-      const auto l = tk::make_view(logits.data(), {ids.numel(), kVocab});
-      float batch_loss = 0.0f;
-      model.forward(exec, eval_ctx, ids, l);
-      ce.forward(exec, ce_ctx, l, batch.host<std::int32_t, 2>("target").reshape<1>({{ids.numel()}}),
-                 tk::make_view(&batch_loss, {1}));
-      sum += double(batch_loss) * double(ids.size(0));
-    }
-    model.train();
-    return tk::ckpt::Metrics{{"val/loss", sum / double(val_set.size())}};
-  };
-  auto on_resume = [&](const tk::ckpt::CheckpointInfo& info) {
-    if (!extend) return;
-    std::printf(
-        "train_gpt: the schedule now decays until step %lld (--decay-steps %lld keeps it)\n",
-        (long long)c.steps, (long long)planned_decay);
-    tk::optim::replay_schedule(*schedule, opt.lr_groups(), info.step, [&](auto& groups) {
-      return tk::optim::warmup_cosine(groups, plan);
-    });
-  };
-  const tk::train::LoopResult r =
-      loop.run(exec, arena, opt, tk::train::task(step, evaluate, on_resume), schedule.get());
-
-  const double val =
-      r.last_eval.count("val/loss") ? r.last_eval.at("val/loss") : evaluate().at("val/loss");
-  const double initial_val = r.first_eval.count("val/loss") ? r.first_eval.at("val/loss") : NAN;
-  const auto& meta = loop.state().metadata;
-  const double initial = meta.count("initial_loss") ? std::stod(meta.at("initial_loss")) : NAN;
-  double final_loss = recent.empty() ? NAN : 0.0;
-  for (double l : recent) final_loss += l / double(recent.size());
-  const auto bits = std::bit_cast<std::uint32_t>(r.last_loss);
-  std::printf(
-      "train_gpt: step %lld | train loss %.4f -> %.4f (mean of the last %zu steps; last "
-      "0x%08x) | val loss %.4f -> %.4f | %.1f ms/step over %lld steps\n",
-      (long long)r.step, initial, final_loss, recent.size(), unsigned(bits), initial_val, val,
-      r.steps_this_run > 0 ? 1e3 * r.seconds / double(r.steps_this_run) : 0.0,
-      (long long)r.steps_this_run);
-
-  std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
-  for (auto& t : prompt) t &= 0xff;
-  if (prompt.empty()) prompt.push_back('\n');
-  tk::PhiloxStream rng(std::uint64_t(c.seed), /*stream=*/0x5a3e);
-  std::string sample;
-  for (std::int32_t t : model.generate(exec, eval_ctx, prompt, c.sample_chars, c.temperature, rng))
-    sample.push_back(t == '\n' || t == '\t' || t >= 32 ? char(t) : '?');  // no control bytes
-  std::printf("---- sample (temperature %.2g, %lld bytes) ----\n%s%s\n----\n", c.temperature,
-              (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
-
-  if (!c.check) return 0;
-  const bool ok = std::isfinite(final_loss) && final_loss < initial && val < initial_val;
-  std::printf("train_gpt: --check %s\n", ok ? "passed" : "FAILED: the loss did not fall");
-  return ok ? 0 : 3;
+#if TRAINKIT_WITH_CUDA && TRAINKIT_CUDA_COMPILER
+  if (c.device == "cuda") return train_on(tk::exec::Cuda());
+#endif
+  return train_on(c.threads > 0 ? tk::exec::Host(int(c.threads)) : tk::exec::Host());
 } catch (const std::exception& e) {
   std::string_view what =
       e.what();  // "trainkit: --steps is ..." -> "train_gpt: error: --steps ..."

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # tools/gpu_check.sh [results-dir]: everything trainkit checks on an NVIDIA GPU, in one short run
 # (< 8 minutes): configures the CUDA tier for sm_90 in build-gpu/, builds, runs the ctest labels
-# `cuda` and `nccl`, then the GPU benchmarks (`bench/run gpu`: names ending in _gpu or gpu = 1 in
+# `cuda` and `nccl`, the flagship train_gpt_cuda (fp32 losses against the CPU build, bf16 and fp16
+# runs whose loss falls, compute-sanitizer memcheck), then the GPU benchmarks (`bench/run gpu`: names ending in _gpu or gpu = 1 in
 # their bench.conf). Prints a table and writes it, with every log, to results-dir (default $OUT,
 # else ./gpu-results). Exit: 0 all passed, 1 something failed, 2 no usable GPU/toolchain here.
 # Environment: TRAINKIT_GPU_CHECK_BUDGET (seconds, default 470), TRAINKIT_GPU_CHECK_BUILD_DIR
@@ -118,6 +119,60 @@ if ((RC == 0)); then
       FAILED=1
     fi
   done
+fi
+
+# ---- the flagship on the GPU ----------------------------------------------------------------------
+# fp32 on the GPU against the CPU build from the same seed and data (30 steps, the loss of every
+# step from metrics.jsonl: within 2e-3 relative, the drift of two f32 reduction orders over 30
+# Adam steps); bf16 and fp16 runs of 200 steps whose loss must fall (--check); compute-sanitizer
+# memcheck on a 3-step bf16 run.
+TG="$BUILD/examples/train_gpt"
+if [[ -x ${TG}_cuda && -x $TG ]]; then
+  flag=(--steps 30 --log-every 1 --eval-every 30 --sample-chars 0 --dropout 0 --seed 7)
+  rm -rf "$RES/tg_cpu" "$RES/tg_gpu"
+  step train_gpt_cpu_fp32 120 "$TG" "${flag[@]}" --out "$RES/tg_cpu"
+  cpu_rc=$RC
+  step train_gpt_gpu_fp32 120 "${TG}_cuda" "${flag[@]}" --device cuda --out "$RES/tg_gpu"
+  if ((RC == 0 && cpu_rc == 0)); then
+    cmp=$(python3 - "$RES/tg_cpu/metrics.jsonl" "$RES/tg_gpu/metrics.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(set(a) & set(b))
+worst = max((abs(a[s] - b[s]) / abs(a[s]), s) for s in steps) if steps else (float("inf"), 0)
+print(f"{len(steps)} steps, max rel diff {worst[0]:.2e} at step {worst[1]}")
+sys.exit(0 if len(steps) == 30 and worst[0] <= 2e-3 else 1)
+PY
+)
+    if (($? == 0)); then row "train_gpt fp32 gpu=cpu" ok "$cmp"; else
+      row "train_gpt fp32 gpu=cpu" FAIL "$cmp"; FAILED=1; fi
+  else
+    row "train_gpt fp32 gpu=cpu" FAIL "cpu status $cpu_rc, gpu $(outcome) (train_gpt_*_fp32.log)"
+    FAILED=1
+  fi
+  for p in bf16 fp16; do
+    rm -rf "$RES/tg_$p"
+    step "train_gpt_gpu_$p" 120 "${TG}_cuda" --device cuda --precision "$p" --steps 200 \
+      --check --out "$RES/tg_$p"
+    if ((RC == 0)); then
+      row "train_gpt $p 200 steps" ok "$(grep -o 'train loss [^|]*| val loss [^|]*| [0-9.]* ms/step' \
+        "$RES/train_gpt_gpu_$p.log" | tail -n 1)"
+    else
+      row "train_gpt $p 200 steps" FAIL "$(outcome) (train_gpt_gpu_$p.log)"; FAILED=1
+    fi
+  done
+  if command -v compute-sanitizer > /dev/null || [[ -x $CUDA_HOME/bin/compute-sanitizer ]]; then
+    rm -rf "$RES/tg_memcheck"
+    step memcheck 120 "$CUDA_HOME/bin/compute-sanitizer" --tool memcheck --error-exitcode 9 \
+      "${TG}_cuda" --device cuda --precision bf16 --steps 3 --sample-chars 4 --eval-batches 1 \
+      --out "$RES/tg_memcheck"
+    if ((RC == 0)); then row "memcheck train_gpt" ok "3 bf16 steps, no error"; else
+      row "memcheck train_gpt" FAIL "$(outcome) (memcheck.log)"; FAILED=1; fi
+  fi
+else
+  row "train_gpt on the GPU" FAIL "$TG or ${TG}_cuda was not built"
+  FAILED=1
 fi
 
 # ---- GPU benchmarks -----------------------------------------------------------------------------

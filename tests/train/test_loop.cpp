@@ -134,6 +134,7 @@ TEST_CASE("Loop: a run cut into pieces ends bit for bit where one run does") {
     CHECK(res.steps_this_run == 20 - cut);
     CHECK(same_bits(resumed, straight));
     CHECK(res.last_loss == whole.last_loss);
+    CHECK(res.first_loss == whole.first_loss);  // kept in the checkpoint
   }
 }
 
@@ -385,11 +386,11 @@ std::vector<float> deferred_run(const fs::path& dir, Deferred& t, std::int64_t s
   return std::vector<float>(w.data(), w.data() + w.size(0));
 }
 
-TEST_CASE("Loop: a LossHandle is read only on logging, checkpoint and last steps") {
+TEST_CASE("Loop: a LossHandle is read only on the first, logging, checkpoint and last steps") {
   const trainkit_test::TempDir a_dir, b_dir, c_dir;
   Deferred a;
   const std::vector<float> deferred = deferred_run(a_dir.path(), a);
-  CHECK(a.read_at == std::vector<std::int64_t>{4, 5, 8, 10, 12});
+  CHECK(a.read_at == std::vector<std::int64_t>{1, 4, 5, 8, 10, 12});
   // The same training as a task returning floats (read every step).
   struct Eager : Quadratic {
     float step(train::StepContext& ctx) { return Quadratic::step(ctx); }
@@ -411,11 +412,15 @@ TEST_CASE("Loop: a LossHandle is read only on logging, checkpoint and last steps
   auto w = arena.param<1>(e.id);
   CHECK(same_bits(deferred, std::vector<float>(w.data(), w.data() + w.size(0))));
   CHECK(std::isfinite(r.last_loss));
+  // first_loss and the mean of the last 10 losses read (all 12 read here, float losses).
+  REQUIRE(r.recent_count == 10);
+  CHECK(std::isfinite(r.first_loss));
+  CHECK(r.recent_loss < r.first_loss);
   // A NaN loss is noticed on the next step that reads it: step 7's is not read, step 8's is.
   Deferred nan7;
   nan7.nan_at = 7;
   deferred_run(c_dir.path(), nan7);
-  CHECK(nan7.read_at == std::vector<std::int64_t>{4, 5, 8, 10, 12});
+  CHECK(nan7.read_at == std::vector<std::int64_t>{1, 4, 5, 8, 10, 12});
   const trainkit_test::TempDir d_dir;
   Deferred nan8;
   nan8.nan_at = 8;

@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/blas/gemm_options.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/core/half.hpp"
+#include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace amp {
@@ -143,6 +145,19 @@ constexpr void check_optimizer_grad() {
                 "accumulate backward into the ParamArena's f32 grad buffer (trainkit layers do) "
                 "or cast the gradients to f32 "
                 "(unscaling them first under amp::Fp16)");
+}
+
+/// Calls `f.template operator()<P>()` (e.g. a lambda `[&]<class P>() { ... }`) with the policy
+/// named `name` — "fp32", "tf32", "bf16" or "fp16", as a --precision flag spells them — and
+/// returns its result: one run-time choice, then everything compiled for that policy. Throws
+/// naming the four choices for any other name.
+template <class F>
+decltype(auto) visit_policy(std::string_view name, F&& f) {
+  if (name == "fp32") return f.template operator()<Fp32>();
+  if (name == "tf32") return f.template operator()<Tf32>();
+  if (name == "bf16") return f.template operator()<Bf16>();
+  TRAINKIT_CHECK(name == "fp16", "precision '", name, "' is not fp32, tf32, bf16 or fp16");
+  return f.template operator()<Fp16>();
 }
 
 }  // namespace amp

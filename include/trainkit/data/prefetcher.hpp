@@ -34,6 +34,7 @@
 #include "trainkit/cuda/device.hpp"
 #include "trainkit/data/dataset.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/exec/executor.hpp"
 
 #if TRAINKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -383,6 +384,19 @@ class Prefetcher {
   std::vector<cuda::Event> released_;
 #endif
 };
+
+/// A Prefetcher feeding work on `exec`: host batches for exec::Host; for exec::Cuda, device mode
+/// (batches copied to the current device on a side stream that exec's stream waits on).
+template <class E, Dataset D, Sampler S>
+std::unique_ptr<Prefetcher> make_prefetcher(const E& exec, const D& dataset, S sampler,
+                                            PrefetchOptions options) {
+  if constexpr (exec::is_cuda_executor_v<E>) {
+    return std::make_unique<Prefetcher>(dataset, std::move(sampler), std::move(options),
+                                        exec.stream());
+  } else {
+    return std::make_unique<Prefetcher>(dataset, std::move(sampler), std::move(options));
+  }
+}
 
 #if TRAINKIT_IMPL
 

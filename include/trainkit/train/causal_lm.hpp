@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 
@@ -37,6 +38,8 @@ struct CausalLmOptions {
   /// The loss scale in the arena's memory space (a loss scaler's scale_data()), multiplied into
   /// the gradients without a host read; null: 1.
   const float* loss_scale = nullptr;
+  /// Called after the Loop restored a checkpoint (Loop's on_resume hook), e.g. to switch schedules.
+  std::function<void(const ckpt::CheckpointInfo&)> on_resume = {};
 };
 
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
@@ -71,7 +74,7 @@ class CausalLmTask {
     const auto logits = logits_view(ids.numel());
     {
       auto span = ctx.monitor->span(monitor::Phase::kForward);
-      refresh();
+      refresh_weights();
       model_->set_step(static_cast<std::uint32_t>(ctx.step));
       model_->template forward<P>(*exec_, ctx_, ids, logits);
       ce_.template forward<P>(*exec_, ce_ctx_, logits, targets, loss_.template view<1>());
@@ -97,7 +100,7 @@ class CausalLmTask {
   ckpt::Metrics evaluate() {
     if (options_.val == nullptr) return {};
     double sum = 0.0, rows = 0.0;
-    refresh();
+    refresh_weights();
     model_->eval();
     for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
       const data::Batch batch = options_.val->next();
@@ -115,7 +118,16 @@ class CausalLmTask {
     return {{options_.metric, rows > 0.0 ? sum / rows : 0.0}};
   }
 
+  void on_resume(const ckpt::CheckpointInfo& info) {
+    if (options_.on_resume) options_.on_resume(info);
+  }
+
   Model& model() noexcept { return *model_; }
+  /// Refreshes the arena's compute copy for P (a no-op for f32 policies): after the optimizer's
+  /// last step, before using the model outside the task (generation, export).
+  void refresh_weights() {
+    if constexpr (!std::is_same_v<T, float>) arena_->template refresh_compute_copy<T>(*exec_);
+  }
 
  private:
   template <int R>
@@ -132,9 +144,6 @@ class CausalLmTask {
   TensorView<T, 2, S> logits_view(std::int64_t rows) {
     const std::int64_t V = model_->options().vocab_size;
     return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
-  }
-  void refresh() {
-    if constexpr (!std::is_same_v<T, float>) arena_->template refresh_compute_copy<T>(*exec_);
   }
 
   const Exec* exec_;

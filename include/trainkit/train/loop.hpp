@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -91,9 +92,10 @@ struct LoopOptions {
 
 /// A loss left in the memory it was computed in (e.g. a float in device memory that the loss
 /// kernel wrote). task.step() may return one instead of a float: the loop then reads it only on
-/// the steps that log (monitor.log_every), evaluate or checkpoint (ckpt_every) and on the last
-/// one, so a GPU step needs no host synchronisation; a non-finite loss is noticed on those steps,
-/// and on_step_end() gets NaN on the others. The memory must hold the loss until the next step.
+/// the first step and the steps that log (monitor.log_every), evaluate or checkpoint
+/// (ckpt_every) and the last one, so a GPU step needs no host synchronisation; a non-finite loss is
+/// noticed on those steps, and on_step_end() gets NaN on the others. The memory must hold the loss
+/// until the next step.
 struct LossHandle {
   const float* data = nullptr;
   Space space = Space::kHost;
@@ -118,9 +120,14 @@ struct LoopResult {
   std::int64_t steps_this_run = 0;  ///< steps this process trained
   double seconds = 0.0;             ///< wall time of those steps (evaluations and saves included)
   float last_loss = NAN;            ///< loss of the last step (NaN when none ran)
-  ckpt::Metrics last_eval;          ///< the last evaluate() result
-  ckpt::Metrics first_eval;         ///< the step-0 evaluation (eval_at_start), also after resume
-  bool interrupted = false;         ///< stopped by SIGINT / SIGTERM (after a checkpoint)
+  float first_loss = NAN;  ///< loss of the run's first step (kept in checkpoints: also on resume)
+  /// Mean of the last (up to 10) losses this process read, and how many: every step's for a
+  /// float loss, the logging steps' for a LossHandle.
+  double recent_loss = NAN;
+  int recent_count = 0;
+  ckpt::Metrics last_eval;   ///< the last evaluate() result
+  ckpt::Metrics first_eval;  ///< the step-0 evaluation (eval_at_start), also after resume
+  bool interrupted = false;  ///< stopped by SIGINT / SIGTERM (after a checkpoint)
   std::optional<ckpt::CheckpointInfo> resumed_from;  ///< the checkpoint this run continued
 };
 
@@ -171,6 +178,7 @@ concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
 
 inline constexpr std::string_view kConfigPrefix = "config.";
 inline constexpr std::string_view kFirstEvalPrefix = "eval_at_start.";
+inline constexpr const char* kFirstLossKey = "loop.first_loss";
 
 }  // namespace detail
 
@@ -281,6 +289,8 @@ class Loop {
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
           result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
+      if (state_.metadata.count(detail::kFirstLossKey))
+        result.first_loss = std::stof(state_.metadata.at(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;
@@ -309,6 +319,8 @@ class Loop {
     }
     detail::SignalScope signals(options_.handle_signals);
     const auto started = std::chrono::steady_clock::now();
+    std::array<float, 10> recent{};  // the last losses read, a ring
+    int recent_count = 0;
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
@@ -330,7 +342,8 @@ class Loop {
       } else {
         static_assert(std::is_same_v<std::remove_cvref_t<decltype(out)>, LossHandle>,
                       "train::Loop: task.step() returns the loss as a float or a LossHandle");
-        read = last || evaluating || (step + 1) % std::max<std::int64_t>(1, mo.log_every) == 0 ||
+        read = step == 0 || last || evaluating ||
+               (step + 1) % std::max<std::int64_t>(1, mo.log_every) == 0 ||
                (options_.ckpt_every > 0 && (step + 1) % options_.ckpt_every == 0);
         if (read) loss = out.get();
       }
@@ -359,7 +372,14 @@ class Loop {
       }
       ++state_.step;
       ++result.steps_this_run;
-      if (read) result.last_loss = loss;
+      if (read) {
+        result.last_loss = loss;
+        if (step == 0) {
+          result.first_loss = loss;
+          state_.metadata[detail::kFirstLossKey] = StateDict::number_to_string(loss);
+        }
+        recent[static_cast<std::size_t>(recent_count++) % recent.size()] = loss;
+      }
       if (std::isfinite(lr)) monitor.log_scalar("train/lr", lr);
 
       ckpt::Metrics metrics;
@@ -392,6 +412,12 @@ class Loop {
     checkpointer_.wait();
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.recent_count = std::min<int>(recent_count, static_cast<int>(recent.size()));
+    if (result.recent_count > 0) {
+      double sum = 0.0;
+      for (int i = 0; i < result.recent_count; ++i) sum += static_cast<double>(recent[i]);
+      result.recent_loss = sum / result.recent_count;
+    }
     monitor.close();
     result.step = state_.step;
     return result;
@@ -405,7 +431,7 @@ class Loop {
     const auto part = [&](const std::string& name, double value, const char* format) {
       char text[48];
       std::snprintf(text, sizeof text, format, value);
-      line += separator + name + " " + text;
+      line.append(separator).append(name).append(" ").append(text);
       separator = " | ";
     };
     if (std::isfinite(loss)) part("train loss", static_cast<double>(loss), "%.4f");
