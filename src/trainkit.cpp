@@ -23,4 +23,35 @@ template void host_gemm_2d<float, float, float>(const exec::Host*, const GemmSha
 template void host_bias_grad<float, float>(const exec::Host*, const OperandRef<float>&,
                                            std::int64_t, std::int64_t, float*);
 }  // namespace blas::detail
+namespace nn {
+template ParamId ParamArena<Space::kHost>::add(std::string, Shape, Init);
+template void ParamArena<Space::kHost>::finalize();
+template ParamId ParamArena<Space::kHost>::at(std::string_view) const;
+template StateDict ParamArena<Space::kHost>::state_dict() const;
+template void ParamArena<Space::kHost>::load_state_dict(const StateDict&);
+template void ParamArena<Space::kHost>::initialize(std::uint64_t);
+template void ParamArena<Space::kHost>::initialize(ParamId, const Init&, std::uint64_t);
+template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::add_state(std::string);
+template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::state(std::string_view);
+template std::vector<std::string> ParamArena<Space::kHost>::state_names() const;
+}  // namespace nn
+namespace optim {
+template FusedOptimizer<detail::AdamWRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, AdamWOptions, std::vector<GroupRule>);
+template StateDict FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict() const;
+template void FusedOptimizer<detail::AdamWRule, Space::kHost>::load_state_dict(const StateDict&);
+template std::string FusedOptimizer<detail::AdamWRule, Space::kHost>::state_layout(
+    const AdamWOptions&);
+template void FusedOptimizer<detail::AdamWRule, Space::kHost>::allocate_states();
+template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::AdamWRule, Space::kHost>::state_buffers() const;
+template FusedOptimizer<detail::SGDRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, SGDOptions, std::vector<GroupRule>);
+template StateDict FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict() const;
+template void FusedOptimizer<detail::SGDRule, Space::kHost>::load_state_dict(const StateDict&);
+template std::string FusedOptimizer<detail::SGDRule, Space::kHost>::state_layout(const SGDOptions&);
+template void FusedOptimizer<detail::SGDRule, Space::kHost>::allocate_states();
+template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::SGDRule, Space::kHost>::state_buffers() const;
+}  // namespace optim
 TRAINKIT_NAMESPACE_END

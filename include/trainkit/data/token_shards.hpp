@@ -52,43 +52,8 @@ class TokenShardDataset {
 
   /// Maps and validates every shard. Throws trainkit::Error naming the shard for a wrong magic,
   /// version or size (a truncated shard), and when no shard holds a whole window.
-  TokenShardDataset(const std::vector<std::filesystem::path>& shards,
-                    const TokenShardOptions& options)
-      : options_(options) {
-    TRAINKIT_CHECK(options_.seq_len > 0, "TokenShardDataset: seq_len must be > 0");
-    if (options_.stride == 0) options_.stride = options_.seq_len;
-    const DType t = options_.token_dtype;
-    TRAINKIT_CHECK(t == DType::kI32 || t == DType::kI64 || t == DType::kU16 || t == DType::kU32,
-                   "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
-                   dtype_name(t));
-    TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
-    // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
-    // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
-    const std::size_t field_bytes =
-        checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ",
-                    options_.seq_len, " tokens of ", dtype_name(t));
-    TRAINKIT_CHECK(
-        options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
-            field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
-        "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
-    window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
-    const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
-    fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
-    std::size_t total = 0;
-    for (const std::filesystem::path& path : shards) {
-      Shard s;
-      s.file = io::MappedFile(path, io::MapAccess::kNormal);
-      open_shard(s);
-      const std::size_t window = window_;
-      s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
-      total = checked_add(total, s.windows, "TokenShardDataset: total window count");
-      s.first = total - s.windows;
-      shards_.push_back(std::move(s));
-    }
-    size_ = total;
-    TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
-                   "'... holds a window of seq_len + 1 = ", window_, " tokens");
-  }
+  TRAINKIT_INLINE TokenShardDataset(const std::vector<std::filesystem::path>& shards,
+                                    const TokenShardOptions& options);
 
   /// Number of windows over all shards.
   std::size_t size() const noexcept { return size_; }
@@ -98,20 +63,7 @@ class TokenShardDataset {
   std::size_t shard_tokens(std::size_t k) const { return shards_.at(k).tokens; }
 
   /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1).
-  void read(std::size_t i, const SampleRef& out) const {
-    TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
-    const Shard& s = shard_of(i);
-    const std::size_t start = (i - s.first) * options_.stride;
-    const std::size_t T = options_.seq_len;
-    const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
-    if (s.wide) {
-      convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
-      convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
-    } else {
-      convert(reinterpret_cast<const std::uint16_t*>(base) + start, T, out, 0);
-      convert(reinterpret_cast<const std::uint16_t*>(base) + start + 1, T, out, 1);
-    }
-  }
+  TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   std::string describe(std::size_t i) const {
     if (i >= size_) return "window " + std::to_string(i) + " (out of range)";
@@ -132,48 +84,9 @@ class TokenShardDataset {
     return {names.begin(), names.end()};
   }
 
-  void open_shard(Shard& s) const {
-    const std::string& path = s.file.path();
-    TRAINKIT_CHECK(s.file.size() >= kTokenShardHeaderBytes, "token shard '", path,
-                   "': truncated: ", s.file.size(), " bytes, shorter than the ",
-                   kTokenShardHeaderBytes, "-byte header");
-    std::int32_t header[3];
-    std::memcpy(header, s.file.data(), sizeof header);
-    if (header[0] == kTokenShardMagicGpt2) {
-      TRAINKIT_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1],
-                     " with the GPT-2 magic; expected version 1");
-    } else if (header[0] == kTokenShardMagicLlama3) {
-      TRAINKIT_CHECK(header[1] == 7, "token shard '", path, "': version ", header[1],
-                     " with the Llama-3 magic; expected version 7");
-      s.wide = true;
-    } else {
-      TRAINKIT_FAIL("token shard '", path, "': bad magic ", header[0], " (expected ",
-                    kTokenShardMagicGpt2, " for llm.c GPT-2 shards or ", kTokenShardMagicLlama3,
-                    " for Llama-3 shards): not a token shard");
-    }
-    TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
-    s.tokens = static_cast<std::size_t>(header[2]);
-    const std::size_t width = s.wide ? 4 : 2;
-    const std::size_t expected =
-        checked_add(kTokenShardHeaderBytes,
-                    checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
-                    "token shard '", path, "': file size");
-    TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
-                   " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
-                   expected, " bytes (",
-                   s.file.size() < expected ? "truncated" : "trailing garbage", ")");
-    TRAINKIT_CHECK(!(s.wide && options_.token_dtype == DType::kU16), "token shard '", path,
-                   "' holds uint32 tokens, which do not fit token_dtype U16");
-  }
+  TRAINKIT_INLINE void open_shard(Shard& s) const;
 
-  const Shard& shard_of(std::size_t i) const {
-    // The last shard whose first window is <= i (shards with no windows are skipped over).
-    auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
-                               [](std::size_t v, const Shard& s) { return v < s.first; });
-    --it;
-    while (it->windows == 0 || i >= it->first + it->windows) ++it;
-    return *it;
-  }
+  TRAINKIT_INLINE const Shard& shard_of(std::size_t i) const;
 
   template <class Src>
   void convert(const Src* src, std::size_t n, const SampleRef& out, std::size_t field) const {
@@ -208,8 +121,108 @@ class TokenShardDataset {
 
 /// Writes `tokens` as one llm.c shard at `path`, replacing it atomically: the GPT-2 format
 /// (magic 20240520, version 1, uint16 tokens). Throws when the count does not fit the header.
-inline void write_token_shard(const std::filesystem::path& path,
-                              std::span<const std::uint16_t> tokens) {
+TRAINKIT_INLINE void write_token_shard(const std::filesystem::path& path,
+                                       std::span<const std::uint16_t> tokens);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TokenShardDataset::TokenShardDataset(
+    const std::vector<std::filesystem::path>& shards, const TokenShardOptions& options)
+    : options_(options) {
+  TRAINKIT_CHECK(options_.seq_len > 0, "TokenShardDataset: seq_len must be > 0");
+  if (options_.stride == 0) options_.stride = options_.seq_len;
+  const DType t = options_.token_dtype;
+  TRAINKIT_CHECK(t == DType::kI32 || t == DType::kI64 || t == DType::kU16 || t == DType::kU32,
+                 "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
+                 dtype_name(t));
+  TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
+  // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
+  // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
+  const std::size_t field_bytes =
+      checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ", options_.seq_len,
+                  " tokens of ", dtype_name(t));
+  TRAINKIT_CHECK(
+      options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
+          field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+      "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
+  window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
+  const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
+  fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
+  std::size_t total = 0;
+  for (const std::filesystem::path& path : shards) {
+    Shard s;
+    s.file = io::MappedFile(path, io::MapAccess::kNormal);
+    open_shard(s);
+    const std::size_t window = window_;
+    s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
+    total = checked_add(total, s.windows, "TokenShardDataset: total window count");
+    s.first = total - s.windows;
+    shards_.push_back(std::move(s));
+  }
+  size_ = total;
+  TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
+                 "'... holds a window of seq_len + 1 = ", window_, " tokens");
+}
+
+TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out) const {
+  TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
+  const Shard& s = shard_of(i);
+  const std::size_t start = (i - s.first) * options_.stride;
+  const std::size_t T = options_.seq_len;
+  const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
+  if (s.wide) {
+    convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
+    convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
+  } else {
+    convert(reinterpret_cast<const std::uint16_t*>(base) + start, T, out, 0);
+    convert(reinterpret_cast<const std::uint16_t*>(base) + start + 1, T, out, 1);
+  }
+}
+
+TRAINKIT_INLINE void TokenShardDataset::open_shard(Shard& s) const {
+  const std::string& path = s.file.path();
+  TRAINKIT_CHECK(s.file.size() >= kTokenShardHeaderBytes, "token shard '", path,
+                 "': truncated: ", s.file.size(), " bytes, shorter than the ",
+                 kTokenShardHeaderBytes, "-byte header");
+  std::int32_t header[3];
+  std::memcpy(header, s.file.data(), sizeof header);
+  if (header[0] == kTokenShardMagicGpt2) {
+    TRAINKIT_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1],
+                   " with the GPT-2 magic; expected version 1");
+  } else if (header[0] == kTokenShardMagicLlama3) {
+    TRAINKIT_CHECK(header[1] == 7, "token shard '", path, "': version ", header[1],
+                   " with the Llama-3 magic; expected version 7");
+    s.wide = true;
+  } else {
+    TRAINKIT_FAIL("token shard '", path, "': bad magic ", header[0], " (expected ",
+                  kTokenShardMagicGpt2, " for llm.c GPT-2 shards or ", kTokenShardMagicLlama3,
+                  " for Llama-3 shards): not a token shard");
+  }
+  TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
+  s.tokens = static_cast<std::size_t>(header[2]);
+  const std::size_t width = s.wide ? 4 : 2;
+  const std::size_t expected = checked_add(
+      kTokenShardHeaderBytes, checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
+      "token shard '", path, "': file size");
+  TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
+                 " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
+                 expected, " bytes (", s.file.size() < expected ? "truncated" : "trailing garbage",
+                 ")");
+  TRAINKIT_CHECK(!(s.wide && options_.token_dtype == DType::kU16), "token shard '", path,
+                 "' holds uint32 tokens, which do not fit token_dtype U16");
+}
+
+TRAINKIT_INLINE const TokenShardDataset::Shard& TokenShardDataset::shard_of(std::size_t i) const {
+  // The last shard whose first window is <= i (shards with no windows are skipped over).
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
+                             [](std::size_t v, const Shard& s) { return v < s.first; });
+  --it;
+  while (it->windows == 0 || i >= it->first + it->windows) ++it;
+  return *it;
+}
+
+TRAINKIT_INLINE void write_token_shard(const std::filesystem::path& path,
+                                       std::span<const std::uint16_t> tokens) {
   TRAINKIT_CHECK(tokens.size() <= std::size_t(std::numeric_limits<std::int32_t>::max()),
                  "write_token_shard '", path.string(), "': ", tokens.size(),
                  " tokens do not fit the header's int32 count");
@@ -219,6 +232,8 @@ inline void write_token_shard(const std::filesystem::path& path,
                                                std::as_bytes(tokens)};
   io::write_file_atomic(path, pieces);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END

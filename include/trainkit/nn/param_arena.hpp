@@ -115,46 +115,11 @@ class ParamArena {
   /// Registers a parameter of `shape` named `name` (its PyTorch state-dict name) and returns its
   /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name or
   /// after finalize().
-  ParamId add(std::string name, Shape shape, Init init = Init::zeros()) {
-    TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
-                   "') after finalize(): register every parameter before finalizing");
-    TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
-    TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
-                   "ParamArena::add: duplicate parameter "
-                   "name '",
-                   name, "'");
-    TRAINKIT_CHECK(infos_.size() < std::size_t{0x7fffffff}, "ParamArena: too many parameters");
-    ParamInfo info;
-    info.shape = shape;
-    info.numel = shape.numel();
-    info.offset = end_;
-    info.init = init;
-    end_ += round_up(info.numel);
-    info.name = std::move(name);
-    const ParamId id{static_cast<std::int32_t>(infos_.size())};
-    by_name_.emplace(info.name, id.index);
-    infos_.push_back(std::move(info));
-    return id;
-  }
+  TRAINKIT_INLINE ParamId add(std::string name, Shape shape, Init init = Init::zeros());
 
   /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
   /// when called twice.
-  void finalize() {
-    TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
-    params_ = Tensor<float, S>(Shape{end_});
-    grads_ = Tensor<float, S>(Shape{end_});
-    detail::zero_fill(params_);
-    detail::zero_fill(grads_);
-    static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
-    std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
-    for (const ParamInfo& p : infos_)
-      for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
-        valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
-            static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
-    block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
-    upload(block_valid_.data(), valid.data(), valid.size());
-    finalized_ = true;
-  }
+  TRAINKIT_INLINE void finalize();
 
   bool finalized() const noexcept { return finalized_; }
 
@@ -172,11 +137,7 @@ class ParamArena {
     return ParamId{it->second};
   }
   /// The id of parameter `name`; throws trainkit::Error naming it when absent.
-  ParamId at(std::string_view name) const {
-    const auto id = find(name);
-    TRAINKIT_CHECK(id.has_value(), "ParamArena: no parameter named '", name, "'");
-    return *id;
-  }
+  TRAINKIT_INLINE ParamId at(std::string_view name) const;
   /// Total number of parameter elements (without padding), as PyTorch's
   /// `sum(p.numel() for p in model.parameters())`.
   std::int64_t num_parameters() const noexcept {
@@ -192,32 +153,9 @@ class ParamArena {
   /// The parameters as a component: one F32 tensor per parameter under its name (host copies),
   /// for a second arena in a checkpoint (an EMA copy, a frozen teacher); the model itself goes
   /// to model.safetensors through ckpt::TrainState::model().
-  StateDict state_dict() const {
-    check_finalized("state_dict");
-    StateDict sd;
-    for (const ParamInfo& p : infos_) {
-      AnyTensor t(DType::kF32, p.shape);
-      copy_bytes(t.data(), Space::kHost, params_.data() + p.offset, S, t.bytes(), "ParamArena");
-      sd.tensors.emplace(p.name, std::move(t));
-    }
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
   /// Requires exactly this arena's names, shapes and F32; checks all before changing anything.
-  void load_state_dict(const StateDict& sd) {
-    check_finalized("load_state_dict");
-    TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
-                   " parameters from a state of ", sd.tensors.size(), " tensors");
-    for (const ParamInfo& p : infos_) {
-      const AnyTensor& t = sd.tensor(p.name);
-      TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
-                     p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
-                     " in the state but F32 ", p.shape.to_string(), " in the arena");
-    }
-    for (const ParamInfo& p : infos_) {
-      const AnyTensor& t = sd.tensor(p.name);
-      upload(params_.data() + p.offset, t.data(), t.bytes());
-    }
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   // ---- buffers and views ----------------------------------------------------------------------
 
@@ -279,24 +217,10 @@ class ParamArena {
   /// Initialises every parameter with the Init it was registered with. Element e of parameter
   /// number p gets draw e of Philox stream init_stream_id(p) under `seed`: deterministic, and
   /// identical on host and device arenas (a device arena fills on the host and copies).
-  void initialize(std::uint64_t seed) {
-    for (std::size_t p = 0; p < infos_.size(); ++p)
-      initialize(ParamId{static_cast<std::int32_t>(p)}, infos_[p].init, seed);
-  }
+  TRAINKIT_INLINE void initialize(std::uint64_t seed);
 
   /// Initialises parameter `id` with `init` (keyed by the parameter's index, as above).
-  void initialize(ParamId id, const Init& init, std::uint64_t seed) {
-    check_finalized("initialize");
-    const ParamInfo& p = infos_[check_id(id, "initialize")];
-    if constexpr (S == Space::kHost) {
-      fill_init(params_.data() + p.offset, p.shape, init, seed,
-                static_cast<std::uint64_t>(id.index), p.name);
-    } else {
-      Tensor<float, Space::kHost> staging(Shape{p.numel});
-      fill_init(staging.data(), p.shape, init, seed, static_cast<std::uint64_t>(id.index), p.name);
-      upload(params_.data() + p.offset, staging.data(), staging.bytes());
-    }
-  }
+  TRAINKIT_INLINE void initialize(ParamId id, const Init& init, std::uint64_t seed);
 
   /// Copies all parameters from another arena with the same registrations (names, shapes and
   /// order), e.g. a host arena into a device arena. Throws when the layouts differ.
@@ -338,34 +262,17 @@ class ParamArena {
   /// Adds an optimizer state buffer `name` (e.g. "exp_avg") with the parameters' layout,
   /// zero-filled, and returns it flat; parameter p's state is at info(p).offset. Checkpoints name
   /// the slices "<param>.<state>". Throws when the name exists or before finalize().
-  TensorView<float, 1, S> add_state(std::string name) {
-    check_finalized("add_state");
-    TRAINKIT_CHECK(!name.empty(), "ParamArena::add_state: empty state name");
-    for (const auto& s : states_)
-      TRAINKIT_CHECK(s.name != name, "ParamArena::add_state: duplicate state '", name, "'");
-    NamedBuffer b{std::move(name), Tensor<float, S>(Shape{end_})};
-    detail::zero_fill(b.buffer);
-    states_.push_back(std::move(b));
-    return states_.back().buffer.flat();
-  }
+  TRAINKIT_INLINE TensorView<float, 1, S> add_state(std::string name);
   bool has_state(std::string_view name) const noexcept { return find_state(name) != nullptr; }
   /// State buffer `name`, flat; throws when absent.
-  TensorView<float, 1, S> state(std::string_view name) {
-    NamedBuffer* b = find_state(name);
-    TRAINKIT_CHECK(b != nullptr, "ParamArena: no optimizer state named '", name, "'");
-    return b->buffer.flat();
-  }
+  TRAINKIT_INLINE TensorView<float, 1, S> state(std::string_view name);
   /// Parameter `id`'s slice of state `name` as a rank-R view.
   template <int R>
   TensorView<float, R, S> state(std::string_view name, ParamId id) {
     return view_in<float, R>(state(name).data(), id, "state");
   }
   /// Names of the state buffers, in creation order.
-  std::vector<std::string> state_names() const {
-    std::vector<std::string> names;
-    for (const auto& s : states_) names.push_back(s.name);
-    return names;
-  }
+  TRAINKIT_INLINE std::vector<std::string> state_names() const;
 
   // ---- low-precision compute copies -----------------------------------------------------------
 
@@ -486,6 +393,145 @@ class ParamArena {
   Tensor<bf16, S> copy_bf16_;
   Tensor<f16, S> copy_f16_;
 };
+
+template <Space S>
+TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init init) {
+  TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
+                 "') after finalize(): register every parameter before finalizing");
+  TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
+  TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
+                 "ParamArena::add: duplicate parameter "
+                 "name '",
+                 name, "'");
+  TRAINKIT_CHECK(infos_.size() < std::size_t{0x7fffffff}, "ParamArena: too many parameters");
+  ParamInfo info;
+  info.shape = shape;
+  info.numel = shape.numel();
+  info.offset = end_;
+  info.init = init;
+  end_ += round_up(info.numel);
+  info.name = std::move(name);
+  const ParamId id{static_cast<std::int32_t>(infos_.size())};
+  by_name_.emplace(info.name, id.index);
+  infos_.push_back(std::move(info));
+  return id;
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::finalize() {
+  TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
+  params_ = Tensor<float, S>(Shape{end_});
+  grads_ = Tensor<float, S>(Shape{end_});
+  detail::zero_fill(params_);
+  detail::zero_fill(grads_);
+  static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
+  std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
+  for (const ParamInfo& p : infos_)
+    for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
+      valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
+          static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
+  block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
+  upload(block_valid_.data(), valid.data(), valid.size());
+  finalized_ = true;
+}
+
+template <Space S>
+TRAINKIT_INLINE ParamId ParamArena<S>::at(std::string_view name) const {
+  const auto id = find(name);
+  TRAINKIT_CHECK(id.has_value(), "ParamArena: no parameter named '", name, "'");
+  return *id;
+}
+
+template <Space S>
+TRAINKIT_INLINE StateDict ParamArena<S>::state_dict() const {
+  check_finalized("state_dict");
+  StateDict sd;
+  for (const ParamInfo& p : infos_) {
+    AnyTensor t(DType::kF32, p.shape);
+    copy_bytes(t.data(), Space::kHost, params_.data() + p.offset, S, t.bytes(), "ParamArena");
+    sd.tensors.emplace(p.name, std::move(t));
+  }
+  return sd;
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::load_state_dict(const StateDict& sd) {
+  check_finalized("load_state_dict");
+  TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
+                 " parameters from a state of ", sd.tensors.size(), " tensors");
+  for (const ParamInfo& p : infos_) {
+    const AnyTensor& t = sd.tensor(p.name);
+    TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
+                   p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
+                   " in the state but F32 ", p.shape.to_string(), " in the arena");
+  }
+  for (const ParamInfo& p : infos_) {
+    const AnyTensor& t = sd.tensor(p.name);
+    upload(params_.data() + p.offset, t.data(), t.bytes());
+  }
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::initialize(std::uint64_t seed) {
+  for (std::size_t p = 0; p < infos_.size(); ++p)
+    initialize(ParamId{static_cast<std::int32_t>(p)}, infos_[p].init, seed);
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::initialize(ParamId id, const Init& init, std::uint64_t seed) {
+  check_finalized("initialize");
+  const ParamInfo& p = infos_[check_id(id, "initialize")];
+  if constexpr (S == Space::kHost) {
+    fill_init(params_.data() + p.offset, p.shape, init, seed, static_cast<std::uint64_t>(id.index),
+              p.name);
+  } else {
+    Tensor<float, Space::kHost> staging(Shape{p.numel});
+    fill_init(staging.data(), p.shape, init, seed, static_cast<std::uint64_t>(id.index), p.name);
+    upload(params_.data() + p.offset, staging.data(), staging.bytes());
+  }
+}
+
+template <Space S>
+TRAINKIT_INLINE TensorView<float, 1, S> ParamArena<S>::add_state(std::string name) {
+  check_finalized("add_state");
+  TRAINKIT_CHECK(!name.empty(), "ParamArena::add_state: empty state name");
+  for (const auto& s : states_)
+    TRAINKIT_CHECK(s.name != name, "ParamArena::add_state: duplicate state '", name, "'");
+  NamedBuffer b{std::move(name), Tensor<float, S>(Shape{end_})};
+  detail::zero_fill(b.buffer);
+  states_.push_back(std::move(b));
+  return states_.back().buffer.flat();
+}
+
+template <Space S>
+TRAINKIT_INLINE TensorView<float, 1, S> ParamArena<S>::state(std::string_view name) {
+  NamedBuffer* b = find_state(name);
+  TRAINKIT_CHECK(b != nullptr, "ParamArena: no optimizer state named '", name, "'");
+  return b->buffer.flat();
+}
+
+template <Space S>
+TRAINKIT_INLINE std::vector<std::string> ParamArena<S>::state_names() const {
+  std::vector<std::string> names;
+  for (const auto& s : states_) names.push_back(s.name);
+  return names;
+}
+
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host arena's out-of-class members are instantiated once, in the compiled library
+// (src/trainkit.cpp); a device arena's are still instantiated where they are used.
+extern template ParamId ParamArena<Space::kHost>::add(std::string, Shape, Init);
+extern template void ParamArena<Space::kHost>::finalize();
+extern template ParamId ParamArena<Space::kHost>::at(std::string_view) const;
+extern template StateDict ParamArena<Space::kHost>::state_dict() const;
+extern template void ParamArena<Space::kHost>::load_state_dict(const StateDict&);
+extern template void ParamArena<Space::kHost>::initialize(std::uint64_t);
+extern template void ParamArena<Space::kHost>::initialize(ParamId, const Init&, std::uint64_t);
+extern template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::add_state(std::string);
+extern template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::state(
+    std::string_view);
+extern template std::vector<std::string> ParamArena<Space::kHost>::state_names() const;
+#endif
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END

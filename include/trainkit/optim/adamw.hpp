@@ -123,5 +123,20 @@ class AdamW : public FusedOptimizer<detail::AdamWRule, S> {
       : FusedOptimizer<detail::AdamWRule, S>(arena, options, std::move(groups)) {}
 };
 
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host optimizer's out-of-class members (construction, state) are instantiated once, in
+// the compiled library (src/trainkit.cpp); the step is compiled where it is used.
+extern template FusedOptimizer<detail::AdamWRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, AdamWOptions, std::vector<GroupRule>);
+extern template StateDict FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::load_state_dict(
+    const StateDict&);
+extern template std::string FusedOptimizer<detail::AdamWRule, Space::kHost>::state_layout(
+    const AdamWOptions&);
+extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::allocate_states();
+extern template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::AdamWRule, Space::kHost>::state_buffers() const;
+#endif
+
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

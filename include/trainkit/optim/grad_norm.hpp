@@ -46,13 +46,7 @@ class GradNorm {
 
   /// The norm's value. On the device this waits for every queued kernel (cudaDeviceSynchronize)
   /// and copies 4 bytes. Throws when the handle is empty.
-  float get() const {
-    TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
-    if (space_ == Space::kHost) return *data_;
-    float value = 0.0f;
-    copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
-    return value;
-  }
+  TRAINKIT_INLINE float get() const;
 
  private:
   std::shared_ptr<void> owner_;
@@ -238,6 +232,18 @@ void clip_grad_value_(const E& exec, nn::ParamArena<S>& arena, double clip_value
   exec::launch(exec, arena.buffer_numel(),
                detail::ClipByValue{arena.grads_data(), static_cast<float>(clip_value)});
 }
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE float GradNorm::get() const {
+  TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
+  if (space_ == Space::kHost) return *data_;
+  float value = 0.0f;
+  copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
+  return value;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

@@ -159,15 +159,7 @@ class ScalerCore {
  public:
   enum class Stage : std::uint8_t { kReady, kUnscaled, kStepped };
 
-  ScalerCore(Space space, float init_scale)
-      : space_(space),
-        memory_(sizeof(ScalerBlock),
-                space == Space::kHost ? MemoryKind::kHost : MemoryKind::kDevice) {
-    ScalerBlock b{};
-    b.scale = init_scale;
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(init_scale));
-    write(b);
-  }
+  TRAINKIT_INLINE ScalerCore(Space space, float init_scale);
 
   Space space() const noexcept { return space_; }
   ScalerBlock* block() const noexcept { return static_cast<ScalerBlock*>(memory_.get()); }
@@ -241,6 +233,20 @@ constexpr Space space_of() {
   static_assert(exec::Executor<E>, "amp scaler: construct it with an exec::Host or exec::Cuda");
   return exec::is_host_executor_v<E> ? Space::kHost : Space::kDevice;
 }
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ScalerCore::ScalerCore(Space space, float init_scale)
+    : space_(space),
+      memory_(sizeof(ScalerBlock),
+              space == Space::kHost ? MemoryKind::kHost : MemoryKind::kDevice) {
+  ScalerBlock b{};
+  b.scale = init_scale;
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(init_scale));
+  write(b);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -356,52 +362,15 @@ class DynamicScaler {
 
   /// PyTorch's five keys: scale, growth_factor, backoff_factor, growth_interval,
   /// _growth_tracker. Empty when disabled. Reads device memory (sync); call it after update().
-  StateDict state_dict() const {
-    StateDict sd;
-    if (!enabled()) return sd;
-    const detail::ScalerBlock b = core_.read();
-    sd.set("scale", static_cast<double>(b.scale));
-    sd.set("growth_factor", options_.growth_factor);
-    sd.set("backoff_factor", options_.backoff_factor);
-    sd.set("growth_interval", options_.growth_interval);
-    sd.set("_growth_tracker", std::int64_t{b.growth_tracker});
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores a state_dict(). A scale of 0 loads, as in PyTorch (backoff can reach it; the
   /// inverse scale is then inf, see unscale_). Throws for an empty state dict (saved from a
   /// disabled scaler), missing keys, a negative or NaN scale, and when this scaler is disabled.
-  void load_state_dict(const StateDict& sd) {
-    TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
-    TRAINKIT_CHECK(!sd.empty(),
-                   "DynamicScaler::load_state_dict: the state dict is empty, "
-                   "possibly because it was saved from a disabled scaler");
-    DynamicScalerOptions o = options_;
-    o.growth_factor = sd.get_double("growth_factor");
-    o.backoff_factor = sd.get_double("backoff_factor");
-    o.growth_interval = sd.get_int("growth_interval");
-    options_ = validated(o);
-    detail::ScalerBlock b = core_.read();
-    b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
-                   ", expected a number >= 0");
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-    b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
-    core_.write(b);
-    core_.set_stage(detail::ScalerCore::Stage::kReady);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
-  static DynamicScalerOptions validated(const DynamicScalerOptions& o) {
-    TRAINKIT_CHECK(o.growth_factor > 1.0, "DynamicScaler: growth_factor must be > 1, got ",
-                   o.growth_factor);
-    TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
-                   "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
-    TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
-                   "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-    TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
-    return o;
-  }
+  TRAINKIT_INLINE static DynamicScalerOptions validated(const DynamicScalerOptions& o);
 
   DynamicScalerOptions options_;
   detail::ScalerCore core_;
@@ -461,17 +430,66 @@ class StaticScaler {
     sd.set("scale", static_cast<double>(core_.read().scale));
     return sd;
   }
-  void load_state_dict(const StateDict& sd) {
-    detail::ScalerBlock b = core_.read();
-    b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-    core_.write(b);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
   detail::ScalerCore core_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict DynamicScaler::state_dict() const {
+  StateDict sd;
+  if (!enabled()) return sd;
+  const detail::ScalerBlock b = core_.read();
+  sd.set("scale", static_cast<double>(b.scale));
+  sd.set("growth_factor", options_.growth_factor);
+  sd.set("backoff_factor", options_.backoff_factor);
+  sd.set("growth_interval", options_.growth_interval);
+  sd.set("_growth_tracker", std::int64_t{b.growth_tracker});
+  return sd;
+}
+
+TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
+  TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
+  TRAINKIT_CHECK(!sd.empty(),
+                 "DynamicScaler::load_state_dict: the state dict is empty, "
+                 "possibly because it was saved from a disabled scaler");
+  DynamicScalerOptions o = options_;
+  o.growth_factor = sd.get_double("growth_factor");
+  o.backoff_factor = sd.get_double("backoff_factor");
+  o.growth_interval = sd.get_int("growth_interval");
+  options_ = validated(o);
+  detail::ScalerBlock b = core_.read();
+  b.scale = static_cast<float>(sd.get_double("scale"));
+  TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
+                 ", expected a number >= 0");
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
+  b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
+  core_.write(b);
+  core_.set_stage(detail::ScalerCore::Stage::kReady);
+}
+
+TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScalerOptions& o) {
+  TRAINKIT_CHECK(o.growth_factor > 1.0, "DynamicScaler: growth_factor must be > 1, got ",
+                 o.growth_factor);
+  TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
+                 "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
+  TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
+                 "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
+  TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
+  return o;
+}
+
+TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
+  detail::ScalerBlock b = core_.read();
+  b.scale = static_cast<float>(sd.get_double("scale"));
+  TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
+  core_.write(b);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

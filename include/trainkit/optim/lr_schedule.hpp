@@ -60,22 +60,9 @@ class LRScheduler {
   LrGroups& groups() noexcept { return *groups_; }
 
   /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
-  virtual StateDict state_dict() const {
-    StateDict sd;
-    detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
-    detail::save_list(sd, "base_lrs", base_lrs_);
-    detail::save_list(sd, "_last_lr", last_lr_);
-    save_options(sd);
-    return sd;
-  }
+  TRAINKIT_INLINE virtual StateDict state_dict() const;
   /// Restores state_dict() (the group learning rates themselves belong to the optimizer's state).
-  virtual void load_state_dict(const StateDict& sd) {
-    last_epoch_ = sd.get_int("last_epoch");
-    step_count_ = sd.get_int("_step_count");
-    detail::load_list(sd, "base_lrs", base_lrs_);
-    detail::load_list(sd, "_last_lr", last_lr_);
-    load_options(sd);
-  }
+  TRAINKIT_INLINE virtual void load_state_dict(const StateDict& sd);
 
  protected:
   explicit LRScheduler(LrGroups& groups) : groups_(&groups) {
@@ -88,28 +75,11 @@ class LRScheduler {
   LRScheduler(LrGroups& groups, NoInit) : groups_(&groups) {}
 
   /// PyTorch's _initial_step(): _step_count = 0, then step() in "initial mode".
-  void initial_step() {
-    step_count_ = 0;
-    is_initial_ = true;
-    step();
-    is_initial_ = false;
-  }
+  TRAINKIT_INLINE void initial_step();
 
   /// PyTorch's _update_lr(epoch): the recursive get_lr(), or with an explicit epoch the closed
   /// form where one exists.
-  void update_lr(std::optional<std::int64_t> epoch) {
-    std::vector<double> values;
-    if (!epoch) {
-      ++last_epoch_;
-      values = get_lr();
-    } else {
-      last_epoch_ = *epoch;
-      std::optional<std::vector<double>> closed = closed_form_lr();
-      values = closed ? std::move(*closed) : get_lr();
-    }
-    groups_->lr = values;
-    last_lr_ = groups_->lr;
-  }
+  TRAINKIT_INLINE void update_lr(std::optional<std::int64_t> epoch);
 
   virtual std::vector<double> get_lr() = 0;
   virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
@@ -182,32 +152,11 @@ struct LinearLROptions {
 class LinearLR final : public LRScheduler {
  public:
   /// Throws unless 0 < start_factor <= 1 and 0 <= end_factor <= 1.
-  explicit LinearLR(LrGroups& groups, LinearLROptions o = {}) : LRScheduler(groups), o_(o) {
-    TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
-                   "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
-    TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
-                   "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
-    initial_step();
-  }
+  TRAINKIT_INLINE explicit LinearLR(LrGroups& groups, LinearLROptions o = {});
 
  private:
-  std::vector<double> get_lr() override {
-    if (last_epoch_ == 0)
-      return map_lr([&](double lr, std::size_t) { return lr * o_.start_factor; });
-    if (is_initial_ || last_epoch_ > o_.total_iters) return lrs();
-    const double d = o_.end_factor - o_.start_factor;
-    return map_lr([&](double lr, std::size_t) {
-      return lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
-                              static_cast<double>(last_epoch_ - 1) * d));
-    });
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    return map_base([&](double b) {
-      return b * (o_.start_factor + (o_.end_factor - o_.start_factor) *
-                                        static_cast<double>(std::min(o_.total_iters, last_epoch_)) /
-                                        static_cast<double>(o_.total_iters));
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
+  TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "start_factor", o_.start_factor, "end_factor", o_.end_factor,
                        "total_iters", o_.total_iters);
@@ -235,35 +184,8 @@ class CosineAnnealingLR final : public LRScheduler {
   }
 
  private:
-  std::vector<double> get_lr() override {
-    using detail::kPi;
-    const double t = static_cast<double>(o_.t_max);
-    const double e = static_cast<double>(last_epoch_);
-    const double eta = o_.eta_min;
-    if (is_initial_) return lrs();
-    if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
-    if (step_count_ == 1 && last_epoch_ > 0) {
-      return map_lr([&](double, std::size_t g) {
-        return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
-      });
-    }
-    if (detail::py_mod(last_epoch_ - 1 - o_.t_max, 2 * o_.t_max) == 0) {
-      return map_lr([&](double lr, std::size_t g) {
-        return lr + (base_lrs_[g] - eta) * (1 - std::cos(kPi / t)) / 2;
-      });
-    }
-    return map_lr([&](double lr, std::size_t) {
-      return (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lr - eta) + eta;
-    });
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    const double e =
-        static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
-    const double t = static_cast<double>(o_.t_max);
-    return map_base([&](double b) {
-      return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
+  TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "T_max", o_.t_max, "eta_min", o_.eta_min);
   }
@@ -314,24 +236,13 @@ class MultiStepLR final : public LRScheduler {
   }
 
  private:
-  std::vector<double> get_lr() override {
-    const auto count = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
-    if (count == 0) return lrs();
-    return map_lr([&](double lr, std::size_t) {
-      return lr * std::pow(o_.gamma, static_cast<double>(count));
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override {
     const auto k = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) -
                    o_.milestones.begin();
     return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
   }
-  void save_options(StateDict& sd) const override {
-    detail::set_values(sd, "gamma", o_.gamma, "milestones",
-                       static_cast<std::int64_t>(o_.milestones.size()));
-    for (std::size_t i = 0; i < o_.milestones.size(); ++i)
-      sd.set("milestones." + std::to_string(i), o_.milestones[i]);
-  }
+  TRAINKIT_INLINE void save_options(StateDict& sd) const override;
   MultiStepLROptions o_;
 };
 
@@ -365,61 +276,15 @@ class SequentialLR final : public LRScheduler {
  public:
   /// Throws unless there is one milestone fewer than schedules, the milestones increase, and
   /// every schedule writes `groups`.
-  SequentialLR(LrGroups& groups, std::vector<std::unique_ptr<LRScheduler>> schedules,
-               std::vector<std::int64_t> milestones)
-      : LRScheduler(groups, NoInit{}),
-        schedules_(std::move(schedules)),
-        milestones_(std::move(milestones)) {
-    TRAINKIT_CHECK(!schedules_.empty(), "SequentialLR expects at least one schedule");
-    TRAINKIT_CHECK(milestones_.size() + 1 == schedules_.size(), "SequentialLR: ", schedules_.size(),
-                   " schedules need ", schedules_.size() - 1, " milestones, got ",
-                   milestones_.size());
-    TRAINKIT_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
-                   "SequentialLR: the milestones must be non-decreasing");
-    for (const auto& s : schedules_) {
-      TRAINKIT_CHECK(s != nullptr && s->groups_ == &groups,
-                     "SequentialLR: every schedule must belong to the same optimizer (LrGroups)");
-      TRAINKIT_CHECK(dynamic_cast<const SequentialLR*>(s.get()) == nullptr,
-                     "SequentialLR: nested SequentialLR is not supported");
-    }
-    last_epoch_ = 0;
-    groups.lr = groups.initial_lr;
-    for (auto& s : schedules_) s->last_epoch_ -= 1;
-    LRScheduler& first = *schedules_[index_of(0)];
-    first.initial_step();
-    last_lr_ = first.last_lr();
-  }
+  TRAINKIT_INLINE SequentialLR(LrGroups& groups,
+                               std::vector<std::unique_ptr<LRScheduler>> schedules,
+                               std::vector<std::int64_t> milestones);
 
-  void step() override {
-    ++last_epoch_;
-    const std::size_t idx = index_of(last_epoch_);
-    LRScheduler& s = *schedules_[idx];
-    if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
-      s.update_lr(0);
-    } else {
-      s.step();
-    }
-    last_lr_ = s.last_lr();
-  }
+  TRAINKIT_INLINE void step() override;
 
   /// Its own last_epoch, _last_lr and milestones, and each schedule's under "_schedulers.<i>".
-  StateDict state_dict() const override {
-    StateDict sd;
-    sd.set("last_epoch", last_epoch_);
-    detail::save_list(sd, "_last_lr", last_lr_);
-    for (std::size_t i = 0; i < milestones_.size(); ++i)
-      sd.set("_milestones." + std::to_string(i), milestones_[i]);
-    for (std::size_t i = 0; i < schedules_.size(); ++i)
-      sd.merge("_schedulers." + std::to_string(i), schedules_[i]->state_dict());
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) override {
-    last_epoch_ = sd.get_int("last_epoch");
-    last_lr_.assign(groups_->lr.size(), 0.0);
-    detail::load_list(sd, "_last_lr", last_lr_);
-    for (std::size_t i = 0; i < schedules_.size(); ++i)
-      schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
-  }
+  TRAINKIT_INLINE StateDict state_dict() const override;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd) override;
 
  private:
   std::vector<double> get_lr() override {
@@ -444,18 +309,8 @@ struct WarmupCosineOptions {
   double eta_min = 0.0;
 };
 /// Throws unless 0 < warmup_steps < total_steps.
-inline std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o) {
-  TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
-                 "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
-                 " and ", o.total_steps);
-  std::vector<std::unique_ptr<LRScheduler>> s;
-  s.push_back(std::make_unique<LinearLR>(
-      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
-  s.push_back(std::make_unique<CosineAnnealingLR>(
-      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
-  return std::make_unique<SequentialLR>(groups, std::move(s),
-                                        std::vector<std::int64_t>{o.warmup_steps});
-}
+TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
+                                                            WarmupCosineOptions o);
 
 /// Puts `schedule` and the groups' learning rates where a schedule made by `make(groups)` is
 /// after `steps` steps from the groups' initial lr: replayed on a copy of the groups, so the
@@ -509,42 +364,10 @@ class ReduceLROnPlateau {
 
  public:
   /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
-  explicit ReduceLROnPlateau(LrGroups& groups, Options o = {})
-      : groups_(&groups), o_(std::move(o)) {
-    TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
-    TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
-                   "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
-                   o_.min_lr.size());
-    if (o_.min_lr.size() == 1) o_.min_lr.assign(groups.lr.size(), o_.min_lr[0]);
-    last_lr_ = groups.lr;
-    reset();
-  }
+  TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
-  void step(double metric) {
-    const double current = metric;
-    last_epoch_ += 1;
-    if (is_better(current, best_)) {
-      best_ = current;
-      num_bad_epochs_ = 0;
-    } else {
-      num_bad_epochs_ += 1;
-    }
-    if (cooldown_counter_ > 0) {
-      cooldown_counter_ -= 1;
-      num_bad_epochs_ = 0;
-    }
-    if (num_bad_epochs_ > o_.patience) {
-      for (std::size_t g = 0; g < groups_->lr.size(); ++g) {
-        const double old_lr = groups_->lr[g];
-        const double new_lr = std::max(old_lr * o_.factor, o_.min_lr[g]);
-        if (old_lr - new_lr > o_.eps) groups_->lr[g] = new_lr;
-      }
-      cooldown_counter_ = o_.cooldown;
-      num_bad_epochs_ = 0;
-    }
-    last_lr_ = groups_->lr;
-  }
+  TRAINKIT_INLINE void step(double metric);
 
   const std::vector<double>& last_lr() const noexcept { return last_lr_; }
   double best() const noexcept { return best_; }
@@ -552,37 +375,12 @@ class ReduceLROnPlateau {
   std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
 
-  StateDict state_dict() const {
-    StateDict sd;
-    detail::save_fields(sd, *this, counters());
-    detail::save_fields(sd, o_, saved_options());
-    sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
-    sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
-    detail::save_list(sd, "_last_lr", last_lr_);
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) {
-    detail::load_fields(sd, *this, counters());
-    detail::load_fields(sd, o_, saved_options());
-    o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
-    o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
-                                                                 : Options::ThresholdMode::kAbs;
-    detail::load_list(sd, "_last_lr", last_lr_);
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
-  void reset() {
-    best_ = o_.mode == Options::Mode::kMin ? std::numeric_limits<double>::infinity()
-                                           : -std::numeric_limits<double>::infinity();
-    cooldown_counter_ = 0;
-    num_bad_epochs_ = 0;
-  }
-  bool is_better(double a, double best) const {
-    const bool rel = o_.threshold_mode == Options::ThresholdMode::kRel;
-    if (o_.mode == Options::Mode::kMin)
-      return rel ? a < best * (1.0 - o_.threshold) : a < best - o_.threshold;
-    return rel ? a > best * (o_.threshold + 1.0) : a > best + o_.threshold;
-  }
+  TRAINKIT_INLINE void reset();
+  TRAINKIT_INLINE bool is_better(double a, double best) const;
 
   LrGroups* groups_;
   Options o_;
@@ -592,6 +390,259 @@ class ReduceLROnPlateau {
   std::int64_t last_epoch_ = 0;
   std::vector<double> last_lr_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
+  StateDict sd;
+  detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
+  detail::save_list(sd, "base_lrs", base_lrs_);
+  detail::save_list(sd, "_last_lr", last_lr_);
+  save_options(sd);
+  return sd;
+}
+
+TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
+  last_epoch_ = sd.get_int("last_epoch");
+  step_count_ = sd.get_int("_step_count");
+  detail::load_list(sd, "base_lrs", base_lrs_);
+  detail::load_list(sd, "_last_lr", last_lr_);
+  load_options(sd);
+}
+
+TRAINKIT_INLINE void LRScheduler::initial_step() {
+  step_count_ = 0;
+  is_initial_ = true;
+  step();
+  is_initial_ = false;
+}
+
+TRAINKIT_INLINE void LRScheduler::update_lr(std::optional<std::int64_t> epoch) {
+  std::vector<double> values;
+  if (!epoch) {
+    ++last_epoch_;
+    values = get_lr();
+  } else {
+    last_epoch_ = *epoch;
+    std::optional<std::vector<double>> closed = closed_form_lr();
+    values = closed ? std::move(*closed) : get_lr();
+  }
+  groups_->lr = values;
+  last_lr_ = groups_->lr;
+}
+
+TRAINKIT_INLINE LinearLR::LinearLR(LrGroups& groups, LinearLROptions o)
+    : LRScheduler(groups), o_(o) {
+  TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
+                 "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
+  TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
+                 "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
+  initial_step();
+}
+
+TRAINKIT_INLINE std::vector<double> LinearLR::get_lr() {
+  if (last_epoch_ == 0) return map_lr([&](double lr, std::size_t) { return lr * o_.start_factor; });
+  if (is_initial_ || last_epoch_ > o_.total_iters) return lrs();
+  const double d = o_.end_factor - o_.start_factor;
+  return map_lr([&](double lr, std::size_t) {
+    return lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
+                            static_cast<double>(last_epoch_ - 1) * d));
+  });
+}
+
+TRAINKIT_INLINE std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
+  return map_base([&](double b) {
+    return b * (o_.start_factor + (o_.end_factor - o_.start_factor) *
+                                      static_cast<double>(std::min(o_.total_iters, last_epoch_)) /
+                                      static_cast<double>(o_.total_iters));
+  });
+}
+
+TRAINKIT_INLINE std::vector<double> CosineAnnealingLR::get_lr() {
+  using detail::kPi;
+  const double t = static_cast<double>(o_.t_max);
+  const double e = static_cast<double>(last_epoch_);
+  const double eta = o_.eta_min;
+  if (is_initial_) return lrs();
+  if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
+  if (step_count_ == 1 && last_epoch_ > 0) {
+    return map_lr([&](double, std::size_t g) {
+      return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
+    });
+  }
+  if (detail::py_mod(last_epoch_ - 1 - o_.t_max, 2 * o_.t_max) == 0) {
+    return map_lr([&](double lr, std::size_t g) {
+      return lr + (base_lrs_[g] - eta) * (1 - std::cos(kPi / t)) / 2;
+    });
+  }
+  return map_lr([&](double lr, std::size_t) {
+    return (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lr - eta) + eta;
+  });
+}
+
+TRAINKIT_INLINE std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
+  const double e = static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
+  const double t = static_cast<double>(o_.t_max);
+  return map_base([&](double b) {
+    return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
+  });
+}
+
+TRAINKIT_INLINE std::vector<double> MultiStepLR::get_lr() {
+  const auto count = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
+  if (count == 0) return lrs();
+  return map_lr(
+      [&](double lr, std::size_t) { return lr * std::pow(o_.gamma, static_cast<double>(count)); });
+}
+
+TRAINKIT_INLINE void MultiStepLR::save_options(StateDict& sd) const {
+  detail::set_values(sd, "gamma", o_.gamma, "milestones",
+                     static_cast<std::int64_t>(o_.milestones.size()));
+  for (std::size_t i = 0; i < o_.milestones.size(); ++i)
+    sd.set("milestones." + std::to_string(i), o_.milestones[i]);
+}
+
+TRAINKIT_INLINE SequentialLR::SequentialLR(LrGroups& groups,
+                                           std::vector<std::unique_ptr<LRScheduler>> schedules,
+                                           std::vector<std::int64_t> milestones)
+    : LRScheduler(groups, NoInit{}),
+      schedules_(std::move(schedules)),
+      milestones_(std::move(milestones)) {
+  TRAINKIT_CHECK(!schedules_.empty(), "SequentialLR expects at least one schedule");
+  TRAINKIT_CHECK(milestones_.size() + 1 == schedules_.size(), "SequentialLR: ", schedules_.size(),
+                 " schedules need ", schedules_.size() - 1, " milestones, got ",
+                 milestones_.size());
+  TRAINKIT_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
+                 "SequentialLR: the milestones must be non-decreasing");
+  for (const auto& s : schedules_) {
+    TRAINKIT_CHECK(s != nullptr && s->groups_ == &groups,
+                   "SequentialLR: every schedule must belong to the same optimizer (LrGroups)");
+    TRAINKIT_CHECK(dynamic_cast<const SequentialLR*>(s.get()) == nullptr,
+                   "SequentialLR: nested SequentialLR is not supported");
+  }
+  last_epoch_ = 0;
+  groups.lr = groups.initial_lr;
+  for (auto& s : schedules_) s->last_epoch_ -= 1;
+  LRScheduler& first = *schedules_[index_of(0)];
+  first.initial_step();
+  last_lr_ = first.last_lr();
+}
+
+TRAINKIT_INLINE void SequentialLR::step() {
+  ++last_epoch_;
+  const std::size_t idx = index_of(last_epoch_);
+  LRScheduler& s = *schedules_[idx];
+  if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
+    s.update_lr(0);
+  } else {
+    s.step();
+  }
+  last_lr_ = s.last_lr();
+}
+
+TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
+  StateDict sd;
+  sd.set("last_epoch", last_epoch_);
+  detail::save_list(sd, "_last_lr", last_lr_);
+  for (std::size_t i = 0; i < milestones_.size(); ++i)
+    sd.set("_milestones." + std::to_string(i), milestones_[i]);
+  for (std::size_t i = 0; i < schedules_.size(); ++i)
+    sd.merge("_schedulers." + std::to_string(i), schedules_[i]->state_dict());
+  return sd;
+}
+
+TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
+  last_epoch_ = sd.get_int("last_epoch");
+  last_lr_.assign(groups_->lr.size(), 0.0);
+  detail::load_list(sd, "_last_lr", last_lr_);
+  for (std::size_t i = 0; i < schedules_.size(); ++i)
+    schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
+}
+
+TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
+                                                            WarmupCosineOptions o) {
+  TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
+                 "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
+                 " and ", o.total_steps);
+  std::vector<std::unique_ptr<LRScheduler>> s;
+  s.push_back(std::make_unique<LinearLR>(
+      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
+  s.push_back(std::make_unique<CosineAnnealingLR>(
+      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
+  return std::make_unique<SequentialLR>(groups, std::move(s),
+                                        std::vector<std::int64_t>{o.warmup_steps});
+}
+
+TRAINKIT_INLINE ReduceLROnPlateau::ReduceLROnPlateau(LrGroups& groups, Options o)
+    : groups_(&groups), o_(std::move(o)) {
+  TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
+  TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
+                 "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
+                 o_.min_lr.size());
+  if (o_.min_lr.size() == 1) o_.min_lr.assign(groups.lr.size(), o_.min_lr[0]);
+  last_lr_ = groups.lr;
+  reset();
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::step(double metric) {
+  const double current = metric;
+  last_epoch_ += 1;
+  if (is_better(current, best_)) {
+    best_ = current;
+    num_bad_epochs_ = 0;
+  } else {
+    num_bad_epochs_ += 1;
+  }
+  if (cooldown_counter_ > 0) {
+    cooldown_counter_ -= 1;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ > o_.patience) {
+    for (std::size_t g = 0; g < groups_->lr.size(); ++g) {
+      const double old_lr = groups_->lr[g];
+      const double new_lr = std::max(old_lr * o_.factor, o_.min_lr[g]);
+      if (old_lr - new_lr > o_.eps) groups_->lr[g] = new_lr;
+    }
+    cooldown_counter_ = o_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lr_ = groups_->lr;
+}
+
+TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
+  StateDict sd;
+  detail::save_fields(sd, *this, counters());
+  detail::save_fields(sd, o_, saved_options());
+  sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
+  sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
+  detail::save_list(sd, "_last_lr", last_lr_);
+  return sd;
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+  detail::load_fields(sd, *this, counters());
+  detail::load_fields(sd, o_, saved_options());
+  o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
+  o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
+                                                               : Options::ThresholdMode::kAbs;
+  detail::load_list(sd, "_last_lr", last_lr_);
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::reset() {
+  best_ = o_.mode == Options::Mode::kMin ? std::numeric_limits<double>::infinity()
+                                         : -std::numeric_limits<double>::infinity();
+  cooldown_counter_ = 0;
+  num_bad_epochs_ = 0;
+}
+
+TRAINKIT_INLINE bool ReduceLROnPlateau::is_better(double a, double best) const {
+  const bool rel = o_.threshold_mode == Options::ThresholdMode::kRel;
+  if (o_.mode == Options::Mode::kMin)
+    return rel ? a < best * (1.0 - o_.threshold) : a < best - o_.threshold;
+  return rel ? a > best * (o_.threshold + 1.0) : a > best + o_.threshold;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

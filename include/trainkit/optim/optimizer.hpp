@@ -240,37 +240,8 @@ class FusedOptimizer {
   /// `options` are the optimizer's hyper-parameters; `groups` override lr / weight_decay per
   /// group. Throws for invalid options (as torch.optim does), when the arena is not finalized or
   /// there are more than kMaxParamGroups groups.
-  explicit FusedOptimizer(nn::ParamArena<S>& arena, Options options = {},
-                          std::vector<GroupRule> groups = {})
-      : arena_(&arena), options_(validated(options)) {
-    TRAINKIT_CHECK(arena.finalized(), "optim::", Rule::kName,
-                   ": the ParamArena must be finalized before the optimizer is created");
-    std::vector<std::string> names;
-    for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
-    param_group_ = assign_groups(names, groups);
-    group_.assign(groups.size() + 1, options_);
-    for (std::size_t r = 0; r < groups.size(); ++r) {
-      if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
-      if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
-    }
-    for (const Options& g : group_) lr_->lr.push_back(g.lr);
-    segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
-
-    header_ = Tensor<StepHeader, S>(Shape{1});
-    zero_bytes(header_.data(), S, header_.bytes());
-    scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
-    zero_bytes(scalars_.data(), S, scalars_.bytes());
-    std::vector<std::int32_t> seg_group;
-    std::vector<std::int64_t> seg_begin;
-    for (const detail::Segment& s : segments_) {
-      seg_group.push_back(s.group);
-      seg_begin.push_back(s.begin);
-    }
-    segment_group_ = detail::upload_table<S>(seg_group);
-    segment_begin_ = detail::upload_table<S>(seg_begin);
-    allocate_states();
-    if constexpr (Traits::kTrustRatio) build_chunks();
-  }
+  TRAINKIT_INLINE explicit FusedOptimizer(nn::ParamArena<S>& arena, Options options = {},
+                                          std::vector<GroupRule> groups = {});
 
   FusedOptimizer(const FusedOptimizer&) = delete;
   FusedOptimizer& operator=(const FusedOptimizer&) = delete;
@@ -367,71 +338,11 @@ class FusedOptimizer {
   /// state) and "<param>.step" (f32 scalar, as PyTorch keeps it), values "optimizer" (the rule's
   /// name), "step", "num_groups", "group.<g>.lr", "group.<g>.initial_lr",
   /// "group.<g>.weight_decay" and the rule's saved options. Downloads device state (sync).
-  StateDict state_dict() const {
-    StateDict sd;
-    const StepHeader h = read_header();
-    sd.set("optimizer", Rule::kName);
-    sd.set("step", h.step);
-    sd.set("num_groups", num_groups());
-    for (int g = 0; g < num_groups(); ++g) {
-      const std::string key = "group." + std::to_string(g);
-      sd.set(key + ".lr", lr_->lr[static_cast<std::size_t>(g)]);
-      if (lr_->initial_lr.size() == lr_->lr.size())
-        sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
-      sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
-    }
-    for (const detail::StateBuffer& b : state_buffers())
-      detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
-    for (const nn::ParamInfo& p : arena_->infos()) {
-      AnyTensor t(DType::kF32, Shape{});
-      const float step = static_cast<float>(h.step);
-      std::memcpy(t.data(), &step, sizeof step);
-      sd.tensors[p.name + ".step"] = std::move(t);
-    }
-    detail::save_fields(sd, options_, Traits::saved_options());
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
   /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
-  void load_state_dict(const StateDict& sd) {
-    const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
-    TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                   sd.get_string("optimizer"));
-    TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
-                   sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
-    Options loaded = options_;
-    detail::load_fields(sd, loaded, Traits::saved_options());
-    TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
-                   "the state's options keep the state ", state_layout(loaded),
-                   ", this optimizer's keep ", state_layout(options_));
-    const auto buffers = state_buffers();
-    for (const detail::StateBuffer& b : buffers)
-      detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
-    std::vector<double> lrs, initial, wds;
-    for (int g = 0; g < num_groups(); ++g) {
-      const std::string key = "group." + std::to_string(g);
-      lrs.push_back(sd.get_double(key + ".lr"));
-      if (sd.values.count(key + ".initial_lr"))
-        initial.push_back(sd.get_double(key + ".initial_lr"));
-      wds.push_back(sd.get_double(key + ".weight_decay"));
-    }
-    const double step = sd.get_double("step");
-    for (const detail::StateBuffer& b : buffers)
-      detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
-    options_ = loaded;
-    for (std::size_t g = 0; g < group_.size(); ++g) {
-      group_[g] = loaded;
-      group_[g].weight_decay = wds[g];
-    }
-    lr_->lr = lrs;
-    if (initial.size() == lrs.size()) lr_->initial_lr = initial;
-    StepHeader h = read_header();
-    h.step = step;
-    h.skip = 0;
-    h.first = 0;
-    copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
   static Options validated(const Options& o) {
@@ -443,41 +354,11 @@ class FusedOptimizer {
   }
 
   /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.
-  static std::string state_layout(const Options& o) {
-    const unsigned v = Traits::variant(o);
-    std::string out;
-    for (int k = 0; k < Traits::num_states(v); ++k)
-      out += std::string(k == 0 ? "" : ", ") + Rule::kStates[static_cast<std::size_t>(k)];
-    return (out.empty() ? "(none)" : out) + " (" + std::string(dtype_name(Traits::state_dtype(v))) +
-           ")";
-  }
+  TRAINKIT_INLINE static std::string state_layout(const Options& o);
 
-  void allocate_states() {
-    const unsigned v = Traits::variant(options_);
-    const std::int64_t n = arena_->buffer_numel();
-    for (int k = 0; k < Traits::num_states(v); ++k) {
-      const std::string name = Rule::kStates[static_cast<std::size_t>(k)];
-      if (Traits::state_dtype(v) == DType::kBF16) {
-        owned_.emplace_back(Shape{n});
-        zero_bytes(owned_.back().data(), S, owned_.back().bytes());
-        state_[k] = owned_.back().data();
-      } else {
-        float* data =
-            arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
-        zero_bytes(data, S, static_cast<std::size_t>(n) * sizeof(float));
-        state_[k] = data;
-      }
-    }
-  }
+  TRAINKIT_INLINE void allocate_states();
 
-  std::vector<detail::StateBuffer> state_buffers() const {
-    const unsigned v = Traits::variant(options_);
-    std::vector<detail::StateBuffer> out;
-    for (int k = 0; k < Traits::num_states(v); ++k)
-      out.push_back(
-          {Rule::kStates[static_cast<std::size_t>(k)], state_[k], Traits::state_dtype(v)});
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<detail::StateBuffer> state_buffers() const;
 
   StepHeader read_header() const {
     StepHeader h{};
@@ -657,6 +538,142 @@ class FusedOptimizer {
   Tensor<detail::NormPartial, S> partials_;
   Tensor<float, S> ratio_;
 };
+
+template <class Rule, Space S>
+TRAINKIT_INLINE FusedOptimizer<Rule, S>::FusedOptimizer(nn::ParamArena<S>& arena, Options options,
+                                                        std::vector<GroupRule> groups)
+    : arena_(&arena), options_(validated(options)) {
+  TRAINKIT_CHECK(arena.finalized(), "optim::", Rule::kName,
+                 ": the ParamArena must be finalized before the optimizer is created");
+  std::vector<std::string> names;
+  for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
+  param_group_ = assign_groups(names, groups);
+  group_.assign(groups.size() + 1, options_);
+  for (std::size_t r = 0; r < groups.size(); ++r) {
+    if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
+    if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
+  }
+  for (const Options& g : group_) lr_->lr.push_back(g.lr);
+  segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
+
+  header_ = Tensor<StepHeader, S>(Shape{1});
+  zero_bytes(header_.data(), S, header_.bytes());
+  scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
+  zero_bytes(scalars_.data(), S, scalars_.bytes());
+  std::vector<std::int32_t> seg_group;
+  std::vector<std::int64_t> seg_begin;
+  for (const detail::Segment& s : segments_) {
+    seg_group.push_back(s.group);
+    seg_begin.push_back(s.begin);
+  }
+  segment_group_ = detail::upload_table<S>(seg_group);
+  segment_begin_ = detail::upload_table<S>(seg_begin);
+  allocate_states();
+  if constexpr (Traits::kTrustRatio) build_chunks();
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE StateDict FusedOptimizer<Rule, S>::state_dict() const {
+  StateDict sd;
+  const StepHeader h = read_header();
+  sd.set("optimizer", Rule::kName);
+  sd.set("step", h.step);
+  sd.set("num_groups", num_groups());
+  for (int g = 0; g < num_groups(); ++g) {
+    const std::string key = "group." + std::to_string(g);
+    sd.set(key + ".lr", lr_->lr[static_cast<std::size_t>(g)]);
+    if (lr_->initial_lr.size() == lr_->lr.size())
+      sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
+    sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
+  }
+  for (const detail::StateBuffer& b : state_buffers())
+    detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
+  for (const nn::ParamInfo& p : arena_->infos()) {
+    AnyTensor t(DType::kF32, Shape{});
+    const float step = static_cast<float>(h.step);
+    std::memcpy(t.data(), &step, sizeof step);
+    sd.tensors[p.name + ".step"] = std::move(t);
+  }
+  detail::save_fields(sd, options_, Traits::saved_options());
+  return sd;
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
+  const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
+  TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
+                 sd.get_string("optimizer"));
+  TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
+                 sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
+  Options loaded = options_;
+  detail::load_fields(sd, loaded, Traits::saved_options());
+  TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
+                 "the state's options keep the state ", state_layout(loaded),
+                 ", this optimizer's keep ", state_layout(options_));
+  const auto buffers = state_buffers();
+  for (const detail::StateBuffer& b : buffers)
+    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
+  std::vector<double> lrs, initial, wds;
+  for (int g = 0; g < num_groups(); ++g) {
+    const std::string key = "group." + std::to_string(g);
+    lrs.push_back(sd.get_double(key + ".lr"));
+    if (sd.values.count(key + ".initial_lr")) initial.push_back(sd.get_double(key + ".initial_lr"));
+    wds.push_back(sd.get_double(key + ".weight_decay"));
+  }
+  const double step = sd.get_double("step");
+  for (const detail::StateBuffer& b : buffers)
+    detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
+  options_ = loaded;
+  for (std::size_t g = 0; g < group_.size(); ++g) {
+    group_[g] = loaded;
+    group_[g].weight_decay = wds[g];
+  }
+  lr_->lr = lrs;
+  if (initial.size() == lrs.size()) lr_->initial_lr = initial;
+  StepHeader h = read_header();
+  h.step = step;
+  h.skip = 0;
+  h.first = 0;
+  copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE std::string FusedOptimizer<Rule, S>::state_layout(const Options& o) {
+  const unsigned v = Traits::variant(o);
+  std::string out;
+  for (int k = 0; k < Traits::num_states(v); ++k)
+    out += std::string(k == 0 ? "" : ", ") + Rule::kStates[static_cast<std::size_t>(k)];
+  return (out.empty() ? "(none)" : out) + " (" + std::string(dtype_name(Traits::state_dtype(v))) +
+         ")";
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::allocate_states() {
+  const unsigned v = Traits::variant(options_);
+  const std::int64_t n = arena_->buffer_numel();
+  for (int k = 0; k < Traits::num_states(v); ++k) {
+    const std::string name = Rule::kStates[static_cast<std::size_t>(k)];
+    if (Traits::state_dtype(v) == DType::kBF16) {
+      owned_.emplace_back(Shape{n});
+      zero_bytes(owned_.back().data(), S, owned_.back().bytes());
+      state_[k] = owned_.back().data();
+    } else {
+      float* data =
+          arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
+      zero_bytes(data, S, static_cast<std::size_t>(n) * sizeof(float));
+      state_[k] = data;
+    }
+  }
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE std::vector<detail::StateBuffer> FusedOptimizer<Rule, S>::state_buffers() const {
+  const unsigned v = Traits::variant(options_);
+  std::vector<detail::StateBuffer> out;
+  for (int k = 0; k < Traits::num_states(v); ++k)
+    out.push_back({Rule::kStates[static_cast<std::size_t>(k)], state_[k], Traits::state_dtype(v)});
+  return out;
+}
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

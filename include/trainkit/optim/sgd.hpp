@@ -99,5 +99,20 @@ class SGD : public FusedOptimizer<detail::SGDRule, S> {
       : FusedOptimizer<detail::SGDRule, S>(arena, options, std::move(groups)) {}
 };
 
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host optimizer's out-of-class members (construction, state) are instantiated once, in
+// the compiled library (src/trainkit.cpp); the step is compiled where it is used.
+extern template FusedOptimizer<detail::SGDRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, SGDOptions, std::vector<GroupRule>);
+extern template StateDict FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::load_state_dict(
+    const StateDict&);
+extern template std::string FusedOptimizer<detail::SGDRule, Space::kHost>::state_layout(
+    const SGDOptions&);
+extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::allocate_states();
+extern template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::SGDRule, Space::kHost>::state_buffers() const;
+#endif
+
 }  // namespace optim
 TRAINKIT_NAMESPACE_END

@@ -101,121 +101,24 @@ class Flags {
     return parse(args);
   }
   bool parse(int argc, char** argv) { return parse(argc, const_cast<const char* const*>(argv)); }
-  bool parse(const std::vector<std::string_view>& args) {
-    given_.clear();
-    std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
-    std::string config_file;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      std::string_view a = args[i];
-      if (a == "--help" || a == "-h") {
-        std::fputs(usage().c_str(), stdout);
-        return false;
-      }
-      TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
-                     "' (flags are --name value; see --help)");
-      a.remove_prefix(2);
-      std::string name(a.substr(0, a.find('=')));
-      std::optional<std::string> value;
-      if (a.find('=') != std::string_view::npos) value = std::string(a.substr(a.find('=') + 1));
-      const Flag* f = find(name);
-      if (f == nullptr && name.starts_with("no-")) {
-        const Flag* negated = find(name.substr(3));
-        if (negated != nullptr && std::holds_alternative<bool*>(negated->target)) {
-          TRAINKIT_CHECK(!value, program_, ": --", name, " takes no value");
-          pairs.emplace_back(name.substr(3), "false");
-          continue;
-        }
-      }
-      if (name == "config") {
-        TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
-        if (!value) {
-          TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
-          value = std::string(args[++i]);
-        }
-        config_file = *value;
-        continue;
-      }
-      TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
-      if (!value) {
-        if (std::holds_alternative<bool*>(f->target)) {
-          value = "true";
-        } else {
-          TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --", name, " needs a value (",
-                         type_name(*f), ")");
-          value = std::string(args[++i]);
-        }
-      }
-      pairs.emplace_back(std::move(name), std::move(*value));
-    }
-    std::set<std::string> seen;
-    for (const auto& [name, value] : pairs)
-      TRAINKIT_CHECK(seen.insert(name).second, program_, ": --", name, " is given twice");
-    if (!config_file.empty()) read_config(config_file);
-    for (const auto& [name, value] : pairs) {
-      set_from_text(*find(name), value, "--" + name);
-      given_.insert(name);
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool parse(const std::vector<std::string_view>& args);
 
   /// True when `name` was set by the command line or the config file (not left at its default).
   bool given(std::string_view name) const { return given_.count(std::string(name)) != 0; }
 
   /// The kRun flags as name -> canonical text (numbers in their shortest exact form): what a
   /// checkpoint stores to check a resume against.
-  std::map<std::string, std::string> run_config() const {
-    std::map<std::string, std::string> out;
-    for (const Flag& f : flags_)
-      if (f.role == FlagRole::kRun) out[f.name] = text_of(f);
-    return out;
-  }
+  TRAINKIT_INLINE std::map<std::string, std::string> run_config() const;
 
   /// Takes a resumed run's settings: every kRun flag not given here takes the saved value; a
   /// given one must equal it. Throws trainkit::Error listing every differing flag (saved and
   /// given value) and every saved setting this program does not define; `where` names the
   /// checkpoint. Saved configurations without a flag (added since) keep its current value.
-  void adopt(const std::map<std::string, std::string>& saved, std::string_view where) {
-    std::string problems;
-    for (const auto& [name, text] : saved) {
-      Flag* f = find(name);
-      if (f == nullptr || f->role != FlagRole::kRun) {
-        problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
-        continue;
-      }
-      if (given(name)) {
-        if (text_of(*f) != text)
-          problems +=
-              "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
-      } else {
-        set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
-      }
-    }
-    TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
-                   ", whose run was started with other settings:", problems,
-                   "\n(leave these flags out to continue that run, or start a new run elsewhere)");
-  }
+  TRAINKIT_INLINE void adopt(const std::map<std::string, std::string>& saved,
+                             std::string_view where);
 
   /// The usage text --help prints: summary, then every flag with its type, default and help.
-  std::string usage() const {
-    std::string out = "usage: " + program_ + " [flags]\n" + summary_ + "\n\nflags:\n";
-    const auto line = [&](const std::string& left, const std::string& right) {
-      out += "  " + left;
-      out += left.size() < 26 ? std::string(26 - left.size(), ' ') : "\n" + std::string(28, ' ');
-      out += right + "\n";
-    };
-    for (const Flag& f : flags_) {
-      std::string left = "--" + f.name;
-      if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
-      std::string right =
-          f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
-      for (const Limit& l : f.limits) right += ", " + l.text;
-      right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
-      line(left, right);
-    }
-    line("--config FILE", "read flag values from a JSON object {\"name\": value, ...}");
-    line("--help", "print this and exit");
-    return out;
-  }
+  TRAINKIT_INLINE std::string usage() const;
 
  private:
   using Target = std::variant<bool*, int*, std::int64_t*, double*, float*, std::string*>;
@@ -233,41 +136,11 @@ class Flags {
     std::vector<Limit> limits = {};
   };
 
-  static bool within(double v, const Limit& l) {
-    switch (l.kind) {
-      case Bound::kAtLeast: return v >= l.bound;
-      case Bound::kAbove: return v > l.bound;
-      case Bound::kAtMost: return v <= l.bound;
-      case Bound::kBelow: return v < l.bound;
-    }
-    return false;
-  }
-  static double number_of(const Flag& f) {
-    return std::visit(
-        [](auto* p) -> double {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
-          else return 0.0;
-        },
-        f.target);
-  }
-  void limit(double bound, Bound kind, const char* relation) {
-    Flag& f = flags_.back();
-    Limit l{bound, kind, relation + StateDict::number_to_string(bound)};
-    TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
-                   f.default_text, ", is not ", l.text);
-    f.limits.push_back(std::move(l));
-  }
+  TRAINKIT_INLINE static bool within(double v, const Limit& l);
+  TRAINKIT_INLINE static double number_of(const Flag& f);
+  TRAINKIT_INLINE void limit(double bound, Bound kind, const char* relation);
 
-  void check_name(const std::string& name) const {
-    bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
-              !name.starts_with("no-");
-    for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
-    TRAINKIT_CHECK(ok, program_, ": '", name,
-                   "' is not a usable flag name (lower case letters, digits and '-'; not help, "
-                   "config or no-...)");
-    TRAINKIT_CHECK(find(name) == nullptr, program_, ": flag --", name, " is defined twice");
-  }
+  TRAINKIT_INLINE void check_name(const std::string& name) const;
 
   Flag* find(std::string_view name) {
     for (Flag& f : flags_)
@@ -281,60 +154,10 @@ class Flags {
     return kNames[f.target.index()];
   }
 
-  static std::string text_of(const Flag& f) {
-    return std::visit(
-        [](auto* p) -> std::string {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            return *p ? "true" : "false";
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            return *p;
-          } else if constexpr (std::is_same_v<T, float>) {
-            char buffer[32];  // the shortest text that reads back to the same float
-            const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, *p);
-            return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
-          } else if constexpr (std::is_same_v<T, double>) {
-            return StateDict::number_to_string(*p);
-          } else {
-            return std::to_string(*p);
-          }
-        },
-        f.target);
-  }
+  TRAINKIT_INLINE static std::string text_of(const Flag& f);
 
   /// Parses `text` into the flag's variable; `who` names the source in errors.
-  void set_from_text(Flag& f, std::string_view text, const std::string& who) {
-    const auto fail = [&](std::string_view expected) {
-      TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
-    };
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            if (text == "true" || text == "1") *p = true;
-            else if (text == "false" || text == "0") *p = false;
-            else fail("true or false");
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            *p = std::string(text);
-          } else if constexpr (std::is_floating_point_v<T>) {
-            T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-            if (ec == std::errc::result_out_of_range) fail("a number in range");
-            if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
-              fail("a finite number");
-            check_limits(f, double(v), fail);
-            *p = v;
-          } else {
-            T v = 0;
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-            if (ec == std::errc::result_out_of_range) fail("an integer in range");
-            if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
-            check_limits(f, double(v), fail);
-            *p = v;
-          }
-        },
-        f.target);
-  }
+  TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
   template <class Fail>
   static void check_limits(const Flag& f, double v, const Fail& fail) {
@@ -342,55 +165,258 @@ class Flags {
       if (!within(v, l)) fail("a value " + l.text);
   }
 
-  void read_config(const std::string& path) {
-    std::string text;
-    {
-      std::FILE* file = std::fopen(path.c_str(), "rb");
-      TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
-      char buffer[4096];
-      std::size_t n = 0;
-      while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
-        if (text.size() + n > kMaxConfigBytes) {
-          std::fclose(file);
-          TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
-                        " bytes; a run configuration is a small JSON object");
-        }
-        text.append(buffer, n);
-      }
-      std::fclose(file);
-    }
-    const std::string where = "--config file '" + path + "'";
-    const io::Json root = io::Json::parse(text, where);
-    TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
-                   " must hold a JSON object of flag names to values");
-    for (const io::JsonMember& m : root.as_object()) {
-      Flag* f = find(m.key);
-      TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
-                     "', which is not a flag (see --help)");
-      const std::string who = where + ": '" + m.key + "'";
-      const bool is_bool = std::holds_alternative<bool*>(f->target);
-      const bool is_text = std::holds_alternative<std::string*>(f->target);
-      if (is_bool) {
-        TRAINKIT_CHECK(m.value.is_bool(), program_, ": ", who, " must be true or false");
-        set_from_text(*f, m.value.as_bool() ? "true" : "false", who);
-      } else if (is_text) {
-        TRAINKIT_CHECK(m.value.is_string(), program_, ": ", who, " must be a string");
-        set_from_text(*f, m.value.as_string(), who);
-      } else {
-        TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
-        const std::string number = !m.value.is_integer()   ? m.value.number_text()
-                                   : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
-                                                           : std::to_string(m.value.as_int());
-        set_from_text(*f, number, who);
-      }
-      given_.insert(m.key);
-    }
-  }
+  TRAINKIT_INLINE void read_config(const std::string& path);
 
   std::string program_, summary_;
   std::vector<Flag> flags_;
   std::set<std::string> given_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
+  given_.clear();
+  std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
+  std::string config_file;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage().c_str(), stdout);
+      return false;
+    }
+    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
+                   "' (flags are --name value; see --help)");
+    a.remove_prefix(2);
+    std::string name(a.substr(0, a.find('=')));
+    std::optional<std::string> value;
+    if (a.find('=') != std::string_view::npos) value = std::string(a.substr(a.find('=') + 1));
+    const Flag* f = find(name);
+    if (f == nullptr && name.starts_with("no-")) {
+      const Flag* negated = find(name.substr(3));
+      if (negated != nullptr && std::holds_alternative<bool*>(negated->target)) {
+        TRAINKIT_CHECK(!value, program_, ": --", name, " takes no value");
+        pairs.emplace_back(name.substr(3), "false");
+        continue;
+      }
+    }
+    if (name == "config") {
+      TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
+      if (!value) {
+        TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
+        value = std::string(args[++i]);
+      }
+      config_file = *value;
+      continue;
+    }
+    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
+    if (!value) {
+      if (std::holds_alternative<bool*>(f->target)) {
+        value = "true";
+      } else {
+        TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --", name, " needs a value (",
+                       type_name(*f), ")");
+        value = std::string(args[++i]);
+      }
+    }
+    pairs.emplace_back(std::move(name), std::move(*value));
+  }
+  std::set<std::string> seen;
+  for (const auto& [name, value] : pairs)
+    TRAINKIT_CHECK(seen.insert(name).second, program_, ": --", name, " is given twice");
+  if (!config_file.empty()) read_config(config_file);
+  for (const auto& [name, value] : pairs) {
+    set_from_text(*find(name), value, "--" + name);
+    given_.insert(name);
+  }
+  return true;
+}
+
+TRAINKIT_INLINE std::map<std::string, std::string> Flags::run_config() const {
+  std::map<std::string, std::string> out;
+  for (const Flag& f : flags_)
+    if (f.role == FlagRole::kRun) out[f.name] = text_of(f);
+  return out;
+}
+
+TRAINKIT_INLINE void Flags::adopt(const std::map<std::string, std::string>& saved,
+                                  std::string_view where) {
+  std::string problems;
+  for (const auto& [name, text] : saved) {
+    Flag* f = find(name);
+    if (f == nullptr || f->role != FlagRole::kRun) {
+      problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
+      continue;
+    }
+    if (given(name)) {
+      if (text_of(*f) != text)
+        problems += "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
+    } else {
+      set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
+    }
+  }
+  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
+                 ", whose run was started with other settings:", problems,
+                 "\n(leave these flags out to continue that run, or start a new run elsewhere)");
+}
+
+TRAINKIT_INLINE std::string Flags::usage() const {
+  std::string out = "usage: " + program_ + " [flags]\n" + summary_ + "\n\nflags:\n";
+  const auto line = [&](const std::string& left, const std::string& right) {
+    out += "  " + left;
+    out += left.size() < 26 ? std::string(26 - left.size(), ' ') : "\n" + std::string(28, ' ');
+    out += right + "\n";
+  };
+  for (const Flag& f : flags_) {
+    std::string left = "--" + f.name;
+    if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
+    std::string right = f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
+    for (const Limit& l : f.limits) right += ", " + l.text;
+    right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
+    line(left, right);
+  }
+  line("--config FILE", "read flag values from a JSON object {\"name\": value, ...}");
+  line("--help", "print this and exit");
+  return out;
+}
+
+TRAINKIT_INLINE bool Flags::within(double v, const Limit& l) {
+  switch (l.kind) {
+    case Bound::kAtLeast: return v >= l.bound;
+    case Bound::kAbove: return v > l.bound;
+    case Bound::kAtMost: return v <= l.bound;
+    case Bound::kBelow: return v < l.bound;
+  }
+  return false;
+}
+
+TRAINKIT_INLINE double Flags::number_of(const Flag& f) {
+  return std::visit(
+      [](auto* p) -> double {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
+        else return 0.0;
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::limit(double bound, Bound kind, const char* relation) {
+  Flag& f = flags_.back();
+  Limit l{bound, kind, std::string(relation).append(StateDict::number_to_string(bound))};
+  TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
+                 f.default_text, ", is not ", l.text);
+  f.limits.push_back(std::move(l));
+}
+
+TRAINKIT_INLINE void Flags::check_name(const std::string& name) const {
+  bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
+            !name.starts_with("no-");
+  for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+  TRAINKIT_CHECK(ok, program_, ": '", name,
+                 "' is not a usable flag name (lower case letters, digits and '-'; not help, "
+                 "config or no-...)");
+  TRAINKIT_CHECK(find(name) == nullptr, program_, ": flag --", name, " is defined twice");
+}
+
+TRAINKIT_INLINE std::string Flags::text_of(const Flag& f) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return *p;
+        } else if constexpr (std::is_same_v<T, float>) {
+          char buffer[32];  // the shortest text that reads back to the same float
+          const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, *p);
+          return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
+        } else if constexpr (std::is_same_v<T, double>) {
+          return StateDict::number_to_string(*p);
+        } else {
+          return std::to_string(*p);
+        }
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const std::string& who) {
+  const auto fail = [&](std::string_view expected) {
+    TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "1") *p = true;
+          else if (text == "false" || text == "0") *p = false;
+          else fail("true or false");
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          *p = std::string(text);
+        } else if constexpr (std::is_floating_point_v<T>) {
+          T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (ec == std::errc::result_out_of_range) fail("a number in range");
+          if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+            fail("a finite number");
+          check_limits(f, double(v), fail);
+          *p = v;
+        } else {
+          T v = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (ec == std::errc::result_out_of_range) fail("an integer in range");
+          if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
+          check_limits(f, double(v), fail);
+          *p = v;
+        }
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
+  std::string text;
+  {
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
+    char buffer[4096];
+    std::size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
+      if (text.size() + n > kMaxConfigBytes) {
+        std::fclose(file);
+        TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
+                      " bytes; a run configuration is a small JSON object");
+      }
+      text.append(buffer, n);
+    }
+    std::fclose(file);
+  }
+  const std::string where = "--config file '" + path + "'";
+  const io::Json root = io::Json::parse(text, where);
+  TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
+                 " must hold a JSON object of flag names to values");
+  for (const io::JsonMember& m : root.as_object()) {
+    Flag* f = find(m.key);
+    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
+                   "', which is not a flag (see --help)");
+    const std::string who = where + ": '" + m.key + "'";
+    const bool is_bool = std::holds_alternative<bool*>(f->target);
+    const bool is_text = std::holds_alternative<std::string*>(f->target);
+    if (is_bool) {
+      TRAINKIT_CHECK(m.value.is_bool(), program_, ": ", who, " must be true or false");
+      set_from_text(*f, m.value.as_bool() ? "true" : "false", who);
+    } else if (is_text) {
+      TRAINKIT_CHECK(m.value.is_string(), program_, ": ", who, " must be a string");
+      set_from_text(*f, m.value.as_string(), who);
+    } else {
+      TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
+      const std::string number = !m.value.is_integer()   ? m.value.number_text()
+                                 : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
+                                                         : std::to_string(m.value.as_int());
+      set_from_text(*f, number, who);
+    }
+    given_.insert(m.key);
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace train
 TRAINKIT_NAMESPACE_END
