@@ -10934,6 +10934,7 @@ TRAINKIT_NAMESPACE_END
 // copy is refreshed once per step (ParamArena::refresh_compute_copy). Misuse fails to compile.
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 
@@ -11066,6 +11067,19 @@ constexpr void check_optimizer_grad() {
                 "accumulate backward into the ParamArena's f32 grad buffer (trainkit layers do) "
                 "or cast the gradients to f32 "
                 "(unscaling them first under amp::Fp16)");
+}
+
+/// Calls `f.template operator()<P>()` (e.g. a lambda `[&]<class P>() { ... }`) with the policy
+/// named `name` — "fp32", "tf32", "bf16" or "fp16", as a --precision flag spells them — and
+/// returns its result: one run-time choice, then everything compiled for that policy. Throws
+/// naming the four choices for any other name.
+template <class F>
+decltype(auto) visit_policy(std::string_view name, F&& f) {
+  if (name == "fp32") return f.template operator()<Fp32>();
+  if (name == "tf32") return f.template operator()<Tf32>();
+  if (name == "bf16") return f.template operator()<Bf16>();
+  TRAINKIT_CHECK(name == "fp16", "precision '", name, "' is not fp32, tf32, bf16 or fp16");
+  return f.template operator()<Fp16>();
 }
 
 }  // namespace amp
@@ -11329,46 +11343,11 @@ class ParamArena {
   /// Registers a parameter of `shape` named `name` (its PyTorch state-dict name) and returns its
   /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name or
   /// after finalize().
-  ParamId add(std::string name, Shape shape, Init init = Init::zeros()) {
-    TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
-                   "') after finalize(): register every parameter before finalizing");
-    TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
-    TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
-                   "ParamArena::add: duplicate parameter "
-                   "name '",
-                   name, "'");
-    TRAINKIT_CHECK(infos_.size() < std::size_t{0x7fffffff}, "ParamArena: too many parameters");
-    ParamInfo info;
-    info.shape = shape;
-    info.numel = shape.numel();
-    info.offset = end_;
-    info.init = init;
-    end_ += round_up(info.numel);
-    info.name = std::move(name);
-    const ParamId id{static_cast<std::int32_t>(infos_.size())};
-    by_name_.emplace(info.name, id.index);
-    infos_.push_back(std::move(info));
-    return id;
-  }
+  TRAINKIT_INLINE ParamId add(std::string name, Shape shape, Init init = Init::zeros());
 
   /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
   /// when called twice.
-  void finalize() {
-    TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
-    params_ = Tensor<float, S>(Shape{end_});
-    grads_ = Tensor<float, S>(Shape{end_});
-    detail::zero_fill(params_);
-    detail::zero_fill(grads_);
-    static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
-    std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
-    for (const ParamInfo& p : infos_)
-      for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
-        valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
-            static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
-    block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
-    upload(block_valid_.data(), valid.data(), valid.size());
-    finalized_ = true;
-  }
+  TRAINKIT_INLINE void finalize();
 
   bool finalized() const noexcept { return finalized_; }
 
@@ -11386,11 +11365,7 @@ class ParamArena {
     return ParamId{it->second};
   }
   /// The id of parameter `name`; throws trainkit::Error naming it when absent.
-  ParamId at(std::string_view name) const {
-    const auto id = find(name);
-    TRAINKIT_CHECK(id.has_value(), "ParamArena: no parameter named '", name, "'");
-    return *id;
-  }
+  TRAINKIT_INLINE ParamId at(std::string_view name) const;
   /// Total number of parameter elements (without padding), as PyTorch's
   /// `sum(p.numel() for p in model.parameters())`.
   std::int64_t num_parameters() const noexcept {
@@ -11406,32 +11381,9 @@ class ParamArena {
   /// The parameters as a component: one F32 tensor per parameter under its name (host copies),
   /// for a second arena in a checkpoint (an EMA copy, a frozen teacher); the model itself goes
   /// to model.safetensors through ckpt::TrainState::model().
-  StateDict state_dict() const {
-    check_finalized("state_dict");
-    StateDict sd;
-    for (const ParamInfo& p : infos_) {
-      AnyTensor t(DType::kF32, p.shape);
-      copy_bytes(t.data(), Space::kHost, params_.data() + p.offset, S, t.bytes(), "ParamArena");
-      sd.tensors.emplace(p.name, std::move(t));
-    }
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
   /// Requires exactly this arena's names, shapes and F32; checks all before changing anything.
-  void load_state_dict(const StateDict& sd) {
-    check_finalized("load_state_dict");
-    TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
-                   " parameters from a state of ", sd.tensors.size(), " tensors");
-    for (const ParamInfo& p : infos_) {
-      const AnyTensor& t = sd.tensor(p.name);
-      TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
-                     p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
-                     " in the state but F32 ", p.shape.to_string(), " in the arena");
-    }
-    for (const ParamInfo& p : infos_) {
-      const AnyTensor& t = sd.tensor(p.name);
-      upload(params_.data() + p.offset, t.data(), t.bytes());
-    }
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   // ---- buffers and views ----------------------------------------------------------------------
 
@@ -11493,24 +11445,10 @@ class ParamArena {
   /// Initialises every parameter with the Init it was registered with. Element e of parameter
   /// number p gets draw e of Philox stream init_stream_id(p) under `seed`: deterministic, and
   /// identical on host and device arenas (a device arena fills on the host and copies).
-  void initialize(std::uint64_t seed) {
-    for (std::size_t p = 0; p < infos_.size(); ++p)
-      initialize(ParamId{static_cast<std::int32_t>(p)}, infos_[p].init, seed);
-  }
+  TRAINKIT_INLINE void initialize(std::uint64_t seed);
 
   /// Initialises parameter `id` with `init` (keyed by the parameter's index, as above).
-  void initialize(ParamId id, const Init& init, std::uint64_t seed) {
-    check_finalized("initialize");
-    const ParamInfo& p = infos_[check_id(id, "initialize")];
-    if constexpr (S == Space::kHost) {
-      fill_init(params_.data() + p.offset, p.shape, init, seed,
-                static_cast<std::uint64_t>(id.index), p.name);
-    } else {
-      Tensor<float, Space::kHost> staging(Shape{p.numel});
-      fill_init(staging.data(), p.shape, init, seed, static_cast<std::uint64_t>(id.index), p.name);
-      upload(params_.data() + p.offset, staging.data(), staging.bytes());
-    }
-  }
+  TRAINKIT_INLINE void initialize(ParamId id, const Init& init, std::uint64_t seed);
 
   /// Copies all parameters from another arena with the same registrations (names, shapes and
   /// order), e.g. a host arena into a device arena. Throws when the layouts differ.
@@ -11552,34 +11490,17 @@ class ParamArena {
   /// Adds an optimizer state buffer `name` (e.g. "exp_avg") with the parameters' layout,
   /// zero-filled, and returns it flat; parameter p's state is at info(p).offset. Checkpoints name
   /// the slices "<param>.<state>". Throws when the name exists or before finalize().
-  TensorView<float, 1, S> add_state(std::string name) {
-    check_finalized("add_state");
-    TRAINKIT_CHECK(!name.empty(), "ParamArena::add_state: empty state name");
-    for (const auto& s : states_)
-      TRAINKIT_CHECK(s.name != name, "ParamArena::add_state: duplicate state '", name, "'");
-    NamedBuffer b{std::move(name), Tensor<float, S>(Shape{end_})};
-    detail::zero_fill(b.buffer);
-    states_.push_back(std::move(b));
-    return states_.back().buffer.flat();
-  }
+  TRAINKIT_INLINE TensorView<float, 1, S> add_state(std::string name);
   bool has_state(std::string_view name) const noexcept { return find_state(name) != nullptr; }
   /// State buffer `name`, flat; throws when absent.
-  TensorView<float, 1, S> state(std::string_view name) {
-    NamedBuffer* b = find_state(name);
-    TRAINKIT_CHECK(b != nullptr, "ParamArena: no optimizer state named '", name, "'");
-    return b->buffer.flat();
-  }
+  TRAINKIT_INLINE TensorView<float, 1, S> state(std::string_view name);
   /// Parameter `id`'s slice of state `name` as a rank-R view.
   template <int R>
   TensorView<float, R, S> state(std::string_view name, ParamId id) {
     return view_in<float, R>(state(name).data(), id, "state");
   }
   /// Names of the state buffers, in creation order.
-  std::vector<std::string> state_names() const {
-    std::vector<std::string> names;
-    for (const auto& s : states_) names.push_back(s.name);
-    return names;
-  }
+  TRAINKIT_INLINE std::vector<std::string> state_names() const;
 
   // ---- low-precision compute copies -----------------------------------------------------------
 
@@ -11700,6 +11621,145 @@ class ParamArena {
   Tensor<bf16, S> copy_bf16_;
   Tensor<f16, S> copy_f16_;
 };
+
+template <Space S>
+TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init init) {
+  TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
+                 "') after finalize(): register every parameter before finalizing");
+  TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
+  TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
+                 "ParamArena::add: duplicate parameter "
+                 "name '",
+                 name, "'");
+  TRAINKIT_CHECK(infos_.size() < std::size_t{0x7fffffff}, "ParamArena: too many parameters");
+  ParamInfo info;
+  info.shape = shape;
+  info.numel = shape.numel();
+  info.offset = end_;
+  info.init = init;
+  end_ += round_up(info.numel);
+  info.name = std::move(name);
+  const ParamId id{static_cast<std::int32_t>(infos_.size())};
+  by_name_.emplace(info.name, id.index);
+  infos_.push_back(std::move(info));
+  return id;
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::finalize() {
+  TRAINKIT_CHECK(!finalized_, "ParamArena::finalize() called twice");
+  params_ = Tensor<float, S>(Shape{end_});
+  grads_ = Tensor<float, S>(Shape{end_});
+  detail::zero_fill(params_);
+  detail::zero_fill(grads_);
+  static_assert(kAlignment == 16, "PaddingMask assumes 16-element blocks");
+  std::vector<std::uint8_t> valid(static_cast<std::size_t>(end_ / kAlignment), 0);
+  for (const ParamInfo& p : infos_)
+    for (std::int64_t b = 0; b * kAlignment < p.numel; ++b)
+      valid[static_cast<std::size_t>(p.offset / kAlignment + b)] =
+          static_cast<std::uint8_t>(std::min(kAlignment, p.numel - b * kAlignment));
+  block_valid_ = Tensor<std::uint8_t, S>(Shape{static_cast<std::int64_t>(valid.size())});
+  upload(block_valid_.data(), valid.data(), valid.size());
+  finalized_ = true;
+}
+
+template <Space S>
+TRAINKIT_INLINE ParamId ParamArena<S>::at(std::string_view name) const {
+  const auto id = find(name);
+  TRAINKIT_CHECK(id.has_value(), "ParamArena: no parameter named '", name, "'");
+  return *id;
+}
+
+template <Space S>
+TRAINKIT_INLINE StateDict ParamArena<S>::state_dict() const {
+  check_finalized("state_dict");
+  StateDict sd;
+  for (const ParamInfo& p : infos_) {
+    AnyTensor t(DType::kF32, p.shape);
+    copy_bytes(t.data(), Space::kHost, params_.data() + p.offset, S, t.bytes(), "ParamArena");
+    sd.tensors.emplace(p.name, std::move(t));
+  }
+  return sd;
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::load_state_dict(const StateDict& sd) {
+  check_finalized("load_state_dict");
+  TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
+                 " parameters from a state of ", sd.tensors.size(), " tensors");
+  for (const ParamInfo& p : infos_) {
+    const AnyTensor& t = sd.tensor(p.name);
+    TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
+                   p.name, "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(),
+                   " in the state but F32 ", p.shape.to_string(), " in the arena");
+  }
+  for (const ParamInfo& p : infos_) {
+    const AnyTensor& t = sd.tensor(p.name);
+    upload(params_.data() + p.offset, t.data(), t.bytes());
+  }
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::initialize(std::uint64_t seed) {
+  for (std::size_t p = 0; p < infos_.size(); ++p)
+    initialize(ParamId{static_cast<std::int32_t>(p)}, infos_[p].init, seed);
+}
+
+template <Space S>
+TRAINKIT_INLINE void ParamArena<S>::initialize(ParamId id, const Init& init, std::uint64_t seed) {
+  check_finalized("initialize");
+  const ParamInfo& p = infos_[check_id(id, "initialize")];
+  if constexpr (S == Space::kHost) {
+    fill_init(params_.data() + p.offset, p.shape, init, seed, static_cast<std::uint64_t>(id.index),
+              p.name);
+  } else {
+    Tensor<float, Space::kHost> staging(Shape{p.numel});
+    fill_init(staging.data(), p.shape, init, seed, static_cast<std::uint64_t>(id.index), p.name);
+    upload(params_.data() + p.offset, staging.data(), staging.bytes());
+  }
+}
+
+template <Space S>
+TRAINKIT_INLINE TensorView<float, 1, S> ParamArena<S>::add_state(std::string name) {
+  check_finalized("add_state");
+  TRAINKIT_CHECK(!name.empty(), "ParamArena::add_state: empty state name");
+  for (const auto& s : states_)
+    TRAINKIT_CHECK(s.name != name, "ParamArena::add_state: duplicate state '", name, "'");
+  NamedBuffer b{std::move(name), Tensor<float, S>(Shape{end_})};
+  detail::zero_fill(b.buffer);
+  states_.push_back(std::move(b));
+  return states_.back().buffer.flat();
+}
+
+template <Space S>
+TRAINKIT_INLINE TensorView<float, 1, S> ParamArena<S>::state(std::string_view name) {
+  NamedBuffer* b = find_state(name);
+  TRAINKIT_CHECK(b != nullptr, "ParamArena: no optimizer state named '", name, "'");
+  return b->buffer.flat();
+}
+
+template <Space S>
+TRAINKIT_INLINE std::vector<std::string> ParamArena<S>::state_names() const {
+  std::vector<std::string> names;
+  for (const auto& s : states_) names.push_back(s.name);
+  return names;
+}
+
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host arena's out-of-class members are instantiated once, in the compiled library
+// (src/trainkit.cpp); a device arena's are still instantiated where they are used.
+extern template ParamId ParamArena<Space::kHost>::add(std::string, Shape, Init);
+extern template void ParamArena<Space::kHost>::finalize();
+extern template ParamId ParamArena<Space::kHost>::at(std::string_view) const;
+extern template StateDict ParamArena<Space::kHost>::state_dict() const;
+extern template void ParamArena<Space::kHost>::load_state_dict(const StateDict&);
+extern template void ParamArena<Space::kHost>::initialize(std::uint64_t);
+extern template void ParamArena<Space::kHost>::initialize(ParamId, const Init&, std::uint64_t);
+extern template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::add_state(std::string);
+extern template TensorView<float, 1, Space::kHost> ParamArena<Space::kHost>::state(
+    std::string_view);
+extern template std::vector<std::string> ParamArena<Space::kHost>::state_names() const;
+#endif
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END
@@ -12062,6 +12122,8 @@ TRAINKIT_NAMESPACE_END
 // expf/tanhf are scalar calls the compiler cannot vectorise; these are straight-line float code
 // (Cephes' expf polynomial, ~1 ulp) that g++/clang++ turn into SIMD loops, which is what makes
 // softmax, GELU and cross-entropy run at memory speed on the CPU. Device code uses CUDA's own.
+// The element functions are force-inlined: g++ -O2 otherwise calls exp_approx out of line from
+// the element loops (it was ~18% of a train_gpt step), which also keeps those loops scalar.
 
 #include <cstdint>
 
@@ -12083,7 +12145,7 @@ TRAINKIT_HOST_DEVICE inline constexpr int ordered_bits(int bits) noexcept {
 /// through the subnormals to 0 (e^-inf = 0), larger x saturate at ~3.3e38 (no inf); NaN gives
 /// NaN. Only integer selects and IEEE arithmetic: float compares would block if-conversion
 /// under the default -ftrapping-math, and this loop must vectorise.
-TRAINKIT_HOST_DEVICE inline float exp_approx(float x) noexcept {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float exp_approx(float x) noexcept {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
@@ -12119,19 +12181,19 @@ TRAINKIT_HOST_DEVICE inline float exp_approx(float x) noexcept {
 }
 
 /// 1 / (1 + e^-x).
-TRAINKIT_HOST_DEVICE inline float sigmoid_approx(float x) noexcept {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float sigmoid_approx(float x) noexcept {
   return 1.0f / (1.0f + exp_approx(-x));
 }
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
 /// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
-TRAINKIT_HOST_DEVICE inline float gelu_approx(float x) noexcept {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_approx(float x) noexcept {
   const float u = kGeluC * (x + kGeluA * x * x * x);
   return x * sigmoid_approx(2.0f * u);
 }
 
 /// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-TRAINKIT_HOST_DEVICE inline float gelu_grad_approx(float x) noexcept {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexcept {
   const float x2 = x * x;
   const float u = kGeluC * (x + kGeluA * x2 * x);
   const float s = sigmoid_approx(2.0f * u);
@@ -12152,6 +12214,26 @@ TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
     for (int l = 0; l < 8; ++l) acc[l] += term(j + l);
   for (int l = 0; j < n; ++j, ++l) acc[l] += term(j);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// store_at(j, value(j)) for every j < n, 8 elements at a time: a block's values are all computed
+/// (its loads done) before any of them is stored, so g++ -O2 vectorises the block without proving
+/// that the output does not alias the inputs, and without a remainder loop: its default cost
+/// model at -O2 ("very cheap") does neither, and leaves a plain `for (j < n) out[j] = f(j)`
+/// scalar. Each element sees the same arithmetic as in the plain loop (the same bits).
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
+template <class V, class St>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void lane_map(std::int64_t n, const V& value,
+                                                        const St& store_at) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    float v[8];
+    for (int l = 0; l < 8; ++l) v[l] = value(j + l);
+    for (int l = 0; l < 8; ++l) store_at(j + l, v[l]);
+  }
+  for (; j < n; ++j) store_at(j, value(j));
 }
 
 /// max_{j < n} term(j) (n >= 1) in 8 lanes; NaN terms are skipped.
@@ -12201,7 +12283,7 @@ template <class T>
 struct ReluForward {
   const T* x;
   T* y;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     const float v = load(x[i]);
     y[i] = store<T>(v < 0.0f ? 0.0f : v);  // NaN stays NaN, as torch.relu
   }
@@ -12212,7 +12294,7 @@ struct ReluBackward {
   const T* x;
   const T* dy;
   T* dx;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     float g = load(x[i]) > 0.0f ? load(dy[i]) : 0.0f;
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);
@@ -12223,7 +12305,7 @@ template <class T>
 struct GeluForward {
   const T* x;
   T* y;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     y[i] = store<T>(gelu_approx(load(x[i])));
   }
 };
@@ -12233,7 +12315,7 @@ struct GeluBackward {
   const T* x;
   const T* dy;
   T* dx;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     float g = load(dy[i]) * gelu_grad_approx(load(x[i]));
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);
@@ -12480,7 +12562,7 @@ struct AddFunctor {
   const T* a;
   const T* b;
   T* out;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     out[i] = store<T>(load(a[i]) + load(b[i]));
   }
 };
@@ -12492,12 +12574,36 @@ struct GradSplit {
   T* db;  // may be null
   bool accumulate_a;
   bool accumulate_b;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     const float g = load(dout[i]);
     if (da != nullptr) da[i] = store<T>(accumulate_a ? load(da[i]) + g : g);
     if (db != nullptr) db[i] = store<T>(accumulate_b ? load(db[i]) + g : g);
   }
 };
+
+/// The host GradSplit: the same element arithmetic, with the null and accumulate tests hoisted
+/// out of the element loop and each destination written in lane_map blocks, which g++ -O2
+/// vectorises (the branchy per-element functor stays scalar there).
+template <class T>
+void grad_split_host(const exec::Host& host, const GradSplit<T>& f, std::int64_t n) {
+  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) {
+    const T* g = f.dout + b;
+    const auto split = [&](T* d, bool accumulate) {
+      if (d == nullptr) return;
+      d += b;
+      const auto put = [&](std::int64_t j, float v) { d[j] = store<T>(v); };
+      if (accumulate) {
+        lane_map(
+            e - b, [&](std::int64_t j) { return load(d[j]) + load(g[j]); }, put);
+      } else {
+        lane_map(
+            e - b, [&](std::int64_t j) { return load(g[j]); }, put);
+      }
+    };
+    split(f.da, f.accumulate_a);
+    split(f.db, f.accumulate_b);
+  });
+}
 
 }  // namespace detail
 
@@ -12524,9 +12630,13 @@ void residual_backward(const E& exec, TensorView<TD, R, S> dout, TensorView<TA, 
     detail::check_same_shape("nn::residual_backward", "dout", dout, "da", da);
   if (!detail::absent(db))
     detail::check_same_shape("nn::residual_backward", "dout", dout, "db", db);
-  exec::launch(exec, dout.numel(),
-               detail::GradSplit<T>{dout.data(), da.data(), db.data(), mode_a == Write::kAccumulate,
-                                    mode_b == Write::kAccumulate});
+  const detail::GradSplit<T> split{dout.data(), da.data(), db.data(), mode_a == Write::kAccumulate,
+                                   mode_b == Write::kAccumulate};
+  if constexpr (S == Space::kHost) {
+    detail::grad_split_host(exec, split, dout.numel());
+  } else {
+    exec::launch(exec, dout.numel(), split);
+  }
 }
 
 }  // namespace nn
@@ -12537,7 +12647,8 @@ TRAINKIT_NAMESPACE_END
 // SPDX-License-Identifier: MIT
 // trainkit/nn/linear.hpp: `Linear`, y = x W^T + b with W [out, in] like torch.nn.Linear, on
 // blas::gemm (the built-in host kernel or cuBLASLt). The bias is fused into the gemm epilogue,
-// and so is a following GELU (forward_gelu / backward_dgelu), as llm.c does; the bias gradient
+// and so is a following GELU (forward_gelu / backward_dgelu), as llm.c does, on the CPU (AVX2
+// kernel) as on the GPU; the bias gradient
 // is a deterministic column sum (fixed order, no atomics) accumulated into the arena.
 
 #include <algorithm>
@@ -12565,9 +12676,16 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t j0 = b * kBlock, w = std::min(kBlock, cols - j0);
       float acc[kBlock] = {};
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const T* row = dy.data() + i * cols + j0;
-        for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
+      if (w == kBlock) {  // a constant trip count: vectorised at -O2 too
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const T* row = dy.data() + i * cols + j0;
+          for (std::int64_t j = 0; j < kBlock; ++j) acc[j] += load(row[j]);
+        }
+      } else {
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const T* row = dy.data() + i * cols + j0;
+          for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
+        }
       }
       for (std::int64_t j = 0; j < w; ++j) db[j0 + j] += acc[j];
     }
@@ -12575,12 +12693,35 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
   for_rows(host, blocks, rows * kBlock, run);
 }
 
-/// dpre = dpre * gelu'(pre), in place (the host half of the dgelu fusion).
+/// Whether Linear's GELU variants run the GELU (or its derivative) in the gemm's epilogue, on
+/// the tile while it is in registers, instead of in a second pass over [N, width]. On the GPU:
+/// when cuBLASLt takes the aux matrix (its row stride, `width`, a multiple of 8). On the host:
+/// when the built-in gemm runs its AVX2+FMA micro-kernel, whose epilogue evaluates the tanh GELU
+/// 8 lanes at a time (the same function as gelu_approx, also within f32 rounding: relative error
+/// ~1e-7 where |x| < 3, at most ~1e-5 below x = -9 where the exponent's argument itself is that
+/// inexact); elsewhere its portable epilogue would call libm's expf per element, which the
+/// separate pass over exp_approx beats. Either way the result is the same bits for any thread
+/// count: each element is computed once, by one task.
+template <Space S>
+inline bool fused_gelu_epilogue(std::int64_t width) noexcept {
+  if constexpr (S == Space::kDevice) {
+    return width % 8 == 0;
+  } else {
+    (void)width;
+#if TRAINKIT_DETAIL_GEMM_X86
+    return blas::detail::cpu_has_avx2_fma();
+#else
+    return false;
+#endif
+  }
+}
+
+/// dpre = dpre * gelu'(pre), in place (the unfused dgelu).
 template <class T>
 struct DGeluInPlace {
   const T* pre;
   T* d;
-  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
     d[i] = store<T>(load(d[i]) * gelu_grad_approx(load(pre[i])));
   }
 };
@@ -12709,9 +12850,8 @@ class Linear {
     check_io("nn::Linear::forward_gelu", x, y);
     detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
-    if (S == Space::kHost || out_ % 8 != 0) {
-      // Unfused: bias in the gemm epilogue, then a GELU pass. On the host libm's tanhf in the
-      // epilogue would not vectorise; cuBLASLt wants the aux row stride to be a multiple of 8.
+    if (!detail::fused_gelu_epilogue<S>(out_)) {
+      // Unfused: bias in the gemm epilogue, then a GELU pass.
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), pre, o);
       exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
@@ -12754,7 +12894,7 @@ class Linear {
     detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
-    if (S == Space::kHost || in_ % 8 != 0) {
+    if (!detail::fused_gelu_epilogue<S>(in_)) {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
       exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{pre.data(), dpre.data()});
@@ -12902,11 +13042,13 @@ void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
         return d * d;
       });
       const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
+      const auto put = [&](std::int64_t c, float v) { y[c] = store<T>(v); };
       if (a.b != nullptr) {
-        for (std::int64_t c = 0; c < C; ++c)
-          y[c] = store<T>((load(x[c]) - m) * s * a.w[c] + a.b[c]);
+        lane_map(
+            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c] + a.b[c]; }, put);
       } else {
-        for (std::int64_t c = 0; c < C; ++c) y[c] = store<T>((load(x[c]) - m) * s * a.w[c]);
+        lane_map(
+            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c]; }, put);
       }
       a.mean[r] = m;
       a.rstd[r] = s;
@@ -12934,21 +13076,24 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
         const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
         const float sum_gx = lane_sum(
             C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
-        for (std::int64_t c = 0; c < C; ++c) {
-          const float g = load(dy[c]);
-          pw[c] += g * ((load(x[c]) - m) * s);
-          pb[c] += g;
-        }
+        lane_map(
+            C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
+            [&](std::int64_t c, float v) { pw[c] = v; });
+        lane_map(
+            C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
+            [&](std::int64_t c, float v) { pb[c] = v; });
         const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
         if (dx == nullptr) continue;
         const auto dx_of = [&](std::int64_t c) {
           const float xhat = (load(x[c]) - m) * s;
           return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
         };
+        const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
         if (a.accumulate) {
-          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(load(dx[c]) + dx_of(c));
+          lane_map(
+              C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
         } else {
-          for (std::int64_t c = 0; c < C; ++c) dx[c] = store<T>(dx_of(c));
+          lane_map(C, dx_of, put);
         }
       }
     }
@@ -13507,9 +13652,13 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
       }
       const float m = a.row_max[r];
       const float log_sum = a.log_sum[r];
-      for (std::int64_t j = 0; j < V; ++j)
-        d[j] = store<T>(
-            cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale, false));
+      lane_map(
+          V,
+          [&](std::int64_t j) {
+            return cross_entropy_grad(exp_approx(log_softmax_of(load(l[j]), m, log_sum)), scale,
+                                      false);
+          },
+          [&](std::int64_t j, float v) { d[j] = store<T>(v); });
       d[t] = store<T>(
           cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
     }
@@ -13805,13 +13954,19 @@ struct AttentionArgs {
 };
 
 /// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
+/// The scores are overwritten with exp(s - max) (computed once, summed in lane_sum's order).
 template <class T>
-inline void causal_softmax_row(const float* s, T* p, std::int64_t i, std::int64_t len) {
+inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
   const std::int64_t n = i + 1;
   const float m = lane_max(n, [&](std::int64_t j) { return s[j]; });
-  const float sum = lane_sum(n, [&](std::int64_t j) { return exp_approx(s[j] - m); });
+  lane_map(
+      n, [&](std::int64_t j) { return exp_approx(s[j] - m); },
+      [&](std::int64_t j, float e) { s[j] = e; });
+  const float sum = lane_sum(n, [&](std::int64_t j) { return s[j]; });
   const float inv = 1.0f / sum;
-  for (std::int64_t j = 0; j < n; ++j) p[j] = store<T>(exp_approx(s[j] - m) * inv);
+  lane_map(
+      n, [&](std::int64_t j) { return s[j] * inv; },
+      [&](std::int64_t j, float v) { p[j] = store<T>(v); });
   for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
 }
 
@@ -13882,8 +14037,9 @@ void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
         const float* dpr = dp + i * Tn;
         T* dsr = ds + i * Tn;
         const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
-        for (std::int64_t j = 0; j <= i; ++j)
-          dsr[j] = store<T>(a.scale * load(pr[j]) * (dpr[j] - dot));
+        lane_map(
+            i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
+            [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
         for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
       }
       blas::gemm(
@@ -14434,6 +14590,7 @@ struct GptOptions {
 template <Space S = Space::kHost>
 class Gpt {
  public:
+  static constexpr Space space = S;  ///< where parameters and activations live
   /// What forward saves for backward: the embeddings, each block's input, ln_f's output and the
   /// contexts of the blocks and of ln_f (activations in the policy's type, in space S). Keep one
   /// per forward whose backward is still to come; refilling it reuses its memory.
@@ -14966,13 +15123,7 @@ class GradNorm {
 
   /// The norm's value. On the device this waits for every queued kernel (cudaDeviceSynchronize)
   /// and copies 4 bytes. Throws when the handle is empty.
-  float get() const {
-    TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
-    if (space_ == Space::kHost) return *data_;
-    float value = 0.0f;
-    copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
-    return value;
-  }
+  TRAINKIT_INLINE float get() const;
 
  private:
   std::shared_ptr<void> owner_;
@@ -15159,6 +15310,18 @@ void clip_grad_value_(const E& exec, nn::ParamArena<S>& arena, double clip_value
                detail::ClipByValue{arena.grads_data(), static_cast<float>(clip_value)});
 }
 
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE float GradNorm::get() const {
+  TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
+  if (space_ == Space::kHost) return *data_;
+  float value = 0.0f;
+  copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
+  return value;
+}
+
+#endif  // TRAINKIT_IMPL
+
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
 // end trainkit/optim/grad_norm.hpp
@@ -15299,15 +15462,7 @@ class ScalerCore {
  public:
   enum class Stage : std::uint8_t { kReady, kUnscaled, kStepped };
 
-  ScalerCore(Space space, float init_scale)
-      : space_(space),
-        memory_(sizeof(ScalerBlock),
-                space == Space::kHost ? MemoryKind::kHost : MemoryKind::kDevice) {
-    ScalerBlock b{};
-    b.scale = init_scale;
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(init_scale));
-    write(b);
-  }
+  TRAINKIT_INLINE ScalerCore(Space space, float init_scale);
 
   Space space() const noexcept { return space_; }
   ScalerBlock* block() const noexcept { return static_cast<ScalerBlock*>(memory_.get()); }
@@ -15381,6 +15536,20 @@ constexpr Space space_of() {
   static_assert(exec::Executor<E>, "amp scaler: construct it with an exec::Host or exec::Cuda");
   return exec::is_host_executor_v<E> ? Space::kHost : Space::kDevice;
 }
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE ScalerCore::ScalerCore(Space space, float init_scale)
+    : space_(space),
+      memory_(sizeof(ScalerBlock),
+              space == Space::kHost ? MemoryKind::kHost : MemoryKind::kDevice) {
+  ScalerBlock b{};
+  b.scale = init_scale;
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(init_scale));
+  write(b);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 
@@ -15496,52 +15665,15 @@ class DynamicScaler {
 
   /// PyTorch's five keys: scale, growth_factor, backoff_factor, growth_interval,
   /// _growth_tracker. Empty when disabled. Reads device memory (sync); call it after update().
-  StateDict state_dict() const {
-    StateDict sd;
-    if (!enabled()) return sd;
-    const detail::ScalerBlock b = core_.read();
-    sd.set("scale", static_cast<double>(b.scale));
-    sd.set("growth_factor", options_.growth_factor);
-    sd.set("backoff_factor", options_.backoff_factor);
-    sd.set("growth_interval", options_.growth_interval);
-    sd.set("_growth_tracker", std::int64_t{b.growth_tracker});
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores a state_dict(). A scale of 0 loads, as in PyTorch (backoff can reach it; the
   /// inverse scale is then inf, see unscale_). Throws for an empty state dict (saved from a
   /// disabled scaler), missing keys, a negative or NaN scale, and when this scaler is disabled.
-  void load_state_dict(const StateDict& sd) {
-    TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
-    TRAINKIT_CHECK(!sd.empty(),
-                   "DynamicScaler::load_state_dict: the state dict is empty, "
-                   "possibly because it was saved from a disabled scaler");
-    DynamicScalerOptions o = options_;
-    o.growth_factor = sd.get_double("growth_factor");
-    o.backoff_factor = sd.get_double("backoff_factor");
-    o.growth_interval = sd.get_int("growth_interval");
-    options_ = validated(o);
-    detail::ScalerBlock b = core_.read();
-    b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
-                   ", expected a number >= 0");
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-    b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
-    core_.write(b);
-    core_.set_stage(detail::ScalerCore::Stage::kReady);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
-  static DynamicScalerOptions validated(const DynamicScalerOptions& o) {
-    TRAINKIT_CHECK(o.growth_factor > 1.0, "DynamicScaler: growth_factor must be > 1, got ",
-                   o.growth_factor);
-    TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
-                   "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
-    TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
-                   "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-    TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
-    return o;
-  }
+  TRAINKIT_INLINE static DynamicScalerOptions validated(const DynamicScalerOptions& o);
 
   DynamicScalerOptions options_;
   detail::ScalerCore core_;
@@ -15601,17 +15733,66 @@ class StaticScaler {
     sd.set("scale", static_cast<double>(core_.read().scale));
     return sd;
   }
-  void load_state_dict(const StateDict& sd) {
-    detail::ScalerBlock b = core_.read();
-    b.scale = static_cast<float>(sd.get_double("scale"));
-    TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
-    b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-    core_.write(b);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
   detail::ScalerCore core_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict DynamicScaler::state_dict() const {
+  StateDict sd;
+  if (!enabled()) return sd;
+  const detail::ScalerBlock b = core_.read();
+  sd.set("scale", static_cast<double>(b.scale));
+  sd.set("growth_factor", options_.growth_factor);
+  sd.set("backoff_factor", options_.backoff_factor);
+  sd.set("growth_interval", options_.growth_interval);
+  sd.set("_growth_tracker", std::int64_t{b.growth_tracker});
+  return sd;
+}
+
+TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
+  TRAINKIT_CHECK(enabled(), "DynamicScaler::load_state_dict on a disabled scaler");
+  TRAINKIT_CHECK(!sd.empty(),
+                 "DynamicScaler::load_state_dict: the state dict is empty, "
+                 "possibly because it was saved from a disabled scaler");
+  DynamicScalerOptions o = options_;
+  o.growth_factor = sd.get_double("growth_factor");
+  o.backoff_factor = sd.get_double("backoff_factor");
+  o.growth_interval = sd.get_int("growth_interval");
+  options_ = validated(o);
+  detail::ScalerBlock b = core_.read();
+  b.scale = static_cast<float>(sd.get_double("scale"));
+  TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
+                 ", expected a number >= 0");
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
+  b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
+  core_.write(b);
+  core_.set_stage(detail::ScalerCore::Stage::kReady);
+}
+
+TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScalerOptions& o) {
+  TRAINKIT_CHECK(o.growth_factor > 1.0, "DynamicScaler: growth_factor must be > 1, got ",
+                 o.growth_factor);
+  TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
+                 "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
+  TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
+                 "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
+  TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
+  return o;
+}
+
+TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
+  detail::ScalerBlock b = core_.read();
+  b.scale = static_cast<float>(sd.get_double("scale"));
+  TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
+  b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
+  core_.write(b);
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
@@ -16558,37 +16739,8 @@ class FusedOptimizer {
   /// `options` are the optimizer's hyper-parameters; `groups` override lr / weight_decay per
   /// group. Throws for invalid options (as torch.optim does), when the arena is not finalized or
   /// there are more than kMaxParamGroups groups.
-  explicit FusedOptimizer(nn::ParamArena<S>& arena, Options options = {},
-                          std::vector<GroupRule> groups = {})
-      : arena_(&arena), options_(validated(options)) {
-    TRAINKIT_CHECK(arena.finalized(), "optim::", Rule::kName,
-                   ": the ParamArena must be finalized before the optimizer is created");
-    std::vector<std::string> names;
-    for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
-    param_group_ = assign_groups(names, groups);
-    group_.assign(groups.size() + 1, options_);
-    for (std::size_t r = 0; r < groups.size(); ++r) {
-      if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
-      if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
-    }
-    for (const Options& g : group_) lr_->lr.push_back(g.lr);
-    segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
-
-    header_ = Tensor<StepHeader, S>(Shape{1});
-    zero_bytes(header_.data(), S, header_.bytes());
-    scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
-    zero_bytes(scalars_.data(), S, scalars_.bytes());
-    std::vector<std::int32_t> seg_group;
-    std::vector<std::int64_t> seg_begin;
-    for (const detail::Segment& s : segments_) {
-      seg_group.push_back(s.group);
-      seg_begin.push_back(s.begin);
-    }
-    segment_group_ = detail::upload_table<S>(seg_group);
-    segment_begin_ = detail::upload_table<S>(seg_begin);
-    allocate_states();
-    if constexpr (Traits::kTrustRatio) build_chunks();
-  }
+  TRAINKIT_INLINE explicit FusedOptimizer(nn::ParamArena<S>& arena, Options options = {},
+                                          std::vector<GroupRule> groups = {});
 
   FusedOptimizer(const FusedOptimizer&) = delete;
   FusedOptimizer& operator=(const FusedOptimizer&) = delete;
@@ -16685,71 +16837,11 @@ class FusedOptimizer {
   /// state) and "<param>.step" (f32 scalar, as PyTorch keeps it), values "optimizer" (the rule's
   /// name), "step", "num_groups", "group.<g>.lr", "group.<g>.initial_lr",
   /// "group.<g>.weight_decay" and the rule's saved options. Downloads device state (sync).
-  StateDict state_dict() const {
-    StateDict sd;
-    const StepHeader h = read_header();
-    sd.set("optimizer", Rule::kName);
-    sd.set("step", h.step);
-    sd.set("num_groups", num_groups());
-    for (int g = 0; g < num_groups(); ++g) {
-      const std::string key = "group." + std::to_string(g);
-      sd.set(key + ".lr", lr_->lr[static_cast<std::size_t>(g)]);
-      if (lr_->initial_lr.size() == lr_->lr.size())
-        sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
-      sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
-    }
-    for (const detail::StateBuffer& b : state_buffers())
-      detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
-    for (const nn::ParamInfo& p : arena_->infos()) {
-      AnyTensor t(DType::kF32, Shape{});
-      const float step = static_cast<float>(h.step);
-      std::memcpy(t.data(), &step, sizeof step);
-      sd.tensors[p.name + ".step"] = std::move(t);
-    }
-    detail::save_fields(sd, options_, Traits::saved_options());
-    return sd;
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
 
   /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
   /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
-  void load_state_dict(const StateDict& sd) {
-    const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
-    TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                   sd.get_string("optimizer"));
-    TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
-                   sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
-    Options loaded = options_;
-    detail::load_fields(sd, loaded, Traits::saved_options());
-    TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
-                   "the state's options keep the state ", state_layout(loaded),
-                   ", this optimizer's keep ", state_layout(options_));
-    const auto buffers = state_buffers();
-    for (const detail::StateBuffer& b : buffers)
-      detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
-    std::vector<double> lrs, initial, wds;
-    for (int g = 0; g < num_groups(); ++g) {
-      const std::string key = "group." + std::to_string(g);
-      lrs.push_back(sd.get_double(key + ".lr"));
-      if (sd.values.count(key + ".initial_lr"))
-        initial.push_back(sd.get_double(key + ".initial_lr"));
-      wds.push_back(sd.get_double(key + ".weight_decay"));
-    }
-    const double step = sd.get_double("step");
-    for (const detail::StateBuffer& b : buffers)
-      detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
-    options_ = loaded;
-    for (std::size_t g = 0; g < group_.size(); ++g) {
-      group_[g] = loaded;
-      group_[g].weight_decay = wds[g];
-    }
-    lr_->lr = lrs;
-    if (initial.size() == lrs.size()) lr_->initial_lr = initial;
-    StepHeader h = read_header();
-    h.step = step;
-    h.skip = 0;
-    h.first = 0;
-    copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
-  }
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
   static Options validated(const Options& o) {
@@ -16761,41 +16853,11 @@ class FusedOptimizer {
   }
 
   /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.
-  static std::string state_layout(const Options& o) {
-    const unsigned v = Traits::variant(o);
-    std::string out;
-    for (int k = 0; k < Traits::num_states(v); ++k)
-      out += std::string(k == 0 ? "" : ", ") + Rule::kStates[static_cast<std::size_t>(k)];
-    return (out.empty() ? "(none)" : out) + " (" + std::string(dtype_name(Traits::state_dtype(v))) +
-           ")";
-  }
+  TRAINKIT_INLINE static std::string state_layout(const Options& o);
 
-  void allocate_states() {
-    const unsigned v = Traits::variant(options_);
-    const std::int64_t n = arena_->buffer_numel();
-    for (int k = 0; k < Traits::num_states(v); ++k) {
-      const std::string name = Rule::kStates[static_cast<std::size_t>(k)];
-      if (Traits::state_dtype(v) == DType::kBF16) {
-        owned_.emplace_back(Shape{n});
-        zero_bytes(owned_.back().data(), S, owned_.back().bytes());
-        state_[k] = owned_.back().data();
-      } else {
-        float* data =
-            arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
-        zero_bytes(data, S, static_cast<std::size_t>(n) * sizeof(float));
-        state_[k] = data;
-      }
-    }
-  }
+  TRAINKIT_INLINE void allocate_states();
 
-  std::vector<detail::StateBuffer> state_buffers() const {
-    const unsigned v = Traits::variant(options_);
-    std::vector<detail::StateBuffer> out;
-    for (int k = 0; k < Traits::num_states(v); ++k)
-      out.push_back(
-          {Rule::kStates[static_cast<std::size_t>(k)], state_[k], Traits::state_dtype(v)});
-    return out;
-  }
+  TRAINKIT_INLINE std::vector<detail::StateBuffer> state_buffers() const;
 
   StepHeader read_header() const {
     StepHeader h{};
@@ -16976,6 +17038,142 @@ class FusedOptimizer {
   Tensor<float, S> ratio_;
 };
 
+template <class Rule, Space S>
+TRAINKIT_INLINE FusedOptimizer<Rule, S>::FusedOptimizer(nn::ParamArena<S>& arena, Options options,
+                                                        std::vector<GroupRule> groups)
+    : arena_(&arena), options_(validated(options)) {
+  TRAINKIT_CHECK(arena.finalized(), "optim::", Rule::kName,
+                 ": the ParamArena must be finalized before the optimizer is created");
+  std::vector<std::string> names;
+  for (const nn::ParamInfo& p : arena.infos()) names.push_back(p.name);
+  param_group_ = assign_groups(names, groups);
+  group_.assign(groups.size() + 1, options_);
+  for (std::size_t r = 0; r < groups.size(); ++r) {
+    if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
+    if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
+  }
+  for (const Options& g : group_) lr_->lr.push_back(g.lr);
+  segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
+
+  header_ = Tensor<StepHeader, S>(Shape{1});
+  zero_bytes(header_.data(), S, header_.bytes());
+  scalars_ = Tensor<Scalars, S>(Shape{kMaxParamGroups});
+  zero_bytes(scalars_.data(), S, scalars_.bytes());
+  std::vector<std::int32_t> seg_group;
+  std::vector<std::int64_t> seg_begin;
+  for (const detail::Segment& s : segments_) {
+    seg_group.push_back(s.group);
+    seg_begin.push_back(s.begin);
+  }
+  segment_group_ = detail::upload_table<S>(seg_group);
+  segment_begin_ = detail::upload_table<S>(seg_begin);
+  allocate_states();
+  if constexpr (Traits::kTrustRatio) build_chunks();
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE StateDict FusedOptimizer<Rule, S>::state_dict() const {
+  StateDict sd;
+  const StepHeader h = read_header();
+  sd.set("optimizer", Rule::kName);
+  sd.set("step", h.step);
+  sd.set("num_groups", num_groups());
+  for (int g = 0; g < num_groups(); ++g) {
+    const std::string key = "group." + std::to_string(g);
+    sd.set(key + ".lr", lr_->lr[static_cast<std::size_t>(g)]);
+    if (lr_->initial_lr.size() == lr_->lr.size())
+      sd.set(key + ".initial_lr", lr_->initial_lr[static_cast<std::size_t>(g)]);
+    sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
+  }
+  for (const detail::StateBuffer& b : state_buffers())
+    detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
+  for (const nn::ParamInfo& p : arena_->infos()) {
+    AnyTensor t(DType::kF32, Shape{});
+    const float step = static_cast<float>(h.step);
+    std::memcpy(t.data(), &step, sizeof step);
+    sd.tensors[p.name + ".step"] = std::move(t);
+  }
+  detail::save_fields(sd, options_, Traits::saved_options());
+  return sd;
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
+  const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
+  TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
+                 sd.get_string("optimizer"));
+  TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
+                 sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
+  Options loaded = options_;
+  detail::load_fields(sd, loaded, Traits::saved_options());
+  TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
+                 "the state's options keep the state ", state_layout(loaded),
+                 ", this optimizer's keep ", state_layout(options_));
+  const auto buffers = state_buffers();
+  for (const detail::StateBuffer& b : buffers)
+    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
+  std::vector<double> lrs, initial, wds;
+  for (int g = 0; g < num_groups(); ++g) {
+    const std::string key = "group." + std::to_string(g);
+    lrs.push_back(sd.get_double(key + ".lr"));
+    if (sd.values.count(key + ".initial_lr")) initial.push_back(sd.get_double(key + ".initial_lr"));
+    wds.push_back(sd.get_double(key + ".weight_decay"));
+  }
+  const double step = sd.get_double("step");
+  for (const detail::StateBuffer& b : buffers)
+    detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
+  options_ = loaded;
+  for (std::size_t g = 0; g < group_.size(); ++g) {
+    group_[g] = loaded;
+    group_[g].weight_decay = wds[g];
+  }
+  lr_->lr = lrs;
+  if (initial.size() == lrs.size()) lr_->initial_lr = initial;
+  StepHeader h = read_header();
+  h.step = step;
+  h.skip = 0;
+  h.first = 0;
+  copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE std::string FusedOptimizer<Rule, S>::state_layout(const Options& o) {
+  const unsigned v = Traits::variant(o);
+  std::string out;
+  for (int k = 0; k < Traits::num_states(v); ++k)
+    out += std::string(k == 0 ? "" : ", ") + Rule::kStates[static_cast<std::size_t>(k)];
+  return (out.empty() ? "(none)" : out) + " (" + std::string(dtype_name(Traits::state_dtype(v))) +
+         ")";
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::allocate_states() {
+  const unsigned v = Traits::variant(options_);
+  const std::int64_t n = arena_->buffer_numel();
+  for (int k = 0; k < Traits::num_states(v); ++k) {
+    const std::string name = Rule::kStates[static_cast<std::size_t>(k)];
+    if (Traits::state_dtype(v) == DType::kBF16) {
+      owned_.emplace_back(Shape{n});
+      zero_bytes(owned_.back().data(), S, owned_.back().bytes());
+      state_[k] = owned_.back().data();
+    } else {
+      float* data =
+          arena_->has_state(name) ? arena_->state(name).data() : arena_->add_state(name).data();
+      zero_bytes(data, S, static_cast<std::size_t>(n) * sizeof(float));
+      state_[k] = data;
+    }
+  }
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE std::vector<detail::StateBuffer> FusedOptimizer<Rule, S>::state_buffers() const {
+  const unsigned v = Traits::variant(options_);
+  std::vector<detail::StateBuffer> out;
+  for (int k = 0; k < Traits::num_states(v); ++k)
+    out.push_back({Rule::kStates[static_cast<std::size_t>(k)], state_[k], Traits::state_dtype(v)});
+  return out;
+}
+
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
 // end trainkit/optim/optimizer.hpp
@@ -17074,6 +17272,21 @@ class SGD : public FusedOptimizer<detail::SGDRule, S> {
                std::vector<GroupRule> groups = {})
       : FusedOptimizer<detail::SGDRule, S>(arena, options, std::move(groups)) {}
 };
+
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host optimizer's out-of-class members (construction, state) are instantiated once, in
+// the compiled library (src/trainkit.cpp); the step is compiled where it is used.
+extern template FusedOptimizer<detail::SGDRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, SGDOptions, std::vector<GroupRule>);
+extern template StateDict FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::load_state_dict(
+    const StateDict&);
+extern template std::string FusedOptimizer<detail::SGDRule, Space::kHost>::state_layout(
+    const SGDOptions&);
+extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::allocate_states();
+extern template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::SGDRule, Space::kHost>::state_buffers() const;
+#endif
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
@@ -17196,6 +17409,21 @@ class AdamW : public FusedOptimizer<detail::AdamWRule, S> {
                  std::vector<GroupRule> groups = {})
       : FusedOptimizer<detail::AdamWRule, S>(arena, options, std::move(groups)) {}
 };
+
+#if TRAINKIT_SEPARATE_COMPILATION
+// The host optimizer's out-of-class members (construction, state) are instantiated once, in
+// the compiled library (src/trainkit.cpp); the step is compiled where it is used.
+extern template FusedOptimizer<detail::AdamWRule, Space::kHost>::FusedOptimizer(
+    nn::ParamArena<Space::kHost>&, AdamWOptions, std::vector<GroupRule>);
+extern template StateDict FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::load_state_dict(
+    const StateDict&);
+extern template std::string FusedOptimizer<detail::AdamWRule, Space::kHost>::state_layout(
+    const AdamWOptions&);
+extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::allocate_states();
+extern template std::vector<detail::StateBuffer>
+FusedOptimizer<detail::AdamWRule, Space::kHost>::state_buffers() const;
+#endif
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
@@ -17375,22 +17603,9 @@ class LRScheduler {
   LrGroups& groups() noexcept { return *groups_; }
 
   /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
-  virtual StateDict state_dict() const {
-    StateDict sd;
-    detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
-    detail::save_list(sd, "base_lrs", base_lrs_);
-    detail::save_list(sd, "_last_lr", last_lr_);
-    save_options(sd);
-    return sd;
-  }
+  TRAINKIT_INLINE virtual StateDict state_dict() const;
   /// Restores state_dict() (the group learning rates themselves belong to the optimizer's state).
-  virtual void load_state_dict(const StateDict& sd) {
-    last_epoch_ = sd.get_int("last_epoch");
-    step_count_ = sd.get_int("_step_count");
-    detail::load_list(sd, "base_lrs", base_lrs_);
-    detail::load_list(sd, "_last_lr", last_lr_);
-    load_options(sd);
-  }
+  TRAINKIT_INLINE virtual void load_state_dict(const StateDict& sd);
 
  protected:
   explicit LRScheduler(LrGroups& groups) : groups_(&groups) {
@@ -17403,28 +17618,11 @@ class LRScheduler {
   LRScheduler(LrGroups& groups, NoInit) : groups_(&groups) {}
 
   /// PyTorch's _initial_step(): _step_count = 0, then step() in "initial mode".
-  void initial_step() {
-    step_count_ = 0;
-    is_initial_ = true;
-    step();
-    is_initial_ = false;
-  }
+  TRAINKIT_INLINE void initial_step();
 
   /// PyTorch's _update_lr(epoch): the recursive get_lr(), or with an explicit epoch the closed
   /// form where one exists.
-  void update_lr(std::optional<std::int64_t> epoch) {
-    std::vector<double> values;
-    if (!epoch) {
-      ++last_epoch_;
-      values = get_lr();
-    } else {
-      last_epoch_ = *epoch;
-      std::optional<std::vector<double>> closed = closed_form_lr();
-      values = closed ? std::move(*closed) : get_lr();
-    }
-    groups_->lr = values;
-    last_lr_ = groups_->lr;
-  }
+  TRAINKIT_INLINE void update_lr(std::optional<std::int64_t> epoch);
 
   virtual std::vector<double> get_lr() = 0;
   virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
@@ -17497,32 +17695,11 @@ struct LinearLROptions {
 class LinearLR final : public LRScheduler {
  public:
   /// Throws unless 0 < start_factor <= 1 and 0 <= end_factor <= 1.
-  explicit LinearLR(LrGroups& groups, LinearLROptions o = {}) : LRScheduler(groups), o_(o) {
-    TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
-                   "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
-    TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
-                   "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
-    initial_step();
-  }
+  TRAINKIT_INLINE explicit LinearLR(LrGroups& groups, LinearLROptions o = {});
 
  private:
-  std::vector<double> get_lr() override {
-    if (last_epoch_ == 0)
-      return map_lr([&](double lr, std::size_t) { return lr * o_.start_factor; });
-    if (is_initial_ || last_epoch_ > o_.total_iters) return lrs();
-    const double d = o_.end_factor - o_.start_factor;
-    return map_lr([&](double lr, std::size_t) {
-      return lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
-                              static_cast<double>(last_epoch_ - 1) * d));
-    });
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    return map_base([&](double b) {
-      return b * (o_.start_factor + (o_.end_factor - o_.start_factor) *
-                                        static_cast<double>(std::min(o_.total_iters, last_epoch_)) /
-                                        static_cast<double>(o_.total_iters));
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
+  TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "start_factor", o_.start_factor, "end_factor", o_.end_factor,
                        "total_iters", o_.total_iters);
@@ -17550,35 +17727,8 @@ class CosineAnnealingLR final : public LRScheduler {
   }
 
  private:
-  std::vector<double> get_lr() override {
-    using detail::kPi;
-    const double t = static_cast<double>(o_.t_max);
-    const double e = static_cast<double>(last_epoch_);
-    const double eta = o_.eta_min;
-    if (is_initial_) return lrs();
-    if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
-    if (step_count_ == 1 && last_epoch_ > 0) {
-      return map_lr([&](double, std::size_t g) {
-        return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
-      });
-    }
-    if (detail::py_mod(last_epoch_ - 1 - o_.t_max, 2 * o_.t_max) == 0) {
-      return map_lr([&](double lr, std::size_t g) {
-        return lr + (base_lrs_[g] - eta) * (1 - std::cos(kPi / t)) / 2;
-      });
-    }
-    return map_lr([&](double lr, std::size_t) {
-      return (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lr - eta) + eta;
-    });
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    const double e =
-        static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
-    const double t = static_cast<double>(o_.t_max);
-    return map_base([&](double b) {
-      return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
+  TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "T_max", o_.t_max, "eta_min", o_.eta_min);
   }
@@ -17629,24 +17779,13 @@ class MultiStepLR final : public LRScheduler {
   }
 
  private:
-  std::vector<double> get_lr() override {
-    const auto count = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
-    if (count == 0) return lrs();
-    return map_lr([&](double lr, std::size_t) {
-      return lr * std::pow(o_.gamma, static_cast<double>(count));
-    });
-  }
+  TRAINKIT_INLINE std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override {
     const auto k = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) -
                    o_.milestones.begin();
     return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
   }
-  void save_options(StateDict& sd) const override {
-    detail::set_values(sd, "gamma", o_.gamma, "milestones",
-                       static_cast<std::int64_t>(o_.milestones.size()));
-    for (std::size_t i = 0; i < o_.milestones.size(); ++i)
-      sd.set("milestones." + std::to_string(i), o_.milestones[i]);
-  }
+  TRAINKIT_INLINE void save_options(StateDict& sd) const override;
   MultiStepLROptions o_;
 };
 
@@ -17680,61 +17819,15 @@ class SequentialLR final : public LRScheduler {
  public:
   /// Throws unless there is one milestone fewer than schedules, the milestones increase, and
   /// every schedule writes `groups`.
-  SequentialLR(LrGroups& groups, std::vector<std::unique_ptr<LRScheduler>> schedules,
-               std::vector<std::int64_t> milestones)
-      : LRScheduler(groups, NoInit{}),
-        schedules_(std::move(schedules)),
-        milestones_(std::move(milestones)) {
-    TRAINKIT_CHECK(!schedules_.empty(), "SequentialLR expects at least one schedule");
-    TRAINKIT_CHECK(milestones_.size() + 1 == schedules_.size(), "SequentialLR: ", schedules_.size(),
-                   " schedules need ", schedules_.size() - 1, " milestones, got ",
-                   milestones_.size());
-    TRAINKIT_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
-                   "SequentialLR: the milestones must be non-decreasing");
-    for (const auto& s : schedules_) {
-      TRAINKIT_CHECK(s != nullptr && s->groups_ == &groups,
-                     "SequentialLR: every schedule must belong to the same optimizer (LrGroups)");
-      TRAINKIT_CHECK(dynamic_cast<const SequentialLR*>(s.get()) == nullptr,
-                     "SequentialLR: nested SequentialLR is not supported");
-    }
-    last_epoch_ = 0;
-    groups.lr = groups.initial_lr;
-    for (auto& s : schedules_) s->last_epoch_ -= 1;
-    LRScheduler& first = *schedules_[index_of(0)];
-    first.initial_step();
-    last_lr_ = first.last_lr();
-  }
+  TRAINKIT_INLINE SequentialLR(LrGroups& groups,
+                               std::vector<std::unique_ptr<LRScheduler>> schedules,
+                               std::vector<std::int64_t> milestones);
 
-  void step() override {
-    ++last_epoch_;
-    const std::size_t idx = index_of(last_epoch_);
-    LRScheduler& s = *schedules_[idx];
-    if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
-      s.update_lr(0);
-    } else {
-      s.step();
-    }
-    last_lr_ = s.last_lr();
-  }
+  TRAINKIT_INLINE void step() override;
 
   /// Its own last_epoch, _last_lr and milestones, and each schedule's under "_schedulers.<i>".
-  StateDict state_dict() const override {
-    StateDict sd;
-    sd.set("last_epoch", last_epoch_);
-    detail::save_list(sd, "_last_lr", last_lr_);
-    for (std::size_t i = 0; i < milestones_.size(); ++i)
-      sd.set("_milestones." + std::to_string(i), milestones_[i]);
-    for (std::size_t i = 0; i < schedules_.size(); ++i)
-      sd.merge("_schedulers." + std::to_string(i), schedules_[i]->state_dict());
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) override {
-    last_epoch_ = sd.get_int("last_epoch");
-    last_lr_.assign(groups_->lr.size(), 0.0);
-    detail::load_list(sd, "_last_lr", last_lr_);
-    for (std::size_t i = 0; i < schedules_.size(); ++i)
-      schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
-  }
+  TRAINKIT_INLINE StateDict state_dict() const override;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd) override;
 
  private:
   std::vector<double> get_lr() override {
@@ -17759,18 +17852,8 @@ struct WarmupCosineOptions {
   double eta_min = 0.0;
 };
 /// Throws unless 0 < warmup_steps < total_steps.
-inline std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o) {
-  TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
-                 "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
-                 " and ", o.total_steps);
-  std::vector<std::unique_ptr<LRScheduler>> s;
-  s.push_back(std::make_unique<LinearLR>(
-      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
-  s.push_back(std::make_unique<CosineAnnealingLR>(
-      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
-  return std::make_unique<SequentialLR>(groups, std::move(s),
-                                        std::vector<std::int64_t>{o.warmup_steps});
-}
+TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
+                                                            WarmupCosineOptions o);
 
 /// Puts `schedule` and the groups' learning rates where a schedule made by `make(groups)` is
 /// after `steps` steps from the groups' initial lr: replayed on a copy of the groups, so the
@@ -17824,42 +17907,10 @@ class ReduceLROnPlateau {
 
  public:
   /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
-  explicit ReduceLROnPlateau(LrGroups& groups, Options o = {})
-      : groups_(&groups), o_(std::move(o)) {
-    TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
-    TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
-                   "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
-                   o_.min_lr.size());
-    if (o_.min_lr.size() == 1) o_.min_lr.assign(groups.lr.size(), o_.min_lr[0]);
-    last_lr_ = groups.lr;
-    reset();
-  }
+  TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
-  void step(double metric) {
-    const double current = metric;
-    last_epoch_ += 1;
-    if (is_better(current, best_)) {
-      best_ = current;
-      num_bad_epochs_ = 0;
-    } else {
-      num_bad_epochs_ += 1;
-    }
-    if (cooldown_counter_ > 0) {
-      cooldown_counter_ -= 1;
-      num_bad_epochs_ = 0;
-    }
-    if (num_bad_epochs_ > o_.patience) {
-      for (std::size_t g = 0; g < groups_->lr.size(); ++g) {
-        const double old_lr = groups_->lr[g];
-        const double new_lr = std::max(old_lr * o_.factor, o_.min_lr[g]);
-        if (old_lr - new_lr > o_.eps) groups_->lr[g] = new_lr;
-      }
-      cooldown_counter_ = o_.cooldown;
-      num_bad_epochs_ = 0;
-    }
-    last_lr_ = groups_->lr;
-  }
+  TRAINKIT_INLINE void step(double metric);
 
   const std::vector<double>& last_lr() const noexcept { return last_lr_; }
   double best() const noexcept { return best_; }
@@ -17867,37 +17918,12 @@ class ReduceLROnPlateau {
   std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
 
-  StateDict state_dict() const {
-    StateDict sd;
-    detail::save_fields(sd, *this, counters());
-    detail::save_fields(sd, o_, saved_options());
-    sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
-    sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
-    detail::save_list(sd, "_last_lr", last_lr_);
-    return sd;
-  }
-  void load_state_dict(const StateDict& sd) {
-    detail::load_fields(sd, *this, counters());
-    detail::load_fields(sd, o_, saved_options());
-    o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
-    o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
-                                                                 : Options::ThresholdMode::kAbs;
-    detail::load_list(sd, "_last_lr", last_lr_);
-  }
+  TRAINKIT_INLINE StateDict state_dict() const;
+  TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
-  void reset() {
-    best_ = o_.mode == Options::Mode::kMin ? std::numeric_limits<double>::infinity()
-                                           : -std::numeric_limits<double>::infinity();
-    cooldown_counter_ = 0;
-    num_bad_epochs_ = 0;
-  }
-  bool is_better(double a, double best) const {
-    const bool rel = o_.threshold_mode == Options::ThresholdMode::kRel;
-    if (o_.mode == Options::Mode::kMin)
-      return rel ? a < best * (1.0 - o_.threshold) : a < best - o_.threshold;
-    return rel ? a > best * (o_.threshold + 1.0) : a > best + o_.threshold;
-  }
+  TRAINKIT_INLINE void reset();
+  TRAINKIT_INLINE bool is_better(double a, double best) const;
 
   LrGroups* groups_;
   Options o_;
@@ -17907,6 +17933,259 @@ class ReduceLROnPlateau {
   std::int64_t last_epoch_ = 0;
   std::vector<double> last_lr_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
+  StateDict sd;
+  detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
+  detail::save_list(sd, "base_lrs", base_lrs_);
+  detail::save_list(sd, "_last_lr", last_lr_);
+  save_options(sd);
+  return sd;
+}
+
+TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
+  last_epoch_ = sd.get_int("last_epoch");
+  step_count_ = sd.get_int("_step_count");
+  detail::load_list(sd, "base_lrs", base_lrs_);
+  detail::load_list(sd, "_last_lr", last_lr_);
+  load_options(sd);
+}
+
+TRAINKIT_INLINE void LRScheduler::initial_step() {
+  step_count_ = 0;
+  is_initial_ = true;
+  step();
+  is_initial_ = false;
+}
+
+TRAINKIT_INLINE void LRScheduler::update_lr(std::optional<std::int64_t> epoch) {
+  std::vector<double> values;
+  if (!epoch) {
+    ++last_epoch_;
+    values = get_lr();
+  } else {
+    last_epoch_ = *epoch;
+    std::optional<std::vector<double>> closed = closed_form_lr();
+    values = closed ? std::move(*closed) : get_lr();
+  }
+  groups_->lr = values;
+  last_lr_ = groups_->lr;
+}
+
+TRAINKIT_INLINE LinearLR::LinearLR(LrGroups& groups, LinearLROptions o)
+    : LRScheduler(groups), o_(o) {
+  TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
+                 "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
+  TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
+                 "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
+  initial_step();
+}
+
+TRAINKIT_INLINE std::vector<double> LinearLR::get_lr() {
+  if (last_epoch_ == 0) return map_lr([&](double lr, std::size_t) { return lr * o_.start_factor; });
+  if (is_initial_ || last_epoch_ > o_.total_iters) return lrs();
+  const double d = o_.end_factor - o_.start_factor;
+  return map_lr([&](double lr, std::size_t) {
+    return lr * (1.0 + d / (static_cast<double>(o_.total_iters) * o_.start_factor +
+                            static_cast<double>(last_epoch_ - 1) * d));
+  });
+}
+
+TRAINKIT_INLINE std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
+  return map_base([&](double b) {
+    return b * (o_.start_factor + (o_.end_factor - o_.start_factor) *
+                                      static_cast<double>(std::min(o_.total_iters, last_epoch_)) /
+                                      static_cast<double>(o_.total_iters));
+  });
+}
+
+TRAINKIT_INLINE std::vector<double> CosineAnnealingLR::get_lr() {
+  using detail::kPi;
+  const double t = static_cast<double>(o_.t_max);
+  const double e = static_cast<double>(last_epoch_);
+  const double eta = o_.eta_min;
+  if (is_initial_) return lrs();
+  if (!o_.periodic && last_epoch_ > o_.t_max) return lrs();  // holds the value of T_max
+  if (step_count_ == 1 && last_epoch_ > 0) {
+    return map_lr([&](double, std::size_t g) {
+      return eta + (base_lrs_[g] - eta) * (1 + std::cos(e * kPi / t)) / 2;
+    });
+  }
+  if (detail::py_mod(last_epoch_ - 1 - o_.t_max, 2 * o_.t_max) == 0) {
+    return map_lr([&](double lr, std::size_t g) {
+      return lr + (base_lrs_[g] - eta) * (1 - std::cos(kPi / t)) / 2;
+    });
+  }
+  return map_lr([&](double lr, std::size_t) {
+    return (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t)) * (lr - eta) + eta;
+  });
+}
+
+TRAINKIT_INLINE std::optional<std::vector<double>> CosineAnnealingLR::closed_form_lr() const {
+  const double e = static_cast<double>(o_.periodic ? last_epoch_ : std::min(last_epoch_, o_.t_max));
+  const double t = static_cast<double>(o_.t_max);
+  return map_base([&](double b) {
+    return o_.eta_min + (b - o_.eta_min) * (1 + std::cos(detail::kPi * e / t)) / 2;
+  });
+}
+
+TRAINKIT_INLINE std::vector<double> MultiStepLR::get_lr() {
+  const auto count = std::count(o_.milestones.begin(), o_.milestones.end(), last_epoch_);
+  if (count == 0) return lrs();
+  return map_lr(
+      [&](double lr, std::size_t) { return lr * std::pow(o_.gamma, static_cast<double>(count)); });
+}
+
+TRAINKIT_INLINE void MultiStepLR::save_options(StateDict& sd) const {
+  detail::set_values(sd, "gamma", o_.gamma, "milestones",
+                     static_cast<std::int64_t>(o_.milestones.size()));
+  for (std::size_t i = 0; i < o_.milestones.size(); ++i)
+    sd.set("milestones." + std::to_string(i), o_.milestones[i]);
+}
+
+TRAINKIT_INLINE SequentialLR::SequentialLR(LrGroups& groups,
+                                           std::vector<std::unique_ptr<LRScheduler>> schedules,
+                                           std::vector<std::int64_t> milestones)
+    : LRScheduler(groups, NoInit{}),
+      schedules_(std::move(schedules)),
+      milestones_(std::move(milestones)) {
+  TRAINKIT_CHECK(!schedules_.empty(), "SequentialLR expects at least one schedule");
+  TRAINKIT_CHECK(milestones_.size() + 1 == schedules_.size(), "SequentialLR: ", schedules_.size(),
+                 " schedules need ", schedules_.size() - 1, " milestones, got ",
+                 milestones_.size());
+  TRAINKIT_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
+                 "SequentialLR: the milestones must be non-decreasing");
+  for (const auto& s : schedules_) {
+    TRAINKIT_CHECK(s != nullptr && s->groups_ == &groups,
+                   "SequentialLR: every schedule must belong to the same optimizer (LrGroups)");
+    TRAINKIT_CHECK(dynamic_cast<const SequentialLR*>(s.get()) == nullptr,
+                   "SequentialLR: nested SequentialLR is not supported");
+  }
+  last_epoch_ = 0;
+  groups.lr = groups.initial_lr;
+  for (auto& s : schedules_) s->last_epoch_ -= 1;
+  LRScheduler& first = *schedules_[index_of(0)];
+  first.initial_step();
+  last_lr_ = first.last_lr();
+}
+
+TRAINKIT_INLINE void SequentialLR::step() {
+  ++last_epoch_;
+  const std::size_t idx = index_of(last_epoch_);
+  LRScheduler& s = *schedules_[idx];
+  if (idx > 0 && milestones_[idx - 1] == last_epoch_) {
+    s.update_lr(0);
+  } else {
+    s.step();
+  }
+  last_lr_ = s.last_lr();
+}
+
+TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
+  StateDict sd;
+  sd.set("last_epoch", last_epoch_);
+  detail::save_list(sd, "_last_lr", last_lr_);
+  for (std::size_t i = 0; i < milestones_.size(); ++i)
+    sd.set("_milestones." + std::to_string(i), milestones_[i]);
+  for (std::size_t i = 0; i < schedules_.size(); ++i)
+    sd.merge("_schedulers." + std::to_string(i), schedules_[i]->state_dict());
+  return sd;
+}
+
+TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
+  last_epoch_ = sd.get_int("last_epoch");
+  last_lr_.assign(groups_->lr.size(), 0.0);
+  detail::load_list(sd, "_last_lr", last_lr_);
+  for (std::size_t i = 0; i < schedules_.size(); ++i)
+    schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
+}
+
+TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
+                                                            WarmupCosineOptions o) {
+  TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
+                 "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
+                 " and ", o.total_steps);
+  std::vector<std::unique_ptr<LRScheduler>> s;
+  s.push_back(std::make_unique<LinearLR>(
+      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
+  s.push_back(std::make_unique<CosineAnnealingLR>(
+      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
+  return std::make_unique<SequentialLR>(groups, std::move(s),
+                                        std::vector<std::int64_t>{o.warmup_steps});
+}
+
+TRAINKIT_INLINE ReduceLROnPlateau::ReduceLROnPlateau(LrGroups& groups, Options o)
+    : groups_(&groups), o_(std::move(o)) {
+  TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
+  TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
+                 "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
+                 o_.min_lr.size());
+  if (o_.min_lr.size() == 1) o_.min_lr.assign(groups.lr.size(), o_.min_lr[0]);
+  last_lr_ = groups.lr;
+  reset();
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::step(double metric) {
+  const double current = metric;
+  last_epoch_ += 1;
+  if (is_better(current, best_)) {
+    best_ = current;
+    num_bad_epochs_ = 0;
+  } else {
+    num_bad_epochs_ += 1;
+  }
+  if (cooldown_counter_ > 0) {
+    cooldown_counter_ -= 1;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ > o_.patience) {
+    for (std::size_t g = 0; g < groups_->lr.size(); ++g) {
+      const double old_lr = groups_->lr[g];
+      const double new_lr = std::max(old_lr * o_.factor, o_.min_lr[g]);
+      if (old_lr - new_lr > o_.eps) groups_->lr[g] = new_lr;
+    }
+    cooldown_counter_ = o_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lr_ = groups_->lr;
+}
+
+TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
+  StateDict sd;
+  detail::save_fields(sd, *this, counters());
+  detail::save_fields(sd, o_, saved_options());
+  sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
+  sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
+  detail::save_list(sd, "_last_lr", last_lr_);
+  return sd;
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+  detail::load_fields(sd, *this, counters());
+  detail::load_fields(sd, o_, saved_options());
+  o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
+  o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
+                                                               : Options::ThresholdMode::kAbs;
+  detail::load_list(sd, "_last_lr", last_lr_);
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::reset() {
+  best_ = o_.mode == Options::Mode::kMin ? std::numeric_limits<double>::infinity()
+                                         : -std::numeric_limits<double>::infinity();
+  cooldown_counter_ = 0;
+  num_bad_epochs_ = 0;
+}
+
+TRAINKIT_INLINE bool ReduceLROnPlateau::is_better(double a, double best) const {
+  const bool rel = o_.threshold_mode == Options::ThresholdMode::kRel;
+  if (o_.mode == Options::Mode::kMin)
+    return rel ? a < best * (1.0 - o_.threshold) : a < best - o_.threshold;
+  return rel ? a > best * (o_.threshold + 1.0) : a > best + o_.threshold;
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
@@ -18727,43 +19006,8 @@ class TokenShardDataset {
 
   /// Maps and validates every shard. Throws trainkit::Error naming the shard for a wrong magic,
   /// version or size (a truncated shard), and when no shard holds a whole window.
-  TokenShardDataset(const std::vector<std::filesystem::path>& shards,
-                    const TokenShardOptions& options)
-      : options_(options) {
-    TRAINKIT_CHECK(options_.seq_len > 0, "TokenShardDataset: seq_len must be > 0");
-    if (options_.stride == 0) options_.stride = options_.seq_len;
-    const DType t = options_.token_dtype;
-    TRAINKIT_CHECK(t == DType::kI32 || t == DType::kI64 || t == DType::kU16 || t == DType::kU32,
-                   "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
-                   dtype_name(t));
-    TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
-    // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
-    // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
-    const std::size_t field_bytes =
-        checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ",
-                    options_.seq_len, " tokens of ", dtype_name(t));
-    TRAINKIT_CHECK(
-        options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
-            field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
-        "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
-    window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
-    const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
-    fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
-    std::size_t total = 0;
-    for (const std::filesystem::path& path : shards) {
-      Shard s;
-      s.file = io::MappedFile(path, io::MapAccess::kNormal);
-      open_shard(s);
-      const std::size_t window = window_;
-      s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
-      total = checked_add(total, s.windows, "TokenShardDataset: total window count");
-      s.first = total - s.windows;
-      shards_.push_back(std::move(s));
-    }
-    size_ = total;
-    TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
-                   "'... holds a window of seq_len + 1 = ", window_, " tokens");
-  }
+  TRAINKIT_INLINE TokenShardDataset(const std::vector<std::filesystem::path>& shards,
+                                    const TokenShardOptions& options);
 
   /// Number of windows over all shards.
   std::size_t size() const noexcept { return size_; }
@@ -18773,20 +19017,7 @@ class TokenShardDataset {
   std::size_t shard_tokens(std::size_t k) const { return shards_.at(k).tokens; }
 
   /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1).
-  void read(std::size_t i, const SampleRef& out) const {
-    TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
-    const Shard& s = shard_of(i);
-    const std::size_t start = (i - s.first) * options_.stride;
-    const std::size_t T = options_.seq_len;
-    const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
-    if (s.wide) {
-      convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
-      convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
-    } else {
-      convert(reinterpret_cast<const std::uint16_t*>(base) + start, T, out, 0);
-      convert(reinterpret_cast<const std::uint16_t*>(base) + start + 1, T, out, 1);
-    }
-  }
+  TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   std::string describe(std::size_t i) const {
     if (i >= size_) return "window " + std::to_string(i) + " (out of range)";
@@ -18807,48 +19038,9 @@ class TokenShardDataset {
     return {names.begin(), names.end()};
   }
 
-  void open_shard(Shard& s) const {
-    const std::string& path = s.file.path();
-    TRAINKIT_CHECK(s.file.size() >= kTokenShardHeaderBytes, "token shard '", path,
-                   "': truncated: ", s.file.size(), " bytes, shorter than the ",
-                   kTokenShardHeaderBytes, "-byte header");
-    std::int32_t header[3];
-    std::memcpy(header, s.file.data(), sizeof header);
-    if (header[0] == kTokenShardMagicGpt2) {
-      TRAINKIT_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1],
-                     " with the GPT-2 magic; expected version 1");
-    } else if (header[0] == kTokenShardMagicLlama3) {
-      TRAINKIT_CHECK(header[1] == 7, "token shard '", path, "': version ", header[1],
-                     " with the Llama-3 magic; expected version 7");
-      s.wide = true;
-    } else {
-      TRAINKIT_FAIL("token shard '", path, "': bad magic ", header[0], " (expected ",
-                    kTokenShardMagicGpt2, " for llm.c GPT-2 shards or ", kTokenShardMagicLlama3,
-                    " for Llama-3 shards): not a token shard");
-    }
-    TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
-    s.tokens = static_cast<std::size_t>(header[2]);
-    const std::size_t width = s.wide ? 4 : 2;
-    const std::size_t expected =
-        checked_add(kTokenShardHeaderBytes,
-                    checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
-                    "token shard '", path, "': file size");
-    TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
-                   " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
-                   expected, " bytes (",
-                   s.file.size() < expected ? "truncated" : "trailing garbage", ")");
-    TRAINKIT_CHECK(!(s.wide && options_.token_dtype == DType::kU16), "token shard '", path,
-                   "' holds uint32 tokens, which do not fit token_dtype U16");
-  }
+  TRAINKIT_INLINE void open_shard(Shard& s) const;
 
-  const Shard& shard_of(std::size_t i) const {
-    // The last shard whose first window is <= i (shards with no windows are skipped over).
-    auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
-                               [](std::size_t v, const Shard& s) { return v < s.first; });
-    --it;
-    while (it->windows == 0 || i >= it->first + it->windows) ++it;
-    return *it;
-  }
+  TRAINKIT_INLINE const Shard& shard_of(std::size_t i) const;
 
   template <class Src>
   void convert(const Src* src, std::size_t n, const SampleRef& out, std::size_t field) const {
@@ -18883,8 +19075,108 @@ class TokenShardDataset {
 
 /// Writes `tokens` as one llm.c shard at `path`, replacing it atomically: the GPT-2 format
 /// (magic 20240520, version 1, uint16 tokens). Throws when the count does not fit the header.
-inline void write_token_shard(const std::filesystem::path& path,
-                              std::span<const std::uint16_t> tokens) {
+TRAINKIT_INLINE void write_token_shard(const std::filesystem::path& path,
+                                       std::span<const std::uint16_t> tokens);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TokenShardDataset::TokenShardDataset(
+    const std::vector<std::filesystem::path>& shards, const TokenShardOptions& options)
+    : options_(options) {
+  TRAINKIT_CHECK(options_.seq_len > 0, "TokenShardDataset: seq_len must be > 0");
+  if (options_.stride == 0) options_.stride = options_.seq_len;
+  const DType t = options_.token_dtype;
+  TRAINKIT_CHECK(t == DType::kI32 || t == DType::kI64 || t == DType::kU16 || t == DType::kU32,
+                 "TokenShardDataset: token_dtype must be I32, I64, U16 or U32, not ",
+                 dtype_name(t));
+  TRAINKIT_CHECK(!shards.empty(), "TokenShardDataset: no shards given");
+  // A window is seq_len + 1 tokens, and a field holds seq_len of token_dtype: both (and the
+  // int64 extent) must be representable. No shard can hold more than 2^31 - 1 tokens anyway.
+  const std::size_t field_bytes =
+      checked_mul(options_.seq_len, dtype_size(t), "TokenShardDataset: seq_len ", options_.seq_len,
+                  " tokens of ", dtype_name(t));
+  TRAINKIT_CHECK(
+      options_.seq_len < static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) &&
+          field_bytes <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()),
+      "TokenShardDataset: seq_len ", options_.seq_len, " is too large");
+  window_ = checked_add(options_.seq_len, std::size_t{1}, "TokenShardDataset: seq_len + 1");
+  const std::vector<std::int64_t> shape{static_cast<std::int64_t>(options_.seq_len)};
+  fields_ = {FieldSpec{"input", t, shape}, FieldSpec{"target", t, shape}};
+  std::size_t total = 0;
+  for (const std::filesystem::path& path : shards) {
+    Shard s;
+    s.file = io::MappedFile(path, io::MapAccess::kNormal);
+    open_shard(s);
+    const std::size_t window = window_;
+    s.windows = s.tokens >= window ? (s.tokens - window) / options_.stride + 1 : 0;
+    total = checked_add(total, s.windows, "TokenShardDataset: total window count");
+    s.first = total - s.windows;
+    shards_.push_back(std::move(s));
+  }
+  size_ = total;
+  TRAINKIT_CHECK(size_ > 0, "TokenShardDataset: no shard of '", shards_[0].file.path(),
+                 "'... holds a window of seq_len + 1 = ", window_, " tokens");
+}
+
+TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out) const {
+  TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
+  const Shard& s = shard_of(i);
+  const std::size_t start = (i - s.first) * options_.stride;
+  const std::size_t T = options_.seq_len;
+  const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
+  if (s.wide) {
+    convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
+    convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
+  } else {
+    convert(reinterpret_cast<const std::uint16_t*>(base) + start, T, out, 0);
+    convert(reinterpret_cast<const std::uint16_t*>(base) + start + 1, T, out, 1);
+  }
+}
+
+TRAINKIT_INLINE void TokenShardDataset::open_shard(Shard& s) const {
+  const std::string& path = s.file.path();
+  TRAINKIT_CHECK(s.file.size() >= kTokenShardHeaderBytes, "token shard '", path,
+                 "': truncated: ", s.file.size(), " bytes, shorter than the ",
+                 kTokenShardHeaderBytes, "-byte header");
+  std::int32_t header[3];
+  std::memcpy(header, s.file.data(), sizeof header);
+  if (header[0] == kTokenShardMagicGpt2) {
+    TRAINKIT_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1],
+                   " with the GPT-2 magic; expected version 1");
+  } else if (header[0] == kTokenShardMagicLlama3) {
+    TRAINKIT_CHECK(header[1] == 7, "token shard '", path, "': version ", header[1],
+                   " with the Llama-3 magic; expected version 7");
+    s.wide = true;
+  } else {
+    TRAINKIT_FAIL("token shard '", path, "': bad magic ", header[0], " (expected ",
+                  kTokenShardMagicGpt2, " for llm.c GPT-2 shards or ", kTokenShardMagicLlama3,
+                  " for Llama-3 shards): not a token shard");
+  }
+  TRAINKIT_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
+  s.tokens = static_cast<std::size_t>(header[2]);
+  const std::size_t width = s.wide ? 4 : 2;
+  const std::size_t expected = checked_add(
+      kTokenShardHeaderBytes, checked_mul(width, s.tokens, "token shard '", path, "': token bytes"),
+      "token shard '", path, "': file size");
+  TRAINKIT_CHECK(s.file.size() == expected, "token shard '", path, "': size ", s.file.size(),
+                 " bytes but the header says ", s.tokens, " tokens of ", width, " bytes, i.e. ",
+                 expected, " bytes (", s.file.size() < expected ? "truncated" : "trailing garbage",
+                 ")");
+  TRAINKIT_CHECK(!(s.wide && options_.token_dtype == DType::kU16), "token shard '", path,
+                 "' holds uint32 tokens, which do not fit token_dtype U16");
+}
+
+TRAINKIT_INLINE const TokenShardDataset::Shard& TokenShardDataset::shard_of(std::size_t i) const {
+  // The last shard whose first window is <= i (shards with no windows are skipped over).
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
+                             [](std::size_t v, const Shard& s) { return v < s.first; });
+  --it;
+  while (it->windows == 0 || i >= it->first + it->windows) ++it;
+  return *it;
+}
+
+TRAINKIT_INLINE void write_token_shard(const std::filesystem::path& path,
+                                       std::span<const std::uint16_t> tokens) {
   TRAINKIT_CHECK(tokens.size() <= std::size_t(std::numeric_limits<std::int32_t>::max()),
                  "write_token_shard '", path.string(), "': ", tokens.size(),
                  " tokens do not fit the header's int32 count");
@@ -18894,6 +19186,8 @@ inline void write_token_shard(const std::filesystem::path& path,
                                                std::as_bytes(tokens)};
   io::write_file_atomic(path, pieces);
 }
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace data
 TRAINKIT_NAMESPACE_END
@@ -19800,6 +20094,19 @@ class Prefetcher {
   std::vector<cuda::Event> released_;
 #endif
 };
+
+/// A Prefetcher feeding work on `exec`: host batches for exec::Host; for exec::Cuda, device mode
+/// (batches copied to the current device on a side stream that exec's stream waits on).
+template <class E, Dataset D, Sampler S>
+std::unique_ptr<Prefetcher> make_prefetcher(const E& exec, const D& dataset, S sampler,
+                                            PrefetchOptions options) {
+  if constexpr (exec::is_cuda_executor_v<E>) {
+    return std::make_unique<Prefetcher>(dataset, std::move(sampler), std::move(options),
+                                        exec.stream());
+  } else {
+    return std::make_unique<Prefetcher>(dataset, std::move(sampler), std::move(options));
+  }
+}
 
 #if TRAINKIT_IMPL
 
@@ -29008,121 +29315,24 @@ class Flags {
     return parse(args);
   }
   bool parse(int argc, char** argv) { return parse(argc, const_cast<const char* const*>(argv)); }
-  bool parse(const std::vector<std::string_view>& args) {
-    given_.clear();
-    std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
-    std::string config_file;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      std::string_view a = args[i];
-      if (a == "--help" || a == "-h") {
-        std::fputs(usage().c_str(), stdout);
-        return false;
-      }
-      TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
-                     "' (flags are --name value; see --help)");
-      a.remove_prefix(2);
-      std::string name(a.substr(0, a.find('=')));
-      std::optional<std::string> value;
-      if (a.find('=') != std::string_view::npos) value = std::string(a.substr(a.find('=') + 1));
-      const Flag* f = find(name);
-      if (f == nullptr && name.starts_with("no-")) {
-        const Flag* negated = find(name.substr(3));
-        if (negated != nullptr && std::holds_alternative<bool*>(negated->target)) {
-          TRAINKIT_CHECK(!value, program_, ": --", name, " takes no value");
-          pairs.emplace_back(name.substr(3), "false");
-          continue;
-        }
-      }
-      if (name == "config") {
-        TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
-        if (!value) {
-          TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
-          value = std::string(args[++i]);
-        }
-        config_file = *value;
-        continue;
-      }
-      TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
-      if (!value) {
-        if (std::holds_alternative<bool*>(f->target)) {
-          value = "true";
-        } else {
-          TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --", name, " needs a value (",
-                         type_name(*f), ")");
-          value = std::string(args[++i]);
-        }
-      }
-      pairs.emplace_back(std::move(name), std::move(*value));
-    }
-    std::set<std::string> seen;
-    for (const auto& [name, value] : pairs)
-      TRAINKIT_CHECK(seen.insert(name).second, program_, ": --", name, " is given twice");
-    if (!config_file.empty()) read_config(config_file);
-    for (const auto& [name, value] : pairs) {
-      set_from_text(*find(name), value, "--" + name);
-      given_.insert(name);
-    }
-    return true;
-  }
+  TRAINKIT_INLINE bool parse(const std::vector<std::string_view>& args);
 
   /// True when `name` was set by the command line or the config file (not left at its default).
   bool given(std::string_view name) const { return given_.count(std::string(name)) != 0; }
 
   /// The kRun flags as name -> canonical text (numbers in their shortest exact form): what a
   /// checkpoint stores to check a resume against.
-  std::map<std::string, std::string> run_config() const {
-    std::map<std::string, std::string> out;
-    for (const Flag& f : flags_)
-      if (f.role == FlagRole::kRun) out[f.name] = text_of(f);
-    return out;
-  }
+  TRAINKIT_INLINE std::map<std::string, std::string> run_config() const;
 
   /// Takes a resumed run's settings: every kRun flag not given here takes the saved value; a
   /// given one must equal it. Throws trainkit::Error listing every differing flag (saved and
   /// given value) and every saved setting this program does not define; `where` names the
   /// checkpoint. Saved configurations without a flag (added since) keep its current value.
-  void adopt(const std::map<std::string, std::string>& saved, std::string_view where) {
-    std::string problems;
-    for (const auto& [name, text] : saved) {
-      Flag* f = find(name);
-      if (f == nullptr || f->role != FlagRole::kRun) {
-        problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
-        continue;
-      }
-      if (given(name)) {
-        if (text_of(*f) != text)
-          problems +=
-              "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
-      } else {
-        set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
-      }
-    }
-    TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
-                   ", whose run was started with other settings:", problems,
-                   "\n(leave these flags out to continue that run, or start a new run elsewhere)");
-  }
+  TRAINKIT_INLINE void adopt(const std::map<std::string, std::string>& saved,
+                             std::string_view where);
 
   /// The usage text --help prints: summary, then every flag with its type, default and help.
-  std::string usage() const {
-    std::string out = "usage: " + program_ + " [flags]\n" + summary_ + "\n\nflags:\n";
-    const auto line = [&](const std::string& left, const std::string& right) {
-      out += "  " + left;
-      out += left.size() < 26 ? std::string(26 - left.size(), ' ') : "\n" + std::string(28, ' ');
-      out += right + "\n";
-    };
-    for (const Flag& f : flags_) {
-      std::string left = "--" + f.name;
-      if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
-      std::string right =
-          f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
-      for (const Limit& l : f.limits) right += ", " + l.text;
-      right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
-      line(left, right);
-    }
-    line("--config FILE", "read flag values from a JSON object {\"name\": value, ...}");
-    line("--help", "print this and exit");
-    return out;
-  }
+  TRAINKIT_INLINE std::string usage() const;
 
  private:
   using Target = std::variant<bool*, int*, std::int64_t*, double*, float*, std::string*>;
@@ -29140,41 +29350,11 @@ class Flags {
     std::vector<Limit> limits = {};
   };
 
-  static bool within(double v, const Limit& l) {
-    switch (l.kind) {
-      case Bound::kAtLeast: return v >= l.bound;
-      case Bound::kAbove: return v > l.bound;
-      case Bound::kAtMost: return v <= l.bound;
-      case Bound::kBelow: return v < l.bound;
-    }
-    return false;
-  }
-  static double number_of(const Flag& f) {
-    return std::visit(
-        [](auto* p) -> double {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
-          else return 0.0;
-        },
-        f.target);
-  }
-  void limit(double bound, Bound kind, const char* relation) {
-    Flag& f = flags_.back();
-    Limit l{bound, kind, relation + StateDict::number_to_string(bound)};
-    TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
-                   f.default_text, ", is not ", l.text);
-    f.limits.push_back(std::move(l));
-  }
+  TRAINKIT_INLINE static bool within(double v, const Limit& l);
+  TRAINKIT_INLINE static double number_of(const Flag& f);
+  TRAINKIT_INLINE void limit(double bound, Bound kind, const char* relation);
 
-  void check_name(const std::string& name) const {
-    bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
-              !name.starts_with("no-");
-    for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
-    TRAINKIT_CHECK(ok, program_, ": '", name,
-                   "' is not a usable flag name (lower case letters, digits and '-'; not help, "
-                   "config or no-...)");
-    TRAINKIT_CHECK(find(name) == nullptr, program_, ": flag --", name, " is defined twice");
-  }
+  TRAINKIT_INLINE void check_name(const std::string& name) const;
 
   Flag* find(std::string_view name) {
     for (Flag& f : flags_)
@@ -29188,60 +29368,10 @@ class Flags {
     return kNames[f.target.index()];
   }
 
-  static std::string text_of(const Flag& f) {
-    return std::visit(
-        [](auto* p) -> std::string {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            return *p ? "true" : "false";
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            return *p;
-          } else if constexpr (std::is_same_v<T, float>) {
-            char buffer[32];  // the shortest text that reads back to the same float
-            const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, *p);
-            return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
-          } else if constexpr (std::is_same_v<T, double>) {
-            return StateDict::number_to_string(*p);
-          } else {
-            return std::to_string(*p);
-          }
-        },
-        f.target);
-  }
+  TRAINKIT_INLINE static std::string text_of(const Flag& f);
 
   /// Parses `text` into the flag's variable; `who` names the source in errors.
-  void set_from_text(Flag& f, std::string_view text, const std::string& who) {
-    const auto fail = [&](std::string_view expected) {
-      TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
-    };
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, bool>) {
-            if (text == "true" || text == "1") *p = true;
-            else if (text == "false" || text == "0") *p = false;
-            else fail("true or false");
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            *p = std::string(text);
-          } else if constexpr (std::is_floating_point_v<T>) {
-            T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-            if (ec == std::errc::result_out_of_range) fail("a number in range");
-            if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
-              fail("a finite number");
-            check_limits(f, double(v), fail);
-            *p = v;
-          } else {
-            T v = 0;
-            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-            if (ec == std::errc::result_out_of_range) fail("an integer in range");
-            if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
-            check_limits(f, double(v), fail);
-            *p = v;
-          }
-        },
-        f.target);
-  }
+  TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
   template <class Fail>
   static void check_limits(const Flag& f, double v, const Fail& fail) {
@@ -29249,55 +29379,258 @@ class Flags {
       if (!within(v, l)) fail("a value " + l.text);
   }
 
-  void read_config(const std::string& path) {
-    std::string text;
-    {
-      std::FILE* file = std::fopen(path.c_str(), "rb");
-      TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
-      char buffer[4096];
-      std::size_t n = 0;
-      while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
-        if (text.size() + n > kMaxConfigBytes) {
-          std::fclose(file);
-          TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
-                        " bytes; a run configuration is a small JSON object");
-        }
-        text.append(buffer, n);
-      }
-      std::fclose(file);
-    }
-    const std::string where = "--config file '" + path + "'";
-    const io::Json root = io::Json::parse(text, where);
-    TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
-                   " must hold a JSON object of flag names to values");
-    for (const io::JsonMember& m : root.as_object()) {
-      Flag* f = find(m.key);
-      TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
-                     "', which is not a flag (see --help)");
-      const std::string who = where + ": '" + m.key + "'";
-      const bool is_bool = std::holds_alternative<bool*>(f->target);
-      const bool is_text = std::holds_alternative<std::string*>(f->target);
-      if (is_bool) {
-        TRAINKIT_CHECK(m.value.is_bool(), program_, ": ", who, " must be true or false");
-        set_from_text(*f, m.value.as_bool() ? "true" : "false", who);
-      } else if (is_text) {
-        TRAINKIT_CHECK(m.value.is_string(), program_, ": ", who, " must be a string");
-        set_from_text(*f, m.value.as_string(), who);
-      } else {
-        TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
-        const std::string number = !m.value.is_integer()   ? m.value.number_text()
-                                   : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
-                                                           : std::to_string(m.value.as_int());
-        set_from_text(*f, number, who);
-      }
-      given_.insert(m.key);
-    }
-  }
+  TRAINKIT_INLINE void read_config(const std::string& path);
 
   std::string program_, summary_;
   std::vector<Flag> flags_;
   std::set<std::string> given_;
 };
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
+  given_.clear();
+  std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
+  std::string config_file;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage().c_str(), stdout);
+      return false;
+    }
+    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
+                   "' (flags are --name value; see --help)");
+    a.remove_prefix(2);
+    std::string name(a.substr(0, a.find('=')));
+    std::optional<std::string> value;
+    if (a.find('=') != std::string_view::npos) value = std::string(a.substr(a.find('=') + 1));
+    const Flag* f = find(name);
+    if (f == nullptr && name.starts_with("no-")) {
+      const Flag* negated = find(name.substr(3));
+      if (negated != nullptr && std::holds_alternative<bool*>(negated->target)) {
+        TRAINKIT_CHECK(!value, program_, ": --", name, " takes no value");
+        pairs.emplace_back(name.substr(3), "false");
+        continue;
+      }
+    }
+    if (name == "config") {
+      TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
+      if (!value) {
+        TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
+        value = std::string(args[++i]);
+      }
+      config_file = *value;
+      continue;
+    }
+    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
+    if (!value) {
+      if (std::holds_alternative<bool*>(f->target)) {
+        value = "true";
+      } else {
+        TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --", name, " needs a value (",
+                       type_name(*f), ")");
+        value = std::string(args[++i]);
+      }
+    }
+    pairs.emplace_back(std::move(name), std::move(*value));
+  }
+  std::set<std::string> seen;
+  for (const auto& [name, value] : pairs)
+    TRAINKIT_CHECK(seen.insert(name).second, program_, ": --", name, " is given twice");
+  if (!config_file.empty()) read_config(config_file);
+  for (const auto& [name, value] : pairs) {
+    set_from_text(*find(name), value, "--" + name);
+    given_.insert(name);
+  }
+  return true;
+}
+
+TRAINKIT_INLINE std::map<std::string, std::string> Flags::run_config() const {
+  std::map<std::string, std::string> out;
+  for (const Flag& f : flags_)
+    if (f.role == FlagRole::kRun) out[f.name] = text_of(f);
+  return out;
+}
+
+TRAINKIT_INLINE void Flags::adopt(const std::map<std::string, std::string>& saved,
+                                  std::string_view where) {
+  std::string problems;
+  for (const auto& [name, text] : saved) {
+    Flag* f = find(name);
+    if (f == nullptr || f->role != FlagRole::kRun) {
+      problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
+      continue;
+    }
+    if (given(name)) {
+      if (text_of(*f) != text)
+        problems += "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
+    } else {
+      set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
+    }
+  }
+  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
+                 ", whose run was started with other settings:", problems,
+                 "\n(leave these flags out to continue that run, or start a new run elsewhere)");
+}
+
+TRAINKIT_INLINE std::string Flags::usage() const {
+  std::string out = "usage: " + program_ + " [flags]\n" + summary_ + "\n\nflags:\n";
+  const auto line = [&](const std::string& left, const std::string& right) {
+    out += "  " + left;
+    out += left.size() < 26 ? std::string(26 - left.size(), ' ') : "\n" + std::string(28, ' ');
+    out += right + "\n";
+  };
+  for (const Flag& f : flags_) {
+    std::string left = "--" + f.name;
+    if (!std::holds_alternative<bool*>(f.target)) left += " " + std::string(type_name(f));
+    std::string right = f.help + " (default: " + (f.default_text.empty() ? "\"\"" : f.default_text);
+    for (const Limit& l : f.limits) right += ", " + l.text;
+    right += f.role == FlagRole::kRun ? "; fixed by a resumed checkpoint)" : ")";
+    line(left, right);
+  }
+  line("--config FILE", "read flag values from a JSON object {\"name\": value, ...}");
+  line("--help", "print this and exit");
+  return out;
+}
+
+TRAINKIT_INLINE bool Flags::within(double v, const Limit& l) {
+  switch (l.kind) {
+    case Bound::kAtLeast: return v >= l.bound;
+    case Bound::kAbove: return v > l.bound;
+    case Bound::kAtMost: return v <= l.bound;
+    case Bound::kBelow: return v < l.bound;
+  }
+  return false;
+}
+
+TRAINKIT_INLINE double Flags::number_of(const Flag& f) {
+  return std::visit(
+      [](auto* p) -> double {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
+        else return 0.0;
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::limit(double bound, Bound kind, const char* relation) {
+  Flag& f = flags_.back();
+  Limit l{bound, kind, std::string(relation).append(StateDict::number_to_string(bound))};
+  TRAINKIT_CHECK(within(number_of(f), l), program_, ": the default of --", f.name, ", ",
+                 f.default_text, ", is not ", l.text);
+  f.limits.push_back(std::move(l));
+}
+
+TRAINKIT_INLINE void Flags::check_name(const std::string& name) const {
+  bool ok = !name.empty() && name.front() != '-' && name != "help" && name != "config" &&
+            !name.starts_with("no-");
+  for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+  TRAINKIT_CHECK(ok, program_, ": '", name,
+                 "' is not a usable flag name (lower case letters, digits and '-'; not help, "
+                 "config or no-...)");
+  TRAINKIT_CHECK(find(name) == nullptr, program_, ": flag --", name, " is defined twice");
+}
+
+TRAINKIT_INLINE std::string Flags::text_of(const Flag& f) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return *p;
+        } else if constexpr (std::is_same_v<T, float>) {
+          char buffer[32];  // the shortest text that reads back to the same float
+          const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, *p);
+          return ec == std::errc() ? std::string(buffer, end) : std::string("nan");
+        } else if constexpr (std::is_same_v<T, double>) {
+          return StateDict::number_to_string(*p);
+        } else {
+          return std::to_string(*p);
+        }
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const std::string& who) {
+  const auto fail = [&](std::string_view expected) {
+    TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true" || text == "1") *p = true;
+          else if (text == "false" || text == "0") *p = false;
+          else fail("true or false");
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          *p = std::string(text);
+        } else if constexpr (std::is_floating_point_v<T>) {
+          T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (ec == std::errc::result_out_of_range) fail("a number in range");
+          if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+            fail("a finite number");
+          check_limits(f, double(v), fail);
+          *p = v;
+        } else {
+          T v = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (ec == std::errc::result_out_of_range) fail("an integer in range");
+          if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
+          check_limits(f, double(v), fail);
+          *p = v;
+        }
+      },
+      f.target);
+}
+
+TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
+  std::string text;
+  {
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
+    char buffer[4096];
+    std::size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
+      if (text.size() + n > kMaxConfigBytes) {
+        std::fclose(file);
+        TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
+                      " bytes; a run configuration is a small JSON object");
+      }
+      text.append(buffer, n);
+    }
+    std::fclose(file);
+  }
+  const std::string where = "--config file '" + path + "'";
+  const io::Json root = io::Json::parse(text, where);
+  TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
+                 " must hold a JSON object of flag names to values");
+  for (const io::JsonMember& m : root.as_object()) {
+    Flag* f = find(m.key);
+    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
+                   "', which is not a flag (see --help)");
+    const std::string who = where + ": '" + m.key + "'";
+    const bool is_bool = std::holds_alternative<bool*>(f->target);
+    const bool is_text = std::holds_alternative<std::string*>(f->target);
+    if (is_bool) {
+      TRAINKIT_CHECK(m.value.is_bool(), program_, ": ", who, " must be true or false");
+      set_from_text(*f, m.value.as_bool() ? "true" : "false", who);
+    } else if (is_text) {
+      TRAINKIT_CHECK(m.value.is_string(), program_, ": ", who, " must be a string");
+      set_from_text(*f, m.value.as_string(), who);
+    } else {
+      TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
+      const std::string number = !m.value.is_integer()   ? m.value.number_text()
+                                 : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
+                                                         : std::to_string(m.value.as_int());
+      set_from_text(*f, number, who);
+    }
+    given_.insert(m.key);
+  }
+}
+
+#endif  // TRAINKIT_IMPL
 
 }  // namespace train
 TRAINKIT_NAMESPACE_END
@@ -29324,6 +29657,7 @@ TRAINKIT_NAMESPACE_END
 // tier); Loop is the high-level one.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -29381,6 +29715,24 @@ struct LoopOptions {
   monitor::MonitorOptions monitor = {};
 };
 
+/// A loss left in the memory it was computed in (e.g. a float in device memory that the loss
+/// kernel wrote). task.step() may return one instead of a float: the loop then reads it only on
+/// the first step and the steps that log (monitor.log_every), evaluate or checkpoint
+/// (ckpt_every) and the last one, so a GPU step needs no host synchronisation; a non-finite loss is
+/// noticed on those steps, and on_step_end() gets NaN on the others. The memory must hold the loss
+/// until the next step.
+struct LossHandle {
+  const float* data = nullptr;
+  Space space = Space::kHost;
+  /// The value (on the device: waits for the work that writes it).
+  float get() const {
+    TRAINKIT_CHECK(data != nullptr, "train::LossHandle::get on an empty handle");
+    float value = 0.0f;
+    copy_bytes(&value, Space::kHost, data, space, sizeof value, "train::LossHandle");
+    return value;
+  }
+};
+
 /// What the task's step sees.
 struct StepContext {
   std::int64_t step = 0;                ///< steps completed before this one (0 for the first step)
@@ -29393,9 +29745,14 @@ struct LoopResult {
   std::int64_t steps_this_run = 0;  ///< steps this process trained
   double seconds = 0.0;             ///< wall time of those steps (evaluations and saves included)
   float last_loss = NAN;            ///< loss of the last step (NaN when none ran)
-  ckpt::Metrics last_eval;          ///< the last evaluate() result
-  ckpt::Metrics first_eval;         ///< the step-0 evaluation (eval_at_start), also after resume
-  bool interrupted = false;         ///< stopped by SIGINT / SIGTERM (after a checkpoint)
+  float first_loss = NAN;  ///< loss of the run's first step (kept in checkpoints: also on resume)
+  /// Mean of the last (up to 10) losses this process read, and how many: every step's for a
+  /// float loss, the logging steps' for a LossHandle.
+  double recent_loss = NAN;
+  int recent_count = 0;
+  ckpt::Metrics last_eval;   ///< the last evaluate() result
+  ckpt::Metrics first_eval;  ///< the step-0 evaluation (eval_at_start), also after resume
+  bool interrupted = false;  ///< stopped by SIGINT / SIGTERM (after a checkpoint)
   std::optional<ckpt::CheckpointInfo> resumed_from;  ///< the checkpoint this run continued
 };
 
@@ -29446,6 +29803,7 @@ concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
 
 inline constexpr std::string_view kConfigPrefix = "config.";
 inline constexpr std::string_view kFirstEvalPrefix = "eval_at_start.";
+inline constexpr const char* kFirstLossKey = "loop.first_loss";
 
 }  // namespace detail
 
@@ -29526,13 +29884,13 @@ class Loop {
   monitor::MonitorOptions& monitor_options() noexcept { return options_.monitor; }
 
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
-  /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss
-  /// (gradients are zeroed before it); optional `task.evaluate()` returns metrics (ckpt::Metrics),
-  /// optional `task.on_step_end(step, loss)` is called after each step and optional
-  /// `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been restored, before
-  /// the first step (to adapt restored state, e.g. a schedule for a longer run). `schedule` (any
-  /// type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none) is stepped
-  /// after each optimizer step; `scaler` is passed to the optimizer's fused step.
+  /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss,
+  /// as a float or a LossHandle (gradients are zeroed before it); optional `task.evaluate()`
+  /// returns metrics (ckpt::Metrics), optional `task.on_step_end(step, loss)` is called after each
+  /// step and optional `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been
+  /// restored, before the first step (to adapt restored state, e.g. a schedule for a longer run).
+  /// `schedule` (any type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none)
+  /// is stepped after each optimizer step; `scaler` is passed to the optimizer's fused step.
   template <class E, Space S, class Opt, class Task, class Sched = optim::LRScheduler,
             class Scaler = amp::NoScaler>
   LoopResult run(const E& exec, nn::ParamArena<S>& arena, Opt& opt, Task&& task,
@@ -29556,6 +29914,8 @@ class Loop {
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
           result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
+      if (state_.metadata.count(detail::kFirstLossKey))
+        result.first_loss = std::stof(state_.metadata.at(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;
@@ -29584,6 +29944,8 @@ class Loop {
     }
     detail::SignalScope signals(options_.handle_signals);
     const auto started = std::chrono::steady_clock::now();
+    std::array<float, 10> recent{};  // the last losses read, a ring
+    int recent_count = 0;
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
@@ -29593,14 +29955,32 @@ class Loop {
                             : std::numeric_limits<double>::quiet_NaN();
       arena.zero_grad();
       StepContext ctx{step, &monitor};
-      const float loss = task.step(ctx);
-      if (!std::isfinite(loss)) fail_diverged(monitor, step + 1, "loss", loss);
+      const bool last = step + 1 == options_.steps;
+      const bool evaluating =
+          detail::HasEvaluate<std::remove_cvref_t<Task>> &&
+          (last || (options_.eval_every > 0 && (step + 1) % options_.eval_every == 0));
+      const auto out = task.step(ctx);
+      float loss = std::numeric_limits<float>::quiet_NaN();  // NaN: a handle left unread
+      bool read = true;
+      if constexpr (std::is_convertible_v<decltype(out), float>) {
+        loss = static_cast<float>(out);
+      } else {
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(out)>, LossHandle>,
+                      "train::Loop: task.step() returns the loss as a float or a LossHandle");
+        read = step == 0 || last || evaluating ||
+               (step + 1) % std::max<std::int64_t>(1, mo.log_every) == 0 ||
+               (options_.ckpt_every > 0 && (step + 1) % options_.ckpt_every == 0);
+        if (read) loss = out.get();
+      }
+      if (read && !std::isfinite(loss)) fail_diverged(monitor, step + 1, "loss", loss);
       optim::StepResult stepped;
       {
         auto span = monitor.span(monitor::Phase::kOptimizer);
         stepped = opt.step(exec, scaler,
                            optim::ClipGradNorm{.max_norm = options_.clip_grad_norm,
                                                .report_norm = options_.log_grad_norm});
+        // PyTorch's scaler.update(): backoff or growth of the scale from this step's check.
+        if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.update(exec);
         if (schedule != nullptr) schedule->step();
       }
       // Reading the norm and the skip flag of a device arena waits for the GPU: only then every
@@ -29617,13 +29997,20 @@ class Loop {
       }
       ++state_.step;
       ++result.steps_this_run;
-      result.last_loss = loss;
+      if (read) {
+        result.last_loss = loss;
+        if (step == 0) {
+          result.first_loss = loss;
+          state_.metadata[detail::kFirstLossKey] = StateDict::number_to_string(loss);
+        }
+        recent[static_cast<std::size_t>(recent_count++) % recent.size()] = loss;
+      }
       if (std::isfinite(lr)) monitor.log_scalar("train/lr", lr);
 
-      ckpt::Metrics metrics{{"train_loss", static_cast<double>(loss)}};
-      const bool last = state_.step == options_.steps;
+      ckpt::Metrics metrics;
+      if (read) metrics["train_loss"] = static_cast<double>(loss);
       if constexpr (detail::HasEvaluate<std::remove_cvref_t<Task>>) {
-        if (last || (options_.eval_every > 0 && state_.step % options_.eval_every == 0)) {
+        if (evaluating) {
           result.last_eval = task.evaluate();
           monitor.log_metrics(state_.step, result.last_eval);
           if (options_.print_evals) print_eval(monitor, state_.step, loss, result.last_eval, lr);
@@ -29650,6 +30037,12 @@ class Loop {
     checkpointer_.wait();
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.recent_count = std::min<int>(recent_count, static_cast<int>(recent.size()));
+    if (result.recent_count > 0) {
+      double sum = 0.0;
+      for (int i = 0; i < result.recent_count; ++i) sum += static_cast<double>(recent[i]);
+      result.recent_loss = sum / result.recent_count;
+    }
     monitor.close();
     result.step = state_.step;
     return result;
@@ -29663,7 +30056,7 @@ class Loop {
     const auto part = [&](const std::string& name, double value, const char* format) {
       char text[48];
       std::snprintf(text, sizeof text, format, value);
-      line += separator + name + " " + text;
+      line.append(separator).append(name).append(" ").append(text);
       separator = " | ";
     };
     if (std::isfinite(loss)) part("train loss", static_cast<double>(loss), "%.4f");
@@ -29706,5 +30099,154 @@ class Loop {
 }  // namespace train
 TRAINKIT_NAMESPACE_END
 // end trainkit/train/loop.hpp
+// defines: train::CausalLmTask, CausalLmOptions (a language model's step and evaluation)
+// begin trainkit/train/causal_lm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/train/causal_lm.hpp: `train::CausalLmTask`, the step and the evaluation of a causal
+// language model for train::Loop, on the host or the device and in any precision policy. The
+// batches ("input" and "target" token ids [B, T], as TokenShardDataset gives them) come from a
+// Prefetcher (in device mode on the GPU); the model (e.g. nn::Gpt) maps ids to logits
+// [B*T, V]; the loss is the mean cross-entropy. On the device the step returns the loss as a
+// LossHandle, so nothing waits for the GPU between logging steps.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace train {
+
+/// What a CausalLmTask reads.
+struct CausalLmOptions {
+  data::Prefetcher* train = nullptr;  ///< training batches (required)
+  data::Prefetcher* val = nullptr;    ///< evaluate() runs one epoch of these; null: no metric
+  std::string metric = "val/loss";    ///< the name evaluate() reports the mean loss under
+  /// The loss scale in the arena's memory space (a loss scaler's scale_data()), multiplied into
+  /// the gradients without a host read; null: 1.
+  const float* loss_scale = nullptr;
+  /// Called after the Loop restored a checkpoint (Loop's on_resume hook), e.g. to switch schedules.
+  std::function<void(const ckpt::CheckpointInfo&)> on_resume = {};
+};
+
+/// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
+/// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
+/// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
+/// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
+/// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
+/// f32 master weights). The task, the model, the arena and the loaders must outlive the run.
+template <class Model, amp::Policy P = amp::Fp32>
+class CausalLmTask {
+ public:
+  static constexpr Space S = Model::space;
+  using T = amp::activation_t<P>;
+  using Exec = std::conditional_t<S == Space::kHost, exec::Host, exec::Cuda>;
+
+  CausalLmTask(const Exec& exec, Model& model, nn::ParamArena<S>& arena, CausalLmOptions options)
+      : exec_(&exec), model_(&model), arena_(&arena), options_(std::move(options)) {
+    TRAINKIT_CHECK(options_.train != nullptr, "train::CausalLmTask: no training loader");
+  }
+
+  /// One step: the next training batch, forward, the mean cross-entropy, backward (the
+  /// gradients are added to the arena). Returns the loss (a handle into device memory on the
+  /// device).
+  auto step(StepContext& ctx) {
+    data::Batch batch;
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kDataWait);
+      batch = options_.train->next();
+    }
+    const auto ids = view<2>(batch, "input");
+    const auto targets = flat(view<2>(batch, "target"));
+    const auto logits = logits_view(ids.numel());
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kForward);
+      refresh_weights();
+      model_->set_step(static_cast<std::uint32_t>(ctx.step));
+      model_->template forward<P>(*exec_, ctx_, ids, logits);
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, targets, loss_.template view<1>());
+    }
+    {
+      auto span = ctx.monitor->span(monitor::Phase::kBackward);
+      const auto dlogits =
+          make_view<S>(dlogits_.template get<T>(logits.numel()), {logits.size(0), logits.size(1)});
+      if (options_.loss_scale != nullptr)
+        ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits, options_.loss_scale);
+      else ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits);
+      model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+    }
+    if constexpr (S == Space::kHost) {
+      return loss_.data()[0];
+    } else {
+      return LossHandle{loss_.data(), S};
+    }
+  }
+
+  /// The mean loss over one epoch of the validation loader (dropout off), as {metric: value};
+  /// no loader: no metrics. Reads each batch's loss (a host sync per batch on the device).
+  ckpt::Metrics evaluate() {
+    if (options_.val == nullptr) return {};
+    double sum = 0.0, rows = 0.0;
+    refresh_weights();
+    model_->eval();
+    for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
+      const data::Batch batch = options_.val->next();
+      const auto ids = view<2>(batch, "input");
+      const auto logits = logits_view(ids.numel());
+      model_->template forward<P>(*exec_, eval_ctx_, ids, logits);
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat(view<2>(batch, "target")),
+                              loss_.template view<1>());
+      float loss = 0.0f;
+      copy_bytes(&loss, Space::kHost, loss_.data(), S, sizeof loss, "train::CausalLmTask");
+      sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
+      rows += static_cast<double>(ids.size(0));
+    }
+    model_->train();
+    return {{options_.metric, rows > 0.0 ? sum / rows : 0.0}};
+  }
+
+  void on_resume(const ckpt::CheckpointInfo& info) {
+    if (options_.on_resume) options_.on_resume(info);
+  }
+
+  Model& model() noexcept { return *model_; }
+  /// Refreshes the arena's compute copy for P (a no-op for f32 policies): after the optimizer's
+  /// last step, before using the model outside the task (generation, export).
+  void refresh_weights() {
+    if constexpr (!std::is_same_v<T, float>) arena_->template refresh_compute_copy<T>(*exec_);
+  }
+
+ private:
+  template <int R>
+  static TensorView<const std::int32_t, R, S> view(const data::Batch& batch, const char* name) {
+    if constexpr (S == Space::kHost) {
+      return batch.host<const std::int32_t, R>(name);
+    } else {
+      return batch.device<const std::int32_t, R>(name);
+    }
+  }
+  static TensorView<const std::int32_t, 1, S> flat(TensorView<const std::int32_t, 2, S> v) {
+    return v.template reshape<1>(Extents<1>{{v.numel()}});
+  }
+  TensorView<T, 2, S> logits_view(std::int64_t rows) {
+    const std::int64_t V = model_->options().vocab_size;
+    return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
+  }
+
+  const Exec* exec_;
+  Model* model_;
+  nn::ParamArena<S>* arena_;
+  CausalLmOptions options_;
+  typename Model::Context ctx_, eval_ctx_;
+  nn::SoftmaxCrossEntropy<S> ce_;
+  typename nn::SoftmaxCrossEntropy<S>::Context ce_ctx_;
+  nn::detail::Bytes<S> logits_, dlogits_;
+  Tensor<float, S> loss_{Shape{1}};
+};
+
+}  // namespace train
+TRAINKIT_NAMESPACE_END
+// end trainkit/train/causal_lm.hpp
 
 #endif  // TRAINKIT_TRAINKIT_HPP_
