@@ -81,6 +81,27 @@ def vmhwm_mib(worker):
     return float("nan")
 
 
+class CpuMetered:
+    """A worker whose time() also sums the CPU time (user + system, all its threads, from
+    /proc/<pid>/stat) the requested repetitions took: at 1 thread the CPU time per step hardly
+    moves with other work on the machine, where the wall time does."""
+
+    def __init__(self, worker):
+        self.worker, self.cpu_s, self.reps = worker, 0.0, 0
+
+    def _cpu(self):
+        with open(f"/proc/{self.worker.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def time(self, case, reps=1):
+        c0 = self._cpu()
+        secs = self.worker.time(case, reps)
+        self.cpu_s += self._cpu() - c0
+        self.reps += reps
+        return secs
+
+
 def start_capped(label, argv, env, cap_s):
     """A Worker whose ready line must come within cap_s seconds; (worker, None) or (None, why)."""
     w = h.Worker.__new__(h.Worker)
@@ -209,9 +230,11 @@ try:
 
     labels = {"O3": "trainkit -O3 -march=native", "readme": "trainkit g++ -O2 (README)",
               "eager": "torch eager", "compile": "torch.compile"}
-    slots = [(f"{labels[k[0]]} {k[1]}t", w, "step") for k, w in
-             sorted(workers.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    metered = {f"{labels[k[0]]} {k[1]}t": CpuMetered(w) for k, w in workers.items()}
+    slots = [(label, metered[label], "step") for label in
+             sorted(metered, key=lambda lb: (lb[-2:], lb))]
     samples = h.alternate(slots, rounds=ROUNDS, warmup=WARMUP)
+    cpu_ms = {label: 1e3 * m.cpu_s / m.reps for label, m in metered.items()}
     rss = {f"{labels[k[0]]} {k[1]}t": vmhwm_mib(w) for k, w in workers.items()}
 finally:
     for w in workers.values():
@@ -219,9 +242,9 @@ finally:
 
 load_end = load()
 med = h.print_table([(k, v, None) for k, v in samples.items()])
-print(f"  {'case':<34} {'tokens/s':>10} {'peak RSS MiB':>13}")
+print(f"  {'case':<34} {'tokens/s':>10} {'peak RSS MiB':>13} {'CPU ms/step':>12}")
 for k in samples:
-    print(f"  {k:<34} {TOKENS / med[k]:10.0f} {rss[k]:13.1f}")
+    print(f"  {k:<34} {TOKENS / med[k]:10.0f} {rss[k]:13.1f} {cpu_ms[k]:12.1f}")
 print(f"  load average at start {load_start}, at end {load_end}")
 if max(float(load_start.split()[0]), float(load_end.split()[0])) > 1.5:
     print(f"  note: other work ran on these {os.cpu_count()} cpus (load > 1.5): 2-thread figures "
@@ -246,6 +269,10 @@ for t in (1, 2):
             line += (f", {ratio(b, 'compile', t):.2f}x torch.compile (fastest samples: "
                      f"{min_ratio(b, 'compile', t):.2f}x)")
         print(line)
+for b in builds:
+    print(f"  1 thread, CPU time per step (steadier under load): {labels[b]} "
+          f"{cpu_ms[labels[b] + ' 1t']:.1f} ms vs torch eager {cpu_ms['torch eager 1t']:.1f} ms: "
+          f"{cpu_ms['torch eager 1t'] / cpu_ms[labels[b] + ' 1t']:.2f}x")
 if "compile" in skipped:
     print(f"  torch.compile ratios: none (skipped: {skipped['compile']})")
 print(f"  1-thread eager ratio, README build: {ratio('readme', 'eager', 1):.2f}x; "
