@@ -31,7 +31,11 @@ tk::exec::Host& pool() {
 }
 
 nn::GptOptions small(bool tie) {
-  return {.vocab_size = 23, .block_size = 10, .n_layer = 2, .n_head = 2, .n_embd = 8,
+  return {.vocab_size = 23,
+          .block_size = 10,
+          .n_layer = 2,
+          .n_head = 2,
+          .n_embd = 8,
           .tie_weights = tie};
 }
 
@@ -111,8 +115,8 @@ TEST_CASE("Gpt: parameter names, order, tying and GPT-2 initialisation") {
   // GPT-2 init: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)), zero biases, unit
   // LayerNorm weights. Measured on a larger model, where the sample std is close.
   nn::ParamArena<> arena;
-  nn::Gpt big(arena, {.vocab_size = 300, .block_size = 64, .n_layer = 4, .n_head = 4,
-                      .n_embd = 64});
+  nn::Gpt big(arena,
+              {.vocab_size = 300, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 64});
   arena.finalize();
   arena.initialize(7);
   const auto std_of = [&](const char* name) {
@@ -236,12 +240,12 @@ TEST_CASE("Gpt: bf16 activations on the host follow the f32 model") {
 
 TEST_CASE("Gpt: bad options and shapes are errors naming what was expected") {
   nn::ParamArena<> arena;
-  CHECK_THROWS_WITH_AS(nn::Gpt(arena, {.vocab_size = 10, .block_size = 4, .n_layer = 1,
-                                       .n_head = 3, .n_embd = 8}),
-                       doctest::Contains("n_embd 8 is not a multiple of n_head 3"), tk::Error);
-  CHECK_THROWS_WITH_AS(nn::Gpt(arena, {.vocab_size = 0, .block_size = 4, .n_layer = 1,
-                                       .n_head = 2, .n_embd = 8}),
-                       doctest::Contains("must be > 0"), tk::Error);
+  CHECK_THROWS_WITH_AS(
+      nn::Gpt(arena, {.vocab_size = 10, .block_size = 4, .n_layer = 1, .n_head = 3, .n_embd = 8}),
+      doctest::Contains("n_embd 8 is not a multiple of n_head 3"), tk::Error);
+  CHECK_THROWS_WITH_AS(
+      nn::Gpt(arena, {.vocab_size = 0, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8}),
+      doctest::Contains("must be > 0"), tk::Error);
   nn::ParamArena<> good;
   nn::Gpt model(good, small(false));
   good.finalize();
@@ -257,8 +261,8 @@ TEST_CASE("Gpt: bad options and shapes are errors naming what was expected") {
   CHECK_THROWS_WITH_AS(model.forward(pool(), ctx, ids.view<2>(), wrong.view<2>()),
                        doctest::Contains("must be [10, 23]"), tk::Error);
   ids.data()[3] = 23;  // out of the vocabulary
-  CHECK_THROWS_AS(model.forward(pool(), ctx, ids.view<2>(), logits.view<2>().reshape<2>(
-                                                                tk::Extents<2>{{10, 23}})),
+  CHECK_THROWS_AS(model.forward(pool(), ctx, ids.view<2>(),
+                                logits.view<2>().reshape<2>(tk::Extents<2>{{10, 23}})),
                   tk::Error);
   // backward of a forward of another shape.
   tk::Tensor<std::int32_t> ok(tk::Shape{2, 5});
@@ -272,7 +276,8 @@ TEST_CASE("Gpt: bad options and shapes are errors naming what was expected") {
   // A tied Linear needs the tied parameter's shape.
   nn::ParamArena<> a2;
   const auto emb = a2.add("emb.weight", tk::Shape{7, 4});
-  CHECK_THROWS_WITH_AS(nn::Linear(a2, "head", {.in_features = 4, .out_features = 6, .bias = false,
-                                               .tied_weight = emb}),
-                       doctest::Contains("the tied weight 'emb.weight' is [7, 4]"), tk::Error);
+  CHECK_THROWS_WITH_AS(
+      nn::Linear(a2, "head",
+                 {.in_features = 4, .out_features = 6, .bias = false, .tied_weight = emb}),
+      doctest::Contains("the tied weight 'emb.weight' is [7, 4]"), tk::Error);
 }
