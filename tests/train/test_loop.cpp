@@ -368,8 +368,11 @@ struct Deferred : Quadratic {
   }
 };
 
-std::vector<float> deferred_run(const fs::path& dir, Deferred& t, std::int64_t steps = 12) {
-  train::Loop loop({.steps = steps,
+/// 12 steps of `t` (a Quadratic returning its loss as a float or a LossHandle), logging every 4
+/// and checkpointing every 5 steps; returns the weights (and the result in *out).
+template <class Task>
+std::vector<float> deferred_run(const fs::path& dir, Task& t, train::LoopResult* out = nullptr) {
+  train::Loop loop({.steps = 12,
                     .dir = dir,
                     .ckpt_every = 5,
                     .clip_grad_norm = 1.0,
@@ -381,7 +384,8 @@ std::vector<float> deferred_run(const fs::path& dir, Deferred& t, std::int64_t s
   arena.initialize(3);
   tk::optim::AdamW<> opt(arena, {.lr = 0.05});
   loop.state().add("noise", t.rng);
-  loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+  const train::LoopResult r = loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+  if (out != nullptr) *out = r;
   auto w = arena.param<1>(t.id);
   return std::vector<float>(w.data(), w.data() + w.size(0));
 }
@@ -396,21 +400,8 @@ TEST_CASE("Loop: a LossHandle is read only on the first, logging, checkpoint and
     float step(train::StepContext& ctx) { return Quadratic::step(ctx); }
   };
   Eager e;
-  train::Loop loop({.steps = 12,
-                    .dir = b_dir.path(),
-                    .ckpt_every = 5,
-                    .clip_grad_norm = 1.0,
-                    .monitor = {.log_every = 4, .console = nullptr}});
-  tk::nn::ParamArena<> arena;
-  e.arena = &arena;
-  e.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
-  arena.finalize();
-  arena.initialize(3);
-  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
-  loop.state().add("noise", e.rng);
-  const train::LoopResult r = loop.run(tk::exec::Host::default_instance(), arena, opt, e);
-  auto w = arena.param<1>(e.id);
-  CHECK(same_bits(deferred, std::vector<float>(w.data(), w.data() + w.size(0))));
+  train::LoopResult r;
+  CHECK(same_bits(deferred, deferred_run(b_dir.path(), e, &r)));
   CHECK(std::isfinite(r.last_loss));
   // first_loss and the mean of the last 10 losses read (all 12 read here, float losses).
   REQUIRE(r.recent_count == 10);
