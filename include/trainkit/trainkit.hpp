@@ -34,7 +34,7 @@
 #include "trainkit/core/tensor.hpp"
 // defines: AnyTensorView, AnyTensor
 #include "trainkit/core/any_tensor.hpp"
-// defines: copy_bytes, zero_bytes
+// defines: copy_bytes, zero_bytes, read_value
 #include "trainkit/core/bytes.hpp"
 // defines: copy (between tensor views in any pair of memory spaces)
 #include "trainkit/core/copy.hpp"

@@ -1912,6 +1912,17 @@ inline void copy_bytes(void* dst, Space dst_space, const void* src, Space src_sp
 #endif
 }
 
+/// The value of type T at `src` in `space` (a plain load on the host; on the device it waits for
+/// the queued work, then copies sizeof(T) bytes): one read of a device-resident scalar such as a
+/// loss, a norm or a flag.
+template <class T>
+T read_value(const T* src, Space space, const char* what = "read_value") {
+  if (space == Space::kHost) return *src;
+  T value{};
+  copy_bytes(&value, Space::kHost, src, space, sizeof value, what);
+  return value;
+}
+
 /// Sets `bytes` bytes at `dst` (in `space`) to zero.
 inline void zero_bytes(void* dst, Space space, std::size_t bytes, const char* what = "zero_bytes") {
   if (bytes == 0) return;
@@ -2188,7 +2199,7 @@ class AnyTensor {
 
 TRAINKIT_NAMESPACE_END
 // end trainkit/core/any_tensor.hpp
-// defines: copy_bytes, zero_bytes
+// defines: copy_bytes, zero_bytes, read_value
 // defines: copy (between tensor views in any pair of memory spaces)
 // begin trainkit/core/copy.hpp
 // SPDX-License-Identifier: MIT
@@ -15314,10 +15325,7 @@ void clip_grad_value_(const E& exec, nn::ParamArena<S>& arena, double clip_value
 
 TRAINKIT_INLINE float GradNorm::get() const {
   TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
-  if (space_ == Space::kHost) return *data_;
-  float value = 0.0f;
-  copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
-  return value;
+  return read_value(data_, space_, "optim::GradNorm");
 }
 
 #endif  // TRAINKIT_IMPL
@@ -16568,10 +16576,7 @@ struct StepResult {
   /// True when the step changed nothing because the gradients held inf/NaN (reads the flag:
   /// a sync on the device). Always false without a loss scaler.
   bool skipped() const {
-    if (found_inf == nullptr) return false;
-    float flag = 0.0f;
-    copy_bytes(&flag, Space::kHost, found_inf, space, sizeof flag, "optim::StepResult");
-    return flag != 0.0f;
+    return found_inf != nullptr && read_value(found_inf, space, "optim::StepResult") != 0.0f;
   }
 };
 
@@ -29727,9 +29732,7 @@ struct LossHandle {
   /// The value (on the device: waits for the work that writes it).
   float get() const {
     TRAINKIT_CHECK(data != nullptr, "train::LossHandle::get on an empty handle");
-    float value = 0.0f;
-    copy_bytes(&value, Space::kHost, data, space, sizeof value, "train::LossHandle");
-    return value;
+    return read_value(data, space, "train::LossHandle");
   }
 };
 
@@ -30157,8 +30160,8 @@ class CausalLmTask {
       auto span = ctx.monitor->span(monitor::Phase::kDataWait);
       batch = options_.train->next();
     }
-    const auto ids = view<2>(batch, "input");
-    const auto targets = flat(view<2>(batch, "target"));
+    const auto ids = tokens(batch, "input");
+    const auto targets = flat_tokens(batch, "target");
     const auto logits = logits_view(ids.numel());
     {
       auto span = ctx.monitor->span(monitor::Phase::kForward);
@@ -30192,13 +30195,12 @@ class CausalLmTask {
     model_->eval();
     for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
       const data::Batch batch = options_.val->next();
-      const auto ids = view<2>(batch, "input");
+      const auto ids = tokens(batch, "input");
       const auto logits = logits_view(ids.numel());
       model_->template forward<P>(*exec_, eval_ctx_, ids, logits);
-      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat(view<2>(batch, "target")),
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat_tokens(batch, "target"),
                               loss_.template view<1>());
-      float loss = 0.0f;
-      copy_bytes(&loss, Space::kHost, loss_.data(), S, sizeof loss, "train::CausalLmTask");
+      const float loss = read_value(loss_.data(), S, "train::CausalLmTask");
       sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
       rows += static_cast<double>(ids.size(0));
     }
@@ -30218,15 +30220,18 @@ class CausalLmTask {
   }
 
  private:
-  template <int R>
-  static TensorView<const std::int32_t, R, S> view(const data::Batch& batch, const char* name) {
+  /// Field `name` of a batch: token ids [B, T] in space S.
+  static TensorView<const std::int32_t, 2, S> tokens(const data::Batch& batch, const char* name) {
     if constexpr (S == Space::kHost) {
-      return batch.host<const std::int32_t, R>(name);
+      return batch.host<const std::int32_t, 2>(name);
     } else {
-      return batch.device<const std::int32_t, R>(name);
+      return batch.device<const std::int32_t, 2>(name);
     }
   }
-  static TensorView<const std::int32_t, 1, S> flat(TensorView<const std::int32_t, 2, S> v) {
+  /// The same flattened to [B*T] (the targets of the cross-entropy).
+  static TensorView<const std::int32_t, 1, S> flat_tokens(const data::Batch& batch,
+                                                          const char* name) {
+    const auto v = tokens(batch, name);
     return v.template reshape<1>(Extents<1>{{v.numel()}});
   }
   TensorView<T, 2, S> logits_view(std::int64_t rows) {

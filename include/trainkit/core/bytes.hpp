@@ -51,6 +51,17 @@ inline void copy_bytes(void* dst, Space dst_space, const void* src, Space src_sp
 #endif
 }
 
+/// The value of type T at `src` in `space` (a plain load on the host; on the device it waits for
+/// the queued work, then copies sizeof(T) bytes): one read of a device-resident scalar such as a
+/// loss, a norm or a flag.
+template <class T>
+T read_value(const T* src, Space space, const char* what = "read_value") {
+  if (space == Space::kHost) return *src;
+  T value{};
+  copy_bytes(&value, Space::kHost, src, space, sizeof value, what);
+  return value;
+}
+
 /// Sets `bytes` bytes at `dst` (in `space`) to zero.
 inline void zero_bytes(void* dst, Space space, std::size_t bytes, const char* what = "zero_bytes") {
   if (bytes == 0) return;

@@ -237,10 +237,7 @@ void clip_grad_value_(const E& exec, nn::ParamArena<S>& arena, double clip_value
 
 TRAINKIT_INLINE float GradNorm::get() const {
   TRAINKIT_CHECK(data_ != nullptr, "optim::GradNorm::get on an empty handle");
-  if (space_ == Space::kHost) return *data_;
-  float value = 0.0f;
-  copy_bytes(&value, Space::kHost, data_, space_, sizeof value, "optim::GradNorm");
-  return value;
+  return read_value(data_, space_, "optim::GradNorm");
 }
 
 #endif  // TRAINKIT_IMPL

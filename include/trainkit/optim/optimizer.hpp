@@ -69,10 +69,7 @@ struct StepResult {
   /// True when the step changed nothing because the gradients held inf/NaN (reads the flag:
   /// a sync on the device). Always false without a loss scaler.
   bool skipped() const {
-    if (found_inf == nullptr) return false;
-    float flag = 0.0f;
-    copy_bytes(&flag, Space::kHost, found_inf, space, sizeof flag, "optim::StepResult");
-    return flag != 0.0f;
+    return found_inf != nullptr && read_value(found_inf, space, "optim::StepResult") != 0.0f;
   }
 };
 

@@ -69,8 +69,8 @@ class CausalLmTask {
       auto span = ctx.monitor->span(monitor::Phase::kDataWait);
       batch = options_.train->next();
     }
-    const auto ids = view<2>(batch, "input");
-    const auto targets = flat(view<2>(batch, "target"));
+    const auto ids = tokens(batch, "input");
+    const auto targets = flat_tokens(batch, "target");
     const auto logits = logits_view(ids.numel());
     {
       auto span = ctx.monitor->span(monitor::Phase::kForward);
@@ -104,13 +104,12 @@ class CausalLmTask {
     model_->eval();
     for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
       const data::Batch batch = options_.val->next();
-      const auto ids = view<2>(batch, "input");
+      const auto ids = tokens(batch, "input");
       const auto logits = logits_view(ids.numel());
       model_->template forward<P>(*exec_, eval_ctx_, ids, logits);
-      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat(view<2>(batch, "target")),
+      ce_.template forward<P>(*exec_, ce_ctx_, logits, flat_tokens(batch, "target"),
                               loss_.template view<1>());
-      float loss = 0.0f;
-      copy_bytes(&loss, Space::kHost, loss_.data(), S, sizeof loss, "train::CausalLmTask");
+      const float loss = read_value(loss_.data(), S, "train::CausalLmTask");
       sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
       rows += static_cast<double>(ids.size(0));
     }
@@ -130,15 +129,18 @@ class CausalLmTask {
   }
 
  private:
-  template <int R>
-  static TensorView<const std::int32_t, R, S> view(const data::Batch& batch, const char* name) {
+  /// Field `name` of a batch: token ids [B, T] in space S.
+  static TensorView<const std::int32_t, 2, S> tokens(const data::Batch& batch, const char* name) {
     if constexpr (S == Space::kHost) {
-      return batch.host<const std::int32_t, R>(name);
+      return batch.host<const std::int32_t, 2>(name);
     } else {
-      return batch.device<const std::int32_t, R>(name);
+      return batch.device<const std::int32_t, 2>(name);
     }
   }
-  static TensorView<const std::int32_t, 1, S> flat(TensorView<const std::int32_t, 2, S> v) {
+  /// The same flattened to [B*T] (the targets of the cross-entropy).
+  static TensorView<const std::int32_t, 1, S> flat_tokens(const data::Batch& batch,
+                                                          const char* name) {
+    const auto v = tokens(batch, name);
     return v.template reshape<1>(Extents<1>{{v.numel()}});
   }
   TensorView<T, 2, S> logits_view(std::int64_t rows) {

@@ -102,9 +102,7 @@ struct LossHandle {
   /// The value (on the device: waits for the work that writes it).
   float get() const {
     TRAINKIT_CHECK(data != nullptr, "train::LossHandle::get on an empty handle");
-    float value = 0.0f;
-    copy_bytes(&value, Space::kHost, data, space, sizeof value, "train::LossHandle");
-    return value;
+    return read_value(data, space, "train::LossHandle");
   }
 };
 
