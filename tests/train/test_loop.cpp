@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <trainkit/core/rng.hpp>
@@ -69,6 +70,9 @@ struct Quadratic {
     return {{"val_dist", d}};
   }
   void on_step_end(std::int64_t step, float) { ended.push_back(step); }
+  // (step, evaluations done by then): the hook runs after the update, before that step's eval.
+  std::vector<std::pair<std::int64_t, int>> updated;
+  void on_optimizer_step(std::int64_t step) { updated.emplace_back(step, evaluations); }
 };
 
 struct Run {
@@ -184,6 +188,11 @@ TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {
   train_run(dir, 10, t, nullptr, 3);
   CHECK(t.evaluations == 3);  // after steps 4, 8 and the last (10)
   CHECK(t.ended == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  REQUIRE(t.updated.size() == 10);
+  for (std::size_t i = 0; i < t.updated.size(); ++i) {
+    CHECK(t.updated[i].first == std::int64_t(i) + 1);
+    CHECK(t.updated[i].second == int(i + 1) / 4);  // evaluations after steps 4 and 8 came later
+  }
   tk::ckpt::Checkpointer ck((dir / "ckpt").string(), {.remove_stale = false});
   std::vector<std::int64_t> steps;
   for (const auto& c : ck.list()) steps.push_back(c.step);

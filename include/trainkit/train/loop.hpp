@@ -170,6 +170,10 @@ concept HasStepEnd = requires(T& t, std::int64_t step, float loss) {
   t.on_step_end(step, loss);
 };
 template <class T>
+concept HasOptimizerStepHook = requires(T& t, std::int64_t step) {
+  t.on_optimizer_step(step);
+};
+template <class T>
 concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
   t.on_resume(info);
 };
@@ -259,7 +263,9 @@ class Loop {
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
   /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss,
   /// as a float or a LossHandle (gradients are zeroed before it); optional `task.evaluate()`
-  /// returns metrics (ckpt::Metrics), optional `task.on_step_end(step, loss)` is called after each
+  /// returns metrics (ckpt::Metrics), optional `task.on_optimizer_step(step)` right after each
+  /// optimizer (and schedule) step, before evaluation and checkpoint (`step`: the steps now
+  /// completed; e.g. to re-apply pruning masks), optional `task.on_step_end(step, loss)` after each
   /// step and optional `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been
   /// restored, before the first step (to adapt restored state, e.g. a schedule for a longer run).
   /// `schedule` (any type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none)
@@ -355,6 +361,8 @@ class Loop {
         // PyTorch's scaler.update(): backoff or growth of the scale from this step's check.
         if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.update(exec);
         if (schedule != nullptr) schedule->step();
+        if constexpr (detail::HasOptimizerStepHook<std::remove_cvref_t<Task>>)
+          task.on_optimizer_step(step + 1);
       }
       // Reading the norm and the skip flag of a device arena waits for the GPU: only then every
       // log_every steps; a host arena's are plain loads, read every step.
