@@ -3,8 +3,11 @@
 // (cache lines, AVX-512 loads), page-locked ("pinned") host memory for asynchronous copies, and
 // device memory — behind one move-only owner, `Allocation`. Pinned memory degrades to aligned
 // host memory when no CUDA device is usable, so CPU-only programs can ask for it unconditionally.
+// A process-wide count of the live and peak bytes of each kind (relaxed atomics, two per
+// allocation) tells what trainkit really allocated (`allocation_stats`).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -36,6 +39,47 @@ inline constexpr const char* memory_kind_name(MemoryKind k) noexcept {
     case MemoryKind::kDevice: return "device";
   }
   return "?";
+}
+
+/// The bytes of one MemoryKind that trainkit's Allocations hold now (live) and held at most
+/// (peak) since the start of the process or the last reset_allocation_peak. Requested sizes, as
+/// Allocation::bytes() reports them (host blocks are rounded up to 64 bytes on top).
+struct AllocationStats {
+  std::int64_t live = 0;
+  std::int64_t peak = 0;
+};
+
+namespace detail {
+struct AllocationCounter {
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak{0};
+};
+inline AllocationCounter& allocation_counter(MemoryKind k) noexcept {
+  static AllocationCounter counters[3];
+  return counters[static_cast<int>(k)];
+}
+inline void count_allocation(MemoryKind k, std::int64_t bytes) noexcept {
+  AllocationCounter& c = allocation_counter(k);
+  const std::int64_t now = c.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace detail
+
+/// Live and peak bytes of `kind` held by trainkit's Allocations (tensors, arenas, layer
+/// contexts and workspaces, loader slots); memory obtained otherwise (std::vector, CUDA
+/// libraries' own workspaces) is not counted. A pinned request that fell back counts as kHost.
+inline AllocationStats allocation_stats(MemoryKind kind) noexcept {
+  const detail::AllocationCounter& c = detail::allocation_counter(kind);
+  return {c.live.load(std::memory_order_relaxed), c.peak.load(std::memory_order_relaxed)};
+}
+
+/// Sets the peak of `kind` to its live bytes, so that allocation_stats(kind).peak measures from
+/// here on (e.g. around one training step).
+inline void reset_allocation_peak(MemoryKind kind) noexcept {
+  detail::AllocationCounter& c = detail::allocation_counter(kind);
+  c.peak.store(c.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 /// One owned block of memory. Move-only; frees with the matching deallocator; never throws on
@@ -75,6 +119,7 @@ class Allocation {
         TRAINKIT_FAIL_WITHOUT_CUDA("device memory requested (", bytes, " bytes)");
 #endif
     }
+    detail::count_allocation(kind_, static_cast<std::int64_t>(bytes_));
   }
 
   Allocation(const Allocation&) = delete;
@@ -104,6 +149,8 @@ class Allocation {
 
   void reset() noexcept {
     if (ptr_ != nullptr) {
+      detail::allocation_counter(kind_).live.fetch_sub(static_cast<std::int64_t>(bytes_),
+                                                       std::memory_order_relaxed);
       switch (kind_) {
         case MemoryKind::kHost: ::operator delete(ptr_, std::align_val_t(kHostAlignment)); break;
         case MemoryKind::kPinned:
