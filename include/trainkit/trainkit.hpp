@@ -160,6 +160,8 @@
 #include "trainkit/optim/ema.hpp"
 // defines: optim::GradAccumulation
 #include "trainkit/optim/grad_accumulation.hpp"
+// defines: optim::Pruner, PrunerOptions, PruneScope, SparsitySchedule, PruneReport
+#include "trainkit/optim/prune.hpp"
 
 // ---- data/: datasets, samplers, the prefetching loader ----
 // defines: data::Dataset, StreamingDataset, Sampler, FieldSpec, SampleRef
@@ -204,6 +206,8 @@
 #include "trainkit/ckpt/checksum.hpp"
 // defines: ckpt::load_model, save_model, ModelLoadOptions, ModelLoadReport, ModelSaveOptions
 #include "trainkit/ckpt/model.hpp"
+// defines: ckpt::save_pruned_model, save_pruning_masks
+#include "trainkit/ckpt/pruned_model.hpp"
 // defines: ckpt::TrainState, RestoreOptions
 #include "trainkit/ckpt/train_state.hpp"
 // defines: ckpt::Checkpointer, CheckpointerOptions, CheckpointInfo, LoadOptions, SaveStats
