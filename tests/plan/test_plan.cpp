@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/plan/memory.hpp>
+#include <trainkit/plan/planner.hpp>
 
 namespace {
 
@@ -81,6 +84,7 @@ TEST_CASE("plan: predicted memory of a Gpt step is within 5% of what a real step
     run.model.block_size = std::int64_t(4 + rng() % 40);
     run.model.tie_weights = rng() % 2 == 0;
     run.model.bias = rng() % 3 != 0;
+    run.model.dropout = trial % 3 == 0 ? 0.1f : 0.0f;  // one more saved activation
     run.seq = std::int64_t(1 + rng() % run.model.block_size);
     run.batch = std::int64_t(1 + rng() % 5);
     run.loader_depth = 0;
@@ -102,8 +106,255 @@ TEST_CASE("plan: predicted memory of a Gpt step is within 5% of what a real step
     CAPTURE(bf16);
     CAPTURE(measured);
     CAPTURE(p.total_bytes());
-    MESSAGE("trial ", trial, ": predicted ", p.total_bytes(), " measured ", measured, " ratio ",
-            ratio);
     CHECK(std::abs(ratio - 1.0) < 0.05);
   }
+}
+
+namespace {
+
+/// GPT-2 small (untied) at batch 8 x 1024, bf16.
+plan::GptRun gpt2_small() {
+  plan::GptRun run;
+  run.model = {.vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768};
+  run.seq = 1024;
+  run.batch = 8;
+  run.precision = tk::monitor::Precision::kBf16;
+  return run;
+}
+
+/// Options without the machine-dependent rows (no detected GPU, a fixed CPU peak).
+plan::PlanOptions fixed_options() {
+  plan::PlanOptions o;
+  o.detect_gpu = false;
+  o.include_cpu = false;
+  return o;
+}
+
+std::string error_of(const auto& f) {
+  try {
+    f();
+  } catch (const tk::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("plan: the memory lines follow the arena, the optimizer rule and the policy") {
+  plan::GptRun run = gpt2_small();
+  nn::ParamArena<> arena;
+  nn::Gpt<> model(arena, run.model);
+  const plan::MemoryPlan p = plan::gpt_memory(run);
+  CHECK(p.parameters == arena.num_parameters());
+  CHECK(p.buffer_numel == arena.buffer_numel());
+  CHECK(p.matmul_params == model.matmul_parameters());
+  CHECK(p.line("gradients").bytes == 4 * arena.buffer_numel());
+  CHECK(p.line("compute copy").bytes == 2 * arena.buffer_numel());
+  const std::int64_t f32_state = p.line("optimizer state").bytes;
+  CHECK(f32_state >= 8 * arena.buffer_numel());
+  CHECK(f32_state < 8 * arena.buffer_numel() + 4096);
+  run.adamw.bf16_state = true;
+  CHECK(plan::gpt_memory(run).line("optimizer state").bytes - 4 * arena.buffer_numel() ==
+        f32_state - 8 * arena.buffer_numel());
+  run.adamw = {.amsgrad = true};
+  CHECK(plan::gpt_memory(run).line("optimizer state").bytes - 12 * arena.buffer_numel() ==
+        f32_state - 8 * arena.buffer_numel());
+  // fp32: no compute copy, activations twice bf16's (up to the f32 statistics), no dS scratch.
+  run = gpt2_small();
+  run.precision = tk::monitor::Precision::kFp32;
+  const plan::MemoryPlan f = plan::gpt_memory(run);
+  CHECK_THROWS(f.line("compute copy"));
+  CHECK(f.line("activations").bytes > 19 * p.line("activations").bytes / 10);
+  // Data parallel: a bf16 staging buffer only with compression and more than one rank.
+  run.ranks = 8;
+  CHECK_THROWS(plan::gpt_memory(run).line("gradient staging"));
+  run.bf16_compression = true;
+  CHECK(plan::gpt_memory(run).line("gradient staging").bytes == 2 * arena.buffer_numel());
+  run.ranks = 1;
+  CHECK_THROWS(plan::gpt_memory(run).line("gradient staging"));
+  // A GPU run keeps the loader's slots twice: on the device and pinned on the host.
+  run = gpt2_small();
+  const plan::MemoryPlan gpu = plan::gpt_memory(run);
+  CHECK(gpu.total_bytes() - gpu.device_bytes() == gpu.line("loader host slots").bytes);
+  run.device = false;
+  CHECK_THROWS(plan::gpt_memory(run).line("loader host slots"));
+}
+
+TEST_CASE("plan: the loader line is what a real Prefetcher slot ring allocates") {
+  // Prefetcher slot layout: input and target [B, T] int32 aligned to 256 bytes, B int64 indices.
+  plan::GptRun run = gpt2_small();
+  run.device = false;
+  run.batch = 3;
+  run.seq = 37;
+  run.model.block_size = 64;
+  const std::int64_t field = 3 * 37 * 4, aligned = (field + 255) / 256 * 256;
+  const std::int64_t slot = (aligned + field + 255) / 256 * 256 + 3 * 8;
+  CHECK(plan::gpt_memory(run).line("loader slots").bytes == 4 * slot);
+  run.evaluation = true;
+  CHECK(plan::gpt_memory(run).line("loader slots").bytes == 8 * slot);
+}
+
+TEST_CASE("plan: FLOPs per step are monitor's transformer formula") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    plan::GptRun run;
+    run.model.n_head = std::int64_t(1 + rng() % 16);
+    run.model.n_embd = run.model.n_head * std::int64_t(8 + rng() % 64);
+    run.model.n_layer = std::int64_t(1 + rng() % 48);
+    run.model.vocab_size = std::int64_t(100 + rng() % 60000);
+    run.model.block_size = std::int64_t(16 + rng() % 4096);
+    run.seq = std::int64_t(1 + rng() % run.model.block_size);
+    run.batch = std::int64_t(1 + rng() % 64);
+    run.model.tie_weights = rng() % 2 == 0;
+    const plan::GptSizes sizes = plan::gpt_sizes(run.model);
+    const double C = double(run.model.n_embd), L = double(run.model.n_layer);
+    const double N = 12.0 * L * C * C + double(run.model.vocab_size) * C;
+    CHECK(double(sizes.matmul_params) == N);
+    const double tokens = double(run.batch * run.seq);
+    const double expected = (6.0 * N + 12.0 * L * double(run.model.n_head) *
+                                           (C / double(run.model.n_head)) * double(run.seq)) *
+                            tokens;
+    CHECK(plan::gpt_flops_per_step(run, sizes.matmul_params) ==
+          doctest::Approx(expected).epsilon(1e-12));
+    CHECK(plan::gpt_flops_per_step(run, sizes.matmul_params) ==
+          tk::monitor::transformer_flops_per_step(N, int(L), int(run.model.n_head),
+                                                  int(run.model.n_embd / run.model.n_head),
+                                                  int(run.seq), tokens));
+  }
+}
+
+TEST_CASE("plan: the largest batch is monotone in memory and really the largest") {
+  const plan::GptRun run = gpt2_small();
+  const plan::GptSizes sizes = plan::gpt_sizes(run.model);
+  std::int64_t last = -1;
+  for (const std::int64_t gib : {1, 2, 3, 5, 8, 13, 24, 40, 80, 141, 1000}) {
+    const std::int64_t usable = gib * plan::kGiB;
+    const std::int64_t b = plan::largest_batch(run, sizes, usable, true);
+    CHECK(b >= last);
+    last = b;
+    plan::GptRun r = run;
+    if (b > 0) {
+      r.batch = b;
+      CHECK(plan::needed_bytes(r, sizes, true) <= usable);
+    }
+    r.batch = b + 1;
+    CHECK(plan::needed_bytes(r, sizes, true) > usable);
+  }
+  CHECK(plan::largest_batch(run, sizes, 1024, true) == 0);  // not even the weights fit
+  // The table agrees: a device fits the run's batch exactly when its largest batch is >= it.
+  const plan::Report report = plan::gpt(run, fixed_options());
+  REQUIRE(report.rows.size() == 6);
+  for (const plan::DeviceRow& row : report.rows) {
+    CAPTURE(row.device.label);
+    CHECK(row.fits == (row.max_batch >= run.batch));
+    CHECK(row.usable == std::int64_t(double(row.device.memory_bytes) * 0.9));
+  }
+}
+
+TEST_CASE("plan: step time, tokens/s, time and cost arithmetic") {
+  plan::GptRun run = gpt2_small();
+  run.ranks = 8;
+  plan::PlanOptions o = fixed_options();
+  o.tokens = 10e9;
+  o.mfu = 0.5;
+  o.prices = plan::parse_prices("H100=2.5,h200=3.5,A100=1.5", o.devices);
+  CHECK(o.prices.size() == 4);
+  CHECK(o.prices.at("A100-40GB") == 1.5);
+  CHECK(o.prices.at("A100-80GB") == 1.5);
+  const plan::Report r = plan::gpt(run, o);
+  const plan::DeviceRow& h100 = r.rows[1];
+  REQUIRE(h100.device.id == "H100");
+  CHECK(h100.peak == 989e12);  // monitor's table
+  const double flops = plan::gpt_flops_per_step(run, r.memory.matmul_params);
+  const double step = flops / (989e12 * 0.5);
+  CHECK(h100.compute.step_seconds == doctest::Approx(step).epsilon(1e-12));
+  const double per_step = 8.0 * 8 * 1024;
+  CHECK(h100.compute.tokens_per_s == doctest::Approx(per_step / step).epsilon(1e-12));
+  const double steps = std::ceil(10e9 / per_step);  // 152588.xx -> 152589
+  CHECK(h100.compute.steps == steps);
+  CHECK(h100.compute.seconds == doctest::Approx(steps * step).epsilon(1e-12));
+  CHECK(h100.compute.cost == doctest::Approx(steps * step / 3600.0 * 8 * 2.5).epsilon(1e-12));
+  CHECK(std::isnan(r.rows[4].compute.cost));  // L40S: no price
+  CHECK(r.rows[4].compute.seconds > 0.0);
+  // The MFU of a finished run: the last finite value of its metrics.jsonl.
+  const auto dir = std::filesystem::temp_directory_path() / "trainkit_plan_mfu";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "metrics.jsonl");
+    out << "{\"step\":25,\"mfu\":0.31,\"peak\":\"x\"}\n{\"step\":50,\"mfu\":null}\n"
+           "{\"step\":75,\"mfu\":0.275,\"tflops\":1}\n{\"step\":100}\n";
+  }
+  o.mfu = 0.0;
+  o.run_dir = dir;
+  const plan::Report measured = plan::gpt(run, o);
+  CHECK(measured.mfu == 0.275);
+  CHECK(measured.rows[1].compute.step_seconds == doctest::Approx(flops / (989e12 * 0.275)));
+  {
+    std::ofstream out(dir / "metrics.jsonl");
+    out << "{\"step\":25,\"mfu\":null}\n";
+  }
+  CHECK(error_of([&] { plan::gpt(run, o); }).find("--run-dir") != std::string::npos);
+  std::filesystem::remove_all(dir);
+  CHECK(error_of([&] { plan::gpt(run, o); }).find("--run-dir: cannot read") != std::string::npos);
+  // Text and JSON carry the same figures.
+  o = fixed_options();
+  o.tokens = 10e9;
+  o.prices = plan::parse_prices("H100=2.5", o.devices);
+  const plan::Report t = plan::gpt(run, o);
+  const std::string text = plan::to_text(t), json = plan::to_json(t);
+  CHECK(text.find("H100 SXM 80GB") != std::string::npos);
+  CHECK(text.find("40.0% MFU (default)") != std::string::npos);
+  CHECK(json.find("\"id\":\"H100\"") != std::string::npos);
+  CHECK(json.find("\"price_per_gpu_hour\":2.5") != std::string::npos);
+  CHECK(json.find("\"device_bytes\":" + std::to_string(t.memory.device_bytes())) !=
+        std::string::npos);
+}
+
+TEST_CASE("plan: bad inputs give errors naming the flag") {
+  const auto run_error = [](auto change) {
+    plan::GptRun run = gpt2_small();
+    change(run);
+    return error_of([&] { plan::gpt_memory(run); });
+  };
+  CHECK(run_error([](plan::GptRun& r) { r.model.n_layer = 0; }).find("--layers") !=
+        std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.model.n_embd = -8; }).find("--dim") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.model.n_head = 0; }).find("--heads") !=
+        std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.model.n_head = 5; }) ==
+        "trainkit: --dim 768 is not a multiple of --heads 5");
+  CHECK(run_error([](plan::GptRun& r) { r.batch = 0; }).find("--batch") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.batch = -3; }).find("--batch") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.ranks = 0; }).find("--ranks") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.seq = 2048; }).find("--seq") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) { r.model.vocab_size = 0; }).find("--vocab") !=
+        std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) {
+          r.model.n_layer = std::int64_t{1} << 40;
+        }).find("beyond") != std::string::npos);
+  CHECK(error_of([] { plan::parse_precision("fp8"); }) ==
+        "trainkit: --precision: precision 'fp8' is not fp32, tf32, bf16 or fp16");
+  const std::vector<plan::Device> devices = plan::known_devices();
+  CHECK(error_of([&] {
+          plan::parse_prices("X100=2", devices);
+        }).find("--price 'X100=2': unknown device 'X100'") != std::string::npos);
+  CHECK(error_of([&] { plan::parse_prices("H100", devices); }).find("--price 'H100'") !=
+        std::string::npos);
+  CHECK(error_of([&] { plan::parse_prices("H100=-1", devices); }).find("not a price") !=
+        std::string::npos);
+  CHECK(error_of([&] { plan::parse_prices("H100=abc", devices); }).find("not a price") !=
+        std::string::npos);
+  CHECK(error_of([&] { plan::parse_prices("H100=nan", devices); }).find("not a price") !=
+        std::string::npos);
+  CHECK(plan::parse_prices("", devices).empty());
+  plan::PlanOptions o = fixed_options();
+  o.mfu = 1.5;
+  CHECK(error_of([&] { plan::gpt(gpt2_small(), o); }).find("--mfu") != std::string::npos);
+  o.mfu = 0.4;
+  o.headroom = 1.0;
+  CHECK(error_of([&] { plan::gpt(gpt2_small(), o); }).find("--headroom") != std::string::npos);
+  o.headroom = 0.1;
+  o.tokens = -1.0;
+  CHECK(error_of([&] { plan::gpt(gpt2_small(), o); }).find("--tokens") != std::string::npos);
 }
