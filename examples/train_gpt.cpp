@@ -7,6 +7,7 @@
 // "step N" counts completed optimizer steps (step 0: the first evaluation); a resume with a
 // larger --steps (no --decay-steps) follows the schedule of a run that long. `--help`: flags.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <trainkit/trainkit.hpp>
@@ -34,7 +36,7 @@ constexpr bool kCudaBuild = TRAINKIT_WITH_CUDA && TRAINKIT_CUDA_COMPILER;  // nv
 struct Config {
   std::int64_t steps = 300, batch = 16, seq = 64, layers = 4, dim = 128, heads = 4, seed = 1337;
   std::int64_t warmup = 0, decay_steps = 0, log_every = 25, eval_every = 50, eval_batches = 8;
-  std::int64_t ckpt_every = 100, keep = 3, sample_chars = 240, threads = 0;
+  std::int64_t ckpt_every = 100, keep = 3, sample_chars = 240, threads = 0, ranks = 1;
   double lr = 3e-3, wd = 0.1, grad_clip = 1.0, dropout = 0.0, peak_tflops = 0.0, temperature = 0.8;
   bool tie_weights = false, resume = false, allow_fresh_start = false, check = false;
   std::string out = "runs/train_gpt", data = "/usr/share/common-licenses", prompt = "The ";
@@ -65,7 +67,9 @@ void add_flags(tk::train::Flags& f, Config& c) {
            kSession)
       .add("allow-fresh-start", c.allow_fresh_start, "--resume without one: start over", kSession)
       .add("data", c.data, "a text file or a directory of them", kSession)
-      .add("threads", c.threads, "CPU threads (0: all)", {.at_least = 0}, kSession)
+      .add("threads", c.threads, "CPU threads of the process (0: all)", {.at_least = 0}, kSession)
+      .add("ranks", c.ranks, "data-parallel CPU ranks as threads (mpirun/torchrun: processes)",
+           {.at_least = 1})
       .add("log-every", c.log_every, "steps per monitor summary", {.at_least = 1}, kSession)
       .add("eval-every", c.eval_every, "steps between evaluations", {.at_least = 1}, kSession)
       .add("eval-batches", c.eval_batches, "batches per evaluation", {.at_least = 1}, kSession)
@@ -108,10 +112,11 @@ std::string read_corpus(const fs::path& path) {
   return text;
 }
 
-/// What main prepares for train(): the settings, the loop and the datasets.
+/// What main prepares for train(): the settings, the loop, the datasets and the rank.
 struct Run {
   Config& c;
   tk::train::Loop& loop;
+  tk::dist::Comm* comm;  // data parallel: this rank's communicator (null: one process)
   std::size_t corpus_bytes;
   const data::TokenShardDataset &train_set, &val_set;
   bool extend;  // a resume with a longer schedule (from planned_decay to c.steps)
@@ -123,6 +128,10 @@ template <class P, class E>
 int train(Run& run, const E& exec) {
   constexpr tk::Space S = tk::exec::is_cuda_executor_v<E> ? tk::Space::kDevice : tk::Space::kHost;
   Config& c = run.c;
+  const int rank = run.loop.rank(), world = run.comm != nullptr ? run.comm->world_size() : 1;
+  const auto say = [&](const char* format, auto... args) {  // rank 0 speaks for the run
+    if (rank == 0) std::printf(format, args...);
+  };
   nn::ParamArena<S> arena;
   nn::Gpt<S> model(arena, {.vocab_size = kVocab,
                            .block_size = c.seq,
@@ -137,15 +146,17 @@ int train(Run& run, const E& exec) {
   if (!c.init_from.empty() &&
       !run.loop.resuming()) {  // a resumed run's weights are its checkpoint's
     const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
-    std::printf("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
-                c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
+    say("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
+        c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
   }
   tk::optim::AdamW<S> opt(arena, {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.wd},
                           {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
   const tk::optim::WarmupCosineOptions plan{
       .warmup_steps = c.warmup, .total_steps = c.decay_steps, .eta_min = 0.1 * c.lr};
   auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), plan);
-  data::RandomSampler sampler(run.train_set.size(), std::uint64_t(c.seed));
+  data::DistributedSampler sampler(
+      run.train_set.size(),
+      {.world_size = std::size_t(world), .rank = std::size_t(rank), .seed = std::uint64_t(c.seed)});
   auto loader = data::make_prefetcher(exec, run.train_set, sampler,
                                       {.batch_size = std::size_t(c.batch), .drop_last = true});
   auto val = data::make_prefetcher(exec, run.val_set, data::SequentialSampler(run.val_set.size()),
@@ -154,13 +165,14 @@ int train(Run& run, const E& exec) {
 
   std::string where = "cuda";
   if constexpr (S == tk::Space::kHost) where = std::to_string(exec.num_threads()) + " threads";
-  std::printf(
-      "train_gpt: %lld parameters (%lld layers, dim %lld, %lld heads, context %lld%s) | "
+  if (world > 1)
+    where = std::to_string(world) + " ranks (" + std::string(run.comm->backend()) + ") x " + where;
+  say("train_gpt: %lld parameters (%lld layers, dim %lld, %lld heads, context %lld%s) | "
       "%zu-byte corpus: %zu train, %zu val windows | %s, %s\n",
       (long long)arena.num_parameters(), (long long)c.layers, (long long)c.dim, (long long)c.heads,
       (long long)c.seq, c.tie_weights ? ", tied head" : "", run.corpus_bytes, run.train_set.size(),
       run.val_set.size(), where.c_str(), c.precision.c_str());
-  const std::int64_t tokens = c.batch * c.seq;
+  const std::int64_t tokens = c.batch * c.seq * world;  // per step, all ranks together
   tk::monitor::MonitorOptions& mo = run.loop.monitor_options();
   mo.log_every = c.log_every;
   mo.chrome_trace = (fs::path(c.out) / "trace.json").string();
@@ -173,7 +185,8 @@ int train(Run& run, const E& exec) {
       mo.precision = decltype(mo.precision)(i);
   mo.peak_flops = 1e12 * c.peak_tflops;  // 0: the GPU's table entry, or measured on the CPU
   if constexpr (S == tk::Space::kHost) {
-    if (c.peak_tflops == 0) mo.peak_flops = tk::monitor::measure_cpu_peak_flops(exec.num_threads());
+    if (c.peak_tflops == 0)
+      mo.peak_flops = world * tk::monitor::measure_cpu_peak_flops(exec.num_threads());
     mo.peak_label = c.peak_tflops > 0 ? "configured" : "measured: FMA rate of the threads";
   }
 
@@ -186,29 +199,32 @@ int train(Run& run, const E& exec) {
   if constexpr (fp16) loss_scale = scaler.scale_data();
   auto on_resume = [&](const tk::ckpt::CheckpointInfo& info) {
     if (!run.extend) return;
-    std::printf(
-        "train_gpt: the schedule now decays until step %lld (--decay-steps %lld keeps it)\n",
+    say("train_gpt: the schedule now decays until step %lld (--decay-steps %lld keeps it)\n",
         (long long)c.steps, (long long)run.planned_decay);
     tk::optim::replay_schedule(*schedule, opt.lr_groups(), info.step, [&](auto& groups) {
       return tk::optim::warmup_cosine(groups, plan);
     });
   };
-  tk::train::CausalLmTask<nn::Gpt<S>, P> task(
-      exec, model, arena,
-      {.train = loader.get(), .val = val.get(), .loss_scale = loss_scale, .on_resume = on_resume});
+  tk::train::CausalLmTask<nn::Gpt<S>, P> task(exec, model, arena,
+                                              {.train = loader.get(),
+                                               .val = val.get(),
+                                               .loss_scale = loss_scale,
+                                               .on_resume = on_resume,
+                                               .comm = run.comm});
   const tk::train::LoopResult r = run.loop.run(exec, arena, opt, task, schedule.get(), scaler);
 
   const double last_val =
       r.last_eval.count("val/loss") ? r.last_eval.at("val/loss") : task.evaluate().at("val/loss");
   const double first_val = r.first_eval.count("val/loss") ? r.first_eval.at("val/loss") : NAN;
-  std::printf(
-      "train_gpt: step %lld | train loss %.4f -> %.4f (mean of the last %d steps; last 0x%08x) | "
+  say("train_gpt: step %lld | train loss %.4f -> %.4f (mean of the last %d steps; last 0x%08x) | "
       "val loss %.4f -> %.4f | %.1f ms/step over %lld steps\n",
       (long long)r.step, r.first_loss, r.recent_loss, r.recent_count,
       unsigned(std::bit_cast<std::uint32_t>(r.last_loss)), first_val, last_val,
       r.steps_this_run > 0 ? 1e3 * r.seconds / double(r.steps_this_run) : 0.0,
       (long long)r.steps_this_run);
 
+  const bool ok = r.recent_loss < r.first_loss && last_val < first_val;
+  if (rank != 0) return c.check && !ok ? 3 : 0;
   std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
   for (auto& t : prompt) t &= 0xff;
   if (prompt.empty()) prompt.push_back('\n');
@@ -223,25 +239,18 @@ int train(Run& run, const E& exec) {
               (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
 
   if (!c.check) return 0;
-  const bool ok = r.recent_loss < r.first_loss && last_val < first_val;
   std::printf("train_gpt: --check %s\n", ok ? "passed" : "FAILED: the loss did not fall");
   return ok ? 0 : 3;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run's log ends at its last line
+/// Parses the flags (again: each rank keeps its own, which a resume may replace), then prepares
+/// the data and the loop and trains as this rank of `comm` (null: one process).
+int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm,
+               int threads) {
   Config c;
   tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
   add_flags(flags, c);
-  if (!flags.parse(argc, argv)) return 0;
-  TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
-  tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
-  TRAINKIT_CHECK(c.device == "cpu" || (c.device == "cuda" && kCudaBuild), "--device '", c.device,
-                 "' is not cpu or, in an nvcc build (train_gpt_cuda), cuda");
-  TRAINKIT_CHECK(c.device == "cpu" || tk::cuda::device_count() > 0, "--device cuda: no GPU here");
-  if (!c.resume) resolved(c);  // bad schedule flags fail before anything is written
+  flags.parse(argc, argv);
   const std::string text = read_corpus(c.data);
   TRAINKIT_CHECK(text.size() / 10 > std::size_t(c.seq) + 1, "the corpus (", text.size(),
                  " bytes) is too small for --seq ", c.seq);
@@ -257,20 +266,26 @@ int main(int argc, char** argv) try {
                         .best_metric = "val/loss",
                         .clip_grad_norm = c.grad_clip,
                         .resume = c.resume,
-                        .allow_fresh_start = c.allow_fresh_start},
+                        .allow_fresh_start = c.allow_fresh_start,
+                        .comm = comm,
+                        .checkpoint_comm = ckpt_comm},
                        &flags);  // on resume the run's flags are the checkpoint's from here on
   const std::int64_t planned_decay = c.decay_steps;
   const bool extend = loop.resuming() && c.steps > c.decay_steps && !flags.given("decay-steps");
   if (extend) c.decay_steps = c.steps;  // the next checkpoints save the longer schedule
   c = resolved(c);
 
-  // The corpus, split 90/10 and written as token shards, read back as windows of T + 1 tokens.
-  fs::create_directories(out / "data");
+  // The corpus, split 90/10 and written as token shards (by rank 0), read back as windows of
+  // T + 1 tokens.
   const std::size_t split = text.size() - text.size() / 10;
-  std::vector<std::uint16_t> bytes(text.begin(), text.end());
-  for (auto& b : bytes) b &= 0xff;  // bytes, not signed chars
-  data::write_token_shard(out / "data" / "train.bin", std::span(bytes).first(split));
-  data::write_token_shard(out / "data" / "val.bin", std::span(bytes).subspan(split));
+  if (loop.rank() == 0) {
+    fs::create_directories(out / "data");
+    std::vector<std::uint16_t> bytes(text.begin(), text.end());
+    for (auto& b : bytes) b &= 0xff;  // bytes, not signed chars
+    data::write_token_shard(out / "data" / "train.bin", std::span(bytes).first(split));
+    data::write_token_shard(out / "data" / "val.bin", std::span(bytes).subspan(split));
+  }
+  if (comm != nullptr) comm->barrier().wait();
   const auto T = static_cast<std::size_t>(c.seq);
   const data::TokenShardDataset train_set(std::vector{out / "data" / "train.bin"},
                                           {.seq_len = T, .stride = 1});  // every offset
@@ -281,14 +296,58 @@ int main(int argc, char** argv) try {
       std::vector{out / "data" / "val.bin"},
       {.seq_len = T, .stride = want > 1 ? std::max(T, val_tokens / (want - 1)) : T});
 
-  Run run{c, loop, text.size(), train_set, val_set, extend, planned_decay};
+  Run run{c, loop, comm, text.size(), train_set, val_set, extend, planned_decay};
   const auto train_on = [&](const auto& exec) {  // one run-time choice of the policy
     return tk::amp::visit_policy(c.precision, [&]<class P>() { return train<P>(run, exec); });
   };
 #if TRAINKIT_WITH_CUDA && TRAINKIT_CUDA_COMPILER
   if (c.device == "cuda") return train_on(tk::exec::Cuda());
 #endif
-  return train_on(c.threads > 0 ? tk::exec::Host(int(c.threads)) : tk::exec::Host());
+  return train_on(threads > 0 ? tk::exec::Host(threads) : tk::exec::Host());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run's log ends at its last line
+  Config c;
+  tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
+  add_flags(flags, c);
+  if (!flags.parse(argc, argv)) return 0;  // --help; bad flags throw before anything is written
+  TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
+  tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
+  TRAINKIT_CHECK(c.device == "cpu" || (c.device == "cuda" && kCudaBuild), "--device '", c.device,
+                 "' is not cpu or, in an nvcc build (train_gpt_cuda), cuda");
+  TRAINKIT_CHECK(c.device == "cpu" || tk::cuda::device_count() > 0, "--device cuda: no GPU here");
+  TRAINKIT_CHECK(c.device == "cpu" || c.ranks == 1, "--ranks ", c.ranks,
+                 " runs CPU ranks as threads; on GPUs start one process per GPU (torchrun or "
+                 "mpirun)");
+  if (!c.resume) resolved(c);
+
+  // Under torchrun, mpirun or srun each process is a rank (NCCL on GPUs, MPI or TCP on CPUs).
+  const tk::dist::LaunchInfo launch = tk::dist::detect_launch();
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (launch.world_size > 1) {
+    TRAINKIT_CHECK(c.ranks == 1, "--ranks ", c.ranks, ": ", launcher_name(launch.launcher),
+                   " already started ", launch.world_size, " processes, one rank each");
+    tk::dist::Context ctx =
+        tk::dist::init({.space = c.device == "cuda" ? tk::Space::kDevice : tk::Space::kHost});
+    const int threads =
+        c.threads > 0 ? int(c.threads) : std::max(1, cores / std::max(1, launch.local_world_size));
+    return train_rank(argc, argv, &ctx.comm(), nullptr, threads);
+  }
+  if (c.ranks == 1) return train_rank(argc, argv, nullptr, nullptr, int(c.threads));
+  // --ranks N: N threads of this process, each a rank with its share of the threads; a second
+  // group of communicators carries the checkpoints' barriers (written in the background).
+  const int n = int(c.ranks), threads = std::max(1, int(c.threads > 0 ? c.threads : cores) / n);
+  auto ckpt_group = std::make_shared<tk::dist::ThreadGroup>(n);
+  std::atomic<int> rc{0};
+  tk::dist::ThreadComm::run(n, [&](tk::dist::ThreadComm& comm) {
+    tk::dist::ThreadComm ckpt(ckpt_group, comm.rank());
+    const int r = train_rank(argc, argv, &comm, &ckpt, threads);
+    if (comm.rank() == 0) rc = r;
+  });
+  return rc;
 } catch (const std::exception& e) {
   std::string_view what =
       e.what();  // "trainkit: --steps is ..." -> "train_gpt: error: --steps ..."

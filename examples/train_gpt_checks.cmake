@@ -10,6 +10,11 @@
 # CHECK=init_from: --init-from FIXTURE (weights saved by PyTorch's safetensors) loads every tensor
 #                and changes the initial validation loss; a model of other sizes is refused with
 #                the tensor and both shapes named, and a resumed run keeps its checkpoint's weights.
+# CHECK=ranks:   data parallel: --ranks 2 --batch 4 ends within 8 ulps (1e-6) of --ranks 1
+#                --batch 8 (the same sequences per step, summed in another order); a 2-rank run
+#                cut in two and resumed ends on the same loss bits as a straight one; a resume
+#                with another number of ranks is refused saying so; with MPIEXEC, `mpirun -np 2`
+#                (MpiComm) ends within 8 ulps of --ranks 2 (ThreadComm).
 cmake_minimum_required(VERSION 3.20)
 file(REMOVE_RECURSE "${OUT}")
 file(MAKE_DIRECTORY "${OUT}")
@@ -208,6 +213,54 @@ elseif(CHECK STREQUAL "init_from")
   run_tiny(missing --init-from "${OUT}/no_such.safetensors" --steps 2)
   if(NOT rc EQUAL 1 OR NOT log MATCHES "no_such.safetensors")
     message(FATAL_ERROR "a missing --init-from file must be an error naming it")
+  endif()
+elseif(CHECK STREQUAL "ranks")
+  # The last step's loss bits printed by a run (fatal unless it exited 0).
+  function(run_dp result)
+    execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    message(STATUS "${ARGN} -> ${rc}\n${out}${err}")
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "last (0x[0-9a-f]+)")
+      message(FATAL_ERROR "the run exited with ${rc} or printed no final loss")
+    endif()
+    set(${result} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+    set(log "${out}" PARENT_SCOPE)
+  endfunction()
+  # Two positive floats' distance in ulps: the difference of their bit patterns.
+  function(expect_close a b what)
+    math(EXPR d "${a} - ${b}")
+    if(d LESS -8 OR d GREATER 8)
+      message(FATAL_ERROR "${what}: last losses ${a} and ${b} are ${d} ulps apart")
+    endif()
+  endfunction()
+  set(base --layers 1 --dim 32 --heads 2 --seq 16 --eval-batches 1 --sample-chars 8
+           --decay-steps 12 --log-every 6 --eval-every 6 --ckpt-every 6)
+  set(dp ${base} --steps 12)
+  run_dp(two "${EXE}" ${dp} --ranks 2 --batch 4 --out "${OUT}/two")
+  if(NOT log MATCHES "2 ranks \\(ThreadComm\\) x 1 threads")
+    message(FATAL_ERROR "--ranks 2 did not say it runs two ranks")
+  endif()
+  run_dp(one "${EXE}" ${dp} --batch 8 --out "${OUT}/one")
+  expect_close(${two} ${one} "--ranks 2 --batch 4 vs --ranks 1 --batch 8")
+  set(cut ${base})
+  run_dp(half "${EXE}" ${cut} --steps 6 --ranks 2 --batch 4 --out "${OUT}/cut")
+  run_dp(resumed "${EXE}" ${cut} --steps 12 --ranks 2 --batch 4 --out "${OUT}/cut" --resume)
+  if(NOT log MATCHES "resumed from [^\n]*step 6" OR NOT resumed STREQUAL two)
+    message(FATAL_ERROR "the resumed 2-rank run ends on ${resumed}, the straight one on ${two}")
+  endif()
+  execute_process(COMMAND "${EXE}" ${cut} --steps 12 --batch 4 --out "${OUT}/cut" --resume
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX REPLACE "[ \n]+" " " err "${err}")
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "written by 2 rank\\(s\\); this run has 1")
+    message(FATAL_ERROR "a resume with another --ranks must be refused naming it:\n${err}")
+  endif()
+  if(MPIEXEC)
+    run_dp(mpi "${MPIEXEC}" -np 2 "${EXE}" ${dp} --batch 4 --threads 1 --out "${OUT}/mpi")
+    if(NOT log MATCHES "2 ranks \\(MpiComm\\)")
+      message(FATAL_ERROR "mpirun -np 2 did not run two MPI ranks")
+    endif()
+    expect_close(${mpi} ${two} "mpirun -np 2 vs --ranks 2")
+  else()
+    message(STATUS "no mpirun: the MPI run is not checked")
   endif()
 else()
   message(FATAL_ERROR "unknown CHECK '${CHECK}'")

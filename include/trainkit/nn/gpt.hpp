@@ -58,6 +58,11 @@ struct GptOptions {
   std::uint64_t seed = 0;  ///< key of the dropout masks
 };
 
+/// The default of Gpt::backward's grads_ready callback: nothing to tell.
+struct NoGradsReady {
+  void operator()(ParamId) const noexcept {}
+};
+
 /// A GPT-2 model. Parameters (in registration order): transformer.wte.weight [V, C],
 /// transformer.wpe.weight [block_size, C], transformer.h.<l>.* (see TransformerBlock),
 /// transformer.ln_f.{weight,bias}, lm_head.weight [V, C] unless tied. GPT-2 initialisation:
@@ -106,7 +111,23 @@ class Gpt {
                   .bias = false,
                   .weight_init = kInit,
                   .tied_weight = options.tie_weights ? wte_.weight() : ParamId{}}),
-        drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {}
+        drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {
+    // The parameters whose gradients each stage of backward completes, in backward's order (a
+    // tied head's weight is transformer.wte.weight: final only after the embedding's stage).
+    const auto with_prefix = [&](const std::string& prefix) {
+      std::vector<ParamId> ids;
+      for (std::size_t i = 0; i < arena.size(); ++i)
+        if (arena.infos()[i].name.starts_with(prefix))
+          ids.push_back(ParamId{static_cast<std::int32_t>(i)});
+      return ids;
+    };
+    if (!options.tie_weights) ready_stages_.push_back(with_prefix("lm_head."));
+    ready_stages_.push_back(with_prefix("transformer.ln_f."));
+    for (std::int64_t l = options.n_layer; l-- > 0;)
+      ready_stages_.push_back(with_prefix("transformer.h." + std::to_string(l) + "."));
+    ready_stages_.push_back(with_prefix("transformer.wpe."));
+    ready_stages_.push_back(with_prefix("transformer.wte."));
+  }
 
   const GptOptions& options() const noexcept { return options_; }
   /// Parameters of the matrix products per token (the blocks' four weights and the lm_head's),
@@ -156,10 +177,13 @@ class Gpt {
   }
 
   /// Adds the gradients of the forward that filled ctx (with these ids) to the arena, given
-  /// dlogits [B*T, V].
-  template <amp::Policy P = amp::Fp32, class E, class I, class TD>
+  /// dlogits [B*T, V]. `grads_ready(ParamId)` is called for each parameter once its gradient is
+  /// final (after its layer's backward was issued on exec), in the order backward completes
+  /// them: lm_head, ln_f, the blocks from the last, wpe, wte. Data parallelism starts each
+  /// gradient bucket's all-reduce there (dist::GradBucketer::mark_ready), overlapping the rest.
+  template <amp::Policy P = amp::Fp32, class E, class I, class TD, class Ready = NoGradsReady>
   void backward(const E& exec, const Context& ctx, TensorView<I, 2, S> ids,
-                TensorView<TD, 2, S> dlogits) {
+                TensorView<TD, 2, S> dlogits, Ready&& grads_ready = {}) {
     using T = std::remove_const_t<TD>;
     detail::check_call<P, E, S, TD>();
     check_ids("nn::Gpt::backward", ids);
@@ -171,15 +195,23 @@ class Gpt {
     const T* xs = ctx.xs_.template data<T>();
     T* da = da_.template get<T>(N * C);
     T* db = db_.template get<T>(N * C);
+    std::size_t stage = 0;
+    const auto stage_done = [&] {
+      for (const ParamId id : ready_stages_[stage]) grads_ready(id);
+      ++stage;
+    };
     lm_head_.template backward<P>(exec, mat(ctx.h_.template data<T>(), N, C),
                                   TensorView<const T, 2, S>(dlogits), mat(da, N, C));
+    if (!options_.tie_weights) stage_done();
     ln_f_.template backward<P>(exec, ctx.ln_f_, mat(xs + n_layer() * N * C, N, C),
                                mat<const T>(da, N, C), mat(db, N, C));
+    stage_done();
     std::swap(da, db);  // da: the gradient of the current block's output
     for (std::int64_t l = n_layer(); l-- > 0;) {
       blocks_[std::size_t(l)].template backward<P>(exec, ctx.blocks_[std::size_t(l)],
                                                    cube(xs + l * N * C, B, Tn),
                                                    cube<const T>(da, B, Tn), cube(db, B, Tn));
+      stage_done();
       std::swap(da, db);
     }
     if (ctx.dropped_) {  // the mask of the forward's step, whatever the layer's state is now
@@ -191,8 +223,10 @@ class Gpt {
       std::swap(da, db);
     }
     const auto flat_ids = ids.template reshape<1>(Extents<1>{{N}});
-    wte_.template backward<P>(exec, flat_ids, mat<const T>(da, N, C));
     wpe_.template backward<P>(exec, stored_positions(ctx, N), mat<const T>(da, N, C));
+    stage_done();
+    wte_.template backward<P>(exec, flat_ids, mat<const T>(da, N, C));
+    stage_done();
   }
 
   /// Continues `tokens` by `count` tokens (nanoGPT's GPT.generate): each one from a forward over
@@ -308,6 +342,7 @@ class Gpt {
   LayerNorm<S> ln_f_;
   Linear<S> lm_head_;
   Dropout drop_;
+  std::vector<std::vector<ParamId>> ready_stages_;  // see the constructor and backward
   detail::Bytes<S> da_, db_;  // backward's two gradient buffers [N, C], swapped layer by layer
   detail::Bytes<S> gen_ids_, gen_logits_;  // generate()'s window and logits
 };

@@ -4,11 +4,13 @@
 // batches ("input" and "target" token ids [B, T], as TokenShardDataset gives them) come from a
 // Prefetcher (in device mode on the GPU); the model (e.g. nn::Gpt) maps ids to logits
 // [B*T, V]; the loss is the mean cross-entropy. On the device the step returns the loss as a
-// LossHandle, so nothing waits for the GPU between logging steps.
+// LossHandle, so nothing waits for the GPU between logging steps. With a communicator the task
+// is data parallel (gradients averaged over the ranks through a dist::GradBucketer).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -19,6 +21,9 @@
 #include "trainkit/core/tensor.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/data/prefetcher.hpp"
+#include "trainkit/dist/bucketer.hpp"
+#include "trainkit/dist/comm.hpp"
+#include "trainkit/dist/nccl_comm.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/exec/cuda.hpp"
 #include "trainkit/exec/host.hpp"
@@ -40,6 +45,14 @@ struct CausalLmOptions {
   const float* loss_scale = nullptr;
   /// Called after the Loop restored a checkpoint (Loop's on_resume hook), e.g. to switch schedules.
   std::function<void(const ckpt::CheckpointInfo&)> on_resume = {};
+  /// Data parallelism (null or one rank: none): each rank trains on its own batches (e.g. from
+  /// a data::DistributedSampler), and the gradients are averaged over the communicator's ranks by
+  /// a dist::GradBucketer the task owns, each bucket's all-reduce starting as soon as backward
+  /// completed its gradients, overlapping the rest of backward. The reported loss is the mean
+  /// over the ranks. The task's construction is collective: it broadcasts rank 0's parameters.
+  /// The communicator moves memory of the model's space (NcclComm for a device model).
+  dist::Comm* comm = nullptr;
+  dist::BucketOptions buckets = {};  ///< bucket sizes, bf16 compression (DDP's defaults)
 };
 
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
@@ -58,6 +71,8 @@ class CausalLmTask {
   CausalLmTask(const Exec& exec, Model& model, nn::ParamArena<S>& arena, CausalLmOptions options)
       : exec_(&exec), model_(&model), arena_(&arena), options_(std::move(options)) {
     TRAINKIT_CHECK(options_.train != nullptr, "train::CausalLmTask: no training loader");
+    if (options_.comm != nullptr && options_.comm->world_size() > 1)
+      ddp_ = std::make_unique<dist::GradBucketer<S>>(arena, *options_.comm, options_.buckets);
   }
 
   /// One step: the next training batch, forward, the mean cross-entropy, backward (the
@@ -86,7 +101,13 @@ class CausalLmTask {
       if (options_.loss_scale != nullptr)
         ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits, options_.loss_scale);
       else ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits);
-      model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+      if (ddp_ == nullptr) {
+        model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+      } else {
+        model_->template backward<P>(*exec_, ctx_, ids, dlogits,
+                                     [&](nn::ParamId id) { mark_ready(id); });
+        average_over_ranks();
+      }
     }
     if constexpr (S == Space::kHost) {
       return loss_.data()[0];
@@ -122,6 +143,9 @@ class CausalLmTask {
   }
 
   Model& model() noexcept { return *model_; }
+  /// The gradient bucketer of a data-parallel task (null without one): its last_wait_seconds()
+  /// is the communication backward did not hide.
+  const dist::GradBucketer<S>* bucketer() const noexcept { return ddp_.get(); }
   /// Refreshes the arena's compute copy for P (a no-op for f32 policies): after the optimizer's
   /// last step, before using the model outside the task (generation, export).
   void refresh_weights() {
@@ -143,6 +167,30 @@ class CausalLmTask {
     const auto v = tokens(batch, name);
     return v.template reshape<1>(Extents<1>{{v.numel()}});
   }
+  void mark_ready(nn::ParamId id) {
+    if constexpr (S == Space::kHost) {
+      ddp_->mark_ready(id);
+    } else {
+      ddp_->mark_ready(id, exec_->stream());
+    }
+  }
+  /// Waits for the gradient all-reduces (on the device: makes the compute stream wait) and
+  /// averages the loss over the ranks.
+  void average_over_ranks() {
+    const dist::Buffer loss(loss_.data(), 1, DType::kF32, S);
+    if constexpr (S == Space::kHost) {
+      ddp_->finish();
+      options_.comm->all_reduce(loss, dist::ReduceOp::kAvg).wait();
+    } else {
+#if TRAINKIT_WITH_NCCL
+      ddp_->finish(exec_->stream());
+      auto& nccl = dynamic_cast<dist::NcclComm&>(*options_.comm);  // GradBucketer checked it
+      nccl.set_stream(exec_->stream());
+      nccl.wait_on(nccl.all_reduce(loss, dist::ReduceOp::kAvg), exec_->stream());
+#endif
+    }
+  }
+
   TensorView<T, 2, S> logits_view(std::int64_t rows) {
     const std::int64_t V = model_->options().vocab_size;
     return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
@@ -157,6 +205,7 @@ class CausalLmTask {
   typename nn::SoftmaxCrossEntropy<S>::Context ce_ctx_;
   nn::detail::Bytes<S> logits_, dlogits_;
   Tensor<float, S> loss_{Shape{1}};
+  std::unique_ptr<dist::GradBucketer<S>> ddp_;
 };
 
 }  // namespace train

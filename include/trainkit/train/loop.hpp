@@ -43,6 +43,8 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/bytes.hpp"
 #include "trainkit/core/shape.hpp"
+#include "trainkit/core/tensor.hpp"
+#include "trainkit/dist/comm.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/monitor/monitor.hpp"
 #include "trainkit/nn/param_arena.hpp"
@@ -88,6 +90,16 @@ struct LoopOptions {
   /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
   /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
   monitor::MonitorOptions monitor = {};
+  /// Data parallelism: this process's (or thread's) communicator; every rank runs its own Loop
+  /// over the same dir with the same options. Rank 0 prints and writes the logs (the others'
+  /// monitors are silent), every rank writes its part of each checkpoint (rank 0 commits it),
+  /// and the ranks agree on stopping (a signal seen by one rank stops all after the same step).
+  /// The task averages the gradients (e.g. CausalLmTask's comm). null: a single process.
+  dist::Comm* comm = nullptr;
+  /// With `comm`: a second communicator over the same ranks for the checkpoints' barriers, so
+  /// that async_checkpoints can write on a background thread; null: checkpoints are written
+  /// synchronously (one communicator cannot serve two threads).
+  dist::Comm* checkpoint_comm = nullptr;
 };
 
 /// A loss left in the memory it was computed in (e.g. a float in device memory that the loss
@@ -217,14 +229,7 @@ class Loop {
   explicit Loop(LoopOptions options, Flags* flags = nullptr)
       : options_(std::move(options)),
         flags_(flags),
-        checkpointer_((options_.dir / "ckpt").string(),
-                      {.every_steps = options_.ckpt_every,
-                       .every_seconds = options_.ckpt_every_seconds,
-                       .keep_last = options_.keep_last,
-                       .best_metric = options_.best_metric,
-                       .best_mode = options_.best_mode,
-                       .keep_best = options_.best_metric.empty() ? 0 : 1,
-                       .async = options_.async_checkpoints}) {
+        checkpointer_((options_.dir / "ckpt").string(), checkpointer_options(options_)) {
     TRAINKIT_CHECK(options_.steps > 0, "train::Loop: steps must be > 0 (got ", options_.steps, ")");
     TRAINKIT_CHECK(!options_.dir.empty(), "train::Loop: the run directory (dir) is empty");
     TRAINKIT_CHECK(options_.eval_every >= 0 && options_.ckpt_every >= 0,
@@ -282,14 +287,16 @@ class Loop {
     if (resume_from_) {
       const auto info =
           checkpointer_.resume(state_, {.allow_fresh_start = options_.allow_fresh_start});
+      const bool quiet = rank() != 0;
       TRAINKIT_CHECK(info.has_value() && info->step == resume_from_->step,
                      "train::Loop: the checkpoint of step ", resume_from_->step,
                      " verified when the loop was built but could not be restored now (",
                      info ? "restored step " + std::to_string(info->step) : "nothing restored",
                      "; see the log above)");
       result.resumed_from = info;
-      std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
-                  static_cast<long long>(info->step));
+      if (!quiet)
+        std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
+                    static_cast<long long>(info->step));
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
           result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
@@ -304,6 +311,12 @@ class Loop {
     if (resume_from_ && mo.resume_step < 0) mo.resume_step = state_.step;
     if (mo.log_dir.empty()) mo.log_dir = (options_.dir / "tb").string();
     if (mo.metrics_file.empty()) mo.metrics_file = (options_.dir / "metrics.jsonl").string();
+    if (rank() != 0) {  // rank 0 speaks for the run
+      mo.console = nullptr;
+      mo.log_dir.clear();
+      mo.metrics_file.clear();
+      mo.chrome_trace.clear();
+    }
     monitor::Monitor monitor(mo);
     monitor_ = &monitor;
     struct Unset {
@@ -398,7 +411,12 @@ class Loop {
           for (const auto& [k, v] : result.last_eval) metrics[k] = v;
         }
       }
-      const bool stop = detail::stop_signal().load() != 0;
+      // Ranks stop together: a signal one of them saw is shared at the next point where the
+      // ranks synchronise anyway (every step on the host, the loss-reading steps on the device).
+      bool stop = detail::stop_signal().load() != 0;
+      if (options_.comm != nullptr && options_.comm->world_size() > 1 &&
+          (S == Space::kHost || read || last))
+        stop = any_rank(stop);
       {
         auto span = monitor.span(monitor::Phase::kCheckpoint);
         if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
@@ -429,7 +447,55 @@ class Loop {
     return result;
   }
 
+  /// This rank (0 without a communicator).
+  int rank() const noexcept { return options_.comm != nullptr ? options_.comm->rank() : 0; }
+
  private:
+  static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {
+    ckpt::CheckpointerOptions c{.every_steps = o.ckpt_every,
+                                .every_seconds = o.ckpt_every_seconds,
+                                .keep_last = o.keep_last,
+                                .best_metric = o.best_metric,
+                                .best_mode = o.best_mode,
+                                .keep_best = o.best_metric.empty() ? 0 : 1,
+                                .async = o.async_checkpoints};
+    if (o.comm != nullptr && o.comm->world_size() > 1) {
+      TRAINKIT_CHECK(o.checkpoint_comm == nullptr ||
+                         (o.checkpoint_comm->world_size() == o.comm->world_size() &&
+                          o.checkpoint_comm->rank() == o.comm->rank()),
+                     "train::Loop: checkpoint_comm (rank ", o.checkpoint_comm->rank(), " of ",
+                     o.checkpoint_comm->world_size(), ") must span the ranks of comm (rank ",
+                     o.comm->rank(), " of ", o.comm->world_size(), ")");
+      TRAINKIT_CHECK(o.ckpt_every_seconds == 0.0,
+                     "train::Loop: ckpt_every_seconds needs a single process (the ranks' clocks "
+                     "would disagree on when to save); use ckpt_every");
+      c.rank = o.comm->rank();
+      c.world_size = o.comm->world_size();
+      dist::Comm* barrier = o.checkpoint_comm != nullptr ? o.checkpoint_comm : o.comm;
+      c.async = o.async_checkpoints && o.checkpoint_comm != nullptr;
+      c.barrier = ckpt::comm_barrier(*barrier);
+    }
+    return c;
+  }
+
+  /// True on every rank when `mine` is true on any.
+  bool any_rank(bool mine) {
+    dist::Comm& comm = *options_.comm;
+    const std::int32_t flag = mine ? 1 : 0;
+    if (comm.space() == Space::kHost) {
+      std::int32_t v = flag;
+      comm.all_reduce(dist::Buffer(&v, 1, DType::kI32, Space::kHost), dist::ReduceOp::kMax).wait();
+      return v != 0;
+    }
+    if (stop_flag_.numel() == 0) stop_flag_ = Tensor<std::int32_t, Space::kDevice>(Shape{1});
+    copy_bytes(stop_flag_.data(), Space::kDevice, &flag, Space::kHost, sizeof flag,
+               "train::Loop stop flag");
+    comm.all_reduce(dist::Buffer(stop_flag_.data(), 1, DType::kI32, Space::kDevice),
+                    dist::ReduceOp::kMax)
+        .wait();
+    return read_value(stop_flag_.data(), Space::kDevice, "train::Loop stop flag") != 0;
+  }
+
   static void print_eval(monitor::Monitor& monitor, std::int64_t step, float loss,
                          const ckpt::Metrics& metrics, double lr) {
     std::string line = "step " + std::to_string(step) + ":";
@@ -475,6 +541,7 @@ class Loop {
   std::optional<ckpt::CheckpointInfo> resume_from_;
   monitor::Monitor* monitor_ = nullptr;
   bool registered_ = false;
+  Tensor<std::int32_t, Space::kDevice> stop_flag_;  // any_rank over device memory
 };
 
 }  // namespace train
