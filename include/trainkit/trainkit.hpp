@@ -28,7 +28,7 @@
 #include "trainkit/core/shape.hpp"
 // defines: TensorView, HostView, DeviceView, Extents, contiguous_strides
 #include "trainkit/core/tensor_view.hpp"
-// defines: Allocation, MemoryKind, memory_kind_name, kHostAlignment
+// defines: Allocation, MemoryKind, memory_kind_name, kHostAlignment, allocation_stats
 #include "trainkit/core/allocator.hpp"
 // defines: Tensor, HostTensor, DeviceTensor
 #include "trainkit/core/tensor.hpp"
@@ -234,6 +234,12 @@
 #include "trainkit/monitor/tensorboard.hpp"
 // defines: monitor::Monitor, MonitorOptions, StepMetrics, StepSummary, format_summary
 #include "trainkit/monitor/monitor.hpp"
+
+// ---- plan/: memory, fit, time and cost of a run before it starts ----
+// defines: plan::GptRun, MemoryLine, MemoryPlan, GptSizes, gpt_sizes, gpt_memory, check_run
+#include "trainkit/plan/memory.hpp"
+// defines: plan::Device, known_devices, PlanOptions, Report, DeviceRow, gpt, to_text, to_json
+#include "trainkit/plan/planner.hpp"
 
 // ---- train/: the training loop and its flags ----
 // defines: train::Flags, FlagRole
