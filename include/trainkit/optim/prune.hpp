@@ -109,6 +109,7 @@ struct SparsitySchedule {
     if (step < begin_step) return 0.0;
     if (num_updates == 0) return final_sparsity;
     const std::int64_t k = std::min(num_updates, (step - begin_step) / every);
+    if (k == 0) return initial_sparsity;  // exactly s_i (the formula rounds)
     const double r = 1.0 - static_cast<double>(k) / static_cast<double>(num_updates);
     return final_sparsity + (initial_sparsity - final_sparsity) * (r * r * r);
   }
