@@ -225,14 +225,14 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
                        "dynamic loss scale"});
 
   const bool dropout = m.dropout > 0.0f;
-  const std::string shape = "[" + std::to_string(B) + ", " + std::to_string(T) + "] " +
-                            (a == 2 ? "16-bit" : "f32") + " activations";
+  const std::string shape =
+      trainkit::detail::concat("[", B, ", ", T, "] ", a == 2 ? "16-bit" : "f32", " activations");
   p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
   p.lines.push_back({"logits", mul(2, N, m.vocab_size, a) + mul(3 * N + 1, 4) + 4,
-                     "logits and their gradient [" + std::to_string(N) + ", " +
-                         std::to_string(m.vocab_size) + "], cross-entropy statistics"});
+                     trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
+                                              "], cross-entropy statistics")});
   p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a),
                      "attention scores, layer scratch, gradient ping-pong"});
   if (run.evaluation)
@@ -247,8 +247,8 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
     const std::int64_t slot = align(align(field) + field) + mul(B, 8);
     const std::int64_t loaders = run.evaluation ? 2 : 1;
     const std::int64_t bytes = mul(loaders, run.loader_depth, slot);
-    const std::string what = std::to_string(loaders * run.loader_depth) + " batch slots of " +
-                             std::to_string(slot) + " bytes";
+    const std::string what =
+        trainkit::detail::concat(loaders * run.loader_depth, " batch slots of ", slot, " bytes");
     if (run.device) {
       p.lines.push_back({"loader slots", bytes, what + " on the device", true});
       p.lines.push_back({"loader host slots", bytes, what + " in pinned host memory", false});
@@ -257,8 +257,9 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
     }
   }
   if (run.ranks > 1 && run.bf16_compression)
-    p.lines.push_back({"gradient staging", mul(n, 2),
-                       "bf16 all-reduce staging over " + std::to_string(run.ranks) + " ranks"});
+    p.lines.push_back(
+        {"gradient staging", mul(n, 2),
+         trainkit::detail::concat("bf16 all-reduce staging over ", run.ranks, " ranks")});
   return p;
 }
 
