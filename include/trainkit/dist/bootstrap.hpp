@@ -3,7 +3,7 @@
 // communicator. trainkit has no launcher of its own: it reads the variables of torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_*) and
 // Slurm's srun (SLURM_PROCID, ...), picks the GPU by local rank, and chooses the backend: NCCL
-// for device tensors, MPI (or a one-rank ThreadComm) for host tensors.
+// for device tensors; for host tensors MPI under mpirun/srun (when built with it), else TcpComm.
 #pragma once
 
 #include <cerrno>
@@ -26,6 +26,7 @@
 #include "trainkit/dist/mpi_comm.hpp"
 #include "trainkit/dist/nccl_comm.hpp"
 #include "trainkit/dist/rendezvous.hpp"
+#include "trainkit/dist/tcp_comm.hpp"
 #include "trainkit/dist/thread_comm.hpp"
 #include "trainkit/error.hpp"
 
@@ -137,7 +138,7 @@ TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
 TRAINKIT_INLINE LaunchInfo detect_launch();
 
 /// The communicator backends dist::init can create.
-enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
+enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl, kTcp };
 
 // A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view backend_name(Backend b) noexcept {
@@ -146,14 +147,16 @@ inline constexpr std::string_view backend_name(Backend b) noexcept {
     case Backend::kThread: return "thread";
     case Backend::kMpi: return "mpi";
     case Backend::kNccl: return "nccl";
+    case Backend::kTcp: return "tcp";
   }
   return "?";
 }
 
 /// Options of dist::init.
 struct InitOptions {
-  /// kAuto: NCCL for device tensors; for host tensors MPI when launched by mpirun or srun
-  /// (trainkit built with MPI), a one-rank ThreadComm for a single process.
+  /// kAuto: NCCL for device tensors. For host tensors: a one-rank ThreadComm for a single
+  /// process; MPI when launched by mpirun or srun and trainkit is built with MPI; otherwise
+  /// (torchrun, or no MPI) TcpComm, which meets at MASTER_ADDR and the rendezvous port.
   Backend backend = Backend::kAuto;
   /// Where the tensors to reduce live (the ParamArena's space).
   Space space = Space::kHost;
@@ -161,8 +164,9 @@ struct InitOptions {
   std::chrono::milliseconds timeout = default_timeout();
   /// NCCL: make device local_rank % device_count current (one GPU per process, torchrun style).
   bool select_device = true;
-  /// NCCL's TCP rendezvous port; 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when
-  /// torchrun's agent store already listens on MASTER_PORT).
+  /// The TCP rendezvous port (rank 0 listens on it: NCCL's unique-id exchange, TcpComm's
+  /// bootstrap); 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when torchrun's agent
+  /// store already listens on MASTER_PORT).
   int rendezvous_port = 0;
 };
 
@@ -198,11 +202,26 @@ class Context {
 
 /// Creates this process's communicator from the launcher's environment (see detect_launch and
 /// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
-/// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
-/// not compiled in, MASTER_ADDR unset, no GPU, a world_size that disagrees with MPI's, ...).
+/// MASTER_ADDR and the rendezvous port; TcpComm's rank 0 listens at that port. Throws
+/// trainkit::Error saying what is missing (a backend not compiled in, MASTER_ADDR unset, no GPU,
+/// a world_size that disagrees with MPI's, a rank that never joined, ...).
 TRAINKIT_INLINE Context init(InitOptions options = {});
 
+namespace detail {
+
+/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known).
+TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo& launch);
+
+}  // namespace detail
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
+  int port = options.rendezvous_port;
+  if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
+  if (port == 0 && launch.master_port > 0) port = launch.master_port + (launch.agent_store ? 1 : 0);
+  return port > 65535 ? 0 : port;
+}
 
 TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
@@ -262,14 +281,15 @@ TRAINKIT_INLINE Context init(InitOptions options) {
     } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
                TRAINKIT_WITH_MPI) {
       backend = Backend::kMpi;
+    } else if (!L.master_addr.empty() && detail::rendezvous_port(options, L) > 0) {
+      backend = Backend::kTcp;
     } else {
       TRAINKIT_FAIL("dist::init: ", L.world_size, " processes launched by ",
                     launcher_name(L.launcher),
-                    " with host tensors need MPI: "
-                    "launch with mpirun or srun --mpi=pmix and build with MPI "
-                    "(TRAINKIT_WITH_MPI=1). "
-                    "torchrun jobs reduce device tensors with NCCL "
-                    "(InitOptions::space = Space::kDevice); "
+                    " with host tensors need a rendezvous for TcpComm: "
+                    "set MASTER_ADDR and MASTER_PORT (torchrun does), "
+                    "or launch with mpirun or srun --mpi=pmix and build with MPI "
+                    "(TRAINKIT_WITH_MPI=1); "
                     "for threads of one process use ThreadComm::run");
     }
   }
@@ -333,9 +353,7 @@ TRAINKIT_INLINE Context init(InitOptions options) {
         }
 #endif
         if (!ctx.host_comm_) {
-          int port = options.rendezvous_port;
-          if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
-          if (port == 0 && L.master_port > 0) port = L.master_port + (L.agent_store ? 1 : 0);
+          const int port = detail::rendezvous_port(options, L);
           TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: NCCL over ", L.world_size,
                          " processes needs MASTER_ADDR and MASTER_PORT "
                          "(or TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
@@ -351,6 +369,28 @@ TRAINKIT_INLINE Context init(InitOptions options) {
       TRAINKIT_FAIL(
           "dist::init: device tensors need the NCCL backend: build trainkit with NCCL "
           "(TRAINKIT_WITH_NCCL=1, CMake TRAINKIT_ENABLE_NCCL)");
+#endif
+    }
+    case Backend::kTcp: {
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+      TRAINKIT_CHECK(options.space == Space::kHost,
+                     "dist::init: TcpComm moves host memory; device tensors need the NCCL backend");
+      TcpCommOptions o;
+      o.timeout = options.timeout;
+      if (L.world_size == 1) {
+        ctx.comm_ = std::make_unique<TcpComm>(std::string(), 0, 0, 1, std::move(o));
+        return ctx;
+      }
+      const int port = detail::rendezvous_port(options, L);
+      TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: TcpComm over ", L.world_size,
+                     " processes needs MASTER_ADDR and MASTER_PORT (or TRAINKIT_RDZV_PORT) "
+                     "to meet rank 0; launcher: ",
+                     launcher_name(L.launcher));
+      ctx.comm_ =
+          std::make_unique<TcpComm>(L.master_addr, port, L.rank, L.world_size, std::move(o));
+      return ctx;
+#else
+      TRAINKIT_FAIL("dist::init: TcpComm needs POSIX sockets, which this platform lacks");
 #endif
     }
     case Backend::kAuto: break;

@@ -92,7 +92,8 @@ inline constexpr std::uint64_t kTcpMaxUnit = std::uint64_t{1} << 31;
 ///  - kData: one ring unit. seq = collective number, a = unit number (low 32 bits), payload =
 ///    the unit's bytes.
 ///  - kAbort: the group failed; payload = the first failure's message. Sent both ways.
-///  - kLeave: the sender's TcpComm was destroyed between collectives; payload = why.
+///  - kLeave: the sender's TcpComm was destroyed between collectives; seq = the number of
+///    collectives it completed, payload = why.
 enum class TcpFrameType : std::uint8_t {
   kHello = 1,
   kTable = 2,
@@ -355,7 +356,8 @@ class TcpComm final : public Comm {
   TRAINKIT_INLINE Piece recv_piece(const Coll& c, std::int64_t g, std::int64_t k) const;
   TRAINKIT_INLINE void bootstrap(const std::string& master_addr, int master_port);
   TRAINKIT_INLINE void break_group(const std::string& root) noexcept;
-  TRAINKIT_INLINE void send_goodbye(detail::TcpFrameType type, const std::string& text) noexcept;
+  TRAINKIT_INLINE void send_goodbye(detail::TcpFrameType type, const std::string& text,
+                                    std::uint64_t seq) noexcept;
 
   std::string what(const Coll& c) const {
     std::string s = trainkit::detail::concat(detail::ring_op_name(c.d.kind), " #", c.seq);
@@ -380,6 +382,12 @@ class TcpComm final : public Comm {
   bool right_partial_ = false;  // a frame to the right is half written (no abort frame fits)
   bool right_gone_ = false;     // the right neighbour closed or left (progress thread only)
   std::string right_gone_why_;
+  // The right neighbour's half-read abort or leave frame (it may arrive between collectives).
+  unsigned char rev_head_[detail::kTcpFrameBytes] = {};
+  std::size_t rev_done_ = 0;
+  bool rev_in_text_ = false;
+  std::string rev_text_;
+  detail::TcpFrame rev_frame_;
   std::vector<char> staging_;
   std::vector<char> scratch_;
   std::uint64_t seq_ = 0;  // collectives started (progress thread only)
@@ -396,8 +404,6 @@ class TcpComm final : public Comm {
   bool stop_ = false;
   std::thread worker_;
 };
-
-#if TRAINKIT_IMPL
 
 namespace detail {
 
@@ -444,7 +450,17 @@ inline void set_nodelay(int fd) {
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/// Reads and drops what has arrived on a non-blocking socket (before closing it, so that the
+/// close does not reset the connection and discard what the peer has not read yet).
+inline void drain(int fd) noexcept {
+  char sink[4096];
+  for (int i = 0; i < 4096; ++i)
+    if (::recv(fd, sink, sizeof sink, 0) <= 0) return;
+}
+
 }  // namespace detail
+
+#if TRAINKIT_IMPL
 
 TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int rank, int world_size,
                                  TcpCommOptions options)
@@ -601,37 +617,42 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
         fail(trainkit::detail::concat("could not send the address table to rank ", r,
                                       " (it closed its connection: did it fail?)"));
   } else {
-    // Connect (retrying while rank 0 is not up), say hello, wait for the table. The wait lasts
-    // a little longer than rank 0's, so that rank 0's verdict (which rank is missing) arrives.
+    // Connect (retrying while rank 0 is not up, and when a connection is closed before any
+    // answer: the port's previous owner), say hello, wait for the table. The wait lasts a little
+    // longer than rank 0's, so that rank 0's verdict (which rank is missing) arrives.
+    const auto answer_deadline = deadline + std::chrono::seconds(1);
+    const std::string from = trainkit::detail::concat("rank 0 at ", master);
     detail::Socket s;
+    detail::TcpFrame f;
+    unsigned char head[detail::kTcpFrameBytes];
     error = "connection refused";
     for (;;) {
       s = detail::connect_once(master_addr, master_port, deadline, error);
-      if (s.valid()) break;
+      if (s.valid()) {
+        std::string host = options_.announce_addr;
+        if (host.empty()) host = detail::local_address(s.fd());
+        detail::TcpFrame hello;
+        hello.type = detail::TcpFrameType::kHello;
+        hello.a = static_cast<std::uint32_t>(rank_);
+        hello.b = static_cast<std::uint32_t>(n);
+        hello.seq = static_cast<std::uint64_t>(listen_port_);
+        hello.length = host.size();
+        if (detail::send_tcp_frame(s.fd(), hello, host.data(), deadline) &&
+            detail::recv_all(s.fd(), head, sizeof head, answer_deadline))
+          break;
+        if (RdvClock::now() >= answer_deadline)
+          fail(trainkit::detail::concat("connected to rank 0 at ", master,
+                                        " but got no answer within ", seconds,
+                                        " (not every rank joined, or rank 0 failed: see its log)"));
+        error = "the connection was closed before any answer";
+      }
       if (RdvClock::now() >= deadline)
         fail(trainkit::detail::concat("could not reach rank 0 at ", master, " within ", seconds,
                                       " (last error: ", error,
                                       "); check MASTER_ADDR/MASTER_PORT and that rank 0 runs"));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    std::string host = options_.announce_addr;
-    if (host.empty()) host = detail::local_address(s.fd());
-    detail::TcpFrame hello;
-    hello.type = detail::TcpFrameType::kHello;
-    hello.a = static_cast<std::uint32_t>(rank_);
-    hello.b = static_cast<std::uint32_t>(n);
-    hello.seq = static_cast<std::uint64_t>(listen_port_);
-    hello.length = host.size();
-    const auto answer_deadline = deadline + std::chrono::seconds(1);
-    if (!detail::send_tcp_frame(s.fd(), hello, host.data(), deadline))
-      fail(trainkit::detail::concat("rank 0 at ", master, " closed the connection at once"));
-    unsigned char head[detail::kTcpFrameBytes];
-    if (!detail::recv_all(s.fd(), head, sizeof head, answer_deadline))
-      fail(trainkit::detail::concat("connected to rank 0 at ", master, " but got no answer within ",
-                                    seconds,
-                                    " (not every rank joined, or rank 0 failed: see its log)"));
-    const detail::TcpFrame f =
-        detail::decode_tcp_frame(head, sizeof head, trainkit::detail::concat("rank 0 at ", master));
+    f = detail::decode_tcp_frame(head, sizeof head, from);
     if (f.type == detail::TcpFrameType::kAbort) {
       std::string text(static_cast<std::size_t>(f.length), '\0');
       (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
@@ -640,13 +661,13 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       throw Failure{full, text};
     }
     if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
-      fail(trainkit::detail::concat("rank 0 at ", master, " answered with a frame of type ",
+      fail(trainkit::detail::concat(from, " answered with a frame of type ",
                                     static_cast<int>(f.type), " for ", f.b,
                                     " ranks instead of the address table of ", n));
     std::vector<unsigned char> payload(static_cast<std::size_t>(f.length));
     if (!detail::recv_all(s.fd(), payload.data(), payload.size(), answer_deadline))
-      fail(trainkit::detail::concat("rank 0 at ", master, " closed before the whole table came"));
-    table = detail::decode_tcp_table(payload, n, trainkit::detail::concat("rank 0 at ", master));
+      fail(trainkit::detail::concat(from, " closed before the whole table came"));
+    table = detail::decode_tcp_table(payload, n, from);
     group_id = f.seq;
   }
 
@@ -711,13 +732,17 @@ TRAINKIT_INLINE TcpComm::~TcpComm() {
     send_goodbye(detail::TcpFrameType::kLeave,
                  trainkit::detail::concat("rank ", rank_,
                                           " left the group (its TcpComm was destroyed) after ",
-                                          seq_, " collectives"));
+                                          seq_, " collectives"),
+                 seq_);
+  if (left_sock_.valid()) detail::drain(left_sock_.fd());
+  if (right_sock_.valid()) detail::drain(right_sock_.fd());
 }
 
-TRAINKIT_INLINE void TcpComm::send_goodbye(detail::TcpFrameType type,
-                                           const std::string& text) noexcept {
+TRAINKIT_INLINE void TcpComm::send_goodbye(detail::TcpFrameType type, const std::string& text,
+                                           std::uint64_t seq) noexcept {
   detail::TcpFrame f;
   f.type = type;
+  f.seq = seq;
   f.length = std::min<std::uint64_t>(text.size(), detail::kTcpMaxText);
   const auto until = detail::RdvClock::now() + std::chrono::milliseconds(200);
   // Half-close after the frame (no RST that could discard it); the descriptors close later.
@@ -735,7 +760,7 @@ TRAINKIT_INLINE void TcpComm::break_group(const std::string& root) noexcept {
   if (broken_.load(std::memory_order_relaxed)) return;
   broken_reason_ = root;
   broken_.store(true, std::memory_order_release);
-  if (world_size_ > 1) send_goodbye(detail::TcpFrameType::kAbort, root);
+  if (world_size_ > 1) send_goodbye(detail::TcpFrameType::kAbort, root, seq_);
 }
 
 TRAINKIT_INLINE Work TcpComm::all_reduce(Buffer buf, ReduceOp op) {
@@ -1021,18 +1046,14 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   std::string in_text;
   detail::TcpFrame in_frame;
 
-  // Incoming from the right: nothing but an abort or leave frame.
-  unsigned char rev_head[detail::kTcpFrameBytes];
-  std::size_t rev_done = 0;
-  bool rev_in_text = false;
-  std::string rev_text;
-  detail::TcpFrame rev_frame;
-
-  auto recv_unit_number = [&]() { return recv_g * c.chunks + recv_k; };
+  // Data frames are numbered in the order they travel (both ends count the same frames).
+  std::int64_t frames_in = 0, frames_out = 0;
+  auto recv_unit_number = [&]() { return frames_in; };
   auto applied = [&](std::int64_t g, std::int64_t k) {
     return g < recv_g || (g == recv_g && k < recv_k);
   };
   auto advance_recv = [&] {
+    ++frames_in;
     if (++recv_k == c.chunks) {
       recv_k = 0;
       do {
@@ -1045,7 +1066,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
                             const std::string& text) {
     if (f.type == detail::TcpFrameType::kLeave)
-      fail(trainkit::detail::concat(what(c), " failed: ", text, " before finishing its part"));
+      fail(trainkit::detail::concat(what(c), " failed: ", text, ", before this collective"));
     throw Failure{
         trainkit::detail::concat("TcpComm rank ", rank_, ": ", what(c),
                                  " failed because the group failed (told by ", who, "): ", text),
@@ -1149,14 +1170,16 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
     return progress;
   };
 
-  // Reads the right neighbour's abort or leave frame, or notices it closed.
+  // Reads the right neighbour's abort or leave frame, or notices it closed. Its closing is an
+  // error only while this rank still has something to send it; a leave frame says how many
+  // collectives it completed.
   auto read_right = [&]() -> bool {
     bool progress = false;
-    for (;;) {
-      char* dst =
-          rev_in_text ? rev_text.data() + rev_done : reinterpret_cast<char*>(rev_head) + rev_done;
+    while (!right_gone_) {
+      char* dst = rev_in_text_ ? rev_text_.data() + rev_done_
+                               : reinterpret_cast<char*>(rev_head_) + rev_done_;
       const std::size_t want =
-          rev_in_text ? rev_text.size() - rev_done : detail::kTcpFrameBytes - rev_done;
+          rev_in_text_ ? rev_text_.size() - rev_done_ : detail::kTcpFrameBytes - rev_done_;
       if (want > 0) {
         const ssize_t got = ::recv(rfd, dst, want, 0);
         if (got < 0 && errno == EINTR) continue;
@@ -1169,28 +1192,29 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
           return true;
         }
         progress = true;
-        rev_done += static_cast<std::size_t>(got);
+        rev_done_ += static_cast<std::size_t>(got);
         if (static_cast<std::size_t>(got) < want) continue;
       }
-      if (!rev_in_text) {
-        rev_frame = detail::decode_tcp_frame(rev_head, sizeof rev_head, right_name);
-        if (rev_frame.type != detail::TcpFrameType::kAbort &&
-            rev_frame.type != detail::TcpFrameType::kLeave)
+      if (!rev_in_text_) {
+        rev_frame_ = detail::decode_tcp_frame(rev_head_, sizeof rev_head_, right_name);
+        if (rev_frame_.type != detail::TcpFrameType::kAbort &&
+            rev_frame_.type != detail::TcpFrameType::kLeave)
           fail(trainkit::detail::concat(what(c), ": ", right_name, " sent a frame of type ",
-                                        static_cast<int>(rev_frame.type),
+                                        static_cast<int>(rev_frame_.type),
                                         " against the ring's direction (a protocol error)"));
-        rev_text.assign(static_cast<std::size_t>(rev_frame.length), '\0');
-        rev_in_text = true;
-        rev_done = 0;
+        rev_text_.assign(static_cast<std::size_t>(rev_frame_.length), '\0');
+        rev_in_text_ = true;
+        rev_done_ = 0;
         continue;
       }
-      if (rev_frame.type == detail::TcpFrameType::kAbort)
-        remote_failure(right_name, rev_frame, rev_text);
+      if (rev_frame_.type == detail::TcpFrameType::kAbort)
+        remote_failure(right_name, rev_frame_, rev_text_);
       right_gone_ = true;
-      right_gone_why_ = rev_text;
-      if (sending()) remote_failure(right_name, rev_frame, rev_text);
+      right_gone_why_ = rev_text_;
+      if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
       return true;
     }
+    return progress;
   };
 
   // Writes to the right until it would block or nothing is ready to go.
@@ -1221,7 +1245,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
           detail::TcpFrame f;
           f.type = detail::TcpFrameType::kData;
           f.seq = c.seq;
-          f.a = static_cast<std::uint32_t>(unit);
+          f.a = static_cast<std::uint32_t>(frames_out++);
           f.length = static_cast<std::uint64_t>(p.bytes);
           detail::encode_tcp_frame(f, out_head);
           out_payload = p.a;
@@ -1255,9 +1279,11 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
       if (put < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
+        const int err = errno;
+        (void)read_right();  // an abort frame that came before the connection broke says why
         right_gone_ = true;
         right_gone_why_ = trainkit::detail::concat(right_name, " closed its connection");
-        closed(right_name, errno);
+        closed(right_name, err);
       }
       progress = true;
       out_done += static_cast<std::size_t>(put);
@@ -1266,8 +1292,12 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
     }
   };
 
+  (void)read_right();  // a leave or abort frame that came between collectives
   auto last_progress = Clock::now();
   const auto timeout = options_.timeout;
+  // After the timeout a rank listens a little longer before blaming its neighbour: when a stall
+  // further round the ring timed out a neighbour first, its abort (naming the culprit) arrives.
+  const auto grace = std::min<Clock::duration>(timeout / 2, std::chrono::milliseconds(500));
   for (;;) {
     bool progress = write_right();
     if (!sending() && !receiving()) break;
@@ -1293,7 +1323,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
     const auto now = Clock::now();
     if (progress) {
       last_progress = now;
-    } else if (now - last_progress >= timeout) {
+    } else if (now - last_progress >= timeout + grace) {
       std::string why;
       if (!header_received)
         why = trainkit::detail::concat(left_name, " has not started collective #", c.seq,
