@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // mlp_classifier: an MLP on .npy features and labels, trained by train::Loop: AdamW, warmup +
 // cosine, clipping, TensorBoard, accuracy per epoch, checkpoints (run again to resume exactly).
+// --prune 0.9 prunes the weight matrices gradually to 90% sparsity (--prune-pattern 2:4: N:M)
+// and exports the pruned weights and masks for PyTorch (docs/pruning.md).
 #include <cstdio>
 #include <string>
 
@@ -10,16 +12,19 @@ namespace tk = trainkit;
 namespace nn = tk::nn;
 
 int main(int argc, char** argv) try {
-  std::string data = "runs/mlp_data", out = "runs/mlp";
+  std::string data = "runs/mlp_data", out = "runs/mlp", pattern;
   std::int64_t hidden = 256, epochs = 8, seed = 0;
-  double lr = 3e-3;
+  double lr = 3e-3, prune = 0;
   tk::train::Flags flags("mlp_classifier", "Trains an MLP on DATA/{train,val}_{x,y}.npy.");
   flags.add("data", data, "directory of the .npy files", tk::train::kSession)
       .add("out", out, "run directory", tk::train::kSession)
       .add("epochs", epochs, "epochs (the schedule's length)")
       .add("hidden", hidden, "hidden width")
       .add("lr", lr, "peak learning rate")
-      .add("seed", seed, "initialisation and shuffling seed");
+      .add("seed", seed, "initialisation and shuffling seed")
+      .add("prune", prune, "final sparsity of magnitude pruning (0: none)",
+           {.at_least = 0, .below = 1})
+      .add("prune-pattern", pattern, "N:M structured pruning, e.g. 2:4 (to 1 - N/M, or --prune)");
   if (!flags.parse(argc, argv)) return 0;
   tk::data::NpyDataset train_set({{"x", data + "/train_x.npy"}, {"y", data + "/train_y.npy"}});
   tk::data::NpyDataset val_set({{"x", data + "/val_x.npy"}, {"y", data + "/val_y.npy"}});
@@ -42,6 +47,14 @@ int main(int argc, char** argv) try {
   tk::optim::AdamW<> opt(arena, {.lr = lr, .weight_decay = 0.01});
   auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {epoch, epochs * epoch});
   loop.state().add("loader", train).add("sampler", sampler);
+  // Pruning from the start to 3/4 of the run (Zhu & Gupta's cubic schedule), then fine-tuning.
+  const auto [n, m] = tk::optim::parse_prune_pattern(pattern);
+  const double sparsity = prune > 0 || m == 0 ? prune : 1.0 - double(n) / m;
+  tk::optim::Pruner<> pruner(
+      arena, {.n = n, .m = m},
+      tk::optim::SparsitySchedule::gradual(sparsity, 0, epochs * epoch * 3 / 4,
+                                           std::max<std::int64_t>(1, epoch / 4)));
+  if (sparsity > 0) loop.state().add("pruner", pruner);
   const auto& exec = tk::exec::Host::default_instance();
   decltype(net)::Context ctx;
   nn::SoftmaxCrossEntropy<> ce;
@@ -58,6 +71,7 @@ int main(int argc, char** argv) try {
       dlogits = tk::Tensor<float>(logits.shape());
       ce.backward(exec, ce_ctx, logits.view<2>(), y, dlogits.view<2>());
       net.backward(exec, ctx, x, dlogits.view<2>(), tk::HostView<float, 2>());
+      pruner.mask_gradients(exec);  // nothing to do while no weight is pruned
     }
     return loss;
   };
@@ -68,12 +82,21 @@ int main(int argc, char** argv) try {
       forward(b, false);
       correct += double(nn::count_correct(logits.view<2>(), b.host<std::int32_t, 1>("y")));
     }
-    std::printf("mlp_classifier: val accuracy %.2f%%\n", 100.0 * correct / double(val_set.size()));
+    std::printf("mlp_classifier: val accuracy %.2f%%", 100.0 * correct / double(val_set.size()));
+    std::printf(sparsity > 0 ? ", sparsity %.2f%%\n" : "\n", 100.0 * pruner.sparsity());
     return tk::ckpt::Metrics{{"val_accuracy", correct / double(val_set.size())}};
   };
-  loop.run(exec, arena, opt,
-           tk::train::task([&](auto&) { return forward(train.next(), true); }, evaluate),
-           schedule.get());
+  auto step = [&](auto&) { return forward(train.next(), true); };
+  struct Task : decltype(tk::train::task(step, evaluate)) {  // + pruning after each update
+    tk::optim::Pruner<>* pruner;
+    void on_optimizer_step(std::int64_t t) { pruner->step(tk::exec::Host::default_instance(), t); }
+  };
+  loop.run(exec, arena, opt, Task{tk::train::task(step, evaluate), &pruner}, schedule.get());
+  if (sparsity == 0) return 0;
+  tk::ckpt::save_pruned_model(out + "/pruned.safetensors", pruner);         // zeros where pruned
+  tk::ckpt::save_pruning_masks(out + "/pruned_masks.safetensors", pruner);  // <param>_mask
+  std::printf("mlp_classifier: pruned weights in %s/pruned{,_masks}.safetensors\n%s", out.c_str(),
+              pruner.report().to_string().c_str());
 } catch (const tk::Error& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

@@ -31,8 +31,10 @@
 #include <trainkit/io/safetensors.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/lamb.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
 #include <trainkit/optim/prune.hpp>
+#include <trainkit/optim/sgd.hpp>
 #include <trainkit/train/loop.hpp>
 
 #include "support/temp_dir.hpp"
@@ -373,47 +375,67 @@ TEST_CASE("Pruner::step: masks only shrink and follow the schedule while the wei
   }
 }
 
-TEST_CASE("Pruner: pruned weights stay exactly zero through AdamW steps with weight decay") {
+namespace {
+
+/// 60 steps of random gradients through `opt`, pruning to 60% (one shot) after step 10; checks
+/// the pruned weights and moments are exactly zero from then on and every kept weight trained.
+/// mask_grads: the gradients are masked and step() applies only at the update; otherwise the
+/// pruned entries get gradients every step and step() applies after each.
+template <class Opt>
+void train_pruned(RandomModel& m, Opt& opt, bool mask_grads, std::mt19937& gen) {
+  optim::Pruner<> p(m.arena, {.apply_every_step = !mask_grads},
+                    optim::SparsitySchedule::one_shot(10, 0.6));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<float> start(m.arena.params_data(),
+                                 m.arena.params_data() + m.arena.buffer_numel());
+  for (int t = 1; t <= 60; ++t) {
+    m.arena.zero_grad();
+    for (const tk::nn::ParamInfo& info : m.arena.infos())
+      for (std::int64_t i = 0; i < info.numel; ++i)
+        m.arena.grads_data()[info.offset + i] = normal(gen);
+    if (mask_grads) p.mask_gradients(host());
+    opt.step(host());
+    CHECK(p.step(host(), t) == (t == 10));
+    if (t < 10) continue;
+    for (std::int64_t i = 0; i < m.arena.buffer_numel(); ++i)
+      if (p.host_mask()[i] == 0) {
+        REQUIRE(m.arena.params_data()[i] == 0.0f);
+        for (const std::string& state : m.arena.state_names())
+          REQUIRE(m.arena.state(state).data()[i] == 0.0f);
+      }
+  }
+  std::int64_t kept = 0, moved = 0;
+  for (const tk::nn::ParamInfo& info : m.arena.infos())
+    for (std::int64_t i = info.offset; i < info.offset + info.numel; ++i) {
+      kept += p.host_mask()[i];
+      moved += p.host_mask()[i] == 1 && m.arena.params_data()[i] != start[std::size_t(i)];
+    }
+  CHECK(kept == m.arena.num_parameters() - p.num_pruned());
+  CHECK(p.num_pruned() > 0);
+  CHECK(moved == kept);
+}
+
+}  // namespace
+
+TEST_CASE("Pruner: pruned weights stay exactly zero through SGD, AdamW and LAMB steps") {
   std::mt19937 gen(23);
   for (const bool mask_grads : {false, true}) {
     CAPTURE(mask_grads);
-    RandomModel m(gen, 3);
-    tk::optim::AdamW<> opt(m.arena, {.lr = 1e-2, .weight_decay = 0.1});
-    optim::Pruner<> p(m.arena);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const std::vector<float> start(m.arena.params_data(),
-                                   m.arena.params_data() + m.arena.buffer_numel());
-    for (int t = 1; t <= 60; ++t) {
-      m.arena.zero_grad();
-      for (const tk::nn::ParamInfo& info : m.arena.infos())
-        for (std::int64_t i = 0; i < info.numel; ++i)
-          m.arena.grads_data()[info.offset + i] = normal(gen);
-      if (mask_grads) p.mask_gradients(host());
-      opt.step(host());
-      // With masked gradients the zeroed moments keep the pruned weights at 0 by themselves
-      // (AdamW's update of an element with p = m = v = 0 is 0); without, apply() restores them.
-      if (t == 10) {
-        p.update(host(), 0.6);
-        p.apply(host());
-      } else if (!mask_grads) {
-        p.apply(host());
-      }
-      if (t >= 10) {
-        for (std::int64_t i = 0; i < m.arena.buffer_numel(); ++i)
-          if (p.host_mask()[i] == 0) {
-            REQUIRE(m.arena.params_data()[i] == 0.0f);
-            REQUIRE(m.arena.state("exp_avg").data()[i] == 0.0f);
-          }
-      }
+    {
+      RandomModel m(gen, 3);
+      tk::optim::AdamW<> opt(m.arena, {.lr = 1e-2, .weight_decay = 0.1});
+      train_pruned(m, opt, mask_grads, gen);
     }
-    std::int64_t kept = 0, moved = 0;  // every kept weight trained
-    for (const tk::nn::ParamInfo& info : m.arena.infos())
-      for (std::int64_t i = info.offset; i < info.offset + info.numel; ++i) {
-        kept += p.host_mask()[i];
-        moved += p.host_mask()[i] == 1 && m.arena.params_data()[i] != start[std::size_t(i)];
-      }
-    CHECK(kept == m.arena.num_parameters() - p.num_pruned());
-    CHECK(moved == kept);
+    {
+      RandomModel m(gen, 3);
+      tk::optim::SGD<> opt(m.arena, {.lr = 1e-2, .momentum = 0.9, .weight_decay = 0.1});
+      train_pruned(m, opt, mask_grads, gen);
+    }
+    {
+      RandomModel m(gen, 3);
+      tk::optim::LAMB<> opt(m.arena, {.lr = 1e-2, .weight_decay = 0.1});
+      train_pruned(m, opt, mask_grads, gen);
+    }
   }
 }
 

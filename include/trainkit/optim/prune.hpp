@@ -58,7 +58,31 @@ struct PrunerOptions {
   /// apply() also zeroes the pruned entries of every optimizer state of the arena (Adam's m and
   /// v), so that a pruned weight never receives a momentum update.
   bool zero_optimizer_state = true;
+  /// step() calls apply() after every optimizer step (a pass over the parameters and each
+  /// state). false: only after a mask update, which is enough when mask_gradients() runs every
+  /// step: a weight, gradient and moments at zero stay at zero through trainkit's SGD, AdamW and
+  /// LAMB (weight decay included).
+  bool apply_every_step = true;
 };
+
+/// The N:M pattern written "N:M" (e.g. "2:4", from a command line) as {n, m}; "" and
+/// "unstructured" give {0, 0}. Throws trainkit::Error quoting the text unless both are integers
+/// with 1 <= N < M <= 256.
+inline std::pair<int, int> parse_prune_pattern(std::string_view text) {
+  if (text.empty() || text == "unstructured") return {0, 0};
+  const std::size_t colon = text.find(':');
+  int n = 0, m = 0;
+  bool ok = colon != std::string_view::npos && colon > 0 && colon + 1 < text.size();
+  for (std::size_t i = 0; ok && i < text.size(); ++i) {
+    if (i == colon) continue;
+    ok = text[i] >= '0' && text[i] <= '9' && (i < colon ? n : m) < 1000;
+    int& v = i < colon ? n : m;
+    if (ok) v = v * 10 + (text[i] - '0');
+  }
+  TRAINKIT_CHECK(ok && n >= 1 && n < m && m <= 256, "optim: '", text,
+                 "' is not an N:M pruning pattern such as 2:4 (integers, 1 <= N < M <= 256)");
+  return {n, m};
+}
 
 /// Zhu & Gupta's gradual sparsity schedule ("To prune, or not to prune", 2017): masks are
 /// updated at steps t = t0, t0 + dt, ..., t0 + n dt (t: completed optimizer steps) to
@@ -432,7 +456,8 @@ class Pruner {
 
   /// The schedule's work after `steps_done` completed optimizer steps (train::Loop's
   /// on_optimizer_step): when the schedule updates at this step, update(schedule().at(step)) with
-  /// keep_pruned, then apply(). Returns whether the masks were updated.
+  /// keep_pruned; then apply() (every step, or with apply_every_step = false only after an
+  /// update). Returns whether the masks were updated.
   template <class E>
   bool step(const E& exec, std::int64_t steps_done) {
     const bool due = schedule_.updates_at(steps_done);
@@ -440,7 +465,7 @@ class Pruner {
       update(exec, std::min(schedule_.at(steps_done), max_sparsity()), {.keep_pruned = true});
       last_update_ = steps_done;
     }
-    apply(exec);
+    if (due || options_.apply_every_step) apply(exec);
     return due;
   }
 
