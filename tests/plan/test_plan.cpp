@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // trainkit::plan: the predicted memory of a Gpt training step against the bytes a real
 // forward + backward + AdamW step allocates (core/allocator.hpp's counter), on random configs in
-// fp32 and bf16; FLOPs against monitor's formula; the largest batch; cost arithmetic; errors.
+// every precision, and of a CausalLmTask run with its loaders and evaluation; FLOPs against
+// monitor's formula; the largest batch; cost arithmetic; errors naming the flag.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,19 +12,29 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <trainkit/amp/policy.hpp>
 #include <trainkit/core/allocator.hpp>
 #include <trainkit/core/tensor.hpp>
+#include <trainkit/data/prefetcher.hpp>
+#include <trainkit/data/sampler.hpp>
+#include <trainkit/data/token_shards.hpp>
 #include <trainkit/exec/host.hpp>
 #include <trainkit/monitor/throughput.hpp>
 #include <trainkit/nn/cross_entropy.hpp>
 #include <trainkit/nn/gpt.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/plan/memory.hpp>
 #include <trainkit/plan/planner.hpp>
+#include <trainkit/train/causal_lm.hpp>
+#include <trainkit/train/loop.hpp>
+
+#include "support/temp_dir.hpp"
+#include "train/lm_test_util.hpp"
 
 namespace {
 
@@ -65,7 +76,12 @@ std::int64_t measured_step_peak(const plan::GptRun& run) {
     ce.template backward<P>(exec, ce_ctx, logits, targets.template view<1>(), dlogits);
     arena.zero_grad();
     model.template backward<P>(exec, ctx, ids.template view<2>(), dlogits);
-    opt.step(exec);
+    if constexpr (std::is_same_v<P, tk::amp::Fp16>) {
+      tk::optim::DynamicScaler scaler(exec);
+      opt.step(exec, scaler);
+    } else {
+      opt.step(exec);
+    }
   }
   return tk::allocation_stats(tk::MemoryKind::kHost).peak - before.live;
 }
@@ -74,7 +90,7 @@ std::int64_t measured_step_peak(const plan::GptRun& run) {
 
 TEST_CASE("plan: predicted memory of a Gpt step is within 5% of what a real step allocates") {
   std::mt19937 rng(20261202);
-  for (int trial = 0; trial < 8; ++trial) {
+  for (int trial = 0; trial < 12; ++trial) {
     plan::GptRun run;
     const std::int64_t heads = std::int64_t(1 + rng() % 4);
     run.model.n_head = heads;
@@ -89,10 +105,10 @@ TEST_CASE("plan: predicted memory of a Gpt step is within 5% of what a real step
     run.batch = std::int64_t(1 + rng() % 5);
     run.loader_depth = 0;
     run.device = false;
-    const bool bf16 = trial % 2 == 1;
-    run.precision = bf16 ? tk::monitor::Precision::kBf16 : tk::monitor::Precision::kFp32;
+    run.precision = tk::monitor::Precision(trial % 4);  // fp32, tf32, bf16, fp16
     const std::int64_t measured =
-        bf16 ? measured_step_peak<tk::amp::Bf16>(run) : measured_step_peak<tk::amp::Fp32>(run);
+        tk::amp::visit_policy(tk::monitor::precision_name(run.precision),
+                              [&]<class P>() { return measured_step_peak<P>(run); });
     const plan::MemoryPlan p = plan::gpt_memory(run);
     const double ratio = double(p.total_bytes()) / double(measured);
     CAPTURE(trial);
@@ -103,7 +119,7 @@ TEST_CASE("plan: predicted memory of a Gpt step is within 5% of what a real step
     CAPTURE(run.seq);
     CAPTURE(run.batch);
     CAPTURE(run.model.tie_weights);
-    CAPTURE(bf16);
+    CAPTURE(tk::monitor::precision_name(run.precision));
     CAPTURE(measured);
     CAPTURE(p.total_bytes());
     CHECK(std::abs(ratio - 1.0) < 0.05);
@@ -140,6 +156,67 @@ std::string error_of(const auto& f) {
 }
 
 }  // namespace
+
+namespace {
+
+/// The peak host bytes of a train_gpt-shaped run: token-shard loaders for training and
+/// validation (depth 4), the arena, AdamW, a CausalLmTask, two steps and one evaluation.
+template <class P>
+std::int64_t measured_task_peak(const plan::GptRun& run, const trainkit_test::TempDir& dir) {
+  namespace data = tk::data;
+  const auto before = tk::allocation_stats(tk::MemoryKind::kHost);
+  tk::reset_allocation_peak(tk::MemoryKind::kHost);
+  {
+    const tk::exec::Host& exec = tk::exec::Host::default_instance();
+    const auto T = std::size_t(run.seq);
+    const data::TokenShardDataset train_set(
+        std::vector{trainkit_test::write_lm_shard(dir, "train.bin", 1, 256)}, {.seq_len = T});
+    const data::TokenShardDataset val_set(
+        std::vector{trainkit_test::write_lm_shard(dir, "val.bin", 2, 256)}, {.seq_len = T});
+    tk::monitor::Monitor monitor({.console = nullptr});
+    nn::ParamArena<> arena;
+    nn::Gpt<> model(arena, run.model);
+    arena.finalize();
+    arena.initialize(3);
+    tk::optim::AdamW<> opt(arena, run.adamw);
+    data::RandomSampler sampler(train_set.size(), 5);
+    data::Prefetcher loader(train_set, sampler,
+                            {.batch_size = std::size_t(run.batch), .drop_last = true});
+    data::SequentialSampler in_order(val_set.size());
+    data::Prefetcher val(val_set, in_order, {.batch_size = std::size_t(run.batch)});
+    tk::train::CausalLmTask<nn::Gpt<>, P> task(exec, model, arena, {.train = &loader, .val = &val});
+    for (std::int64_t step = 0; step < 2; ++step) {
+      tk::train::StepContext ctx{step, &monitor};
+      arena.zero_grad();
+      (void)task.step(ctx);
+      opt.step(exec);
+    }
+    (void)task.evaluate();
+  }
+  return tk::allocation_stats(tk::MemoryKind::kHost).peak - before.live;
+}
+
+}  // namespace
+
+TEST_CASE("plan: train_gpt_run predicts a real CausalLmTask run with its loaders and evaluation") {
+  const trainkit_test::TempDir dir;
+  for (const char* precision : {"fp32", "bf16"}) {
+    const plan::GptRun run = plan::train_gpt_run(2, 32, 4, 16, 6, false, precision, 0.1);
+    const std::int64_t measured = std::string(precision) == "bf16"
+                                      ? measured_task_peak<tk::amp::Bf16>(run, dir)
+                                      : measured_task_peak<tk::amp::Fp32>(run, dir);
+    const std::int64_t predicted = plan::gpt_memory(run).total_bytes();
+    CAPTURE(precision);
+    CAPTURE(measured);
+    CAPTURE(predicted);
+    CHECK(std::abs(double(predicted) / double(measured) - 1.0) < 0.05);
+    // Without the evaluation and loader lines the prediction falls short by more than 5%.
+    plan::GptRun bare = run;
+    bare.evaluation = false;
+    bare.loader_depth = 0;
+    CHECK(double(plan::gpt_memory(bare).total_bytes()) / double(measured) < 0.95);
+  }
+}
 
 TEST_CASE("plan: the memory lines follow the arena, the optimizer rule and the policy") {
   plan::GptRun run = gpt2_small();
