@@ -248,5 +248,9 @@
 #include "trainkit/train/loop.hpp"
 // defines: train::CausalLmTask, CausalLmOptions (a language model's step and evaluation)
 #include "trainkit/train/causal_lm.hpp"
+// defines: train::SearchSpace, Params, ParamValue, Dimension, DimensionKind
+#include "trainkit/train/search_space.hpp"
+// defines: train::Search, SearchOptions, SearchResult, SearchStrategy, Trial, TrialContext
+#include "trainkit/train/search.hpp"
 
 #endif  // TRAINKIT_TRAINKIT_HPP_
