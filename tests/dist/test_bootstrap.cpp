@@ -1,6 +1,8 @@
 // dist::detect_launch / dist::init: torchrun, Open MPI and Slurm variables (precedence, Slurm
-// node lists, malformed values), the backend choice and its errors; tcp_broadcast over loopback
-// (the NCCL unique-id rendezvous): delivery, timeout, mismatched peers and a foreign service.
+// node lists, malformed values), the backend choice and its errors (TcpComm for host tensors
+// under torchrun, at MASTER_PORT, MASTER_PORT + 1 under the agent store, or TRAINKIT_RDZV_PORT);
+// tcp_broadcast over loopback (the NCCL unique-id rendezvous): delivery, timeout, mismatched
+// peers and a foreign service.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -187,7 +189,10 @@ TEST_CASE("dist::init: errors say what is missing") {
   CleanEnv env;
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "2");
-  CHECK_THROWS_WITH_AS(dist::init(), doctest::Contains("host tensors need MPI"), tk::Error);
+  CHECK_THROWS_WITH_AS(dist::init(),
+                       doctest::Contains("host tensors need a rendezvous for TcpComm: set "
+                                         "MASTER_ADDR and MASTER_PORT"),
+                       tk::Error);
   CHECK_THROWS_WITH_AS(dist::init({.backend = dist::Backend::kThread}),
                        doctest::Contains("threads of one process"), tk::Error);
 #if TRAINKIT_WITH_NCCL
@@ -199,6 +204,55 @@ TEST_CASE("dist::init: errors say what is missing") {
   CHECK_THROWS_WITH_AS(dist::init({.space = tk::Space::kDevice}),
                        doctest::Contains("build trainkit with NCCL"), tk::Error);
 #endif
+}
+
+TEST_CASE("dist::init: torchrun with host tensors meets over TcpComm at the rendezvous port") {
+  // Rank 1 of 2 with nobody at rank 0's address: the error shows the backend and the port.
+  CleanEnv env;
+  const int port = free_port();
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", std::to_string(port).c_str());
+  const dist::InitOptions quick{.timeout = std::chrono::milliseconds(200)};
+  auto expect_port = [&](const dist::InitOptions& o, int want) {
+    const std::string text =
+        "TcpComm rank 1: could not reach rank 0 at 127.0.0.1:" + std::to_string(want) +
+        " within 0.2 s";
+    CHECK_THROWS_WITH_AS(dist::init(o), doctest::Contains(text.c_str()), tk::Error);
+  };
+  expect_port(quick, port);
+  dist::InitOptions tcp = quick;
+  tcp.backend = dist::Backend::kTcp;
+  expect_port(tcp, port);
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");  // the agent's store holds MASTER_PORT
+  expect_port(quick, port + 1);
+  env.set("TRAINKIT_RDZV_PORT", std::to_string(port + 7).c_str());
+  expect_port(quick, port + 7);
+  dist::InitOptions explicit_port = quick;
+  explicit_port.rendezvous_port = port + 9;
+  expect_port(explicit_port, port + 9);
+  env.set("TRAINKIT_RDZV_PORT", "0");
+  CHECK_THROWS_WITH_AS(dist::init(quick), doctest::Contains("TRAINKIT_RDZV_PORT='0'"), tk::Error);
+  ::unsetenv("TRAINKIT_RDZV_PORT");
+  ::unsetenv("MASTER_ADDR");
+  CHECK_THROWS_WITH_AS(dist::init(tcp), doctest::Contains("needs MASTER_ADDR and MASTER_PORT"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(dist::init({.backend = dist::Backend::kTcp, .space = tk::Space::kDevice}),
+                       doctest::Contains("TcpComm moves host memory"), tk::Error);
+}
+
+TEST_CASE("dist::init: Backend::kTcp for a single process is a one-rank TcpComm") {
+  CleanEnv env;
+  CHECK(dist::backend_name(dist::Backend::kTcp) == "tcp");
+  auto ctx = dist::init({.backend = dist::Backend::kTcp});
+  CHECK(ctx.backend() == dist::Backend::kTcp);
+  CHECK(ctx.comm().backend() == "TcpComm");
+  CHECK(ctx.world_size() == 1);
+  std::vector<float> v{2.5f, -1.0f, 0.0f}, g(3);
+  ctx.comm().all_reduce(std::span<float>(v), dist::ReduceOp::kAvg).wait();
+  ctx.comm().all_gather(std::span<float>(v), std::span<float>(g)).wait();
+  CHECK(g == std::vector<float>{2.5f, -1.0f, 0.0f});
 }
 
 TEST_CASE("tcp_broadcast: rank 0's bytes reach every rank over loopback") {
