@@ -140,7 +140,7 @@ int train(Run& run, const E& exec) {
                            .n_embd = c.dim,
                            .tie_weights = c.tie_weights,
                            .dropout = float(c.dropout),
-                           .seed = std::uint64_t(c.seed)});
+                           .seed = std::uint64_t(c.seed) ^ std::uint64_t(rank) << 32});
   arena.finalize();
   arena.initialize(std::uint64_t(c.seed));
   if (!c.init_from.empty() &&

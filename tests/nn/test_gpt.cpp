@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <trainkit/core/half.hpp>
@@ -167,6 +168,56 @@ TEST_CASE("Gpt: a context stays valid across forwards of other shapes (bitwise)"
   ce.backward(pool(), ce_ctx, logits_a.view<2>(), t, dlogits.view<2>());
   model.backward(pool(), ctx_a, a.view<2>(), dlogits.view<2>());
   CHECK(grads_of(arena) == clean);
+}
+
+TEST_CASE("Gpt: backward tells each parameter's gradient once, when it is final") {
+  for (const bool tie : {false, true}) {
+    CAPTURE(tie);
+    nn::ParamArena<> arena;
+    const nn::ParamId before = arena.add("other.w", tk::Shape{5});  // not the model's
+    nn::Gpt model(arena, small(tie));
+    arena.finalize();
+    arena.initialize(9);
+    tk::Tensor<std::int32_t> ids(tk::Shape{2, 9}), targets(tk::Shape{2, 9});
+    for (std::int64_t i = 0; i < ids.numel(); ++i) {
+      ids.data()[i] = std::int32_t((i * 11 + 3) % 23);
+      targets.data()[i] = std::int32_t((i * 5 + 1) % 23);
+    }
+    nn::Gpt<>::Context ctx;
+    tk::Tensor<float> logits;
+    arena.zero_grad();
+    step(model, ctx, ids, targets, logits, true);
+    const std::vector<float> plain = grads_of(arena);
+
+    // The same backward, noting each parameter and a copy of its gradient when it is told.
+    tk::Tensor<float> dlogits(logits.shape());
+    nn::SoftmaxCrossEntropy<> ce;
+    nn::SoftmaxCrossEntropy<>::Context ce_ctx;
+    float loss = 0.0f;
+    const auto t = targets.view<2>().reshape<1>(tk::Extents<1>{{ids.numel()}});
+    ce.forward(pool(), ce_ctx, logits.view<2>(), t, tk::make_view(&loss, {1}));
+    ce.backward(pool(), ce_ctx, logits.view<2>(), t, dlogits.view<2>());
+    arena.zero_grad();
+    std::vector<std::pair<nn::ParamId, std::vector<float>>> told;
+    model.backward(pool(), ctx, ids.view<2>(), dlogits.view<2>(), [&](nn::ParamId id) {
+      const auto g = arena.grad_flat(id);
+      told.emplace_back(id, std::vector<float>(g.data(), g.data() + g.size(0)));
+    });
+    CHECK(grads_of(arena) == plain);
+    REQUIRE(told.size() == arena.size() - 1);
+    std::vector<int> seen(arena.size(), 0);
+    for (const auto& [id, grad] : told) {
+      CAPTURE(arena.info(id).name);
+      ++seen[std::size_t(id.index)];
+      const auto g = arena.grad_flat(id);
+      CHECK(grad == std::vector<float>(g.data(), g.data() + g.size(0)));  // final when told
+    }
+    CHECK(seen[std::size_t(before.index)] == 0);
+    for (std::size_t i = 1; i < seen.size(); ++i) CHECK(seen[i] == 1);
+    CHECK(arena.info(told.front().first).name ==
+          (tie ? "transformer.ln_f.weight" : "lm_head.weight"));
+    CHECK(arena.info(told.back().first).name == "transformer.wte.weight");
+  }
 }
 
 TEST_CASE("Gpt: dropout's mask is the forward's, whatever the layer's step and mode are later") {

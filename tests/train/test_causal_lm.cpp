@@ -20,6 +20,7 @@
 #include <trainkit/train/loop.hpp>
 
 #include "support/temp_dir.hpp"
+#include "train/lm_test_util.hpp"
 
 namespace {
 namespace tk = trainkit;
@@ -30,16 +31,9 @@ constexpr std::int64_t kB = 4, kT = 12, kSteps = 6;
 const tk::nn::GptOptions kModel{
     .vocab_size = 50, .block_size = kT, .n_layer = 2, .n_head = 2, .n_embd = 16};
 
-/// A token shard of a repeating pattern with noise (learnable, so the loss falls).
 std::filesystem::path write_shard(const trainkit_test::TempDir& dir, const char* name,
                                   std::uint64_t seed) {
-  tk::PhiloxStream rng(seed);
-  std::vector<std::uint16_t> tokens(3000);
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = std::uint16_t(rng.next_u32() % 8 == 0 ? rng.next_u32() % 50 : (i * 7) % 50);
-  const auto path = dir / name;
-  data::write_token_shard(path, tokens);
-  return path;
+  return trainkit_test::write_lm_shard(dir, name, seed);
 }
 
 struct Trained {
