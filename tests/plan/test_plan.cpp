@@ -21,6 +21,8 @@
 #include <trainkit/data/prefetcher.hpp>
 #include <trainkit/data/sampler.hpp>
 #include <trainkit/data/token_shards.hpp>
+#include <trainkit/dist/bucketer.hpp>
+#include <trainkit/dist/thread_comm.hpp>
 #include <trainkit/exec/host.hpp>
 #include <trainkit/monitor/throughput.hpp>
 #include <trainkit/nn/cross_entropy.hpp>
@@ -226,6 +228,10 @@ TEST_CASE("plan: the memory lines follow the arena, the optimizer rule and the p
   CHECK(p.parameters == arena.num_parameters());
   CHECK(p.buffer_numel == arena.buffer_numel());
   CHECK(p.matmul_params == model.matmul_parameters());
+  arena.finalize();
+  const plan::GptSizes real = plan::gpt_sizes(arena, model);
+  CHECK(real.buffer_numel == p.buffer_numel);
+  CHECK(plan::gpt_memory(run, real).total_bytes() == p.total_bytes());
   CHECK(p.line("gradients").bytes == 4 * arena.buffer_numel());
   CHECK(p.line("compute copy").bytes == 2 * arena.buffer_numel());
   const std::int64_t f32_state = p.line("optimizer state").bytes;
@@ -259,17 +265,44 @@ TEST_CASE("plan: the memory lines follow the arena, the optimizer rule and the p
 }
 
 TEST_CASE("plan: the loader line is what a real Prefetcher slot ring allocates") {
-  // Prefetcher slot layout: input and target [B, T] int32 aligned to 256 bytes, B int64 indices.
-  plan::GptRun run = gpt2_small();
-  run.device = false;
-  run.batch = 3;
-  run.seq = 37;
-  run.model.block_size = 64;
-  const std::int64_t field = 3 * 37 * 4, aligned = (field + 255) / 256 * 256;
-  const std::int64_t slot = (aligned + field + 255) / 256 * 256 + 3 * 8;
-  CHECK(plan::gpt_memory(run).line("loader slots").bytes == 4 * slot);
-  run.evaluation = true;
-  CHECK(plan::gpt_memory(run).line("loader slots").bytes == 8 * slot);
+  const trainkit_test::TempDir dir;
+  const tk::data::TokenShardDataset ds(
+      std::vector{trainkit_test::write_lm_shard(dir, "loader.bin", 1, 256)}, {.seq_len = 37});
+  for (const std::int64_t B : {1, 3, 17}) {
+    for (const std::size_t depth : {2, 4, 7}) {
+      plan::GptRun run = gpt2_small();
+      run.device = false;
+      run.batch = B;
+      run.seq = 37;
+      run.loader_depth = std::int64_t(depth);
+      const auto before = tk::allocation_stats(tk::MemoryKind::kHost).live;
+      tk::data::SequentialSampler in_order(ds.size());
+      tk::data::Prefetcher loader(ds, in_order, {.batch_size = std::size_t(B), .depth = depth});
+      const std::int64_t allocated = tk::allocation_stats(tk::MemoryKind::kHost).live - before;
+      CAPTURE(B);
+      CAPTURE(depth);
+      CHECK(plan::gpt_memory(run).line("loader slots").bytes == allocated);
+      run.evaluation = true;  // a validation loader of the same shape
+      CHECK(plan::gpt_memory(run).line("loader slots").bytes == 2 * allocated);
+    }
+  }
+}
+
+TEST_CASE("plan: the gradient staging line is what a bf16-compressing GradBucketer allocates") {
+  plan::GptRun run;
+  run.model = {.vocab_size = 97, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 24};
+  run.ranks = 4;
+  run.bf16_compression = true;
+  std::int64_t allocated = -1;
+  tk::dist::ThreadComm::run(1, [&](tk::dist::ThreadComm& comm) {
+    nn::ParamArena<> arena;
+    nn::Gpt<> model(arena, run.model);
+    arena.finalize();
+    const auto before = tk::allocation_stats(tk::MemoryKind::kHost).live;
+    tk::dist::GradBucketer<> bucketer(arena, comm, {.bf16_compression = true});
+    allocated = tk::allocation_stats(tk::MemoryKind::kHost).live - before;
+  });
+  CHECK(plan::gpt_memory(run).line("gradient staging").bytes == allocated);
 }
 
 TEST_CASE("plan: FLOPs per step are monitor's transformer formula") {

@@ -138,6 +138,13 @@ inline GptSizes gpt_sizes(const nn::GptOptions& model) {
           gpt.matmul_parameters()};
 }
 
+/// The sizes of a model that exists: its arena (finalized or not) and the model itself.
+template <Space S>
+GptSizes gpt_sizes(const nn::ParamArena<S>& arena, const nn::Gpt<S>& model) {
+  return {arena.num_parameters(), arena.buffer_numel(), static_cast<std::int64_t>(arena.size()),
+          model.matmul_parameters()};
+}
+
 namespace detail {
 
 /// a * b * ...: throws a plan error when the product leaves 64 bits.
