@@ -196,6 +196,8 @@
 #include "trainkit/dist/device_kernels.hpp"
 // defines: dist::tcp_broadcast
 #include "trainkit/dist/rendezvous.hpp"
+// defines: dist::TcpComm, TcpCommOptions
+#include "trainkit/dist/tcp_comm.hpp"
 // defines: dist::init, Context, InitOptions, LaunchInfo, detect_launch, Backend, Launcher
 #include "trainkit/dist/bootstrap.hpp"
 // defines: dist::GradBucketer, BucketOptions, Bucket

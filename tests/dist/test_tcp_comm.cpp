@@ -522,6 +522,28 @@ TEST_CASE("TcpComm: mismatched calls fail every rank naming both calls; later on
   }
 }
 
+TEST_CASE("TcpComm: ranks with different chunk sizes are an error, not garbage") {
+  const int port = free_port();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        dist::TcpComm comm("127.0.0.1", port, r, 2, quick(5000, r == 0 ? 4096 : 8192));
+        std::vector<float> v(10000, 1.0f);
+        comm.all_reduce(std::span<float>(v), dist::ReduceOp::kSum).wait();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {  // each rank's own finding, or its neighbour's that came first
+    CAPTURE(e);
+    CHECK((contains(e, "rank 1 streams units of 8192 bytes, this rank of 4096") ||
+           contains(e, "rank 0 streams units of 4096 bytes, this rank of 8192")));
+  }
+}
+
 TEST_CASE("TcpComm: GradBucketer averages the same gradient bits as over ThreadComm") {
   constexpr int kWorld = 3;
   auto train = [](dist::Comm& comm, std::vector<float>& grads, std::vector<float>& params) {

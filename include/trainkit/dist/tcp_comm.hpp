@@ -88,7 +88,8 @@ inline constexpr std::uint64_t kTcpMaxUnit = std::uint64_t{1} << 31;
 ///  - kLink: a rank -> its right neighbour when the ring forms. a = rank, b = world size, seq =
 ///    the group's id.
 ///  - kHeader: the first frame of each collective, to the right neighbour. kind/op/dtype, a =
-///    broadcast root, seq = collective number, length = element count.
+///    broadcast root, b = the sender's chunk_bytes, seq = collective number, length = element
+///    count.
 ///  - kData: one ring unit. seq = collective number, a = unit number (low 32 bits), payload =
 ///    the unit's bytes.
 ///  - kAbort: the group failed; payload = the first failure's message. Sent both ways.
@@ -1141,6 +1142,10 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
                 detail::describe_tcp_call(in_frame.kind, in_frame.op, in_frame.dtype, their_count,
                                           their_root),
                 " (every rank must issue the same collectives in the same order)"));
+          if (in_frame.b != static_cast<std::uint32_t>(options_.chunk_bytes))
+            fail(trainkit::detail::concat(what(c), ": ", left_name, " streams units of ",
+                                          in_frame.b, " bytes, this rank of ", options_.chunk_bytes,
+                                          " (every rank must pass the same chunk_bytes)"));
           header_received = true;
           continue;
         }
@@ -1229,6 +1234,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
           f.op = desc.op;
           f.dtype = desc.dtype;
           f.a = static_cast<std::uint32_t>(desc.root);
+          f.b = static_cast<std::uint32_t>(options_.chunk_bytes);
           f.seq = c.seq;
           f.length = static_cast<std::uint64_t>(desc.count);
           detail::encode_tcp_frame(f, out_head);
