@@ -22,6 +22,7 @@
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/bytes.hpp"
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/half.hpp"
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/tensor.hpp"
@@ -189,13 +190,15 @@ struct PruneReport {
 
 namespace detail {
 
-/// x[i] = 0 where the mask byte is 0 (a select, not a multiplication: pruned entries become +0
-/// whatever they held, NaN and infinities included).
+/// x[i] = +0 where the mask byte is 0 (an AND of the bits, not a multiplication: pruned entries
+/// become +0 whatever they held, NaN and infinities included). Branch-free: with a branch, the
+/// random masks cost a misprediction every other element (20x slower on the host).
 struct MaskSelect {
   float* x;
   const std::uint8_t* mask;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
-    if (mask[i] == 0) x[i] = 0.0f;
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(mask[i] != 0);
+    x[i] = trainkit::detail::u32_to_f32(trainkit::detail::f32_to_u32(x[i]) & keep);
   }
 };
 
@@ -225,8 +228,9 @@ struct PruneSpan {
 /// everything else kept. Exact and deterministic: a radix select over the 32-bit keys (two
 /// histogram passes) and one pass writing the masks, in O(elements) without sorting.
 inline void select_smallest(const std::vector<PruneSpan>& spans, std::int64_t k, bool keep_pruned) {
-  const auto key = [keep_pruned](const PruneSpan& s, std::int64_t i) {
-    return keep_pruned && s.old_mask[i] == 0 ? 0u : prune_key(s.w[i]);
+  const std::uint32_t keep = keep_pruned ? 1u : 0u;
+  const auto key = [keep](const PruneSpan& s, std::int64_t i) {  // branch-free
+    return prune_key(s.w[i]) * (1u - (keep & static_cast<std::uint32_t>(s.old_mask[i] == 0)));
   };
   std::uint32_t threshold = 0;  // prune keys below it, and the first `take` equal to it
   std::int64_t take = 0;
