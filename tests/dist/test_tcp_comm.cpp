@@ -435,13 +435,14 @@ TEST_CASE("TcpComm: a rank that throws mid-collective fails the others at once, 
 
 TEST_CASE("TcpComm: a rank destroyed mid-collective or between collectives is named") {
   {  // destroyed with a collective in flight (its thread returned without waiting)
+    std::vector<float> rank1_buffer(100000, 1.0f);  // outlives rank 1's TcpComm
     const auto errors = run_tcp(
         3,
-        [](dist::TcpComm& comm) {
+        [&](dist::TcpComm& comm) {
           std::vector<float> v(100000, 1.0f);
           if (comm.rank() == 1) {
-            (void)comm.all_reduce(std::span<float>(v), dist::ReduceOp::kSum);
-            return;  // ~TcpComm with the collective in flight; v outlives it
+            (void)comm.all_reduce(std::span<float>(rank1_buffer), dist::ReduceOp::kSum);
+            return;  // ~TcpComm with the collective in flight
           }
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           comm.all_reduce(std::span<float>(v), dist::ReduceOp::kSum).wait();
