@@ -30,11 +30,12 @@ namespace nn = tk::nn;
 namespace data = tk::data;
 using tk::train::kSession;
 
-constexpr std::int64_t kVocab = 256;  // byte-level: every file is valid input
+constexpr std::int64_t kBytes = 256;  // byte-level: every file is valid input
 constexpr bool kCudaBuild = TRAINKIT_WITH_CUDA && TRAINKIT_CUDA_COMPILER;  // nvcc, CUDA tier
 
 struct Config {
   std::int64_t steps = 300, batch = 16, seq = 64, layers = 4, dim = 128, heads = 4, seed = 1337;
+  std::int64_t vocab = kBytes;
   std::int64_t warmup = 0, decay_steps = 0, log_every = 25, eval_every = 50, eval_batches = 8;
   std::int64_t ckpt_every = 100, keep = 3, sample_chars = 240, threads = 0, ranks = 1;
   double lr = 3e-3, wd = 0.1, grad_clip = 1.0, dropout = 0.0, peak_tflops = 0.0, temperature = 0.8;
@@ -50,6 +51,8 @@ void add_flags(tk::train::Flags& f, Config& c) {
       .add("layers", c.layers, "transformer blocks", {.at_least = 1})
       .add("dim", c.dim, "embedding width (a multiple of --heads)", {.at_least = 1})
       .add("heads", c.heads, "attention heads", {.at_least = 1})
+      .add("vocab", c.vocab, "embedding rows; the bytes use the first 256 (50257: GPT-2's shapes)",
+           {.at_least = kBytes})
       .add("tie-weights", c.tie_weights, "lm_head shares transformer.wte's weight (GPT-2)")
       .add("init-from", c.init_from, "start from these weights (.safetensors, PyTorch names)")
       .add("device", c.device, "cpu, or cuda (a build by nvcc: the train_gpt_cuda target)",
@@ -133,7 +136,7 @@ int train(Run& run, const E& exec) {
     if (rank == 0) std::printf(format, args...);
   };
   nn::ParamArena<S> arena;
-  nn::Gpt<S> model(arena, {.vocab_size = kVocab,
+  nn::Gpt<S> model(arena, {.vocab_size = c.vocab,
                            .block_size = c.seq,
                            .n_layer = c.layers,
                            .n_head = c.heads,
@@ -234,7 +237,7 @@ int train(Run& run, const E& exec) {
   typename nn::Gpt<S>::Context gen;
   for (std::int32_t t :
        model.template generate<P>(exec, gen, prompt, c.sample_chars, c.temperature, rng))
-    sample.push_back(t == '\n' || t == '\t' || t >= 32 ? char(t) : '?');  // no control bytes
+    sample.push_back(t == '\n' || t == '\t' || (t >= 32 && t < kBytes) ? char(t) : '?');
   std::printf("---- sample (temperature %.2g, %lld bytes) ----\n%s%s\n----\n", c.temperature,
               (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
 

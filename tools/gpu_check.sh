@@ -8,17 +8,42 @@
 # else ./gpu-results). Exit: 0 all passed, 1 something failed, 2 no usable GPU/toolchain here.
 # Environment: TRAINKIT_GPU_CHECK_BUDGET (seconds, default 470), TRAINKIT_GPU_CHECK_BUILD_DIR
 #   (default build-gpu), CUDA_HOME (default /usr/local/cuda),
+#   TRAINKIT_GPU_CHECK_BENCH (benchmark names, default: every GPU benchmark),
+#   TRAINKIT_GPU_CHECK_TEST_TIMEOUT (seconds per test executable, default 120),
+#   TRAINKIT_GPU_CHECK_PREBUILT=1: the build folder was configured and built on another machine
+#   (same CUDA major version, sm_90; tools/gpu_check.sh --prepare does it here, without a GPU):
+#   nothing is configured or built, the test executables are run directly, so a GPU machine
+#   without doctest, MPI or the build's compilers can run the check. Shared libraries that the
+#   executables cannot find (cuBLASLt, NCCL, the CUDA runtime) are looked up in CUDA_HOME and in
+#   the nvidia-* Python wheels (PyTorch's) and added to LD_LIBRARY_PATH, in either mode.
 #   TRAINKIT_BENCH_PYTHON (Python with torch for benchmark peers; by default .venv-bench, else a
 #   python3 that imports torch; nothing is downloaded).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
+BUILD=${TRAINKIT_GPU_CHECK_BUILD_DIR:-build-gpu}
+PREBUILT=${TRAINKIT_GPU_CHECK_PREBUILT:-0}
+# The executables the check runs (all of them need the CUDA language: nvcc).
+CUDA_TARGETS=(train_gpt train_gpt_cuda)
+
+if [[ ${1:-} == --prepare ]]; then  # on a build machine: configure and build what the check runs
+  shift
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DTRAINKIT_ENABLE_CUDA=ON -DTRAINKIT_ENABLE_MPI=OFF -DTRAINKIT_ENABLE_BLAS=OFF \
+    -DTRAINKIT_ENABLE_OPENMP=OFF -DTRAINKIT_BUILD_TESTS=ON -DTRAINKIT_PACKAGE_TESTS=OFF \
+    -DTRAINKIT_HEADER_TESTS=OFF "$@" || exit 1
+  mapfile -t tests < <(ninja -C "$BUILD" -t targets all | grep -oE '^test_[a-z0-9_]+_cuda:' |
+    tr -d ':' | sort -u)
+  ninja -C "$BUILD" "${tests[@]}" "${CUDA_TARGETS[@]}" || exit 1
+  echo "gpu_check: prepared $BUILD (${#tests[@]} test executables, ${CUDA_TARGETS[*]});" \
+    "run TRAINKIT_GPU_CHECK_PREBUILT=1 tools/gpu_check.sh on the GPU machine"
+  exit 0
+fi
 RES=${1:-${OUT:-$ROOT/gpu-results}}
 mkdir -p "$RES" || { echo "gpu_check: cannot create results folder $RES" >&2; exit 2; }
 RES=$(cd "$RES" && pwd)
 BUDGET=${TRAINKIT_GPU_CHECK_BUDGET:-470}
-BUILD=${TRAINKIT_GPU_CHECK_BUILD_DIR:-build-gpu}
 TABLE="$RES/summary.md"
 START=$SECONDS
 FAILED=0
@@ -63,9 +88,34 @@ grep -q '^GPU ' "$RES/nvidia-smi-L.txt" ||
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 command -v nvcc > /dev/null || export PATH="$CUDA_HOME/bin:$PATH"
 command -v nvcc > /dev/null || no_gpu "nvcc not found (looked in PATH and $CUDA_HOME/bin)."
-command -v cmake > /dev/null || no_gpu "cmake not found."
+[[ $PREBUILT == 1 ]] || command -v cmake > /dev/null || no_gpu "cmake not found."
 GEN=(); command -v ninja > /dev/null && GEN=(-G Ninja)
 JOBS=$(nproc)
+
+# add_lib_dirs EXE...: for each shared library the executables cannot load, the first folder of
+# CUDA_HOME or of an nvidia-* wheel that holds it goes onto LD_LIBRARY_PATH.
+add_lib_dirs() {
+  local lib dir found
+  local -a dirs=("$CUDA_HOME/lib64" "$CUDA_HOME/lib" "$CUDA_HOME/targets/x86_64-linux/lib")
+  local wheels
+  wheels=$(python3 -c 'import nvidia, os; print("\n".join(nvidia.__path__))' 2> /dev/null)
+  while IFS= read -r dir; do
+    [[ -n $dir ]] && dirs+=("$dir"/*/lib)
+  done <<< "$wheels"
+  while IFS= read -r lib; do
+    found=""
+    for dir in "${dirs[@]}"; do
+      if [[ -e $dir/$lib ]]; then found=$dir; break; fi
+    done
+    if [[ -n $found ]]; then
+      export LD_LIBRARY_PATH="$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "gpu_check: $lib from $found" >&2
+    else
+      echo "gpu_check: $lib not found in CUDA_HOME or the nvidia Python wheels" >&2
+    fi
+  done < <(for exe in "$@"; do [[ -x $exe ]] && ldd "$exe" 2> /dev/null; done |
+    awk '/not found/ {print $1}' | sort -u)
+}
 
 GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
   2> /dev/null | head -n 1)
@@ -80,7 +130,48 @@ say ""
 row step result details
 row "------------------------" "-------" "-------"
 
+# GPU benchmarks compile while the tests run (bench/run builds each with nvcc/g++ when stale).
+if [[ -z ${TRAINKIT_BENCH_PYTHON:-} && ! -x .venv-bench/bin/python ]]; then
+  export TRAINKIT_BENCH_NO_INSTALL=1  # a GPU box may be offline: never try to download torch
+  python3 -c 'import torch' 2> /dev/null && export TRAINKIT_BENCH_PYTHON=python3
+fi
+[[ -x $BUILD/examples/train_gpt_cuda ]] &&
+  export TRAINKIT_TRAIN_GPT_CUDA=${TRAINKIT_TRAIN_GPT_CUDA:-$ROOT/$BUILD/examples/train_gpt_cuda}
+BENCH_NAMES=${TRAINKIT_GPU_CHECK_BENCH-$(bench/run --list | awk 'NR > 1 && $2 == "gpu" {print $1}' |
+  tr '\n' ' ')}
+TEST_TIMEOUT=${TRAINKIT_GPU_CHECK_TEST_TIMEOUT:-120}
+if [[ -n $BENCH_NAMES ]]; then
+  # shellcheck disable=SC2086
+  bench/run --build-only $BENCH_NAMES > "$RES/bench_build.log" 2>&1 &
+  BENCH_BUILD_PID=$!
+fi
+
+if [[ $PREBUILT == 1 ]]; then
+  # ---- a build made elsewhere: run each CUDA test executable directly ---------------------------
+  mapfile -t TESTS < <(find "$BUILD/tests" -maxdepth 1 -type f -name 'test_*_cuda' -perm -u+x |
+    sort)
+  add_lib_dirs "${TESTS[@]}" "$BUILD/examples/train_gpt_cuda"
+  row build prebuilt "${#TESTS[@]} CUDA test executables in $BUILD, built elsewhere"
+  ((${#TESTS[@]} > 0)) || { row "CUDA tests" FAIL "none in $BUILD/tests"; FAILED=1; }
+  for exe in "${TESTS[@]}"; do
+    name=$(basename "$exe")
+    step "$name" "$TEST_TIMEOUT" "$exe"
+    summary=$(grep -E '^\[doctest\] test cases:' "$RES/$name.log" | tail -n 1 |
+      sed 's/^\[doctest\] //')
+    if ((RC == 0)); then
+      row "$name" ok "${summary:-no doctest summary}"
+    elif ((RC == 77)); then
+      row "$name" SKIP "exit 77 (no usable GPU?): $(tail -n 1 "$RES/$name.log" | cut -c1-100)"
+      FAILED=1
+    else
+      row "$name" FAIL "$(outcome): ${summary:-$(tail -n 1 "$RES/$name.log" | cut -c1-100)}"
+      FAILED=1
+    fi
+  done
+fi
+
 # ---- configure + build --------------------------------------------------------------------------
+if [[ $PREBUILT != 1 ]]; then
 step configure 120 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTRAINKIT_ENABLE_CUDA=ON -DTRAINKIT_BUILD_TESTS=ON
 if ((RC == 0)); then
@@ -120,6 +211,8 @@ if ((RC == 0)); then
     fi
   done
 fi
+fi  # not PREBUILT
+add_lib_dirs "$BUILD/examples/train_gpt_cuda"
 
 # ---- the flagship on the GPU ----------------------------------------------------------------------
 # fp32 on the GPU against the CPU build from the same seed and data (30 steps, the loss of every
@@ -176,15 +269,12 @@ else
 fi
 
 # ---- GPU benchmarks -----------------------------------------------------------------------------
-if [[ -z ${TRAINKIT_BENCH_PYTHON:-} && ! -x .venv-bench/bin/python ]]; then
-  export TRAINKIT_BENCH_NO_INSTALL=1  # a GPU box may be offline: never try to download torch
-  python3 -c 'import torch' 2> /dev/null && export TRAINKIT_BENCH_PYTHON=python3
-fi
-names=$(bench/run --list | awk 'NR > 1 && $2 == "gpu" {print $1}' | tr '\n' ' ')
-if [[ -z $names ]]; then
+if [[ -z $BENCH_NAMES ]]; then
   row "bench/run gpu" none "no GPU benchmark exists yet"
 else
-  step bench "$(left)" bench/run gpu
+  wait "$BENCH_BUILD_PID" || echo "gpu_check: bench/run --build-only failed (bench_build.log)" >&2
+  # shellcheck disable=SC2086
+  step bench "$(left)" bench/run $BENCH_NAMES
   while IFS= read -r line; do row "bench ${line%%:*}" ok "${line#*: }"; done \
     < <(grep -E '^[a-z0-9_]+: [0-9]+(\.[0-9]+)?x ' "$RES/bench.log" | sort -u)
   if ((RC != 0)); then
