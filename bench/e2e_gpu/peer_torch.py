@@ -117,7 +117,7 @@ host = [torch.randint(0, V, (B, T + 1), generator=g).pin_memory() for _ in range
 
 def step(i):
     w = host[i % len(host)].to(dev, non_blocking=True)
-    x, y = w[:, :-1], w[:, 1:]
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()  # two arrays, as trainkit's batches
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
         loss = forward(x, y)

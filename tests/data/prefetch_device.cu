@@ -86,16 +86,20 @@ TEST_CASE("Prefetcher device mode: the device sees each batch intact, in order, 
   want.resize(order.size());
   CHECK(order == want);
 
-  // Resume in device mode: batch 40 of a fresh loader equals batch 40 of this one.
+  // Resume in device mode: batch 8 of epoch 1 of a fresh loader equals this one's. An epoch of
+  // 1000 samples is 31 batches of 32 and one of 8, so that batch starts at sample 1000 + 8 * 32
+  // of the concatenated epochs.
   tk::data::Prefetcher q(ds, sampler, {.batch_size = 32, .num_workers = 2, .depth = 2}, stream);
   q.restore({1, 8});
+  const std::size_t first = 1000 + 8 * 32;
   const tk::data::Batch b = q.next();
   std::vector<std::int32_t> host(b.size() * 256);
   TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.device_bytes(0), host.size() * 4,
                                       cudaMemcpyDeviceToHost, stream.get()));
   stream.synchronize();
-  for (std::size_t r = 0; r < b.size(); ++r) CHECK(b.indices()[r] == want[40 * 32 + r]);
-  CHECK(host[5 * 256 + 7] == static_cast<std::int32_t>(want[40 * 32 + 5] * 1000 + 7));
+  REQUIRE(b.size() == 32);
+  for (std::size_t r = 0; r < b.size(); ++r) CHECK(b.indices()[r] == want[first + r]);
+  CHECK(host[5 * 256 + 7] == static_cast<std::int32_t>(want[first + 5] * 1000 + 7));
 }
 
 TEST_CASE("augment: the device kernel gives the host path's bits") {

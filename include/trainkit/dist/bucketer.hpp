@@ -363,6 +363,14 @@ class GradBucketer {
 #if TRAINKIT_WITH_NCCL
     const Bucket& bk = buckets_[b];
     float* grads = arena_->grads_data() + bk.offset;
+    // The communicator orders this bucket after `stream`, then goes back to its previous caller
+    // stream: it must not keep a reference to a stream that may be destroyed before its next
+    // collective.
+    struct Restore {
+      NcclComm* comm;
+      cuda::StreamRef previous;
+      ~Restore() { comm->set_stream(previous); }
+    } restore{nccl_, nccl_->caller_stream()};
     nccl_->set_stream(stream);
     if (options_.bf16_compression) {
       const auto& k = detail::require_device_kernels("GradBucketer bf16 compression");
