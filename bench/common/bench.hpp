@@ -76,7 +76,12 @@ inline int serve(const std::vector<std::pair<std::string, std::string>>& info,
                  const std::vector<Case>& cases) {
   std::ostringstream ready;
   ready << "ready";
-  for (const auto& [k, v] : info) ready << ' ' << k << '=' << v;
+  for (const auto& [k, v] : info) {  // one token per value: spaces become underscores
+    std::string value = v;
+    for (char& c : value)
+      if (c == ' ') c = '_';
+    ready << ' ' << k << '=' << value;
+  }
   std::cout << ready.str() << "\ncases ";
   for (std::size_t i = 0; i < cases.size(); ++i) std::cout << (i ? "," : "") << cases[i].name;
   std::cout << std::endl;

@@ -104,7 +104,9 @@ def serve(info, cases):
     doing one repetition (it must finish its work before returning, e.g. synchronize a device)."""
     out = sys.stdout
     sys.stdout = sys.stderr  # anything the peer prints must not corrupt the protocol
-    out.write("ready " + " ".join(f"{k}={v}" for k, v in info.items()) + "\n")
+    # one token per value: spaces (a GPU's name) become underscores
+    out.write("ready " + " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in info.items())
+              + "\n")
     out.write("cases " + ",".join(cases) + "\n")
     out.flush()
     for line in sys.stdin:
