@@ -170,6 +170,72 @@ TEST_CASE("Gpt: a context stays valid across forwards of other shapes (bitwise)"
   CHECK(grads_of(arena) == clean);
 }
 
+TEST_CASE("Gpt and SoftmaxCrossEntropy: logits rows padded to any stride give the same bits") {
+  // CausalLmTask pads the rows of logits and dlogits (aligned products on the GPU); the model and
+  // the loss must compute exactly what they compute on dense rows, whatever the padding holds.
+  for (const bool tie : {false, true}) {
+    for (const std::int64_t pad : {1, 9, 41}) {
+      CAPTURE(tie);
+      CAPTURE(pad);
+      nn::ParamArena<> arena;
+      nn::Gpt model(arena, small(tie));
+      arena.finalize();
+      arena.initialize(11);
+      tk::Tensor<std::int32_t> ids(tk::Shape{2, 9}), targets(tk::Shape{2, 9});
+      for (std::int64_t i = 0; i < ids.numel(); ++i) {
+        ids.data()[i] = std::int32_t((i * 5 + 3) % 23);
+        targets.data()[i] = i == 4 ? -100 : std::int32_t((i * 11 + 1) % 23);
+      }
+      nn::Gpt<>::Context ctx;
+      tk::Tensor<float> dense;
+      arena.zero_grad();
+      const float dense_loss = step(model, ctx, ids, targets, dense, true);
+      const std::vector<float> dense_grads = grads_of(arena);
+
+      const std::int64_t N = 18, V = 23, ld = V + pad;
+      std::vector<float> lbuf(std::size_t(N * ld), std::nanf("")), dbuf(lbuf);  // NaN padding
+      const tk::HostView<float, 2> logits(lbuf.data(), tk::Extents<2>{{N, V}},
+                                          tk::Extents<2>{{ld, 1}});
+      const tk::HostView<float, 2> dlogits(dbuf.data(), tk::Extents<2>{{N, V}},
+                                           tk::Extents<2>{{ld, 1}});
+      arena.zero_grad();
+      model.forward(pool(), ctx, ids.view<2>(), logits);
+      nn::SoftmaxCrossEntropy<> ce;
+      nn::SoftmaxCrossEntropy<>::Context ce_ctx;
+      float loss = 0.0f;
+      const auto t = targets.view<2>().reshape<1>(tk::Extents<1>{{N}});
+      ce.forward(pool(), ce_ctx, logits, t, tk::make_view(&loss, {1}));
+      ce.backward(pool(), ce_ctx, logits, t, dlogits);
+      model.backward(pool(), ctx, ids.view<2>(), dlogits);
+      CHECK(loss == dense_loss);
+      bool same = true;
+      for (std::int64_t r = 0; r < N; ++r)
+        for (std::int64_t j = 0; j < V; ++j)
+          same = same && std::memcmp(&lbuf[std::size_t(r * ld + j)],
+                                     &dense.data()[r * V + j], sizeof(float)) == 0;
+      CHECK(same);
+      CHECK(grads_of(arena) == dense_grads);
+      for (std::int64_t r = 0; r < N; ++r)  // the padding is never written
+        for (std::int64_t j = V; j < ld; ++j) {
+          REQUIRE(std::isnan(lbuf[std::size_t(r * ld + j)]));
+          REQUIRE(std::isnan(dbuf[std::size_t(r * ld + j)]));
+        }
+    }
+  }
+  // Overlapping rows (a row stride below the width) are refused, naming the view.
+  nn::ParamArena<> arena;
+  nn::Gpt model(arena, small(false));
+  arena.finalize();
+  tk::Tensor<std::int32_t> ids(tk::Shape{1, 4});
+  std::vector<float> buf(4 * 23);
+  nn::Gpt<>::Context ctx;
+  CHECK_THROWS_WITH_AS(
+      model.forward(pool(), ctx, ids.view<2>(),
+                    tk::HostView<float, 2>(buf.data(), tk::Extents<2>{{4, 23}},
+                                           tk::Extents<2>{{20, 1}})),
+      doctest::Contains("logits with shape [4, 23] must have dense rows"), tk::Error);
+}
+
 TEST_CASE("Gpt: backward tells each parameter's gradient once, when it is final") {
   for (const bool tie : {false, true}) {
     CAPTURE(tie);

@@ -162,6 +162,47 @@ TEST_CASE("Linear: forward vs f64, backward vs finite differences (odd sizes)") 
   }
 }
 
+TEST_CASE("Linear: rows padded to a wider stride give the bits of dense rows (bias included)") {
+  const std::int64_t n = 70, in = 33, out = 21, ld = 32;  // 70 rows: several bias-grad blocks
+  nn::ParamArena<> dense_arena, padded_arena;
+  nn::Linear dense(dense_arena, "fc", {.in_features = in, .out_features = out});
+  nn::Linear padded(padded_arena, "fc", {.in_features = in, .out_features = out});
+  for (auto* a : {&dense_arena, &padded_arena}) {
+    a->finalize();
+    a->initialize(5);
+  }
+  const auto x = nntest::random_floats(n * in, 7);
+  const auto dy = nntest::random_floats(n * out, 8);
+  std::vector<float> y(static_cast<std::size_t>(n * out)), dx(static_cast<std::size_t>(n * in));
+  dense.forward(pool(), mat(x.data(), n, in), mat(y.data(), n, out));
+  dense.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in));
+  std::vector<float> py(static_cast<std::size_t>(n * ld), -7.0f), pdy(py.size(), -7.0f);
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < out; ++j) pdy[std::size_t(r * ld + j)] = dy[std::size_t(r * out + j)];
+  const tk::Extents<2> shape{{n, out}}, strides{{ld, 1}};
+  std::vector<float> pdx(dx.size());
+  padded.forward(pool(), mat(x.data(), n, in), tk::HostView<float, 2>(py.data(), shape, strides));
+  padded.backward(pool(), mat(x.data(), n, in),
+                  tk::HostView<const float, 2>(pdy.data(), shape, strides), mat(pdx.data(), n, in));
+  bool same = true;
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < ld; ++j)
+      same = same && py[std::size_t(r * ld + j)] == (j < out ? y[std::size_t(r * out + j)] : -7.0f);
+  CHECK(same);
+  CHECK(pdx == dx);
+  CHECK(std::vector<float>(padded_arena.grads_data(),
+                           padded_arena.grads_data() + padded_arena.buffer_numel()) ==
+        std::vector<float>(dense_arena.grads_data(),
+                           dense_arena.grads_data() + dense_arena.buffer_numel()));
+  // The fused GELU variants need dense rows.
+  std::vector<float> pre(py.size());
+  CHECK_THROWS_WITH_AS(
+      padded.forward_gelu(pool(), mat(x.data(), n, in),
+                          tk::HostView<float, 2>(pre.data(), shape, strides),
+                          tk::HostView<float, 2>(py.data(), shape, strides)),
+      doctest::Contains("must be contiguous"), tk::Error);
+}
+
 TEST_CASE("Linear: matches PyTorch values") {
   const Reference& ref = Reference::get();
   nn::ParamArena<> arena;

@@ -371,3 +371,97 @@ TEST_CASE("policies on the GPU: tf32, bf16 and f16 steps against the f32 step") 
   CHECK(err(h16, ref) < amp::Fp16::tolerance);
   CHECK(err(b16, b16_host) < amp::Bf16::tolerance);
 }
+
+TEST_CASE("device kernels at GPT-2 sizes: bias gradient blocks, LayerNorm rows, embedding runs") {
+  // 1000 rows: four 256-row blocks of the bias gradient, the last one partial.
+  compare(
+      "Linear, 1000 rows",
+      [](auto& arena) { return nn::Linear(arena, "fc", {.in_features = 64, .out_features = 200}); },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        m.forward(ex, x.template view<2>(), y.template view<2>());
+        m.backward(ex, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+      },
+      tk::Shape{1000, 64}, tk::Shape{1000, 200}, 1e-5);
+  // Widths of the register-held rows (<= 256, 512, 1024 columns) and one past them; backward
+  // written, then added (the residual stream's kAccumulate).
+  for (const std::int64_t c : {std::int64_t{200}, std::int64_t{768}, std::int64_t{1100}}) {
+    CAPTURE(c);
+    compare(
+        "LayerNorm, overwrite then accumulate",
+        [c](auto& arena) { return nn::LayerNorm(arena, "ln", {.features = c}); },
+        [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+          typename std::remove_reference_t<decltype(m)>::Context ctx;
+          m.forward(ex, ctx, x.template view<2>(), y.template view<2>());
+          m.backward(ex, ctx, x.template view<2>(), dy.template view<2>(), dx.template view<2>());
+          m.backward(ex, ctx, x.template view<2>(), dy.template view<2>(), dx.template view<2>(),
+                     nn::Write::kAccumulate);
+        },
+        tk::Shape{333, c}, tk::Shape{333, c}, 1e-5);
+  }
+
+  // GPT-2's vocabulary, int64 ids with long runs of a few frequent ids, 1030 columns (two column
+  // tiles of the sorted backward): the device's bits are the host's.
+  const std::int64_t V = 50257, n = 3000, cols = 1030;
+  nn::ParamArena<> ha;
+  nn::ParamArena<tk::Space::kDevice> da;
+  nn::Embedding he(ha, "wte", {.num_embeddings = V, .embedding_dim = cols});
+  nn::Embedding de(da, "wte", {.num_embeddings = V, .embedding_dim = cols});
+  ha.finalize();
+  da.finalize();
+  ha.initialize(2);
+  da.initialize(2);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    ids[std::size_t(i)] = i % 3 == 0 ? 50256 : i % 5 == 0 ? 0 : (i * i * 7919) % V;
+  auto did = to_device(ids, tk::Shape{n});
+  const auto g = nntest::random_floats(n * cols, 6);
+  auto dg = to_device(g, tk::Shape{n, cols});
+  const tk::HostView<const std::int64_t, 1> hid(ids.data(), tk::Extents<1>{{n}});
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass adds to the first's gradients
+    he.backward(host(), hid, tk::HostView<const float, 2>(g.data(), tk::Extents<2>{{n, cols}}));
+    de.backward(gpu, did.view<1>(), dg.view<2>());
+  }
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(grads_of(da) == grads_of(ha));
+
+  // Cross-entropy over logits rows padded to a 64-multiple stride (as CausalLmTask lays them
+  // out), against the host's dense rows; the padding is never written.
+  const std::int64_t rows = 37, vocab = 1000, ld = 1024;
+  const auto logits = nntest::random_floats(rows * vocab, 9, 4.0f);
+  std::vector<float> padded(static_cast<std::size_t>(rows * ld), 123.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab,
+              padded.begin() + r * ld);
+  std::vector<std::int32_t> t(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) t[std::size_t(i)] = std::int32_t((i * 37) % vocab);
+  auto dl = to_device(padded, tk::Shape{rows, ld});
+  auto dgrad = to_device(padded, tk::Shape{rows, ld});
+  auto dt = to_device(t, tk::Shape{rows});
+  const tk::Extents<2> shape{{rows, vocab}}, strides{{ld, 1}};
+  tk::Tensor<float, tk::Space::kDevice> dloss(tk::Shape{1});
+  nn::SoftmaxCrossEntropy<tk::Space::kDevice> dce;
+  decltype(dce)::Context dctx;
+  dce.forward(gpu, dctx, tk::DeviceView<const float, 2>(dl.data(), shape, strides), dt.view<1>(),
+              dloss.view<1>());
+  dce.backward(gpu, dctx, tk::DeviceView<const float, 2>(dl.data(), shape, strides), dt.view<1>(),
+               tk::DeviceView<float, 2>(dgrad.data(), shape, strides));
+  float hloss = 0.0f;
+  std::vector<float> hgrad(static_cast<std::size_t>(rows * vocab));
+  nn::SoftmaxCrossEntropy hce;
+  decltype(hce)::Context hctx;
+  const tk::HostView<const float, 2> hl(logits.data(), shape);
+  const tk::HostView<const std::int32_t, 1> ht(t.data(), tk::Extents<1>{{rows}});
+  hce.forward(host(), hctx, hl, ht, tk::make_view(&hloss, {1}));
+  hce.backward(host(), hctx, hl, ht, tk::HostView<float, 2>(hgrad.data(), shape));
+  CHECK(to_host(dloss.data(), 1)[0] == doctest::Approx(hloss).epsilon(1e-5));
+  const std::vector<float> back = to_host(dgrad.data(), rows * ld);
+  std::vector<float> dense;
+  bool padding_kept = true;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    dense.insert(dense.end(), back.begin() + r * ld, back.begin() + r * ld + vocab);
+    for (std::int64_t j = vocab; j < ld; ++j)
+      padding_kept = padding_kept && back[std::size_t(r * ld + j)] == 123.0f;
+  }
+  CHECK(err(dense, hgrad) < 1e-5);
+  CHECK(padding_kept);
+}

@@ -448,6 +448,53 @@ TEST_CASE("a search killed with SIGKILL continues to the same table") {
   }
 }
 
+TEST_CASE("SIGTERM stops a thread search, leaving it to continue to the same table") {
+  const train::SearchOptions options{.seed = 4,
+                                     .trials = 6,
+                                     .parallel = 2,
+                                     .strategy = train::SearchStrategy::kSyncHalving,
+                                     .mode = tk::ckpt::MetricMode::kMin,
+                                     .max_budget = 4,
+                                     .eta = 2};
+  const auto objective = [](bool signal) {
+    return [signal](const train::Params& p, train::TrialContext& ctx) {
+      double loss = NAN;
+      for (std::int64_t b = 1; b <= ctx.max_budget(); ++b) {
+        if (signal && ctx.id() == 3 && b == 1) ::raise(SIGTERM);
+        loss = quality(p) + 1.0 / static_cast<double>(b);
+        if (!ctx.report(b, loss)) break;
+      }
+      return loss;
+    };
+  };
+  trainkit_test::TempDir straight_dir, stopped_dir;
+  train::Search straight(train::SearchSpace::parse(kNoisySpace),
+                         quiet(straight_dir.path(), options));
+  const auto expected = straight.run(objective(false));
+  CHECK_FALSE(expected.interrupted);
+  train::Search stopped(train::SearchSpace::parse(kNoisySpace), quiet(stopped_dir.path(), options));
+  struct sigaction before {};
+  ::sigaction(SIGTERM, nullptr, &before);
+  const auto first = stopped.run(objective(true));
+  CHECK(first.interrupted);
+  CHECK_FALSE(fs::exists(stopped_dir / "results.json"));
+  int left = 0;
+  for (const train::Trial& t : first.trials) left += !t.finished();
+  CHECK(left > 0);
+  const tk::io::Json saved = tk::io::Json::parse(read_text(stopped_dir / "search.json"));
+  // Trial 3 reported once more after the signal (its round-0 report, so paused), the others
+  // were left running or pending.
+  CHECK(saved.at("trials").as_array()[3].at("status").as_string() == "paused");
+  // The handler was the search's only while it ran: SIGTERM's handler is the one from before.
+  struct sigaction now {};
+  ::sigaction(SIGTERM, nullptr, &now);
+  CHECK((now.sa_handler == before.sa_handler));
+  train::Search again(train::SearchSpace::parse(kNoisySpace), quiet(stopped_dir.path(), options));
+  const auto resumed = again.run(objective(false));
+  CHECK_FALSE(resumed.interrupted);
+  CHECK(resumed.table == expected.table);
+}
+
 TEST_CASE("a changed space, seed or strategy is refused, listing each difference") {
   trainkit_test::TempDir dir;
   const auto run_with = [&](const std::vector<std::string>& space, train::SearchOptions o) {

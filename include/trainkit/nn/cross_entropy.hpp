@@ -36,6 +36,8 @@ struct CrossEntropyArgs {
   float* count;      // 1 element: number of valid targets (saved)
   std::int64_t rows;
   std::int64_t vocab;
+  std::int64_t ld;   // row stride of logits (>= vocab: rows may be padded)
+  std::int64_t dld;  // row stride of dlogits
   std::int64_t ignore_index;
   float dloss;
   const float* dloss_ptr;  // when set, dloss is read from here (executor memory) by the kernel
@@ -76,7 +78,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
   }
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* l = a.logits + r * V;
+      const T* l = a.logits + r * a.ld;
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
       const float m = lane_max(V, [&](std::int64_t j) { return load(l[j]); });
       const float sum = lane_sum(V, [&](std::int64_t j) { return exp_approx(load(l[j]) - m); });
@@ -106,8 +108,8 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
   const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* l = a.logits + r * V;
-      T* d = a.dlogits + r * V;
+      const T* l = a.logits + r * a.ld;
+      T* d = a.dlogits + r * a.dld;
       const auto t = static_cast<std::int64_t>(a.targets[r]);
       if (t == a.ignore_index) {
         for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(0.0f);
@@ -137,7 +139,7 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
   __shared__ float shared[256];
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
-  const T* l = a.logits + r * V;
+  const T* l = a.logits + r * a.ld;
   float m = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, load(l[j]));
   shared[threadIdx.x] = m;
@@ -197,8 +199,8 @@ template <class T, class I>
 __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
-  const T* l = a.logits + r * V;
-  T* d = a.dlogits + r * V;
+  const T* l = a.logits + r * a.ld;
+  T* d = a.dlogits + r * a.dld;
   const auto t = static_cast<std::int64_t>(a.targets[r]);
   const float count = *a.count;
   const float scale = count > 0.0f ? backward_dloss(a) / count : 0.0f;
@@ -314,11 +316,12 @@ class SoftmaxCrossEntropy {
     check_io("nn::SoftmaxCrossEntropy::backward", logits, targets);
     TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(), "nn::SoftmaxCrossEntropy::backward: dlogits ",
                    detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
-    detail::check_contiguous("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
+    detail::check_rows("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
     ctx.rec_.template check<T>("nn::SoftmaxCrossEntropy::backward", logits.size(0), logits.size(1));
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
+    a.dld = dlogits.size(0) > 1 ? dlogits.stride(0) : dlogits.size(1);
     a.dloss = dloss;
     a.dloss_ptr = dloss_ptr;
     detail::cross_entropy_backward(exec, a);
@@ -341,6 +344,8 @@ class SoftmaxCrossEntropy {
     a.count = stats + 3 * rows;
     a.rows = rows;
     a.vocab = logits.size(1);
+    a.ld = rows > 1 ? logits.stride(0) : logits.size(1);
+    a.dld = a.ld;
     a.ignore_index = options_.ignore_index;
     return a;
   }
@@ -351,7 +356,7 @@ class SoftmaxCrossEntropy {
                    " and targets ", detail::shape_of(targets), " disagree on N");
     TRAINKIT_CHECK(logits.size(1) >= 1, who, ": logits ", detail::shape_of(logits),
                    " have no classes");
-    detail::check_contiguous(who, "logits", logits);
+    detail::check_rows(who, "logits", logits);
     detail::check_contiguous(who, "targets", targets);
   }
 

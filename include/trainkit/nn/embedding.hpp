@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/embedding.hpp: `Embedding`, a lookup table out[n] = W[ids[n]] (torch.nn.Embedding),
 // e.g. GPT-2's token (wte) and position (wpe) tables. Backward scatters rows of dout into dW
-// without atomics: each column is accumulated by one thread in position order, so repeated ids
-// give the same bits every run, on the CPU and on the GPU.
+// without atomics: each element of dW gets its additions in position order, so repeated ids give
+// the same bits every run, on the CPU and on the GPU (there: positions sorted by id, one block
+// per id).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,10 @@
 #include "trainkit/nn/init.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/param_arena.hpp"
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+#include <cub/device/device_radix_sort.cuh>
+#endif
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
@@ -57,7 +62,8 @@ void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
 }
 
 template <class T, class I>
-void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
+void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
+                        Scratch<Space::kHost>& /*scratch*/) {
   // Column blocks in parallel; within a block, positions in order: deterministic.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
@@ -92,15 +98,60 @@ __global__ void embedding_forward_kernel(EmbeddingArgs<T, I> a) {
   }
 }
 
-/// Thread per column, positions in order (deterministic, no atomics).
+/// Columns per thread of the sorted backward (in registers), times the block's 256 threads.
+inline constexpr int kEmbeddingColsPerThread = 4;
+
+/// dW[id] += dout[p] for the positions p of one id, in ascending order: block i owns the run of
+/// equal ids that starts at sorted index i (other blocks return), so each row of dW is written by
+/// one block, and each element gets its additions in position order: the bits of the host's
+/// loop, without atomics.
 template <class T, class I>
-__global__ void embedding_backward_kernel(EmbeddingArgs<T, I> a) {
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= a.cols) return;
-  for (std::int64_t r = 0; r < a.n; ++r) {
-    const auto id = static_cast<std::int64_t>(a.ids[r]);
-    a.dw[id * a.cols + c] += load(a.dout[r * a.cols + c]);
+__global__ void __launch_bounds__(256)
+    embedding_backward_sorted_kernel(const I* __restrict__ keys,
+                                     const std::int32_t* __restrict__ pos,
+                                     const T* __restrict__ dout, float* __restrict__ dw,
+                                     std::int64_t n, std::int64_t cols) {
+  __shared__ std::int64_t run_end;
+  const std::int64_t i = blockIdx.x;
+  const I id = keys[i];
+  if (i > 0 && keys[i - 1] == id) return;
+  if (threadIdx.x == 0) {
+    std::int64_t e = i + 1;
+    while (e < n && keys[e] == id) ++e;
+    run_end = e;
   }
+  __syncthreads();
+  const std::int64_t end = run_end;
+  float* row = dw + static_cast<std::int64_t>(id) * cols;
+  constexpr int kPer = kEmbeddingColsPerThread;
+  for (std::int64_t c0 = 0; c0 < cols; c0 += kPer * 256) {
+    float acc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const std::int64_t c = c0 + k * 256 + threadIdx.x;
+      acc[k] = c < cols ? row[c] : 0.0f;
+    }
+    for (std::int64_t j = i; j < end; ++j) {
+      const T* src = dout + static_cast<std::int64_t>(pos[j]) * cols;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const std::int64_t c = c0 + k * 256 + threadIdx.x;
+        if (c < cols) acc[k] += load(src[c]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const std::int64_t c = c0 + k * 256 + threadIdx.x;
+      if (c < cols) row[c] = acc[k];
+    }
+  }
+}
+
+/// pos[i] = i (a template, like every kernel of the headers).
+template <class I>
+__global__ void embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) pos[i] = static_cast<std::int32_t>(i);
 }
 
 template <class T, class I>
@@ -112,11 +163,39 @@ void embedding_forward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Device backward: the positions sorted by id (CUB's radix sort is stable, so each id's
+/// positions stay ascending), then one block per run of equal ids. `scratch` holds the sorted
+/// keys and positions and CUB's temporary storage (the caller's, reused between calls).
 template <class T, class I>
-void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
+void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
+                        Scratch<Space::kDevice>& scratch) {
   if (a.n == 0 || a.cols == 0) return;
-  const auto blocks = static_cast<unsigned>((a.cols + 127) / 128);
-  embedding_backward_kernel<T, I><<<blocks, 128, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CHECK(a.n < (std::int64_t{1} << 31), "nn::Embedding: ", a.n,
+                 " positions are too many for the device backward (at most 2^31 - 1)");
+  cudaStream_t stream = exec.stream().get();
+  const int n = static_cast<int>(a.n);
+  int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
+  while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
+  std::size_t temp_bytes = 0;
+  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0,
+      end_bit, stream));
+  const std::int64_t keys_bytes = (a.n * static_cast<std::int64_t>(sizeof(I)) + 255) / 256 * 256;
+  const std::int64_t pos_bytes = (a.n * 4 + 255) / 256 * 256;
+  auto* base = scratch.template get<unsigned char>(keys_bytes + 2 * pos_bytes +
+                                                    static_cast<std::int64_t>(temp_bytes));
+  auto* keys = reinterpret_cast<I*>(base);
+  auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
+  auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
+  void* temp = base + keys_bytes + 2 * pos_bytes;
+  embedding_iota_kernel<I><<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in,
+                                                                                         a.n);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
+                                                      pos_out, n, 0, end_bit, stream));
+  embedding_backward_sorted_kernel<T, I>
+      <<<static_cast<unsigned>(a.n), 256, 0, stream>>>(keys, pos_out, a.dout, a.dw, a.n, a.cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -175,7 +254,7 @@ class Embedding {
     auto a = args<T>(ids.data(), ids.size(0));
     a.dout = dout.data();
     a.dw = arena_->grad_flat(weight_).data();
-    detail::embedding_backward(exec, a);
+    detail::embedding_backward(exec, a, scratch_);
   }
 
  private:
@@ -203,6 +282,7 @@ class Embedding {
   std::int64_t vocab_;
   std::int64_t dim_;
   ParamId weight_;
+  detail::Scratch<S> scratch_;  // the device backward's sorted ids and positions
 };
 
 template <Space S>

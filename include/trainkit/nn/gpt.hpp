@@ -71,6 +71,9 @@ struct NoGradsReady {
 ///
 /// Shapes: ids [B, T] (int32 or int64 token ids, T <= block_size, contiguous), logits [B*T, V]
 /// in the policy's activation type; row b*T + t holds the scores of the token after ids[b, t].
+/// The rows of logits and dlogits may be padded (row stride >= V, see padded_vocab()): on the
+/// GPU the lm_head's products run several times faster when the row stride is a multiple of 8
+/// (16-byte rows of bf16), which GPT-2's V = 50257 is not.
 /// forward writes logits and fills the caller's Context; backward reads ids, that context and
 /// dlogits (e.g. SoftmaxCrossEntropy's) and adds every parameter gradient to the arena.
 /// Set the dropout step before each training forward (`set_step`); eval() turns dropout off.
@@ -155,7 +158,7 @@ class Gpt {
     TRAINKIT_CHECK(logits.size(0) == N && logits.size(1) == options_.vocab_size,
                    "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
                    "] must be [", N, ", ", options_.vocab_size, "]");
-    detail::check_contiguous("nn::Gpt::forward", "logits", logits);
+    detail::check_rows("nn::Gpt::forward", "logits", logits);
     ctx.rec_.template set<T>(B, Tn);
     ctx.blocks_.resize(blocks_.size());
     ctx.dropped_ = drop_.training() && drop_.options().p > 0.0f;
@@ -192,6 +195,7 @@ class Gpt {
     TRAINKIT_CHECK(dlogits.size(0) == N && dlogits.size(1) == options_.vocab_size,
                    "nn::Gpt::backward: dlogits ", detail::shape_of(dlogits), " must be [", N, ", ",
                    options_.vocab_size, "]");
+    detail::check_rows("nn::Gpt::backward", "dlogits", dlogits);
     const T* xs = ctx.xs_.template data<T>();
     T* da = da_.template get<T>(N * C);
     T* db = db_.template get<T>(N * C);

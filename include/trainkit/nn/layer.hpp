@@ -105,6 +105,20 @@ void check_contiguous(const char* who, const char* name, const V& v) {
                  " must be contiguous (row-major, dense)");
 }
 
+/// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
+/// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
+/// vocabulary rounded up for aligned matrix products.
+template <class V>
+void check_rows(const char* who, const char* name, const V& v) {
+  static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
+  TRAINKIT_CHECK(v.size(0) <= 1 || v.size(1) == 0 ||
+                     ((v.size(1) == 1 || v.stride(1) == 1) && v.stride(0) >= v.size(1)),
+                 who, ": ", name, " with shape ", shape_of(v),
+                 " must have dense rows (column stride 1, row stride >= its width)");
+  TRAINKIT_CHECK(v.size(0) > 1 || v.size(1) <= 1 || v.stride(1) == 1, who, ": ", name,
+                 " with shape ", shape_of(v), " must have dense rows (column stride 1)");
+}
+
 /// Throws unless x and y have one shape, [N, width] or [B, T, width], and are contiguous (the
 /// input and output of a layer that keeps the width).
 template <class VX, class VY>
@@ -169,6 +183,28 @@ class Bytes {
 
  private:
   Tensor<unsigned char, S> mem_;
+};
+
+/// A layer's scratch memory in space S (Bytes that are not part of its state): a copy of the
+/// layer starts with empty scratch of its own, so layers stay copyable handles.
+template <Space S>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) noexcept {}
+  Scratch& operator=(const Scratch&) noexcept { return *this; }
+  Scratch(Scratch&&) noexcept = default;
+  Scratch& operator=(Scratch&&) noexcept = default;
+  ~Scratch() = default;
+
+  /// At least n elements of T, contents unspecified.
+  template <class T>
+  T* get(std::int64_t n) {
+    return bytes_.template get<T>(n);
+  }
+
+ private:
+  Bytes<S> bytes_;
 };
 
 /// What a context records of the forward that filled it, checked by its backward: the

@@ -198,6 +198,50 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   }
 }
 
+/// One warp per row, the row held in registers (kPerLane elements a lane, C <= 32 * kPerLane):
+/// every load of x, dy and dx is issued before the first use and nothing is read twice. The
+/// arithmetic and its order are layer_norm_backward_dx_kernel's: the same bits.
+template <class T, int kPerLane>
+__global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
+  if (row >= a.rows) return;
+  const std::int64_t C = a.cols;
+  const T* __restrict__ x = a.x + row * C;
+  const T* __restrict__ dy = a.dy + row * C;
+  const float* __restrict__ w = a.w;
+  T* __restrict__ dx = a.dx + row * C;
+  const float m = a.mean[row], s = a.rstd[row];
+  float xv[kPerLane], gw[kPerLane], old[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const std::int64_t c = lane + 32 * k;
+    xv[k] = c < C ? load(x[c]) : 0.0f;
+    gw[k] = c < C ? load(dy[c]) * w[c] : 0.0f;
+    old[k] = c < C && a.accumulate ? load(dx[c]) : 0.0f;
+  }
+  float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (lane + 32 * k < C) {
+      sum_g += gw[k];
+      sum_gx += gw[k] * (xv[k] - m) * s;
+    }
+  }
+  const float mg = warp_sum(sum_g) / static_cast<float>(C);
+  const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const std::int64_t c = lane + 32 * k;
+    if (c < C) {
+      const float xhat = (xv[k] - m) * s;
+      float v = s * (gw[k] - mg - xhat * mgx);
+      if (a.accumulate) v += old[k];
+      dx[c] = store<T>(v);
+    }
+  }
+}
+
 /// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order.
 template <class T>
 __global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
@@ -236,7 +280,17 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
   if (a.dx != nullptr) {
-    layer_norm_backward_dx_kernel<T><<<row_warp_blocks(a.rows), kRowWarps * 32, 0, stream>>>(a);
+    const auto blocks = row_warp_blocks(a.rows);
+    constexpr unsigned threads = kRowWarps * 32;
+    if (a.cols <= 32 * 8) {
+      layer_norm_backward_dx_cached_kernel<T, 8><<<blocks, threads, 0, stream>>>(a);
+    } else if (a.cols <= 32 * 16) {
+      layer_norm_backward_dx_cached_kernel<T, 16><<<blocks, threads, 0, stream>>>(a);
+    } else if (a.cols <= 32 * 32) {
+      layer_norm_backward_dx_cached_kernel<T, 32><<<blocks, threads, 0, stream>>>(a);
+    } else {
+      layer_norm_backward_dx_kernel<T><<<blocks, threads, 0, stream>>>(a);
+    }
     TRAINKIT_CUDA_CHECK(cudaGetLastError());
   }
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;

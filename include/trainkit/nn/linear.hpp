@@ -35,8 +35,9 @@ namespace detail {
 /// is summed over rows in ascending order by one task, so the bits never depend on threads.
 template <class T>
 void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::kHost> dy,
-                          float* db) {
+                          float* db, Scratch<Space::kHost>& /*scratch*/) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
+  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
   auto run = [&](std::int64_t b0, std::int64_t b1) {
@@ -45,12 +46,12 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
       float acc[kBlock] = {};
       if (w == kBlock) {  // a constant trip count: vectorised at -O2 too
         for (std::int64_t i = 0; i < rows; ++i) {
-          const T* row = dy.data() + i * cols + j0;
+          const T* row = dy.data() + i * ld + j0;
           for (std::int64_t j = 0; j < kBlock; ++j) acc[j] += load(row[j]);
         }
       } else {
         for (std::int64_t i = 0; i < rows; ++i) {
-          const T* row = dy.data() + i * cols + j0;
+          const T* row = dy.data() + i * ld + j0;
           for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
         }
       }
@@ -96,33 +97,61 @@ struct DGeluInPlace {
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// Column sums of dy [rows, cols] added to db: a 32 x 8 block per 32 columns; each thread sums a
-/// fixed row subset in order, then thread row 0 adds the 8 partials in order (deterministic).
+/// Rows of dy per block of the bias gradient: enough blocks to fill the GPU at N = 8 x 1024.
+inline constexpr std::int64_t kBiasGradRows = 256;
+
+/// Column sums of dy [rows, cols] (row stride ld) over one chunk of kBiasGradRows rows: a 32 x 8
+/// block per 32 columns; thread (x, y) sums rows y, y + 8, ... of the chunk in order, then thread
+/// row 0 adds the 8 partials in order and writes the chunk's partial sum (deterministic).
 template <class T>
-__global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ db,
-                                 std::int64_t rows, std::int64_t cols) {
-  __shared__ float partial[8][33];
+__global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
+                                         std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  __shared__ float part[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kBiasGradRows;
+  const std::int64_t r1 = min(rows, r0 + kBiasGradRows);
   float acc = 0.0f;
   if (col < cols)
-    for (std::int64_t r = threadIdx.y; r < rows; r += 8) acc += load(dy[r * cols + col]);
-  partial[threadIdx.y][threadIdx.x] = acc;
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += load(dy[r * ld + col]);
+  part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
     float sum = 0.0f;
-    for (int y = 0; y < 8; ++y) sum += partial[y][threadIdx.x];
-    db[col] += sum;
+    for (int y = 0; y < 8; ++y) sum += part[y][threadIdx.x];
+    partial[static_cast<std::int64_t>(blockIdx.y) * cols + col] = sum;
   }
 }
 
+/// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
+/// kernel of the headers: one instantiation per program).
+template <class T>
+__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial,
+                                               float* __restrict__ db, std::int64_t chunks,
+                                               std::int64_t cols) {
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float sum = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + col];
+  db[col] += sum;
+}
+
+/// Column sums of dy added to db (device): per-chunk partials into `scratch` (caller's memory,
+/// reused between calls), then one pass in chunk order. The bits depend on the shape only.
 template <class T>
 void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::kDevice> dy,
-                          float* db) {
+                          float* db, Scratch<Space::kDevice>& scratch) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
   if (rows == 0 || cols == 0) return;
-  const dim3 block(32, 8);
-  const auto grid = static_cast<unsigned>((cols + 31) / 32);
-  bias_grad_kernel<T><<<grid, block, 0, exec.stream().get()>>>(dy.data(), db, rows, cols);
+  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;
+  const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
+  TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
+  float* partial = scratch.template get<float>(chunks * cols);
+  cudaStream_t stream = exec.stream().get();
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  bias_grad_reduce_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
+      partial, db, chunks, cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -150,7 +179,8 @@ struct LinearOptions {
 /// Fully connected layer y = x W^T + b (torch.nn.Linear). Parameters "<name>.weight" [out, in]
 /// and "<name>.bias" [out] in the arena (no prefix when name is empty).
 ///
-/// Shapes: x [N, in], y [N, out] (N = batch * sequence; contiguous rows).
+/// Shapes: x [N, in], y [N, out] (N = batch * sequence; dense rows, whose row stride may exceed
+/// the width, e.g. logits padded to an aligned stride; the GELU variants need contiguous views).
 /// Precision: under policy P the views hold amp::activation_t<P>; f32 policies use the f32
 /// master weights (Tf32: TF32 tensor-core products on the GPU), Bf16/Fp16 the arena's compute
 /// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
@@ -216,6 +246,8 @@ class Linear {
     detail::check_call<P, E, S, TX, TP, TY>();
     check_io("nn::Linear::forward_gelu", x, y);
     detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
+    detail::check_contiguous("nn::Linear::forward_gelu", "pre", pre);
+    detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
@@ -259,6 +291,8 @@ class Linear {
     check_io("nn::Linear::backward_dgelu", x, dy);
     check_io("nn::Linear::backward_dgelu", dpre, dy);
     detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "pre", pre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
@@ -294,7 +328,8 @@ class Linear {
     o.beta = 1.0f;
     if constexpr (std::is_same_v<T, float>) o.compute = P::gemm_compute;
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
-    if (has_bias()) detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data());
+    if (has_bias())
+      detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);
   }
 
   template <class VX, class VY>
@@ -302,8 +337,8 @@ class Linear {
     TRAINKIT_CHECK(x.size(1) == in_ && y.size(1) == out_ && x.size(0) == y.size(0), who,
                    ": expected x [N, ", in_, "] and y/dy [N, ", out_, "], got ",
                    detail::shape_of(x), " and ", detail::shape_of(y));
-    detail::check_contiguous(who, "input", x);
-    detail::check_contiguous(who, "output", y);
+    detail::check_rows(who, "input", x);
+    detail::check_rows(who, "output", y);
   }
 
   /// W in the compute type: the f32 master for float, the compute copy otherwise.
@@ -329,6 +364,7 @@ class Linear {
   std::int64_t out_;
   ParamId weight_;
   ParamId bias_;
+  detail::Scratch<S> bias_scratch_;  // the device bias gradient's per-chunk partial sums
 };
 
 template <Space S>

@@ -96,8 +96,7 @@ class CausalLmTask {
     }
     {
       auto span = ctx.monitor->span(monitor::Phase::kBackward);
-      const auto dlogits =
-          make_view<S>(dlogits_.template get<T>(logits.numel()), {logits.size(0), logits.size(1)});
+      const auto dlogits = padded_rows(dlogits_, logits.size(0));
       if (options_.loss_scale != nullptr)
         ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits, options_.loss_scale);
       else ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits);
@@ -191,9 +190,15 @@ class CausalLmTask {
     }
   }
 
-  TensorView<T, 2, S> logits_view(std::int64_t rows) {
-    const std::int64_t V = model_->options().vocab_size;
-    return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
+  TensorView<T, 2, S> logits_view(std::int64_t rows) { return padded_rows(logits_, rows); }
+
+  /// [rows, V] in `buffer` with the row stride V rounded up to 64 elements: aligned rows for the
+  /// lm_head's products (cuBLASLt's fast kernels need 16-byte rows; GPT-2's V = 50257 is odd).
+  /// The padding is never read; the results do not depend on it.
+  TensorView<T, 2, S> padded_rows(nn::detail::Bytes<S>& buffer, std::int64_t rows) {
+    const std::int64_t V = model_->options().vocab_size, ld = (V + 63) / 64 * 64;
+    return TensorView<T, 2, S>(buffer.template get<T>(rows * ld), Extents<2>{{rows, V}},
+                               Extents<2>{{ld, 1}});
   }
 
   const Exec* exec_;
