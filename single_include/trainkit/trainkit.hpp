@@ -1712,14 +1712,17 @@ TensorView<T, Rank, S> make_view(T* data, const std::int64_t (&sizes)[Rank]) {
 
 TRAINKIT_NAMESPACE_END
 // end trainkit/core/tensor_view.hpp
-// defines: Allocation, MemoryKind, memory_kind_name, kHostAlignment
+// defines: Allocation, MemoryKind, memory_kind_name, kHostAlignment, allocation_stats
 // begin trainkit/core/allocator.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/core/allocator.hpp: the three kinds of tensor memory — 64-byte aligned host memory
 // (cache lines, AVX-512 loads), page-locked ("pinned") host memory for asynchronous copies, and
 // device memory — behind one move-only owner, `Allocation`. Pinned memory degrades to aligned
 // host memory when no CUDA device is usable, so CPU-only programs can ask for it unconditionally.
+// A process-wide count of the live and peak bytes of each kind (relaxed atomics, two per
+// allocation) tells what trainkit really allocated (`allocation_stats`).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -1748,6 +1751,47 @@ inline constexpr const char* memory_kind_name(MemoryKind k) noexcept {
     case MemoryKind::kDevice: return "device";
   }
   return "?";
+}
+
+/// The bytes of one MemoryKind that trainkit's Allocations hold now (live) and held at most
+/// (peak) since the start of the process or the last reset_allocation_peak. Requested sizes, as
+/// Allocation::bytes() reports them (host blocks are rounded up to 64 bytes on top).
+struct AllocationStats {
+  std::int64_t live = 0;
+  std::int64_t peak = 0;
+};
+
+namespace detail {
+struct AllocationCounter {
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak{0};
+};
+inline AllocationCounter& allocation_counter(MemoryKind k) noexcept {
+  static AllocationCounter counters[3];
+  return counters[static_cast<int>(k)];
+}
+inline void count_allocation(MemoryKind k, std::int64_t bytes) noexcept {
+  AllocationCounter& c = allocation_counter(k);
+  const std::int64_t now = c.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace detail
+
+/// Live and peak bytes of `kind` held by trainkit's Allocations (tensors, arenas, layer
+/// contexts and workspaces, loader slots); memory obtained otherwise (std::vector, CUDA
+/// libraries' own workspaces) is not counted. A pinned request that fell back counts as kHost.
+inline AllocationStats allocation_stats(MemoryKind kind) noexcept {
+  const detail::AllocationCounter& c = detail::allocation_counter(kind);
+  return {c.live.load(std::memory_order_relaxed), c.peak.load(std::memory_order_relaxed)};
+}
+
+/// Sets the peak of `kind` to its live bytes, so that allocation_stats(kind).peak measures from
+/// here on (e.g. around one training step).
+inline void reset_allocation_peak(MemoryKind kind) noexcept {
+  detail::AllocationCounter& c = detail::allocation_counter(kind);
+  c.peak.store(c.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 /// One owned block of memory. Move-only; frees with the matching deallocator; never throws on
@@ -1787,6 +1831,7 @@ class Allocation {
         TRAINKIT_FAIL_WITHOUT_CUDA("device memory requested (", bytes, " bytes)");
 #endif
     }
+    detail::count_allocation(kind_, static_cast<std::int64_t>(bytes_));
   }
 
   Allocation(const Allocation&) = delete;
@@ -1816,6 +1861,8 @@ class Allocation {
 
   void reset() noexcept {
     if (ptr_ != nullptr) {
+      detail::allocation_counter(kind_).live.fetch_sub(static_cast<std::int64_t>(bytes_),
+                                                       std::memory_order_relaxed);
       switch (kind_) {
         case MemoryKind::kHost: ::operator delete(ptr_, std::align_val_t(kHostAlignment)); break;
         case MemoryKind::kPinned:
@@ -11873,6 +11920,20 @@ void check_contiguous(const char* who, const char* name, const V& v) {
                  " must be contiguous (row-major, dense)");
 }
 
+/// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
+/// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
+/// vocabulary rounded up for aligned matrix products.
+template <class V>
+void check_rows(const char* who, const char* name, const V& v) {
+  static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
+  TRAINKIT_CHECK(v.size(0) <= 1 || v.size(1) == 0 ||
+                     ((v.size(1) == 1 || v.stride(1) == 1) && v.stride(0) >= v.size(1)),
+                 who, ": ", name, " with shape ", shape_of(v),
+                 " must have dense rows (column stride 1, row stride >= its width)");
+  TRAINKIT_CHECK(v.size(0) > 1 || v.size(1) <= 1 || v.stride(1) == 1, who, ": ", name,
+                 " with shape ", shape_of(v), " must have dense rows (column stride 1)");
+}
+
 /// Throws unless x and y have one shape, [N, width] or [B, T, width], and are contiguous (the
 /// input and output of a layer that keeps the width).
 template <class VX, class VY>
@@ -11937,6 +11998,28 @@ class Bytes {
 
  private:
   Tensor<unsigned char, S> mem_;
+};
+
+/// A layer's scratch memory in space S (Bytes that are not part of its state): a copy of the
+/// layer starts with empty scratch of its own, so layers stay copyable handles.
+template <Space S>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) noexcept {}
+  Scratch& operator=(const Scratch&) noexcept { return *this; }
+  Scratch(Scratch&&) noexcept = default;
+  Scratch& operator=(Scratch&&) noexcept = default;
+  ~Scratch() = default;
+
+  /// At least n elements of T, contents unspecified.
+  template <class T>
+  T* get(std::int64_t n) {
+    return bytes_.template get<T>(n);
+  }
+
+ private:
+  Bytes<S> bytes_;
 };
 
 /// What a context records of the forward that filled it, checked by its backward: the
@@ -12679,8 +12762,9 @@ namespace detail {
 /// is summed over rows in ascending order by one task, so the bits never depend on threads.
 template <class T>
 void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::kHost> dy,
-                          float* db) {
+                          float* db, Scratch<Space::kHost>& /*scratch*/) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
+  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
   auto run = [&](std::int64_t b0, std::int64_t b1) {
@@ -12689,12 +12773,12 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
       float acc[kBlock] = {};
       if (w == kBlock) {  // a constant trip count: vectorised at -O2 too
         for (std::int64_t i = 0; i < rows; ++i) {
-          const T* row = dy.data() + i * cols + j0;
+          const T* row = dy.data() + i * ld + j0;
           for (std::int64_t j = 0; j < kBlock; ++j) acc[j] += load(row[j]);
         }
       } else {
         for (std::int64_t i = 0; i < rows; ++i) {
-          const T* row = dy.data() + i * cols + j0;
+          const T* row = dy.data() + i * ld + j0;
           for (std::int64_t j = 0; j < w; ++j) acc[j] += load(row[j]);
         }
       }
@@ -12740,33 +12824,61 @@ struct DGeluInPlace {
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// Column sums of dy [rows, cols] added to db: a 32 x 8 block per 32 columns; each thread sums a
-/// fixed row subset in order, then thread row 0 adds the 8 partials in order (deterministic).
+/// Rows of dy per block of the bias gradient: enough blocks to fill the GPU at N = 8 x 1024.
+inline constexpr std::int64_t kBiasGradRows = 256;
+
+/// Column sums of dy [rows, cols] (row stride ld) over one chunk of kBiasGradRows rows: a 32 x 8
+/// block per 32 columns; thread (x, y) sums rows y, y + 8, ... of the chunk in order, then thread
+/// row 0 adds the 8 partials in order and writes the chunk's partial sum (deterministic).
 template <class T>
-__global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ db,
-                                 std::int64_t rows, std::int64_t cols) {
-  __shared__ float partial[8][33];
+__global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
+                                         std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  __shared__ float part[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kBiasGradRows;
+  const std::int64_t r1 = min(rows, r0 + kBiasGradRows);
   float acc = 0.0f;
   if (col < cols)
-    for (std::int64_t r = threadIdx.y; r < rows; r += 8) acc += load(dy[r * cols + col]);
-  partial[threadIdx.y][threadIdx.x] = acc;
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += load(dy[r * ld + col]);
+  part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
     float sum = 0.0f;
-    for (int y = 0; y < 8; ++y) sum += partial[y][threadIdx.x];
-    db[col] += sum;
+    for (int y = 0; y < 8; ++y) sum += part[y][threadIdx.x];
+    partial[static_cast<std::int64_t>(blockIdx.y) * cols + col] = sum;
   }
 }
 
+/// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
+/// kernel of the headers: one instantiation per program).
+template <class T>
+__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial,
+                                               float* __restrict__ db, std::int64_t chunks,
+                                               std::int64_t cols) {
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float sum = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + col];
+  db[col] += sum;
+}
+
+/// Column sums of dy added to db (device): per-chunk partials into `scratch` (caller's memory,
+/// reused between calls), then one pass in chunk order. The bits depend on the shape only.
 template <class T>
 void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::kDevice> dy,
-                          float* db) {
+                          float* db, Scratch<Space::kDevice>& scratch) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
   if (rows == 0 || cols == 0) return;
-  const dim3 block(32, 8);
-  const auto grid = static_cast<unsigned>((cols + 31) / 32);
-  bias_grad_kernel<T><<<grid, block, 0, exec.stream().get()>>>(dy.data(), db, rows, cols);
+  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;
+  const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
+  TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
+  float* partial = scratch.template get<float>(chunks * cols);
+  cudaStream_t stream = exec.stream().get();
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  bias_grad_reduce_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
+      partial, db, chunks, cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -12794,7 +12906,8 @@ struct LinearOptions {
 /// Fully connected layer y = x W^T + b (torch.nn.Linear). Parameters "<name>.weight" [out, in]
 /// and "<name>.bias" [out] in the arena (no prefix when name is empty).
 ///
-/// Shapes: x [N, in], y [N, out] (N = batch * sequence; contiguous rows).
+/// Shapes: x [N, in], y [N, out] (N = batch * sequence; dense rows, whose row stride may exceed
+/// the width, e.g. logits padded to an aligned stride; the GELU variants need contiguous views).
 /// Precision: under policy P the views hold amp::activation_t<P>; f32 policies use the f32
 /// master weights (Tf32: TF32 tensor-core products on the GPU), Bf16/Fp16 the arena's compute
 /// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
@@ -12860,6 +12973,8 @@ class Linear {
     detail::check_call<P, E, S, TX, TP, TY>();
     check_io("nn::Linear::forward_gelu", x, y);
     detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
+    detail::check_contiguous("nn::Linear::forward_gelu", "pre", pre);
+    detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
@@ -12903,6 +13018,8 @@ class Linear {
     check_io("nn::Linear::backward_dgelu", x, dy);
     check_io("nn::Linear::backward_dgelu", dpre, dy);
     detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "pre", pre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
@@ -12938,7 +13055,8 @@ class Linear {
     o.beta = 1.0f;
     if constexpr (std::is_same_v<T, float>) o.compute = P::gemm_compute;
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
-    if (has_bias()) detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data());
+    if (has_bias())
+      detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);
   }
 
   template <class VX, class VY>
@@ -12946,8 +13064,8 @@ class Linear {
     TRAINKIT_CHECK(x.size(1) == in_ && y.size(1) == out_ && x.size(0) == y.size(0), who,
                    ": expected x [N, ", in_, "] and y/dy [N, ", out_, "], got ",
                    detail::shape_of(x), " and ", detail::shape_of(y));
-    detail::check_contiguous(who, "input", x);
-    detail::check_contiguous(who, "output", y);
+    detail::check_rows(who, "input", x);
+    detail::check_rows(who, "output", y);
   }
 
   /// W in the compute type: the f32 master for float, the compute copy otherwise.
@@ -12973,6 +13091,7 @@ class Linear {
   std::int64_t out_;
   ParamId weight_;
   ParamId bias_;
+  detail::Scratch<S> bias_scratch_;  // the device bias gradient's per-chunk partial sums
 };
 
 template <Space S>
@@ -13174,6 +13293,50 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   }
 }
 
+/// One warp per row, the row held in registers (kPerLane elements a lane, C <= 32 * kPerLane):
+/// every load of x, dy and dx is issued before the first use and nothing is read twice. The
+/// arithmetic and its order are layer_norm_backward_dx_kernel's: the same bits.
+template <class T, int kPerLane>
+__global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
+  const std::int64_t row = warp_row();
+  const int lane = warp_lane();
+  if (row >= a.rows) return;
+  const std::int64_t C = a.cols;
+  const T* __restrict__ x = a.x + row * C;
+  const T* __restrict__ dy = a.dy + row * C;
+  const float* __restrict__ w = a.w;
+  T* __restrict__ dx = a.dx + row * C;
+  const float m = a.mean[row], s = a.rstd[row];
+  float xv[kPerLane], gw[kPerLane], old[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const std::int64_t c = lane + 32 * k;
+    xv[k] = c < C ? load(x[c]) : 0.0f;
+    gw[k] = c < C ? load(dy[c]) * w[c] : 0.0f;
+    old[k] = c < C && a.accumulate ? load(dx[c]) : 0.0f;
+  }
+  float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (lane + 32 * k < C) {
+      sum_g += gw[k];
+      sum_gx += gw[k] * (xv[k] - m) * s;
+    }
+  }
+  const float mg = warp_sum(sum_g) / static_cast<float>(C);
+  const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const std::int64_t c = lane + 32 * k;
+    if (c < C) {
+      const float xhat = (xv[k] - m) * s;
+      float v = s * (gw[k] - mg - xhat * mgx);
+      if (a.accumulate) v += old[k];
+      dx[c] = store<T>(v);
+    }
+  }
+}
+
 /// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order.
 template <class T>
 __global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
@@ -13212,7 +13375,17 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
   if (a.dx != nullptr) {
-    layer_norm_backward_dx_kernel<T><<<row_warp_blocks(a.rows), kRowWarps * 32, 0, stream>>>(a);
+    const auto blocks = row_warp_blocks(a.rows);
+    constexpr unsigned threads = kRowWarps * 32;
+    if (a.cols <= 32 * 8) {
+      layer_norm_backward_dx_cached_kernel<T, 8><<<blocks, threads, 0, stream>>>(a);
+    } else if (a.cols <= 32 * 16) {
+      layer_norm_backward_dx_cached_kernel<T, 16><<<blocks, threads, 0, stream>>>(a);
+    } else if (a.cols <= 32 * 32) {
+      layer_norm_backward_dx_cached_kernel<T, 32><<<blocks, threads, 0, stream>>>(a);
+    } else {
+      layer_norm_backward_dx_kernel<T><<<blocks, threads, 0, stream>>>(a);
+    }
     TRAINKIT_CUDA_CHECK(cudaGetLastError());
   }
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
@@ -13349,14 +13522,19 @@ TRAINKIT_NAMESPACE_END
 // SPDX-License-Identifier: MIT
 // trainkit/nn/embedding.hpp: `Embedding`, a lookup table out[n] = W[ids[n]] (torch.nn.Embedding),
 // e.g. GPT-2's token (wte) and position (wpe) tables. Backward scatters rows of dout into dW
-// without atomics: each column is accumulated by one thread in position order, so repeated ids
-// give the same bits every run, on the CPU and on the GPU.
+// without atomics: each element of dW gets its additions in position order, so repeated ids give
+// the same bits every run, on the CPU and on the GPU (there: positions sorted by id, one block
+// per id).
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+#include <cub/device/device_radix_sort.cuh>
+#endif
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
@@ -13397,7 +13575,8 @@ void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
 }
 
 template <class T, class I>
-void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
+void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
+                        Scratch<Space::kHost>& /*scratch*/) {
   // Column blocks in parallel; within a block, positions in order: deterministic.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
@@ -13432,15 +13611,60 @@ __global__ void embedding_forward_kernel(EmbeddingArgs<T, I> a) {
   }
 }
 
-/// Thread per column, positions in order (deterministic, no atomics).
+/// Columns per thread of the sorted backward (in registers), times the block's 256 threads.
+inline constexpr int kEmbeddingColsPerThread = 4;
+
+/// dW[id] += dout[p] for the positions p of one id, in ascending order: block i owns the run of
+/// equal ids that starts at sorted index i (other blocks return), so each row of dW is written by
+/// one block, and each element gets its additions in position order: the bits of the host's
+/// loop, without atomics.
 template <class T, class I>
-__global__ void embedding_backward_kernel(EmbeddingArgs<T, I> a) {
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= a.cols) return;
-  for (std::int64_t r = 0; r < a.n; ++r) {
-    const auto id = static_cast<std::int64_t>(a.ids[r]);
-    a.dw[id * a.cols + c] += load(a.dout[r * a.cols + c]);
+__global__ void __launch_bounds__(256)
+    embedding_backward_sorted_kernel(const I* __restrict__ keys,
+                                     const std::int32_t* __restrict__ pos,
+                                     const T* __restrict__ dout, float* __restrict__ dw,
+                                     std::int64_t n, std::int64_t cols) {
+  __shared__ std::int64_t run_end;
+  const std::int64_t i = blockIdx.x;
+  const I id = keys[i];
+  if (i > 0 && keys[i - 1] == id) return;
+  if (threadIdx.x == 0) {
+    std::int64_t e = i + 1;
+    while (e < n && keys[e] == id) ++e;
+    run_end = e;
   }
+  __syncthreads();
+  const std::int64_t end = run_end;
+  float* row = dw + static_cast<std::int64_t>(id) * cols;
+  constexpr int kPer = kEmbeddingColsPerThread;
+  for (std::int64_t c0 = 0; c0 < cols; c0 += kPer * 256) {
+    float acc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const std::int64_t c = c0 + k * 256 + threadIdx.x;
+      acc[k] = c < cols ? row[c] : 0.0f;
+    }
+    for (std::int64_t j = i; j < end; ++j) {
+      const T* src = dout + static_cast<std::int64_t>(pos[j]) * cols;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const std::int64_t c = c0 + k * 256 + threadIdx.x;
+        if (c < cols) acc[k] += load(src[c]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const std::int64_t c = c0 + k * 256 + threadIdx.x;
+      if (c < cols) row[c] = acc[k];
+    }
+  }
+}
+
+/// pos[i] = i (a template, like every kernel of the headers).
+template <class I>
+__global__ void embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) pos[i] = static_cast<std::int32_t>(i);
 }
 
 template <class T, class I>
@@ -13452,11 +13676,39 @@ void embedding_forward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Device backward: the positions sorted by id (CUB's radix sort is stable, so each id's
+/// positions stay ascending), then one block per run of equal ids. `scratch` holds the sorted
+/// keys and positions and CUB's temporary storage (the caller's, reused between calls).
 template <class T, class I>
-void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
+void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
+                        Scratch<Space::kDevice>& scratch) {
   if (a.n == 0 || a.cols == 0) return;
-  const auto blocks = static_cast<unsigned>((a.cols + 127) / 128);
-  embedding_backward_kernel<T, I><<<blocks, 128, 0, exec.stream().get()>>>(a);
+  TRAINKIT_CHECK(a.n < (std::int64_t{1} << 31), "nn::Embedding: ", a.n,
+                 " positions are too many for the device backward (at most 2^31 - 1)");
+  cudaStream_t stream = exec.stream().get();
+  const int n = static_cast<int>(a.n);
+  int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
+  while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
+  std::size_t temp_bytes = 0;
+  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0,
+      end_bit, stream));
+  const std::int64_t keys_bytes = (a.n * static_cast<std::int64_t>(sizeof(I)) + 255) / 256 * 256;
+  const std::int64_t pos_bytes = (a.n * 4 + 255) / 256 * 256;
+  auto* base = scratch.template get<unsigned char>(keys_bytes + 2 * pos_bytes +
+                                                    static_cast<std::int64_t>(temp_bytes));
+  auto* keys = reinterpret_cast<I*>(base);
+  auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
+  auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
+  void* temp = base + keys_bytes + 2 * pos_bytes;
+  embedding_iota_kernel<I><<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in,
+                                                                                         a.n);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
+                                                      pos_out, n, 0, end_bit, stream));
+  embedding_backward_sorted_kernel<T, I>
+      <<<static_cast<unsigned>(a.n), 256, 0, stream>>>(keys, pos_out, a.dout, a.dw, a.n, a.cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -13515,7 +13767,7 @@ class Embedding {
     auto a = args<T>(ids.data(), ids.size(0));
     a.dout = dout.data();
     a.dw = arena_->grad_flat(weight_).data();
-    detail::embedding_backward(exec, a);
+    detail::embedding_backward(exec, a, scratch_);
   }
 
  private:
@@ -13543,6 +13795,7 @@ class Embedding {
   std::int64_t vocab_;
   std::int64_t dim_;
   ParamId weight_;
+  detail::Scratch<S> scratch_;  // the device backward's sorted ids and positions
 };
 
 template <Space S>
@@ -13584,6 +13837,8 @@ struct CrossEntropyArgs {
   float* count;      // 1 element: number of valid targets (saved)
   std::int64_t rows;
   std::int64_t vocab;
+  std::int64_t ld;   // row stride of logits (>= vocab: rows may be padded)
+  std::int64_t dld;  // row stride of dlogits
   std::int64_t ignore_index;
   float dloss;
   const float* dloss_ptr;  // when set, dloss is read from here (executor memory) by the kernel
@@ -13624,7 +13879,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
   }
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* l = a.logits + r * V;
+      const T* l = a.logits + r * a.ld;
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
       const float m = lane_max(V, [&](std::int64_t j) { return load(l[j]); });
       const float sum = lane_sum(V, [&](std::int64_t j) { return exp_approx(load(l[j]) - m); });
@@ -13654,8 +13909,8 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
   const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const T* l = a.logits + r * V;
-      T* d = a.dlogits + r * V;
+      const T* l = a.logits + r * a.ld;
+      T* d = a.dlogits + r * a.dld;
       const auto t = static_cast<std::int64_t>(a.targets[r]);
       if (t == a.ignore_index) {
         for (std::int64_t j = 0; j < V; ++j) d[j] = store<T>(0.0f);
@@ -13685,7 +13940,7 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
   __shared__ float shared[256];
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
-  const T* l = a.logits + r * V;
+  const T* l = a.logits + r * a.ld;
   float m = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, load(l[j]));
   shared[threadIdx.x] = m;
@@ -13745,8 +14000,8 @@ template <class T, class I>
 __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
-  const T* l = a.logits + r * V;
-  T* d = a.dlogits + r * V;
+  const T* l = a.logits + r * a.ld;
+  T* d = a.dlogits + r * a.dld;
   const auto t = static_cast<std::int64_t>(a.targets[r]);
   const float count = *a.count;
   const float scale = count > 0.0f ? backward_dloss(a) / count : 0.0f;
@@ -13862,11 +14117,12 @@ class SoftmaxCrossEntropy {
     check_io("nn::SoftmaxCrossEntropy::backward", logits, targets);
     TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(), "nn::SoftmaxCrossEntropy::backward: dlogits ",
                    detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
-    detail::check_contiguous("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
+    detail::check_rows("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
     ctx.rec_.template check<T>("nn::SoftmaxCrossEntropy::backward", logits.size(0), logits.size(1));
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
+    a.dld = dlogits.size(0) > 1 ? dlogits.stride(0) : dlogits.size(1);
     a.dloss = dloss;
     a.dloss_ptr = dloss_ptr;
     detail::cross_entropy_backward(exec, a);
@@ -13889,6 +14145,8 @@ class SoftmaxCrossEntropy {
     a.count = stats + 3 * rows;
     a.rows = rows;
     a.vocab = logits.size(1);
+    a.ld = rows > 1 ? logits.stride(0) : logits.size(1);
+    a.dld = a.ld;
     a.ignore_index = options_.ignore_index;
     return a;
   }
@@ -13899,7 +14157,7 @@ class SoftmaxCrossEntropy {
                    " and targets ", detail::shape_of(targets), " disagree on N");
     TRAINKIT_CHECK(logits.size(1) >= 1, who, ": logits ", detail::shape_of(logits),
                    " have no classes");
-    detail::check_contiguous(who, "logits", logits);
+    detail::check_rows(who, "logits", logits);
     detail::check_contiguous(who, "targets", targets);
   }
 
@@ -14587,6 +14845,11 @@ struct GptOptions {
   std::uint64_t seed = 0;  ///< key of the dropout masks
 };
 
+/// The default of Gpt::backward's grads_ready callback: nothing to tell.
+struct NoGradsReady {
+  void operator()(ParamId) const noexcept {}
+};
+
 /// A GPT-2 model. Parameters (in registration order): transformer.wte.weight [V, C],
 /// transformer.wpe.weight [block_size, C], transformer.h.<l>.* (see TransformerBlock),
 /// transformer.ln_f.{weight,bias}, lm_head.weight [V, C] unless tied. GPT-2 initialisation:
@@ -14595,6 +14858,9 @@ struct GptOptions {
 ///
 /// Shapes: ids [B, T] (int32 or int64 token ids, T <= block_size, contiguous), logits [B*T, V]
 /// in the policy's activation type; row b*T + t holds the scores of the token after ids[b, t].
+/// The rows of logits and dlogits may be padded (row stride >= V, see padded_vocab()): on the
+/// GPU the lm_head's products run several times faster when the row stride is a multiple of 8
+/// (16-byte rows of bf16), which GPT-2's V = 50257 is not.
 /// forward writes logits and fills the caller's Context; backward reads ids, that context and
 /// dlogits (e.g. SoftmaxCrossEntropy's) and adds every parameter gradient to the arena.
 /// Set the dropout step before each training forward (`set_step`); eval() turns dropout off.
@@ -14635,7 +14901,23 @@ class Gpt {
                   .bias = false,
                   .weight_init = kInit,
                   .tied_weight = options.tie_weights ? wte_.weight() : ParamId{}}),
-        drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {}
+        drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {
+    // The parameters whose gradients each stage of backward completes, in backward's order (a
+    // tied head's weight is transformer.wte.weight: final only after the embedding's stage).
+    const auto with_prefix = [&](const std::string& prefix) {
+      std::vector<ParamId> ids;
+      for (std::size_t i = 0; i < arena.size(); ++i)
+        if (arena.infos()[i].name.starts_with(prefix))
+          ids.push_back(ParamId{static_cast<std::int32_t>(i)});
+      return ids;
+    };
+    if (!options.tie_weights) ready_stages_.push_back(with_prefix("lm_head."));
+    ready_stages_.push_back(with_prefix("transformer.ln_f."));
+    for (std::int64_t l = options.n_layer; l-- > 0;)
+      ready_stages_.push_back(with_prefix("transformer.h." + std::to_string(l) + "."));
+    ready_stages_.push_back(with_prefix("transformer.wpe."));
+    ready_stages_.push_back(with_prefix("transformer.wte."));
+  }
 
   const GptOptions& options() const noexcept { return options_; }
   /// Parameters of the matrix products per token (the blocks' four weights and the lm_head's),
@@ -14663,7 +14945,7 @@ class Gpt {
     TRAINKIT_CHECK(logits.size(0) == N && logits.size(1) == options_.vocab_size,
                    "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
                    "] must be [", N, ", ", options_.vocab_size, "]");
-    detail::check_contiguous("nn::Gpt::forward", "logits", logits);
+    detail::check_rows("nn::Gpt::forward", "logits", logits);
     ctx.rec_.template set<T>(B, Tn);
     ctx.blocks_.resize(blocks_.size());
     ctx.dropped_ = drop_.training() && drop_.options().p > 0.0f;
@@ -14685,10 +14967,13 @@ class Gpt {
   }
 
   /// Adds the gradients of the forward that filled ctx (with these ids) to the arena, given
-  /// dlogits [B*T, V].
-  template <amp::Policy P = amp::Fp32, class E, class I, class TD>
+  /// dlogits [B*T, V]. `grads_ready(ParamId)` is called for each parameter once its gradient is
+  /// final (after its layer's backward was issued on exec), in the order backward completes
+  /// them: lm_head, ln_f, the blocks from the last, wpe, wte. Data parallelism starts each
+  /// gradient bucket's all-reduce there (dist::GradBucketer::mark_ready), overlapping the rest.
+  template <amp::Policy P = amp::Fp32, class E, class I, class TD, class Ready = NoGradsReady>
   void backward(const E& exec, const Context& ctx, TensorView<I, 2, S> ids,
-                TensorView<TD, 2, S> dlogits) {
+                TensorView<TD, 2, S> dlogits, Ready&& grads_ready = {}) {
     using T = std::remove_const_t<TD>;
     detail::check_call<P, E, S, TD>();
     check_ids("nn::Gpt::backward", ids);
@@ -14697,18 +14982,27 @@ class Gpt {
     TRAINKIT_CHECK(dlogits.size(0) == N && dlogits.size(1) == options_.vocab_size,
                    "nn::Gpt::backward: dlogits ", detail::shape_of(dlogits), " must be [", N, ", ",
                    options_.vocab_size, "]");
+    detail::check_rows("nn::Gpt::backward", "dlogits", dlogits);
     const T* xs = ctx.xs_.template data<T>();
     T* da = da_.template get<T>(N * C);
     T* db = db_.template get<T>(N * C);
+    std::size_t stage = 0;
+    const auto stage_done = [&] {
+      for (const ParamId id : ready_stages_[stage]) grads_ready(id);
+      ++stage;
+    };
     lm_head_.template backward<P>(exec, mat(ctx.h_.template data<T>(), N, C),
                                   TensorView<const T, 2, S>(dlogits), mat(da, N, C));
+    if (!options_.tie_weights) stage_done();
     ln_f_.template backward<P>(exec, ctx.ln_f_, mat(xs + n_layer() * N * C, N, C),
                                mat<const T>(da, N, C), mat(db, N, C));
+    stage_done();
     std::swap(da, db);  // da: the gradient of the current block's output
     for (std::int64_t l = n_layer(); l-- > 0;) {
       blocks_[std::size_t(l)].template backward<P>(exec, ctx.blocks_[std::size_t(l)],
                                                    cube(xs + l * N * C, B, Tn),
                                                    cube<const T>(da, B, Tn), cube(db, B, Tn));
+      stage_done();
       std::swap(da, db);
     }
     if (ctx.dropped_) {  // the mask of the forward's step, whatever the layer's state is now
@@ -14720,8 +15014,10 @@ class Gpt {
       std::swap(da, db);
     }
     const auto flat_ids = ids.template reshape<1>(Extents<1>{{N}});
-    wte_.template backward<P>(exec, flat_ids, mat<const T>(da, N, C));
     wpe_.template backward<P>(exec, stored_positions(ctx, N), mat<const T>(da, N, C));
+    stage_done();
+    wte_.template backward<P>(exec, flat_ids, mat<const T>(da, N, C));
+    stage_done();
   }
 
   /// Continues `tokens` by `count` tokens (nanoGPT's GPT.generate): each one from a forward over
@@ -14837,6 +15133,7 @@ class Gpt {
   LayerNorm<S> ln_f_;
   Linear<S> lm_head_;
   Dropout drop_;
+  std::vector<std::vector<ParamId>> ready_stages_;  // see the constructor and backward
   detail::Bytes<S> da_, db_;  // backward's two gradient buffers [N, C], swapped layer by layer
   detail::Bytes<S> gen_ids_, gen_logits_;  // generate()'s window and logits
 };
@@ -18375,6 +18672,620 @@ class GradAccumulation {
 }  // namespace optim
 TRAINKIT_NAMESPACE_END
 // end trainkit/optim/grad_accumulation.hpp
+// defines: optim::Pruner, PrunerOptions, PruneScope, SparsitySchedule, PruneReport
+// begin trainkit/optim/prune.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/optim/prune.hpp: magnitude pruning of a ParamArena's weight matrices. `Pruner` keeps
+// one mask byte per element beside the arena (its layout, its memory space), recomputes the masks
+// by magnitude (unstructured, per tensor or global, or N:M structured such as the 2:4 pattern of
+// sparse tensor cores), zeroes the pruned weights, gradients and optimizer moments in one flat
+// pass each, follows Zhu & Gupta's gradual cubic sparsity schedule (or one shot at a step), and
+// saves its masks in checkpoints. ckpt/pruned_model.hpp exports the result for PyTorch.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace optim {
+
+/// How Pruner::update spreads an unstructured sparsity target over the pruned tensors.
+enum class PruneScope : std::uint8_t {
+  kPerTensor,  ///< every tensor pruned to the target (torch.nn.utils.prune.l1_unstructured)
+  kGlobal,     ///< the smallest magnitudes of all pruned tensors together (global_unstructured)
+};
+
+/// The settings of a Pruner (designated initializers: `{.scope = PruneScope::kGlobal}`).
+struct PrunerOptions {
+  /// Glob patterns (glob_match) of the parameters to prune; empty: every parameter of rank >= 2
+  /// (weight matrices: biases and LayerNorm weights are rank 1).
+  std::vector<std::string> include = {};
+  /// Patterns left out even when included: embedding tables by default (nn::Embedding layers
+  /// named "*emb*", GPT's "transformer.wte" / "transformer.wpe"). `{}` prunes them too.
+  std::vector<std::string> exclude = {"*emb*", "*wte*", "*wpe*"};
+  /// Unstructured pruning: per tensor or global (ignored with an N:M pattern).
+  PruneScope scope = PruneScope::kPerTensor;
+  /// N:M structured pruning when m > 0: in every group of m consecutive elements along the last
+  /// (input) dimension at most m - n are pruned, the smallest magnitudes first; {2, 4} is the
+  /// pattern of sparse tensor cores. m = 0: unstructured.
+  int n = 0;
+  int m = 0;
+  /// apply() also zeroes the pruned entries of every optimizer state of the arena (Adam's m and
+  /// v), so that a pruned weight never receives a momentum update.
+  bool zero_optimizer_state = true;
+  /// step() calls apply() after every optimizer step (a pass over the parameters and each
+  /// state). false: only after a mask update, which is enough when mask_gradients() runs every
+  /// step: a weight, gradient and moments at zero stay at zero through trainkit's SGD, AdamW and
+  /// LAMB (weight decay included).
+  bool apply_every_step = true;
+};
+
+/// The N:M pattern written "N:M" (e.g. "2:4", from a command line) as {n, m}; "" and
+/// "unstructured" give {0, 0}. Throws trainkit::Error quoting the text unless both are integers
+/// with 1 <= N < M <= 256.
+inline std::pair<int, int> parse_prune_pattern(std::string_view text) {
+  if (text.empty() || text == "unstructured") return {0, 0};
+  const std::size_t colon = text.find(':');
+  int n = 0, m = 0;
+  bool ok = colon != std::string_view::npos && colon > 0 && colon + 1 < text.size();
+  for (std::size_t i = 0; ok && i < text.size(); ++i) {
+    if (i == colon) continue;
+    ok = text[i] >= '0' && text[i] <= '9' && (i < colon ? n : m) < 1000;
+    int& v = i < colon ? n : m;
+    if (ok) v = v * 10 + (text[i] - '0');
+  }
+  TRAINKIT_CHECK(ok && n >= 1 && n < m && m <= 256, "optim: '", text,
+                 "' is not an N:M pruning pattern such as 2:4 (integers, 1 <= N < M <= 256)");
+  return {n, m};
+}
+
+/// Zhu & Gupta's gradual sparsity schedule ("To prune, or not to prune", 2017): masks are
+/// updated at steps t = t0, t0 + dt, ..., t0 + n dt (t: completed optimizer steps) to
+///   s_t = s_f + (s_i - s_f) (1 - (t - t0) / (n dt))^3,
+/// and kept at s_f after. Between updates the last target stays in force; before t0 nothing is
+/// pruned. n = 0 is one shot: s_f at t0. A pure function of the step, so a resumed run
+/// recomputes it exactly. The default schedule never prunes.
+struct SparsitySchedule {
+  double initial_sparsity = 0.0;  ///< s_i, the target of the first update (at t0)
+  double final_sparsity = 0.0;    ///< s_f
+  std::int64_t begin_step = 0;    ///< t0
+  std::int64_t every = 1;         ///< dt, steps between updates (>= 1)
+  std::int64_t num_updates = 0;   ///< n: updates after the first one (0: one shot at t0)
+
+  /// From s_i at step `begin` to `final` at step `end` (the last update at or before `end` on
+  /// the grid of `every`; end == begin is one shot).
+  static SparsitySchedule gradual(double final, std::int64_t begin, std::int64_t end,
+                                  std::int64_t every, double initial = 0.0) {
+    TRAINKIT_CHECK(every >= 1 && end >= begin, "optim::SparsitySchedule::gradual: needs every >= 1",
+                   " and end >= begin, got begin ", begin, ", end ", end, ", every ", every);
+    return {initial, final, begin, every, (end - begin) / every};
+  }
+  /// `sparsity` at once after `step` completed steps (PyTorch's one-shot prune).
+  static SparsitySchedule one_shot(std::int64_t step, double sparsity) {
+    return {sparsity, sparsity, step, 1, 0};
+  }
+
+  /// Throws unless 0 <= s_i, s_f <= 1, t0 >= 0, dt >= 1 and n >= 0.
+  void validate() const {
+    TRAINKIT_CHECK(initial_sparsity >= 0.0 && initial_sparsity <= 1.0 && final_sparsity >= 0.0 &&
+                       final_sparsity <= 1.0,
+                   "optim::SparsitySchedule: sparsities must be in [0, 1], got initial ",
+                   initial_sparsity, " and final ", final_sparsity);
+    TRAINKIT_CHECK(
+        begin_step >= 0 && every >= 1 && num_updates >= 0,
+        "optim::SparsitySchedule: needs begin_step >= 0, every >= 1 and num_updates >= 0,", " got ",
+        begin_step, ", ", every, " and ", num_updates);
+  }
+  /// True when the masks are updated after `step` completed steps.
+  bool updates_at(std::int64_t step) const noexcept {
+    return step >= begin_step && (step - begin_step) % every == 0 &&
+           (step - begin_step) / every <= num_updates;
+  }
+  /// The last step that updates the masks.
+  std::int64_t end_step() const noexcept { return begin_step + num_updates * every; }
+  /// The target in force after `step` completed steps (0 before t0).
+  double at(std::int64_t step) const noexcept {
+    if (step < begin_step) return 0.0;
+    if (num_updates == 0) return final_sparsity;
+    const std::int64_t k = std::min(num_updates, (step - begin_step) / every);
+    if (k == 0) return initial_sparsity;  // exactly s_i (the formula rounds)
+    const double r = 1.0 - static_cast<double>(k) / static_cast<double>(num_updates);
+    return final_sparsity + (initial_sparsity - final_sparsity) * (r * r * r);
+  }
+};
+
+/// Options of Pruner::update.
+struct PruneUpdateOptions {
+  /// Elements pruned now stay pruned (masks only shrink), counted towards the target; the
+  /// schedule's updates (Pruner::step) always do this. false: masks recomputed from scratch.
+  bool keep_pruned = false;
+};
+
+/// Pruned elements per tensor and overall (Pruner::report()).
+struct PruneReport {
+  struct Entry {
+    std::string name;
+    Shape shape;
+    std::int64_t numel = 0;
+    std::int64_t pruned = 0;
+    double sparsity() const noexcept {
+      return numel == 0 ? 0.0 : static_cast<double>(pruned) / static_cast<double>(numel);
+    }
+  };
+  std::vector<Entry> tensors;    ///< the pruned parameters, in registration order
+  std::int64_t numel = 0;        ///< elements of those parameters
+  std::int64_t pruned = 0;       ///< of which pruned
+  std::int64_t model_numel = 0;  ///< elements of every parameter of the arena
+  double target = 0.0;           ///< the target of the last update
+  /// Fraction pruned of the pruned parameters' elements.
+  double sparsity() const noexcept {
+    return numel == 0 ? 0.0 : static_cast<double>(pruned) / static_cast<double>(numel);
+  }
+  /// Fraction pruned of all parameters (biases, norms, embeddings included).
+  double model_sparsity() const noexcept {
+    return model_numel == 0 ? 0.0 : static_cast<double>(pruned) / static_cast<double>(model_numel);
+  }
+  /// One line per tensor ("  0.weight [64, 30]: 1728 of 1920 pruned (90.00%)") and a total.
+  std::string to_string() const {
+    std::string s;
+    char line[96];
+    for (const Entry& e : tensors) {
+      std::snprintf(line, sizeof(line), ": %lld of %lld pruned (%.2f%%)\n",
+                    static_cast<long long>(e.pruned), static_cast<long long>(e.numel),
+                    100.0 * e.sparsity());
+      s += "  " + e.name + " " + e.shape.to_string() + line;
+    }
+    std::snprintf(line, sizeof(line),
+                  "  total: %.2f%% of the pruned tensors, %.2f%% of the model\n",
+                  100.0 * sparsity(), 100.0 * model_sparsity());
+    return s + line;
+  }
+};
+
+namespace detail {
+
+/// x[i] = +0 where the mask byte is 0 (an AND of the bits, not a multiplication: pruned entries
+/// become +0 whatever they held, NaN and infinities included). Branch-free: with a branch, the
+/// random masks cost a misprediction every other element (20x slower on the host).
+struct MaskSelect {
+  float* x;
+  const std::uint8_t* mask;
+  TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(mask[i] != 0);
+    x[i] = trainkit::detail::u32_to_f32(trainkit::detail::f32_to_u32(x[i]) & keep);
+  }
+};
+
+/// The order in which elements are pruned: by this key, then by position (lower first). 0 for
+/// an element that stays pruned; otherwise 1 + the bits of |w|, which order as the magnitudes
+/// do, with every NaN above +inf (torch.topk's order: a NaN is pruned last).
+inline std::uint32_t prune_key(float w) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &w, sizeof(bits));
+  return (bits & 0x7fffffffu) + 1u;
+}
+
+/// round(s * n) with ties to even: the count torch.nn.utils.prune takes for an amount s.
+inline std::int64_t prune_count(double s, std::int64_t n) noexcept {
+  return static_cast<std::int64_t>(std::nearbyint(s * static_cast<double>(n)));
+}
+
+/// A run of elements pruned together: `n` weights, their current and their new mask bytes.
+struct PruneSpan {
+  const float* w;
+  const std::uint8_t* old_mask;
+  std::uint8_t* new_mask;
+  std::int64_t n;
+};
+
+/// New masks for `spans` taken together: the k elements smallest by (key, position) pruned,
+/// everything else kept. Exact and deterministic: a radix select over the 32-bit keys (two
+/// histogram passes) and one pass writing the masks, in O(elements) without sorting.
+inline void select_smallest(const std::vector<PruneSpan>& spans, std::int64_t k, bool keep_pruned) {
+  const std::uint32_t keep = keep_pruned ? 1u : 0u;
+  const auto key = [keep](const PruneSpan& s, std::int64_t i) {  // branch-free
+    return prune_key(s.w[i]) * (1u - (keep & static_cast<std::uint32_t>(s.old_mask[i] == 0)));
+  };
+  std::uint32_t threshold = 0;  // prune keys below it, and the first `take` equal to it
+  std::int64_t take = 0;
+  if (k > 0) {
+    std::vector<std::int64_t> hist(65536);
+    for (const PruneSpan& s : spans)
+      for (std::int64_t i = 0; i < s.n; ++i) ++hist[key(s, i) >> 16];
+    std::int64_t below = 0;
+    std::uint32_t high = 0;
+    while (below + hist[high] < k) below += hist[high++];
+    std::fill(hist.begin(), hist.end(), 0);
+    for (const PruneSpan& s : spans)
+      for (std::int64_t i = 0; i < s.n; ++i) {
+        const std::uint32_t v = key(s, i);
+        if ((v >> 16) == high) ++hist[v & 0xffffu];
+      }
+    std::uint32_t low = 0;
+    while (below + hist[low] < k) below += hist[low++];
+    threshold = (high << 16) | low;
+    take = k - below;
+  }
+  for (const PruneSpan& s : spans)
+    for (std::int64_t i = 0; i < s.n; ++i) {
+      const std::uint32_t v = k > 0 ? key(s, i) : 1u;
+      bool prune = k > 0 && v < threshold;
+      if (k > 0 && v == threshold && take > 0) {
+        prune = true;
+        --take;
+      }
+      s.new_mask[i] = prune ? 0 : 1;
+    }
+}
+
+/// N:M: in every group of m consecutive elements of `s`, the k smallest by (key, position)
+/// pruned (elements that stay pruned count towards k and are never kept).
+inline void select_groups(const PruneSpan& s, int m, int k, bool keep_pruned) {
+  std::array<std::pair<std::uint32_t, int>, 256> order;
+  for (std::int64_t g = 0; g < s.n; g += m) {
+    int pruned_before = 0;
+    for (int j = 0; j < m; ++j) {
+      const bool stays = keep_pruned && s.old_mask[g + j] == 0;
+      pruned_before += stays ? 1 : 0;
+      order[static_cast<std::size_t>(j)] = {stays ? 0u : prune_key(s.w[g + j]), j};
+    }
+    std::sort(order.begin(), order.begin() + m);
+    const int prune = std::max(k, pruned_before);
+    for (int j = 0; j < m; ++j)
+      s.new_mask[g + order[static_cast<std::size_t>(j)].second] = j < prune ? 0 : 1;
+  }
+}
+
+}  // namespace detail
+
+/// Magnitude pruning of the parameters of a ParamArena (host or device, S).
+///
+/// The masks are one byte per element of the arena's buffers (1 keeps, 0 prunes; the padding and
+/// the parameters that are not pruned stay 1), in the arena's memory space, so each of apply()
+/// and mask_gradients() is one flat pass. update() recomputes them by magnitude on the host (a
+/// device arena's weights are downloaded: a sync), and step() follows a SparsitySchedule.
+///
+/// With train::Loop, call `mask_gradients(exec)` after the backward of the task's step() and
+/// `step(exec, n)` in its `on_optimizer_step(n)`, and register the pruner with
+/// `loop.state().add("pruner", pruner)`.
+///
+/// Semantics against torch.nn.utils.prune: PyTorch keeps `weight_orig` and a float
+/// `weight_mask` and recomputes `weight = weight_orig * mask` before each forward; gradients
+/// reach weight_orig through that product, so pruned entries get zero gradient while
+/// weight_orig itself may still drift (weight decay, old momentum) unseen. Here the parameter is
+/// the pruned weight itself: apply() sets its pruned entries to exactly +0 (PyTorch's product
+/// gives -0 for negative weights and NaN for NaN or inf ones), mask_gradients() gives the zero
+/// gradients (so clipping norms and moments match PyTorch's), and the optimizer moments of pruned
+/// entries are zeroed too (zero_optimizer_state). A sparsity target is the fraction of a tensor
+/// (or of all pruned tensors), where PyTorch's `amount` in a repeated prune is a fraction of what
+/// is still unpruned; counts are round(s * n) with ties to even, as PyTorch takes them. The
+/// smallest magnitudes are pruned first, ties by position (the earlier element first, in
+/// registration order for global pruning), and a NaN counts as larger than every number (as in
+/// torch.topk), so it is pruned last.
+template <Space S = Space::kHost>
+class Pruner {
+ public:
+  /// Chooses the parameters to prune (see PrunerOptions) and starts with every mask at 1.
+  /// Throws when the arena is not finalized, when no parameter matches, for a bad N:M pattern,
+  /// or when a tensor's last dimension is not a multiple of M (naming the tensor), or for an
+  /// invalid schedule (or one whose final sparsity an N:M pattern cannot reach).
+  explicit Pruner(nn::ParamArena<S>& arena, PrunerOptions options = {},
+                  SparsitySchedule schedule = {})
+      : arena_(&arena), options_(std::move(options)), schedule_(schedule) {
+    TRAINKIT_CHECK(arena.finalized(), "optim::Pruner: the ParamArena is not finalized");
+    schedule_.validate();
+    if (options_.m != 0) {
+      TRAINKIT_CHECK(
+          options_.m > 0 && options_.m <= 256 && options_.n >= 1 && options_.n < options_.m,
+          "optim::Pruner: the N:M pattern ", options_.n, ":", options_.m,
+          " needs 1 <= N < M <= 256");
+      TRAINKIT_CHECK(schedule_.final_sparsity <= max_sparsity() &&
+                         schedule_.initial_sparsity <= max_sparsity(),
+                     "optim::Pruner: the schedule's sparsity ", schedule_.final_sparsity,
+                     " is above ", max_sparsity(), ", the most a ", pattern(), " pattern prunes");
+    }
+    for (const nn::ParamInfo& p : arena.infos()) {
+      const bool in =
+          options_.include.empty() ? p.shape.rank() >= 2 : matches(options_.include, p.name);
+      if (!in || matches(options_.exclude, p.name)) continue;
+      if (options_.m != 0) {
+        const std::int64_t inner = p.shape.rank() == 0 ? 1 : p.shape[p.shape.rank() - 1];
+        TRAINKIT_CHECK(inner % options_.m == 0, "optim::Pruner: '", p.name, "' has shape ",
+                       p.shape.to_string(), ": its last (input) dimension ", inner,
+                       " is not a multiple of M = ", options_.m, " for the ", pattern(),
+                       " pattern (leave it out with PrunerOptions::exclude)");
+      }
+      targets_.push_back(*arena.find(p.name));
+    }
+    TRAINKIT_CHECK(
+        !targets_.empty(), "optim::Pruner: no parameter of the arena matches ",
+        options_.include.empty() ? std::string("the default (rank >= 2)") : "the include patterns",
+        " outside the exclude patterns");
+    const std::int64_t n = arena.buffer_numel();
+    host_.assign(static_cast<std::size_t>(n), 1);
+    if constexpr (S != Space::kHost) device_ = Tensor<std::uint8_t, S>(Shape{n});
+    upload();
+  }
+
+  Pruner(const Pruner&) = delete;
+  Pruner& operator=(const Pruner&) = delete;
+
+  /// The arena whose parameters this pruner prunes.
+  const nn::ParamArena<S>& arena() const noexcept { return *arena_; }
+  const PrunerOptions& options() const noexcept { return options_; }
+  const SparsitySchedule& schedule() const noexcept { return schedule_; }
+  /// The pruned parameters, in registration order.
+  const std::vector<nn::ParamId>& targets() const noexcept { return targets_; }
+  /// "unstructured" or "N:M".
+  std::string pattern() const {
+    return options_.m == 0 ? std::string("unstructured")
+                           : std::to_string(options_.n) + ":" + std::to_string(options_.m);
+  }
+  /// The largest target update() accepts: 1, or (M - N) / M for an N:M pattern.
+  double max_sparsity() const noexcept {
+    return options_.m == 0 ? 1.0 : static_cast<double>(options_.m - options_.n) / options_.m;
+  }
+  /// The target of the last update (0 before the first).
+  double target() const noexcept { return target_; }
+  /// Elements pruned now (host bookkeeping, no device access).
+  std::int64_t num_pruned() const noexcept { return pruned_; }
+
+  /// Recomputes the masks for `target` (see the class comment for the order): unstructured,
+  /// round(target * n) elements of each tensor (kPerTensor) or of all of them (kGlobal); N:M,
+  /// round(target * M) of every group of M, at most M - N. With keep_pruned, pruned elements stay
+  /// pruned and count towards the target. Waits for `exec`'s queued work and reads the weights on
+  /// the host; the weights themselves change only in apply(). Throws for a target outside
+  /// [0, max_sparsity()].
+  template <class E>
+  void update(const E& exec, double target, PruneUpdateOptions options = {}) {
+    static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
+                  "optim::Pruner: a host arena needs exec::Host, a device arena exec::Cuda");
+    TRAINKIT_CHECK(target >= 0.0 && target <= max_sparsity(), "optim::Pruner::update: target ",
+                   target, " is outside [0, ", max_sparsity(), "] for the ", pattern(), " pattern");
+    if constexpr (!exec::is_host_executor_v<E>) exec.synchronize();
+    std::vector<float> staging;
+    std::vector<detail::PruneSpan> spans;
+    std::int64_t total = 0;
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      std::uint8_t* m = host_.data() + p.offset;
+      spans.push_back({arena_->params_data() + p.offset, m, m, p.numel});
+      total += p.numel;
+    }
+    if constexpr (S != Space::kHost) {  // download the pruned weights, one tensor after another
+      staging.resize(static_cast<std::size_t>(total));
+      std::int64_t at = 0;
+      for (detail::PruneSpan& s : spans) {
+        copy_bytes(staging.data() + at, Space::kHost, s.w, S,
+                   static_cast<std::size_t>(s.n) * sizeof(float), "optim::Pruner");
+        s.w = staging.data() + at;
+        at += s.n;
+      }
+    }
+    // The new masks go to a copy first: the selection reads the old ones throughout.
+    std::vector<std::uint8_t> old(static_cast<std::size_t>(total));
+    std::int64_t at = 0;
+    for (detail::PruneSpan& s : spans) {
+      std::copy(s.old_mask, s.old_mask + s.n, old.begin() + at);
+      s.old_mask = old.data() + at;
+      at += s.n;
+    }
+    if (options_.m != 0) {
+      const int k = static_cast<int>(
+          std::min<std::int64_t>(options_.m - options_.n, detail::prune_count(target, options_.m)));
+      for (const detail::PruneSpan& s : spans)
+        detail::select_groups(s, options_.m, k, options.keep_pruned);
+    } else if (options_.scope == PruneScope::kGlobal) {
+      detail::select_smallest(spans, detail::prune_count(target, total), options.keep_pruned);
+    } else {
+      for (const detail::PruneSpan& s : spans)
+        detail::select_smallest({s}, detail::prune_count(target, s.n), options.keep_pruned);
+    }
+    target_ = target;
+    recount();
+    upload();
+  }
+
+  /// Zeroes the pruned weights (and, with zero_optimizer_state, their entries in every state
+  /// buffer of the arena): one flat pass per buffer on `exec` (asynchronous on a CUDA stream).
+  /// Nothing to do while no element is pruned.
+  template <class E>
+  void apply(const E& exec) {
+    static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
+                  "optim::Pruner: a host arena needs exec::Host, a device arena exec::Cuda");
+    if (pruned_ == 0) return;
+    const std::int64_t n = arena_->buffer_numel();
+    exec::launch(exec, n, detail::MaskSelect{arena_->params_data(), mask_data()});
+    if (options_.zero_optimizer_state)
+      for (const std::string& name : arena_->state_names())
+        exec::launch(exec, n, detail::MaskSelect{arena_->state(name).data(), mask_data()});
+  }
+
+  /// Zeroes the gradients of pruned entries (one flat pass): call it after backward, before the
+  /// optimizer step, for PyTorch's gradients (clipping then sees the same norm).
+  template <class E>
+  void mask_gradients(const E& exec) {
+    static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
+                  "optim::Pruner: a host arena needs exec::Host, a device arena exec::Cuda");
+    if (pruned_ == 0) return;
+    exec::launch(exec, arena_->buffer_numel(),
+                 detail::MaskSelect{arena_->grads_data(), mask_data()});
+  }
+
+  /// The schedule's work after `steps_done` completed optimizer steps (train::Loop's
+  /// on_optimizer_step): when the schedule updates at this step, update(schedule().at(step)) with
+  /// keep_pruned; then apply() (every step, or with apply_every_step = false only after an
+  /// update). Returns whether the masks were updated.
+  template <class E>
+  bool step(const E& exec, std::int64_t steps_done) {
+    const bool due = schedule_.updates_at(steps_done);
+    if (due) {
+      update(exec, std::min(schedule_.at(steps_done), max_sparsity()), {.keep_pruned = true});
+      last_update_ = steps_done;
+    }
+    if (due || options_.apply_every_step) apply(exec);
+    return due;
+  }
+
+  /// Pruned elements per tensor and overall.
+  PruneReport report() const {
+    PruneReport r;
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      const std::uint8_t* m = host_.data() + p.offset;
+      const auto pruned = static_cast<std::int64_t>(std::count(m, m + p.numel, std::uint8_t{0}));
+      r.tensors.push_back({p.name, p.shape, p.numel, pruned});
+      r.numel += p.numel;
+      r.pruned += pruned;
+    }
+    r.model_numel = arena_->num_parameters();
+    r.target = target_;
+    return r;
+  }
+  /// Fraction pruned of the pruned parameters' elements.
+  double sparsity() const noexcept {
+    return total_ == 0 ? 0.0 : static_cast<double>(pruned_) / static_cast<double>(total_);
+  }
+
+  /// The masks, flat with the arena's layout (buffer_numel() bytes), in the arena's space.
+  const std::uint8_t* mask_data() const noexcept {
+    if constexpr (S == Space::kHost) {
+      return host_.data();
+    } else {
+      return device_.data();
+    }
+  }
+  /// The host copy of the masks (always current; the same bytes as mask_data() on the host).
+  const std::uint8_t* host_mask() const noexcept { return host_.data(); }
+
+  /// Tensors "<param>_mask" (U8, 1 keeps, 0 prunes; the parameter's shape) of every pruned
+  /// parameter; values "pattern", "scope", "targets" (the names, comma-separated), the
+  /// schedule's settings ("schedule.*"), the target of the last update ("target") and its step
+  /// ("last_update_step", -1 before the first).
+  StateDict state_dict() const {
+    StateDict sd;
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      AnyTensor t(DType::kU8, p.shape);
+      if (t.bytes() != 0) std::memcpy(t.data(), host_.data() + p.offset, t.bytes());
+      sd.tensors.emplace(p.name + "_mask", std::move(t));
+    }
+    sd.set("pattern", pattern());
+    sd.set("scope", scope_name());
+    sd.set("targets", target_names());
+    sd.set("schedule.initial_sparsity", schedule_.initial_sparsity);
+    sd.set("schedule.final_sparsity", schedule_.final_sparsity);
+    sd.set("schedule.begin_step", schedule_.begin_step);
+    sd.set("schedule.every", schedule_.every);
+    sd.set("schedule.num_updates", schedule_.num_updates);
+    sd.set("target", target_);
+    sd.set("last_update_step", last_update_);
+    return sd;
+  }
+
+  /// Restores state_dict()'s masks. Checks everything before changing anything: the same
+  /// pattern, scope, pruned parameters and schedule (a different one would not continue the same
+  /// run), a U8 mask of the parameter's shape for each, holding only 0 and 1, and no mask for a
+  /// parameter this pruner does not prune. Throws trainkit::Error naming the mask or the setting.
+  void load_state_dict(const StateDict& sd) {
+    static constexpr const char* kWho = "optim::Pruner";
+    check_saved_setting(kWho, "the pattern", sd.get_string("pattern"), pattern());
+    check_saved_setting(kWho, "the scope", sd.get_string("scope"), std::string(scope_name()));
+    check_saved_setting(kWho, "the pruned parameters", sd.get_string("targets"), target_names());
+    check_saved_setting(kWho, "schedule.initial_sparsity",
+                        sd.get_double("schedule.initial_sparsity"), schedule_.initial_sparsity);
+    check_saved_setting(kWho, "schedule.final_sparsity", sd.get_double("schedule.final_sparsity"),
+                        schedule_.final_sparsity);
+    check_saved_setting(kWho, "schedule.begin_step", sd.get_int("schedule.begin_step"),
+                        schedule_.begin_step);
+    check_saved_setting(kWho, "schedule.every", sd.get_int("schedule.every"), schedule_.every);
+    check_saved_setting(kWho, "schedule.num_updates", sd.get_int("schedule.num_updates"),
+                        schedule_.num_updates);
+    const double target = sd.get_double("target");
+    const std::int64_t last_update = sd.get_int("last_update_step");
+    for (const auto& [key, t] : sd.tensors) {
+      bool known = false;
+      for (nn::ParamId id : targets_) known = known || key == arena_->info(id).name + "_mask";
+      TRAINKIT_CHECK(known, kWho, ": the state holds '", key,
+                     "', which is not the mask of a parameter this pruner prunes");
+    }
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      const std::string key = p.name + "_mask";
+      TRAINKIT_CHECK(sd.tensors.count(key) != 0, kWho, ": the state has no mask '", key, "'");
+      const AnyTensor& t = sd.tensor(key);
+      TRAINKIT_CHECK(t.dtype() == DType::kU8 && t.shape() == p.shape, kWho, ": mask '", key,
+                     "' is ", dtype_name(t.dtype()), " ", t.shape().to_string(), ", expected U8 ",
+                     p.shape.to_string());
+      const auto* m = reinterpret_cast<const std::uint8_t*>(t.data());
+      for (std::int64_t i = 0; i < p.numel; ++i)
+        TRAINKIT_CHECK(m[i] <= 1, kWho, ": mask '", key, "' holds ", int(m[i]), " at element ", i,
+                       "; a mask holds 0 (pruned) or 1 (kept)");
+    }
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      const AnyTensor& t = sd.tensor(p.name + "_mask");
+      if (t.bytes() != 0) std::memcpy(host_.data() + p.offset, t.data(), t.bytes());
+    }
+    target_ = target;
+    last_update_ = last_update;
+    recount();
+    upload();
+  }
+
+ private:
+  static bool matches(const std::vector<std::string>& patterns, std::string_view name) {
+    for (const std::string& p : patterns)
+      if (glob_match(p, name)) return true;
+    return false;
+  }
+  const char* scope_name() const noexcept {
+    return options_.m != 0 ? "groups"
+                           : (options_.scope == PruneScope::kGlobal ? "global" : "per_tensor");
+  }
+  std::string target_names() const {
+    std::string s;
+    for (nn::ParamId id : targets_) s += (s.empty() ? "" : ",") + arena_->info(id).name;
+    return s;
+  }
+  void recount() {
+    pruned_ = 0;
+    total_ = 0;
+    for (nn::ParamId id : targets_) {
+      const nn::ParamInfo& p = arena_->info(id);
+      const std::uint8_t* m = host_.data() + p.offset;
+      pruned_ += static_cast<std::int64_t>(std::count(m, m + p.numel, std::uint8_t{0}));
+      total_ += p.numel;
+    }
+  }
+  void upload() {
+    if constexpr (S != Space::kHost)
+      copy_bytes(device_.data(), S, host_.data(), Space::kHost, host_.size(), "optim::Pruner");
+  }
+
+  nn::ParamArena<S>* arena_;
+  PrunerOptions options_;
+  SparsitySchedule schedule_;
+  std::vector<nn::ParamId> targets_;
+  std::vector<std::uint8_t> host_;  // the masks (host copy; the masks themselves on the host)
+  Tensor<std::uint8_t, S> device_;  // the masks of a device arena
+  std::int64_t pruned_ = 0;
+  std::int64_t total_ = 0;
+  double target_ = 0.0;
+  std::int64_t last_update_ = -1;
+};
+
+}  // namespace optim
+TRAINKIT_NAMESPACE_END
+// end trainkit/optim/prune.hpp
 
 // ---- data/: datasets, samplers, the prefetching loader ----
 // defines: data::Dataset, StreamingDataset, Sampler, FieldSpec, SampleRef
@@ -23561,6 +24472,1357 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
 }  // namespace dist
 TRAINKIT_NAMESPACE_END
 // end trainkit/dist/rendezvous.hpp
+// defines: dist::TcpComm, TcpCommOptions
+// begin trainkit/dist/tcp_comm.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/dist/tcp_comm.hpp: TcpComm, a communicator for host memory between processes (or
+// threads) over TCP: what CPU jobs started by torchrun, or by any launcher without MPI, reduce
+// with. Rank 0 listens at MASTER_ADDR:port, collects every rank's address and hands out the
+// table; the ranks then form a ring and run ThreadComm's algorithms over it (same segments, same
+// summation order, hence the same bits). Every connect, read and write is bounded by a timeout.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+#include <arpa/inet.h>
+#include <sys/uio.h>
+#endif
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace dist {
+
+/// Options of a TcpComm (every rank of a group should pass the same).
+struct TcpCommOptions {
+  /// Bounds the bootstrap (connecting, waiting for the other ranks) and, during a collective,
+  /// how long a rank may wait without any byte moving to or from its neighbours. Default:
+  /// default_timeout() ($TRAINKIT_DIST_TIMEOUT or 300 s).
+  std::chrono::milliseconds timeout = default_timeout();
+  /// Pipelining granularity of the ring in bytes: the unit a rank sends on as soon as it has
+  /// reduced it. Results do not depend on it (only the ring's segments fix the summation order).
+  std::int64_t chunk_bytes = std::int64_t{256} << 10;
+  /// The address the other ranks reach this rank at. Empty: the local address of this rank's
+  /// connection to rank 0 (the interface that routes to MASTER_ADDR); rank 0: the master address.
+  std::string announce_addr;
+  /// Fault injection for tests: called on the progress thread before this rank sends unit `unit`
+  /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
+  std::function<void(int rank, std::uint64_t op, std::int64_t unit)> fault_injection;
+};
+
+namespace detail {
+
+// ---- the wire format ----------------------------------------------------------------------------
+// Every message is a 40-byte frame, big-endian, optionally followed by a payload of `length`
+// bytes:
+//   0 "TKTC" | 4 version | 5 type | 6 kind | 7 op | 8 dtype | 9-11 zero | 12 a (u32) | 16 b (u32)
+//   | 20 seq (u64) | 28 length (u64) | 36-39 zero
+
+inline constexpr unsigned char kTcpMagic[4] = {'T', 'K', 'T', 'C'};
+inline constexpr std::uint8_t kTcpVersion = 1;
+inline constexpr std::size_t kTcpFrameBytes = 40;
+/// Longest reason text of an abort or leave frame.
+inline constexpr std::uint64_t kTcpMaxText = 4096;
+/// Longest host name or address a rank may announce.
+inline constexpr std::uint64_t kTcpMaxAddress = 1024;
+/// Largest world size TcpComm accepts.
+inline constexpr int kTcpMaxWorld = 65536;
+/// Largest data frame (a ring unit) a peer may announce; the receiver also requires the exact
+/// size it computed itself.
+inline constexpr std::uint64_t kTcpMaxUnit = std::uint64_t{1} << 31;
+
+/// What a frame is.
+///  - kHello: rank -> rank 0 at bootstrap. a = rank, b = world size, seq = the rank's listening
+///    port, payload = its address (length bytes).
+///  - kTable: rank 0 -> every rank. b = world size, seq = the group's random id, payload = every
+///    rank's (port u32, address length u32, address) in rank order.
+///  - kLink: a rank -> its right neighbour when the ring forms. a = rank, b = world size, seq =
+///    the group's id.
+///  - kHeader: the first frame of each collective, to the right neighbour. kind/op/dtype, a =
+///    broadcast root, b = the sender's chunk_bytes, seq = collective number, length = element
+///    count.
+///  - kData: one ring unit. seq = collective number, a = unit number (low 32 bits), payload =
+///    the unit's bytes.
+///  - kAbort: the group failed; payload = the first failure's message. Sent both ways.
+///  - kLeave: the sender's TcpComm was destroyed between collectives; seq = the number of
+///    collectives it completed, payload = why.
+enum class TcpFrameType : std::uint8_t {
+  kHello = 1,
+  kTable = 2,
+  kLink = 3,
+  kHeader = 4,
+  kData = 5,
+  kAbort = 6,
+  kLeave = 7
+};
+
+/// A decoded frame (see TcpFrameType for what each field means per type).
+struct TcpFrame {
+  TcpFrameType type = TcpFrameType::kHeader;
+  RingOp kind = RingOp::kBarrier;
+  ReduceOp op = ReduceOp::kSum;
+  DType dtype = DType::kF32;
+  std::uint32_t a = 0;
+  std::uint32_t b = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t length = 0;
+};
+
+/// One rank's entry of the bootstrap table.
+struct TcpEndpoint {
+  std::string host;
+  int port = 0;
+};
+
+/// Writes `f` as 40 bytes at `out`.
+inline void encode_tcp_frame(const TcpFrame& f, unsigned char* out) noexcept {
+  std::memset(out, 0, kTcpFrameBytes);
+  std::memcpy(out, kTcpMagic, 4);
+  out[4] = kTcpVersion;
+  out[5] = static_cast<unsigned char>(f.type);
+  out[6] = static_cast<unsigned char>(f.kind);
+  out[7] = static_cast<unsigned char>(f.op);
+  out[8] = static_cast<unsigned char>(f.dtype);
+  put_u32(out + 12, f.a);
+  put_u32(out + 16, f.b);
+  put_u64(out + 20, f.seq);
+  put_u64(out + 28, f.length);
+}
+
+/// Decodes the frame in bytes[0, size) received from `from` ("rank 3", "127.0.0.1:29500").
+/// Untrusted input: throws trainkit::Error naming `from` unless size == kTcpFrameBytes and the
+/// magic, version, type, enums, zero fields and the type's length limit are all valid. A decoded
+/// length never exceeds what the type allows (kTcpMaxText, kTcpMaxAddress, the table of b ranks,
+/// kTcpMaxUnit), so callers may allocate it.
+inline TcpFrame decode_tcp_frame(const unsigned char* bytes, std::size_t size,
+                                 std::string_view from) {
+  TRAINKIT_CHECK(size == kTcpFrameBytes, "TcpComm: ", from, " sent a truncated frame (", size,
+                 " of ", kTcpFrameBytes, " bytes)");
+  TRAINKIT_CHECK(std::memcmp(bytes, kTcpMagic, 4) == 0, "TcpComm: ", from,
+                 " does not speak the TcpComm protocol (another service on the port?)");
+  TRAINKIT_CHECK(bytes[4] == kTcpVersion, "TcpComm: ", from, " speaks TcpComm protocol version ",
+                 static_cast<int>(bytes[4]), ", this build speaks version ",
+                 static_cast<int>(kTcpVersion), " (are all ranks the same trainkit build?)");
+  const unsigned type = bytes[5];
+  TRAINKIT_CHECK(type >= 1 && type <= 7, "TcpComm: ", from, " sent a frame of unknown type ", type);
+  TRAINKIT_CHECK(bytes[9] == 0 && bytes[10] == 0 && bytes[11] == 0 && bytes[36] == 0 &&
+                     bytes[37] == 0 && bytes[38] == 0 && bytes[39] == 0,
+                 "TcpComm: ", from, " sent a frame whose reserved bytes are not zero");
+  TRAINKIT_CHECK(bytes[6] <= static_cast<unsigned>(RingOp::kBarrier), "TcpComm: ", from,
+                 " sent a frame with an unknown collective kind ", static_cast<int>(bytes[6]));
+  TRAINKIT_CHECK(bytes[7] <= static_cast<unsigned>(ReduceOp::kMin), "TcpComm: ", from,
+                 " sent a frame with an unknown reduction ", static_cast<int>(bytes[7]));
+  TRAINKIT_CHECK(bytes[8] <= static_cast<unsigned>(DType::kBool), "TcpComm: ", from,
+                 " sent a frame with an unknown dtype ", static_cast<int>(bytes[8]));
+  TcpFrame f;
+  f.type = static_cast<TcpFrameType>(type);
+  f.kind = static_cast<RingOp>(bytes[6]);
+  f.op = static_cast<ReduceOp>(bytes[7]);
+  f.dtype = static_cast<DType>(bytes[8]);
+  f.a = get_u32(bytes + 12);
+  f.b = get_u32(bytes + 16);
+  f.seq = get_u64(bytes + 20);
+  f.length = get_u64(bytes + 28);
+  std::uint64_t limit = 0;
+  switch (f.type) {
+    case TcpFrameType::kHello: limit = kTcpMaxAddress; break;
+    case TcpFrameType::kTable:
+      TRAINKIT_CHECK(f.b >= 1 && f.b <= static_cast<std::uint32_t>(kTcpMaxWorld), "TcpComm: ", from,
+                     " sent a table for ", f.b, " ranks (at most ", kTcpMaxWorld, ")");
+      limit = std::uint64_t{f.b} * (8 + kTcpMaxAddress);
+      break;
+    case TcpFrameType::kLink: limit = 0; break;
+    case TcpFrameType::kHeader: limit = std::uint64_t{1} << 62; break;
+    case TcpFrameType::kData: limit = kTcpMaxUnit; break;
+    case TcpFrameType::kAbort:
+    case TcpFrameType::kLeave: limit = kTcpMaxText; break;
+  }
+  TRAINKIT_CHECK(f.length <= limit, "TcpComm: ", from, " announced ", f.length,
+                 " bytes in a frame of type ", type, " (at most ", limit, ")");
+  return f;
+}
+
+/// The payload of a kTable frame for `table`.
+inline std::vector<unsigned char> encode_tcp_table(const std::vector<TcpEndpoint>& table) {
+  std::vector<unsigned char> out;
+  for (const TcpEndpoint& e : table) {
+    const std::size_t at = out.size();
+    out.resize(at + 8 + e.host.size());
+    put_u32(out.data() + at, static_cast<std::uint32_t>(e.port));
+    put_u32(out.data() + at + 4, static_cast<std::uint32_t>(e.host.size()));
+    std::memcpy(out.data() + at + 8, e.host.data(), e.host.size());
+  }
+  return out;
+}
+
+/// Decodes a kTable payload of `world_size` entries received from `from`. Untrusted input:
+/// throws trainkit::Error unless every entry has a port in [1, 65535] and a non-empty printable
+/// address of at most kTcpMaxAddress bytes, and the entries fill the payload exactly.
+inline std::vector<TcpEndpoint> decode_tcp_table(std::span<const unsigned char> bytes,
+                                                 int world_size, std::string_view from) {
+  TRAINKIT_CHECK(world_size >= 1 && world_size <= kTcpMaxWorld, "TcpComm: a table for ", world_size,
+                 " ranks");
+  std::vector<TcpEndpoint> table;
+  std::size_t at = 0;
+  for (int r = 0; r < world_size; ++r) {
+    TRAINKIT_CHECK(bytes.size() - at >= 8, "TcpComm: ", from,
+                   " sent a truncated address table (entry of rank ", r, ")");
+    const std::uint32_t port = get_u32(bytes.data() + at);
+    const std::uint32_t len = get_u32(bytes.data() + at + 4);
+    at += 8;
+    TRAINKIT_CHECK(port >= 1 && port <= 65535, "TcpComm: ", from, " lists port ", port,
+                   " for rank ", r);
+    TRAINKIT_CHECK(len >= 1 && len <= kTcpMaxAddress && len <= bytes.size() - at, "TcpComm: ", from,
+                   " lists an address of ", len, " bytes for rank ", r, " (", bytes.size() - at,
+                   " left)");
+    std::string host(reinterpret_cast<const char*>(bytes.data() + at), len);
+    at += len;
+    for (const char ch : host)
+      TRAINKIT_CHECK(ch > ' ' && ch < 127, "TcpComm: ", from,
+                     " lists an address with unprintable characters for rank ", r);
+    table.push_back(TcpEndpoint{std::move(host), static_cast<int>(port)});
+  }
+  TRAINKIT_CHECK(at == bytes.size(), "TcpComm: ", from, " sent ", bytes.size() - at,
+                 " bytes after the address table");
+  return table;
+}
+
+/// "all_gather(100 x F32)", "broadcast(7 x I64, root 2)", "all_reduce(1 x F16, avg)", "barrier".
+inline std::string describe_tcp_call(RingOp kind, ReduceOp op, DType dtype, std::int64_t count,
+                                     int root) {
+  std::string s = ring_op_name(kind);
+  if (kind == RingOp::kBarrier) return s;
+  s += trainkit::detail::concat("(", count, " x ", dtype_name(dtype));
+  if (kind == RingOp::kBroadcast) s += trainkit::detail::concat(", root ", root);
+  if (kind == RingOp::kAllReduce || kind == RingOp::kReduceScatter)
+    s += trainkit::detail::concat(", ", reduce_op_name(op));
+  return s + ")";
+}
+
+}  // namespace detail
+
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+
+/// A communicator over TCP between the processes (or threads) of a job: rank `rank` of
+/// `world_size`, host buffers only. Collectives run on the communicator's own progress thread, in
+/// call order, so they overlap with the caller's work; Work::wait() joins them.
+///
+/// Bootstrap (the constructor): every rank opens a listening socket on an ephemeral port; rank 0
+/// also listens at master_port and waits for the other ranks to say hello (rank, world size,
+/// address, port); it checks them (a rank out of range, one that appears twice, or world sizes
+/// that disagree are errors naming the ranks, which every rank reports) and sends everyone the
+/// address table. Each rank then connects to its right neighbour (rank + 1) and accepts its left
+/// one. Refused connections and a busy master port are retried until the timeout; a rank that
+/// never arrives makes rank 0 fail naming it, and the others with rank 0's message.
+///
+/// Collectives: the ring algorithms of ThreadComm (detail::ring_chain_start): all_reduce is a
+/// reduce-scatter + all-gather over world_size segments, streamed in units of chunk_bytes, and
+/// each element is reduced in the same order as by ThreadComm, so the results are bitwise equal.
+/// Each collective starts with a header (kind, dtype, count, op, root) to the right neighbour,
+/// who compares it with its own call: a mismatch fails the group naming both calls.
+///
+/// Faults: a neighbour that closes its connection (its process died, its TcpComm was destroyed
+/// mid-collective), sends garbage, or moves no byte for the timeout makes this rank fail; the
+/// failing rank tells both neighbours why (or closes the connections), so the failure travels
+/// around the ring and every rank's Work::wait() throws a trainkit::Error with the first failure's
+/// message. After a failure every collective fails at once. Buffers must stay valid until their
+/// Work completed, also when it failed.
+class TcpComm final : public Comm {
+ public:
+  /// Joins the group of `world_size` ranks whose rank 0 listens at master_addr:master_port
+  /// (rank 0 binds the port on every local interface). Blocks until the ring is formed. Throws
+  /// trainkit::Error for bad arguments, or when the group cannot be formed within
+  /// options.timeout (see the class comment). world_size == 1 needs no address and no socket.
+  TRAINKIT_INLINE TcpComm(std::string master_addr, int master_port, int rank, int world_size,
+                          TcpCommOptions options = {});
+  TcpComm(const TcpComm&) = delete;
+  TcpComm& operator=(const TcpComm&) = delete;
+
+  /// Leaves the group. With collectives still queued or running they fail, and the neighbours
+  /// are told (their collectives fail naming this rank); between collectives the neighbours are
+  /// told this rank left, so their next collective fails naming it.
+  TRAINKIT_INLINE ~TcpComm() override;
+
+  int rank() const noexcept override { return rank_; }
+  int world_size() const noexcept override { return world_size_; }
+  std::string_view backend() const noexcept override { return "TcpComm"; }
+  Space space() const noexcept override { return Space::kHost; }
+  const TcpCommOptions& options() const noexcept { return options_; }
+  /// The port of this rank's ring listener (0 for a group of one).
+  int listen_port() const noexcept { return listen_port_; }
+  /// True once a collective failed: every later one fails at once.
+  bool broken() const noexcept { return broken_.load(std::memory_order_acquire); }
+
+  TRAINKIT_INLINE Work all_reduce(Buffer buf, ReduceOp op) override;
+  TRAINKIT_INLINE Work broadcast(Buffer buf, int root) override;
+  TRAINKIT_INLINE Work all_gather(Buffer send, Buffer recv) override;
+  TRAINKIT_INLINE Work reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override;
+  Work barrier() override {
+    detail::RingDesc d;
+    d.kind = detail::RingOp::kBarrier;
+    return enqueue(d);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Task {
+    detail::RingDesc desc;
+    std::shared_ptr<detail::HostWork> work;
+  };
+
+  // One collective as this rank runs it: `steps` ring steps of `chunks` units each.
+  struct Coll {
+    detail::RingDesc d;
+    std::uint64_t seq = 0;
+    std::int64_t es = 1;
+    std::int64_t ce = 1;
+    std::int64_t chunks = 1;
+    std::int64_t steps = 0;
+    int pos = 0;  // broadcast: (rank - root) mod world_size
+  };
+
+  // The bytes of one unit: what is sent, or where received bytes go (combine: dst = a op bytes).
+  struct Piece {
+    char* dst = nullptr;
+    const char* a = nullptr;
+    std::int64_t bytes = 0;
+    bool combine = false;
+    int divisor = 1;
+  };
+
+  // A TcpComm collective failed; `root` is the first failure's message (sent to the neighbours).
+  struct Failure {
+    std::string message;
+    std::string root;
+  };
+
+  TRAINKIT_INLINE Work enqueue(const detail::RingDesc& d);
+  TRAINKIT_INLINE void worker_loop();
+  TRAINKIT_INLINE void execute(Task& task);
+  TRAINKIT_INLINE void run(const detail::RingDesc& d, std::uint64_t seq);
+  TRAINKIT_INLINE Coll plan(const detail::RingDesc& d, std::uint64_t seq) const;
+  TRAINKIT_INLINE bool has_send(const Coll& c, std::int64_t g) const;
+  TRAINKIT_INLINE bool has_recv(const Coll& c, std::int64_t g) const;
+  TRAINKIT_INLINE Piece send_piece(const Coll& c, std::int64_t g, std::int64_t k) const;
+  TRAINKIT_INLINE Piece recv_piece(const Coll& c, std::int64_t g, std::int64_t k) const;
+  TRAINKIT_INLINE void bootstrap(const std::string& master_addr, int master_port);
+  TRAINKIT_INLINE void break_group(const std::string& root) noexcept;
+  TRAINKIT_INLINE void send_goodbye(detail::TcpFrameType type, const std::string& text,
+                                    std::uint64_t seq) noexcept;
+
+  std::string what(const Coll& c) const {
+    std::string s = trainkit::detail::concat(detail::ring_op_name(c.d.kind), " #", c.seq);
+    if (c.d.kind != detail::RingOp::kBarrier)
+      s += trainkit::detail::concat(" (", c.d.count, " x ", dtype_name(c.d.dtype), ")");
+    return s;
+  }
+  // Throws this rank's failure: `message` is what went wrong here (it becomes the root cause).
+  [[noreturn]] void fail(const std::string& message) const {
+    const std::string full = trainkit::detail::concat("TcpComm rank ", rank_, ": ", message);
+    throw Failure{full, full};
+  }
+
+  int rank_;
+  int world_size_;
+  TcpCommOptions options_;
+  int listen_port_ = 0;
+  int left_ = 0;
+  int right_ = 0;
+  detail::Socket left_sock_;    // from the left neighbour: headers and data in, aborts out
+  detail::Socket right_sock_;   // to the right neighbour: headers and data out, aborts in
+  bool right_partial_ = false;  // a frame to the right is half written (no abort frame fits)
+  bool right_gone_ = false;     // the right neighbour closed or left (progress thread only)
+  std::string right_gone_why_;
+  // The right neighbour's half-read abort or leave frame (it may arrive between collectives).
+  unsigned char rev_head_[detail::kTcpFrameBytes] = {};
+  std::size_t rev_done_ = 0;
+  bool rev_in_text_ = false;
+  std::string rev_text_;
+  detail::TcpFrame rev_frame_;
+  std::vector<char> staging_;
+  std::vector<char> scratch_;
+  std::uint64_t seq_ = 0;  // collectives started (progress thread only)
+
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;  // the first failure (progress thread, then read-only)
+  std::atomic<bool> stop_now_{false};
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  std::uint64_t queued_ = 0;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+namespace detail {
+
+/// The numeric address of the local end of a connected socket ("" when unknown).
+inline std::string local_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof text) ==
+        nullptr)
+      return {};
+  } else if (addr.ss_family == AF_INET6) {
+    if (::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text,
+                    sizeof text) == nullptr)
+      return {};
+  } else {
+    return {};
+  }
+  return text;
+}
+
+/// The port a bound socket listens on.
+inline int bound_port(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+/// Sends a frame and its payload before the deadline.
+inline bool send_tcp_frame(int fd, const TcpFrame& f, const void* payload,
+                           RdvClock::time_point deadline) {
+  unsigned char head[kTcpFrameBytes];
+  encode_tcp_frame(f, head);
+  return send_all(fd, head, sizeof head, deadline) &&
+         (f.length == 0 || send_all(fd, payload, static_cast<std::size_t>(f.length), deadline));
+}
+
+inline void set_nodelay(int fd) {
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/// Reads and drops what has arrived on a non-blocking socket (before closing it, so that the
+/// close does not reset the connection and discard what the peer has not read yet).
+inline void drain(int fd) noexcept {
+  char sink[4096];
+  for (int i = 0; i < 4096; ++i)
+    if (::recv(fd, sink, sizeof sink, 0) <= 0) return;
+}
+
+}  // namespace detail
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int rank, int world_size,
+                                 TcpCommOptions options)
+    : rank_(rank), world_size_(world_size), options_(std::move(options)) {
+  TRAINKIT_CHECK(world_size >= 1 && world_size <= detail::kTcpMaxWorld,
+                 "TcpComm: world_size must be in [1, ", detail::kTcpMaxWorld, "], got ",
+                 world_size);
+  TRAINKIT_CHECK(rank >= 0 && rank < world_size, "TcpComm: rank ", rank, " is not in [0, ",
+                 world_size, ")");
+  TRAINKIT_CHECK(options_.chunk_bytes >= 1 &&
+                     static_cast<std::uint64_t>(options_.chunk_bytes) <= detail::kTcpMaxUnit,
+                 "TcpComm: chunk_bytes must be in [1, 2^31], got ", options_.chunk_bytes);
+  TRAINKIT_CHECK(options_.timeout.count() > 0, "TcpComm: the timeout must be positive");
+  TRAINKIT_CHECK(options_.announce_addr.size() <= detail::kTcpMaxAddress,
+                 "TcpComm: announce_addr is longer than ", detail::kTcpMaxAddress, " bytes");
+  left_ = (rank + world_size - 1) % world_size;
+  right_ = (rank + 1) % world_size;
+  if (world_size > 1) {
+    TRAINKIT_CHECK(master_port >= 1 && master_port <= 65535, "TcpComm rank ", rank,
+                   ": the master port ", master_port, " is not in [1, 65535]");
+    TRAINKIT_CHECK(!master_addr.empty(), "TcpComm rank ", rank,
+                   ": no master address (MASTER_ADDR) to meet rank 0 at");
+    try {
+      bootstrap(master_addr, master_port);
+    } catch (const Failure& f) {
+      TRAINKIT_FAIL(f.message);
+    }
+  }
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int master_port) {
+  using detail::RdvClock;
+  const auto start = RdvClock::now();
+  const auto deadline = start + options_.timeout;
+  const std::string seconds = detail::format_seconds(options_.timeout);
+  const std::string master = trainkit::detail::concat(master_addr, ":", master_port);
+  const int n = world_size_;
+  std::string error;
+
+  detail::Socket ring_listener = detail::listen_on(0, error);
+  if (!ring_listener.valid())
+    fail(trainkit::detail::concat("cannot open a listening socket: ", error));
+  listen_port_ = detail::bound_port(ring_listener.fd());
+
+  std::vector<detail::TcpEndpoint> table;
+  std::uint64_t group_id = 0;
+
+  if (rank_ == 0) {
+    detail::Socket listener;
+    for (;;) {  // the port may still be held by a job that just ended: retry until the deadline
+      listener = detail::listen_on(master_port, error);
+      if (listener.valid()) break;
+      if (RdvClock::now() >= deadline)
+        fail(trainkit::detail::concat("cannot listen on port ", master_port, " within ", seconds,
+                                      ": ", error,
+                                      " (is another job using it? set MASTER_PORT or "
+                                      "TRAINKIT_RDZV_PORT)"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::random_device rd;
+    group_id = (std::uint64_t{rd()} << 32) ^ rd() ^
+               static_cast<std::uint64_t>(start.time_since_epoch().count());
+    table.resize(static_cast<std::size_t>(n));
+    table[0] = detail::TcpEndpoint{
+        options_.announce_addr.empty() ? master_addr : options_.announce_addr, listen_port_};
+    std::vector<detail::Socket> peers(static_cast<std::size_t>(n));
+    // Rank 0's verdict reaches every rank that already said hello, then rank 0 throws it.
+    auto refuse = [&](const std::string& message) {
+      const std::string full = trainkit::detail::concat("TcpComm rank 0: ", message);
+      detail::TcpFrame f;
+      f.type = detail::TcpFrameType::kAbort;
+      f.length = std::min<std::uint64_t>(full.size(), detail::kTcpMaxText);
+      const auto until = RdvClock::now() + std::chrono::milliseconds(500);
+      for (const detail::Socket& s : peers)
+        if (s.valid()) (void)detail::send_tcp_frame(s.fd(), f, full.data(), until);
+      throw Failure{full, full};
+    };
+    int joined = 0;
+    while (joined < n - 1) {
+      if (!detail::wait_fd(listener.fd(), POLLIN, deadline)) {
+        std::string missing;
+        int listed = 0;
+        for (int r = 1; r < n; ++r) {
+          if (peers[static_cast<std::size_t>(r)].valid()) continue;
+          if (listed == 16) {
+            missing += ", ...";
+            break;
+          }
+          missing += trainkit::detail::concat(listed == 0 ? "" : ", ", r);
+          ++listed;
+        }
+        refuse(trainkit::detail::concat(
+            "waited ", seconds, " on port ", master_port, " but ", n - 1 - joined, " of the ",
+            n - 1, " other ranks never connected (missing: rank ", missing, ")"));
+      }
+      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+      if (!s.valid()) continue;
+      detail::set_nonblocking(s.fd());
+      detail::set_nodelay(s.fd());
+      unsigned char head[detail::kTcpFrameBytes];
+      const auto hello_deadline = std::min(deadline, RdvClock::now() + std::chrono::seconds(5));
+      // A connection that does not speak the protocol (a port scanner, a health check) is
+      // dropped; one that does but disagrees is an error.
+      if (!detail::recv_all(s.fd(), head, sizeof head, hello_deadline)) continue;
+      detail::TcpFrame f;
+      try {
+        f = detail::decode_tcp_frame(head, sizeof head, "a peer");
+      } catch (const Error&) {
+        continue;
+      }
+      if (f.type != detail::TcpFrameType::kHello) continue;
+      std::string host(static_cast<std::size_t>(f.length), '\0');
+      if (!detail::recv_all(s.fd(), host.data(), host.size(), hello_deadline)) continue;
+      const auto peer = static_cast<std::int64_t>(f.a);
+      if (f.b != static_cast<std::uint32_t>(n)) {
+        peers[0] = std::move(s);  // so that it hears the verdict too
+        refuse(trainkit::detail::concat("rank ", peer, " was started for a world of ", f.b,
+                                        " ranks, rank 0 for ", n,
+                                        " (ranks of two jobs on one port, or a wrong WORLD_SIZE)"));
+      }
+      if (peer < 1 || peer >= n) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat("a peer claims rank ", peer, ", which is not in [1, ", n,
+                                        ")"));
+      }
+      if (peers[static_cast<std::size_t>(peer)].valid()) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat("rank ", peer,
+                                        " connected twice (two processes started with RANK=", peer,
+                                        ", or two jobs on one port)"));
+      }
+      if (host.empty()) host = detail::local_address(s.fd());
+      const auto port = static_cast<std::int64_t>(f.seq);
+      if (port < 1 || port > 65535 || host.empty()) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '", host,
+                                        "' port ", port));
+      }
+      table[static_cast<std::size_t>(peer)] =
+          detail::TcpEndpoint{std::move(host), static_cast<int>(port)};
+      peers[static_cast<std::size_t>(peer)] = std::move(s);
+      ++joined;
+    }
+    const std::vector<unsigned char> payload = detail::encode_tcp_table(table);
+    detail::TcpFrame f;
+    f.type = detail::TcpFrameType::kTable;
+    f.b = static_cast<std::uint32_t>(n);
+    f.seq = group_id;
+    f.length = payload.size();
+    for (int r = 1; r < n; ++r)
+      if (!detail::send_tcp_frame(peers[static_cast<std::size_t>(r)].fd(), f, payload.data(),
+                                  deadline))
+        fail(trainkit::detail::concat("could not send the address table to rank ", r,
+                                      " (it closed its connection: did it fail?)"));
+  } else {
+    // Connect (retrying while rank 0 is not up, and when a connection is closed before any
+    // answer: the port's previous owner), say hello, wait for the table. The wait lasts a little
+    // longer than rank 0's, so that rank 0's verdict (which rank is missing) arrives.
+    const auto answer_deadline = deadline + std::chrono::seconds(1);
+    const std::string from = trainkit::detail::concat("rank 0 at ", master);
+    detail::Socket s;
+    detail::TcpFrame f;
+    unsigned char head[detail::kTcpFrameBytes];
+    error = "connection refused";
+    for (;;) {
+      s = detail::connect_once(master_addr, master_port, deadline, error);
+      if (s.valid()) {
+        std::string host = options_.announce_addr;
+        if (host.empty()) host = detail::local_address(s.fd());
+        detail::TcpFrame hello;
+        hello.type = detail::TcpFrameType::kHello;
+        hello.a = static_cast<std::uint32_t>(rank_);
+        hello.b = static_cast<std::uint32_t>(n);
+        hello.seq = static_cast<std::uint64_t>(listen_port_);
+        hello.length = host.size();
+        if (detail::send_tcp_frame(s.fd(), hello, host.data(), deadline) &&
+            detail::recv_all(s.fd(), head, sizeof head, answer_deadline))
+          break;
+        if (RdvClock::now() >= answer_deadline)
+          fail(trainkit::detail::concat("connected to rank 0 at ", master,
+                                        " but got no answer within ", seconds,
+                                        " (not every rank joined, or rank 0 failed: see its log)"));
+        error = "the connection was closed before any answer";
+      }
+      if (RdvClock::now() >= deadline)
+        fail(trainkit::detail::concat("could not reach rank 0 at ", master, " within ", seconds,
+                                      " (last error: ", error,
+                                      "); check MASTER_ADDR/MASTER_PORT and that rank 0 runs"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    f = detail::decode_tcp_frame(head, sizeof head, from);
+    if (f.type == detail::TcpFrameType::kAbort) {
+      std::string text(static_cast<std::size_t>(f.length), '\0');
+      (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
+      const std::string full =
+          trainkit::detail::concat("TcpComm rank ", rank_, ": rank 0 refused the group: ", text);
+      throw Failure{full, text};
+    }
+    if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
+      fail(trainkit::detail::concat(from, " answered with a frame of type ",
+                                    static_cast<int>(f.type), " for ", f.b,
+                                    " ranks instead of the address table of ", n));
+    std::vector<unsigned char> payload(static_cast<std::size_t>(f.length));
+    if (!detail::recv_all(s.fd(), payload.data(), payload.size(), answer_deadline))
+      fail(trainkit::detail::concat(from, " closed before the whole table came"));
+    table = detail::decode_tcp_table(payload, n, from);
+    group_id = f.seq;
+  }
+
+  // The ring: connect to the right neighbour (its listener queues us even before it accepts),
+  // then accept the left one.
+  const detail::TcpEndpoint& to = table[static_cast<std::size_t>(right_)];
+  error = "connection refused";
+  for (;;) {
+    right_sock_ = detail::connect_once(to.host, to.port, deadline, error);
+    if (right_sock_.valid()) break;
+    if (RdvClock::now() >= deadline)
+      fail(trainkit::detail::concat("could not connect to rank ", right_, " at ", to.host, ":",
+                                    to.port, " within ", seconds, " (last error: ", error, ")"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  detail::TcpFrame link;
+  link.type = detail::TcpFrameType::kLink;
+  link.a = static_cast<std::uint32_t>(rank_);
+  link.b = static_cast<std::uint32_t>(n);
+  link.seq = group_id;
+  if (!detail::send_tcp_frame(right_sock_.fd(), link, nullptr, deadline))
+    fail(trainkit::detail::concat("rank ", right_, " at ", to.host, ":", to.port,
+                                  " closed the connection of the ring at once"));
+  while (!left_sock_.valid()) {
+    if (!detail::wait_fd(ring_listener.fd(), POLLIN, deadline))
+      fail(trainkit::detail::concat("rank ", left_, " did not connect within ", seconds,
+                                    " to form the ring (it failed or stalled after the "
+                                    "bootstrap: see its log)"));
+    detail::Socket s(::accept(ring_listener.fd(), nullptr, nullptr));
+    if (!s.valid()) continue;
+    detail::set_nonblocking(s.fd());
+    detail::set_nodelay(s.fd());
+    unsigned char head[detail::kTcpFrameBytes];
+    if (!detail::recv_all(s.fd(), head, sizeof head,
+                          std::min(deadline, RdvClock::now() + std::chrono::seconds(5))))
+      continue;
+    detail::TcpFrame f;
+    try {
+      f = detail::decode_tcp_frame(head, sizeof head, "a peer");
+    } catch (const Error&) {
+      continue;
+    }
+    if (f.type != detail::TcpFrameType::kLink || f.seq != group_id) continue;  // not our group
+    if (f.a != static_cast<std::uint32_t>(left_))
+      fail(trainkit::detail::concat("rank ", f.a,
+                                    " connected as the left neighbour, expected rank ", left_));
+    left_sock_ = std::move(s);
+  }
+}
+
+TRAINKIT_INLINE TcpComm::~TcpComm() {
+  bool in_flight = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    in_flight = busy_ || !queue_.empty();
+    stop_ = true;
+  }
+  if (in_flight) stop_now_.store(true, std::memory_order_release);
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  if (world_size_ > 1 && !broken_.load(std::memory_order_acquire))
+    send_goodbye(detail::TcpFrameType::kLeave,
+                 trainkit::detail::concat("rank ", rank_,
+                                          " left the group (its TcpComm was destroyed) after ",
+                                          seq_, " collectives"),
+                 seq_);
+  if (left_sock_.valid()) detail::drain(left_sock_.fd());
+  if (right_sock_.valid()) detail::drain(right_sock_.fd());
+}
+
+TRAINKIT_INLINE void TcpComm::send_goodbye(detail::TcpFrameType type, const std::string& text,
+                                           std::uint64_t seq) noexcept {
+  detail::TcpFrame f;
+  f.type = type;
+  f.seq = seq;
+  f.length = std::min<std::uint64_t>(text.size(), detail::kTcpMaxText);
+  const auto until = detail::RdvClock::now() + std::chrono::milliseconds(200);
+  // Half-close after the frame (no RST that could discard it); the descriptors close later.
+  if (right_sock_.valid()) {
+    if (!right_partial_) (void)detail::send_tcp_frame(right_sock_.fd(), f, text.data(), until);
+    (void)::shutdown(right_sock_.fd(), SHUT_WR);
+  }
+  if (left_sock_.valid()) {
+    (void)detail::send_tcp_frame(left_sock_.fd(), f, text.data(), until);
+    (void)::shutdown(left_sock_.fd(), SHUT_WR);
+  }
+}
+
+TRAINKIT_INLINE void TcpComm::break_group(const std::string& root) noexcept {
+  if (broken_.load(std::memory_order_relaxed)) return;
+  broken_reason_ = root;
+  broken_.store(true, std::memory_order_release);
+  if (world_size_ > 1) send_goodbye(detail::TcpFrameType::kAbort, root, seq_);
+}
+
+TRAINKIT_INLINE Work TcpComm::all_reduce(Buffer buf, ReduceOp op) {
+  detail::check_all_reduce(*this, buf);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
+                                  .op = op,
+                                  .dtype = buf.dtype,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work TcpComm::broadcast(Buffer buf, int root) {
+  detail::check_broadcast(*this, buf, root);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
+                                  .dtype = buf.dtype,
+                                  .root = root,
+                                  .count = buf.count,
+                                  .data = buf.data});
+}
+
+TRAINKIT_INLINE Work TcpComm::all_gather(Buffer send, Buffer recv) {
+  detail::check_all_gather(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
+                                  .dtype = send.dtype,
+                                  .count = send.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work TcpComm::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  detail::check_reduce_scatter(*this, send, recv);
+  return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
+                                  .op = op,
+                                  .dtype = send.dtype,
+                                  .count = recv.count,
+                                  .data = recv.data,
+                                  .send = send.data});
+}
+
+TRAINKIT_INLINE Work TcpComm::enqueue(const detail::RingDesc& d) {
+  auto work = std::make_shared<detail::HostWork>();
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(Task{d, work});
+    ++queued_;
+  }
+  queue_cv_.notify_one();
+  return Work(std::move(work));
+}
+
+TRAINKIT_INLINE void TcpComm::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return !queue_.empty() || stop_; });
+      if (queue_.empty()) return;  // stopping, nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    execute(task);
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      busy_ = false;
+    }
+  }
+}
+
+TRAINKIT_INLINE void TcpComm::execute(Task& task) {
+  std::exception_ptr error;
+  const std::uint64_t seq = ++seq_;
+  try {
+    if (broken_.load(std::memory_order_acquire))
+      TRAINKIT_FAIL("TcpComm rank ", rank_, ": ", detail::ring_op_name(task.desc.kind), " #", seq,
+                    " refused: the group failed earlier: ", broken_reason_);
+    try {
+      run(task.desc, seq);
+    } catch (const Failure& f) {
+      break_group(f.root);
+      TRAINKIT_FAIL(f.message);
+    } catch (const std::exception& e) {  // fault injection, allocation
+      const std::string full = trainkit::detail::concat("TcpComm rank ", rank_, ": ",
+                                                        detail::ring_op_name(task.desc.kind), " #",
+                                                        seq, " failed: ", e.what());
+      break_group(full);
+      TRAINKIT_FAIL(full);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  task.work->complete(error);
+}
+
+TRAINKIT_INLINE TcpComm::Coll TcpComm::plan(const detail::RingDesc& d, std::uint64_t seq) const {
+  const int n = world_size_;
+  Coll c;
+  c.d = d;
+  c.seq = seq;
+  c.es = static_cast<std::int64_t>(dtype_size(d.dtype));
+  c.ce = std::max<std::int64_t>(1, options_.chunk_bytes / std::max<std::int64_t>(c.es, 1));
+  c.pos = ((rank_ - d.root) % n + n) % n;
+  std::int64_t longest = 0;
+  switch (d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier:
+      longest = (d.count + n - 1) / n;
+      c.steps = 2 * (n - 1);
+      break;
+    case detail::RingOp::kReduceScatter:
+    case detail::RingOp::kAllGather:
+      longest = d.count;
+      c.steps = n - 1;
+      break;
+    case detail::RingOp::kBroadcast:
+      longest = d.count;
+      c.steps = 2;
+      break;
+  }
+  // At least one unit per step even for empty buffers: every collective synchronises its ranks
+  // (a barrier is an empty all_reduce).
+  c.chunks = std::max<std::int64_t>(1, (longest + c.ce - 1) / c.ce);
+  return c;
+}
+
+TRAINKIT_INLINE bool TcpComm::has_send(const Coll& c, std::int64_t g) const {
+  if (c.d.kind != detail::RingOp::kBroadcast) return true;
+  return g == 0 ? c.pos == 0 : (c.pos != 0 && c.pos != world_size_ - 1);
+}
+
+TRAINKIT_INLINE bool TcpComm::has_recv(const Coll& c, std::int64_t g) const {
+  if (c.d.kind != detail::RingOp::kBroadcast) return true;
+  return g == 0 && c.pos != 0;
+}
+
+// The unit schedules mirror ThreadComm::run: what ThreadComm's rank r reads from its left
+// neighbour's memory at (step, chunk) is what our left neighbour sends at that (step, chunk).
+TRAINKIT_INLINE TcpComm::Piece TcpComm::send_piece(const Coll& c, std::int64_t g,
+                                                   std::int64_t k) const {
+  const int n = world_size_;
+  auto mod = [n](std::int64_t x) { return ((x % n) + n) % n; };
+  const std::int64_t es = c.es, ce = c.ce;
+  Piece p;
+  std::int64_t sb = 0, se = 0;
+  const char* base = nullptr;
+  switch (c.d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier: {
+      const std::int64_t seg = g < n - 1 ? mod(rank_ - g - 1) : mod(rank_ - (g - (n - 1)));
+      sb = seg * c.d.count / n;
+      se = (seg + 1) * c.d.count / n;
+      base = static_cast<const char*>(c.d.data);
+      break;
+    }
+    case detail::RingOp::kReduceScatter: {
+      const std::int64_t seg = mod(rank_ - g - 1);
+      sb = seg * c.d.count;
+      se = sb + c.d.count;
+      base = g == 0 ? static_cast<const char*>(c.d.send) : scratch_.data();
+      break;
+    }
+    case detail::RingOp::kAllGather: {
+      const std::int64_t seg = mod(rank_ - g);
+      sb = seg * c.d.count;
+      se = sb + c.d.count;
+      base = static_cast<const char*>(c.d.data);
+      break;
+    }
+    case detail::RingOp::kBroadcast:
+      sb = 0;
+      se = c.d.count;
+      base = static_cast<const char*>(c.d.data);
+      break;
+  }
+  const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+  p.a = base == nullptr ? nullptr : base + b * es;
+  p.bytes = (e - b) * es;
+  return p;
+}
+
+TRAINKIT_INLINE TcpComm::Piece TcpComm::recv_piece(const Coll& c, std::int64_t g,
+                                                   std::int64_t k) const {
+  const int n = world_size_;
+  auto mod = [n](std::int64_t x) { return ((x % n) + n) % n; };
+  const std::int64_t es = c.es, ce = c.ce;
+  char* mine = static_cast<char*>(c.d.data);
+  Piece p;
+  switch (c.d.kind) {
+    case detail::RingOp::kAllReduce:
+    case detail::RingOp::kBarrier: {
+      if (g < n - 1) {  // reduce-scatter step g: mine = mine op left's partial
+        const std::int64_t seg = mod(rank_ - g - 2);
+        const std::int64_t sb = seg * c.d.count / n, se = (seg + 1) * c.d.count / n;
+        const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+        p.dst = mine + b * es;
+        p.a = mine + b * es;
+        p.bytes = (e - b) * es;
+        p.combine = true;
+        p.divisor = (g == n - 2 && c.d.op == ReduceOp::kAvg) ? n : 1;
+      } else {  // all-gather step: a finished segment
+        const std::int64_t seg = mod(rank_ - 1 - (g - (n - 1)));
+        const std::int64_t sb = seg * c.d.count / n, se = (seg + 1) * c.d.count / n;
+        const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+        p.dst = mine + b * es;
+        p.bytes = (e - b) * es;
+      }
+      return p;
+    }
+    case detail::RingOp::kReduceScatter: {
+      const std::int64_t m = c.d.count;
+      const std::int64_t seg = mod(rank_ - g - 2);
+      const std::int64_t sb = seg * m, se = sb + m;
+      const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+      const bool last = g == n - 2;
+      p.dst = last ? mine + (b - sb) * es : const_cast<char*>(scratch_.data()) + b * es;
+      p.a = static_cast<const char*>(c.d.send) + b * es;
+      p.bytes = (e - b) * es;
+      p.combine = true;
+      p.divisor = (last && c.d.op == ReduceOp::kAvg) ? n : 1;
+      return p;
+    }
+    case detail::RingOp::kAllGather: {
+      const std::int64_t m = c.d.count;
+      const std::int64_t seg = mod(rank_ - 1 - g);
+      const std::int64_t sb = seg * m, se = sb + m;
+      const std::int64_t b = std::min(se, sb + k * ce), e = std::min(se, b + ce);
+      p.dst = mine + b * es;
+      p.bytes = (e - b) * es;
+      return p;
+    }
+    case detail::RingOp::kBroadcast: {
+      const std::int64_t b = std::min(c.d.count, k * ce), e = std::min(c.d.count, b + ce);
+      p.dst = mine + b * es;
+      p.bytes = (e - b) * es;
+      return p;
+    }
+  }
+  return p;
+}
+
+TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t seq) {
+  const int n = world_size_;
+  const Coll c = plan(desc, seq);
+  if (n == 1) {  // a group of one: local copies
+    if (options_.fault_injection) options_.fault_injection(rank_, seq, 0);
+    if (desc.kind == detail::RingOp::kAllGather || desc.kind == detail::RingOp::kReduceScatter)
+      detail::copy_bytes(desc.data, desc.send, static_cast<std::size_t>(desc.count * c.es));
+    return;
+  }
+  if (right_gone_) fail(trainkit::detail::concat(what(c), " refused: ", right_gone_why_));
+  if (desc.kind == detail::RingOp::kReduceScatter) {
+    const auto need = static_cast<std::size_t>(desc.count * n * c.es);
+    if (scratch_.size() < need) scratch_.resize(need);
+  }
+  if (desc.kind == detail::RingOp::kAllGather)
+    detail::copy_bytes(static_cast<char*>(desc.data) + rank_ * desc.count * c.es, desc.send,
+                       static_cast<std::size_t>(desc.count * c.es));
+  if (staging_.size() < static_cast<std::size_t>(c.ce * c.es))
+    staging_.resize(static_cast<std::size_t>(c.ce * c.es));
+
+  const std::string left_name = trainkit::detail::concat("rank ", left_);
+  const std::string right_name = trainkit::detail::concat("rank ", right_);
+  const int lfd = left_sock_.fd(), rfd = right_sock_.fd();
+
+  // Outgoing (to the right): the header, then every send unit in (step, chunk) order.
+  unsigned char out_head[detail::kTcpFrameBytes];
+  const char* out_payload = nullptr;
+  std::size_t out_total = 0, out_done = 0;
+  bool out_active = false, header_sent = false;
+  std::int64_t send_g = 0, send_k = 0;
+  while (send_g < c.steps && !has_send(c, send_g)) ++send_g;
+
+  // Incoming (from the left): the header, then every receive unit in (step, chunk) order.
+  enum class In : std::uint8_t { kHead, kPayload, kText };
+  In in_phase = In::kHead;
+  unsigned char in_head[detail::kTcpFrameBytes];
+  std::size_t in_done = 0;
+  bool header_received = false;
+  std::int64_t recv_g = 0, recv_k = 0;
+  while (recv_g < c.steps && !has_recv(c, recv_g)) ++recv_g;
+  Piece in_piece;
+  char* in_dst = nullptr;
+  std::string in_text;
+  detail::TcpFrame in_frame;
+
+  // Data frames are numbered in the order they travel (both ends count the same frames).
+  std::int64_t frames_in = 0, frames_out = 0;
+  auto recv_unit_number = [&]() { return frames_in; };
+  auto applied = [&](std::int64_t g, std::int64_t k) {
+    return g < recv_g || (g == recv_g && k < recv_k);
+  };
+  auto advance_recv = [&] {
+    ++frames_in;
+    if (++recv_k == c.chunks) {
+      recv_k = 0;
+      do {
+        ++recv_g;
+      } while (recv_g < c.steps && !has_recv(c, recv_g));
+    }
+  };
+  auto sending = [&] { return !header_sent || out_active || send_g < c.steps; };
+  auto receiving = [&] { return !header_received || recv_g < c.steps; };
+  auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
+                            const std::string& text) {
+    if (f.type == detail::TcpFrameType::kLeave)
+      fail(trainkit::detail::concat(what(c), " failed: ", text, ", before this collective"));
+    throw Failure{
+        trainkit::detail::concat("TcpComm rank ", rank_, ": ", what(c),
+                                 " failed because the group failed (told by ", who, "): ", text),
+        text};
+  };
+  auto closed = [&](const std::string& who, int err) {
+    fail(trainkit::detail::concat(
+        what(c), ": ", who, " closed its connection",
+        err != 0 ? trainkit::detail::concat(" (", detail::errno_text(err), ")") : std::string(),
+        " before finishing its part (its process died, or its TcpComm was destroyed or "
+        "failed: see its log)"));
+  };
+
+  // Reads from the left until it would block or this collective needs nothing more from it.
+  auto read_left = [&]() -> bool {
+    bool progress = false;
+    while (receiving() || in_phase != In::kHead) {
+      char* dst = nullptr;
+      std::size_t want = 0;
+      if (in_phase == In::kHead) {
+        dst = reinterpret_cast<char*>(in_head) + in_done;
+        want = detail::kTcpFrameBytes - in_done;
+      } else if (in_phase == In::kPayload) {
+        dst = in_dst + in_done;
+        want = static_cast<std::size_t>(in_piece.bytes) - in_done;
+      } else {
+        dst = in_text.data() + in_done;
+        want = in_text.size() - in_done;
+      }
+      if (want > 0) {
+        const ssize_t got = ::recv(lfd, dst, want, 0);
+        if (got == 0) closed(left_name, 0);
+        if (got < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
+          closed(left_name, errno);
+        }
+        progress = true;
+        in_done += static_cast<std::size_t>(got);
+        if (static_cast<std::size_t>(got) < want) continue;
+      }
+      // The current piece is complete.
+      if (in_phase == In::kHead) {
+        in_frame = detail::decode_tcp_frame(in_head, sizeof in_head, left_name);
+        in_done = 0;
+        if (in_frame.type == detail::TcpFrameType::kAbort ||
+            in_frame.type == detail::TcpFrameType::kLeave) {
+          in_text.assign(static_cast<std::size_t>(in_frame.length), '\0');
+          in_phase = In::kText;
+          continue;
+        }
+        if (!header_received) {
+          const int their_root = static_cast<int>(in_frame.a);
+          const auto their_count = static_cast<std::int64_t>(in_frame.length);
+          if (in_frame.type != detail::TcpFrameType::kHeader || in_frame.seq != c.seq)
+            fail(trainkit::detail::concat(what(c), ": ", left_name, " sent a frame of type ",
+                                          static_cast<int>(in_frame.type), " for collective #",
+                                          in_frame.seq, " where the header of #", c.seq,
+                                          " belongs (a protocol error)"));
+          bool same = in_frame.kind == desc.kind;
+          if (same && desc.kind != detail::RingOp::kBarrier)
+            same = their_count == desc.count && in_frame.dtype == desc.dtype;
+          if (same && (desc.kind == detail::RingOp::kAllReduce ||
+                       desc.kind == detail::RingOp::kReduceScatter))
+            same = in_frame.op == desc.op;
+          if (same && desc.kind == detail::RingOp::kBroadcast) same = their_root == desc.root;
+          if (!same)
+            fail(trainkit::detail::concat(
+                "collective #", c.seq, " does not match: rank ", rank_, " called ",
+                detail::describe_tcp_call(desc.kind, desc.op, desc.dtype, desc.count, desc.root),
+                ", rank ", left_, " called ",
+                detail::describe_tcp_call(in_frame.kind, in_frame.op, in_frame.dtype, their_count,
+                                          their_root),
+                " (every rank must issue the same collectives in the same order)"));
+          if (in_frame.b != static_cast<std::uint32_t>(options_.chunk_bytes))
+            fail(trainkit::detail::concat(what(c), ": ", left_name, " streams units of ",
+                                          in_frame.b, " bytes, this rank of ", options_.chunk_bytes,
+                                          " (every rank must pass the same chunk_bytes)"));
+          header_received = true;
+          continue;
+        }
+        in_piece = recv_piece(c, recv_g, recv_k);
+        if (in_frame.type != detail::TcpFrameType::kData || in_frame.seq != c.seq ||
+            in_frame.a != static_cast<std::uint32_t>(recv_unit_number()) ||
+            in_frame.length != static_cast<std::uint64_t>(in_piece.bytes))
+          fail(trainkit::detail::concat(what(c), ": ", left_name, " sent a frame of type ",
+                                        static_cast<int>(in_frame.type), " (collective #",
+                                        in_frame.seq, ", unit ", in_frame.a, ", ", in_frame.length,
+                                        " bytes) where unit ", recv_unit_number(), " of ",
+                                        in_piece.bytes, " bytes belongs (a protocol error)"));
+        in_dst = in_piece.combine ? staging_.data() : in_piece.dst;
+        in_phase = In::kPayload;
+        continue;
+      }
+      if (in_phase == In::kText) remote_failure(left_name, in_frame, in_text);
+      // A unit arrived: reduce it into place.
+      if (in_piece.combine)
+        detail::combine(desc.dtype, desc.op == ReduceOp::kAvg ? ReduceOp::kSum : desc.op,
+                        in_piece.dst, in_piece.a, staging_.data(), in_piece.bytes / c.es,
+                        in_piece.divisor);
+      in_phase = In::kHead;
+      in_done = 0;
+      advance_recv();
+    }
+    return progress;
+  };
+
+  // Reads the right neighbour's abort or leave frame, or notices it closed. Its closing is an
+  // error only while this rank still has something to send it; a leave frame says how many
+  // collectives it completed.
+  auto read_right = [&]() -> bool {
+    bool progress = false;
+    while (!right_gone_) {
+      char* dst = rev_in_text_ ? rev_text_.data() + rev_done_
+                               : reinterpret_cast<char*>(rev_head_) + rev_done_;
+      const std::size_t want =
+          rev_in_text_ ? rev_text_.size() - rev_done_ : detail::kTcpFrameBytes - rev_done_;
+      if (want > 0) {
+        const ssize_t got = ::recv(rfd, dst, want, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progress;
+        if (got <= 0) {
+          const int err = got < 0 ? errno : 0;
+          right_gone_ = true;
+          right_gone_why_ = trainkit::detail::concat(right_name, " closed its connection");
+          if (sending()) closed(right_name, err);
+          return true;
+        }
+        progress = true;
+        rev_done_ += static_cast<std::size_t>(got);
+        if (static_cast<std::size_t>(got) < want) continue;
+      }
+      if (!rev_in_text_) {
+        rev_frame_ = detail::decode_tcp_frame(rev_head_, sizeof rev_head_, right_name);
+        if (rev_frame_.type != detail::TcpFrameType::kAbort &&
+            rev_frame_.type != detail::TcpFrameType::kLeave)
+          fail(trainkit::detail::concat(what(c), ": ", right_name, " sent a frame of type ",
+                                        static_cast<int>(rev_frame_.type),
+                                        " against the ring's direction (a protocol error)"));
+        rev_text_.assign(static_cast<std::size_t>(rev_frame_.length), '\0');
+        rev_in_text_ = true;
+        rev_done_ = 0;
+        continue;
+      }
+      if (rev_frame_.type == detail::TcpFrameType::kAbort)
+        remote_failure(right_name, rev_frame_, rev_text_);
+      right_gone_ = true;
+      right_gone_why_ = rev_text_;
+      if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
+      return true;
+    }
+    return progress;
+  };
+
+  // Writes to the right until it would block or nothing is ready to go.
+  auto write_right = [&]() -> bool {
+    bool progress = false;
+    for (;;) {
+      if (!out_active) {
+        if (!header_sent) {
+          detail::TcpFrame f;
+          f.type = detail::TcpFrameType::kHeader;
+          f.kind = desc.kind;
+          f.op = desc.op;
+          f.dtype = desc.dtype;
+          f.a = static_cast<std::uint32_t>(desc.root);
+          f.b = static_cast<std::uint32_t>(options_.chunk_bytes);
+          f.seq = c.seq;
+          f.length = static_cast<std::uint64_t>(desc.count);
+          detail::encode_tcp_frame(f, out_head);
+          out_payload = nullptr;
+          out_total = detail::kTcpFrameBytes;
+          header_sent = true;
+        } else if (send_g < c.steps) {
+          // A unit goes once the unit it depends on (same chunk, previous step) arrived.
+          if (send_g > 0 && has_recv(c, send_g - 1) && !applied(send_g - 1, send_k))
+            return progress;
+          const std::int64_t unit = send_g * c.chunks + send_k;
+          if (options_.fault_injection) options_.fault_injection(rank_, c.seq, unit);
+          const Piece p = send_piece(c, send_g, send_k);
+          detail::TcpFrame f;
+          f.type = detail::TcpFrameType::kData;
+          f.seq = c.seq;
+          f.a = static_cast<std::uint32_t>(frames_out++);
+          f.length = static_cast<std::uint64_t>(p.bytes);
+          detail::encode_tcp_frame(f, out_head);
+          out_payload = p.a;
+          out_total = detail::kTcpFrameBytes + static_cast<std::size_t>(p.bytes);
+          if (++send_k == c.chunks) {
+            send_k = 0;
+            do {
+              ++send_g;
+            } while (send_g < c.steps && !has_send(c, send_g));
+          }
+        } else {
+          return progress;
+        }
+        out_active = true;
+        out_done = 0;
+      }
+      iovec iov[2];
+      int parts = 0;
+      if (out_done < detail::kTcpFrameBytes) {
+        iov[parts++] = iovec{out_head + out_done, detail::kTcpFrameBytes - out_done};
+        if (out_total > detail::kTcpFrameBytes)
+          iov[parts++] = iovec{const_cast<char*>(out_payload), out_total - detail::kTcpFrameBytes};
+      } else {
+        iov[parts++] = iovec{const_cast<char*>(out_payload) + (out_done - detail::kTcpFrameBytes),
+                             out_total - out_done};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(parts);
+      const ssize_t put = ::sendmsg(rfd, &msg, MSG_NOSIGNAL);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
+        const int err = errno;
+        (void)read_right();  // an abort frame that came before the connection broke says why
+        right_gone_ = true;
+        right_gone_why_ = trainkit::detail::concat(right_name, " closed its connection");
+        closed(right_name, err);
+      }
+      progress = true;
+      out_done += static_cast<std::size_t>(put);
+      right_partial_ = out_done < out_total;
+      if (out_done == out_total) out_active = false;
+    }
+  };
+
+  (void)read_right();  // a leave or abort frame that came between collectives
+  auto last_progress = Clock::now();
+  const auto timeout = options_.timeout;
+  // After the timeout a rank listens a little longer before blaming its neighbour: when a stall
+  // further round the ring timed out a neighbour first, its abort (naming the culprit) arrives.
+  const auto grace = std::min<Clock::duration>(timeout / 2, std::chrono::milliseconds(500));
+  for (;;) {
+    bool progress = write_right();
+    if (!sending() && !receiving()) break;
+    if (stop_now_.load(std::memory_order_acquire))
+      fail(trainkit::detail::concat(what(c),
+                                    " failed: this rank's TcpComm was destroyed with "
+                                    "collectives in flight"));
+    pollfd fds[2];
+    fds[0] = pollfd{receiving() ? lfd : -1, POLLIN, 0};
+    const short right_events =
+        static_cast<short>((out_active ? POLLOUT : 0) | (right_gone_ ? 0 : POLLIN));
+    fds[1] = pollfd{right_events != 0 ? rfd : -1, right_events, 0};
+    const int rc = ::poll(fds, 2, 50);
+    if (rc < 0 && errno != EINTR)
+      fail(trainkit::detail::concat("poll failed: ", detail::errno_text(errno)));
+    if (rc > 0) {
+      if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (!right_gone_) progress |= read_right();
+        if (right_gone_ && sending()) closed(right_name, 0);
+      }
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) progress |= read_left();
+    }
+    const auto now = Clock::now();
+    if (progress) {
+      last_progress = now;
+    } else if (now - last_progress >= timeout + grace) {
+      std::string why;
+      if (!header_received)
+        why = trainkit::detail::concat(left_name, " has not started collective #", c.seq,
+                                       " (it has not called it, stalled, or waits for a rank "
+                                       "before it)");
+      else if (receiving())
+        why = trainkit::detail::concat(left_name, " stopped sending after ", recv_unit_number(),
+                                       " of its units (it stalled, or waits for a rank before it)");
+      else
+        why = trainkit::detail::concat(right_name,
+                                       " stopped reading what this rank sends "
+                                       "(it stalled)");
+      fail(trainkit::detail::concat(what(c), " made no progress for ",
+                                    detail::format_seconds(timeout), ": ", why));
+    }
+  }
+}
+
+#endif  // TRAINKIT_IMPL
+
+#endif  // TRAINKIT_DETAIL_HAS_SOCKETS
+
+}  // namespace dist
+TRAINKIT_NAMESPACE_END
+// end trainkit/dist/tcp_comm.hpp
 // defines: dist::init, Context, InitOptions, LaunchInfo, detect_launch, Backend, Launcher
 // begin trainkit/dist/bootstrap.hpp
 // SPDX-License-Identifier: MIT
@@ -23568,7 +25830,7 @@ TRAINKIT_NAMESPACE_END
 // communicator. trainkit has no launcher of its own: it reads the variables of torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_*) and
 // Slurm's srun (SLURM_PROCID, ...), picks the GPU by local rank, and chooses the backend: NCCL
-// for device tensors, MPI (or a one-rank ThreadComm) for host tensors.
+// for device tensors; for host tensors MPI under mpirun/srun (when built with it), else TcpComm.
 
 #include <cerrno>
 #include <chrono>
@@ -23692,7 +25954,7 @@ TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
 TRAINKIT_INLINE LaunchInfo detect_launch();
 
 /// The communicator backends dist::init can create.
-enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl };
+enum class Backend : std::uint8_t { kAuto, kThread, kMpi, kNccl, kTcp };
 
 // A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view backend_name(Backend b) noexcept {
@@ -23701,14 +25963,16 @@ inline constexpr std::string_view backend_name(Backend b) noexcept {
     case Backend::kThread: return "thread";
     case Backend::kMpi: return "mpi";
     case Backend::kNccl: return "nccl";
+    case Backend::kTcp: return "tcp";
   }
   return "?";
 }
 
 /// Options of dist::init.
 struct InitOptions {
-  /// kAuto: NCCL for device tensors; for host tensors MPI when launched by mpirun or srun
-  /// (trainkit built with MPI), a one-rank ThreadComm for a single process.
+  /// kAuto: NCCL for device tensors. For host tensors: a one-rank ThreadComm for a single
+  /// process; MPI when launched by mpirun or srun and trainkit is built with MPI; otherwise
+  /// (torchrun, or no MPI) TcpComm, which meets at MASTER_ADDR and the rendezvous port.
   Backend backend = Backend::kAuto;
   /// Where the tensors to reduce live (the ParamArena's space).
   Space space = Space::kHost;
@@ -23716,8 +25980,9 @@ struct InitOptions {
   std::chrono::milliseconds timeout = default_timeout();
   /// NCCL: make device local_rank % device_count current (one GPU per process, torchrun style).
   bool select_device = true;
-  /// NCCL's TCP rendezvous port; 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when
-  /// torchrun's agent store already listens on MASTER_PORT).
+  /// The TCP rendezvous port (rank 0 listens on it: NCCL's unique-id exchange, TcpComm's
+  /// bootstrap); 0: $TRAINKIT_RDZV_PORT, else MASTER_PORT (MASTER_PORT + 1 when torchrun's agent
+  /// store already listens on MASTER_PORT).
   int rendezvous_port = 0;
 };
 
@@ -23753,11 +26018,26 @@ class Context {
 
 /// Creates this process's communicator from the launcher's environment (see detect_launch and
 /// InitOptions). NCCL under mpirun gets its unique id over MPI, otherwise over tcp_broadcast at
-/// MASTER_ADDR and the rendezvous port. Throws trainkit::Error saying what is missing (a backend
-/// not compiled in, MASTER_ADDR unset, no GPU, a world_size that disagrees with MPI's, ...).
+/// MASTER_ADDR and the rendezvous port; TcpComm's rank 0 listens at that port. Throws
+/// trainkit::Error saying what is missing (a backend not compiled in, MASTER_ADDR unset, no GPU,
+/// a world_size that disagrees with MPI's, a rank that never joined, ...).
 TRAINKIT_INLINE Context init(InitOptions options = {});
 
+namespace detail {
+
+/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known).
+TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo& launch);
+
+}  // namespace detail
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
+  int port = options.rendezvous_port;
+  if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
+  if (port == 0 && launch.master_port > 0) port = launch.master_port + (launch.agent_store ? 1 : 0);
+  return port > 65535 ? 0 : port;
+}
 
 TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
@@ -23817,14 +26097,15 @@ TRAINKIT_INLINE Context init(InitOptions options) {
     } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
                TRAINKIT_WITH_MPI) {
       backend = Backend::kMpi;
+    } else if (!L.master_addr.empty() && detail::rendezvous_port(options, L) > 0) {
+      backend = Backend::kTcp;
     } else {
       TRAINKIT_FAIL("dist::init: ", L.world_size, " processes launched by ",
                     launcher_name(L.launcher),
-                    " with host tensors need MPI: "
-                    "launch with mpirun or srun --mpi=pmix and build with MPI "
-                    "(TRAINKIT_WITH_MPI=1). "
-                    "torchrun jobs reduce device tensors with NCCL "
-                    "(InitOptions::space = Space::kDevice); "
+                    " with host tensors need a rendezvous for TcpComm: "
+                    "set MASTER_ADDR and MASTER_PORT (torchrun does), "
+                    "or launch with mpirun or srun --mpi=pmix and build with MPI "
+                    "(TRAINKIT_WITH_MPI=1); "
                     "for threads of one process use ThreadComm::run");
     }
   }
@@ -23888,9 +26169,7 @@ TRAINKIT_INLINE Context init(InitOptions options) {
         }
 #endif
         if (!ctx.host_comm_) {
-          int port = options.rendezvous_port;
-          if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
-          if (port == 0 && L.master_port > 0) port = L.master_port + (L.agent_store ? 1 : 0);
+          const int port = detail::rendezvous_port(options, L);
           TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: NCCL over ", L.world_size,
                          " processes needs MASTER_ADDR and MASTER_PORT "
                          "(or TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
@@ -23906,6 +26185,28 @@ TRAINKIT_INLINE Context init(InitOptions options) {
       TRAINKIT_FAIL(
           "dist::init: device tensors need the NCCL backend: build trainkit with NCCL "
           "(TRAINKIT_WITH_NCCL=1, CMake TRAINKIT_ENABLE_NCCL)");
+#endif
+    }
+    case Backend::kTcp: {
+#if TRAINKIT_DETAIL_HAS_SOCKETS
+      TRAINKIT_CHECK(options.space == Space::kHost,
+                     "dist::init: TcpComm moves host memory; device tensors need the NCCL backend");
+      TcpCommOptions o;
+      o.timeout = options.timeout;
+      if (L.world_size == 1) {
+        ctx.comm_ = std::make_unique<TcpComm>(std::string(), 0, 0, 1, std::move(o));
+        return ctx;
+      }
+      const int port = detail::rendezvous_port(options, L);
+      TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: TcpComm over ", L.world_size,
+                     " processes needs MASTER_ADDR and MASTER_PORT (or TRAINKIT_RDZV_PORT) "
+                     "to meet rank 0; launcher: ",
+                     launcher_name(L.launcher));
+      ctx.comm_ =
+          std::make_unique<TcpComm>(L.master_addr, port, L.rank, L.world_size, std::move(o));
+      return ctx;
+#else
+      TRAINKIT_FAIL("dist::init: TcpComm needs POSIX sockets, which this platform lacks");
 #endif
     }
     case Backend::kAuto: break;
@@ -24274,6 +26575,14 @@ class GradBucketer {
 #if TRAINKIT_WITH_NCCL
     const Bucket& bk = buckets_[b];
     float* grads = arena_->grads_data() + bk.offset;
+    // The communicator orders this bucket after `stream`, then goes back to its previous caller
+    // stream: it must not keep a reference to a stream that may be destroyed before its next
+    // collective.
+    struct Restore {
+      NcclComm* comm;
+      cuda::StreamRef previous;
+      ~Restore() { comm->set_stream(previous); }
+    } restore{nccl_, nccl_->caller_stream()};
     nccl_->set_stream(stream);
     if (options_.bf16_compression) {
       const auto& k = detail::require_device_kernels("GradBucketer bf16 compression");
@@ -25126,6 +27435,81 @@ TRAINKIT_INLINE std::vector<std::string> TensorSource::names() const {
 }  // namespace ckpt
 TRAINKIT_NAMESPACE_END
 // end trainkit/ckpt/model.hpp
+// defines: ckpt::save_pruned_model, save_pruning_masks
+// begin trainkit/ckpt/pruned_model.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/ckpt/pruned_model.hpp: the export of a pruned model for PyTorch. The weights go to a
+// dense safetensors file under their PyTorch names with exact zeros where an optim::Pruner prunes
+// (`model.load_state_dict(load_file(path))` as for any model), the masks to a second file under
+// torch.nn.utils.prune's buffer names (`<param>_mask`, F32 ones and zeros), so that
+// `prune.custom_from_mask(module, "weight", mask)` puts the pruning back on the module. Two files,
+// because a strict load_state_dict of an unpruned module refuses the `_mask` keys.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace ckpt {
+
+/// Writes every parameter of the pruner's arena to `path` like save_model (F32, PyTorch names,
+/// checksummed, crash-safe), with the entries `pruner` prunes written as +0 whether or not
+/// apply() ran since the last update (the arena is not changed). Returns the file's size and
+/// checksum; throws trainkit::Error naming the file.
+template <Space S>
+FileDigest save_pruned_model(const std::filesystem::path& path, const optim::Pruner<S>& pruner,
+                             ModelSaveOptions options = {}) {
+  const nn::ParamArena<S>& arena = pruner.arena();
+  AnyTensor buffer;
+  const std::vector<io::NamedTensor> views = detail::model_views(arena, true, {}, buffer);
+  float* w = reinterpret_cast<float*>(buffer.data());
+  const std::uint8_t* m = pruner.host_mask();
+  for (nn::ParamId id : pruner.targets()) {
+    const nn::ParamInfo& p = arena.info(id);
+    for (std::int64_t i = p.offset; i < p.offset + p.numel; ++i)
+      if (m[i] == 0) w[i] = 0.0f;
+  }
+  if (options.metadata.find("format") == options.metadata.end())
+    options.metadata.emplace("format", "pt");
+  return save_checksummed_safetensors(
+      path, views, std::move(options.metadata),
+      io::SafetensorsWriteOptions{.alignment = options.alignment, .durable = options.durable});
+}
+
+/// Writes the masks of `pruner` to `path`: one F32 tensor "<param>_mask" (1 kept, 0 pruned, the
+/// parameter's shape) per pruned parameter, torch.nn.utils.prune's names and dtype. Metadata
+/// {"format": "pt", "pattern": "unstructured" or "N:M", "sparsity": the pruned fraction}.
+/// Returns the file's size and checksum; throws trainkit::Error naming the file.
+template <Space S>
+FileDigest save_pruning_masks(const std::filesystem::path& path, const optim::Pruner<S>& pruner,
+                              bool durable = true) {
+  const nn::ParamArena<S>& arena = pruner.arena();
+  std::vector<AnyTensor> masks;
+  std::vector<io::NamedTensor> views;
+  const std::uint8_t* m = pruner.host_mask();
+  for (nn::ParamId id : pruner.targets()) {
+    const nn::ParamInfo& p = arena.info(id);
+    AnyTensor t(DType::kF32, p.shape);
+    float* out = reinterpret_cast<float*>(t.data());
+    for (std::int64_t i = 0; i < p.numel; ++i) out[i] = m[p.offset + i] != 0 ? 1.0f : 0.0f;
+    masks.push_back(std::move(t));
+  }
+  for (std::size_t i = 0; i < masks.size(); ++i)
+    views.push_back({arena.info(pruner.targets()[i]).name + "_mask", masks[i].view()});
+  io::SafetensorsMetadata metadata{{"format", "pt"},
+                                   {"pattern", pruner.pattern()},
+                                   {"sparsity", StateDict::number_to_string(pruner.sparsity())}};
+  return save_checksummed_safetensors(
+      path, views, std::move(metadata),
+      io::SafetensorsWriteOptions{.alignment = 64, .durable = durable});
+}
+
+}  // namespace ckpt
+TRAINKIT_NAMESPACE_END
+// end trainkit/ckpt/pruned_model.hpp
 // defines: ckpt::TrainState, RestoreOptions
 // begin trainkit/ckpt/train_state.hpp
 // SPDX-License-Identifier: MIT
@@ -29219,6 +31603,763 @@ TRAINKIT_INLINE void Monitor::write_metrics(const StepSummary& s) {
 TRAINKIT_NAMESPACE_END
 // end trainkit/monitor/monitor.hpp
 
+// ---- plan/: memory, fit, time and cost of a run before it starts ----
+// defines: plan::GptRun, MemoryLine, MemoryPlan, GptSizes, gpt_sizes, gpt_memory, check_run
+// begin trainkit/plan/memory.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/plan/memory.hpp: what one rank of a nn::Gpt training run allocates, line by line, before
+// anything is allocated: the arena's parameters, gradients, optimizer state and compute copy
+// (sizes read from a ParamArena the model registered into, never finalized, and from the
+// optimizer rule's own state declaration), the activations the model's Context saves for
+// backward, the layers' backward workspaces, the logits, the loader's batch slots and the
+// data-parallel staging buffer. The activation sizes follow the Context layouts of the layers
+// (nn/gpt.hpp, nn/transformer_block.hpp, nn/attention.hpp, nn/layer_norm.hpp,
+// nn/cross_entropy.hpp); tests/plan checks the total against the bytes a real step allocates
+// (core/allocator.hpp's allocation_stats). See docs/planning.md.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace plan {
+
+/// What one training run of a nn::Gpt looks like to the planner (per rank).
+struct GptRun {
+  nn::GptOptions model{};  ///< vocab_size, block_size, n_layer, n_head, n_embd, bias, tie, dropout
+  std::int64_t batch = 1;  ///< sequences per rank per step (the micro-batch)
+  std::int64_t seq = 0;    ///< tokens per sequence T (0: model.block_size)
+  /// The policy: fp32 and tf32 keep f32 activations, bf16 and fp16 16-bit activations and a
+  /// compute copy of the weights; fp16 adds a loss scaler.
+  monitor::Precision precision = monitor::Precision::kFp32;
+  optim::AdamWOptions adamw{};    ///< amsgrad and bf16_state decide the optimizer state
+  std::int64_t ranks = 1;         ///< data-parallel ranks (each holds everything below)
+  bool bf16_compression = false;  ///< GradBucketer's bf16 staging buffer (ranks > 1 only)
+  std::int64_t loader_depth = 4;  ///< the Prefetcher's batch slots (0: no loader counted)
+  bool device = true;       ///< a GPU run: loader slots in pinned host memory and on the device
+  bool evaluation = false;  ///< evaluation forwards (a second Context and a validation loader)
+};
+
+/// One line of the memory breakdown.
+struct MemoryLine {
+  std::string name;        ///< e.g. "optimizer state"
+  std::int64_t bytes = 0;  ///< per rank
+  std::string detail;      ///< how it is made up, e.g. "exp_avg, exp_avg_sq (f32)"
+  bool on_device = true;   ///< in the training device's memory (false: pinned host memory)
+};
+
+/// The memory of one rank: the lines in the order a run allocates them.
+struct MemoryPlan {
+  std::vector<MemoryLine> lines;
+  std::int64_t parameters = 0;     ///< parameter elements (as ParamArena::num_parameters)
+  std::int64_t buffer_numel = 0;   ///< elements of each arena buffer (padding included)
+  std::int64_t matmul_params = 0;  ///< the N of 6 N FLOPs per token (Gpt::matmul_parameters)
+  /// The lines in the training device's memory (what must fit a GPU, or the host on a CPU run).
+  std::int64_t device_bytes() const noexcept {
+    std::int64_t n = 0;
+    for (const MemoryLine& l : lines)
+      if (l.on_device) n += l.bytes;
+    return n;
+  }
+  /// Every line (device and host together: what a CPU run holds in host memory).
+  std::int64_t total_bytes() const noexcept {
+    std::int64_t n = 0;
+    for (const MemoryLine& l : lines) n += l.bytes;
+    return n;
+  }
+  /// The line named `name`; throws when there is none.
+  const MemoryLine& line(const std::string& name) const {
+    for (const MemoryLine& l : lines)
+      if (l.name == name) return l;
+    TRAINKIT_FAIL("plan::MemoryPlan: no line named '", name, "'");
+  }
+};
+
+/// "fp32", "tf32", "bf16", "fp16" as a monitor::Precision; throws naming `flag` (e.g.
+/// "--precision") otherwise.
+inline monitor::Precision parse_precision(const std::string& text,
+                                          const char* flag = "--precision") {
+  for (int i = 0; i < 4; ++i)
+    if (text == monitor::precision_name(monitor::Precision(i))) return monitor::Precision(i);
+  TRAINKIT_FAIL(flag, ": precision '", text, "' is not fp32, tf32, bf16 or fp16");
+}
+
+/// Bytes of one activation element under `p` (the policy's activation type).
+inline constexpr std::int64_t activation_bytes(monitor::Precision p) noexcept {
+  return p == monitor::Precision::kBf16 || p == monitor::Precision::kFp16 ? 2 : 4;
+}
+
+/// Throws, naming the flag of each setting (--layers, --dim, --heads, --seq, --batch, --ranks,
+/// --vocab), unless the run is one nn::Gpt can train: positive sizes, heads dividing dim,
+/// seq <= block_size.
+inline void check_run(const GptRun& r) {
+  const nn::GptOptions& m = r.model;
+  TRAINKIT_CHECK(m.n_layer > 0, "--layers must be > 0, got ", m.n_layer);
+  TRAINKIT_CHECK(m.n_embd > 0, "--dim must be > 0, got ", m.n_embd);
+  TRAINKIT_CHECK(m.n_head > 0, "--heads must be > 0, got ", m.n_head);
+  TRAINKIT_CHECK(m.n_embd % m.n_head == 0, "--dim ", m.n_embd, " is not a multiple of --heads ",
+                 m.n_head);
+  TRAINKIT_CHECK(m.vocab_size > 0, "--vocab must be > 0, got ", m.vocab_size);
+  TRAINKIT_CHECK(m.block_size > 0, "--seq must be > 0, got ", m.block_size);
+  TRAINKIT_CHECK(r.seq >= 0 && r.seq <= m.block_size, "--seq ", r.seq,
+                 " must be in [1, block_size ", m.block_size, "]");
+  TRAINKIT_CHECK(r.batch > 0, "--batch must be > 0, got ", r.batch);
+  TRAINKIT_CHECK(r.ranks > 0, "--ranks must be > 0, got ", r.ranks);
+  TRAINKIT_CHECK(r.loader_depth == 0 || r.loader_depth >= 2, "loader depth must be 0 or >= 2, got ",
+                 r.loader_depth);
+  // The planner multiplies these in 64 bits; keep every factor well inside.
+  constexpr std::int64_t kMax = std::int64_t{1} << 24;
+  TRAINKIT_CHECK(m.n_layer <= kMax && m.n_embd <= kMax && m.vocab_size <= kMax &&
+                     m.block_size <= kMax && r.batch <= (std::int64_t{1} << 31) && r.ranks <= kMax,
+                 "plan: a size is beyond what the planner handles (each of --layers, --dim, "
+                 "--vocab, --seq and --ranks at most 2^24, --batch at most 2^31)");
+}
+
+/// The parameter counts of a nn::Gpt, read from a ParamArena the model registered into (the
+/// arena is never finalized: nothing is allocated).
+struct GptSizes {
+  std::int64_t parameters = 0;     ///< ParamArena::num_parameters()
+  std::int64_t buffer_numel = 0;   ///< ParamArena::buffer_numel(): each buffer, padding included
+  std::int64_t tensors = 0;        ///< registered parameter tensors
+  std::int64_t matmul_params = 0;  ///< Gpt::matmul_parameters()
+};
+
+/// Registers `model` into a host ParamArena (no allocation) and reads its sizes.
+inline GptSizes gpt_sizes(const nn::GptOptions& model) {
+  nn::ParamArena<Space::kHost> arena;
+  const nn::Gpt<Space::kHost> gpt(arena, model);
+  return {arena.num_parameters(), arena.buffer_numel(), static_cast<std::int64_t>(arena.size()),
+          gpt.matmul_parameters()};
+}
+
+/// The sizes of a model that exists: its arena (finalized or not) and the model itself.
+template <Space S>
+GptSizes gpt_sizes(const nn::ParamArena<S>& arena, const nn::Gpt<S>& model) {
+  return {arena.num_parameters(), arena.buffer_numel(), static_cast<std::int64_t>(arena.size()),
+          model.matmul_parameters()};
+}
+
+namespace detail {
+
+/// a * b * ...: throws a plan error when the product leaves 64 bits.
+inline std::int64_t mul(std::int64_t a, std::int64_t b) {
+  return checked_mul(a, b, "plan: a memory size");
+}
+template <class... R>
+std::int64_t mul(std::int64_t a, std::int64_t b, std::int64_t c, R... rest) {
+  return mul(mul(a, b), c, rest...);
+}
+
+/// Bytes of one rank's activations of a Gpt forward over [B, T] (nn::Gpt::Context): the block
+/// inputs, ln_f's output, position ids, per block the contexts of ln_1, attention and ln_2 and the
+/// block's own h1, x1, h2, pre, g.
+inline std::int64_t gpt_context_bytes(const nn::GptOptions& m, std::int64_t B, std::int64_t T,
+                                      std::int64_t a, bool dropout) {
+  const std::int64_t N = mul(B, T), C = m.n_embd, H = m.n_head, L = m.n_layer;
+  const std::int64_t NC = mul(N, C);
+  const std::int64_t ln_stats = mul(2 * N + 1, 4);  // mean, rstd (f32) and one spare
+  // ln_1, ln_2 stats; qkv (3NC), heads (NC), h1, x1, h2 (NC each), pre and g (4NC each);
+  // the probabilities [B, H, T, T].
+  const std::int64_t block = 2 * ln_stats + mul(15, NC, a) + mul(B, H, T, T, a);
+  std::int64_t bytes = mul(L + 1, NC, a) + mul(NC, a) + mul(N, 4) + ln_stats + mul(L, block);
+  if (dropout) bytes += mul(NC, a);  // the embeddings before dropout
+  return bytes;
+}
+
+/// Bytes of the layers' own scratch once a forward and a backward over [B, T] ran: per block
+/// the attention output, the f32 scores, dheads, dqkv, dS (16-bit operands only), dpre, dh, dx1
+/// and two LayerNorm partial-sum tables; ln_f's table; the model's da / db.
+inline std::int64_t gpt_workspace_bytes(const nn::GptOptions& m, std::int64_t B, std::int64_t T,
+                                        std::int64_t a) {
+  const std::int64_t N = mul(B, T), C = m.n_embd, H = m.n_head, L = m.n_layer;
+  const std::int64_t NC = mul(N, C);
+  const std::int64_t chunks = (N + nn::detail::kLayerNormChunk - 1) / nn::detail::kLayerNormChunk;
+  const std::int64_t ln_partial = mul(chunks, 2, C, 4);
+  const std::int64_t scores = mul(B, H, T, T, 4);
+  const std::int64_t dscores = a == 4 ? 0 : mul(B, H, T, T, a);
+  // a (NC), dheads (NC), dqkv (3NC), dpre (4NC), dh (NC), dx1 (NC): 11 NC.
+  const std::int64_t block = mul(11, NC, a) + scores + dscores + 2 * ln_partial;
+  return mul(L, block) + ln_partial + mul(2, NC, a);
+}
+
+}  // namespace detail
+
+/// The memory of one rank of `run` for a model of `sizes` (gpt_sizes(run.model)): pure
+/// arithmetic, cheap enough to search batch sizes with. Throws for an invalid run (check_run).
+inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
+  check_run(run);
+  using detail::mul;
+  const nn::GptOptions& m = run.model;
+  const std::int64_t B = run.batch, T = run.seq > 0 ? run.seq : m.block_size;
+  const std::int64_t a = activation_bytes(run.precision);
+  const std::int64_t n = sizes.buffer_numel;
+  const std::string elems = std::to_string(n) + " elements";
+  MemoryPlan p;
+  p.parameters = sizes.parameters;
+  p.buffer_numel = n;
+  p.matmul_params = sizes.matmul_params;
+
+  p.lines.push_back({"parameters", mul(n, 4) + n / nn::ParamArena<>::kAlignment,
+                     "f32 master weights, " + elems + " + padding mask"});
+  p.lines.push_back({"gradients", mul(n, 4), "f32, " + elems});
+  using Traits = optim::detail::RuleTraits<optim::detail::AdamWRule>;
+  const unsigned variant = optim::detail::AdamWRule::variant(run.adamw);
+  const int states = Traits::num_states(variant);
+  const bool bf16_state = Traits::state_dtype(variant) == DType::kBF16;
+  // The fused step's own tables: its header, the per-group scalars, a group and a start per
+  // segment (at most one segment per parameter tensor).
+  const std::int64_t tables =
+      static_cast<std::int64_t>(sizeof(optim::StepHeader)) +
+      mul(optim::kMaxParamGroups,
+          static_cast<std::int64_t>(sizeof(optim::detail::AdamWRule::Scalars))) +
+      mul(sizes.tensors + 1, 12);
+  std::string names;
+  for (int k = 0; k < states; ++k)
+    names += std::string(k == 0 ? "" : ", ") + optim::detail::AdamWRule::kStates[std::size_t(k)];
+  p.lines.push_back({"optimizer state", mul(states, n, bf16_state ? 2 : 4) + tables,
+                     "AdamW " + names + (bf16_state ? " (bf16)" : " (f32)")});
+  if (a == 2)
+    p.lines.push_back({"compute copy", mul(n, 2),
+                       std::string(monitor::precision_name(run.precision)) + " weights"});
+  if (run.precision == monitor::Precision::kFp16)
+    p.lines.push_back({"loss scaler", static_cast<std::int64_t>(sizeof(optim::detail::ScalerBlock)),
+                       "dynamic loss scale"});
+
+  const bool dropout = m.dropout > 0.0f;
+  const std::string shape =
+      trainkit::detail::concat("[", B, ", ", T, "] ", a == 2 ? "16-bit" : "f32", " activations");
+  p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
+                     "saved for backward, " + shape});
+  const std::int64_t N = mul(B, T);
+  p.lines.push_back({"logits", mul(2, N, m.vocab_size, a) + mul(3 * N + 1, 4) + 4,
+                     trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
+                                              "], cross-entropy statistics")});
+  p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a),
+                     "attention scores, layer scratch, gradient ping-pong"});
+  if (run.evaluation)
+    p.lines.push_back({"evaluation context", detail::gpt_context_bytes(m, B, T, a, false),
+                       "a second Context for evaluation forwards"});
+
+  if (run.loader_depth > 0) {
+    // A Prefetcher slot holds input and target [B, T] int32, each 256-byte aligned, then the
+    // B int64 row indices (data/prefetcher.hpp).
+    const auto align = [](std::int64_t x) { return (x + 255) / 256 * 256; };
+    const std::int64_t field = mul(B, T, 4);
+    const std::int64_t slot = align(align(field) + field) + mul(B, 8);
+    const std::int64_t loaders = run.evaluation ? 2 : 1;
+    const std::int64_t bytes = mul(loaders, run.loader_depth, slot);
+    const std::string what =
+        trainkit::detail::concat(loaders * run.loader_depth, " batch slots of ", slot, " bytes");
+    if (run.device) {
+      p.lines.push_back({"loader slots", bytes, what + " on the device", true});
+      p.lines.push_back({"loader host slots", bytes, what + " in pinned host memory", false});
+    } else {
+      p.lines.push_back({"loader slots", bytes, what, true});
+    }
+  }
+  if (run.ranks > 1 && run.bf16_compression)
+    p.lines.push_back(
+        {"gradient staging", mul(n, 2),
+         trainkit::detail::concat("bf16 all-reduce staging over ", run.ranks, " ranks")});
+  return p;
+}
+
+/// gpt_memory(run, gpt_sizes(run.model)).
+inline MemoryPlan gpt_memory(const GptRun& run) {
+  check_run(run);
+  return gpt_memory(run, gpt_sizes(run.model));
+}
+
+}  // namespace plan
+TRAINKIT_NAMESPACE_END
+// end trainkit/plan/memory.hpp
+// defines: plan::Device, known_devices, PlanOptions, Report, DeviceRow, gpt, to_text, to_json
+// begin trainkit/plan/planner.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/plan/planner.hpp: the hardware and cost planner of a nn::Gpt run. For each device of
+// a table (H200, H100 SXM, A100 80/40 GB, L40S, RTX 4090, the GPU found here, this CPU) it says
+// whether one rank fits in memory with a headroom, the largest batch that does, the step time at
+// a model FLOPs utilization (40% unless given, or the MFU a finished run measured, read from its
+// metrics.jsonl), tokens per second and the time and cost of a token budget at a $/GPU-hour.
+// FLOPs are monitor's transformer_flops_per_step; the H200/H100/A100 peaks are monitor's table.
+// `plan::gpt(run, options)` builds the report, `to_text` / `to_json` print it. docs/planning.md.
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace plan {
+
+/// One device of the table: its memory and dense peak FLOP/s per precision (fp16 = bf16).
+struct Device {
+  std::string id;     ///< what --price names it by, e.g. "H100" (case does not matter)
+  std::string label;  ///< what the table prints, e.g. "H100 SXM 80GB"
+  std::int64_t memory_bytes = 0;
+  double fp32 = 0.0;  ///< FP32 on CUDA cores (or the CPU's measured FMA rate)
+  double tf32 = 0.0;  ///< TF32 tensor cores
+  double bf16 = 0.0;  ///< BF16 / FP16 tensor cores with f32 accumulation
+  bool gpu = true;    ///< false for "this CPU" (no device-mode loader, host memory)
+
+  /// The peak for `p` (FLOP/s; 0 when unknown).
+  double peak(monitor::Precision p) const noexcept {
+    switch (p) {
+      case monitor::Precision::kFp32: return fp32;
+      case monitor::Precision::kTf32: return tf32;
+      case monitor::Precision::kBf16:
+      case monitor::Precision::kFp16: return bf16;
+    }
+    return 0.0;
+  }
+};
+
+inline constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+
+namespace detail {
+/// A device whose peaks are monitor's table entry for `pattern`.
+inline Device from_monitor(std::string id, std::string label, std::int64_t gib,
+                           std::string_view pattern) {
+  Device d{std::move(id), std::move(label), gib * kGiB};
+  if (const monitor::DevicePeak* e = monitor::find_device_peak(pattern)) {
+    d.fp32 = e->fp32;
+    d.tf32 = e->tf32;
+    d.bf16 = e->bf16;
+  }
+  return d;
+}
+inline std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+}  // namespace detail
+
+/// The fixed table. Memory is the data-sheet capacity in GiB (CUDA reports a little less; the
+/// headroom covers it). H200, H100 SXM and A100 peaks come from monitor::kDevicePeaks; L40S
+/// and RTX 4090 are NVIDIA's dense (non-sparse) figures, RTX 4090 with f32 accumulation.
+inline std::vector<Device> known_devices() {
+  std::vector<Device> d;
+  d.push_back(detail::from_monitor("H200", "H200 SXM 141GB", 141, "H200"));
+  d.push_back(detail::from_monitor("H100", "H100 SXM 80GB", 80, "H100"));
+  d.push_back(detail::from_monitor("A100-80GB", "A100 80GB", 80, "A100"));
+  d.push_back(detail::from_monitor("A100-40GB", "A100 40GB", 40, "A100"));
+  d.push_back({"L40S", "L40S 48GB", 48 * kGiB, 91.6e12, 183e12, 362.05e12});
+  d.push_back({"RTX4090", "RTX 4090 24GB", 24 * kGiB, 82.6e12, 82.6e12, 165.2e12});
+  return d;
+}
+
+/// The GPU of this machine (device 0: its name, memory and monitor's peaks for it, 0 when the
+/// table does not know it), or nullopt without one (always in the CPU tier).
+inline std::optional<Device> detected_gpu() {
+#if TRAINKIT_WITH_CUDA
+  if (cuda::device_count() > 0) {
+    const cuda::DeviceProperties p = cuda::device_properties(0);
+    Device d = detail::from_monitor("gpu", "this GPU: " + p.name, 0, p.name);
+    d.memory_bytes = static_cast<std::int64_t>(p.total_memory);
+    return d;
+  }
+#endif
+  return std::nullopt;
+}
+
+/// Host memory (MemTotal of /proc/meminfo, bytes; 0 when it cannot be read).
+inline std::int64_t host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::int64_t kib = 0;
+  while (in >> key) {
+    if (key == "MemTotal:" && in >> kib) return kib * 1024;
+    in.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
+/// "this CPU": host memory and `peak_flops` (e.g. monitor::measure_cpu_peak_flops()) for every
+/// precision (the host kernels compute in f32).
+inline Device this_cpu(double peak_flops) {
+  return {"cpu", "this CPU", host_memory_bytes(), peak_flops, peak_flops, peak_flops, false};
+}
+
+/// Parses "H100=2.5,H200=3.5" ($ per GPU-hour by device id, case-insensitive; "A100" prices both
+/// A100s) against `devices`. Throws naming --price for an unknown device, a missing '=' or a
+/// price that is not a finite number >= 0.
+inline std::map<std::string, double> parse_prices(const std::string& text,
+                                                  const std::vector<Device>& devices) {
+  std::map<std::string, double> out;
+  std::size_t at = 0;
+  while (at <= text.size() && !text.empty()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    TRAINKIT_CHECK(eq != std::string::npos && eq > 0, "--price '", item,
+                   "' is not DEVICE=DOLLARS_PER_GPU_HOUR (e.g. H100=2.5)");
+    const std::string key = detail::lower(item.substr(0, eq));
+    const std::string number = item.substr(eq + 1);
+    char* stop = nullptr;
+    const double price = std::strtod(number.c_str(), &stop);
+    TRAINKIT_CHECK(!number.empty() && stop == number.c_str() + number.size() &&
+                       std::isfinite(price) && price >= 0.0,
+                   "--price '", item, "': '", number, "' is not a price >= 0");
+    bool matched = false;
+    std::string known;
+    for (const Device& d : devices) {
+      const std::string id = detail::lower(d.id);
+      known += (known.empty() ? "" : ", ") + d.id;
+      if (id == key || id.rfind(key + "-", 0) == 0) {
+        out[d.id] = price;
+        matched = true;
+      }
+    }
+    TRAINKIT_CHECK(matched, "--price '", item, "': unknown device '", item.substr(0, eq),
+                   "' (known: ", known, ")");
+  }
+  return out;
+}
+
+/// The MFU of a finished run: the last finite "mfu" of `run_dir`/metrics.jsonl (a fraction).
+/// Throws naming --run-dir when the file cannot be read or has no MFU.
+inline double read_run_mfu(const std::filesystem::path& run_dir) {
+  const std::filesystem::path file = run_dir / "metrics.jsonl";
+  std::ifstream in(file);
+  TRAINKIT_CHECK(in.good(), "--run-dir: cannot read '", file.string(), "'");
+  std::string line;
+  double mfu = NAN;
+  while (std::getline(in, line)) {
+    const std::size_t k = line.find("\"mfu\":");
+    if (k == std::string::npos) continue;
+    const char* p = line.c_str() + k + 6;
+    char* stop = nullptr;
+    const double v = std::strtod(p, &stop);
+    if (stop != p && std::isfinite(v) && v > 0.0) mfu = v;
+  }
+  TRAINKIT_CHECK(std::isfinite(mfu), "--run-dir: '", file.string(),
+                 "' holds no measured MFU (a run with a known peak writes one per summary)");
+  return mfu;
+}
+
+/// Model FLOPs of one rank's step: monitor::transformer_flops_per_step over its B*T tokens.
+inline double gpt_flops_per_step(const GptRun& run, std::int64_t matmul_params) {
+  const std::int64_t T = run.seq > 0 ? run.seq : run.model.block_size;
+  return monitor::transformer_flops_per_step(
+      static_cast<double>(matmul_params), static_cast<int>(run.model.n_layer),
+      static_cast<int>(run.model.n_head), static_cast<int>(run.model.n_embd / run.model.n_head),
+      static_cast<int>(T), static_cast<double>(run.batch * T));
+}
+
+/// Time and cost of a run on one kind of device.
+struct Compute {
+  double flops_per_step = 0.0;   ///< per rank
+  double step_seconds = NAN;     ///< flops_per_step / (peak * mfu); NaN without a peak
+  double tokens_per_step = 0.0;  ///< over all ranks: ranks * batch * seq
+  double tokens_per_s = NAN;     ///< over all ranks
+  double steps = 0.0;            ///< steps for the token budget (rounded up; 0 without one)
+  double seconds = NAN;          ///< for the token budget
+  double cost = NAN;             ///< for the budget: hours * ranks * price; NaN without a price
+};
+
+/// The arithmetic of Compute: `peak` FLOP/s per device at utilization `mfu` (0, 1], `tokens` the
+/// budget (0: none), `price` $ per GPU-hour (negative: none).
+inline Compute compute(const GptRun& run, double flops_per_step, double peak, double mfu,
+                       double tokens, double price) {
+  Compute c;
+  const std::int64_t T = run.seq > 0 ? run.seq : run.model.block_size;
+  c.flops_per_step = flops_per_step;
+  c.tokens_per_step = static_cast<double>(run.ranks) * static_cast<double>(run.batch * T);
+  if (peak > 0.0 && mfu > 0.0) {
+    c.step_seconds = flops_per_step / (peak * mfu);
+    c.tokens_per_s = c.tokens_per_step / c.step_seconds;
+  }
+  if (tokens > 0.0) {
+    c.steps = std::ceil(tokens / c.tokens_per_step);
+    c.seconds = c.steps * c.step_seconds;
+    if (price >= 0.0) c.cost = c.seconds / 3600.0 * static_cast<double>(run.ranks) * price;
+  }
+  return c;
+}
+
+/// What plan::gpt computes beyond the run itself.
+struct PlanOptions {
+  double mfu = 0.0;  ///< model FLOPs utilization in (0, 1]; 0: run_dir's, else kDefaultMfu
+  std::filesystem::path run_dir{};  ///< a finished run whose metrics.jsonl MFU to use
+  double headroom = 0.1;  ///< fraction of each device's memory kept free (fragmentation, context)
+  double tokens = 0.0;    ///< token budget (0: no time or cost)
+  std::map<std::string, double> prices{};  ///< $ per GPU-hour by Device::id (parse_prices)
+  bool detect_gpu = true;                  ///< add this machine's GPU when there is one
+  bool include_cpu = true;                 ///< add "this CPU"
+  double cpu_peak_flops = 0.0;             ///< 0: measure it (monitor, about 0.2 s)
+  std::vector<Device> devices = known_devices();
+};
+
+/// The MFU used when neither PlanOptions::mfu nor a run directory gives one.
+inline constexpr double kDefaultMfu = 0.4;
+
+/// One row of the device table.
+struct DeviceRow {
+  Device device;
+  double peak = 0.0;           ///< FLOP/s for the run's precision
+  std::int64_t need = 0;       ///< bytes one rank needs in this device's memory at run.batch
+  std::int64_t usable = 0;     ///< memory_bytes * (1 - headroom)
+  bool fits = false;           ///< need <= usable
+  std::int64_t max_batch = 0;  ///< the largest batch per rank that fits (0: not even 1)
+  Compute compute;
+  std::optional<double> price;
+};
+
+/// The planner's report.
+struct Report {
+  GptRun run;
+  MemoryPlan memory;  ///< per rank on a GPU (device-mode loader)
+  double mfu = kDefaultMfu;
+  std::string mfu_source;  ///< "default", "given" or the metrics file it came from
+  double headroom = 0.1;
+  double tokens = 0.0;
+  std::vector<DeviceRow> rows;
+};
+
+/// The bytes one rank of `run` needs in the memory of `gpu` (a GPU: the device lines; the CPU:
+/// every line of a host run).
+inline std::int64_t needed_bytes(GptRun run, const GptSizes& sizes, bool gpu) {
+  run.device = gpu;
+  const MemoryPlan p = gpt_memory(run, sizes);
+  return gpu ? p.device_bytes() : p.total_bytes();
+}
+
+/// The largest batch per rank whose memory fits in `usable` bytes (0 when batch 1 does not):
+/// memory grows with the batch, so a doubling then a bisection finds it.
+inline std::int64_t largest_batch(GptRun run, const GptSizes& sizes, std::int64_t usable,
+                                  bool gpu) {
+  const auto fits = [&](std::int64_t b) {
+    run.batch = b;
+    return needed_bytes(run, sizes, gpu) <= usable;
+  };
+  if (!fits(1)) return 0;
+  std::int64_t lo = 1, hi = 2;
+  constexpr std::int64_t kMaxBatch = std::int64_t{1} << 31;
+  while (hi <= kMaxBatch && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > kMaxBatch) return lo;
+  while (hi - lo > 1) {  // fits(lo), !fits(hi)
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+/// The memory breakdown and the device table of `run`. Throws for an invalid run (check_run),
+/// an MFU outside (0, 1], a headroom outside [0, 1), a negative token budget or an unreadable
+/// run directory.
+inline Report gpt(const GptRun& run, const PlanOptions& options = {}) {
+  check_run(run);
+  TRAINKIT_CHECK(options.mfu >= 0.0 && options.mfu <= 1.0, "--mfu ", options.mfu,
+                 " must be in (0, 1] (a fraction, 0.4 = 40%)");
+  TRAINKIT_CHECK(options.headroom >= 0.0 && options.headroom < 1.0, "--headroom ", options.headroom,
+                 " must be in [0, 1)");
+  TRAINKIT_CHECK(options.tokens >= 0.0 && std::isfinite(options.tokens), "--tokens ",
+                 options.tokens, " must be >= 0");
+  Report r;
+  r.run = run;
+  r.headroom = options.headroom;
+  r.tokens = options.tokens;
+  if (options.mfu > 0.0) {
+    r.mfu = options.mfu;
+    r.mfu_source = "given";
+  } else if (!options.run_dir.empty()) {
+    r.mfu = read_run_mfu(options.run_dir);
+    r.mfu_source = (options.run_dir / "metrics.jsonl").string();
+  } else {
+    r.mfu_source = "default";
+  }
+  const GptSizes sizes = gpt_sizes(run.model);
+  GptRun on_gpu = run;
+  on_gpu.device = true;
+  r.memory = gpt_memory(on_gpu, sizes);
+  const double flops = gpt_flops_per_step(run, sizes.matmul_params);
+
+  std::vector<Device> devices = options.devices;
+  if (options.detect_gpu)
+    if (std::optional<Device> g = detected_gpu()) devices.push_back(*g);
+  if (options.include_cpu)
+    devices.push_back(this_cpu(options.cpu_peak_flops > 0.0 ? options.cpu_peak_flops
+                                                            : monitor::measure_cpu_peak_flops()));
+  for (const Device& d : devices) {
+    DeviceRow row;
+    row.device = d;
+    row.peak = d.peak(run.precision);
+    row.need = needed_bytes(run, sizes, d.gpu);
+    row.usable =
+        static_cast<std::int64_t>(static_cast<double>(d.memory_bytes) * (1.0 - options.headroom));
+    row.fits = row.need <= row.usable;
+    row.max_batch = largest_batch(run, sizes, row.usable, d.gpu);
+    const auto price = options.prices.find(d.id);
+    if (price != options.prices.end()) row.price = price->second;
+    row.compute = compute(run, flops, row.peak, r.mfu, options.tokens, row.price.value_or(-1.0));
+    r.rows.push_back(std::move(row));
+  }
+  return r;
+}
+
+namespace detail {
+inline std::string format(const char* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, fmt, v);
+  return text;
+}
+/// 1.23 GiB, 456.0 MiB, 789 B.
+inline std::string human_bytes(std::int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= double(kGiB)) return format("%.2f GiB", b / double(kGiB));
+  if (b >= double(1 << 20)) return format("%.1f MiB", b / double(1 << 20));
+  if (b >= 1024.0) return format("%.1f KiB", b / 1024.0);
+  return std::to_string(bytes) + " B";
+}
+/// 1.2 ms, 3.40 s, 5.6 h, 7.8 d; "-" for NaN.
+inline std::string human_seconds(double s) {
+  if (!std::isfinite(s)) return "-";
+  if (s < 1.0) return format("%.1f ms", s * 1e3);
+  if (s < 120.0) return format("%.2f s", s);
+  if (s < 7200.0) return format("%.1f min", s / 60.0);
+  if (s < 172800.0) return format("%.1f h", s / 3600.0);
+  return format("%.1f d", s / 86400.0);
+}
+inline std::string pad(std::string s, std::size_t width, bool right = false) {
+  if (s.size() >= width) return s;
+  const std::string fill(width - s.size(), ' ');
+  return right ? fill + s : s + fill;
+}
+}  // namespace detail
+
+/// The report as aligned plain text: the run, the memory breakdown, the compute line and the
+/// device table.
+inline std::string to_text(const Report& r) {
+  using detail::format;
+  using detail::pad;
+  const GptRun& run = r.run;
+  const nn::GptOptions& m = run.model;
+  const std::int64_t T = run.seq > 0 ? run.seq : m.block_size;
+  std::string out;
+  out += "plan: GPT " + std::to_string(m.n_layer) + " layers, dim " + std::to_string(m.n_embd) +
+         ", " + std::to_string(m.n_head) + " heads, vocab " + std::to_string(m.vocab_size) +
+         ", context " + std::to_string(T) + (m.tie_weights ? ", tied head" : "") + ": " +
+         std::to_string(r.memory.parameters) + " parameters\n";
+  out += "per rank: batch " + std::to_string(run.batch) + " x " + std::to_string(T) + " tokens, " +
+         monitor::precision_name(run.precision) + ", " + std::to_string(run.ranks) +
+         (run.ranks == 1 ? " rank" : " ranks") + "\n\n";
+  out += pad("memory per rank (GPU)", 26) + pad("bytes", 16, true) + pad("", 12, true) + "  what\n";
+  for (const MemoryLine& l : r.memory.lines)
+    out += "  " + pad(l.name, 24) + pad(std::to_string(l.bytes), 16, true) +
+           pad(detail::human_bytes(l.bytes), 12, true) + "  " + l.detail + "\n";
+  out += "  " + pad("total on the device", 24) +
+         pad(std::to_string(r.memory.device_bytes()), 16, true) +
+         pad(detail::human_bytes(r.memory.device_bytes()), 12, true) + "\n\n";
+  const double flops = r.rows.empty() ? 0.0 : r.rows.front().compute.flops_per_step;
+  out += "compute: " + format("%.4g", 1e-12 * flops) + " TFLOP per step per rank (" +
+         format("%.4g", flops / double(run.batch * T)) + " FLOP per token) at " +
+         format("%.1f", 100.0 * r.mfu) + "% MFU (" + r.mfu_source + ")";
+  if (r.tokens > 0.0) {
+    const double steps = r.rows.empty() ? 0.0 : r.rows.front().compute.steps;
+    out += "; budget " + format("%.4g", r.tokens) + " tokens = " + format("%.0f", steps) + " steps";
+  }
+  out += "\nheadroom " + format("%.0f", 100.0 * r.headroom) + "% of each device's memory\n\n";
+  const std::size_t w[] = {26, 11, 6, 10, 11, 13, 10, 9, 12};
+  const char* head[] = {"device",   "memory", "fits", "max batch", "step",
+                        "tokens/s", "time",   "$/h",  "cost"};
+  for (std::size_t i = 0; i < 9; ++i) out += pad(head[i], w[i], i > 0);
+  out += "\n";
+  for (const DeviceRow& row : r.rows) {
+    const Compute& c = row.compute;
+    std::string line = pad(row.device.label, w[0]);
+    line += pad(detail::human_bytes(row.device.memory_bytes), w[1], true);
+    line += pad(row.fits ? "yes" : "no", w[2], true);
+    line += pad(std::to_string(row.max_batch), w[3], true);
+    line += pad(detail::human_seconds(c.step_seconds), w[4], true);
+    line += pad(std::isfinite(c.tokens_per_s) ? format("%.4g", c.tokens_per_s) : "-", w[5], true);
+    line += pad(r.tokens > 0.0 ? detail::human_seconds(c.seconds) : "-", w[6], true);
+    line += pad(row.price ? format("%.2f", *row.price) : "-", w[7], true);
+    line += pad(std::isfinite(c.cost) ? "$" + format("%.0f", c.cost) : "-", w[8], true);
+    out += line + "\n";
+  }
+  return out;
+}
+
+/// The report as one JSON object: run, mfu, memory lines, rows (NaN values are null).
+inline std::string to_json(const Report& r) {
+  monitor::JsonWriter w;
+  const GptRun& run = r.run;
+  w.begin_object().key("model").begin_object();
+  w.key("layers").value(run.model.n_layer).key("dim").value(run.model.n_embd);
+  w.key("heads").value(run.model.n_head).key("vocab").value(run.model.vocab_size);
+  w.key("seq").value(run.seq > 0 ? run.seq : run.model.block_size);
+  w.key("tie_weights").value(run.model.tie_weights).key("parameters").value(r.memory.parameters);
+  w.end_object();
+  w.key("batch").value(run.batch).key("precision").value(monitor::precision_name(run.precision));
+  w.key("ranks").value(run.ranks).key("mfu").value(r.mfu).key("mfu_source").value(r.mfu_source);
+  w.key("headroom").value(r.headroom).key("tokens").value(r.tokens);
+  w.key("memory").begin_array();
+  for (const MemoryLine& l : r.memory.lines) {
+    w.begin_object().key("name").value(l.name).key("bytes").value(l.bytes);
+    w.key("on_device").value(l.on_device).key("what").value(l.detail).end_object();
+  }
+  w.end_array().key("device_bytes").value(r.memory.device_bytes());
+  w.key("devices").begin_array();
+  for (const DeviceRow& row : r.rows) {
+    const Compute& c = row.compute;
+    w.begin_object().key("id").value(row.device.id).key("label").value(row.device.label);
+    w.key("memory_bytes").value(row.device.memory_bytes).key("peak_flops").value(row.peak);
+    w.key("need_bytes").value(row.need).key("usable_bytes").value(row.usable);
+    w.key("fits").value(row.fits).key("max_batch").value(row.max_batch);
+    w.key("flops_per_step").value(c.flops_per_step).key("step_s").value(c.step_seconds);
+    w.key("tokens_per_s").value(c.tokens_per_s).key("steps").value(c.steps);
+    w.key("seconds").value(c.seconds).key("price_per_gpu_hour").value(row.price.value_or(NAN));
+    w.key("cost").value(c.cost).end_object();
+  }
+  w.end_array().end_object();
+  return w.take();
+}
+
+/// The run train_gpt makes of its flags (byte vocabulary, AdamW with f32 state, a training and
+/// a validation loader of depth 4, evaluation on): for its --plan flag, e.g.
+/// `std::fputs(plan::to_text(plan::gpt(plan::train_gpt_run(...), {})).c_str(), stdout);`.
+inline GptRun train_gpt_run(std::int64_t layers, std::int64_t dim, std::int64_t heads,
+                            std::int64_t seq, std::int64_t batch, bool tie_weights,
+                            const std::string& precision, double dropout = 0.0,
+                            bool on_gpu = false) {
+  GptRun run;
+  run.model = {.vocab_size = 256,
+               .block_size = seq,
+               .n_layer = layers,
+               .n_head = heads,
+               .n_embd = dim,
+               .bias = true,
+               .tie_weights = tie_weights,
+               .dropout = static_cast<float>(dropout)};
+  run.seq = seq;
+  run.batch = batch;
+  run.precision = parse_precision(precision);
+  run.device = on_gpu;
+  run.evaluation = true;
+  return run;
+}
+
+}  // namespace plan
+TRAINKIT_NAMESPACE_END
+// end trainkit/plan/planner.hpp
+
 // ---- train/: the training loop and its flags ----
 // defines: train::Flags, FlagRole
 // begin trainkit/train/flags.hpp
@@ -29718,6 +32859,16 @@ struct LoopOptions {
   /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
   /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
   monitor::MonitorOptions monitor = {};
+  /// Data parallelism: this process's (or thread's) communicator; every rank runs its own Loop
+  /// over the same dir with the same options. Rank 0 prints and writes the logs (the others'
+  /// monitors are silent), every rank writes its part of each checkpoint (rank 0 commits it),
+  /// and the ranks agree on stopping (a signal seen by one rank stops all after the same step).
+  /// The task averages the gradients (e.g. CausalLmTask's comm). null: a single process.
+  dist::Comm* comm = nullptr;
+  /// With `comm`: a second communicator over the same ranks for the checkpoints' barriers, so
+  /// that async_checkpoints can write on a background thread; null: checkpoints are written
+  /// synchronously (one communicator cannot serve two threads).
+  dist::Comm* checkpoint_comm = nullptr;
 };
 
 /// A loss left in the memory it was computed in (e.g. a float in device memory that the loss
@@ -29800,6 +32951,10 @@ concept HasStepEnd = requires(T& t, std::int64_t step, float loss) {
   t.on_step_end(step, loss);
 };
 template <class T>
+concept HasOptimizerStepHook = requires(T& t, std::int64_t step) {
+  t.on_optimizer_step(step);
+};
+template <class T>
 concept HasOnResume = requires(T& t, const ckpt::CheckpointInfo& info) {
   t.on_resume(info);
 };
@@ -29843,14 +32998,7 @@ class Loop {
   explicit Loop(LoopOptions options, Flags* flags = nullptr)
       : options_(std::move(options)),
         flags_(flags),
-        checkpointer_((options_.dir / "ckpt").string(),
-                      {.every_steps = options_.ckpt_every,
-                       .every_seconds = options_.ckpt_every_seconds,
-                       .keep_last = options_.keep_last,
-                       .best_metric = options_.best_metric,
-                       .best_mode = options_.best_mode,
-                       .keep_best = options_.best_metric.empty() ? 0 : 1,
-                       .async = options_.async_checkpoints}) {
+        checkpointer_((options_.dir / "ckpt").string(), checkpointer_options(options_)) {
     TRAINKIT_CHECK(options_.steps > 0, "train::Loop: steps must be > 0 (got ", options_.steps, ")");
     TRAINKIT_CHECK(!options_.dir.empty(), "train::Loop: the run directory (dir) is empty");
     TRAINKIT_CHECK(options_.eval_every >= 0 && options_.ckpt_every >= 0,
@@ -29889,7 +33037,9 @@ class Loop {
   /// Trains until options.steps steps are completed (continuing a resumed run), a signal, or
   /// an error. `task.step(StepContext&)` runs forward, loss and backward and returns the loss,
   /// as a float or a LossHandle (gradients are zeroed before it); optional `task.evaluate()`
-  /// returns metrics (ckpt::Metrics), optional `task.on_step_end(step, loss)` is called after each
+  /// returns metrics (ckpt::Metrics), optional `task.on_optimizer_step(step)` right after each
+  /// optimizer (and schedule) step, before evaluation and checkpoint (`step`: the steps now
+  /// completed; e.g. to re-apply pruning masks), optional `task.on_step_end(step, loss)` after each
   /// step and optional `task.on_resume(const ckpt::CheckpointInfo&)` once a checkpoint has been
   /// restored, before the first step (to adapt restored state, e.g. a schedule for a longer run).
   /// `schedule` (any type with `step()` and state_dict members, e.g. an LRScheduler; nullptr: none)
@@ -29906,14 +33056,16 @@ class Loop {
     if (resume_from_) {
       const auto info =
           checkpointer_.resume(state_, {.allow_fresh_start = options_.allow_fresh_start});
+      const bool quiet = rank() != 0;
       TRAINKIT_CHECK(info.has_value() && info->step == resume_from_->step,
                      "train::Loop: the checkpoint of step ", resume_from_->step,
                      " verified when the loop was built but could not be restored now (",
                      info ? "restored step " + std::to_string(info->step) : "nothing restored",
                      "; see the log above)");
       result.resumed_from = info;
-      std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
-                  static_cast<long long>(info->step));
+      if (!quiet)
+        std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
+                    static_cast<long long>(info->step));
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
           result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
@@ -29928,6 +33080,12 @@ class Loop {
     if (resume_from_ && mo.resume_step < 0) mo.resume_step = state_.step;
     if (mo.log_dir.empty()) mo.log_dir = (options_.dir / "tb").string();
     if (mo.metrics_file.empty()) mo.metrics_file = (options_.dir / "metrics.jsonl").string();
+    if (rank() != 0) {  // rank 0 speaks for the run
+      mo.console = nullptr;
+      mo.log_dir.clear();
+      mo.metrics_file.clear();
+      mo.chrome_trace.clear();
+    }
     monitor::Monitor monitor(mo);
     monitor_ = &monitor;
     struct Unset {
@@ -29985,6 +33143,8 @@ class Loop {
         // PyTorch's scaler.update(): backoff or growth of the scale from this step's check.
         if constexpr (amp::is_loss_scaler_v<Scaler>) scaler.update(exec);
         if (schedule != nullptr) schedule->step();
+        if constexpr (detail::HasOptimizerStepHook<std::remove_cvref_t<Task>>)
+          task.on_optimizer_step(step + 1);
       }
       // Reading the norm and the skip flag of a device arena waits for the GPU: only then every
       // log_every steps; a host arena's are plain loads, read every step.
@@ -30020,7 +33180,12 @@ class Loop {
           for (const auto& [k, v] : result.last_eval) metrics[k] = v;
         }
       }
-      const bool stop = detail::stop_signal().load() != 0;
+      // Ranks stop together: a signal one of them saw is shared at the next point where the
+      // ranks synchronise anyway (every step on the host, the loss-reading steps on the device).
+      bool stop = detail::stop_signal().load() != 0;
+      if (options_.comm != nullptr && options_.comm->world_size() > 1 &&
+          (S == Space::kHost || read || last))
+        stop = any_rank(stop);
       {
         auto span = monitor.span(monitor::Phase::kCheckpoint);
         if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
@@ -30051,7 +33216,55 @@ class Loop {
     return result;
   }
 
+  /// This rank (0 without a communicator).
+  int rank() const noexcept { return options_.comm != nullptr ? options_.comm->rank() : 0; }
+
  private:
+  static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {
+    ckpt::CheckpointerOptions c{.every_steps = o.ckpt_every,
+                                .every_seconds = o.ckpt_every_seconds,
+                                .keep_last = o.keep_last,
+                                .best_metric = o.best_metric,
+                                .best_mode = o.best_mode,
+                                .keep_best = o.best_metric.empty() ? 0 : 1,
+                                .async = o.async_checkpoints};
+    if (o.comm != nullptr && o.comm->world_size() > 1) {
+      TRAINKIT_CHECK(o.checkpoint_comm == nullptr ||
+                         (o.checkpoint_comm->world_size() == o.comm->world_size() &&
+                          o.checkpoint_comm->rank() == o.comm->rank()),
+                     "train::Loop: checkpoint_comm (rank ", o.checkpoint_comm->rank(), " of ",
+                     o.checkpoint_comm->world_size(), ") must span the ranks of comm (rank ",
+                     o.comm->rank(), " of ", o.comm->world_size(), ")");
+      TRAINKIT_CHECK(o.ckpt_every_seconds == 0.0,
+                     "train::Loop: ckpt_every_seconds needs a single process (the ranks' clocks "
+                     "would disagree on when to save); use ckpt_every");
+      c.rank = o.comm->rank();
+      c.world_size = o.comm->world_size();
+      dist::Comm* barrier = o.checkpoint_comm != nullptr ? o.checkpoint_comm : o.comm;
+      c.async = o.async_checkpoints && o.checkpoint_comm != nullptr;
+      c.barrier = ckpt::comm_barrier(*barrier);
+    }
+    return c;
+  }
+
+  /// True on every rank when `mine` is true on any.
+  bool any_rank(bool mine) {
+    dist::Comm& comm = *options_.comm;
+    const std::int32_t flag = mine ? 1 : 0;
+    if (comm.space() == Space::kHost) {
+      std::int32_t v = flag;
+      comm.all_reduce(dist::Buffer(&v, 1, DType::kI32, Space::kHost), dist::ReduceOp::kMax).wait();
+      return v != 0;
+    }
+    if (stop_flag_.numel() == 0) stop_flag_ = Tensor<std::int32_t, Space::kDevice>(Shape{1});
+    copy_bytes(stop_flag_.data(), Space::kDevice, &flag, Space::kHost, sizeof flag,
+               "train::Loop stop flag");
+    comm.all_reduce(dist::Buffer(stop_flag_.data(), 1, DType::kI32, Space::kDevice),
+                    dist::ReduceOp::kMax)
+        .wait();
+    return read_value(stop_flag_.data(), Space::kDevice, "train::Loop stop flag") != 0;
+  }
+
   static void print_eval(monitor::Monitor& monitor, std::int64_t step, float loss,
                          const ckpt::Metrics& metrics, double lr) {
     std::string line = "step " + std::to_string(step) + ":";
@@ -30097,6 +33310,7 @@ class Loop {
   std::optional<ckpt::CheckpointInfo> resume_from_;
   monitor::Monitor* monitor_ = nullptr;
   bool registered_ = false;
+  Tensor<std::int32_t, Space::kDevice> stop_flag_;  // any_rank over device memory
 };
 
 }  // namespace train
@@ -30110,10 +33324,12 @@ TRAINKIT_NAMESPACE_END
 // batches ("input" and "target" token ids [B, T], as TokenShardDataset gives them) come from a
 // Prefetcher (in device mode on the GPU); the model (e.g. nn::Gpt) maps ids to logits
 // [B*T, V]; the loss is the mean cross-entropy. On the device the step returns the loss as a
-// LossHandle, so nothing waits for the GPU between logging steps.
+// LossHandle, so nothing waits for the GPU between logging steps. With a communicator the task
+// is data parallel (gradients averaged over the ranks through a dist::GradBucketer).
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -30131,6 +33347,14 @@ struct CausalLmOptions {
   const float* loss_scale = nullptr;
   /// Called after the Loop restored a checkpoint (Loop's on_resume hook), e.g. to switch schedules.
   std::function<void(const ckpt::CheckpointInfo&)> on_resume = {};
+  /// Data parallelism (null or one rank: none): each rank trains on its own batches (e.g. from
+  /// a data::DistributedSampler), and the gradients are averaged over the communicator's ranks by
+  /// a dist::GradBucketer the task owns, each bucket's all-reduce starting as soon as backward
+  /// completed its gradients, overlapping the rest of backward. The reported loss is the mean
+  /// over the ranks. The task's construction is collective: it broadcasts rank 0's parameters.
+  /// The communicator moves memory of the model's space (NcclComm for a device model).
+  dist::Comm* comm = nullptr;
+  dist::BucketOptions buckets = {};  ///< bucket sizes, bf16 compression (DDP's defaults)
 };
 
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
@@ -30149,6 +33373,8 @@ class CausalLmTask {
   CausalLmTask(const Exec& exec, Model& model, nn::ParamArena<S>& arena, CausalLmOptions options)
       : exec_(&exec), model_(&model), arena_(&arena), options_(std::move(options)) {
     TRAINKIT_CHECK(options_.train != nullptr, "train::CausalLmTask: no training loader");
+    if (options_.comm != nullptr && options_.comm->world_size() > 1)
+      ddp_ = std::make_unique<dist::GradBucketer<S>>(arena, *options_.comm, options_.buckets);
   }
 
   /// One step: the next training batch, forward, the mean cross-entropy, backward (the
@@ -30172,12 +33398,17 @@ class CausalLmTask {
     }
     {
       auto span = ctx.monitor->span(monitor::Phase::kBackward);
-      const auto dlogits =
-          make_view<S>(dlogits_.template get<T>(logits.numel()), {logits.size(0), logits.size(1)});
+      const auto dlogits = padded_rows(dlogits_, logits.size(0));
       if (options_.loss_scale != nullptr)
         ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits, options_.loss_scale);
       else ce_.template backward<P>(*exec_, ce_ctx_, logits, targets, dlogits);
-      model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+      if (ddp_ == nullptr) {
+        model_->template backward<P>(*exec_, ctx_, ids, dlogits);
+      } else {
+        model_->template backward<P>(*exec_, ctx_, ids, dlogits,
+                                     [&](nn::ParamId id) { mark_ready(id); });
+        average_over_ranks();
+      }
     }
     if constexpr (S == Space::kHost) {
       return loss_.data()[0];
@@ -30213,6 +33444,9 @@ class CausalLmTask {
   }
 
   Model& model() noexcept { return *model_; }
+  /// The gradient bucketer of a data-parallel task (null without one): its last_wait_seconds()
+  /// is the communication backward did not hide.
+  const dist::GradBucketer<S>* bucketer() const noexcept { return ddp_.get(); }
   /// Refreshes the arena's compute copy for P (a no-op for f32 policies): after the optimizer's
   /// last step, before using the model outside the task (generation, export).
   void refresh_weights() {
@@ -30234,9 +33468,39 @@ class CausalLmTask {
     const auto v = tokens(batch, name);
     return v.template reshape<1>(Extents<1>{{v.numel()}});
   }
-  TensorView<T, 2, S> logits_view(std::int64_t rows) {
-    const std::int64_t V = model_->options().vocab_size;
-    return make_view<S>(logits_.template get<T>(rows * V), {rows, V});
+  void mark_ready(nn::ParamId id) {
+    if constexpr (S == Space::kHost) {
+      ddp_->mark_ready(id);
+    } else {
+      ddp_->mark_ready(id, exec_->stream());
+    }
+  }
+  /// Waits for the gradient all-reduces (on the device: makes the compute stream wait) and
+  /// averages the loss over the ranks.
+  void average_over_ranks() {
+    const dist::Buffer loss(loss_.data(), 1, DType::kF32, S);
+    if constexpr (S == Space::kHost) {
+      ddp_->finish();
+      options_.comm->all_reduce(loss, dist::ReduceOp::kAvg).wait();
+    } else {
+#if TRAINKIT_WITH_NCCL
+      ddp_->finish(exec_->stream());
+      auto& nccl = dynamic_cast<dist::NcclComm&>(*options_.comm);  // GradBucketer checked it
+      nccl.set_stream(exec_->stream());
+      nccl.wait_on(nccl.all_reduce(loss, dist::ReduceOp::kAvg), exec_->stream());
+#endif
+    }
+  }
+
+  TensorView<T, 2, S> logits_view(std::int64_t rows) { return padded_rows(logits_, rows); }
+
+  /// [rows, V] in `buffer` with the row stride V rounded up to 64 elements: aligned rows for the
+  /// lm_head's products (cuBLASLt's fast kernels need 16-byte rows; GPT-2's V = 50257 is odd).
+  /// The padding is never read; the results do not depend on it.
+  TensorView<T, 2, S> padded_rows(nn::detail::Bytes<S>& buffer, std::int64_t rows) {
+    const std::int64_t V = model_->options().vocab_size, ld = (V + 63) / 64 * 64;
+    return TensorView<T, 2, S>(buffer.template get<T>(rows * ld), Extents<2>{{rows, V}},
+                               Extents<2>{{ld, 1}});
   }
 
   const Exec* exec_;
@@ -30248,10 +33512,1734 @@ class CausalLmTask {
   typename nn::SoftmaxCrossEntropy<S>::Context ce_ctx_;
   nn::detail::Bytes<S> logits_, dlogits_;
   Tensor<float, S> loss_{Shape{1}};
+  std::unique_ptr<dist::GradBucketer<S>> ddp_;
 };
 
 }  // namespace train
 TRAINKIT_NAMESPACE_END
 // end trainkit/train/causal_lm.hpp
+// defines: train::SearchSpace, Params, ParamValue, Dimension, DimensionKind
+// begin trainkit/train/search_space.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/train/search_space.hpp: the space a hyper-parameter search samples from. Dimensions
+// are uniform or log-uniform floats, integer ranges (optionally log-spaced) and categorical
+// choices, built in code or parsed from text such as `lr=loguniform(1e-4,1e-1)`,
+// `hidden=choice(64,128,256)`, `epochs=int(2,8)`. Trial k's values are a pure function of
+// (seed, k) through Philox (core/rng.hpp), so the same seed gives the same trials in any order.
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <concepts>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace train {
+
+/// One hyper-parameter value: a float (double), an integer or a string.
+class ParamValue {
+ public:
+  ParamValue() = default;
+  ParamValue(double v) : value_(v) {}  // NOLINT: implicit, like a literal
+  template <std::integral I>
+  requires(!std::same_as<I, bool>) ParamValue(I v)  // NOLINT
+      : value_(static_cast<std::int64_t>(v)) {}
+  ParamValue(std::string v) : value_(std::move(v)) {}         // NOLINT
+  ParamValue(const char* v) : value_(std::string(v)) {}       // NOLINT
+  ParamValue(std::string_view v) : value_(std::string(v)) {}  // NOLINT
+
+  bool is_float() const noexcept { return std::holds_alternative<double>(value_); }
+  bool is_int() const noexcept { return std::holds_alternative<std::int64_t>(value_); }
+  bool is_string() const noexcept { return std::holds_alternative<std::string>(value_); }
+
+  /// The value as a double (an integer converts); throws trainkit::Error for a string.
+  double as_double() const {
+    if (const auto* i = std::get_if<std::int64_t>(&value_)) return static_cast<double>(*i);
+    TRAINKIT_CHECK(is_float(), "hyper-parameter value '", text(), "' is a string, not a number");
+    return std::get<double>(value_);
+  }
+  /// The integer; throws trainkit::Error unless the value is an integer.
+  std::int64_t as_int() const {
+    TRAINKIT_CHECK(is_int(), "hyper-parameter value '", text(), "' is not an integer");
+    return std::get<std::int64_t>(value_);
+  }
+  /// The string; throws trainkit::Error unless the value is a string.
+  const std::string& as_string() const {
+    TRAINKIT_CHECK(is_string(), "hyper-parameter value '", text(), "' is not a string");
+    return std::get<std::string>(value_);
+  }
+  /// The canonical text: the shortest decimal that reads back to the same double, the integer
+  /// in decimal, or the string itself. This is what a command line template receives.
+  std::string text() const {
+    if (const auto* d = std::get_if<double>(&value_)) return StateDict::number_to_string(*d);
+    if (const auto* i = std::get_if<std::int64_t>(&value_)) return std::to_string(*i);
+    return std::get<std::string>(value_);
+  }
+  /// Parses a choice's text: an integer, else a finite number, else the text as a string.
+  static ParamValue from_text(std::string_view text) {
+    std::int64_t i = 0;
+    const char* end = text.data() + text.size();
+    if (auto [p, ec] = std::from_chars(text.data(), end, i); ec == std::errc() && p == end)
+      return ParamValue(i);
+    double d = 0.0;
+    if (auto [p, ec] = std::from_chars(text.data(), end, d);
+        ec == std::errc() && p == end && std::isfinite(d))
+      return ParamValue(d);
+    return ParamValue(text);
+  }
+
+  friend bool operator==(const ParamValue& a, const ParamValue& b) = default;
+
+ private:
+  std::variant<double, std::int64_t, std::string> value_ = 0.0;
+};
+
+/// One trial's hyper-parameters: name -> value, in the order of the space's dimensions.
+class Params {
+ public:
+  /// Sets (replaces or appends) `name`.
+  void set(std::string name, ParamValue value) {
+    for (auto& [n, v] : items_)
+      if (n == name) {
+        v = std::move(value);
+        return;
+      }
+    items_.emplace_back(std::move(name), std::move(value));
+  }
+  bool contains(std::string_view name) const noexcept { return find(name) != nullptr; }
+  /// The value of `name`; throws trainkit::Error naming it and the known names when absent.
+  const ParamValue& at(std::string_view name) const {
+    const ParamValue* v = find(name);
+    if (v == nullptr) {
+      std::string known;
+      for (const auto& [n, value] : items_) known += (known.empty() ? "" : ", ") + n;
+      TRAINKIT_FAIL("hyper-parameter '", name, "' is not in this trial's parameters (",
+                    known.empty() ? std::string("none") : known, ")");
+    }
+    return *v;
+  }
+  /// Shorthands for at(name).as_double() / as_int() / as_string().
+  double get_double(std::string_view name) const { return at(name).as_double(); }
+  std::int64_t get_int(std::string_view name) const { return at(name).as_int(); }
+  const std::string& get_string(std::string_view name) const { return at(name).as_string(); }
+
+  /// (name, value) pairs in order.
+  const std::vector<std::pair<std::string, ParamValue>>& items() const noexcept { return items_; }
+  std::size_t size() const noexcept { return items_.size(); }
+  /// "lr=0.001 hidden=64".
+  std::string to_string() const {
+    std::string out;
+    for (const auto& [n, v] : items_) out += (out.empty() ? "" : " ") + n + "=" + v.text();
+    return out;
+  }
+  friend bool operator==(const Params& a, const Params& b) = default;
+
+ private:
+  const ParamValue* find(std::string_view name) const noexcept {
+    for (const auto& [n, v] : items_)
+      if (n == name) return &v;
+    return nullptr;
+  }
+  std::vector<std::pair<std::string, ParamValue>> items_;
+};
+
+/// How a dimension is sampled.
+enum class DimensionKind : std::uint8_t {
+  kUniform,     ///< a double uniform in [low, high)
+  kLogUniform,  ///< a double whose log is uniform in [log low, log high); 0 < low < high
+  kInt,         ///< an integer uniform in [low, high] (both ends included)
+  kLogInt,      ///< an integer in [low, high], log-spaced (floor of log-uniform on [low, high+1))
+  kChoice,      ///< one of `choices`, each equally likely
+};
+
+/// One named dimension of a SearchSpace.
+struct Dimension {
+  std::string name;
+  DimensionKind kind = DimensionKind::kUniform;
+  double low = 0.0, high = 0.0;            ///< kUniform, kLogUniform
+  std::int64_t int_low = 0, int_high = 0;  ///< kInt, kLogInt
+  std::vector<ParamValue> choices = {};    ///< kChoice
+
+  /// The value for a uniform variate `u` in [0, 1) (always inside the dimension's range).
+  ParamValue sample(double u) const {
+    switch (kind) {
+      case DimensionKind::kUniform:
+        return std::min(low + u * (high - low), std::nextafter(high, low));
+      case DimensionKind::kLogUniform: {
+        const double v = std::exp(std::log(low) + u * (std::log(high) - std::log(low)));
+        return std::clamp(v, low, std::nextafter(high, low));
+      }
+      case DimensionKind::kInt: {
+        const double span = static_cast<double>(int_high - int_low) + 1.0;
+        const auto k = static_cast<std::int64_t>(std::floor(u * span));
+        return std::min(int_low + k, int_high);
+      }
+      case DimensionKind::kLogInt: {
+        const double a = std::log(static_cast<double>(int_low));
+        const double b = std::log(static_cast<double>(int_high) + 1.0);
+        const auto k = static_cast<std::int64_t>(std::floor(std::exp(a + u * (b - a))));
+        return std::clamp(k, int_low, int_high);
+      }
+      case DimensionKind::kChoice: {
+        const auto i = static_cast<std::size_t>(u * static_cast<double>(choices.size()));
+        return choices[std::min(i, choices.size() - 1)];
+      }
+    }
+    return ParamValue();
+  }
+
+  /// The canonical text, which parse() reads back: `lr=loguniform(0.0001,0.1)`.
+  std::string spec() const {
+    const auto num = [](double v) { return StateDict::number_to_string(v); };
+    switch (kind) {
+      case DimensionKind::kUniform: return name + "=uniform(" + num(low) + "," + num(high) + ")";
+      case DimensionKind::kLogUniform:
+        return name + "=loguniform(" + num(low) + "," + num(high) + ")";
+      case DimensionKind::kInt:
+        return name + "=int(" + std::to_string(int_low) + "," + std::to_string(int_high) + ")";
+      case DimensionKind::kLogInt:
+        return name + "=logint(" + std::to_string(int_low) + "," + std::to_string(int_high) + ")";
+      case DimensionKind::kChoice: {
+        std::string out = name + "=choice(";
+        for (std::size_t i = 0; i < choices.size(); ++i)
+          out += (i == 0 ? "" : ",") + choices[i].text();
+        return out + ")";
+      }
+    }
+    return name;
+  }
+};
+
+namespace detail {
+
+/// A double in [0, 1) with 53 random bits from two Philox words of (seed, stream).
+inline double search_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t pair) {
+  const std::uint64_t hi = philox_u32(seed, stream, 2 * pair);
+  const std::uint64_t lo = philox_u32(seed, stream, 2 * pair + 1);
+  return static_cast<double>(((hi << 32) | lo) >> 11) * 0x1p-53;
+}
+
+/// The word pair of a trial's stream that gives the trial its own seed (past any dimension's).
+inline constexpr std::uint64_t kTrialSeedPair = std::uint64_t{1} << 40;
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace detail
+
+/// The dimensions of a search, each with a unique name.
+///
+///   train::SearchSpace space;
+///   space.log_uniform("lr", 1e-4, 1e-1).choice("hidden", {64, 128, 256}).integer("layers", 1, 4);
+///   space.add("dropout=uniform(0,0.5)");  // the same from text
+class SearchSpace {
+ public:
+  SearchSpace() = default;
+  /// Parses every spec (see add(std::string_view)).
+  static SearchSpace parse(const std::vector<std::string>& specs) {
+    SearchSpace s;
+    for (const std::string& spec : specs) s.add(spec);
+    return s;
+  }
+
+  /// A double uniform in [low, high); throws unless low < high, both finite.
+  SearchSpace& uniform(std::string name, double low, double high) {
+    TRAINKIT_CHECK(std::isfinite(low) && std::isfinite(high) && low < high, "search space: ", name,
+                   "=uniform(", low, ",", high, ") needs finite low < high");
+    return push(
+        {.name = std::move(name), .kind = DimensionKind::kUniform, .low = low, .high = high});
+  }
+  /// A double log-uniform in [low, high); throws unless 0 < low < high, both finite.
+  SearchSpace& log_uniform(std::string name, double low, double high) {
+    TRAINKIT_CHECK(std::isfinite(low) && std::isfinite(high) && low > 0 && low < high,
+                   "search space: ", name, "=loguniform(", low, ",", high,
+                   ") needs finite 0 < low < high");
+    return push(
+        {.name = std::move(name), .kind = DimensionKind::kLogUniform, .low = low, .high = high});
+  }
+  /// An integer in [low, high], both included; `log`: log-spaced (needs low >= 1). Throws
+  /// unless low <= high and the range has fewer than 2^53 values.
+  SearchSpace& integer(std::string name, std::int64_t low, std::int64_t high, bool log = false) {
+    const char* what = log ? "=logint(" : "=int(";
+    TRAINKIT_CHECK(low <= high, "search space: ", name, what, low, ",", high,
+                   ") needs low <= high");
+    TRAINKIT_CHECK(static_cast<double>(high) - static_cast<double>(low) < 0x1p53,
+                   "search space: ", name, what, low, ",", high, ") spans more than 2^53 values");
+    TRAINKIT_CHECK(!log || low >= 1, "search space: ", name, what, low, ",", high,
+                   ") needs low >= 1 (it is log-spaced)");
+    return push({.name = std::move(name),
+                 .kind = log ? DimensionKind::kLogInt : DimensionKind::kInt,
+                 .int_low = low,
+                 .int_high = high});
+  }
+  /// One of `choices` (at least one, no value twice).
+  SearchSpace& choice(std::string name, std::vector<ParamValue> choices) {
+    TRAINKIT_CHECK(!choices.empty(), "search space: ", name, "=choice() needs at least one value");
+    for (std::size_t i = 0; i < choices.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        TRAINKIT_CHECK(!(choices[i] == choices[j]), "search space: ", name, "=choice(...) lists '",
+                       choices[i].text(), "' twice");
+    return push(
+        {.name = std::move(name), .kind = DimensionKind::kChoice, .choices = std::move(choices)});
+  }
+
+  /// Adds a dimension from text `name=kind(args)`: `uniform(low,high)`, `loguniform(low,high)`,
+  /// `int(low,high)`, `logint(low,high)`, `choice(a,b,...)` (each value an integer, a number or a
+  /// word). Names are letters, digits, '_' and '-', starting with a letter. Throws
+  /// trainkit::Error quoting `spec` and saying what is wrong.
+  SearchSpace& add(std::string_view spec) {
+    const std::string quoted = "search space '" + std::string(spec) + "': ";
+    const std::size_t eq = spec.find('=');
+    TRAINKIT_CHECK(eq != std::string_view::npos, quoted,
+                   "expected name=kind(args), e.g. lr=loguniform(1e-4,1e-1)");
+    const std::string name(detail::trim(spec.substr(0, eq)));
+    bool name_ok = !name.empty() && std::isalpha(static_cast<unsigned char>(name[0]));
+    for (char c : name)
+      name_ok = name_ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-');
+    TRAINKIT_CHECK(name_ok, quoted, "'", name,
+                   "' is not a usable name (letters, digits, '_' and '-', starting with a letter)");
+    std::string_view rest = detail::trim(spec.substr(eq + 1));
+    const std::size_t open = rest.find('(');
+    TRAINKIT_CHECK(open != std::string_view::npos && rest.back() == ')', quoted,
+                   "expected kind(args) after '=', e.g. uniform(0,1)");
+    const std::string kind(detail::trim(rest.substr(0, open)));
+    const std::string_view inside = rest.substr(open + 1, rest.size() - open - 2);
+    std::vector<std::string_view> args;
+    for (std::size_t begin = 0;;) {
+      const std::size_t comma = inside.find(',', begin);
+      args.push_back(detail::trim(inside.substr(begin, comma - begin)));
+      if (comma == std::string_view::npos) break;
+      begin = comma + 1;
+    }
+    for (std::string_view a : args)
+      TRAINKIT_CHECK(!a.empty(), quoted, "an empty argument in ", kind, "(...)");
+    const auto need_two = [&] {
+      TRAINKIT_CHECK(args.size() == 2, quoted, kind, " takes two arguments (low,high), got ",
+                     args.size());
+    };
+    const auto number = [&](std::string_view a) {
+      double v = 0.0;
+      const auto [p, ec] = std::from_chars(a.data(), a.data() + a.size(), v);
+      TRAINKIT_CHECK(ec == std::errc() && p == a.data() + a.size() && std::isfinite(v), quoted, "'",
+                     a, "' is not a finite number");
+      return v;
+    };
+    const auto whole = [&](std::string_view a) {
+      std::int64_t v = 0;
+      const auto [p, ec] = std::from_chars(a.data(), a.data() + a.size(), v);
+      TRAINKIT_CHECK(ec == std::errc() && p == a.data() + a.size(), quoted, "'", a,
+                     "' is not an integer");
+      return v;
+    };
+    try {
+      if (kind == "uniform" || kind == "loguniform") {
+        need_two();
+        const double low = number(args[0]), high = number(args[1]);
+        return kind == "uniform" ? uniform(name, low, high) : log_uniform(name, low, high);
+      }
+      if (kind == "int" || kind == "logint") {
+        need_two();
+        return integer(name, whole(args[0]), whole(args[1]), kind == "logint");
+      }
+      if (kind == "choice") {
+        std::vector<ParamValue> values;
+        for (std::string_view a : args) values.push_back(ParamValue::from_text(a));
+        return choice(name, std::move(values));
+      }
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      if (message.starts_with(quoted)) throw;
+      TRAINKIT_FAIL(quoted, message.substr(message.find(": ") + 2));
+    }
+    TRAINKIT_FAIL(quoted, "unknown kind '", kind, "' (uniform, loguniform, int, logint or choice)");
+  }
+
+  const std::vector<Dimension>& dimensions() const noexcept { return dims_; }
+  std::size_t size() const noexcept { return dims_.size(); }
+  bool empty() const noexcept { return dims_.empty(); }
+  /// Each dimension's canonical text (Dimension::spec), in order.
+  std::vector<std::string> specs() const {
+    std::vector<std::string> out;
+    for (const Dimension& d : dims_) out.push_back(d.spec());
+    return out;
+  }
+
+  /// Trial `trial`'s values under `seed`: dimension d uses words 2d and 2d+1 of Philox stream
+  /// `trial`, so each trial and each dimension is independent of the others and of the order
+  /// in which trials are drawn.
+  Params sample(std::uint64_t seed, std::uint64_t trial) const {
+    Params p;
+    for (std::size_t d = 0; d < dims_.size(); ++d)
+      p.set(dims_[d].name, dims_[d].sample(detail::search_uniform(seed, trial, d)));
+    return p;
+  }
+  /// A seed of trial `trial`'s own (for its initialisation and data order), from the same stream.
+  static std::uint64_t trial_seed(std::uint64_t seed, std::uint64_t trial) {
+    return (std::uint64_t{philox_u32(seed, trial, 2 * detail::kTrialSeedPair)} << 32 |
+            philox_u32(seed, trial, 2 * detail::kTrialSeedPair + 1)) >>
+           1;  // < 2^63: fits a signed 64-bit flag
+  }
+
+ private:
+  SearchSpace& push(Dimension d) {
+    for (const Dimension& e : dims_)
+      TRAINKIT_CHECK(e.name != d.name, "search space: '", d.name, "' is defined twice");
+    dims_.push_back(std::move(d));
+    return *this;
+  }
+  std::vector<Dimension> dims_;
+};
+
+}  // namespace train
+TRAINKIT_NAMESPACE_END
+// end trainkit/train/search_space.hpp
+// defines: train::Search, SearchOptions, SearchResult, SearchStrategy, Trial, TrialContext
+// begin trainkit/train/search.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/train/search.hpp: `train::Search`, hyper-parameter search over a SearchSpace with
+// random search, asynchronous successive halving (ASHA) or synchronous successive halving, K
+// trials at a time, as threads (a callable) or as processes (a command line template whose
+// metric is read from the trial's metrics.jsonl). The search's state lives in <dir>/search.json,
+// replaced atomically after every event, so running the same search again continues it: finished
+// trials are kept, interrupted ones restarted, and a changed space or setting is refused listing
+// each difference. Results: a table, <dir>/results.json and TensorBoard's HPARAMS view (<dir>/tb).
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace train {
+
+/// How trials are scheduled and stopped early.
+enum class SearchStrategy : std::uint8_t {
+  kRandom,       ///< every trial runs to its end (or max_budget)
+  kAsha,         ///< asynchronous successive halving: stop at a rung unless in the top 1/eta
+  kSyncHalving,  ///< synchronous successive halving: rounds; deterministic whatever the timing
+};
+
+/// "random", "asha", "sh".
+inline const char* strategy_name(SearchStrategy s) noexcept {
+  switch (s) {
+    case SearchStrategy::kRandom: return "random";
+    case SearchStrategy::kAsha: return "asha";
+    case SearchStrategy::kSyncHalving: return "sh";
+  }
+  return "?";
+}
+/// Parses "random", "asha" or "sh"; throws trainkit::Error naming the text otherwise.
+inline SearchStrategy parse_strategy(std::string_view text) {
+  for (SearchStrategy s :
+       {SearchStrategy::kRandom, SearchStrategy::kAsha, SearchStrategy::kSyncHalving})
+    if (text == strategy_name(s)) return s;
+  TRAINKIT_FAIL("search strategy '", text, "' is not random, asha or sh");
+}
+
+/// What a Search does. `dir` is required; asha and sh need `max_budget`.
+struct SearchOptions {
+  std::filesystem::path dir = {};  ///< search.json, results.json, tb/ and trial_NNN/ directories
+  std::uint64_t seed = 0;          ///< trial k's parameters and seed are a function of (seed, k)
+  int trials = 10;                 ///< how many trials are sampled (all of them, up front)
+  int parallel = 1;                ///< trials running at once (not part of the saved settings)
+  SearchStrategy strategy = SearchStrategy::kRandom;
+  std::string metric = "metric";  ///< the reported value's name (a process trial's JSON key)
+  ckpt::MetricMode mode = ckpt::MetricMode::kMax;  ///< whether higher or lower is better
+  /// Budgets are the units of report(): epochs, steps, ... Rungs are min_budget * eta^k below
+  /// max_budget; a trial reaching max_budget is complete. 0: no limit (random search only).
+  std::int64_t min_budget = 1;
+  std::int64_t max_budget = 0;
+  int eta = 3;                     ///< keep the top 1/eta at each rung (>= 2)
+  bool print = true;               ///< progress lines and the final table on stdout
+  bool tensorboard = true;         ///< write <dir>/tb (HPARAMS) when the search ends
+  bool durable = true;             ///< fsync search.json after each event (see io::AtomicFile)
+  bool handle_signals = true;      ///< SIGINT / SIGTERM stop the search, leaving it resumable
+  double poll_seconds = 0.05;      ///< process trials: how often metrics files and exits are read
+  double lock_wait_seconds = 120;  ///< process trials: wait for an earlier process of a trial
+};
+
+/// Where a trial is.
+enum class TrialStatus : std::uint8_t {
+  kPending,    ///< not started yet, or to be (re)started
+  kRunning,    ///< running (in search.json: it was running when the search stopped)
+  kPaused,     ///< sh: reached this round's budget, waiting for the round to end
+  kCompleted,  ///< ran to its end or to max_budget
+  kStopped,    ///< stopped early by the strategy
+  kFailed,     ///< threw, or its process failed (see Trial::error)
+};
+/// "pending", "running", "paused", "completed", "stopped", "failed".
+inline const char* trial_status_name(TrialStatus s) noexcept {
+  constexpr const char* kNames[] = {"pending",   "running", "paused",
+                                    "completed", "stopped", "failed"};
+  return kNames[static_cast<int>(s)];
+}
+
+/// One report of a trial: its metric after `budget` units of training.
+struct TrialReport {
+  std::int64_t budget = 0;
+  double value = std::numeric_limits<double>::quiet_NaN();
+  friend bool operator==(const TrialReport&, const TrialReport&) = default;
+};
+
+/// One trial of a search.
+struct Trial {
+  int id = 0;
+  Params params;
+  std::uint64_t seed = 0;  ///< the trial's own seed (SearchSpace::trial_seed)
+  TrialStatus status = TrialStatus::kPending;
+  std::vector<TrialReport> reports;  ///< in budget order, each budget once
+  /// The result: the last reported value, or the objective's return value without reports.
+  double metric = std::numeric_limits<double>::quiet_NaN();
+  int round = 0;              ///< sh: the round (rung) this trial is admitted to
+  int starts = 0;             ///< how often it was started (a restart after an interruption counts)
+  std::string error;          ///< why it failed
+  std::filesystem::path dir;  ///< <search dir>/trial_NNN
+  /// The largest budget reported (0: none).
+  std::int64_t budget() const noexcept { return reports.empty() ? 0 : reports.back().budget; }
+  bool finished() const noexcept {
+    return status == TrialStatus::kCompleted || status == TrialStatus::kStopped ||
+           status == TrialStatus::kFailed;
+  }
+};
+
+/// How Search::run ended.
+struct SearchResult {
+  std::vector<Trial> trials;  ///< best first (by metric; failed and metric-less trials last)
+  bool interrupted = false;   ///< stopped by SIGINT / SIGTERM (run again to continue)
+  std::string table;          ///< the printed results table
+  /// The best trial (nullptr when no trial has a metric).
+  const Trial* best() const {
+    return !trials.empty() && !std::isnan(trials.front().metric) ? &trials.front() : nullptr;
+  }
+};
+
+class Search;
+
+/// What a thread trial sees: its id, seed, directory and budget limit, and report().
+class TrialContext {
+ public:
+  int id() const noexcept { return id_; }
+  /// The trial's own seed (different for every trial, fixed by the search's seed).
+  std::uint64_t seed() const noexcept { return seed_; }
+  /// <search dir>/trial_NNN (created before the trial starts): for its checkpoints and logs.
+  const std::filesystem::path& dir() const noexcept { return dir_; }
+  /// The search's max_budget (0: none): train at most this far.
+  std::int64_t max_budget() const noexcept { return max_budget_; }
+  /// Reports the metric after `step` units of budget (increasing; a step at or below one already
+  /// reported, as in a restarted trial, is ignored). Returns false when the trial should stop
+  /// now: stopped early, max_budget reached, the round's budget reached (sh) or the search is
+  /// being interrupted. NaN ranks below every number.
+  inline bool report(std::int64_t step, double value);
+
+ private:
+  friend class Search;
+  TrialContext(Search* search, const Trial& t, std::int64_t max_budget)
+      : search_(search), id_(t.id), seed_(t.seed), dir_(t.dir), max_budget_(max_budget) {}
+  Search* search_;
+  int id_;
+  std::uint64_t seed_;
+  std::filesystem::path dir_;
+  std::int64_t max_budget_;
+};
+
+namespace detail {
+
+/// True when `value` is among the best max(1, floor(n / eta)) of `competing` (n values, which
+/// include `value` itself): ASHA's promotion rule. Ties are kept; NaN ranks last.
+inline bool search_promotable(double value, std::vector<double> competing, int eta, bool maximize) {
+  const auto better = [maximize](double a, double b) {
+    if (std::isnan(a)) return false;
+    if (std::isnan(b)) return true;
+    return maximize ? a > b : a < b;
+  };
+  std::sort(competing.begin(), competing.end(), better);
+  const std::size_t keep =
+      std::max<std::size_t>(1, competing.size() / static_cast<std::size_t>(eta));
+  if (std::isnan(value)) return std::isnan(competing[keep - 1]);
+  return !better(competing[keep - 1], value);
+}
+
+/// The stop request of a running Search (0: none). One Search runs at a time per process.
+inline std::atomic<int>& search_stop_signal() noexcept {
+  static std::atomic<int> value{0};
+  return value;
+}
+extern "C" inline void search_signal_handler(int sig) { search_stop_signal().store(sig); }
+
+/// A JSON number (null for NaN and infinities).
+inline io::Json search_json_number(double v) {
+  if (!std::isfinite(v)) return io::Json();
+  return io::Json::number(StateDict::number_to_string(v));
+}
+
+/// Reads a small text file whole ("" when it does not exist).
+inline std::string search_read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// The last `max_lines` lines of `text`, at most `max_bytes` bytes.
+inline std::string search_tail(std::string_view text, int max_lines, std::size_t max_bytes) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+  std::size_t begin = text.size();
+  for (int lines = 0; begin > 0 && lines < max_lines; ++lines) {
+    const std::size_t nl = text.rfind('\n', begin - 1);
+    begin = nl == std::string_view::npos ? 0 : nl + 1;
+    if (nl == std::string_view::npos) break;
+    if (lines + 1 < max_lines) begin = nl;
+  }
+  if (begin > 0 && text[begin] == '\n') ++begin;
+  if (text.size() - begin > max_bytes) begin = text.size() - max_bytes;
+  return std::string(text.substr(begin));
+}
+
+/// The (open, close) positions of each `{name}` in `arg`, where name is letters, digits, '_' and
+/// '-' (other braces, such as JSON in a shell script, are left alone).
+inline std::vector<std::pair<std::size_t, std::size_t>> search_placeholders(std::string_view arg) {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t open = arg.find('{'); open != std::string_view::npos;
+       open = arg.find('{', open + 1)) {
+    std::size_t close = open + 1;
+    while (close < arg.size() && (std::isalnum(static_cast<unsigned char>(arg[close])) ||
+                                  arg[close] == '_' || arg[close] == '-'))
+      ++close;
+    if (close < arg.size() && arg[close] == '}' && close > open + 1) out.emplace_back(open, close);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// A hyper-parameter search (see the file comment and docs/search.md).
+///
+///   train::SearchSpace space = train::SearchSpace::parse({"lr=loguniform(1e-4,1e-1)"});
+///   train::Search search(space, {.dir = "runs/search", .trials = 20, .parallel = 4,
+///                                .strategy = train::SearchStrategy::kAsha,
+///                                .metric = "val_accuracy", .max_budget = 9});
+///   auto result = search.run([](const train::Params& p, train::TrialContext& ctx) {
+///     double acc = 0;
+///     for (int epoch = 1; epoch <= ctx.max_budget(); ++epoch) {
+///       acc = train_one_epoch(p.get_double("lr"));
+///       if (!ctx.report(epoch, acc)) break;
+///     }
+///     return acc;
+///   });
+class Search {
+ public:
+  /// A thread trial: trains with `params`, reports through the context, returns its metric.
+  using Objective = std::function<double(const Params&, TrialContext&)>;
+
+  /// Checks the options (nothing is read or written yet). Throws trainkit::Error for an empty
+  /// space or dir, trials < 1, parallel < 1, eta < 2, min_budget < 1, or asha / sh without
+  /// max_budget >= min_budget.
+  Search(SearchSpace space, SearchOptions options)
+      : space_(std::move(space)), options_(std::move(options)) {
+    TRAINKIT_CHECK(!space_.empty(), "train::Search: the search space has no dimension");
+    TRAINKIT_CHECK(!options_.dir.empty(), "train::Search: the search directory (dir) is empty");
+    TRAINKIT_CHECK(options_.trials >= 1, "train::Search: trials must be >= 1 (got ",
+                   options_.trials, ")");
+    TRAINKIT_CHECK(options_.parallel >= 1, "train::Search: parallel must be >= 1 (got ",
+                   options_.parallel, ")");
+    TRAINKIT_CHECK(options_.eta >= 2, "train::Search: eta must be >= 2 (got ", options_.eta, ")");
+    TRAINKIT_CHECK(options_.min_budget >= 1, "train::Search: min_budget must be >= 1 (got ",
+                   options_.min_budget, ")");
+    TRAINKIT_CHECK(options_.max_budget >= 0, "train::Search: max_budget must be >= 0");
+    TRAINKIT_CHECK(
+        options_.strategy == SearchStrategy::kRandom || options_.max_budget >= options_.min_budget,
+        "train::Search: strategy ", strategy_name(options_.strategy),
+        " needs max_budget >= min_budget (got max_budget ", options_.max_budget, ", min_budget ",
+        options_.min_budget, ")");
+    for (std::int64_t b = options_.min_budget;
+         options_.strategy != SearchStrategy::kRandom && b < options_.max_budget;) {
+      rung_budgets_.push_back(b);
+      if (b > options_.max_budget / options_.eta) break;
+      b *= options_.eta;
+    }
+  }
+
+  Search(const Search&) = delete;
+  Search& operator=(const Search&) = delete;
+
+  /// The budgets at which ASHA / sh decide (min_budget * eta^k below max_budget).
+  const std::vector<std::int64_t>& rung_budgets() const noexcept { return rung_budgets_; }
+  const SearchOptions& options() const noexcept { return options_; }
+  const SearchSpace& space() const noexcept { return space_; }
+
+  /// Runs (or continues) the search with thread trials, `parallel` at a time, until every trial
+  /// is finished or a signal stops it. An exception thrown by `objective` fails that trial
+  /// only. Throws trainkit::Error when search.json is damaged or holds other settings (listing
+  /// each difference), or when the state cannot be written.
+  SearchResult run(const Objective& objective) {
+    TRAINKIT_CHECK(static_cast<bool>(objective), "train::Search::run: no objective");
+    start({});
+    std::vector<std::thread> workers;
+    std::exception_ptr failure;
+    std::mutex failure_mutex;
+    for (int w = 0; w < options_.parallel; ++w)
+      workers.emplace_back([&] {
+        try {
+          worker(objective);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+          std::lock_guard<std::mutex> state_lock(mutex_);
+          aborted_ = true;
+          cv_.notify_all();
+        }
+      });
+    for (std::thread& t : workers) t.join();
+    if (failure) {
+      finish_run();
+      std::rethrow_exception(failure);
+    }
+    return finish_run();
+  }
+
+  /// Runs (or continues) the search with process trials: each trial runs `command` (argv) with
+  /// `{dir}` (the trial's directory), `{trial}`, `{seed}`, `{max_budget}` and `{name}` for each
+  /// dimension replaced, started by fork/exec with stdout and stderr appended to
+  /// <trial dir>/stdout.log and stderr.log. Its metric is read from <trial dir>/metrics.jsonl as
+  /// it grows: the n-th line holding options.metric is the report at budget n. A trial the
+  /// strategy stops gets SIGTERM (a train::Loop saves a checkpoint and exits 0); a nonzero exit
+  /// fails the trial with the tail of its stderr. On Linux a trial also gets SIGTERM when the
+  /// search process dies; a rerun waits for such a leftover process of a trial before restarting
+  /// it in the same directory (it resumes from its own checkpoint). Throws trainkit::Error for a
+  /// command without a dimension's placeholder or with an unknown one, and as run() does.
+  SearchResult run_command(const std::vector<std::string>& command) {
+    TRAINKIT_CHECK(!command.empty(), "train::Search::run_command: the command is empty");
+    check_template(command);
+    start(command);
+    process_loop(command);
+    return finish_run();
+  }
+
+  /// The results table of the trials as they are now (best first).
+  std::string table() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return table_locked(sorted_locked());
+  }
+
+  /// search.json's path.
+  std::filesystem::path state_path() const { return options_.dir / "search.json"; }
+
+ private:
+  friend class TrialContext;
+
+  // ---- settings and state file ------------------------------------------------------------
+
+  std::map<std::string, std::string> settings(const std::vector<std::string>& command) const {
+    std::map<std::string, std::string> s;
+    s["seed"] = std::to_string(options_.seed);
+    s["trials"] = std::to_string(options_.trials);
+    s["strategy"] = strategy_name(options_.strategy);
+    s["metric"] = options_.metric;
+    s["mode"] = options_.mode == ckpt::MetricMode::kMax ? "max" : "min";
+    s["min_budget"] = std::to_string(options_.min_budget);
+    s["max_budget"] = std::to_string(options_.max_budget);
+    s["eta"] = std::to_string(options_.eta);
+    std::string cmd;
+    for (const std::string& a : command) cmd += (cmd.empty() ? "" : " ") + a;
+    s["command"] = cmd;
+    return s;
+  }
+
+  static std::string trial_dir_name(int id) {
+    char name[32];
+    std::snprintf(name, sizeof name, "trial_%03d", id);
+    return name;
+  }
+
+  io::Json state_json_locked() const {
+    io::Json root = io::Json::object();
+    root.set("format", "trainkit.search");
+    root.set("version", 1);
+    io::Json space = io::Json::array();
+    for (const std::string& s : space_.specs()) space.push_back(s);
+    root.set("space", std::move(space));
+    io::Json settings_json = io::Json::object();
+    for (const auto& [k, v] : settings_) settings_json.set(k, v);
+    root.set("settings", std::move(settings_json));
+    root.set("round", round_);
+    io::Json rungs = io::Json::array();
+    for (const auto& rung : rungs_) {
+      io::Json r = io::Json::array();
+      for (const auto& [id, value] : rung) {
+        io::Json e = io::Json::array();
+        e.push_back(id);
+        e.push_back(detail::search_json_number(value));
+        r.push_back(std::move(e));
+      }
+      rungs.push_back(std::move(r));
+    }
+    root.set("rungs", std::move(rungs));
+    io::Json trials = io::Json::array();
+    for (const Trial& t : trials_) {
+      io::Json j = io::Json::object();
+      j.set("id", t.id);
+      io::Json params = io::Json::object();
+      for (const auto& [n, v] : t.params.items()) params.set(n, v.text());
+      j.set("params", std::move(params));
+      j.set("seed", std::to_string(t.seed));
+      j.set("status", trial_status_name(t.status));
+      j.set("round", t.round);
+      j.set("starts", t.starts);
+      io::Json reports = io::Json::array();
+      for (const TrialReport& r : t.reports) {
+        io::Json e = io::Json::array();
+        e.push_back(r.budget);
+        e.push_back(detail::search_json_number(r.value));
+        reports.push_back(std::move(e));
+      }
+      j.set("reports", std::move(reports));
+      j.set("metric", detail::search_json_number(t.metric));
+      j.set("error", t.error);
+      trials.push_back(std::move(j));
+    }
+    root.set("trials", std::move(trials));
+    return root;
+  }
+
+  void save_locked() const {
+    io::write_file_atomic(state_path(), std::string_view(state_json_locked().dump(1)),
+                          {.durable = options_.durable});
+  }
+
+  /// Reads search.json into the state; throws naming the file on any damage.
+  void load_locked(const std::string& text) {
+    const std::string where = state_path().string();
+    const auto bad = [&](const std::string& what) -> void {
+      TRAINKIT_FAIL("train::Search: ", where, " is damaged: ", what,
+                    " (move it away to start the search afresh)");
+    };
+    io::JsonParseError perr;
+    const std::optional<io::Json> parsed = io::Json::try_parse(text, &perr);
+    if (!parsed) bad("invalid JSON at byte " + std::to_string(perr.offset) + ": " + perr.message);
+    const io::Json& root = *parsed;
+    if (!root.is_object()) bad("not a JSON object");
+    const auto member = [&](const io::Json& obj, std::string_view key, io::Json::Kind kind,
+                            const std::string& in) -> const io::Json& {
+      const io::Json* v = obj.is_object() ? obj.find(key) : nullptr;
+      const bool ok = v != nullptr && (v->kind() == kind || (kind == io::Json::Kind::kNumber &&
+                                                             (v->is_number() || v->is_null())));
+      if (!ok) bad(in + " has no valid '" + std::string(key) + "'");
+      return *v;
+    };
+    const auto integer = [&](const io::Json& v, std::int64_t lo, std::int64_t hi,
+                             const std::string& what) -> std::int64_t {
+      if (!v.is_integer()) bad(what + " is not an integer");
+      if (!v.is_unsigned() && lo >= 0) bad(what + " is out of range");
+      const std::int64_t x =
+          v.is_unsigned() && v.as_uint() > std::uint64_t(INT64_MAX) ? INT64_MAX : v.as_int();
+      if (x < lo || x > hi) bad(what + " is out of range");
+      return x;
+    };
+    const auto number = [&](const io::Json& v, const std::string& what) -> double {
+      if (v.is_null()) return std::numeric_limits<double>::quiet_NaN();
+      if (!v.is_number()) bad(what + " is not a number");
+      return v.as_double();
+    };
+    if (const io::Json* f = root.find("format");
+        f == nullptr || !f->is_string() || f->as_string() != "trainkit.search")
+      bad("not a search state file (no \"format\": \"trainkit.search\")");
+    if (integer(member(root, "version", io::Json::Kind::kInteger, "the file"), 0, 1000,
+                "version") != 1)
+      bad("unknown version");
+
+    // Settings first: a changed search is refused before anything else is read.
+    std::vector<std::string> saved_space;
+    for (const io::Json& s : member(root, "space", io::Json::Kind::kArray, "the file").as_array()) {
+      if (!s.is_string()) bad("space holds a non-string");
+      saved_space.push_back(s.as_string());
+    }
+    std::map<std::string, std::string> saved_settings;
+    for (const io::JsonMember& m :
+         member(root, "settings", io::Json::Kind::kObject, "the file").as_object()) {
+      if (!m.value.is_string()) bad("setting '" + m.key + "' is not a string");
+      saved_settings[m.key] = m.value.as_string();
+    }
+    check_same_search(saved_space, saved_settings);
+
+    round_ = static_cast<int>(integer(member(root, "round", io::Json::Kind::kInteger, "the file"),
+                                      0, static_cast<std::int64_t>(rung_budgets_.size()), "round"));
+    const io::Json::Array& rungs =
+        member(root, "rungs", io::Json::Kind::kArray, "the file").as_array();
+    if (rungs.size() > rung_budgets_.size() + 1) bad("more rungs than the settings give");
+    rungs_.assign(rung_budgets_.size() + 1, {});
+    for (std::size_t k = 0; k < rungs.size(); ++k) {
+      if (!rungs[k].is_array()) bad("rung " + std::to_string(k) + " is not an array");
+      for (const io::Json& e : rungs[k].as_array()) {
+        if (!e.is_array() || e.size() != 2) bad("rung " + std::to_string(k) + " holds a bad entry");
+        const int id = static_cast<int>(integer(e.as_array()[0], 0, options_.trials - 1,
+                                                "a trial id in rung " + std::to_string(k)));
+        rungs_[k].emplace_back(id, number(e.as_array()[1], "a value in rung " + std::to_string(k)));
+      }
+    }
+    const io::Json::Array& trials =
+        member(root, "trials", io::Json::Kind::kArray, "the file").as_array();
+    if (trials.size() != static_cast<std::size_t>(options_.trials))
+      bad("it holds " + std::to_string(trials.size()) + " trials, the settings " +
+          std::to_string(options_.trials));
+    for (std::size_t i = 0; i < trials.size(); ++i) {
+      const io::Json& j = trials[i];
+      const std::string in = "trial " + std::to_string(i);
+      Trial& t = trials_[i];
+      if (!j.is_object()) bad(in + " is not an object");
+      if (integer(member(j, "id", io::Json::Kind::kInteger, in), 0, options_.trials - 1,
+                  in + "'s id") != static_cast<std::int64_t>(i))
+        bad(in + " has another id");
+      const io::Json& params = member(j, "params", io::Json::Kind::kObject, in);
+      bool same = params.size() == t.params.size();
+      for (const auto& [n, v] : t.params.items()) {
+        const io::Json* p = params.find(n);
+        same = same && p != nullptr && p->is_string() && p->as_string() == v.text();
+      }
+      if (!same)
+        bad(in + "'s params are not the ones its seed gives (" + t.params.to_string() + ")");
+      const std::string& status = member(j, "status", io::Json::Kind::kString, in).as_string();
+      bool known = false;
+      for (int s = 0; s <= static_cast<int>(TrialStatus::kFailed); ++s)
+        if (status == trial_status_name(static_cast<TrialStatus>(s))) {
+          t.status = static_cast<TrialStatus>(s);
+          known = true;
+        }
+      if (!known) bad(in + " has an unknown status '" + status + "'");
+      t.round = static_cast<int>(integer(member(j, "round", io::Json::Kind::kInteger, in), 0,
+                                         static_cast<std::int64_t>(rung_budgets_.size()),
+                                         in + "'s round"));
+      t.starts = static_cast<int>(
+          integer(member(j, "starts", io::Json::Kind::kInteger, in), 0, 1 << 30, in + "'s starts"));
+      for (const io::Json& r : member(j, "reports", io::Json::Kind::kArray, in).as_array()) {
+        if (!r.is_array() || r.size() != 2) bad(in + " holds a bad report");
+        const std::int64_t b = integer(r.as_array()[0], 1, INT64_MAX, in + "'s report budget");
+        if (b <= t.budget()) bad(in + "'s report budgets do not increase");
+        t.reports.push_back({b, number(r.as_array()[1], in + "'s report value")});
+      }
+      t.metric = number(member(j, "metric", io::Json::Kind::kNumber, in), in + "'s metric");
+      t.error = member(j, "error", io::Json::Kind::kString, in).as_string();
+    }
+  }
+
+  void check_same_search(const std::vector<std::string>& saved_space,
+                         const std::map<std::string, std::string>& saved) const {
+    std::string problems;
+    const std::vector<std::string> now_space = space_.specs();
+    const auto name_of = [](const std::string& spec) { return spec.substr(0, spec.find('=')); };
+    for (const std::string& s : saved_space) {
+      const auto it = std::find_if(now_space.begin(), now_space.end(),
+                                   [&](const std::string& n) { return name_of(n) == name_of(s); });
+      if (it == now_space.end()) problems += "\n  space: the search has " + s + ", now it is gone";
+      else if (*it != s) problems += "\n  space: the search has " + s + ", now " + *it;
+    }
+    for (const std::string& n : now_space)
+      if (std::none_of(saved_space.begin(), saved_space.end(),
+                       [&](const std::string& s) { return name_of(s) == name_of(n); }))
+        problems += "\n  space: " + n + " is new";
+    if (problems.empty() && saved_space != now_space)
+      problems += "\n  space: the dimensions are in another order";
+    for (const auto& [key, value] : settings_) {
+      const auto it = saved.find(key);
+      if (it == saved.end())
+        problems += "\n  " + key + ": not in the saved search, now '" + value + "'";
+      else if (it->second != value)
+        problems += "\n  " + key + ": the search has '" + it->second + "', now '" + value + "'";
+    }
+    for (const auto& [key, value] : saved)
+      if (!settings_.count(key)) problems += "\n  " + key + ": '" + value + "' is not a setting";
+    TRAINKIT_CHECK(problems.empty(), "train::Search: cannot continue the search in ",
+                   state_path().string(), ", which was started with other settings:", problems,
+                   "\n(use the same settings to continue it, or another directory for a new "
+                   "search)");
+  }
+
+  /// Creates the directory, takes its lock, loads or creates the state.
+  void start(const std::vector<std::string>& command) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.dir, ec);
+    TRAINKIT_CHECK(!ec, "train::Search: cannot create the search directory ", options_.dir.string(),
+                   ": ", ec.message());
+    const std::filesystem::path lock_path = options_.dir / ".search.lock";
+    lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    TRAINKIT_CHECK(lock_fd_ >= 0, "train::Search: cannot open ", lock_path.string(), ": ",
+                   std::strerror(errno));
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+      TRAINKIT_FAIL("train::Search: another search is running in ", options_.dir.string(),
+                    " (its lock ", lock_path.string(), " is held)");
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    settings_ = settings(command);
+    trials_.clear();
+    for (int i = 0; i < options_.trials; ++i) {
+      Trial t;
+      t.id = i;
+      t.params = space_.sample(options_.seed, static_cast<std::uint64_t>(i));
+      t.seed = SearchSpace::trial_seed(options_.seed, static_cast<std::uint64_t>(i));
+      t.dir = options_.dir / trial_dir_name(i);
+      trials_.push_back(std::move(t));
+    }
+    rungs_.assign(rung_budgets_.size() + 1, {});
+    active_.assign(trials_.size(), false);
+    round_ = 0;
+    aborted_ = false;
+    interrupted_ = false;
+    const std::string text = detail::search_read_file(state_path());
+    resumed_ = std::filesystem::exists(state_path());
+    if (resumed_) {
+      try {
+        load_locked(text);
+      } catch (...) {
+        release_lock();
+        throw;
+      }
+      int restarted = 0, done = 0;
+      for (Trial& t : trials_) {
+        if (t.status == TrialStatus::kRunning) {
+          t.status = TrialStatus::kPending;
+          ++restarted;
+        }
+        done += t.finished();
+      }
+      if (options_.print)
+        std::printf("search: continuing %s: %d of %d trials finished, %d to restart\n",
+                    state_path().string().c_str(), done, options_.trials, restarted);
+    }
+    advance_round_locked();
+    save_locked();
+    previous_int_ = previous_term_ = SIG_DFL;
+    detail::search_stop_signal().store(0);
+    if (options_.handle_signals) {
+      previous_int_ = std::signal(SIGINT, detail::search_signal_handler);
+      previous_term_ = std::signal(SIGTERM, detail::search_signal_handler);
+    }
+  }
+
+  void release_lock() noexcept {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+
+  SearchResult finish_run() {
+    if (options_.handle_signals) {
+      std::signal(SIGINT, previous_int_);
+      std::signal(SIGTERM, previous_term_);
+    }
+    SearchResult result;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      result.interrupted = interrupted_;
+      result.trials = sorted_locked();
+      result.table = table_locked(result.trials);
+      const bool done =
+          std::all_of(trials_.begin(), trials_.end(), [](const Trial& t) { return t.finished(); });
+      if (done && !aborted_) {
+        write_results_locked(result.trials);
+        if (options_.tensorboard) write_tensorboard_locked();
+      }
+    }
+    if (options_.print) {
+      std::printf("%s", result.table.c_str());
+      if (result.interrupted)
+        std::printf("search: interrupted; run the same command again to continue\n");
+      std::fflush(stdout);
+    }
+    release_lock();
+    return result;
+  }
+
+  // ---- strategy -----------------------------------------------------------------------------
+
+  bool maximize() const noexcept { return options_.mode == ckpt::MetricMode::kMax; }
+  bool stopping() const noexcept { return detail::search_stop_signal().load() != 0 || aborted_; }
+
+  /// The next trial to start (nullopt: none now).
+  std::optional<int> next_locked() {
+    if (stopping()) return std::nullopt;
+    for (Trial& t : trials_)
+      if (t.status == TrialStatus::kPending &&
+          (options_.strategy != SearchStrategy::kSyncHalving || t.round == round_)) {
+        t.status = TrialStatus::kRunning;
+        ++t.starts;
+        active_[static_cast<std::size_t>(t.id)] = true;
+        std::error_code ec;
+        std::filesystem::create_directories(t.dir, ec);
+        TRAINKIT_CHECK(!ec, "train::Search: cannot create the trial directory ", t.dir.string(),
+                       ": ", ec.message());
+        save_locked();
+        if (options_.print) {
+          std::printf("search: trial %d %s: %s\n", t.id, t.starts > 1 ? "restarts" : "starts",
+                      t.params.to_string().c_str());
+          std::fflush(stdout);
+        }
+        return t.id;
+      }
+    return std::nullopt;
+  }
+
+  bool all_finished_locked() const {
+    return std::all_of(trials_.begin(), trials_.end(), [](const Trial& t) { return t.finished(); });
+  }
+  bool any_running_locked() const {
+    return std::any_of(trials_.begin(), trials_.end(),
+                       [](const Trial& t) { return t.status == TrialStatus::kRunning; });
+  }
+
+  /// The budget at which a trial of round `round` pauses (sh).
+  std::int64_t round_budget(int round) const {
+    return static_cast<std::size_t>(round) < rung_budgets_.size()
+               ? rung_budgets_[static_cast<std::size_t>(round)]
+               : options_.max_budget;
+  }
+
+  /// Records a report; returns whether the trial continues.
+  bool report_locked(int id, std::int64_t budget, double value) {
+    Trial& t = trials_[static_cast<std::size_t>(id)];
+    if (t.status != TrialStatus::kRunning) return false;
+    const bool sync = options_.strategy == SearchStrategy::kSyncHalving;
+    if (budget <= t.budget()) {  // a restarted trial repeating what it reported
+      return !stopping() && (!sync || budget < round_budget(t.round));
+    }
+    t.reports.push_back({budget, value});
+    t.metric = value;
+    bool go_on = true;
+    if (options_.strategy == SearchStrategy::kAsha) {
+      for (std::size_t k = 0; k < rung_budgets_.size() && go_on; ++k) {
+        if (rung_budgets_[k] > budget) break;
+        auto& rung = rungs_[k];
+        if (std::any_of(rung.begin(), rung.end(), [&](const auto& e) { return e.first == id; }))
+          continue;
+        rung.emplace_back(id, value);
+        std::vector<double> competing;
+        for (const auto& e : rung) competing.push_back(e.second);
+        if (!detail::search_promotable(value, competing, options_.eta, maximize())) {
+          t.status = TrialStatus::kStopped;
+          go_on = false;
+          log_locked(t, "stopped at budget " + std::to_string(budget) + " (rung " +
+                            std::to_string(k) + ", not in the top 1/" +
+                            std::to_string(options_.eta) + " of " + std::to_string(rung.size()) +
+                            ")");
+        }
+      }
+      if (go_on && budget >= options_.max_budget) {
+        t.status = TrialStatus::kCompleted;
+        go_on = false;
+        log_locked(t, "completed at budget " + std::to_string(budget));
+      }
+    } else if (sync) {
+      if (budget >= round_budget(t.round)) {
+        rungs_[static_cast<std::size_t>(t.round)].emplace_back(id, value);
+        t.status = TrialStatus::kPaused;
+        go_on = false;
+      }
+    } else if (options_.max_budget > 0 && budget >= options_.max_budget) {
+      t.status = TrialStatus::kCompleted;
+      go_on = false;
+      log_locked(t, "completed at budget " + std::to_string(budget));
+    }
+    save_locked();
+    if (!go_on) {
+      advance_round_locked();
+      cv_.notify_all();
+    }
+    return go_on && !stopping();
+  }
+
+  /// A trial's run ended: `returned` is the objective's value (NaN for a process), `error` the
+  /// failure (empty: none).
+  void end_locked(int id, double returned, const std::string& error) {
+    Trial& t = trials_[static_cast<std::size_t>(id)];
+    active_[static_cast<std::size_t>(id)] = false;
+    if (!error.empty()) {
+      if (t.status == TrialStatus::kRunning || t.status == TrialStatus::kPaused) {
+        t.status = TrialStatus::kFailed;
+        t.error = error;
+        log_locked(t, "failed: " + error);
+      }
+    } else if (t.status == TrialStatus::kRunning && !stopping()) {
+      // (A trial that ends while the search is stopping stays "running": the next run restarts
+      // it.)
+      if (t.reports.empty()) t.metric = returned;
+      if (options_.strategy == SearchStrategy::kSyncHalving) {
+        rungs_[static_cast<std::size_t>(t.round)].emplace_back(t.id, t.metric);
+        t.status = TrialStatus::kPaused;
+      } else {
+        t.status = TrialStatus::kCompleted;
+        log_locked(t, "completed");
+      }
+    }
+    advance_round_locked();
+    save_locked();
+    cv_.notify_all();
+  }
+
+  /// sh: when every trial of the current round is paused or failed, keeps the best
+  /// max(1, floor(n / eta)) for the next round and stops the others.
+  void advance_round_locked() {
+    if (options_.strategy != SearchStrategy::kSyncHalving) return;
+    while (true) {
+      std::vector<Trial*> in_round;
+      for (Trial& t : trials_)
+        if (t.round == round_ && !t.finished()) {
+          // Still pending or running, or paused but its run has not returned yet.
+          if (t.status != TrialStatus::kPaused || active_[static_cast<std::size_t>(t.id)]) return;
+          in_round.push_back(&t);
+        }
+      if (in_round.empty()) return;
+      const bool last = static_cast<std::size_t>(round_) >= rung_budgets_.size();
+      if (last) {
+        for (Trial* t : in_round) {
+          t->status = TrialStatus::kCompleted;
+          log_locked(*t, "completed");
+        }
+        return;
+      }
+      const auto value_of = [&](const Trial* t) {
+        for (const auto& [id, v] : rungs_[static_cast<std::size_t>(round_)])
+          if (id == t->id) return v;
+        return t->metric;
+      };
+      std::stable_sort(in_round.begin(), in_round.end(), [&](const Trial* a, const Trial* b) {
+        const double va = value_of(a), vb = value_of(b);
+        if (std::isnan(va) || std::isnan(vb)) return !std::isnan(va) && std::isnan(vb);
+        return maximize() ? va > vb : va < vb;
+      });
+      const std::size_t keep =
+          std::max<std::size_t>(1, in_round.size() / static_cast<std::size_t>(options_.eta));
+      for (std::size_t i = 0; i < in_round.size(); ++i) {
+        if (i < keep) {
+          in_round[i]->round = round_ + 1;
+          in_round[i]->status = TrialStatus::kPending;
+        } else {
+          in_round[i]->status = TrialStatus::kStopped;
+          log_locked(*in_round[i], "stopped after round " + std::to_string(round_) + " (budget " +
+                                       std::to_string(round_budget(round_)) + ")");
+        }
+      }
+      ++round_;
+      if (options_.print) {
+        std::printf("search: round %d: %zu trial(s) continue to budget %lld\n", round_, keep,
+                    static_cast<long long>(round_budget(round_)));
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  void log_locked(const Trial& t, const std::string& what) const {
+    if (!options_.print) return;
+    std::printf("search: trial %d %s (%s %s)\n", t.id, what.c_str(), options_.metric.c_str(),
+                StateDict::number_to_string(t.metric).c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- thread trials ------------------------------------------------------------------------
+
+  void worker(const Objective& objective) {
+    while (true) {
+      std::optional<int> id;
+      Params params;
+      std::optional<TrialContext> ctx;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (true) {
+          if (stopping()) {
+            if (detail::search_stop_signal().load() != 0) interrupted_ = true;
+            return;
+          }
+          id = next_locked();
+          if (id) break;
+          if (all_finished_locked()) return;
+          if (!any_running_locked()) return;  // nothing can unblock the wait (defensive)
+          cv_.wait_for(lock, std::chrono::milliseconds(100));
+        }
+        const Trial& t = trials_[static_cast<std::size_t>(*id)];
+        params = t.params;
+        ctx.emplace(TrialContext(this, t, options_.max_budget));
+      }
+      double returned = std::numeric_limits<double>::quiet_NaN();
+      std::string error;
+      try {
+        returned = objective(params, *ctx);
+      } catch (const std::exception& e) {
+        error = e.what();
+        if (error.empty()) error = "an exception without a message";
+      } catch (...) {
+        error = "a non-standard exception";
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      end_locked(*id, returned, error);
+    }
+  }
+
+  // ---- process trials -----------------------------------------------------------------------
+
+  std::vector<std::string> placeholders() const {
+    std::vector<std::string> names = {"dir", "trial", "seed", "max_budget"};
+    for (const Dimension& d : space_.dimensions()) names.push_back(d.name);
+    return names;
+  }
+
+  void check_template(const std::vector<std::string>& command) const {
+    const std::vector<std::string> known = placeholders();
+    std::vector<std::string> used;
+    for (const std::string& arg : command)
+      for (const auto& [open, close] : detail::search_placeholders(arg)) {
+        const std::string name = arg.substr(open + 1, close - open - 1);
+        if (std::find(known.begin(), known.end(), name) == known.end()) {
+          std::string list;
+          for (const std::string& k : known) list += (list.empty() ? "{" : ", {") + k + "}";
+          TRAINKIT_FAIL("train::Search: command argument '", arg, "' names {", name,
+                        "}, which is not a placeholder (", list, ")");
+        }
+        used.push_back(name);
+      }
+    for (const Dimension& d : space_.dimensions())
+      TRAINKIT_CHECK(std::find(used.begin(), used.end(), d.name) != used.end(),
+                     "train::Search: the command does not pass hyper-parameter '", d.name,
+                     "' (add an argument with {", d.name, "})");
+    TRAINKIT_CHECK(std::find(used.begin(), used.end(), "dir") != used.end(),
+                   "train::Search: the command does not pass the trial's directory (add an "
+                   "argument with {dir}; its metrics.jsonl is read from there)");
+  }
+
+  std::vector<std::string> expand(const std::vector<std::string>& command, const Trial& t) const {
+    std::map<std::string, std::string> values = {
+        {"dir", t.dir.string()},
+        {"trial", std::to_string(t.id)},
+        {"seed", std::to_string(t.seed)},
+        {"max_budget", std::to_string(options_.max_budget)}};
+    for (const auto& [n, v] : t.params.items()) values[n] = v.text();
+    std::vector<std::string> out;
+    for (const std::string& arg : command) {
+      std::string a;
+      std::size_t pos = 0;
+      for (const auto& [open, close] : detail::search_placeholders(arg)) {
+        a += arg.substr(pos, open - pos) + values.at(arg.substr(open + 1, close - open - 1));
+        pos = close + 1;
+      }
+      out.push_back(a + arg.substr(pos));
+    }
+    return out;
+  }
+
+  /// The program's path: as given when it holds a '/', else found on PATH.
+  static std::string resolve_program(const std::string& name) {
+    if (name.find('/') != std::string::npos) return name;
+    const char* path = std::getenv("PATH");
+    std::string_view dirs = path != nullptr ? path : "/usr/bin:/bin";
+    while (true) {
+      const std::size_t colon = dirs.find(':');
+      const std::string dir(dirs.substr(0, colon));
+      const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+      if (colon == std::string_view::npos) break;
+      dirs.remove_prefix(colon + 1);
+    }
+    return name;  // exec fails and says so in the trial's stderr
+  }
+
+  struct Running {
+    int id = 0;
+    pid_t pid = -1;
+    bool terminating = false;
+    std::chrono::steady_clock::time_point term_sent{};
+  };
+
+  /// Takes <trial dir>/.trial.lock, waiting while an earlier process of the trial holds it.
+  /// Returns the descriptor (inherited by the child, so the lock lives as long as it does).
+  int lock_trial(const Trial& t) {
+    const std::filesystem::path path = t.dir / ".trial.lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+    TRAINKIT_CHECK(fd >= 0, "train::Search: cannot open ", path.string(), ": ",
+                   std::strerror(errno));
+    const auto began = std::chrono::steady_clock::now();
+    bool said = false;
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (!said && options_.print) {
+        std::printf("search: trial %d: waiting for an earlier process of it to exit\n", t.id);
+        std::fflush(stdout);
+        said = true;
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() >
+          options_.lock_wait_seconds) {
+        ::close(fd);
+        TRAINKIT_FAIL("train::Search: trial ", t.id, "'s directory ", t.dir.string(),
+                      " is still in use by another process after ", options_.lock_wait_seconds,
+                      " s (its lock ", path.string(), " is held)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return fd;
+  }
+
+  pid_t spawn(const std::vector<std::string>& command, const Trial& t) {
+    const std::vector<std::string> args = expand(command, t);
+    const std::string program = resolve_program(args[0]);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int lock_fd = lock_trial(t);
+    const int out_fd =
+        ::open((t.dir / "stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int err_fd =
+        ::open((t.dir / "stderr.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (out_fd < 0 || err_fd < 0) {
+      const int err = errno;
+      for (int fd : {lock_fd, out_fd, err_fd})
+        if (fd >= 0) ::close(fd);
+      TRAINKIT_FAIL("train::Search: cannot open the logs in ", t.dir.string(), ": ",
+                    std::strerror(err));
+    }
+    const pid_t parent = ::getpid();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // the child: only async-signal-safe calls until exec
+#if defined(__linux__)
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(126);
+#endif
+      ::dup2(out_fd, 1);
+      ::dup2(err_fd, 2);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execv(program.c_str(), argv.data());
+      const char* why = std::strerror(errno);
+      const char prefix[] = "train::Search: cannot run ";
+      (void)!::write(2, prefix, sizeof prefix - 1);
+      (void)!::write(2, program.c_str(), program.size());
+      (void)!::write(2, ": ", 2);
+      (void)!::write(2, why, std::strlen(why));
+      (void)!::write(2, "\n", 1);
+      ::_exit(127);
+    }
+    const int fork_errno = errno;
+    ::close(out_fd);
+    ::close(err_fd);
+    ::close(lock_fd);  // the child's copy keeps the lock
+    TRAINKIT_CHECK(pid > 0, "train::Search: fork failed for trial ", t.id, ": ",
+                   std::strerror(fork_errno));
+    return pid;
+  }
+
+  /// The values of options.metric in <trial dir>/metrics.jsonl, in order (whole lines only).
+  std::vector<double> read_metric(const Trial& t) const {
+    const std::string text = detail::search_read_file(t.dir / "metrics.jsonl");
+    std::vector<double> out;
+    for (std::size_t begin = 0; begin < text.size();) {
+      const std::size_t nl = text.find('\n', begin);
+      if (nl == std::string::npos) break;  // a line still being written
+      const std::string_view line(text.data() + begin, nl - begin);
+      begin = nl + 1;
+      const std::optional<io::Json> json = io::Json::try_parse(line);
+      if (!json || !json->is_object()) continue;
+      const io::Json* v = json->find(options_.metric);
+      if (v == nullptr) continue;
+      out.push_back(v->is_number() ? v->as_double() : std::numeric_limits<double>::quiet_NaN());
+    }
+    return out;
+  }
+
+  /// Reports what a running trial's metrics file holds beyond what is recorded; false: stop it.
+  bool poll_metrics_locked(const Running& r) {
+    const Trial& t = trials_[static_cast<std::size_t>(r.id)];
+    const std::vector<double> values = read_metric(t);
+    bool go_on = true;
+    for (std::size_t i = 0; i < values.size() && go_on; ++i) {
+      const auto budget = static_cast<std::int64_t>(i + 1);
+      if (budget <= t.budget()) continue;
+      go_on = report_locked(r.id, budget, values[i]);
+    }
+    return go_on && t.status == TrialStatus::kRunning;
+  }
+
+  void process_loop(const std::vector<std::string>& command) {
+    std::vector<Running> running;
+    bool terminated_all = false;
+    const auto poll = std::chrono::duration<double>(std::max(0.001, options_.poll_seconds));
+    while (true) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stopping() && !terminated_all) {
+        terminated_all = true;
+        for (Running& r : running)
+          if (!r.terminating) {
+            ::kill(r.pid, SIGTERM);
+            r.terminating = true;
+            r.term_sent = std::chrono::steady_clock::now();
+          }
+      }
+      while (!stopping() && static_cast<int>(running.size()) < options_.parallel) {
+        const std::optional<int> id = next_locked();
+        if (!id) break;
+        Running r;
+        r.id = *id;
+        try {
+          r.pid = spawn(command, trials_[static_cast<std::size_t>(*id)]);
+        } catch (const Error& e) {
+          end_locked(*id, NAN, e.what());
+          continue;
+        }
+        running.push_back(r);
+      }
+      if (running.empty() && (stopping() || all_finished_locked() || !next_available_locked()))
+        break;
+      lock.unlock();
+      std::this_thread::sleep_for(poll);
+      lock.lock();
+      for (std::size_t i = 0; i < running.size();) {
+        Running& r = running[i];
+        Trial& t = trials_[static_cast<std::size_t>(r.id)];
+        if (!r.terminating && !poll_metrics_locked(r)) {
+          ::kill(r.pid, SIGTERM);
+          r.terminating = true;
+          r.term_sent = std::chrono::steady_clock::now();
+        }
+        int status = 0;
+        const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
+        if (done == 0) {
+          if (r.terminating &&
+              std::chrono::steady_clock::now() - r.term_sent > std::chrono::seconds(120))
+            ::kill(r.pid, SIGKILL);
+          ++i;
+          continue;
+        }
+        if (!r.terminating) poll_metrics_locked(r);  // what it wrote before exiting
+        std::string error;
+        if (t.status == TrialStatus::kRunning && !stopping()) {
+          if (done < 0) {
+            error = std::string("waitpid failed: ") + std::strerror(errno);
+          } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+            error = "exited with status " + std::to_string(WEXITSTATUS(status));
+          } else if (WIFSIGNALED(status)) {
+            error = "killed by signal " + std::to_string(WTERMSIG(status));
+          } else if (t.reports.empty()) {
+            error = "exited without writing '" + options_.metric + "' to " +
+                    (t.dir / "metrics.jsonl").string();
+          }
+          if (!error.empty()) {
+            const std::string tail =
+                detail::search_tail(detail::search_read_file(t.dir / "stderr.log"), 10, 2000);
+            if (!tail.empty()) error += "; stderr ends with:\n" + tail;
+          }
+        }
+        end_locked(r.id, NAN, error);
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping()) interrupted_ = true;
+  }
+
+  bool next_available_locked() const {
+    return std::any_of(trials_.begin(), trials_.end(), [&](const Trial& t) {
+      return t.status == TrialStatus::kPending &&
+             (options_.strategy != SearchStrategy::kSyncHalving || t.round == round_);
+    });
+  }
+
+  // ---- results ------------------------------------------------------------------------------
+
+  std::vector<Trial> sorted_locked() const {
+    std::vector<Trial> out = trials_;
+    const auto rank = [](const Trial& t) {
+      return t.status == TrialStatus::kFailed ? 2 : std::isnan(t.metric) ? 1 : 0;
+    };
+    std::stable_sort(out.begin(), out.end(), [&](const Trial& a, const Trial& b) {
+      if (rank(a) != rank(b)) return rank(a) < rank(b);
+      if (rank(a) != 0 || a.metric == b.metric) return a.id < b.id;
+      return maximize() ? a.metric > b.metric : a.metric < b.metric;
+    });
+    return out;
+  }
+
+  std::string table_locked(const std::vector<Trial>& sorted) const {
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"trial", options_.metric, "budget", "status"});
+    for (const Dimension& d : space_.dimensions()) rows.back().push_back(d.name);
+    for (const Trial& t : sorted) {
+      char metric[32] = "-";
+      if (!std::isnan(t.metric)) std::snprintf(metric, sizeof metric, "%.6g", t.metric);
+      rows.push_back(
+          {std::to_string(t.id), metric, std::to_string(t.budget()), trial_status_name(t.status)});
+      for (const auto& [n, v] : t.params.items()) {
+        std::string text = v.text();
+        if (v.is_float()) {
+          char buffer[32];
+          std::snprintf(buffer, sizeof buffer, "%.4g", v.as_double());
+          text = buffer;
+        }
+        rows.back().push_back(text);
+      }
+    }
+    std::vector<std::size_t> width(rows.front().size(), 0);
+    for (const auto& row : rows)
+      for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    std::string out;
+    for (const auto& row : rows) {
+      std::string line;
+      for (std::size_t c = 0; c < row.size(); ++c) {
+        line += row[c];
+        if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+      }
+      out += line + "\n";
+    }
+    for (const Trial& t : sorted)
+      if (t.status == TrialStatus::kFailed)
+        out += "trial " + std::to_string(t.id) + " failed: " + t.error + "\n";
+    return out;
+  }
+
+  void write_results_locked(const std::vector<Trial>& sorted) const {
+    io::Json root = io::Json::object();
+    root.set("metric", options_.metric);
+    root.set("mode", options_.mode == ckpt::MetricMode::kMax ? "max" : "min");
+    root.set("strategy", strategy_name(options_.strategy));
+    root.set("best", sorted.empty() || std::isnan(sorted.front().metric)
+                         ? io::Json()
+                         : io::Json(sorted.front().id));
+    io::Json trials = io::Json::array();
+    for (const Trial& t : sorted) {
+      io::Json j = io::Json::object();
+      j.set("trial", t.id);
+      io::Json params = io::Json::object();
+      for (const auto& [n, v] : t.params.items())
+        params.set(n, v.is_string() ? io::Json(v.as_string())
+                      : v.is_int()  ? io::Json(v.as_int())
+                                    : detail::search_json_number(v.as_double()));
+      j.set("params", std::move(params));
+      j.set("metric", detail::search_json_number(t.metric));
+      j.set("budget", t.budget());
+      j.set("status", trial_status_name(t.status));
+      j.set("starts", t.starts);
+      j.set("dir", t.dir.string());
+      if (!t.error.empty()) j.set("error", t.error);
+      trials.push_back(std::move(j));
+    }
+    root.set("trials", std::move(trials));
+    io::write_file_atomic(options_.dir / "results.json", std::string_view(root.dump(2) + "\n"),
+                          {.durable = options_.durable});
+  }
+
+  /// <dir>/tb: the experiment (hparam names and types, the metric) in the top run and one run
+  /// per trial (tb/trial_NNN) with its session start (values), the metric at each report's
+  /// budget as a scalar, and the session end. Rewritten whole from the state each time.
+  void write_tensorboard_locked() const {
+    const std::filesystem::path tb = options_.dir / "tb";
+    std::error_code ec;
+    std::filesystem::remove_all(tb, ec);
+    // A choice holding any word is a string column (every value as text); the rest are numbers.
+    std::vector<bool> as_text;
+    for (const Dimension& d : space_.dimensions())
+      as_text.push_back(std::any_of(d.choices.begin(), d.choices.end(),
+                                    [](const ParamValue& v) { return v.is_string(); }));
+    const auto hparams_of = [&](const Params& p) {
+      std::vector<io::HParam> hp;
+      for (std::size_t i = 0; i < p.items().size(); ++i) {
+        const auto& [n, v] = p.items()[i];
+        if (as_text[i]) hp.emplace_back(n, v.text());
+        else hp.emplace_back(n, v.as_double());
+      }
+      return hp;
+    };
+    const std::vector<std::string> tags = {options_.metric, "budget"};
+    io::ProtoWriter event;
+    const double now = io::unix_time_now();
+    {
+      monitor::TensorBoardWriter top(tb.string());
+      io::encode_hparams_experiment_event(event, now, 0, hparams_of(trials_.front().params), tags);
+      top.write_event(event.bytes());
+      top.close();
+    }
+    for (const Trial& t : trials_) {
+      monitor::TensorBoardWriter w((tb / trial_dir_name(t.id)).string());
+      io::encode_hparams_session_start_event(event, now, 0, hparams_of(t.params));
+      w.write_event(event.bytes());
+      for (const TrialReport& r : t.reports)
+        if (!std::isnan(r.value)) w.add_scalar(options_.metric, r.value, r.budget, now);
+      if (t.reports.empty() && !std::isnan(t.metric))
+        w.add_scalar(options_.metric, t.metric, 0, now);
+      w.add_scalar("budget", static_cast<double>(t.budget()), t.budget(), now);
+      io::encode_hparams_session_end_event(event, now, t.budget(),
+                                           t.status == TrialStatus::kFailed ? 2 : 1);
+      w.write_event(event.bytes());
+      w.close();
+    }
+  }
+
+  SearchSpace space_;
+  SearchOptions options_;
+  std::vector<std::int64_t> rung_budgets_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Trial> trials_;
+  std::vector<std::vector<std::pair<int, double>>> rungs_;  // (trial, value) in arrival order
+  std::map<std::string, std::string> settings_;
+  std::vector<bool> active_;  // a run of the trial is in flight (its end not processed yet)
+  int round_ = 0;
+  bool resumed_ = false;
+  bool aborted_ = false;
+  bool interrupted_ = false;
+  int lock_fd_ = -1;
+  void (*previous_int_)(int) = SIG_DFL;
+  void (*previous_term_)(int) = SIG_DFL;
+};
+
+inline bool TrialContext::report(std::int64_t step, double value) {
+  std::lock_guard<std::mutex> lock(search_->mutex_);
+  return search_->report_locked(id_, step, value);
+}
+
+}  // namespace train
+TRAINKIT_NAMESPACE_END
+// end trainkit/train/search.hpp
 
 #endif  // TRAINKIT_TRAINKIT_HPP_
