@@ -12852,9 +12852,8 @@ __global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __rest
 /// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
 /// kernel of the headers: one instantiation per program).
 template <class T>
-__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial,
-                                               float* __restrict__ db, std::int64_t chunks,
-                                               std::int64_t cols) {
+__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
+                                        std::int64_t chunks, std::int64_t cols) {
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   float sum = 0.0f;
@@ -12877,8 +12876,8 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
   bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  bias_grad_reduce_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
-      partial, db, chunks, cols);
+  bias_grad_reduce_kernel<T>
+      <<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(partial, db, chunks, cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -13690,20 +13689,20 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
   int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
   while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
   std::size_t temp_bytes = 0;
-  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
-      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0,
-      end_bit, stream));
+  TRAINKIT_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
+                                      static_cast<const std::int32_t*>(nullptr),
+                                      static_cast<std::int32_t*>(nullptr), n, 0, end_bit, stream));
   const std::int64_t keys_bytes = (a.n * static_cast<std::int64_t>(sizeof(I)) + 255) / 256 * 256;
   const std::int64_t pos_bytes = (a.n * 4 + 255) / 256 * 256;
   auto* base = scratch.template get<unsigned char>(keys_bytes + 2 * pos_bytes +
-                                                    static_cast<std::int64_t>(temp_bytes));
+                                                   static_cast<std::int64_t>(temp_bytes));
   auto* keys = reinterpret_cast<I*>(base);
   auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
   void* temp = base + keys_bytes + 2 * pos_bytes;
-  embedding_iota_kernel<I><<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in,
-                                                                                         a.n);
+  embedding_iota_kernel<I>
+      <<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in, a.n);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
                                                       pos_out, n, 0, end_bit, stream));
@@ -31832,9 +31831,11 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
   p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
-  p.lines.push_back({"logits", mul(2, N, m.vocab_size, a) + mul(3 * N + 1, 4) + 4,
+  // train::CausalLmTask pads each row of logits and dlogits to a multiple of 64 elements.
+  const std::int64_t ld = (m.vocab_size + 63) / 64 * 64;
+  p.lines.push_back({"logits", mul(2, N, ld, a) + mul(3 * N + 1, 4) + 4,
                      trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
-                                              "], cross-entropy statistics")});
+                                              "] (rows of ", ld, "), cross-entropy statistics")});
   p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a),
                      "attention scores, layer scratch, gradient ping-pong"});
   if (run.evaluation)

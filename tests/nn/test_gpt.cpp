@@ -211,8 +211,8 @@ TEST_CASE("Gpt and SoftmaxCrossEntropy: logits rows padded to any stride give th
       bool same = true;
       for (std::int64_t r = 0; r < N; ++r)
         for (std::int64_t j = 0; j < V; ++j)
-          same = same && std::memcmp(&lbuf[std::size_t(r * ld + j)],
-                                     &dense.data()[r * V + j], sizeof(float)) == 0;
+          same = same && std::memcmp(&lbuf[std::size_t(r * ld + j)], &dense.data()[r * V + j],
+                                     sizeof(float)) == 0;
       CHECK(same);
       CHECK(grads_of(arena) == dense_grads);
       for (std::int64_t r = 0; r < N; ++r)  // the padding is never written
@@ -230,9 +230,9 @@ TEST_CASE("Gpt and SoftmaxCrossEntropy: logits rows padded to any stride give th
   std::vector<float> buf(4 * 23);
   nn::Gpt<>::Context ctx;
   CHECK_THROWS_WITH_AS(
-      model.forward(pool(), ctx, ids.view<2>(),
-                    tk::HostView<float, 2>(buf.data(), tk::Extents<2>{{4, 23}},
-                                           tk::Extents<2>{{20, 1}})),
+      model.forward(
+          pool(), ctx, ids.view<2>(),
+          tk::HostView<float, 2>(buf.data(), tk::Extents<2>{{4, 23}}, tk::Extents<2>{{20, 1}})),
       doctest::Contains("logits with shape [4, 23] must have dense rows"), tk::Error);
 }
 

@@ -178,7 +178,8 @@ TEST_CASE("Linear: rows padded to a wider stride give the bits of dense rows (bi
   dense.backward(pool(), mat(x.data(), n, in), mat(dy.data(), n, out), mat(dx.data(), n, in));
   std::vector<float> py(static_cast<std::size_t>(n * ld), -7.0f), pdy(py.size(), -7.0f);
   for (std::int64_t r = 0; r < n; ++r)
-    for (std::int64_t j = 0; j < out; ++j) pdy[std::size_t(r * ld + j)] = dy[std::size_t(r * out + j)];
+    for (std::int64_t j = 0; j < out; ++j)
+      pdy[std::size_t(r * ld + j)] = dy[std::size_t(r * out + j)];
   const tk::Extents<2> shape{{n, out}}, strides{{ld, 1}};
   std::vector<float> pdx(dx.size());
   padded.forward(pool(), mat(x.data(), n, in), tk::HostView<float, 2>(py.data(), shape, strides));
@@ -196,11 +197,10 @@ TEST_CASE("Linear: rows padded to a wider stride give the bits of dense rows (bi
                            dense_arena.grads_data() + dense_arena.buffer_numel()));
   // The fused GELU variants need dense rows.
   std::vector<float> pre(py.size());
-  CHECK_THROWS_WITH_AS(
-      padded.forward_gelu(pool(), mat(x.data(), n, in),
-                          tk::HostView<float, 2>(pre.data(), shape, strides),
-                          tk::HostView<float, 2>(py.data(), shape, strides)),
-      doctest::Contains("must be contiguous"), tk::Error);
+  CHECK_THROWS_WITH_AS(padded.forward_gelu(pool(), mat(x.data(), n, in),
+                                           tk::HostView<float, 2>(pre.data(), shape, strides),
+                                           tk::HostView<float, 2>(py.data(), shape, strides)),
+                       doctest::Contains("must be contiguous"), tk::Error);
 }
 
 TEST_CASE("Linear: matches PyTorch values") {

@@ -70,11 +70,17 @@ std::int64_t measured_step_peak(const plan::GptRun& run) {
     typename nn::SoftmaxCrossEntropy<>::Context ce_ctx;
     nn::detail::Bytes<tk::Space::kHost> logits_mem, dlogits_mem;
     if constexpr (!std::is_same_v<T, float>) arena.template refresh_compute_copy<T>(exec);
-    auto logits = tk::make_view<tk::Space::kHost>(logits_mem.get<T>(N * V), {N, V});
+    // Rows padded to 64 elements, as train::CausalLmTask lays them out.
+    const std::int64_t ld = (V + 63) / 64 * 64;
+    const auto padded = [&](nn::detail::Bytes<tk::Space::kHost>& mem) {
+      return tk::TensorView<T, 2>(mem.get<T>(N * ld), tk::Extents<2>{{N, V}},
+                                  tk::Extents<2>{{ld, 1}});
+    };
+    auto logits = padded(logits_mem);
     model.template forward<P>(exec, ctx, ids.template view<2>(), logits);
     ce.template forward<P>(exec, ce_ctx, logits, targets.template view<1>(),
                            loss.template view<1>());
-    auto dlogits = tk::make_view<tk::Space::kHost>(dlogits_mem.get<T>(N * V), {N, V});
+    auto dlogits = padded(dlogits_mem);
     ce.template backward<P>(exec, ce_ctx, logits, targets.template view<1>(), dlogits);
     arena.zero_grad();
     model.template backward<P>(exec, ctx, ids.template view<2>(), dlogits);

@@ -177,20 +177,20 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
   int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
   while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
   std::size_t temp_bytes = 0;
-  TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
-      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0,
-      end_bit, stream));
+  TRAINKIT_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
+                                      static_cast<const std::int32_t*>(nullptr),
+                                      static_cast<std::int32_t*>(nullptr), n, 0, end_bit, stream));
   const std::int64_t keys_bytes = (a.n * static_cast<std::int64_t>(sizeof(I)) + 255) / 256 * 256;
   const std::int64_t pos_bytes = (a.n * 4 + 255) / 256 * 256;
   auto* base = scratch.template get<unsigned char>(keys_bytes + 2 * pos_bytes +
-                                                    static_cast<std::int64_t>(temp_bytes));
+                                                   static_cast<std::int64_t>(temp_bytes));
   auto* keys = reinterpret_cast<I*>(base);
   auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
   void* temp = base + keys_bytes + 2 * pos_bytes;
-  embedding_iota_kernel<I><<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in,
-                                                                                         a.n);
+  embedding_iota_kernel<I>
+      <<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in, a.n);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
                                                       pos_out, n, 0, end_bit, stream));

@@ -125,9 +125,8 @@ __global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __rest
 /// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
 /// kernel of the headers: one instantiation per program).
 template <class T>
-__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial,
-                                               float* __restrict__ db, std::int64_t chunks,
-                                               std::int64_t cols) {
+__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
+                                        std::int64_t chunks, std::int64_t cols) {
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   float sum = 0.0f;
@@ -150,8 +149,8 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
   bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  bias_grad_reduce_kernel<T><<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
-      partial, db, chunks, cols);
+  bias_grad_reduce_kernel<T>
+      <<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(partial, db, chunks, cols);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 
