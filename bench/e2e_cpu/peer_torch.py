@@ -18,10 +18,9 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import harness
+import nanogpt
 
 p = argparse.ArgumentParser()
 p.add_argument("--threads", type=int, required=True)
@@ -34,62 +33,6 @@ args = p.parse_args()
 torch.set_num_threads(args.threads)
 B, T, V, L, C, NH = 16, 64, 256, 4, 128, 4
 LR = 3e-3
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(C, 3 * C)
-        self.c_proj = nn.Linear(C, C)
-
-    def forward(self, x):
-        b, t, c = x.size()
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q = q.view(b, t, NH, c // NH).transpose(1, 2)
-        k = k.view(b, t, NH, c // NH).transpose(1, 2)
-        v = v.view(b, t, NH, c // NH).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.c_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(C)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(C)
-        self.mlp = MLP()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
-        self.lm_head = nn.Linear(C, V, bias=False)
-
-    def forward(self, idx, targets):
-        pos = torch.arange(0, idx.size(1), dtype=torch.long)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
 
 
 def load_safetensors(path):
@@ -110,17 +53,12 @@ def load_safetensors(path):
     return out
 
 
-model = GPT()
+model = nanogpt.GPT(V, T, L, C, NH)
 model.load_state_dict(load_safetensors(args.init), strict=True)
 raw = np.fromfile(args.batches, dtype=np.uint8).reshape(-1, B, T + 1).astype(np.int64)
 windows = [(torch.from_numpy(w[:, :T].copy()), torch.from_numpy(w[:, 1:].copy())) for w in raw]
 
-no_decay = [prm for name, prm in model.named_parameters()
-            if name.endswith(".bias") or "ln_" in name]
-decay = [prm for name, prm in model.named_parameters()
-         if not (name.endswith(".bias") or "ln_" in name)]
-opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                         {"params": no_decay, "weight_decay": 0.0}],
+opt = torch.optim.AdamW(nanogpt.adamw_groups(model, 0.1),
                         lr=LR, betas=(0.9, 0.95), eps=1e-8)
 warmup = max(1, args.curve_steps // 10)
 sched = torch.optim.lr_scheduler.SequentialLR(opt, [

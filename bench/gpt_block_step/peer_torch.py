@@ -7,10 +7,9 @@ import argparse
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import harness
+import nanogpt
 
 p = argparse.ArgumentParser()
 p.add_argument("--threads", type=int, required=True)
@@ -20,46 +19,7 @@ torch.set_num_threads(args.threads)
 B, T, C, NH = 8, 128, 256, 4
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(C, 3 * C)
-        self.c_proj = nn.Linear(C, C)
-
-    def forward(self, x):
-        b, t, c = x.size()
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q = q.view(b, t, NH, c // NH).transpose(1, 2)
-        k = k.view(b, t, NH, c // NH).transpose(1, 2)
-        v = v.view(b, t, NH, c // NH).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.c_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(C)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(C)
-        self.mlp = MLP()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-block = Block()
+block = nanogpt.Block(C, NH)
 params = dict(block.named_parameters())
 blob = np.fromfile(args.dump, dtype=np.uint8)
 pos = 0
