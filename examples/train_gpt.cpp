@@ -39,7 +39,7 @@ struct Config {
   std::int64_t warmup = 0, decay_steps = 0, log_every = 25, eval_every = 50, eval_batches = 8;
   std::int64_t ckpt_every = 100, keep = 3, sample_chars = 240, threads = 0, ranks = 1;
   double lr = 3e-3, wd = 0.1, grad_clip = 1.0, dropout = 0.0, peak_tflops = 0.0, temperature = 0.8;
-  bool tie_weights = false, resume = false, allow_fresh_start = false, check = false;
+  bool tie_weights = false, resume = false, allow_fresh_start = false, check = false, plan = false;
   std::string out = "runs/train_gpt", data = "/usr/share/common-licenses", prompt = "The ";
   std::string init_from, device = "cpu", precision = "fp32";
 };
@@ -83,7 +83,9 @@ void add_flags(tk::train::Flags& f, Config& c) {
            kSession)
       .add("prompt", c.prompt, "start of the generated text", kSession)
       .add("peak-tflops", c.peak_tflops, "peak for MFU (0: measured)", {.at_least = 0}, kSession)
-      .add("check", c.check, "exit 3 unless the train and val losses fell", kSession);
+      .add("check", c.check, "exit 3 unless the train and val losses fell", kSession)
+      .add("plan", c.plan, "print memory, fit, time and cost of this run per device, and exit",
+           kSession);
 }
 
 /// The schedule's length and warmup resolved as a fresh run does; throws naming the flags.
@@ -319,6 +321,16 @@ int main(int argc, char** argv) try {
   if (!flags.parse(argc, argv)) return 0;  // --help; bad flags throw before anything is written
   TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
   tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
+  TRAINKIT_CHECK(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
+                 "' is not cpu or cuda");
+  if (c.plan) {  // what this run needs on each device; nothing is read, written or trained;
+                 // --device cuda plans for a GPU on any machine
+    const tk::plan::GptRun run =
+        tk::plan::train_gpt_run(c.layers, c.dim, c.heads, c.seq, c.batch, c.tie_weights,
+                                c.precision, c.dropout, c.device == "cuda", c.vocab, c.ranks);
+    std::fputs(tk::plan::to_text(tk::plan::gpt(run, {})).c_str(), stdout);
+    return 0;
+  }
   TRAINKIT_CHECK(c.device == "cpu" || (c.device == "cuda" && kCudaBuild), "--device '", c.device,
                  "' is not cpu or, in an nvcc build (train_gpt_cuda), cuda");
   TRAINKIT_CHECK(c.device == "cpu" || tk::cuda::device_count() > 0, "--device cuda: no GPU here");

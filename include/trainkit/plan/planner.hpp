@@ -461,15 +461,17 @@ inline std::string to_json(const Report& r) {
   return w.take();
 }
 
-/// The run train_gpt makes of its flags (byte vocabulary, AdamW with f32 state, a training and
-/// a validation loader of depth 4, evaluation on): for its --plan flag, e.g.
+/// The run train_gpt makes of its flags (a byte vocabulary unless --vocab, AdamW with f32 state,
+/// a training and a validation loader of depth 4, evaluation on): for its --plan flag, e.g.
 /// `std::fputs(plan::to_text(plan::gpt(plan::train_gpt_run(...), {})).c_str(), stdout);`.
 inline GptRun train_gpt_run(std::int64_t layers, std::int64_t dim, std::int64_t heads,
                             std::int64_t seq, std::int64_t batch, bool tie_weights,
                             const std::string& precision, double dropout = 0.0,
-                            bool on_gpu = false) {
+                            bool on_gpu = false, std::int64_t vocab = 256,
+                            std::int64_t ranks = 1) {
   GptRun run;
-  run.model = {.vocab_size = 256,
+  run.ranks = ranks;
+  run.model = {.vocab_size = vocab,
                .block_size = seq,
                .n_layer = layers,
                .n_head = heads,
