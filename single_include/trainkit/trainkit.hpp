@@ -14857,7 +14857,7 @@ struct NoGradsReady {
 ///
 /// Shapes: ids [B, T] (int32 or int64 token ids, T <= block_size, contiguous), logits [B*T, V]
 /// in the policy's activation type; row b*T + t holds the scores of the token after ids[b, t].
-/// The rows of logits and dlogits may be padded (row stride >= V, see padded_vocab()): on the
+/// The rows of logits and dlogits may be padded (row stride >= V, column stride 1): on the
 /// GPU the lm_head's products run several times faster when the row stride is a multiple of 8
 /// (16-byte rows of bf16), which GPT-2's V = 50257 is not.
 /// forward writes logits and fills the caller's Context; backward reads ids, that context and
@@ -32333,15 +32333,17 @@ inline std::string to_json(const Report& r) {
   return w.take();
 }
 
-/// The run train_gpt makes of its flags (byte vocabulary, AdamW with f32 state, a training and
-/// a validation loader of depth 4, evaluation on): for its --plan flag, e.g.
+/// The run train_gpt makes of its flags (a byte vocabulary unless --vocab, AdamW with f32 state,
+/// a training and a validation loader of depth 4, evaluation on): for its --plan flag, e.g.
 /// `std::fputs(plan::to_text(plan::gpt(plan::train_gpt_run(...), {})).c_str(), stdout);`.
 inline GptRun train_gpt_run(std::int64_t layers, std::int64_t dim, std::int64_t heads,
                             std::int64_t seq, std::int64_t batch, bool tie_weights,
                             const std::string& precision, double dropout = 0.0,
-                            bool on_gpu = false) {
+                            bool on_gpu = false, std::int64_t vocab = 256,
+                            std::int64_t ranks = 1) {
   GptRun run;
-  run.model = {.vocab_size = 256,
+  run.ranks = ranks;
+  run.model = {.vocab_size = vocab,
                .block_size = seq,
                .n_layer = layers,
                .n_head = heads,
@@ -33361,6 +33363,8 @@ struct CausalLmOptions {
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
 /// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
 /// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
+/// logits and dlogits are [N, V] views whose rows are padded to a multiple of 64 elements (row
+/// stride >= V, column stride 1): the model must accept such rows, as nn::Gpt does.
 /// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
 /// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
 /// f32 master weights). The task, the model, the arena and the loaders must outlive the run.

@@ -71,7 +71,7 @@ struct NoGradsReady {
 ///
 /// Shapes: ids [B, T] (int32 or int64 token ids, T <= block_size, contiguous), logits [B*T, V]
 /// in the policy's activation type; row b*T + t holds the scores of the token after ids[b, t].
-/// The rows of logits and dlogits may be padded (row stride >= V, see padded_vocab()): on the
+/// The rows of logits and dlogits may be padded (row stride >= V, column stride 1): on the
 /// GPU the lm_head's products run several times faster when the row stride is a multiple of 8
 /// (16-byte rows of bf16), which GPT-2's V = 50257 is not.
 /// forward writes logits and fills the caller's Context; backward reads ids, that context and

@@ -58,6 +58,8 @@ struct CausalLmOptions {
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
 /// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
 /// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
+/// logits and dlogits are [N, V] views whose rows are padded to a multiple of 64 elements (row
+/// stride >= V, column stride 1): the model must accept such rows, as nn::Gpt does.
 /// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
 /// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
 /// f32 master weights). The task, the model, the arena and the loaders must outlive the run.
