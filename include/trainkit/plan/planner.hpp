@@ -466,9 +466,8 @@ inline std::string to_json(const Report& r) {
 /// `std::fputs(plan::to_text(plan::gpt(plan::train_gpt_run(...), {})).c_str(), stdout);`.
 inline GptRun train_gpt_run(std::int64_t layers, std::int64_t dim, std::int64_t heads,
                             std::int64_t seq, std::int64_t batch, bool tie_weights,
-                            const std::string& precision, double dropout = 0.0,
-                            bool on_gpu = false, std::int64_t vocab = 256,
-                            std::int64_t ranks = 1) {
+                            const std::string& precision, double dropout = 0.0, bool on_gpu = false,
+                            std::int64_t vocab = 256, std::int64_t ranks = 1) {
   GptRun run;
   run.ranks = ranks;
   run.model = {.vocab_size = vocab,
