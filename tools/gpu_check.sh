@@ -24,7 +24,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 BUILD=${TRAINKIT_GPU_CHECK_BUILD_DIR:-build-gpu}
 PREBUILT=${TRAINKIT_GPU_CHECK_PREBUILT:-0}
-# The executables the check runs (all of them need the CUDA language: nvcc).
+# The flagship's two builds, whose losses the check compares (both built with nvcc present).
 CUDA_TARGETS=(train_gpt train_gpt_cuda)
 
 if [[ ${1:-} == --prepare ]]; then  # on a build machine: configure and build what the check runs
@@ -211,8 +211,8 @@ if ((RC == 0)); then
     fi
   done
 fi
+add_lib_dirs "$BUILD/examples/train_gpt_cuda"  # the prebuilt branch did this before its tests
 fi  # not PREBUILT
-add_lib_dirs "$BUILD/examples/train_gpt_cuda"
 
 # ---- the flagship on the GPU ----------------------------------------------------------------------
 # fp32 on the GPU against the CPU build from the same seed and data (30 steps, the loss of every

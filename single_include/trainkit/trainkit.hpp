@@ -11871,6 +11871,13 @@ inline constexpr bool has_context_v = requires {
   typename L::Context;
 };
 
+/// The row stride train::CausalLmTask gives logits and dlogits of `vocab` columns: rounded up to
+/// a multiple of 64 elements, so that every row starts on a 16-byte boundary, which cuBLASLt's
+/// fast kernels need for the lm_head's products (GPT-2's 50257 is odd).
+inline constexpr std::int64_t logits_row_stride(std::int64_t vocab) noexcept {
+  return (vocab + 63) / 64 * 64;
+}
+
 namespace detail {
 
 /// Element types activations may have (those of the gemms: float, bf16, f16).
@@ -11922,16 +11929,21 @@ void check_contiguous(const char* who, const char* name, const V& v) {
 
 /// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
 /// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
-/// vocabulary rounded up for aligned matrix products.
+/// vocabulary rounded up for aligned matrix products (logits_row_stride).
 template <class V>
 void check_rows(const char* who, const char* name, const V& v) {
   static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
-  TRAINKIT_CHECK(v.size(0) <= 1 || v.size(1) == 0 ||
-                     ((v.size(1) == 1 || v.stride(1) == 1) && v.stride(0) >= v.size(1)),
-                 who, ": ", name, " with shape ", shape_of(v),
+  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
+  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
+  TRAINKIT_CHECK(dense_columns && apart, who, ": ", name, " with shape ", shape_of(v),
                  " must have dense rows (column stride 1, row stride >= its width)");
-  TRAINKIT_CHECK(v.size(0) > 1 || v.size(1) <= 1 || v.stride(1) == 1, who, ": ", name,
-                 " with shape ", shape_of(v), " must have dense rows (column stride 1)");
+}
+
+/// The row stride of a [N, width] view with dense rows (see check_rows): its width when N <= 1,
+/// where the view's own stride may be anything.
+template <class V>
+std::int64_t row_stride(const V& v) noexcept {
+  return v.size(0) > 1 ? v.stride(0) : v.size(1);
 }
 
 /// Throws unless x and y have one shape, [N, width] or [B, T, width], and are contiguous (the
@@ -12764,7 +12776,7 @@ template <class T>
 void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::kHost> dy,
                           float* db, Scratch<Space::kHost>& /*scratch*/) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
-  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;  // rows may be padded
+  const std::int64_t ld = row_stride(dy);  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
   auto run = [&](std::int64_t b0, std::int64_t b1) {
@@ -12868,7 +12880,7 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
                           float* db, Scratch<Space::kDevice>& scratch) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
   if (rows == 0 || cols == 0) return;
-  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;
+  const std::int64_t ld = row_stride(dy);
   const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
   TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
   float* partial = scratch.template get<float>(chunks * cols);
@@ -14121,7 +14133,7 @@ class SoftmaxCrossEntropy {
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
-    a.dld = dlogits.size(0) > 1 ? dlogits.stride(0) : dlogits.size(1);
+    a.dld = detail::row_stride(dlogits);
     a.dloss = dloss;
     a.dloss_ptr = dloss_ptr;
     detail::cross_entropy_backward(exec, a);
@@ -14144,7 +14156,7 @@ class SoftmaxCrossEntropy {
     a.count = stats + 3 * rows;
     a.rows = rows;
     a.vocab = logits.size(1);
-    a.ld = rows > 1 ? logits.stride(0) : logits.size(1);
+    a.ld = detail::row_stride(logits);
     a.dld = a.ld;
     a.ignore_index = options_.ignore_index;
     return a;
@@ -31831,8 +31843,7 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
   p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
-  // train::CausalLmTask pads each row of logits and dlogits to a multiple of 64 elements.
-  const std::int64_t ld = (m.vocab_size + 63) / 64 * 64;
+  const std::int64_t ld = nn::logits_row_stride(m.vocab_size);  // CausalLmTask's padded rows
   p.lines.push_back({"logits", mul(2, N, ld, a) + mul(3 * N + 1, 4) + 4,
                      trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
                                               "] (rows of ", ld, "), cross-entropy statistics")});
@@ -33362,7 +33373,7 @@ struct CausalLmOptions {
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
 /// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
 /// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
-/// logits and dlogits are [N, V] views whose rows are padded to a multiple of 64 elements (row
+/// logits and dlogits are [N, V] views whose rows are padded to nn::logits_row_stride(V) (row
 /// stride >= V, column stride 1): the model must accept such rows, as nn::Gpt does.
 /// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
 /// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
@@ -33498,11 +33509,10 @@ class CausalLmTask {
 
   TensorView<T, 2, S> logits_view(std::int64_t rows) { return padded_rows(logits_, rows); }
 
-  /// [rows, V] in `buffer` with the row stride V rounded up to 64 elements: aligned rows for the
-  /// lm_head's products (cuBLASLt's fast kernels need 16-byte rows; GPT-2's V = 50257 is odd).
-  /// The padding is never read; the results do not depend on it.
+  /// [rows, V] in `buffer` with the row stride nn::logits_row_stride(V): aligned rows for the
+  /// lm_head's products. The padding is never read; the results do not depend on it.
   TensorView<T, 2, S> padded_rows(nn::detail::Bytes<S>& buffer, std::int64_t rows) {
-    const std::int64_t V = model_->options().vocab_size, ld = (V + 63) / 64 * 64;
+    const std::int64_t V = model_->options().vocab_size, ld = nn::logits_row_stride(V);
     return TensorView<T, 2, S>(buffer.template get<T>(rows * ld), Extents<2>{{rows, V}},
                                Extents<2>{{ld, 1}});
   }

@@ -71,7 +71,7 @@ std::int64_t measured_step_peak(const plan::GptRun& run) {
     nn::detail::Bytes<tk::Space::kHost> logits_mem, dlogits_mem;
     if constexpr (!std::is_same_v<T, float>) arena.template refresh_compute_copy<T>(exec);
     // Rows padded to 64 elements, as train::CausalLmTask lays them out.
-    const std::int64_t ld = (V + 63) / 64 * 64;
+    const std::int64_t ld = nn::logits_row_stride(V);
     const auto padded = [&](nn::detail::Bytes<tk::Space::kHost>& mem) {
       return tk::TensorView<T, 2>(mem.get<T>(N * ld), tk::Extents<2>{{N, V}},
                                   tk::Extents<2>{{ld, 1}});

@@ -321,7 +321,7 @@ class SoftmaxCrossEntropy {
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
     a.dlogits = dlogits.data();
-    a.dld = dlogits.size(0) > 1 ? dlogits.stride(0) : dlogits.size(1);
+    a.dld = detail::row_stride(dlogits);
     a.dloss = dloss;
     a.dloss_ptr = dloss_ptr;
     detail::cross_entropy_backward(exec, a);
@@ -344,7 +344,7 @@ class SoftmaxCrossEntropy {
     a.count = stats + 3 * rows;
     a.rows = rows;
     a.vocab = logits.size(1);
-    a.ld = rows > 1 ? logits.stride(0) : logits.size(1);
+    a.ld = detail::row_stride(logits);
     a.dld = a.ld;
     a.ignore_index = options_.ignore_index;
     return a;

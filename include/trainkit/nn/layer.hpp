@@ -56,6 +56,13 @@ inline constexpr bool has_context_v = requires {
   typename L::Context;
 };
 
+/// The row stride train::CausalLmTask gives logits and dlogits of `vocab` columns: rounded up to
+/// a multiple of 64 elements, so that every row starts on a 16-byte boundary, which cuBLASLt's
+/// fast kernels need for the lm_head's products (GPT-2's 50257 is odd).
+inline constexpr std::int64_t logits_row_stride(std::int64_t vocab) noexcept {
+  return (vocab + 63) / 64 * 64;
+}
+
 namespace detail {
 
 /// Element types activations may have (those of the gemms: float, bf16, f16).
@@ -107,16 +114,21 @@ void check_contiguous(const char* who, const char* name, const V& v) {
 
 /// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
 /// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
-/// vocabulary rounded up for aligned matrix products.
+/// vocabulary rounded up for aligned matrix products (logits_row_stride).
 template <class V>
 void check_rows(const char* who, const char* name, const V& v) {
   static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
-  TRAINKIT_CHECK(v.size(0) <= 1 || v.size(1) == 0 ||
-                     ((v.size(1) == 1 || v.stride(1) == 1) && v.stride(0) >= v.size(1)),
-                 who, ": ", name, " with shape ", shape_of(v),
+  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
+  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
+  TRAINKIT_CHECK(dense_columns && apart, who, ": ", name, " with shape ", shape_of(v),
                  " must have dense rows (column stride 1, row stride >= its width)");
-  TRAINKIT_CHECK(v.size(0) > 1 || v.size(1) <= 1 || v.stride(1) == 1, who, ": ", name,
-                 " with shape ", shape_of(v), " must have dense rows (column stride 1)");
+}
+
+/// The row stride of a [N, width] view with dense rows (see check_rows): its width when N <= 1,
+/// where the view's own stride may be anything.
+template <class V>
+std::int64_t row_stride(const V& v) noexcept {
+  return v.size(0) > 1 ? v.stride(0) : v.size(1);
 }
 
 /// Throws unless x and y have one shape, [N, width] or [B, T, width], and are contiguous (the

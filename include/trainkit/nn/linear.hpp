@@ -37,7 +37,7 @@ template <class T>
 void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::kHost> dy,
                           float* db, Scratch<Space::kHost>& /*scratch*/) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
-  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;  // rows may be padded
+  const std::int64_t ld = row_stride(dy);  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
   auto run = [&](std::int64_t b0, std::int64_t b1) {
@@ -141,7 +141,7 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
                           float* db, Scratch<Space::kDevice>& scratch) {
   const std::int64_t rows = dy.size(0), cols = dy.size(1);
   if (rows == 0 || cols == 0) return;
-  const std::int64_t ld = rows > 1 ? dy.stride(0) : cols;
+  const std::int64_t ld = row_stride(dy);
   const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
   TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
   float* partial = scratch.template get<float>(chunks * cols);

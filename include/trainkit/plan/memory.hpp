@@ -237,8 +237,7 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
   p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
-  // train::CausalLmTask pads each row of logits and dlogits to a multiple of 64 elements.
-  const std::int64_t ld = (m.vocab_size + 63) / 64 * 64;
+  const std::int64_t ld = nn::logits_row_stride(m.vocab_size);  // CausalLmTask's padded rows
   p.lines.push_back({"logits", mul(2, N, ld, a) + mul(3 * N + 1, 4) + 4,
                      trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
                                               "] (rows of ", ld, "), cross-entropy statistics")});

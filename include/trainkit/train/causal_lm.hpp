@@ -58,7 +58,7 @@ struct CausalLmOptions {
 /// The step and evaluation of a causal LM. Model: `static constexpr Space space`,
 /// `options().vocab_size`, `Context`, `forward<P>(exec, ctx, ids, logits)`,
 /// `backward<P>(exec, ctx, ids, dlogits)`, `set_step`, `train()`, `eval()` (nn::Gpt has them).
-/// logits and dlogits are [N, V] views whose rows are padded to a multiple of 64 elements (row
+/// logits and dlogits are [N, V] views whose rows are padded to nn::logits_row_stride(V) (row
 /// stride >= V, column stride 1): the model must accept such rows, as nn::Gpt does.
 /// Exec is exec::Host for a host model and exec::Cuda for a device one. For a low-precision
 /// policy the arena's compute copy is refreshed before each forward (the optimizer updates the
@@ -194,11 +194,10 @@ class CausalLmTask {
 
   TensorView<T, 2, S> logits_view(std::int64_t rows) { return padded_rows(logits_, rows); }
 
-  /// [rows, V] in `buffer` with the row stride V rounded up to 64 elements: aligned rows for the
-  /// lm_head's products (cuBLASLt's fast kernels need 16-byte rows; GPT-2's V = 50257 is odd).
-  /// The padding is never read; the results do not depend on it.
+  /// [rows, V] in `buffer` with the row stride nn::logits_row_stride(V): aligned rows for the
+  /// lm_head's products. The padding is never read; the results do not depend on it.
   TensorView<T, 2, S> padded_rows(nn::detail::Bytes<S>& buffer, std::int64_t rows) {
-    const std::int64_t V = model_->options().vocab_size, ld = (V + 63) / 64 * 64;
+    const std::int64_t V = model_->options().vocab_size, ld = nn::logits_row_stride(V);
     return TensorView<T, 2, S>(buffer.template get<T>(rows * ld), Extents<2>{{rows, V}},
                                Extents<2>{{ld, 1}});
   }
