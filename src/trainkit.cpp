@@ -19,7 +19,7 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace blas::detail {
 template void host_gemm_2d<float, float, float>(const exec::Host*, const GemmShape&,
                                                 const OperandRef<float>&, const OperandRef<float>&,
-                                                const GemmOutput<float>&, GemmMicroKernel);
+                                                const GemmOutput<float>&, const GemmKernel&);
 template void host_bias_grad<float, float>(const exec::Host*, const OperandRef<float>&,
                                            std::int64_t, std::int64_t, float*);
 }  // namespace blas::detail

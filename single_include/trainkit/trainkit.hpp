@@ -9445,6 +9445,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -9530,12 +9531,38 @@ struct GemmTileEpilogue {
   std::int64_t aux_ld;
 };
 
-/// c[0:mr, 0:nr] = epi(alpha * (a-panel @ b-panel) + beta * c) (c not read when beta == 0;
-/// epi == nullptr: no epilogue). a: kc x MR floats (k-major), b: kc x NR floats (k-major,
-/// 64-byte aligned), c: row stride ldc.
-using GemmMicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, float* c,
-                                 std::int64_t ldc, float alpha, float beta, int mr, int nr,
-                                 const GemmTileEpilogue* epi);
+/// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
+/// A(r, p) = a[r * a_rs + p * a_ks] (every one of the kernel's rows readable: a packed panel is
+/// zero-padded, an operand read in place gives full tiles only) and B(p, j) = b[(j / NR) *
+/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned); c has row stride ldc
+/// and is not read when beta == 0; epi == nullptr: no epilogue. Each element of c is one chain
+/// of fused multiply-adds over p ascending, so every kernel gives the same bits.
+struct GemmTileArgs {
+  std::int64_t kc;
+  const float* a;
+  std::int64_t a_rs;
+  std::int64_t a_ks;
+  const float* b;
+  std::int64_t b_panel;
+  float* c;
+  std::int64_t ldc;
+  float alpha;
+  float beta;
+  int mr;
+  int nr;
+  const GemmTileEpilogue* epi;
+};
+
+using GemmMicroKernel = void (*)(const GemmTileArgs&);
+
+/// A micro-kernel and its register tile: `rows` (a multiple of kGemmMR) by `cols` (a multiple of
+/// kGemmNR, i.e. whole B panels) elements of C per call.
+struct GemmKernel {
+  GemmMicroKernel run;
+  int rows;
+  int cols;
+  const char* name;
+};
 
 /// A partial tile (mr < MR or nr < NR) is computed in full-size scratch copies of its C, bias
 /// and aux, so its elements see exactly the arithmetic of a full tile; this sets them up.
@@ -9611,26 +9638,24 @@ struct GemmTileTarget {
 };
 
 /// Portable micro-kernel (any CPU; the compiler vectorises what its target allows).
-inline void gemm_kernel_portable(std::int64_t kc, const float* a, const float* b, float* c,
-                                 std::int64_t ldc, float alpha, float beta, int mr, int nr,
-                                 const GemmTileEpilogue* epi) {
+inline void gemm_kernel_portable(const GemmTileArgs& g) {
   alignas(64) float acc[kGemmMR * kGemmNR] = {};
-  for (std::int64_t p = 0; p < kc; ++p) {
-    const float* bp = b + p * kGemmNR;
-    const float* ap = a + p * kGemmMR;
+  for (std::int64_t p = 0; p < g.kc; ++p) {
+    const float* bp = g.b + p * kGemmNR;
+    const float* ap = g.a + p * g.a_ks;
     for (int i = 0; i < kGemmMR; ++i) {
-      const float ai = ap[i];
+      const float ai = ap[i * g.a_rs];
       for (int j = 0; j < kGemmNR; ++j) acc[i * kGemmNR + j] += ai * bp[j];
     }
   }
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, c, ldc, beta, mr, nr, epi);
-  const Epilogue kind = epi == nullptr ? Epilogue::kNone : epi->kind;
+  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
     for (int j = 0; j < kGemmNR; ++j) {
-      float v = alpha * acc[i * kGemmNR + j];
-      if (beta != 0.0f) v += beta * row[j];
+      float v = g.alpha * acc[i * kGemmNR + j];
+      if (g.beta != 0.0f) v += g.beta * row[j];
       if (t.bias != nullptr) v += t.bias[j];
       if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
         if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = v;
@@ -9641,8 +9666,10 @@ inline void gemm_kernel_portable(std::int64_t kc, const float* a, const float* b
       row[j] = v;
     }
   }
-  t.finish(scratch, c, ldc, mr, nr, epi);
+  t.finish(scratch, g.c, g.ldc, g.mr, g.nr, g.epi);
 }
+
+inline constexpr GemmKernel kGemmPortable{&gemm_kernel_portable, kGemmMR, kGemmNR, "portable-6x16"};
 
 #if TRAINKIT_DETAIL_GEMM_X86
 inline bool cpu_has_avx2_fma() noexcept {
@@ -9700,13 +9727,9 @@ __attribute__((target("avx2,fma"))) inline __m256 gemm_gelu_grad_avx2(__m256 x) 
 #endif
 
 #if TRAINKIT_DETAIL_GEMM_X86
-/// AVX2+FMA micro-kernel, compiled for that target whatever the TU's flags and only called
-/// after a CPUID check (gemm_kernel_for_this_cpu).
-__attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(std::int64_t kc, const float* a,
-                                                                 const float* b, float* c,
-                                                                 std::int64_t ldc, float alpha,
-                                                                 float beta, int mr, int nr,
-                                                                 const GemmTileEpilogue* epi) {
+/// AVX2+FMA micro-kernel (6 x 16), compiled for that target whatever the TU's flags and only
+/// called after a CPUID check (gemm_kernel_for_this_cpu).
+__attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileArgs& g) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
@@ -9714,51 +9737,58 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(std::int64_t kc
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
   __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
   // Warm the C rows we will write while the k loop runs.
-  for (int i = 0; i < mr; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + kGemmNR - 1), _MM_HINT_T0);
+  for (int i = 0; i < g.mr; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + kGemmNR - 1), _MM_HINT_T0);
   }
+  const float* a0 = g.a;
+  const float* a1 = a0 + g.a_rs;
+  const float* a2 = a1 + g.a_rs;
+  const float* a3 = a2 + g.a_rs;
+  const float* a4 = a3 + g.a_rs;
+  const float* a5 = a4 + g.a_rs;
+  const float* b = g.b;
+  const std::int64_t ks = g.a_ks;
   // The six rows are written out: each accumulator pair stays a named register (an array indexed in
   // a loop is what compilers spill).
-  for (std::int64_t p = 0; p < kc; ++p) {
+  for (std::int64_t p = 0, o = 0; p < g.kc; ++p, o += ks) {
     const __m256 b0 = _mm256_load_ps(b);
     const __m256 b1 = _mm256_load_ps(b + 8);
-    _mm_prefetch(reinterpret_cast<const char*>(a + 8 * kGemmMR), _MM_HINT_T0);
-    __m256 av = _mm256_broadcast_ss(a + 0);
+    _mm_prefetch(reinterpret_cast<const char*>(a0 + o + 8 * ks), _MM_HINT_T0);
+    __m256 av = _mm256_broadcast_ss(a0 + o);
     c00 = _mm256_fmadd_ps(av, b0, c00);
     c01 = _mm256_fmadd_ps(av, b1, c01);
-    av = _mm256_broadcast_ss(a + 1);
+    av = _mm256_broadcast_ss(a1 + o);
     c10 = _mm256_fmadd_ps(av, b0, c10);
     c11 = _mm256_fmadd_ps(av, b1, c11);
-    av = _mm256_broadcast_ss(a + 2);
+    av = _mm256_broadcast_ss(a2 + o);
     c20 = _mm256_fmadd_ps(av, b0, c20);
     c21 = _mm256_fmadd_ps(av, b1, c21);
-    av = _mm256_broadcast_ss(a + 3);
+    av = _mm256_broadcast_ss(a3 + o);
     c30 = _mm256_fmadd_ps(av, b0, c30);
     c31 = _mm256_fmadd_ps(av, b1, c31);
-    av = _mm256_broadcast_ss(a + 4);
+    av = _mm256_broadcast_ss(a4 + o);
     c40 = _mm256_fmadd_ps(av, b0, c40);
     c41 = _mm256_fmadd_ps(av, b1, c41);
-    av = _mm256_broadcast_ss(a + 5);
+    av = _mm256_broadcast_ss(a5 + o);
     c50 = _mm256_fmadd_ps(av, b0, c50);
     c51 = _mm256_fmadd_ps(av, b1, c51);
-    a += kGemmMR;
     b += kGemmNR;
   }
   const __m256 acc[kGemmMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, c, ldc, beta, mr, nr, epi);
-  const Epilogue kind = epi == nullptr ? Epilogue::kNone : epi->kind;
-  const __m256 va = _mm256_set1_ps(alpha);
-  const __m256 vb = _mm256_set1_ps(beta);
+  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
+  const __m256 va = _mm256_set1_ps(g.alpha);
+  const __m256 vb = _mm256_set1_ps(g.beta);
   const __m256 bias0 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias);
   const __m256 bias1 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias + 8);
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
     __m256 r0 = _mm256_mul_ps(va, acc[i][0]);
     __m256 r1 = _mm256_mul_ps(va, acc[i][1]);
-    if (beta != 0.0f) {
+    if (g.beta != 0.0f) {
       r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row), r0);
       r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row + 8), r1);
     }
@@ -9780,22 +9810,255 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(std::int64_t kc
     _mm256_storeu_ps(row, r0);
     _mm256_storeu_ps(row + 8, r1);
   }
-  t.finish(scratch, c, ldc, mr, nr, epi);
+  t.finish(scratch, g.c, g.ldc, g.mr, g.nr, g.epi);
 }
+
+inline constexpr GemmKernel kGemmAvx2{&gemm_kernel_avx2, kGemmMR, kGemmNR, "avx2-fma-6x16"};
+
+inline bool cpu_has_avx512f() noexcept {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// GCC 12's unmasked forms of these AVX-512 intrinsics start from an uninitialised vector and
+// warn under -Wall at -O2 (GCC bug 105593); the all-lanes masked forms are the same instructions.
+inline constexpr __mmask16 kAllLanes = 0xFFFF;
+__attribute__((target("avx512f"))) inline __m512 gemm_min512(__m512 a, __m512 b) {
+  return _mm512_mask_min_ps(a, kAllLanes, a, b);
+}
+__attribute__((target("avx512f"))) inline __m512 gemm_max512(__m512 a, __m512 b) {
+  return _mm512_mask_max_ps(a, kAllLanes, a, b);
+}
+
+/// gemm_exp_avx2 on 16 lanes: the same operations in the same order, so the same bits.
+__attribute__((target("avx512f"))) inline __m512 gemm_exp_avx512(__m512 x) {
+  x = gemm_min512(_mm512_set1_ps(88.72f), gemm_max512(_mm512_set1_ps(-87.33f), x));
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  const __m512 n =
+      _mm512_mask_roundscale_ps(t, kAllLanes, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i biased =
+      _mm512_add_epi32(_mm512_mask_cvtps_epi32(zero, kAllLanes, n), _mm512_set1_epi32(127));
+  const __m512i bits = _mm512_mask_slli_epi32(zero, kAllLanes, biased, 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/// gemm_gelu_avx2 on 16 lanes (same bits).
+__attribute__((target("avx512f"))) inline __m512 gemm_gelu_avx512(__m512 x) {
+  x = gemm_max512(_mm512_set1_ps(-12.0f), x);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 u =
+      _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
+  const __m512 e =
+      gemm_exp_avx512(gemm_min512(_mm512_set1_ps(80.0f), _mm512_mul_ps(_mm512_set1_ps(-2.0f), u)));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/// gemm_gelu_grad_avx2 on 16 lanes (same bits).
+__attribute__((target("avx512f"))) inline __m512 gemm_gelu_grad_avx512(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f), c0 = _mm512_set1_ps(0.7978845608028654f);
+  x = gemm_min512(_mm512_set1_ps(12.0f), gemm_max512(_mm512_set1_ps(-12.0f), x));
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 u =
+      _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
+  const __m512 e =
+      gemm_exp_avx512(gemm_min512(_mm512_set1_ps(80.0f), _mm512_mul_ps(_mm512_set1_ps(-2.0f), u)));
+  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  const __m512 du = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(3.0f * 0.044715f), x2, one));
+  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(x, du), s), _mm512_mul_ps(e, s));
+  return _mm512_fmadd_ps(_mm512_set1_ps(2.0f), t, s);
+}
+
+/// The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
+inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
+
+/// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
+template <int Panels>
+__attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
+  constexpr int R = kGemmAvx512Rows;
+  constexpr int W = Panels * kGemmNR;
+  // Warm the C rows (and the epilogue's aux rows) we will write while the k loop runs.
+  const float* aux_rows = g.epi == nullptr ? nullptr : g.epi->aux;
+  for (int i = 0; i < g.mr; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + W - 1), _MM_HINT_T0);
+    if (aux_rows != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld + W - 1),
+                   _MM_HINT_T0);
+    }
+  }
+  // Row r of A is read at p[r / 3] + (r % 3) * rs: four pointers and one index register (the
+  // scaled-index addressing modes give 0, rs and 2 rs) instead of twelve row pointers, which
+  // would not fit the general registers. The rows are written out (a macro, not a loop) so the
+  // 12 x Panels accumulators stay registers under every compiler, pragmas or not.
+  const std::int64_t rs = g.a_rs, rs2 = 2 * g.a_rs, ks = g.a_ks;
+  const float* p0 = g.a;
+  const float* p1 = p0 + 3 * rs;
+  const float* p2 = p0 + 6 * rs;
+  const float* p3 = p0 + 9 * rs;
+  const float* b0 = g.b;
+  const float* b1 = g.b + g.b_panel;
+  __m512 acc[R][Panels] = {};
+#define TRAINKIT_DETAIL_AVX512_ROW(r, base, offset)                                               \
+  {                                                                                               \
+    const __m512 av = _mm512_set1_ps((base)[offset]);                                             \
+    acc[r][0] = _mm512_fmadd_ps(av, bv0, acc[r][0]);                                              \
+    if constexpr (Panels == 2) acc[r][Panels - 1] = _mm512_fmadd_ps(av, bv1, acc[r][Panels - 1]); \
+  }
+  for (std::int64_t p = 0; p < g.kc; ++p) {
+    const __m512 bv0 = _mm512_load_ps(b0);
+    const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0;
+    TRAINKIT_DETAIL_AVX512_ROW(0, p0, 0)
+    TRAINKIT_DETAIL_AVX512_ROW(1, p0, rs)
+    TRAINKIT_DETAIL_AVX512_ROW(2, p0, rs2)
+    TRAINKIT_DETAIL_AVX512_ROW(3, p1, 0)
+    TRAINKIT_DETAIL_AVX512_ROW(4, p1, rs)
+    TRAINKIT_DETAIL_AVX512_ROW(5, p1, rs2)
+    TRAINKIT_DETAIL_AVX512_ROW(6, p2, 0)
+    TRAINKIT_DETAIL_AVX512_ROW(7, p2, rs)
+    TRAINKIT_DETAIL_AVX512_ROW(8, p2, rs2)
+    TRAINKIT_DETAIL_AVX512_ROW(9, p3, 0)
+    TRAINKIT_DETAIL_AVX512_ROW(10, p3, rs)
+    TRAINKIT_DETAIL_AVX512_ROW(11, p3, rs2)
+    p0 += ks;
+    p1 += ks;
+    p2 += ks;
+    p3 += ks;
+    b0 += kGemmNR;
+    b1 += kGemmNR;
+  }
+#undef TRAINKIT_DETAIL_AVX512_ROW
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
+  const __m512 va = _mm512_set1_ps(g.alpha);
+  const __m512 vb = _mm512_set1_ps(g.beta);
+  if (kind == Epilogue::kNone && g.mr == R && g.nr == W) {
+    // A whole tile without epilogue, straight from the registers (most calls): alpha == 1 and
+    // beta == 1 skip operations that would not change a bit.
+    const bool scale = g.alpha != 1.0f;
+#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                \
+  {                                                                       \
+    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                           \
+    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];          \
+    if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(out), v); \
+    _mm512_storeu_ps(out, v);                                             \
+  }
+#define TRAINKIT_DETAIL_AVX512_STORE_ROW(r) \
+  TRAINKIT_DETAIL_AVX512_STORE(r, 0)        \
+  if constexpr (Panels == 2) TRAINKIT_DETAIL_AVX512_STORE(r, Panels - 1)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(0)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(1)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(2)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(3)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(4)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(5)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(6)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(7)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(8)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(9)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(10)
+    TRAINKIT_DETAIL_AVX512_STORE_ROW(11)
+#undef TRAINKIT_DETAIL_AVX512_STORE_ROW
+#undef TRAINKIT_DETAIL_AVX512_STORE
+    return;
+  }
+  // Otherwise the sums go through an L1 tile, so the epilogue (whose GELU needs many registers
+  // of its own) runs as a plain loop without keeping 24 accumulators alive.
+  alignas(64) float tile[R][W];
+#define TRAINKIT_DETAIL_AVX512_SPILL(r) \
+  _mm512_store_ps(tile[r], acc[r][0]);  \
+  if constexpr (Panels == 2) _mm512_store_ps(tile[r] + kGemmNR, acc[r][Panels - 1]);
+  TRAINKIT_DETAIL_AVX512_SPILL(0)
+  TRAINKIT_DETAIL_AVX512_SPILL(1)
+  TRAINKIT_DETAIL_AVX512_SPILL(2)
+  TRAINKIT_DETAIL_AVX512_SPILL(3)
+  TRAINKIT_DETAIL_AVX512_SPILL(4)
+  TRAINKIT_DETAIL_AVX512_SPILL(5)
+  TRAINKIT_DETAIL_AVX512_SPILL(6)
+  TRAINKIT_DETAIL_AVX512_SPILL(7)
+  TRAINKIT_DETAIL_AVX512_SPILL(8)
+  TRAINKIT_DETAIL_AVX512_SPILL(9)
+  TRAINKIT_DETAIL_AVX512_SPILL(10)
+  TRAINKIT_DETAIL_AVX512_SPILL(11)
+#undef TRAINKIT_DETAIL_AVX512_SPILL
+  // Epilogue on rows r < mr; the columns past nr are masked off in loads and stores.
+  const float* bias = g.epi == nullptr ? nullptr : g.epi->bias;
+  float* aux = g.epi == nullptr ? nullptr : g.epi->aux;
+  const std::int64_t aux_ld = g.epi == nullptr ? 0 : g.epi->aux_ld;
+  __mmask16 mask[Panels];
+  __m512 bias_v[Panels];
+  for (int h = 0; h < Panels; ++h) {
+    const int cols = std::min(kGemmNR, std::max(0, g.nr - h * kGemmNR));
+    mask[h] = static_cast<__mmask16>(cols == kGemmNR ? 0xFFFFu : (1u << cols) - 1u);
+    bias_v[h] =
+        bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[h], bias + h * kGemmNR);
+  }
+  for (int r = 0; r < g.mr; ++r) {
+    float* row = g.c + r * g.ldc;
+    for (int h = 0; h < Panels; ++h) {
+      const __mmask16 m = mask[h];
+      __m512 v = _mm512_mul_ps(va, _mm512_load_ps(tile[r] + h * kGemmNR));
+      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
+      if (kind != Epilogue::kNone) {
+        v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
+        float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
+        if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
+          if (x != nullptr) _mm512_mask_storeu_ps(x, m, v);
+          v = gemm_gelu_avx512(v);
+        } else if (kind == Epilogue::kDGelu) {
+          v = _mm512_mul_ps(v, gemm_gelu_grad_avx512(_mm512_maskz_loadu_ps(m, x)));
+        }
+      }
+      _mm512_mask_storeu_ps(row + h * kGemmNR, m, v);
+    }
+  }
+}
+
+/// AVX-512 micro-kernel (12 x 32), compiled for that target and only called after a CPUID
+/// check. Its sums are the AVX2 kernel's chains, so it gives the same bits.
+__attribute__((target("avx512f"))) inline void gemm_kernel_avx512(const GemmTileArgs& g) {
+  if (g.nr > kGemmNR) {
+    gemm_kernel_avx512_tile<2>(g);
+  } else {
+    gemm_kernel_avx512_tile<1>(g);
+  }
+}
+
+inline constexpr GemmKernel kGemmAvx512{&gemm_kernel_avx512, kGemmAvx512Rows, 2 * kGemmNR,
+                                        "avx512-12x32"};
 #endif
 
 /// The fastest micro-kernel this CPU runs (decided once, by CPUID, not by compiler flags).
-inline GemmMicroKernel gemm_kernel_for_this_cpu() noexcept {
+inline const GemmKernel& gemm_kernel_for_this_cpu() noexcept {
 #if TRAINKIT_DETAIL_GEMM_X86
-  if (cpu_has_avx2_fma()) return &gemm_kernel_avx2;
+  if (cpu_has_avx512f()) return kGemmAvx512;
+  if (cpu_has_avx2_fma()) return kGemmAvx2;
 #endif
-  return &gemm_kernel_portable;
+  return kGemmPortable;
+}
+
+/// Every micro-kernel this CPU can run, the portable one first (tests run them all).
+inline std::vector<const GemmKernel*> gemm_kernels_for_this_cpu() {
+  std::vector<const GemmKernel*> kernels{&kGemmPortable};
+#if TRAINKIT_DETAIL_GEMM_X86
+  if (cpu_has_avx2_fma()) kernels.push_back(&kGemmAvx2);
+  if (cpu_has_avx512f()) kernels.push_back(&kGemmAvx512);
+#endif
+  return kernels;
 }
 
 /// Name of the micro-kernel gemm_kernel_for_this_cpu() picks, for logs and benchmarks.
-inline const char* gemm_kernel_name() noexcept {
-  return gemm_kernel_for_this_cpu() == &gemm_kernel_portable ? "portable-6x16" : "avx2-fma-6x16";
-}
+inline const char* gemm_kernel_name() noexcept { return gemm_kernel_for_this_cpu().name; }
 
 #if TRAINKIT_DETAIL_GEMM_X86
 /// In-register transpose of the 8x8 block r0..r7 (rows) into columns c0..c7.
@@ -9872,14 +10135,35 @@ __attribute__((target("avx2,fma"))) inline void gemm_pack_b_cols_avx2(const floa
 }
 #endif
 
-/// Packs rows [i0, i0 + mc) x columns [k0, k0 + kc) of op(A) into MR-row panels (panel p at
-/// dst + p * MR * kc, element (r, k) at [k * MR + r]); rows past mc are zero.
+/// Packs rows [i0, i0 + mc) x columns [k0, k0 + kc) of op(A) into mr-row panels (panel p at
+/// dst + p * mr * kc, element (r, k) at [k * mr + r]); rows past mc are zero.
 template <class T>
 void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::int64_t k0,
-                 std::int64_t kc, float* TRAINKIT_RESTRICT dst) {
-  for (std::int64_t p = 0; p < mc; p += kGemmMR, dst += kGemmMR * kc) {
-    const int rows = static_cast<int>(std::min<std::int64_t>(kGemmMR, mc - p));
-    if (a.cs == 1 && rows == kGemmMR) {
+                 std::int64_t kc, int mr, float* TRAINKIT_RESTRICT dst) {
+  if (a.rs == 1) {
+    // op(A) = A^T, A stored [k, m]: row k of A holds column k of every panel, so walk k and
+    // scatter each row's mc contiguous elements (one sequential read of A).
+    const std::int64_t full = mc / mr, tail = mc - full * mr;
+    for (std::int64_t k = 0; k < kc; ++k) {
+      const T* s = a.data + (k0 + k) * a.cs + i0;
+      float* d = dst + k * mr;
+      for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
+        if constexpr (std::is_same_v<T, float>) {
+          std::memcpy(d, s, static_cast<std::size_t>(mr) * sizeof(float));
+        } else {
+          for (int r = 0; r < mr; ++r) d[r] = to_f32(s[r]);
+        }
+      }
+      for (int r = 0; r < mr; ++r) {
+        if (tail == 0) break;
+        d[r] = r < tail ? to_f32(s[r]) : 0.0f;
+      }
+    }
+    return;
+  }
+  for (std::int64_t p = 0; p < mc; p += mr, dst += mr * kc) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(mr, mc - p));
+    if (a.cs == 1 && rows == kGemmMR && mr == kGemmMR) {
       const T* s[kGemmMR];
       for (int r = 0; r < kGemmMR; ++r) s[r] = a.data + (i0 + p + r) * a.rs + k0;
       std::int64_t k = 0;
@@ -9893,20 +10177,19 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
 #endif
       for (; k < kc; ++k)
         for (int r = 0; r < kGemmMR; ++r) dst[k * kGemmMR + r] = to_f32(s[r][k]);
-    } else if (a.rs == 1 && rows == kGemmMR) {
+    } else if (a.rs == 1 && rows == mr) {
       for (std::int64_t k = 0; k < kc; ++k) {
         const T* s = a.data + (k0 + k) * a.cs + i0 + p;
         if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(dst + k * kGemmMR, s, kGemmMR * sizeof(float));
+          std::memcpy(dst + k * mr, s, static_cast<std::size_t>(mr) * sizeof(float));
         } else {
-          for (int r = 0; r < kGemmMR; ++r) dst[k * kGemmMR + r] = to_f32(s[r]);
+          for (int r = 0; r < mr; ++r) dst[k * mr + r] = to_f32(s[r]);
         }
       }
     } else {
       for (std::int64_t k = 0; k < kc; ++k)
-        for (int r = 0; r < kGemmMR; ++r)
-          dst[k * kGemmMR + r] =
-              r < rows ? to_f32(a.data[(i0 + p + r) * a.rs + (k0 + k) * a.cs]) : 0.0f;
+        for (int r = 0; r < mr; ++r)
+          dst[k * mr + r] = r < rows ? to_f32(a.data[(i0 + p + r) * a.rs + (k0 + k) * a.cs]) : 0.0f;
     }
   }
 }
@@ -10076,11 +10359,13 @@ void gemm_run_tasks(const exec::Host* host, std::int64_t n, F&& f) {
 }
 
 /// C[m, n] = epilogue(alpha * op(A) @ op(B) + beta * C) for one matrix. `host` == nullptr runs
-/// everything on the calling thread (used for the items of a batch run in parallel).
+/// everything on the calling thread (used for the items of a batch run in parallel). An f32 A
+/// with contiguous rows is read in place (the micro-kernel broadcasts from it); only the rows
+/// that do not fill a register tile, and other A, are packed.
 template <class TA, class TB, class TC>
 void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<TA>& a,
                   const OperandRef<TB>& b, const GemmOutput<TC>& out,
-                  GemmMicroKernel kernel = gemm_kernel_for_this_cpu()) {
+                  const GemmKernel& kernel = gemm_kernel_for_this_cpu()) {
   const std::int64_t m = s.m, n = s.n, k = s.k;
   if (m <= 0 || n <= 0) return;
   if (host != nullptr &&
@@ -10097,12 +10382,18 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     return;
   }
 
-  // Row blocks of (nearly) equal height, a multiple of MR, at most MC.
+  // Row blocks of (nearly) equal height, a multiple of the tile's rows, at most about MC.
+  const std::int64_t tile_rows = kernel.rows;
+  const std::int64_t tile_panels = kernel.cols / kGemmNR;
   std::int64_t blocks_m = (m + kGemmMC - 1) / kGemmMC;
-  const std::int64_t mc = ((m + blocks_m - 1) / blocks_m + kGemmMR - 1) / kGemmMR * kGemmMR;
+  const std::int64_t mc = ((m + blocks_m - 1) / blocks_m + tile_rows - 1) / tile_rows * tile_rows;
   blocks_m = (m + mc - 1) / mc;
   const std::int64_t blocks_k = (k + kGemmKC - 1) / kGemmKC;
   const std::int64_t kc_max = (k + blocks_k - 1) / blocks_k;
+  constexpr bool a_is_f32 = std::is_same_v<TA, float>;
+  // Only a row-major A is read in place: the columns of a transposed one are a cache line
+  // apart per k, which the micro-kernel would wait on; it is packed, one sequential pass.
+  const bool a_in_place = a_is_f32 && a.cs == 1;
 
   // Packed op(B) lives in the calling thread's buffer (a private one if that is in use).
   GemmWorkspace& ws = gemm_workspace();
@@ -10136,14 +10427,15 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
                   bp);
     });
 
-    // Tiles of C: row blocks x column segments. Split columns only when there are too few row
-    // blocks to keep every thread busy, and never below 8 panels (A is re-packed per segment).
+    // Tiles of C: row blocks x column segments (whole register tiles). Split columns only when
+    // there are too few row blocks to keep every thread busy, and never below 8 panels.
     std::int64_t segments = 1;
     if (threads > 1 && blocks_m < 2 * threads) {
       segments = std::min<std::int64_t>((2 * threads + blocks_m - 1) / blocks_m,
                                         std::max<std::int64_t>(1, panels / 8));
     }
-    const std::int64_t panels_per_segment = (panels + segments - 1) / segments;
+    std::int64_t panels_per_segment = (panels + segments - 1) / segments;
+    panels_per_segment = (panels_per_segment + tile_panels - 1) / tile_panels * tile_panels;
     segments = (panels + panels_per_segment - 1) / panels_per_segment;
 
     gemm_run_tasks(host, blocks_m * segments, [&](std::int64_t t) {
@@ -10153,9 +10445,12 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       const std::int64_t q1 = std::min(panels, q0 + panels_per_segment);
       const std::int64_t j0 = jc + q0 * kGemmNR;
       const std::int64_t j1 = std::min(jc + nc, jc + q1 * kGemmNR);
+      // Rows [0, in_place_rows) of the block are read from A itself, the rest packed.
+      const std::int64_t in_place_rows = a_in_place ? rows / tile_rows * tile_rows : 0;
 
       GemmWorkspace& tws = gemm_workspace();
-      float* ap = tws.a.get(((rows + kGemmMR - 1) / kGemmMR) * kGemmMR * kc_max);
+      float* ap =
+          tws.a.get(((rows - in_place_rows + tile_rows - 1) / tile_rows) * tile_rows * kc_max);
       constexpr bool c_is_f32 = std::is_same_v<TC, float>;
       float* dst;
       std::int64_t ldd;
@@ -10172,38 +10467,69 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       // f32 C: the micro-kernel applies the epilogue on the last k block, on registers.
       const bool tile_epilogue = c_is_f32 && gemm_has_epilogue(out);
       const bool tile_bias = out.epilogue == Epilogue::kBias || out.epilogue == Epilogue::kBiasGelu;
+      const std::int64_t calls_per_group = (rows + tile_rows - 1) / tile_rows;
       for (std::int64_t pc = 0; pc < k; pc += kc_max) {
         const std::int64_t kc = std::min(kc_max, k - pc);
-        gemm_pack_a(a, i0, rows, pc, kc, ap);
+        if (in_place_rows < rows)
+          gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap);
         const float beta = pc == 0 ? first_beta : 1.0f;
-        for (std::int64_t q = q0; q < q1; ++q) {
+        for (std::int64_t q = q0; q < q1; q += tile_panels) {
           const std::int64_t jj = jc + q * kGemmNR;
-          const int cols = static_cast<int>(std::min<std::int64_t>(kGemmNR, j1 - jj));
+          const int cols = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
           const float* panel = bp + q * kGemmNR * k + pc * kGemmNR;
-          // Pull the next panel towards L2 a slice per micro-kernel call, so the first pass
-          // over it does not wait on L3 (it is read MC / MR times, the first read is the cost).
-          const char* next = reinterpret_cast<const char*>(panel + kGemmNR * k);
-          const std::int64_t next_bytes =
-              q + 1 < q1 ? kc * kGemmNR * std::int64_t{sizeof(float)} : 0;
-          const std::int64_t slice = (next_bytes / 64 + rows / kGemmMR) / (rows / kGemmMR + 1) * 64;
-          std::int64_t prefetched = 0;
-          for (std::int64_t ir = 0; ir < rows; ir += kGemmMR) {
-            for (std::int64_t end = std::min(next_bytes, prefetched + slice); prefetched < end;
-                 prefetched += 64)
-              __builtin_prefetch(next + prefetched, 0, 2);
-            const int mr = static_cast<int>(std::min<std::int64_t>(kGemmMR, rows - ir));
-            const GemmTileEpilogue* epi = nullptr;
+          // Pull the next group's panels towards L2 a slice per micro-kernel call, so the first
+          // pass over them does not wait on L3 (each is read rows / tile_rows times, the first
+          // read is the cost).
+          const std::int64_t next_panels =
+              std::min(tile_panels, std::max<std::int64_t>(0, q1 - q - tile_panels));
+          const std::int64_t panel_lines = (kc * kGemmNR * std::int64_t{sizeof(float)} + 63) / 64;
+          const std::int64_t slice =
+              (next_panels * panel_lines + calls_per_group) / (calls_per_group + 1);
+          std::int64_t next_panel = 0, next_line = 0;
+          for (std::int64_t ir = 0; ir < rows; ir += tile_rows) {
+            for (std::int64_t i = 0; i < slice && next_panel < next_panels; ++i) {
+              __builtin_prefetch(
+                  reinterpret_cast<const char*>(panel + (tile_panels + next_panel) * kGemmNR * k) +
+                      next_line * 64,
+                  0, 2);
+              if (++next_line == panel_lines) {
+                next_line = 0;
+                ++next_panel;
+              }
+            }
+            GemmTileArgs g;
+            g.kc = kc;
+            if constexpr (a_is_f32) {
+              if (ir < in_place_rows) {
+                g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
+                g.a_rs = a.rs;
+                g.a_ks = a.cs;
+              }
+            }
+            if (ir >= in_place_rows) {
+              g.a = ap + (ir - in_place_rows) * kc;
+              g.a_rs = 1;
+              g.a_ks = tile_rows;
+            }
+            g.b = panel;
+            g.b_panel = kGemmNR * k;
+            g.c = dst + ir * ldd + (jj - j0);
+            g.ldc = ldd;
+            g.alpha = out.alpha;
+            g.beta = beta;
+            g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
+            g.nr = cols;
+            g.epi = nullptr;
             GemmTileEpilogue tile;
             if constexpr (c_is_f32) {
               if (tile_epilogue && pc + kc == k) {
                 tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
                         out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
                         out.aux_ld};
-                epi = &tile;
+                g.epi = &tile;
               }
             }
-            kernel(kc, ap + ir * kc, panel, dst + ir * ldd + (jj - j0), ldd, out.alpha, beta, mr,
-                   cols, epi);
+            kernel.run(g);
           }
         }
       }
@@ -10262,7 +10588,7 @@ void host_bias_grad(const exec::Host* host, const OperandRef<TA>& a, std::int64_
 extern template void host_gemm_2d<float, float, float>(const exec::Host*, const GemmShape&,
                                                        const OperandRef<float>&,
                                                        const OperandRef<float>&,
-                                                       const GemmOutput<float>&, GemmMicroKernel);
+                                                       const GemmOutput<float>&, const GemmKernel&);
 extern template void host_bias_grad<float, float>(const exec::Host*, const OperandRef<float>&,
                                                   std::int64_t, std::int64_t, float*);
 #endif
@@ -29856,60 +30182,66 @@ TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
                                                 const std::atomic<bool>& go) noexcept;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX2+FMA micro-kernel
-// by CPUID at run time whatever the build flags, so the peak must be measured the same way, or
-// MFU exceeds 100% on a build without -march=native. 12 independent 8-wide FMA chains cover the
-// 4-cycle latency of two FMA ports.
-__attribute__((target("avx2,fma"))) inline double cpu_peak_worker_avx2(
-    std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
-  constexpr int kChains = 12;  // written out: the 12 accumulators must stay in registers
-  __m256 a0 = _mm256_set1_ps(0.000f), a1 = _mm256_set1_ps(0.001f), a2 = _mm256_set1_ps(0.002f);
-  __m256 a3 = _mm256_set1_ps(0.003f), a4 = _mm256_set1_ps(0.004f), a5 = _mm256_set1_ps(0.005f);
-  __m256 a6 = _mm256_set1_ps(0.006f), a7 = _mm256_set1_ps(0.007f), a8 = _mm256_set1_ps(0.008f);
-  __m256 a9 = _mm256_set1_ps(0.009f), a10 = _mm256_set1_ps(0.010f), a11 = _mm256_set1_ps(0.011f);
-  const __m256 m = _mm256_set1_ps(0.999999f);
-  const __m256 c = _mm256_set1_ps(1e-7f);
-  // The timing loop repeats the portable worker's: the FMA body must stay inside this
-  // target("avx2,fma") function (a lambda handed to a shared loop would not inherit the target).
-  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t iterations = 0;
-  std::int64_t elapsed = 0;
-  do {
-    for (int rep = 0; rep < 4096; ++rep) {
-      a0 = _mm256_fmadd_ps(a0, m, c);
-      a1 = _mm256_fmadd_ps(a1, m, c);
-      a2 = _mm256_fmadd_ps(a2, m, c);
-      a3 = _mm256_fmadd_ps(a3, m, c);
-      a4 = _mm256_fmadd_ps(a4, m, c);
-      a5 = _mm256_fmadd_ps(a5, m, c);
-      a6 = _mm256_fmadd_ps(a6, m, c);
-      a7 = _mm256_fmadd_ps(a7, m, c);
-      a8 = _mm256_fmadd_ps(a8, m, c);
-      a9 = _mm256_fmadd_ps(a9, m, c);
-      a10 = _mm256_fmadd_ps(a10, m, c);
-      a11 = _mm256_fmadd_ps(a11, m, c);
-    }
-    iterations += 4096;
-    elapsed =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-  } while (elapsed < min_ns);
-  const __m256 sum =
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                  _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))),
-                    _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  volatile float keep = lanes[0];  // keeps the loop from being optimized away
-  (void)keep;
-  return 2.0 * 8 * kChains * static_cast<double>(iterations) /
-         (1e-9 * static_cast<double>(elapsed));
-}
+// The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX-512 or AVX2+FMA
+// micro-kernel by CPUID at run time whatever the build flags, so the peak must be measured the
+// same way, or MFU exceeds 100% on a build without -march=native. 12 independent FMA chains
+// cover the 4-cycle latency of two FMA ports. Written once for both widths as a macro: the FMA
+// body must stay inside the target("...") function (a lambda or template handed to a shared
+// loop would not inherit the target), and the 12 accumulators must be named to stay in
+// registers.
+#define TRAINKIT_DETAIL_CPU_PEAK_WORKER(name, target_isa, V, pfx, lanes_n)                       \
+  __attribute__((target(target_isa))) inline double name(std::int64_t min_ns,                    \
+                                                         const std::atomic<bool>& go) noexcept { \
+    constexpr int kChains = 12;                                                                  \
+    V a0 = pfx##_set1_ps(0.000f), a1 = pfx##_set1_ps(0.001f), a2 = pfx##_set1_ps(0.002f);        \
+    V a3 = pfx##_set1_ps(0.003f), a4 = pfx##_set1_ps(0.004f), a5 = pfx##_set1_ps(0.005f);        \
+    V a6 = pfx##_set1_ps(0.006f), a7 = pfx##_set1_ps(0.007f), a8 = pfx##_set1_ps(0.008f);        \
+    V a9 = pfx##_set1_ps(0.009f), a10 = pfx##_set1_ps(0.010f), a11 = pfx##_set1_ps(0.011f);      \
+    const V m = pfx##_set1_ps(0.999999f);                                                        \
+    const V c = pfx##_set1_ps(1e-7f);                                                            \
+    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();                       \
+    const auto t0 = std::chrono::steady_clock::now();                                            \
+    std::int64_t iterations = 0;                                                                 \
+    std::int64_t elapsed = 0;                                                                    \
+    do {                                                                                         \
+      for (int rep = 0; rep < 4096; ++rep) {                                                     \
+        a0 = pfx##_fmadd_ps(a0, m, c);                                                           \
+        a1 = pfx##_fmadd_ps(a1, m, c);                                                           \
+        a2 = pfx##_fmadd_ps(a2, m, c);                                                           \
+        a3 = pfx##_fmadd_ps(a3, m, c);                                                           \
+        a4 = pfx##_fmadd_ps(a4, m, c);                                                           \
+        a5 = pfx##_fmadd_ps(a5, m, c);                                                           \
+        a6 = pfx##_fmadd_ps(a6, m, c);                                                           \
+        a7 = pfx##_fmadd_ps(a7, m, c);                                                           \
+        a8 = pfx##_fmadd_ps(a8, m, c);                                                           \
+        a9 = pfx##_fmadd_ps(a9, m, c);                                                           \
+        a10 = pfx##_fmadd_ps(a10, m, c);                                                         \
+        a11 = pfx##_fmadd_ps(a11, m, c);                                                         \
+      }                                                                                          \
+      iterations += 4096;                                                                        \
+      elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(                            \
+                    std::chrono::steady_clock::now() - t0)                                       \
+                    .count();                                                                    \
+    } while (elapsed < min_ns);                                                                  \
+    const V sum =                                                                                \
+        pfx##_add_ps(pfx##_add_ps(pfx##_add_ps(pfx##_add_ps(a0, a1), pfx##_add_ps(a2, a3)),      \
+                                  pfx##_add_ps(pfx##_add_ps(a4, a5), pfx##_add_ps(a6, a7))),     \
+                     pfx##_add_ps(pfx##_add_ps(a8, a9), pfx##_add_ps(a10, a11)));                \
+    alignas(64) float lanes[lanes_n];                                                            \
+    pfx##_store_ps(lanes, sum);                                                                  \
+    volatile float keep = lanes[0]; /* keeps the loop from being optimized away */               \
+    (void)keep;                                                                                  \
+    return 2.0 * lanes_n * kChains * static_cast<double>(iterations) /                           \
+           (1e-9 * static_cast<double>(elapsed));                                                \
+  }
+TRAINKIT_DETAIL_CPU_PEAK_WORKER(cpu_peak_worker_avx2, "avx2,fma", __m256, _mm256, 8)
+TRAINKIT_DETAIL_CPU_PEAK_WORKER(cpu_peak_worker_avx512, "avx512f", __m512, _mm512, 16)
+#undef TRAINKIT_DETAIL_CPU_PEAK_WORKER
 #endif
 
 inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512f")) return cpu_peak_worker_avx512(min_ns, go);
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return cpu_peak_worker_avx2(min_ns, go);
 #endif

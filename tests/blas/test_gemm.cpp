@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -87,10 +88,8 @@ TEST_CASE("host gemm: both micro-kernels agree with float64, epilogues included"
   for (std::int64_t j = 0; j < cs.n; ++j) bias_d[j] = bias[j] = 0.02f * float(j % 11) - 0.1f;
   for (Epilogue e : {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu, Epilogue::kDGelu}) {
     const Reference ref = reference_gemm(Op::kN, Op::kT, a, b, c, 0.5, 2.0, e, bias_d, &pre);
-    for (blas::detail::GemmMicroKernel kernel :
-         {&blas::detail::gemm_kernel_portable, blas::detail::gemm_kernel_for_this_cpu()}) {
-      INFO("epilogue ", std::string(blas::to_string(e)),
-           ", portable kernel: ", kernel == &blas::detail::gemm_kernel_portable);
+    for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+      INFO("epilogue ", std::string(blas::to_string(e)), ", kernel ", std::string(kernel->name));
       Matrix<float> got = c;
       Matrix<float> aux = e == Epilogue::kDGelu ? pre : Matrix<float>(cs.m, cs.n, 3);
       const blas::detail::GemmOutput<float> out{
@@ -105,7 +104,7 @@ TEST_CASE("host gemm: both micro-kernels agree with float64, epilogues included"
       exec::Host host(2);
       blas::detail::host_gemm_2d(
           &host, {cs.m, cs.n, cs.k}, blas::detail::OperandRef<float>{a.data.data(), a.ld, 1},
-          blas::detail::OperandRef<float>{b.data.data(), 1, b.ld}, out, kernel);
+          blas::detail::OperandRef<float>{b.data.data(), 1, b.ld}, out, *kernel);
       CHECK(rel_error(got, ref.out, cs.m, cs.n) < 1e-5);
       CHECK(padding_untouched(got));
       if (e == Epilogue::kBiasGelu) {
@@ -115,6 +114,71 @@ TEST_CASE("host gemm: both micro-kernels agree with float64, epilogues included"
     }
   }
   MESSAGE("micro-kernel on this CPU: ", std::string(blas::detail::gemm_kernel_name()));
+}
+
+TEST_CASE("host gemm: every vector micro-kernel gives the same bits, random shapes") {
+  // Each element of C is one chain of fused multiply-adds over k in a fixed order, whatever the
+  // register tile, so AVX2 (6 x 16) and AVX-512 (12 x 32) agree bit for bit: A read in place in
+  // either layout, packed tails in m, masked tails in n, several k blocks, beta, epilogues.
+  std::vector<const blas::detail::GemmKernel*> simd;
+  for (const blas::detail::GemmKernel* k : blas::detail::gemm_kernels_for_this_cpu())
+    if (k != &blas::detail::kGemmPortable) simd.push_back(k);
+  if (simd.size() < 2) {
+    MESSAGE("fewer than two vector micro-kernels on this CPU; nothing to compare");
+    return;
+  }
+  std::mt19937_64 rng(2026);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const Epilogue epilogues[] = {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu,
+                                Epilogue::kDGelu};
+  for (int trial = 0; trial < 40; ++trial) {
+    const Case cs{pick(1, 80), pick(1, 90), trial % 5 == 0 ? pick(385, 900) : pick(1, 200)};
+    const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];
+    const Epilogue e = epilogues[pick(0, 3)];
+    const float beta = trial % 3 == 0 ? 0.5f : 0.0f;
+    Matrix<float> a(stored_rows(op_a, cs.m, cs.k), stored_cols(op_a, cs.m, cs.k), pick(0, 3));
+    Matrix<float> b(stored_rows(op_b, cs.k, cs.n), stored_cols(op_b, cs.k, cs.n), pick(0, 3));
+    Matrix<float> c0(cs.m, cs.n, 1), pre(cs.m, cs.n, 2);
+    a.fill_random(100 + trial);
+    b.fill_random(200 + trial);
+    c0.fill_random(300 + trial);
+    pre.fill_random(400 + trial, -4.0, 4.0);
+    std::vector<float> bias(static_cast<std::size_t>(cs.n));
+    for (float& v : bias) v = static_cast<float>(pick(-50, 50)) * 0.01f;
+    std::vector<Matrix<float>> outs, auxes;
+    for (const blas::detail::GemmKernel* kernel : simd) {
+      Matrix<float> c = c0;
+      Matrix<float> aux = e == Epilogue::kDGelu ? pre : Matrix<float>(cs.m, cs.n, 2);
+      const blas::detail::GemmOutput<float> out{
+          c.data.data(),
+          c.ld,
+          1.25f,
+          beta,
+          e,
+          bias.data(),
+          e == Epilogue::kNone || e == Epilogue::kBias ? nullptr : aux.data.data(),
+          aux.ld};
+      exec::Host host(trial % 2 + 1);
+      blas::detail::host_gemm_2d(&host, {cs.m, cs.n, cs.k},
+                                 blas::detail::operand_ref<float>(op_a, a.cview()),
+                                 blas::detail::operand_ref<float>(op_b, b.cview()), out, *kernel);
+      outs.push_back(std::move(c));
+      auxes.push_back(std::move(aux));
+    }
+    for (std::size_t i = 1; i < simd.size(); ++i) {
+      INFO("trial ", trial, ": m=", cs.m, " n=", cs.n, " k=", cs.k,
+           " op_a=", std::string(blas::to_string(op_a)),
+           " op_b=", std::string(blas::to_string(op_b)), " epilogue ",
+           std::string(blas::to_string(e)), ", ", std::string(simd[i]->name), " vs ",
+           std::string(simd[0]->name));
+      CHECK(std::memcmp(outs[i].data.data(), outs[0].data.data(),
+                        outs[0].data.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(auxes[i].data.data(), auxes[0].data.data(),
+                        auxes[0].data.size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("host gemm: f16/bf16 operands and outputs accumulate in f32") {

@@ -101,60 +101,66 @@ TRAINKIT_INLINE double cpu_peak_worker_portable(std::int64_t min_ns,
                                                 const std::atomic<bool>& go) noexcept;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX2+FMA micro-kernel
-// by CPUID at run time whatever the build flags, so the peak must be measured the same way, or
-// MFU exceeds 100% on a build without -march=native. 12 independent 8-wide FMA chains cover the
-// 4-cycle latency of two FMA ports.
-__attribute__((target("avx2,fma"))) inline double cpu_peak_worker_avx2(
-    std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
-  constexpr int kChains = 12;  // written out: the 12 accumulators must stay in registers
-  __m256 a0 = _mm256_set1_ps(0.000f), a1 = _mm256_set1_ps(0.001f), a2 = _mm256_set1_ps(0.002f);
-  __m256 a3 = _mm256_set1_ps(0.003f), a4 = _mm256_set1_ps(0.004f), a5 = _mm256_set1_ps(0.005f);
-  __m256 a6 = _mm256_set1_ps(0.006f), a7 = _mm256_set1_ps(0.007f), a8 = _mm256_set1_ps(0.008f);
-  __m256 a9 = _mm256_set1_ps(0.009f), a10 = _mm256_set1_ps(0.010f), a11 = _mm256_set1_ps(0.011f);
-  const __m256 m = _mm256_set1_ps(0.999999f);
-  const __m256 c = _mm256_set1_ps(1e-7f);
-  // The timing loop repeats the portable worker's: the FMA body must stay inside this
-  // target("avx2,fma") function (a lambda handed to a shared loop would not inherit the target).
-  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::int64_t iterations = 0;
-  std::int64_t elapsed = 0;
-  do {
-    for (int rep = 0; rep < 4096; ++rep) {
-      a0 = _mm256_fmadd_ps(a0, m, c);
-      a1 = _mm256_fmadd_ps(a1, m, c);
-      a2 = _mm256_fmadd_ps(a2, m, c);
-      a3 = _mm256_fmadd_ps(a3, m, c);
-      a4 = _mm256_fmadd_ps(a4, m, c);
-      a5 = _mm256_fmadd_ps(a5, m, c);
-      a6 = _mm256_fmadd_ps(a6, m, c);
-      a7 = _mm256_fmadd_ps(a7, m, c);
-      a8 = _mm256_fmadd_ps(a8, m, c);
-      a9 = _mm256_fmadd_ps(a9, m, c);
-      a10 = _mm256_fmadd_ps(a10, m, c);
-      a11 = _mm256_fmadd_ps(a11, m, c);
-    }
-    iterations += 4096;
-    elapsed =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-  } while (elapsed < min_ns);
-  const __m256 sum =
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                  _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))),
-                    _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  volatile float keep = lanes[0];  // keeps the loop from being optimized away
-  (void)keep;
-  return 2.0 * 8 * kChains * static_cast<double>(iterations) /
-         (1e-9 * static_cast<double>(elapsed));
-}
+// The rate the library's own kernels reach: blas/host_gemm.hpp picks its AVX-512 or AVX2+FMA
+// micro-kernel by CPUID at run time whatever the build flags, so the peak must be measured the
+// same way, or MFU exceeds 100% on a build without -march=native. 12 independent FMA chains
+// cover the 4-cycle latency of two FMA ports. Written once for both widths as a macro: the FMA
+// body must stay inside the target("...") function (a lambda or template handed to a shared
+// loop would not inherit the target), and the 12 accumulators must be named to stay in
+// registers.
+#define TRAINKIT_DETAIL_CPU_PEAK_WORKER(name, target_isa, V, pfx, lanes_n)                       \
+  __attribute__((target(target_isa))) inline double name(std::int64_t min_ns,                    \
+                                                         const std::atomic<bool>& go) noexcept { \
+    constexpr int kChains = 12;                                                                  \
+    V a0 = pfx##_set1_ps(0.000f), a1 = pfx##_set1_ps(0.001f), a2 = pfx##_set1_ps(0.002f);        \
+    V a3 = pfx##_set1_ps(0.003f), a4 = pfx##_set1_ps(0.004f), a5 = pfx##_set1_ps(0.005f);        \
+    V a6 = pfx##_set1_ps(0.006f), a7 = pfx##_set1_ps(0.007f), a8 = pfx##_set1_ps(0.008f);        \
+    V a9 = pfx##_set1_ps(0.009f), a10 = pfx##_set1_ps(0.010f), a11 = pfx##_set1_ps(0.011f);      \
+    const V m = pfx##_set1_ps(0.999999f);                                                        \
+    const V c = pfx##_set1_ps(1e-7f);                                                            \
+    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();                       \
+    const auto t0 = std::chrono::steady_clock::now();                                            \
+    std::int64_t iterations = 0;                                                                 \
+    std::int64_t elapsed = 0;                                                                    \
+    do {                                                                                         \
+      for (int rep = 0; rep < 4096; ++rep) {                                                     \
+        a0 = pfx##_fmadd_ps(a0, m, c);                                                           \
+        a1 = pfx##_fmadd_ps(a1, m, c);                                                           \
+        a2 = pfx##_fmadd_ps(a2, m, c);                                                           \
+        a3 = pfx##_fmadd_ps(a3, m, c);                                                           \
+        a4 = pfx##_fmadd_ps(a4, m, c);                                                           \
+        a5 = pfx##_fmadd_ps(a5, m, c);                                                           \
+        a6 = pfx##_fmadd_ps(a6, m, c);                                                           \
+        a7 = pfx##_fmadd_ps(a7, m, c);                                                           \
+        a8 = pfx##_fmadd_ps(a8, m, c);                                                           \
+        a9 = pfx##_fmadd_ps(a9, m, c);                                                           \
+        a10 = pfx##_fmadd_ps(a10, m, c);                                                         \
+        a11 = pfx##_fmadd_ps(a11, m, c);                                                         \
+      }                                                                                          \
+      iterations += 4096;                                                                        \
+      elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(                            \
+                    std::chrono::steady_clock::now() - t0)                                       \
+                    .count();                                                                    \
+    } while (elapsed < min_ns);                                                                  \
+    const V sum =                                                                                \
+        pfx##_add_ps(pfx##_add_ps(pfx##_add_ps(pfx##_add_ps(a0, a1), pfx##_add_ps(a2, a3)),      \
+                                  pfx##_add_ps(pfx##_add_ps(a4, a5), pfx##_add_ps(a6, a7))),     \
+                     pfx##_add_ps(pfx##_add_ps(a8, a9), pfx##_add_ps(a10, a11)));                \
+    alignas(64) float lanes[lanes_n];                                                            \
+    pfx##_store_ps(lanes, sum);                                                                  \
+    volatile float keep = lanes[0]; /* keeps the loop from being optimized away */               \
+    (void)keep;                                                                                  \
+    return 2.0 * lanes_n * kChains * static_cast<double>(iterations) /                           \
+           (1e-9 * static_cast<double>(elapsed));                                                \
+  }
+TRAINKIT_DETAIL_CPU_PEAK_WORKER(cpu_peak_worker_avx2, "avx2,fma", __m256, _mm256, 8)
+TRAINKIT_DETAIL_CPU_PEAK_WORKER(cpu_peak_worker_avx512, "avx512f", __m512, _mm512, 16)
+#undef TRAINKIT_DETAIL_CPU_PEAK_WORKER
 #endif
 
 inline double cpu_peak_worker(std::int64_t min_ns, const std::atomic<bool>& go) noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512f")) return cpu_peak_worker_avx512(min_ns, go);
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return cpu_peak_worker_avx2(min_ns, go);
 #endif
