@@ -125,6 +125,24 @@
 #define TRAINKIT_INLINE
 #endif
 
+// A function the optimiser must keep out of line (error paths, which flattened hot loops must
+// not absorb).
+#if defined(__GNUC__) || defined(__clang__)
+#define TRAINKIT_NOINLINE __attribute__((noinline))
+#else
+#define TRAINKIT_NOINLINE
+#endif
+
+// A host lambda that must be inlined into its caller, written after its parameter list: the
+// row bodies that nn::detail::host_simd compiles a second time for AVX2 (only what is inlined
+// into that function is compiled for its target). Empty under nvcc, whose host pass keeps
+// the build's own target anyway.
+#if (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define TRAINKIT_INLINE_LAMBDA
+#endif
+
 // `__restrict__` is understood by g++, clang++ and nvcc alike.
 #define TRAINKIT_RESTRICT __restrict__
 

@@ -180,6 +180,24 @@ TRAINKIT_NAMESPACE_END
 #define TRAINKIT_INLINE
 #endif
 
+// A function the optimiser must keep out of line (error paths, which flattened hot loops must
+// not absorb).
+#if defined(__GNUC__) || defined(__clang__)
+#define TRAINKIT_NOINLINE __attribute__((noinline))
+#else
+#define TRAINKIT_NOINLINE
+#endif
+
+// A host lambda that must be inlined into its caller, written after its parameter list: the
+// row bodies that nn::detail::host_simd compiles a second time for AVX2 (only what is inlined
+// into that function is compiled for its target). Empty under nvcc, whose host pass keeps
+// the build's own target anyway.
+#if (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define TRAINKIT_INLINE_LAMBDA
+#endif
+
 // `__restrict__` is understood by g++, clang++ and nvcc alike.
 #define TRAINKIT_RESTRICT __restrict__
 
@@ -301,8 +319,10 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
+/// Never inlined: error messages are built on cold paths, and the host kernels' flattened
+/// AVX2 bodies (nn::detail::host_simd) must not pull the stream machinery into every loop.
 template <class... Args>
-std::string concat(const Args&... args) {
+TRAINKIT_NOINLINE std::string concat(const Args&... args) {
   std::ostringstream out;
   (out << ... << args);
   return out.str();
@@ -329,9 +349,11 @@ inline std::string error_location(const char* expr, const char* file, int line, 
 
 /// Builds "trainkit: <message>" (plus " [<expr>] at <file>:<line>" when verbose) and throws.
 /// `debug_build` is the calling translation unit's (the macros pass it).
-[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
-                                     int line, const char* library = "trainkit", long long code = 0,
-                                     bool debug_build = false) {
+[[noreturn]] TRAINKIT_NOINLINE inline void throw_error(const std::string& message, const char* expr,
+                                                       const char* file, int line,
+                                                       const char* library = "trainkit",
+                                                       long long code = 0,
+                                                       bool debug_build = false) {
   throw Error("trainkit: " + message + error_location(expr, file, line, debug_build), library,
               code);
 }
@@ -9463,6 +9485,8 @@ namespace detail {
 // fits the 16 AVX2 registers and hides the FMA latency (4 cycles x 2 pipes needs >= 8 chains).
 inline constexpr int kGemmMR = 6;
 inline constexpr int kGemmNR = 16;
+// The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
+inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
 // Cache blocking: a 16-column B panel of KC rows (<= 24 KiB) stays in L1 while the micro-kernel
 // walks the task's A block (MC x KC <= 288 KiB), which stays in L2. Both are maxima: k and m
 // are cut into equal blocks (k = 784 gives 3 x 262, not 384 + 384 + 16), which depend only on
@@ -9534,9 +9558,11 @@ struct GemmTileEpilogue {
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
 /// A(r, p) = a[r * a_rs + p * a_ks] (every one of the kernel's rows readable: a packed panel is
 /// zero-padded, an operand read in place gives full tiles only) and B(p, j) = b[(j / NR) *
-/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned); c has row stride ldc
-/// and is not read when beta == 0; epi == nullptr: no epilogue. Each element of c is one chain
-/// of fused multiply-adds over p ascending, so every kernel gives the same bits.
+/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned; a row-major B read in
+/// place was tried and lost: power-of-two row strides put a panel's k rows in a few L1 sets);
+/// c has row stride ldc and is not read when beta == 0; epi == nullptr: no epilogue. Each
+/// element of c is one chain of fused multiply-adds over p ascending, so every kernel gives the
+/// same bits.
 struct GemmTileArgs {
   std::int64_t kc;
   const float* a;
@@ -9879,9 +9905,6 @@ __attribute__((target("avx512f"))) inline __m512 gemm_gelu_grad_avx512(__m512 x)
   return _mm512_fmadd_ps(_mm512_set1_ps(2.0f), t, s);
 }
 
-/// The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
-inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
-
 /// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
 template <int Panels>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
@@ -10149,7 +10172,14 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
       float* d = dst + k * mr;
       for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
         if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(d, s, static_cast<std::size_t>(mr) * sizeof(float));
+          // Fixed sizes, so the copies are inlined moves rather than calls to memcpy.
+          if (mr == kGemmAvx512Rows) {
+            std::memcpy(d, s, kGemmAvx512Rows * sizeof(float));
+          } else if (mr == kGemmMR) {
+            std::memcpy(d, s, kGemmMR * sizeof(float));
+          } else {
+            std::memcpy(d, s, static_cast<std::size_t>(mr) * sizeof(float));
+          }
         } else {
           for (int r = 0; r < mr; ++r) d[r] = to_f32(s[r]);
         }
@@ -10538,6 +10568,82 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
           gemm_finish_row(out, i0 + r, j0, j1, dst + r * ldd, false);
       }
     });
+  }
+}
+
+/// The part of a product a triangular (causal) caller needs: row tile [i0, i1) of C takes
+/// columns [0, cols) and sums k in [k_begin, k_end), where
+///   kFull:       cols = n,  k in [0, k)
+///   kColsToRow:  cols = i1 (rounded up to the tile: C[i, j] is needed for j <= i only)
+///   kSumToRow:   k in [0, i1)   (op(A)[i, k] == 0 for k > i, e.g. causal probabilities P)
+///   kSumFromRow: k in [i0, k)   (op(A)[i, k] == 0 for k < i, e.g. P^T)
+/// Skipped products are exact zeros, so the sums are the full product's.
+enum class GemmBand { kFull, kColsToRow, kSumToRow, kSumFromRow };
+
+/// C[m, n] = alpha * op(A) @ op(B) (f32 C, no epilogue) on the calling thread, computing only the
+/// tiles `band` needs (columns of a tile past `cols` are left as they were). For the small
+/// per-head products of attention: op(B) is packed once, a row-major f32 A is read in place,
+/// the micro-kernel is called directly (no blocking: k and n are small).
+template <class TA, class TB>
+void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRef<TB>& b, float* c,
+                    std::int64_t ldc, float alpha, GemmBand band,
+                    const GemmKernel& kernel = gemm_kernel_for_this_cpu()) {
+  const std::int64_t m = s.m, n = s.n, k = s.k;
+  if (m <= 0 || n <= 0) return;
+  const std::int64_t tile_rows = kernel.rows;
+  GemmWorkspace& ws = gemm_workspace();
+  GemmBuffer private_b;
+  const bool own_b = !ws.b_busy;
+  GemmBuffer& b_buffer = own_b ? ws.b : private_b;
+  ws.b_busy = true;
+  struct Release {
+    GemmWorkspace& ws;
+    bool own;
+    ~Release() {
+      if (own) ws.b_busy = false;
+    }
+  } release{ws, own_b};
+  const std::int64_t panels = (n + kGemmNR - 1) / kGemmNR;
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  float* bp = b_buffer.get(panels * kGemmNR * kk);
+  if (k > 0) gemm_pack_b(b, k, 0, n, 0, panels, bp);
+  // A: rows read in place where they fill a tile (f32, contiguous rows), the rest packed.
+  constexpr bool a_is_f32 = std::is_same_v<TA, float>;
+  const std::int64_t in_place_rows = a_is_f32 && a.cs == 1 ? m / tile_rows * tile_rows : 0;
+  float* ap = ws.a.get(((m - in_place_rows + tile_rows - 1) / tile_rows) * tile_rows * kk);
+  if (in_place_rows < m && k > 0)
+    gemm_pack_a(a, in_place_rows, m - in_place_rows, 0, k, kernel.rows, ap);
+  for (std::int64_t i0 = 0; i0 < m; i0 += tile_rows) {
+    const std::int64_t i1 = std::min(m, i0 + tile_rows);
+    const std::int64_t cols = band == GemmBand::kColsToRow ? std::min(n, i1) : n;
+    const std::int64_t k_begin = band == GemmBand::kSumFromRow ? std::min(i0, k) : 0;
+    const std::int64_t k_end = band == GemmBand::kSumToRow ? std::min(i1, k) : k;
+    for (std::int64_t jj = 0; jj < cols; jj += kernel.cols) {
+      GemmTileArgs g;
+      g.kc = k_end - k_begin;
+      if constexpr (a_is_f32) {
+        if (i0 < in_place_rows) {
+          g.a = a.data + i0 * a.rs + k_begin;
+          g.a_rs = a.rs;
+          g.a_ks = 1;
+        }
+      }
+      if (i0 >= in_place_rows) {
+        g.a = ap + (i0 - in_place_rows) * kk + k_begin * tile_rows;
+        g.a_rs = 1;
+        g.a_ks = tile_rows;
+      }
+      g.b = bp + (jj / kGemmNR) * kGemmNR * kk + k_begin * kGemmNR;
+      g.b_panel = kGemmNR * kk;
+      g.c = c + i0 * ldc + jj;
+      g.ldc = ldc;
+      g.alpha = alpha;
+      g.beta = 0.0f;
+      g.mr = static_cast<int>(i1 - i0);
+      g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, cols - jj));
+      g.epi = nullptr;
+      kernel.run(g);
+    }
   }
 }
 
@@ -12173,6 +12279,191 @@ TRAINKIT_NAMESPACE_END
 #include <string>
 #include <type_traits>
 
+// begin trainkit/nn/math.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/nn/math.hpp: branch-free exp, sigmoid and tanh-GELU for the host layers. libm's
+// expf/tanhf are scalar calls the compiler cannot vectorise; these are straight-line float code
+// (Cephes' expf polynomial, ~1 ulp) that g++/clang++ turn into SIMD loops, which is what makes
+// softmax, GELU and cross-entropy run at memory speed on the CPU. Device code uses CUDA's own.
+// The element functions are force-inlined: g++ -O2 otherwise calls exp_approx out of line from
+// the element loops (it was ~18% of a train_gpt step), which also keeps those loops scalar.
+
+#include <cstdint>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace nn {
+namespace detail {
+
+/// sqrt(2 / pi) and the cubic coefficient of GPT-2's tanh-approximated GELU.
+inline constexpr float kGeluC = 0.7978845608028654f;
+inline constexpr float kGeluA = 0.044715f;
+
+/// Float bits mapped to an int whose order is the float order (for non-NaN values).
+TRAINKIT_HOST_DEVICE inline constexpr int ordered_bits(int bits) noexcept {
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
+
+/// e^x for float x, relative error < 1e-7 on [-87, 88.7]; smaller x underflow gracefully
+/// through the subnormals to 0 (e^-inf = 0), larger x saturate at ~3.3e38 (no inf); NaN gives
+/// NaN. Only integer selects and IEEE arithmetic: float compares would block if-conversion
+/// under the default -ftrapping-math, and this loop must vectorise.
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float exp_approx(float x) noexcept {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  // Clamp to [-104, 88.7] on the ordered integer image of the bits (integer min/max vectorise).
+  const int bits = __builtin_bit_cast(int, x);
+  int key = ordered_bits(bits);
+  constexpr int kLo = ordered_bits(__builtin_bit_cast(int, -104.0f));
+  constexpr int kHi = ordered_bits(__builtin_bit_cast(int, 88.7f));
+  key = key < kLo ? kLo : key;
+  key = key > kHi ? kHi : key;
+  const float xc = __builtin_bit_cast(float, ordered_bits(key));
+  // k = round(x / ln 2); its integer value sits in the low mantissa bits of the shifted sum.
+  const float shifted = xc * kLog2e + kRound;
+  const float k = shifted - kRound;
+  const int ki = __builtin_bit_cast(int, shifted) - 0x4B400000;
+  const float r = (xc - k * kLn2Hi) - k * kLn2Lo;  // |r| <= ln2 / 2
+  float p = 1.9875691500e-4f;                      // Cephes expf
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  // 2^k as two normal factors (k in [-150, 128]): the second product rounds into the
+  // subnormals exactly as e^x does.
+  const int k1 = ki >> 1;
+  const int k2 = ki - k1;
+  const float e =
+      p * __builtin_bit_cast(float, (k1 + 127) << 23) * __builtin_bit_cast(float, (k2 + 127) << 23);
+  const int nan = -static_cast<int>((bits & 0x7fffffff) > 0x7f800000);  // all ones for NaN
+  return __builtin_bit_cast(float, (__builtin_bit_cast(int, e) & ~nan) | (bits & nan));
+}
+
+/// 1 / (1 + e^-x).
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float sigmoid_approx(float x) noexcept {
+  return 1.0f / (1.0f + exp_approx(-x));
+}
+
+/// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
+/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_approx(float x) noexcept {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  return x * sigmoid_approx(2.0f * u);
+}
+
+/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexcept {
+  const float x2 = x * x;
+  const float u = kGeluC * (x + kGeluA * x2 * x);
+  const float s = sigmoid_approx(2.0f * u);
+  return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_DETAIL_HOST_AVX2 1
+#else
+#define TRAINKIT_DETAIL_HOST_AVX2 0
+#endif
+
+#if TRAINKIT_DETAIL_HOST_AVX2
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+/// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
+/// helpers and element functions are force-inlined, so all of it is compiled for this target
+/// and the 8-lane blocks of lane_sum / lane_map / lane_max become one ymm register each. FMA is
+/// not enabled, so no multiply-add is contracted that the build's own code rounds twice: the
+/// same bits.
+template <class F>
+__attribute__((target("avx2"))) void host_simd_avx2(const F& f) {
+  f();
+}
+#endif
+
+/// Runs f() compiled for AVX2 when the CPU has it (decided by CPUID, whatever the build flags:
+/// a plain -O2 build otherwise runs the element loops as SSE2), else as the build compiled it.
+/// For the host layers' row loops; f's arithmetic gives the same bits either way. f must be a
+/// TRAINKIT_INLINE_LAMBDA that calls only inlined code in its hot loops.
+template <class F>
+inline void host_simd(const F& f) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    host_simd_avx2(f);
+    return;
+  }
+#endif
+  f();
+}
+
+/// sum_{j < n} term(j) in 8 interleaved f32 lanes combined pairwise: a fixed order (so the bits do
+/// not depend on anything but n) that the compiler can keep in one SIMD register, where a plain
+/// `s += term(j)` loop must stay scalar (FP addition is not associative).
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
+template <class F>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float lane_sum(std::int64_t n, const F& term) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += term(j + l);
+  for (int l = 0; j < n; ++j, ++l) acc[l] += term(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// store_at(j, value(j)) for every j < n, 8 elements at a time: a block's values are all computed
+/// (its loads done) before any of them is stored, so g++ -O2 vectorises the block without proving
+/// that the output does not alias the inputs, and without a remainder loop: its default cost
+/// model at -O2 ("very cheap") does neither, and leaves a plain `for (j < n) out[j] = f(j)`
+/// scalar. Each element sees the same arithmetic as in the plain loop (the same bits).
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
+template <class V, class St>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void lane_map(std::int64_t n, const V& value,
+                                                        const St& store_at) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    float v[8];
+    for (int l = 0; l < 8; ++l) v[l] = value(j + l);
+    for (int l = 0; l < 8; ++l) store_at(j + l, v[l]);
+  }
+  for (; j < n; ++j) store_at(j, value(j));
+}
+
+/// max_{j < n} term(j) (n >= 1) in 8 lanes; NaN terms are skipped.
+#if TRAINKIT_CUDA_COMPILER
+#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
+#endif
+template <class F>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float lane_max(std::int64_t n, const F& term) {
+  const float first = term(0);
+  float acc[8] = {first, first, first, first, first, first, first, first};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = term(j + l);
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int l = 0; j < n; ++j, ++l) {
+    const float v = term(j);
+    acc[l] = v > acc[l] ? v : acc[l];
+  }
+  float m = acc[0];
+  for (int l = 1; l < 8; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+}  // namespace detail
+}  // namespace nn
+TRAINKIT_NAMESPACE_END
+// end trainkit/nn/math.hpp
 
 #if TRAINKIT_WITH_CUDA
 #include <memory>
@@ -12290,9 +12581,10 @@ bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
 }
 
-/// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool. `cost` is
-/// the work per row in elements touched; small problems run on the calling thread. Each row is
-/// handled by one call, so per-row results never depend on the thread count.
+/// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool (as AVX2
+/// code where the CPU has it, host_simd). `cost` is the work per row in elements touched; small
+/// problems run on the calling thread. Each row is handled by one call, so per-row results never
+/// depend on the thread count.
 template <class F>
 void for_rows(const exec::Host& host, std::int64_t rows, std::int64_t cost, F&& f) {
   if (rows <= 0) return;
@@ -12302,12 +12594,12 @@ void for_rows(const exec::Host& host, std::int64_t rows, std::int64_t cost, F&& 
       std::min<std::int64_t>(rows, std::max<std::int64_t>(1, rows * cost / kMinTaskWork));
   tasks = std::min<std::int64_t>(tasks, 4 * threads);
   if (threads <= 1 || tasks <= 1) {
-    f(std::int64_t{0}, rows);
+    host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(std::int64_t{0}, rows); });
     return;
   }
   host.parallel_for(tasks, [&](std::int64_t t) {
     const std::int64_t r0 = rows * t / tasks, r1 = rows * (t + 1) / tasks;
-    if (r0 < r1) f(r0, r1);
+    if (r0 < r1) host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(r0, r1); });
   });
 }
 
@@ -12548,153 +12840,6 @@ TRAINKIT_NAMESPACE_END
   }
 // end trainkit/nn/layer.hpp
 // defines: nothing public (branch-free exp, sigmoid and tanh-GELU of the host layers)
-// begin trainkit/nn/math.hpp
-// SPDX-License-Identifier: MIT
-// trainkit/nn/math.hpp: branch-free exp, sigmoid and tanh-GELU for the host layers. libm's
-// expf/tanhf are scalar calls the compiler cannot vectorise; these are straight-line float code
-// (Cephes' expf polynomial, ~1 ulp) that g++/clang++ turn into SIMD loops, which is what makes
-// softmax, GELU and cross-entropy run at memory speed on the CPU. Device code uses CUDA's own.
-// The element functions are force-inlined: g++ -O2 otherwise calls exp_approx out of line from
-// the element loops (it was ~18% of a train_gpt step), which also keeps those loops scalar.
-
-#include <cstdint>
-
-
-TRAINKIT_NAMESPACE_BEGIN
-namespace nn {
-namespace detail {
-
-/// sqrt(2 / pi) and the cubic coefficient of GPT-2's tanh-approximated GELU.
-inline constexpr float kGeluC = 0.7978845608028654f;
-inline constexpr float kGeluA = 0.044715f;
-
-/// Float bits mapped to an int whose order is the float order (for non-NaN values).
-TRAINKIT_HOST_DEVICE inline constexpr int ordered_bits(int bits) noexcept {
-  return bits ^ ((bits >> 31) & 0x7fffffff);
-}
-
-/// e^x for float x, relative error < 1e-7 on [-87, 88.7]; smaller x underflow gracefully
-/// through the subnormals to 0 (e^-inf = 0), larger x saturate at ~3.3e38 (no inf); NaN gives
-/// NaN. Only integer selects and IEEE arithmetic: float compares would block if-conversion
-/// under the default -ftrapping-math, and this loop must vectorise.
-TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float exp_approx(float x) noexcept {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  // Clamp to [-104, 88.7] on the ordered integer image of the bits (integer min/max vectorise).
-  const int bits = __builtin_bit_cast(int, x);
-  int key = ordered_bits(bits);
-  constexpr int kLo = ordered_bits(__builtin_bit_cast(int, -104.0f));
-  constexpr int kHi = ordered_bits(__builtin_bit_cast(int, 88.7f));
-  key = key < kLo ? kLo : key;
-  key = key > kHi ? kHi : key;
-  const float xc = __builtin_bit_cast(float, ordered_bits(key));
-  // k = round(x / ln 2); its integer value sits in the low mantissa bits of the shifted sum.
-  const float shifted = xc * kLog2e + kRound;
-  const float k = shifted - kRound;
-  const int ki = __builtin_bit_cast(int, shifted) - 0x4B400000;
-  const float r = (xc - k * kLn2Hi) - k * kLn2Lo;  // |r| <= ln2 / 2
-  float p = 1.9875691500e-4f;                      // Cephes expf
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  // 2^k as two normal factors (k in [-150, 128]): the second product rounds into the
-  // subnormals exactly as e^x does.
-  const int k1 = ki >> 1;
-  const int k2 = ki - k1;
-  const float e =
-      p * __builtin_bit_cast(float, (k1 + 127) << 23) * __builtin_bit_cast(float, (k2 + 127) << 23);
-  const int nan = -static_cast<int>((bits & 0x7fffffff) > 0x7f800000);  // all ones for NaN
-  return __builtin_bit_cast(float, (__builtin_bit_cast(int, e) & ~nan) | (bits & nan));
-}
-
-/// 1 / (1 + e^-x).
-TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float sigmoid_approx(float x) noexcept {
-  return 1.0f / (1.0f + exp_approx(-x));
-}
-
-/// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
-/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
-TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_approx(float x) noexcept {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
-  return x * sigmoid_approx(2.0f * u);
-}
-
-/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexcept {
-  const float x2 = x * x;
-  const float u = kGeluC * (x + kGeluA * x2 * x);
-  const float s = sigmoid_approx(2.0f * u);
-  return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
-}
-
-/// sum_{j < n} term(j) in 8 interleaved f32 lanes combined pairwise: a fixed order (so the bits do
-/// not depend on anything but n) that the compiler can keep in one SIMD register, where a plain
-/// `s += term(j)` loop must stay scalar (FP addition is not associative).
-#if TRAINKIT_CUDA_COMPILER
-#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
-#endif
-template <class F>
-TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
-  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += term(j + l);
-  for (int l = 0; j < n; ++j, ++l) acc[l] += term(j);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/// store_at(j, value(j)) for every j < n, 8 elements at a time: a block's values are all computed
-/// (its loads done) before any of them is stored, so g++ -O2 vectorises the block without proving
-/// that the output does not alias the inputs, and without a remainder loop: its default cost
-/// model at -O2 ("very cheap") does neither, and leaves a plain `for (j < n) out[j] = f(j)`
-/// scalar. Each element sees the same arithmetic as in the plain loop (the same bits).
-#if TRAINKIT_CUDA_COMPILER
-#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
-#endif
-template <class V, class St>
-TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void lane_map(std::int64_t n, const V& value,
-                                                        const St& store_at) {
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    float v[8];
-    for (int l = 0; l < 8; ++l) v[l] = value(j + l);
-    for (int l = 0; l < 8; ++l) store_at(j + l, v[l]);
-  }
-  for (; j < n; ++j) store_at(j, value(j));
-}
-
-/// max_{j < n} term(j) (n >= 1) in 8 lanes; NaN terms are skipped.
-#if TRAINKIT_CUDA_COMPILER
-#pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
-#endif
-template <class F>
-TRAINKIT_HOST_DEVICE inline float lane_max(std::int64_t n, const F& term) {
-  const float first = term(0);
-  float acc[8] = {first, first, first, first, first, first, first, first};
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) {
-      const float v = term(j + l);
-      acc[l] = v > acc[l] ? v : acc[l];
-    }
-  for (int l = 0; j < n; ++j, ++l) {
-    const float v = term(j);
-    acc[l] = v > acc[l] ? v : acc[l];
-  }
-  float m = acc[0];
-  for (int l = 1; l < 8; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
-}
-
-}  // namespace detail
-}  // namespace nn
-TRAINKIT_NAMESPACE_END
-// end trainkit/nn/math.hpp
 // defines: nn::ReLU, GELU
 // begin trainkit/nn/activation.hpp
 // SPDX-License-Identifier: MIT
@@ -13018,9 +13163,9 @@ struct GradSplit {
 /// vectorises (the branchy per-element functor stays scalar there).
 template <class T>
 void grad_split_host(const exec::Host& host, const GradSplit<T>& f, std::int64_t n) {
-  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) {
+  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) TRAINKIT_INLINE_LAMBDA {
     const T* g = f.dout + b;
-    const auto split = [&](T* d, bool accumulate) {
+    const auto split = [&](T* d, bool accumulate) TRAINKIT_INLINE_LAMBDA {
       if (d == nullptr) return;
       d += b;
       const auto put = [&](std::int64_t j, float v) { d[j] = store<T>(v); };
@@ -13105,7 +13250,7 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
   const std::int64_t ld = row_stride(dy);  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
-  auto run = [&](std::int64_t b0, std::int64_t b1) {
+  auto run = [&](std::int64_t b0, std::int64_t b1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t j0 = b * kBlock, w = std::min(kBlock, cols - j0);
       float acc[kBlock] = {};
@@ -13498,7 +13643,7 @@ TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, s
 template <class T>
 void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
-  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* x = a.x + r * C;
       T* y = a.y + r * C;
@@ -13528,45 +13673,47 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
   // Pass 1: dx per row, and per chunk the partial sums of dy * xhat (dw) and dy (db).
-  for_rows(host, chunks, kLayerNormChunk * 4 * C, [&](std::int64_t k0, std::int64_t k1) {
-    for (std::int64_t k = k0; k < k1; ++k) {
-      float* pw = a.partial + k * 2 * C;
-      float* pb = pw + C;
-      for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-      const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-      for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
-        const T* x = a.x + r * C;
-        const T* dy = a.dy + r * C;
-        T* dx = a.dx + r * C;
-        const float m = a.mean[r], s = a.rstd[r];
-        // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-        const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
-        const float sum_gx = lane_sum(
-            C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
-        lane_map(
-            C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
-            [&](std::int64_t c, float v) { pw[c] = v; });
-        lane_map(
-            C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
-            [&](std::int64_t c, float v) { pb[c] = v; });
-        const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
-        if (dx == nullptr) continue;
-        const auto dx_of = [&](std::int64_t c) {
-          const float xhat = (load(x[c]) - m) * s;
-          return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
-        };
-        const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
-        if (a.accumulate) {
-          lane_map(
-              C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
-        } else {
-          lane_map(C, dx_of, put);
+  for_rows(
+      host, chunks, kLayerNormChunk * 4 * C,
+      [&](std::int64_t k0, std::int64_t k1) TRAINKIT_INLINE_LAMBDA {
+        for (std::int64_t k = k0; k < k1; ++k) {
+          float* pw = a.partial + k * 2 * C;
+          float* pb = pw + C;
+          for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+          const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
+          for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+            const T* x = a.x + r * C;
+            const T* dy = a.dy + r * C;
+            T* dx = a.dx + r * C;
+            const float m = a.mean[r], s = a.rstd[r];
+            // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+            const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
+            const float sum_gx = lane_sum(
+                C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
+            lane_map(
+                C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
+                [&](std::int64_t c, float v) { pw[c] = v; });
+            lane_map(
+                C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
+                [&](std::int64_t c, float v) { pb[c] = v; });
+            const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
+            if (dx == nullptr) continue;
+            const auto dx_of = [&](std::int64_t c) {
+              const float xhat = (load(x[c]) - m) * s;
+              return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
+            };
+            const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
+            if (a.accumulate) {
+              lane_map(
+                  C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
+            } else {
+              lane_map(C, dx_of, put);
+            }
+          }
         }
-      }
-    }
-  });
+      });
   // Pass 2: add the chunk partials in chunk order, columns split among tasks.
-  for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) {
+  for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t c = c0; c < c1; ++c) add_chunk_partials(a, chunks, c);
   });
 }
@@ -13898,7 +14045,7 @@ void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
     TRAINKIT_CHECK(id >= 0 && id < a.vocab, "nn::Embedding: id ", id, " at position ", i,
                    " is out of range [0, ", a.vocab, ")");
   }
-  for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* src = a.w + static_cast<std::int64_t>(a.ids[r]) * a.cols;
       T* dst = a.out + r * a.cols;
@@ -13917,16 +14064,17 @@ void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
   // Column blocks in parallel; within a block, positions in order: deterministic.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
-  for_rows(host, blocks, a.n * kBlock, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      const std::int64_t c0 = b * kBlock, c1 = std::min(a.cols, c0 + kBlock);
-      for (std::int64_t r = 0; r < a.n; ++r) {
-        float* dst = a.dw + static_cast<std::int64_t>(a.ids[r]) * a.cols;
-        const T* src = a.dout + r * a.cols;
-        for (std::int64_t c = c0; c < c1; ++c) dst[c] += load(src[c]);
-      }
-    }
-  });
+  for_rows(host, blocks, a.n * kBlock,
+           [&](std::int64_t b0, std::int64_t b1) TRAINKIT_INLINE_LAMBDA {
+             for (std::int64_t b = b0; b < b1; ++b) {
+               const std::int64_t c0 = b * kBlock, c1 = std::min(a.cols, c0 + kBlock);
+               for (std::int64_t r = 0; r < a.n; ++r) {
+                 float* dst = a.dw + static_cast<std::int64_t>(a.ids[r]) * a.cols;
+                 const T* src = a.dout + r * a.cols;
+                 for (std::int64_t c = c0; c < c1; ++c) dst[c] += load(src[c]);
+               }
+             }
+           });
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
@@ -14214,7 +14362,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
                    " of row ", r, " is out of range [0, ", V, ") and not ignore_index (",
                    a.ignore_index, ")");
   }
-  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * a.ld;
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
@@ -14244,7 +14392,7 @@ template <class T, class I>
 void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
   const std::int64_t V = a.vocab;
   const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
-  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * a.ld;
       T* d = a.dlogits + r * a.dld;
@@ -14526,9 +14674,10 @@ TRAINKIT_NAMESPACE_END
 // trainkit/nn/attention.hpp: `CausalSelfAttention`, GPT-2's multi-head masked self-attention
 // (nanoGPT's module: c_attn [3C, C] -> per-head softmax(Q K^T / sqrt(hs)) V -> c_proj [C, C]).
 // The core materialises the [B, H, T, T] attention matrix, which the caller's
-// CausalSelfAttention::Context keeps for backward. On the CPU each
-// (batch, head) is one task (two small gemms and a fused masked softmax, all in cache); on the
-// GPU it is batched cuBLASLt gemms over heads plus warp-per-row softmax kernels.
+// CausalSelfAttention::Context keeps for backward. On the CPU each (batch, head) is one task
+// (small products straight on the gemm micro-kernel, skipping what the causal mask zeroes, and a
+// fused masked softmax, all in cache); on the GPU it is batched cuBLASLt gemms over heads plus
+// warp-per-row softmax kernels.
 
 #include <algorithm>
 #include <cmath>
@@ -14562,7 +14711,7 @@ struct AttentionArgs {
 /// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
 /// The scores are overwritten with exp(s - max) (computed once, summed in lane_sum's order).
 template <class T>
-inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
+TRAINKIT_FORCEINLINE void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
   const std::int64_t n = i + 1;
   const float m = lane_max(n, [&](std::int64_t j) { return s[j]; });
   lane_map(
@@ -14576,96 +14725,188 @@ inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len)
   for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
 }
 
-/// Rows per causal block of the host attention: block r of queries only meets keys of blocks
-/// <= r, so whole blocks above the diagonal are never multiplied (~25% fewer flops at T = 128).
+/// Rows per causal block of the host attention for 16-bit operands: block r of queries only
+/// meets keys of blocks <= r, so whole blocks above the diagonal are never multiplied.
 inline constexpr std::int64_t kAttentionBlock = 64;
 
-/// Runs f(task, b, h) on the Host pool for every batch item b and head h (task = b * H + h).
+/// Runs f(task, b, h) on the Host pool for every batch item b and head h (task = b * H + h), as
+/// AVX2 code where the CPU has it (host_simd; f is a TRAINKIT_INLINE_LAMBDA).
 template <class T, class F>
 void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
-  host.parallel_for(a.B * a.H, [&](std::int64_t task) { f(task, task / a.H, task % a.H); });
+  host.parallel_for(
+      a.B * a.H, [&](std::int64_t task) { host_simd([&] { f(task, task / a.H, task % a.H); }); });
+}
+
+/// The f32 host attention: each head's products go straight to the gemm micro-kernel through
+/// blas::detail::host_gemm_band, which skips the tiles above the diagonal of S and dP and the
+/// zero ends of the rows of P and dS (about half the multiply-adds of the full products).
+inline void attention_forward_f32(const exec::Host& host, const AttentionArgs<float>& a) {
+  using blas::detail::GemmBand;
+  using blas::detail::host_gemm_band;
+  using Ref = blas::detail::OperandRef<float>;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(host, a,
+                [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+                  const float* q = a.qkv + b * Tn * 3 * C + h * hs;
+                  const float* k = q + C;
+                  const float* v = q + 2 * C;
+                  float* s = a.scores + task * Tn * Tn;
+                  float* p = a.probs + task * Tn * Tn;
+                  // S = scale * Q K^T on and below the diagonal, softmax by rows, O = P V.
+                  host_gemm_band({Tn, Tn, hs}, Ref{q, 3 * C, 1}, Ref{k, 1, 3 * C}, s, Tn, a.scale,
+                                 GemmBand::kColsToRow);
+                  for (std::int64_t i = 0; i < Tn; ++i)
+                    causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+                  host_gemm_band({Tn, hs, Tn}, Ref{p, Tn, 1}, Ref{v, 3 * C, 1},
+                                 a.out + b * Tn * C + h * hs, C, 1.0f, GemmBand::kSumToRow);
+                });
+}
+
+inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<float>& a) {
+  using blas::detail::GemmBand;
+  using blas::detail::host_gemm_band;
+  using Ref = blas::detail::OperandRef<float>;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const float* q = a.qkv + b * Tn * 3 * C + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* dq = a.dqkv + b * Tn * 3 * C + h * hs;
+        const float* dout = a.dout + b * Tn * C + h * hs;
+        const float* p = a.probs + task * Tn * Tn;
+        float* dp = a.scores + task * Tn * Tn;
+        float* ds = a.dscores + task * Tn * Tn;  // may alias dp: each element is read, then written
+        // dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)) (0 above the diagonal), then
+        // dQ = dS K, dK = dS^T Q, dV = P^T dO.
+        host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
+                       GemmBand::kColsToRow);
+        for (std::int64_t i = 0; i < Tn; ++i) {
+          const float* pr = p + i * Tn;
+          const float* dpr = dp + i * Tn;
+          float* dsr = ds + i * Tn;
+          const float dot = lane_sum(i + 1, [&](std::int64_t j) { return pr[j] * dpr[j]; });
+          lane_map(
+              i + 1, [&](std::int64_t j) { return a.scale * pr[j] * (dpr[j] - dot); },
+              [&](std::int64_t j, float x) { dsr[j] = x; });
+          for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = 0.0f;
+        }
+        host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
+                       GemmBand::kSumToRow);
+        host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,
+                       GemmBand::kSumFromRow);
+        host_gemm_band({Tn, hs, Tn}, Ref{p, 1, Tn}, Ref{dout, C, 1}, dq + 2 * C, 3 * C, 1.0f,
+                       GemmBand::kSumFromRow);
+      });
+}
+
+/// Other operand types (f16/bf16 on the host): query blocks through blas::gemm.
+template <class T>
+void attention_forward_blocked(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const T* base = a.qkv + b * Tn * 3 * C;
+        const Extents<2> qkv_strides{{3 * C, 1}};
+        float* s = a.scores + task * Tn * Tn;
+        T* p = a.probs + task * Tn * Tn;
+        blas::GemmOptions<float> so;
+        so.alpha = a.scale;
+        for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+          const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+          const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
+                                         qkv_strides);
+          const TensorView<const T, 2> k(base + C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+          const TensorView<const T, 2> v(base + 2 * C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+          // Nested inside a pool task, gemm runs on this thread (exec::Host runs nested work
+          // inline).
+          blas::gemm(host, blas::Op::kN, blas::Op::kT, q, k,
+                     TensorView<float, 2>(s + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}}),
+                     so);
+          for (std::int64_t i = r0; i < r1; ++i)
+            causal_softmax_row<T>(s + i * Tn, p + i * Tn, i, Tn);
+          const TensorView<const T, 2> pv(p + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}});
+          const TensorView<T, 2> o(a.out + (b * Tn + r0) * C + h * hs, Extents<2>{{rows, hs}},
+                                   Extents<2>{{C, 1}});
+          blas::gemm(host, blas::Op::kN, blas::Op::kN, pv, v, o);
+        }
+      });
+}
+
+template <class T>
+void attention_backward_blocked(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const T* base = a.qkv + b * Tn * 3 * C;
+        T* dbase = a.dqkv + b * Tn * 3 * C;
+        const T* dobase = a.dout + b * Tn * C + h * hs;
+        const Extents<2> qkv_strides{{3 * C, 1}};
+        const Extents<2> sq_strides{{Tn, 1}};
+        const T* p = a.probs + task * Tn * Tn;
+        float* dp = a.scores + task * Tn * Tn;
+        T* ds = a.dscores + task * Tn * Tn;
+        auto rows_of = [&](const T* m, std::int64_t r0, std::int64_t r1, std::int64_t ld,
+                           std::int64_t width) {
+          return TensorView<const T, 2>(m + r0 * ld, Extents<2>{{r1 - r0, width}},
+                                        Extents<2>{{ld, 1}});
+        };
+        // Query blocks: dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)), dQ = dS K.
+        for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+          const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+          const auto dout = rows_of(dobase, r0, r1, C, hs);
+          blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
+                     rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
+                     TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
+          for (std::int64_t i = r0; i < r1; ++i) {
+            const T* pr = p + i * Tn;
+            const float* dpr = dp + i * Tn;
+            T* dsr = ds + i * Tn;
+            const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
+            lane_map(
+                i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
+                [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
+            for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
+          }
+          blas::gemm(
+              host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
+              rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
+              TensorView<T, 2>(dbase + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}}, qkv_strides));
+        }
+        // Key blocks: keys [k0, k1) are attended by queries [k0, T): dK = dS^T Q, dV = P^T dO.
+        for (std::int64_t k0 = 0; k0 < Tn; k0 += kAttentionBlock) {
+          const std::int64_t k1 = std::min(Tn, k0 + kAttentionBlock), keys = k1 - k0;
+          const TensorView<const T, 2> dsv(ds + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}},
+                                           sq_strides);
+          const TensorView<const T, 2> pv(p + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}},
+                                          sq_strides);
+          blas::gemm(host, blas::Op::kT, blas::Op::kN, dsv,
+                     rows_of(base + h * hs, k0, Tn, 3 * C, hs),
+                     TensorView<T, 2>(dbase + k0 * 3 * C + C + h * hs, Extents<2>{{keys, hs}},
+                                      qkv_strides));
+          blas::gemm(host, blas::Op::kT, blas::Op::kN, pv, rows_of(dobase, k0, Tn, C, hs),
+                     TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
+                                      qkv_strides));
+        }
+      });
 }
 
 template <class T>
 void attention_forward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
-  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
-    const T* base = a.qkv + b * Tn * 3 * C;
-    const Extents<2> qkv_strides{{3 * C, 1}};
-    float* s = a.scores + task * Tn * Tn;
-    T* p = a.probs + task * Tn * Tn;
-    blas::GemmOptions<float> so;
-    so.alpha = a.scale;
-    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
-      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
-      const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
-                                     qkv_strides);
-      const TensorView<const T, 2> k(base + C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
-      const TensorView<const T, 2> v(base + 2 * C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
-      // Nested inside a pool task, gemm runs on this thread (exec::Host runs nested work inline).
-      blas::gemm(host, blas::Op::kN, blas::Op::kT, q, k,
-                 TensorView<float, 2>(s + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}}),
-                 so);
-      for (std::int64_t i = r0; i < r1; ++i) causal_softmax_row<T>(s + i * Tn, p + i * Tn, i, Tn);
-      const TensorView<const T, 2> pv(p + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}});
-      const TensorView<T, 2> o(a.out + (b * Tn + r0) * C + h * hs, Extents<2>{{rows, hs}},
-                               Extents<2>{{C, 1}});
-      blas::gemm(host, blas::Op::kN, blas::Op::kN, pv, v, o);
-    }
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    attention_forward_f32(host, a);
+  } else {
+    attention_forward_blocked(host, a);
+  }
 }
 
 template <class T>
 void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
-  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
-    const T* base = a.qkv + b * Tn * 3 * C;
-    T* dbase = a.dqkv + b * Tn * 3 * C;
-    const T* dobase = a.dout + b * Tn * C + h * hs;
-    const Extents<2> qkv_strides{{3 * C, 1}};
-    const Extents<2> sq_strides{{Tn, 1}};
-    const T* p = a.probs + task * Tn * Tn;
-    float* dp = a.scores + task * Tn * Tn;
-    T* ds = a.dscores + task * Tn * Tn;
-    auto rows_of = [&](const T* m, std::int64_t r0, std::int64_t r1, std::int64_t ld,
-                       std::int64_t width) {
-      return TensorView<const T, 2>(m + r0 * ld, Extents<2>{{r1 - r0, width}}, Extents<2>{{ld, 1}});
-    };
-    // Query blocks: dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)), dQ = dS K.
-    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
-      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
-      const auto dout = rows_of(dobase, r0, r1, C, hs);
-      blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
-                 rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
-                 TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
-      for (std::int64_t i = r0; i < r1; ++i) {
-        const T* pr = p + i * Tn;
-        const float* dpr = dp + i * Tn;
-        T* dsr = ds + i * Tn;
-        const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
-        lane_map(
-            i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
-            [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
-        for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
-      }
-      blas::gemm(
-          host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
-          rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
-          TensorView<T, 2>(dbase + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}}, qkv_strides));
-    }
-    // Key blocks: keys [k0, k1) are attended by queries [k0, T): dK = dS^T Q, dV = P^T dO.
-    for (std::int64_t k0 = 0; k0 < Tn; k0 += kAttentionBlock) {
-      const std::int64_t k1 = std::min(Tn, k0 + kAttentionBlock), keys = k1 - k0;
-      const TensorView<const T, 2> dsv(ds + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
-      const TensorView<const T, 2> pv(p + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
-      blas::gemm(
-          host, blas::Op::kT, blas::Op::kN, dsv, rows_of(base + h * hs, k0, Tn, 3 * C, hs),
-          TensorView<T, 2>(dbase + k0 * 3 * C + C + h * hs, Extents<2>{{keys, hs}}, qkv_strides));
-      blas::gemm(host, blas::Op::kT, blas::Op::kN, pv, rows_of(dobase, k0, Tn, C, hs),
-                 TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
-                                  qkv_strides));
-    }
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    attention_backward_f32(host, a);
+  } else {
+    attention_backward_blocked(host, a);
+  }
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA

@@ -181,6 +181,55 @@ TEST_CASE("host gemm: every vector micro-kernel gives the same bits, random shap
   }
 }
 
+TEST_CASE("host gemm band (causal attention products): the needed part of the full product") {
+  // host_gemm_band computes only what a causal caller reads; there it must equal the full
+  // product (same summation chains; the skipped products are the zeros of a causal operand).
+  using blas::detail::GemmBand;
+  std::mt19937_64 rng(77);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+    for (int trial = 0; trial < 24; ++trial) {
+      const GemmBand band = static_cast<GemmBand>(trial % 4);
+      const std::int64_t m = pick(1, 90);
+      // Causal products are square in the masked dimension: cols (kColsToRow) or k (the sums).
+      const std::int64_t n = band == GemmBand::kColsToRow ? m : pick(1, 70);
+      const std::int64_t k =
+          band == GemmBand::kSumToRow || band == GemmBand::kSumFromRow ? m : pick(1, 70);
+      const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];
+      Matrix<float> a(stored_rows(op_a, m, k), stored_cols(op_a, m, k), pick(0, 2));
+      Matrix<float> b(stored_rows(op_b, k, n), stored_cols(op_b, k, n), pick(0, 2));
+      a.fill_random(500 + trial);
+      b.fill_random(600 + trial);
+      // The causal zeros: op(A)[i, p] = 0 for p > i (kSumToRow) or p < i (kSumFromRow).
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t p = 0; p < k; ++p) {
+          const bool zero =
+              (band == GemmBand::kSumToRow && p > i) || (band == GemmBand::kSumFromRow && p < i);
+          if (zero) (op_a == Op::kN ? a.at(i, p) : a.at(p, i)) = 0.0f;
+        }
+      Matrix<float> full(m, n, 1), part(m, n, 1);
+      const blas::detail::GemmOutput<float> out{full.data.data(), full.ld, 0.75f,   0.0f,
+                                                Epilogue::kNone,  nullptr, nullptr, 0};
+      blas::detail::host_gemm_2d(nullptr, {m, n, k},
+                                 blas::detail::operand_ref<float>(op_a, a.cview()),
+                                 blas::detail::operand_ref<float>(op_b, b.cview()), out, *kernel);
+      blas::detail::host_gemm_band({m, n, k}, blas::detail::operand_ref<float>(op_a, a.cview()),
+                                   blas::detail::operand_ref<float>(op_b, b.cview()),
+                                   part.data.data(), part.ld, 0.75f, band, *kernel);
+      int wrong = 0;
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (band == GemmBand::kColsToRow && j > i) continue;  // not needed, may be unwritten
+          wrong += part.at(i, j) == full.at(i, j) ? 0 : 1;
+        }
+      INFO(kernel->name, " trial ", trial, " band ", trial % 4, " m=", m, " n=", n, " k=", k);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("host gemm: f16/bf16 operands and outputs accumulate in f32") {
   exec::Host host(2);
   const Case cs{129, 70, 300};

@@ -35,6 +35,8 @@ namespace detail {
 // fits the 16 AVX2 registers and hides the FMA latency (4 cycles x 2 pipes needs >= 8 chains).
 inline constexpr int kGemmMR = 6;
 inline constexpr int kGemmNR = 16;
+// The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
+inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
 // Cache blocking: a 16-column B panel of KC rows (<= 24 KiB) stays in L1 while the micro-kernel
 // walks the task's A block (MC x KC <= 288 KiB), which stays in L2. Both are maxima: k and m
 // are cut into equal blocks (k = 784 gives 3 x 262, not 384 + 384 + 16), which depend only on
@@ -106,9 +108,11 @@ struct GemmTileEpilogue {
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
 /// A(r, p) = a[r * a_rs + p * a_ks] (every one of the kernel's rows readable: a packed panel is
 /// zero-padded, an operand read in place gives full tiles only) and B(p, j) = b[(j / NR) *
-/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned); c has row stride ldc
-/// and is not read when beta == 0; epi == nullptr: no epilogue. Each element of c is one chain
-/// of fused multiply-adds over p ascending, so every kernel gives the same bits.
+/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned; a row-major B read in
+/// place was tried and lost: power-of-two row strides put a panel's k rows in a few L1 sets);
+/// c has row stride ldc and is not read when beta == 0; epi == nullptr: no epilogue. Each
+/// element of c is one chain of fused multiply-adds over p ascending, so every kernel gives the
+/// same bits.
 struct GemmTileArgs {
   std::int64_t kc;
   const float* a;
@@ -451,9 +455,6 @@ __attribute__((target("avx512f"))) inline __m512 gemm_gelu_grad_avx512(__m512 x)
   return _mm512_fmadd_ps(_mm512_set1_ps(2.0f), t, s);
 }
 
-/// The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
-inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
-
 /// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
 template <int Panels>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
@@ -721,7 +722,14 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
       float* d = dst + k * mr;
       for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
         if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(d, s, static_cast<std::size_t>(mr) * sizeof(float));
+          // Fixed sizes, so the copies are inlined moves rather than calls to memcpy.
+          if (mr == kGemmAvx512Rows) {
+            std::memcpy(d, s, kGemmAvx512Rows * sizeof(float));
+          } else if (mr == kGemmMR) {
+            std::memcpy(d, s, kGemmMR * sizeof(float));
+          } else {
+            std::memcpy(d, s, static_cast<std::size_t>(mr) * sizeof(float));
+          }
         } else {
           for (int r = 0; r < mr; ++r) d[r] = to_f32(s[r]);
         }
@@ -1110,6 +1118,82 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
           gemm_finish_row(out, i0 + r, j0, j1, dst + r * ldd, false);
       }
     });
+  }
+}
+
+/// The part of a product a triangular (causal) caller needs: row tile [i0, i1) of C takes
+/// columns [0, cols) and sums k in [k_begin, k_end), where
+///   kFull:       cols = n,  k in [0, k)
+///   kColsToRow:  cols = i1 (rounded up to the tile: C[i, j] is needed for j <= i only)
+///   kSumToRow:   k in [0, i1)   (op(A)[i, k] == 0 for k > i, e.g. causal probabilities P)
+///   kSumFromRow: k in [i0, k)   (op(A)[i, k] == 0 for k < i, e.g. P^T)
+/// Skipped products are exact zeros, so the sums are the full product's.
+enum class GemmBand { kFull, kColsToRow, kSumToRow, kSumFromRow };
+
+/// C[m, n] = alpha * op(A) @ op(B) (f32 C, no epilogue) on the calling thread, computing only the
+/// tiles `band` needs (columns of a tile past `cols` are left as they were). For the small
+/// per-head products of attention: op(B) is packed once, a row-major f32 A is read in place,
+/// the micro-kernel is called directly (no blocking: k and n are small).
+template <class TA, class TB>
+void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRef<TB>& b, float* c,
+                    std::int64_t ldc, float alpha, GemmBand band,
+                    const GemmKernel& kernel = gemm_kernel_for_this_cpu()) {
+  const std::int64_t m = s.m, n = s.n, k = s.k;
+  if (m <= 0 || n <= 0) return;
+  const std::int64_t tile_rows = kernel.rows;
+  GemmWorkspace& ws = gemm_workspace();
+  GemmBuffer private_b;
+  const bool own_b = !ws.b_busy;
+  GemmBuffer& b_buffer = own_b ? ws.b : private_b;
+  ws.b_busy = true;
+  struct Release {
+    GemmWorkspace& ws;
+    bool own;
+    ~Release() {
+      if (own) ws.b_busy = false;
+    }
+  } release{ws, own_b};
+  const std::int64_t panels = (n + kGemmNR - 1) / kGemmNR;
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  float* bp = b_buffer.get(panels * kGemmNR * kk);
+  if (k > 0) gemm_pack_b(b, k, 0, n, 0, panels, bp);
+  // A: rows read in place where they fill a tile (f32, contiguous rows), the rest packed.
+  constexpr bool a_is_f32 = std::is_same_v<TA, float>;
+  const std::int64_t in_place_rows = a_is_f32 && a.cs == 1 ? m / tile_rows * tile_rows : 0;
+  float* ap = ws.a.get(((m - in_place_rows + tile_rows - 1) / tile_rows) * tile_rows * kk);
+  if (in_place_rows < m && k > 0)
+    gemm_pack_a(a, in_place_rows, m - in_place_rows, 0, k, kernel.rows, ap);
+  for (std::int64_t i0 = 0; i0 < m; i0 += tile_rows) {
+    const std::int64_t i1 = std::min(m, i0 + tile_rows);
+    const std::int64_t cols = band == GemmBand::kColsToRow ? std::min(n, i1) : n;
+    const std::int64_t k_begin = band == GemmBand::kSumFromRow ? std::min(i0, k) : 0;
+    const std::int64_t k_end = band == GemmBand::kSumToRow ? std::min(i1, k) : k;
+    for (std::int64_t jj = 0; jj < cols; jj += kernel.cols) {
+      GemmTileArgs g;
+      g.kc = k_end - k_begin;
+      if constexpr (a_is_f32) {
+        if (i0 < in_place_rows) {
+          g.a = a.data + i0 * a.rs + k_begin;
+          g.a_rs = a.rs;
+          g.a_ks = 1;
+        }
+      }
+      if (i0 >= in_place_rows) {
+        g.a = ap + (i0 - in_place_rows) * kk + k_begin * tile_rows;
+        g.a_rs = 1;
+        g.a_ks = tile_rows;
+      }
+      g.b = bp + (jj / kGemmNR) * kGemmNR * kk + k_begin * kGemmNR;
+      g.b_panel = kGemmNR * kk;
+      g.c = c + i0 * ldc + jj;
+      g.ldc = ldc;
+      g.alpha = alpha;
+      g.beta = 0.0f;
+      g.mr = static_cast<int>(i1 - i0);
+      g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, cols - jj));
+      g.epi = nullptr;
+      kernel.run(g);
+    }
   }
 }
 

@@ -2,9 +2,10 @@
 // trainkit/nn/attention.hpp: `CausalSelfAttention`, GPT-2's multi-head masked self-attention
 // (nanoGPT's module: c_attn [3C, C] -> per-head softmax(Q K^T / sqrt(hs)) V -> c_proj [C, C]).
 // The core materialises the [B, H, T, T] attention matrix, which the caller's
-// CausalSelfAttention::Context keeps for backward. On the CPU each
-// (batch, head) is one task (two small gemms and a fused masked softmax, all in cache); on the
-// GPU it is batched cuBLASLt gemms over heads plus warp-per-row softmax kernels.
+// CausalSelfAttention::Context keeps for backward. On the CPU each (batch, head) is one task
+// (small products straight on the gemm micro-kernel, skipping what the causal mask zeroes, and a
+// fused masked softmax, all in cache); on the GPU it is batched cuBLASLt gemms over heads plus
+// warp-per-row softmax kernels.
 #pragma once
 
 #include <algorithm>
@@ -48,7 +49,7 @@ struct AttentionArgs {
 /// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
 /// The scores are overwritten with exp(s - max) (computed once, summed in lane_sum's order).
 template <class T>
-inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
+TRAINKIT_FORCEINLINE void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len) {
   const std::int64_t n = i + 1;
   const float m = lane_max(n, [&](std::int64_t j) { return s[j]; });
   lane_map(
@@ -62,96 +63,188 @@ inline void causal_softmax_row(float* s, T* p, std::int64_t i, std::int64_t len)
   for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
 }
 
-/// Rows per causal block of the host attention: block r of queries only meets keys of blocks
-/// <= r, so whole blocks above the diagonal are never multiplied (~25% fewer flops at T = 128).
+/// Rows per causal block of the host attention for 16-bit operands: block r of queries only
+/// meets keys of blocks <= r, so whole blocks above the diagonal are never multiplied.
 inline constexpr std::int64_t kAttentionBlock = 64;
 
-/// Runs f(task, b, h) on the Host pool for every batch item b and head h (task = b * H + h).
+/// Runs f(task, b, h) on the Host pool for every batch item b and head h (task = b * H + h), as
+/// AVX2 code where the CPU has it (host_simd; f is a TRAINKIT_INLINE_LAMBDA).
 template <class T, class F>
 void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
-  host.parallel_for(a.B * a.H, [&](std::int64_t task) { f(task, task / a.H, task % a.H); });
+  host.parallel_for(
+      a.B * a.H, [&](std::int64_t task) { host_simd([&] { f(task, task / a.H, task % a.H); }); });
+}
+
+/// The f32 host attention: each head's products go straight to the gemm micro-kernel through
+/// blas::detail::host_gemm_band, which skips the tiles above the diagonal of S and dP and the
+/// zero ends of the rows of P and dS (about half the multiply-adds of the full products).
+inline void attention_forward_f32(const exec::Host& host, const AttentionArgs<float>& a) {
+  using blas::detail::GemmBand;
+  using blas::detail::host_gemm_band;
+  using Ref = blas::detail::OperandRef<float>;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(host, a,
+                [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+                  const float* q = a.qkv + b * Tn * 3 * C + h * hs;
+                  const float* k = q + C;
+                  const float* v = q + 2 * C;
+                  float* s = a.scores + task * Tn * Tn;
+                  float* p = a.probs + task * Tn * Tn;
+                  // S = scale * Q K^T on and below the diagonal, softmax by rows, O = P V.
+                  host_gemm_band({Tn, Tn, hs}, Ref{q, 3 * C, 1}, Ref{k, 1, 3 * C}, s, Tn, a.scale,
+                                 GemmBand::kColsToRow);
+                  for (std::int64_t i = 0; i < Tn; ++i)
+                    causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+                  host_gemm_band({Tn, hs, Tn}, Ref{p, Tn, 1}, Ref{v, 3 * C, 1},
+                                 a.out + b * Tn * C + h * hs, C, 1.0f, GemmBand::kSumToRow);
+                });
+}
+
+inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<float>& a) {
+  using blas::detail::GemmBand;
+  using blas::detail::host_gemm_band;
+  using Ref = blas::detail::OperandRef<float>;
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const float* q = a.qkv + b * Tn * 3 * C + h * hs;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* dq = a.dqkv + b * Tn * 3 * C + h * hs;
+        const float* dout = a.dout + b * Tn * C + h * hs;
+        const float* p = a.probs + task * Tn * Tn;
+        float* dp = a.scores + task * Tn * Tn;
+        float* ds = a.dscores + task * Tn * Tn;  // may alias dp: each element is read, then written
+        // dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)) (0 above the diagonal), then
+        // dQ = dS K, dK = dS^T Q, dV = P^T dO.
+        host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
+                       GemmBand::kColsToRow);
+        for (std::int64_t i = 0; i < Tn; ++i) {
+          const float* pr = p + i * Tn;
+          const float* dpr = dp + i * Tn;
+          float* dsr = ds + i * Tn;
+          const float dot = lane_sum(i + 1, [&](std::int64_t j) { return pr[j] * dpr[j]; });
+          lane_map(
+              i + 1, [&](std::int64_t j) { return a.scale * pr[j] * (dpr[j] - dot); },
+              [&](std::int64_t j, float x) { dsr[j] = x; });
+          for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = 0.0f;
+        }
+        host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
+                       GemmBand::kSumToRow);
+        host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,
+                       GemmBand::kSumFromRow);
+        host_gemm_band({Tn, hs, Tn}, Ref{p, 1, Tn}, Ref{dout, C, 1}, dq + 2 * C, 3 * C, 1.0f,
+                       GemmBand::kSumFromRow);
+      });
+}
+
+/// Other operand types (f16/bf16 on the host): query blocks through blas::gemm.
+template <class T>
+void attention_forward_blocked(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const T* base = a.qkv + b * Tn * 3 * C;
+        const Extents<2> qkv_strides{{3 * C, 1}};
+        float* s = a.scores + task * Tn * Tn;
+        T* p = a.probs + task * Tn * Tn;
+        blas::GemmOptions<float> so;
+        so.alpha = a.scale;
+        for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+          const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+          const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
+                                         qkv_strides);
+          const TensorView<const T, 2> k(base + C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+          const TensorView<const T, 2> v(base + 2 * C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
+          // Nested inside a pool task, gemm runs on this thread (exec::Host runs nested work
+          // inline).
+          blas::gemm(host, blas::Op::kN, blas::Op::kT, q, k,
+                     TensorView<float, 2>(s + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}}),
+                     so);
+          for (std::int64_t i = r0; i < r1; ++i)
+            causal_softmax_row<T>(s + i * Tn, p + i * Tn, i, Tn);
+          const TensorView<const T, 2> pv(p + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}});
+          const TensorView<T, 2> o(a.out + (b * Tn + r0) * C + h * hs, Extents<2>{{rows, hs}},
+                                   Extents<2>{{C, 1}});
+          blas::gemm(host, blas::Op::kN, blas::Op::kN, pv, v, o);
+        }
+      });
+}
+
+template <class T>
+void attention_backward_blocked(const exec::Host& host, const AttentionArgs<T>& a) {
+  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
+  for_each_head(
+      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+        const T* base = a.qkv + b * Tn * 3 * C;
+        T* dbase = a.dqkv + b * Tn * 3 * C;
+        const T* dobase = a.dout + b * Tn * C + h * hs;
+        const Extents<2> qkv_strides{{3 * C, 1}};
+        const Extents<2> sq_strides{{Tn, 1}};
+        const T* p = a.probs + task * Tn * Tn;
+        float* dp = a.scores + task * Tn * Tn;
+        T* ds = a.dscores + task * Tn * Tn;
+        auto rows_of = [&](const T* m, std::int64_t r0, std::int64_t r1, std::int64_t ld,
+                           std::int64_t width) {
+          return TensorView<const T, 2>(m + r0 * ld, Extents<2>{{r1 - r0, width}},
+                                        Extents<2>{{ld, 1}});
+        };
+        // Query blocks: dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)), dQ = dS K.
+        for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
+          const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
+          const auto dout = rows_of(dobase, r0, r1, C, hs);
+          blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
+                     rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
+                     TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
+          for (std::int64_t i = r0; i < r1; ++i) {
+            const T* pr = p + i * Tn;
+            const float* dpr = dp + i * Tn;
+            T* dsr = ds + i * Tn;
+            const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
+            lane_map(
+                i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
+                [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
+            for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
+          }
+          blas::gemm(
+              host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
+              rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
+              TensorView<T, 2>(dbase + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}}, qkv_strides));
+        }
+        // Key blocks: keys [k0, k1) are attended by queries [k0, T): dK = dS^T Q, dV = P^T dO.
+        for (std::int64_t k0 = 0; k0 < Tn; k0 += kAttentionBlock) {
+          const std::int64_t k1 = std::min(Tn, k0 + kAttentionBlock), keys = k1 - k0;
+          const TensorView<const T, 2> dsv(ds + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}},
+                                           sq_strides);
+          const TensorView<const T, 2> pv(p + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}},
+                                          sq_strides);
+          blas::gemm(host, blas::Op::kT, blas::Op::kN, dsv,
+                     rows_of(base + h * hs, k0, Tn, 3 * C, hs),
+                     TensorView<T, 2>(dbase + k0 * 3 * C + C + h * hs, Extents<2>{{keys, hs}},
+                                      qkv_strides));
+          blas::gemm(host, blas::Op::kT, blas::Op::kN, pv, rows_of(dobase, k0, Tn, C, hs),
+                     TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
+                                      qkv_strides));
+        }
+      });
 }
 
 template <class T>
 void attention_forward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
-  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
-    const T* base = a.qkv + b * Tn * 3 * C;
-    const Extents<2> qkv_strides{{3 * C, 1}};
-    float* s = a.scores + task * Tn * Tn;
-    T* p = a.probs + task * Tn * Tn;
-    blas::GemmOptions<float> so;
-    so.alpha = a.scale;
-    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
-      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
-      const TensorView<const T, 2> q(base + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}},
-                                     qkv_strides);
-      const TensorView<const T, 2> k(base + C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
-      const TensorView<const T, 2> v(base + 2 * C + h * hs, Extents<2>{{r1, hs}}, qkv_strides);
-      // Nested inside a pool task, gemm runs on this thread (exec::Host runs nested work inline).
-      blas::gemm(host, blas::Op::kN, blas::Op::kT, q, k,
-                 TensorView<float, 2>(s + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}}),
-                 so);
-      for (std::int64_t i = r0; i < r1; ++i) causal_softmax_row<T>(s + i * Tn, p + i * Tn, i, Tn);
-      const TensorView<const T, 2> pv(p + r0 * Tn, Extents<2>{{rows, r1}}, Extents<2>{{Tn, 1}});
-      const TensorView<T, 2> o(a.out + (b * Tn + r0) * C + h * hs, Extents<2>{{rows, hs}},
-                               Extents<2>{{C, 1}});
-      blas::gemm(host, blas::Op::kN, blas::Op::kN, pv, v, o);
-    }
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    attention_forward_f32(host, a);
+  } else {
+    attention_forward_blocked(host, a);
+  }
 }
 
 template <class T>
 void attention_backward(const exec::Host& host, const AttentionArgs<T>& a) {
-  const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
-  for_each_head(host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) {
-    const T* base = a.qkv + b * Tn * 3 * C;
-    T* dbase = a.dqkv + b * Tn * 3 * C;
-    const T* dobase = a.dout + b * Tn * C + h * hs;
-    const Extents<2> qkv_strides{{3 * C, 1}};
-    const Extents<2> sq_strides{{Tn, 1}};
-    const T* p = a.probs + task * Tn * Tn;
-    float* dp = a.scores + task * Tn * Tn;
-    T* ds = a.dscores + task * Tn * Tn;
-    auto rows_of = [&](const T* m, std::int64_t r0, std::int64_t r1, std::int64_t ld,
-                       std::int64_t width) {
-      return TensorView<const T, 2>(m + r0 * ld, Extents<2>{{r1 - r0, width}}, Extents<2>{{ld, 1}});
-    };
-    // Query blocks: dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)), dQ = dS K.
-    for (std::int64_t r0 = 0; r0 < Tn; r0 += kAttentionBlock) {
-      const std::int64_t r1 = std::min(Tn, r0 + kAttentionBlock), rows = r1 - r0;
-      const auto dout = rows_of(dobase, r0, r1, C, hs);
-      blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
-                 rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
-                 TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
-      for (std::int64_t i = r0; i < r1; ++i) {
-        const T* pr = p + i * Tn;
-        const float* dpr = dp + i * Tn;
-        T* dsr = ds + i * Tn;
-        const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
-        lane_map(
-            i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
-            [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
-        for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
-      }
-      blas::gemm(
-          host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
-          rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
-          TensorView<T, 2>(dbase + r0 * 3 * C + h * hs, Extents<2>{{rows, hs}}, qkv_strides));
-    }
-    // Key blocks: keys [k0, k1) are attended by queries [k0, T): dK = dS^T Q, dV = P^T dO.
-    for (std::int64_t k0 = 0; k0 < Tn; k0 += kAttentionBlock) {
-      const std::int64_t k1 = std::min(Tn, k0 + kAttentionBlock), keys = k1 - k0;
-      const TensorView<const T, 2> dsv(ds + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
-      const TensorView<const T, 2> pv(p + k0 * Tn + k0, Extents<2>{{Tn - k0, keys}}, sq_strides);
-      blas::gemm(
-          host, blas::Op::kT, blas::Op::kN, dsv, rows_of(base + h * hs, k0, Tn, 3 * C, hs),
-          TensorView<T, 2>(dbase + k0 * 3 * C + C + h * hs, Extents<2>{{keys, hs}}, qkv_strides));
-      blas::gemm(host, blas::Op::kT, blas::Op::kN, pv, rows_of(dobase, k0, Tn, C, hs),
-                 TensorView<T, 2>(dbase + k0 * 3 * C + 2 * C + h * hs, Extents<2>{{keys, hs}},
-                                  qkv_strides));
-    }
-  });
+  if constexpr (std::is_same_v<T, float>) {
+    attention_backward_f32(host, a);
+  } else {
+    attention_backward_blocked(host, a);
+  }
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA

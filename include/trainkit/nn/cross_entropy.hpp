@@ -76,7 +76,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
                    " of row ", r, " is out of range [0, ", V, ") and not ignore_index (",
                    a.ignore_index, ")");
   }
-  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * a.ld;
       // A NaN logit is skipped by the max but poisons the sum (and so the loss), as it should.
@@ -106,7 +106,7 @@ template <class T, class I>
 void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
   const std::int64_t V = a.vocab;
   const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
-  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * a.ld;
       T* d = a.dlogits + r * a.dld;

@@ -48,7 +48,7 @@ void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
     TRAINKIT_CHECK(id >= 0 && id < a.vocab, "nn::Embedding: id ", id, " at position ", i,
                    " is out of range [0, ", a.vocab, ")");
   }
-  for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* src = a.w + static_cast<std::int64_t>(a.ids[r]) * a.cols;
       T* dst = a.out + r * a.cols;
@@ -67,16 +67,17 @@ void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
   // Column blocks in parallel; within a block, positions in order: deterministic.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
-  for_rows(host, blocks, a.n * kBlock, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      const std::int64_t c0 = b * kBlock, c1 = std::min(a.cols, c0 + kBlock);
-      for (std::int64_t r = 0; r < a.n; ++r) {
-        float* dst = a.dw + static_cast<std::int64_t>(a.ids[r]) * a.cols;
-        const T* src = a.dout + r * a.cols;
-        for (std::int64_t c = c0; c < c1; ++c) dst[c] += load(src[c]);
-      }
-    }
-  });
+  for_rows(host, blocks, a.n * kBlock,
+           [&](std::int64_t b0, std::int64_t b1) TRAINKIT_INLINE_LAMBDA {
+             for (std::int64_t b = b0; b < b1; ++b) {
+               const std::int64_t c0 = b * kBlock, c1 = std::min(a.cols, c0 + kBlock);
+               for (std::int64_t r = 0; r < a.n; ++r) {
+                 float* dst = a.dw + static_cast<std::int64_t>(a.ids[r]) * a.cols;
+                 const T* src = a.dout + r * a.cols;
+                 for (std::int64_t c = c0; c < c1; ++c) dst[c] += load(src[c]);
+               }
+             }
+           });
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA

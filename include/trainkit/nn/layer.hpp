@@ -27,6 +27,7 @@
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/tensor.hpp"
+#include "trainkit/nn/math.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/exec/executor.hpp"
@@ -149,9 +150,10 @@ bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
 }
 
-/// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool. `cost` is
-/// the work per row in elements touched; small problems run on the calling thread. Each row is
-/// handled by one call, so per-row results never depend on the thread count.
+/// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool (as AVX2
+/// code where the CPU has it, host_simd). `cost` is the work per row in elements touched; small
+/// problems run on the calling thread. Each row is handled by one call, so per-row results never
+/// depend on the thread count.
 template <class F>
 void for_rows(const exec::Host& host, std::int64_t rows, std::int64_t cost, F&& f) {
   if (rows <= 0) return;
@@ -161,12 +163,12 @@ void for_rows(const exec::Host& host, std::int64_t rows, std::int64_t cost, F&& 
       std::min<std::int64_t>(rows, std::max<std::int64_t>(1, rows * cost / kMinTaskWork));
   tasks = std::min<std::int64_t>(tasks, 4 * threads);
   if (threads <= 1 || tasks <= 1) {
-    f(std::int64_t{0}, rows);
+    host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(std::int64_t{0}, rows); });
     return;
   }
   host.parallel_for(tasks, [&](std::int64_t t) {
     const std::int64_t r0 = rows * t / tasks, r1 = rows * (t + 1) / tasks;
-    if (r0 < r1) f(r0, r1);
+    if (r0 < r1) host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(r0, r1); });
   });
 }
 

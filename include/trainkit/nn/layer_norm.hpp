@@ -66,7 +66,7 @@ TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, s
 template <class T>
 void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
-  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) {
+  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* x = a.x + r * C;
       T* y = a.y + r * C;
@@ -96,45 +96,47 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
   // Pass 1: dx per row, and per chunk the partial sums of dy * xhat (dw) and dy (db).
-  for_rows(host, chunks, kLayerNormChunk * 4 * C, [&](std::int64_t k0, std::int64_t k1) {
-    for (std::int64_t k = k0; k < k1; ++k) {
-      float* pw = a.partial + k * 2 * C;
-      float* pb = pw + C;
-      for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-      const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-      for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
-        const T* x = a.x + r * C;
-        const T* dy = a.dy + r * C;
-        T* dx = a.dx + r * C;
-        const float m = a.mean[r], s = a.rstd[r];
-        // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-        const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
-        const float sum_gx = lane_sum(
-            C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
-        lane_map(
-            C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
-            [&](std::int64_t c, float v) { pw[c] = v; });
-        lane_map(
-            C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
-            [&](std::int64_t c, float v) { pb[c] = v; });
-        const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
-        if (dx == nullptr) continue;
-        const auto dx_of = [&](std::int64_t c) {
-          const float xhat = (load(x[c]) - m) * s;
-          return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
-        };
-        const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
-        if (a.accumulate) {
-          lane_map(
-              C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
-        } else {
-          lane_map(C, dx_of, put);
+  for_rows(
+      host, chunks, kLayerNormChunk * 4 * C,
+      [&](std::int64_t k0, std::int64_t k1) TRAINKIT_INLINE_LAMBDA {
+        for (std::int64_t k = k0; k < k1; ++k) {
+          float* pw = a.partial + k * 2 * C;
+          float* pb = pw + C;
+          for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+          const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
+          for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+            const T* x = a.x + r * C;
+            const T* dy = a.dy + r * C;
+            T* dx = a.dx + r * C;
+            const float m = a.mean[r], s = a.rstd[r];
+            // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+            const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
+            const float sum_gx = lane_sum(
+                C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
+            lane_map(
+                C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
+                [&](std::int64_t c, float v) { pw[c] = v; });
+            lane_map(
+                C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
+                [&](std::int64_t c, float v) { pb[c] = v; });
+            const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
+            if (dx == nullptr) continue;
+            const auto dx_of = [&](std::int64_t c) {
+              const float xhat = (load(x[c]) - m) * s;
+              return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
+            };
+            const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
+            if (a.accumulate) {
+              lane_map(
+                  C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
+            } else {
+              lane_map(C, dx_of, put);
+            }
+          }
         }
-      }
-    }
-  });
+      });
   // Pass 2: add the chunk partials in chunk order, columns split among tasks.
-  for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) {
+  for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t c = c0; c < c1; ++c) add_chunk_partials(a, chunks, c);
   });
 }

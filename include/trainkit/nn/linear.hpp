@@ -40,7 +40,7 @@ void bias_grad_accumulate(const exec::Host& host, TensorView<const T, 2, Space::
   const std::int64_t ld = row_stride(dy);  // rows may be padded
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (cols + kBlock - 1) / kBlock;
-  auto run = [&](std::int64_t b0, std::int64_t b1) {
+  auto run = [&](std::int64_t b0, std::int64_t b1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t b = b0; b < b1; ++b) {
       const std::int64_t j0 = b * kBlock, w = std::min(kBlock, cols - j0);
       float acc[kBlock] = {};

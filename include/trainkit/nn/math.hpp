@@ -83,6 +83,44 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexce
   return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_DETAIL_HOST_AVX2 1
+#else
+#define TRAINKIT_DETAIL_HOST_AVX2 0
+#endif
+
+#if TRAINKIT_DETAIL_HOST_AVX2
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+/// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
+/// helpers and element functions are force-inlined, so all of it is compiled for this target
+/// and the 8-lane blocks of lane_sum / lane_map / lane_max become one ymm register each. FMA is
+/// not enabled, so no multiply-add is contracted that the build's own code rounds twice: the
+/// same bits.
+template <class F>
+__attribute__((target("avx2"))) void host_simd_avx2(const F& f) {
+  f();
+}
+#endif
+
+/// Runs f() compiled for AVX2 when the CPU has it (decided by CPUID, whatever the build flags:
+/// a plain -O2 build otherwise runs the element loops as SSE2), else as the build compiled it.
+/// For the host layers' row loops; f's arithmetic gives the same bits either way. f must be a
+/// TRAINKIT_INLINE_LAMBDA that calls only inlined code in its hot loops.
+template <class F>
+inline void host_simd(const F& f) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    host_simd_avx2(f);
+    return;
+  }
+#endif
+  f();
+}
+
 /// sum_{j < n} term(j) in 8 interleaved f32 lanes combined pairwise: a fixed order (so the bits do
 /// not depend on anything but n) that the compiler can keep in one SIMD register, where a plain
 /// `s += term(j)` loop must stay scalar (FP addition is not associative).
@@ -90,7 +128,7 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexce
 #pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
 #endif
 template <class F>
-TRAINKIT_HOST_DEVICE inline float lane_sum(std::int64_t n, const F& term) {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float lane_sum(std::int64_t n, const F& term) {
   float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   std::int64_t j = 0;
   for (; j + 8 <= n; j += 8)
@@ -124,7 +162,7 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void lane_map(std::int64_t n, const V&
 #pragma nv_exec_check_disable  // instantiated with host-only lambdas by the CPU paths
 #endif
 template <class F>
-TRAINKIT_HOST_DEVICE inline float lane_max(std::int64_t n, const F& term) {
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float lane_max(std::int64_t n, const F& term) {
   const float first = term(0);
   float acc[8] = {first, first, first, first, first, first, first, first};
   std::int64_t j = 0;

@@ -48,9 +48,9 @@ struct GradSplit {
 /// vectorises (the branchy per-element functor stays scalar there).
 template <class T>
 void grad_split_host(const exec::Host& host, const GradSplit<T>& f, std::int64_t n) {
-  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) {
+  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) TRAINKIT_INLINE_LAMBDA {
     const T* g = f.dout + b;
-    const auto split = [&](T* d, bool accumulate) {
+    const auto split = [&](T* d, bool accumulate) TRAINKIT_INLINE_LAMBDA {
       if (d == nullptr) return;
       d += b;
       const auto put = [&](std::int64_t j, float v) { d[j] = store<T>(v); };
