@@ -10270,12 +10270,27 @@ void gemm_pack_b_panel(const OperandRef<T>& b, std::int64_t k, std::int64_t j0, 
   }
 }
 
+#if TRAINKIT_DETAIL_GEMM_X86
+/// Panels [q0, q1) (all 16 wide) of a row-major f32 op(B) starting at b (row stride rs), k rows,
+/// into bp (panel q at bp + q * NR * k): each row read once, left to right.
+__attribute__((target("avx512f"))) inline void gemm_pack_b_rows_avx512(
+    const float* b, std::int64_t rs, std::int64_t k, std::int64_t q0, std::int64_t q1, float* bp) {
+  for (std::int64_t p = 0; p < k; ++p) {
+    const float* s = b + p * rs;
+    float* d = bp + p * kGemmNR;
+    for (std::int64_t q = q0; q < q1; ++q)
+      _mm512_store_ps(d + q * kGemmNR * k, _mm512_loadu_ps(s + q * kGemmNR));
+  }
+}
+#endif
+
 /// Packs panels [q0, q1) of op(B)[:, jc:jc+nc] into bp (panel q at bp + q * NR * k). When
 /// op(B)'s rows are contiguous (Op::kN), walks a few rows at a time across all panels, so the
 /// source is read sequentially instead of one 64-byte piece per row and page.
 template <class T>
 void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::int64_t nc,
                  std::int64_t q0, std::int64_t q1, float* bp) {
+  if (q0 >= q1) return;
   auto cols_of = [&](std::int64_t q) {
     return static_cast<int>(std::min<std::int64_t>(kGemmNR, nc - q * kGemmNR));
   };
@@ -10284,6 +10299,17 @@ void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::i
       gemm_pack_b_panel(b, k, jc + q * kGemmNR, cols_of(q), bp + q * kGemmNR * k);
     return;
   }
+#if TRAINKIT_DETAIL_GEMM_X86
+  if constexpr (std::is_same_v<T, float>) {
+    // Whole panels: one zmm load and one aligned full-line store per panel row.
+    const std::int64_t full_end = cols_of(q1 - 1) == kGemmNR ? q1 : q1 - 1;
+    if (cpu_has_avx512f() && full_end > q0) {
+      gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp);
+      q0 = full_end;
+      if (q0 == q1) return;
+    }
+  }
+#endif
   constexpr std::int64_t kRows = 16;
   for (std::int64_t p0 = 0; p0 < k; p0 += kRows) {
     const std::int64_t rows = std::min(kRows, k - p0);
@@ -16854,10 +16880,11 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
 
 // One vector type for the ISA of prefix P (the intrinsics are P##_add_ps etc.), W lanes in
-// register type R; the trailing arguments are the body of vmax(a, b), which differs per ISA.
+// register type R; SQRT is the expression of vsqrt(a) and the trailing arguments the body of
+// vmax(a, b), which differ per ISA.
 // The vector type differs with the instruction set a TU is compiled for; an inline namespace per
 // ISA keeps TUs built with different -m flags from sharing (ODR-merging) these symbols.
-#define TRAINKIT_OPTIM_DEFINE_VECF(NS, W, R, P, ...)                                \
+#define TRAINKIT_OPTIM_DEFINE_VECF(NS, W, R, P, SQRT, ...)                          \
   inline namespace NS {                                                             \
   struct VecF {                                                                     \
     static constexpr int kWidth = W;                                                \
@@ -16872,21 +16899,27 @@ namespace optim {
     friend VecF operator*(VecF a, VecF b) { return P##_mul_ps(a.v, b.v); }          \
     friend VecF operator/(VecF a, VecF b) { return P##_div_ps(a.v, b.v); }          \
   };                                                                                \
-  inline VecF vsqrt(VecF a) { return P##_sqrt_ps(a.v); }                            \
+  inline VecF vsqrt(VecF a) { return SQRT; }                                        \
   /* max(a, b) as std::fmax would NOT give: NaN in `b` wins, like torch.maximum. */ \
   inline VecF vmax(VecF a, VecF b) { __VA_ARGS__ }                                  \
   }
 
 #if defined(__AVX512F__)
+// The all-lanes masked forms: GCC 12's unmasked _mm512_sqrt_ps / _mm512_max_ps start from an
+// uninitialised vector and warn under -Wall (GCC bug 105593); the same instructions.
 TRAINKIT_OPTIM_DEFINE_VECF(simd_avx512, 16, __m512, _mm512,
+                           _mm512_mask_sqrt_ps(a.v, static_cast<__mmask16>(0xFFFF), a.v),
                            const __mmask16 nan = _mm512_cmp_ps_mask(b.v, b.v, _CMP_UNORD_Q);
-                           return _mm512_mask_blend_ps(nan, _mm512_max_ps(b.v, a.v), b.v);)
+                           const __m512 m = _mm512_mask_max_ps(b.v, static_cast<__mmask16>(0xFFFF),
+                                                               b.v, a.v);
+                           return _mm512_mask_blend_ps(nan, m, b.v);)
 #elif defined(__AVX__)
-TRAINKIT_OPTIM_DEFINE_VECF(simd_avx, 8, __m256, _mm256,
+TRAINKIT_OPTIM_DEFINE_VECF(simd_avx, 8, __m256, _mm256, _mm256_sqrt_ps(a.v),
                            const __m256 nan = _mm256_cmp_ps(b.v, b.v, _CMP_UNORD_Q);
                            return _mm256_blendv_ps(_mm256_max_ps(b.v, a.v), b.v, nan);)
 #elif defined(__SSE2__)
-TRAINKIT_OPTIM_DEFINE_VECF(simd_sse2, 4, __m128, _mm, const __m128 nan = _mm_cmpunord_ps(b.v, b.v);
+TRAINKIT_OPTIM_DEFINE_VECF(simd_sse2, 4, __m128, _mm, _mm_sqrt_ps(a.v),
+                           const __m128 nan = _mm_cmpunord_ps(b.v, b.v);
                            const __m128 m = _mm_max_ps(b.v, a.v);
                            return _mm_or_ps(_mm_and_ps(nan, b.v), _mm_andnot_ps(nan, m));)
 #else

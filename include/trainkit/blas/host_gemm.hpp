@@ -820,12 +820,27 @@ void gemm_pack_b_panel(const OperandRef<T>& b, std::int64_t k, std::int64_t j0, 
   }
 }
 
+#if TRAINKIT_DETAIL_GEMM_X86
+/// Panels [q0, q1) (all 16 wide) of a row-major f32 op(B) starting at b (row stride rs), k rows,
+/// into bp (panel q at bp + q * NR * k): each row read once, left to right.
+__attribute__((target("avx512f"))) inline void gemm_pack_b_rows_avx512(
+    const float* b, std::int64_t rs, std::int64_t k, std::int64_t q0, std::int64_t q1, float* bp) {
+  for (std::int64_t p = 0; p < k; ++p) {
+    const float* s = b + p * rs;
+    float* d = bp + p * kGemmNR;
+    for (std::int64_t q = q0; q < q1; ++q)
+      _mm512_store_ps(d + q * kGemmNR * k, _mm512_loadu_ps(s + q * kGemmNR));
+  }
+}
+#endif
+
 /// Packs panels [q0, q1) of op(B)[:, jc:jc+nc] into bp (panel q at bp + q * NR * k). When
 /// op(B)'s rows are contiguous (Op::kN), walks a few rows at a time across all panels, so the
 /// source is read sequentially instead of one 64-byte piece per row and page.
 template <class T>
 void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::int64_t nc,
                  std::int64_t q0, std::int64_t q1, float* bp) {
+  if (q0 >= q1) return;
   auto cols_of = [&](std::int64_t q) {
     return static_cast<int>(std::min<std::int64_t>(kGemmNR, nc - q * kGemmNR));
   };
@@ -834,6 +849,17 @@ void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::i
       gemm_pack_b_panel(b, k, jc + q * kGemmNR, cols_of(q), bp + q * kGemmNR * k);
     return;
   }
+#if TRAINKIT_DETAIL_GEMM_X86
+  if constexpr (std::is_same_v<T, float>) {
+    // Whole panels: one zmm load and one aligned full-line store per panel row.
+    const std::int64_t full_end = cols_of(q1 - 1) == kGemmNR ? q1 : q1 - 1;
+    if (cpu_has_avx512f() && full_end > q0) {
+      gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp);
+      q0 = full_end;
+      if (q0 == q1) return;
+    }
+  }
+#endif
   constexpr std::int64_t kRows = 16;
   for (std::int64_t p0 = 0; p0 < k; p0 += kRows) {
     const std::int64_t rows = std::min(kRows, k - p0);
