@@ -14759,8 +14759,9 @@ inline constexpr std::int64_t kAttentionBlock = 64;
 /// AVX2 code where the CPU has it (host_simd; f is a TRAINKIT_INLINE_LAMBDA).
 template <class T, class F>
 void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
-  host.parallel_for(
-      a.B * a.H, [&](std::int64_t task) { host_simd([&] { f(task, task / a.H, task % a.H); }); });
+  host.parallel_for(a.B * a.H, [&](std::int64_t task) {
+    host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(task, task / a.H, task % a.H); });
+  });
 }
 
 /// The f32 host attention: each head's products go straight to the gemm micro-kernel through
