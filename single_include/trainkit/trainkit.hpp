@@ -9703,53 +9703,85 @@ inline bool cpu_has_avx2_fma() noexcept {
   return has;
 }
 
-/// exp(x) for 8 floats (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial, about
-/// 1 ulp); x is clamped to [-87.3, 88.7], where expf neither overflows nor goes subnormal.
-/// Operand order in min/max keeps NaN (the second operand is returned when one is NaN).
-__attribute__((target("avx2,fma"))) inline __m256 gemm_exp_avx2(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.72f), _mm256_max_ps(_mm256_set1_ps(-87.33f), x));
-  const __m256 n = _mm256_floor_ps(
-      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+// The epilogue's exp and GELU for the AVX2 (8 lanes) and AVX-512 (16 lanes) kernels, written once
+// (TRAINKIT_DETAIL_GEMM_GELU_MATH): the same operations in the same order, so both give the same
+// bits. The few operations whose intrinsics differ beyond their prefix are overloads:
+__attribute__((target("avx2,fma"))) inline __m256 gemm_vmin(__m256 a, __m256 b) {
+  return _mm256_min_ps(a, b);
+}
+__attribute__((target("avx2,fma"))) inline __m256 gemm_vmax(__m256 a, __m256 b) {
+  return _mm256_max_ps(a, b);
+}
+__attribute__((target("avx2,fma"))) inline __m256 gemm_vfloor(__m256 a) {
+  return _mm256_floor_ps(a);
+}
+/// 2^n for integral n in the exponent's range, as a float vector.
+__attribute__((target("avx2,fma"))) inline __m256 gemm_vexp2i(__m256 n) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+// AVX-512: GCC 12's unmasked forms of these intrinsics start from an uninitialised vector and
+// warn under -Wall at -O2 (GCC bug 105593); the all-lanes masked forms are the same instructions.
+inline constexpr __mmask16 kAllLanes = 0xFFFF;
+__attribute__((target("avx512f"))) inline __m512 gemm_vmin(__m512 a, __m512 b) {
+  return _mm512_mask_min_ps(a, kAllLanes, a, b);
+}
+__attribute__((target("avx512f"))) inline __m512 gemm_vmax(__m512 a, __m512 b) {
+  return _mm512_mask_max_ps(a, kAllLanes, a, b);
+}
+__attribute__((target("avx512f"))) inline __m512 gemm_vfloor(__m512 a) {
+  return _mm512_mask_roundscale_ps(a, kAllLanes, a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+__attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i biased =
+      _mm512_add_epi32(_mm512_mask_cvtps_epi32(zero, kAllLanes, n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_mask_slli_epi32(zero, kAllLanes, biased, 23));
 }
 
-/// gelu_tanh for 8 floats: the scalar function's formula and clamps.
-__attribute__((target("avx2,fma"))) inline __m256 gemm_gelu_avx2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-12.0f), x);
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  const __m256 u =
-      _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
-                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2), x, x));
-  const __m256 e =
-      gemm_exp_avx2(_mm256_min_ps(_mm256_set1_ps(80.0f), _mm256_mul_ps(_mm256_set1_ps(-2.0f), u)));
-  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-/// gelu_tanh_grad for 8 floats: the scalar function's formula and clamps.
-__attribute__((target("avx2,fma"))) inline __m256 gemm_gelu_grad_avx2(__m256 x) {
-  const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(0.7978845608028654f);
-  x = _mm256_min_ps(_mm256_set1_ps(12.0f), _mm256_max_ps(_mm256_set1_ps(-12.0f), x));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  const __m256 u =
-      _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2), x, x));
-  const __m256 e =
-      gemm_exp_avx2(_mm256_min_ps(_mm256_set1_ps(80.0f), _mm256_mul_ps(_mm256_set1_ps(-2.0f), u)));
-  const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e));
-  const __m256 du = _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_set1_ps(3.0f * 0.044715f), x2, one));
-  const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(x, du), s), _mm256_mul_ps(e, s));
-  return _mm256_fmadd_ps(_mm256_set1_ps(2.0f), t, s);
-}
+// gemm_exp_<isa>: exp(x) (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial, about
+// 1 ulp); x is clamped to [-87.3, 88.7], where expf neither overflows nor goes subnormal. Operand
+// order in min/max keeps NaN (the second operand is returned when one is NaN).
+// gemm_gelu_<isa> / gemm_gelu_grad_<isa>: gelu_tanh / gelu_tanh_grad, the scalar functions'
+// formulas and clamps.
+#define TRAINKIT_DETAIL_GEMM_GELU_MATH(ISA, TARGET, V, P)                                         \
+  __attribute__((target(TARGET))) inline V gemm_exp_##ISA(V x) {                                  \
+    x = gemm_vmin(P##_set1_ps(88.72f), gemm_vmax(P##_set1_ps(-87.33f), x));                       \
+    const V n =                                                                                   \
+        gemm_vfloor(P##_fmadd_ps(x, P##_set1_ps(1.44269504088896341f), P##_set1_ps(0.5f)));       \
+    V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                         \
+    r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                        \
+    V p = P##_set1_ps(1.9875691500e-4f);                                                          \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.3981999507e-3f));                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(8.3334519073e-3f));                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(4.1665795894e-2f));                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.6666665459e-1f));                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(5.0000001201e-1f));                                        \
+    p = P##_fmadd_ps(p, P##_mul_ps(r, r), P##_add_ps(r, P##_set1_ps(1.0f)));                      \
+    return P##_mul_ps(p, gemm_vexp2i(n));                                                         \
+  }                                                                                               \
+  __attribute__((target(TARGET))) inline V gemm_gelu_##ISA(V x) {                                 \
+    x = gemm_vmax(P##_set1_ps(-12.0f), x);                                                        \
+    const V x2 = P##_mul_ps(x, x);                                                                \
+    const V u = P##_mul_ps(P##_set1_ps(0.7978845608028654f),                                      \
+                           P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), x, x));           \
+    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    return P##_div_ps(x, P##_add_ps(P##_set1_ps(1.0f), e));                                       \
+  }                                                                                               \
+  __attribute__((target(TARGET))) inline V gemm_gelu_grad_##ISA(V x) {                            \
+    const V one = P##_set1_ps(1.0f), c0 = P##_set1_ps(0.7978845608028654f);                       \
+    x = gemm_vmin(P##_set1_ps(12.0f), gemm_vmax(P##_set1_ps(-12.0f), x));                         \
+    const V x2 = P##_mul_ps(x, x);                                                                \
+    const V u = P##_mul_ps(c0, P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), x, x));       \
+    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    const V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
+    const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
+    const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(x, du), s), P##_mul_ps(e, s));                   \
+    return P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                                 \
+  }
+TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
+TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
+#undef TRAINKIT_DETAIL_GEMM_GELU_MATH
 #endif
 
 #if TRAINKIT_DETAIL_GEMM_X86
@@ -9844,65 +9876,6 @@ inline constexpr GemmKernel kGemmAvx2{&gemm_kernel_avx2, kGemmMR, kGemmNR, "avx2
 inline bool cpu_has_avx512f() noexcept {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
-}
-
-// GCC 12's unmasked forms of these AVX-512 intrinsics start from an uninitialised vector and
-// warn under -Wall at -O2 (GCC bug 105593); the all-lanes masked forms are the same instructions.
-inline constexpr __mmask16 kAllLanes = 0xFFFF;
-__attribute__((target("avx512f"))) inline __m512 gemm_min512(__m512 a, __m512 b) {
-  return _mm512_mask_min_ps(a, kAllLanes, a, b);
-}
-__attribute__((target("avx512f"))) inline __m512 gemm_max512(__m512 a, __m512 b) {
-  return _mm512_mask_max_ps(a, kAllLanes, a, b);
-}
-
-/// gemm_exp_avx2 on 16 lanes: the same operations in the same order, so the same bits.
-__attribute__((target("avx512f"))) inline __m512 gemm_exp_avx512(__m512 x) {
-  x = gemm_min512(_mm512_set1_ps(88.72f), gemm_max512(_mm512_set1_ps(-87.33f), x));
-  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
-  const __m512 n =
-      _mm512_mask_roundscale_ps(t, kAllLanes, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i biased =
-      _mm512_add_epi32(_mm512_mask_cvtps_epi32(zero, kAllLanes, n), _mm512_set1_epi32(127));
-  const __m512i bits = _mm512_mask_slli_epi32(zero, kAllLanes, biased, 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
-/// gemm_gelu_avx2 on 16 lanes (same bits).
-__attribute__((target("avx512f"))) inline __m512 gemm_gelu_avx512(__m512 x) {
-  x = gemm_max512(_mm512_set1_ps(-12.0f), x);
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 u =
-      _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
-  const __m512 e =
-      gemm_exp_avx512(gemm_min512(_mm512_set1_ps(80.0f), _mm512_mul_ps(_mm512_set1_ps(-2.0f), u)));
-  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-}
-
-/// gemm_gelu_grad_avx2 on 16 lanes (same bits).
-__attribute__((target("avx512f"))) inline __m512 gemm_gelu_grad_avx512(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.0f), c0 = _mm512_set1_ps(0.7978845608028654f);
-  x = gemm_min512(_mm512_set1_ps(12.0f), gemm_max512(_mm512_set1_ps(-12.0f), x));
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 u =
-      _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
-  const __m512 e =
-      gemm_exp_avx512(gemm_min512(_mm512_set1_ps(80.0f), _mm512_mul_ps(_mm512_set1_ps(-2.0f), u)));
-  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
-  const __m512 du = _mm512_mul_ps(c0, _mm512_fmadd_ps(_mm512_set1_ps(3.0f * 0.044715f), x2, one));
-  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(x, du), s), _mm512_mul_ps(e, s));
-  return _mm512_fmadd_ps(_mm512_set1_ps(2.0f), t, s);
 }
 
 /// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
