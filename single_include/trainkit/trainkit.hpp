@@ -9454,11 +9454,14 @@ TRAINKIT_NAMESPACE_END
 // begin trainkit/blas/host_gemm.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/blas/host_gemm.hpp: the built-in CPU gemm. A Goto/BLIS-style blocked kernel: op(B) is
-// packed once into 16-column panels, each task packs a block of op(A) into 6-row panels and runs a
-// 6x16 register-tile micro-kernel (AVX2+FMA, chosen at run time so a plain -O2 build is fast too;
-// portable C++ elsewhere). f16/bf16 operands are widened to f32 while packing; accumulation is f32.
-// Tasks own disjoint tiles of C and every element sums k in one fixed order, so results are the
-// same bits for any thread count. Reached through blas::gemm (gemm.hpp); this header is internals.
+// packed once into 16-column panels; each task runs a register-tile micro-kernel over a block of
+// op(A) (12x32 AVX-512 or 6x16 AVX2+FMA, chosen by CPUID at run time so a plain -O2 build is fast
+// too; portable C++ elsewhere), reading a row-major f32 A in place and packing other A into
+// row panels. f16/bf16 operands are widened to f32 while packing; accumulation is f32. Tasks own
+// disjoint tiles of C and every element sums k in one fixed order, one FMA chain per k block, so
+// results are the same bits for any thread count and either vector kernel. host_gemm_band serves
+// the causal products of attention. Reached through blas::gemm (gemm.hpp); this header is
+// internals.
 
 #include <algorithm>
 #include <cstddef>
