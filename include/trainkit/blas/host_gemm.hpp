@@ -99,6 +99,24 @@ inline GemmWorkspace& gemm_workspace() {
   return workspace;
 }
 
+/// Where a gemm packs op(B): the calling thread's buffer, or a private one while that is in use
+/// (a gemm run from inside another on the same thread); given back at the end of the scope.
+class PackedBBuffer {
+ public:
+  PackedBBuffer() : ws_(gemm_workspace()), own_(!ws_.b_busy) { ws_.b_busy = true; }
+  PackedBBuffer(const PackedBBuffer&) = delete;
+  PackedBBuffer& operator=(const PackedBBuffer&) = delete;
+  ~PackedBBuffer() {
+    if (own_) ws_.b_busy = false;
+  }
+  float* get(std::int64_t floats) { return (own_ ? ws_.b : private_).get(floats); }
+
+ private:
+  GemmWorkspace& ws_;
+  bool own_;
+  GemmBuffer private_;
+};
+
 /// The epilogue a micro-kernel applies to its tile on the last k block (f32 C only): `bias`
 /// points at the tile's first column, `aux` at its (row 0, column 0) element.
 struct GemmTileEpilogue {
@@ -977,19 +995,7 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
   // apart per k, which the micro-kernel would wait on; it is packed, one sequential pass.
   const bool a_in_place = a_is_f32 && a.cs == 1;
 
-  // Packed op(B) lives in the calling thread's buffer (a private one if that is in use).
-  GemmWorkspace& ws = gemm_workspace();
-  GemmBuffer private_b;
-  const bool own_b = !ws.b_busy;
-  GemmBuffer& b_buffer = own_b ? ws.b : private_b;
-  ws.b_busy = true;
-  struct Release {
-    GemmWorkspace& ws;
-    bool own;
-    ~Release() {
-      if (own) ws.b_busy = false;
-    }
-  } release{ws, own_b};
+  PackedBBuffer b_buffer;
 
   const std::int64_t chunk_cols = std::max<std::int64_t>(
       kGemmNR,
@@ -1143,18 +1149,8 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
   const std::int64_t m = s.m, n = s.n, k = s.k;
   if (m <= 0 || n <= 0) return;
   const std::int64_t tile_rows = kernel.rows;
+  PackedBBuffer b_buffer;
   GemmWorkspace& ws = gemm_workspace();
-  GemmBuffer private_b;
-  const bool own_b = !ws.b_busy;
-  GemmBuffer& b_buffer = own_b ? ws.b : private_b;
-  ws.b_busy = true;
-  struct Release {
-    GemmWorkspace& ws;
-    bool own;
-    ~Release() {
-      if (own) ws.b_busy = false;
-    }
-  } release{ws, own_b};
   const std::int64_t panels = (n + kGemmNR - 1) / kGemmNR;
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* bp = b_buffer.get(panels * kGemmNR * kk);
