@@ -63,6 +63,19 @@ TRAINKIT_FORCEINLINE void causal_softmax_row(float* s, T* p, std::int64_t i, std
   for (std::int64_t j = n; j < len; ++j) p[j] = store<T>(0.0f);
 }
 
+/// Row i of dS = scale * P * (dP - sum_j P dP) on the triangle (entries 0..i), 0 above. ds may
+/// alias dp (f32): every element is read before it is written.
+template <class T>
+TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* dp, T* ds,
+                                                      std::int64_t i, std::int64_t len,
+                                                      float scale) {
+  const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(p[j]) * dp[j]; });
+  lane_map(
+      i + 1, [&](std::int64_t j) { return scale * load(p[j]) * (dp[j] - dot); },
+      [&](std::int64_t j, float v) { ds[j] = store<T>(v); });
+  for (std::int64_t j = i + 1; j < len; ++j) ds[j] = store<T>(0.0f);
+}
+
 /// Rows per causal block of the host attention for 16-bit operands: block r of queries only
 /// meets keys of blocks <= r, so whole blocks above the diagonal are never multiplied.
 inline constexpr std::int64_t kAttentionBlock = 64;
@@ -120,16 +133,8 @@ inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<f
         // dQ = dS K, dK = dS^T Q, dV = P^T dO.
         host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
                        GemmBand::kColsToRow);
-        for (std::int64_t i = 0; i < Tn; ++i) {
-          const float* pr = p + i * Tn;
-          const float* dpr = dp + i * Tn;
-          float* dsr = ds + i * Tn;
-          const float dot = lane_sum(i + 1, [&](std::int64_t j) { return pr[j] * dpr[j]; });
-          lane_map(
-              i + 1, [&](std::int64_t j) { return a.scale * pr[j] * (dpr[j] - dot); },
-              [&](std::int64_t j, float x) { dsr[j] = x; });
-          for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = 0.0f;
-        }
+        for (std::int64_t i = 0; i < Tn; ++i)
+          causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, a.scale);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
                        GemmBand::kSumToRow);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,
@@ -197,16 +202,8 @@ void attention_backward_blocked(const exec::Host& host, const AttentionArgs<T>& 
           blas::gemm(host, blas::Op::kN, blas::Op::kT, dout,
                      rows_of(base + 2 * C + h * hs, 0, r1, 3 * C, hs),
                      TensorView<float, 2>(dp + r0 * Tn, Extents<2>{{rows, r1}}, sq_strides));
-          for (std::int64_t i = r0; i < r1; ++i) {
-            const T* pr = p + i * Tn;
-            const float* dpr = dp + i * Tn;
-            T* dsr = ds + i * Tn;
-            const float dot = lane_sum(i + 1, [&](std::int64_t j) { return load(pr[j]) * dpr[j]; });
-            lane_map(
-                i + 1, [&](std::int64_t j) { return a.scale * load(pr[j]) * (dpr[j] - dot); },
-                [&](std::int64_t j, float v) { dsr[j] = store<T>(v); });
-            for (std::int64_t j = i + 1; j < Tn; ++j) dsr[j] = store<T>(0.0f);
-          }
+          for (std::int64_t i = r0; i < r1; ++i)
+            causal_softmax_backward_row<T>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, a.scale);
           blas::gemm(
               host, blas::Op::kN, blas::Op::kN, rows_of(ds, r0, r1, Tn, r1),
               rows_of(base + C + h * hs, 0, r1, 3 * C, hs),
