@@ -125,14 +125,6 @@
 #define TRAINKIT_INLINE
 #endif
 
-// A function the optimiser must keep out of line (error paths, which flattened hot loops must
-// not absorb).
-#if defined(__GNUC__) || defined(__clang__)
-#define TRAINKIT_NOINLINE __attribute__((noinline))
-#else
-#define TRAINKIT_NOINLINE
-#endif
-
 // A host lambda that must be inlined into its caller, written after its parameter list: the
 // row bodies that nn::detail::host_simd compiles a second time for AVX2 (only what is inlined
 // into that function is compiled for its target). Empty under nvcc, whose host pass keeps

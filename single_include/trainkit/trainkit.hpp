@@ -180,14 +180,6 @@ TRAINKIT_NAMESPACE_END
 #define TRAINKIT_INLINE
 #endif
 
-// A function the optimiser must keep out of line (error paths, which flattened hot loops must
-// not absorb).
-#if defined(__GNUC__) || defined(__clang__)
-#define TRAINKIT_NOINLINE __attribute__((noinline))
-#else
-#define TRAINKIT_NOINLINE
-#endif
-
 // A host lambda that must be inlined into its caller, written after its parameter list: the
 // row bodies that nn::detail::host_simd compiles a second time for AVX2 (only what is inlined
 // into that function is compiled for its target). Empty under nvcc, whose host pass keeps
@@ -319,10 +311,8 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-/// Never inlined: error messages are built on cold paths, and the host kernels' flattened
-/// AVX2 bodies (nn::detail::host_simd) must not pull the stream machinery into every loop.
 template <class... Args>
-TRAINKIT_NOINLINE std::string concat(const Args&... args) {
+std::string concat(const Args&... args) {
   std::ostringstream out;
   (out << ... << args);
   return out.str();
@@ -349,11 +339,9 @@ inline std::string error_location(const char* expr, const char* file, int line, 
 
 /// Builds "trainkit: <message>" (plus " [<expr>] at <file>:<line>" when verbose) and throws.
 /// `debug_build` is the calling translation unit's (the macros pass it).
-[[noreturn]] TRAINKIT_NOINLINE inline void throw_error(const std::string& message, const char* expr,
-                                                       const char* file, int line,
-                                                       const char* library = "trainkit",
-                                                       long long code = 0,
-                                                       bool debug_build = false) {
+[[noreturn]] inline void throw_error(const std::string& message, const char* expr, const char* file,
+                                     int line, const char* library = "trainkit", long long code = 0,
+                                     bool debug_build = false) {
   throw Error("trainkit: " + message + error_location(expr, file, line, debug_build), library,
               code);
 }
