@@ -10166,10 +10166,8 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
           for (int r = 0; r < mr; ++r) d[r] = to_f32(s[r]);
         }
       }
-      for (int r = 0; r < mr; ++r) {
-        if (tail == 0) break;
-        d[r] = r < tail ? to_f32(s[r]) : 0.0f;
-      }
+      if (tail > 0)
+        for (int r = 0; r < mr; ++r) d[r] = r < tail ? to_f32(s[r]) : 0.0f;
     }
     return;
   }
@@ -10189,15 +10187,6 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
 #endif
       for (; k < kc; ++k)
         for (int r = 0; r < kGemmMR; ++r) dst[k * kGemmMR + r] = to_f32(s[r][k]);
-    } else if (a.rs == 1 && rows == mr) {
-      for (std::int64_t k = 0; k < kc; ++k) {
-        const T* s = a.data + (k0 + k) * a.cs + i0 + p;
-        if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(dst + k * mr, s, static_cast<std::size_t>(mr) * sizeof(float));
-        } else {
-          for (int r = 0; r < mr; ++r) dst[k * mr + r] = to_f32(s[r]);
-        }
-      }
     } else {
       for (std::int64_t k = 0; k < kc; ++k)
         for (int r = 0; r < mr; ++r)
