@@ -38,7 +38,7 @@ template std::vector<std::string> ParamArena<Space::kHost>::state_names() const;
 namespace optim {
 template FusedOptimizer<detail::AdamWRule, Space::kHost>::FusedOptimizer(
     nn::ParamArena<Space::kHost>&, AdamWOptions, std::vector<GroupRule>);
-template StateDict FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict() const;
+template void FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict_into(StateDict&) const;
 template void FusedOptimizer<detail::AdamWRule, Space::kHost>::load_state_dict(const StateDict&);
 template std::string FusedOptimizer<detail::AdamWRule, Space::kHost>::state_layout(
     const AdamWOptions&);
@@ -47,7 +47,7 @@ template std::vector<detail::StateBuffer>
 FusedOptimizer<detail::AdamWRule, Space::kHost>::state_buffers() const;
 template FusedOptimizer<detail::SGDRule, Space::kHost>::FusedOptimizer(
     nn::ParamArena<Space::kHost>&, SGDOptions, std::vector<GroupRule>);
-template StateDict FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict() const;
+template void FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict_into(StateDict&) const;
 template void FusedOptimizer<detail::SGDRule, Space::kHost>::load_state_dict(const StateDict&);
 template std::string FusedOptimizer<detail::SGDRule, Space::kHost>::state_layout(const SGDOptions&);
 template void FusedOptimizer<detail::SGDRule, Space::kHost>::allocate_states();

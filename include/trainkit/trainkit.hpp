@@ -38,7 +38,9 @@
 #include "trainkit/core/bytes.hpp"
 // defines: copy (between tensor views in any pair of memory spaces)
 #include "trainkit/core/copy.hpp"
-// defines: StateDict, Stateful, StateAdapter, check_saved_setting, state_dict_of
+// defines: detail::copy_streaming, detail::parallel_copy (checkpoint snapshot copies)
+#include "trainkit/core/host_copy.hpp"
+// defines: StateDict, StateDictRefill, Stateful, StateAdapter, state_dict_of, state_dict_into_of
 #include "trainkit/core/state_dict.hpp"
 
 // ---- cuda/: CUDA runtime wrappers ----

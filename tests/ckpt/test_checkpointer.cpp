@@ -17,8 +17,11 @@
 #include <trainkit/ckpt/checkpointer.hpp>
 #include <trainkit/dist/thread_comm.hpp>
 #include <trainkit/error.hpp>
+#include <trainkit/exec/host.hpp>
 #include <trainkit/io/json.hpp>
 #include <trainkit/io/safetensors.hpp>
+#include <trainkit/nn/param_arena.hpp>
+#include <trainkit/optim/adamw.hpp>
 
 #include "ckpt/ckpt_test_util.hpp"
 #include "ckpt_tools/crash_state.hpp"
@@ -296,6 +299,48 @@ TEST_CASE("Checkpointer: async saves snapshot the state, write in the background
   REQUIRE(ck.resume(fresh.state).has_value());
   CHECK(fresh.state.step == 3);
   CHECK(fresh.check() == "");
+}
+
+TEST_CASE("Checkpointer: async snapshots in reused memory write the files a sync save writes") {
+  // A model with an AdamW whose state changes between saves; the async checkpointer's staging
+  // memory is reused from the second save on, and each of its checkpoints must hold the bytes of
+  // the synchronous one of the same step, although training changes everything right after
+  // save() returns.
+  tk::exec::Host exec(2);
+  tk::nn::ParamArena<> arena;
+  arena.add("a.weight", tk::Shape{300, 257}, tk::nn::Init::normal(0.0f, 0.1f));
+  arena.add("a.bias", tk::Shape{257});
+  arena.add("b.weight", tk::Shape{33, 300}, tk::nn::Init::normal(0.0f, 0.1f));
+  arena.finalize();
+  arena.initialize(3);
+  tk::optim::AdamW<> opt(arena, {.lr = 1e-2, .amsgrad = true});
+  ckpt::TrainState state;
+  state.model(arena).add("optimizer", opt);
+  TempDir sync_dir, async_dir;
+  ckpt::Checkpointer sync(sync_dir.path(), {.keep_last = 10, .durable = false});
+  ckpt::Checkpointer async(async_dir.path(), {.keep_last = 10, .async = true, .durable = false});
+  const auto train = [&](int k) {
+    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+      arena.grads_data()[i] =
+          arena.padding_mask().real(i) ? float((i * 7 + k * 13) % 23) * 0.01f - 0.1f : 0.0f;
+    opt.step(exec);
+  };
+  for (int step = 1; step <= 4; ++step) {
+    train(step);
+    state.step = step;
+    sync.save(state);
+    async.save(state);
+    train(100 + step);  // runs while the async write is in flight
+  }
+  async.wait();
+  for (int step = 1; step <= 4; ++step) {
+    CAPTURE(step);
+    for (const char* file : {"model.safetensors", "train_state.safetensors"}) {
+      CAPTURE(file);
+      CHECK(ckpt_test::read_file(sync.path_for(step) / file) ==
+            ckpt_test::read_file(async.path_for(step) / file));
+    }
+  }
 }
 
 TEST_CASE("Checkpointer: async errors surface from wait() and the next save()") {

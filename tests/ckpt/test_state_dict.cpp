@@ -5,8 +5,11 @@
 // "<name>.<key>", restores counters and metadata, and checks missing/unexpected components.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +24,7 @@
 #include <trainkit/nn/dropout.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/ema.hpp>
 #include <trainkit/optim/grad_scaler.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
 
@@ -47,6 +51,18 @@ class Indices {
   std::size_t n_;
   std::vector<data::FieldSpec> fields_{{"i", tk::DType::kI64, {}}};
 };
+
+/// Same keys, scalars, dtypes, shapes and bytes.
+bool same_state(const tk::StateDict& a, const tk::StateDict& b) {
+  if (a.values != b.values || a.tensors.size() != b.tensors.size()) return false;
+  for (const auto& [k, t] : a.tensors) {
+    const auto it = b.tensors.find(k);
+    if (it == b.tensors.end() || it->second.dtype() != t.dtype() ||
+        it->second.shape() != t.shape() || std::memcmp(it->second.data(), t.data(), t.bytes()) != 0)
+      return false;
+  }
+  return true;
+}
 
 std::vector<std::int64_t> rows(const data::Batch& b) {
   const auto v = b.host<std::int64_t, 1>("i");
@@ -252,4 +268,84 @@ TEST_CASE("TrainState: composes components, counters and metadata; checks the co
   names.add("x", rng);
   CHECK_THROWS_AS(names.add("x", rng), tk::Error);
   CHECK_THROWS_AS(names.model(arena).model(arena), tk::Error);
+}
+
+TEST_CASE(
+    "TrainState::state_dict_into: the bytes of state_dict(), in reused memory, random arenas") {
+  tk::exec::Host exec(2);
+  std::mt19937 gen(20261205);
+  for (int trial = 0; trial < 12; ++trial) {
+    CAPTURE(trial);
+    // Random parameter shapes (empty ones included) and optimizer flavours.
+    nn::ParamArena<> arena;
+    const int params = 1 + static_cast<int>(gen() % 6);
+    for (int p = 0; p < params; ++p) {
+      const std::int64_t rows = gen() % 4 == 0 ? 0 : 1 + gen() % 40, cols = 1 + gen() % 70;
+      arena.add("p" + std::to_string(p) + ".weight", tk::Shape{rows, cols},
+                nn::Init::normal(0.0f, 0.1f));
+    }
+    arena.finalize();
+    arena.initialize(trial);
+    const bool amsgrad = gen() % 2 == 0, bf16 = gen() % 3 == 0;
+    optim::AdamW<> opt(arena, {.lr = 1e-2, .amsgrad = amsgrad, .bf16_state = bf16, .seed = 5});
+    optim::Ema<> ema(arena, {.decay = 0.9});
+    int user_calls = 0;
+    ckpt::TrainState state;
+    state.model(arena)
+        .add("optimizer", opt)
+        .add("ema", ema)
+        .add(
+            "counter",
+            [&] {
+              tk::StateDict sd;
+              sd.set("calls", ++user_calls);
+              return sd;
+            },
+            [](const tk::StateDict&) {});
+    const auto train = [&](int steps) {
+      for (int k = 0; k < steps; ++k) {
+        for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+          arena.grads_data()[i] =
+              std::sin(0.37f * float(i + 13 * k)) * (arena.padding_mask().real(i) ? 1.0f : 0.0f);
+        opt.step(exec);
+        ema.update(exec);
+      }
+      ++state.step;
+    };
+    // A staging dict that starts with junk under the components' names: entries the state does
+    // not have, a tensor of a wrong shape under a real key, a scalar no one writes.
+    tk::StateDict staging;
+    staging.tensors.emplace("optimizer.nope", tk::AnyTensor(tk::DType::kF32, tk::Shape{3}));
+    staging.tensors.emplace("optimizer.p0.weight.exp_avg",
+                            tk::AnyTensor(tk::DType::kF32, tk::Shape{2, 2}));
+    staging.values["ema.stale"] = "1";
+    staging.values["trainer.stale"] = "1";
+    std::map<std::string, const void*> memory;
+    for (int save = 0; save < 3; ++save) {
+      CAPTURE(save);
+      train(1 + static_cast<int>(gen() % 3));
+      state.state_dict_into(staging);
+      --user_calls;  // state_dict() below must see the same user counter
+      const tk::StateDict fresh = state.state_dict();
+      CHECK(same_state(staging, fresh));
+      // From the second save on, every optimizer and EMA tensor is the memory of the first.
+      for (const auto& [k, t] : staging.tensors) {
+        if (k.rfind("counter.", 0) == 0) continue;
+        if (save == 0) {
+          memory[k] = t.data();
+        } else {
+          CHECK_MESSAGE(memory.at(k) == t.data(), k);
+        }
+      }
+    }
+    // What state_dict_into wrote restores as state_dict() does.
+    nn::ParamArena<> arena2;
+    for (const auto& p : arena.infos()) arena2.add(p.name, p.shape);
+    arena2.finalize();
+    optim::AdamW<> opt2(arena2, {.lr = 1.0, .amsgrad = amsgrad, .bf16_state = bf16, .seed = 5});
+    ckpt::TrainState state2;
+    state2.add("optimizer", opt2);
+    state2.load_state_dict(staging, {.strict = false});
+    CHECK(same_state(opt2.state_dict(), opt.state_dict()));
+  }
 }

@@ -90,6 +90,8 @@ struct CheckpointerOptions {
   int keep_best = 1;
   /// Write on a background thread: save() returns after the host snapshot. Errors surface from
   /// the next save(), wait() or resume(). At most one write is in flight (save() waits for it).
+  /// The snapshot's memory (a host copy of the model and of the other state) is kept from one
+  /// save to the next, so a snapshot is one parallel copy into pages already mapped.
   bool async = false;
   /// fsync files and directories (the power-loss guarantee; off only for tests and scratch).
   bool durable = true;
@@ -758,6 +760,7 @@ class Checkpointer {
   std::optional<std::int64_t> last_saved_step_;
   std::chrono::steady_clock::time_point last_save_time_;
   AnyTensor model_buffer_;  // async snapshots of the model (reused: no page faults per save)
+  StateDict staging_;       // async snapshots of the other state (reused the same way)
   SaveStats stats_;
 
   mutable std::mutex mutex_;
@@ -1049,7 +1052,12 @@ TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot(const TrainState& state
     }
     job.model = model->views(copy, keep, model_buffer_);
   }
-  job.state = state.state_dict();
+  if (copy) {  // async: into the staging copy the previous write handed back
+    state.state_dict_into(staging_);
+    job.state = std::move(staging_);
+  } else {
+    job.state = state.state_dict();
+  }
   return job;
 }
 
@@ -1301,6 +1309,7 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
       error = std::current_exception();
     }
     lock.lock();
+    staging_ = std::move(job_->state);  // the next snapshot's memory
     stats_.write_seconds = s.write_seconds;
     stats_.bytes = s.bytes;
     // Moved under the lock: the writer keeps no reference to the exception the caller's

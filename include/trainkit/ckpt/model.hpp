@@ -8,7 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +16,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +24,7 @@
 #include "trainkit/core/bytes.hpp"
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/host_copy.hpp"
 #include "trainkit/core/half.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/io/safetensors.hpp"
@@ -258,15 +257,6 @@ struct ModelSaveOptions {
 
 namespace detail {
 
-/// Host-to-host copies, spread over up to 8 threads when they total 64 MiB or more: a snapshot
-/// blocks training, and one thread rarely saturates a server's memory bandwidth.
-struct CopyPiece {
-  void* dst;
-  const void* src;
-  std::size_t bytes;
-};
-TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces);
-
 /// The parameters of `arena` as named F32 views: into the arena (host, `copy` false) or into
 /// `buffer` (a copy of the parameters `keep` selects; a device arena is always copied).
 /// `keep` (may be empty: all) selects by parameter index.
@@ -279,7 +269,7 @@ std::vector<io::NamedTensor> model_views(const nn::ParamArena<S>& arena, bool co
   if (must_copy && (buffer.dtype() != DType::kF32 || buffer.numel() != arena.buffer_numel()))
     buffer = AnyTensor(DType::kF32, Shape{arena.buffer_numel()});
   std::vector<io::NamedTensor> out;
-  std::vector<CopyPiece> copies;
+  std::vector<trainkit::detail::CopyPiece> copies;
   for (std::size_t i = 0; i < infos.size(); ++i) {
     if (!keep.empty() && !keep[i]) continue;
     const nn::ParamInfo& p = infos[i];
@@ -296,39 +286,9 @@ std::vector<io::NamedTensor> model_views(const nn::ParamArena<S>& arena, bool co
     }
     out.push_back({p.name, AnyTensorView(DType::kF32, p.shape, src)});
   }
-  parallel_copy(copies);
+  trainkit::detail::parallel_copy(copies);
   return out;
 }
-
-#if TRAINKIT_IMPL
-
-TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
-  std::size_t total = 0;
-  for (const CopyPiece& p : pieces) total += p.bytes;
-  const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
-  if (total < (std::size_t(64) << 20) || threads < 2) {
-    for (const CopyPiece& p : pieces)
-      if (p.bytes != 0) std::memcpy(p.dst, p.src, p.bytes);
-    return;
-  }
-  constexpr std::size_t kChunk = std::size_t(8) << 20;
-  std::vector<CopyPiece> chunks;
-  for (const CopyPiece& p : pieces)
-    for (std::size_t off = 0; off < p.bytes; off += kChunk)
-      chunks.push_back({static_cast<char*>(p.dst) + off, static_cast<const char*>(p.src) + off,
-                        std::min(kChunk, p.bytes - off)});
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < chunks.size();)
-      std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].bytes);
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-}
-
-#endif  // TRAINKIT_IMPL
 
 }  // namespace detail
 

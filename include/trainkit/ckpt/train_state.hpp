@@ -129,9 +129,11 @@ class TrainState {
   template <Stateful T>
   TrainState& add(std::string name, T& component) {
     T* c = &component;
-    return add(
+    add(
         std::move(name), [c] { return StateAdapter<T>::save(*c); },
         [c](const StateDict& sd) { StateAdapter<T>::load(*c, sd); });
+    components_.back().save_into = [c](StateDict& sd) { state_dict_into_of(*c, sd); };
+    return *this;
   }
 
   /// Registers a component through two functions (for state that is not an object).
@@ -149,7 +151,16 @@ class TrainState {
   /// Everything but the model: "<name>.<key>" entries of every component, "trainer.step",
   /// "trainer.epoch", "trainer.components" (the names, comma-separated) and "user.<key>".
   /// Copies device state to the host (a sync).
-  TRAINKIT_INLINE StateDict state_dict() const;
+  StateDict state_dict() const {
+    StateDict sd;
+    state_dict_into(sd);
+    return sd;
+  }
+
+  /// state_dict() written into `sd` (empty, or what an earlier call wrote), reusing the tensors
+  /// of the components that have state_dict_into (the optimizers, Ema): the Checkpointer's async
+  /// snapshot, one copy of the state into memory already mapped.
+  TRAINKIT_INLINE void state_dict_into(StateDict& sd) const;
 
   /// Restores what state_dict() produced (consumes `sd`'s entries). Checks that the components
   /// match first (see RestoreOptions), then loads them in registration order; a component that
@@ -165,6 +176,7 @@ class TrainState {
     std::string name;
     std::function<StateDict()> save;
     std::function<void(const StateDict&)> load;
+    std::function<void(StateDict&)> save_into;  ///< null: save() into a fresh StateDict
   };
 
   bool has_component(std::string_view name) const {
@@ -185,22 +197,28 @@ TRAINKIT_INLINE TrainState& TrainState::add(std::string name, std::function<Stat
                                             std::function<void(const StateDict&)> load) {
   check_name(name);
   TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
-  components_.push_back({std::move(name), std::move(save), std::move(load)});
+  components_.push_back({std::move(name), std::move(save), std::move(load), nullptr});
   return *this;
 }
 
-TRAINKIT_INLINE StateDict TrainState::state_dict() const {
-  StateDict sd;
+TRAINKIT_INLINE void TrainState::state_dict_into(StateDict& sd) const {
+  StateDict previous = std::move(sd);
+  sd = StateDict();
   std::string names;
   for (const Component& c : components_) {
-    sd.merge(c.name, c.save());
+    StateDict part = detail::take_prefix(previous, c.name);
+    if (c.save_into) {
+      c.save_into(part);
+    } else {
+      part = c.save();
+    }
+    sd.merge(c.name, std::move(part));
     names += (names.empty() ? "" : ",") + c.name;
   }
   sd.set("trainer.components", names);
   sd.set("trainer.step", step);
   sd.set("trainer.epoch", epoch);
   for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
-  return sd;
 }
 
 TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOptions& options) {

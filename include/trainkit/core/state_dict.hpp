@@ -118,6 +118,47 @@ struct StateDict {
   }
 };
 
+/// Writes a StateDict again over what it held, reusing the memory of its tensors: for state
+/// saved again and again into one StateDict kept for the purpose (an async checkpoint's staging
+/// copy), so a save is one copy into memory that is already mapped (no allocation, no page
+/// faults). The constructor sets the tensors aside and clears the scalars; tensor() hands back the
+/// set-aside tensor of a key when its dtype and shape match, a new one otherwise; set-aside tensors
+/// not asked for again are freed with the StateDictRefill.
+///
+///   void state_dict_into(StateDict& sd) const {
+///     StateDictRefill refill(sd);
+///     AnyTensor& t = refill.tensor("exp_avg", DType::kF32, shape);   // then fill t's bytes
+///     sd.set("step", step_);
+///   }
+class StateDictRefill {
+ public:
+  explicit StateDictRefill(StateDict& sd) : sd_(sd), spare_(std::move(sd.tensors)) {
+    sd.tensors.clear();
+    sd.values.clear();
+  }
+  StateDictRefill(const StateDictRefill&) = delete;
+  StateDictRefill& operator=(const StateDictRefill&) = delete;
+
+  StateDict& dict() noexcept { return sd_; }
+
+  /// The tensor `key` of the StateDict, of `dtype` and `shape`: the set-aside tensor of that key
+  /// when it matches (its old bytes still in it: overwrite them all), else a new one.
+  AnyTensor& tensor(const std::string& key, DType dtype, const Shape& shape) {
+    AnyTensor& slot = sd_.tensors[key];
+    auto node = spare_.extract(key);
+    if (!node.empty() && node.mapped().dtype() == dtype && node.mapped().shape() == shape) {
+      slot = std::move(node.mapped());
+    } else {
+      slot = AnyTensor(dtype, shape);
+    }
+    return slot;
+  }
+
+ private:
+  StateDict& sd_;
+  std::map<std::string, AnyTensor> spare_;
+};
+
 /// Checks that a setting saved with a component equals the one of the component being restored
 /// (a different value would change the trajectory silently). `who` names the component.
 template <class V>
@@ -150,7 +191,10 @@ struct StateAdapter<T> {
   static void load(T& c, const StateDict& sd) { c.load_state_dict(sd); }
 };
 
-/// Anything a checkpoint can hold: StateAdapter<T> has save and load.
+/// Anything a checkpoint can hold: StateAdapter<T> has save and load. A component that is saved
+/// often and holds much state may also have `state_dict_into(StateDict&) const`: the same
+/// entries written into a StateDict that holds what an earlier call wrote, reusing its tensors
+/// (StateDictRefill); the Checkpointer's async snapshot uses it when present.
 template <class T>
 concept Stateful = requires(const T& c, T& m, const StateDict& sd) {
   { StateAdapter<T>::save(c) } -> std::convertible_to<StateDict>;
@@ -161,6 +205,16 @@ concept Stateful = requires(const T& c, T& m, const StateDict& sd) {
 template <Stateful T>
 StateDict state_dict_of(const T& c) {
   return StateAdapter<T>::save(c);
+}
+/// Writes the state of `c` into `sd`, which is empty or holds what an earlier call for `c` wrote:
+/// through `c.state_dict_into(sd)` when T has it (reusing sd's tensors), else as a fresh state.
+template <Stateful T>
+void state_dict_into_of(const T& c, StateDict& sd) {
+  if constexpr (requires { c.state_dict_into(sd); }) {
+    c.state_dict_into(sd);
+  } else {
+    sd = StateAdapter<T>::save(c);
+  }
 }
 /// Restores `c` from `sd` (see StateAdapter).
 template <Stateful T>

@@ -128,7 +128,8 @@ class AdamW : public FusedOptimizer<detail::AdamWRule, S> {
 // the compiled library (src/trainkit.cpp); the step is compiled where it is used.
 extern template FusedOptimizer<detail::AdamWRule, Space::kHost>::FusedOptimizer(
     nn::ParamArena<Space::kHost>&, AdamWOptions, std::vector<GroupRule>);
-extern template StateDict FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::state_dict_into(
+    StateDict&) const;
 extern template void FusedOptimizer<detail::AdamWRule, Space::kHost>::load_state_dict(
     const StateDict&);
 extern template std::string FusedOptimizer<detail::AdamWRule, Space::kHost>::state_layout(

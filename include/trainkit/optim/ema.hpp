@@ -94,9 +94,14 @@ class Ema {
   /// Tensors "<param>" (the averages, f32, host copies), values "n_averaged" and "decay".
   StateDict state_dict() const {
     StateDict sd;
-    detail::save_by_param(sd, *arena_, shadow_.data(), DType::kF32, "");
-    detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
+    state_dict_into(sd);
     return sd;
+  }
+  /// state_dict() written into `sd` (empty, or what an earlier call wrote), reusing its tensors.
+  void state_dict_into(StateDict& sd) const {
+    StateDictRefill refill(sd);
+    detail::save_by_param(refill, *arena_, shadow_.data(), DType::kF32, "");
+    detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
   }
   /// Throws naming the first missing or mis-shaped tensor (nothing changed then).
   void load_state_dict(const StateDict& sd) {

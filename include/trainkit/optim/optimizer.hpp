@@ -335,7 +335,14 @@ class FusedOptimizer {
   /// state) and "<param>.step" (f32 scalar, as PyTorch keeps it), values "optimizer" (the rule's
   /// name), "step", "num_groups", "group.<g>.lr", "group.<g>.initial_lr",
   /// "group.<g>.weight_decay" and the rule's saved options. Downloads device state (sync).
-  TRAINKIT_INLINE StateDict state_dict() const;
+  StateDict state_dict() const {
+    StateDict sd;
+    state_dict_into(sd);
+    return sd;
+  }
+  /// state_dict() written into `sd` (empty, or what an earlier call wrote), reusing its tensors:
+  /// a checkpoint snapshot that copies the state once into memory already mapped.
+  TRAINKIT_INLINE void state_dict_into(StateDict& sd) const;
 
   /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
   /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
@@ -570,8 +577,8 @@ TRAINKIT_INLINE FusedOptimizer<Rule, S>::FusedOptimizer(nn::ParamArena<S>& arena
 }
 
 template <class Rule, Space S>
-TRAINKIT_INLINE StateDict FusedOptimizer<Rule, S>::state_dict() const {
-  StateDict sd;
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::state_dict_into(StateDict& sd) const {
+  StateDictRefill refill(sd);
   const StepHeader h = read_header();
   sd.set("optimizer", Rule::kName);
   sd.set("step", h.step);
@@ -584,15 +591,11 @@ TRAINKIT_INLINE StateDict FusedOptimizer<Rule, S>::state_dict() const {
     sd.set(key + ".weight_decay", group_[static_cast<std::size_t>(g)].weight_decay);
   }
   for (const detail::StateBuffer& b : state_buffers())
-    detail::save_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
-  for (const nn::ParamInfo& p : arena_->infos()) {
-    AnyTensor t(DType::kF32, Shape{});
-    const float step = static_cast<float>(h.step);
-    std::memcpy(t.data(), &step, sizeof step);
-    sd.tensors[p.name + ".step"] = std::move(t);
-  }
+    detail::save_by_param(refill, *arena_, b.data, b.dtype, "." + b.name);
+  const float step = static_cast<float>(h.step);
+  for (const nn::ParamInfo& p : arena_->infos())
+    std::memcpy(refill.tensor(p.name + ".step", DType::kF32, Shape{}).data(), &step, sizeof step);
   detail::save_fields(sd, options_, Traits::saved_options());
-  return sd;
 }
 
 template <class Rule, Space S>

@@ -104,7 +104,8 @@ class SGD : public FusedOptimizer<detail::SGDRule, S> {
 // the compiled library (src/trainkit.cpp); the step is compiled where it is used.
 extern template FusedOptimizer<detail::SGDRule, Space::kHost>::FusedOptimizer(
     nn::ParamArena<Space::kHost>&, SGDOptions, std::vector<GroupRule>);
-extern template StateDict FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict() const;
+extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::state_dict_into(
+    StateDict&) const;
 extern template void FusedOptimizer<detail::SGDRule, Space::kHost>::load_state_dict(
     const StateDict&);
 extern template std::string FusedOptimizer<detail::SGDRule, Space::kHost>::state_layout(

@@ -17,6 +17,7 @@
 #include "trainkit/core/any_tensor.hpp"
 #include "trainkit/core/bytes.hpp"
 #include "trainkit/core/dtype.hpp"
+#include "trainkit/core/host_copy.hpp"
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/nn/param_arena.hpp"
@@ -80,20 +81,27 @@ inline void load_list(const StateDict& sd, const std::string& prefix, std::vecto
 }
 
 /// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
-/// layout) as tensors "<param><suffix>" of each parameter's shape, padding left out. Downloads
-/// device memory (sync).
+/// layout) as tensors "<param><suffix>" of each parameter's shape, padding left out, written
+/// through `refill` (reusing its tensors). Host memory is copied once, in parallel; device memory
+/// is downloaded first (sync).
 template <Space S>
-void save_by_param(StateDict& sd, const nn::ParamArena<S>& arena, const void* data, DType dtype,
-                   const std::string& suffix) {
+void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, const void* data,
+                   DType dtype, const std::string& suffix) {
   const std::size_t esize = dtype_size(dtype);
-  std::vector<unsigned char> host(static_cast<std::size_t>(arena.buffer_numel()) * esize);
-  copy_bytes(host.data(), Space::kHost, data, S, host.size());
-  for (const nn::ParamInfo& p : arena.infos()) {
-    AnyTensor t(dtype, p.shape);
-    if (t.bytes() != 0)
-      std::memcpy(t.data(), host.data() + static_cast<std::size_t>(p.offset) * esize, t.bytes());
-    sd.tensors[p.name + suffix] = std::move(t);
+  std::vector<unsigned char> download;
+  const unsigned char* src = static_cast<const unsigned char*>(data);
+  if constexpr (S != Space::kHost) {
+    download.resize(static_cast<std::size_t>(arena.buffer_numel()) * esize);
+    copy_bytes(download.data(), Space::kHost, data, S, download.size());
+    src = download.data();
   }
+  std::vector<trainkit::detail::CopyPiece> pieces;
+  pieces.reserve(arena.infos().size());
+  for (const nn::ParamInfo& p : arena.infos()) {
+    AnyTensor& t = refill.tensor(p.name + suffix, dtype, p.shape);
+    pieces.push_back({t.data(), src + static_cast<std::size_t>(p.offset) * esize, t.bytes()});
+  }
+  trainkit::detail::parallel_copy(pieces);
 }
 
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
