@@ -58,7 +58,8 @@ bool same_state(const tk::StateDict& a, const tk::StateDict& b) {
   for (const auto& [k, t] : a.tensors) {
     const auto it = b.tensors.find(k);
     if (it == b.tensors.end() || it->second.dtype() != t.dtype() ||
-        it->second.shape() != t.shape() || std::memcmp(it->second.data(), t.data(), t.bytes()) != 0)
+        it->second.shape() != t.shape() ||
+        (t.bytes() != 0 && std::memcmp(it->second.data(), t.data(), t.bytes()) != 0))
       return false;
   }
   return true;
