@@ -129,11 +129,9 @@ class TrainState {
   template <Stateful T>
   TrainState& add(std::string name, T& component) {
     T* c = &component;
-    add(
-        std::move(name), [c] { return StateAdapter<T>::save(*c); },
+    return add_component(
+        std::move(name), [c](StateDict& sd) { state_dict_into_of(*c, sd); },
         [c](const StateDict& sd) { StateAdapter<T>::load(*c, sd); });
-    components_.back().save_into = [c](StateDict& sd) { state_dict_into_of(*c, sd); };
-    return *this;
   }
 
   /// Registers a component through two functions (for state that is not an object).
@@ -174,10 +172,13 @@ class TrainState {
  private:
   struct Component {
     std::string name;
-    std::function<StateDict()> save;
+    std::function<void(StateDict&)> save_into;  ///< see state_dict_into_of
     std::function<void(const StateDict&)> load;
-    std::function<void(StateDict&)> save_into;  ///< null: save() into a fresh StateDict
   };
+
+  TRAINKIT_INLINE TrainState& add_component(std::string name,
+                                            std::function<void(StateDict&)> save_into,
+                                            std::function<void(const StateDict&)> load);
 
   bool has_component(std::string_view name) const {
     for (const Component& c : components_)
@@ -195,9 +196,16 @@ class TrainState {
 
 TRAINKIT_INLINE TrainState& TrainState::add(std::string name, std::function<StateDict()> save,
                                             std::function<void(const StateDict&)> load) {
-  check_name(name);
   TRAINKIT_CHECK(save && load, "ckpt::TrainState::add('", name, "'): empty function");
-  components_.push_back({std::move(name), std::move(save), std::move(load), nullptr});
+  return add_component(
+      std::move(name), [save = std::move(save)](StateDict& sd) { sd = save(); }, std::move(load));
+}
+
+TRAINKIT_INLINE TrainState& TrainState::add_component(std::string name,
+                                                      std::function<void(StateDict&)> save_into,
+                                                      std::function<void(const StateDict&)> load) {
+  check_name(name);
+  components_.push_back({std::move(name), std::move(save_into), std::move(load)});
   return *this;
 }
 
@@ -207,11 +215,7 @@ TRAINKIT_INLINE void TrainState::state_dict_into(StateDict& sd) const {
   std::string names;
   for (const Component& c : components_) {
     StateDict part = detail::take_prefix(previous, c.name);
-    if (c.save_into) {
-      c.save_into(part);
-    } else {
-      part = c.save();
-    }
+    c.save_into(part);
     sd.merge(c.name, std::move(part));
     names += (names.empty() ? "" : ",") + c.name;
   }

@@ -139,8 +139,6 @@ class StateDictRefill {
   StateDictRefill(const StateDictRefill&) = delete;
   StateDictRefill& operator=(const StateDictRefill&) = delete;
 
-  StateDict& dict() noexcept { return sd_; }
-
   /// The tensor `key` of the StateDict, of `dtype` and `shape`: the set-aside tensor of that key
   /// when it matches (its old bytes still in it: overwrite them all), else a new one.
   AnyTensor& tensor(const std::string& key, DType dtype, const Shape& shape) {
