@@ -4337,6 +4337,38 @@ T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std:
   return fold.result();
 }
 
+/// exec::reduce's schedule with the chunk folding supplied by the caller: fold(first, last) must
+/// return detail::fold_chunks<T>(f, op, n, first, last) for the reduce being computed (the
+/// same value, e.g. from code compiled for another ISA). Everything else, who folds which
+/// aligned group of chunks and how the groups are combined, is reduce's.
+template <class T, class Op, class Fold>
+T reduce_chunks(const Host& exec, std::int64_t n, const Op& op, T init, const Fold& fold) {
+  if (n <= 0) return init;
+  const std::int64_t chunks = ceil_div(n, kReduceChunk);
+  // A task folds an aligned run of `group` chunks, a power of two, i.e. one subtree of the tree
+  // above: how many tasks there are changes who computes a subtree, never its shape.
+  std::int64_t group = chunks;
+  if (exec.num_threads() > 1 && n >= 2 * kHostMinTaskElements) {
+    // About four tasks per thread, each of at least kHostMinTaskElements elements.
+    const std::int64_t wanted = std::max(ceil_div(chunks, std::int64_t{4} * exec.num_threads()),
+                                         kHostMinTaskElements / kReduceChunk);
+    group = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
+  }
+  if (group >= chunks) return op(init, fold(std::int64_t{0}, chunks));
+
+  const std::int64_t tasks = ceil_div(chunks, group);
+  // Not std::vector: vector<bool> would make the tasks' writes race on shared words.
+  const std::unique_ptr<T[]> partials(new T[static_cast<std::size_t>(tasks)]);
+  exec.parallel_for(tasks, [&](std::int64_t task) {
+    const std::int64_t first = task * group;
+    partials[static_cast<std::size_t>(task)] = fold(first, std::min(chunks, first + group));
+  });
+  PairwiseFold<T, Op> combined(op, partials[0]);
+  for (std::int64_t task = 1; task < tasks; ++task)
+    combined.push(partials[static_cast<std::size_t>(task)]);
+  return op(init, combined.result());
+}
+
 }  // namespace detail
 
 /// Returns op(init, R) where R combines f(0), ..., f(n-1) (each converted to T) in an order fixed
@@ -4351,33 +4383,10 @@ T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std:
 template <class F, class Op, class T>
 T reduce(const Host& exec, std::int64_t n, F&& f, Op op, T init) {
   using Fn = std::remove_cvref_t<F>;
-  if (n <= 0) return init;
-  const std::int64_t chunks = detail::ceil_div(n, kReduceChunk);
-  // A task folds an aligned run of `group` chunks, a power of two, i.e. one subtree of the tree
-  // above: how many tasks there are changes who computes a subtree, never its shape.
-  std::int64_t group = chunks;
-  if (exec.num_threads() > 1 && n >= 2 * kHostMinTaskElements) {
-    // About four tasks per thread, each of at least kHostMinTaskElements elements.
-    const std::int64_t wanted =
-        std::max(detail::ceil_div(chunks, std::int64_t{4} * exec.num_threads()),
-                 kHostMinTaskElements / kReduceChunk);
-    group = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
-  }
   const Fn& fn = f;
-  if (group >= chunks) return op(init, detail::fold_chunks<T>(fn, op, n, 0, chunks));
-
-  const std::int64_t tasks = detail::ceil_div(chunks, group);
-  // Not std::vector: vector<bool> would make the tasks' writes race on shared words.
-  const std::unique_ptr<T[]> partials(new T[static_cast<std::size_t>(tasks)]);
-  exec.parallel_for(tasks, [&](std::int64_t task) {
-    const std::int64_t first = task * group;
-    partials[static_cast<std::size_t>(task)] =
-        detail::fold_chunks<T>(fn, op, n, first, std::min(chunks, first + group));
+  return detail::reduce_chunks(exec, n, op, init, [&](std::int64_t first, std::int64_t last) {
+    return detail::fold_chunks<T>(fn, op, n, first, last);
   });
-  detail::PairwiseFold<T, Op> fold(op, partials[0]);
-  for (std::int64_t task = 1; task < tasks; ++task)
-    fold.push(partials[static_cast<std::size_t>(task)]);
-  return op(init, fold.result());
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
@@ -10562,10 +10571,17 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     return;
   }
 
-  // Row blocks of (nearly) equal height, a multiple of the tile's rows, at most about MC.
+  // Row blocks of (nearly) equal height, a multiple of the tile's rows, at most about MC. With
+  // several threads, as many blocks as a multiple of the thread count when the rows allow two
+  // tiles per block: the 3 blocks of a 512-row product would leave one thread idle for a third
+  // of it (row blocks never change a sum's order, so the bits do not depend on this).
   const std::int64_t tile_rows = kernel.rows;
   const std::int64_t tile_panels = kernel.cols / kGemmNR;
   std::int64_t blocks_m = (m + kGemmMC - 1) / kGemmMC;
+  if (threads > 1 && blocks_m % threads != 0) {
+    const std::int64_t balanced = (blocks_m + threads - 1) / threads * threads;
+    if (m >= balanced * 2 * tile_rows) blocks_m = balanced;
+  }
   const std::int64_t mc = ((m + blocks_m - 1) / blocks_m + tile_rows - 1) / tile_rows * tile_rows;
   blocks_m = (m + mc - 1) / mc;
   const std::int64_t blocks_k = (k + kGemmKC - 1) / kGemmKC;
@@ -16104,10 +16120,17 @@ TRAINKIT_NAMESPACE_END
 // the device) only when the caller asks. Clipping reads the norm on the device, so a step with
 // clipping needs no sync either.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+#include <utility>
 
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#include <immintrin.h>
+#endif
 
 #if TRAINKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -16186,10 +16209,89 @@ struct SquaredTerm {
   }
 };
 
-/// Sum of f(i) over [0, n) into *out (memory of the executor's space), deterministically.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_DETAIL_NORM_AVX2 1
+inline bool norm_cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+/// Lanes 8h .. 8h + 7 of f(i .. i + 7): (double(g) * scale)^2, exactly as SquaredTerm rounds.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void squares_avx2(const float* g,
+                                                                       __m256d scale, __m256d& lo,
+                                                                       __m256d& hi) {
+  const __m256 x = _mm256_loadu_ps(g);
+  lo = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), scale);
+  hi = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), scale);
+  lo = _mm256_mul_pd(lo, lo);
+  hi = _mm256_mul_pd(hi, hi);
+}
+
+/// exec::detail::chunk_fold<double>(f, Sum, begin, end) for SquaredTerm with AVX2, the same bits:
+/// the 16 lanes are four ymm registers of doubles (lane j in register j / 4), each lane adds its
+/// squares in the same order and the lanes are combined by the same tree. Only mul and add are
+/// used (FMA is not enabled, so nothing is contracted that the scalar code rounds twice).
+__attribute__((target("avx2"))) inline double chunk_squares_avx2(const SquaredTerm& f,
+                                                                 std::int64_t begin,
+                                                                 std::int64_t end) {
+  if (end - begin < exec::kReduceLanes)
+    return exec::detail::chunk_fold<double>(f, exec::Sum{}, begin, end);
+  const __m256d scale = _mm256_set1_pd(f.scale != nullptr ? static_cast<double>(*f.scale) : 1.0);
+  __m256d l0, l1, l2, l3, a, b, c, d;
+  squares_avx2(f.g + begin, scale, l0, l1);
+  squares_avx2(f.g + begin + 8, scale, l2, l3);
+  std::int64_t i = begin + exec::kReduceLanes;
+  for (; i + exec::kReduceLanes <= end; i += exec::kReduceLanes) {
+    squares_avx2(f.g + i, scale, a, b);
+    squares_avx2(f.g + i + 8, scale, c, d);
+    l0 = _mm256_add_pd(l0, a);
+    l1 = _mm256_add_pd(l1, b);
+    l2 = _mm256_add_pd(l2, c);
+    l3 = _mm256_add_pd(l3, d);
+  }
+  alignas(32) double lanes[exec::kReduceLanes];
+  _mm256_store_pd(lanes, l0);
+  _mm256_store_pd(lanes + 4, l1);
+  _mm256_store_pd(lanes + 8, l2);
+  _mm256_store_pd(lanes + 12, l3);
+  for (int j = 0; i < end; ++i, ++j) lanes[j] = lanes[j] + f(i);
+  for (int width = exec::kReduceLanes / 2; width > 0; width /= 2)
+    for (int j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
+  return lanes[0];
+}
+
+/// exec::detail::fold_chunks<double>(f, Sum, n, first, last) with chunk_squares_avx2.
+inline double fold_squares_avx2(const SquaredTerm& f, std::int64_t n, std::int64_t first,
+                                std::int64_t last) {
+  const auto chunk = [&](std::int64_t c) {
+    const std::int64_t begin = c * exec::kReduceChunk;
+    return chunk_squares_avx2(f, begin, std::min(n, begin + exec::kReduceChunk));
+  };
+  exec::detail::PairwiseFold<double, exec::Sum> fold(exec::Sum{}, chunk(first));
+  for (std::int64_t c = first + 1; c < last; ++c) fold.push(chunk(c));
+  return fold.result();
+}
+#else
+#define TRAINKIT_DETAIL_NORM_AVX2 0
+#endif
+
+/// Sum of f(i) over [0, n) into *out (memory of the executor's space), deterministically: the
+/// value of exec::reduce(exec, n, f, exec::Sum{}, 0.0) (on the host the squared gradient norm
+/// is folded with AVX2 when the CPU has it, the same bits).
 template <class E, class F>
 void sum_into(const E& exec, std::int64_t n, const F& f, double* out) {
   if constexpr (exec::is_host_executor_v<E>) {
+#if TRAINKIT_DETAIL_NORM_AVX2
+    if constexpr (std::is_same_v<F, SquaredTerm>) {
+      if (norm_cpu_has_avx2()) {
+        *out = exec::detail::reduce_chunks(exec, n, exec::Sum{}, 0.0,
+                                           [&](std::int64_t first, std::int64_t last) {
+                                             return fold_squares_avx2(f, n, first, last);
+                                           });
+        return;
+      }
+    }
+#endif
     *out = exec::reduce(exec, n, f, exec::Sum{}, 0.0);
   } else {
     exec::reduce_into(exec, n, f, exec::Sum{}, 0.0, out);

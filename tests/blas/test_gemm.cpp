@@ -375,6 +375,24 @@ TEST_CASE("host gemm: same bits for 1, 2 and 3 threads") {
     CHECK(std::memcmp(results16[t].data(), results16[0].data(),
                       results16[0].size() * sizeof(bf16)) == 0);
   }
+  // Weight-gradient shapes (dW += dY^T X, k = batch * time), whose few row blocks are split
+  // into a multiple of the thread count: the bits stay those of one thread.
+  for (const Case& dw : {Case{512, 128, 1024}, Case{128, 128, 1000}, Case{60, 40, 300}}) {
+    Matrix<float> dy(dw.k, dw.m), x(dw.k, dw.n), w0(dw.m, dw.n);
+    dy.fill_random(65);
+    x.fill_random(66);
+    w0.fill_random(67);
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 4}) {
+      exec::Host host(threads);
+      Matrix<float> w = w0;
+      blas::gemm(host, Op::kT, Op::kN, dy.cview(), x.cview(), w.view(), {.beta = 1.0f});
+      if (threads == 1) first = w.data;
+      CAPTURE(dw.m);
+      CAPTURE(threads);
+      CHECK(std::memcmp(w.data.data(), first.data(), first.size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("host gemm batched: strided items and a broadcast operand match rank-2 calls") {

@@ -1,7 +1,7 @@
 // Tests for the smaller optim/ pieces: glob patterns and group assignment, StateDict (exact
 // number round trips, prefixes, deep copies), Ema against a float64 lerp (and its state_dict),
 // GradAccumulation (N micro-batches of loss / N give the full-batch step), and the optimizers'
-// LrGroups being what schedules drive.
+// LrGroups being what schedules drive; the host squared-norm fold (AVX2) against exec::reduce.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,9 +12,11 @@
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
+#include <trainkit/exec/reduce.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/optim/ema.hpp>
 #include <trainkit/optim/grad_accumulation.hpp>
+#include <trainkit/optim/grad_norm.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
 #include <trainkit/optim/param_groups.hpp>
 #include <trainkit/optim/sgd.hpp>
@@ -165,4 +167,38 @@ TEST_CASE("a schedule drives an optimizer's group learning rates") {
   CHECK(moved.weight_decay(1) == 0.0);
   const tk::StateDict sd = moved.state_dict();
   CHECK(sd.get_double("group.1.initial_lr") == 2e-3);
+}
+
+TEST_CASE("the host's squared gradient norm has exec::reduce's bits, random sizes and values") {
+  // sum_into dispatches SquaredTerm to an AVX2 fold where the CPU has one; its value must be
+  // the scalar reduce's, bit for bit, whatever n (chunk tails, chunks shorter than the lanes),
+  // the scale, the thread count and the non-finite values in g.
+  std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 33;
+  };
+  tk::exec::Host one(1);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::int64_t n = trial < 20 ? trial : static_cast<std::int64_t>(next() % 200000);
+    std::vector<float> g(static_cast<std::size_t>(n) + 1);
+    for (float& v : g) {
+      const float mag = std::ldexp(1.0f, static_cast<int>(next() % 60) - 30);
+      v = (static_cast<float>(next() % 2001) - 1000.0f) * mag;
+    }
+    if (trial % 7 == 3 && n > 0) g[next() % n] = std::numeric_limits<float>::infinity();
+    if (trial % 11 == 5 && n > 0) g[next() % n] = std::numeric_limits<float>::quiet_NaN();
+    const float scale = 0.37f;
+    for (const float* s : {static_cast<const float*>(nullptr), &scale}) {
+      const optim::detail::SquaredTerm term{g.data(), s};
+      for (tk::exec::Host* host : {&one, &pool()}) {
+        double got = -1.0;
+        optim::detail::sum_into(*host, n, term, &got);
+        const double want = tk::exec::reduce(*host, n, term, tk::exec::Sum{}, 0.0);
+        CAPTURE(n);
+        CAPTURE(trial);
+        CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+      }
+    }
+  }
 }

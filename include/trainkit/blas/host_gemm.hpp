@@ -971,10 +971,17 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     return;
   }
 
-  // Row blocks of (nearly) equal height, a multiple of the tile's rows, at most about MC.
+  // Row blocks of (nearly) equal height, a multiple of the tile's rows, at most about MC. With
+  // several threads, as many blocks as a multiple of the thread count when the rows allow two
+  // tiles per block: the 3 blocks of a 512-row product would leave one thread idle for a third
+  // of it (row blocks never change a sum's order, so the bits do not depend on this).
   const std::int64_t tile_rows = kernel.rows;
   const std::int64_t tile_panels = kernel.cols / kGemmNR;
   std::int64_t blocks_m = (m + kGemmMC - 1) / kGemmMC;
+  if (threads > 1 && blocks_m % threads != 0) {
+    const std::int64_t balanced = (blocks_m + threads - 1) / threads * threads;
+    if (m >= balanced * 2 * tile_rows) blocks_m = balanced;
+  }
   const std::int64_t mc = ((m + blocks_m - 1) / blocks_m + tile_rows - 1) / tile_rows * tile_rows;
   blocks_m = (m + mc - 1) / mc;
   const std::int64_t blocks_k = (k + kGemmKC - 1) / kGemmKC;

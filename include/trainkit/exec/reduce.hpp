@@ -145,6 +145,38 @@ T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std:
   return fold.result();
 }
 
+/// exec::reduce's schedule with the chunk folding supplied by the caller: fold(first, last) must
+/// return detail::fold_chunks<T>(f, op, n, first, last) for the reduce being computed (the
+/// same value, e.g. from code compiled for another ISA). Everything else, who folds which
+/// aligned group of chunks and how the groups are combined, is reduce's.
+template <class T, class Op, class Fold>
+T reduce_chunks(const Host& exec, std::int64_t n, const Op& op, T init, const Fold& fold) {
+  if (n <= 0) return init;
+  const std::int64_t chunks = ceil_div(n, kReduceChunk);
+  // A task folds an aligned run of `group` chunks, a power of two, i.e. one subtree of the tree
+  // above: how many tasks there are changes who computes a subtree, never its shape.
+  std::int64_t group = chunks;
+  if (exec.num_threads() > 1 && n >= 2 * kHostMinTaskElements) {
+    // About four tasks per thread, each of at least kHostMinTaskElements elements.
+    const std::int64_t wanted = std::max(ceil_div(chunks, std::int64_t{4} * exec.num_threads()),
+                                         kHostMinTaskElements / kReduceChunk);
+    group = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
+  }
+  if (group >= chunks) return op(init, fold(std::int64_t{0}, chunks));
+
+  const std::int64_t tasks = ceil_div(chunks, group);
+  // Not std::vector: vector<bool> would make the tasks' writes race on shared words.
+  const std::unique_ptr<T[]> partials(new T[static_cast<std::size_t>(tasks)]);
+  exec.parallel_for(tasks, [&](std::int64_t task) {
+    const std::int64_t first = task * group;
+    partials[static_cast<std::size_t>(task)] = fold(first, std::min(chunks, first + group));
+  });
+  PairwiseFold<T, Op> combined(op, partials[0]);
+  for (std::int64_t task = 1; task < tasks; ++task)
+    combined.push(partials[static_cast<std::size_t>(task)]);
+  return op(init, combined.result());
+}
+
 }  // namespace detail
 
 /// Returns op(init, R) where R combines f(0), ..., f(n-1) (each converted to T) in an order fixed
@@ -159,33 +191,10 @@ T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std:
 template <class F, class Op, class T>
 T reduce(const Host& exec, std::int64_t n, F&& f, Op op, T init) {
   using Fn = std::remove_cvref_t<F>;
-  if (n <= 0) return init;
-  const std::int64_t chunks = detail::ceil_div(n, kReduceChunk);
-  // A task folds an aligned run of `group` chunks, a power of two, i.e. one subtree of the tree
-  // above: how many tasks there are changes who computes a subtree, never its shape.
-  std::int64_t group = chunks;
-  if (exec.num_threads() > 1 && n >= 2 * kHostMinTaskElements) {
-    // About four tasks per thread, each of at least kHostMinTaskElements elements.
-    const std::int64_t wanted =
-        std::max(detail::ceil_div(chunks, std::int64_t{4} * exec.num_threads()),
-                 kHostMinTaskElements / kReduceChunk);
-    group = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
-  }
   const Fn& fn = f;
-  if (group >= chunks) return op(init, detail::fold_chunks<T>(fn, op, n, 0, chunks));
-
-  const std::int64_t tasks = detail::ceil_div(chunks, group);
-  // Not std::vector: vector<bool> would make the tasks' writes race on shared words.
-  const std::unique_ptr<T[]> partials(new T[static_cast<std::size_t>(tasks)]);
-  exec.parallel_for(tasks, [&](std::int64_t task) {
-    const std::int64_t first = task * group;
-    partials[static_cast<std::size_t>(task)] =
-        detail::fold_chunks<T>(fn, op, n, first, std::min(chunks, first + group));
+  return detail::reduce_chunks(exec, n, op, init, [&](std::int64_t first, std::int64_t last) {
+    return detail::fold_chunks<T>(fn, op, n, first, last);
   });
-  detail::PairwiseFold<T, Op> fold(op, partials[0]);
-  for (std::int64_t task = 1; task < tasks; ++task)
-    fold.push(partials[static_cast<std::size_t>(task)]);
-  return op(init, fold.result());
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
