@@ -148,6 +148,10 @@ struct GemmTileArgs {
   int mr;
   int nr;
   const GemmTileEpilogue* epi;
+  /// The next call's A (same layout, rows a_rs apart, k contiguous) when it is read in place for
+  /// the first time, else nullptr: the AVX-512 kernel pulls its kc columns towards L2, one line
+  /// per k step, while this call computes (the first pass over an activation reads it from L3).
+  const float* a_next = nullptr;
 };
 
 using GemmMicroKernel = void (*)(const GemmTileArgs&);
@@ -483,7 +487,19 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     acc[r][0] = _mm512_fmadd_ps(av, bv0, acc[r][0]);                                              \
     if constexpr (Panels == 2) acc[r][Panels - 1] = _mm512_fmadd_ps(av, bv1, acc[r][Panels - 1]); \
   }
+  // The next tile's A, row by row, a line per k step (g.a_next).
+  const float* apf = g.a_next;
+  int pf_row = 0;
+  std::int64_t pf_col = 0;
   for (std::int64_t p = 0; p < g.kc; ++p) {
+    if (apf != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(apf + pf_row * rs + pf_col), _MM_HINT_T1);
+      if (++pf_row == R) {
+        pf_row = 0;
+        pf_col += kGemmNR;
+        if (pf_col >= g.kc) apf = nullptr;
+      }
+    }
     const __m512 bv0 = _mm512_load_ps(b0);
     const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0;
     TRAINKIT_DETAIL_AVX512_ROW(0, p0, 0)
@@ -1088,6 +1104,10 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
                 g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
                 g.a_rs = a.rs;
                 g.a_ks = a.cs;
+                // The first column group reads the block's rows for the first time: each call
+                // prefetches the next tile's.
+                if (q == q0 && ir + 2 * tile_rows <= in_place_rows)
+                  g.a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
               }
             }
             if (ir >= in_place_rows) {
