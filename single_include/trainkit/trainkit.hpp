@@ -10318,17 +10318,44 @@ __attribute__((target("avx2,fma"))) inline void gemm_pack_b_cols_avx2(const floa
 }
 #endif
 
+#if TRAINKIT_DETAIL_GEMM_X86
+__attribute__((target("avx512f"))) inline void gemm_add_row_avx512(float* acc, const float* s,
+                                                                   std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_loadu_ps(s + i)));
+  for (; i < n; ++i) acc[i] += s[i];
+}
+#endif
+
+/// acc[i] += s[i] for i < n (element by element: the same bits whatever the vector width).
+template <class T>
+void gemm_add_row(float* TRAINKIT_RESTRICT acc, const T* TRAINKIT_RESTRICT s, std::int64_t n) {
+#if TRAINKIT_DETAIL_GEMM_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_has_avx512f()) {
+      gemm_add_row_avx512(acc, s, n);
+      return;
+    }
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i) acc[i] += to_f32(s[i]);
+}
+
 /// Packs rows [i0, i0 + mc) x columns [k0, k0 + kc) of op(A) into mr-row panels (panel p at
 /// dst + p * mr * kc, element (r, k) at [k * mr + r]); rows past mc are zero.
 template <class T>
 void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::int64_t k0,
-                 std::int64_t kc, int mr, float* TRAINKIT_RESTRICT dst) {
+                 std::int64_t kc, int mr, float* TRAINKIT_RESTRICT dst,
+                 float* TRAINKIT_RESTRICT row_sums = nullptr) {
   if (a.rs == 1) {
     // op(A) = A^T, A stored [k, m]: row k of A holds column k of every panel, so walk k and
-    // scatter each row's mc contiguous elements (one sequential read of A).
+    // scatter each row's mc contiguous elements (one sequential read of A). row_sums[i] +=
+    // op(A)[i0 + i, k] for k ascending when given (the bias gradient, in host_bias_grad's order).
     const std::int64_t full = mc / mr, tail = mc - full * mr;
     for (std::int64_t k = 0; k < kc; ++k) {
       const T* s = a.data + (k0 + k) * a.cs + i0;
+      if (row_sums != nullptr) gemm_add_row(row_sums, s, mc);
       float* d = dst + k * mr;
       for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
         if constexpr (std::is_same_v<T, float>) {
@@ -10480,6 +10507,8 @@ struct GemmOutput {
   const TC* bias;
   TC* aux;
   std::int64_t aux_ld;
+  /// kBiasGrad fused into the packing of a transposed A (see host_gemm_2d), else nullptr.
+  TC* bias_grad = nullptr;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -10668,10 +10697,20 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       const bool tile_epilogue = c_is_f32 && gemm_has_epilogue(out);
       const bool tile_bias = out.epilogue == Epilogue::kBias || out.epilogue == Epilogue::kBiasGelu;
       const std::int64_t calls_per_group = (rows + tile_rows - 1) / tile_rows;
+      // kBiasGrad fused: the first column segment of a row block sums its rows of A^T while it
+      // packs them (A is read once, for both), k ascending as host_bias_grad does. The caller
+      // sets out.bias_grad only for an f32 A stored [k, m] (packed, never read in place).
+      float* sums = nullptr;
+      if constexpr (c_is_f32) {  // tws.c is free: an f32 C is written in place
+        if (out.bias_grad != nullptr && jc == 0 && t % segments == 0 && in_place_rows == 0) {
+          sums = tws.c.get(rows);
+          std::fill(sums, sums + rows, 0.0f);
+        }
+      }
       for (std::int64_t pc = 0; pc < k; pc += kc_max) {
         const std::int64_t kc = std::min(kc_max, k - pc);
         if (in_place_rows < rows)
-          gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap);
+          gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap, sums);
         const float beta = pc == 0 ? first_beta : 1.0f;
         for (std::int64_t q = q0; q < q1; q += tile_panels) {
           const std::int64_t jj = jc + q * kGemmNR;
@@ -10740,6 +10779,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       if constexpr (!c_is_f32) {
         for (std::int64_t r = 0; r < rows; ++r)
           gemm_finish_row(out, i0 + r, j0, j1, dst + r * ldd, false);
+      }
+      if constexpr (c_is_f32) {
+        if (sums != nullptr) std::copy(sums, sums + rows, out.bias_grad + i0);
       }
     });
   }
@@ -11425,8 +11467,7 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
   using TB = std::remove_const_t<B>;
   const OperandRef<TA> ra = operand_ref<TA>(op_a, a);
   const OperandRef<TB> rb = operand_ref<TB>(op_b, b);
-  const GemmOutput<C> out = gemm_output(c.data(), leading_dim(c), o, s.n);
-  if (o.epilogue == Epilogue::kBiasGrad) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
+  GemmOutput<C> out = gemm_output(c.data(), leading_dim(c), o, s.n);
 
   bool use_cblas = o.host_backend == HostBackend::kCblas;
   TRAINKIT_CHECK(!use_cblas || kHaveCblas, "blas::gemm: HostBackend::kCblas requested but this ",
@@ -11434,6 +11475,14 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
                  "or define TRAINKIT_WITH_CBLAS=1 and link a CBLAS)");
   use_cblas = use_cblas && std::is_same_v<TA, float> && std::is_same_v<TB, float> &&
               std::is_same_v<C, float>;
+  // kBiasGrad: the built-in gemm sums the rows of an f32 A^T while it packs them (one read of
+  // A, e.g. dY in dW = dY^T X), the same sums as the separate pass, which does the rest.
+  if (o.epilogue == Epilogue::kBiasGrad) {
+    if constexpr (std::is_same_v<TA, float> && std::is_same_v<C, float>) {
+      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0) out.bias_grad = o.bias_grad;
+    }
+    if (out.bias_grad == nullptr) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
+  }
 #if TRAINKIT_WITH_CBLAS
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float> &&
                 std::is_same_v<C, float>) {
@@ -13700,6 +13749,20 @@ class Linear {
     blas::GemmOptions<float> o;
     o.beta = 1.0f;
     if constexpr (std::is_same_v<T, float>) o.compute = P::gemm_compute;
+    if constexpr (S == Space::kHost && std::is_same_v<T, float>) {
+      if (has_bias()) {
+        // The host gemm sums dy's columns while it packs dy^T for dW (kBiasGrad, one read of
+        // dy): the sums bias_grad_accumulate would make, added to the gradient the same way.
+        float* sums = bias_scratch_.template get<float>(out_);
+        o.epilogue = blas::Epilogue::kBiasGrad;
+        o.bias_grad = sums;
+        detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_),
+                        o);
+        float* db = arena_->grad_flat(bias_).data();
+        for (std::int64_t j = 0; j < out_; ++j) db[j] += sums[j];
+        return;
+      }
+    }
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
     if (has_bias())
       detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);

@@ -395,6 +395,44 @@ TEST_CASE("host gemm: same bits for 1, 2 and 3 threads") {
   }
 }
 
+TEST_CASE("host gemm bias-grad: the column sums of dY in k order, bit for bit, any threads") {
+  // The f32 dY^T case sums while it packs (only the first column segment of a row block, only the
+  // first column chunk), and must give the separate pass's sums: plain ascending float sums, for
+  // shapes that split columns into segments and chunks. A row-major op(A) (the separate pass's
+  // 8-lane sums) gives the same bits for any thread count.
+  std::uint64_t seed = 71;
+  for (const Case& sh : {Case{37, 29, 300}, Case{20, 600, 8192}, Case{512, 128, 1024},
+                         Case{13, 1, 5}, Case{1, 40, 77}, Case{200, 64, 1}}) {
+    for (Op op_a : kOps) {
+      Matrix<float> dy(stored_rows(op_a, sh.m, sh.k), stored_cols(op_a, sh.m, sh.k), 3);
+      Matrix<float> x(sh.k, sh.n), dw0(sh.m, sh.n);
+      dy.fill_random(seed++);
+      x.fill_random(seed++);
+      dw0.fill_random(seed++);
+      std::vector<float> want(static_cast<std::size_t>(sh.m), 0.0f);
+      for (std::int64_t p = 0; p < sh.k; ++p)
+        for (std::int64_t i = 0; i < sh.m; ++i)
+          want[static_cast<std::size_t>(i)] +=
+              op_a == Op::kT ? dy.at(p, i) : dy.at(i, p);  // op(A)[i, p]
+      for (int threads : {1, 2, 3}) {
+        exec::Host host(threads);
+        Matrix<float> dw = dw0;
+        std::vector<float> db(static_cast<std::size_t>(sh.m),
+                              std::numeric_limits<float>::quiet_NaN());
+        blas::gemm(host, op_a, Op::kN, dy.cview(), x.cview(), dw.view(),
+                   {.beta = 1.0f, .epilogue = Epilogue::kBiasGrad, .bias_grad = db.data()});
+        CAPTURE(sh.m);
+        CAPTURE(sh.n);
+        CAPTURE(sh.k);
+        CAPTURE(threads);
+        INFO("op_a=", std::string(blas::to_string(op_a)));
+        if (op_a == Op::kN && threads == 1) want = db;
+        CHECK(std::memcmp(db.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("host gemm batched: strided items and a broadcast operand match rank-2 calls") {
   exec::Host host(2);
   const std::int64_t batch = 5, m = 33, n = 40, k = 21;

@@ -64,8 +64,7 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
   using TB = std::remove_const_t<B>;
   const OperandRef<TA> ra = operand_ref<TA>(op_a, a);
   const OperandRef<TB> rb = operand_ref<TB>(op_b, b);
-  const GemmOutput<C> out = gemm_output(c.data(), leading_dim(c), o, s.n);
-  if (o.epilogue == Epilogue::kBiasGrad) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
+  GemmOutput<C> out = gemm_output(c.data(), leading_dim(c), o, s.n);
 
   bool use_cblas = o.host_backend == HostBackend::kCblas;
   TRAINKIT_CHECK(!use_cblas || kHaveCblas, "blas::gemm: HostBackend::kCblas requested but this ",
@@ -73,6 +72,14 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
                  "or define TRAINKIT_WITH_CBLAS=1 and link a CBLAS)");
   use_cblas = use_cblas && std::is_same_v<TA, float> && std::is_same_v<TB, float> &&
               std::is_same_v<C, float>;
+  // kBiasGrad: the built-in gemm sums the rows of an f32 A^T while it packs them (one read of
+  // A, e.g. dY in dW = dY^T X), the same sums as the separate pass, which does the rest.
+  if (o.epilogue == Epilogue::kBiasGrad) {
+    if constexpr (std::is_same_v<TA, float> && std::is_same_v<C, float>) {
+      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0) out.bias_grad = o.bias_grad;
+    }
+    if (out.bias_grad == nullptr) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
+  }
 #if TRAINKIT_WITH_CBLAS
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float> &&
                 std::is_same_v<C, float>) {

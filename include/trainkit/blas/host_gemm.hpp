@@ -718,17 +718,44 @@ __attribute__((target("avx2,fma"))) inline void gemm_pack_b_cols_avx2(const floa
 }
 #endif
 
+#if TRAINKIT_DETAIL_GEMM_X86
+__attribute__((target("avx512f"))) inline void gemm_add_row_avx512(float* acc, const float* s,
+                                                                   std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_loadu_ps(s + i)));
+  for (; i < n; ++i) acc[i] += s[i];
+}
+#endif
+
+/// acc[i] += s[i] for i < n (element by element: the same bits whatever the vector width).
+template <class T>
+void gemm_add_row(float* TRAINKIT_RESTRICT acc, const T* TRAINKIT_RESTRICT s, std::int64_t n) {
+#if TRAINKIT_DETAIL_GEMM_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_has_avx512f()) {
+      gemm_add_row_avx512(acc, s, n);
+      return;
+    }
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i) acc[i] += to_f32(s[i]);
+}
+
 /// Packs rows [i0, i0 + mc) x columns [k0, k0 + kc) of op(A) into mr-row panels (panel p at
 /// dst + p * mr * kc, element (r, k) at [k * mr + r]); rows past mc are zero.
 template <class T>
 void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::int64_t k0,
-                 std::int64_t kc, int mr, float* TRAINKIT_RESTRICT dst) {
+                 std::int64_t kc, int mr, float* TRAINKIT_RESTRICT dst,
+                 float* TRAINKIT_RESTRICT row_sums = nullptr) {
   if (a.rs == 1) {
     // op(A) = A^T, A stored [k, m]: row k of A holds column k of every panel, so walk k and
-    // scatter each row's mc contiguous elements (one sequential read of A).
+    // scatter each row's mc contiguous elements (one sequential read of A). row_sums[i] +=
+    // op(A)[i0 + i, k] for k ascending when given (the bias gradient, in host_bias_grad's order).
     const std::int64_t full = mc / mr, tail = mc - full * mr;
     for (std::int64_t k = 0; k < kc; ++k) {
       const T* s = a.data + (k0 + k) * a.cs + i0;
+      if (row_sums != nullptr) gemm_add_row(row_sums, s, mc);
       float* d = dst + k * mr;
       for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
         if constexpr (std::is_same_v<T, float>) {
@@ -880,6 +907,8 @@ struct GemmOutput {
   const TC* bias;
   TC* aux;
   std::int64_t aux_ld;
+  /// kBiasGrad fused into the packing of a transposed A (see host_gemm_2d), else nullptr.
+  TC* bias_grad = nullptr;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -1068,10 +1097,20 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       const bool tile_epilogue = c_is_f32 && gemm_has_epilogue(out);
       const bool tile_bias = out.epilogue == Epilogue::kBias || out.epilogue == Epilogue::kBiasGelu;
       const std::int64_t calls_per_group = (rows + tile_rows - 1) / tile_rows;
+      // kBiasGrad fused: the first column segment of a row block sums its rows of A^T while it
+      // packs them (A is read once, for both), k ascending as host_bias_grad does. The caller
+      // sets out.bias_grad only for an f32 A stored [k, m] (packed, never read in place).
+      float* sums = nullptr;
+      if constexpr (c_is_f32) {  // tws.c is free: an f32 C is written in place
+        if (out.bias_grad != nullptr && jc == 0 && t % segments == 0 && in_place_rows == 0) {
+          sums = tws.c.get(rows);
+          std::fill(sums, sums + rows, 0.0f);
+        }
+      }
       for (std::int64_t pc = 0; pc < k; pc += kc_max) {
         const std::int64_t kc = std::min(kc_max, k - pc);
         if (in_place_rows < rows)
-          gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap);
+          gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap, sums);
         const float beta = pc == 0 ? first_beta : 1.0f;
         for (std::int64_t q = q0; q < q1; q += tile_panels) {
           const std::int64_t jj = jc + q * kGemmNR;
@@ -1140,6 +1179,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       if constexpr (!c_is_f32) {
         for (std::int64_t r = 0; r < rows; ++r)
           gemm_finish_row(out, i0 + r, j0, j1, dst + r * ldd, false);
+      }
+      if constexpr (c_is_f32) {
+        if (sums != nullptr) std::copy(sums, sums + rows, out.bias_grad + i0);
       }
     });
   }

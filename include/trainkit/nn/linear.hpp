@@ -326,6 +326,20 @@ class Linear {
     blas::GemmOptions<float> o;
     o.beta = 1.0f;
     if constexpr (std::is_same_v<T, float>) o.compute = P::gemm_compute;
+    if constexpr (S == Space::kHost && std::is_same_v<T, float>) {
+      if (has_bias()) {
+        // The host gemm sums dy's columns while it packs dy^T for dW (kBiasGrad, one read of
+        // dy): the sums bias_grad_accumulate would make, added to the gradient the same way.
+        float* sums = bias_scratch_.template get<float>(out_);
+        o.epilogue = blas::Epilogue::kBiasGrad;
+        o.bias_grad = sums;
+        detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_),
+                        o);
+        float* db = arena_->grad_flat(bias_).data();
+        for (std::int64_t j = 0; j < out_; ++j) db[j] += sums[j];
+        return;
+      }
+    }
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
     if (has_bias())
       detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);
