@@ -190,11 +190,15 @@ TEST_CASE("host gemm band (causal attention products): the needed part of the fu
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
   };
   for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
-    for (int trial = 0; trial < 24; ++trial) {
+    for (int trial = 0; trial < 40; ++trial) {
       const GemmBand band = static_cast<GemmBand>(trial % 4);
-      const std::int64_t m = pick(1, 90);
+      // From trial 24 on, n is whole 16-column panels, which a row-major B (op_b = N) gives the
+      // micro-kernel in place, as attention's P V and dS K do.
+      const bool panels = trial >= 24;
+      const std::int64_t m = panels && band == GemmBand::kColsToRow ? 16 * pick(1, 5) : pick(1, 90);
       // Causal products are square in the masked dimension: cols (kColsToRow) or k (the sums).
-      const std::int64_t n = band == GemmBand::kColsToRow ? m : pick(1, 70);
+      const std::int64_t n =
+          band == GemmBand::kColsToRow ? m : (panels ? 16 * pick(1, 4) : pick(1, 70));
       const std::int64_t k =
           band == GemmBand::kSumToRow || band == GemmBand::kSumFromRow ? m : pick(1, 70);
       const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];

@@ -487,40 +487,42 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     acc[r][0] = _mm512_fmadd_ps(av, bv0, acc[r][0]);                                              \
     if constexpr (Panels == 2) acc[r][Panels - 1] = _mm512_fmadd_ps(av, bv1, acc[r][Panels - 1]); \
   }
-  // The next tile's A, row by row, a line per k step (g.a_next).
-  const float* apf = g.a_next;
-  int pf_row = 0;
-  std::int64_t pf_col = 0;
-  for (std::int64_t p = 0; p < g.kc; ++p) {
-    if (apf != nullptr) {
-      _mm_prefetch(reinterpret_cast<const char*>(apf + pf_row * rs + pf_col), _MM_HINT_T1);
-      if (++pf_row == R) {
-        pf_row = 0;
-        pf_col += kGemmNR;
-        if (pf_col >= g.kc) apf = nullptr;
-      }
-    }
-    const __m512 bv0 = _mm512_load_ps(b0);
-    const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0;
-    TRAINKIT_DETAIL_AVX512_ROW(0, p0, 0)
-    TRAINKIT_DETAIL_AVX512_ROW(1, p0, rs)
-    TRAINKIT_DETAIL_AVX512_ROW(2, p0, rs2)
-    TRAINKIT_DETAIL_AVX512_ROW(3, p1, 0)
-    TRAINKIT_DETAIL_AVX512_ROW(4, p1, rs)
-    TRAINKIT_DETAIL_AVX512_ROW(5, p1, rs2)
-    TRAINKIT_DETAIL_AVX512_ROW(6, p2, 0)
-    TRAINKIT_DETAIL_AVX512_ROW(7, p2, rs)
-    TRAINKIT_DETAIL_AVX512_ROW(8, p2, rs2)
-    TRAINKIT_DETAIL_AVX512_ROW(9, p3, 0)
-    TRAINKIT_DETAIL_AVX512_ROW(10, p3, rs)
-    TRAINKIT_DETAIL_AVX512_ROW(11, p3, rs2)
-    p0 += ks;
-    p1 += ks;
-    p2 += ks;
-    p3 += ks;
-    b0 += kGemmNR;
-    b1 += kGemmNR;
+#define TRAINKIT_DETAIL_AVX512_K                               \
+  {                                                            \
+    const __m512 bv0 = _mm512_load_ps(b0);                     \
+    const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0; \
+    TRAINKIT_DETAIL_AVX512_ROW(0, p0, 0)                       \
+    TRAINKIT_DETAIL_AVX512_ROW(1, p0, rs)                      \
+    TRAINKIT_DETAIL_AVX512_ROW(2, p0, rs2)                     \
+    TRAINKIT_DETAIL_AVX512_ROW(3, p1, 0)                       \
+    TRAINKIT_DETAIL_AVX512_ROW(4, p1, rs)                      \
+    TRAINKIT_DETAIL_AVX512_ROW(5, p1, rs2)                     \
+    TRAINKIT_DETAIL_AVX512_ROW(6, p2, 0)                       \
+    TRAINKIT_DETAIL_AVX512_ROW(7, p2, rs)                      \
+    TRAINKIT_DETAIL_AVX512_ROW(8, p2, rs2)                     \
+    TRAINKIT_DETAIL_AVX512_ROW(9, p3, 0)                       \
+    TRAINKIT_DETAIL_AVX512_ROW(10, p3, rs)                     \
+    TRAINKIT_DETAIL_AVX512_ROW(11, p3, rs2)                    \
+    p0 += ks;                                                  \
+    p1 += ks;                                                  \
+    p2 += ks;                                                  \
+    p3 += ks;                                                  \
+    b0 += kGemmNR;                                             \
+    b1 += kGemmNR;                                             \
   }
+  std::int64_t p = 0;
+  if (g.a_next != nullptr) {
+    // The next tile's A (g.a_next: k contiguous) a line of each row per 16 k steps, issued
+    // between the blocks of 16 so the k loop itself keeps its registers.
+    for (; p + kGemmNR <= g.kc; p += kGemmNR) {
+      const float* next = g.a_next + p;
+      for (int r = 0; r < R; ++r, next += rs)
+        _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+      for (int u = 0; u < kGemmNR; ++u) TRAINKIT_DETAIL_AVX512_K
+    }
+  }
+  for (; p < g.kc; ++p) TRAINKIT_DETAIL_AVX512_K
+#undef TRAINKIT_DETAIL_AVX512_K
 #undef TRAINKIT_DETAIL_AVX512_ROW
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m512 va = _mm512_set1_ps(g.alpha);
