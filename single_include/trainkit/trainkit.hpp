@@ -10053,6 +10053,36 @@ inline bool cpu_has_avx512f() noexcept {
   return has;
 }
 
+/// The AVX-512 kernel's epilogue over the summed tile (rows r < mr, columns masked by `mask`),
+/// for one kind K: kNone (alpha, beta), kBias (+ bias), kGelu (+ bias, aux = v, gelu) or kDGelu
+/// (+ bias, times gelu'(aux)).
+template <int Panels, Epilogue K>
+__attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogue_rows(
+    const GemmTileArgs& g, const float (*tile)[Panels * kGemmNR], const __mmask16* mask,
+    const __m512* bias_v, float* aux, std::int64_t aux_ld) {
+  const __m512 va = _mm512_set1_ps(g.alpha);
+  const __m512 vb = _mm512_set1_ps(g.beta);
+  for (int r = 0; r < g.mr; ++r) {
+    float* row = g.c + r * g.ldc;
+    for (int h = 0; h < Panels; ++h) {
+      const __mmask16 m = mask[h];
+      __m512 v = _mm512_mul_ps(va, _mm512_load_ps(tile[r] + h * kGemmNR));
+      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
+      if constexpr (K != Epilogue::kNone) {
+        v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
+        float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
+        if constexpr (K == Epilogue::kGelu) {
+          if (x != nullptr) _mm512_mask_storeu_ps(x, m, v);
+          v = gemm_gelu_avx512(v);
+        } else if constexpr (K == Epilogue::kDGelu) {
+          v = _mm512_mul_ps(v, gemm_gelu_grad_avx512(_mm512_maskz_loadu_ps(m, x)));
+        }
+      }
+      _mm512_mask_storeu_ps(row + h * kGemmNR, m, v);
+    }
+  }
+}
+
 /// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
 template <int Panels>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
@@ -10188,24 +10218,15 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     bias_v[h] =
         bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[h], bias + h * kGemmNR);
   }
-  for (int r = 0; r < g.mr; ++r) {
-    float* row = g.c + r * g.ldc;
-    for (int h = 0; h < Panels; ++h) {
-      const __mmask16 m = mask[h];
-      __m512 v = _mm512_mul_ps(va, _mm512_load_ps(tile[r] + h * kGemmNR));
-      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
-      if (kind != Epilogue::kNone) {
-        v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
-        float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
-        if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-          if (x != nullptr) _mm512_mask_storeu_ps(x, m, v);
-          v = gemm_gelu_avx512(v);
-        } else if (kind == Epilogue::kDGelu) {
-          v = _mm512_mul_ps(v, gemm_gelu_grad_avx512(_mm512_maskz_loadu_ps(m, x)));
-        }
-      }
-      _mm512_mask_storeu_ps(row + h * kGemmNR, m, v);
-    }
+  // One loop per kind of epilogue, so its branches and constants stay out of the element loop.
+  if (kind == Epilogue::kNone) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kNone>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kDGelu) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kBias>(g, tile, mask, bias_v, aux, aux_ld);
   }
 }
 
