@@ -517,22 +517,18 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     acc[r][0] = _mm512_fmadd_ps(av, bv0, acc[r][0]);                                              \
     if constexpr (Panels == 2) acc[r][Panels - 1] = _mm512_fmadd_ps(av, bv1, acc[r][Panels - 1]); \
   }
+#define TRAINKIT_DETAIL_AVX512_ROWS3(r, base) \
+  TRAINKIT_DETAIL_AVX512_ROW(r, base, 0)      \
+  TRAINKIT_DETAIL_AVX512_ROW(r + 1, base, rs) \
+  TRAINKIT_DETAIL_AVX512_ROW(r + 2, base, rs2)
 #define TRAINKIT_DETAIL_AVX512_K                               \
   {                                                            \
     const __m512 bv0 = _mm512_load_ps(b0);                     \
     const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0; \
-    TRAINKIT_DETAIL_AVX512_ROW(0, p0, 0)                       \
-    TRAINKIT_DETAIL_AVX512_ROW(1, p0, rs)                      \
-    TRAINKIT_DETAIL_AVX512_ROW(2, p0, rs2)                     \
-    TRAINKIT_DETAIL_AVX512_ROW(3, p1, 0)                       \
-    TRAINKIT_DETAIL_AVX512_ROW(4, p1, rs)                      \
-    TRAINKIT_DETAIL_AVX512_ROW(5, p1, rs2)                     \
-    TRAINKIT_DETAIL_AVX512_ROW(6, p2, 0)                       \
-    TRAINKIT_DETAIL_AVX512_ROW(7, p2, rs)                      \
-    TRAINKIT_DETAIL_AVX512_ROW(8, p2, rs2)                     \
-    TRAINKIT_DETAIL_AVX512_ROW(9, p3, 0)                       \
-    TRAINKIT_DETAIL_AVX512_ROW(10, p3, rs)                     \
-    TRAINKIT_DETAIL_AVX512_ROW(11, p3, rs2)                    \
+    TRAINKIT_DETAIL_AVX512_ROWS3(0, p0)                        \
+    TRAINKIT_DETAIL_AVX512_ROWS3(3, p1)                        \
+    TRAINKIT_DETAIL_AVX512_ROWS3(6, p2)                        \
+    TRAINKIT_DETAIL_AVX512_ROWS3(9, p3)                        \
     p0 += ks;                                                  \
     p1 += ks;                                                  \
     p2 += ks;                                                  \
@@ -553,6 +549,7 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   }
   for (; p < g.kc; ++p) TRAINKIT_DETAIL_AVX512_K
 #undef TRAINKIT_DETAIL_AVX512_K
+#undef TRAINKIT_DETAIL_AVX512_ROWS3
 #undef TRAINKIT_DETAIL_AVX512_ROW
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m512 va = _mm512_set1_ps(g.alpha);
