@@ -9749,8 +9749,9 @@ struct GemmTileArgs {
   int nr;
   const GemmTileEpilogue* epi;
   /// The next call's A (same layout, rows a_rs apart, k contiguous) when it is read in place for
-  /// the first time, else nullptr: the AVX-512 kernel pulls its kc columns towards L2, one line
-  /// per k step, while this call computes (the first pass over an activation reads it from L3).
+  /// the first time, else nullptr: the AVX-512 kernel pulls its kc columns towards L2, a line of
+  /// each row per 16 k steps, while this call computes (the first pass over an activation reads
+  /// it from L3); the other kernels ignore it.
   const float* a_next = nullptr;
 };
 
