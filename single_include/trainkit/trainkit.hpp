@@ -4325,16 +4325,26 @@ TRAINKIT_FORCEINLINE T chunk_fold(const F& f, const Op& op, std::int64_t begin, 
   return lanes[0];
 }
 
-/// Folds chunks [first, last) of [0, n) pairwise (first < last).
-template <class T, class F, class Op>
-T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std::int64_t last) {
+/// Folds chunks [first, last) of [0, n) pairwise (first < last); fold_chunk(begin, end) folds
+/// the elements of one chunk (chunk_fold's value, possibly from code for another ISA).
+template <class T, class Op, class ChunkFold>
+T fold_chunks_with(const Op& op, std::int64_t n, std::int64_t first, std::int64_t last,
+                   const ChunkFold& fold_chunk) {
   const auto chunk = [&](std::int64_t c) {
     const std::int64_t begin = c * kReduceChunk;
-    return chunk_fold<T>(f, op, begin, std::min(n, begin + kReduceChunk));
+    return fold_chunk(begin, std::min(n, begin + kReduceChunk));
   };
   PairwiseFold<T, Op> fold(op, chunk(first));
   for (std::int64_t c = first + 1; c < last; ++c) fold.push(chunk(c));
   return fold.result();
+}
+
+/// Folds chunks [first, last) of [0, n) pairwise (first < last).
+template <class T, class F, class Op>
+T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std::int64_t last) {
+  return fold_chunks_with<T>(op, n, first, last, [&](std::int64_t begin, std::int64_t end) {
+    return chunk_fold<T>(f, op, begin, end);
+  });
 }
 
 /// exec::reduce's schedule with the chunk folding supplied by the caller: fold(first, last) must
@@ -16229,10 +16239,9 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <memory>
 #include <type_traits>
-#include <utility>
 
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#if TRAINKIT_DETAIL_HOST_AVX2
 #include <immintrin.h>
 #endif
 
@@ -16313,12 +16322,7 @@ struct SquaredTerm {
   }
 };
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
-#define TRAINKIT_DETAIL_NORM_AVX2 1
-inline bool norm_cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
+#if TRAINKIT_DETAIL_HOST_AVX2
 
 /// Lanes 8h .. 8h + 7 of f(i .. i + 7): (double(g) * scale)^2, exactly as SquaredTerm rounds.
 __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void squares_avx2(const float* g,
@@ -16364,19 +16368,6 @@ __attribute__((target("avx2"))) inline double chunk_squares_avx2(const SquaredTe
   return lanes[0];
 }
 
-/// exec::detail::fold_chunks<double>(f, Sum, n, first, last) with chunk_squares_avx2.
-inline double fold_squares_avx2(const SquaredTerm& f, std::int64_t n, std::int64_t first,
-                                std::int64_t last) {
-  const auto chunk = [&](std::int64_t c) {
-    const std::int64_t begin = c * exec::kReduceChunk;
-    return chunk_squares_avx2(f, begin, std::min(n, begin + exec::kReduceChunk));
-  };
-  exec::detail::PairwiseFold<double, exec::Sum> fold(exec::Sum{}, chunk(first));
-  for (std::int64_t c = first + 1; c < last; ++c) fold.push(chunk(c));
-  return fold.result();
-}
-#else
-#define TRAINKIT_DETAIL_NORM_AVX2 0
 #endif
 
 /// Sum of f(i) over [0, n) into *out (memory of the executor's space), deterministically: the
@@ -16385,13 +16376,16 @@ inline double fold_squares_avx2(const SquaredTerm& f, std::int64_t n, std::int64
 template <class E, class F>
 void sum_into(const E& exec, std::int64_t n, const F& f, double* out) {
   if constexpr (exec::is_host_executor_v<E>) {
-#if TRAINKIT_DETAIL_NORM_AVX2
+#if TRAINKIT_DETAIL_HOST_AVX2
     if constexpr (std::is_same_v<F, SquaredTerm>) {
-      if (norm_cpu_has_avx2()) {
-        *out = exec::detail::reduce_chunks(exec, n, exec::Sum{}, 0.0,
-                                           [&](std::int64_t first, std::int64_t last) {
-                                             return fold_squares_avx2(f, n, first, last);
-                                           });
+      if (nn::detail::cpu_has_avx2()) {
+        const auto chunk = [&](std::int64_t begin, std::int64_t end) {
+          return chunk_squares_avx2(f, begin, end);
+        };
+        *out = exec::detail::reduce_chunks(
+            exec, n, exec::Sum{}, 0.0, [&](std::int64_t first, std::int64_t last) {
+              return exec::detail::fold_chunks_with<double>(exec::Sum{}, n, first, last, chunk);
+            });
         return;
       }
     }

@@ -192,8 +192,7 @@ TEST_CASE("host gemm band (causal attention products): the needed part of the fu
   for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
     for (int trial = 0; trial < 40; ++trial) {
       const GemmBand band = static_cast<GemmBand>(trial % 4);
-      // From trial 24 on, n is whole 16-column panels, which a row-major B (op_b = N) gives the
-      // micro-kernel in place, as attention's P V and dS K do.
+      // From trial 24 on, n is whole 16-column panels (attention's widths: no partial panel).
       const bool panels = trial >= 24;
       const std::int64_t m = panels && band == GemmBand::kColsToRow ? 16 * pick(1, 5) : pick(1, 90);
       // Causal products are square in the masked dimension: cols (kColsToRow) or k (the sums).
@@ -413,11 +412,11 @@ TEST_CASE("host gemm bias-grad: the column sums of dY in k order, bit for bit, a
       dy.fill_random(seed++);
       x.fill_random(seed++);
       dw0.fill_random(seed++);
+      // op(A) = dY^T: the ascending sums; a row-major op(A): one thread's result.
       std::vector<float> want(static_cast<std::size_t>(sh.m), 0.0f);
-      for (std::int64_t p = 0; p < sh.k; ++p)
-        for (std::int64_t i = 0; i < sh.m; ++i)
-          want[static_cast<std::size_t>(i)] +=
-              op_a == Op::kT ? dy.at(p, i) : dy.at(i, p);  // op(A)[i, p]
+      if (op_a == Op::kT)
+        for (std::int64_t p = 0; p < sh.k; ++p)
+          for (std::int64_t i = 0; i < sh.m; ++i) want[static_cast<std::size_t>(i)] += dy.at(p, i);
       for (int threads : {1, 2, 3}) {
         exec::Host host(threads);
         Matrix<float> dw = dw0;

@@ -133,16 +133,26 @@ TRAINKIT_FORCEINLINE T chunk_fold(const F& f, const Op& op, std::int64_t begin, 
   return lanes[0];
 }
 
-/// Folds chunks [first, last) of [0, n) pairwise (first < last).
-template <class T, class F, class Op>
-T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std::int64_t last) {
+/// Folds chunks [first, last) of [0, n) pairwise (first < last); fold_chunk(begin, end) folds
+/// the elements of one chunk (chunk_fold's value, possibly from code for another ISA).
+template <class T, class Op, class ChunkFold>
+T fold_chunks_with(const Op& op, std::int64_t n, std::int64_t first, std::int64_t last,
+                   const ChunkFold& fold_chunk) {
   const auto chunk = [&](std::int64_t c) {
     const std::int64_t begin = c * kReduceChunk;
-    return chunk_fold<T>(f, op, begin, std::min(n, begin + kReduceChunk));
+    return fold_chunk(begin, std::min(n, begin + kReduceChunk));
   };
   PairwiseFold<T, Op> fold(op, chunk(first));
   for (std::int64_t c = first + 1; c < last; ++c) fold.push(chunk(c));
   return fold.result();
+}
+
+/// Folds chunks [first, last) of [0, n) pairwise (first < last).
+template <class T, class F, class Op>
+T fold_chunks(const F& f, const Op& op, std::int64_t n, std::int64_t first, std::int64_t last) {
+  return fold_chunks_with<T>(op, n, first, last, [&](std::int64_t begin, std::int64_t end) {
+    return chunk_fold<T>(f, op, begin, end);
+  });
 }
 
 /// exec::reduce's schedule with the chunk folding supplied by the caller: fold(first, last) must

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
-#include <utility>
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/bytes.hpp"
@@ -21,9 +20,10 @@
 #include "trainkit/exec/executor.hpp"
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/reduce.hpp"
+#include "trainkit/nn/math.hpp"
 #include "trainkit/nn/param_arena.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#if TRAINKIT_DETAIL_HOST_AVX2
 #include <immintrin.h>
 #endif
 
@@ -104,12 +104,7 @@ struct SquaredTerm {
   }
 };
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
-#define TRAINKIT_DETAIL_NORM_AVX2 1
-inline bool norm_cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
+#if TRAINKIT_DETAIL_HOST_AVX2
 
 /// Lanes 8h .. 8h + 7 of f(i .. i + 7): (double(g) * scale)^2, exactly as SquaredTerm rounds.
 __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void squares_avx2(const float* g,
@@ -155,19 +150,6 @@ __attribute__((target("avx2"))) inline double chunk_squares_avx2(const SquaredTe
   return lanes[0];
 }
 
-/// exec::detail::fold_chunks<double>(f, Sum, n, first, last) with chunk_squares_avx2.
-inline double fold_squares_avx2(const SquaredTerm& f, std::int64_t n, std::int64_t first,
-                                std::int64_t last) {
-  const auto chunk = [&](std::int64_t c) {
-    const std::int64_t begin = c * exec::kReduceChunk;
-    return chunk_squares_avx2(f, begin, std::min(n, begin + exec::kReduceChunk));
-  };
-  exec::detail::PairwiseFold<double, exec::Sum> fold(exec::Sum{}, chunk(first));
-  for (std::int64_t c = first + 1; c < last; ++c) fold.push(chunk(c));
-  return fold.result();
-}
-#else
-#define TRAINKIT_DETAIL_NORM_AVX2 0
 #endif
 
 /// Sum of f(i) over [0, n) into *out (memory of the executor's space), deterministically: the
@@ -176,13 +158,16 @@ inline double fold_squares_avx2(const SquaredTerm& f, std::int64_t n, std::int64
 template <class E, class F>
 void sum_into(const E& exec, std::int64_t n, const F& f, double* out) {
   if constexpr (exec::is_host_executor_v<E>) {
-#if TRAINKIT_DETAIL_NORM_AVX2
+#if TRAINKIT_DETAIL_HOST_AVX2
     if constexpr (std::is_same_v<F, SquaredTerm>) {
-      if (norm_cpu_has_avx2()) {
-        *out = exec::detail::reduce_chunks(exec, n, exec::Sum{}, 0.0,
-                                           [&](std::int64_t first, std::int64_t last) {
-                                             return fold_squares_avx2(f, n, first, last);
-                                           });
+      if (nn::detail::cpu_has_avx2()) {
+        const auto chunk = [&](std::int64_t begin, std::int64_t end) {
+          return chunk_squares_avx2(f, begin, end);
+        };
+        *out = exec::detail::reduce_chunks(
+            exec, n, exec::Sum{}, 0.0, [&](std::int64_t first, std::int64_t last) {
+              return exec::detail::fold_chunks_with<double>(exec::Sum{}, n, first, last, chunk);
+            });
         return;
       }
     }
