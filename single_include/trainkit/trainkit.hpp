@@ -12535,6 +12535,13 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_DETAIL_HOST_AVX2 1
+#include <immintrin.h>
+#else
+#define TRAINKIT_DETAIL_HOST_AVX2 0
+#endif
+
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
 namespace detail {
@@ -12607,16 +12614,47 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexce
   return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
-#define TRAINKIT_DETAIL_HOST_AVX2 1
-#else
-#define TRAINKIT_DETAIL_HOST_AVX2 0
-#endif
-
 #if TRAINKIT_DETAIL_HOST_AVX2
 inline bool cpu_has_avx2() noexcept {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
+}
+
+/// ordered_bits and exp_approx on 8 lanes: the scalar function's operations in its order
+/// (multiplies and adds, no FMA), so every lane has the scalar function's bits.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i ordered_bits8(__m256i b) noexcept {
+  return _mm256_xor_si256(
+      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 exp_approx8(__m256 x) noexcept {
+  const __m256i bits = _mm256_castps_si256(x);
+  __m256i key = ordered_bits8(bits);
+  key = _mm256_max_epi32(key, _mm256_set1_epi32(ordered_bits(__builtin_bit_cast(int, -104.0f))));
+  key = _mm256_min_epi32(key, _mm256_set1_epi32(ordered_bits(__builtin_bit_cast(int, 88.7f))));
+  const __m256 xc = _mm256_castsi256_ps(ordered_bits8(key));
+  const __m256 round = _mm256_set1_ps(12582912.0f);
+  const __m256 shifted =
+      _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), round);
+  const __m256 k = _mm256_sub_ps(shifted, round);
+  const __m256i ki = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x4B400000));
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+  const __m256i k1 = _mm256_srai_epi32(ki, 1);
+  const __m256i k2 = _mm256_sub_epi32(ki, k1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 e = _mm256_mul_ps(
+      _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23))),
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(e), bits, nan));
 }
 
 /// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
@@ -14996,6 +15034,98 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
   for (std::int64_t j = i + 1; j < len; ++j) ds[j] = store<T>(0.0f);
 }
 
+#if TRAINKIT_DETAIL_HOST_AVX2
+/// Lanes [0, n) of 8 set (all ones), for masked loads and stores of a row's last block.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes(std::int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block, in AVX2: the same lanes,
+/// orders and operations as the scalar row (lane_max / lane_map / lane_sum over 8 lanes, the
+/// last partial block masked instead of scalar), so the same bits.
+__attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, float* p,
+                                                                     std::int64_t rows,
+                                                                     std::int64_t len) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < rows; ++i, s += len, p += len) {
+    const std::int64_t n = i + 1, full = n / 8 * 8;
+    const __m256i tail = first_lanes(n - full);
+    __m256 mx = _mm256_set1_ps(s[0]);
+    std::int64_t j = 0;
+    for (; j < full; j += 8) mx = _mm256_max_ps(_mm256_loadu_ps(s + j), mx);  // v > acc ? v : acc
+    if (j < n) {
+      const __m256 v = _mm256_maskload_ps(s + j, tail);
+      mx = _mm256_blendv_ps(mx, _mm256_max_ps(v, mx), _mm256_castsi256_ps(tail));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    float m = lanes[0];
+    for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = zero;
+    for (j = 0; j < full; j += 8) {
+      const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      _mm256_storeu_ps(s + j, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    if (j < n) {
+      const __m256 e =
+          _mm256_and_ps(exp_approx8(_mm256_sub_ps(_mm256_maskload_ps(s + j, tail), vm)),
+                        _mm256_castsi256_ps(tail));
+      _mm256_maskstore_ps(s + j, tail, e);
+      acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
+    }
+    _mm256_store_ps(lanes, acc);
+    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (j = 0; j < full; j += 8)
+      _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
+    if (j < n) {
+      _mm256_maskstore_ps(p + j, tail, _mm256_mul_ps(_mm256_maskload_ps(s + j, tail), inv));
+      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) p[z] = 0.0f;
+      j += 8;
+    }
+    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(p + j, zero);
+    for (; j < len; ++j) p[j] = 0.0f;
+  }
+}
+
+/// causal_softmax_backward_row<float> for rows 0..rows-1 in AVX2, the scalar row's bits.
+__attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
+    const float* p, const float* dp, float* ds, std::int64_t rows, std::int64_t len, float scale) {
+  const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
+  for (std::int64_t i = 0; i < rows; ++i, p += len, dp += len, ds += len) {
+    const std::int64_t n = i + 1, full = n / 8 * 8;
+    const __m256i tail = first_lanes(n - full);
+    __m256 acc = zero;
+    std::int64_t j = 0;
+    for (; j < full; j += 8)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(dp + j)));
+    if (j < n)  // masked loads give 0 past n: + 0 * 0
+      acc = _mm256_add_ps(
+          acc, _mm256_mul_ps(_mm256_maskload_ps(p + j, tail), _mm256_maskload_ps(dp + j, tail)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    const __m256 dot = _mm256_set1_ps(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+    for (j = 0; j < full; j += 8)
+      _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j)),
+                                             _mm256_sub_ps(_mm256_loadu_ps(dp + j), dot)));
+    if (j < n) {
+      _mm256_maskstore_ps(ds + j, tail,
+                          _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(p + j, tail)),
+                                        _mm256_sub_ps(_mm256_maskload_ps(dp + j, tail), dot)));
+      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) ds[z] = 0.0f;
+      j += 8;
+    }
+    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(ds + j, zero);
+    for (; j < len; ++j) ds[j] = 0.0f;
+  }
+}
+#endif
+
 /// Rows per causal block of the host attention for 16-bit operands: block r of queries only
 /// meets keys of blocks <= r, so whole blocks above the diagonal are never multiplied.
 inline constexpr std::int64_t kAttentionBlock = 64;
@@ -15007,6 +15137,30 @@ void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
   host.parallel_for(a.B * a.H, [&](std::int64_t task) {
     host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(task, task / a.H, task % a.H); });
   });
+}
+
+/// The [T, T] softmax of one head's scores (f32), AVX2 where the CPU has it.
+inline void causal_softmax_rows(float* s, float* p, std::int64_t Tn) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    causal_softmax_rows_avx2(s, p, Tn, Tn);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < Tn; ++i) causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+}
+
+/// The [T, T] softmax backward of one head (f32), AVX2 where the CPU has it.
+inline void causal_softmax_backward_rows(const float* p, const float* dp, float* ds,
+                                         std::int64_t Tn, float scale) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    causal_softmax_backward_rows_avx2(p, dp, ds, Tn, Tn, scale);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < Tn; ++i)
+    causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, scale);
 }
 
 /// The f32 host attention: each head's products go straight to the gemm micro-kernel through
@@ -15027,8 +15181,7 @@ inline void attention_forward_f32(const exec::Host& host, const AttentionArgs<fl
                   // S = scale * Q K^T on and below the diagonal, softmax by rows, O = P V.
                   host_gemm_band({Tn, Tn, hs}, Ref{q, 3 * C, 1}, Ref{k, 1, 3 * C}, s, Tn, a.scale,
                                  GemmBand::kColsToRow);
-                  for (std::int64_t i = 0; i < Tn; ++i)
-                    causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+                  causal_softmax_rows(s, p, Tn);
                   host_gemm_band({Tn, hs, Tn}, Ref{p, Tn, 1}, Ref{v, 3 * C, 1},
                                  a.out + b * Tn * C + h * hs, C, 1.0f, GemmBand::kSumToRow);
                 });
@@ -15053,8 +15206,7 @@ inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<f
         // dQ = dS K, dK = dS^T Q, dV = P^T dO.
         host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
                        GemmBand::kColsToRow);
-        for (std::int64_t i = 0; i < Tn; ++i)
-          causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, a.scale);
+        causal_softmax_backward_rows(p, dp, ds, Tn, a.scale);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
                        GemmBand::kSumToRow);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,

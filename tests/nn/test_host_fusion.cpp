@@ -1,16 +1,20 @@
 // The host fast paths of the nn layers: Linear's GELU pair in the gemm epilogue (against the
 // separate GELU pass it replaces), lane_map (against a plain loop, bit for bit) and the host
-// residual_backward (every write mode, absent gradients, odd lengths, thread counts).
+// residual_backward (every write mode, absent gradients, odd lengths, thread counts), and the
+// AVX2 causal softmax rows of the attention (against the scalar rows, bit for bit).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
 #include <trainkit/nn/activation.hpp>
+#include <trainkit/nn/attention.hpp>
 #include <trainkit/nn/linear.hpp>
 #include <trainkit/nn/math.hpp>
 #include <trainkit/nn/param_arena.hpp>
@@ -160,6 +164,59 @@ TEST_CASE("residual_backward (host): write modes, absent gradients, odd lengths,
       std::vector<float> first = a0;
       nn::residual_backward(host, dv, view(first), tk::HostView<float, 1>());
       CHECK(first == dout);
+    }
+  }
+}
+
+TEST_CASE("causal softmax rows (host, f32): the AVX2 rows give the scalar rows' bits") {
+  // causal_softmax_rows / causal_softmax_backward_rows take an AVX2 path where the CPU has it,
+  // with the last partial 8-lane block of each row masked. Against the scalar row functions:
+  // heads of odd and multiple-of-8 lengths, scores up to +-200 (exp clamps), NaN and infinities,
+  // and garbage above the diagonal (never read: the outputs there are exact zeros).
+  std::mt19937 rng(91);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::int64_t Tn : {1, 2, 7, 8, 9, 16, 31, 64, 67}) {
+    for (const float range : {1.0f, 30.0f, 200.0f}) {
+      CAPTURE(Tn);
+      CAPTURE(range);
+      std::vector<float> s(std::size_t(Tn * Tn)), dp(s.size());
+      for (std::int64_t i = 0; i < Tn; ++i)
+        for (std::int64_t j = 0; j < Tn; ++j) {
+          const std::size_t at = std::size_t(i * Tn + j);
+          s[at] = j <= i ? range * uni(rng) : nan;  // above the diagonal: never read
+          dp[at] = j <= i ? uni(rng) : nan;
+        }
+      if (Tn > 9) {
+        s[std::size_t(5 * Tn + 3)] = nan;   // a NaN score poisons its row
+        s[std::size_t(7 * Tn + 2)] = inf;   // +inf is the row's max
+        s[std::size_t(8 * Tn + 8)] = -inf;  // -inf gets probability 0
+        dp[std::size_t(9 * Tn + 4)] = inf;
+      }
+      std::vector<float> s_ref = s, p_ref(s.size(), -1.0f), s_got = s, p_got(s.size(), -1.0f);
+      for (std::int64_t i = 0; i < Tn; ++i)
+        nn::detail::causal_softmax_row<float>(s_ref.data() + i * Tn, p_ref.data() + i * Tn, i, Tn);
+      nn::detail::causal_softmax_rows(s_got.data(), p_got.data(), Tn);
+      std::vector<float> ds_ref(s.size(), -1.0f), ds_got(s.size(), -1.0f);
+      for (std::int64_t i = 0; i < Tn; ++i)
+        nn::detail::causal_softmax_backward_row<float>(p_ref.data() + i * Tn, dp.data() + i * Tn,
+                                                       ds_ref.data() + i * Tn, i, Tn, 0.125f);
+      nn::detail::causal_softmax_backward_rows(p_ref.data(), dp.data(), ds_got.data(), Tn, 0.125f);
+      for (std::int64_t i = 0; i < Tn; ++i) {
+        for (std::int64_t j = 0; j < Tn; ++j) {
+          const std::size_t at = std::size_t(i * Tn + j);
+          CAPTURE(i);
+          CAPTURE(j);
+          CHECK(std::bit_cast<std::uint32_t>(p_got[at]) == std::bit_cast<std::uint32_t>(p_ref[at]));
+          CHECK(std::bit_cast<std::uint32_t>(ds_got[at]) ==
+                std::bit_cast<std::uint32_t>(ds_ref[at]));
+          if (j <= i)  // the scores hold exp(s - max), as the scalar row leaves them
+            CHECK(std::bit_cast<std::uint32_t>(s_got[at]) ==
+                  std::bit_cast<std::uint32_t>(s_ref[at]));
+          if (j > i) CHECK(p_got[at] == 0.0f);
+        }
+      }
     }
   }
 }

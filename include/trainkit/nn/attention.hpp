@@ -76,6 +76,98 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
   for (std::int64_t j = i + 1; j < len; ++j) ds[j] = store<T>(0.0f);
 }
 
+#if TRAINKIT_DETAIL_HOST_AVX2
+/// Lanes [0, n) of 8 set (all ones), for masked loads and stores of a row's last block.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes(std::int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block, in AVX2: the same lanes,
+/// orders and operations as the scalar row (lane_max / lane_map / lane_sum over 8 lanes, the
+/// last partial block masked instead of scalar), so the same bits.
+__attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, float* p,
+                                                                     std::int64_t rows,
+                                                                     std::int64_t len) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < rows; ++i, s += len, p += len) {
+    const std::int64_t n = i + 1, full = n / 8 * 8;
+    const __m256i tail = first_lanes(n - full);
+    __m256 mx = _mm256_set1_ps(s[0]);
+    std::int64_t j = 0;
+    for (; j < full; j += 8) mx = _mm256_max_ps(_mm256_loadu_ps(s + j), mx);  // v > acc ? v : acc
+    if (j < n) {
+      const __m256 v = _mm256_maskload_ps(s + j, tail);
+      mx = _mm256_blendv_ps(mx, _mm256_max_ps(v, mx), _mm256_castsi256_ps(tail));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    float m = lanes[0];
+    for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = zero;
+    for (j = 0; j < full; j += 8) {
+      const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      _mm256_storeu_ps(s + j, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    if (j < n) {
+      const __m256 e =
+          _mm256_and_ps(exp_approx8(_mm256_sub_ps(_mm256_maskload_ps(s + j, tail), vm)),
+                        _mm256_castsi256_ps(tail));
+      _mm256_maskstore_ps(s + j, tail, e);
+      acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
+    }
+    _mm256_store_ps(lanes, acc);
+    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (j = 0; j < full; j += 8)
+      _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
+    if (j < n) {
+      _mm256_maskstore_ps(p + j, tail, _mm256_mul_ps(_mm256_maskload_ps(s + j, tail), inv));
+      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) p[z] = 0.0f;
+      j += 8;
+    }
+    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(p + j, zero);
+    for (; j < len; ++j) p[j] = 0.0f;
+  }
+}
+
+/// causal_softmax_backward_row<float> for rows 0..rows-1 in AVX2, the scalar row's bits.
+__attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
+    const float* p, const float* dp, float* ds, std::int64_t rows, std::int64_t len, float scale) {
+  const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
+  for (std::int64_t i = 0; i < rows; ++i, p += len, dp += len, ds += len) {
+    const std::int64_t n = i + 1, full = n / 8 * 8;
+    const __m256i tail = first_lanes(n - full);
+    __m256 acc = zero;
+    std::int64_t j = 0;
+    for (; j < full; j += 8)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(dp + j)));
+    if (j < n)  // masked loads give 0 past n: + 0 * 0
+      acc = _mm256_add_ps(
+          acc, _mm256_mul_ps(_mm256_maskload_ps(p + j, tail), _mm256_maskload_ps(dp + j, tail)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    const __m256 dot = _mm256_set1_ps(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+    for (j = 0; j < full; j += 8)
+      _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j)),
+                                             _mm256_sub_ps(_mm256_loadu_ps(dp + j), dot)));
+    if (j < n) {
+      _mm256_maskstore_ps(ds + j, tail,
+                          _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(p + j, tail)),
+                                        _mm256_sub_ps(_mm256_maskload_ps(dp + j, tail), dot)));
+      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) ds[z] = 0.0f;
+      j += 8;
+    }
+    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(ds + j, zero);
+    for (; j < len; ++j) ds[j] = 0.0f;
+  }
+}
+#endif
+
 /// Rows per causal block of the host attention for 16-bit operands: block r of queries only
 /// meets keys of blocks <= r, so whole blocks above the diagonal are never multiplied.
 inline constexpr std::int64_t kAttentionBlock = 64;
@@ -87,6 +179,30 @@ void for_each_head(const exec::Host& host, const AttentionArgs<T>& a, F&& f) {
   host.parallel_for(a.B * a.H, [&](std::int64_t task) {
     host_simd([&]() TRAINKIT_INLINE_LAMBDA { f(task, task / a.H, task % a.H); });
   });
+}
+
+/// The [T, T] softmax of one head's scores (f32), AVX2 where the CPU has it.
+inline void causal_softmax_rows(float* s, float* p, std::int64_t Tn) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    causal_softmax_rows_avx2(s, p, Tn, Tn);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < Tn; ++i) causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+}
+
+/// The [T, T] softmax backward of one head (f32), AVX2 where the CPU has it.
+inline void causal_softmax_backward_rows(const float* p, const float* dp, float* ds,
+                                         std::int64_t Tn, float scale) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (cpu_has_avx2()) {
+    causal_softmax_backward_rows_avx2(p, dp, ds, Tn, Tn, scale);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < Tn; ++i)
+    causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, scale);
 }
 
 /// The f32 host attention: each head's products go straight to the gemm micro-kernel through
@@ -107,8 +223,7 @@ inline void attention_forward_f32(const exec::Host& host, const AttentionArgs<fl
                   // S = scale * Q K^T on and below the diagonal, softmax by rows, O = P V.
                   host_gemm_band({Tn, Tn, hs}, Ref{q, 3 * C, 1}, Ref{k, 1, 3 * C}, s, Tn, a.scale,
                                  GemmBand::kColsToRow);
-                  for (std::int64_t i = 0; i < Tn; ++i)
-                    causal_softmax_row<float>(s + i * Tn, p + i * Tn, i, Tn);
+                  causal_softmax_rows(s, p, Tn);
                   host_gemm_band({Tn, hs, Tn}, Ref{p, Tn, 1}, Ref{v, 3 * C, 1},
                                  a.out + b * Tn * C + h * hs, C, 1.0f, GemmBand::kSumToRow);
                 });
@@ -133,8 +248,7 @@ inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<f
         // dQ = dS K, dK = dS^T Q, dV = P^T dO.
         host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
                        GemmBand::kColsToRow);
-        for (std::int64_t i = 0; i < Tn; ++i)
-          causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, a.scale);
+        causal_softmax_backward_rows(p, dp, ds, Tn, a.scale);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
                        GemmBand::kSumToRow);
         host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,

@@ -11,6 +11,13 @@
 
 #include "trainkit/config.hpp"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
+#define TRAINKIT_DETAIL_HOST_AVX2 1
+#include <immintrin.h>
+#else
+#define TRAINKIT_DETAIL_HOST_AVX2 0
+#endif
+
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
 namespace detail {
@@ -83,16 +90,47 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexce
   return s + 2.0f * x * s * (1.0f - s) * kGeluC * (1.0f + 3.0f * kGeluA * x2);
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !TRAINKIT_CUDA_COMPILER
-#define TRAINKIT_DETAIL_HOST_AVX2 1
-#else
-#define TRAINKIT_DETAIL_HOST_AVX2 0
-#endif
-
 #if TRAINKIT_DETAIL_HOST_AVX2
 inline bool cpu_has_avx2() noexcept {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
+}
+
+/// ordered_bits and exp_approx on 8 lanes: the scalar function's operations in its order
+/// (multiplies and adds, no FMA), so every lane has the scalar function's bits.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i ordered_bits8(__m256i b) noexcept {
+  return _mm256_xor_si256(
+      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 exp_approx8(__m256 x) noexcept {
+  const __m256i bits = _mm256_castps_si256(x);
+  __m256i key = ordered_bits8(bits);
+  key = _mm256_max_epi32(key, _mm256_set1_epi32(ordered_bits(__builtin_bit_cast(int, -104.0f))));
+  key = _mm256_min_epi32(key, _mm256_set1_epi32(ordered_bits(__builtin_bit_cast(int, 88.7f))));
+  const __m256 xc = _mm256_castsi256_ps(ordered_bits8(key));
+  const __m256 round = _mm256_set1_ps(12582912.0f);
+  const __m256 shifted =
+      _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), round);
+  const __m256 k = _mm256_sub_ps(shifted, round);
+  const __m256i ki = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x4B400000));
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+  const __m256i k1 = _mm256_srai_epi32(ki, 1);
+  const __m256i k2 = _mm256_sub_epi32(ki, k1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 e = _mm256_mul_ps(
+      _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23))),
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(e), bits, nan));
 }
 
 /// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
