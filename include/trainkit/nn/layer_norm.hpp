@@ -35,6 +35,7 @@ struct LayerNormArgs {
   T* y;         // forward output
   const T* dy;  // backward input
   T* dx;        // backward output
+  const T* residual;  // backward: added to dx (the residual stream's gradient), may be null
   const float* w;
   const float* b;  // may be null
   float* mean;
@@ -126,9 +127,15 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
               return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
             };
             const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
-            if (a.accumulate) {
+            const T* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+            if (a.accumulate && res != nullptr) {
               lane_map(
-                  C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
+                  C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); },
+                  put);
+            } else if (a.accumulate || res != nullptr) {
+              const T* add = a.accumulate ? dx : res;
+              lane_map(
+                  C, [&](std::int64_t c) { return load(add[c]) + dx_of(c); }, put);
             } else {
               lane_map(C, dx_of, put);
             }
@@ -195,7 +202,12 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   for (std::int64_t c = lane; c < C; c += 32) {
     const float xhat = (load(x[c]) - m) * s;
     float v = s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
-    if (a.accumulate) v += load(dx[c]);
+    // The host's (old + residual) + v: float addition commutes, so the same bits.
+    if (a.residual != nullptr) {
+      v += a.accumulate ? load(dx[c]) + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
+    } else if (a.accumulate) {
+      v += load(dx[c]);
+    }
     dx[c] = store<T>(v);
   }
 }
@@ -221,6 +233,8 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
     xv[k] = c < C ? load(x[c]) : 0.0f;
     gw[k] = c < C ? load(dy[c]) * w[c] : 0.0f;
     old[k] = c < C && a.accumulate ? load(dx[c]) : 0.0f;
+    if (c < C && a.residual != nullptr)
+      old[k] = a.accumulate ? old[k] + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
   }
   float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
@@ -238,7 +252,7 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
     if (c < C) {
       const float xhat = (xv[k] - m) * s;
       float v = s * (gw[k] - mg - xhat * mgx);
-      if (a.accumulate) v += old[k];
+      if (a.accumulate || a.residual != nullptr) v += old[k];
       dx[c] = store<T>(v);
     }
   }
@@ -325,7 +339,9 @@ struct LayerNormOptions {
 ///
 /// Shapes: x, y [N, C]. forward writes y and saves mean and rstd (= 1/std) of every row in the
 /// caller's Context; backward reads x, dy, w and that context, adds to dw and db, and writes dx
-/// (or adds it, Write::kAccumulate). An absent dx still accumulates dw, db.
+/// (or adds it, Write::kAccumulate). An absent dx still accumulates dw, db. A pre-LN block's
+/// residual stream passes its gradient as `residual`: dx = residual + dL/dx in the same pass,
+/// instead of a copy of it into dx first.
 template <Space S = Space::kHost>
 class LayerNorm {
  public:
@@ -377,10 +393,24 @@ class LayerNorm {
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
   void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
                 TensorView<TG, 2, S> dx, Write mode = Write::kOverwrite) {
+    backward<P>(exec, ctx, x, dy, dx, TensorView<const std::remove_const_t<TX>, 2, S>(), mode);
+  }
+
+  /// The same, with dx = residual + dL/dx (kOverwrite) or dx += residual + dL/dx (kAccumulate):
+  /// the gradient that reaches a pre-LN block's input through its skip connection, added in the
+  /// pass that writes dx. residual [N, C] like dx, which it must not overlap (it may be absent).
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, class TR>
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx, TensorView<TR, 2, S> residual,
+                Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
-    detail::check_call<P, E, S, TX, TD, TG>();
+    detail::check_call<P, E, S, TX, TD, TG, TR>();
     detail::check_same_io("nn::LayerNorm::backward", x, dy, features_);
     if (!detail::absent(dx)) detail::check_same_io("nn::LayerNorm::backward", x, dx, features_);
+    if (!detail::absent(residual)) {
+      TRAINKIT_CHECK(!detail::absent(dx), "nn::LayerNorm::backward: a residual gradient needs dx");
+      detail::check_same_io("nn::LayerNorm::backward", x, residual, features_);
+    }
     ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
     const std::int64_t rows = x.size(0);
     const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
@@ -388,6 +418,7 @@ class LayerNorm {
     detail::LayerNormArgs<T> a = args<T>(x.data(), const_cast<float*>(ctx.mean()), rows);
     a.dy = dy.data();
     a.dx = detail::absent(dx) ? nullptr : dx.data();
+    a.residual = detail::absent(residual) ? nullptr : residual.data();
     a.partial = partial_.template get<float>(chunks * 2 * features_);
     a.dw = arena_->grad_flat(weight_).data();
     a.db = bias_.valid() ? arena_->grad_flat(bias_).data() : nullptr;

@@ -126,9 +126,9 @@ class TransformerBlock {
                                        mat(dpre, N, 4 * C_));
     c_fc_.template backward<P>(exec, mat(ctx.h2_.template data<T>(), N, C_), mat(dpre, N, 4 * C_),
                                mat(dh, N, C_));
-    copy_rows<P>(exec, dy2, mat(dx1, N, C_));
+    // dx1 = dy (the skip connection) + ln_2's backward, in one pass.
     ln_2_.template backward<P>(exec, ctx.ln_2_, mat(ctx.x1_.template data<T>(), N, C_),
-                               mat(dh, N, C_), mat(dx1, N, C_), Write::kAccumulate);
+                               mat(dh, N, C_), mat(dx1, N, C_), dy2);
     // x1 = x + attn(ln_1(x)).
     const Extents<3> shape = x.sizes();
     attn_.template backward<P>(
@@ -139,9 +139,8 @@ class TransformerBlock {
       ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), TensorView<T, 2, S>());
       return;
     }
-    const TensorView<T, 2, S> dx2 = detail::flat2(dx);
-    residual_backward<P>(exec, mat(dx1, N, C_), dx2, TensorView<T, 2, S>(), mode);
-    ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), dx2, Write::kAccumulate);
+    ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), detail::flat2(dx),
+                               mat<const T>(dx1, N, C_), mode);
   }
 
  private:
