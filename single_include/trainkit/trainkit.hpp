@@ -9425,6 +9425,13 @@ enum class Epilogue : std::uint8_t {
   kDGelu,     ///< C = v * gelu'(aux), aux (input) = the pre-activation saved by kBiasGelu.
 };
 
+/// What the GELU epilogues keep in `aux` for the backward pass.
+enum class GeluAux : std::uint8_t {
+  kInput,  ///< kGelu/kBiasGelu save their input v; kDGelu evaluates gelu'(aux) (cuBLASLt's way).
+  kSlope,  ///< kGelu/kBiasGelu save gelu'(v), from the exponential the GELU computes anyway;
+           ///< kDGelu multiplies by aux: the backward pays no second exponential. Host only.
+};
+
 /// How products are computed. Accumulation is always in f32.
 enum class ComputeType : std::uint8_t {
   kF32,   ///< Full f32 products (f16/bf16 inputs are exact in f32).
@@ -9455,6 +9462,8 @@ struct GemmOptions {
   /// by kDGelu (required there).
   T* aux = nullptr;
   std::int64_t aux_ld = 0;
+  /// What aux holds for the GELU epilogues (the forward and its kDGelu must agree).
+  GeluAux gelu_aux = GeluAux::kInput;
   ComputeType compute = ComputeType::kF32;
   HostBackend host_backend = HostBackend::kAuto;
 };
@@ -9484,6 +9493,22 @@ TRAINKIT_HOST_DEVICE inline float gelu_tanh(float x) noexcept {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   const float z = -2.0f * u;
   return x / (1.0f + expf(z > 80.0f ? 80.0f : z));
+}
+
+/// gelu_tanh(x) and, in *slope, its derivative gelu_tanh_grad(x), from one exponential:
+/// x * s with s = sigmoid(2u) (the same function as x / (1 + e), within an ulp), the derivative
+/// as gelu_tanh_grad. For x > 12 the clamped s is exactly 1 and the result x, as gelu_tanh's.
+TRAINKIT_HOST_DEVICE inline float gelu_tanh_slope(float x, float* slope) noexcept {
+  x = x < -12.0f ? -12.0f : x;
+  const float xd = x > 12.0f ? 12.0f : x;
+  const float x2 = xd * xd;
+  const float u = 0.7978845608028654f * (xd + 0.044715f * x2 * xd);
+  const float z = -2.0f * u;
+  const float e = expf(z > 80.0f ? 80.0f : z);
+  const float s = 1.0f / (1.0f + e);
+  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x2);
+  *slope = s + 2.0f * xd * du * s * (e * s);
+  return x * s;
 }
 
 /// d gelu_tanh(x) / dx = s + 2 x e s^2 u'(x), with s = sigmoid(2u) = 1 / (1 + e), e = exp(-2u)
@@ -9734,6 +9759,7 @@ struct GemmTileEpilogue {
   const float* bias;
   float* aux;
   std::int64_t aux_ld;
+  bool slope = false;  // GeluAux::kSlope
 };
 
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
@@ -9870,10 +9896,17 @@ inline void gemm_kernel_portable(const GemmTileArgs& g) {
       if (g.beta != 0.0f) v += g.beta * row[j];
       if (t.bias != nullptr) v += t.bias[j];
       if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-        if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = v;
-        v = gelu_tanh(v);
+        if (g.epi->slope) {
+          float slope;
+          v = gelu_tanh_slope(v, &slope);
+          if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = slope;
+        } else {
+          if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = v;
+          v = gelu_tanh(v);
+        }
       } else if (kind == Epilogue::kDGelu) {
-        v *= gelu_tanh_grad(t.aux[i * t.aux_ld + j]);
+        const float x = t.aux[i * t.aux_ld + j];
+        v *= g.epi->slope ? x : gelu_tanh_grad(x);
       }
       row[j] = v;
     }
@@ -9928,8 +9961,8 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
 // gemm_exp_<isa>: exp(x) (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial, about
 // 1 ulp); x is clamped to [-87.3, 88.7], where expf neither overflows nor goes subnormal. Operand
 // order in min/max keeps NaN (the second operand is returned when one is NaN).
-// gemm_gelu_<isa> / gemm_gelu_grad_<isa>: gelu_tanh / gelu_tanh_grad, the scalar functions'
-// formulas and clamps.
+// gemm_gelu_<isa> / gemm_gelu_grad_<isa> / gemm_gelu_slope_<isa>: gelu_tanh / gelu_tanh_grad /
+// gelu_tanh_slope, the scalar functions' formulas and clamps.
 #define TRAINKIT_DETAIL_GEMM_GELU_MATH(ISA, TARGET, V, P)                                         \
   __attribute__((target(TARGET))) inline V gemm_exp_##ISA(V x) {                                  \
     x = gemm_vmin(P##_set1_ps(88.72f), gemm_vmax(P##_set1_ps(-87.33f), x));                       \
@@ -9964,6 +9997,19 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
     const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(x, du), s), P##_mul_ps(e, s));                   \
     return P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                                 \
+  }                                                                                               \
+  __attribute__((target(TARGET))) inline V gemm_gelu_slope_##ISA(V x, V* slope) {                 \
+    const V one = P##_set1_ps(1.0f), c0 = P##_set1_ps(0.7978845608028654f);                       \
+    x = gemm_vmax(P##_set1_ps(-12.0f), x);                                                        \
+    const V xd = gemm_vmin(P##_set1_ps(12.0f), x);                                                \
+    const V x2 = P##_mul_ps(xd, xd);                                                              \
+    const V u = P##_mul_ps(c0, P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), xd, xd));     \
+    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    const V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
+    const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
+    const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(xd, du), s), P##_mul_ps(e, s));                  \
+    *slope = P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                               \
+    return P##_mul_ps(x, s);                                                                      \
   }
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
@@ -10039,7 +10085,15 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
       r1 = _mm256_add_ps(r1, bias1);
-      if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
+      if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
+        __m256 d0, d1;
+        r0 = gemm_gelu_slope_avx2(r0, &d0);
+        r1 = gemm_gelu_slope_avx2(r1, &d1);
+        if (t.aux != nullptr) {
+          _mm256_storeu_ps(t.aux + i * t.aux_ld, d0);
+          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, d1);
+        }
+      } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
         if (t.aux != nullptr) {
           _mm256_storeu_ps(t.aux + i * t.aux_ld, r0);
           _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, r1);
@@ -10047,8 +10101,10 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
         r0 = gemm_gelu_avx2(r0);
         r1 = gemm_gelu_avx2(r1);
       } else if (kind == Epilogue::kDGelu) {
-        r0 = _mm256_mul_ps(r0, gemm_gelu_grad_avx2(_mm256_loadu_ps(t.aux + i * t.aux_ld)));
-        r1 = _mm256_mul_ps(r1, gemm_gelu_grad_avx2(_mm256_loadu_ps(t.aux + i * t.aux_ld + 8)));
+        const __m256 x0 = _mm256_loadu_ps(t.aux + i * t.aux_ld);
+        const __m256 x1 = _mm256_loadu_ps(t.aux + i * t.aux_ld + 8);
+        r0 = _mm256_mul_ps(r0, g.epi->slope ? x0 : gemm_gelu_grad_avx2(x0));
+        r1 = _mm256_mul_ps(r1, g.epi->slope ? x1 : gemm_gelu_grad_avx2(x1));
       }
     }
     _mm256_storeu_ps(row, r0);
@@ -10066,8 +10122,9 @@ inline bool cpu_has_avx512f() noexcept {
 
 /// The AVX-512 kernel's epilogue over the summed tile (rows r < mr, columns masked by `mask`),
 /// for one kind K: kNone (alpha, beta), kBias (+ bias), kGelu (+ bias, aux = v, gelu) or kDGelu
-/// (+ bias, times gelu'(aux)).
-template <int Panels, Epilogue K>
+/// (+ bias, times gelu'(aux)); with Slope (GeluAux::kSlope) kGelu keeps gelu'(v) in aux and
+/// kDGelu multiplies by aux.
+template <int Panels, Epilogue K, bool Slope = false>
 __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogue_rows(
     const GemmTileArgs& g, const float (*tile)[Panels * kGemmNR], const __mmask16* mask,
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
@@ -10082,9 +10139,15 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
         float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
-        if constexpr (K == Epilogue::kGelu) {
+        if constexpr (K == Epilogue::kGelu && Slope) {
+          __m512 d;
+          v = gemm_gelu_slope_avx512(v, &d);
+          if (x != nullptr) _mm512_mask_storeu_ps(x, m, d);
+        } else if constexpr (K == Epilogue::kGelu) {
           if (x != nullptr) _mm512_mask_storeu_ps(x, m, v);
           v = gemm_gelu_avx512(v);
+        } else if constexpr (K == Epilogue::kDGelu && Slope) {
+          v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, x));
         } else if constexpr (K == Epilogue::kDGelu) {
           v = _mm512_mul_ps(v, gemm_gelu_grad_avx512(_mm512_maskz_loadu_ps(m, x)));
         }
@@ -10229,8 +10292,12 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   // One loop per kind of epilogue, so its branches and constants stay out of the element loop.
   if (kind == Epilogue::kNone) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kNone>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
   } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kDGelu && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
   } else if (kind == Epilogue::kDGelu) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu>(g, tile, mask, bias_v, aux, aux_ld);
   } else {
@@ -10540,6 +10607,8 @@ struct GemmOutput {
   std::int64_t aux_ld;
   /// kBiasGrad fused into the packing of a transposed A (see host_gemm_2d), else nullptr.
   TC* bias_grad = nullptr;
+  /// GeluAux::kSlope: the GELU epilogues keep gelu'(v) in aux, kDGelu multiplies by it.
+  bool aux_slope = false;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -10563,6 +10632,31 @@ __attribute__((target("avx2,fma"))) inline void gemm_gelu_span_avx2(float* v, co
   for (; j < n; ++j) v[j] = x == nullptr ? gelu_tanh(v[j]) : v[j] * gelu_tanh_grad(x[j]);
 }
 #endif
+
+#if TRAINKIT_DETAIL_GEMM_X86
+/// v[j] = gelu_tanh_slope(v[j], &slope[j]), 8 lanes at a time; the tail through the scalar one.
+__attribute__((target("avx2,fma"))) inline void gemm_gelu_slope_span_avx2(float* v, float* slope,
+                                                                          std::int64_t n) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 d;
+    _mm256_storeu_ps(v + j, gemm_gelu_slope_avx2(_mm256_loadu_ps(v + j), &d));
+    _mm256_storeu_ps(slope + j, d);
+  }
+  for (; j < n; ++j) v[j] = gelu_tanh_slope(v[j], slope + j);
+}
+#endif
+
+/// In place over n floats: v = gelu_tanh(v) and slope = gelu_tanh_grad(v), from one exponential.
+inline void gemm_gelu_slope_span(float* v, float* slope, std::int64_t n) {
+#if TRAINKIT_DETAIL_GEMM_X86
+  if (cpu_has_avx2_fma()) {
+    gemm_gelu_slope_span_avx2(v, slope, n);
+    return;
+  }
+#endif
+  for (std::int64_t j = 0; j < n; ++j) v[j] = gelu_tanh_slope(v[j], slope + j);
+}
 
 /// In place over n floats: v = gelu_tanh(v) when x == nullptr, else v *= gelu_tanh_grad(x).
 inline void gemm_gelu_span(float* v, const float* x, std::int64_t n) {
@@ -10601,10 +10695,16 @@ void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0,
     }
     if (has_bias)
       for (std::int64_t j = 0; j < w; ++j) v[j] += to_f32(out.bias[c0 + j]);
-    if (e == Epilogue::kGelu || e == Epilogue::kBiasGelu) {
+    if ((e == Epilogue::kGelu || e == Epilogue::kBiasGelu) && out.aux_slope) {
+      gemm_gelu_slope_span(v, x, w);
+      if (aux != nullptr)
+        for (std::int64_t j = 0; j < w; ++j) aux[c0 + j] = from_f32<TC>(x[j]);
+    } else if (e == Epilogue::kGelu || e == Epilogue::kBiasGelu) {
       if (aux != nullptr)
         for (std::int64_t j = 0; j < w; ++j) aux[c0 + j] = from_f32<TC>(v[j]);
       gemm_gelu_span(v, nullptr, w);
+    } else if (e == Epilogue::kDGelu && out.aux_slope) {
+      for (std::int64_t j = 0; j < w; ++j) v[j] *= to_f32(aux[c0 + j]);
     } else if (e == Epilogue::kDGelu) {
       for (std::int64_t j = 0; j < w; ++j) x[j] = to_f32(aux[c0 + j]);
       gemm_gelu_span(v, x, w);
@@ -10799,7 +10899,7 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
               if (tile_epilogue && pc + kc == k) {
                 tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
                         out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
-                        out.aux_ld};
+                        out.aux_ld, out.aux_slope};
                 g.epi = &tile;
               }
             }
@@ -11364,6 +11464,9 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
                  ": ComputeType::kTf32 needs float inputs");
   TRAINKIT_CHECK(o.host_backend != HostBackend::kCblas, who,
                  ": HostBackend::kCblas asked for a device gemm");
+  TRAINKIT_CHECK(o.gelu_aux == GeluAux::kInput, who,
+                 ": options.gelu_aux = GeluAux::kSlope is a host gemm option (cuBLASLt's GELU "
+                 "epilogues save their input)");
 
   CublasLtProblem p{};
   p.op_a = op_a;
@@ -11472,14 +11575,16 @@ GemmOutput<TC> gemm_output(TC* c, std::int64_t ldc, const GemmOptions<TC>& o, st
   const Epilogue e = o.epilogue;
   const bool bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
   const bool aux = e == Epilogue::kGelu || e == Epilogue::kBiasGelu || e == Epilogue::kDGelu;
-  return GemmOutput<TC>{c,
-                        ldc,
-                        o.alpha,
-                        o.beta,
-                        e,
-                        bias ? o.bias : nullptr,
-                        aux ? o.aux : nullptr,
-                        o.aux_ld == 0 ? n : o.aux_ld};
+  GemmOutput<TC> out{c,
+                     ldc,
+                     o.alpha,
+                     o.beta,
+                     e,
+                     bias ? o.bias : nullptr,
+                     aux ? o.aux : nullptr,
+                     o.aux_ld == 0 ? n : o.aux_ld};
+  out.aux_slope = aux && o.gelu_aux == GeluAux::kSlope;
+  return out;
 }
 
 template <class TA, class TB, class TC>
@@ -13576,6 +13681,28 @@ inline bool fused_gelu_epilogue(std::int64_t width) noexcept {
   }
 }
 
+/// The unfused host forward's GELU, saving the slope: y = gelu(pre), then pre = gelu'(pre).
+template <class T>
+struct GeluSaveSlope {
+  T* pre;
+  T* y;
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
+    const float x = load(pre[i]);
+    y[i] = store<T>(gelu_approx(x));
+    pre[i] = store<T>(gelu_grad_approx(x));
+  }
+};
+
+/// d = d * slope, in place (the unfused host dgelu from a saved slope).
+template <class T>
+struct MulInPlace {
+  const T* slope;
+  T* d;
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
+    d[i] = store<T>(load(d[i]) * load(slope[i]));
+  }
+};
+
 /// dpre = dpre * gelu'(pre), in place (the unfused dgelu).
 template <class T>
 struct DGeluInPlace {
@@ -13728,26 +13855,34 @@ class Linear {
                     weight_view<T>(), y, o);
   }
 
-  /// pre = x W^T + b and y = gelu(pre) (tanh GELU), fused: the MLP's first layer of a GPT block.
-  /// Keep `pre` for backward_dgelu of the next layer. pre and y are [N, out].
+  /// y = gelu(x W^T + b) (tanh GELU), fused: the MLP's first layer of a GPT block. `saved`
+  /// receives what backward_dgelu of the next layer needs, per element of y: on the GPU the
+  /// pre-activation x W^T + b (cuBLASLt's GELU aux), on the host the GELU's slope at it, which
+  /// the forward gets from the exponential it computes anyway (the backward then multiplies,
+  /// without a second one). saved and y are [N, out].
   template <amp::Policy P = amp::Fp32, class E, class TX, class TP, class TY>
-  void forward_gelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TP, 2, S> pre,
+  void forward_gelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TP, 2, S> saved,
                     TensorView<TY, 2, S> y) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TP, TY>();
     check_io("nn::Linear::forward_gelu", x, y);
-    detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
-    detail::check_contiguous("nn::Linear::forward_gelu", "pre", pre);
+    detail::check_same_shape("nn::Linear::forward_gelu", "saved", saved, "y", y);
+    detail::check_contiguous("nn::Linear::forward_gelu", "saved", saved);
     detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
-                      weight_view<T>(), pre, o);
-      exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
+                      weight_view<T>(), saved, o);
+      if constexpr (S == Space::kHost) {
+        exec::launch(exec, saved.numel(), detail::GeluSaveSlope<T>{saved.data(), y.data()});
+      } else {
+        exec::launch(exec, saved.numel(), detail::GeluForward<T>{saved.data(), y.data()});
+      }
     } else {
       o.epilogue = has_bias() ? blas::Epilogue::kBiasGelu : blas::Epilogue::kGelu;
-      o.aux = pre.data();
+      o.aux = saved.data();
+      if constexpr (S == Space::kHost) o.gelu_aux = blas::GeluAux::kSlope;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), y, o);
     }
@@ -13773,26 +13908,32 @@ class Linear {
 
   /// Backward of this layer when its input was x = gelu(pre) (see forward_gelu): accumulates dW
   /// and db as backward() and writes dpre = (dy W) * gelu'(pre) — the gradient of the previous
-  /// layer's pre-activation, with the GELU backward fused into the gemm. x, pre, dpre: [N, in].
+  /// layer's pre-activation, with the GELU backward fused into the gemm. `saved` is what that
+  /// forward_gelu saved (on the same device). x, saved, dpre: [N, in].
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TP, class TG>
   void backward_dgelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
-                      TensorView<TP, 2, S> pre, TensorView<TG, 2, S> dpre) {
+                      TensorView<TP, 2, S> saved, TensorView<TG, 2, S> dpre) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TP, TG>();
     check_io("nn::Linear::backward_dgelu", x, dy);
     check_io("nn::Linear::backward_dgelu", dpre, dy);
-    detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
-    detail::check_contiguous("nn::Linear::backward_dgelu", "pre", pre);
+    detail::check_same_shape("nn::Linear::backward_dgelu", "saved", saved, "dpre", dpre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "saved", saved);
     detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
-      exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{pre.data(), dpre.data()});
+      if constexpr (S == Space::kHost) {
+        exec::launch(exec, dpre.numel(), detail::MulInPlace<T>{saved.data(), dpre.data()});
+      } else {
+        exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{saved.data(), dpre.data()});
+      }
     } else {
       o.epilogue = blas::Epilogue::kDGelu;
-      o.aux = const_cast<T*>(pre.data());
+      o.aux = const_cast<T*>(saved.data());
+      if constexpr (S == Space::kHost) o.gelu_aux = blas::GeluAux::kSlope;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
     }
@@ -13905,9 +14046,10 @@ inline constexpr std::int64_t kLayerNormChunk = 32;
 template <class T>
 struct LayerNormArgs {
   const T* x;
-  T* y;         // forward output
-  const T* dy;  // backward input
-  T* dx;        // backward output
+  T* y;               // forward output
+  const T* dy;        // backward input
+  T* dx;              // backward output
+  const T* residual;  // backward: added to dx (the residual stream's gradient), may be null
   const float* w;
   const float* b;  // may be null
   float* mean;
@@ -13999,9 +14141,14 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
               return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
             };
             const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
-            if (a.accumulate) {
+            const T* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+            if (a.accumulate && res != nullptr) {
               lane_map(
-                  C, [&](std::int64_t c) { return load(dx[c]) + dx_of(c); }, put);
+                  C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); }, put);
+            } else if (a.accumulate || res != nullptr) {
+              const T* add = a.accumulate ? dx : res;
+              lane_map(
+                  C, [&](std::int64_t c) { return load(add[c]) + dx_of(c); }, put);
             } else {
               lane_map(C, dx_of, put);
             }
@@ -14068,7 +14215,13 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   for (std::int64_t c = lane; c < C; c += 32) {
     const float xhat = (load(x[c]) - m) * s;
     float v = s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
-    if (a.accumulate) v += load(dx[c]);
+    // The host's (old + residual) + v: float addition commutes, so the same bits.
+    if (a.residual != nullptr) {
+      v += a.accumulate ? load(dx[c]) + load(a.residual[row * C + c])
+                        : load(a.residual[row * C + c]);
+    } else if (a.accumulate) {
+      v += load(dx[c]);
+    }
     dx[c] = store<T>(v);
   }
 }
@@ -14094,6 +14247,9 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
     xv[k] = c < C ? load(x[c]) : 0.0f;
     gw[k] = c < C ? load(dy[c]) * w[c] : 0.0f;
     old[k] = c < C && a.accumulate ? load(dx[c]) : 0.0f;
+    if (c < C && a.residual != nullptr)
+      old[k] =
+          a.accumulate ? old[k] + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
   }
   float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
@@ -14111,7 +14267,7 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
     if (c < C) {
       const float xhat = (xv[k] - m) * s;
       float v = s * (gw[k] - mg - xhat * mgx);
-      if (a.accumulate) v += old[k];
+      if (a.accumulate || a.residual != nullptr) v += old[k];
       dx[c] = store<T>(v);
     }
   }
@@ -14198,7 +14354,9 @@ struct LayerNormOptions {
 ///
 /// Shapes: x, y [N, C]. forward writes y and saves mean and rstd (= 1/std) of every row in the
 /// caller's Context; backward reads x, dy, w and that context, adds to dw and db, and writes dx
-/// (or adds it, Write::kAccumulate). An absent dx still accumulates dw, db.
+/// (or adds it, Write::kAccumulate). An absent dx still accumulates dw, db. A pre-LN block's
+/// residual stream passes its gradient as `residual`: dx = residual + dL/dx in the same pass,
+/// instead of a copy of it into dx first.
 template <Space S = Space::kHost>
 class LayerNorm {
  public:
@@ -14250,10 +14408,24 @@ class LayerNorm {
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
   void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
                 TensorView<TG, 2, S> dx, Write mode = Write::kOverwrite) {
+    backward<P>(exec, ctx, x, dy, dx, TensorView<const std::remove_const_t<TX>, 2, S>(), mode);
+  }
+
+  /// The same, with dx = residual + dL/dx (kOverwrite) or dx += residual + dL/dx (kAccumulate):
+  /// the gradient that reaches a pre-LN block's input through its skip connection, added in the
+  /// pass that writes dx. residual [N, C] like dx, which it must not overlap (it may be absent).
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, class TR>
+  void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
+                TensorView<TG, 2, S> dx, TensorView<TR, 2, S> residual,
+                Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
-    detail::check_call<P, E, S, TX, TD, TG>();
+    detail::check_call<P, E, S, TX, TD, TG, TR>();
     detail::check_same_io("nn::LayerNorm::backward", x, dy, features_);
     if (!detail::absent(dx)) detail::check_same_io("nn::LayerNorm::backward", x, dx, features_);
+    if (!detail::absent(residual)) {
+      TRAINKIT_CHECK(!detail::absent(dx), "nn::LayerNorm::backward: a residual gradient needs dx");
+      detail::check_same_io("nn::LayerNorm::backward", x, residual, features_);
+    }
     ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
     const std::int64_t rows = x.size(0);
     const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
@@ -14261,6 +14433,7 @@ class LayerNorm {
     detail::LayerNormArgs<T> a = args<T>(x.data(), const_cast<float*>(ctx.mean()), rows);
     a.dy = dy.data();
     a.dx = detail::absent(dx) ? nullptr : dx.data();
+    a.residual = detail::absent(residual) ? nullptr : residual.data();
     a.partial = partial_.template get<float>(chunks * 2 * features_);
     a.dw = arena_->grad_flat(weight_).data();
     a.db = bias_.valid() ? arena_->grad_flat(bias_).data() : nullptr;
@@ -15713,9 +15886,9 @@ class TransformerBlock {
                                        mat(dpre, N, 4 * C_));
     c_fc_.template backward<P>(exec, mat(ctx.h2_.template data<T>(), N, C_), mat(dpre, N, 4 * C_),
                                mat(dh, N, C_));
-    copy_rows<P>(exec, dy2, mat(dx1, N, C_));
+    // dx1 = dy (the skip connection) + ln_2's backward, in one pass.
     ln_2_.template backward<P>(exec, ctx.ln_2_, mat(ctx.x1_.template data<T>(), N, C_),
-                               mat(dh, N, C_), mat(dx1, N, C_), Write::kAccumulate);
+                               mat(dh, N, C_), mat(dx1, N, C_), dy2);
     // x1 = x + attn(ln_1(x)).
     const Extents<3> shape = x.sizes();
     attn_.template backward<P>(
@@ -15726,9 +15899,8 @@ class TransformerBlock {
       ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), TensorView<T, 2, S>());
       return;
     }
-    const TensorView<T, 2, S> dx2 = detail::flat2(dx);
-    residual_backward<P>(exec, mat(dx1, N, C_), dx2, TensorView<T, 2, S>(), mode);
-    ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), dx2, Write::kAccumulate);
+    ln_1_.template backward<P>(exec, ctx.ln_1_, x2, mat(dh, N, C_), detail::flat2(dx),
+                               mat<const T>(dx1, N, C_), mode);
   }
 
  private:

@@ -86,30 +86,43 @@ TEST_CASE("host gemm: both micro-kernels agree with float64, epilogues included"
   std::vector<float> bias(cs.n);
   std::vector<double> bias_d(cs.n);
   for (std::int64_t j = 0; j < cs.n; ++j) bias_d[j] = bias[j] = 0.02f * float(j % 11) - 0.1f;
-  for (Epilogue e : {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu, Epilogue::kDGelu}) {
-    const Reference ref = reference_gemm(Op::kN, Op::kT, a, b, c, 0.5, 2.0, e, bias_d, &pre);
-    for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
-      INFO("epilogue ", std::string(blas::to_string(e)), ", kernel ", std::string(kernel->name));
-      Matrix<float> got = c;
-      Matrix<float> aux = e == Epilogue::kDGelu ? pre : Matrix<float>(cs.m, cs.n, 3);
-      const blas::detail::GemmOutput<float> out{
-          got.data.data(),
-          got.ld,
-          0.5f,
-          2.0f,
-          e,
-          bias.data(),
-          e == Epilogue::kNone || e == Epilogue::kBias ? nullptr : aux.data.data(),
-          aux.ld};
-      exec::Host host(2);
-      blas::detail::host_gemm_2d(
-          &host, {cs.m, cs.n, cs.k}, blas::detail::OperandRef<float>{a.data.data(), a.ld, 1},
-          blas::detail::OperandRef<float>{b.data.data(), 1, b.ld}, out, *kernel);
-      CHECK(rel_error(got, ref.out, cs.m, cs.n) < 1e-5);
-      CHECK(padding_untouched(got));
-      if (e == Epilogue::kBiasGelu) {
-        CHECK(rel_error(aux, ref.aux, cs.m, cs.n) < 1e-5);
-        CHECK(padding_untouched(aux));
+  // GeluAux::kSlope: the forward keeps gelu'(v) in aux, and the backward is handed that slope.
+  Matrix<float> slope_of_pre = pre;
+  for (std::int64_t i = 0; i < cs.m; ++i)
+    for (std::int64_t j = 0; j < cs.n; ++j)
+      slope_of_pre.at(i, j) = blas::gelu_tanh_grad(pre.at(i, j));
+  for (const bool slope : {false, true}) {
+    for (Epilogue e : {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu, Epilogue::kDGelu}) {
+      if (slope && (e == Epilogue::kNone || e == Epilogue::kBias)) continue;
+      const Reference ref = reference_gemm(Op::kN, Op::kT, a, b, c, 0.5, 2.0, e, bias_d, &pre);
+      std::vector<double> ref_slope(ref.aux.size());
+      for (std::size_t i = 0; i < ref.aux.size(); ++i) ref_slope[i] = gelu_grad_ref(ref.aux[i]);
+      for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+        INFO("epilogue ", std::string(blas::to_string(e)), ", kernel ", std::string(kernel->name),
+             slope ? ", aux holds the slope" : "");
+        Matrix<float> got = c;
+        Matrix<float> aux =
+            e == Epilogue::kDGelu ? (slope ? slope_of_pre : pre) : Matrix<float>(cs.m, cs.n, 3);
+        blas::detail::GemmOutput<float> out{
+            got.data.data(),
+            got.ld,
+            0.5f,
+            2.0f,
+            e,
+            bias.data(),
+            e == Epilogue::kNone || e == Epilogue::kBias ? nullptr : aux.data.data(),
+            aux.ld};
+        out.aux_slope = slope;
+        exec::Host host(2);
+        blas::detail::host_gemm_2d(
+            &host, {cs.m, cs.n, cs.k}, blas::detail::OperandRef<float>{a.data.data(), a.ld, 1},
+            blas::detail::OperandRef<float>{b.data.data(), 1, b.ld}, out, *kernel);
+        CHECK(rel_error(got, ref.out, cs.m, cs.n) < 1e-5);
+        CHECK(padding_untouched(got));
+        if (e == Epilogue::kBiasGelu) {
+          CHECK(rel_error(aux, slope ? ref_slope : ref.aux, cs.m, cs.n) < 1e-5);
+          CHECK(padding_untouched(aux));
+        }
       }
     }
   }
@@ -151,7 +164,7 @@ TEST_CASE("host gemm: every vector micro-kernel gives the same bits, random shap
     for (const blas::detail::GemmKernel* kernel : simd) {
       Matrix<float> c = c0;
       Matrix<float> aux = e == Epilogue::kDGelu ? pre : Matrix<float>(cs.m, cs.n, 2);
-      const blas::detail::GemmOutput<float> out{
+      blas::detail::GemmOutput<float> out{
           c.data.data(),
           c.ld,
           1.25f,
@@ -160,6 +173,7 @@ TEST_CASE("host gemm: every vector micro-kernel gives the same bits, random shap
           bias.data(),
           e == Epilogue::kNone || e == Epilogue::kBias ? nullptr : aux.data.data(),
           aux.ld};
+      out.aux_slope = trial % 4 >= 2;  // GeluAux::kSlope (aux then holds or gets a slope)
       exec::Host host(trial % 2 + 1);
       blas::detail::host_gemm_2d(&host, {cs.m, cs.n, cs.k},
                                  blas::detail::operand_ref<float>(op_a, a.cview()),
@@ -614,9 +628,31 @@ TEST_CASE("gelu_tanh and its derivative: scalar and vectorised forms vs float64"
       if (std::isfinite(got)) worst_grad = std::max(worst_grad, std::abs(got - dref) / dscale);
     }
   }
+  // gelu_tanh_slope (scalar) and gemm_gelu_slope_span (vectorised): both values at once.
+  std::vector<float> both = xs, slope_span(xs.size());
+  blas::detail::gemm_gelu_slope_span(both.data(), slope_span.data(), n);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i];
+    const double scale = std::max(std::abs(gelu_ref(x)), 1e-3);
+    const double dscale = std::max(std::abs(gelu_grad_ref(x)), 0.05);
+    float scalar_slope = 0.0f;
+    const float scalar = blas::gelu_tanh_slope(xs[i], &scalar_slope);
+    for (double got : {double(scalar), double(both[i])}) {
+      non_finite += std::isfinite(got) ? 0 : 1;
+      if (std::isfinite(got)) worst = std::max(worst, std::abs(got - gelu_ref(x)) / scale);
+    }
+    for (double got : {double(scalar_slope), double(slope_span[i])}) {
+      non_finite += std::isfinite(got) ? 0 : 1;
+      if (std::isfinite(got))
+        worst_grad = std::max(worst_grad, std::abs(got - gelu_grad_ref(x)) / dscale);
+    }
+  }
   CHECK(non_finite == 0);
   CHECK(worst < 2e-6);
   CHECK(worst_grad < 2e-6);
+  float big_slope = 0.0f;
+  CHECK(blas::gelu_tanh_slope(1e30f, &big_slope) == 1e30f);
+  CHECK(big_slope == 1.0f);
   CHECK(blas::gelu_tanh(1e30f) == 1e30f);
   CHECK(std::abs(blas::gelu_tanh(-1e30f)) < 1e-30f);
   // NaN must survive the activation (a loss scaler looks for it downstream).
@@ -624,9 +660,14 @@ TEST_CASE("gelu_tanh and its derivative: scalar and vectorised forms vs float64"
   blas::detail::gemm_gelu_span(nan.data(), nullptr, 9);
   blas::detail::gemm_gelu_span(
       ones.data(), std::vector<float>(9, std::numeric_limits<float>::quiet_NaN()).data(), 9);
+  std::vector<float> nan_slope(9);
+  std::vector<float> nan2(9, std::numeric_limits<float>::quiet_NaN());
+  blas::detail::gemm_gelu_slope_span(nan2.data(), nan_slope.data(), 9);
   for (int i = 0; i < 9; ++i) {
     CHECK(std::isnan(nan[i]));
     CHECK(std::isnan(ones[i]));
+    CHECK(std::isnan(nan2[i]));
+    CHECK(std::isnan(nan_slope[i]));
   }
   CHECK(std::isnan(blas::gelu_tanh(std::numeric_limits<float>::quiet_NaN())));
   CHECK(std::isnan(blas::gelu_tanh_grad(std::numeric_limits<float>::quiet_NaN())));

@@ -382,6 +382,9 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
                  ": ComputeType::kTf32 needs float inputs");
   TRAINKIT_CHECK(o.host_backend != HostBackend::kCblas, who,
                  ": HostBackend::kCblas asked for a device gemm");
+  TRAINKIT_CHECK(o.gelu_aux == GeluAux::kInput, who,
+                 ": options.gelu_aux = GeluAux::kSlope is a host gemm option (cuBLASLt's GELU "
+                 "epilogues save their input)");
 
   CublasLtProblem p{};
   p.op_a = op_a;

@@ -38,14 +38,16 @@ GemmOutput<TC> gemm_output(TC* c, std::int64_t ldc, const GemmOptions<TC>& o, st
   const Epilogue e = o.epilogue;
   const bool bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
   const bool aux = e == Epilogue::kGelu || e == Epilogue::kBiasGelu || e == Epilogue::kDGelu;
-  return GemmOutput<TC>{c,
-                        ldc,
-                        o.alpha,
-                        o.beta,
-                        e,
-                        bias ? o.bias : nullptr,
-                        aux ? o.aux : nullptr,
-                        o.aux_ld == 0 ? n : o.aux_ld};
+  GemmOutput<TC> out{c,
+                     ldc,
+                     o.alpha,
+                     o.beta,
+                     e,
+                     bias ? o.bias : nullptr,
+                     aux ? o.aux : nullptr,
+                     o.aux_ld == 0 ? n : o.aux_ld};
+  out.aux_slope = aux && o.gelu_aux == GeluAux::kSlope;
+  return out;
 }
 
 template <class TA, class TB, class TC>

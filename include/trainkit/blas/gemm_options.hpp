@@ -34,6 +34,13 @@ enum class Epilogue : std::uint8_t {
   kDGelu,     ///< C = v * gelu'(aux), aux (input) = the pre-activation saved by kBiasGelu.
 };
 
+/// What the GELU epilogues keep in `aux` for the backward pass.
+enum class GeluAux : std::uint8_t {
+  kInput,  ///< kGelu/kBiasGelu save their input v; kDGelu evaluates gelu'(aux) (cuBLASLt's way).
+  kSlope,  ///< kGelu/kBiasGelu save gelu'(v), from the exponential the GELU computes anyway;
+           ///< kDGelu multiplies by aux: the backward pays no second exponential. Host only.
+};
+
 /// How products are computed. Accumulation is always in f32.
 enum class ComputeType : std::uint8_t {
   kF32,   ///< Full f32 products (f16/bf16 inputs are exact in f32).
@@ -64,6 +71,8 @@ struct GemmOptions {
   /// by kDGelu (required there).
   T* aux = nullptr;
   std::int64_t aux_ld = 0;
+  /// What aux holds for the GELU epilogues (the forward and its kDGelu must agree).
+  GeluAux gelu_aux = GeluAux::kInput;
   ComputeType compute = ComputeType::kF32;
   HostBackend host_backend = HostBackend::kAuto;
 };
@@ -93,6 +102,22 @@ TRAINKIT_HOST_DEVICE inline float gelu_tanh(float x) noexcept {
   const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   const float z = -2.0f * u;
   return x / (1.0f + expf(z > 80.0f ? 80.0f : z));
+}
+
+/// gelu_tanh(x) and, in *slope, its derivative gelu_tanh_grad(x), from one exponential:
+/// x * s with s = sigmoid(2u) (the same function as x / (1 + e), within an ulp), the derivative
+/// as gelu_tanh_grad. For x > 12 the clamped s is exactly 1 and the result x, as gelu_tanh's.
+TRAINKIT_HOST_DEVICE inline float gelu_tanh_slope(float x, float* slope) noexcept {
+  x = x < -12.0f ? -12.0f : x;
+  const float xd = x > 12.0f ? 12.0f : x;
+  const float x2 = xd * xd;
+  const float u = 0.7978845608028654f * (xd + 0.044715f * x2 * xd);
+  const float z = -2.0f * u;
+  const float e = expf(z > 80.0f ? 80.0f : z);
+  const float s = 1.0f / (1.0f + e);
+  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x2);
+  *slope = s + 2.0f * xd * du * s * (e * s);
+  return x * s;
 }
 
 /// d gelu_tanh(x) / dx = s + 2 x e s^2 u'(x), with s = sigmoid(2u) = 1 / (1 + e), e = exp(-2u)

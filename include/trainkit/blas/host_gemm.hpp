@@ -124,6 +124,7 @@ struct GemmTileEpilogue {
   const float* bias;
   float* aux;
   std::int64_t aux_ld;
+  bool slope = false;  // GeluAux::kSlope
 };
 
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
@@ -260,10 +261,17 @@ inline void gemm_kernel_portable(const GemmTileArgs& g) {
       if (g.beta != 0.0f) v += g.beta * row[j];
       if (t.bias != nullptr) v += t.bias[j];
       if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-        if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = v;
-        v = gelu_tanh(v);
+        if (g.epi->slope) {
+          float slope;
+          v = gelu_tanh_slope(v, &slope);
+          if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = slope;
+        } else {
+          if (t.aux != nullptr) t.aux[i * t.aux_ld + j] = v;
+          v = gelu_tanh(v);
+        }
       } else if (kind == Epilogue::kDGelu) {
-        v *= gelu_tanh_grad(t.aux[i * t.aux_ld + j]);
+        const float x = t.aux[i * t.aux_ld + j];
+        v *= g.epi->slope ? x : gelu_tanh_grad(x);
       }
       row[j] = v;
     }
@@ -318,8 +326,8 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
 // gemm_exp_<isa>: exp(x) (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial, about
 // 1 ulp); x is clamped to [-87.3, 88.7], where expf neither overflows nor goes subnormal. Operand
 // order in min/max keeps NaN (the second operand is returned when one is NaN).
-// gemm_gelu_<isa> / gemm_gelu_grad_<isa>: gelu_tanh / gelu_tanh_grad, the scalar functions'
-// formulas and clamps.
+// gemm_gelu_<isa> / gemm_gelu_grad_<isa> / gemm_gelu_slope_<isa>: gelu_tanh / gelu_tanh_grad /
+// gelu_tanh_slope, the scalar functions' formulas and clamps.
 #define TRAINKIT_DETAIL_GEMM_GELU_MATH(ISA, TARGET, V, P)                                         \
   __attribute__((target(TARGET))) inline V gemm_exp_##ISA(V x) {                                  \
     x = gemm_vmin(P##_set1_ps(88.72f), gemm_vmax(P##_set1_ps(-87.33f), x));                       \
@@ -354,6 +362,19 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
     const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(x, du), s), P##_mul_ps(e, s));                   \
     return P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                                 \
+  }                                                                                               \
+  __attribute__((target(TARGET))) inline V gemm_gelu_slope_##ISA(V x, V* slope) {                 \
+    const V one = P##_set1_ps(1.0f), c0 = P##_set1_ps(0.7978845608028654f);                       \
+    x = gemm_vmax(P##_set1_ps(-12.0f), x);                                                        \
+    const V xd = gemm_vmin(P##_set1_ps(12.0f), x);                                                \
+    const V x2 = P##_mul_ps(xd, xd);                                                              \
+    const V u = P##_mul_ps(c0, P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), xd, xd));     \
+    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    const V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
+    const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
+    const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(xd, du), s), P##_mul_ps(e, s));                  \
+    *slope = P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                               \
+    return P##_mul_ps(x, s);                                                                      \
   }
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
@@ -429,7 +450,15 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
       r1 = _mm256_add_ps(r1, bias1);
-      if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
+      if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
+        __m256 d0, d1;
+        r0 = gemm_gelu_slope_avx2(r0, &d0);
+        r1 = gemm_gelu_slope_avx2(r1, &d1);
+        if (t.aux != nullptr) {
+          _mm256_storeu_ps(t.aux + i * t.aux_ld, d0);
+          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, d1);
+        }
+      } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
         if (t.aux != nullptr) {
           _mm256_storeu_ps(t.aux + i * t.aux_ld, r0);
           _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, r1);
@@ -437,8 +466,10 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
         r0 = gemm_gelu_avx2(r0);
         r1 = gemm_gelu_avx2(r1);
       } else if (kind == Epilogue::kDGelu) {
-        r0 = _mm256_mul_ps(r0, gemm_gelu_grad_avx2(_mm256_loadu_ps(t.aux + i * t.aux_ld)));
-        r1 = _mm256_mul_ps(r1, gemm_gelu_grad_avx2(_mm256_loadu_ps(t.aux + i * t.aux_ld + 8)));
+        const __m256 x0 = _mm256_loadu_ps(t.aux + i * t.aux_ld);
+        const __m256 x1 = _mm256_loadu_ps(t.aux + i * t.aux_ld + 8);
+        r0 = _mm256_mul_ps(r0, g.epi->slope ? x0 : gemm_gelu_grad_avx2(x0));
+        r1 = _mm256_mul_ps(r1, g.epi->slope ? x1 : gemm_gelu_grad_avx2(x1));
       }
     }
     _mm256_storeu_ps(row, r0);
@@ -456,8 +487,9 @@ inline bool cpu_has_avx512f() noexcept {
 
 /// The AVX-512 kernel's epilogue over the summed tile (rows r < mr, columns masked by `mask`),
 /// for one kind K: kNone (alpha, beta), kBias (+ bias), kGelu (+ bias, aux = v, gelu) or kDGelu
-/// (+ bias, times gelu'(aux)).
-template <int Panels, Epilogue K>
+/// (+ bias, times gelu'(aux)); with Slope (GeluAux::kSlope) kGelu keeps gelu'(v) in aux and
+/// kDGelu multiplies by aux.
+template <int Panels, Epilogue K, bool Slope = false>
 __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogue_rows(
     const GemmTileArgs& g, const float (*tile)[Panels * kGemmNR], const __mmask16* mask,
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
@@ -472,9 +504,15 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
         float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
-        if constexpr (K == Epilogue::kGelu) {
+        if constexpr (K == Epilogue::kGelu && Slope) {
+          __m512 d;
+          v = gemm_gelu_slope_avx512(v, &d);
+          if (x != nullptr) _mm512_mask_storeu_ps(x, m, d);
+        } else if constexpr (K == Epilogue::kGelu) {
           if (x != nullptr) _mm512_mask_storeu_ps(x, m, v);
           v = gemm_gelu_avx512(v);
+        } else if constexpr (K == Epilogue::kDGelu && Slope) {
+          v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, x));
         } else if constexpr (K == Epilogue::kDGelu) {
           v = _mm512_mul_ps(v, gemm_gelu_grad_avx512(_mm512_maskz_loadu_ps(m, x)));
         }
@@ -619,8 +657,12 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   // One loop per kind of epilogue, so its branches and constants stay out of the element loop.
   if (kind == Epilogue::kNone) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kNone>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
   } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kDGelu && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
   } else if (kind == Epilogue::kDGelu) {
     gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu>(g, tile, mask, bias_v, aux, aux_ld);
   } else {
@@ -930,6 +972,8 @@ struct GemmOutput {
   std::int64_t aux_ld;
   /// kBiasGrad fused into the packing of a transposed A (see host_gemm_2d), else nullptr.
   TC* bias_grad = nullptr;
+  /// GeluAux::kSlope: the GELU epilogues keep gelu'(v) in aux, kDGelu multiplies by it.
+  bool aux_slope = false;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -953,6 +997,31 @@ __attribute__((target("avx2,fma"))) inline void gemm_gelu_span_avx2(float* v, co
   for (; j < n; ++j) v[j] = x == nullptr ? gelu_tanh(v[j]) : v[j] * gelu_tanh_grad(x[j]);
 }
 #endif
+
+#if TRAINKIT_DETAIL_GEMM_X86
+/// v[j] = gelu_tanh_slope(v[j], &slope[j]), 8 lanes at a time; the tail through the scalar one.
+__attribute__((target("avx2,fma"))) inline void gemm_gelu_slope_span_avx2(float* v, float* slope,
+                                                                          std::int64_t n) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 d;
+    _mm256_storeu_ps(v + j, gemm_gelu_slope_avx2(_mm256_loadu_ps(v + j), &d));
+    _mm256_storeu_ps(slope + j, d);
+  }
+  for (; j < n; ++j) v[j] = gelu_tanh_slope(v[j], slope + j);
+}
+#endif
+
+/// In place over n floats: v = gelu_tanh(v) and slope = gelu_tanh_grad(v), from one exponential.
+inline void gemm_gelu_slope_span(float* v, float* slope, std::int64_t n) {
+#if TRAINKIT_DETAIL_GEMM_X86
+  if (cpu_has_avx2_fma()) {
+    gemm_gelu_slope_span_avx2(v, slope, n);
+    return;
+  }
+#endif
+  for (std::int64_t j = 0; j < n; ++j) v[j] = gelu_tanh_slope(v[j], slope + j);
+}
 
 /// In place over n floats: v = gelu_tanh(v) when x == nullptr, else v *= gelu_tanh_grad(x).
 inline void gemm_gelu_span(float* v, const float* x, std::int64_t n) {
@@ -991,10 +1060,16 @@ void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0,
     }
     if (has_bias)
       for (std::int64_t j = 0; j < w; ++j) v[j] += to_f32(out.bias[c0 + j]);
-    if (e == Epilogue::kGelu || e == Epilogue::kBiasGelu) {
+    if ((e == Epilogue::kGelu || e == Epilogue::kBiasGelu) && out.aux_slope) {
+      gemm_gelu_slope_span(v, x, w);
+      if (aux != nullptr)
+        for (std::int64_t j = 0; j < w; ++j) aux[c0 + j] = from_f32<TC>(x[j]);
+    } else if (e == Epilogue::kGelu || e == Epilogue::kBiasGelu) {
       if (aux != nullptr)
         for (std::int64_t j = 0; j < w; ++j) aux[c0 + j] = from_f32<TC>(v[j]);
       gemm_gelu_span(v, nullptr, w);
+    } else if (e == Epilogue::kDGelu && out.aux_slope) {
+      for (std::int64_t j = 0; j < w; ++j) v[j] *= to_f32(aux[c0 + j]);
     } else if (e == Epilogue::kDGelu) {
       for (std::int64_t j = 0; j < w; ++j) x[j] = to_f32(aux[c0 + j]);
       gemm_gelu_span(v, x, w);
@@ -1189,7 +1264,7 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
               if (tile_epilogue && pc + kc == k) {
                 tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
                         out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
-                        out.aux_ld};
+                        out.aux_ld, out.aux_slope};
                 g.epi = &tile;
               }
             }

@@ -32,9 +32,9 @@ inline constexpr std::int64_t kLayerNormChunk = 32;
 template <class T>
 struct LayerNormArgs {
   const T* x;
-  T* y;         // forward output
-  const T* dy;  // backward input
-  T* dx;        // backward output
+  T* y;               // forward output
+  const T* dy;        // backward input
+  T* dx;              // backward output
   const T* residual;  // backward: added to dx (the residual stream's gradient), may be null
   const float* w;
   const float* b;  // may be null
@@ -130,8 +130,7 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
             const T* res = a.residual == nullptr ? nullptr : a.residual + r * C;
             if (a.accumulate && res != nullptr) {
               lane_map(
-                  C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); },
-                  put);
+                  C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); }, put);
             } else if (a.accumulate || res != nullptr) {
               const T* add = a.accumulate ? dx : res;
               lane_map(
@@ -204,7 +203,8 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
     float v = s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
     // The host's (old + residual) + v: float addition commutes, so the same bits.
     if (a.residual != nullptr) {
-      v += a.accumulate ? load(dx[c]) + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
+      v += a.accumulate ? load(dx[c]) + load(a.residual[row * C + c])
+                        : load(a.residual[row * C + c]);
     } else if (a.accumulate) {
       v += load(dx[c]);
     }
@@ -234,7 +234,8 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
     gw[k] = c < C ? load(dy[c]) * w[c] : 0.0f;
     old[k] = c < C && a.accumulate ? load(dx[c]) : 0.0f;
     if (c < C && a.residual != nullptr)
-      old[k] = a.accumulate ? old[k] + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
+      old[k] =
+          a.accumulate ? old[k] + load(a.residual[row * C + c]) : load(a.residual[row * C + c]);
   }
   float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll

@@ -84,6 +84,28 @@ inline bool fused_gelu_epilogue(std::int64_t width) noexcept {
   }
 }
 
+/// The unfused host forward's GELU, saving the slope: y = gelu(pre), then pre = gelu'(pre).
+template <class T>
+struct GeluSaveSlope {
+  T* pre;
+  T* y;
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
+    const float x = load(pre[i]);
+    y[i] = store<T>(gelu_approx(x));
+    pre[i] = store<T>(gelu_grad_approx(x));
+  }
+};
+
+/// d = d * slope, in place (the unfused host dgelu from a saved slope).
+template <class T>
+struct MulInPlace {
+  const T* slope;
+  T* d;
+  TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
+    d[i] = store<T>(load(d[i]) * load(slope[i]));
+  }
+};
+
 /// dpre = dpre * gelu'(pre), in place (the unfused dgelu).
 template <class T>
 struct DGeluInPlace {
@@ -236,26 +258,34 @@ class Linear {
                     weight_view<T>(), y, o);
   }
 
-  /// pre = x W^T + b and y = gelu(pre) (tanh GELU), fused: the MLP's first layer of a GPT block.
-  /// Keep `pre` for backward_dgelu of the next layer. pre and y are [N, out].
+  /// y = gelu(x W^T + b) (tanh GELU), fused: the MLP's first layer of a GPT block. `saved`
+  /// receives what backward_dgelu of the next layer needs, per element of y: on the GPU the
+  /// pre-activation x W^T + b (cuBLASLt's GELU aux), on the host the GELU's slope at it, which
+  /// the forward gets from the exponential it computes anyway (the backward then multiplies,
+  /// without a second one). saved and y are [N, out].
   template <amp::Policy P = amp::Fp32, class E, class TX, class TP, class TY>
-  void forward_gelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TP, 2, S> pre,
+  void forward_gelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TP, 2, S> saved,
                     TensorView<TY, 2, S> y) const {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TP, TY>();
     check_io("nn::Linear::forward_gelu", x, y);
-    detail::check_same_shape("nn::Linear::forward_gelu", "pre", pre, "y", y);
-    detail::check_contiguous("nn::Linear::forward_gelu", "pre", pre);
+    detail::check_same_shape("nn::Linear::forward_gelu", "saved", saved, "y", y);
+    detail::check_contiguous("nn::Linear::forward_gelu", "saved", saved);
     detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
-                      weight_view<T>(), pre, o);
-      exec::launch(exec, pre.numel(), detail::GeluForward<T>{pre.data(), y.data()});
+                      weight_view<T>(), saved, o);
+      if constexpr (S == Space::kHost) {
+        exec::launch(exec, saved.numel(), detail::GeluSaveSlope<T>{saved.data(), y.data()});
+      } else {
+        exec::launch(exec, saved.numel(), detail::GeluForward<T>{saved.data(), y.data()});
+      }
     } else {
       o.epilogue = has_bias() ? blas::Epilogue::kBiasGelu : blas::Epilogue::kGelu;
-      o.aux = pre.data();
+      o.aux = saved.data();
+      if constexpr (S == Space::kHost) o.gelu_aux = blas::GeluAux::kSlope;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
                       weight_view<T>(), y, o);
     }
@@ -281,26 +311,32 @@ class Linear {
 
   /// Backward of this layer when its input was x = gelu(pre) (see forward_gelu): accumulates dW
   /// and db as backward() and writes dpre = (dy W) * gelu'(pre) — the gradient of the previous
-  /// layer's pre-activation, with the GELU backward fused into the gemm. x, pre, dpre: [N, in].
+  /// layer's pre-activation, with the GELU backward fused into the gemm. `saved` is what that
+  /// forward_gelu saved (on the same device). x, saved, dpre: [N, in].
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TP, class TG>
   void backward_dgelu(const E& exec, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
-                      TensorView<TP, 2, S> pre, TensorView<TG, 2, S> dpre) {
+                      TensorView<TP, 2, S> saved, TensorView<TG, 2, S> dpre) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TP, TG>();
     check_io("nn::Linear::backward_dgelu", x, dy);
     check_io("nn::Linear::backward_dgelu", dpre, dy);
-    detail::check_same_shape("nn::Linear::backward_dgelu", "pre", pre, "dpre", dpre);
-    detail::check_contiguous("nn::Linear::backward_dgelu", "pre", pre);
+    detail::check_same_shape("nn::Linear::backward_dgelu", "saved", saved, "dpre", dpre);
+    detail::check_contiguous("nn::Linear::backward_dgelu", "saved", saved);
     detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
-      exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{pre.data(), dpre.data()});
+      if constexpr (S == Space::kHost) {
+        exec::launch(exec, dpre.numel(), detail::MulInPlace<T>{saved.data(), dpre.data()});
+      } else {
+        exec::launch(exec, dpre.numel(), detail::DGeluInPlace<T>{saved.data(), dpre.data()});
+      }
     } else {
       o.epilogue = blas::Epilogue::kDGelu;
-      o.aux = const_cast<T*>(pre.data());
+      o.aux = const_cast<T*>(saved.data());
+      if constexpr (S == Space::kHost) o.gelu_aux = blas::GeluAux::kSlope;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
     }
