@@ -1,13 +1,15 @@
 // The host fast paths of the nn layers: Linear's GELU pair in the gemm epilogue (against the
 // separate GELU pass it replaces), lane_map (against a plain loop, bit for bit) and the host
 // residual_backward (every write mode, absent gradients, odd lengths, thread counts), and the
-// AVX2 causal softmax rows of the attention (against the scalar rows, bit for bit).
+// AVX2 causal softmax rows of the attention and LayerNorm rows (against the generic rows, bit
+// for bit).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -15,6 +17,7 @@
 #include <trainkit/exec/host.hpp>
 #include <trainkit/nn/activation.hpp>
 #include <trainkit/nn/attention.hpp>
+#include <trainkit/nn/layer_norm.hpp>
 #include <trainkit/nn/linear.hpp>
 #include <trainkit/nn/math.hpp>
 #include <trainkit/nn/param_arena.hpp>
@@ -224,4 +227,86 @@ TEST_CASE("causal softmax rows (host, f32): the AVX2 rows give the scalar rows' 
       }
     }
   }
+}
+
+TEST_CASE("LayerNorm rows (host, f32): the AVX2 rows give the generic rows' bits") {
+  // layer_norm_forward / layer_norm_backward run layer_norm_*_avx2 where the CPU has AVX2.
+  // Against the generic row loops (this file's build, 8 lanes, no FMA): widths with and
+  // without a partial last block, a partial last chunk of rows, with and without a bias, every
+  // combination of accumulate and residual, dx absent, large offsets (cancellation in x - mean).
+#if TRAINKIT_DETAIL_HOST_AVX2
+  if (!nn::detail::cpu_has_avx2()) {
+    MESSAGE("no AVX2 on this CPU; nothing to compare");
+    return;
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const std::int64_t C : {1, 5, 8, 13, 64, 128, 130}) {
+    const std::int64_t rows = 70;  // chunks of 32: the last one partial
+    for (int variant = 0; variant < 8; ++variant) {
+      CAPTURE(C);
+      CAPTURE(variant);
+      const bool bias = variant & 1, accumulate = variant & 2, residual = variant & 4;
+      const float offset = variant == 5 ? 300.0f : 0.0f;
+      auto fill = [&](std::size_t n, float scale, float shift) {
+        std::vector<float> v(n);
+        for (float& e : v) e = shift + scale * uni(rng);
+        return v;
+      };
+      const std::size_t n = std::size_t(rows * C);
+      const auto x = fill(n, 3.0f, offset), dy = fill(n, 1.0f, 0.0f), res = fill(n, 1.0f, 0.0f);
+      const auto w = fill(std::size_t(C), 1.0f, 1.0f), b = fill(std::size_t(C), 0.5f, 0.0f);
+      const auto dx0 = fill(n, 1.0f, 0.0f);
+      const std::int64_t chunks =
+          (rows + nn::detail::kLayerNormChunk - 1) / nn::detail::kLayerNormChunk;
+      struct Out {
+        std::vector<float> y, stats, dx, partial;
+      };
+      auto run = [&](bool avx2, bool with_dx) {
+        Out o{std::vector<float>(n), std::vector<float>(std::size_t(2 * rows)), dx0,
+              std::vector<float>(std::size_t(chunks * 2 * C))};
+        nn::detail::LayerNormArgs<float> a{};
+        a.x = x.data();
+        a.y = o.y.data();
+        a.w = w.data();
+        a.b = bias ? b.data() : nullptr;
+        a.mean = o.stats.data();
+        a.rstd = o.stats.data() + rows;
+        a.rows = rows;
+        a.cols = C;
+        a.eps = 1e-5f;
+        if (avx2) {
+          nn::detail::layer_norm_forward_rows_avx2(a, 0, rows);
+        } else {
+          nn::detail::layer_norm_forward_rows(a, 0, rows);
+        }
+        a.dy = dy.data();
+        a.dx = with_dx ? o.dx.data() : nullptr;
+        a.residual = residual && with_dx ? res.data() : nullptr;
+        a.accumulate = accumulate;
+        a.partial = o.partial.data();
+        for (std::int64_t k = 0; k < chunks; ++k) {
+          if (avx2) {
+            nn::detail::layer_norm_backward_chunk_avx2(a, k);
+          } else {
+            nn::detail::layer_norm_backward_chunk(a, k);
+          }
+        }
+        return o;
+      };
+      for (const bool with_dx : {true, false}) {
+        const Out want = run(false, with_dx), got = run(true, with_dx);
+        CHECK(bits_equal(got.y, want.y));
+        CHECK(bits_equal(got.stats, want.stats));
+        CHECK(bits_equal(got.dx, want.dx));
+        CHECK(bits_equal(got.partial, want.partial));
+      }
+    }
+  }
+#else
+  MESSAGE("not an x86-64 GNU build; the AVX2 rows are not compiled");
+#endif
 }

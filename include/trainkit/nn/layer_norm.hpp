@@ -64,31 +64,213 @@ TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, s
   if (a.db != nullptr) a.db[c] += b;
 }
 
+#if TRAINKIT_DETAIL_HOST_AVX2
+/// 8-lane helpers of the AVX2 rows below: lanes [0, n) set; lane_sum's final tree.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_first_lanes(std::int64_t n) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE float ln_lane_tree(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/// 8 floats at p + c, masked past C (the lanes there read as 0, are not stored).
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_load(const float* p, std::int64_t c,
+                                                                    std::int64_t C, __m256i tail) {
+  return c + 8 > C ? _mm256_maskload_ps(p + c, tail) : _mm256_loadu_ps(p + c);
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void ln_store(float* p, std::int64_t c,
+                                                                   std::int64_t C, __m256i tail,
+                                                                   __m256 v) {
+  if (c + 8 > C) {
+    _mm256_maskstore_ps(p + c, tail, v);
+  } else {
+    _mm256_storeu_ps(p + c, v);
+  }
+}
+
+/// Rows [r0, r1) of the f32 forward in AVX2: lane_sum's lanes and tree, the element formulas'
+/// operations in their order (no FMA), so the bits of the generic row loop.
+__attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
+    const LayerNormArgs<float>& a, std::int64_t r0, std::int64_t r1) {
+  const std::int64_t C = a.cols, full = C / 8 * 8;
+  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256i tail_i = _mm256_castps_si256(tail);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* x = a.x + r * C;
+    float* y = a.y + r * C;
+    __m256 acc = zero;
+    std::int64_t c = 0;
+    for (; c < full; c += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + c));
+    if (c < C) acc = _mm256_add_ps(acc, _mm256_maskload_ps(x + c, tail_i));
+    const float m = ln_lane_tree(acc) / static_cast<float>(C);
+    const __m256 vm = _mm256_set1_ps(m);
+    acc = zero;
+    for (c = 0; c < full; c += 8) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), vm);
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+    }
+    if (c < C) {
+      const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(x + c, tail_i), vm);
+      acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_mul_ps(d, d), tail));
+    }
+    const float sd = 1.0f / std::sqrt(ln_lane_tree(acc) / static_cast<float>(C) + a.eps);
+    const __m256 vs = _mm256_set1_ps(sd);
+    for (c = 0; c < C; c += 8) {
+      const bool part = c + 8 > C;
+      const __m256 xv = part ? _mm256_maskload_ps(x + c, tail_i) : _mm256_loadu_ps(x + c);
+      const __m256 wv = part ? _mm256_maskload_ps(a.w + c, tail_i) : _mm256_loadu_ps(a.w + c);
+      __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(xv, vm), vs), wv);
+      if (a.b != nullptr)
+        v = _mm256_add_ps(v, part ? _mm256_maskload_ps(a.b + c, tail_i) : _mm256_loadu_ps(a.b + c));
+      if (part) {
+        _mm256_maskstore_ps(y + c, tail_i, v);
+      } else {
+        _mm256_storeu_ps(y + c, v);
+      }
+    }
+    a.mean[r] = m;
+    a.rstd[r] = sd;
+  }
+}
+
+/// Chunk k of the f32 backward's pass 1 in AVX2 (the generic chunk loop's bits, as above).
+__attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
+    const LayerNormArgs<float>& a, std::int64_t k) {
+  const std::int64_t C = a.cols, full = C / 8 * 8;
+  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256i tail_i = _mm256_castps_si256(tail);
+  float* pw = a.partial + k * 2 * C;
+  float* pb = pw + C;
+  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
+  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+    const float* x = a.x + r * C;
+    const float* dy = a.dy + r * C;
+    float* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
+    const float* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+    const __m256 vm = _mm256_set1_ps(a.mean[r]), vs = _mm256_set1_ps(a.rstd[r]);
+    __m256 acc_g = zero, acc_gx = zero;
+    for (std::int64_t c = 0; c < C; c += 8) {
+      const __m256 g = ln_load(dy, c, C, tail_i);
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
+      __m256 gw = _mm256_mul_ps(g, ln_load(a.w, c, C, tail_i));
+      __m256 gx = _mm256_mul_ps(gw, xhat);
+      if (c + 8 > C) {  // + 0 in the lanes past C
+        gw = _mm256_and_ps(gw, tail);
+        gx = _mm256_and_ps(gx, tail);
+      }
+      acc_g = _mm256_add_ps(acc_g, gw);
+      acc_gx = _mm256_add_ps(acc_gx, gx);
+      ln_store(pw, c, C, tail_i, _mm256_add_ps(ln_load(pw, c, C, tail_i), _mm256_mul_ps(g, xhat)));
+      ln_store(pb, c, C, tail_i, _mm256_add_ps(ln_load(pb, c, C, tail_i), g));
+    }
+    if (dx == nullptr) continue;
+    const __m256 mg = _mm256_set1_ps(ln_lane_tree(acc_g) / static_cast<float>(C));
+    const __m256 mgx = _mm256_set1_ps(ln_lane_tree(acc_gx) / static_cast<float>(C));
+    for (std::int64_t c = 0; c < C; c += 8) {
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
+      const __m256 gw = _mm256_mul_ps(ln_load(dy, c, C, tail_i), ln_load(a.w, c, C, tail_i));
+      __m256 v = _mm256_mul_ps(vs, _mm256_sub_ps(_mm256_sub_ps(gw, mg), _mm256_mul_ps(xhat, mgx)));
+      if (a.accumulate && res != nullptr) {
+        v = _mm256_add_ps(_mm256_add_ps(ln_load(dx, c, C, tail_i), ln_load(res, c, C, tail_i)), v);
+      } else if (a.accumulate) {
+        v = _mm256_add_ps(ln_load(dx, c, C, tail_i), v);
+      } else if (res != nullptr) {
+        v = _mm256_add_ps(ln_load(res, c, C, tail_i), v);
+      }
+      ln_store(dx, c, C, tail_i, v);
+    }
+  }
+}
+#endif
+
+/// Rows [r0, r1) of the host forward, element loops in 8 lanes (lane_sum / lane_map).
+template <class T>
+TRAINKIT_FORCEINLINE void layer_norm_forward_rows(const LayerNormArgs<T>& a, std::int64_t r0,
+                                                  std::int64_t r1) {
+  const std::int64_t C = a.cols;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const T* x = a.x + r * C;
+    T* y = a.y + r * C;
+    const float m = lane_sum(C, [&](std::int64_t c) { return load(x[c]); }) / static_cast<float>(C);
+    const float var = lane_sum(C, [&](std::int64_t c) {
+      const float d = load(x[c]) - m;
+      return d * d;
+    });
+    const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
+    const auto put = [&](std::int64_t c, float v) { y[c] = store<T>(v); };
+    if (a.b != nullptr) {
+      lane_map(
+          C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c] + a.b[c]; }, put);
+    } else {
+      lane_map(
+          C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c]; }, put);
+    }
+    a.mean[r] = m;
+    a.rstd[r] = s;
+  }
+}
+
+/// Chunk k of the host backward's pass 1: dx of its rows, and the chunk's partial sums of
+/// dy * xhat (dw) and dy (db).
+template <class T>
+TRAINKIT_FORCEINLINE void layer_norm_backward_chunk(const LayerNormArgs<T>& a, std::int64_t k) {
+  const std::int64_t C = a.cols;
+  float* pw = a.partial + k * 2 * C;
+  float* pb = pw + C;
+  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
+  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+    const T* x = a.x + r * C;
+    const T* dy = a.dy + r * C;
+    T* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
+    const float m = a.mean[r], s = a.rstd[r];
+    // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+    const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
+    const float sum_gx =
+        lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
+    lane_map(
+        C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
+        [&](std::int64_t c, float v) { pw[c] = v; });
+    lane_map(
+        C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
+        [&](std::int64_t c, float v) { pb[c] = v; });
+    const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
+    if (dx == nullptr) continue;
+    const auto dx_of = [&](std::int64_t c) {
+      const float xhat = (load(x[c]) - m) * s;
+      return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
+    };
+    const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
+    const T* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+    if (a.accumulate && res != nullptr) {
+      lane_map(
+          C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); }, put);
+    } else if (a.accumulate || res != nullptr) {
+      const T* add = a.accumulate ? dx : res;
+      lane_map(
+          C, [&](std::int64_t c) { return load(add[c]) + dx_of(c); }, put);
+    } else {
+      lane_map(C, dx_of, put);
+    }
+  }
+}
+
 template <class T>
 void layer_norm_forward(const exec::Host& host, const LayerNormArgs<T>& a) {
-  const std::int64_t C = a.cols;
-  for_rows(host, a.rows, 3 * C, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const T* x = a.x + r * C;
-      T* y = a.y + r * C;
-      const float m =
-          lane_sum(C, [&](std::int64_t c) { return load(x[c]); }) / static_cast<float>(C);
-      const float var = lane_sum(C, [&](std::int64_t c) {
-        const float d = load(x[c]) - m;
-        return d * d;
-      });
-      const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
-      const auto put = [&](std::int64_t c, float v) { y[c] = store<T>(v); };
-      if (a.b != nullptr) {
-        lane_map(
-            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c] + a.b[c]; }, put);
-      } else {
-        lane_map(
-            C, [&](std::int64_t c) { return (load(x[c]) - m) * s * a.w[c]; }, put);
+  for_rows(host, a.rows, 3 * a.cols, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
+#if TRAINKIT_DETAIL_HOST_AVX2
+    if constexpr (std::is_same_v<T, float>) {
+      if (cpu_has_avx2()) {
+        layer_norm_forward_rows_avx2(a, r0, r1);
+        return;
       }
-      a.mean[r] = m;
-      a.rstd[r] = s;
     }
+#endif
+    layer_norm_forward_rows(a, r0, r1);
   });
 }
 
@@ -97,50 +279,20 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
   const std::int64_t C = a.cols;
   const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
   // Pass 1: dx per row, and per chunk the partial sums of dy * xhat (dw) and dy (db).
-  for_rows(
-      host, chunks, kLayerNormChunk * 4 * C,
-      [&](std::int64_t k0, std::int64_t k1) TRAINKIT_INLINE_LAMBDA {
-        for (std::int64_t k = k0; k < k1; ++k) {
-          float* pw = a.partial + k * 2 * C;
-          float* pb = pw + C;
-          for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-          const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-          for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
-            const T* x = a.x + r * C;
-            const T* dy = a.dy + r * C;
-            T* dx = a.dx + r * C;
-            const float m = a.mean[r], s = a.rstd[r];
-            // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-            const float sum_g = lane_sum(C, [&](std::int64_t c) { return load(dy[c]) * a.w[c]; });
-            const float sum_gx = lane_sum(
-                C, [&](std::int64_t c) { return load(dy[c]) * a.w[c] * ((load(x[c]) - m) * s); });
-            lane_map(
-                C, [&](std::int64_t c) { return pw[c] + load(dy[c]) * ((load(x[c]) - m) * s); },
-                [&](std::int64_t c, float v) { pw[c] = v; });
-            lane_map(
-                C, [&](std::int64_t c) { return pb[c] + load(dy[c]); },
-                [&](std::int64_t c, float v) { pb[c] = v; });
-            const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
-            if (dx == nullptr) continue;
-            const auto dx_of = [&](std::int64_t c) {
-              const float xhat = (load(x[c]) - m) * s;
-              return s * (load(dy[c]) * a.w[c] - mg - xhat * mgx);
-            };
-            const auto put = [&](std::int64_t c, float v) { dx[c] = store<T>(v); };
-            const T* res = a.residual == nullptr ? nullptr : a.residual + r * C;
-            if (a.accumulate && res != nullptr) {
-              lane_map(
-                  C, [&](std::int64_t c) { return (load(dx[c]) + load(res[c])) + dx_of(c); }, put);
-            } else if (a.accumulate || res != nullptr) {
-              const T* add = a.accumulate ? dx : res;
-              lane_map(
-                  C, [&](std::int64_t c) { return load(add[c]) + dx_of(c); }, put);
-            } else {
-              lane_map(C, dx_of, put);
-            }
-          }
-        }
-      });
+  for_rows(host, chunks, kLayerNormChunk * 4 * C,
+           [&](std::int64_t k0, std::int64_t k1) TRAINKIT_INLINE_LAMBDA {
+             for (std::int64_t k = k0; k < k1; ++k) {
+#if TRAINKIT_DETAIL_HOST_AVX2
+               if constexpr (std::is_same_v<T, float>) {
+                 if (cpu_has_avx2()) {
+                   layer_norm_backward_chunk_avx2(a, k);
+                   continue;
+                 }
+               }
+#endif
+               layer_norm_backward_chunk(a, k);
+             }
+           });
   // Pass 2: add the chunk partials in chunk order, columns split among tasks.
   for_rows(host, C, 2 * chunks, [&](std::int64_t c0, std::int64_t c1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t c = c0; c < c1; ++c) add_chunk_partials(a, chunks, c);
