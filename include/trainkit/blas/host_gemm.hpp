@@ -816,8 +816,17 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
     // scatter each row's mc contiguous elements (one sequential read of A). row_sums[i] +=
     // op(A)[i0 + i, k] for k ascending when given (the bias gradient, in host_bias_grad's order).
     const std::int64_t full = mc / mr, tail = mc - full * mr;
+    // The row pieces are a row stride apart (often a power of two: the hardware streams do not
+    // follow), so each is fetched into L1 kAhead rows before its turn.
+    constexpr std::int64_t kAhead = 8;
+    const std::int64_t line_elems = 64 / static_cast<std::int64_t>(sizeof(T));
     for (std::int64_t k = 0; k < kc; ++k) {
       const T* s = a.data + (k0 + k) * a.cs + i0;
+      if (k + kAhead < kc) {
+        const T* ahead = s + kAhead * a.cs;
+        for (std::int64_t e = 0; e < mc; e += line_elems) __builtin_prefetch(ahead + e, 0, 3);
+        __builtin_prefetch(ahead + mc - 1, 0, 3);
+      }
       if (row_sums != nullptr) gemm_add_row(row_sums, s, mc);
       float* d = dst + k * mr;
       for (std::int64_t p = 0; p < full; ++p, s += mr, d += mr * kc) {
