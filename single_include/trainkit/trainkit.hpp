@@ -10554,11 +10554,13 @@ void gemm_pack_b_panel(const OperandRef<T>& b, std::int64_t k, std::int64_t j0, 
 }
 
 #if TRAINKIT_DETAIL_GEMM_X86
-/// Panels [q0, q1) (all 16 wide) of a row-major f32 op(B) starting at b (row stride rs), k rows,
-/// into bp (panel q at bp + q * NR * k): each row read once, left to right.
+/// Rows [p0, p1) of panels [q0, q1) (all 16 wide) of a row-major f32 op(B) starting at b (row
+/// stride rs), k rows in all, into bp (panel q at bp + q * NR * k): each row read once, left to
+/// right.
 __attribute__((target("avx512f"))) inline void gemm_pack_b_rows_avx512(
-    const float* b, std::int64_t rs, std::int64_t k, std::int64_t q0, std::int64_t q1, float* bp) {
-  for (std::int64_t p = 0; p < k; ++p) {
+    const float* b, std::int64_t rs, std::int64_t k, std::int64_t q0, std::int64_t q1, float* bp,
+    std::int64_t p0, std::int64_t p1) {
+  for (std::int64_t p = p0; p < p1; ++p) {
     const float* s = b + p * rs;
     float* d = bp + p * kGemmNR;
     for (std::int64_t q = q0; q < q1; ++q)
@@ -10569,11 +10571,16 @@ __attribute__((target("avx512f"))) inline void gemm_pack_b_rows_avx512(
 
 /// Packs panels [q0, q1) of op(B)[:, jc:jc+nc] into bp (panel q at bp + q * NR * k). When
 /// op(B)'s rows are contiguous (Op::kN), walks a few rows at a time across all panels, so the
-/// source is read sequentially instead of one 64-byte piece per row and page.
+/// source is read sequentially instead of one 64-byte piece per row and page, and packs only
+/// rows [p0, p1) (p1 < 0: all k): threads share such a B by ranges of rows, each reading whole
+/// rows (a task per panel would read a 64-byte piece of every row). A transposed op(B) is packed
+/// whole panels (all k rows) whatever p0 and p1 say.
 template <class T>
 void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::int64_t nc,
-                 std::int64_t q0, std::int64_t q1, float* bp) {
-  if (q0 >= q1) return;
+                 std::int64_t q0, std::int64_t q1, float* bp, std::int64_t p0 = 0,
+                 std::int64_t p1 = -1) {
+  if (p1 < 0) p1 = k;
+  if (q0 >= q1 || p0 >= p1) return;
   auto cols_of = [&](std::int64_t q) {
     return static_cast<int>(std::min<std::int64_t>(kGemmNR, nc - q * kGemmNR));
   };
@@ -10587,19 +10594,19 @@ void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::i
     // Whole panels: one zmm load and one aligned full-line store per panel row.
     const std::int64_t full_end = cols_of(q1 - 1) == kGemmNR ? q1 : q1 - 1;
     if (cpu_has_avx512f() && full_end > q0) {
-      gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp);
+      gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp, p0, p1);
       q0 = full_end;
       if (q0 == q1) return;
     }
   }
 #endif
   constexpr std::int64_t kRows = 16;
-  for (std::int64_t p0 = 0; p0 < k; p0 += kRows) {
-    const std::int64_t rows = std::min(kRows, k - p0);
-    const OperandRef<T> block{b.data + p0 * b.rs, b.rs, 1};
+  for (std::int64_t r0 = p0; r0 < p1; r0 += kRows) {
+    const std::int64_t rows = std::min(kRows, p1 - r0);
+    const OperandRef<T> block{b.data + r0 * b.rs, b.rs, 1};
     for (std::int64_t q = q0; q < q1; ++q)
       gemm_pack_b_panel(block, rows, jc + q * kGemmNR, cols_of(q),
-                        bp + q * kGemmNR * k + p0 * kGemmNR);
+                        bp + q * kGemmNR * k + r0 * kGemmNR);
   }
 }
 
@@ -10787,14 +10794,24 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     const std::int64_t panels = (nc + kGemmNR - 1) / kGemmNR;
     float* bp = b_buffer.get(panels * kGemmNR * k);
 
-    // Pack op(B)[:, jc:jc+nc], a few panels per task.
-    const std::int64_t pack_tasks =
-        threads == 1 ? 1 : std::min<std::int64_t>(panels, std::int64_t{4} * threads);
-    const std::int64_t panels_per_pack = (panels + pack_tasks - 1) / pack_tasks;
-    gemm_run_tasks(host, (panels + panels_per_pack - 1) / panels_per_pack, [&](std::int64_t t) {
-      gemm_pack_b(b, k, jc, nc, t * panels_per_pack, std::min(panels, (t + 1) * panels_per_pack),
-                  bp);
-    });
+    // Pack op(B)[:, jc:jc+nc]: a few panels per task, or a range of rows per task when op(B)'s
+    // rows are contiguous (each task then reads whole rows).
+    if (threads > 1 && b.cs == 1) {
+      const std::int64_t rows_per_pack =
+          std::max<std::int64_t>(16, (k + 4 * threads - 1) / (4 * threads));
+      gemm_run_tasks(host, (k + rows_per_pack - 1) / rows_per_pack, [&](std::int64_t t) {
+        gemm_pack_b(b, k, jc, nc, 0, panels, bp, t * rows_per_pack,
+                    std::min(k, (t + 1) * rows_per_pack));
+      });
+    } else {
+      const std::int64_t pack_tasks =
+          threads == 1 ? 1 : std::min<std::int64_t>(panels, std::int64_t{4} * threads);
+      const std::int64_t panels_per_pack = (panels + pack_tasks - 1) / pack_tasks;
+      gemm_run_tasks(host, (panels + panels_per_pack - 1) / panels_per_pack, [&](std::int64_t t) {
+        gemm_pack_b(b, k, jc, nc, t * panels_per_pack, std::min(panels, (t + 1) * panels_per_pack),
+                    bp);
+      });
+    }
 
     // Tiles of C: row blocks x column segments (whole register tiles). Split columns only when
     // there are too few row blocks to keep every thread busy, and never below 8 panels.
