@@ -10499,6 +10499,14 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
 #endif
       for (; k < kc; ++k)
         for (int r = 0; r < kGemmMR; ++r) dst[k * kGemmMR + r] = to_f32(s[r][k]);
+    } else if (a.cs == 1) {
+      // Row-major A, a partial panel (or another tile height): row by row, then the zero rows.
+      for (int r = 0; r < rows; ++r) {
+        const T* s = a.data + (i0 + p + r) * a.rs + k0;
+        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = to_f32(s[k]);
+      }
+      for (int r = rows; r < mr; ++r)
+        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = 0.0f;
     } else {
       for (std::int64_t k = 0; k < kc; ++k)
         for (int r = 0; r < mr; ++r)
