@@ -2363,7 +2363,8 @@ TRAINKIT_NAMESPACE_END
 // or more are written with non-temporal (streaming) stores: the copy is not read again soon, and
 // without them every destination line is first read into the cache (a third pass over memory;
 // the C library's memcpy streams only above a threshold derived from the cache size, which on
-// servers with hundreds of MiB of L3 no snapshot reaches). ~1.4x on a 2-core Xeon VM.
+// servers with hundreds of MiB of L3 no snapshot reaches). ~1.4x on a 2-core Xeon VM, and ~1.25x
+// more from reading four pages at a time.
 
 #include <cstddef>
 #include <vector>
@@ -2403,19 +2404,28 @@ TRAINKIT_INLINE void copy_streaming(void* dst, const void* src, std::size_t byte
   const auto* s = static_cast<const unsigned char*>(src);
 #if defined(__SSE2__)
   if (bytes >= (std::size_t(1) << 20)) {
-    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
+    // Whole destination lines: a streamed line is written once, not merged with the cache.
+    const std::size_t head = (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64;
     std::memcpy(d, s, head);
     std::size_t i = head;
-    for (; i + 64 <= bytes; i += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-    }
+    const auto line = [&](std::size_t at) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + at + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + at), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + at + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + at + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + at + 48), e);
+    };
+    // Four 4 KiB pages in lockstep, a line of each in turn: four read streams in flight, where
+    // one stream stalls at every page boundary until the hardware prefetcher starts over
+    // (~1.25x on a 2-vCPU Xeon VM: 384 MiB in 19 ms instead of 24 with two threads).
+    constexpr std::size_t kPage = 4096, kPages = 4;
+    for (; i + kPages * kPage <= bytes; i += kPages * kPage)
+      for (std::size_t l = 0; l < kPage; l += 64)
+        for (std::size_t q = 0; q < kPages; ++q) line(i + q * kPage + l);
+    for (; i + 64 <= bytes; i += 64) line(i);
     std::memcpy(d + i, s + i, bytes - i);
     _mm_sfence();  // streaming stores are weakly ordered: visible before the copy "returns"
     return;
