@@ -9525,14 +9525,9 @@ TRAINKIT_HOST_DEVICE inline float gelu_tanh_slope(float x, float* slope) noexcep
 /// (e s^2 = s (1 - s) without the cancellation of 1 - s near 1). Inputs are clamped to
 /// [-12, 12], where the derivative is already 0 or 1 to float precision; NaN propagates.
 TRAINKIT_HOST_DEVICE inline float gelu_tanh_grad(float x) noexcept {
-  x = x < -12.0f ? -12.0f : (x > 12.0f ? 12.0f : x);
-  const float x2 = x * x;
-  const float u = 0.7978845608028654f * (x + 0.044715f * x2 * x);
-  const float z = -2.0f * u;
-  const float e = expf(z > 80.0f ? 80.0f : z);
-  const float s = 1.0f / (1.0f + e);
-  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x2);
-  return s + 2.0f * x * du * s * (e * s);
+  float slope;
+  (void)gelu_tanh_slope(x, &slope);  // the same clamps and formula
+  return slope;
 }
 
 namespace detail {
@@ -14122,6 +14117,21 @@ TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, s
   if (a.db != nullptr) a.db[c] += b;
 }
 
+/// Chunk k of the backward's pass 1: its partial sums of dw and db (zeroed here) and its rows.
+struct LayerNormChunk {
+  float* pw;
+  float* pb;
+  std::int64_t r0, r1;
+};
+template <class T>
+TRAINKIT_FORCEINLINE LayerNormChunk layer_norm_chunk(const LayerNormArgs<T>& a, std::int64_t k) {
+  const std::int64_t C = a.cols;
+  float* pw = a.partial + k * 2 * C;
+  float* pb = pw + C;
+  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+  return {pw, pb, k * kLayerNormChunk, std::min(a.rows, (k + 1) * kLayerNormChunk)};
+}
+
 #if TRAINKIT_DETAIL_HOST_AVX2
 /// 8-lane helpers of the AVX2 rows below: lanes [0, n) set; lane_sum's final tree.
 __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_first_lanes(std::int64_t n) {
@@ -14200,11 +14210,10 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
   const std::int64_t C = a.cols, full = C / 8 * 8;
   const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
-  float* pw = a.partial + k * 2 * C;
-  float* pb = pw + C;
-  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+  const LayerNormChunk ch = layer_norm_chunk(a, k);
+  float* pw = ch.pw;
+  float* pb = ch.pb;
+  for (std::int64_t r = ch.r0; r < ch.r1; ++r) {
     const float* x = a.x + r * C;
     const float* dy = a.dy + r * C;
     float* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
@@ -14277,11 +14286,10 @@ TRAINKIT_FORCEINLINE void layer_norm_forward_rows(const LayerNormArgs<T>& a, std
 template <class T>
 TRAINKIT_FORCEINLINE void layer_norm_backward_chunk(const LayerNormArgs<T>& a, std::int64_t k) {
   const std::int64_t C = a.cols;
-  float* pw = a.partial + k * 2 * C;
-  float* pb = pw + C;
-  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+  const LayerNormChunk ch = layer_norm_chunk(a, k);
+  float* pw = ch.pw;
+  float* pb = ch.pb;
+  for (std::int64_t r = ch.r0; r < ch.r1; ++r) {
     const T* x = a.x + r * C;
     const T* dy = a.dy + r * C;
     T* dx = a.dx == nullptr ? nullptr : a.dx + r * C;

@@ -64,6 +64,21 @@ TRAINKIT_HOST_DEVICE inline void add_chunk_partials(const LayerNormArgs<T>& a, s
   if (a.db != nullptr) a.db[c] += b;
 }
 
+/// Chunk k of the backward's pass 1: its partial sums of dw and db (zeroed here) and its rows.
+struct LayerNormChunk {
+  float* pw;
+  float* pb;
+  std::int64_t r0, r1;
+};
+template <class T>
+TRAINKIT_FORCEINLINE LayerNormChunk layer_norm_chunk(const LayerNormArgs<T>& a, std::int64_t k) {
+  const std::int64_t C = a.cols;
+  float* pw = a.partial + k * 2 * C;
+  float* pb = pw + C;
+  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
+  return {pw, pb, k * kLayerNormChunk, std::min(a.rows, (k + 1) * kLayerNormChunk)};
+}
+
 #if TRAINKIT_DETAIL_HOST_AVX2
 /// 8-lane helpers of the AVX2 rows below: lanes [0, n) set; lane_sum's final tree.
 __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_first_lanes(std::int64_t n) {
@@ -142,11 +157,10 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
   const std::int64_t C = a.cols, full = C / 8 * 8;
   const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
-  float* pw = a.partial + k * 2 * C;
-  float* pb = pw + C;
-  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+  const LayerNormChunk ch = layer_norm_chunk(a, k);
+  float* pw = ch.pw;
+  float* pb = ch.pb;
+  for (std::int64_t r = ch.r0; r < ch.r1; ++r) {
     const float* x = a.x + r * C;
     const float* dy = a.dy + r * C;
     float* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
@@ -219,11 +233,10 @@ TRAINKIT_FORCEINLINE void layer_norm_forward_rows(const LayerNormArgs<T>& a, std
 template <class T>
 TRAINKIT_FORCEINLINE void layer_norm_backward_chunk(const LayerNormArgs<T>& a, std::int64_t k) {
   const std::int64_t C = a.cols;
-  float* pw = a.partial + k * 2 * C;
-  float* pb = pw + C;
-  for (std::int64_t c = 0; c < C; ++c) pw[c] = pb[c] = 0.0f;
-  const std::int64_t r1 = std::min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+  const LayerNormChunk ch = layer_norm_chunk(a, k);
+  float* pw = ch.pw;
+  float* pb = ch.pb;
+  for (std::int64_t r = ch.r0; r < ch.r1; ++r) {
     const T* x = a.x + r * C;
     const T* dy = a.dy + r * C;
     T* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
