@@ -41,7 +41,8 @@ struct TransformerBlockOptions {
 /// mlp.c_fc.{weight,bias} [4C, C], mlp.c_proj.{weight,bias} [C, 4C].
 ///
 /// Shapes: x, y [B, T, C]. forward writes y and saves, in the caller's Context, the ln_1/ln_2
-/// outputs, x1, the MLP pre-activation and activation, and the contexts of ln_1, attn and ln_2.
+/// outputs, x1, what the MLP's GELU saves for backward (Linear::forward_gelu: the pre-activation,
+/// or on the CPU its GELU slope) and its output, and the contexts of ln_1, attn and ln_2.
 /// backward reads x, dy and that context, adds every parameter gradient and writes dx (or adds
 /// it, Write::kAccumulate).
 template <Space S = Space::kHost>
