@@ -12801,6 +12801,32 @@ __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 exp_approx8(__m256 x
   return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(e), bits, nan));
 }
 
+/// The AVX2 rows' 8-lane helpers. first_lanes8: lanes [0, n) all ones, the mask of a row's last
+/// partial block. lane_tree8: lane_sum's final tree over the 8 lanes. load8 / store8: 8 floats at
+/// p + c, masked past `len` (those lanes read as 0 and are not written).
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes8(std::int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE float lane_tree8(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 load8(const float* p, std::int64_t c,
+                                                                  std::int64_t len, __m256i tail) {
+  return c + 8 > len ? _mm256_maskload_ps(p + c, tail) : _mm256_loadu_ps(p + c);
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void store8(float* p, std::int64_t c,
+                                                                 std::int64_t len, __m256i tail,
+                                                                 __m256 v) {
+  if (c + 8 > len) {
+    _mm256_maskstore_ps(p + c, tail, v);
+  } else {
+    _mm256_storeu_ps(p + c, v);
+  }
+}
+
 /// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
 /// helpers and element functions are force-inlined, so all of it is compiled for this target
 /// and the 8-lane blocks of lane_sum / lane_map / lane_max become one ymm register each. FMA is
@@ -14133,38 +14159,12 @@ TRAINKIT_FORCEINLINE LayerNormChunk layer_norm_chunk(const LayerNormArgs<T>& a, 
 }
 
 #if TRAINKIT_DETAIL_HOST_AVX2
-/// 8-lane helpers of the AVX2 rows below: lanes [0, n) set; lane_sum's final tree.
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_first_lanes(std::int64_t n) {
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-}
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE float ln_lane_tree(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
-/// 8 floats at p + c, masked past C (the lanes there read as 0, are not stored).
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_load(const float* p, std::int64_t c,
-                                                                    std::int64_t C, __m256i tail) {
-  return c + 8 > C ? _mm256_maskload_ps(p + c, tail) : _mm256_loadu_ps(p + c);
-}
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void ln_store(float* p, std::int64_t c,
-                                                                   std::int64_t C, __m256i tail,
-                                                                   __m256 v) {
-  if (c + 8 > C) {
-    _mm256_maskstore_ps(p + c, tail, v);
-  } else {
-    _mm256_storeu_ps(p + c, v);
-  }
-}
-
 /// Rows [r0, r1) of the f32 forward in AVX2: lane_sum's lanes and tree, the element formulas'
 /// operations in their order (no FMA), so the bits of the generic row loop.
 __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
     const LayerNormArgs<float>& a, std::int64_t r0, std::int64_t r1) {
   const std::int64_t C = a.cols, full = C / 8 * 8;
-  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256 tail = _mm256_castsi256_ps(first_lanes8(C - full)), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* x = a.x + r * C;
@@ -14173,7 +14173,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
     std::int64_t c = 0;
     for (; c < full; c += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + c));
     if (c < C) acc = _mm256_add_ps(acc, _mm256_maskload_ps(x + c, tail_i));
-    const float m = ln_lane_tree(acc) / static_cast<float>(C);
+    const float m = lane_tree8(acc) / static_cast<float>(C);
     const __m256 vm = _mm256_set1_ps(m);
     acc = zero;
     for (c = 0; c < full; c += 8) {
@@ -14184,7 +14184,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
       const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(x + c, tail_i), vm);
       acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_mul_ps(d, d), tail));
     }
-    const float sd = 1.0f / std::sqrt(ln_lane_tree(acc) / static_cast<float>(C) + a.eps);
+    const float sd = 1.0f / std::sqrt(lane_tree8(acc) / static_cast<float>(C) + a.eps);
     const __m256 vs = _mm256_set1_ps(sd);
     for (c = 0; c < C; c += 8) {
       const bool part = c + 8 > C;
@@ -14208,7 +14208,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
 __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const LayerNormArgs<float>& a, std::int64_t k) {
   const std::int64_t C = a.cols, full = C / 8 * 8;
-  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256 tail = _mm256_castsi256_ps(first_lanes8(C - full)), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
   const LayerNormChunk ch = layer_norm_chunk(a, k);
   float* pw = ch.pw;
@@ -14221,9 +14221,9 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const __m256 vm = _mm256_set1_ps(a.mean[r]), vs = _mm256_set1_ps(a.rstd[r]);
     __m256 acc_g = zero, acc_gx = zero;
     for (std::int64_t c = 0; c < C; c += 8) {
-      const __m256 g = ln_load(dy, c, C, tail_i);
-      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
-      __m256 gw = _mm256_mul_ps(g, ln_load(a.w, c, C, tail_i));
+      const __m256 g = load8(dy, c, C, tail_i);
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x, c, C, tail_i), vm), vs);
+      __m256 gw = _mm256_mul_ps(g, load8(a.w, c, C, tail_i));
       __m256 gx = _mm256_mul_ps(gw, xhat);
       if (c + 8 > C) {  // + 0 in the lanes past C
         gw = _mm256_and_ps(gw, tail);
@@ -14231,24 +14231,24 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
       }
       acc_g = _mm256_add_ps(acc_g, gw);
       acc_gx = _mm256_add_ps(acc_gx, gx);
-      ln_store(pw, c, C, tail_i, _mm256_add_ps(ln_load(pw, c, C, tail_i), _mm256_mul_ps(g, xhat)));
-      ln_store(pb, c, C, tail_i, _mm256_add_ps(ln_load(pb, c, C, tail_i), g));
+      store8(pw, c, C, tail_i, _mm256_add_ps(load8(pw, c, C, tail_i), _mm256_mul_ps(g, xhat)));
+      store8(pb, c, C, tail_i, _mm256_add_ps(load8(pb, c, C, tail_i), g));
     }
     if (dx == nullptr) continue;
-    const __m256 mg = _mm256_set1_ps(ln_lane_tree(acc_g) / static_cast<float>(C));
-    const __m256 mgx = _mm256_set1_ps(ln_lane_tree(acc_gx) / static_cast<float>(C));
+    const __m256 mg = _mm256_set1_ps(lane_tree8(acc_g) / static_cast<float>(C));
+    const __m256 mgx = _mm256_set1_ps(lane_tree8(acc_gx) / static_cast<float>(C));
     for (std::int64_t c = 0; c < C; c += 8) {
-      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
-      const __m256 gw = _mm256_mul_ps(ln_load(dy, c, C, tail_i), ln_load(a.w, c, C, tail_i));
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x, c, C, tail_i), vm), vs);
+      const __m256 gw = _mm256_mul_ps(load8(dy, c, C, tail_i), load8(a.w, c, C, tail_i));
       __m256 v = _mm256_mul_ps(vs, _mm256_sub_ps(_mm256_sub_ps(gw, mg), _mm256_mul_ps(xhat, mgx)));
       if (a.accumulate && res != nullptr) {
-        v = _mm256_add_ps(_mm256_add_ps(ln_load(dx, c, C, tail_i), ln_load(res, c, C, tail_i)), v);
+        v = _mm256_add_ps(_mm256_add_ps(load8(dx, c, C, tail_i), load8(res, c, C, tail_i)), v);
       } else if (a.accumulate) {
-        v = _mm256_add_ps(ln_load(dx, c, C, tail_i), v);
+        v = _mm256_add_ps(load8(dx, c, C, tail_i), v);
       } else if (res != nullptr) {
-        v = _mm256_add_ps(ln_load(res, c, C, tail_i), v);
+        v = _mm256_add_ps(load8(res, c, C, tail_i), v);
       }
-      ln_store(dx, c, C, tail_i, v);
+      store8(dx, c, C, tail_i, v);
     }
   }
 }
@@ -15412,12 +15412,6 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
 }
 
 #if TRAINKIT_DETAIL_HOST_AVX2
-/// Lanes [0, n) of 8 set (all ones), for masked loads and stores of a row's last block.
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes(std::int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block, in AVX2: the same lanes,
 /// orders and operations as the scalar row (lane_max / lane_map / lane_sum over 8 lanes, the
 /// last partial block masked instead of scalar), so the same bits.
@@ -15427,7 +15421,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
   const __m256 zero = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < rows; ++i, s += len, p += len) {
     const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes(n - full);
+    const __m256i tail = first_lanes8(n - full);
     __m256 mx = _mm256_set1_ps(s[0]);
     std::int64_t j = 0;
     for (; j < full; j += 8) mx = _mm256_max_ps(_mm256_loadu_ps(s + j), mx);  // v > acc ? v : acc
@@ -15453,19 +15447,12 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
       _mm256_maskstore_ps(s + j, tail, e);
       acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
     }
-    _mm256_store_ps(lanes, acc);
-    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    const __m256 inv = _mm256_set1_ps(1.0f / lane_tree8(acc));
     for (j = 0; j < full; j += 8)
       _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
-    if (j < n) {
+    if (j < n)
       _mm256_maskstore_ps(p + j, tail, _mm256_mul_ps(_mm256_maskload_ps(s + j, tail), inv));
-      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) p[z] = 0.0f;
-      j += 8;
-    }
-    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(p + j, zero);
-    for (; j < len; ++j) p[j] = 0.0f;
+    std::fill(p + n, p + len, 0.0f);
   }
 }
 
@@ -15475,7 +15462,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
   const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
   for (std::int64_t i = 0; i < rows; ++i, p += len, dp += len, ds += len) {
     const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes(n - full);
+    const __m256i tail = first_lanes8(n - full);
     __m256 acc = zero;
     std::int64_t j = 0;
     for (; j < full; j += 8)
@@ -15483,10 +15470,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
     if (j < n)  // masked loads give 0 past n: + 0 * 0
       acc = _mm256_add_ps(
           acc, _mm256_mul_ps(_mm256_maskload_ps(p + j, tail), _mm256_maskload_ps(dp + j, tail)));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    const __m256 dot = _mm256_set1_ps(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+    const __m256 dot = _mm256_set1_ps(lane_tree8(acc));
     for (j = 0; j < full; j += 8)
       _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j)),
                                              _mm256_sub_ps(_mm256_loadu_ps(dp + j), dot)));
@@ -15494,11 +15478,8 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
       _mm256_maskstore_ps(ds + j, tail,
                           _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(p + j, tail)),
                                         _mm256_sub_ps(_mm256_maskload_ps(dp + j, tail), dot)));
-      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) ds[z] = 0.0f;
-      j += 8;
     }
-    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(ds + j, zero);
-    for (; j < len; ++j) ds[j] = 0.0f;
+    std::fill(ds + n, ds + len, 0.0f);
   }
 }
 #endif

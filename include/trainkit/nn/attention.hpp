@@ -77,12 +77,6 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
 }
 
 #if TRAINKIT_DETAIL_HOST_AVX2
-/// Lanes [0, n) of 8 set (all ones), for masked loads and stores of a row's last block.
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes(std::int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block, in AVX2: the same lanes,
 /// orders and operations as the scalar row (lane_max / lane_map / lane_sum over 8 lanes, the
 /// last partial block masked instead of scalar), so the same bits.
@@ -92,7 +86,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
   const __m256 zero = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < rows; ++i, s += len, p += len) {
     const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes(n - full);
+    const __m256i tail = first_lanes8(n - full);
     __m256 mx = _mm256_set1_ps(s[0]);
     std::int64_t j = 0;
     for (; j < full; j += 8) mx = _mm256_max_ps(_mm256_loadu_ps(s + j), mx);  // v > acc ? v : acc
@@ -118,19 +112,12 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
       _mm256_maskstore_ps(s + j, tail, e);
       acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
     }
-    _mm256_store_ps(lanes, acc);
-    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    const __m256 inv = _mm256_set1_ps(1.0f / lane_tree8(acc));
     for (j = 0; j < full; j += 8)
       _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
-    if (j < n) {
+    if (j < n)
       _mm256_maskstore_ps(p + j, tail, _mm256_mul_ps(_mm256_maskload_ps(s + j, tail), inv));
-      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) p[z] = 0.0f;
-      j += 8;
-    }
-    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(p + j, zero);
-    for (; j < len; ++j) p[j] = 0.0f;
+    std::fill(p + n, p + len, 0.0f);
   }
 }
 
@@ -140,7 +127,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
   const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
   for (std::int64_t i = 0; i < rows; ++i, p += len, dp += len, ds += len) {
     const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes(n - full);
+    const __m256i tail = first_lanes8(n - full);
     __m256 acc = zero;
     std::int64_t j = 0;
     for (; j < full; j += 8)
@@ -148,10 +135,7 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
     if (j < n)  // masked loads give 0 past n: + 0 * 0
       acc = _mm256_add_ps(
           acc, _mm256_mul_ps(_mm256_maskload_ps(p + j, tail), _mm256_maskload_ps(dp + j, tail)));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc);
-    const __m256 dot = _mm256_set1_ps(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                                      ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])));
+    const __m256 dot = _mm256_set1_ps(lane_tree8(acc));
     for (j = 0; j < full; j += 8)
       _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j)),
                                              _mm256_sub_ps(_mm256_loadu_ps(dp + j), dot)));
@@ -159,11 +143,8 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
       _mm256_maskstore_ps(ds + j, tail,
                           _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(p + j, tail)),
                                         _mm256_sub_ps(_mm256_maskload_ps(dp + j, tail), dot)));
-      for (std::int64_t z = n; z < std::min(len, j + 8); ++z) ds[z] = 0.0f;
-      j += 8;
     }
-    for (; j + 8 <= len; j += 8) _mm256_storeu_ps(ds + j, zero);
-    for (; j < len; ++j) ds[j] = 0.0f;
+    std::fill(ds + n, ds + len, 0.0f);
   }
 }
 #endif

@@ -80,38 +80,12 @@ TRAINKIT_FORCEINLINE LayerNormChunk layer_norm_chunk(const LayerNormArgs<T>& a, 
 }
 
 #if TRAINKIT_DETAIL_HOST_AVX2
-/// 8-lane helpers of the AVX2 rows below: lanes [0, n) set; lane_sum's final tree.
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_first_lanes(std::int64_t n) {
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-}
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE float ln_lane_tree(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
-/// 8 floats at p + c, masked past C (the lanes there read as 0, are not stored).
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 ln_load(const float* p, std::int64_t c,
-                                                                    std::int64_t C, __m256i tail) {
-  return c + 8 > C ? _mm256_maskload_ps(p + c, tail) : _mm256_loadu_ps(p + c);
-}
-__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void ln_store(float* p, std::int64_t c,
-                                                                   std::int64_t C, __m256i tail,
-                                                                   __m256 v) {
-  if (c + 8 > C) {
-    _mm256_maskstore_ps(p + c, tail, v);
-  } else {
-    _mm256_storeu_ps(p + c, v);
-  }
-}
-
 /// Rows [r0, r1) of the f32 forward in AVX2: lane_sum's lanes and tree, the element formulas'
 /// operations in their order (no FMA), so the bits of the generic row loop.
 __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
     const LayerNormArgs<float>& a, std::int64_t r0, std::int64_t r1) {
   const std::int64_t C = a.cols, full = C / 8 * 8;
-  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256 tail = _mm256_castsi256_ps(first_lanes8(C - full)), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
   for (std::int64_t r = r0; r < r1; ++r) {
     const float* x = a.x + r * C;
@@ -120,7 +94,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
     std::int64_t c = 0;
     for (; c < full; c += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + c));
     if (c < C) acc = _mm256_add_ps(acc, _mm256_maskload_ps(x + c, tail_i));
-    const float m = ln_lane_tree(acc) / static_cast<float>(C);
+    const float m = lane_tree8(acc) / static_cast<float>(C);
     const __m256 vm = _mm256_set1_ps(m);
     acc = zero;
     for (c = 0; c < full; c += 8) {
@@ -131,7 +105,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
       const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(x + c, tail_i), vm);
       acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_mul_ps(d, d), tail));
     }
-    const float sd = 1.0f / std::sqrt(ln_lane_tree(acc) / static_cast<float>(C) + a.eps);
+    const float sd = 1.0f / std::sqrt(lane_tree8(acc) / static_cast<float>(C) + a.eps);
     const __m256 vs = _mm256_set1_ps(sd);
     for (c = 0; c < C; c += 8) {
       const bool part = c + 8 > C;
@@ -155,7 +129,7 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
 __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const LayerNormArgs<float>& a, std::int64_t k) {
   const std::int64_t C = a.cols, full = C / 8 * 8;
-  const __m256 tail = ln_first_lanes(C - full), zero = _mm256_setzero_ps();
+  const __m256 tail = _mm256_castsi256_ps(first_lanes8(C - full)), zero = _mm256_setzero_ps();
   const __m256i tail_i = _mm256_castps_si256(tail);
   const LayerNormChunk ch = layer_norm_chunk(a, k);
   float* pw = ch.pw;
@@ -168,9 +142,9 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const __m256 vm = _mm256_set1_ps(a.mean[r]), vs = _mm256_set1_ps(a.rstd[r]);
     __m256 acc_g = zero, acc_gx = zero;
     for (std::int64_t c = 0; c < C; c += 8) {
-      const __m256 g = ln_load(dy, c, C, tail_i);
-      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
-      __m256 gw = _mm256_mul_ps(g, ln_load(a.w, c, C, tail_i));
+      const __m256 g = load8(dy, c, C, tail_i);
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x, c, C, tail_i), vm), vs);
+      __m256 gw = _mm256_mul_ps(g, load8(a.w, c, C, tail_i));
       __m256 gx = _mm256_mul_ps(gw, xhat);
       if (c + 8 > C) {  // + 0 in the lanes past C
         gw = _mm256_and_ps(gw, tail);
@@ -178,24 +152,24 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
       }
       acc_g = _mm256_add_ps(acc_g, gw);
       acc_gx = _mm256_add_ps(acc_gx, gx);
-      ln_store(pw, c, C, tail_i, _mm256_add_ps(ln_load(pw, c, C, tail_i), _mm256_mul_ps(g, xhat)));
-      ln_store(pb, c, C, tail_i, _mm256_add_ps(ln_load(pb, c, C, tail_i), g));
+      store8(pw, c, C, tail_i, _mm256_add_ps(load8(pw, c, C, tail_i), _mm256_mul_ps(g, xhat)));
+      store8(pb, c, C, tail_i, _mm256_add_ps(load8(pb, c, C, tail_i), g));
     }
     if (dx == nullptr) continue;
-    const __m256 mg = _mm256_set1_ps(ln_lane_tree(acc_g) / static_cast<float>(C));
-    const __m256 mgx = _mm256_set1_ps(ln_lane_tree(acc_gx) / static_cast<float>(C));
+    const __m256 mg = _mm256_set1_ps(lane_tree8(acc_g) / static_cast<float>(C));
+    const __m256 mgx = _mm256_set1_ps(lane_tree8(acc_gx) / static_cast<float>(C));
     for (std::int64_t c = 0; c < C; c += 8) {
-      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(ln_load(x, c, C, tail_i), vm), vs);
-      const __m256 gw = _mm256_mul_ps(ln_load(dy, c, C, tail_i), ln_load(a.w, c, C, tail_i));
+      const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x, c, C, tail_i), vm), vs);
+      const __m256 gw = _mm256_mul_ps(load8(dy, c, C, tail_i), load8(a.w, c, C, tail_i));
       __m256 v = _mm256_mul_ps(vs, _mm256_sub_ps(_mm256_sub_ps(gw, mg), _mm256_mul_ps(xhat, mgx)));
       if (a.accumulate && res != nullptr) {
-        v = _mm256_add_ps(_mm256_add_ps(ln_load(dx, c, C, tail_i), ln_load(res, c, C, tail_i)), v);
+        v = _mm256_add_ps(_mm256_add_ps(load8(dx, c, C, tail_i), load8(res, c, C, tail_i)), v);
       } else if (a.accumulate) {
-        v = _mm256_add_ps(ln_load(dx, c, C, tail_i), v);
+        v = _mm256_add_ps(load8(dx, c, C, tail_i), v);
       } else if (res != nullptr) {
-        v = _mm256_add_ps(ln_load(res, c, C, tail_i), v);
+        v = _mm256_add_ps(load8(res, c, C, tail_i), v);
       }
-      ln_store(dx, c, C, tail_i, v);
+      store8(dx, c, C, tail_i, v);
     }
   }
 }

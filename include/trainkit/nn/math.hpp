@@ -133,6 +133,32 @@ __attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 exp_approx8(__m256 x
   return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(e), bits, nan));
 }
 
+/// The AVX2 rows' 8-lane helpers. first_lanes8: lanes [0, n) all ones, the mask of a row's last
+/// partial block. lane_tree8: lane_sum's final tree over the 8 lanes. load8 / store8: 8 floats at
+/// p + c, masked past `len` (those lanes read as 0 and are not written).
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256i first_lanes8(std::int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE float lane_tree8(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE __m256 load8(const float* p, std::int64_t c,
+                                                                  std::int64_t len, __m256i tail) {
+  return c + 8 > len ? _mm256_maskload_ps(p + c, tail) : _mm256_loadu_ps(p + c);
+}
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void store8(float* p, std::int64_t c,
+                                                                 std::int64_t len, __m256i tail,
+                                                                 __m256 v) {
+  if (c + 8 > len) {
+    _mm256_maskstore_ps(p + c, tail, v);
+  } else {
+    _mm256_storeu_ps(p + c, v);
+  }
+}
+
 /// f() compiled for AVX2: f and the row body it calls are TRAINKIT_INLINE_LAMBDAs, and the lane
 /// helpers and element functions are force-inlined, so all of it is compiled for this target
 /// and the 8-lane blocks of lane_sum / lane_map / lane_max become one ymm register each. FMA is
