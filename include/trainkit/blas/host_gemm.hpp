@@ -352,17 +352,6 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
     return P##_div_ps(x, P##_add_ps(P##_set1_ps(1.0f), e));                                       \
   }                                                                                               \
-  __attribute__((target(TARGET))) inline V gemm_gelu_grad_##ISA(V x) {                            \
-    const V one = P##_set1_ps(1.0f), c0 = P##_set1_ps(0.7978845608028654f);                       \
-    x = gemm_vmin(P##_set1_ps(12.0f), gemm_vmax(P##_set1_ps(-12.0f), x));                         \
-    const V x2 = P##_mul_ps(x, x);                                                                \
-    const V u = P##_mul_ps(c0, P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), x, x));       \
-    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
-    const V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
-    const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
-    const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(x, du), s), P##_mul_ps(e, s));                   \
-    return P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                                 \
-  }                                                                                               \
   __attribute__((target(TARGET))) inline V gemm_gelu_slope_##ISA(V x, V* slope) {                 \
     const V one = P##_set1_ps(1.0f), c0 = P##_set1_ps(0.7978845608028654f);                       \
     x = gemm_vmax(P##_set1_ps(-12.0f), x);                                                        \
@@ -375,6 +364,11 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(xd, du), s), P##_mul_ps(e, s));                  \
     *slope = P##_fmadd_ps(P##_set1_ps(2.0f), t, s);                                               \
     return P##_mul_ps(x, s);                                                                      \
+  }                                                                                               \
+  __attribute__((target(TARGET))) inline V gemm_gelu_grad_##ISA(V x) {                            \
+    V slope; /* the same clamps and formula; the unused GELU value is dropped */                  \
+    (void)gemm_gelu_slope_##ISA(x, &slope);                                                       \
+    return slope;                                                                                 \
   }
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
