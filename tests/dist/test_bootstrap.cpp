@@ -19,10 +19,13 @@
 #include <trainkit/dist/bootstrap.hpp>
 #include <trainkit/dist/rendezvous.hpp>
 
+#include "dist/free_port.hpp"
+
 namespace {
 
 namespace tk = trainkit;
 namespace dist = trainkit::dist;
+using disttest::free_port;
 
 // Every variable detect_launch reads: cleared for each test, restored afterwards.
 const char* const kLaunchVars[] = {"RANK",
@@ -65,17 +68,6 @@ class CleanEnv {
  private:
   std::map<std::string, std::string> saved_;
 };
-
-int free_port() {
-  std::string error;
-  dist::detail::Socket s = dist::detail::listen_on(0, error);
-  REQUIRE(s.valid());
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
 
 }  // namespace
 

@@ -36,11 +36,13 @@
 #include <trainkit/nn/param_arena.hpp>
 
 #include "dist/dist_test_util.hpp"
+#include "dist/free_port.hpp"
 
 namespace {
 
 namespace tk = trainkit;
 namespace dist = trainkit::dist;
+using disttest::free_port;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -49,13 +51,6 @@ double seconds_since(Clock::time_point t0) {
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-int free_port() {
-  std::string error;
-  dist::detail::Socket s = dist::detail::listen_on(0, error);
-  REQUIRE(s.valid());
-  return dist::detail::bound_port(s.fd());
 }
 
 dist::TcpCommOptions quick(int timeout_ms = 10000, std::int64_t chunk_bytes = 256 << 10) {
