@@ -19,6 +19,10 @@
 #include <type_traits>
 #include <vector>
 
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf: the L2 size
+#endif
+
 #include "trainkit/blas/gemm_options.hpp"
 #include "trainkit/config.hpp"
 #include "trainkit/exec/host.hpp"
@@ -40,8 +44,9 @@ inline constexpr int kGemmMR = 6;
 inline constexpr int kGemmNR = 16;
 // The AVX-512 register tile: 12 rows x 32 columns (two B panels) = 24 zmm accumulators.
 inline constexpr int kGemmAvx512Rows = 2 * kGemmMR;
-// Cache blocking: a 16-column B panel of KC rows (<= 24 KiB) stays in L1 while the micro-kernel
-// walks the task's A block (MC x KC <= 288 KiB), which stays in L2. Both are maxima: k and m
+// Cache blocking: a row tile of A (12 x KC <= 18 KiB) stays in L1 while the micro-kernel walks a
+// column block of packed B that stays in L2 (gemm_l2_block_panels); the task's A block (MC x KC
+// <= 288 KiB) is read from L2 once per column block. KC and MC are maxima: k and m
 // are cut into equal blocks (k = 784 gives 3 x 262, not 384 + 384 + 16), which depend only on
 // the shape, so the summation order never depends on the thread count.
 inline constexpr std::int64_t kGemmKC = 384;
@@ -1096,6 +1101,24 @@ void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0,
   }
 }
 
+/// How many 16-column panels of packed B (kc rows each) one column block of a task holds: a
+/// quarter of this CPU's L2 cache (at least two register tiles' worth), so that the block stays
+/// in L2 while every row tile of A passes over it. The blocking only orders the tiles; it never
+/// changes a sum.
+inline std::int64_t gemm_l2_block_panels(std::int64_t kc, std::int64_t tile_panels) {
+  static const std::int64_t budget = [] {
+    long l2 = 0;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    if (l2 <= 0) l2 = 1L << 20;
+    return std::clamp<std::int64_t>(l2 / 4, std::int64_t{128} << 10, std::int64_t{2} << 20);
+  }();
+  const std::int64_t panel_bytes = kc * kGemmNR * std::int64_t{sizeof(float)};
+  const std::int64_t panels = std::max<std::int64_t>(2 * tile_panels, budget / panel_bytes);
+  return panels / tile_panels * tile_panels;
+}
+
 /// Runs f(task) for task in [0, n): on the pool when `host` is given, else inline in order.
 template <class F>
 void gemm_run_tasks(const exec::Host* host, std::int64_t n, F&& f) {
@@ -1220,7 +1243,6 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       // f32 C: the micro-kernel applies the epilogue on the last k block, on registers.
       const bool tile_epilogue = c_is_f32 && gemm_has_epilogue(out);
       const bool tile_bias = out.epilogue == Epilogue::kBias || out.epilogue == Epilogue::kBiasGelu;
-      const std::int64_t calls_per_group = (rows + tile_rows - 1) / tile_rows;
       // kBiasGrad fused: the first column segment of a row block sums its rows of A^T while it
       // packs them (A is read once, for both), k ascending as host_bias_grad does. The caller
       // sets out.bias_grad only for an f32 A stored [k, m] (packed, never read in place).
@@ -1236,67 +1258,55 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
         if (in_place_rows < rows)
           gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap, sums);
         const float beta = pc == 0 ? first_beta : 1.0f;
-        for (std::int64_t q = q0; q < q1; q += tile_panels) {
-          const std::int64_t jj = jc + q * kGemmNR;
-          const int cols = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
-          const float* panel = bp + q * kGemmNR * k + pc * kGemmNR;
-          // Pull the next group's panels towards L2 a slice per micro-kernel call, so the first
-          // pass over them does not wait on L3 (each is read rows / tile_rows times, the first
-          // read is the cost).
-          const std::int64_t next_panels =
-              std::min(tile_panels, std::max<std::int64_t>(0, q1 - q - tile_panels));
-          const std::int64_t panel_lines = (kc * kGemmNR * std::int64_t{sizeof(float)} + 63) / 64;
-          const std::int64_t slice =
-              (next_panels * panel_lines + calls_per_group) / (calls_per_group + 1);
-          std::int64_t next_panel = 0, next_line = 0;
+        // Column blocks of packed B that stay in L2; in each, a row tile of A (12 x kc, in L1
+        // after its first call) meets every panel group of the block in turn, so the panels
+        // stream from L2 in order and C is written a few whole rows at a time.
+        const std::int64_t block_panels = gemm_l2_block_panels(kc, tile_panels);
+        for (std::int64_t qb = q0; qb < q1; qb += block_panels) {
+          const std::int64_t qb1 = std::min(q1, qb + block_panels);
           for (std::int64_t ir = 0; ir < rows; ir += tile_rows) {
-            for (std::int64_t i = 0; i < slice && next_panel < next_panels; ++i) {
-              __builtin_prefetch(
-                  reinterpret_cast<const char*>(panel + (tile_panels + next_panel) * kGemmNR * k) +
-                      next_line * 64,
-                  0, 2);
-              if (++next_line == panel_lines) {
-                next_line = 0;
-                ++next_panel;
+            for (std::int64_t q = qb; q < qb1; q += tile_panels) {
+              const std::int64_t jj = jc + q * kGemmNR;
+              const int cols = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
+              const float* panel = bp + q * kGemmNR * k + pc * kGemmNR;
+              GemmTileArgs g;
+              g.kc = kc;
+              if constexpr (a_is_f32) {
+                if (ir < in_place_rows) {
+                  g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
+                  g.a_rs = a.rs;
+                  g.a_ks = a.cs;
+                  // A row tile's first call reads its rows into L1 and pulls the next tile's
+                  // towards L2.
+                  if (q == qb && ir + 2 * tile_rows <= in_place_rows)
+                    g.a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
+                }
               }
-            }
-            GemmTileArgs g;
-            g.kc = kc;
-            if constexpr (a_is_f32) {
-              if (ir < in_place_rows) {
-                g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
-                g.a_rs = a.rs;
-                g.a_ks = a.cs;
-                // The first column group reads the block's rows for the first time: each call
-                // prefetches the next tile's.
-                if (q == q0 && ir + 2 * tile_rows <= in_place_rows)
-                  g.a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
+              if (ir >= in_place_rows) {
+                g.a = ap + (ir - in_place_rows) * kc;
+                g.a_rs = 1;
+                g.a_ks = tile_rows;
               }
-            }
-            if (ir >= in_place_rows) {
-              g.a = ap + (ir - in_place_rows) * kc;
-              g.a_rs = 1;
-              g.a_ks = tile_rows;
-            }
-            g.b = panel;
-            g.b_panel = kGemmNR * k;
-            g.c = dst + ir * ldd + (jj - j0);
-            g.ldc = ldd;
-            g.alpha = out.alpha;
-            g.beta = beta;
-            g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
-            g.nr = cols;
-            g.epi = nullptr;
-            GemmTileEpilogue tile;
-            if constexpr (c_is_f32) {
-              if (tile_epilogue && pc + kc == k) {
-                tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
-                        out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
-                        out.aux_ld, out.aux_slope};
-                g.epi = &tile;
+              g.b = panel;
+              g.b_panel = kGemmNR * k;
+              g.c = dst + ir * ldd + (jj - j0);
+              g.ldc = ldd;
+              g.alpha = out.alpha;
+              g.beta = beta;
+              g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
+              g.nr = cols;
+              g.epi = nullptr;
+              GemmTileEpilogue tile;
+              if constexpr (c_is_f32) {
+                if (tile_epilogue && pc + kc == k) {
+                  tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
+                          out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
+                          out.aux_ld, out.aux_slope};
+                  g.epi = &tile;
+                }
               }
+              kernel.run(g);
             }
-            kernel.run(g);
           }
         }
       }
