@@ -842,8 +842,10 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
           for (int r = 0; r < mr; ++r) d[r] = to_f32(s[r]);
         }
       }
-      if (tail > 0)
-        for (int r = 0; r < mr; ++r) d[r] = r < tail ? to_f32(s[r]) : 0.0f;
+      if (tail > 0) {
+        for (int r = 0; r < tail; ++r) d[r] = to_f32(s[r]);
+        std::fill(d + tail, d + mr, 0.0f);
+      }
     }
     return;
   }
@@ -864,13 +866,13 @@ void gemm_pack_a(const OperandRef<T>& a, std::int64_t i0, std::int64_t mc, std::
       for (; k < kc; ++k)
         for (int r = 0; r < kGemmMR; ++r) dst[k * kGemmMR + r] = to_f32(s[r][k]);
     } else if (a.cs == 1) {
-      // Row-major A, a partial panel (or another tile height): row by row, then the zero rows.
+      // Row-major A, a partial panel (or another tile height): the zero rows by one contiguous
+      // fill of the panel (not mr - rows strided streams), then row by row.
+      if (rows < mr) std::fill(dst, dst + kc * mr, 0.0f);
       for (int r = 0; r < rows; ++r) {
         const T* s = a.data + (i0 + p + r) * a.rs + k0;
         for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = to_f32(s[k]);
       }
-      for (int r = rows; r < mr; ++r)
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = 0.0f;
     } else {
       for (std::int64_t k = 0; k < kc; ++k)
         for (int r = 0; r < mr; ++r)
