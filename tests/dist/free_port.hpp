@@ -5,6 +5,7 @@
 // processes run in parallel (ctest -j) probe different ports.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <stdexcept>
@@ -20,9 +21,12 @@ inline int free_port() {
   int ephemeral_low = 32768, ephemeral_high = 60999;
   if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range)
     range >> ephemeral_low >> ephemeral_high;
-  const int high = ephemeral_low > 2048 ? ephemeral_low : 65536;
-  const int low = ephemeral_low > 2048 ? (ephemeral_low > 13024 ? ephemeral_low - 12000 : 1024)
-                                       : ephemeral_high + 1;
+  // Up to 12000 ports just below the ephemeral range, or above it where it starts that low.
+  int low = ephemeral_high + 1, high = 65536;
+  if (ephemeral_low > 2048) {
+    high = ephemeral_low;
+    low = std::max(1024, high - 12000);
+  }
   const int span = high - low;
   static std::atomic<int> next{0};
   const int start = static_cast<int>(::getpid() % 1000) * 37;

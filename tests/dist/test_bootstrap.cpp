@@ -314,12 +314,8 @@ TEST_CASE("tcp_broadcast: a foreign service on the port is recognised") {
   std::string error;
   dist::detail::Socket listener = dist::detail::listen_on(0, error);
   REQUIRE(listener.valid());
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const int port = addr.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  const int port = dist::detail::bound_port(listener.fd());
+  REQUIRE(port > 0);
   std::thread server([&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     if (!dist::detail::wait_fd(listener.fd(), POLLIN, deadline)) return;
