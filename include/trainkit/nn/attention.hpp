@@ -36,7 +36,8 @@ struct AttentionArgs {
   const T* qkv;
   T* out;         // forward output
   T* probs;       // [B, H, T, T] softmax probabilities (zero above the diagonal), saved
-  float* scores;  // [B, H, T, T] f32 scratch: Q K^T / sqrt(hs) (forward), dP (backward)
+  float* scores;  // [B, H, T, T] f32 scratch: Q K^T / sqrt(hs) (forward), dP (backward);
+                  // unused (null) by the host's f32 core, which keeps one head's in L1
   T* dscores;     // [B, H, T, T] scratch of the operand type: dS (backward)
   const T* dout;  // backward input [B, T, C]
   T* dqkv;        // backward output [B, T, 3C]
@@ -77,74 +78,132 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
 }
 
 #if TRAINKIT_DETAIL_HOST_AVX2
-/// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block, in AVX2: the same lanes,
-/// orders and operations as the scalar row (lane_max / lane_map / lane_sum over 8 lanes, the
-/// last partial block masked instead of scalar), so the same bits.
+/// Rows per pass of the AVX2 softmax rows below (their per-row scalars live on the stack).
+inline constexpr std::int64_t kSoftmaxRowBatch = 64;
+
+/// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block (rows <= len), in AVX2:
+/// the same lanes, orders and operations as the scalar row (lane_max / lane_map / lane_sum over
+/// 8 lanes, the last partial block masked instead of scalar), so the same bits. The work runs in
+/// passes over a batch of rows (maxima, then exponentials and their sums, then the scaling):
+/// within a pass the rows are independent, so one row's chain of dependent operations (a
+/// horizontal max or sum, the division) overlaps the next row's instead of stalling it.
 __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, float* p,
                                                                      std::int64_t rows,
                                                                      std::int64_t len) {
   const __m256 zero = _mm256_setzero_ps();
-  for (std::int64_t i = 0; i < rows; ++i, s += len, p += len) {
-    const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes8(n - full);
-    __m256 mx = _mm256_set1_ps(s[0]);
-    std::int64_t j = 0;
-    for (; j < full; j += 8) mx = _mm256_max_ps(_mm256_loadu_ps(s + j), mx);  // v > acc ? v : acc
-    if (j < n) {
-      const __m256 v = _mm256_maskload_ps(s + j, tail);
-      mx = _mm256_blendv_ps(mx, _mm256_max_ps(v, mx), _mm256_castsi256_ps(tail));
+  alignas(32) float maxes[kSoftmaxRowBatch];
+  alignas(32) float sums[kSoftmaxRowBatch][8];
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kSoftmaxRowBatch) {
+    const std::int64_t i1 = std::min(rows, i0 + kSoftmaxRowBatch);
+    for (std::int64_t i = i0; i < i1; ++i) {  // row maxima
+      const float* row = s + i * len;
+      const std::int64_t n = i + 1, full = n / 8 * 8;
+      __m256 mx = _mm256_set1_ps(row[0]);
+      std::int64_t j = 0;
+      for (; j < full; j += 8)
+        mx = _mm256_max_ps(_mm256_loadu_ps(row + j), mx);  // v > acc ? v : acc
+      if (j < n) {
+        const __m256i tail = first_lanes8(n - full);
+        const __m256 v = _mm256_maskload_ps(row + j, tail);
+        mx = _mm256_blendv_ps(mx, _mm256_max_ps(v, mx), _mm256_castsi256_ps(tail));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, mx);
+      float m = lanes[0];
+      for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+      maxes[i - i0] = m;
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, mx);
-    float m = lanes[0];
-    for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = zero;
-    for (j = 0; j < full; j += 8) {
-      const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
-      _mm256_storeu_ps(s + j, e);
-      acc = _mm256_add_ps(acc, e);
+    for (std::int64_t i = i0; i < i1; ++i) {  // s = exp(s - max) and its 8 lane sums
+      float* row = s + i * len;
+      const std::int64_t n = i + 1, full = n / 8 * 8;
+      const __m256 vm = _mm256_set1_ps(maxes[i - i0]);
+      __m256 acc = zero;
+      std::int64_t j = 0;
+      for (; j < full; j += 8) {
+        const __m256 e = exp_approx8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+        _mm256_storeu_ps(row + j, e);
+        acc = _mm256_add_ps(acc, e);
+      }
+      if (j < n) {
+        const __m256i tail = first_lanes8(n - full);
+        const __m256 e =
+            _mm256_and_ps(exp_approx8(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vm)),
+                          _mm256_castsi256_ps(tail));
+        _mm256_maskstore_ps(row + j, tail, e);
+        acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
+      }
+      _mm256_store_ps(sums[i - i0], acc);
     }
-    if (j < n) {
-      const __m256 e =
-          _mm256_and_ps(exp_approx8(_mm256_sub_ps(_mm256_maskload_ps(s + j, tail), vm)),
-                        _mm256_castsi256_ps(tail));
-      _mm256_maskstore_ps(s + j, tail, e);
-      acc = _mm256_add_ps(acc, e);  // + 0 in the lanes past n: the same bits
+    for (std::int64_t i = i0; i < i1; ++i) {  // p = e / sum, zeros past the diagonal
+      const float* row = s + i * len;
+      float* out = p + i * len;
+      const std::int64_t n = i + 1, full = n / 8 * 8;
+      const float inv_sum = 1.0f / lane_tree8(_mm256_load_ps(sums[i - i0]));
+      const __m256 inv = _mm256_set1_ps(inv_sum);
+      std::int64_t j = 0;
+      for (; j < full; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
+      if (j < n && j + 8 <= len) {
+        // The whole block, zeros past n (masked after the product: a NaN sum stays out of them).
+        const __m256i tail = first_lanes8(n - full);
+        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), inv);
+        _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
+        j += 8;
+      }
+      for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, zero);
+      for (; j < len; ++j) out[j] = j < n ? row[j] * inv_sum : 0.0f;
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / lane_tree8(acc));
-    for (j = 0; j < full; j += 8)
-      _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
-    if (j < n)
-      _mm256_maskstore_ps(p + j, tail, _mm256_mul_ps(_mm256_maskload_ps(s + j, tail), inv));
-    std::fill(p + n, p + len, 0.0f);
   }
 }
 
-/// causal_softmax_backward_row<float> for rows 0..rows-1 in AVX2, the scalar row's bits.
+/// causal_softmax_backward_row<float> for rows 0..rows-1 in AVX2, the scalar row's bits; the
+/// rows' dot products in one pass, then the outputs (as in causal_softmax_rows_avx2).
 __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
     const float* p, const float* dp, float* ds, std::int64_t rows, std::int64_t len, float scale) {
   const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
-  for (std::int64_t i = 0; i < rows; ++i, p += len, dp += len, ds += len) {
-    const std::int64_t n = i + 1, full = n / 8 * 8;
-    const __m256i tail = first_lanes8(n - full);
-    __m256 acc = zero;
-    std::int64_t j = 0;
-    for (; j < full; j += 8)
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(dp + j)));
-    if (j < n)  // masked loads give 0 past n: + 0 * 0
-      acc = _mm256_add_ps(
-          acc, _mm256_mul_ps(_mm256_maskload_ps(p + j, tail), _mm256_maskload_ps(dp + j, tail)));
-    const __m256 dot = _mm256_set1_ps(lane_tree8(acc));
-    for (j = 0; j < full; j += 8)
-      _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j)),
-                                             _mm256_sub_ps(_mm256_loadu_ps(dp + j), dot)));
-    if (j < n) {
-      _mm256_maskstore_ps(ds + j, tail,
-                          _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(p + j, tail)),
-                                        _mm256_sub_ps(_mm256_maskload_ps(dp + j, tail), dot)));
+  alignas(32) float dots[kSoftmaxRowBatch][8];
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kSoftmaxRowBatch) {
+    const std::int64_t i1 = std::min(rows, i0 + kSoftmaxRowBatch);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const float* pr = p + i * len;
+      const float* dr = dp + i * len;
+      const std::int64_t n = i + 1, full = n / 8 * 8;
+      __m256 acc = zero;
+      std::int64_t j = 0;
+      for (; j < full; j += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(pr + j), _mm256_loadu_ps(dr + j)));
+      if (j < n) {  // masked loads give 0 past n: + 0 * 0
+        const __m256i tail = first_lanes8(n - full);
+        acc = _mm256_add_ps(
+            acc, _mm256_mul_ps(_mm256_maskload_ps(pr + j, tail), _mm256_maskload_ps(dr + j, tail)));
+      }
+      _mm256_store_ps(dots[i - i0], acc);
     }
-    std::fill(ds + n, ds + len, 0.0f);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const float* pr = p + i * len;
+      const float* dr = dp + i * len;
+      float* out = ds + i * len;  // may alias dp: each block is read before it is written
+      const std::int64_t n = i + 1, full = n / 8 * 8;
+      const __m256 dot = _mm256_set1_ps(lane_tree8(_mm256_load_ps(dots[i - i0])));
+      std::int64_t j = 0;
+      for (; j < full; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(pr + j)),
+                                                _mm256_sub_ps(_mm256_loadu_ps(dr + j), dot)));
+      if (j < n) {
+        const __m256i tail = first_lanes8(n - full);
+        const __m256 v = _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(pr + j, tail)),
+                                       _mm256_sub_ps(_mm256_maskload_ps(dr + j, tail), dot));
+        if (j + 8 <= len) {  // the whole block, zeros past n (masked: no NaN from dot)
+          _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
+          j += 8;
+        } else {
+          _mm256_maskstore_ps(out + j, tail, v);
+          j = n;
+        }
+      }
+      for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, zero);
+      for (; j < len; ++j) out[j] = 0.0f;
+    }
   }
 }
 #endif
@@ -186,6 +245,14 @@ inline void causal_softmax_backward_rows(const float* p, const float* dp, float*
     causal_softmax_backward_row<float>(p + i * Tn, dp + i * Tn, ds + i * Tn, i, Tn, scale);
 }
 
+/// The calling thread's f32 scratch for one head's [T, T] block: the host f32 attention keeps a
+/// head's scores (forward), dP and dS (backward) there while they are in L1, instead of in
+/// [B, H, T, T] buffers whose lines would come and go through the outer caches.
+inline float* head_scratch(std::int64_t floats) {
+  thread_local blas::detail::GemmBuffer buffer;
+  return buffer.get(floats);
+}
+
 /// The f32 host attention: each head's products go straight to the gemm micro-kernel through
 /// blas::detail::host_gemm_band, which skips the tiles above the diagonal of S and dP and the
 /// zero ends of the rows of P and dS (about half the multiply-adds of the full products).
@@ -199,7 +266,7 @@ inline void attention_forward_f32(const exec::Host& host, const AttentionArgs<fl
                   const float* q = a.qkv + b * Tn * 3 * C + h * hs;
                   const float* k = q + C;
                   const float* v = q + 2 * C;
-                  float* s = a.scores + task * Tn * Tn;
+                  float* s = head_scratch(Tn * Tn);
                   float* p = a.probs + task * Tn * Tn;
                   // S = scale * Q K^T on and below the diagonal, softmax by rows, O = P V.
                   host_gemm_band({Tn, Tn, hs}, Ref{q, 3 * C, 1}, Ref{k, 1, 3 * C}, s, Tn, a.scale,
@@ -215,28 +282,28 @@ inline void attention_backward_f32(const exec::Host& host, const AttentionArgs<f
   using blas::detail::host_gemm_band;
   using Ref = blas::detail::OperandRef<float>;
   const std::int64_t Tn = a.T_, C = a.C, hs = a.hs;
-  for_each_head(
-      host, a, [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
-        const float* q = a.qkv + b * Tn * 3 * C + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = a.dqkv + b * Tn * 3 * C + h * hs;
-        const float* dout = a.dout + b * Tn * C + h * hs;
-        const float* p = a.probs + task * Tn * Tn;
-        float* dp = a.scores + task * Tn * Tn;
-        float* ds = a.dscores + task * Tn * Tn;  // may alias dp: each element is read, then written
-        // dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)) (0 above the diagonal), then
-        // dQ = dS K, dK = dS^T Q, dV = P^T dO.
-        host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
-                       GemmBand::kColsToRow);
-        causal_softmax_backward_rows(p, dp, ds, Tn, a.scale);
-        host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
-                       GemmBand::kSumToRow);
-        host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C, 1.0f,
-                       GemmBand::kSumFromRow);
-        host_gemm_band({Tn, hs, Tn}, Ref{p, 1, Tn}, Ref{dout, C, 1}, dq + 2 * C, 3 * C, 1.0f,
-                       GemmBand::kSumFromRow);
-      });
+  for_each_head(host, a,
+                [&](std::int64_t task, std::int64_t b, std::int64_t h) TRAINKIT_INLINE_LAMBDA {
+                  const float* q = a.qkv + b * Tn * 3 * C + h * hs;
+                  const float* k = q + C;
+                  const float* v = q + 2 * C;
+                  float* dq = a.dqkv + b * Tn * 3 * C + h * hs;
+                  const float* dout = a.dout + b * Tn * C + h * hs;
+                  const float* p = a.probs + task * Tn * Tn;
+                  float* dp = head_scratch(Tn * Tn);
+                  float* ds = dp;  // each element of dP is read, then overwritten by dS
+                  // dP = dO V^T, dS = scale * P * (dP - rowsum(P dP)) (0 above the diagonal), then
+                  // dQ = dS K, dK = dS^T Q, dV = P^T dO.
+                  host_gemm_band({Tn, Tn, hs}, Ref{dout, C, 1}, Ref{v, 1, 3 * C}, dp, Tn, 1.0f,
+                                 GemmBand::kColsToRow);
+                  causal_softmax_backward_rows(p, dp, ds, Tn, a.scale);
+                  host_gemm_band({Tn, hs, Tn}, Ref{ds, Tn, 1}, Ref{k, 3 * C, 1}, dq, 3 * C, 1.0f,
+                                 GemmBand::kSumToRow);
+                  host_gemm_band({Tn, hs, Tn}, Ref{ds, 1, Tn}, Ref{q, 3 * C, 1}, dq + C, 3 * C,
+                                 1.0f, GemmBand::kSumFromRow);
+                  host_gemm_band({Tn, hs, Tn}, Ref{p, 1, Tn}, Ref{dout, C, 1}, dq + 2 * C, 3 * C,
+                                 1.0f, GemmBand::kSumFromRow);
+                });
 }
 
 /// Other operand types (f16/bf16 on the host): query blocks through blas::gemm.
@@ -591,7 +658,9 @@ class CausalSelfAttention {
     a.qkv = qkv;
     a.out = heads;
     a.probs = probs;
-    a.scores = scores_.template get<float>(B * H_ * Tn * Tn);
+    // The host's f32 core keeps each head's scores in a per-thread scratch (head_scratch).
+    if constexpr (S != Space::kHost || !std::is_same_v<T, float>)
+      a.scores = scores_.template get<float>(B * H_ * Tn * Tn);
     a.B = B;
     a.T_ = Tn;
     a.C = C_;
