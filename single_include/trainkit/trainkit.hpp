@@ -2364,17 +2364,20 @@ TRAINKIT_NAMESPACE_END
 // without them every destination line is first read into the cache (a third pass over memory;
 // the C library's memcpy streams only above a threshold derived from the cache size, which on
 // servers with hundreds of MiB of L3 no snapshot reaches). ~1.4x on a 2-core Xeon VM, and ~1.25x
-// more from reading four pages at a time.
+// more from reading four pages at a time. Copies can also be deferred (DeferCopies): the
+// Checkpointer's overlapped snapshot records them in save() and makes them on its writer thread,
+// while whatever would change their sources waits (wait_for_snapshot_copies).
 
+#include <atomic>
 #include <cstddef>
 #include <vector>
 
 
 #if TRAINKIT_IMPL
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -2391,8 +2394,42 @@ struct CopyPiece {
   std::size_t bytes;
 };
 
-/// Performs every copy of `pieces`; returns when all are done.
+/// Performs every copy of `pieces`; returns when all are done. Inside a DeferCopies scope on
+/// the calling thread it only records them there (the sources must then stay valid).
 TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces);
+
+/// parallel_copy that is never deferred (for sources that do not outlive the call).
+TRAINKIT_INLINE void parallel_copy_now(const std::vector<CopyPiece>& pieces);
+
+/// While alive, parallel_copy on this thread appends its pieces to `sink` instead of copying:
+/// the Checkpointer's overlapped snapshot collects the copies of the parameters and of the
+/// optimizer state this way and has its writer thread make them later.
+class DeferCopies {
+ public:
+  explicit DeferCopies(std::vector<CopyPiece>& sink) noexcept : previous_(slot()) {
+    slot() = &sink;
+  }
+  DeferCopies(const DeferCopies&) = delete;
+  DeferCopies& operator=(const DeferCopies&) = delete;
+  ~DeferCopies() { slot() = previous_; }
+
+  /// The open scope's sink on this thread (null: none).
+  static std::vector<CopyPiece>*& slot() noexcept {
+    thread_local std::vector<CopyPiece>* sink = nullptr;
+    return sink;
+  }
+
+ private:
+  std::vector<CopyPiece>* previous_;
+};
+
+/// Snapshots in this process whose deferred copies are not made yet (see DeferCopies). Whatever
+/// changes memory such a copy reads (an optimizer step, an Ema update, loading parameters or
+/// optimizer state into host memory) first calls wait_for_snapshot_copies().
+TRAINKIT_INLINE std::atomic<int>& pending_snapshot_copies() noexcept;
+
+/// Blocks while pending_snapshot_copies() is not zero (one atomic load when it is).
+TRAINKIT_INLINE void wait_for_snapshot_copies() noexcept;
 
 /// memcpy for large copies: streaming stores where the CPU has them (see above).
 TRAINKIT_INLINE void copy_streaming(void* dst, const void* src, std::size_t bytes);
@@ -2434,7 +2471,26 @@ TRAINKIT_INLINE void copy_streaming(void* dst, const void* src, std::size_t byte
   if (bytes != 0) std::memcpy(d, s, bytes);
 }
 
+TRAINKIT_INLINE std::atomic<int>& pending_snapshot_copies() noexcept {
+  static std::atomic<int> pending{0};
+  return pending;
+}
+
+TRAINKIT_INLINE void wait_for_snapshot_copies() noexcept {
+  std::atomic<int>& pending = pending_snapshot_copies();
+  for (int n; (n = pending.load(std::memory_order_acquire)) != 0;)
+    pending.wait(n, std::memory_order_acquire);
+}
+
 TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
+  if (std::vector<CopyPiece>* sink = DeferCopies::slot()) {
+    sink->insert(sink->end(), pieces.begin(), pieces.end());
+    return;
+  }
+  parallel_copy_now(pieces);
+}
+
+TRAINKIT_INLINE void parallel_copy_now(const std::vector<CopyPiece>& pieces) {
   std::size_t total = 0;
   for (const CopyPiece& p : pieces) total += p.bytes;
   const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
@@ -2454,7 +2510,14 @@ TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
       copy_streaming(chunks[i].dst, chunks[i].src, chunks[i].bytes);
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  pool.reserve(threads - 1);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads: this one claims what is left
+      break;
+    }
+  }
   work();
   for (std::thread& t : pool) t.join();
 }
@@ -17927,8 +17990,8 @@ inline void load_list(const StateDict& sd, const std::string& prefix, std::vecto
 
 /// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
 /// layout) as tensors "<param><suffix>" of each parameter's shape, padding left out, written
-/// through `refill` (reusing its tensors). Host memory is copied once, in parallel; device memory
-/// is downloaded first (sync).
+/// through `refill` (reusing its tensors). Host memory is copied once, in parallel (deferred in a
+/// DeferCopies scope); device memory is downloaded first (sync, never deferred).
 template <Space S>
 void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, const void* data,
                    DType dtype, const std::string& suffix) {
@@ -17946,7 +18009,11 @@ void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, cons
     AnyTensor& t = refill.tensor(p.name + suffix, dtype, p.shape);
     pieces.push_back({t.data(), src + static_cast<std::size_t>(p.offset) * esize, t.bytes()});
   }
-  trainkit::detail::parallel_copy(pieces);
+  if constexpr (S == Space::kHost) {
+    trainkit::detail::parallel_copy(pieces);
+  } else {
+    trainkit::detail::parallel_copy_now(pieces);  // from `download`, gone after the return
+  }
 }
 
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
@@ -17973,6 +18040,7 @@ void load_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, void* da
     if (t.bytes() != 0)
       std::memcpy(host.data() + static_cast<std::size_t>(p.offset) * esize, t.data(), t.bytes());
   }
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   copy_bytes(data, S, host.data(), Space::kHost, host.size());
 }
 
@@ -18604,6 +18672,8 @@ class FusedOptimizer {
                   "optim: the second argument of step() must be a loss scaler "
                   "(optim::DynamicScaler, optim::StaticScaler or amp::NoScaler)");
     using Scaler = std::remove_cvref_t<Sc>;
+    // A checkpoint snapshot may still be copying the parameters and this state (host memory).
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     StepInputs in;
     in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
     const bool want_norm =
@@ -20060,6 +20130,7 @@ class Ema {
     static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
                   "optim::Ema: a host arena needs exec::Host, a device arena exec::Cuda");
     const std::int64_t n = arena_->buffer_numel();
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     if (num_updates_ == 0) {
       exec::launch(exec, n, detail::CopyF32{shadow_.data(), arena_->params_data()});
     } else {
@@ -20075,6 +20146,7 @@ class Ema {
   void copy_to(const E& exec, nn::ParamArena<S>& arena) const {
     TRAINKIT_CHECK(arena.buffer_numel() == arena_->buffer_numel() && arena.size() == arena_->size(),
                    "optim::Ema::copy_to: the arena has a different layout");
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     exec::launch(exec, arena.buffer_numel(), detail::CopyF32{arena.params_data(), shadow_.data()});
   }
 
@@ -28768,6 +28840,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                   "layers as initialized)");
   }
   std::vector<float> staging;
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   for (const auto& [p, key] : todo) {
     const AnyTensorView t = src.tensor(key);
     const float* from = nullptr;
@@ -29348,6 +29421,14 @@ struct CheckpointerOptions {
   /// The snapshot's memory (a host copy of the model and of the other state) is kept from one
   /// save to the next, so a snapshot is one parallel copy into pages already mapped.
   bool async = false;
+  /// With async: save() returns before copying the parameters and the optimizer (and Ema) state
+  /// held in host memory; the writer thread copies them first, while training runs its next
+  /// forward and backward, then writes. Until those copies are made, optimizer steps, Ema
+  /// updates and loads of parameters or optimizer state wait for them, so the checkpoint holds
+  /// the state as it was at save(). Anything else that writes the parameters or that state in
+  /// the meantime must call wait_snapshot() first. Device memory and the small state (counters,
+  /// schedules, scalers) are copied in save() as without it.
+  bool overlap_snapshot = false;
   /// fsync files and directories (the power-loss guarantee; off only for tests and scratch).
   bool durable = true;
   /// This process's rank and the number of ranks writing one checkpoint together. Every rank
@@ -29405,9 +29486,10 @@ struct LoadOptions {
 
 /// Timings of the last save, for benchmarks and logs.
 struct SaveStats {
-  double snapshot_seconds = 0;  ///< training was blocked this long (async: the copy only)
+  double snapshot_seconds = 0;  ///< save() blocked training this long (async: the copy only)
   double write_seconds = 0;     ///< hashing + writing + committing (async: on the thread)
   std::uint64_t bytes = 0;      ///< bytes this rank wrote
+  double copy_seconds = 0;      ///< overlap_snapshot: the deferred copies, on the writer thread
 };
 
 /// A barrier over a communicator, for CheckpointerOptions::barrier.
@@ -29855,6 +29937,11 @@ class Checkpointer {
   /// write. A no-op for a synchronous Checkpointer.
   TRAINKIT_INLINE void wait();
 
+  /// overlap_snapshot: blocks until the last save()'s deferred copies are made (the state may
+  /// change after it). Optimizer steps, Ema updates and loads do this themselves. Returns at once
+  /// otherwise.
+  TRAINKIT_INLINE void wait_snapshot();
+
   /// Timings of the last save (write_seconds is final after wait() in async mode).
   SaveStats last_stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -29915,6 +30002,7 @@ class Checkpointer {
     bool has_model = false;
     std::vector<io::NamedTensor> model;  // views: into the arena (sync) or model_buffer_
     StateDict state;
+    std::vector<trainkit::detail::CopyPiece> copies;  // overlap_snapshot: made by the writer
   };
 
   struct Opened {
@@ -29966,6 +30054,8 @@ class Checkpointer {
   TRAINKIT_INLINE bool better(const CheckpointInfo& a, const CheckpointInfo& b) const;
 
   TRAINKIT_INLINE Job snapshot(const TrainState& state, const Metrics& metrics, bool copy);
+  /// snapshot(copy = true) with the host copies recorded in Job::copies, not made.
+  TRAINKIT_INLINE Job snapshot_overlapped(const TrainState& state, const Metrics& metrics);
 
   /// Writes this rank's files of `job` into the temp directory and (rank 0) commits it. Every
   /// rank passes the three barriers even after a local failure, so none is left waiting; rank 0
@@ -30021,6 +30111,7 @@ class Checkpointer {
   mutable std::mutex mutex_;
   std::condition_variable job_cv_, idle_cv_;
   std::optional<Job> job_;
+  bool copying_ = false;  // the job's deferred copies are not made yet
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread writer_;
@@ -30041,6 +30132,9 @@ TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, Checkpoin
   TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
                  "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
                  "on when to save; use every_steps");
+  TRAINKIT_CHECK(!options_.overlap_snapshot || options_.async,
+                 "ckpt::Checkpointer: overlap_snapshot needs async = true (the copies are made "
+                 "by the writer thread)");
   TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
                  "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
   std::error_code ec;
@@ -30089,7 +30183,8 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
   if (options_.async) wait();
   const auto t0 = std::chrono::steady_clock::now();
-  Job job = snapshot(state, metrics, options_.async);
+  Job job = options_.overlap_snapshot ? snapshot_overlapped(state, metrics)
+                                      : snapshot(state, metrics, options_.async);
   const double snap = seconds_since(t0);
   const std::filesystem::path dir = path_for(state.step);
   last_saved_step_ = state.step;
@@ -30101,12 +30196,21 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    copying_ = !job.copies.empty();
+    // Counted before the writer can see the job; the writer uncounts it after the copies.
+    if (copying_) trainkit::detail::pending_snapshot_copies().fetch_add(1);
     job_.emplace(std::move(job));
     stats_ = SaveStats{};
     stats_.snapshot_seconds = snap;
   }
   job_cv_.notify_all();
   return dir;
+}
+
+TRAINKIT_INLINE void Checkpointer::wait_snapshot() {
+  if (!writer_.joinable()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [&] { return !copying_; });
 }
 
 TRAINKIT_INLINE void Checkpointer::wait() {
@@ -30313,6 +30417,20 @@ TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot(const TrainState& state
   } else {
     job.state = state.state_dict();
   }
+  return job;
+}
+
+TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot_overlapped(const TrainState& state,
+                                                                    const Metrics& metrics) {
+  // The host copies of snapshot() are only recorded here (the staging memory is the same);
+  // writer_loop makes them before it writes.
+  std::vector<trainkit::detail::CopyPiece> copies;
+  Job job;
+  {
+    trainkit::detail::DeferCopies defer(copies);
+    job = snapshot(state, metrics, true);
+  }
+  job.copies = std::move(copies);
   return job;
 }
 
@@ -30558,14 +30676,34 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
     lock.unlock();
     std::exception_ptr error;
     SaveStats s;
+    if (!job_->copies.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        trainkit::detail::parallel_copy_now(job_->copies);
+      } catch (...) {  // no memory to split the pieces: one by one on this thread
+        for (const trainkit::detail::CopyPiece& p : job_->copies)
+          trainkit::detail::copy_streaming(p.dst, p.src, p.bytes);
+      }
+      s.copy_seconds = seconds_since(t0);
+      std::atomic<int>& pending = trainkit::detail::pending_snapshot_copies();
+      pending.fetch_sub(1, std::memory_order_release);
+      pending.notify_all();
+      lock.lock();
+      copying_ = false;
+      lock.unlock();
+      idle_cv_.notify_all();
+    }
     try {
+      const double copy_seconds = s.copy_seconds;
       s = write(*job_);
+      s.copy_seconds = copy_seconds;
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     staging_ = std::move(job_->state);  // the next snapshot's memory
     stats_.write_seconds = s.write_seconds;
+    stats_.copy_seconds = s.copy_seconds;
     stats_.bytes = s.bytes;
     // Moved under the lock: the writer keeps no reference to the exception the caller's
     // wait() rethrows, so its last release never races with the caller reading it.
@@ -34365,7 +34503,10 @@ struct LoopOptions {
   bool allow_fresh_start = false;
   /// SIGINT / SIGTERM end the run after the current step with a checkpoint.
   bool handle_signals = true;
-  bool async_checkpoints = true;  ///< write checkpoints on a background thread
+  /// Write checkpoints on a background thread, which also makes the snapshot's copies of the
+  /// parameters and optimizer state while the next step's forward and backward run (the
+  /// optimizer step waits for them; CheckpointerOptions::overlap_snapshot).
+  bool async_checkpoints = true;
   /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
   /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
   monitor::MonitorOptions monitor = {};
@@ -34737,7 +34878,8 @@ class Loop {
                                 .best_metric = o.best_metric,
                                 .best_mode = o.best_mode,
                                 .keep_best = o.best_metric.empty() ? 0 : 1,
-                                .async = o.async_checkpoints};
+                                .async = o.async_checkpoints,
+                                .overlap_snapshot = o.async_checkpoints};
     if (o.comm != nullptr && o.comm->world_size() > 1) {
       TRAINKIT_CHECK(o.checkpoint_comm == nullptr ||
                          (o.checkpoint_comm->world_size() == o.comm->world_size() &&
@@ -34752,6 +34894,7 @@ class Loop {
       c.world_size = o.comm->world_size();
       dist::Comm* barrier = o.checkpoint_comm != nullptr ? o.checkpoint_comm : o.comm;
       c.async = o.async_checkpoints && o.checkpoint_comm != nullptr;
+      c.overlap_snapshot = c.async;
       c.barrier = ckpt::comm_barrier(*barrier);
     }
     return c;

@@ -6,10 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +24,7 @@
 #include <trainkit/io/safetensors.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
+#include <trainkit/optim/ema.hpp>
 
 #include "ckpt/ckpt_test_util.hpp"
 #include "ckpt_tools/crash_state.hpp"
@@ -302,45 +305,88 @@ TEST_CASE("Checkpointer: async saves snapshot the state, write in the background
 }
 
 TEST_CASE("Checkpointer: async snapshots in reused memory write the files a sync save writes") {
-  // A model with an AdamW whose state changes between saves; the async checkpointer's staging
-  // memory is reused from the second save on, and each of its checkpoints must hold the bytes of
-  // the synchronous one of the same step, although training changes everything right after
-  // save() returns.
-  tk::exec::Host exec(2);
-  tk::nn::ParamArena<> arena;
-  arena.add("a.weight", tk::Shape{300, 257}, tk::nn::Init::normal(0.0f, 0.1f));
-  arena.add("a.bias", tk::Shape{257});
-  arena.add("b.weight", tk::Shape{33, 300}, tk::nn::Init::normal(0.0f, 0.1f));
-  arena.finalize();
-  arena.initialize(3);
-  tk::optim::AdamW<> opt(arena, {.lr = 1e-2, .amsgrad = true});
-  ckpt::TrainState state;
-  state.model(arena).add("optimizer", opt);
-  TempDir sync_dir, async_dir;
-  ckpt::Checkpointer sync(sync_dir.path(), {.keep_last = 10, .durable = false});
-  ckpt::Checkpointer async(async_dir.path(), {.keep_last = 10, .async = true, .durable = false});
-  const auto train = [&](int k) {
-    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
-      arena.grads_data()[i] =
-          arena.padding_mask().real(i) ? float((i * 7 + k * 13) % 23) * 0.01f - 0.1f : 0.0f;
-    opt.step(exec);
-  };
-  for (int step = 1; step <= 4; ++step) {
-    train(step);
-    state.step = step;
-    sync.save(state);
-    async.save(state);
-    train(100 + step);  // runs while the async write is in flight
-  }
-  async.wait();
-  for (int step = 1; step <= 4; ++step) {
-    CAPTURE(step);
-    for (const char* file : {"model.safetensors", "train_state.safetensors"}) {
-      CAPTURE(file);
-      CHECK(ckpt_test::read_file(sync.path_for(step) / file) ==
-            ckpt_test::read_file(async.path_for(step) / file));
+  // A model with an AdamW and an Ema whose state changes between saves; the async checkpointer's
+  // staging memory is reused from the second save on, and each of its checkpoints must hold the
+  // bytes of the synchronous one of the same step, although training changes everything right
+  // after save() returns. With overlap_snapshot the copies of the parameters and of the
+  // optimizer's and Ema's state are made by the writer thread after save() returns: the
+  // optimizer step and the Ema update that follow at once (or after a forward-like read of the
+  // parameters) must wait for them, and a direct write waits through wait_snapshot(). Random
+  // shapes (large enough, in some trials, for the copies to be split among threads) and a random
+  // number of steps between saves.
+  std::mt19937 rng(20261205);
+  for (int trial = 0; trial < 6; ++trial) {
+    const bool overlap = trial % 2 == 1;
+    CAPTURE(trial);
+    CAPTURE(overlap);
+    const auto dim = [&](int lo, int hi) {
+      return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+    };
+    const bool large = trial == 5;  // > 64 MiB of parameters + state: the parallel copy
+    tk::exec::Host exec(2);
+    tk::nn::ParamArena<> arena;
+    const std::int64_t in = large ? dim(1800, 2100) : dim(1, 400);
+    const std::int64_t out = large ? dim(2000, 2300) : dim(1, 300);
+    arena.add("a.weight", tk::Shape{in, out}, tk::nn::Init::normal(0.0f, 0.1f));
+    arena.add("a.bias", tk::Shape{out});
+    arena.add("b.weight", tk::Shape{dim(1, 40), in}, tk::nn::Init::normal(0.0f, 0.1f));
+    arena.finalize();
+    arena.initialize(3 + trial);
+    tk::optim::AdamW<> opt(arena, {.lr = 1e-2, .amsgrad = trial % 3 == 0});
+    tk::optim::Ema<> ema(arena, {.decay = 0.9});
+    ckpt::TrainState state;
+    state.model(arena).add("optimizer", opt).add("ema", ema);
+    TempDir sync_dir, async_dir;
+    ckpt::Checkpointer sync(sync_dir.path(), {.keep_last = 10, .durable = false});
+    ckpt::Checkpointer async(
+        async_dir.path(),
+        {.keep_last = 10, .async = true, .overlap_snapshot = overlap, .durable = false});
+    const auto train = [&](int k) {
+      for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+        arena.grads_data()[i] =
+            arena.padding_mask().real(i) ? float((i * 7 + k * 13) % 23) * 0.01f - 0.1f : 0.0f;
+      opt.step(exec);
+      ema.update(exec);
+    };
+    double copy_seconds = 0;
+    for (int step = 1; step <= 4; ++step) {
+      train(step);
+      state.step = step;
+      sync.save(state);
+      async.save(state);
+      // Training goes on while the write (and with overlap_snapshot the copies) are in flight.
+      const int kind = std::uniform_int_distribution<int>(0, 2)(rng);
+      if (kind == 0) {
+        train(100 + step);
+      } else if (kind == 1) {  // a forward pass reads the parameters, then the step
+        float sum = 0;
+        for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) sum += arena.params_data()[i];
+        CHECK(std::isfinite(sum));
+        train(200 + step);
+      } else {  // a direct write, after wait_snapshot()
+        async.wait_snapshot();
+        arena.params_data()[0] += 1.0f;
+      }
+      async.wait();
+      copy_seconds += async.last_stats().copy_seconds;
+    }
+    CHECK((copy_seconds > 0) == overlap);
+    CHECK(tk::detail::pending_snapshot_copies().load() == 0);
+    for (int step = 1; step <= 4; ++step) {
+      CAPTURE(step);
+      for (const char* file : {"model.safetensors", "train_state.safetensors"}) {
+        CAPTURE(file);
+        CHECK(ckpt_test::read_file(sync.path_for(step) / file) ==
+              ckpt_test::read_file(async.path_for(step) / file));
+      }
     }
   }
+}
+
+TEST_CASE("Checkpointer: overlap_snapshot needs async") {
+  TempDir dir;
+  CHECK_THROWS_WITH_AS(ckpt::Checkpointer(dir.path(), {.overlap_snapshot = true}),
+                       doctest::Contains("overlap_snapshot needs async = true"), tk::Error);
 }
 
 TEST_CASE("Checkpointer: async errors surface from wait() and the next save()") {

@@ -93,6 +93,14 @@ struct CheckpointerOptions {
   /// The snapshot's memory (a host copy of the model and of the other state) is kept from one
   /// save to the next, so a snapshot is one parallel copy into pages already mapped.
   bool async = false;
+  /// With async: save() returns before copying the parameters and the optimizer (and Ema) state
+  /// held in host memory; the writer thread copies them first, while training runs its next
+  /// forward and backward, then writes. Until those copies are made, optimizer steps, Ema
+  /// updates and loads of parameters or optimizer state wait for them, so the checkpoint holds
+  /// the state as it was at save(). Anything else that writes the parameters or that state in
+  /// the meantime must call wait_snapshot() first. Device memory and the small state (counters,
+  /// schedules, scalers) are copied in save() as without it.
+  bool overlap_snapshot = false;
   /// fsync files and directories (the power-loss guarantee; off only for tests and scratch).
   bool durable = true;
   /// This process's rank and the number of ranks writing one checkpoint together. Every rank
@@ -150,9 +158,10 @@ struct LoadOptions {
 
 /// Timings of the last save, for benchmarks and logs.
 struct SaveStats {
-  double snapshot_seconds = 0;  ///< training was blocked this long (async: the copy only)
+  double snapshot_seconds = 0;  ///< save() blocked training this long (async: the copy only)
   double write_seconds = 0;     ///< hashing + writing + committing (async: on the thread)
   std::uint64_t bytes = 0;      ///< bytes this rank wrote
+  double copy_seconds = 0;      ///< overlap_snapshot: the deferred copies, on the writer thread
 };
 
 /// A barrier over a communicator, for CheckpointerOptions::barrier.
@@ -600,6 +609,11 @@ class Checkpointer {
   /// write. A no-op for a synchronous Checkpointer.
   TRAINKIT_INLINE void wait();
 
+  /// overlap_snapshot: blocks until the last save()'s deferred copies are made (the state may
+  /// change after it). Optimizer steps, Ema updates and loads do this themselves. Returns at once
+  /// otherwise.
+  TRAINKIT_INLINE void wait_snapshot();
+
   /// Timings of the last save (write_seconds is final after wait() in async mode).
   SaveStats last_stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -660,6 +674,7 @@ class Checkpointer {
     bool has_model = false;
     std::vector<io::NamedTensor> model;  // views: into the arena (sync) or model_buffer_
     StateDict state;
+    std::vector<trainkit::detail::CopyPiece> copies;  // overlap_snapshot: made by the writer
   };
 
   struct Opened {
@@ -711,6 +726,8 @@ class Checkpointer {
   TRAINKIT_INLINE bool better(const CheckpointInfo& a, const CheckpointInfo& b) const;
 
   TRAINKIT_INLINE Job snapshot(const TrainState& state, const Metrics& metrics, bool copy);
+  /// snapshot(copy = true) with the host copies recorded in Job::copies, not made.
+  TRAINKIT_INLINE Job snapshot_overlapped(const TrainState& state, const Metrics& metrics);
 
   /// Writes this rank's files of `job` into the temp directory and (rank 0) commits it. Every
   /// rank passes the three barriers even after a local failure, so none is left waiting; rank 0
@@ -766,6 +783,7 @@ class Checkpointer {
   mutable std::mutex mutex_;
   std::condition_variable job_cv_, idle_cv_;
   std::optional<Job> job_;
+  bool copying_ = false;  // the job's deferred copies are not made yet
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread writer_;
@@ -786,6 +804,9 @@ TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, Checkpoin
   TRAINKIT_CHECK(options_.world_size == 1 || options_.every_seconds <= 0.0,
                  "ckpt::Checkpointer: every_seconds with world_size > 1 would let ranks disagree "
                  "on when to save; use every_steps");
+  TRAINKIT_CHECK(!options_.overlap_snapshot || options_.async,
+                 "ckpt::Checkpointer: overlap_snapshot needs async = true (the copies are made "
+                 "by the writer thread)");
   TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
                  "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
   std::error_code ec;
@@ -834,7 +855,8 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
   if (options_.async) wait();
   const auto t0 = std::chrono::steady_clock::now();
-  Job job = snapshot(state, metrics, options_.async);
+  Job job = options_.overlap_snapshot ? snapshot_overlapped(state, metrics)
+                                      : snapshot(state, metrics, options_.async);
   const double snap = seconds_since(t0);
   const std::filesystem::path dir = path_for(state.step);
   last_saved_step_ = state.step;
@@ -846,12 +868,21 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    copying_ = !job.copies.empty();
+    // Counted before the writer can see the job; the writer uncounts it after the copies.
+    if (copying_) trainkit::detail::pending_snapshot_copies().fetch_add(1);
     job_.emplace(std::move(job));
     stats_ = SaveStats{};
     stats_.snapshot_seconds = snap;
   }
   job_cv_.notify_all();
   return dir;
+}
+
+TRAINKIT_INLINE void Checkpointer::wait_snapshot() {
+  if (!writer_.joinable()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [&] { return !copying_; });
 }
 
 TRAINKIT_INLINE void Checkpointer::wait() {
@@ -1058,6 +1089,20 @@ TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot(const TrainState& state
   } else {
     job.state = state.state_dict();
   }
+  return job;
+}
+
+TRAINKIT_INLINE Checkpointer::Job Checkpointer::snapshot_overlapped(const TrainState& state,
+                                                                    const Metrics& metrics) {
+  // The host copies of snapshot() are only recorded here (the staging memory is the same);
+  // writer_loop makes them before it writes.
+  std::vector<trainkit::detail::CopyPiece> copies;
+  Job job;
+  {
+    trainkit::detail::DeferCopies defer(copies);
+    job = snapshot(state, metrics, true);
+  }
+  job.copies = std::move(copies);
   return job;
 }
 
@@ -1303,14 +1348,34 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
     lock.unlock();
     std::exception_ptr error;
     SaveStats s;
+    if (!job_->copies.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        trainkit::detail::parallel_copy_now(job_->copies);
+      } catch (...) {  // no memory to split the pieces: one by one on this thread
+        for (const trainkit::detail::CopyPiece& p : job_->copies)
+          trainkit::detail::copy_streaming(p.dst, p.src, p.bytes);
+      }
+      s.copy_seconds = seconds_since(t0);
+      std::atomic<int>& pending = trainkit::detail::pending_snapshot_copies();
+      pending.fetch_sub(1, std::memory_order_release);
+      pending.notify_all();
+      lock.lock();
+      copying_ = false;
+      lock.unlock();
+      idle_cv_.notify_all();
+    }
     try {
+      const double copy_seconds = s.copy_seconds;
       s = write(*job_);
+      s.copy_seconds = copy_seconds;
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     staging_ = std::move(job_->state);  // the next snapshot's memory
     stats_.write_seconds = s.write_seconds;
+    stats_.copy_seconds = s.copy_seconds;
     stats_.bytes = s.bytes;
     // Moved under the lock: the writer keeps no reference to the exception the caller's
     // wait() rethrows, so its last release never races with the caller reading it.

@@ -218,6 +218,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                   "layers as initialized)");
   }
   std::vector<float> staging;
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   for (const auto& [p, key] : todo) {
     const AnyTensorView t = src.tensor(key);
     const float* from = nullptr;

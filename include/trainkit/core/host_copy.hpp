@@ -7,9 +7,12 @@
 // without them every destination line is first read into the cache (a third pass over memory;
 // the C library's memcpy streams only above a threshold derived from the cache size, which on
 // servers with hundreds of MiB of L3 no snapshot reaches). ~1.4x on a 2-core Xeon VM, and ~1.25x
-// more from reading four pages at a time.
+// more from reading four pages at a time. Copies can also be deferred (DeferCopies): the
+// Checkpointer's overlapped snapshot records them in save() and makes them on its writer thread,
+// while whatever would change their sources waits (wait_for_snapshot_copies).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <vector>
 
@@ -17,9 +20,9 @@
 
 #if TRAINKIT_IMPL
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -36,8 +39,42 @@ struct CopyPiece {
   std::size_t bytes;
 };
 
-/// Performs every copy of `pieces`; returns when all are done.
+/// Performs every copy of `pieces`; returns when all are done. Inside a DeferCopies scope on
+/// the calling thread it only records them there (the sources must then stay valid).
 TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces);
+
+/// parallel_copy that is never deferred (for sources that do not outlive the call).
+TRAINKIT_INLINE void parallel_copy_now(const std::vector<CopyPiece>& pieces);
+
+/// While alive, parallel_copy on this thread appends its pieces to `sink` instead of copying:
+/// the Checkpointer's overlapped snapshot collects the copies of the parameters and of the
+/// optimizer state this way and has its writer thread make them later.
+class DeferCopies {
+ public:
+  explicit DeferCopies(std::vector<CopyPiece>& sink) noexcept : previous_(slot()) {
+    slot() = &sink;
+  }
+  DeferCopies(const DeferCopies&) = delete;
+  DeferCopies& operator=(const DeferCopies&) = delete;
+  ~DeferCopies() { slot() = previous_; }
+
+  /// The open scope's sink on this thread (null: none).
+  static std::vector<CopyPiece>*& slot() noexcept {
+    thread_local std::vector<CopyPiece>* sink = nullptr;
+    return sink;
+  }
+
+ private:
+  std::vector<CopyPiece>* previous_;
+};
+
+/// Snapshots in this process whose deferred copies are not made yet (see DeferCopies). Whatever
+/// changes memory such a copy reads (an optimizer step, an Ema update, loading parameters or
+/// optimizer state into host memory) first calls wait_for_snapshot_copies().
+TRAINKIT_INLINE std::atomic<int>& pending_snapshot_copies() noexcept;
+
+/// Blocks while pending_snapshot_copies() is not zero (one atomic load when it is).
+TRAINKIT_INLINE void wait_for_snapshot_copies() noexcept;
 
 /// memcpy for large copies: streaming stores where the CPU has them (see above).
 TRAINKIT_INLINE void copy_streaming(void* dst, const void* src, std::size_t bytes);
@@ -79,7 +116,26 @@ TRAINKIT_INLINE void copy_streaming(void* dst, const void* src, std::size_t byte
   if (bytes != 0) std::memcpy(d, s, bytes);
 }
 
+TRAINKIT_INLINE std::atomic<int>& pending_snapshot_copies() noexcept {
+  static std::atomic<int> pending{0};
+  return pending;
+}
+
+TRAINKIT_INLINE void wait_for_snapshot_copies() noexcept {
+  std::atomic<int>& pending = pending_snapshot_copies();
+  for (int n; (n = pending.load(std::memory_order_acquire)) != 0;)
+    pending.wait(n, std::memory_order_acquire);
+}
+
 TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
+  if (std::vector<CopyPiece>* sink = DeferCopies::slot()) {
+    sink->insert(sink->end(), pieces.begin(), pieces.end());
+    return;
+  }
+  parallel_copy_now(pieces);
+}
+
+TRAINKIT_INLINE void parallel_copy_now(const std::vector<CopyPiece>& pieces) {
   std::size_t total = 0;
   for (const CopyPiece& p : pieces) total += p.bytes;
   const unsigned threads = std::min(8u, std::thread::hardware_concurrency());
@@ -99,7 +155,14 @@ TRAINKIT_INLINE void parallel_copy(const std::vector<CopyPiece>& pieces) {
       copy_streaming(chunks[i].dst, chunks[i].src, chunks[i].bytes);
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  pool.reserve(threads - 1);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads: this one claims what is left
+      break;
+    }
+  }
   work();
   for (std::thread& t : pool) t.join();
 }

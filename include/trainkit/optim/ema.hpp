@@ -68,6 +68,7 @@ class Ema {
     static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
                   "optim::Ema: a host arena needs exec::Host, a device arena exec::Cuda");
     const std::int64_t n = arena_->buffer_numel();
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     if (num_updates_ == 0) {
       exec::launch(exec, n, detail::CopyF32{shadow_.data(), arena_->params_data()});
     } else {
@@ -83,6 +84,7 @@ class Ema {
   void copy_to(const E& exec, nn::ParamArena<S>& arena) const {
     TRAINKIT_CHECK(arena.buffer_numel() == arena_->buffer_numel() && arena.size() == arena_->size(),
                    "optim::Ema::copy_to: the arena has a different layout");
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     exec::launch(exec, arena.buffer_numel(), detail::CopyF32{arena.params_data(), shadow_.data()});
   }
 

@@ -298,6 +298,8 @@ class FusedOptimizer {
                   "optim: the second argument of step() must be a loss scaler "
                   "(optim::DynamicScaler, optim::StaticScaler or amp::NoScaler)");
     using Scaler = std::remove_cvref_t<Sc>;
+    // A checkpoint snapshot may still be copying the parameters and this state (host memory).
+    if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     StepInputs in;
     in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
     const bool want_norm =

@@ -86,7 +86,10 @@ struct LoopOptions {
   bool allow_fresh_start = false;
   /// SIGINT / SIGTERM end the run after the current step with a checkpoint.
   bool handle_signals = true;
-  bool async_checkpoints = true;  ///< write checkpoints on a background thread
+  /// Write checkpoints on a background thread, which also makes the snapshot's copies of the
+  /// parameters and optimizer state while the next step's forward and backward run (the
+  /// optimizer step waits for them; CheckpointerOptions::overlap_snapshot).
+  bool async_checkpoints = true;
   /// Monitor settings; total_steps, resume_step, log_dir ("<dir>/tb") and metrics_file
   /// ("<dir>/metrics.jsonl") are filled in by the loop where left at their defaults.
   monitor::MonitorOptions monitor = {};
@@ -458,7 +461,8 @@ class Loop {
                                 .best_metric = o.best_metric,
                                 .best_mode = o.best_mode,
                                 .keep_best = o.best_metric.empty() ? 0 : 1,
-                                .async = o.async_checkpoints};
+                                .async = o.async_checkpoints,
+                                .overlap_snapshot = o.async_checkpoints};
     if (o.comm != nullptr && o.comm->world_size() > 1) {
       TRAINKIT_CHECK(o.checkpoint_comm == nullptr ||
                          (o.checkpoint_comm->world_size() == o.comm->world_size() &&
@@ -473,6 +477,7 @@ class Loop {
       c.world_size = o.comm->world_size();
       dist::Comm* barrier = o.checkpoint_comm != nullptr ? o.checkpoint_comm : o.comm;
       c.async = o.async_checkpoints && o.checkpoint_comm != nullptr;
+      c.overlap_snapshot = c.async;
       c.barrier = ckpt::comm_barrier(*barrier);
     }
     return c;

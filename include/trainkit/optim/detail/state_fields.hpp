@@ -82,8 +82,8 @@ inline void load_list(const StateDict& sd, const std::string& prefix, std::vecto
 
 /// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
 /// layout) as tensors "<param><suffix>" of each parameter's shape, padding left out, written
-/// through `refill` (reusing its tensors). Host memory is copied once, in parallel; device memory
-/// is downloaded first (sync).
+/// through `refill` (reusing its tensors). Host memory is copied once, in parallel (deferred in a
+/// DeferCopies scope); device memory is downloaded first (sync, never deferred).
 template <Space S>
 void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, const void* data,
                    DType dtype, const std::string& suffix) {
@@ -101,7 +101,11 @@ void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, cons
     AnyTensor& t = refill.tensor(p.name + suffix, dtype, p.shape);
     pieces.push_back({t.data(), src + static_cast<std::size_t>(p.offset) * esize, t.bytes()});
   }
-  trainkit::detail::parallel_copy(pieces);
+  if constexpr (S == Space::kHost) {
+    trainkit::detail::parallel_copy(pieces);
+  } else {
+    trainkit::detail::parallel_copy_now(pieces);  // from `download`, gone after the return
+  }
 }
 
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
@@ -128,6 +132,7 @@ void load_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, void* da
     if (t.bytes() != 0)
       std::memcpy(host.data() + static_cast<std::size_t>(p.offset) * esize, t.data(), t.bytes());
   }
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   copy_bytes(data, S, host.data(), Space::kHost, host.size());
 }
 
