@@ -1348,6 +1348,7 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
     lock.unlock();
     std::exception_ptr error;
     SaveStats s;
+    double copy_seconds = 0;
     if (!job_->copies.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       try {
@@ -1356,7 +1357,7 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
         for (const trainkit::detail::CopyPiece& p : job_->copies)
           trainkit::detail::copy_streaming(p.dst, p.src, p.bytes);
       }
-      s.copy_seconds = seconds_since(t0);
+      copy_seconds = seconds_since(t0);
       std::atomic<int>& pending = trainkit::detail::pending_snapshot_copies();
       pending.fetch_sub(1, std::memory_order_release);
       pending.notify_all();
@@ -1366,16 +1367,14 @@ TRAINKIT_INLINE void Checkpointer::writer_loop() {
       idle_cv_.notify_all();
     }
     try {
-      const double copy_seconds = s.copy_seconds;
       s = write(*job_);
-      s.copy_seconds = copy_seconds;
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     staging_ = std::move(job_->state);  // the next snapshot's memory
     stats_.write_seconds = s.write_seconds;
-    stats_.copy_seconds = s.copy_seconds;
+    stats_.copy_seconds = copy_seconds;
     stats_.bytes = s.bytes;
     // Moved under the lock: the writer keeps no reference to the exception the caller's
     // wait() rethrows, so its last release never races with the caller reading it.

@@ -138,20 +138,23 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
       const float* row = s + i * len;
       float* out = p + i * len;
       const std::int64_t n = i + 1, full = n / 8 * 8;
-      const float inv_sum = 1.0f / lane_tree8(_mm256_load_ps(sums[i - i0]));
-      const __m256 inv = _mm256_set1_ps(inv_sum);
+      const __m256 inv = _mm256_set1_ps(1.0f / lane_tree8(_mm256_load_ps(sums[i - i0])));
       std::int64_t j = 0;
       for (; j < full; j += 8)
         _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
-      if (j < n && j + 8 <= len) {
-        // The whole block, zeros past n (masked after the product: a NaN sum stays out of them).
+      if (j < n) {
         const __m256i tail = first_lanes8(n - full);
         const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), inv);
-        _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
-        j += 8;
+        if (j + 8 <= len) {  // the whole block, zeros past n (masked: a NaN sum stays out)
+          _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
+          j += 8;
+        } else {
+          _mm256_maskstore_ps(out + j, tail, v);
+          j = n;
+        }
       }
       for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, zero);
-      for (; j < len; ++j) out[j] = j < n ? row[j] * inv_sum : 0.0f;
+      for (; j < len; ++j) out[j] = 0.0f;
     }
   }
 }
