@@ -81,6 +81,26 @@ TRAINKIT_FORCEINLINE void causal_softmax_backward_row(const T* p, const float* d
 /// Rows per pass of the AVX2 softmax rows below (their per-row scalars live on the stack).
 inline constexpr std::int64_t kSoftmaxRowBatch = 64;
 
+/// Ends a row of `len` floats whose values stop at n: columns [j, n) (fewer than 8; none when
+/// j == n) come from the lanes of v that `tail` selects, every column after them is 0. The lanes
+/// past n are zeroed after the arithmetic, so a NaN computed there never reaches the row.
+__attribute__((target("avx2"))) TRAINKIT_FORCEINLINE void store_row_end8(float* out, std::int64_t j,
+                                                                         std::int64_t n,
+                                                                         std::int64_t len,
+                                                                         __m256i tail, __m256 v) {
+  if (j < n) {
+    if (j + 8 <= len) {  // the whole block
+      _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
+      j += 8;
+    } else {
+      _mm256_maskstore_ps(out + j, tail, v);
+      j = n;
+    }
+  }
+  for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, _mm256_setzero_ps());
+  for (; j < len; ++j) out[j] = 0.0f;
+}
+
 /// causal_softmax_row<float> for rows 0..rows-1 of a [rows, len] block (rows <= len), in AVX2:
 /// the same lanes, orders and operations as the scalar row (lane_max / lane_map / lane_sum over
 /// 8 lanes, the last partial block masked instead of scalar), so the same bits. The work runs in
@@ -142,19 +162,8 @@ __attribute__((target("avx2"))) inline void causal_softmax_rows_avx2(float* s, f
       std::int64_t j = 0;
       for (; j < full; j += 8)
         _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
-      if (j < n) {
-        const __m256i tail = first_lanes8(n - full);
-        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), inv);
-        if (j + 8 <= len) {  // the whole block, zeros past n (masked: a NaN sum stays out)
-          _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
-          j += 8;
-        } else {
-          _mm256_maskstore_ps(out + j, tail, v);
-          j = n;
-        }
-      }
-      for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, zero);
-      for (; j < len; ++j) out[j] = 0.0f;
+      const __m256i tail = first_lanes8(n - full);  // no lane when n == full
+      store_row_end8(out, j, n, len, tail, _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), inv));
     }
   }
 }
@@ -192,20 +201,10 @@ __attribute__((target("avx2"))) inline void causal_softmax_backward_rows_avx2(
       for (; j < full; j += 8)
         _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(pr + j)),
                                                 _mm256_sub_ps(_mm256_loadu_ps(dr + j), dot)));
-      if (j < n) {
-        const __m256i tail = first_lanes8(n - full);
-        const __m256 v = _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(pr + j, tail)),
-                                       _mm256_sub_ps(_mm256_maskload_ps(dr + j, tail), dot));
-        if (j + 8 <= len) {  // the whole block, zeros past n (masked: no NaN from dot)
-          _mm256_storeu_ps(out + j, _mm256_and_ps(v, _mm256_castsi256_ps(tail)));
-          j += 8;
-        } else {
-          _mm256_maskstore_ps(out + j, tail, v);
-          j = n;
-        }
-      }
-      for (; j + 8 <= len; j += 8) _mm256_storeu_ps(out + j, zero);
-      for (; j < len; ++j) out[j] = 0.0f;
+      const __m256i tail = first_lanes8(n - full);
+      store_row_end8(out, j, n, len, tail,
+                     _mm256_mul_ps(_mm256_mul_ps(vs, _mm256_maskload_ps(pr + j, tail)),
+                                   _mm256_sub_ps(_mm256_maskload_ps(dr + j, tail), dot)));
     }
   }
 }
