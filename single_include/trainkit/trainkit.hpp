@@ -10295,16 +10295,30 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m512 va = _mm512_set1_ps(g.alpha);
   const __m512 vb = _mm512_set1_ps(g.beta);
-  if (kind == Epilogue::kNone && g.mr == R && g.nr == W) {
-    // A whole tile without epilogue, straight from the registers (most calls): alpha == 1 and
-    // beta == 1 skip operations that would not change a bit.
+  // A whole tile goes straight from the registers (most calls) when its epilogue is light: none,
+  // a bias, or dGELU from a saved slope (the loop below does the same operations in the same
+  // order: alpha, beta, + bias (0 without one), times the slope). alpha == 1 and beta == 0 skip
+  // operations that would not change a bit.
+  const bool light = kind == Epilogue::kNone || kind == Epilogue::kBias ||
+                     (kind == Epilogue::kDGelu && g.epi->slope);
+  if (light && g.mr == R && g.nr == W) {
     const bool scale = g.alpha != 1.0f;
-#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                \
-  {                                                                       \
-    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                           \
-    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];          \
-    if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(out), v); \
-    _mm512_storeu_ps(out, v);                                             \
+    const bool add = kind != Epilogue::kNone;
+    const float* slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
+    const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
+    __m512 bias_v[Panels];
+    for (int h = 0; h < Panels; ++h)
+      bias_v[h] = !add || g.epi->bias == nullptr ? _mm512_setzero_ps()
+                                                 : _mm512_loadu_ps(g.epi->bias + h * kGemmNR);
+#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                       \
+  {                                                                              \
+    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                  \
+    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                 \
+    if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(out), v);        \
+    if (add) v = _mm512_add_ps(v, bias_v[h]);                                    \
+    if (slope != nullptr)                                                        \
+      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR)); \
+    _mm512_storeu_ps(out, v);                                                    \
   }
 #define TRAINKIT_DETAIL_AVX512_STORE_ROW(r) \
   TRAINKIT_DETAIL_AVX512_STORE(r, 0)        \
