@@ -10224,10 +10224,45 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
   }
 }
 
-/// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels; edges are masked, not copied.
+/// The epilogue of a tile whose sums were spilled to `tile` (rows r < mr, columns past nr masked
+/// off in loads and stores): one function for every row count of the tile (not inlined, so the
+/// GELU code is compiled once per panel count).
 template <int Panels>
+__attribute__((target("avx512f"), noinline)) void gemm_avx512_finish_tile(
+    const GemmTileArgs& g, const float (*tile)[Panels * kGemmNR]) {
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
+  const float* bias = g.epi == nullptr ? nullptr : g.epi->bias;
+  float* aux = g.epi == nullptr ? nullptr : g.epi->aux;
+  const std::int64_t aux_ld = g.epi == nullptr ? 0 : g.epi->aux_ld;
+  __mmask16 mask[Panels];
+  __m512 bias_v[Panels];
+  for (int h = 0; h < Panels; ++h) {
+    const int cols = std::min(kGemmNR, std::max(0, g.nr - h * kGemmNR));
+    mask[h] = static_cast<__mmask16>(cols == kGemmNR ? 0xFFFFu : (1u << cols) - 1u);
+    bias_v[h] =
+        bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[h], bias + h * kGemmNR);
+  }
+  // One loop per kind of epilogue, so its branches and constants stay out of the element loop.
+  if (kind == Epilogue::kNone) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kNone>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kDGelu && g.epi->slope) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
+  } else if (kind == Epilogue::kDGelu) {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu>(g, tile, mask, bias_v, aux, aux_ld);
+  } else {
+    gemm_avx512_epilogue_rows<Panels, Epilogue::kBias>(g, tile, mask, bias_v, aux, aux_ld);
+  }
+}
+
+/// AVX-512 micro-kernel body for `Panels` (1 or 2) B panels and `Rows` (4, 8 or 12) rows of A;
+/// edges are masked, not copied.
+template <int Panels, int Rows>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
-  constexpr int R = kGemmAvx512Rows;
+  constexpr int R = Rows;
   constexpr int W = Panels * kGemmNR;
   // Warm the C rows (and the epilogue's aux rows) we will write while the k loop runs.
   const float* aux_rows = g.epi == nullptr ? nullptr : g.epi->aux;
@@ -10246,14 +10281,14 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   // 12 x Panels accumulators stay registers under every compiler, pragmas or not.
   const std::int64_t rs = g.a_rs, rs2 = 2 * g.a_rs, ks = g.a_ks;
   const float* p0 = g.a;
-  const float* p1 = p0 + 3 * rs;
-  const float* p2 = p0 + 6 * rs;
-  const float* p3 = p0 + 9 * rs;
+  const float* p1 = R > 3 ? p0 + 3 * rs : p0;
+  const float* p2 = R > 6 ? p0 + 6 * rs : p0;
+  const float* p3 = R > 9 ? p0 + 9 * rs : p0;
   const float* b0 = g.b;
   const float* b1 = g.b + g.b_panel;
   __m512 acc[R][Panels] = {};
 #define TRAINKIT_DETAIL_AVX512_ROW(r, base, offset)                                               \
-  {                                                                                               \
+  if constexpr ((r) < R) {                                                                        \
     const __m512 av = _mm512_set1_ps((base)[offset]);                                             \
     acc[r][0] = _mm512_fmadd_ps(av, bv0, acc[r][0]);                                              \
     if constexpr (Panels == 2) acc[r][Panels - 1] = _mm512_fmadd_ps(av, bv1, acc[r][Panels - 1]); \
@@ -10320,9 +10355,11 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
       v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR)); \
     _mm512_storeu_ps(out, v);                                                    \
   }
-#define TRAINKIT_DETAIL_AVX512_STORE_ROW(r) \
-  TRAINKIT_DETAIL_AVX512_STORE(r, 0)        \
-  if constexpr (Panels == 2) TRAINKIT_DETAIL_AVX512_STORE(r, Panels - 1)
+#define TRAINKIT_DETAIL_AVX512_STORE_ROW(r)                                \
+  if constexpr ((r) < R) {                                                 \
+    TRAINKIT_DETAIL_AVX512_STORE(r, 0)                                     \
+    if constexpr (Panels == 2) TRAINKIT_DETAIL_AVX512_STORE(r, Panels - 1) \
+  }
     TRAINKIT_DETAIL_AVX512_STORE_ROW(0)
     TRAINKIT_DETAIL_AVX512_STORE_ROW(1)
     TRAINKIT_DETAIL_AVX512_STORE_ROW(2)
@@ -10342,9 +10379,11 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   // Otherwise the sums go through an L1 tile, so the epilogue (whose GELU needs many registers
   // of its own) runs as a plain loop without keeping 24 accumulators alive.
   alignas(64) float tile[R][W];
-#define TRAINKIT_DETAIL_AVX512_SPILL(r) \
-  _mm512_store_ps(tile[r], acc[r][0]);  \
-  if constexpr (Panels == 2) _mm512_store_ps(tile[r] + kGemmNR, acc[r][Panels - 1]);
+#define TRAINKIT_DETAIL_AVX512_SPILL(r)                                                \
+  if constexpr ((r) < R) {                                                             \
+    _mm512_store_ps(tile[r], acc[r][0]);                                               \
+    if constexpr (Panels == 2) _mm512_store_ps(tile[r] + kGemmNR, acc[r][Panels - 1]); \
+  }
   TRAINKIT_DETAIL_AVX512_SPILL(0)
   TRAINKIT_DETAIL_AVX512_SPILL(1)
   TRAINKIT_DETAIL_AVX512_SPILL(2)
@@ -10358,41 +10397,28 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   TRAINKIT_DETAIL_AVX512_SPILL(10)
   TRAINKIT_DETAIL_AVX512_SPILL(11)
 #undef TRAINKIT_DETAIL_AVX512_SPILL
-  // Epilogue on rows r < mr; the columns past nr are masked off in loads and stores.
-  const float* bias = g.epi == nullptr ? nullptr : g.epi->bias;
-  float* aux = g.epi == nullptr ? nullptr : g.epi->aux;
-  const std::int64_t aux_ld = g.epi == nullptr ? 0 : g.epi->aux_ld;
-  __mmask16 mask[Panels];
-  __m512 bias_v[Panels];
-  for (int h = 0; h < Panels; ++h) {
-    const int cols = std::min(kGemmNR, std::max(0, g.nr - h * kGemmNR));
-    mask[h] = static_cast<__mmask16>(cols == kGemmNR ? 0xFFFFu : (1u << cols) - 1u);
-    bias_v[h] =
-        bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[h], bias + h * kGemmNR);
-  }
-  // One loop per kind of epilogue, so its branches and constants stay out of the element loop.
-  if (kind == Epilogue::kNone) {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kNone>(g, tile, mask, bias_v, aux, aux_ld);
-  } else if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
-  } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kGelu>(g, tile, mask, bias_v, aux, aux_ld);
-  } else if (kind == Epilogue::kDGelu && g.epi->slope) {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu, true>(g, tile, mask, bias_v, aux, aux_ld);
-  } else if (kind == Epilogue::kDGelu) {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kDGelu>(g, tile, mask, bias_v, aux, aux_ld);
-  } else {
-    gemm_avx512_epilogue_rows<Panels, Epilogue::kBias>(g, tile, mask, bias_v, aux, aux_ld);
-  }
+  gemm_avx512_finish_tile<Panels>(g, tile);
 }
 
 /// AVX-512 micro-kernel (12 x 32), compiled for that target and only called after a CPUID
-/// check. Its sums are the AVX2 kernel's chains, so it gives the same bits.
+/// check. Its sums are the AVX2 kernel's chains, so it gives the same bits. A tile of at most 4
+/// or 8 rows (the last of 64, 128 or 1024 rows) runs a 4- or 8-row body instead of 12 rows of
+/// which most would be padding.
+template <int Panels>
+__attribute__((target("avx512f"))) inline void gemm_kernel_avx512_panels(const GemmTileArgs& g) {
+  if (g.mr > 8) {
+    gemm_kernel_avx512_tile<Panels, kGemmAvx512Rows>(g);
+  } else if (g.mr > 4) {
+    gemm_kernel_avx512_tile<Panels, 8>(g);
+  } else {
+    gemm_kernel_avx512_tile<Panels, 4>(g);
+  }
+}
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512(const GemmTileArgs& g) {
   if (g.nr > kGemmNR) {
-    gemm_kernel_avx512_tile<2>(g);
+    gemm_kernel_avx512_panels<2>(g);
   } else {
-    gemm_kernel_avx512_tile<1>(g);
+    gemm_kernel_avx512_panels<1>(g);
   }
 }
 
