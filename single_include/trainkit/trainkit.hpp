@@ -9836,8 +9836,9 @@ struct GemmTileEpilogue {
 };
 
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
-/// A(r, p) = a[r * a_rs + p * a_ks] (every one of the kernel's rows readable: a packed panel is
-/// zero-padded, an operand read in place gives full tiles only) and B(p, j) = b[(j / NR) *
+/// A(r, p) = a[r * a_rs + p * a_ks] (every row the kernel reads readable: a packed panel is
+/// zero-padded, an operand read in place gives full tiles, or a last tile of one of the kernel's
+/// exact_rows) and B(p, j) = b[(j / NR) *
 /// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned; a row-major B read in
 /// place was tried and lost: power-of-two row strides put a panel's k rows in a few L1 sets);
 /// c has row stride ldc and is not read when beta == 0; epi == nullptr: no epilogue. Each
@@ -9873,7 +9874,17 @@ struct GemmKernel {
   int rows;
   int cols;
   const char* name;
+  /// Bit r set: a tile of exactly r < rows rows reads only those r rows of A, so such a last
+  /// tile can read A in place (a full tile always can).
+  unsigned exact_rows = 0;
 };
+
+/// How many of `rows` rows of a row-major f32 A the kernel reads in place: the full tiles, and
+/// the last partial one when the kernel reads exactly its rows; the rest is packed.
+inline std::int64_t gemm_in_place_rows(const GemmKernel& kernel, std::int64_t rows) {
+  const std::int64_t rem = rows % kernel.rows;
+  return rows - (((kernel.exact_rows >> rem) & 1u) != 0 ? 0 : rem);
+}
 
 /// A partial tile (mr < MR or nr < NR) is computed in full-size scratch copies of its C, bias
 /// and aux, so its elements see exactly the arithmetic of a full tile; this sets them up.
@@ -10423,7 +10434,7 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512(const GemmTile
 }
 
 inline constexpr GemmKernel kGemmAvx512{&gemm_kernel_avx512, kGemmAvx512Rows, 2 * kGemmNR,
-                                        "avx512-12x32"};
+                                        "avx512-12x32", (1u << 4) | (1u << 8)};
 #endif
 
 /// The fastest micro-kernel this CPU runs (decided once, by CPUID, not by compiler flags).
@@ -10967,7 +10978,7 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
       const std::int64_t j0 = jc + q0 * kGemmNR;
       const std::int64_t j1 = std::min(jc + nc, jc + q1 * kGemmNR);
       // Rows [0, in_place_rows) of the block are read from A itself, the rest packed.
-      const std::int64_t in_place_rows = a_in_place ? rows / tile_rows * tile_rows : 0;
+      const std::int64_t in_place_rows = a_in_place ? gemm_in_place_rows(kernel, rows) : 0;
 
       GemmWorkspace& tws = gemm_workspace();
       float* ap =
@@ -11091,9 +11102,10 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* bp = b_buffer.get(panels * kGemmNR * kk);
   if (k > 0) gemm_pack_b(b, k, 0, n, 0, panels, bp);
-  // A: rows read in place where they fill a tile (f32, contiguous rows), the rest packed.
+  // A: rows read in place where the kernel reads only them (f32, contiguous rows), the rest
+  // packed.
   constexpr bool a_is_f32 = std::is_same_v<TA, float>;
-  const std::int64_t in_place_rows = a_is_f32 && a.cs == 1 ? m / tile_rows * tile_rows : 0;
+  const std::int64_t in_place_rows = a_is_f32 && a.cs == 1 ? gemm_in_place_rows(kernel, m) : 0;
   float* ap = ws.a.get(((m - in_place_rows + tile_rows - 1) / tile_rows) * tile_rows * kk);
   if (in_place_rows < m && k > 0)
     gemm_pack_a(a, in_place_rows, m - in_place_rows, 0, k, kernel.rows, ap);
