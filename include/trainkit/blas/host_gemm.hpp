@@ -135,10 +135,11 @@ struct GemmTileEpilogue {
 /// One micro-kernel call: c[0:mr, 0:nr] = epi(alpha * A @ B + beta * c) over kc products, where
 /// A(r, p) = a[r * a_rs + p * a_ks] (every row the kernel reads readable: a packed panel is
 /// zero-padded, an operand read in place gives full tiles, or a last tile of one of the kernel's
-/// exact_rows) and B(p, j) = b[(j / NR) *
-/// b_panel + p * NR + j % NR] (packed 16-column panels, 64-byte aligned; a row-major B read in
-/// place was tried and lost: power-of-two row strides put a panel's k rows in a few L1 sets);
-/// c has row stride ldc and is not read when beta == 0; epi == nullptr: no epilogue. Each
+/// exact_rows) and B(p, j) = b[(j / NR) * b_panel + p * b_ks + j % NR] (packed 16-column
+/// panels: b_ks = NR, 64-byte aligned; or a small row-major B read in place, b_panel = NR and
+/// b_ks its row stride, which host_gemm_band does for attention's heads: for the large products
+/// it was tried and lost, power-of-two row strides put a panel's k rows in a few L1 sets); c has
+/// row stride ldc and is not read when beta == 0; epi == nullptr: no epilogue. Each
 /// element of c is one chain of fused multiply-adds over p ascending, so every kernel gives the
 /// same bits.
 struct GemmTileArgs {
@@ -148,6 +149,7 @@ struct GemmTileArgs {
   std::int64_t a_ks;
   const float* b;
   std::int64_t b_panel;
+  std::int64_t b_ks = kGemmNR;
   float* c;
   std::int64_t ldc;
   float alpha;
@@ -260,7 +262,7 @@ struct GemmTileTarget {
 inline void gemm_kernel_portable(const GemmTileArgs& g) {
   alignas(64) float acc[kGemmMR * kGemmNR] = {};
   for (std::int64_t p = 0; p < g.kc; ++p) {
-    const float* bp = g.b + p * kGemmNR;
+    const float* bp = g.b + p * g.b_ks;
     const float* ap = g.a + p * g.a_ks;
     for (int i = 0; i < kGemmMR; ++i) {
       const float ai = ap[i * g.a_rs];
@@ -417,8 +419,8 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
   // The six rows are written out: each accumulator pair stays a named register (an array indexed in
   // a loop is what compilers spill).
   for (std::int64_t p = 0, o = 0; p < g.kc; ++p, o += ks) {
-    const __m256 b0 = _mm256_load_ps(b);
-    const __m256 b1 = _mm256_load_ps(b + 8);
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
     _mm_prefetch(reinterpret_cast<const char*>(a0 + o + 8 * ks), _MM_HINT_T0);
     __m256 av = _mm256_broadcast_ss(a0 + o);
     c00 = _mm256_fmadd_ps(av, b0, c00);
@@ -438,7 +440,7 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     av = _mm256_broadcast_ss(a5 + o);
     c50 = _mm256_fmadd_ps(av, b0, c50);
     c51 = _mm256_fmadd_ps(av, b1, c51);
-    b += kGemmNR;
+    b += g.b_ks;
   }
   const __m256 acc[kGemmMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
@@ -605,33 +607,40 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
   TRAINKIT_DETAIL_AVX512_ROW(r, base, 0)      \
   TRAINKIT_DETAIL_AVX512_ROW(r + 1, base, rs) \
   TRAINKIT_DETAIL_AVX512_ROW(r + 2, base, rs2)
-#define TRAINKIT_DETAIL_AVX512_K                               \
-  {                                                            \
-    const __m512 bv0 = _mm512_load_ps(b0);                     \
-    const __m512 bv1 = Panels == 2 ? _mm512_load_ps(b1) : bv0; \
-    TRAINKIT_DETAIL_AVX512_ROWS3(0, p0)                        \
-    TRAINKIT_DETAIL_AVX512_ROWS3(3, p1)                        \
-    TRAINKIT_DETAIL_AVX512_ROWS3(6, p2)                        \
-    TRAINKIT_DETAIL_AVX512_ROWS3(9, p3)                        \
-    p0 += ks;                                                  \
-    p1 += ks;                                                  \
-    p2 += ks;                                                  \
-    p3 += ks;                                                  \
-    b0 += kGemmNR;                                             \
-    b1 += kGemmNR;                                             \
+#define TRAINKIT_DETAIL_AVX512_K(bks)                           \
+  {                                                             \
+    const __m512 bv0 = _mm512_loadu_ps(b0);                     \
+    const __m512 bv1 = Panels == 2 ? _mm512_loadu_ps(b1) : bv0; \
+    TRAINKIT_DETAIL_AVX512_ROWS3(0, p0)                         \
+    TRAINKIT_DETAIL_AVX512_ROWS3(3, p1)                         \
+    TRAINKIT_DETAIL_AVX512_ROWS3(6, p2)                         \
+    TRAINKIT_DETAIL_AVX512_ROWS3(9, p3)                         \
+    p0 += ks;                                                   \
+    p1 += ks;                                                   \
+    p2 += ks;                                                   \
+    p3 += ks;                                                   \
+    b0 += bks;                                                  \
+    b1 += bks;                                                  \
   }
   std::int64_t p = 0;
-  if (g.a_next != nullptr) {
-    // The next tile's A (g.a_next: k contiguous) a line of each row per 16 k steps, issued
-    // between the blocks of 16 so the k loop itself keeps its registers.
-    for (; p + kGemmNR <= g.kc; p += kGemmNR) {
-      const float* next = g.a_next + p;
-      for (int r = 0; r < R; ++r, next += rs)
-        _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
-      for (int u = 0; u < kGemmNR; ++u) TRAINKIT_DETAIL_AVX512_K
+  if (g.b_ks != kGemmNR) {
+    // B read in place (host_gemm_band): rows b_ks apart. Packed panels (below) step by a
+    // constant, which keeps the pointer updates to one shared index.
+    const std::int64_t b_ks = g.b_ks;
+    for (; p < g.kc; ++p) TRAINKIT_DETAIL_AVX512_K(b_ks)
+  } else {
+    if (g.a_next != nullptr) {
+      // The next tile's A (g.a_next: k contiguous) a line of each row per 16 k steps, issued
+      // between the blocks of 16 so the k loop itself keeps its registers.
+      for (; p + kGemmNR <= g.kc; p += kGemmNR) {
+        const float* next = g.a_next + p;
+        for (int r = 0; r < R; ++r, next += rs)
+          _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+        for (int u = 0; u < kGemmNR; ++u) TRAINKIT_DETAIL_AVX512_K(kGemmNR)
+      }
     }
+    for (; p < g.kc; ++p) TRAINKIT_DETAIL_AVX512_K(kGemmNR)
   }
-  for (; p < g.kc; ++p) TRAINKIT_DETAIL_AVX512_K
 #undef TRAINKIT_DETAIL_AVX512_K
 #undef TRAINKIT_DETAIL_AVX512_ROWS3
 #undef TRAINKIT_DETAIL_AVX512_ROW
@@ -1397,8 +1406,11 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
   GemmWorkspace& ws = gemm_workspace();
   const std::int64_t panels = (n + kGemmNR - 1) / kGemmNR;
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
-  float* bp = b_buffer.get(panels * kGemmNR * kk);
-  if (k > 0) gemm_pack_b(b, k, 0, n, 0, panels, bp);
+  // A row-major f32 op(B) of whole register tiles (a head's V, K, Q or dO: k <= T rows of hs
+  // floats) is read in place: the kernel reads each k row's tile columns, no more.
+  const bool b_in_place = std::is_same_v<TB, float> && b.cs == 1 && n % kernel.cols == 0;
+  float* bp = b_in_place ? nullptr : b_buffer.get(panels * kGemmNR * kk);
+  if (k > 0 && !b_in_place) gemm_pack_b(b, k, 0, n, 0, panels, bp);
   // A: rows read in place where the kernel reads only them (f32, contiguous rows), the rest
   // packed.
   constexpr bool a_is_f32 = std::is_same_v<TA, float>;
@@ -1428,6 +1440,13 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
       }
       g.b = bp + (jj / kGemmNR) * kGemmNR * kk + k_begin * kGemmNR;
       g.b_panel = kGemmNR * kk;
+      if constexpr (std::is_same_v<TB, float>) {
+        if (b_in_place) {
+          g.b = b.data + k_begin * b.rs + jj;
+          g.b_panel = kGemmNR;
+          g.b_ks = b.rs;
+        }
+      }
       g.c = c + i0 * ldc + jj;
       g.ldc = ldc;
       g.alpha = alpha;
