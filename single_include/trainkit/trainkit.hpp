@@ -11114,10 +11114,13 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
   const bool b_in_place = std::is_same_v<TB, float> && b.cs == 1 && n % kernel.cols == 0;
   float* bp = b_in_place ? nullptr : b_buffer.get(panels * kGemmNR * kk);
   if (k > 0 && !b_in_place) gemm_pack_b(b, k, 0, n, 0, panels, bp);
-  // A: rows read in place where the kernel reads only them (f32, contiguous rows), the rest
-  // packed.
+  // A: rows read in place where the kernel reads only them, the rest packed. An f32 A with
+  // contiguous rows, or a transposed one small enough to stay in L1 (a head's P^T or dS^T,
+  // T x T): the kernel's rows are then neighbours in each of its k rows.
   constexpr bool a_is_f32 = std::is_same_v<TA, float>;
-  const std::int64_t in_place_rows = a_is_f32 && a.cs == 1 ? gemm_in_place_rows(kernel, m) : 0;
+  constexpr std::int64_t kSmallFloats = 8192;  // 32 KiB
+  const bool a_readable = a_is_f32 && (a.cs == 1 || (a.rs == 1 && m * k <= kSmallFloats));
+  const std::int64_t in_place_rows = a_readable ? gemm_in_place_rows(kernel, m) : 0;
   float* ap = ws.a.get(((m - in_place_rows + tile_rows - 1) / tile_rows) * tile_rows * kk);
   if (in_place_rows < m && k > 0)
     gemm_pack_a(a, in_place_rows, m - in_place_rows, 0, k, kernel.rows, ap);
@@ -11131,9 +11134,9 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
       g.kc = k_end - k_begin;
       if constexpr (a_is_f32) {
         if (i0 < in_place_rows) {
-          g.a = a.data + i0 * a.rs + k_begin;
+          g.a = a.data + i0 * a.rs + k_begin * a.cs;
           g.a_rs = a.rs;
-          g.a_ks = 1;
+          g.a_ks = a.cs;
         }
       }
       if (i0 >= in_place_rows) {
