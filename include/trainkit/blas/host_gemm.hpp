@@ -317,10 +317,11 @@ __attribute__((target("avx2,fma"))) inline __m256 gemm_vmax(__m256 a, __m256 b) 
 __attribute__((target("avx2,fma"))) inline __m256 gemm_vfloor(__m256 a) {
   return _mm256_floor_ps(a);
 }
-/// 2^n for integral n in the exponent's range, as a float vector.
-__attribute__((target("avx2,fma"))) inline __m256 gemm_vexp2i(__m256 n) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+/// p * 2^n for integral n with 2^n a normal float: p times 2^n built in the exponent field.
+__attribute__((target("avx2,fma"))) inline __m256 gemm_vldexp(__m256 p, __m256 n) {
+  return _mm256_mul_ps(p,
+                       _mm256_castsi256_ps(_mm256_slli_epi32(
+                           _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
 }
 // AVX-512: GCC 12's unmasked forms of these intrinsics start from an uninitialised vector and
 // warn under -Wall at -O2 (GCC bug 105593); the all-lanes masked forms are the same instructions.
@@ -334,21 +335,20 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vmax(__m512 a, __m512 b) {
 __attribute__((target("avx512f"))) inline __m512 gemm_vfloor(__m512 a) {
   return _mm512_mask_roundscale_ps(a, kAllLanes, a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
-__attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i biased =
-      _mm512_add_epi32(_mm512_mask_cvtps_epi32(zero, kAllLanes, n), _mm512_set1_epi32(127));
-  return _mm512_castsi512_ps(_mm512_mask_slli_epi32(zero, kAllLanes, biased, 23));
+/// AVX-512 does it in one instruction (vscalefps): the same exact product, rounded once, so the
+/// same bits as the AVX2 form.
+__attribute__((target("avx512f"))) inline __m512 gemm_vldexp(__m512 p, __m512 n) {
+  return _mm512_mask_scalef_ps(p, kAllLanes, p, n);
 }
 
-// gemm_exp_<isa>: exp(x) (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial, about
-// 1 ulp); x is clamped to [-87.3, 88.7], where expf neither overflows nor goes subnormal. Operand
-// order in min/max keeps NaN (the second operand is returned when one is NaN).
+// gemm_exp_in_range_<isa>: exp(x) (Cephes expf: Cody-Waite reduction by ln 2, degree-6
+// polynomial, about 1 ulp) for x in [-87.3, 88.7], where expf neither overflows nor goes
+// subnormal; gemm_exp_minus2_<isa>(u): exp(-2u) with -2u clamped to [-87.3, 80]. Operand order
+// in min/max keeps NaN (the second operand is returned when one is NaN).
 // gemm_gelu_<isa> / gemm_gelu_grad_<isa> / gemm_gelu_slope_<isa>: gelu_tanh / gelu_tanh_grad /
 // gelu_tanh_slope, the scalar functions' formulas and clamps.
 #define TRAINKIT_DETAIL_GEMM_GELU_MATH(ISA, TARGET, V, P)                                         \
-  __attribute__((target(TARGET))) inline V gemm_exp_##ISA(V x) {                                  \
-    x = gemm_vmin(P##_set1_ps(88.72f), gemm_vmax(P##_set1_ps(-87.33f), x));                       \
+  __attribute__((target(TARGET))) inline V gemm_exp_in_range_##ISA(V x) {                         \
     const V n =                                                                                   \
         gemm_vfloor(P##_fmadd_ps(x, P##_set1_ps(1.44269504088896341f), P##_set1_ps(0.5f)));       \
     V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                         \
@@ -360,14 +360,19 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     p = P##_fmadd_ps(p, r, P##_set1_ps(1.6666665459e-1f));                                        \
     p = P##_fmadd_ps(p, r, P##_set1_ps(5.0000001201e-1f));                                        \
     p = P##_fmadd_ps(p, P##_mul_ps(r, r), P##_add_ps(r, P##_set1_ps(1.0f)));                      \
-    return P##_mul_ps(p, gemm_vexp2i(n));                                                         \
+    return gemm_vldexp(p, n);                                                                     \
+  }                                                                                               \
+  /* exp(-2 u) for the GELU's tanh, the argument clamped to [-87.3, 80] */                        \
+  __attribute__((target(TARGET))) inline V gemm_exp_minus2_##ISA(V u) {                           \
+    return gemm_exp_in_range_##ISA(gemm_vmax(                                                     \
+        P##_set1_ps(-87.33f), gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u)))); \
   }                                                                                               \
   __attribute__((target(TARGET))) inline V gemm_gelu_##ISA(V x) {                                 \
     x = gemm_vmax(P##_set1_ps(-12.0f), x);                                                        \
     const V x2 = P##_mul_ps(x, x);                                                                \
     const V u = P##_mul_ps(P##_set1_ps(0.7978845608028654f),                                      \
                            P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), x, x));           \
-    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    const V e = gemm_exp_minus2_##ISA(u);                                                         \
     return P##_div_ps(x, P##_add_ps(P##_set1_ps(1.0f), e));                                       \
   }                                                                                               \
   __attribute__((target(TARGET))) inline V gemm_gelu_slope_##ISA(V x, V* slope) {                 \
@@ -376,7 +381,7 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vexp2i(__m512 n) {
     const V xd = gemm_vmin(P##_set1_ps(12.0f), x);                                                \
     const V x2 = P##_mul_ps(xd, xd);                                                              \
     const V u = P##_mul_ps(c0, P##_fmadd_ps(P##_mul_ps(P##_set1_ps(0.044715f), x2), xd, xd));     \
-    const V e = gemm_exp_##ISA(gemm_vmin(P##_set1_ps(80.0f), P##_mul_ps(P##_set1_ps(-2.0f), u))); \
+    const V e = gemm_exp_minus2_##ISA(u);                                                         \
     const V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
     const V du = P##_mul_ps(c0, P##_fmadd_ps(P##_set1_ps(3.0f * 0.044715f), x2, one));            \
     const V t = P##_mul_ps(P##_mul_ps(P##_mul_ps(xd, du), s), P##_mul_ps(e, s));                  \
@@ -511,7 +516,8 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
     float* row = g.c + r * g.ldc;
     for (int h = 0; h < Panels; ++h) {
       const __mmask16 m = mask[h];
-      __m512 v = _mm512_mul_ps(va, _mm512_load_ps(tile[r] + h * kGemmNR));
+      __m512 v = _mm512_load_ps(tile[r] + h * kGemmNR);
+      if (g.alpha != 1.0f) v = _mm512_mul_ps(va, v);  // 1 * v would change no bit
       if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
