@@ -13782,6 +13782,20 @@ void grad_split_host(const exec::Host& host, const GradSplit<T>& f, std::int64_t
   });
 }
 
+/// The host AddFunctor: the same sums in lane_map blocks, which g++ -O2 vectorises (a plain
+/// loop over the functor stays scalar there: out may alias a or b).
+template <class T>
+void add_host(const exec::Host& host, const AddFunctor<T>& f, std::int64_t n) {
+  for_rows(host, n, 1, [&](std::int64_t b, std::int64_t e) TRAINKIT_INLINE_LAMBDA {
+    const T* a = f.a + b;
+    const T* c = f.b + b;
+    T* out = f.out + b;
+    lane_map(
+        e - b, [&](std::int64_t j) { return load(a[j]) + load(c[j]); },
+        [&](std::int64_t j, float v) { out[j] = store<T>(v); });
+  });
+}
+
 }  // namespace detail
 
 /// out = a + b, element-wise (any rank; all three alike; out may alias a or b).
@@ -13792,7 +13806,12 @@ void residual_forward(const E& exec, TensorView<TA, R, S> a, TensorView<TB, R, S
   detail::check_call<P, E, S, TA, TB, TO>();
   detail::check_same_shape("nn::residual_forward", "a", a, "b", b);
   detail::check_same_shape("nn::residual_forward", "a", a, "out", out);
-  exec::launch(exec, a.numel(), detail::AddFunctor<T>{a.data(), b.data(), out.data()});
+  const detail::AddFunctor<T> add{a.data(), b.data(), out.data()};
+  if constexpr (S == Space::kHost) {
+    detail::add_host(exec, add, a.numel());
+  } else {
+    exec::launch(exec, a.numel(), add);
+  }
 }
 
 /// Backward of out = a + b: da = dout and db = dout (each written, or added with

@@ -176,6 +176,32 @@ TEST_CASE("residual_backward (host): write modes, absent gradients, odd lengths,
   }
 }
 
+TEST_CASE("residual_forward (host): odd lengths, threads, out aliasing an input") {
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{13}, std::int64_t{100003}}) {
+    CAPTURE(n);
+    const auto a0 = nntest::random_floats(n, 41);
+    const auto b0 = nntest::random_floats(n, 42);
+    auto view = [&](std::vector<float>& v) { return tk::HostView<float, 1>(v.data(), {{n}}); };
+    auto cview = [&](const std::vector<float>& v) {
+      return tk::HostView<const float, 1>(v.data(), {{n}});
+    };
+    for (const int threads : {1, 2}) {
+      tk::exec::Host host(threads);
+      std::vector<float> out(std::size_t(n), -1.0f);
+      nn::residual_forward(host, cview(a0), cview(b0), view(out));
+      bool ok = true;
+      for (std::size_t i = 0; i < out.size(); ++i) ok = ok && out[i] == a0[i] + b0[i];
+      CHECK(ok);
+      // In place: out is a (and then b).
+      std::vector<float> in_a = a0, in_b = b0;
+      nn::residual_forward(host, view(in_a), cview(b0), view(in_a));
+      nn::residual_forward(host, cview(a0), view(in_b), view(in_b));
+      CHECK(in_a == out);
+      CHECK(in_b == out);
+    }
+  }
+}
+
 TEST_CASE("causal softmax rows (host, f32): the AVX2 rows give the scalar rows' bits") {
   // causal_softmax_rows / causal_softmax_backward_rows take an AVX2 path where the CPU has it,
   // with the last partial 8-lane block of each row masked. Against the scalar row functions:
