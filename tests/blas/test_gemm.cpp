@@ -209,10 +209,10 @@ TEST_CASE("host gemm band (causal attention products): the needed part of the fu
       const GemmBand band = static_cast<GemmBand>(trial % 4);
       // From trial 24 on, n is whole 16-column panels (attention's widths: no partial panel).
       const bool panels = trial >= 24;
-      // m up to 110: a transposed A of the sums' m x m is read in place up to 8192 elements and
-      // packed beyond.
+      // m up to 140: a transposed A of the sums' m x m is read in place up to 16384 elements
+      // and packed beyond.
       const std::int64_t m =
-          panels && band == GemmBand::kColsToRow ? 16 * pick(1, 5) : pick(1, 110);
+          panels && band == GemmBand::kColsToRow ? 16 * pick(1, 5) : pick(1, 140);
       // Causal products are square in the masked dimension: cols (kColsToRow) or k (the sums).
       const std::int64_t n =
           band == GemmBand::kColsToRow ? m : (panels ? 16 * pick(1, 4) : pick(1, 70));
