@@ -17896,6 +17896,11 @@ TRAINKIT_NAMESPACE_END
 //                           u (p stays; u is written over the gradient), the driver reduces
 //                           ||p|| and ||u|| per parameter tensor (deterministically) and moves
 //                           each tensor by p -= trust_ratio(s, ||p||, ||u||) * u (LAMB, LARS)
+//   kInlineUpdate           `static constexpr bool kInlineUpdate = true;` when update() is
+//                           TRAINKIT_FORCEINLINE: a build for SSE2 only (plain -O2) then also runs
+//                           it on 8-lane AVX2 vectors where CPUID reports AVX2 (the same bits).
+//                           Only for an update that is always inlined: a call between code built
+//                           for SSE2 and for AVX2 cannot pass those vectors (default false)
 
 #include <array>
 #include <concepts>
@@ -17977,12 +17982,69 @@ using VecF = float;
 #endif
 #undef TRAINKIT_OPTIM_DEFINE_VECF
 
+// A TU compiled for SSE2 only (a plain -O2 build) also gets VecF8: 8 lanes in AVX registers, its
+// operations compiled for AVX2 by function attributes, for the host loops to run where CPUID
+// reports AVX2 (FusedOptimizer's pass: fused_pass.hpp). Every operation is still one correctly
+// rounded IEEE operation (no FMA is enabled, so nothing is contracted): the same bits as VecF
+// and float. Only SSE2-only TUs define it (in their inline namespace), so no TU compiled with
+// other -m flags shares its symbols.
+#if !defined(__AVX512F__) && !defined(__AVX__) && defined(__SSE2__) && !defined(__CUDA_ARCH__) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define TRAINKIT_OPTIM_RUNTIME_AVX2 1
+#define TRAINKIT_OPTIM_AVX2 __attribute__((target("avx2")))
+inline namespace simd_sse2 {
+// The register type with 16-byte alignment: a rule's `T g` parameter is then not a 32-byte
+// aligned by-value argument, whose ABI note g++ would print in every SSE2 build (the functions
+// are inlined into the AVX2 loop, where the value lives in a ymm register).
+typedef float VecF8Reg __attribute__((vector_size(32), aligned(16)));
+struct VecF8 {
+  static constexpr int kWidth = 8;
+  VecF8Reg v;
+  VecF8() = default;
+  TRAINKIT_OPTIM_AVX2 VecF8(__m256 x) : v(reinterpret_cast<VecF8Reg>(x)) {}
+  TRAINKIT_OPTIM_AVX2 VecF8(float x) : VecF8(_mm256_set1_ps(x)) {}
+  TRAINKIT_OPTIM_AVX2 __m256 reg() const { return reinterpret_cast<__m256>(v); }
+  TRAINKIT_OPTIM_AVX2 static VecF8 load(const float* p) { return _mm256_loadu_ps(p); }
+  TRAINKIT_OPTIM_AVX2 void store(float* p) const { _mm256_storeu_ps(p, reg()); }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator+(VecF8 a, VecF8 b) {
+    return _mm256_add_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator-(VecF8 a, VecF8 b) {
+    return _mm256_sub_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator*(VecF8 a, VecF8 b) {
+    return _mm256_mul_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator/(VecF8 a, VecF8 b) {
+    return _mm256_div_ps(a.reg(), b.reg());
+  }
+};
+TRAINKIT_OPTIM_AVX2 inline VecF8 vsqrt(VecF8 a) { return _mm256_sqrt_ps(a.reg()); }
+/* max(a, b) with NaN in `b` winning, as VecF's. */
+TRAINKIT_OPTIM_AVX2 inline VecF8 vmax(VecF8 a, VecF8 b) {
+  const __m256 nan = _mm256_cmp_ps(b.reg(), b.reg(), _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_max_ps(b.reg(), a.reg()), b.reg(), nan);
+}
+/// Whether this CPU runs VecF8 (decided once, by CPUID).
+inline bool cpu_runs_vecf8() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+}  // namespace simd_sse2
+#else
+#define TRAINKIT_OPTIM_RUNTIME_AVX2 0
+#endif
+
 /// Lanes of VecF (1 when it is float).
 template <class T>
 inline constexpr int kLanes = 1;
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
 template <>
 inline constexpr int kLanes<VecF> = VecF::kWidth;
+#endif
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+template <>
+inline constexpr int kLanes<VecF8> = VecF8::kWidth;
 #endif
 
 /// sqrt in f32 (the scalar twin of vsqrt(VecF), also for device code).
@@ -18010,6 +18072,9 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE T load_as(const float* p) {
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void store_to(float x, float* p) { *p = x; }
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
 inline void store_to(VecF x, float* p) { x.store(p); }
+#endif
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+TRAINKIT_OPTIM_AVX2 inline void store_to(VecF8 x, float* p) { x.store(p); }
 #endif
 
 }  // namespace detail
@@ -18192,6 +18257,10 @@ struct RuleTraits {
   static constexpr bool kTrustRatio = requires(const Scalars& s) {
     { Rule::trust_ratio(s, 1.0f, 1.0f) } -> std::convertible_to<float>;
   };
+  static constexpr bool kInlineUpdate = [] {
+    if constexpr (requires { Rule::kInlineUpdate; }) return static_cast<bool>(Rule::kInlineUpdate);
+    else return false;
+  }();
 
   static unsigned variant(const Options& o) {
     if constexpr (requires { Rule::variant(o); }) return Rule::variant(o);
@@ -18347,9 +18416,28 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_element(
   }
 }
 
-/// The host loop over [begin, end) of the arena (pointers to the whole buffers): VecF body, float
-/// tail. `s` is copied, so the loop reads its scalars from registers, not through memory that
-/// the stores could alias.
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+/// host_range's vector body on 8 lanes, compiled for AVX2 (called where CPUID reports it, by a
+/// build for SSE2 only): the elements [i, i + 8k) it reaches, the same bits; returns where it
+/// stopped.
+template <class Rule, unsigned V, class G, class... St>
+TRAINKIT_OPTIM_AVX2 std::int64_t host_range_avx2(typename Rule::Scalars s, float scale, float clip,
+                                                 const Rounding& rounding,
+                                                 float* TRAINKIT_RESTRICT p, G* TRAINKIT_RESTRICT g,
+                                                 std::int64_t i, std::int64_t end, St*... st) {
+  const VecF8 vscale(scale);
+  const VecF8 vclip(clip);
+  for (; i + kLanes<VecF8> <= end; i += kLanes<VecF8>)
+    fused_element<Rule, V, VecF8>(s, vscale, vclip, p, g, i, i, rounding, st...);
+  return i;
+}
+#endif
+
+/// The host loop over [begin, end) of the arena (pointers to the whole buffers): VecF body (the
+/// AVX2 one first where a build for SSE2 only runs on a CPU with AVX2 and the rule's update is
+/// always inlined, RuleTraits::kInlineUpdate), float tail. `s` is
+/// copied, so the loop reads its scalars from registers, not through memory that the stores could
+/// alias.
 template <class Rule, unsigned V, class G, class... St>
 void host_range(typename Rule::Scalars s, const StepHeader& h, const Rounding& rounding,
                 float* TRAINKIT_RESTRICT p, G* TRAINKIT_RESTRICT g, std::int64_t begin,
@@ -18361,6 +18449,12 @@ void host_range(typename Rule::Scalars s, const StepHeader& h, const Rounding& r
   // __host__ __device__ element template; the host pass always compiles it.
 #if !defined(__CUDA_ARCH__)
   if constexpr ((std::is_same_v<St, float> && ...)) {
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+    if constexpr (RuleTraits<Rule>::kInlineUpdate) {
+      if (cpu_runs_vecf8())
+        i = host_range_avx2<Rule, V>(s, scale, clip, rounding, p, g, i, end, st...);
+    }
+#endif
     const VecF vscale(scale);
     const VecF vclip(clip);
     for (; i + kLanes<VecF> <= end; i += kLanes<VecF>)
@@ -19220,6 +19314,9 @@ struct SGDRule {
     s.first = head.first;
   }
 
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
+
   /// torch/optim/sgd.py's order: g = g + wd * p; buf = g (first) or buf * momentum +
   /// (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf; p = p + (-lr) * g.
   template <unsigned V, class T>
@@ -19356,6 +19453,9 @@ struct AdamWRule {
     s.neg_step_size = static_cast<float>(-(o.lr / bc1));
   }
 
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
+
   /// PyTorch's order: p *= decay; m = lerp(m, g, 1 - beta1); v = v * beta2 + ((1 - beta2) * g)
   /// * g; (AMSGrad: vmax = max(vmax, v)); p += (-step_size * m) / (sqrt(v) / sqrt(bc2) + eps).
   template <unsigned V, class T>
@@ -19487,6 +19587,9 @@ struct LAMBRule {
     s.adam_w_mode = o.adam_w_mode ? 1 : 0;
     s.use_ratio = (o.use_nvlamb || o.weight_decay != 0.0) ? 1 : 0;
   }
+
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
 
   /// Stage 1 (apex LAMBStage1Functor): Adam moments and the update direction u (returned).
   template <unsigned V, class T>

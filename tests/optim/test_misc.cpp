@@ -1,14 +1,17 @@
 // Tests for the smaller optim/ pieces: glob patterns and group assignment, StateDict (exact
 // number round trips, prefixes, deep copies), Ema against a float64 lerp (and its state_dict),
 // GradAccumulation (N micro-batches of loss / N give the full-batch step), and the optimizers'
-// LrGroups being what schedules drive; the host squared-norm fold (AVX2) against exec::reduce.
+// LrGroups being what schedules drive; the host squared-norm fold (AVX2) against exec::reduce;
+// the optimizers' host vector bodies against their scalar update.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
@@ -199,6 +202,92 @@ TEST_CASE("the host's squared gradient norm has exec::reduce's bits, random size
         CAPTURE(trial);
         CHECK(std::memcmp(&got, &want, sizeof got) == 0);
       }
+    }
+  }
+}
+
+namespace {
+
+// The scalar update of a rule, element by element, for `steps` steps with the same gradient (no
+// loss scale, no clipping): what every host vector body must reproduce bit for bit.
+template <class Rule, unsigned V>
+std::vector<float> scalar_steps(const typename Rule::Options& o, std::vector<float> p,
+                                const std::vector<float>& g, int steps) {
+  std::vector<std::vector<float>> st(3, std::vector<float>(p.size(), 0.0f));
+  for (int s = 1; s <= steps; ++s) {
+    optim::StepHeader head{};
+    head.step = s;
+    head.first = s == 1 ? 1 : 0;
+    head.inv_loss_scale = 1.0f;
+    head.clip_coef = 1.0f;
+    typename Rule::Scalars sc{};
+    Rule::derive(o, head, sc);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      float x = p[i];
+      const float gi = (g[i] * 1.0f) * 1.0f;
+      if constexpr (std::is_same_v<Rule, optim::detail::AdamWRule>) {
+        Rule::template update<V, float>(sc, x, gi, st[0][i], st[1][i], st[2][i]);
+      } else {
+        Rule::template update<V, float>(sc, x, gi, st[0][i]);
+      }
+      p[i] = x;
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "host optimizer passes: the vector bodies (VecF, and AVX2 chosen at run time) give the "
+    "scalar update's bits") {
+  // An SSE2-only build runs the built-in rules on 8-lane AVX2 vectors where CPUID reports AVX2,
+  // then on its own VecF, then element by element: lengths around the vector widths put every
+  // element through each of these paths; all must be the scalar update's bits.
+  std::mt19937 rng(20261206);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{5}, std::int64_t{8}, std::int64_t{13},
+                               std::int64_t{31}, std::int64_t{4099}}) {
+    CAPTURE(n);
+    std::vector<float> p0(static_cast<std::size_t>(n)), g0(p0.size());
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      const float scale = i % 7 == 0 ? 1e-20f : (i % 11 == 0 ? 1e6f : 1.0f);
+      p0[i] = uni(rng);
+      g0[i] = scale * uni(rng);
+    }
+    auto arena_with = [&](Arena& arena) {
+      arena.add("w", tk::Shape{n});
+      arena.finalize();
+      std::copy(p0.begin(), p0.end(), arena.params_data());
+      std::copy(g0.begin(), g0.end(), arena.grads_data());
+    };
+    auto same_bits = [&](const float* got, const std::vector<float>& want) {
+      return std::memcmp(got, want.data(), want.size() * sizeof(float)) == 0;
+    };
+    for (const bool amsgrad : {false, true}) {
+      CAPTURE(amsgrad);
+      const optim::AdamWOptions o{.lr = 3e-3, .weight_decay = 0.1, .amsgrad = amsgrad};
+      Arena arena;
+      arena_with(arena);
+      optim::AdamW opt(arena, o);
+      for (int s = 0; s < 3; ++s) opt.step(pool());
+      const std::vector<float> want = amsgrad
+                                          ? scalar_steps<optim::detail::AdamWRule, 1>(o, p0, g0, 3)
+                                          : scalar_steps<optim::detail::AdamWRule, 0>(o, p0, g0, 3);
+      CHECK(same_bits(arena.params_data(), want));
+    }
+    for (const bool nesterov : {false, true}) {
+      CAPTURE(nesterov);
+      const optim::SGDOptions o{
+          .lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = nesterov};
+      Arena arena;
+      arena_with(arena);
+      optim::SGD opt(arena, o);
+      for (int s = 0; s < 3; ++s) opt.step(pool());
+      const std::vector<float> want = nesterov
+                                          ? scalar_steps<optim::detail::SGDRule, 3>(o, p0, g0, 3)
+                                          : scalar_steps<optim::detail::SGDRule, 1>(o, p0, g0, 3);
+      CHECK(same_bits(arena.params_data(), want));
     }
   }
 }

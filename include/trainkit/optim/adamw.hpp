@@ -89,6 +89,9 @@ struct AdamWRule {
     s.neg_step_size = static_cast<float>(-(o.lr / bc1));
   }
 
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
+
   /// PyTorch's order: p *= decay; m = lerp(m, g, 1 - beta1); v = v * beta2 + ((1 - beta2) * g)
   /// * g; (AMSGrad: vmax = max(vmax, v)); p += (-step_size * m) / (sqrt(v) / sqrt(bc2) + eps).
   template <unsigned V, class T>

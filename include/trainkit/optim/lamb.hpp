@@ -81,6 +81,9 @@ struct LAMBRule {
     s.use_ratio = (o.use_nvlamb || o.weight_decay != 0.0) ? 1 : 0;
   }
 
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
+
   /// Stage 1 (apex LAMBStage1Functor): Adam moments and the update direction u (returned).
   template <unsigned V, class T>
   TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE static T update(const Scalars& s, T p, T g, T& m,

@@ -37,6 +37,11 @@
 //                           u (p stays; u is written over the gradient), the driver reduces
 //                           ||p|| and ||u|| per parameter tensor (deterministically) and moves
 //                           each tensor by p -= trust_ratio(s, ||p||, ||u||) * u (LAMB, LARS)
+//   kInlineUpdate           `static constexpr bool kInlineUpdate = true;` when update() is
+//                           TRAINKIT_FORCEINLINE: a build for SSE2 only (plain -O2) then also runs
+//                           it on 8-lane AVX2 vectors where CPUID reports AVX2 (the same bits).
+//                           Only for an update that is always inlined: a call between code built
+//                           for SSE2 and for AVX2 cannot pass those vectors (default false)
 #pragma once
 
 #include <array>
@@ -94,6 +99,10 @@ struct RuleTraits {
   static constexpr bool kTrustRatio = requires(const Scalars& s) {
     { Rule::trust_ratio(s, 1.0f, 1.0f) } -> std::convertible_to<float>;
   };
+  static constexpr bool kInlineUpdate = [] {
+    if constexpr (requires { Rule::kInlineUpdate; }) return static_cast<bool>(Rule::kInlineUpdate);
+    else return false;
+  }();
 
   static unsigned variant(const Options& o) {
     if constexpr (requires { Rule::variant(o); }) return Rule::variant(o);

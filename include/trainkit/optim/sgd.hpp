@@ -67,6 +67,9 @@ struct SGDRule {
     s.first = head.first;
   }
 
+  /// update() is force-inlined: the host loop may also run it on run-time AVX2 vectors.
+  static constexpr bool kInlineUpdate = true;
+
   /// torch/optim/sgd.py's order: g = g + wd * p; buf = g (first) or buf * momentum +
   /// (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf; p = p + (-lr) * g.
   template <unsigned V, class T>

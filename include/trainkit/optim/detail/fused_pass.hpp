@@ -87,9 +87,28 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_element(
   }
 }
 
-/// The host loop over [begin, end) of the arena (pointers to the whole buffers): VecF body, float
-/// tail. `s` is copied, so the loop reads its scalars from registers, not through memory that
-/// the stores could alias.
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+/// host_range's vector body on 8 lanes, compiled for AVX2 (called where CPUID reports it, by a
+/// build for SSE2 only): the elements [i, i + 8k) it reaches, the same bits; returns where it
+/// stopped.
+template <class Rule, unsigned V, class G, class... St>
+TRAINKIT_OPTIM_AVX2 std::int64_t host_range_avx2(typename Rule::Scalars s, float scale, float clip,
+                                                 const Rounding& rounding,
+                                                 float* TRAINKIT_RESTRICT p, G* TRAINKIT_RESTRICT g,
+                                                 std::int64_t i, std::int64_t end, St*... st) {
+  const VecF8 vscale(scale);
+  const VecF8 vclip(clip);
+  for (; i + kLanes<VecF8> <= end; i += kLanes<VecF8>)
+    fused_element<Rule, V, VecF8>(s, vscale, vclip, p, g, i, i, rounding, st...);
+  return i;
+}
+#endif
+
+/// The host loop over [begin, end) of the arena (pointers to the whole buffers): VecF body (the
+/// AVX2 one first where a build for SSE2 only runs on a CPU with AVX2 and the rule's update is
+/// always inlined, RuleTraits::kInlineUpdate), float tail. `s` is
+/// copied, so the loop reads its scalars from registers, not through memory that the stores could
+/// alias.
 template <class Rule, unsigned V, class G, class... St>
 void host_range(typename Rule::Scalars s, const StepHeader& h, const Rounding& rounding,
                 float* TRAINKIT_RESTRICT p, G* TRAINKIT_RESTRICT g, std::int64_t begin,
@@ -101,6 +120,12 @@ void host_range(typename Rule::Scalars s, const StepHeader& h, const Rounding& r
   // __host__ __device__ element template; the host pass always compiles it.
 #if !defined(__CUDA_ARCH__)
   if constexpr ((std::is_same_v<St, float> && ...)) {
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+    if constexpr (RuleTraits<Rule>::kInlineUpdate) {
+      if (cpu_runs_vecf8())
+        i = host_range_avx2<Rule, V>(s, scale, clip, rounding, p, g, i, end, st...);
+    }
+#endif
     const VecF vscale(scale);
     const VecF vclip(clip);
     for (; i + kLanes<VecF> <= end; i += kLanes<VecF>)

@@ -71,12 +71,69 @@ using VecF = float;
 #endif
 #undef TRAINKIT_OPTIM_DEFINE_VECF
 
+// A TU compiled for SSE2 only (a plain -O2 build) also gets VecF8: 8 lanes in AVX registers, its
+// operations compiled for AVX2 by function attributes, for the host loops to run where CPUID
+// reports AVX2 (FusedOptimizer's pass: fused_pass.hpp). Every operation is still one correctly
+// rounded IEEE operation (no FMA is enabled, so nothing is contracted): the same bits as VecF
+// and float. Only SSE2-only TUs define it (in their inline namespace), so no TU compiled with
+// other -m flags shares its symbols.
+#if !defined(__AVX512F__) && !defined(__AVX__) && defined(__SSE2__) && !defined(__CUDA_ARCH__) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define TRAINKIT_OPTIM_RUNTIME_AVX2 1
+#define TRAINKIT_OPTIM_AVX2 __attribute__((target("avx2")))
+inline namespace simd_sse2 {
+// The register type with 16-byte alignment: a rule's `T g` parameter is then not a 32-byte
+// aligned by-value argument, whose ABI note g++ would print in every SSE2 build (the functions
+// are inlined into the AVX2 loop, where the value lives in a ymm register).
+typedef float VecF8Reg __attribute__((vector_size(32), aligned(16)));
+struct VecF8 {
+  static constexpr int kWidth = 8;
+  VecF8Reg v;
+  VecF8() = default;
+  TRAINKIT_OPTIM_AVX2 VecF8(__m256 x) : v(reinterpret_cast<VecF8Reg>(x)) {}
+  TRAINKIT_OPTIM_AVX2 VecF8(float x) : VecF8(_mm256_set1_ps(x)) {}
+  TRAINKIT_OPTIM_AVX2 __m256 reg() const { return reinterpret_cast<__m256>(v); }
+  TRAINKIT_OPTIM_AVX2 static VecF8 load(const float* p) { return _mm256_loadu_ps(p); }
+  TRAINKIT_OPTIM_AVX2 void store(float* p) const { _mm256_storeu_ps(p, reg()); }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator+(VecF8 a, VecF8 b) {
+    return _mm256_add_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator-(VecF8 a, VecF8 b) {
+    return _mm256_sub_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator*(VecF8 a, VecF8 b) {
+    return _mm256_mul_ps(a.reg(), b.reg());
+  }
+  TRAINKIT_OPTIM_AVX2 friend VecF8 operator/(VecF8 a, VecF8 b) {
+    return _mm256_div_ps(a.reg(), b.reg());
+  }
+};
+TRAINKIT_OPTIM_AVX2 inline VecF8 vsqrt(VecF8 a) { return _mm256_sqrt_ps(a.reg()); }
+/* max(a, b) with NaN in `b` winning, as VecF's. */
+TRAINKIT_OPTIM_AVX2 inline VecF8 vmax(VecF8 a, VecF8 b) {
+  const __m256 nan = _mm256_cmp_ps(b.reg(), b.reg(), _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_max_ps(b.reg(), a.reg()), b.reg(), nan);
+}
+/// Whether this CPU runs VecF8 (decided once, by CPUID).
+inline bool cpu_runs_vecf8() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+}  // namespace simd_sse2
+#else
+#define TRAINKIT_OPTIM_RUNTIME_AVX2 0
+#endif
+
 /// Lanes of VecF (1 when it is float).
 template <class T>
 inline constexpr int kLanes = 1;
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
 template <>
 inline constexpr int kLanes<VecF> = VecF::kWidth;
+#endif
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+template <>
+inline constexpr int kLanes<VecF8> = VecF8::kWidth;
 #endif
 
 /// sqrt in f32 (the scalar twin of vsqrt(VecF), also for device code).
@@ -104,6 +161,9 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE T load_as(const float* p) {
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void store_to(float x, float* p) { *p = x; }
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
 inline void store_to(VecF x, float* p) { x.store(p); }
+#endif
+#if TRAINKIT_OPTIM_RUNTIME_AVX2
+TRAINKIT_OPTIM_AVX2 inline void store_to(VecF8 x, float* p) { x.store(p); }
 #endif
 
 }  // namespace detail
