@@ -11151,14 +11151,13 @@ void host_gemm_band(const GemmShape& s, const OperandRef<TA>& a, const OperandRe
         g.a_rs = 1;
         g.a_ks = tile_rows;
       }
-      g.b = bp + (jj / kGemmNR) * kGemmNR * kk + k_begin * kGemmNR;
-      g.b_panel = kGemmNR * kk;
-      if constexpr (std::is_same_v<TB, float>) {
-        if (b_in_place) {
-          g.b = b.data + k_begin * b.rs + jj;
-          g.b_panel = kGemmNR;
-          g.b_ks = b.rs;
-        }
+      if (b_in_place) {  // bp is null then: no offset is applied to it
+        if constexpr (std::is_same_v<TB, float>) g.b = b.data + k_begin * b.rs + jj;
+        g.b_panel = kGemmNR;
+        g.b_ks = b.rs;
+      } else {
+        g.b = bp + (jj / kGemmNR) * kGemmNR * kk + k_begin * kGemmNR;
+        g.b_panel = kGemmNR * kk;
       }
       g.c = c + i0 * ldc + jj;
       g.ldc = ldc;
