@@ -9489,7 +9489,7 @@ enum class Op : std::uint8_t { kN, kT };
 /// [M, N]); the names follow cuBLASLt's epilogues. `bias` has N elements (one per output column,
 /// i.e. per output feature of `y = x @ W^T + b`), `aux` is an [M, N] matrix.
 enum class Epilogue : std::uint8_t {
-  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C.
+  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (or * options.c_in).
   kBias,      ///< C = v + bias.
   kGelu,      ///< C = gelu(v); aux (optional output) = v.
   kBiasGelu,  ///< C = gelu(v + bias); aux (optional output) = v + bias.
@@ -9526,6 +9526,11 @@ struct GemmOptions {
   float alpha = 1.0f;
   /// beta == 0 means C is not read (it may hold NaNs), as in BLAS.
   float beta = 0.0f;
+  /// [M, N] with C's row stride, or null: when set, beta scales c_in instead of C, and C is
+  /// only written (cuBLASLt's separate C and D; PyTorch's `addmm(input, ...)`), e.g. a residual
+  /// stream added by the gemm instead of copied into C first. c_in may be C itself; otherwise it
+  /// must not overlap C. Rank-2 gemms only.
+  const T* c_in = nullptr;
   Epilogue epilogue = Epilogue::kNone;
   /// [N], contiguous: kBias, kBiasGelu.
   const T* bias = nullptr;
@@ -9686,6 +9691,8 @@ void check_epilogue(const char* who, const GemmOptions<T>& o, const GemmShape& s
   const Epilogue e = o.epilogue;
   TRAINKIT_CHECK(!batched || e == Epilogue::kNone, who, ": epilogue '", to_string(e),
                  "' is only supported for rank-2 (unbatched) gemm");
+  TRAINKIT_CHECK(!batched || o.c_in == nullptr, who,
+                 ": options.c_in is only supported for rank-2 (unbatched) gemm");
   const bool wants_bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
   TRAINKIT_CHECK(!wants_bias || o.bias != nullptr || s.n == 0, who, ": epilogue '", to_string(e),
                  "' needs options.bias (", s.n, " elements)");
@@ -9865,6 +9872,9 @@ struct GemmTileArgs {
   /// each row per 16 k steps, while this call computes (the first pass over an activation reads
   /// it from L3); the other kernels ignore it.
   const float* a_next = nullptr;
+  /// The rows beta multiplies (row stride ldc) when they are not c's own (GemmOptions::c_in),
+  /// else nullptr.
+  const float* c_in = nullptr;
 };
 
 using GemmMicroKernel = void (*)(const GemmTileArgs&);
@@ -9906,35 +9916,40 @@ struct GemmTileScratch {
   }
 };
 
-/// Where a tile's store goes: C itself (full tile) or the scratch copies (partial tile).
+/// Where a tile's store goes: C itself (full tile) or the scratch copies (partial tile); `src`
+/// is what beta multiplies (same row stride).
 struct GemmTileTarget {
   float* c;
+  const float* src;
   std::int64_t ldc;
   const float* bias;
   float* aux;
   std::int64_t aux_ld;
   bool full;
 
-  GemmTileTarget(GemmTileScratch& s, float* c_in, std::int64_t ldc_in, float beta, int mr, int nr,
-                 const GemmTileEpilogue* epi)
-      : c(c_in),
-        ldc(ldc_in),
+  GemmTileTarget(GemmTileScratch& s, const GemmTileArgs& g)
+      : c(g.c),
+        src(g.c_in != nullptr ? g.c_in : g.c),
+        ldc(g.ldc),
         bias(nullptr),
         aux(nullptr),
         aux_ld(0),
-        full(mr == kGemmMR && nr == kGemmNR) {
+        full(g.mr == kGemmMR && g.nr == kGemmNR) {
+    const int mr = g.mr, nr = g.nr;
+    const GemmTileEpilogue* epi = g.epi;
     if (epi != nullptr) {
       bias = epi->bias;
       aux = epi->aux;
       aux_ld = epi->aux_ld;
     }
     if (full) return;
-    if (beta != 0.0f) {
-      s.load(c, ldc, mr, nr, s.c);
+    if (g.beta != 0.0f) {
+      s.load(src, ldc, mr, nr, s.c);
     } else {
       std::fill(s.c, s.c + kGemmMR * kGemmNR, 0.0f);
     }
     c = s.c;
+    src = s.c;
     ldc = kGemmNR;
     if (bias != nullptr) {
       for (int j = 0; j < kGemmNR; ++j) s.bias[j] = j < nr ? bias[j] : 0.0f;
@@ -9973,13 +9988,14 @@ inline void gemm_kernel_portable(const GemmTileArgs& g) {
     }
   }
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const GemmTileTarget t(scratch, g);
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
+    const float* src = t.src + i * t.ldc;
     for (int j = 0; j < kGemmNR; ++j) {
       float v = g.alpha * acc[i * kGemmNR + j];
-      if (g.beta != 0.0f) v += g.beta * row[j];
+      if (g.beta != 0.0f) v += g.beta * src[j];
       if (t.bias != nullptr) v += t.bias[j];
       if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
         if (g.epi->slope) {
@@ -10153,7 +10169,7 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
   const __m256 acc[kGemmMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const GemmTileTarget t(scratch, g);
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m256 va = _mm256_set1_ps(g.alpha);
   const __m256 vb = _mm256_set1_ps(g.beta);
@@ -10164,8 +10180,9 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     __m256 r0 = _mm256_mul_ps(va, acc[i][0]);
     __m256 r1 = _mm256_mul_ps(va, acc[i][1]);
     if (g.beta != 0.0f) {
-      r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row), r0);
-      r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row + 8), r1);
+      const float* src = t.src + i * t.ldc;
+      r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src), r0);
+      r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src + 8), r1);
     }
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
@@ -10215,13 +10232,15 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
   const __m512 va = _mm512_set1_ps(g.alpha);
   const __m512 vb = _mm512_set1_ps(g.beta);
+  const float* src_rows = g.c_in != nullptr ? g.c_in : g.c;
   for (int r = 0; r < g.mr; ++r) {
     float* row = g.c + r * g.ldc;
+    const float* src = src_rows + r * g.ldc;
     for (int h = 0; h < Panels; ++h) {
       const __mmask16 m = mask[h];
       __m512 v = _mm512_load_ps(tile[r] + h * kGemmNR);
       if (g.alpha != 1.0f) v = _mm512_mul_ps(va, v);  // 1 * v would change no bit
-      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
+      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, src + h * kGemmNR), v);
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
         float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
@@ -10283,11 +10302,15 @@ template <int Panels, int Rows>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
   constexpr int R = Rows;
   constexpr int W = Panels * kGemmNR;
-  // Warm the C rows (and the epilogue's aux rows) we will write while the k loop runs.
+  // Warm the C rows (and the epilogue's aux rows, and c_in's) we will use while the k loop runs.
   const float* aux_rows = g.epi == nullptr ? nullptr : g.epi->aux;
   for (int i = 0; i < g.mr; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + W - 1), _MM_HINT_T0);
+    if (g.c_in != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc + W - 1), _MM_HINT_T0);
+    }
     if (aux_rows != nullptr) {
       _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld + W - 1),
@@ -10366,20 +10389,22 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     const bool scale = g.alpha != 1.0f;
     const bool add = kind != Epilogue::kNone;
     const float* slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
+    const float* src = g.c_in != nullptr ? g.c_in : g.c;
     const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
     __m512 bias_v[Panels];
     for (int h = 0; h < Panels; ++h)
       bias_v[h] = !add || g.epi->bias == nullptr ? _mm512_setzero_ps()
                                                  : _mm512_loadu_ps(g.epi->bias + h * kGemmNR);
-#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                       \
-  {                                                                              \
-    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                  \
-    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                 \
-    if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(out), v);        \
-    if (add) v = _mm512_add_ps(v, bias_v[h]);                                    \
-    if (slope != nullptr)                                                        \
-      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR)); \
-    _mm512_storeu_ps(out, v);                                                    \
+#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                        \
+  {                                                                               \
+    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                   \
+    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                  \
+    if (g.beta != 0.0f)                                                           \
+      v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + (r)*g.ldc + (h)*kGemmNR), v); \
+    if (add) v = _mm512_add_ps(v, bias_v[h]);                                     \
+    if (slope != nullptr)                                                         \
+      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR));  \
+    _mm512_storeu_ps(out, v);                                                     \
   }
 #define TRAINKIT_DETAIL_AVX512_STORE_ROW(r)                                \
   if constexpr ((r) < R) {                                                 \
@@ -10768,6 +10793,8 @@ struct GemmOutput {
   TC* bias_grad = nullptr;
   /// GeluAux::kSlope: the GELU epilogues keep gelu'(v) in aux, kDGelu multiplies by it.
   bool aux_slope = false;
+  /// What beta multiplies when it is not C (GemmOptions::c_in; C's row stride), else nullptr.
+  const TC* c_in = nullptr;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -10835,6 +10862,7 @@ template <class TC>
 void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0, std::int64_t j1,
                      const float* acc, bool beta_applied) {
   TC* c = out.c + i * out.ldc;
+  const TC* src = out.c_in != nullptr ? out.c_in + i * out.ldc : c;
   const float beta = beta_applied ? 0.0f : out.beta;
   const Epilogue e = out.epilogue;
   const bool has_bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
@@ -10848,7 +10876,7 @@ void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0,
     const float* a = acc + (c0 - j0);
     TC* cc = c + c0;
     if (beta != 0.0f) {
-      for (std::int64_t j = 0; j < w; ++j) v[j] = a[j] + beta * to_f32(cc[j]);
+      for (std::int64_t j = 0; j < w; ++j) v[j] = a[j] + beta * to_f32(src[c0 + j]);
     } else {
       for (std::int64_t j = 0; j < w; ++j) v[j] = a[j];
     }
@@ -11056,6 +11084,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
           g.ldc = ldd;
           g.alpha = out.alpha;
           g.beta = beta;
+          if constexpr (c_is_f32) {
+            if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
+          }
           g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
           g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
           g.epi = nullptr;
@@ -11409,6 +11440,7 @@ struct CublasLtProblem {
   const void* a;
   const void* b;
   void* c;
+  const void* c_in;  // what beta multiplies (C's layout): c, or GemmOptions::c_in
   const void* bias;  // bias (kBias, kBiasGelu) or bias_grad (kBiasGrad)
   void* aux;
 };
@@ -11499,8 +11531,8 @@ class CublasLt {
       detail::set_desc(plan.desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
     if (p.has_aux) detail::set_desc(plan.desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
     TRAINKIT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc_, &alpha, p.b, plan.a_, p.a, plan.b_,
-                                         &beta, p.c, plan.c_, p.c, plan.c_, &plan.algo_, workspace_,
-                                         workspace_bytes_, stream.get()));
+                                         &beta, p.c_in, plan.c_, p.c, plan.c_, &plan.algo_,
+                                         workspace_, workspace_bytes_, stream.get()));
   }
 
  private:
@@ -11684,6 +11716,7 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
   p.a = a.data();
   p.b = b.data();
   p.c = c.data();
+  p.c_in = o.c_in != nullptr ? static_cast<const void*>(o.c_in) : p.c;
   if (o.epilogue == Epilogue::kBias || o.epilogue == Epilogue::kBiasGelu) p.bias = o.bias;
   if (o.epilogue == Epilogue::kBiasGrad) p.bias = o.bias_grad;
   const bool gelu_forward = o.epilogue == Epilogue::kGelu || o.epilogue == Epilogue::kBiasGelu;
@@ -11771,6 +11804,7 @@ GemmOutput<TC> gemm_output(TC* c, std::int64_t ldc, const GemmOptions<TC>& o, st
                      aux ? o.aux : nullptr,
                      o.aux_ld == 0 ? n : o.aux_ld};
   out.aux_slope = aux && o.gelu_aux == GeluAux::kSlope;
+  if (o.beta != 0.0f && o.c_in != c) out.c_in = o.c_in;
   return out;
 }
 
@@ -11811,6 +11845,11 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
                 std::is_same_v<C, float>) {
     if (use_cblas) {
       if (s.m == 0 || s.n == 0) return;
+      if (out.c_in != nullptr) {  // the BLAS reads beta * C from C: copy c_in there first
+        host.parallel_for(s.m, [&](std::int64_t i) {
+          std::copy(out.c_in + i * out.ldc, out.c_in + i * out.ldc + s.n, c.data() + i * out.ldc);
+        });
+      }
       cblas_sgemm_row_major(op_a, op_b, s.m, s.n, s.k, o.alpha, a.data(), leading_dim(a), b.data(),
                             leading_dim(b), o.beta, c.data(), leading_dim(c));
       if (gemm_has_epilogue(out)) {
@@ -14087,6 +14126,30 @@ class Linear {
                     weight_view<T>(), y, o);
   }
 
+  /// y = residual + (x W^T + b): a residual connection fused into the gemm, which reads the
+  /// residual stream in its epilogue (beta = 1, GemmOptions::c_in) and only writes y, instead of
+  /// a copy of the stream into y first. residual is [N, out] with y's row stride; it may be y
+  /// itself (then the same as Write::kAccumulate), otherwise it must not overlap y. On the host
+  /// each element is (x W^T + residual) + b.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, class TR>
+  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y,
+               TensorView<TR, 2, S> residual) const {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TY, TR>();
+    check_io("nn::Linear::forward", x, y);
+    TRAINKIT_CHECK(residual.sizes() == y.sizes(), "nn::Linear::forward: residual has shape ",
+                   detail::shape_of(residual), " but y has shape ", detail::shape_of(y));
+    detail::check_rows("nn::Linear::forward", "residual", residual);
+    TRAINKIT_CHECK(y.size(0) <= 1 || detail::row_stride(residual) == detail::row_stride(y),
+                   "nn::Linear::forward: the residual's row stride ", detail::row_stride(residual),
+                   " differs from the output's ", detail::row_stride(y));
+    blas::GemmOptions<T> o = bias_options<P, T>();
+    o.beta = 1.0f;
+    o.c_in = residual.data();
+    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                    weight_view<T>(), y, o);
+  }
+
   /// y = gelu(x W^T + b) (tanh GELU), fused: the MLP's first layer of a GPT block. `saved`
   /// receives what backward_dgelu of the next layer needs, per element of y: on the GPU the
   /// pre-activation x W^T + b (cuBLASLt's GELU aux), on the host the GELU's slope at it, which
@@ -14385,6 +14448,16 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const float* dy = a.dy + r * C;
     float* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
     const float* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+    // x (saved by the forward) comes from the outer caches: fetch two rows ahead of their turn.
+    if (r + 2 < ch.r1) {
+      for (std::int64_t c = 0; c < C; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + 2 * C + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(dy + 2 * C + c), _MM_HINT_T0);
+        if (res != nullptr)
+          _mm_prefetch(reinterpret_cast<const char*>(res + 2 * C + c), _MM_HINT_T0);
+        if (dx != nullptr) _mm_prefetch(reinterpret_cast<const char*>(dx + 2 * C + c), _MM_HINT_T0);
+      }
+    }
     const __m256 vm = _mm256_set1_ps(a.mean[r]), vs = _mm256_set1_ps(a.rstd[r]);
     __m256 acc_g = zero, acc_gx = zero;
     for (std::int64_t c = 0; c < C; c += 8) {
@@ -16101,19 +16174,21 @@ class CausalSelfAttention {
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
   void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
-    using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     detail::check_same_io("nn::CausalSelfAttention::forward", x, y, C_);
-    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template set<T>(B, Tn);
-    T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
-    T* heads = ctx.heads_.template get<T>(N * C_);
-    detail::AttentionArgs<T> a =
-        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
-    c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
-    detail::attention_forward(exec, a);
-    c_proj_.template forward<P>(exec, detail::mat<S>(static_cast<const T*>(heads), N, C_),
-                                detail::flat2(y));
+    c_proj_.template forward<P>(exec, heads_of<P>(exec, ctx, x), detail::flat2(y));
+  }
+
+  /// y = residual + attention(x): a skip connection added by c_proj's gemm (see Linear::forward
+  /// with a residual) instead of a separate pass. residual is [B, T, C], contiguous; it may be y.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, class TR>
+  void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y,
+               TensorView<TR, 3, S> residual) {
+    detail::check_call<P, E, S, TX, TY, TR>();
+    detail::check_same_io("nn::CausalSelfAttention::forward", x, y, C_);
+    detail::check_same_io("nn::CausalSelfAttention::forward", residual, y, C_);
+    c_proj_.template forward<P>(exec, heads_of<P>(exec, ctx, x), detail::flat2(y),
+                                detail::flat2(residual));
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
@@ -16152,6 +16227,23 @@ class CausalSelfAttention {
     l.weight_init = w;
     l.bias_init = o.bias_init;
     return l;
+  }
+
+  /// Forward up to c_proj: qkv = c_attn(x) and the attention core, saved in ctx; returns the
+  /// heads side by side [N, C] (c_proj's input).
+  template <amp::Policy P, class E, class TX>
+  TensorView<const std::remove_const_t<TX>, 2, S> heads_of(const E& exec, Context& ctx,
+                                                           TensorView<TX, 3, S> x) {
+    using T = std::remove_const_t<TX>;
+    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
+    ctx.rec_.template set<T>(B, Tn);
+    T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
+    T* heads = ctx.heads_.template get<T>(N * C_);
+    detail::AttentionArgs<T> a =
+        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
+    c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
+    detail::attention_forward(exec, a);
+    return detail::mat<S>(static_cast<const T*>(heads), N, C_);
   }
 
   /// The arguments of the attention core common to forward and backward (the saved tensors, the
@@ -16196,8 +16288,8 @@ TRAINKIT_NAMESPACE_END
 // trainkit/nn/transformer_block.hpp: `TransformerBlock`, one pre-LayerNorm GPT-2 block
 // (nanoGPT's Block): x1 = x + attn(ln_1(x)); y = x1 + mlp(ln_2(x1)), mlp = c_proj(gelu(c_fc)).
 // Forward keeps what backward needs in the caller's TransformerBlock::Context; the MLP's GELU is
-// fused into its gemms and the residual gradients are accumulated in place instead of being
-// copied around.
+// fused into its gemms, both skip connections are added by the projections' gemms, and the
+// residual gradients are accumulated in place instead of being copied around.
 
 #include <cmath>
 #include <cstdint>
@@ -16273,22 +16365,19 @@ class TransformerBlock {
     const std::int64_t N = x.size(0) * x.size(1);
     ctx.rec_.template set<T>(x.size(0), x.size(1));
     T* h1 = ctx.h1_.template get<T>(N * C_);
-    T* a = a_.template get<T>(N * C_);
     T* x1 = ctx.x1_.template get<T>(N * C_);
     T* h2 = ctx.h2_.template get<T>(N * C_);
     T* pre = ctx.pre_.template get<T>(N * 4 * C_);
     T* g = ctx.g_.template get<T>(N * 4 * C_);
     const TensorView<const T, 2, S> x2 = detail::flat2(TensorView<const T, 3, S>(x));
     ln_1_.template forward<P>(exec, ctx.ln_1_, x2, mat(h1, N, C_));
+    // Both skip connections are added by the projections' gemms (their epilogues read the
+    // residual stream): x1 = x + attn(h1), y = x1 + c_proj(g).
     attn_.template forward<P>(exec, ctx.attn_, TensorView<const T, 3, S>(h1, x.sizes()),
-                              TensorView<T, 3, S>(a, x.sizes()));
-    residual_forward<P>(exec, x2, mat(a, N, C_), mat(x1, N, C_));
+                              TensorView<T, 3, S>(x1, x.sizes()), TensorView<const T, 3, S>(x));
     ln_2_.template forward<P>(exec, ctx.ln_2_, mat(x1, N, C_), mat(h2, N, C_));
     c_fc_.template forward_gelu<P>(exec, mat(h2, N, C_), mat(pre, N, 4 * C_), mat(g, N, 4 * C_));
-    // y = x1 + c_proj(g): y is seeded with x1 and the gemm adds to it (beta = 1).
-    T* y_data = y.data();
-    copy_rows<P>(exec, mat(x1, N, C_), mat(y_data, N, C_));
-    c_proj_.template forward<P>(exec, mat(g, N, 4 * C_), mat(y_data, N, C_), Write::kAccumulate);
+    c_proj_.template forward<P>(exec, mat(g, N, 4 * C_), detail::flat2(y), mat<const T>(x1, N, C_));
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
@@ -16328,12 +16417,6 @@ class TransformerBlock {
   }
 
  private:
-  /// dst = src (a GradSplit with one destination), on the layer's executor.
-  template <class P, class E, class TS, class T>
-  static void copy_rows(const E& exec, TensorView<TS, 2, S> src, TensorView<T, 2, S> dst) {
-    residual_backward<P>(exec, src, dst, TensorView<T, 2, S>());
-  }
-
   template <class T>
   static TensorView<T, 2, S> mat(T* p, std::int64_t rows, std::int64_t cols) {
     return detail::mat<S>(p, rows, cols);
@@ -16369,8 +16452,8 @@ class TransformerBlock {
   Linear<S> c_fc_;
   Linear<S> c_proj_;
   std::int64_t C_;
-  // Scratch of one call: the attention output (forward), dpre, dh and dx1 (backward).
-  detail::Bytes<S> a_, dpre_, dh_, dx1_;
+  // Scratch of one backward call: dpre, dh and dx1.
+  detail::Bytes<S> dpre_, dh_, dx1_;
 };
 
 template <Space S>

@@ -268,6 +268,85 @@ TEST_CASE("host gemm: f16/bf16 operands and outputs accumulate in f32") {
     }
 }
 
+TEST_CASE("host gemm: options.c_in: beta scales c_in, C is only written, the bits of C = c_in") {
+  // C starts as NaN, so a kernel that read C instead of c_in would give NaN; the result must be
+  // bit for bit the one of the same call with C seeded with c_in (every kernel, random shapes,
+  // transposes, epilogues, k blocks, threads; f32 C on the registers, 16-bit C through the
+  // driver's row epilogue).
+  std::mt19937_64 rng(77);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const Epilogue epilogues[] = {Epilogue::kNone, Epilogue::kBias, Epilogue::kBiasGelu,
+                                Epilogue::kDGelu};
+  for (int trial = 0; trial < 36; ++trial) {
+    const Case cs{pick(1, 70), pick(1, 80), trial % 6 == 0 ? pick(385, 800) : pick(0, 150)};
+    const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];
+    const Epilogue e = epilogues[pick(0, 3)];
+    const float alpha = pick(0, 1) == 0 ? 1.0f : -0.75f;
+    const float beta = pick(0, 1) == 0 ? 1.0f : 0.5f;
+    Matrix<float> a(stored_rows(op_a, cs.m, cs.k), stored_cols(op_a, cs.m, cs.k), pick(0, 3));
+    Matrix<float> b(stored_rows(op_b, cs.k, cs.n), stored_cols(op_b, cs.k, cs.n), pick(0, 3));
+    const std::int64_t pad = pick(0, 3);
+    Matrix<float> r(cs.m, cs.n, pad), pre(cs.m, cs.n);
+    a.fill_random(500 + trial);
+    b.fill_random(600 + trial);
+    r.fill_random(700 + trial);
+    pre.fill_random(800 + trial, -4.0, 4.0);
+    const Matrix<float> r0 = r;
+    std::vector<float> bias(static_cast<std::size_t>(cs.n));
+    for (float& v : bias) v = static_cast<float>(pick(-50, 50)) * 0.01f;
+    const bool slope = trial % 4 >= 2;
+    INFO("trial ", trial, ": m=", cs.m, " n=", cs.n, " k=", cs.k,
+         " op_a=", std::string(blas::to_string(op_a)), " op_b=", std::string(blas::to_string(op_b)),
+         " epilogue ", std::string(blas::to_string(e)), " alpha ", alpha, " beta ", beta);
+    const bool uses_aux = e == Epilogue::kBiasGelu || e == Epilogue::kDGelu;
+    for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+      INFO("kernel ", std::string(kernel->name));
+      Matrix<float> seeded = r, fresh(cs.m, cs.n, pad);  // fresh: NaN everywhere
+      Matrix<float> aux_seeded = pre, aux_fresh = pre;
+      const auto output = [&](Matrix<float>& c, Matrix<float>& aux, const float* c_in) {
+        blas::detail::GemmOutput<float> out{
+            c.data.data(), c.ld, alpha, beta, e, bias.data(), uses_aux ? aux.data.data() : nullptr,
+            aux.ld};
+        out.aux_slope = slope;
+        out.c_in = c_in;
+        return out;
+      };
+      exec::Host host(trial % 2 + 1);
+      const auto ra = blas::detail::operand_ref<float>(op_a, a.cview());
+      const auto rb = blas::detail::operand_ref<float>(op_b, b.cview());
+      blas::detail::host_gemm_2d(&host, {cs.m, cs.n, cs.k}, ra, rb,
+                                 output(seeded, aux_seeded, nullptr), *kernel);
+      blas::detail::host_gemm_2d(&host, {cs.m, cs.n, cs.k}, ra, rb,
+                                 output(fresh, aux_fresh, r.data.data()), *kernel);
+      for (std::int64_t i = 0; i < cs.m; ++i)
+        CHECK(std::memcmp(&fresh.at(i, 0), &seeded.at(i, 0), cs.n * sizeof(float)) == 0);
+      CHECK(padding_untouched(fresh));
+      CHECK(std::memcmp(aux_fresh.data.data(), aux_seeded.data.data(),
+                        aux_fresh.data.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(r.data.data(), r0.data.data(), r.data.size() * sizeof(float)) == 0);
+    }
+    // The public entry point, a bf16 C (the driver's row epilogue reads c_in), and c_in == C.
+    exec::Host host(2);
+    Matrix<bf16> rh(cs.m, cs.n), seeded_h(cs.m, cs.n), fresh_h(cs.m, cs.n);
+    rh.fill_random(900 + trial);
+    seeded_h = rh;
+    blas::gemm(host, op_a, op_b, a.cview(), b.cview(), seeded_h.view(),
+               {.alpha = alpha, .beta = beta});
+    blas::gemm(host, op_a, op_b, a.cview(), b.cview(), fresh_h.view(),
+               {.alpha = alpha, .beta = beta, .c_in = rh.data.data()});
+    CHECK(std::memcmp(fresh_h.data.data(), seeded_h.data.data(),
+                      fresh_h.data.size() * sizeof(bf16)) == 0);
+    Matrix<float> same = r, seeded = r;
+    blas::gemm(host, op_a, op_b, a.cview(), b.cview(), same.view(),
+               {.alpha = alpha, .beta = beta, .c_in = same.data.data()});
+    blas::gemm(host, op_a, op_b, a.cview(), b.cview(), seeded.view(),
+               {.alpha = alpha, .beta = beta});
+    CHECK(std::memcmp(same.data.data(), seeded.data.data(), same.data.size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("host gemm: k == 0 scales C by beta, empty outputs are no-ops") {
   exec::Host host(2);
   Matrix<float> a(5, 0), b(0, 6), c(5, 6);
@@ -548,6 +627,15 @@ TEST_CASE("host gemm: CBLAS backend") {
                 .host_backend = HostBackend::kCblas});
     std::vector<double> c1d(c1.data.begin(), c1.data.end());
     CHECK(rel_error(c2, c1d, 64, 80) < 1e-5);
+    // options.c_in: copied into C before sgemm, then the same result as the built-in kernel.
+    Matrix<float> r(64, 80), c3(64, 80), c4(64, 80);
+    r.fill_random(97);
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c3.view(),
+               {.beta = 0.5f, .c_in = r.data.data(), .host_backend = HostBackend::kBuiltin});
+    blas::gemm(host, Op::kN, Op::kT, a.cview(), b.cview(), c4.view(),
+               {.beta = 0.5f, .c_in = r.data.data(), .host_backend = HostBackend::kCblas});
+    std::vector<double> c3d(c3.data.begin(), c3.data.end());
+    CHECK(rel_error(c4, c3d, 64, 80) < 1e-5);
   } else {
     Matrix<float> a(2, 2), b(2, 2), c(2, 2);
     CHECK_THROWS_AS(blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
@@ -602,6 +690,14 @@ TEST_CASE("host gemm: bad views and options throw trainkit::Error naming the sha
                {.epilogue = Epilogue::kDGelu});
   });
   CHECK(dgelu.find("options.aux") != std::string::npos);
+  const std::string batched_c_in = what([&] {
+    blas::gemm(host, Op::kN, Op::kN,
+               trainkit::HostView<const float, 3>(a3.data.data(), {{2, 1, 4}}),
+               trainkit::HostView<const float, 3>(b3.data.data(), {{1, 4, 3}}),
+               trainkit::HostView<float, 3>(c3.data.data(), {{2, 1, 3}}),
+               {.beta = 1.0f, .c_in = c3.data.data()});
+  });
+  CHECK(batched_c_in.find("options.c_in is only supported for rank-2") != std::string::npos);
 }
 
 TEST_CASE("gelu_tanh and its derivative: scalar and vectorised forms vs float64") {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
@@ -123,6 +124,90 @@ TEST_CASE("Linear: the fused GELU pair gives the same bits for 1 and 2 threads")
   CHECK(a.g == b.g);
   CHECK(a.dpre == b.dpre);
   CHECK(a.grads == b.grads);
+}
+
+TEST_CASE("Linear and CausalSelfAttention with a residual: the bits of y seeded with it") {
+  // forward(x, y, residual) reads the residual in the gemm's epilogue (y starts as NaN and is
+  // only written): the same bits as y = residual followed by Write::kAccumulate, for random
+  // sizes (partial tiles, rows padded), with and without bias, 1 and 2 threads; residual == y
+  // is the accumulate form itself.
+  std::mt19937_64 rng(5);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::int64_t n = pick(1, 300), in = pick(1, 90), out = pick(1, 90), ld = out + pick(0, 5);
+    const bool bias = trial % 3 != 0;
+    CAPTURE(trial);
+    CAPTURE(n);
+    CAPTURE(in);
+    CAPTURE(out);
+    nn::ParamArena<> arena;
+    nn::Linear lin(arena, "proj", {.in_features = in, .out_features = out, .bias = bias});
+    arena.finalize();
+    arena.initialize(20 + trial);
+    tk::exec::Host host(trial % 2 + 1);
+    const auto x = nntest::random_floats(n * in, 30 + trial);
+    const auto res = nntest::random_floats(n * ld, 40 + trial);
+    const tk::HostView<const float, 2> xv = mat(x.data(), n, in);
+    const auto padded = [&](auto* p) {
+      using T = std::remove_pointer_t<decltype(p)>;
+      return tk::HostView<T, 2>(p, tk::Extents<2>{{n, out}}, tk::Extents<2>{{ld, 1}});
+    };
+    std::vector<float> fused(res.size(), nan), seeded = res, in_place = res;
+    lin.forward(host, xv, padded(fused.data()), padded(res.data()));
+    lin.forward(host, xv, padded(seeded.data()), nn::Write::kAccumulate);
+    lin.forward(host, xv, padded(in_place.data()),
+                padded(static_cast<const float*>(in_place.data())));
+    for (std::int64_t i = 0; i < n; ++i) {
+      CHECK(std::memcmp(&fused[i * ld], &seeded[i * ld], out * sizeof(float)) == 0);
+      CHECK(std::memcmp(&in_place[i * ld], &seeded[i * ld], out * sizeof(float)) == 0);
+      for (std::int64_t j = out; j < ld; ++j) CHECK(std::isnan(fused[i * ld + j]));
+    }
+  }
+
+  // The attention's residual form: c_proj's residual gemm on the saved heads.
+  const std::int64_t B = 3, T = 37, C = 48;
+  nn::ParamArena<> arena;
+  nn::CausalSelfAttention attn(arena, "attn", {.n_embd = C, .n_head = 4});
+  arena.finalize();
+  arena.initialize(7);
+  tk::exec::Host host(2);
+  const auto x = nntest::random_floats(B * T * C, 8);
+  const auto res = nntest::random_floats(B * T * C, 9);
+  const tk::Extents<3> shape{{B, T, C}};
+  std::vector<float> y(res.size(), nan), plain(res.size());
+  nn::CausalSelfAttention<>::Context ctx, ctx_plain;
+  attn.forward(host, ctx, tk::HostView<const float, 3>(x.data(), shape),
+               tk::HostView<float, 3>(y.data(), shape),
+               tk::HostView<const float, 3>(res.data(), shape));
+  attn.forward(host, ctx_plain, tk::HostView<const float, 3>(x.data(), shape),
+               tk::HostView<float, 3>(plain.data(), shape));
+  std::vector<float> seeded = res;
+  attn.c_proj().forward(host, mat(ctx.heads<float>(), B * T, C), mat(seeded.data(), B * T, C),
+                        nn::Write::kAccumulate);
+  CHECK(y == seeded);
+  std::vector<float> sum(res.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = res[i] + plain[i];
+  CHECK(max_scaled_diff(y, sum) < 1e-6);  // the same sum, rounded in another order
+  // A residual of another shape is refused, naming it.
+  std::vector<float> small(std::size_t(B * T * (C - 1)));
+  CHECK_THROWS_AS(attn.forward(host, ctx, tk::HostView<const float, 3>(x.data(), shape),
+                               tk::HostView<float, 3>(y.data(), shape),
+                               tk::HostView<const float, 3>(small.data(), {{B, T, C - 1}})),
+                  tk::Error);
+  // So is a Linear residual whose row stride differs from the output's.
+  std::vector<float> wide(std::size_t(B * T * (C + 3)));
+  std::string message;
+  try {
+    attn.c_proj().forward(host, mat(ctx.heads<float>(), B * T, C), mat(y.data(), B * T, C),
+                          tk::HostView<const float, 2>(wide.data(), tk::Extents<2>{{B * T, C}},
+                                                       tk::Extents<2>{{C + 3, 1}}));
+  } catch (const tk::Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("residual's row stride 51 differs from the output's 48") != std::string::npos);
 }
 
 TEST_CASE("lane_map: the plain loop's values and bits, every length, nothing past n") {

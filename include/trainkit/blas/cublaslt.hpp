@@ -140,6 +140,7 @@ struct CublasLtProblem {
   const void* a;
   const void* b;
   void* c;
+  const void* c_in;  // what beta multiplies (C's layout): c, or GemmOptions::c_in
   const void* bias;  // bias (kBias, kBiasGelu) or bias_grad (kBiasGrad)
   void* aux;
 };
@@ -230,8 +231,8 @@ class CublasLt {
       detail::set_desc(plan.desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
     if (p.has_aux) detail::set_desc(plan.desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
     TRAINKIT_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc_, &alpha, p.b, plan.a_, p.a, plan.b_,
-                                         &beta, p.c, plan.c_, p.c, plan.c_, &plan.algo_, workspace_,
-                                         workspace_bytes_, stream.get()));
+                                         &beta, p.c_in, plan.c_, p.c, plan.c_, &plan.algo_,
+                                         workspace_, workspace_bytes_, stream.get()));
   }
 
  private:
@@ -415,6 +416,7 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
   p.a = a.data();
   p.b = b.data();
   p.c = c.data();
+  p.c_in = o.c_in != nullptr ? static_cast<const void*>(o.c_in) : p.c;
   if (o.epilogue == Epilogue::kBias || o.epilogue == Epilogue::kBiasGelu) p.bias = o.bias;
   if (o.epilogue == Epilogue::kBiasGrad) p.bias = o.bias_grad;
   const bool gelu_forward = o.epilogue == Epilogue::kGelu || o.epilogue == Epilogue::kBiasGelu;

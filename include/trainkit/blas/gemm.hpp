@@ -47,6 +47,7 @@ GemmOutput<TC> gemm_output(TC* c, std::int64_t ldc, const GemmOptions<TC>& o, st
                      aux ? o.aux : nullptr,
                      o.aux_ld == 0 ? n : o.aux_ld};
   out.aux_slope = aux && o.gelu_aux == GeluAux::kSlope;
+  if (o.beta != 0.0f && o.c_in != c) out.c_in = o.c_in;
   return out;
 }
 
@@ -87,6 +88,11 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
                 std::is_same_v<C, float>) {
     if (use_cblas) {
       if (s.m == 0 || s.n == 0) return;
+      if (out.c_in != nullptr) {  // the BLAS reads beta * C from C: copy c_in there first
+        host.parallel_for(s.m, [&](std::int64_t i) {
+          std::copy(out.c_in + i * out.ldc, out.c_in + i * out.ldc + s.n, c.data() + i * out.ldc);
+        });
+      }
       cblas_sgemm_row_major(op_a, op_b, s.m, s.n, s.k, o.alpha, a.data(), leading_dim(a), b.data(),
                             leading_dim(b), o.beta, c.data(), leading_dim(c));
       if (gemm_has_epilogue(out)) {

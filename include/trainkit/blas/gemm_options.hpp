@@ -25,7 +25,7 @@ enum class Op : std::uint8_t { kN, kT };
 /// [M, N]); the names follow cuBLASLt's epilogues. `bias` has N elements (one per output column,
 /// i.e. per output feature of `y = x @ W^T + b`), `aux` is an [M, N] matrix.
 enum class Epilogue : std::uint8_t {
-  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C.
+  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (or * options.c_in).
   kBias,      ///< C = v + bias.
   kGelu,      ///< C = gelu(v); aux (optional output) = v.
   kBiasGelu,  ///< C = gelu(v + bias); aux (optional output) = v + bias.
@@ -62,6 +62,11 @@ struct GemmOptions {
   float alpha = 1.0f;
   /// beta == 0 means C is not read (it may hold NaNs), as in BLAS.
   float beta = 0.0f;
+  /// [M, N] with C's row stride, or null: when set, beta scales c_in instead of C, and C is
+  /// only written (cuBLASLt's separate C and D; PyTorch's `addmm(input, ...)`), e.g. a residual
+  /// stream added by the gemm instead of copied into C first. c_in may be C itself; otherwise it
+  /// must not overlap C. Rank-2 gemms only.
+  const T* c_in = nullptr;
   Epilogue epilogue = Epilogue::kNone;
   /// [N], contiguous: kBias, kBiasGelu.
   const T* bias = nullptr;
@@ -222,6 +227,8 @@ void check_epilogue(const char* who, const GemmOptions<T>& o, const GemmShape& s
   const Epilogue e = o.epilogue;
   TRAINKIT_CHECK(!batched || e == Epilogue::kNone, who, ": epilogue '", to_string(e),
                  "' is only supported for rank-2 (unbatched) gemm");
+  TRAINKIT_CHECK(!batched || o.c_in == nullptr, who,
+                 ": options.c_in is only supported for rank-2 (unbatched) gemm");
   const bool wants_bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
   TRAINKIT_CHECK(!wants_bias || o.bias != nullptr || s.n == 0, who, ": epilogue '", to_string(e),
                  "' needs options.bias (", s.n, " elements)");

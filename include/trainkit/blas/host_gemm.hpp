@@ -162,6 +162,9 @@ struct GemmTileArgs {
   /// each row per 16 k steps, while this call computes (the first pass over an activation reads
   /// it from L3); the other kernels ignore it.
   const float* a_next = nullptr;
+  /// The rows beta multiplies (row stride ldc) when they are not c's own (GemmOptions::c_in),
+  /// else nullptr.
+  const float* c_in = nullptr;
 };
 
 using GemmMicroKernel = void (*)(const GemmTileArgs&);
@@ -203,35 +206,40 @@ struct GemmTileScratch {
   }
 };
 
-/// Where a tile's store goes: C itself (full tile) or the scratch copies (partial tile).
+/// Where a tile's store goes: C itself (full tile) or the scratch copies (partial tile); `src`
+/// is what beta multiplies (same row stride).
 struct GemmTileTarget {
   float* c;
+  const float* src;
   std::int64_t ldc;
   const float* bias;
   float* aux;
   std::int64_t aux_ld;
   bool full;
 
-  GemmTileTarget(GemmTileScratch& s, float* c_in, std::int64_t ldc_in, float beta, int mr, int nr,
-                 const GemmTileEpilogue* epi)
-      : c(c_in),
-        ldc(ldc_in),
+  GemmTileTarget(GemmTileScratch& s, const GemmTileArgs& g)
+      : c(g.c),
+        src(g.c_in != nullptr ? g.c_in : g.c),
+        ldc(g.ldc),
         bias(nullptr),
         aux(nullptr),
         aux_ld(0),
-        full(mr == kGemmMR && nr == kGemmNR) {
+        full(g.mr == kGemmMR && g.nr == kGemmNR) {
+    const int mr = g.mr, nr = g.nr;
+    const GemmTileEpilogue* epi = g.epi;
     if (epi != nullptr) {
       bias = epi->bias;
       aux = epi->aux;
       aux_ld = epi->aux_ld;
     }
     if (full) return;
-    if (beta != 0.0f) {
-      s.load(c, ldc, mr, nr, s.c);
+    if (g.beta != 0.0f) {
+      s.load(src, ldc, mr, nr, s.c);
     } else {
       std::fill(s.c, s.c + kGemmMR * kGemmNR, 0.0f);
     }
     c = s.c;
+    src = s.c;
     ldc = kGemmNR;
     if (bias != nullptr) {
       for (int j = 0; j < kGemmNR; ++j) s.bias[j] = j < nr ? bias[j] : 0.0f;
@@ -270,13 +278,14 @@ inline void gemm_kernel_portable(const GemmTileArgs& g) {
     }
   }
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const GemmTileTarget t(scratch, g);
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
+    const float* src = t.src + i * t.ldc;
     for (int j = 0; j < kGemmNR; ++j) {
       float v = g.alpha * acc[i * kGemmNR + j];
-      if (g.beta != 0.0f) v += g.beta * row[j];
+      if (g.beta != 0.0f) v += g.beta * src[j];
       if (t.bias != nullptr) v += t.bias[j];
       if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
         if (g.epi->slope) {
@@ -450,7 +459,7 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
   const __m256 acc[kGemmMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
   GemmTileScratch scratch;
-  const GemmTileTarget t(scratch, g.c, g.ldc, g.beta, g.mr, g.nr, g.epi);
+  const GemmTileTarget t(scratch, g);
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m256 va = _mm256_set1_ps(g.alpha);
   const __m256 vb = _mm256_set1_ps(g.beta);
@@ -461,8 +470,9 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     __m256 r0 = _mm256_mul_ps(va, acc[i][0]);
     __m256 r1 = _mm256_mul_ps(va, acc[i][1]);
     if (g.beta != 0.0f) {
-      r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row), r0);
-      r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row + 8), r1);
+      const float* src = t.src + i * t.ldc;
+      r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src), r0);
+      r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src + 8), r1);
     }
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
@@ -512,13 +522,15 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
   const __m512 va = _mm512_set1_ps(g.alpha);
   const __m512 vb = _mm512_set1_ps(g.beta);
+  const float* src_rows = g.c_in != nullptr ? g.c_in : g.c;
   for (int r = 0; r < g.mr; ++r) {
     float* row = g.c + r * g.ldc;
+    const float* src = src_rows + r * g.ldc;
     for (int h = 0; h < Panels; ++h) {
       const __mmask16 m = mask[h];
       __m512 v = _mm512_load_ps(tile[r] + h * kGemmNR);
       if (g.alpha != 1.0f) v = _mm512_mul_ps(va, v);  // 1 * v would change no bit
-      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, row + h * kGemmNR), v);
+      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, src + h * kGemmNR), v);
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
         float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
@@ -580,11 +592,15 @@ template <int Panels, int Rows>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
   constexpr int R = Rows;
   constexpr int W = Panels * kGemmNR;
-  // Warm the C rows (and the epilogue's aux rows) we will write while the k loop runs.
+  // Warm the C rows (and the epilogue's aux rows, and c_in's) we will use while the k loop runs.
   const float* aux_rows = g.epi == nullptr ? nullptr : g.epi->aux;
   for (int i = 0; i < g.mr; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + W - 1), _MM_HINT_T0);
+    if (g.c_in != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc + W - 1), _MM_HINT_T0);
+    }
     if (aux_rows != nullptr) {
       _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld + W - 1),
@@ -663,20 +679,22 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     const bool scale = g.alpha != 1.0f;
     const bool add = kind != Epilogue::kNone;
     const float* slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
+    const float* src = g.c_in != nullptr ? g.c_in : g.c;
     const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
     __m512 bias_v[Panels];
     for (int h = 0; h < Panels; ++h)
       bias_v[h] = !add || g.epi->bias == nullptr ? _mm512_setzero_ps()
                                                  : _mm512_loadu_ps(g.epi->bias + h * kGemmNR);
-#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                       \
-  {                                                                              \
-    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                  \
-    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                 \
-    if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(out), v);        \
-    if (add) v = _mm512_add_ps(v, bias_v[h]);                                    \
-    if (slope != nullptr)                                                        \
-      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR)); \
-    _mm512_storeu_ps(out, v);                                                    \
+#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                        \
+  {                                                                               \
+    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                   \
+    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                  \
+    if (g.beta != 0.0f)                                                           \
+      v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + (r)*g.ldc + (h)*kGemmNR), v); \
+    if (add) v = _mm512_add_ps(v, bias_v[h]);                                     \
+    if (slope != nullptr)                                                         \
+      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR));  \
+    _mm512_storeu_ps(out, v);                                                     \
   }
 #define TRAINKIT_DETAIL_AVX512_STORE_ROW(r)                                \
   if constexpr ((r) < R) {                                                 \
@@ -1065,6 +1083,8 @@ struct GemmOutput {
   TC* bias_grad = nullptr;
   /// GeluAux::kSlope: the GELU epilogues keep gelu'(v) in aux, kDGelu multiplies by it.
   bool aux_slope = false;
+  /// What beta multiplies when it is not C (GemmOptions::c_in; C's row stride), else nullptr.
+  const TC* c_in = nullptr;
 };
 
 /// True when the epilogue touches C's values (kBiasGrad only adds a separate reduction).
@@ -1132,6 +1152,7 @@ template <class TC>
 void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0, std::int64_t j1,
                      const float* acc, bool beta_applied) {
   TC* c = out.c + i * out.ldc;
+  const TC* src = out.c_in != nullptr ? out.c_in + i * out.ldc : c;
   const float beta = beta_applied ? 0.0f : out.beta;
   const Epilogue e = out.epilogue;
   const bool has_bias = e == Epilogue::kBias || e == Epilogue::kBiasGelu;
@@ -1145,7 +1166,7 @@ void gemm_finish_row(const GemmOutput<TC>& out, std::int64_t i, std::int64_t j0,
     const float* a = acc + (c0 - j0);
     TC* cc = c + c0;
     if (beta != 0.0f) {
-      for (std::int64_t j = 0; j < w; ++j) v[j] = a[j] + beta * to_f32(cc[j]);
+      for (std::int64_t j = 0; j < w; ++j) v[j] = a[j] + beta * to_f32(src[c0 + j]);
     } else {
       for (std::int64_t j = 0; j < w; ++j) v[j] = a[j];
     }
@@ -1353,6 +1374,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
           g.ldc = ldd;
           g.alpha = out.alpha;
           g.beta = beta;
+          if constexpr (c_is_f32) {
+            if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
+          }
           g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
           g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
           g.epi = nullptr;

@@ -599,19 +599,21 @@ class CausalSelfAttention {
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TY>
   void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y) {
-    using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     detail::check_same_io("nn::CausalSelfAttention::forward", x, y, C_);
-    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template set<T>(B, Tn);
-    T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
-    T* heads = ctx.heads_.template get<T>(N * C_);
-    detail::AttentionArgs<T> a =
-        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
-    c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
-    detail::attention_forward(exec, a);
-    c_proj_.template forward<P>(exec, detail::mat<S>(static_cast<const T*>(heads), N, C_),
-                                detail::flat2(y));
+    c_proj_.template forward<P>(exec, heads_of<P>(exec, ctx, x), detail::flat2(y));
+  }
+
+  /// y = residual + attention(x): a skip connection added by c_proj's gemm (see Linear::forward
+  /// with a residual) instead of a separate pass. residual is [B, T, C], contiguous; it may be y.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, class TR>
+  void forward(const E& exec, Context& ctx, TensorView<TX, 3, S> x, TensorView<TY, 3, S> y,
+               TensorView<TR, 3, S> residual) {
+    detail::check_call<P, E, S, TX, TY, TR>();
+    detail::check_same_io("nn::CausalSelfAttention::forward", x, y, C_);
+    detail::check_same_io("nn::CausalSelfAttention::forward", residual, y, C_);
+    c_proj_.template forward<P>(exec, heads_of<P>(exec, ctx, x), detail::flat2(y),
+                                detail::flat2(residual));
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
@@ -650,6 +652,23 @@ class CausalSelfAttention {
     l.weight_init = w;
     l.bias_init = o.bias_init;
     return l;
+  }
+
+  /// Forward up to c_proj: qkv = c_attn(x) and the attention core, saved in ctx; returns the
+  /// heads side by side [N, C] (c_proj's input).
+  template <amp::Policy P, class E, class TX>
+  TensorView<const std::remove_const_t<TX>, 2, S> heads_of(const E& exec, Context& ctx,
+                                                           TensorView<TX, 3, S> x) {
+    using T = std::remove_const_t<TX>;
+    const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
+    ctx.rec_.template set<T>(B, Tn);
+    T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
+    T* heads = ctx.heads_.template get<T>(N * C_);
+    detail::AttentionArgs<T> a =
+        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
+    c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
+    detail::attention_forward(exec, a);
+    return detail::mat<S>(static_cast<const T*>(heads), N, C_);
   }
 
   /// The arguments of the attention core common to forward and backward (the saved tensors, the

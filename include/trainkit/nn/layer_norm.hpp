@@ -139,6 +139,16 @@ __attribute__((target("avx2"))) inline void layer_norm_backward_chunk_avx2(
     const float* dy = a.dy + r * C;
     float* dx = a.dx == nullptr ? nullptr : a.dx + r * C;
     const float* res = a.residual == nullptr ? nullptr : a.residual + r * C;
+    // x (saved by the forward) comes from the outer caches: fetch two rows ahead of their turn.
+    if (r + 2 < ch.r1) {
+      for (std::int64_t c = 0; c < C; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + 2 * C + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(dy + 2 * C + c), _MM_HINT_T0);
+        if (res != nullptr)
+          _mm_prefetch(reinterpret_cast<const char*>(res + 2 * C + c), _MM_HINT_T0);
+        if (dx != nullptr) _mm_prefetch(reinterpret_cast<const char*>(dx + 2 * C + c), _MM_HINT_T0);
+      }
+    }
     const __m256 vm = _mm256_set1_ps(a.mean[r]), vs = _mm256_set1_ps(a.rstd[r]);
     __m256 acc_g = zero, acc_gx = zero;
     for (std::int64_t c = 0; c < C; c += 8) {

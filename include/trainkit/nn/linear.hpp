@@ -258,6 +258,30 @@ class Linear {
                     weight_view<T>(), y, o);
   }
 
+  /// y = residual + (x W^T + b): a residual connection fused into the gemm, which reads the
+  /// residual stream in its epilogue (beta = 1, GemmOptions::c_in) and only writes y, instead of
+  /// a copy of the stream into y first. residual is [N, out] with y's row stride; it may be y
+  /// itself (then the same as Write::kAccumulate), otherwise it must not overlap y. On the host
+  /// each element is (x W^T + residual) + b.
+  template <amp::Policy P = amp::Fp32, class E, class TX, class TY, class TR>
+  void forward(const E& exec, TensorView<TX, 2, S> x, TensorView<TY, 2, S> y,
+               TensorView<TR, 2, S> residual) const {
+    using T = std::remove_const_t<TX>;
+    detail::check_call<P, E, S, TX, TY, TR>();
+    check_io("nn::Linear::forward", x, y);
+    TRAINKIT_CHECK(residual.sizes() == y.sizes(), "nn::Linear::forward: residual has shape ",
+                   detail::shape_of(residual), " but y has shape ", detail::shape_of(y));
+    detail::check_rows("nn::Linear::forward", "residual", residual);
+    TRAINKIT_CHECK(y.size(0) <= 1 || detail::row_stride(residual) == detail::row_stride(y),
+                   "nn::Linear::forward: the residual's row stride ", detail::row_stride(residual),
+                   " differs from the output's ", detail::row_stride(y));
+    blas::GemmOptions<T> o = bias_options<P, T>();
+    o.beta = 1.0f;
+    o.c_in = residual.data();
+    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
+                    weight_view<T>(), y, o);
+  }
+
   /// y = gelu(x W^T + b) (tanh GELU), fused: the MLP's first layer of a GPT block. `saved`
   /// receives what backward_dgelu of the next layer needs, per element of y: on the GPU the
   /// pre-activation x W^T + b (cuBLASLt's GELU aux), on the host the GELU's slope at it, which

@@ -2,8 +2,8 @@
 // trainkit/nn/transformer_block.hpp: `TransformerBlock`, one pre-LayerNorm GPT-2 block
 // (nanoGPT's Block): x1 = x + attn(ln_1(x)); y = x1 + mlp(ln_2(x1)), mlp = c_proj(gelu(c_fc)).
 // Forward keeps what backward needs in the caller's TransformerBlock::Context; the MLP's GELU is
-// fused into its gemms and the residual gradients are accumulated in place instead of being
-// copied around.
+// fused into its gemms, both skip connections are added by the projections' gemms, and the
+// residual gradients are accumulated in place instead of being copied around.
 #pragma once
 
 #include <cmath>
@@ -20,7 +20,6 @@
 #include "trainkit/nn/layer_norm.hpp"
 #include "trainkit/nn/linear.hpp"
 #include "trainkit/nn/param_arena.hpp"
-#include "trainkit/nn/residual.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
@@ -90,22 +89,19 @@ class TransformerBlock {
     const std::int64_t N = x.size(0) * x.size(1);
     ctx.rec_.template set<T>(x.size(0), x.size(1));
     T* h1 = ctx.h1_.template get<T>(N * C_);
-    T* a = a_.template get<T>(N * C_);
     T* x1 = ctx.x1_.template get<T>(N * C_);
     T* h2 = ctx.h2_.template get<T>(N * C_);
     T* pre = ctx.pre_.template get<T>(N * 4 * C_);
     T* g = ctx.g_.template get<T>(N * 4 * C_);
     const TensorView<const T, 2, S> x2 = detail::flat2(TensorView<const T, 3, S>(x));
     ln_1_.template forward<P>(exec, ctx.ln_1_, x2, mat(h1, N, C_));
+    // Both skip connections are added by the projections' gemms (their epilogues read the
+    // residual stream): x1 = x + attn(h1), y = x1 + c_proj(g).
     attn_.template forward<P>(exec, ctx.attn_, TensorView<const T, 3, S>(h1, x.sizes()),
-                              TensorView<T, 3, S>(a, x.sizes()));
-    residual_forward<P>(exec, x2, mat(a, N, C_), mat(x1, N, C_));
+                              TensorView<T, 3, S>(x1, x.sizes()), TensorView<const T, 3, S>(x));
     ln_2_.template forward<P>(exec, ctx.ln_2_, mat(x1, N, C_), mat(h2, N, C_));
     c_fc_.template forward_gelu<P>(exec, mat(h2, N, C_), mat(pre, N, 4 * C_), mat(g, N, 4 * C_));
-    // y = x1 + c_proj(g): y is seeded with x1 and the gemm adds to it (beta = 1).
-    T* y_data = y.data();
-    copy_rows<P>(exec, mat(x1, N, C_), mat(y_data, N, C_));
-    c_proj_.template forward<P>(exec, mat(g, N, 4 * C_), mat(y_data, N, C_), Write::kAccumulate);
+    c_proj_.template forward<P>(exec, mat(g, N, 4 * C_), detail::flat2(y), mat<const T>(x1, N, C_));
   }
 
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG>
@@ -145,12 +141,6 @@ class TransformerBlock {
   }
 
  private:
-  /// dst = src (a GradSplit with one destination), on the layer's executor.
-  template <class P, class E, class TS, class T>
-  static void copy_rows(const E& exec, TensorView<TS, 2, S> src, TensorView<T, 2, S> dst) {
-    residual_backward<P>(exec, src, dst, TensorView<T, 2, S>());
-  }
-
   template <class T>
   static TensorView<T, 2, S> mat(T* p, std::int64_t rows, std::int64_t cols) {
     return detail::mat<S>(p, rows, cols);
@@ -186,8 +176,8 @@ class TransformerBlock {
   Linear<S> c_fc_;
   Linear<S> c_proj_;
   std::int64_t C_;
-  // Scratch of one call: the attention output (forward), dpre, dh and dx1 (backward).
-  detail::Bytes<S> a_, dpre_, dh_, dx1_;
+  // Scratch of one backward call: dpre, dh and dx1.
+  detail::Bytes<S> dpre_, dh_, dx1_;
 };
 
 template <Space S>
