@@ -252,10 +252,8 @@ class Linear {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TY>();
     check_io("nn::Linear::forward", x, y);
-    blas::GemmOptions<T> o = bias_options<P, T>();
-    o.beta = mode == Write::kAccumulate ? 1.0f : 0.0f;
-    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
-                    weight_view<T>(), y, o);
+    project<P>(exec, TensorView<const T, 2, S>(x), y, mode == Write::kAccumulate ? 1.0f : 0.0f,
+               static_cast<const T*>(nullptr));
   }
 
   /// y = residual + (x W^T + b): a residual connection fused into the gemm, which reads the
@@ -275,11 +273,7 @@ class Linear {
     TRAINKIT_CHECK(y.size(0) <= 1 || detail::row_stride(residual) == detail::row_stride(y),
                    "nn::Linear::forward: the residual's row stride ", detail::row_stride(residual),
                    " differs from the output's ", detail::row_stride(y));
-    blas::GemmOptions<T> o = bias_options<P, T>();
-    o.beta = 1.0f;
-    o.c_in = residual.data();
-    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, TensorView<const T, 2, S>(x),
-                    weight_view<T>(), y, o);
+    project<P>(exec, TensorView<const T, 2, S>(x), y, 1.0f, residual.data());
   }
 
   /// y = gelu(x W^T + b) (tanh GELU), fused: the MLP's first layer of a GPT block. `saved`
@@ -368,6 +362,16 @@ class Linear {
   }
 
  private:
+  /// y = x W^T + b + beta * (c_in, or y when c_in is null): the forward product.
+  template <class P, class E, class T, class TY>
+  void project(const E& exec, TensorView<const T, 2, S> x, TensorView<TY, 2, S> y, float beta,
+               const T* c_in) const {
+    blas::GemmOptions<T> o = bias_options<P, T>();
+    o.beta = beta;
+    o.c_in = c_in;
+    detail::gemm_on(exec, blas::Op::kN, blas::Op::kT, x, weight_view<T>(), y, o);
+  }
+
   /// Gemm options of the forward products: the policy's compute type, the bias in the epilogue.
   template <class P, class T>
   blas::GemmOptions<T> bias_options() const {
