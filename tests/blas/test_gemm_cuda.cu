@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,42 @@ TEST_CASE("cuBLASLt batched gemm with a broadcast operand matches the host") {
   dc.download(c, stream);
   std::vector<double> ref(c_host.data.begin(), c_host.data.end());
   CHECK(rel_error(c, ref, batch * m, n) < 1e-5);
+}
+
+TEST_CASE("cuBLASLt gemm with options.c_in: beta scales c_in, C is only written") {
+  // cuBLASLt's separate C (c_in) and D (C): D starts as NaN, c_in keeps its values, and the
+  // result matches the host gemm with the same c_in (padded rows, a bias epilogue).
+  cuda::Stream stream;
+  blas::CublasLt lt;
+  trainkit::exec::Host host(2);
+  const std::int64_t m = 70, n = 45, k = 96;
+  Matrix<float> a(m, k, 3), w(n, k, 1), r(m, n, 2), c(m, n, 2);  // c: NaN everywhere
+  a.fill_random(31);
+  w.fill_random(32);
+  r.fill_random(33);
+  std::vector<float> bias(n);
+  for (std::int64_t j = 0; j < n; ++j) bias[j] = 0.01f * float(j % 13) - 0.05f;
+  Matrix<float> c_host = c;
+  blas::gemm(host, Op::kN, Op::kT, a.cview(), w.cview(), c_host.view(),
+             {.beta = 0.75f,
+              .c_in = r.data.data(),
+              .epilogue = blas::Epilogue::kBias,
+              .bias = bias.data()});
+  DeviceMatrix<float> da(a, stream), dw(w, stream), dr(r, stream), dc(c, stream);
+  DeviceVector<float> db(bias, stream);
+  blas::gemm(lt, Op::kN, Op::kT, da.cview(), dw.cview(), dc.view(),
+             {.beta = 0.75f,
+              .c_in = dr.buffer.data(),
+              .epilogue = blas::Epilogue::kBias,
+              .bias = db.buffer.data()},
+             stream);
+  dc.download(c, stream);
+  Matrix<float> r_after = r;
+  dr.download(r_after, stream);
+  std::vector<double> ref(c_host.data.begin(), c_host.data.end());
+  CHECK(rel_error(c, ref, m, n) < 1e-5);
+  CHECK(padding_untouched(c));
+  CHECK(std::memcmp(r_after.data.data(), r.data.data(), r.data.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("cuBLASLt plan cache: the second call of a shape does no planning") {
