@@ -9489,7 +9489,7 @@ enum class Op : std::uint8_t { kN, kT };
 /// [M, N]); the names follow cuBLASLt's epilogues. `bias` has N elements (one per output column,
 /// i.e. per output feature of `y = x @ W^T + b`), `aux` is an [M, N] matrix.
 enum class Epilogue : std::uint8_t {
-  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (or * options.c_in).
+  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (C: options.c_in if set).
   kBias,      ///< C = v + bias.
   kGelu,      ///< C = gelu(v); aux (optional output) = v.
   kBiasGelu,  ///< C = gelu(v + bias); aux (optional output) = v + bias.
@@ -9875,6 +9875,9 @@ struct GemmTileArgs {
   /// The rows beta multiplies (row stride ldc) when they are not c's own (GemmOptions::c_in),
   /// else nullptr.
   const float* c_in = nullptr;
+
+  /// What beta multiplies: c_in, or c itself.
+  const float* beta_rows() const noexcept { return c_in != nullptr ? c_in : c; }
 };
 
 using GemmMicroKernel = void (*)(const GemmTileArgs&);
@@ -9929,7 +9932,7 @@ struct GemmTileTarget {
 
   GemmTileTarget(GemmTileScratch& s, const GemmTileArgs& g)
       : c(g.c),
-        src(g.c_in != nullptr ? g.c_in : g.c),
+        src(g.beta_rows()),
         ldc(g.ldc),
         bias(nullptr),
         aux(nullptr),
@@ -10232,10 +10235,9 @@ __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogu
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
   const __m512 va = _mm512_set1_ps(g.alpha);
   const __m512 vb = _mm512_set1_ps(g.beta);
-  const float* src_rows = g.c_in != nullptr ? g.c_in : g.c;
   for (int r = 0; r < g.mr; ++r) {
     float* row = g.c + r * g.ldc;
-    const float* src = src_rows + r * g.ldc;
+    const float* src = g.beta_rows() + r * g.ldc;
     for (int h = 0; h < Panels; ++h) {
       const __mmask16 m = mask[h];
       __m512 v = _mm512_load_ps(tile[r] + h * kGemmNR);
@@ -10389,7 +10391,7 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     const bool scale = g.alpha != 1.0f;
     const bool add = kind != Epilogue::kNone;
     const float* slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
-    const float* src = g.c_in != nullptr ? g.c_in : g.c;
+    const float* src = g.beta_rows();
     const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
     __m512 bias_v[Panels];
     for (int h = 0; h < Panels; ++h)

@@ -25,7 +25,7 @@ enum class Op : std::uint8_t { kN, kT };
 /// [M, N]); the names follow cuBLASLt's epilogues. `bias` has N elements (one per output column,
 /// i.e. per output feature of `y = x @ W^T + b`), `aux` is an [M, N] matrix.
 enum class Epilogue : std::uint8_t {
-  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (or * options.c_in).
+  kNone,      ///< C = v, where v = alpha * op(A) @ op(B) + beta * C (C: options.c_in if set).
   kBias,      ///< C = v + bias.
   kGelu,      ///< C = gelu(v); aux (optional output) = v.
   kBiasGelu,  ///< C = gelu(v + bias); aux (optional output) = v + bias.
