@@ -3651,7 +3651,7 @@ TRAINKIT_NAMESPACE_END
 // Why our own pool and not OpenMP: it needs nothing but <thread> (no -fopenmp, no libgomp/libomp,
 // the same definition under g++, clang++ and nvcc, so mixing TUs with and without -fopenmp cannot
 // break the ODR); an exception thrown by a task reaches the caller instead of std::terminate;
-// nested calls run inline instead of oversubscribing; and an idle worker spins ~50 us and then
+// nested calls run inline instead of oversubscribing; and an idle worker spins ~0.5 ms and then
 // sleeps, where libgomp's default spin (GOMP_SPINCOUNT) or KMP_BLOCKTIME (200 ms) burn cores that
 // data loaders need. Results never depend on it: reductions use chunking fixed by the problem size.
 
@@ -3715,9 +3715,12 @@ class HostPool {
   static constexpr std::uint64_t kOpenBit = std::uint64_t{1} << 31;
   static constexpr std::uint64_t kInsideMask = kOpenBit - 1;
   // Idle workers (and a caller waiting for stragglers) spin this long before blocking: long
-  // enough to bridge the gap between back-to-back launches of a training step, short enough
-  // not to steal a core from other processes when the program pauses.
-  static constexpr std::chrono::microseconds kSpin{50};
+  // enough to bridge the serial work between the launches of a training step and between steps
+  // (zeroing gradients, reading the loss, the next batch: a few hundred microseconds), short
+  // enough not to steal a core from other processes when the program pauses. Waking a sleeping
+  // thread costs far more on a virtual machine whose idle vCPU was halted: with 50 us, one
+  // GPT-block step at 2 threads after 50 ms of idling took 37 ms instead of 22.
+  static constexpr std::chrono::microseconds kSpin{500};
 
   static std::uint32_t epoch_of(std::uint64_t state) noexcept {
     return static_cast<std::uint32_t>(state >> 32);
