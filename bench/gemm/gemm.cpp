@@ -2,7 +2,8 @@
 // bench/gemm worker: f32 C = op(A) @ op(B) through trainkit::blas::gemm (built-in kernel) and
 // through cblas_sgemm (OpenBLAS, on its own threads: OPENBLAS_NUM_THREADS), for the shapes given
 // with --shapes, plus single-thread FMA-throughput probes (the measured per-core peak, AVX2 and,
-// where the CPU has it, AVX-512). Driven by run.py (protocol: bench/common/bench.hpp).
+// where the CPU has it, AVX-512) and the micro-kernel alone on L1-resident operands. Driven by
+// run.py (protocol: bench/common/bench.hpp).
 #include <cblas.h>
 #include <immintrin.h>
 
@@ -109,6 +110,45 @@ __attribute__((target("avx512f"), noinline)) float probe_fma_avx512(long iterati
   return out[0];
 }
 
+// The micro-kernel gemm_kernel_for_this_cpu() picks, alone, with every operand in L1: one row
+// tile of A read in place (k contiguous, the layout the products use), one tile's packed B panels
+// and C, kc = 256, called back to back. No product can run faster than this: the gap between it
+// and the FMA probe is the kernel's own instruction mix (a broadcast of A per row and a load of B
+// per panel for every k step), the gap between it and a product is blocking, packing and memory.
+constexpr std::int64_t kKernelProbeKc = 256;
+constexpr long kKernelProbeCalls = 4000;
+struct KernelProbe {
+  const blas::detail::GemmKernel& kernel = blas::detail::gemm_kernel_for_this_cpu();
+  std::vector<float> a, b, c;
+  KernelProbe()
+      : a(static_cast<std::size_t>(kernel.rows * kKernelProbeKc), 0.5f),
+        b(static_cast<std::size_t>(kernel.cols * kKernelProbeKc) + 16, 0.25f),
+        c(static_cast<std::size_t>(kernel.rows * kernel.cols), 0.0f) {}
+  double flops() const {
+    return 2.0 * kernel.rows * kernel.cols * kKernelProbeKc * kKernelProbeCalls;
+  }
+  void run() {
+    float* b64 = b.data();  // packed panels are 64-byte aligned
+    while (reinterpret_cast<std::uintptr_t>(b64) % 64 != 0) ++b64;
+    blas::detail::GemmTileArgs g{};
+    g.kc = kKernelProbeKc;
+    g.a = a.data();
+    g.a_rs = kKernelProbeKc;
+    g.a_ks = 1;
+    g.b = b64;
+    g.b_panel = blas::detail::kGemmNR * kKernelProbeKc;
+    g.c = c.data();
+    g.ldc = kernel.cols;
+    g.alpha = 1.0f;
+    g.beta = 0.0f;
+    g.mr = kernel.rows;
+    g.nr = kernel.cols;
+    g.epi = nullptr;
+    for (long i = 0; i < kKernelProbeCalls; ++i) kernel.run(g);
+    probe_sink = c[0];
+  }
+};
+
 struct Problem {
   std::string name;
   blas::Op op_a, op_b;
@@ -188,12 +228,15 @@ int main(int argc, char** argv) {
     }
   }
   cases.push_back({"probe_fma", [] { probe_sink = probe_fma_avx2(kProbeIterations); }});
+  KernelProbe kernel_probe;
+  cases.push_back({"probe_kernel", [&kernel_probe] { kernel_probe.run(); }});
   const bool avx512 = __builtin_cpu_supports("avx512f");
   if (avx512)
     cases.push_back({"probe_fma512", [] { probe_sink = probe_fma_avx512(kProbeIterations); }});
   return tb::serve({{"threads", std::to_string(host.num_threads())},
                     {"kernel", blas::detail::gemm_kernel_name()},
                     {"probe_flops", std::to_string(kProbeIterations * 12 * 16)},
+                    {"kernel_probe_flops", std::to_string(kernel_probe.flops())},
                     {"avx512", avx512 ? "1" : "0"}},
                    cases);
 }

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: MIT
 """bench/gemm driver: f32 gemm through trainkit's built-in host kernel, torch.matmul (CPU) and
 OpenBLAS (cblas_sgemm), 1 and 2 threads, sampled alternately with a single-thread FMA-throughput
-probe (the measured per-core peak). Reports GFLOP/s, trainkit/torch speed ratios and the share
-of peak; the last line is the geometric-mean speed ratio vs torch over the three MAIN shapes
-at one thread (best of the alternating rounds, see below)."""
+probe (the measured per-core peak) and the micro-kernel alone on L1-resident operands (the
+ceiling of any product). Reports GFLOP/s, trainkit/torch speed ratios and the share of peak;
+the last line is the geometric-mean speed ratio vs torch over the three MAIN shapes at one
+thread (best of the alternating rounds, see below)."""
 import math
 import os
 
@@ -28,28 +29,41 @@ def label(spec):
     return f"{name} [{m}x{k}]@[{k}x{n}] {ops}"
 
 
+# torch's OpenMP threads and OpenBLAS's threads spin after each call (libgomp: milliseconds;
+# OpenBLAS: 2^28 cycles, ~0.1 s, yielding), long enough to take a core from whichever 2-thread
+# sample runs next: trainkit's and torch's products then measured at their 1-thread speed. A
+# sample here is one product, one parallel region, so waiting passively costs each library one
+# wake-up per sample and keeps the samples apart.
+TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENBLAS_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}  # the minimum: 2^4 cycles
+
 rows = {}  # (spec, threads) -> {impl: [seconds, ...]}
 probes = []
+kernel_probes = []  # the micro-kernel alone, operands in L1 (gemm.cpp's KernelProbe)
 info = {}
 for threads in THREADS:
-    env = {"OPENBLAS_NUM_THREADS": str(threads)}
+    env = {"OPENBLAS_NUM_THREADS": str(threads), **OPENBLAS_ENV}
     with h.Worker(f"trainkit{threads}", [h.binary("gemm"), f"--threads={threads}", f"--shapes={SHAPES}"],
                   env=env) as tk, \
          h.Worker(f"torch{threads}", h.python_peer("peer_torch.py", f"--threads={threads}",
-                                                   f"--shapes={SHAPES}")) as pt:
+                                                   f"--shapes={SHAPES}"),
+                  env=TORCH_ENV) as pt:
         info = dict(tk.info, torch=pt.info["torch"], torch_threads=pt.info["threads"])
         # The probe of the instruction set the micro-kernel uses: AVX-512 (twice the lanes of the
         # AVX2 probe's flop count) or AVX2.
         wide = tk.info.get("kernel", "").startswith("avx512")
         probe_case = "probe_fma512" if wide else "probe_fma"
         probe_flops = float(tk.info["probe_flops"]) * (2 if wide else 1)
+        kernel_flops = float(tk.info["kernel_probe_flops"])
         for spec in MAIN + TRAIN:
             name = spec.split(":")[0]
             slots = [("trainkit", tk, "tk_" + name), ("torch", pt, "torch_" + name),
-                     ("openblas", tk, "openblas_" + name), ("probe", tk, probe_case)]
+                     ("openblas", tk, "openblas_" + name), ("probe", tk, probe_case),
+                     ("kernel", tk, "probe_kernel")]
             samples = h.alternate(slots, rounds=ROUNDS, warmup=2)
             rows[(spec, threads)] = samples
             probes += [probe_flops / t for t in samples["probe"]]
+            kernel_probes += [kernel_flops / t for t in samples["kernel"]]
 
 # On a shared 2-vCPU machine other processes steal whole time slices: the median measures the
 # scheduler as much as the code. Best-of-rounds approximates each implementation undisturbed;
@@ -60,6 +74,10 @@ print(f"gemm: f32, {h.machine()}, torch {info['torch']}, trainkit micro-kernel {
 isa = "AVX-512" if info["kernel"].startswith("avx512") else "AVX2"
 print(f"  measured per-core FMA peak ({isa}, the kernel's, 12 chains, 1 thread): best "
       f"{peak / 1e9:.1f} GFLOP/s, median {h.median(probes) / 1e9:.1f}")
+kernel_peak = max(kernel_probes)
+print(f"  the micro-kernel alone, every operand in L1 (kc = 256, 1 thread): best "
+      f"{kernel_peak / 1e9:.1f} GFLOP/s ({100 * kernel_peak / peak:.0f}% of the probe), median "
+      f"{h.median(kernel_probes) / 1e9:.1f}: no product runs faster")
 print(f"  {'shape':<44} {'thr':>3} {'trainkit':>9} {'torch':>9} {'openblas':>9}  {'tk/torch':>8} "
       f"{'(median)':>8} {'tk/oblas':>8} {'%peak':>6}")
 best_ratios = {t: [] for t in THREADS}
