@@ -10060,6 +10060,13 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vmax(__m512 a, __m512 b) {
 __attribute__((target("avx512f"))) inline __m512 gemm_vfloor(__m512 a) {
   return _mm512_mask_roundscale_ps(a, kAllLanes, a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
+/// v itself, as a value the compiler must hold in a register: a product kept this way is never
+/// contracted with a later add into one fused multiply-add (GCC contracts intrinsics in C++
+/// unless -ffp-contract=off), which would round once where the scalar and AVX2 forms round twice.
+__attribute__((target("avx512f"))) inline __m512 gemm_keep(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
 /// AVX-512 does it in one instruction (vscalefps): the same exact product, rounded once, so the
 /// same bits as the AVX2 form.
 __attribute__((target("avx512f"))) inline __m512 gemm_vldexp(__m512 p, __m512 n) {
@@ -10236,16 +10243,20 @@ template <int Panels, Epilogue K, bool Slope = false>
 __attribute__((target("avx512f"))) TRAINKIT_FORCEINLINE void gemm_avx512_epilogue_rows(
     const GemmTileArgs& g, const float (*tile)[Panels * kGemmNR], const __mmask16* mask,
     const __m512* bias_v, float* aux, std::int64_t aux_ld) {
-  const __m512 va = _mm512_set1_ps(g.alpha);
-  const __m512 vb = _mm512_set1_ps(g.beta);
-  for (int r = 0; r < g.mr; ++r) {
-    float* row = g.c + r * g.ldc;
-    const float* src = g.beta_rows() + r * g.ldc;
+  // The arguments in locals: a float store may alias `g`, which would be read again after each.
+  const float alpha = g.alpha, beta = g.beta;
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __m512 vb = _mm512_set1_ps(beta);
+  const int mr = g.mr;
+  const std::int64_t ldc = g.ldc;
+  float* row = g.c;
+  const float* src = g.beta_rows();
+  for (int r = 0; r < mr; ++r, row += ldc, src += ldc) {
     for (int h = 0; h < Panels; ++h) {
       const __mmask16 m = mask[h];
       __m512 v = _mm512_load_ps(tile[r] + h * kGemmNR);
-      if (g.alpha != 1.0f) v = _mm512_mul_ps(va, v);  // 1 * v would change no bit
-      if (g.beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, src + h * kGemmNR), v);
+      if (alpha != 1.0f) v = gemm_keep(_mm512_mul_ps(va, v));  // 1 * v would change no bit
+      if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, src + h * kGemmNR), v);
       if constexpr (K != Epilogue::kNone) {
         v = _mm512_add_ps(v, bias_v[h]);  // zero without a bias
         float* x = aux == nullptr ? nullptr : aux + r * aux_ld + h * kGemmNR;
@@ -10307,21 +10318,18 @@ template <int Panels, int Rows>
 __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const GemmTileArgs& g) {
   constexpr int R = Rows;
   constexpr int W = Panels * kGemmNR;
-  // Warm the C rows (and the epilogue's aux rows, and c_in's) we will use while the k loop runs.
-  const float* aux_rows = g.epi == nullptr ? nullptr : g.epi->aux;
-  for (int i = 0; i < g.mr; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + W - 1), _MM_HINT_T0);
-    if (g.c_in != nullptr) {
-      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(g.c_in + i * g.ldc + W - 1), _MM_HINT_T0);
+  // Warm the C rows (and the epilogue's aux rows, and c_in's) we will use while the k loop runs:
+  // the first and last line of each row of the tile.
+  const int mr = g.mr;
+  const auto warm = [mr](const float* rows, std::int64_t ld) {
+    for (int i = 0; i < mr; ++i, rows += ld) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(rows + W - 1), _MM_HINT_T0);
     }
-    if (aux_rows != nullptr) {
-      _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(aux_rows + i * g.epi->aux_ld + W - 1),
-                   _MM_HINT_T0);
-    }
-  }
+  };
+  warm(g.c, g.ldc);
+  if (g.c_in != nullptr) warm(g.c_in, g.ldc);
+  if (g.epi != nullptr && g.epi->aux != nullptr) warm(g.epi->aux, g.epi->aux_ld);
   // Row r of A is read at p[r / 3] + (r % 3) * rs: four pointers and one index register (the
   // scaled-index addressing modes give 0, rs and 2 rs) instead of twelve row pointers, which
   // would not fit the general registers. The rows are written out (a macro, not a loop) so the
@@ -10382,54 +10390,74 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
 #undef TRAINKIT_DETAIL_AVX512_ROWS3
 #undef TRAINKIT_DETAIL_AVX512_ROW
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
-  const __m512 va = _mm512_set1_ps(g.alpha);
-  const __m512 vb = _mm512_set1_ps(g.beta);
   // A whole tile goes straight from the registers (most calls) when its epilogue is light: none,
   // a bias, or dGELU from a saved slope (the loop below does the same operations in the same
   // order: alpha, beta, + bias (0 without one), times the slope). alpha == 1 and beta == 0 skip
-  // operations that would not change a bit.
+  // operations that would not change a bit. Each operation is one pass over the tile's registers
+  // under one test, and the arguments are read into locals first: tested per store, and read
+  // back from `g` after each store (a float store may alias it), they cost more than the k loop
+  // of a short product.
   const bool light = kind == Epilogue::kNone || kind == Epilogue::kBias ||
                      (kind == Epilogue::kDGelu && g.epi->slope);
   if (light && g.mr == R && g.nr == W) {
-    const bool scale = g.alpha != 1.0f;
-    const bool add = kind != Epilogue::kNone;
-    const float* slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
-    const float* src = g.beta_rows();
+    float* const c = g.c;
+    const std::int64_t ldc = g.ldc;
+    const float alpha = g.alpha, beta = g.beta;
+    const float* const src = g.beta_rows();
+    const float* const bias = kind == Epilogue::kNone ? nullptr : g.epi->bias;
+    const float* const slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
     const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
-    __m512 bias_v[Panels];
-    for (int h = 0; h < Panels; ++h)
-      bias_v[h] = !add || g.epi->bias == nullptr ? _mm512_setzero_ps()
-                                                 : _mm512_loadu_ps(g.epi->bias + h * kGemmNR);
-#define TRAINKIT_DETAIL_AVX512_STORE(r, h)                                        \
-  {                                                                               \
-    float* out = g.c + (r)*g.ldc + (h)*kGemmNR;                                   \
-    __m512 v = scale ? _mm512_mul_ps(va, acc[r][h]) : acc[r][h];                  \
-    if (g.beta != 0.0f)                                                           \
-      v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + (r)*g.ldc + (h)*kGemmNR), v); \
-    if (add) v = _mm512_add_ps(v, bias_v[h]);                                     \
-    if (slope != nullptr)                                                         \
-      v = _mm512_mul_ps(v, _mm512_loadu_ps(slope + (r)*slope_ld + (h)*kGemmNR));  \
-    _mm512_storeu_ps(out, v);                                                     \
+#define TRAINKIT_DETAIL_AVX512_TILE_PASS(OP) \
+  OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
+#define TRAINKIT_DETAIL_AVX512_EACH(r, h, EXPR)                     \
+  if constexpr ((r) < R && (h) < Panels) {                          \
+    [[maybe_unused]] const std::int64_t at = (r)*ldc + (h)*kGemmNR; \
+    acc[r][h] = EXPR;                                               \
   }
-#define TRAINKIT_DETAIL_AVX512_STORE_ROW(r)                                \
-  if constexpr ((r) < R) {                                                 \
-    TRAINKIT_DETAIL_AVX512_STORE(r, 0)                                     \
-    if constexpr (Panels == 2) TRAINKIT_DETAIL_AVX512_STORE(r, Panels - 1) \
+#define TRAINKIT_DETAIL_AVX512_SCALE(r)                                      \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 0, gemm_keep(_mm512_mul_ps(va, acc[r][0]))) \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 1, gemm_keep(_mm512_mul_ps(va, acc[r][1])))
+#define TRAINKIT_DETAIL_AVX512_BETA(r)                                                         \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 0, _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + at), acc[r][0])) \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 1, _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + at), acc[r][1]))
+#define TRAINKIT_DETAIL_AVX512_BIAS(r)                                   \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 0, _mm512_add_ps(acc[r][0], bias_v[0])) \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 1, _mm512_add_ps(acc[r][1], bias_v[Panels - 1]))
+#define TRAINKIT_DETAIL_AVX512_SLOPE(r)                                                        \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 0,                                                            \
+                              _mm512_mul_ps(acc[r][0], _mm512_loadu_ps(slope + (r)*slope_ld))) \
+  TRAINKIT_DETAIL_AVX512_EACH(                                                                 \
+      r, 1, _mm512_mul_ps(acc[r][1], _mm512_loadu_ps(slope + (r)*slope_ld + kGemmNR)))
+#define TRAINKIT_DETAIL_AVX512_STORE(r)                                                     \
+  if constexpr ((r) < R) {                                                                  \
+    _mm512_storeu_ps(c + (r)*ldc, acc[r][0]);                                               \
+    if constexpr (Panels == 2) _mm512_storeu_ps(c + (r)*ldc + kGemmNR, acc[r][Panels - 1]); \
   }
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(0)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(1)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(2)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(3)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(4)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(5)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(6)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(7)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(8)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(9)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(10)
-    TRAINKIT_DETAIL_AVX512_STORE_ROW(11)
-#undef TRAINKIT_DETAIL_AVX512_STORE_ROW
+    if (alpha != 1.0f) {
+      const __m512 va = _mm512_set1_ps(alpha);
+      TRAINKIT_DETAIL_AVX512_TILE_PASS(TRAINKIT_DETAIL_AVX512_SCALE)
+    }
+    if (beta != 0.0f) {
+      const __m512 vb = _mm512_set1_ps(beta);
+      TRAINKIT_DETAIL_AVX512_TILE_PASS(TRAINKIT_DETAIL_AVX512_BETA)
+    }
+    if (kind != Epilogue::kNone) {  // + bias, or + 0 without one (the same bits as the loop's)
+      __m512 bias_v[Panels];
+      for (int h = 0; h < Panels; ++h)
+        bias_v[h] = bias == nullptr ? _mm512_setzero_ps() : _mm512_loadu_ps(bias + h * kGemmNR);
+      TRAINKIT_DETAIL_AVX512_TILE_PASS(TRAINKIT_DETAIL_AVX512_BIAS)
+    }
+    if (slope != nullptr) {
+      TRAINKIT_DETAIL_AVX512_TILE_PASS(TRAINKIT_DETAIL_AVX512_SLOPE)
+    }
+    TRAINKIT_DETAIL_AVX512_TILE_PASS(TRAINKIT_DETAIL_AVX512_STORE)
 #undef TRAINKIT_DETAIL_AVX512_STORE
+#undef TRAINKIT_DETAIL_AVX512_SLOPE
+#undef TRAINKIT_DETAIL_AVX512_BIAS
+#undef TRAINKIT_DETAIL_AVX512_BETA
+#undef TRAINKIT_DETAIL_AVX512_SCALE
+#undef TRAINKIT_DETAIL_AVX512_EACH
+#undef TRAINKIT_DETAIL_AVX512_TILE_PASS
     return;
   }
   // Otherwise the sums go through an L1 tile, so the epilogue (whose GELU needs many registers
