@@ -120,17 +120,13 @@ constexpr long kKernelProbeCalls = 4000;
 struct KernelProbe {
   const blas::detail::GemmKernel& kernel = blas::detail::gemm_kernel_for_this_cpu();
   std::vector<float> a, b, c;
+  blas::detail::GemmTileArgs g{};
   KernelProbe()
       : a(static_cast<std::size_t>(kernel.rows * kKernelProbeKc), 0.5f),
         b(static_cast<std::size_t>(kernel.cols * kKernelProbeKc) + 16, 0.25f),
-        c(static_cast<std::size_t>(kernel.rows * kernel.cols), 0.0f) {}
-  double flops() const {
-    return 2.0 * kernel.rows * kernel.cols * kKernelProbeKc * kKernelProbeCalls;
-  }
-  void run() {
+        c(static_cast<std::size_t>(kernel.rows * kernel.cols), 0.0f) {
     float* b64 = b.data();  // packed panels are 64-byte aligned
     while (reinterpret_cast<std::uintptr_t>(b64) % 64 != 0) ++b64;
-    blas::detail::GemmTileArgs g{};
     g.kc = kKernelProbeKc;
     g.a = a.data();
     g.a_rs = kKernelProbeKc;
@@ -144,6 +140,13 @@ struct KernelProbe {
     g.mr = kernel.rows;
     g.nr = kernel.cols;
     g.epi = nullptr;
+  }
+  KernelProbe(const KernelProbe&) = delete;  // g points into the vectors
+  KernelProbe& operator=(const KernelProbe&) = delete;
+  double flops() const {
+    return 2.0 * kernel.rows * kernel.cols * kKernelProbeKc * kKernelProbeCalls;
+  }
+  void run() {
     for (long i = 0; i < kKernelProbeCalls; ++i) kernel.run(g);
     probe_sink = c[0];
   }

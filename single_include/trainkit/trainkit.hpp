@@ -10409,17 +10409,16 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
     const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
 #define TRAINKIT_DETAIL_AVX512_TILE_PASS(OP) \
   OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
-#define TRAINKIT_DETAIL_AVX512_EACH(r, h, EXPR)                     \
-  if constexpr ((r) < R && (h) < Panels) {                          \
-    [[maybe_unused]] const std::int64_t at = (r)*ldc + (h)*kGemmNR; \
-    acc[r][h] = EXPR;                                               \
-  }
+#define TRAINKIT_DETAIL_AVX512_EACH(r, h, EXPR) \
+  if constexpr ((r) < R && (h) < Panels) acc[r][h] = EXPR;
 #define TRAINKIT_DETAIL_AVX512_SCALE(r)                                      \
   TRAINKIT_DETAIL_AVX512_EACH(r, 0, gemm_keep(_mm512_mul_ps(va, acc[r][0]))) \
   TRAINKIT_DETAIL_AVX512_EACH(r, 1, gemm_keep(_mm512_mul_ps(va, acc[r][1])))
-#define TRAINKIT_DETAIL_AVX512_BETA(r)                                                         \
-  TRAINKIT_DETAIL_AVX512_EACH(r, 0, _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + at), acc[r][0])) \
-  TRAINKIT_DETAIL_AVX512_EACH(r, 1, _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + at), acc[r][1]))
+#define TRAINKIT_DETAIL_AVX512_BETA(r)                                                        \
+  TRAINKIT_DETAIL_AVX512_EACH(r, 0,                                                           \
+                              _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + (r)*ldc), acc[r][0])) \
+  TRAINKIT_DETAIL_AVX512_EACH(                                                                \
+      r, 1, _mm512_fmadd_ps(vb, _mm512_loadu_ps(src + (r)*ldc + kGemmNR), acc[r][1]))
 #define TRAINKIT_DETAIL_AVX512_BIAS(r)                                   \
   TRAINKIT_DETAIL_AVX512_EACH(r, 0, _mm512_add_ps(acc[r][0], bias_v[0])) \
   TRAINKIT_DETAIL_AVX512_EACH(r, 1, _mm512_add_ps(acc[r][1], bias_v[Panels - 1]))
