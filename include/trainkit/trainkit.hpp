@@ -130,6 +130,8 @@
 #include "trainkit/nn/embedding.hpp"
 // defines: nn::SoftmaxCrossEntropy, CrossEntropyOptions
 #include "trainkit/nn/cross_entropy.hpp"
+// defines: nn::detail::FusedAttentionArgs, the GPU's fused attention kernels and their block bodies
+#include "trainkit/nn/fused_attention.hpp"
 // defines: nn::CausalSelfAttention, AttentionOptions
 #include "trainkit/nn/attention.hpp"
 // defines: nn::TransformerBlock, TransformerBlockOptions

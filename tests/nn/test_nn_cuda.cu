@@ -203,6 +203,34 @@ TEST_CASE("device layers match the host layers (f32)") {
         m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
       },
       tk::Shape{3, 17, 32}, tk::Shape{3, 17, 32}, 1e-5);
+  // Past one 64-position tile of the fused core (ragged last tile), at head sizes 64 and 96
+  // (tile depths 64 and 128), and the materialised core the option still offers.
+  for (const bool fused : {true, false}) {
+    compare(
+        fused ? "CausalSelfAttention, fused core, T 150, head size 64"
+              : "CausalSelfAttention, materialised core, T 150, head size 64",
+        [fused](auto& arena) {
+          return nn::CausalSelfAttention(arena, "attn",
+                                         {.n_embd = 128, .n_head = 2, .fused_core = fused});
+        },
+        [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+          typename std::remove_reference_t<decltype(m)>::Context ctx;
+          m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
+          m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+        },
+        tk::Shape{2, 150, 128}, tk::Shape{2, 150, 128}, 1e-5);
+  }
+  compare(
+      "CausalSelfAttention, fused core, head size 96",
+      [](auto& arena) {
+        return nn::CausalSelfAttention(arena, "attn", {.n_embd = 192, .n_head = 2});
+      },
+      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+        typename std::remove_reference_t<decltype(m)>::Context ctx;
+        m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
+        m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
+      },
+      tk::Shape{1, 70, 192}, tk::Shape{1, 70, 192}, 1e-5);
   compare(
       "TransformerBlock",
       [](auto& arena) { return nn::TransformerBlock(arena, "h.0", {.n_embd = 64, .n_head = 4}); },

@@ -270,6 +270,38 @@ TEST_CASE("plan: the memory lines follow the arena, the optimizer rule and the p
   CHECK_THROWS(plan::gpt_memory(run).line("loader host slots"));
 }
 
+TEST_CASE("plan: the GPU's fused attention core keeps one f32 per row instead of [B, H, T, T]") {
+  for (const tk::monitor::Precision precision :
+       {tk::monitor::Precision::kFp32, tk::monitor::Precision::kBf16}) {
+    plan::GptRun run = gpt2_small();
+    run.precision = precision;
+    const std::int64_t a = precision == tk::monitor::Precision::kBf16 ? 2 : 4;
+    const std::int64_t B = run.batch, T = run.seq, H = run.model.n_head, L = run.model.n_layer;
+    run.model.fused_attention = true;
+    const plan::MemoryPlan fused = plan::gpt_memory(run);
+    run.model.fused_attention = false;
+    const plan::MemoryPlan full = plan::gpt_memory(run);
+    CAPTURE(a);
+    CHECK(full.line("activations").bytes - fused.line("activations").bytes ==
+          L * (B * H * T * T * a - B * H * T * 4));
+    // The f32 scores (and, for 16-bit operands, dS) against the fused core's row sums.
+    CHECK(full.line("backward workspaces").bytes - fused.line("backward workspaces").bytes ==
+          L * (B * H * T * T * (a == 2 ? 6 : 4) - B * H * T * 4));
+    // Only a GPU run, and only head sizes up to 128, take the fused core.
+    run.model.fused_attention = true;
+    run.device = false;
+    plan::GptRun host_full = run;
+    host_full.model.fused_attention = false;
+    CHECK(plan::gpt_memory(run).line("activations").bytes ==
+          plan::gpt_memory(host_full).line("activations").bytes);
+    run.device = true;
+    run.model.n_head = 4;  // head size 192
+    const std::int64_t wide = plan::gpt_memory(run).line("activations").bytes;
+    run.model.fused_attention = false;
+    CHECK(plan::gpt_memory(run).line("activations").bytes == wide);
+  }
+}
+
 TEST_CASE("plan: the loader line is what a real Prefetcher slot ring allocates") {
   const trainkit_test::TempDir dir;
   const tk::data::TokenShardDataset ds(

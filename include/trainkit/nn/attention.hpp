@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // trainkit/nn/attention.hpp: `CausalSelfAttention`, GPT-2's multi-head masked self-attention
 // (nanoGPT's module: c_attn [3C, C] -> per-head softmax(Q K^T / sqrt(hs)) V -> c_proj [C, C]).
-// The core materialises the [B, H, T, T] attention matrix, which the caller's
-// CausalSelfAttention::Context keeps for backward. On the CPU each (batch, head) is one task
-// (small products straight on the gemm micro-kernel, skipping what the causal mask zeroes, and a
-// fused masked softmax, all in cache); on the GPU it is batched cuBLASLt gemms over heads plus
-// warp-per-row softmax kernels.
+// On the CPU the core materialises the [B, H, T, T] attention matrix, which the caller's
+// CausalSelfAttention::Context keeps for backward: each (batch, head) is one task (small products
+// straight on the gemm micro-kernel, skipping what the causal mask zeroes, and a fused masked
+// softmax, all in cache). On the GPU the fused core (nn/fused_attention.hpp) computes it by tiles
+// in shared memory and keeps one log-sum-exp per row instead (head sizes up to 128); the
+// materialised form there (batched cuBLASLt gemms over heads plus warp-per-row softmax kernels)
+// remains for larger heads or when AttentionOptions::fused_core is off.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/nn/fused_attention.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/linear.hpp"
 #include "trainkit/nn/math.hpp"
@@ -45,6 +48,27 @@ struct AttentionArgs {
   std::int64_t hs;            // head size C / H
   float scale;                // 1 / sqrt(hs), the scale of the scores
   blas::ComputeType compute;  // TF32 products for f32 operands under amp::Tf32 (device only)
+  // The fused GPU core instead of probs / scores / dscores when lse is set: lse [B, H, T] saved
+  // by forward, delta [B, H, T] backward's scratch (fused_attention.hpp).
+  float* lse;
+  float* delta;
+
+  FusedAttentionArgs<T> fused() const noexcept {
+    FusedAttentionArgs<T> f;
+    f.qkv = qkv;
+    f.out = out;
+    f.lse = lse;
+    f.delta = delta;
+    f.dout = dout;
+    f.dqkv = dqkv;
+    f.B = B;
+    f.T_ = T_;
+    f.C = C;
+    f.H = H;
+    f.hs = hs;
+    f.scale = scale;
+    return f;
+  }
 };
 
 /// Masked, max-shifted softmax of row i (entries 0..i) from f32 scores into probs (zeros above).
@@ -462,6 +486,10 @@ blas::GemmOptions<C> options(blas::ComputeType compute) {
 
 template <class T>
 void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
+  if (a.lse != nullptr) {
+    fused_attention_forward(exec, a.fused());
+    return;
+  }
   const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = a.hs;
   // Per batch item b, heads are a strided batch: head h starts hs elements after head h-1.
   const Extents<3> head{{H, Tn, hs}};
@@ -490,6 +518,10 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
 
 template <class T>
 void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
+  if (a.lse != nullptr) {
+    fused_attention_backward(exec, a.fused());
+    return;
+  }
   const std::int64_t Tn = a.T_, C = a.C, H = a.H, hs = a.hs;
   const Extents<3> head{{H, Tn, hs}};
   const Extents<3> qkv_strides{{hs, 3 * C, 1}};
@@ -541,6 +573,10 @@ struct AttentionOptions {
   std::optional<Init> bias_init = std::nullopt;
   /// c_proj's weight init if set (GPT-2 scales it by 1/sqrt(2 * n_layer)).
   std::optional<Init> proj_weight_init = std::nullopt;
+  /// On the GPU, the fused core (tiles in shared memory, no [B, H, T, T] in memory) for head
+  /// sizes up to 128; false: the materialised one (cuBLASLt products and softmax kernels). The
+  /// host always materialises (per head, in cache).
+  bool fused_core = true;
 };
 
 /// Causal multi-head self-attention with input and output projections, as nanoGPT's
@@ -548,8 +584,9 @@ struct AttentionOptions {
 /// "<name>.c_proj.weight" [C, C], "<name>.c_proj.bias" [C]. No attention dropout.
 ///
 /// Shapes: x, y [B, T, C]. forward writes y and saves, in the caller's Context, qkv [B, T, 3C],
-/// the probabilities [B, H, T, T] and the heads' output [B, T, C] (memory O(B H T^2): fine for
-/// moderate T). backward reads x, dy and that context, accumulates the four parameter gradients
+/// the heads' output [B, T, C] and either the probabilities [B, H, T, T] (host, and the GPU's
+/// materialised core: memory O(B H T^2)) or, with the GPU's fused core, one log-sum-exp per row
+/// [B, H, T]. backward reads x, dy and that context, accumulates the four parameter gradients
 /// and writes dx (or adds it, Write::kAccumulate; absent: skipped).
 /// Softmax is f32 under every policy; Q K^T is accumulated in f32, P V in the activation type.
 template <Space S = Space::kHost>
@@ -569,16 +606,20 @@ class CausalSelfAttention {
     const T* heads() const noexcept {
       return heads_.template data<T>();
     }
-    /// The softmax probabilities [B, H, T, T] (zero above the diagonal).
+    /// The softmax probabilities [B, H, T, T] (zero above the diagonal); null after the GPU's
+    /// fused core, which saves lse() instead.
     template <class T>
     const T* probs() const noexcept {
       return probs_.template data<T>();
     }
+    /// The GPU's fused core: log2 of each row's softmax denominator [B, H, T], in the scores'
+    /// exp2 domain (scale * log2(e) * q.k); null after a materialised core.
+    const float* lse() const noexcept { return lse_.template data<float>(); }
 
    private:
     friend class CausalSelfAttention;
     detail::ForwardRecord rec_;
-    detail::Bytes<S> qkv_, heads_, probs_;
+    detail::Bytes<S> qkv_, heads_, probs_, lse_;
   };
 
   CausalSelfAttention(ParamArena<S>& arena, const std::string& name, AttentionOptions o)
@@ -587,7 +628,9 @@ class CausalSelfAttention {
         c_proj_(arena, detail::child_name(name, "c_proj"),
                 linear_options(o, o.n_embd, o.proj_weight_init.value_or(o.weight_init))),
         C_(o.n_embd),
-        H_(o.n_head) {
+        H_(o.n_head),
+        fused_(S == Space::kDevice && o.fused_core && o.n_head > 0 &&
+               detail::fused_attention_supports(o.n_embd / o.n_head)) {
     TRAINKIT_CHECK(H_ > 0 && C_ % H_ == 0, "nn::CausalSelfAttention '", name, "': n_embd ", C_,
                    " is not a multiple of n_head ", H_);
   }
@@ -626,12 +669,20 @@ class CausalSelfAttention {
     ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn);
     T* dheads = dheads_.template get<T>(N * C_);
     T* dqkv = dqkv_.template get<T>(N * 3 * C_);
-    // The core's argument block is shared with forward; backward only reads the probabilities.
-    detail::AttentionArgs<T> a =
-        args<P, T>(ctx.template qkv<T>(), nullptr, const_cast<T*>(ctx.template probs<T>()), B, Tn);
-    // f32 operands: dS reuses the f32 scores scratch (each element is read before written).
-    a.dscores = std::is_same_v<T, float> ? reinterpret_cast<T*>(a.scores)
-                                         : dscores_.template get<T>(B * H_ * Tn * Tn);
+    // The core's argument block is shared with forward; backward only reads what forward saved.
+    detail::AttentionArgs<T> a;
+    if (fused_) {
+      a = args<P, T>(ctx.template qkv<T>(), const_cast<T*>(ctx.template heads<T>()), nullptr, B,
+                     Tn);
+      a.lse = const_cast<float*>(ctx.lse());
+      a.delta = scores_.template get<float>(B * H_ * Tn);
+    } else {
+      a = args<P, T>(ctx.template qkv<T>(), nullptr, const_cast<T*>(ctx.template probs<T>()), B,
+                     Tn);
+      // f32 operands: dS reuses the f32 scores scratch (each element is read before written).
+      a.dscores = std::is_same_v<T, float> ? reinterpret_cast<T*>(a.scores)
+                                           : dscores_.template get<T>(B * H_ * Tn * Tn);
+    }
     a.dout = dheads;
     a.dqkv = dqkv;
     c_proj_.template backward<P>(exec, detail::mat<S>(ctx.template heads<T>(), N, C_),
@@ -664,8 +715,13 @@ class CausalSelfAttention {
     ctx.rec_.template set<T>(B, Tn);
     T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
     T* heads = ctx.heads_.template get<T>(N * C_);
-    detail::AttentionArgs<T> a =
-        args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
+    detail::AttentionArgs<T> a;
+    if (fused_) {
+      a = args<P, T>(qkv, heads, nullptr, B, Tn);
+      a.lse = ctx.lse_.template get<float>(B * H_ * Tn);
+    } else {
+      a = args<P, T>(qkv, heads, ctx.probs_.template get<T>(B * H_ * Tn * Tn), B, Tn);
+    }
     c_attn_.template forward<P>(exec, detail::flat2(x), detail::mat<S>(qkv, N, 3 * C_));
     detail::attention_forward(exec, a);
     return detail::mat<S>(static_cast<const T*>(heads), N, C_);
@@ -679,9 +735,11 @@ class CausalSelfAttention {
     a.qkv = qkv;
     a.out = heads;
     a.probs = probs;
-    // The host's f32 core keeps each head's scores in a per-thread scratch (head_scratch).
-    if constexpr (S != Space::kHost || !std::is_same_v<T, float>)
-      a.scores = scores_.template get<float>(B * H_ * Tn * Tn);
+    // The host's f32 core keeps each head's scores in a per-thread scratch (head_scratch); the
+    // fused GPU core has none.
+    if constexpr (S != Space::kHost || !std::is_same_v<T, float>) {
+      if (!fused_) a.scores = scores_.template get<float>(B * H_ * Tn * Tn);
+    }
     a.B = B;
     a.T_ = Tn;
     a.C = C_;
@@ -696,6 +754,7 @@ class CausalSelfAttention {
   Linear<S> c_proj_;
   std::int64_t C_;
   std::int64_t H_;
+  bool fused_;  // the GPU's fused core (AttentionOptions::fused_core and a supported head size)
   // Scratch of one call: the f32 scores (forward: Q K^T / sqrt(hs); backward: dP), and the
   // backward's dheads, dqkv and (low-precision operands) dS.
   detail::Bytes<S> scores_, dheads_, dqkv_, dscores_;

@@ -56,6 +56,9 @@ struct GptOptions {
   bool tie_weights = false;
   float dropout = 0.0f;    ///< dropout probability after the embeddings
   std::uint64_t seed = 0;  ///< key of the dropout masks
+  /// On the GPU, the blocks' fused attention core for head sizes up to 128 (no [B, H, T, T] in
+  /// memory; AttentionOptions::fused_core); false: the materialised one. The host ignores it.
+  bool fused_attention = true;
 };
 
 /// The default of Gpt::backward's grads_ready callback: nothing to tell.
@@ -295,10 +298,12 @@ class Gpt {
     std::vector<TransformerBlock<S>> blocks;
     blocks.reserve(static_cast<std::size_t>(o.n_layer));
     for (std::int64_t l = 0; l < o.n_layer; ++l)
-      blocks.emplace_back(
-          arena, "transformer.h." + std::to_string(l),
-          TransformerBlockOptions{
-              .n_embd = o.n_embd, .n_head = o.n_head, .bias = o.bias, .n_layer = o.n_layer});
+      blocks.emplace_back(arena, "transformer.h." + std::to_string(l),
+                          TransformerBlockOptions{.n_embd = o.n_embd,
+                                                  .n_head = o.n_head,
+                                                  .bias = o.bias,
+                                                  .n_layer = o.n_layer,
+                                                  .fused_attention = o.fused_attention});
     return blocks;
   }
 

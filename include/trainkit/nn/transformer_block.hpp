@@ -33,6 +33,8 @@ struct TransformerBlockOptions {
   /// Number of blocks in the model: GPT-2 initialises the residual projections (attn.c_proj,
   /// mlp.c_proj) with std 0.02 / sqrt(2 n_layer); every other weight with std 0.02, biases 0.
   std::int64_t n_layer = 1;
+  /// On the GPU, the attention's fused core (AttentionOptions::fused_core).
+  bool fused_attention = true;
 };
 
 /// A GPT-2 transformer block. Parameters (nanoGPT names, under "<name>."): ln_1.{weight,bias},
@@ -157,6 +159,7 @@ class TransformerBlock {
     a.weight_init = Init::normal(0.0f, 0.02f);
     a.bias_init = Init::zeros();
     a.proj_weight_init = Init::normal(0.0f, residual_std(o));
+    a.fused_core = o.fused_attention;
     return a;
   }
   static LinearOptions linear_options(const TransformerBlockOptions& o, std::int64_t in,

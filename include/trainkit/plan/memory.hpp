@@ -156,33 +156,41 @@ std::int64_t mul(std::int64_t a, std::int64_t b, std::int64_t c, R... rest) {
   return mul(mul(a, b), c, rest...);
 }
 
+/// Whether a run's attention takes the GPU's fused core (nn::CausalSelfAttention's rule).
+inline bool gpt_fused_attention(const nn::GptOptions& m, bool device) {
+  return device && m.fused_attention && m.n_head > 0 &&
+         nn::detail::fused_attention_supports(m.n_embd / m.n_head);
+}
+
 /// Bytes of one rank's activations of a Gpt forward over [B, T] (nn::Gpt::Context): the block
 /// inputs, ln_f's output, position ids, per block the contexts of ln_1, attention and ln_2 and the
 /// block's own h1, x1, h2, pre, g.
 inline std::int64_t gpt_context_bytes(const nn::GptOptions& m, std::int64_t B, std::int64_t T,
-                                      std::int64_t a, bool dropout) {
+                                      std::int64_t a, bool dropout, bool fused) {
   const std::int64_t N = mul(B, T), C = m.n_embd, H = m.n_head, L = m.n_layer;
   const std::int64_t NC = mul(N, C);
   const std::int64_t ln_stats = mul(2 * N + 1, 4);  // mean, rstd (f32) and one spare
   // ln_1, ln_2 stats; qkv (3NC), heads (NC), h1, x1, h2 (NC each), pre and g (4NC each);
-  // the probabilities [B, H, T, T].
-  const std::int64_t block = 2 * ln_stats + mul(15, NC, a) + mul(B, H, T, T, a);
+  // the probabilities [B, H, T, T], or the fused core's f32 log-sum-exps [B, H, T].
+  const std::int64_t saved = fused ? mul(B, H, T, 4) : mul(B, H, T, T, a);
+  const std::int64_t block = 2 * ln_stats + mul(15, NC, a) + saved;
   std::int64_t bytes = mul(L + 1, NC, a) + mul(NC, a) + mul(N, 4) + ln_stats + mul(L, block);
   if (dropout) bytes += mul(NC, a);  // the embeddings before dropout
   return bytes;
 }
 
 /// Bytes of the layers' own scratch once a forward and a backward over [B, T] ran: per block
-/// the attention output, the f32 scores, dheads, dqkv, dS (16-bit operands only), dpre, dh, dx1
-/// and two LayerNorm partial-sum tables; ln_f's table; the model's da / db.
+/// the attention output, the f32 scores (the fused core: its f32 row sums [B, H, T]), dheads,
+/// dqkv, dS (16-bit operands only, materialised core), dpre, dh, dx1 and two LayerNorm
+/// partial-sum tables; ln_f's table; the model's da / db.
 inline std::int64_t gpt_workspace_bytes(const nn::GptOptions& m, std::int64_t B, std::int64_t T,
-                                        std::int64_t a) {
+                                        std::int64_t a, bool fused) {
   const std::int64_t N = mul(B, T), C = m.n_embd, H = m.n_head, L = m.n_layer;
   const std::int64_t NC = mul(N, C);
   const std::int64_t chunks = (N + nn::detail::kLayerNormChunk - 1) / nn::detail::kLayerNormChunk;
   const std::int64_t ln_partial = mul(chunks, 2, C, 4);
-  const std::int64_t scores = mul(B, H, T, T, 4);
-  const std::int64_t dscores = a == 4 ? 0 : mul(B, H, T, T, a);
+  const std::int64_t scores = fused ? mul(B, H, T, 4) : mul(B, H, T, T, 4);
+  const std::int64_t dscores = a == 4 || fused ? 0 : mul(B, H, T, T, a);
   // a (NC), dheads (NC), dqkv (3NC), dpre (4NC), dh (NC), dx1 (NC): 11 NC.
   const std::int64_t block = mul(11, NC, a) + scores + dscores + 2 * ln_partial;
   return mul(L, block) + ln_partial + mul(2, NC, a);
@@ -234,17 +242,18 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
   const bool dropout = m.dropout > 0.0f;
   const std::string shape =
       trainkit::detail::concat("[", B, ", ", T, "] ", a == 2 ? "16-bit" : "f32", " activations");
-  p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout),
+  const bool fused = detail::gpt_fused_attention(m, run.device);
+  p.lines.push_back({"activations", detail::gpt_context_bytes(m, B, T, a, dropout, fused),
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
   const std::int64_t ld = nn::logits_row_stride(m.vocab_size);  // CausalLmTask's padded rows
   p.lines.push_back({"logits", mul(2, N, ld, a) + mul(3 * N + 1, 4) + 4,
                      trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
                                               "] (rows of ", ld, "), cross-entropy statistics")});
-  p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a),
+  p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a, fused),
                      "attention scores, layer scratch, gradient ping-pong"});
   if (run.evaluation)
-    p.lines.push_back({"evaluation context", detail::gpt_context_bytes(m, B, T, a, false),
+    p.lines.push_back({"evaluation context", detail::gpt_context_bytes(m, B, T, a, false, fused),
                        "a second Context for evaluation forwards"});
 
   if (run.loader_depth > 0) {

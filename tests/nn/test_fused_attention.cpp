@@ -1,0 +1,181 @@
+// The GPU's fused causal attention core (trainkit/nn/fused_attention.hpp) run on the host under
+// an emulation of its thread blocks, against a float64 attention: random shapes around the 64
+// tile (ragged last tiles, T = 1, head sizes that do not fill the tile depth), large logits, and
+// bf16 operands. The same block bodies are what the CUDA kernels run.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <trainkit/core/half.hpp>
+#include <trainkit/nn/fused_attention.hpp>
+
+#include "fused_attention_emulation.hpp"
+#include "nn_test_util.hpp"
+
+namespace {
+
+namespace tk = trainkit;
+namespace nd = trainkit::nn::detail;
+
+struct Shape {
+  std::int64_t B, H, T, hs;
+};
+
+/// float64 causal attention of one [B, T, 3C] qkv: out [B, T, C], lse2 [B, H, T] (log2 of each
+/// row's sum of exp(scale * q.k)), and, given dout, dqkv [B, T, 3C].
+struct Expected {
+  std::vector<double> out, lse2, dqkv;
+};
+
+Expected reference(const Shape& s, const std::vector<double>& qkv,
+                   const std::vector<double>& dout) {
+  const std::int64_t C = s.H * s.hs, T = s.T;
+  const double scale = 1.0 / std::sqrt(double(s.hs));
+  Expected r;
+  r.out.assign(std::size_t(s.B * T * C), 0.0);
+  r.lse2.assign(std::size_t(s.B * s.H * T), 0.0);
+  r.dqkv.assign(std::size_t(s.B * T * 3 * C), 0.0);
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t col) {
+    return std::size_t((b * T + t) * 3 * C + col);
+  };
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.H; ++h) {
+      const std::int64_t q0 = h * s.hs, k0 = C + h * s.hs, v0 = 2 * C + h * s.hs;
+      std::vector<double> P(std::size_t(T * T), 0.0), dP(std::size_t(T * T), 0.0);
+      for (std::int64_t i = 0; i < T; ++i) {
+        double m = -1e300;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            dot += qkv[at(b, i, q0 + d)] * qkv[at(b, j, k0 + d)];
+          P[std::size_t(i * T + j)] = scale * dot;
+          m = std::max(m, scale * dot);
+        }
+        double z = 0.0;
+        for (std::int64_t j = 0; j <= i; ++j) z += std::exp(P[std::size_t(i * T + j)] - m);
+        r.lse2[std::size_t((b * s.H + h) * T + i)] = (m + std::log(z)) / std::log(2.0);
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double& p = P[std::size_t(i * T + j)];
+          p = std::exp(p - m) / z;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            r.out[std::size_t((b * T + i) * C + h * s.hs + d)] += p * qkv[at(b, j, v0 + d)];
+        }
+      }
+      for (std::int64_t i = 0; i < T; ++i) {
+        auto dO = [&](std::int64_t d) { return dout[std::size_t((b * T + i) * C + h * s.hs + d)]; };
+        double rowdot = 0.0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dp = 0.0;
+          for (std::int64_t d = 0; d < s.hs; ++d) dp += dO(d) * qkv[at(b, j, v0 + d)];
+          dP[std::size_t(i * T + j)] = dp;
+          rowdot += P[std::size_t(i * T + j)] * dp;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            r.dqkv[at(b, j, v0 + d)] += P[std::size_t(i * T + j)] * dO(d);
+        }
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double ds =
+              scale * P[std::size_t(i * T + j)] * (dP[std::size_t(i * T + j)] - rowdot);
+          for (std::int64_t d = 0; d < s.hs; ++d) {
+            r.dqkv[at(b, i, q0 + d)] += ds * qkv[at(b, j, k0 + d)];
+            r.dqkv[at(b, j, k0 + d)] += ds * qkv[at(b, i, q0 + d)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(static_cast<float>(v[i]));
+  return out;
+}
+
+template <class T, class F>
+void with_depth(std::int64_t hs, const F& f) {
+  if (hs <= 32) {
+    f.template operator()<32>();
+  } else if (hs <= 64) {
+    f.template operator()<64>();
+  } else {
+    f.template operator()<128>();
+  }
+}
+
+/// Runs the emulated fused forward and backward for shape s with operands of type T and
+/// magnitude `mag`; checks them against float64 within `tol` (relative, L2).
+template <class T>
+void check_shape(const Shape& s, std::uint64_t seed, float mag, double tol) {
+  CAPTURE(s.B);
+  CAPTURE(s.H);
+  CAPTURE(s.T);
+  CAPTURE(s.hs);
+  CAPTURE(mag);
+  const std::int64_t C = s.H * s.hs, N = s.B * s.T;
+  std::vector<T> qkv(std::size_t(N * 3 * C)), dout(std::size_t(N * C));
+  const auto rq = nntest::random_floats(N * 3 * C, seed, mag);
+  const auto rd = nntest::random_floats(N * C, seed + 1, 1.0f);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = T(rq[i]);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = T(rd[i]);
+  // Outputs start as NaN: every element the core owns must be written.
+  std::vector<T> out(std::size_t(N * C), T(NAN)), dqkv(std::size_t(N * 3 * C), T(NAN));
+  std::vector<float> lse(std::size_t(s.B * s.H * s.T), NAN), delta(lse.size(), NAN);
+  nd::FusedAttentionArgs<T> a;
+  a.qkv = qkv.data();
+  a.out = out.data();
+  a.lse = lse.data();
+  a.delta = delta.data();
+  a.dout = dout.data();
+  a.dqkv = dqkv.data();
+  a.B = s.B;
+  a.T_ = s.T;
+  a.C = C;
+  a.H = s.H;
+  a.hs = s.hs;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  with_depth<T>(s.hs, [&]<int D>() {
+    nntest::emulate_fused_forward<D>(a);
+    nntest::emulate_fused_backward<D>(a);
+  });
+  const Expected r = reference(s, widen(qkv), widen(dout));
+  const auto got_out = widen(out), got_dqkv = widen(dqkv);
+  for (double v : got_out) REQUIRE(std::isfinite(v));
+  for (double v : got_dqkv) REQUIRE(std::isfinite(v));
+  CHECK(nntest::rel_err(got_out, r.out) < tol);
+  CHECK(nntest::rel_err(got_dqkv, r.dqkv) < tol);
+  double lse_err = 0.0;
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    lse_err = std::max(lse_err, std::abs(double(lse[i]) - r.lse2[i]));
+  CHECK(lse_err < (std::is_same_v<T, float> ? 1e-4 : 1e-2) * std::max(1.0, double(mag * mag)));
+}
+
+}  // namespace
+
+TEST_CASE("fused attention (emulated GPU blocks): fixed edges around the 64-position tile") {
+  // T = 1; one ragged tile; exactly one tile; one past it; three tiles with a ragged end; head
+  // sizes below, at and past each tile depth (32, 64, 128).
+  const Shape shapes[] = {{1, 1, 1, 8},    {2, 3, 7, 5},   {1, 2, 64, 32},  {1, 1, 65, 64},
+                          {1, 2, 130, 16}, {1, 1, 70, 40}, {1, 1, 66, 128}, {1, 1, 33, 96}};
+  std::uint64_t seed = 11;
+  for (const Shape& s : shapes) check_shape<float>(s, seed++, 1.0f, 2e-5);
+}
+
+TEST_CASE("fused attention (emulated GPU blocks): random shapes, large logits, bf16") {
+  tk::PhiloxStream rng(2026, 12);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return lo + static_cast<std::int64_t>(rng.next_uniform() * double(hi - lo + 1)) % (hi - lo + 1);
+  };
+  for (int round = 0; round < 4; ++round) {
+    const Shape s{pick(1, 2), pick(1, 3), pick(1, 140), pick(1, 72)};
+    check_shape<float>(s, 100 + round, 1.0f, 2e-5);
+  }
+  // Large logits (|q.k| * scale up to ~100): the online softmax's running maximum keeps every
+  // exponential in range.
+  check_shape<float>({1, 2, 90, 24}, 7, 6.0f, 1e-4);
+  // bf16 operands and outputs (f32 inside), against float64 of the same rounded inputs.
+  check_shape<tk::bf16>({2, 2, 75, 32}, 9, 1.0f, 2e-2);
+}
