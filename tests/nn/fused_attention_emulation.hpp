@@ -1,11 +1,14 @@
-// Runs the fused attention core's block bodies (trainkit/nn/fused_attention.hpp) on the host: one
-// std::thread per CUDA thread of a block, a std::barrier for __syncthreads, and the row-group
+// A float64 causal attention (forward and backward) to test the fused core against, and the host
+// emulation that runs the fused attention core's block bodies (trainkit/nn/fused_attention.hpp):
+// one std::thread per CUDA thread of a block, a std::barrier for __syncthreads, and the row-group
 // reductions through shared slots in the same butterfly order as the warp shuffles. Slow (a
 // block is 128 threads), so for small shapes only; it tests the GPU code's tiling, masking and
 // arithmetic where no GPU is.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -13,6 +16,82 @@
 #include <trainkit/nn/fused_attention.hpp>
 
 namespace nntest {
+
+struct AttentionShape {
+  std::int64_t B, H, T, hs;
+};
+
+/// float64 causal attention of one [B, T, 3C] qkv: out [B, T, C], lse2 [B, H, T] (log2 of each
+/// row's sum of exp(scale * q.k)), and, given dout, dqkv [B, T, 3C].
+struct AttentionExpected {
+  std::vector<double> out, lse2, dqkv;
+};
+
+inline AttentionExpected attention_reference(const AttentionShape& s,
+                                             const std::vector<double>& qkv,
+                                             const std::vector<double>& dout) {
+  const std::int64_t C = s.H * s.hs, T = s.T;
+  const double scale = 1.0 / std::sqrt(double(s.hs));
+  AttentionExpected r;
+  r.out.assign(std::size_t(s.B * T * C), 0.0);
+  r.lse2.assign(std::size_t(s.B * s.H * T), 0.0);
+  r.dqkv.assign(std::size_t(s.B * T * 3 * C), 0.0);
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t col) {
+    return std::size_t((b * T + t) * 3 * C + col);
+  };
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.H; ++h) {
+      const std::int64_t q0 = h * s.hs, k0 = C + h * s.hs, v0 = 2 * C + h * s.hs;
+      std::vector<double> P(std::size_t(T * T), 0.0), dP(std::size_t(T * T), 0.0);
+      for (std::int64_t i = 0; i < T; ++i) {
+        double m = -1e300;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            dot += qkv[at(b, i, q0 + d)] * qkv[at(b, j, k0 + d)];
+          P[std::size_t(i * T + j)] = scale * dot;
+          m = std::max(m, scale * dot);
+        }
+        double z = 0.0;
+        for (std::int64_t j = 0; j <= i; ++j) z += std::exp(P[std::size_t(i * T + j)] - m);
+        r.lse2[std::size_t((b * s.H + h) * T + i)] = (m + std::log(z)) / std::log(2.0);
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double& p = P[std::size_t(i * T + j)];
+          p = std::exp(p - m) / z;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            r.out[std::size_t((b * T + i) * C + h * s.hs + d)] += p * qkv[at(b, j, v0 + d)];
+        }
+      }
+      for (std::int64_t i = 0; i < T; ++i) {
+        auto dO = [&](std::int64_t d) { return dout[std::size_t((b * T + i) * C + h * s.hs + d)]; };
+        double rowdot = 0.0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dp = 0.0;
+          for (std::int64_t d = 0; d < s.hs; ++d) dp += dO(d) * qkv[at(b, j, v0 + d)];
+          dP[std::size_t(i * T + j)] = dp;
+          rowdot += P[std::size_t(i * T + j)] * dp;
+          for (std::int64_t d = 0; d < s.hs; ++d)
+            r.dqkv[at(b, j, v0 + d)] += P[std::size_t(i * T + j)] * dO(d);
+        }
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double ds =
+              scale * P[std::size_t(i * T + j)] * (dP[std::size_t(i * T + j)] - rowdot);
+          for (std::int64_t d = 0; d < s.hs; ++d) {
+            r.dqkv[at(b, i, q0 + d)] += ds * qkv[at(b, j, k0 + d)];
+            r.dqkv[at(b, j, k0 + d)] += ds * qkv[at(b, i, q0 + d)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(static_cast<float>(v[i]));
+  return out;
+}
 
 class EmulatedBlock {
  public:
@@ -32,6 +111,44 @@ class EmulatedBlock {
     }
     void row_sum(float (&v)[4]) const {
       reduce(v, [](float x, float y) { return x + y; });
+    }
+
+    /// A warp's 16 x N accumulators. Every thread of the warp computes the whole strip (the
+    /// GPU spreads it over the lanes as WMMA fragments); lane 0 stores it.
+    template <int N>
+    struct Strip {
+      float v[16][N];
+    };
+    template <int N>
+    void strip_zero(Strip<N>& s) const {
+      for (auto& row : s.v)
+        for (float& x : row) x = 0.0f;
+    }
+    template <int K, bool BCol, int N, class T>
+    void strip_mma(Strip<N>& s, const T* a, int lda, const T* b, int ldb) const {
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < N; ++n) {
+          float acc = s.v[r][n];
+          for (int k = 0; k < K; ++k)
+            acc += static_cast<float>(a[r * lda + k]) *
+                   static_cast<float>(BCol ? b[n * ldb + k] : b[k * ldb + n]);
+          s.v[r][n] = acc;
+        }
+    }
+    template <int N>
+    void strip_store(const Strip<N>& s, float* c, int ldc) const {
+      // The GPU's store is one warp-wide operation; here the lanes that may still be reading
+      // the rows (strip_load) finish first, and nobody reads them before the store is done.
+      sync();
+      if (tid_ % 32 == 0)
+        for (int r = 0; r < 16; ++r)
+          for (int n = 0; n < N; ++n) c[r * ldc + n] = s.v[r][n];
+      sync();
+    }
+    template <int N>
+    void strip_load(Strip<N>& s, const float* c, int ldc) const {
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < N; ++n) s.v[r][n] = c[r * ldc + n];
     }
 
    private:
@@ -66,6 +183,33 @@ class EmulatedBlock {
   std::barrier<> barrier_;
   float slots_[trainkit::nn::detail::kFusedThreads][4] = {};
 };
+
+/// The tensor-core forward (16-bit T) of a.hs <= D on the host.
+template <int D, class T>
+void emulate_fused_tc_forward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
+  namespace d = trainkit::nn::detail;
+  const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
+  for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      EmulatedBlock block(d::FusedTcLayout<D>::kForwardBytes / 4);
+      block.run([&](EmulatedBlock::Thread& th) { d::fused_tc_forward_block<D>(th, a, t, bh); });
+    }
+}
+
+/// The tensor-core backward (16-bit T) on the host.
+template <int D, class T>
+void emulate_fused_tc_backward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
+  namespace d = trainkit::nn::detail;
+  const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
+  for (std::int64_t row = 0; row < a.B * a.H * a.T_; ++row) d::fused_attention_delta_row(a, row);
+  for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      EmulatedBlock kv(d::FusedTcLayout<D>::kBackwardBytes / 4);
+      kv.run([&](EmulatedBlock::Thread& th) { d::fused_tc_backward_kv_block<D>(th, a, t, bh); });
+      EmulatedBlock q(d::FusedTcLayout<D>::kBackwardBytes / 4);
+      q.run([&](EmulatedBlock::Thread& th) { d::fused_tc_backward_q_block<D>(th, a, t, bh); });
+    }
+}
 
 /// The fused forward (out, lse) of a.hs <= D, every tile of every head, on the host.
 template <int D, class T>

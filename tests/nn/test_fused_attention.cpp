@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <trainkit/core/half.hpp>
@@ -20,81 +21,6 @@ namespace {
 namespace tk = trainkit;
 namespace nd = trainkit::nn::detail;
 
-struct Shape {
-  std::int64_t B, H, T, hs;
-};
-
-/// float64 causal attention of one [B, T, 3C] qkv: out [B, T, C], lse2 [B, H, T] (log2 of each
-/// row's sum of exp(scale * q.k)), and, given dout, dqkv [B, T, 3C].
-struct Expected {
-  std::vector<double> out, lse2, dqkv;
-};
-
-Expected reference(const Shape& s, const std::vector<double>& qkv,
-                   const std::vector<double>& dout) {
-  const std::int64_t C = s.H * s.hs, T = s.T;
-  const double scale = 1.0 / std::sqrt(double(s.hs));
-  Expected r;
-  r.out.assign(std::size_t(s.B * T * C), 0.0);
-  r.lse2.assign(std::size_t(s.B * s.H * T), 0.0);
-  r.dqkv.assign(std::size_t(s.B * T * 3 * C), 0.0);
-  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t col) {
-    return std::size_t((b * T + t) * 3 * C + col);
-  };
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t h = 0; h < s.H; ++h) {
-      const std::int64_t q0 = h * s.hs, k0 = C + h * s.hs, v0 = 2 * C + h * s.hs;
-      std::vector<double> P(std::size_t(T * T), 0.0), dP(std::size_t(T * T), 0.0);
-      for (std::int64_t i = 0; i < T; ++i) {
-        double m = -1e300;
-        for (std::int64_t j = 0; j <= i; ++j) {
-          double dot = 0.0;
-          for (std::int64_t d = 0; d < s.hs; ++d)
-            dot += qkv[at(b, i, q0 + d)] * qkv[at(b, j, k0 + d)];
-          P[std::size_t(i * T + j)] = scale * dot;
-          m = std::max(m, scale * dot);
-        }
-        double z = 0.0;
-        for (std::int64_t j = 0; j <= i; ++j) z += std::exp(P[std::size_t(i * T + j)] - m);
-        r.lse2[std::size_t((b * s.H + h) * T + i)] = (m + std::log(z)) / std::log(2.0);
-        for (std::int64_t j = 0; j <= i; ++j) {
-          double& p = P[std::size_t(i * T + j)];
-          p = std::exp(p - m) / z;
-          for (std::int64_t d = 0; d < s.hs; ++d)
-            r.out[std::size_t((b * T + i) * C + h * s.hs + d)] += p * qkv[at(b, j, v0 + d)];
-        }
-      }
-      for (std::int64_t i = 0; i < T; ++i) {
-        auto dO = [&](std::int64_t d) { return dout[std::size_t((b * T + i) * C + h * s.hs + d)]; };
-        double rowdot = 0.0;
-        for (std::int64_t j = 0; j <= i; ++j) {
-          double dp = 0.0;
-          for (std::int64_t d = 0; d < s.hs; ++d) dp += dO(d) * qkv[at(b, j, v0 + d)];
-          dP[std::size_t(i * T + j)] = dp;
-          rowdot += P[std::size_t(i * T + j)] * dp;
-          for (std::int64_t d = 0; d < s.hs; ++d)
-            r.dqkv[at(b, j, v0 + d)] += P[std::size_t(i * T + j)] * dO(d);
-        }
-        for (std::int64_t j = 0; j <= i; ++j) {
-          const double ds =
-              scale * P[std::size_t(i * T + j)] * (dP[std::size_t(i * T + j)] - rowdot);
-          for (std::int64_t d = 0; d < s.hs; ++d) {
-            r.dqkv[at(b, i, q0 + d)] += ds * qkv[at(b, j, k0 + d)];
-            r.dqkv[at(b, j, k0 + d)] += ds * qkv[at(b, i, q0 + d)];
-          }
-        }
-      }
-    }
-  return r;
-}
-
-template <class T>
-std::vector<double> widen(const std::vector<T>& v) {
-  std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(static_cast<float>(v[i]));
-  return out;
-}
-
 template <class T, class F>
 void with_depth(std::int64_t hs, const F& f) {
   if (hs <= 32) {
@@ -106,15 +32,21 @@ void with_depth(std::int64_t hs, const F& f) {
   }
 }
 
+/// Which block bodies: the f32 (CUDA core) ones, or the tensor-core ones the GPU runs for 16-bit
+/// activations.
+enum class Bodies { kSimt, kTensorCore };
+
 /// Runs the emulated fused forward and backward for shape s with operands of type T and
 /// magnitude `mag`; checks them against float64 within `tol` (relative, L2).
 template <class T>
-void check_shape(const Shape& s, std::uint64_t seed, float mag, double tol) {
+void check_shape(const nntest::AttentionShape& s, std::uint64_t seed, float mag, double tol,
+                 Bodies bodies = Bodies::kSimt) {
   CAPTURE(s.B);
   CAPTURE(s.H);
   CAPTURE(s.T);
   CAPTURE(s.hs);
   CAPTURE(mag);
+  CAPTURE(bodies == Bodies::kTensorCore);
   const std::int64_t C = s.H * s.hs, N = s.B * s.T;
   std::vector<T> qkv(std::size_t(N * 3 * C)), dout(std::size_t(N * C));
   const auto rq = nntest::random_floats(N * 3 * C, seed, mag);
@@ -138,11 +70,19 @@ void check_shape(const Shape& s, std::uint64_t seed, float mag, double tol) {
   a.hs = s.hs;
   a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
   with_depth<T>(s.hs, [&]<int D>() {
+    if constexpr (!std::is_same_v<T, float>) {
+      if (bodies == Bodies::kTensorCore) {
+        nntest::emulate_fused_tc_forward<D>(a);
+        nntest::emulate_fused_tc_backward<D>(a);
+        return;
+      }
+    }
     nntest::emulate_fused_forward<D>(a);
     nntest::emulate_fused_backward<D>(a);
   });
-  const Expected r = reference(s, widen(qkv), widen(dout));
-  const auto got_out = widen(out), got_dqkv = widen(dqkv);
+  const nntest::AttentionExpected r =
+      nntest::attention_reference(s, nntest::widen(qkv), nntest::widen(dout));
+  const auto got_out = nntest::widen(out), got_dqkv = nntest::widen(dqkv);
   for (double v : got_out) REQUIRE(std::isfinite(v));
   for (double v : got_dqkv) REQUIRE(std::isfinite(v));
   CHECK(nntest::rel_err(got_out, r.out) < tol);
@@ -158,10 +98,11 @@ void check_shape(const Shape& s, std::uint64_t seed, float mag, double tol) {
 TEST_CASE("fused attention (emulated GPU blocks): fixed edges around the 64-position tile") {
   // T = 1; one ragged tile; exactly one tile; one past it; three tiles with a ragged end; head
   // sizes below, at and past each tile depth (32, 64, 128).
-  const Shape shapes[] = {{1, 1, 1, 8},    {2, 3, 7, 5},   {1, 2, 64, 32},  {1, 1, 65, 64},
-                          {1, 2, 130, 16}, {1, 1, 70, 40}, {1, 1, 66, 128}, {1, 1, 33, 96}};
+  const nntest::AttentionShape shapes[] = {{1, 1, 1, 8},    {2, 3, 7, 5},    {1, 2, 64, 32},
+                                           {1, 1, 65, 64},  {1, 2, 130, 16}, {1, 1, 70, 40},
+                                           {1, 1, 66, 128}, {1, 1, 33, 96}};
   std::uint64_t seed = 11;
-  for (const Shape& s : shapes) check_shape<float>(s, seed++, 1.0f, 2e-5);
+  for (const nntest::AttentionShape& s : shapes) check_shape<float>(s, seed++, 1.0f, 2e-5);
 }
 
 TEST_CASE("fused attention (emulated GPU blocks): random shapes, large logits, bf16") {
@@ -170,7 +111,7 @@ TEST_CASE("fused attention (emulated GPU blocks): random shapes, large logits, b
     return lo + static_cast<std::int64_t>(rng.next_uniform() * double(hi - lo + 1)) % (hi - lo + 1);
   };
   for (int round = 0; round < 4; ++round) {
-    const Shape s{pick(1, 2), pick(1, 3), pick(1, 140), pick(1, 72)};
+    const nntest::AttentionShape s{pick(1, 2), pick(1, 3), pick(1, 140), pick(1, 72)};
     check_shape<float>(s, 100 + round, 1.0f, 2e-5);
   }
   // Large logits (|q.k| * scale up to ~100): the online softmax's running maximum keeps every
@@ -178,4 +119,17 @@ TEST_CASE("fused attention (emulated GPU blocks): random shapes, large logits, b
   check_shape<float>({1, 2, 90, 24}, 7, 6.0f, 1e-4);
   // bf16 operands and outputs (f32 inside), against float64 of the same rounded inputs.
   check_shape<tk::bf16>({2, 2, 75, 32}, 9, 1.0f, 2e-2);
+}
+
+TEST_CASE("fused attention (emulated GPU blocks): the tensor-core bodies of bf16 and f16") {
+  // P and dS are rounded to the activation type before their products (as on the GPU), so the
+  // tolerance is the 16-bit types' (bf16: 8 bits of mantissa, f16: 11).
+  const nntest::AttentionShape shapes[] = {{1, 1, 1, 16},   {1, 2, 64, 64},  {2, 1, 70, 40},
+                                           {1, 1, 130, 32}, {1, 1, 66, 128}, {1, 2, 19, 7}};
+  std::uint64_t seed = 40;
+  for (const nntest::AttentionShape& s : shapes) {
+    check_shape<tk::bf16>(s, seed++, 1.0f, 2e-2, Bodies::kTensorCore);
+    check_shape<tk::f16>(s, seed++, 1.0f, 4e-3, Bodies::kTensorCore);
+  }
+  check_shape<tk::bf16>({1, 1, 100, 64}, 77, 5.0f, 3e-2, Bodies::kTensorCore);  // large logits
 }

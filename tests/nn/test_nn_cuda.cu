@@ -25,6 +25,7 @@
 #include <trainkit/nn/sequential.hpp>
 #include <trainkit/nn/transformer_block.hpp>
 
+#include "fused_attention_emulation.hpp"
 #include "nn_test_util.hpp"
 
 namespace {
@@ -492,4 +493,74 @@ TEST_CASE("device kernels at GPT-2 sizes: bias gradient blocks, LayerNorm rows, 
   }
   CHECK(err(dense, hgrad) < 1e-5);
   CHECK(padding_kept);
+}
+
+namespace {
+
+/// The fused core on the device for shape s and type T against float64 (the same check as the
+/// host emulation's test, on the real kernels).
+template <class T>
+void check_fused_on_device(const nntest::AttentionShape& s, std::uint64_t seed, double tol) {
+  CAPTURE(s.B);
+  CAPTURE(s.H);
+  CAPTURE(s.T);
+  CAPTURE(s.hs);
+  CAPTURE(sizeof(T));
+  const std::int64_t C = s.H * s.hs, N = s.B * s.T, rows = s.B * s.H * s.T;
+  std::vector<T> qkv(std::size_t(N * 3 * C)), dout(std::size_t(N * C));
+  const auto rq = nntest::random_floats(N * 3 * C, seed);
+  const auto rd = nntest::random_floats(N * C, seed + 1);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = T(rq[i]);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = T(rd[i]);
+  auto d_qkv = to_device(qkv, tk::Shape{N * 3 * C});
+  auto d_dout = to_device(dout, tk::Shape{N * C});
+  auto d_out = to_device(std::vector<T>(std::size_t(N * C), T(NAN)), tk::Shape{N * C});
+  auto d_dqkv = to_device(std::vector<T>(std::size_t(N * 3 * C), T(NAN)), tk::Shape{N * 3 * C});
+  auto d_lse = to_device(std::vector<float>(std::size_t(rows), NAN), tk::Shape{rows});
+  auto d_delta = to_device(std::vector<float>(std::size_t(rows), NAN), tk::Shape{rows});
+  nn::detail::FusedAttentionArgs<T> a;
+  a.qkv = d_qkv.data();
+  a.out = d_out.data();
+  a.lse = d_lse.data();
+  a.delta = d_delta.data();
+  a.dout = d_dout.data();
+  a.dqkv = d_dqkv.data();
+  a.B = s.B;
+  a.T_ = s.T;
+  a.C = C;
+  a.H = s.H;
+  a.hs = s.hs;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  nn::detail::fused_attention_forward(gpu, a);
+  nn::detail::fused_attention_backward(gpu, a);
+  TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = nntest::attention_reference(s, nntest::widen(qkv), nntest::widen(dout));
+  const auto out = nntest::widen(to_host(d_out.data(), N * C));
+  const auto dqkv = nntest::widen(to_host(d_dqkv.data(), N * 3 * C));
+  const auto lse = to_host(d_lse.data(), rows);
+  for (double v : out) REQUIRE(std::isfinite(v));
+  for (double v : dqkv) REQUIRE(std::isfinite(v));
+  CHECK(rel_err(out, want.out) < tol);
+  CHECK(rel_err(dqkv, want.dqkv) < tol);
+  double lse_err = 0.0;
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    lse_err = std::max(lse_err, std::abs(double(lse[i]) - want.lse2[i]));
+  CHECK(lse_err < (sizeof(T) == 4 ? 1e-4 : 1e-2));
+}
+
+}  // namespace
+
+TEST_CASE("device fused attention core: f32 and tensor-core bf16 / f16 kernels against float64") {
+  // Ragged tiles, T = 1, a head size that fills no tile depth, and each depth (32, 64, 128).
+  const nntest::AttentionShape shapes[] = {{1, 1, 1, 16},   {2, 3, 7, 5},   {1, 2, 64, 32},
+                                           {2, 2, 150, 64}, {1, 1, 70, 40}, {1, 1, 130, 128},
+                                           {1, 2, 257, 96}};
+  std::uint64_t seed = 300;
+  for (const auto& s : shapes) {
+    check_fused_on_device<float>(s, seed++, 2e-5);
+    check_fused_on_device<tk::bf16>(s, seed++, 2e-2);
+    check_fused_on_device<tk::f16>(s, seed++, 4e-3);
+  }
+  // GPT-2 small's attention heads (12 of 64), T = 512.
+  check_fused_on_device<tk::bf16>({1, 12, 512, 64}, 999, 2e-2);
 }

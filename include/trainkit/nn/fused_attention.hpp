@@ -21,9 +21,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "trainkit/config.hpp"
+#include "trainkit/core/half.hpp"
 #include "trainkit/nn/layer.hpp"
+
+#if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
+#include <mma.h>
+#endif
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
@@ -360,11 +366,326 @@ TRAINKIT_HOST_DEVICE void fused_attention_backward_q_block(Ctx& ctx, const Fused
   }
 }
 
+// ---- Tensor-core block bodies (16-bit activations) ----------------------------------------------
+// The same tiles, with the products on the tensor cores: each warp computes a 16-row strip of a
+// product from 16-bit tiles in shared memory (Ctx::Strip<N>: 16 x N f32 accumulators, WMMA
+// fragments on the GPU), while the softmax, masking and rescaling stay on each thread's 4 x 8
+// entries in f32, through shared memory. Q, K, V and dO tiles keep the activation type (rows of
+// D + 8 elements), scores f32 (rows of 68), probabilities and dS rounded to the activation type
+// (rows of 72) before their products, as the materialised core rounds P.
+
+template <int D>
+struct FusedTcLayout {
+  static constexpr int kLt = D + 8;                     // 16-bit Q / K / V / dO tile row (elements)
+  static constexpr int kLs = kFusedTile + 4;            // f32 score row
+  static constexpr int kLp = kFusedTile + 8;            // 16-bit P / dS row
+  static constexpr int kLo = D + 4;                     // f32 output row
+  static constexpr int kTile16 = kFusedTile * kLt * 2;  // bytes of a 16-bit tile
+  static constexpr int kScores = kFusedTile * kLs * 4;  // bytes of an f32 score tile
+  static constexpr int kProbs = kFusedTile * kLp * 2;   // bytes of a 16-bit P tile
+  /// Shared bytes of the forward block (Q, K, V, S, P, O) and of either backward block (four
+  /// 16-bit tiles, two score tiles, two P / dS tiles). Every piece is a multiple of 32 bytes, so
+  /// every strip the products read or write starts 32-byte aligned.
+  static constexpr int kForwardBytes = 3 * kTile16 + kScores + kProbs + kFusedTile * kLo * 4;
+  static constexpr int kBackwardBytes = 4 * kTile16 + 2 * kScores + 2 * kProbs;
+  static_assert(kTile16 % 32 == 0 && kScores % 32 == 0 && kProbs % 32 == 0 &&
+                    (kFusedTile * kLo * 4) % 32 == 0 && kFusedTile * kLo <= 2 * kFusedTile * kLs,
+                "fused attention: shared tiles must stay 32-byte aligned, and an f32 D-wide "
+                "tile must fit the two score tiles");
+};
+
+/// Rows [r0, r0 + 64) of one head (src: row r0, row stride ld, `rows` valid) into dst[r * (D + 8)
+/// + d] in the activation type, zero past `rows` and past hs.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE inline void fused_tc_load_tile(const Ctx& ctx, const T* src, std::int64_t ld,
+                                                    std::int64_t rows, std::int64_t hs, T* dst) {
+  constexpr int kLt = FusedTcLayout<D>::kLt;
+  for (int x = ctx.tid(); x < kFusedTile * D; x += kFusedThreads) {
+    const int r = x / D, d = x % D;
+    dst[r * kLt + d] = (r < rows && d < hs) ? src[r * ld + d] : store<T>(0.0f);
+  }
+}
+
+/// Forward of query tile `q_tile` of head bh on the tensor cores: out and lse of its rows.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionArgs<T>& a,
+                                                 std::int64_t q_tile, std::int64_t bh) {
+  using L = FusedTcLayout<D>;
+  constexpr int E = D / 8;
+  const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
+  const std::int64_t Tn = a.T_, ld = 3 * a.C, i0 = q_tile * kFusedTile;
+  const T* q = a.qkv + fused_qkv_offset(a, bh);
+  char* base = reinterpret_cast<char*>(ctx.smem());
+  T* qs = reinterpret_cast<T*>(base);
+  T* ks = reinterpret_cast<T*>(base + L::kTile16);
+  T* vs = reinterpret_cast<T*>(base + 2 * L::kTile16);
+  float* ss = reinterpret_cast<float*>(base + 3 * L::kTile16);
+  T* ps = reinterpret_cast<T*>(base + 3 * L::kTile16 + L::kScores);
+  float* os = reinterpret_cast<float*>(base + 3 * L::kTile16 + L::kScores + L::kProbs);
+  const float c2 = a.scale * kFusedLog2e;
+  fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
+  for (int x = tid; x < kFusedTile * L::kLo; x += kFusedThreads) os[x] = 0.0f;
+  float m[4], l[4];
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+  for (std::int64_t kt_i = 0; kt_i <= q_tile; ++kt_i) {
+    const std::int64_t j0 = kt_i * kFusedTile;
+    ctx.sync();  // the previous tile's K, V, S and P are read, O written
+    fused_tc_load_tile<D>(ctx, q + a.C + j0 * ld, ld, Tn - j0, a.hs, ks);
+    fused_tc_load_tile<D>(ctx, q + 2 * a.C + j0 * ld, ld, Tn - j0, a.hs, vs);
+    ctx.sync();
+    {
+      typename Ctx::template Strip<kFusedTile> s;  // S = Q K^T, this warp's 16 rows
+      ctx.strip_zero(s);
+      ctx.template strip_mma<D, true>(s, qs + 16 * w * L::kLt, L::kLt, ks, L::kLt);
+      ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
+    }
+    ctx.sync();
+    float sv[4][8], mx[4], sum[4], corr[4];
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      mx[r] = -INFINITY;
+      TRAINKIT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const float v = ss[(row0 + r) * L::kLs + cg + 8 * c];
+        sv[r][c] = j0 + cg + 8 * c > i0 + row0 + r ? -INFINITY : v * c2;
+        mx[r] = fmaxf(mx[r], sv[r][c]);
+      }
+    }
+    ctx.row_max(mx);
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      const float m_new = fmaxf(m[r], mx[r]);
+      corr[r] = exp2f(m[r] - m_new);
+      sum[r] = 0.0f;
+      TRAINKIT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const float p = exp2f(sv[r][c] - m_new);
+        sum[r] += p;
+        ps[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(p);
+      }
+      m[r] = m_new;
+      TRAINKIT_UNROLL
+      for (int e = 0; e < E; ++e) os[(row0 + r) * L::kLo + cg + 8 * e] *= corr[r];
+    }
+    ctx.row_sum(sum);
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) l[r] = l[r] * corr[r] + sum[r];
+    ctx.sync();
+    {
+      typename Ctx::template Strip<D> o;  // O = O * corr + P V, this warp's 16 rows
+      ctx.strip_load(o, os + 16 * w * L::kLo, L::kLo);
+      ctx.template strip_mma<kFusedTile, false>(o, ps + 16 * w * L::kLp, L::kLp, vs, L::kLt);
+      ctx.strip_store(o, os + 16 * w * L::kLo, L::kLo);
+    }
+  }
+  ctx.sync();
+  T* out = a.out + fused_out_offset(a, bh);
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const std::int64_t i = i0 + row0 + r;
+    if (i >= Tn) continue;
+    const float inv = 1.0f / l[r];
+    TRAINKIT_UNROLL
+    for (int e = 0; e < E; ++e) {
+      const int d = cg + 8 * e;
+      if (d < a.hs) out[i * a.C + d] = store<T>(os[(row0 + r) * L::kLo + d] * inv);
+    }
+    if (cg == 0) a.lse[bh * Tn + i] = m[r] + log2f(l[r]);
+  }
+}
+
+/// Writes a block's 64 x D f32 result (gathered in `scratch`, rows of D + 4) to rows [r0, r0 +
+/// 64) of dst (row stride ld), those below Tn and columns below hs.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE inline void fused_tc_write_rows(const Ctx& ctx, const float* scratch, T* dst,
+                                                     std::int64_t ld, std::int64_t rows,
+                                                     std::int64_t hs) {
+  constexpr int kLo = FusedTcLayout<D>::kLo;
+  for (int x = ctx.tid(); x < kFusedTile * D; x += kFusedThreads) {
+    const int r = x / D, d = x % D;
+    if (r < rows && d < hs) dst[r * ld + d] = store<T>(scratch[r * kLo + d]);
+  }
+}
+
+/// Backward of key tile `k_tile` of head bh on the tensor cores: dK and dV of its keys.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE void fused_tc_backward_kv_block(Ctx& ctx, const FusedAttentionArgs<T>& a,
+                                                     std::int64_t k_tile, std::int64_t bh) {
+  using L = FusedTcLayout<D>;
+  const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
+  const std::int64_t Tn = a.T_, ld = 3 * a.C, j0 = k_tile * kFusedTile;
+  const std::int64_t tiles = (Tn + kFusedTile - 1) / kFusedTile;
+  const T* q = a.qkv + fused_qkv_offset(a, bh);
+  const T* dout = a.dout + fused_out_offset(a, bh);
+  char* base = reinterpret_cast<char*>(ctx.smem());
+  T* ks = reinterpret_cast<T*>(base);
+  T* vs = reinterpret_cast<T*>(base + L::kTile16);
+  T* qs = reinterpret_cast<T*>(base + 2 * L::kTile16);
+  T* dos = reinterpret_cast<T*>(base + 3 * L::kTile16);
+  float* ss = reinterpret_cast<float*>(base + 4 * L::kTile16);  // S^T, then the results
+  float* dps = reinterpret_cast<float*>(base + 4 * L::kTile16 + L::kScores);
+  T* pt = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores);
+  T* dst = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores + L::kProbs);
+  const float c2 = a.scale * kFusedLog2e;
+  fused_tc_load_tile<D>(ctx, q + a.C + j0 * ld, ld, Tn - j0, a.hs, ks);
+  fused_tc_load_tile<D>(ctx, q + 2 * a.C + j0 * ld, ld, Tn - j0, a.hs, vs);
+  typename Ctx::template Strip<D> dk, dv;
+  ctx.strip_zero(dk);
+  ctx.strip_zero(dv);
+  for (std::int64_t qi = k_tile; qi < tiles; ++qi) {
+    const std::int64_t i0 = qi * kFusedTile;
+    ctx.sync();  // the previous tile's Q, dO, P and dS are read
+    fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
+    fused_tc_load_tile<D>(ctx, dout + i0 * a.C, a.C, Tn - i0, a.hs, dos);
+    ctx.sync();
+    {
+      typename Ctx::template Strip<kFusedTile> s;  // S^T = K Q^T, this warp's 16 keys
+      ctx.strip_zero(s);
+      ctx.template strip_mma<D, true>(s, ks + 16 * w * L::kLt, L::kLt, qs, L::kLt);
+      ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
+      ctx.strip_zero(s);  // dP^T = V dO^T
+      ctx.template strip_mma<D, true>(s, vs + 16 * w * L::kLt, L::kLt, dos, L::kLt);
+      ctx.strip_store(s, dps + 16 * w * L::kLs, L::kLs);
+    }
+    ctx.sync();
+    float lse[4][8], delta[4][8], s[4][8], dp[4][8];
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      const std::int64_t i = i0 + cg + 8 * c;
+      const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
+      const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
+      TRAINKIT_UNROLL
+      for (int r = 0; r < 4; ++r) {
+        lse[r][c] = li;
+        delta[r][c] = di;
+        s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
+        dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
+      }
+    }
+    fused_tile_probs<true>(s, dp, j0 + row0, i0 + cg, Tn, lse, delta, c2, a.scale);
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      TRAINKIT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        pt[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(s[r][c]);
+        dst[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(dp[r][c]);
+      }
+    }
+    ctx.sync();
+    ctx.template strip_mma<kFusedTile, false>(dv, pt + 16 * w * L::kLp, L::kLp, dos, L::kLt);
+    ctx.template strip_mma<kFusedTile, false>(dk, dst + 16 * w * L::kLp, L::kLp, qs, L::kLt);
+  }
+  ctx.sync();  // the score tiles are free: gather dK there, write it, then dV
+  T* dq = a.dqkv + fused_qkv_offset(a, bh) + j0 * ld;
+  ctx.strip_store(dk, ss + 16 * w * L::kLo, L::kLo);
+  ctx.sync();
+  fused_tc_write_rows<D>(ctx, ss, dq + a.C, ld, Tn - j0, a.hs);
+  ctx.sync();
+  ctx.strip_store(dv, ss + 16 * w * L::kLo, L::kLo);
+  ctx.sync();
+  fused_tc_write_rows<D>(ctx, ss, dq + 2 * a.C, ld, Tn - j0, a.hs);
+}
+
+/// Backward of query tile `q_tile` of head bh on the tensor cores: dQ of its rows.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttentionArgs<T>& a,
+                                                    std::int64_t q_tile, std::int64_t bh) {
+  using L = FusedTcLayout<D>;
+  const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
+  const std::int64_t Tn = a.T_, ld = 3 * a.C, i0 = q_tile * kFusedTile;
+  const T* q = a.qkv + fused_qkv_offset(a, bh);
+  char* base = reinterpret_cast<char*>(ctx.smem());
+  T* qs = reinterpret_cast<T*>(base);
+  T* dos = reinterpret_cast<T*>(base + L::kTile16);
+  T* ks = reinterpret_cast<T*>(base + 2 * L::kTile16);
+  T* vs = reinterpret_cast<T*>(base + 3 * L::kTile16);
+  float* ss = reinterpret_cast<float*>(base + 4 * L::kTile16);  // S, then the result
+  float* dps = reinterpret_cast<float*>(base + 4 * L::kTile16 + L::kScores);
+  T* dsq = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores);
+  const float c2 = a.scale * kFusedLog2e;
+  fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
+  fused_tc_load_tile<D>(ctx, a.dout + fused_out_offset(a, bh) + i0 * a.C, a.C, Tn - i0, a.hs, dos);
+  float lse[4][8], delta[4][8];
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const std::int64_t i = i0 + row0 + r;
+    const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
+    const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      lse[r][c] = li;
+      delta[r][c] = di;
+    }
+  }
+  typename Ctx::template Strip<D> dq;
+  ctx.strip_zero(dq);
+  for (std::int64_t kt_i = 0; kt_i <= q_tile; ++kt_i) {
+    const std::int64_t j0 = kt_i * kFusedTile;
+    ctx.sync();  // the previous tile's K, V and dS are read
+    fused_tc_load_tile<D>(ctx, q + a.C + j0 * ld, ld, Tn - j0, a.hs, ks);
+    fused_tc_load_tile<D>(ctx, q + 2 * a.C + j0 * ld, ld, Tn - j0, a.hs, vs);
+    ctx.sync();
+    {
+      typename Ctx::template Strip<kFusedTile> s;  // S = Q K^T, this warp's 16 queries
+      ctx.strip_zero(s);
+      ctx.template strip_mma<D, true>(s, qs + 16 * w * L::kLt, L::kLt, ks, L::kLt);
+      ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
+      ctx.strip_zero(s);  // dP = dO V^T
+      ctx.template strip_mma<D, true>(s, dos + 16 * w * L::kLt, L::kLt, vs, L::kLt);
+      ctx.strip_store(s, dps + 16 * w * L::kLs, L::kLs);
+    }
+    ctx.sync();
+    float s[4][8], dp[4][8];
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      TRAINKIT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
+        dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
+      }
+    }
+    fused_tile_probs<false>(s, dp, i0 + row0, j0 + cg, Tn, lse, delta, c2, a.scale);
+    TRAINKIT_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      TRAINKIT_UNROLL
+      for (int c = 0; c < 8; ++c) dsq[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(dp[r][c]);
+    }
+    ctx.sync();
+    ctx.template strip_mma<kFusedTile, false>(dq, dsq + 16 * w * L::kLp, L::kLp, ks, L::kLt);
+  }
+  ctx.sync();
+  ctx.strip_store(dq, ss + 16 * w * L::kLo, L::kLo);
+  ctx.sync();
+  fused_tc_write_rows<D>(ctx, ss, a.dqkv + fused_qkv_offset(a, bh) + i0 * ld, ld, Tn - i0, a.hs);
+}
+
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
+/// The CUDA element type WMMA takes for an activation type (same layout).
+template <class T>
+struct FusedWmmaElem;
+template <>
+struct FusedWmmaElem<bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct FusedWmmaElem<f16> {
+  using type = __half;
+};
+
 /// The block context of the fused kernels on the GPU.
 struct FusedBlockCuda {
+  /// A warp's 16 x N f32 accumulators: N / 16 WMMA fragments.
+  template <int N>
+  struct Strip {
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f[N / 16];
+  };
+
   float* shared;
   __device__ int tid() const { return static_cast<int>(threadIdx.x); }
   __device__ float* smem() const { return shared; }
@@ -378,13 +699,50 @@ struct FusedBlockCuda {
     for (int o = 1; o < 8; o <<= 1)
       for (int r = 0; r < 4; ++r) v[r] += __shfl_xor_sync(0xffffffffU, v[r], o);
   }
+  template <int N>
+  __device__ void strip_zero(Strip<N>& s) const {
+    for (int j = 0; j < N / 16; ++j) nvcuda::wmma::fill_fragment(s.f[j], 0.0f);
+  }
+  /// s += A B: A the warp's 16 x K rows (row-major, row stride lda), B K x N, element (k, n) at
+  /// b[n * ldb + k] (BCol) or b[k * ldb + n]; 16-bit operands, 32-byte aligned strips.
+  template <int K, bool BCol, int N, class T>
+  __device__ void strip_mma(Strip<N>& s, const T* a, int lda, const T* b, int ldb) const {
+    namespace wmma = nvcuda::wmma;
+    using W = typename FusedWmmaElem<T>::type;
+    using LayoutB = std::conditional_t<BCol, wmma::col_major, wmma::row_major>;
+    const W* aw = reinterpret_cast<const W*>(a);
+    const W* bw = reinterpret_cast<const W*>(b);
+    for (int k = 0; k < K; k += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa;
+      wmma::load_matrix_sync(fa, aw + k, static_cast<unsigned>(lda));
+      for (int j = 0; j < N / 16; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, LayoutB> fb;
+        wmma::load_matrix_sync(fb, BCol ? bw + j * 16 * ldb + k : bw + k * ldb + j * 16,
+                               static_cast<unsigned>(ldb));
+        wmma::mma_sync(s.f[j], fa, fb, s.f[j]);
+      }
+    }
+  }
+  /// The strip to / from f32 rows (row stride ldc, 32-byte aligned).
+  template <int N>
+  __device__ void strip_store(const Strip<N>& s, float* c, int ldc) const {
+    for (int j = 0; j < N / 16; ++j)
+      nvcuda::wmma::store_matrix_sync(c + 16 * j, s.f[j], static_cast<unsigned>(ldc),
+                                      nvcuda::wmma::mem_row_major);
+  }
+  template <int N>
+  __device__ void strip_load(Strip<N>& s, const float* c, int ldc) const {
+    for (int j = 0; j < N / 16; ++j)
+      nvcuda::wmma::load_matrix_sync(s.f[j], c + 16 * j, static_cast<unsigned>(ldc),
+                                     nvcuda::wmma::mem_row_major);
+  }
 };
 
 // Grid: x = b * H + h, y = the tile, heaviest (most tiles to visit) first.
 template <int D, class T>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_attention_forward_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ float fused_smem[];
+  extern __shared__ __align__(128) float fused_smem[];
   FusedBlockCuda ctx{fused_smem};
   fused_attention_forward_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
                                    static_cast<std::int64_t>(blockIdx.x));
@@ -392,7 +750,7 @@ __global__ void __launch_bounds__(kFusedThreads)
 template <int D, class T>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_attention_backward_kv_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ float fused_smem[];
+  extern __shared__ __align__(128) float fused_smem[];
   FusedBlockCuda ctx{fused_smem};
   fused_attention_backward_kv_block<D>(ctx, a, static_cast<std::int64_t>(blockIdx.y),
                                        static_cast<std::int64_t>(blockIdx.x));
@@ -400,10 +758,33 @@ __global__ void __launch_bounds__(kFusedThreads)
 template <int D, class T>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_attention_backward_q_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ float fused_smem[];
+  extern __shared__ __align__(128) float fused_smem[];
   FusedBlockCuda ctx{fused_smem};
   fused_attention_backward_q_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
                                       static_cast<std::int64_t>(blockIdx.x));
+}
+template <int D, class T>
+__global__ void __launch_bounds__(kFusedThreads) fused_tc_forward_kernel(FusedAttentionArgs<T> a) {
+  extern __shared__ __align__(128) float fused_smem[];
+  FusedBlockCuda ctx{fused_smem};
+  fused_tc_forward_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
+                            static_cast<std::int64_t>(blockIdx.x));
+}
+template <int D, class T>
+__global__ void __launch_bounds__(kFusedThreads)
+    fused_tc_backward_kv_kernel(FusedAttentionArgs<T> a) {
+  extern __shared__ __align__(128) float fused_smem[];
+  FusedBlockCuda ctx{fused_smem};
+  fused_tc_backward_kv_block<D>(ctx, a, static_cast<std::int64_t>(blockIdx.y),
+                                static_cast<std::int64_t>(blockIdx.x));
+}
+template <int D, class T>
+__global__ void __launch_bounds__(kFusedThreads)
+    fused_tc_backward_q_kernel(FusedAttentionArgs<T> a) {
+  extern __shared__ __align__(128) float fused_smem[];
+  FusedBlockCuda ctx{fused_smem};
+  fused_tc_backward_q_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
+                               static_cast<std::int64_t>(blockIdx.x));
 }
 template <class T>
 __global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
@@ -413,14 +794,13 @@ __global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64
 
 /// Launches `kernel` (one of the three block kernels of depth D) over every tile of every head,
 /// with its shared memory; reports a launch failure with the kernel's name and shape.
-template <int D, class T>
+template <class T>
 void fused_attention_launch(const exec::Cuda& exec, void (*kernel)(FusedAttentionArgs<T>),
-                            const char* name, const FusedAttentionArgs<T>& a) {
+                            int bytes, const char* name, const FusedAttentionArgs<T>& a) {
   const std::int64_t heads = a.B * a.H, tiles = (a.T_ + kFusedTile - 1) / kFusedTile;
   TRAINKIT_CHECK(heads <= 0x7fffffff && tiles <= 65535, "nn::CausalSelfAttention: ", name,
                  " cannot launch for B * H = ", heads, " and T = ", a.T_,
                  " (at most 2^31 - 1 heads and 65535 tiles of 64 positions)");
-  constexpr int bytes = fused_attention_smem_floats<D>() * static_cast<int>(sizeof(float));
   TRAINKIT_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   kernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(tiles)), kFusedThreads, bytes,
@@ -431,10 +811,16 @@ void fused_attention_launch(const exec::Cuda& exec, void (*kernel)(FusedAttentio
                  " bytes of shared memory) failed to launch: ", cudaGetErrorString(err));
 }
 
+// f32 activations: the f32 (CUDA core) bodies; 16-bit ones: the tensor-core bodies.
 template <int D, class T>
 void fused_attention_forward_d(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
-  fused_attention_launch<D, T>(exec, &fused_attention_forward_kernel<D, T>,
-                               "fused attention forward", a);
+  if constexpr (std::is_same_v<T, float>) {
+    fused_attention_launch<T>(exec, &fused_attention_forward_kernel<D, T>,
+                              fused_attention_smem_floats<D>() * 4, "fused attention forward", a);
+  } else {
+    fused_attention_launch<T>(exec, &fused_tc_forward_kernel<D, T>, FusedTcLayout<D>::kForwardBytes,
+                              "fused attention forward", a);
+  }
 }
 template <int D, class T>
 void fused_attention_backward_d(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
@@ -442,10 +828,19 @@ void fused_attention_backward_d(const exec::Cuda& exec, const FusedAttentionArgs
   fused_attention_delta_kernel<T>
       <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, exec.stream().get()>>>(a, rows);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  fused_attention_launch<D, T>(exec, &fused_attention_backward_kv_kernel<D, T>,
-                               "fused attention backward (dK, dV)", a);
-  fused_attention_launch<D, T>(exec, &fused_attention_backward_q_kernel<D, T>,
-                               "fused attention backward (dQ)", a);
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int bytes = fused_attention_smem_floats<D>() * 4;
+    fused_attention_launch<T>(exec, &fused_attention_backward_kv_kernel<D, T>, bytes,
+                              "fused attention backward (dK, dV)", a);
+    fused_attention_launch<T>(exec, &fused_attention_backward_q_kernel<D, T>, bytes,
+                              "fused attention backward (dQ)", a);
+  } else {
+    constexpr int bytes = FusedTcLayout<D>::kBackwardBytes;
+    fused_attention_launch<T>(exec, &fused_tc_backward_kv_kernel<D, T>, bytes,
+                              "fused attention backward (dK, dV)", a);
+    fused_attention_launch<T>(exec, &fused_tc_backward_q_kernel<D, T>, bytes,
+                              "fused attention backward (dQ)", a);
+  }
 }
 
 /// out and lse from qkv (a.hs <= 128).
