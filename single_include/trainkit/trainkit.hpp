@@ -15641,6 +15641,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 
@@ -16011,12 +16012,36 @@ struct FusedTcLayout {
                 "tile must fit the two score tiles");
 };
 
+/// 16 bytes from src to dst, both 16-byte aligned (one vector load and store on the GPU).
+TRAINKIT_HOST_DEVICE inline void fused_copy16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#else
+  std::memcpy(dst, src, 16);
+#endif
+}
+
 /// Rows [r0, r0 + 64) of one head (src: row r0, row stride ld, `rows` valid) into dst[r * (D + 8)
-/// + d] in the activation type, zero past `rows` and past hs.
+/// + d] in the activation type, zero past `rows` and past hs. Eight elements per thread and step
+/// when the head's rows allow (hs and ld multiples of 8, src 16-byte aligned), else one.
 template <int D, class T, class Ctx>
 TRAINKIT_HOST_DEVICE inline void fused_tc_load_tile(const Ctx& ctx, const T* src, std::int64_t ld,
                                                     std::int64_t rows, std::int64_t hs, T* dst) {
+  static_assert(sizeof(T) == 2, "the tensor-core tiles hold 16-bit elements");
   constexpr int kLt = FusedTcLayout<D>::kLt;
+  if (hs % 8 == 0 && ld % 8 == 0 && reinterpret_cast<std::uintptr_t>(src) % 16 == 0) {
+    constexpr int kChunks = D / 8;
+    for (int x = ctx.tid(); x < kFusedTile * kChunks; x += kFusedThreads) {
+      const int r = x / kChunks, d = (x % kChunks) * 8;
+      T* to = dst + r * kLt + d;
+      if (r < rows && d < hs) {
+        fused_copy16(to, src + r * ld + d);
+      } else {
+        for (int e = 0; e < 8; ++e) to[e] = store<T>(0.0f);
+      }
+    }
+    return;
+  }
   for (int x = ctx.tid(); x < kFusedTile * D; x += kFusedThreads) {
     const int r = x / D, d = x % D;
     dst[r * kLt + d] = (r < rows && d < hs) ? src[r * ld + d] : store<T>(0.0f);
