@@ -184,62 +184,52 @@ class EmulatedBlock {
   float slots_[trainkit::nn::detail::kFusedThreads][4] = {};
 };
 
-/// The tensor-core forward (16-bit T) of a.hs <= D on the host.
-template <int D, class T>
-void emulate_fused_tc_forward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
-  namespace d = trainkit::nn::detail;
-  const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
-  for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      EmulatedBlock block(d::FusedTcLayout<D>::kForwardBytes / 4);
-      block.run([&](EmulatedBlock::Thread& th) { d::fused_tc_forward_block<D>(th, a, t, bh); });
-    }
+/// The fused core's arguments for shape s over the given buffers (host or device).
+template <class T>
+trainkit::nn::detail::FusedAttentionArgs<T> fused_args(const AttentionShape& s, const T* qkv,
+                                                       T* out, float* lse, float* delta,
+                                                       const T* dout, T* dqkv) {
+  trainkit::nn::detail::FusedAttentionArgs<T> a;
+  a.qkv = qkv;
+  a.out = out;
+  a.lse = lse;
+  a.delta = delta;
+  a.dout = dout;
+  a.dqkv = dqkv;
+  a.B = s.B;
+  a.T_ = s.T;
+  a.C = s.H * s.hs;
+  a.H = s.H;
+  a.hs = s.hs;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  return a;
 }
 
-/// The tensor-core backward (16-bit T) on the host.
-template <int D, class T>
-void emulate_fused_tc_backward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
-  namespace d = trainkit::nn::detail;
-  const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
-  for (std::int64_t row = 0; row < a.B * a.H * a.T_; ++row) d::fused_attention_delta_row(a, row);
-  for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      EmulatedBlock kv(d::FusedTcLayout<D>::kBackwardBytes / 4);
-      kv.run([&](EmulatedBlock::Thread& th) { d::fused_tc_backward_kv_block<D>(th, a, t, bh); });
-      EmulatedBlock q(d::FusedTcLayout<D>::kBackwardBytes / 4);
-      q.run([&](EmulatedBlock::Thread& th) { d::fused_tc_backward_q_block<D>(th, a, t, bh); });
-    }
-}
-
-/// The fused forward (out, lse) of a.hs <= D, every tile of every head, on the host.
-template <int D, class T>
-void emulate_fused_forward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
+/// Every block of pass `Pass` (all tiles of all heads) on the host, one after the other.
+template <trainkit::nn::detail::FusedPass Pass, bool TensorCores, int D, class T>
+void emulate_fused_pass(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
   namespace d = trainkit::nn::detail;
   const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
   for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
     for (std::int64_t t = 0; t < tiles; ++t) {
-      EmulatedBlock block(d::fused_attention_smem_floats<D>());
-      block.run(
-          [&](EmulatedBlock::Thread& th) { d::fused_attention_forward_block<D>(th, a, t, bh); });
-    }
-}
-
-/// The fused backward (dqkv) on the host: delta, then the dK/dV and dQ blocks.
-template <int D, class T>
-void emulate_fused_backward(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
-  namespace d = trainkit::nn::detail;
-  const std::int64_t tiles = (a.T_ + d::kFusedTile - 1) / d::kFusedTile;
-  for (std::int64_t row = 0; row < a.B * a.H * a.T_; ++row) d::fused_attention_delta_row(a, row);
-  for (std::int64_t bh = 0; bh < a.B * a.H; ++bh)
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      EmulatedBlock kv(d::fused_attention_smem_floats<D>());
-      kv.run([&](EmulatedBlock::Thread& th) {
-        d::fused_attention_backward_kv_block<D>(th, a, t, bh);
+      EmulatedBlock block(d::fused_attention_smem_bytes<Pass, TensorCores, D>() / 4);
+      block.run([&](EmulatedBlock::Thread& th) {
+        d::fused_attention_block<Pass, TensorCores, D>(th, a, t, bh);
       });
-      EmulatedBlock q(d::fused_attention_smem_floats<D>());
-      q.run(
-          [&](EmulatedBlock::Thread& th) { d::fused_attention_backward_q_block<D>(th, a, t, bh); });
     }
+}
+
+/// The fused core's forward (out, lse) and backward (delta, dqkv) on the host, as the GPU runs
+/// them: the tensor-core bodies or the f32 ones.
+template <bool TensorCores, class T>
+void emulate_fused_attention(const trainkit::nn::detail::FusedAttentionArgs<T>& a) {
+  namespace d = trainkit::nn::detail;
+  d::fused_with_depth(a.hs, [&]<int D>() {
+    emulate_fused_pass<d::FusedPass::kForward, TensorCores, D>(a);
+    for (std::int64_t row = 0; row < a.B * a.H * a.T_; ++row) d::fused_attention_delta_row(a, row);
+    emulate_fused_pass<d::FusedPass::kBackwardKv, TensorCores, D>(a);
+    emulate_fused_pass<d::FusedPass::kBackwardQ, TensorCores, D>(a);
+  });
 }
 
 }  // namespace nntest

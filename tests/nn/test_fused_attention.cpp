@@ -21,17 +21,6 @@ namespace {
 namespace tk = trainkit;
 namespace nd = trainkit::nn::detail;
 
-template <class T, class F>
-void with_depth(std::int64_t hs, const F& f) {
-  if (hs <= 32) {
-    f.template operator()<32>();
-  } else if (hs <= 64) {
-    f.template operator()<64>();
-  } else {
-    f.template operator()<128>();
-  }
-}
-
 /// Which block bodies: the f32 (CUDA core) ones, or the tensor-core ones the GPU runs for 16-bit
 /// activations.
 enum class Bodies { kSimt, kTensorCore };
@@ -56,30 +45,12 @@ void check_shape(const nntest::AttentionShape& s, std::uint64_t seed, float mag,
   // Outputs start as NaN: every element the core owns must be written.
   std::vector<T> out(std::size_t(N * C), T(NAN)), dqkv(std::size_t(N * 3 * C), T(NAN));
   std::vector<float> lse(std::size_t(s.B * s.H * s.T), NAN), delta(lse.size(), NAN);
-  nd::FusedAttentionArgs<T> a;
-  a.qkv = qkv.data();
-  a.out = out.data();
-  a.lse = lse.data();
-  a.delta = delta.data();
-  a.dout = dout.data();
-  a.dqkv = dqkv.data();
-  a.B = s.B;
-  a.T_ = s.T;
-  a.C = C;
-  a.H = s.H;
-  a.hs = s.hs;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
-  with_depth<T>(s.hs, [&]<int D>() {
-    if constexpr (!std::is_same_v<T, float>) {
-      if (bodies == Bodies::kTensorCore) {
-        nntest::emulate_fused_tc_forward<D>(a);
-        nntest::emulate_fused_tc_backward<D>(a);
-        return;
-      }
-    }
-    nntest::emulate_fused_forward<D>(a);
-    nntest::emulate_fused_backward<D>(a);
-  });
+  const auto a = nntest::fused_args(s, qkv.data(), out.data(), lse.data(), delta.data(),
+                                    dout.data(), dqkv.data());
+  if constexpr (!std::is_same_v<T, float>) {
+    if (bodies == Bodies::kTensorCore) nntest::emulate_fused_attention<true>(a);
+  }
+  if (bodies == Bodies::kSimt) nntest::emulate_fused_attention<false>(a);
   const nntest::AttentionExpected r =
       nntest::attention_reference(s, nntest::widen(qkv), nntest::widen(dout));
   const auto got_out = nntest::widen(out), got_dqkv = nntest::widen(dqkv);

@@ -206,32 +206,28 @@ TEST_CASE("device layers match the host layers (f32)") {
       tk::Shape{3, 17, 32}, tk::Shape{3, 17, 32}, 1e-5);
   // Past one 64-position tile of the fused core (ragged last tile), at head sizes 64 and 96
   // (tile depths 64 and 128), and the materialised core the option still offers.
-  for (const bool fused : {true, false}) {
+  struct AttentionCase {
+    const char* what;
+    std::int64_t T, C;
+    bool fused;
+  };
+  for (const AttentionCase& c :
+       {AttentionCase{"CausalSelfAttention, fused core, T 150, hs 64", 150, 128, true},
+        AttentionCase{"CausalSelfAttention, materialised core, T 150, hs 64", 150, 128, false},
+        AttentionCase{"CausalSelfAttention, fused core, T 70, hs 96", 70, 192, true}}) {
     compare(
-        fused ? "CausalSelfAttention, fused core, T 150, head size 64"
-              : "CausalSelfAttention, materialised core, T 150, head size 64",
-        [fused](auto& arena) {
+        c.what,
+        [&c](auto& arena) {
           return nn::CausalSelfAttention(arena, "attn",
-                                         {.n_embd = 128, .n_head = 2, .fused_core = fused});
+                                         {.n_embd = c.C, .n_head = 2, .fused_core = c.fused});
         },
         [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
           typename std::remove_reference_t<decltype(m)>::Context ctx;
           m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
           m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
         },
-        tk::Shape{2, 150, 128}, tk::Shape{2, 150, 128}, 1e-5);
+        tk::Shape{2, c.T, c.C}, tk::Shape{2, c.T, c.C}, 1e-5);
   }
-  compare(
-      "CausalSelfAttention, fused core, head size 96",
-      [](auto& arena) {
-        return nn::CausalSelfAttention(arena, "attn", {.n_embd = 192, .n_head = 2});
-      },
-      [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
-        typename std::remove_reference_t<decltype(m)>::Context ctx;
-        m.forward(ex, ctx, x.template view<3>(), y.template view<3>());
-        m.backward(ex, ctx, x.template view<3>(), dy.template view<3>(), dx.template view<3>());
-      },
-      tk::Shape{1, 70, 192}, tk::Shape{1, 70, 192}, 1e-5);
   compare(
       "TransformerBlock",
       [](auto& arena) { return nn::TransformerBlock(arena, "h.0", {.n_embd = 64, .n_head = 4}); },
@@ -518,19 +514,8 @@ void check_fused_on_device(const nntest::AttentionShape& s, std::uint64_t seed, 
   auto d_dqkv = to_device(std::vector<T>(std::size_t(N * 3 * C), T(NAN)), tk::Shape{N * 3 * C});
   auto d_lse = to_device(std::vector<float>(std::size_t(rows), NAN), tk::Shape{rows});
   auto d_delta = to_device(std::vector<float>(std::size_t(rows), NAN), tk::Shape{rows});
-  nn::detail::FusedAttentionArgs<T> a;
-  a.qkv = d_qkv.data();
-  a.out = d_out.data();
-  a.lse = d_lse.data();
-  a.delta = d_delta.data();
-  a.dout = d_dout.data();
-  a.dqkv = d_dqkv.data();
-  a.B = s.B;
-  a.T_ = s.T;
-  a.C = C;
-  a.H = s.H;
-  a.hs = s.hs;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
+  const auto a = nntest::fused_args(s, d_qkv.data(), d_out.data(), d_lse.data(), d_delta.data(),
+                                    d_dout.data(), d_dqkv.data());
   nn::detail::fused_attention_forward(gpu, a);
   nn::detail::fused_attention_backward(gpu, a);
   TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());

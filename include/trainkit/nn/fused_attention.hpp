@@ -116,6 +116,67 @@ TRAINKIT_HOST_DEVICE inline std::int64_t fused_out_offset(const FusedAttentionAr
   return (bh / a.H) * a.T_ * a.C + (bh % a.H) * a.hs;
 }
 
+/// One key tile of the online softmax for a thread's 4 x 8 scores: s holds the raw dot products
+/// of queries q_base + r with keys k_base + 8 c; on return the masked probabilities exp2(c2 s -
+/// m) against the rows' running maximum m, which moves up, l the denominator rescaled to it and
+/// grown by the tile, and corr what the rows' earlier output must be multiplied by.
+template <class Ctx>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_online_softmax(
+    const Ctx& ctx, float (&s)[4][8], std::int64_t q_base, std::int64_t k_base, float c2,
+    float (&m)[4], float (&l)[4], float (&corr)[4]) {
+  float mx[4], sum[4];
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    mx[r] = -INFINITY;
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      // Causal mask: keys after the query (keys past T are after every real query).
+      s[r][c] = k_base + 8 * c > q_base + r ? -INFINITY : s[r][c] * c2;
+      mx[r] = fmaxf(mx[r], s[r][c]);
+    }
+  }
+  ctx.row_max(mx);
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    // A tile's first key precedes all its queries, so every row has a finite maximum.
+    const float m_new = fmaxf(m[r], mx[r]);
+    corr[r] = exp2f(m[r] - m_new);  // 0 on the first tile (m = -inf)
+    sum[r] = 0.0f;
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      s[r][c] = exp2f(s[r][c] - m_new);
+      sum[r] += s[r][c];
+    }
+    m[r] = m_new;
+  }
+  ctx.row_sum(sum);
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) l[r] = l[r] * corr[r] + sum[r];
+}
+
+/// Forward's end for a thread's rows i0 + row0 + r: out[i, cg + 8 e] = o(r, e) / l (columns below
+/// hs, rows below T), and lse = m + log2(l) from the row group's first thread.
+template <int E, class T, class O>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_write_output(const FusedAttentionArgs<T>& a,
+                                                                  std::int64_t bh, std::int64_t i0,
+                                                                  int row0, int cg,
+                                                                  const float (&m)[4],
+                                                                  const float (&l)[4], const O& o) {
+  T* out = a.out + fused_out_offset(a, bh);
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const std::int64_t i = i0 + row0 + r;
+    if (i >= a.T_) continue;
+    const float inv = 1.0f / l[r];
+    TRAINKIT_UNROLL
+    for (int e = 0; e < E; ++e) {
+      const int d = cg + 8 * e;
+      if (d < a.hs) out[i * a.C + d] = store<T>(o(r, e) * inv);
+    }
+    if (cg == 0) a.lse[bh * a.T_ + i] = m[r] + log2f(l[r]);
+  }
+}
+
 /// Forward of query tile `q_tile` of head bh (= b * H + h): out and lse of its rows.
 template <int D, class T, class Ctx>
 TRAINKIT_HOST_DEVICE void fused_attention_forward_block(Ctx& ctx, const FusedAttentionArgs<T>& a,
@@ -146,58 +207,19 @@ TRAINKIT_HOST_DEVICE void fused_attention_forward_block(Ctx& ctx, const FusedAtt
     ctx.sync();
     float s[4][8] = {};
     fused_mma<8>(s, qt, kFusedLd, row0, kt, kFusedLd, 1, cg, D);
-    float mx[4], sum[4];
+    float corr[4];
+    fused_online_softmax(ctx, s, i0 + row0, j0 + cg, c2, m, l, corr);
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
-      mx[r] = -INFINITY;
       TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        // Causal mask: key j0 + cg + 8c after query i0 + row0 + r (keys past T are after
-        // every real query).
-        s[r][c] = j0 + cg + 8 * c > i0 + row0 + r ? -INFINITY : s[r][c] * c2;
-        mx[r] = fmaxf(mx[r], s[r][c]);
-      }
-    }
-    ctx.row_max(mx);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      // Key j0 <= every query of the tile, so the row has a finite maximum.
-      const float m_new = fmaxf(m[r], mx[r]);
-      const float corr = exp2f(m[r] - m_new);  // 0 on the first tile (m = -inf)
-      sum[r] = 0.0f;
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        s[r][c] = exp2f(s[r][c] - m_new);
-        sum[r] += s[r][c];
-      }
-      l[r] *= corr;
-      TRAINKIT_UNROLL
-      for (int e = 0; e < E; ++e) o[r][e] *= corr;
-      m[r] = m_new;
-    }
-    ctx.row_sum(sum);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      l[r] += sum[r];
+      for (int e = 0; e < E; ++e) o[r][e] *= corr[r];
       TRAINKIT_UNROLL
       for (int c = 0; c < 8; ++c) pt[(cg + 8 * c) * kFusedLd + row0 + r] = s[r][c];
     }
     ctx.sync();
     fused_mma<E>(o, pt, kFusedLd, row0, vt, 1, kFusedLd, cg, kFusedTile);
   }
-  T* out = a.out + fused_out_offset(a, bh);
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t i = i0 + row0 + r;
-    if (i >= Tn) continue;
-    const float inv = 1.0f / l[r];
-    TRAINKIT_UNROLL
-    for (int e = 0; e < E; ++e) {
-      const int d = cg + 8 * e;
-      if (d < a.hs) out[i * a.C + d] = store<T>(o[r][e] * inv);
-    }
-    if (cg == 0) a.lse[bh * Tn + i] = m[r] + log2f(l[r]);
-  }
+  fused_write_output<E>(a, bh, i0, row0, cg, m, l, [&](int r, int e) { return o[r][e]; });
 }
 
 /// delta[row] = sum_d dO[row, d] * O[row, d] for row = bh * T + i (backward's first pass).
@@ -211,13 +233,27 @@ TRAINKIT_HOST_DEVICE inline void fused_attention_delta_row(const FusedAttentionA
   a.delta[row] = sum;
 }
 
-/// P and dS of one tile pair for a thread's 4 x 8 entries: rows `row_is_key` ? keys : queries.
-/// s holds the raw dot products Q.K, dp the dO.V products; on return s = P, dp = dS (with
+/// lse and delta of a thread's queries: its rows row_base + r (r < 4) or, for RowIsKey, its
+/// columns col_base + 8 c (c < 8), at [r] or [c]; 0 for queries past T.
+template <bool RowIsKey, class T>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_query_stats(
+    const FusedAttentionArgs<T>& a, std::int64_t bh, std::int64_t row_base, std::int64_t col_base,
+    float (&lse)[8], float (&delta)[8]) {
+  TRAINKIT_UNROLL
+  for (int q = 0; q < (RowIsKey ? 8 : 4); ++q) {
+    const std::int64_t i = RowIsKey ? col_base + 8 * q : row_base + q;
+    lse[q] = i < a.T_ ? a.lse[bh * a.T_ + i] : 0.0f;
+    delta[q] = i < a.T_ ? a.delta[bh * a.T_ + i] : 0.0f;
+  }
+}
+
+/// P and dS of one tile pair for a thread's 4 x 8 entries, whose rows are keys (RowIsKey) or
+/// queries. s holds the raw dot products Q.K, dp the dO.V products; on return s = P, dp = dS (with
 /// respect to the raw dot products, i.e. scaled by `scale`).
 template <bool RowIsKey>
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_tile_probs(
     float (&s)[4][8], float (&dp)[4][8], std::int64_t row_base, std::int64_t col_base,
-    std::int64_t Tn, const float (&lse)[4][8], const float (&delta)[4][8], float c2, float scale) {
+    std::int64_t Tn, const float (&lse)[8], const float (&delta)[8], float c2, float scale) {
   TRAINKIT_UNROLL
   for (int r = 0; r < 4; ++r) {
     TRAINKIT_UNROLL
@@ -225,9 +261,10 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_tile_probs(
       const std::int64_t row = row_base + r, col = col_base + 8 * c;
       const std::int64_t qi = RowIsKey ? col : row, kj = RowIsKey ? row : col;
       const bool live = kj <= qi && qi < Tn;
-      const float p = live ? exp2f(s[r][c] * c2 - lse[r][c]) : 0.0f;
+      const int q = RowIsKey ? c : r;  // where this entry's query keeps its statistics
+      const float p = live ? exp2f(s[r][c] * c2 - lse[q]) : 0.0f;
       s[r][c] = p;
-      dp[r][c] = p * (dp[r][c] - delta[r][c]) * scale;
+      dp[r][c] = p * (dp[r][c] - delta[q]) * scale;
     }
   }
 }
@@ -258,18 +295,8 @@ TRAINKIT_HOST_DEVICE void fused_attention_backward_kv_block(Ctx& ctx,
     ctx.sync();  // the previous tile's Q, dO and P / dS are read
     fused_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qt);
     fused_load_tile<D>(ctx, dout + i0 * a.C, a.C, Tn - i0, a.hs, dot);
-    float lse[4][8], delta[4][8];
-    TRAINKIT_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      const std::int64_t i = i0 + cg + 8 * c;
-      const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
-      const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
-      TRAINKIT_UNROLL
-      for (int r = 0; r < 4; ++r) {
-        lse[r][c] = li;
-        delta[r][c] = di;
-      }
-    }
+    float lse[8], delta[8];
+    fused_query_stats<true>(a, bh, 0, i0 + cg, lse, delta);
     ctx.sync();
     float s[4][8] = {}, dp[4][8] = {};
     fused_mma<8>(s, kt, kFusedLd, row0, qt, kFusedLd, 1, cg, D);    // S^T = K Q^T
@@ -323,18 +350,8 @@ TRAINKIT_HOST_DEVICE void fused_attention_backward_q_block(Ctx& ctx, const Fused
   const float c2 = a.scale * kFusedLog2e;
   fused_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qt);
   fused_load_tile<D>(ctx, a.dout + fused_out_offset(a, bh) + i0 * a.C, a.C, Tn - i0, a.hs, dot);
-  float lse[4][8], delta[4][8];
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t i = i0 + row0 + r;
-    const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
-    const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
-    TRAINKIT_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      lse[r][c] = li;
-      delta[r][c] = di;
-    }
-  }
+  float lse[8], delta[8];
+  fused_query_stats<false>(a, bh, i0 + row0, 0, lse, delta);
   float dq[4][E] = {};
   for (std::int64_t kt_i = 0; kt_i <= q_tile; ++kt_i) {
     const std::int64_t j0 = kt_i * kFusedTile;
@@ -469,36 +486,20 @@ TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionA
       ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
     }
     ctx.sync();
-    float sv[4][8], mx[4], sum[4], corr[4];
+    float sv[4][8], corr[4];
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
-      mx[r] = -INFINITY;
       TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        const float v = ss[(row0 + r) * L::kLs + cg + 8 * c];
-        sv[r][c] = j0 + cg + 8 * c > i0 + row0 + r ? -INFINITY : v * c2;
-        mx[r] = fmaxf(mx[r], sv[r][c]);
-      }
+      for (int c = 0; c < 8; ++c) sv[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
     }
-    ctx.row_max(mx);
+    fused_online_softmax(ctx, sv, i0 + row0, j0 + cg, c2, m, l, corr);
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
-      const float m_new = fmaxf(m[r], mx[r]);
-      corr[r] = exp2f(m[r] - m_new);
-      sum[r] = 0.0f;
       TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        const float p = exp2f(sv[r][c] - m_new);
-        sum[r] += p;
-        ps[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(p);
-      }
-      m[r] = m_new;
+      for (int c = 0; c < 8; ++c) ps[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(sv[r][c]);
       TRAINKIT_UNROLL
       for (int e = 0; e < E; ++e) os[(row0 + r) * L::kLo + cg + 8 * e] *= corr[r];
     }
-    ctx.row_sum(sum);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) l[r] = l[r] * corr[r] + sum[r];
     ctx.sync();
     {
       typename Ctx::template Strip<D> o;  // O = O * corr + P V, this warp's 16 rows
@@ -508,19 +509,8 @@ TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionA
     }
   }
   ctx.sync();
-  T* out = a.out + fused_out_offset(a, bh);
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t i = i0 + row0 + r;
-    if (i >= Tn) continue;
-    const float inv = 1.0f / l[r];
-    TRAINKIT_UNROLL
-    for (int e = 0; e < E; ++e) {
-      const int d = cg + 8 * e;
-      if (d < a.hs) out[i * a.C + d] = store<T>(os[(row0 + r) * L::kLo + d] * inv);
-    }
-    if (cg == 0) a.lse[bh * Tn + i] = m[r] + log2f(l[r]);
-  }
+  fused_write_output<E>(a, bh, i0, row0, cg, m, l,
+                        [&](int r, int e) { return os[(row0 + r) * L::kLo + cg + 8 * e]; });
 }
 
 /// Writes a block's 64 x D f32 result (gathered in `scratch`, rows of D + 4) to rows [r0, r0 +
@@ -533,6 +523,35 @@ TRAINKIT_HOST_DEVICE inline void fused_tc_write_rows(const Ctx& ctx, const float
   for (int x = ctx.tid(); x < kFusedTile * D; x += kFusedThreads) {
     const int r = x / D, d = x % D;
     if (r < rows && d < hs) dst[r * ld + d] = store<T>(scratch[r * kLo + d]);
+  }
+}
+
+/// S = X Y^T and dP = U V^T for four 64-row 16-bit tiles (each warp its 16-row strips, through
+/// the f32 score tiles ss and dps), then the calling thread's 4 x 8 entries of both: backward's
+/// two products of a tile pair.
+template <int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE inline void fused_tc_score_pair(Ctx& ctx, const T* x, const T* y, const T* u,
+                                                     const T* v, float* ss, float* dps,
+                                                     float (&s)[4][8], float (&dp)[4][8]) {
+  using L = FusedTcLayout<D>;
+  const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
+  {
+    typename Ctx::template Strip<kFusedTile> st;
+    ctx.strip_zero(st);
+    ctx.template strip_mma<D, true>(st, x + 16 * w * L::kLt, L::kLt, y, L::kLt);
+    ctx.strip_store(st, ss + 16 * w * L::kLs, L::kLs);
+    ctx.strip_zero(st);
+    ctx.template strip_mma<D, true>(st, u + 16 * w * L::kLt, L::kLt, v, L::kLt);
+    ctx.strip_store(st, dps + 16 * w * L::kLs, L::kLs);
+  }
+  ctx.sync();
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
+      dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
+    }
   }
 }
 
@@ -567,30 +586,10 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_kv_block(Ctx& ctx, const FusedAttent
     fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
     fused_tc_load_tile<D>(ctx, dout + i0 * a.C, a.C, Tn - i0, a.hs, dos);
     ctx.sync();
-    {
-      typename Ctx::template Strip<kFusedTile> s;  // S^T = K Q^T, this warp's 16 keys
-      ctx.strip_zero(s);
-      ctx.template strip_mma<D, true>(s, ks + 16 * w * L::kLt, L::kLt, qs, L::kLt);
-      ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
-      ctx.strip_zero(s);  // dP^T = V dO^T
-      ctx.template strip_mma<D, true>(s, vs + 16 * w * L::kLt, L::kLt, dos, L::kLt);
-      ctx.strip_store(s, dps + 16 * w * L::kLs, L::kLs);
-    }
-    ctx.sync();
-    float lse[4][8], delta[4][8], s[4][8], dp[4][8];
-    TRAINKIT_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      const std::int64_t i = i0 + cg + 8 * c;
-      const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
-      const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
-      TRAINKIT_UNROLL
-      for (int r = 0; r < 4; ++r) {
-        lse[r][c] = li;
-        delta[r][c] = di;
-        s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
-        dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
-      }
-    }
+    float lse[8], delta[8], s[4][8], dp[4][8];
+    // S^T = K Q^T and dP^T = V dO^T: rows are this block's keys.
+    fused_tc_score_pair<D>(ctx, ks, qs, vs, dos, ss, dps, s, dp);
+    fused_query_stats<true>(a, bh, 0, i0 + cg, lse, delta);
     fused_tile_probs<true>(s, dp, j0 + row0, i0 + cg, Tn, lse, delta, c2, a.scale);
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
@@ -634,18 +633,8 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttenti
   const float c2 = a.scale * kFusedLog2e;
   fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
   fused_tc_load_tile<D>(ctx, a.dout + fused_out_offset(a, bh) + i0 * a.C, a.C, Tn - i0, a.hs, dos);
-  float lse[4][8], delta[4][8];
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t i = i0 + row0 + r;
-    const float li = i < Tn ? a.lse[bh * Tn + i] : 0.0f;
-    const float di = i < Tn ? a.delta[bh * Tn + i] : 0.0f;
-    TRAINKIT_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      lse[r][c] = li;
-      delta[r][c] = di;
-    }
-  }
+  float lse[8], delta[8];
+  fused_query_stats<false>(a, bh, i0 + row0, 0, lse, delta);
   typename Ctx::template Strip<D> dq;
   ctx.strip_zero(dq);
   for (std::int64_t kt_i = 0; kt_i <= q_tile; ++kt_i) {
@@ -654,25 +643,9 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttenti
     fused_tc_load_tile<D>(ctx, q + a.C + j0 * ld, ld, Tn - j0, a.hs, ks);
     fused_tc_load_tile<D>(ctx, q + 2 * a.C + j0 * ld, ld, Tn - j0, a.hs, vs);
     ctx.sync();
-    {
-      typename Ctx::template Strip<kFusedTile> s;  // S = Q K^T, this warp's 16 queries
-      ctx.strip_zero(s);
-      ctx.template strip_mma<D, true>(s, qs + 16 * w * L::kLt, L::kLt, ks, L::kLt);
-      ctx.strip_store(s, ss + 16 * w * L::kLs, L::kLs);
-      ctx.strip_zero(s);  // dP = dO V^T
-      ctx.template strip_mma<D, true>(s, dos + 16 * w * L::kLt, L::kLt, vs, L::kLt);
-      ctx.strip_store(s, dps + 16 * w * L::kLs, L::kLs);
-    }
-    ctx.sync();
     float s[4][8], dp[4][8];
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
-        dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
-      }
-    }
+    // S = Q K^T and dP = dO V^T: rows are this block's queries.
+    fused_tc_score_pair<D>(ctx, qs, ks, dos, vs, ss, dps, s, dp);
     fused_tile_probs<false>(s, dp, i0 + row0, j0 + cg, Tn, lse, delta, c2, a.scale);
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
@@ -686,6 +659,62 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttenti
   ctx.strip_store(dq, ss + 16 * w * L::kLo, L::kLo);
   ctx.sync();
   fused_tc_write_rows<D>(ctx, ss, a.dqkv + fused_qkv_offset(a, bh) + i0 * ld, ld, Tn - i0, a.hs);
+}
+
+// ---- The three passes -----------------------------------------------------------------------
+
+/// The fused core's block kernels: forward (a query tile), backward dK / dV (a key tile) and
+/// backward dQ (a query tile).
+enum class FusedPass { kForward, kBackwardKv, kBackwardQ };
+
+/// The tensor-core bodies for 16-bit activations, the f32 ones otherwise.
+template <class T>
+inline constexpr bool fused_uses_tensor_cores_v = sizeof(T) == 2;
+
+/// Shared memory bytes of a block of pass `Pass`, depth D, tensor-core bodies or not.
+template <FusedPass Pass, bool TensorCores, int D>
+inline constexpr int fused_attention_smem_bytes() noexcept {
+  if constexpr (TensorCores) {
+    return Pass == FusedPass::kForward ? FusedTcLayout<D>::kForwardBytes
+                                       : FusedTcLayout<D>::kBackwardBytes;
+  } else {
+    return fused_attention_smem_floats<D>() * static_cast<int>(sizeof(float));
+  }
+}
+
+/// Block `tile` of head bh of pass `Pass`: what a kernel's block runs (and the host emulation's).
+template <FusedPass Pass, bool TensorCores, int D, class T, class Ctx>
+TRAINKIT_HOST_DEVICE inline void fused_attention_block(Ctx& ctx, const FusedAttentionArgs<T>& a,
+                                                       std::int64_t tile, std::int64_t bh) {
+  if constexpr (TensorCores) {
+    if constexpr (Pass == FusedPass::kForward) {
+      fused_tc_forward_block<D>(ctx, a, tile, bh);
+    } else if constexpr (Pass == FusedPass::kBackwardKv) {
+      fused_tc_backward_kv_block<D>(ctx, a, tile, bh);
+    } else {
+      fused_tc_backward_q_block<D>(ctx, a, tile, bh);
+    }
+  } else {
+    if constexpr (Pass == FusedPass::kForward) {
+      fused_attention_forward_block<D>(ctx, a, tile, bh);
+    } else if constexpr (Pass == FusedPass::kBackwardKv) {
+      fused_attention_backward_kv_block<D>(ctx, a, tile, bh);
+    } else {
+      fused_attention_backward_q_block<D>(ctx, a, tile, bh);
+    }
+  }
+}
+
+/// Calls f.template operator()<D>() with D the tile depth of head size hs (32, 64 or 128).
+template <class F>
+inline void fused_with_depth(std::int64_t hs, const F& f) {
+  if (hs <= 32) {
+    f.template operator()<32>();
+  } else if (hs <= 64) {
+    f.template operator()<64>();
+  } else {
+    f.template operator()<128>();
+  }
 }
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
@@ -763,53 +792,15 @@ struct FusedBlockCuda {
   }
 };
 
-// Grid: x = b * H + h, y = the tile, heaviest (most tiles to visit) first.
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads)
-    fused_attention_forward_kernel(FusedAttentionArgs<T> a) {
+/// The block kernel of a pass. Grid: x = b * H + h, y = the tile, the blocks with the most tiles
+/// to visit first (the last query tiles; for dK / dV the first key tiles).
+template <FusedPass Pass, bool TensorCores, int D, class T>
+__global__ void __launch_bounds__(kFusedThreads) fused_attention_kernel(FusedAttentionArgs<T> a) {
   extern __shared__ __align__(128) float fused_smem[];
   FusedBlockCuda ctx{fused_smem};
-  fused_attention_forward_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
-                                   static_cast<std::int64_t>(blockIdx.x));
-}
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads)
-    fused_attention_backward_kv_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ __align__(128) float fused_smem[];
-  FusedBlockCuda ctx{fused_smem};
-  fused_attention_backward_kv_block<D>(ctx, a, static_cast<std::int64_t>(blockIdx.y),
-                                       static_cast<std::int64_t>(blockIdx.x));
-}
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads)
-    fused_attention_backward_q_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ __align__(128) float fused_smem[];
-  FusedBlockCuda ctx{fused_smem};
-  fused_attention_backward_q_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
-                                      static_cast<std::int64_t>(blockIdx.x));
-}
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads) fused_tc_forward_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ __align__(128) float fused_smem[];
-  FusedBlockCuda ctx{fused_smem};
-  fused_tc_forward_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
-                            static_cast<std::int64_t>(blockIdx.x));
-}
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads)
-    fused_tc_backward_kv_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ __align__(128) float fused_smem[];
-  FusedBlockCuda ctx{fused_smem};
-  fused_tc_backward_kv_block<D>(ctx, a, static_cast<std::int64_t>(blockIdx.y),
-                                static_cast<std::int64_t>(blockIdx.x));
-}
-template <int D, class T>
-__global__ void __launch_bounds__(kFusedThreads)
-    fused_tc_backward_q_kernel(FusedAttentionArgs<T> a) {
-  extern __shared__ __align__(128) float fused_smem[];
-  FusedBlockCuda ctx{fused_smem};
-  fused_tc_backward_q_block<D>(ctx, a, static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y),
-                               static_cast<std::int64_t>(blockIdx.x));
+  const std::int64_t tile =
+      Pass == FusedPass::kBackwardKv ? blockIdx.y : gridDim.y - 1 - blockIdx.y;
+  fused_attention_block<Pass, TensorCores, D>(ctx, a, tile, static_cast<std::int64_t>(blockIdx.x));
 }
 template <class T>
 __global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
@@ -817,15 +808,20 @@ __global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64
   if (row < rows) fused_attention_delta_row(a, row);
 }
 
-/// Launches `kernel` (one of the three block kernels of depth D) over every tile of every head,
-/// with its shared memory; reports a launch failure with the kernel's name and shape.
-template <class T>
-void fused_attention_launch(const exec::Cuda& exec, void (*kernel)(FusedAttentionArgs<T>),
-                            int bytes, const char* name, const FusedAttentionArgs<T>& a) {
+/// Launches pass `Pass` over every tile of every head, with its shared memory; reports a launch
+/// failure with the pass and the shape.
+template <FusedPass Pass, int D, class T>
+void fused_attention_launch(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
+  constexpr bool tc = fused_uses_tensor_cores_v<T>;
+  constexpr int bytes = fused_attention_smem_bytes<Pass, tc, D>();
+  const char* name = Pass == FusedPass::kForward      ? "fused attention forward"
+                     : Pass == FusedPass::kBackwardKv ? "fused attention backward (dK, dV)"
+                                                      : "fused attention backward (dQ)";
   const std::int64_t heads = a.B * a.H, tiles = (a.T_ + kFusedTile - 1) / kFusedTile;
   TRAINKIT_CHECK(heads <= 0x7fffffff && tiles <= 65535, "nn::CausalSelfAttention: ", name,
                  " cannot launch for B * H = ", heads, " and T = ", a.T_,
                  " (at most 2^31 - 1 heads and 65535 tiles of 64 positions)");
+  auto* kernel = &fused_attention_kernel<Pass, tc, D, T>;
   TRAINKIT_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   kernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(tiles)), kFusedThreads, bytes,
@@ -836,62 +832,26 @@ void fused_attention_launch(const exec::Cuda& exec, void (*kernel)(FusedAttentio
                  " bytes of shared memory) failed to launch: ", cudaGetErrorString(err));
 }
 
-// f32 activations: the f32 (CUDA core) bodies; 16-bit ones: the tensor-core bodies.
-template <int D, class T>
-void fused_attention_forward_d(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
-  if constexpr (std::is_same_v<T, float>) {
-    fused_attention_launch<T>(exec, &fused_attention_forward_kernel<D, T>,
-                              fused_attention_smem_floats<D>() * 4, "fused attention forward", a);
-  } else {
-    fused_attention_launch<T>(exec, &fused_tc_forward_kernel<D, T>, FusedTcLayout<D>::kForwardBytes,
-                              "fused attention forward", a);
-  }
-}
-template <int D, class T>
-void fused_attention_backward_d(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
-  const std::int64_t rows = a.B * a.H * a.T_;
-  fused_attention_delta_kernel<T>
-      <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, exec.stream().get()>>>(a, rows);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr int bytes = fused_attention_smem_floats<D>() * 4;
-    fused_attention_launch<T>(exec, &fused_attention_backward_kv_kernel<D, T>, bytes,
-                              "fused attention backward (dK, dV)", a);
-    fused_attention_launch<T>(exec, &fused_attention_backward_q_kernel<D, T>, bytes,
-                              "fused attention backward (dQ)", a);
-  } else {
-    constexpr int bytes = FusedTcLayout<D>::kBackwardBytes;
-    fused_attention_launch<T>(exec, &fused_tc_backward_kv_kernel<D, T>, bytes,
-                              "fused attention backward (dK, dV)", a);
-    fused_attention_launch<T>(exec, &fused_tc_backward_q_kernel<D, T>, bytes,
-                              "fused attention backward (dQ)", a);
-  }
-}
-
-/// out and lse from qkv (a.hs <= 128).
+/// out and lse from qkv (a.hs <= 128): the tensor-core bodies for 16-bit activations, the f32
+/// (CUDA core) ones for f32.
 template <class T>
 void fused_attention_forward(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
   if (a.B * a.H * a.T_ == 0) return;
-  if (a.hs <= 32) {
-    fused_attention_forward_d<32>(exec, a);
-  } else if (a.hs <= 64) {
-    fused_attention_forward_d<64>(exec, a);
-  } else {
-    fused_attention_forward_d<128>(exec, a);
-  }
+  fused_with_depth(a.hs, [&]<int D>() { fused_attention_launch<FusedPass::kForward, D>(exec, a); });
 }
 
 /// dqkv (overwritten) from dout, qkv, out and lse; delta is scratch.
 template <class T>
 void fused_attention_backward(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
   if (a.B * a.H * a.T_ == 0) return;
-  if (a.hs <= 32) {
-    fused_attention_backward_d<32>(exec, a);
-  } else if (a.hs <= 64) {
-    fused_attention_backward_d<64>(exec, a);
-  } else {
-    fused_attention_backward_d<128>(exec, a);
-  }
+  const std::int64_t rows = a.B * a.H * a.T_;
+  fused_attention_delta_kernel<T>
+      <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, exec.stream().get()>>>(a, rows);
+  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  fused_with_depth(a.hs, [&]<int D>() {
+    fused_attention_launch<FusedPass::kBackwardKv, D>(exec, a);
+    fused_attention_launch<FusedPass::kBackwardQ, D>(exec, a);
+  });
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
