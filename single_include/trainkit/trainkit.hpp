@@ -15635,9 +15635,12 @@ TRAINKIT_NAMESPACE_END
 //
 // Layout of a block (128 threads, kFusedThreads): thread t owns rows 4 * (t / 8) .. + 3 of the
 // block's 64-row tile and columns t % 8 + 8 c of every 64-column (or D-column) tile, so the 8
-// threads of a row group are neighbouring lanes of one warp. Tiles sit in shared memory
-// transposed with a padded row of 65 floats (element (r, x) at [x * 65 + r]): reads along x by
-// the 8 column threads, and along r, are both free of bank conflicts.
+// threads of a row group are neighbouring lanes of one warp. Two kinds of bodies share that
+// layout: for f32 activations each thread multiplies its entries itself from f32 tiles stored
+// transposed with a padded row of 65 floats (element (r, x) at [x * 65 + r]: reads along x by the
+// 8 column threads, and along r, are both free of bank conflicts); for bf16 / f16 activations
+// the products run on the tensor cores (WMMA, a 16-row strip per warp) from 16-bit tiles, and the
+// threads take their entries from the f32 results in shared memory.
 
 #include <cmath>
 #include <cstdint>
