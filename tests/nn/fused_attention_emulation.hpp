@@ -3,14 +3,22 @@
 // one std::thread per CUDA thread of a block, a std::barrier for __syncthreads, and the row-group
 // reductions through shared slots in the same butterfly order as the warp shuffles. Slow (a
 // block is 128 threads), so for small shapes only; it tests the GPU code's tiling, masking and
-// arithmetic where no GPU is.
+// arithmetic where no GPU is. Every 16 x 16 fragment the tensor-core bodies load or store is
+// checked against WMMA's rules (load_matrix_sync / store_matrix_sync: a 32-byte aligned address,
+// a leading dimension of a multiple of 16 bytes) and against the block's shared memory bounds:
+// what the GPU would answer with a misaligned-address error or garbage.
 #pragma once
 
 #include <algorithm>
 #include <barrier>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <trainkit/nn/fused_attention.hpp>
@@ -126,6 +134,12 @@ class EmulatedBlock {
     }
     template <int K, bool BCol, int N, class T>
     void strip_mma(Strip<N>& s, const T* a, int lda, const T* b, int ldb) const {
+      // The fragments the CUDA body loads (FusedBlockCuda::strip_mma).
+      for (int k = 0; k < K; k += 16) {
+        fragment("strip_mma operand A", a + k, lda);
+        for (int j = 0; j < N / 16; ++j)
+          fragment("strip_mma operand B", BCol ? b + j * 16 * ldb + k : b + k * ldb + j * 16, ldb);
+      }
       for (int r = 0; r < 16; ++r)
         for (int n = 0; n < N; ++n) {
           float acc = s.v[r][n];
@@ -139,6 +153,7 @@ class EmulatedBlock {
     void strip_store(const Strip<N>& s, float* c, int ldc) const {
       // The GPU's store is one warp-wide operation; here the lanes that may still be reading
       // the rows (strip_load) finish first, and nobody reads them before the store is done.
+      for (int j = 0; j < N / 16; ++j) fragment("strip_store", c + 16 * j, ldc);
       sync();
       if (tid_ % 32 == 0)
         for (int r = 0; r < 16; ++r)
@@ -147,11 +162,31 @@ class EmulatedBlock {
     }
     template <int N>
     void strip_load(Strip<N>& s, const float* c, int ldc) const {
+      for (int j = 0; j < N / 16; ++j) fragment("strip_load", c + 16 * j, ldc);
       for (int r = 0; r < 16; ++r)
         for (int n = 0; n < N; ++n) s.v[r][n] = c[r * ldc + n];
     }
 
    private:
+    /// A 16 x 16 fragment at p, rows ld elements apart, as WMMA requires it.
+    template <class T>
+    void fragment(const char* what, const T* p, int ld) const {
+      const auto* base = reinterpret_cast<const unsigned char*>(block_.shared_.data());
+      const std::ptrdiff_t offset = reinterpret_cast<const unsigned char*>(p) - base;
+      const std::ptrdiff_t end =
+          offset + static_cast<std::ptrdiff_t>((15 * ld + 16) * static_cast<int>(sizeof(T)));
+      const std::ptrdiff_t bytes =
+          static_cast<std::ptrdiff_t>(block_.shared_.size() * sizeof(float));
+      if (offset < 0 || end > bytes) {
+        block_.fail(what, ": a fragment at shared byte ", offset, " with leading dimension ", ld,
+                    " reaches past the block's ", bytes, " bytes");
+      } else if (offset % 32 != 0) {
+        block_.fail(what, ": a fragment at shared byte ", offset, " is not 32-byte aligned");
+      } else if ((ld * static_cast<int>(sizeof(T))) % 16 != 0) {
+        block_.fail(what, ": leading dimension ", ld, " of ", sizeof(T),
+                    "-byte elements is not a multiple of 16 bytes");
+      }
+    }
     template <class Op>
     void reduce(float (&v)[4], Op op) const {
       for (int o = 1; o < 8; o <<= 1) {
@@ -176,12 +211,31 @@ class EmulatedBlock {
         body(self);
       });
     for (auto& th : threads) th.join();
+    if (!failure_.empty()) throw std::runtime_error("emulated fused attention block: " + failure_);
   }
 
  private:
+  /// Records the first broken rule (any thread); run() throws it once the block is done.
+  template <class... Parts>
+  void fail(const Parts&... parts) {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (!failure_.empty()) return;
+    ((failure_ += to_text(parts)), ...);
+  }
+  template <class X>
+  static std::string to_text(const X& x) {
+    if constexpr (std::is_convertible_v<X, std::string>) {
+      return std::string(x);
+    } else {
+      return std::to_string(x);
+    }
+  }
+
   std::vector<float> shared_;
   std::barrier<> barrier_;
   float slots_[trainkit::nn::detail::kFusedThreads][4] = {};
+  std::mutex failure_mutex_;
+  std::string failure_;
 };
 
 /// The fused core's arguments for shape s over the given buffers (host or device).
