@@ -765,40 +765,19 @@ TRAINKIT_INLINE void TcpComm::break_group(const std::string& root) noexcept {
 }
 
 TRAINKIT_INLINE Work TcpComm::all_reduce(Buffer buf, ReduceOp op) {
-  detail::check_all_reduce(*this, buf);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
-                                  .op = op,
-                                  .dtype = buf.dtype,
-                                  .count = buf.count,
-                                  .data = buf.data});
+  return enqueue(detail::all_reduce_desc(*this, buf, op));
 }
 
 TRAINKIT_INLINE Work TcpComm::broadcast(Buffer buf, int root) {
-  detail::check_broadcast(*this, buf, root);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
-                                  .dtype = buf.dtype,
-                                  .root = root,
-                                  .count = buf.count,
-                                  .data = buf.data});
+  return enqueue(detail::broadcast_desc(*this, buf, root));
 }
 
 TRAINKIT_INLINE Work TcpComm::all_gather(Buffer send, Buffer recv) {
-  detail::check_all_gather(*this, send, recv);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
-                                  .dtype = send.dtype,
-                                  .count = send.count,
-                                  .data = recv.data,
-                                  .send = send.data});
+  return enqueue(detail::all_gather_desc(*this, send, recv));
 }
 
 TRAINKIT_INLINE Work TcpComm::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  detail::check_reduce_scatter(*this, send, recv);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
-                                  .op = op,
-                                  .dtype = send.dtype,
-                                  .count = recv.count,
-                                  .data = recv.data,
-                                  .send = send.data});
+  return enqueue(detail::reduce_scatter_desc(*this, send, recv, op));
 }
 
 TRAINKIT_INLINE Work TcpComm::enqueue(const detail::RingDesc& d) {

@@ -86,6 +86,43 @@ struct RingDesc {
   void* scratch = nullptr;     // reduce_scatter partial sums (world_size * count elements)
 };
 
+/// The RingDesc of each ring collective, its arguments checked against `c` first (ThreadComm and
+/// TcpComm run the same four).
+inline RingDesc all_reduce_desc(const Comm& c, const Buffer& buf, ReduceOp op) {
+  check_all_reduce(c, buf);
+  return {.kind = RingOp::kAllReduce,
+          .op = op,
+          .dtype = buf.dtype,
+          .count = buf.count,
+          .data = buf.data};
+}
+inline RingDesc broadcast_desc(const Comm& c, const Buffer& buf, int root) {
+  check_broadcast(c, buf, root);
+  return {.kind = RingOp::kBroadcast,
+          .dtype = buf.dtype,
+          .root = root,
+          .count = buf.count,
+          .data = buf.data};
+}
+inline RingDesc all_gather_desc(const Comm& c, const Buffer& send, const Buffer& recv) {
+  check_all_gather(c, send, recv);
+  return {.kind = RingOp::kAllGather,
+          .dtype = send.dtype,
+          .count = send.count,
+          .data = recv.data,
+          .send = send.data};
+}
+inline RingDesc reduce_scatter_desc(const Comm& c, const Buffer& send, const Buffer& recv,
+                                    ReduceOp op) {
+  check_reduce_scatter(c, send, recv);
+  return {.kind = RingOp::kReduceScatter,
+          .op = op,
+          .dtype = send.dtype,
+          .count = recv.count,
+          .data = recv.data,
+          .send = send.data};
+}
+
 /// Per-rank shared state, one cache line apart. `progress` counts finished units of work over
 /// the life of the group (monotonic); `base`/`units` describe collective `seq` for diagnostics.
 struct alignas(64) RingSlot {
@@ -467,40 +504,19 @@ TRAINKIT_INLINE ThreadComm::~ThreadComm() {
 }
 
 TRAINKIT_INLINE Work ThreadComm::all_reduce(Buffer buf, ReduceOp op) {
-  detail::check_all_reduce(*this, buf);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllReduce,
-                                  .op = op,
-                                  .dtype = buf.dtype,
-                                  .count = buf.count,
-                                  .data = buf.data});
+  return enqueue(detail::all_reduce_desc(*this, buf, op));
 }
 
 TRAINKIT_INLINE Work ThreadComm::broadcast(Buffer buf, int root) {
-  detail::check_broadcast(*this, buf, root);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kBroadcast,
-                                  .dtype = buf.dtype,
-                                  .root = root,
-                                  .count = buf.count,
-                                  .data = buf.data});
+  return enqueue(detail::broadcast_desc(*this, buf, root));
 }
 
 TRAINKIT_INLINE Work ThreadComm::all_gather(Buffer send, Buffer recv) {
-  detail::check_all_gather(*this, send, recv);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kAllGather,
-                                  .dtype = send.dtype,
-                                  .count = send.count,
-                                  .data = recv.data,
-                                  .send = send.data});
+  return enqueue(detail::all_gather_desc(*this, send, recv));
 }
 
 TRAINKIT_INLINE Work ThreadComm::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  detail::check_reduce_scatter(*this, send, recv);
-  return enqueue(detail::RingDesc{.kind = detail::RingOp::kReduceScatter,
-                                  .op = op,
-                                  .dtype = send.dtype,
-                                  .count = recv.count,
-                                  .data = recv.data,
-                                  .send = send.data});
+  return enqueue(detail::reduce_scatter_desc(*this, send, recv, op));
 }
 
 TRAINKIT_INLINE Work ThreadComm::enqueue(const detail::RingDesc& d) {

@@ -119,6 +119,50 @@ TRAINKIT_HOST_DEVICE inline std::int64_t fused_out_offset(const FusedAttentionAr
   return (bh / a.H) * a.T_ * a.C + (bh % a.H) * a.hs;
 }
 
+/// A thread's 4 x 8 entries of a 64 x 64 tile, (row0 + r, cg + 8 c), into a shared tile of
+/// element type U (rounded to it): row-major with rows ld apart, or (Transposed) column-major,
+/// (row, column) at [column * ld + row].
+template <bool Transposed = false, class U>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_put_entries(const float (&v)[4][8], U* tile,
+                                                                 int ld, int row0, int cg) {
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      const int at = Transposed ? (cg + 8 * c) * ld + row0 + r : (row0 + r) * ld + cg + 8 * c;
+      tile[at] = store<U>(v[r][c]);
+    }
+  }
+}
+
+/// The same entries read from a row-major f32 shared tile.
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_get_entries(float (&v)[4][8],
+                                                                 const float* tile, int ld,
+                                                                 int row0, int cg) {
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    TRAINKIT_UNROLL
+    for (int c = 0; c < 8; ++c) v[r][c] = tile[(row0 + r) * ld + cg + 8 * c];
+  }
+}
+
+/// A thread's 4 x E results (rows row0 + r, head columns cg + 8 e) to dst (the tile's row 0 at
+/// the head's first column, rows ld apart): rows below `rows`, columns below hs.
+template <int E, class T>
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void fused_put_rows(const float (&v)[4][E], T* dst,
+                                                              std::int64_t ld, std::int64_t rows,
+                                                              std::int64_t hs, int row0, int cg) {
+  TRAINKIT_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    if (row0 + r >= rows) continue;
+    TRAINKIT_UNROLL
+    for (int e = 0; e < E; ++e) {
+      const int d = cg + 8 * e;
+      if (d < hs) dst[(row0 + r) * ld + d] = store<T>(v[r][e]);
+    }
+  }
+}
+
 /// One key tile of the online softmax for a thread's 4 x 8 scores: s holds the raw dot products
 /// of queries q_base + r with keys k_base + 8 c; on return the masked probabilities exp2(c2 s -
 /// m) against the rows' running maximum m, which moves up, l the denominator rescaled to it and
@@ -216,9 +260,8 @@ TRAINKIT_HOST_DEVICE void fused_attention_forward_block(Ctx& ctx, const FusedAtt
     for (int r = 0; r < 4; ++r) {
       TRAINKIT_UNROLL
       for (int e = 0; e < E; ++e) o[r][e] *= corr[r];
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) pt[(cg + 8 * c) * kFusedLd + row0 + r] = s[r][c];
     }
+    fused_put_entries<true>(s, pt, kFusedLd, row0, cg);
     ctx.sync();
     fused_mma<E>(o, pt, kFusedLd, row0, vt, 1, kFusedLd, cg, kFusedTile);
   }
@@ -305,35 +348,17 @@ TRAINKIT_HOST_DEVICE void fused_attention_backward_kv_block(Ctx& ctx,
     fused_mma<8>(s, kt, kFusedLd, row0, qt, kFusedLd, 1, cg, D);    // S^T = K Q^T
     fused_mma<8>(dp, vt, kFusedLd, row0, dot, kFusedLd, 1, cg, D);  // dP^T = V dO^T
     fused_tile_probs<true>(s, dp, j0 + row0, i0 + cg, Tn, lse, delta, c2, a.scale);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) ps[(cg + 8 * c) * kFusedLd + row0 + r] = s[r][c];
-    }
+    fused_put_entries<true>(s, ps, kFusedLd, row0, cg);
     ctx.sync();
     fused_mma<E>(dv, ps, kFusedLd, row0, dot, 1, kFusedLd, cg, kFusedTile);  // dV += P^T dO
     ctx.sync();
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) ps[(cg + 8 * c) * kFusedLd + row0 + r] = dp[r][c];
-    }
+    fused_put_entries<true>(dp, ps, kFusedLd, row0, cg);
     ctx.sync();
     fused_mma<E>(dk, ps, kFusedLd, row0, qt, 1, kFusedLd, cg, kFusedTile);  // dK += dS^T Q
   }
-  T* dq = a.dqkv + fused_qkv_offset(a, bh);
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t j = j0 + row0 + r;
-    if (j >= Tn) continue;
-    TRAINKIT_UNROLL
-    for (int e = 0; e < E; ++e) {
-      const int d = cg + 8 * e;
-      if (d >= a.hs) continue;
-      dq[j * ld + a.C + d] = store<T>(dk[r][e]);
-      dq[j * ld + 2 * a.C + d] = store<T>(dv[r][e]);
-    }
-  }
+  T* dk_rows = a.dqkv + fused_qkv_offset(a, bh) + j0 * ld + a.C;
+  fused_put_rows<E>(dk, dk_rows, ld, Tn - j0, a.hs, row0, cg);
+  fused_put_rows<E>(dv, dk_rows + a.C, ld, Tn - j0, a.hs, row0, cg);
 }
 
 /// Backward of query tile `q_tile` of head bh: dQ of its rows, summed over the key tiles they see
@@ -366,25 +391,11 @@ TRAINKIT_HOST_DEVICE void fused_attention_backward_q_block(Ctx& ctx, const Fused
     fused_mma<8>(s, qt, kFusedLd, row0, kt, kFusedLd, 1, cg, D);    // S = Q K^T
     fused_mma<8>(dp, dot, kFusedLd, row0, vt, kFusedLd, 1, cg, D);  // dP = dO V^T
     fused_tile_probs<false>(s, dp, i0 + row0, j0 + cg, Tn, lse, delta, c2, a.scale);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) dst[(cg + 8 * c) * kFusedLd + row0 + r] = dp[r][c];
-    }
+    fused_put_entries<true>(dp, dst, kFusedLd, row0, cg);
     ctx.sync();
     fused_mma<E>(dq, dst, kFusedLd, row0, kt, 1, kFusedLd, cg, kFusedTile);  // dQ += dS K
   }
-  T* dqkv = a.dqkv + fused_qkv_offset(a, bh);
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    const std::int64_t i = i0 + row0 + r;
-    if (i >= Tn) continue;
-    TRAINKIT_UNROLL
-    for (int e = 0; e < E; ++e) {
-      const int d = cg + 8 * e;
-      if (d < a.hs) dqkv[i * ld + d] = store<T>(dq[r][e]);
-    }
-  }
+  fused_put_rows<E>(dq, a.dqkv + fused_qkv_offset(a, bh) + i0 * ld, ld, Tn - i0, a.hs, row0, cg);
 }
 
 // ---- Tensor-core block bodies (16-bit activations) ----------------------------------------------
@@ -413,6 +424,17 @@ struct FusedTcLayout {
                     (kFusedTile * kLo * 4) % 32 == 0 && kFusedTile * kLo <= 2 * kFusedTile * kLs,
                 "fused attention: shared tiles must stay 32-byte aligned, and an f32 D-wide "
                 "tile must fit the two score tiles");
+};
+
+/// Consecutive pieces of a block's shared memory, in the order they are taken.
+struct FusedSmemCarver {
+  char* at;
+  template <class U>
+  TRAINKIT_HOST_DEVICE U* take(int bytes) {
+    U* piece = reinterpret_cast<U*>(at);
+    at += bytes;
+    return piece;
+  }
 };
 
 /// 16 bytes from src to dst, both 16-byte aligned (one vector load and store on the GPU).
@@ -460,13 +482,13 @@ TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionA
   const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
   const std::int64_t Tn = a.T_, ld = 3 * a.C, i0 = q_tile * kFusedTile;
   const T* q = a.qkv + fused_qkv_offset(a, bh);
-  char* base = reinterpret_cast<char*>(ctx.smem());
-  T* qs = reinterpret_cast<T*>(base);
-  T* ks = reinterpret_cast<T*>(base + L::kTile16);
-  T* vs = reinterpret_cast<T*>(base + 2 * L::kTile16);
-  float* ss = reinterpret_cast<float*>(base + 3 * L::kTile16);
-  T* ps = reinterpret_cast<T*>(base + 3 * L::kTile16 + L::kScores);
-  float* os = reinterpret_cast<float*>(base + 3 * L::kTile16 + L::kScores + L::kProbs);
+  FusedSmemCarver smem{reinterpret_cast<char*>(ctx.smem())};
+  T* qs = smem.take<T>(L::kTile16);
+  T* ks = smem.take<T>(L::kTile16);
+  T* vs = smem.take<T>(L::kTile16);
+  float* ss = smem.take<float>(L::kScores);
+  T* ps = smem.take<T>(L::kProbs);
+  float* os = smem.take<float>(kFusedTile * L::kLo * 4);
   const float c2 = a.scale * kFusedLog2e;
   fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
   for (int x = tid; x < kFusedTile * L::kLo; x += kFusedThreads) os[x] = 0.0f;
@@ -490,16 +512,11 @@ TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionA
     }
     ctx.sync();
     float sv[4][8], corr[4];
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) sv[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
-    }
+    fused_get_entries(sv, ss, L::kLs, row0, cg);
     fused_online_softmax(ctx, sv, i0 + row0, j0 + cg, c2, m, l, corr);
+    fused_put_entries(sv, ps, L::kLp, row0, cg);
     TRAINKIT_UNROLL
     for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) ps[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(sv[r][c]);
       TRAINKIT_UNROLL
       for (int e = 0; e < E; ++e) os[(row0 + r) * L::kLo + cg + 8 * e] *= corr[r];
     }
@@ -548,14 +565,8 @@ TRAINKIT_HOST_DEVICE inline void fused_tc_score_pair(Ctx& ctx, const T* x, const
     ctx.strip_store(st, dps + 16 * w * L::kLs, L::kLs);
   }
   ctx.sync();
-  TRAINKIT_UNROLL
-  for (int r = 0; r < 4; ++r) {
-    TRAINKIT_UNROLL
-    for (int c = 0; c < 8; ++c) {
-      s[r][c] = ss[(row0 + r) * L::kLs + cg + 8 * c];
-      dp[r][c] = dps[(row0 + r) * L::kLs + cg + 8 * c];
-    }
-  }
+  fused_get_entries(s, ss, L::kLs, row0, cg);
+  fused_get_entries(dp, dps, L::kLs, row0, cg);
 }
 
 /// Backward of key tile `k_tile` of head bh on the tensor cores: dK and dV of its keys.
@@ -568,15 +579,15 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_kv_block(Ctx& ctx, const FusedAttent
   const std::int64_t tiles = (Tn + kFusedTile - 1) / kFusedTile;
   const T* q = a.qkv + fused_qkv_offset(a, bh);
   const T* dout = a.dout + fused_out_offset(a, bh);
-  char* base = reinterpret_cast<char*>(ctx.smem());
-  T* ks = reinterpret_cast<T*>(base);
-  T* vs = reinterpret_cast<T*>(base + L::kTile16);
-  T* qs = reinterpret_cast<T*>(base + 2 * L::kTile16);
-  T* dos = reinterpret_cast<T*>(base + 3 * L::kTile16);
-  float* ss = reinterpret_cast<float*>(base + 4 * L::kTile16);  // S^T, then the results
-  float* dps = reinterpret_cast<float*>(base + 4 * L::kTile16 + L::kScores);
-  T* pt = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores);
-  T* dst = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores + L::kProbs);
+  FusedSmemCarver smem{reinterpret_cast<char*>(ctx.smem())};
+  T* ks = smem.take<T>(L::kTile16);
+  T* vs = smem.take<T>(L::kTile16);
+  T* qs = smem.take<T>(L::kTile16);
+  T* dos = smem.take<T>(L::kTile16);
+  float* ss = smem.take<float>(L::kScores);  // S^T, then the results
+  float* dps = smem.take<float>(L::kScores);
+  T* pt = smem.take<T>(L::kProbs);
+  T* dst = smem.take<T>(L::kProbs);
   const float c2 = a.scale * kFusedLog2e;
   fused_tc_load_tile<D>(ctx, q + a.C + j0 * ld, ld, Tn - j0, a.hs, ks);
   fused_tc_load_tile<D>(ctx, q + 2 * a.C + j0 * ld, ld, Tn - j0, a.hs, vs);
@@ -594,14 +605,8 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_kv_block(Ctx& ctx, const FusedAttent
     fused_tc_score_pair<D>(ctx, ks, qs, vs, dos, ss, dps, s, dp);
     fused_query_stats<true>(a, bh, 0, i0 + cg, lse, delta);
     fused_tile_probs<true>(s, dp, j0 + row0, i0 + cg, Tn, lse, delta, c2, a.scale);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) {
-        pt[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(s[r][c]);
-        dst[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(dp[r][c]);
-      }
-    }
+    fused_put_entries(s, pt, L::kLp, row0, cg);
+    fused_put_entries(dp, dst, L::kLp, row0, cg);
     ctx.sync();
     ctx.template strip_mma<kFusedTile, false>(dv, pt + 16 * w * L::kLp, L::kLp, dos, L::kLt);
     ctx.template strip_mma<kFusedTile, false>(dk, dst + 16 * w * L::kLp, L::kLp, qs, L::kLt);
@@ -625,14 +630,14 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttenti
   const int tid = ctx.tid(), w = tid / 32, row0 = 4 * (tid / 8), cg = tid % 8;
   const std::int64_t Tn = a.T_, ld = 3 * a.C, i0 = q_tile * kFusedTile;
   const T* q = a.qkv + fused_qkv_offset(a, bh);
-  char* base = reinterpret_cast<char*>(ctx.smem());
-  T* qs = reinterpret_cast<T*>(base);
-  T* dos = reinterpret_cast<T*>(base + L::kTile16);
-  T* ks = reinterpret_cast<T*>(base + 2 * L::kTile16);
-  T* vs = reinterpret_cast<T*>(base + 3 * L::kTile16);
-  float* ss = reinterpret_cast<float*>(base + 4 * L::kTile16);  // S, then the result
-  float* dps = reinterpret_cast<float*>(base + 4 * L::kTile16 + L::kScores);
-  T* dsq = reinterpret_cast<T*>(base + 4 * L::kTile16 + 2 * L::kScores);
+  FusedSmemCarver smem{reinterpret_cast<char*>(ctx.smem())};
+  T* qs = smem.take<T>(L::kTile16);
+  T* dos = smem.take<T>(L::kTile16);
+  T* ks = smem.take<T>(L::kTile16);
+  T* vs = smem.take<T>(L::kTile16);
+  float* ss = smem.take<float>(L::kScores);  // S, then the result
+  float* dps = smem.take<float>(L::kScores);
+  T* dsq = smem.take<T>(L::kProbs);
   const float c2 = a.scale * kFusedLog2e;
   fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
   fused_tc_load_tile<D>(ctx, a.dout + fused_out_offset(a, bh) + i0 * a.C, a.C, Tn - i0, a.hs, dos);
@@ -650,11 +655,7 @@ TRAINKIT_HOST_DEVICE void fused_tc_backward_q_block(Ctx& ctx, const FusedAttenti
     // S = Q K^T and dP = dO V^T: rows are this block's queries.
     fused_tc_score_pair<D>(ctx, qs, ks, dos, vs, ss, dps, s, dp);
     fused_tile_probs<false>(s, dp, i0 + row0, j0 + cg, Tn, lse, delta, c2, a.scale);
-    TRAINKIT_UNROLL
-    for (int r = 0; r < 4; ++r) {
-      TRAINKIT_UNROLL
-      for (int c = 0; c < 8; ++c) dsq[(row0 + r) * L::kLp + cg + 8 * c] = store<T>(dp[r][c]);
-    }
+    fused_put_entries(dp, dsq, L::kLp, row0, cg);
     ctx.sync();
     ctx.template strip_mma<kFusedTile, false>(dq, dsq + 16 * w * L::kLp, L::kLp, ks, L::kLt);
   }
