@@ -18,9 +18,9 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
+#include <trainkit/error.hpp>
 #include <trainkit/nn/fused_attention.hpp>
 
 namespace nntest {
@@ -219,16 +219,7 @@ class EmulatedBlock {
   template <class... Parts>
   void fail(const Parts&... parts) {
     std::lock_guard<std::mutex> lock(failure_mutex_);
-    if (!failure_.empty()) return;
-    ((failure_ += to_text(parts)), ...);
-  }
-  template <class X>
-  static std::string to_text(const X& x) {
-    if constexpr (std::is_convertible_v<X, std::string>) {
-      return std::string(x);
-    } else {
-      return std::to_string(x);
-    }
+    if (failure_.empty()) failure_ = trainkit::detail::concat(parts...);
   }
 
   std::vector<float> shared_;
