@@ -415,13 +415,14 @@ struct FusedTcLayout {
   static constexpr int kTile16 = kFusedTile * kLt * 2;  // bytes of a 16-bit tile
   static constexpr int kScores = kFusedTile * kLs * 4;  // bytes of an f32 score tile
   static constexpr int kProbs = kFusedTile * kLp * 2;   // bytes of a 16-bit P tile
+  static constexpr int kOut = kFusedTile * kLo * 4;     // bytes of an f32 D-wide output tile
   /// Shared bytes of the forward block (Q, K, V, S, P, O) and of either backward block (four
   /// 16-bit tiles, two score tiles, two P / dS tiles). Every piece is a multiple of 32 bytes, so
   /// every strip the products read or write starts 32-byte aligned.
-  static constexpr int kForwardBytes = 3 * kTile16 + kScores + kProbs + kFusedTile * kLo * 4;
+  static constexpr int kForwardBytes = 3 * kTile16 + kScores + kProbs + kOut;
   static constexpr int kBackwardBytes = 4 * kTile16 + 2 * kScores + 2 * kProbs;
-  static_assert(kTile16 % 32 == 0 && kScores % 32 == 0 && kProbs % 32 == 0 &&
-                    (kFusedTile * kLo * 4) % 32 == 0 && kFusedTile * kLo <= 2 * kFusedTile * kLs,
+  static_assert(kTile16 % 32 == 0 && kScores % 32 == 0 && kProbs % 32 == 0 && kOut % 32 == 0 &&
+                    kOut <= 2 * kScores,
                 "fused attention: shared tiles must stay 32-byte aligned, and an f32 D-wide "
                 "tile must fit the two score tiles");
 };
@@ -488,7 +489,7 @@ TRAINKIT_HOST_DEVICE void fused_tc_forward_block(Ctx& ctx, const FusedAttentionA
   T* vs = smem.take<T>(L::kTile16);
   float* ss = smem.take<float>(L::kScores);
   T* ps = smem.take<T>(L::kProbs);
-  float* os = smem.take<float>(kFusedTile * L::kLo * 4);
+  float* os = smem.take<float>(L::kOut);
   const float c2 = a.scale * kFusedLog2e;
   fused_tc_load_tile<D>(ctx, q + i0 * ld, ld, Tn - i0, a.hs, qs);
   for (int x = tid; x < kFusedTile * L::kLo; x += kFusedThreads) os[x] = 0.0f;
