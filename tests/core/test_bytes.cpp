@@ -75,8 +75,8 @@ TEST_CASE("copy_streaming and parallel_copy: the bytes of memcpy, random sizes a
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const std::size_t so = gen() % 64, d_o = gen() % 64;
-    const std::size_t n =
-        trial < 4 ? std::size_t{trial} : (std::size_t(1) << 20) - 4096 + gen() % (2u << 20);
+    const std::size_t n = trial < 4 ? static_cast<std::size_t>(trial)
+                                    : (std::size_t(1) << 20) - 4096 + gen() % (2u << 20);
     std::fill(dst.begin(), dst.end(), 0xA5);
     want = dst;
     std::memcpy(want.data() + d_o, src.data() + so, n);

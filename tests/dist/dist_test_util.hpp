@@ -89,8 +89,8 @@ struct Case {
     static const char* kinds[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
     std::string s = kinds[static_cast<int>(kind)];
     if (kind == Kind::kAllReduce || kind == Kind::kReduceScatter)
-      s += "/" + std::string(dist::reduce_op_name(op));
-    if (kind == Kind::kBroadcast) s += "/root" + std::to_string(root);
+      (s += '/') += dist::reduce_op_name(op);
+    if (kind == Kind::kBroadcast) (s += "/root") += std::to_string(root);
     if (in_place) s += "/in-place";
     return s + " " + std::string(tk::dtype_name(dtype)) + " count " + std::to_string(count);
   }

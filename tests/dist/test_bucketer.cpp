@@ -157,7 +157,7 @@ TEST_CASE("GradBucketer: DDP's bucket assignment (reverse order, first cap, then
   SUBCASE("defaults: 1 MiB first bucket, then 25 MiB") {
     nn::ParamArena<> big;
     for (int i = 0; i < 12; ++i)
-      big.add("w" + std::to_string(i), tk::Shape{1 << 20});  // 4 MiB each
+      big.add(trainkit::detail::concat("w", i), tk::Shape{1 << 20});  // 4 MiB each
     big.add("head", tk::Shape{1000});
     big.finalize();
     dist::ThreadComm::run(1, [&](dist::ThreadComm& comm) {

@@ -99,7 +99,8 @@ TEST_CASE("safetensors interop with the Python reference implementation") {
           a.data()[j] = std::byte(t == DType::kBool ? rng() % 2 : rng() % 256);
         storage.push_back(std::move(a));
         std::string name = kNamePool[rng() % std::size(kNamePool)];
-        name += "#" + std::to_string(serial++);
+        name += '#';
+        name += std::to_string(serial++);
         tensors.push_back({name, AnyTensorView()});
       }
     }

@@ -99,9 +99,17 @@ inline std::string python() {
   return env != nullptr && *env != '\0' ? env : "python3";
 }
 
+/// python() in double quotes, to start a shell command line.
+inline std::string python_command() {
+  std::string quoted(1, '"');
+  quoted += python();
+  quoted += '"';
+  return quoted;
+}
+
 /// True when `python -c "import <module>"` works.
 inline bool python_has(const std::string& module) {
-  const std::string cmd = "\"" + python() + "\" -c \"import " + module + "\" >/dev/null 2>&1";
+  const std::string cmd = python_command() + " -c \"import " + module + "\" >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0;
 }
 

@@ -319,7 +319,7 @@ TEST_CASE("TensorBoard: a resumed run supersedes the steps past the resume point
     monitor_test::write_file(dir / "expected.json", expected.str());
     std::string output;
     const int rc = monitor_test::run_command(
-        "\"" + monitor_test::python() + "\" \"" + TRAINKIT_TEST_DATA_DIR +
+        monitor_test::python_command() + " \"" + TRAINKIT_TEST_DATA_DIR +
             "/tfevents/check_with_tensorboard.py\" \"" + (dir / "expected.json") + "\"",
         output);
     INFO(output);
@@ -338,8 +338,8 @@ TEST_CASE("session_log START event: the bytes Python protobuf writes (python che
   if (!monitor_test::python_has("tensorboard")) return;
   std::string output;
   const int rc =
-      monitor_test::run_command("\"" + monitor_test::python() +
-                                    "\" -c \"from tensorboard.compat.proto import event_pb2 as p; "
+      monitor_test::run_command(monitor_test::python_command() +
+                                    " -c \"from tensorboard.compat.proto import event_pb2 as p; "
                                     "e = p.Event(wall_time=1700000000.5, step=41, "
                                     "session_log=p.SessionLog(status=p.SessionLog.START)); "
                                     "print(e.SerializeToString().hex())\"",

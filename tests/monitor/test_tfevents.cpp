@@ -300,7 +300,7 @@ TEST_CASE("event file names follow tensorboard's writer") {
   CHECK(a.path() != b.path());
   const std::string name = std::filesystem::path(a.path()).filename().string();
   CHECK(name.rfind("events.out.tfevents.", 0) == 0);
-  CHECK(name.find("." + std::to_string(::getpid()) + ".") != std::string::npos);
+  CHECK(name.find(trainkit::detail::concat(".", ::getpid(), ".")) != std::string::npos);
   // The file_version record is on disk right away, before any flush.
   const auto recs = io::read_tfrecords(a.path());
   REQUIRE(recs.records.size() == 1);
@@ -590,7 +590,7 @@ TEST_CASE("TensorBoard reads our files (python check)") {
   spec.end_object().end_object();
   monitor_test::write_file(dir / "expected.json", spec.str());
   std::string output;
-  const std::string cmd = "\"" + monitor_test::python() + "\" \"" + TRAINKIT_TEST_DATA_DIR +
+  const std::string cmd = monitor_test::python_command() + " \"" + TRAINKIT_TEST_DATA_DIR +
                           "/tfevents/check_with_tensorboard.py\" \"" + (dir / "expected.json") +
                           "\"";
   const int rc = monitor_test::run_command(cmd, output);

@@ -150,8 +150,8 @@ TEST_CASE("chrome trace: valid JSON with step and phase events, newest kept") {
   CHECK(monitor_test::read_file(path) == json);
   if (monitor_test::python_has("json")) {
     std::string output;
-    const std::string cmd = "\"" + monitor_test::python() +
-                            "\" -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+    const std::string cmd = monitor_test::python_command() +
+                            " -c \"import json,sys; d=json.load(open(sys.argv[1])); "
                             "ev=[e for e in d['traceEvents'] if e['ph']=='X']; "
                             "assert len(ev)==12, len(ev); "
                             "assert all(e['dur']>=0 and 'ts' in e for e in ev); print('ok')\" \"" +

@@ -211,7 +211,7 @@ TEST_CASE("Pruner: global pruning takes the small-magnitude tensor first; one-el
 
 TEST_CASE("Pruner: N:M keeps exactly the N largest of every M along the input dimension") {
   std::mt19937 gen(5);
-  for (const std::pair<int, int> nm :
+  for (const std::pair<int, int>& nm :
        {std::pair{2, 4}, std::pair{1, 4}, std::pair{3, 8}, std::pair{1, 2}}) {
     const int n = nm.first, m = nm.second;  // (not a structured binding: CAPTURE is a lambda)
     CAPTURE(n);

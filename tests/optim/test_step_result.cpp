@@ -28,7 +28,7 @@ struct Model {
   std::vector<tk::nn::ParamId> ids;
   Model(std::mt19937& rng, int tensors) {
     for (int t = 0; t < tensors; ++t)
-      ids.push_back(arena.add("p" + std::to_string(t), tk::Shape{1 + std::int64_t(rng() % 300)},
+      ids.push_back(arena.add(tk::detail::concat("p", t), tk::Shape{1 + std::int64_t(rng() % 300)},
                               tk::nn::Init::normal()));
     arena.finalize();
     arena.initialize(rng());

@@ -1265,9 +1265,11 @@ TRAINKIT_INLINE std::vector<std::string> Checkpointer::quarantine(
       continue;
     }
     std::error_code ec;
-    std::filesystem::path target = root_ / ("." + d.path.filename().string() + ".corrupt");
+    const std::string hidden =
+        trainkit::detail::concat('.', d.path.filename().string(), ".corrupt");
+    std::filesystem::path target = root_ / hidden;
     for (int n = 1; std::filesystem::exists(target, ec) && n < 1000; ++n)
-      target = root_ / ("." + d.path.filename().string() + ".corrupt." + std::to_string(n));
+      target = root_ / trainkit::detail::concat(hidden, '.', n);
     std::filesystem::rename(d.path, target, ec);
     if (ec) {
       log("cannot move the damaged checkpoint '" + d.path.string() + "' aside: " + ec.message());

@@ -170,9 +170,13 @@ class ThreadGroup {
 
   detail::RingSlot& slot(int rank) const noexcept { return slots_[static_cast<std::size_t>(rank)]; }
 
-  // Wakes sleeping waiters after a store they may wait for. The fence pairs with the one in
-  // ThreadComm::await (store-buffer pattern): either we see the sleeper or it sees our store.
+  // Wakes sleeping waiters after a store they may wait for. Waker and sleeper each pass
+  // handshake() between their store and their load (store-buffer pattern): whichever passes
+  // second synchronizes with the other, so either the waker sees the sleeper count or the
+  // sleeper sees the store. A read-modify-write on one shared word rather than two seq_cst
+  // fences: the same guarantee, and one that ThreadSanitizer models (it ignores fences).
   TRAINKIT_INLINE void notify();
+  void handshake() noexcept { handshake_.fetch_add(1, std::memory_order_acq_rel); }
 
   int world_size_;
   ThreadCommOptions options_;
@@ -181,6 +185,7 @@ class ThreadGroup {
   mutable std::mutex reason_mutex_;
   std::string reason_;
   std::atomic<int> sleepers_{0};
+  std::atomic<std::uint64_t> handshake_{0};
   std::mutex sleep_mutex_;
   std::condition_variable sleep_cv_;
 };
@@ -367,7 +372,7 @@ class ThreadComm final : public Comm {
              true);
       std::unique_lock<std::mutex> lock(group_->sleep_mutex_);
       group_->sleepers_.fetch_add(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      group_->handshake();
       // The 100 ms cap only bounds how late a missed wake-up could be noticed.
       group_->sleep_cv_.wait_until(
           lock, std::min(deadline, now + std::chrono::milliseconds(100)), [&] {
@@ -465,7 +470,7 @@ TRAINKIT_INLINE void ThreadGroup::abort(const std::string& reason) {
 }
 
 TRAINKIT_INLINE void ThreadGroup::notify() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  handshake();
   if (sleepers_.load(std::memory_order_relaxed) > 0) {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
     sleep_cv_.notify_all();

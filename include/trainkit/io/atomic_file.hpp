@@ -12,12 +12,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -106,7 +106,8 @@ class AtomicFile {
         flushed_(o.flushed_),
         writeback_(o.writeback_),
         reserved_(o.reserved_),
-        buffer_(std::move(o.buffer_)) {}
+        buffer_(std::move(o.buffer_)),
+        buffered_(std::exchange(o.buffered_, 0)) {}
   AtomicFile& operator=(AtomicFile&& o) noexcept {
     if (this != &o) {
       discard();
@@ -120,6 +121,7 @@ class AtomicFile {
       writeback_ = o.writeback_;
       reserved_ = o.reserved_;
       buffer_ = std::move(o.buffer_);
+      buffered_ = std::exchange(o.buffered_, 0);
     }
     return *this;
   }
@@ -132,15 +134,14 @@ class AtomicFile {
     check_open("write");
     if (bytes == 0) return;
     const auto* p = static_cast<const char*>(data);
-    if (bytes <= kBufferBytes - buffer_.size()) {
-      if (buffer_.capacity() < kBufferBytes) buffer_.reserve(kBufferBytes);
-      buffer_.insert(buffer_.end(), p, p + bytes);
+    if (bytes <= kBufferBytes - buffered_) {
+      append_to_buffer(p, bytes);
       written_ += bytes;
       return;
     }
     flush_buffer();
     if (bytes < kBufferBytes) {
-      buffer_.insert(buffer_.end(), p, p + bytes);
+      append_to_buffer(p, bytes);
     } else {
       write_fully(p, bytes);
     }
@@ -199,7 +200,7 @@ class AtomicFile {
       fd_ = -1;
       remove_temp();
     }
-    buffer_.clear();
+    buffered_ = 0;
   }
 
   /// The final path and the temp path.
@@ -226,10 +227,17 @@ class AtomicFile {
                   " bytes: ", detail::errno_text(err), "; the previous file is intact");
   }
 
+  // The caller ensures buffered_ + n <= kBufferBytes.
+  void append_to_buffer(const char* p, std::size_t n) {
+    if (buffer_ == nullptr) buffer_.reset(new char[kBufferBytes]);
+    std::memcpy(buffer_.get() + buffered_, p, n);
+    buffered_ += n;
+  }
+
   void flush_buffer() {
-    if (buffer_.empty()) return;
-    write_fully(buffer_.data(), buffer_.size());
-    buffer_.clear();
+    if (buffered_ == 0) return;
+    write_fully(buffer_.get(), buffered_);
+    buffered_ = 0;
   }
 
   void write_fully(const char* p, std::size_t n) {
@@ -269,11 +277,12 @@ class AtomicFile {
   AtomicFileOptions options_;
   int fd_ = -1;
   bool committed_ = false;
-  std::uint64_t written_ = 0;    // accepted by write()
-  std::uint64_t flushed_ = 0;    // handed to the kernel
-  std::uint64_t writeback_ = 0;  // writeback started up to here
-  std::uint64_t reserved_ = 0;   // size set by reserve()
-  std::vector<char> buffer_;
+  std::uint64_t written_ = 0;       // accepted by write()
+  std::uint64_t flushed_ = 0;       // handed to the kernel
+  std::uint64_t writeback_ = 0;     // writeback started up to here
+  std::uint64_t reserved_ = 0;      // size set by reserve()
+  std::unique_ptr<char[]> buffer_;  // kBufferBytes, allocated by the first buffered write
+  std::size_t buffered_ = 0;        // bytes of buffer_ not yet handed to the kernel
 };
 
 /// Replaces `path` atomically with the concatenation of `pieces` (see AtomicFile).
