@@ -126,6 +126,31 @@ TEST_CASE("checksummed safetensors: corruption is detected and names the file") 
     CHECK_THROWS_WITH_AS(ckpt::verify_checksum_file(path), doctest::Contains("not 16 hex digits"),
                          tk::Error);
   }
+  SUBCASE("the header rewritten by another tool: a checksum that cannot be checked is refused") {
+    // The same header with a space after the key's colon, or the key spelled with an escape
+    // (both the same JSON), re-padded: the compact pattern is gone, the claim is not.
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(good[i]);
+    std::string json = good.substr(8, n);
+    json.erase(json.find_last_not_of(' ') + 1);
+    const std::string key = "\"trainkit.xxh64\":\"";
+    for (const std::string& spelling :
+         {std::string("\"trainkit.xxh64\": \""), std::string("\"trainkit\\u002exxh64\":\"")}) {
+      CAPTURE(spelling);
+      std::string edited = json;
+      edited.replace(edited.find(key), key.size(), spelling);
+      edited.append((8 - edited.size() % 8) % 8, ' ');
+      std::string bad(8, '\0');
+      for (int i = 0; i < 8; ++i) bad[i] = static_cast<char>(edited.size() >> (8 * i));
+      bad += edited;
+      bad += good.substr(8 + n);
+      ckpt_test::write_file(path, bad);
+      CHECK(io::SafetensorsFile(path).metadata().count("trainkit.xxh64") == 1);
+      for (const bool require : {true, false})
+        CHECK_THROWS_WITH_AS(ckpt::verify_checksum_file(path, require),
+                             doctest::Contains("cannot be verified"), tk::Error);
+    }
+  }
   SUBCASE("no checksum at all: required fails, optional passes") {
     io::save_safetensors(path, {{"a", tk::AnyTensor(tk::DType::kF32, tk::Shape{2}).view()}}, {},
                          {.durable = false});

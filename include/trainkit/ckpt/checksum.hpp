@@ -304,6 +304,14 @@ TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std:
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
   if (at == std::string_view::npos) {
+    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
+    // tool) cannot be checked, and a file that claims one must not load as if it had none.
+    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file.size(), source);
+    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
+                   "' carries a '", kChecksumKey,
+                   "' checksum that cannot be verified: its header is not laid out as trainkit "
+                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
+                   "was made");
     TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
                    "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
     return {file.size(), 0};
