@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>  // sysconf: the machine's memory
+
 #include <trainkit/trainkit.hpp>
 
 namespace {
@@ -45,14 +47,17 @@ struct Config {
 };
 
 void add_flags(tk::train::Flags& f, Config& c) {
+  constexpr double kSize = 1 << 24;  // model and batch sizes (the planner's bound)
   f.add("steps", c.steps, "train until step N", {.at_least = 1}, kSession)
-      .add("batch", c.batch, "sequences per step", {.at_least = 1})
-      .add("seq", c.seq, "tokens per sequence, the context length", {.at_least = 2})
-      .add("layers", c.layers, "transformer blocks", {.at_least = 1})
-      .add("dim", c.dim, "embedding width (a multiple of --heads)", {.at_least = 1})
-      .add("heads", c.heads, "attention heads", {.at_least = 1})
+      .add("batch", c.batch, "sequences per step", {.at_least = 1, .at_most = kSize})
+      .add("seq", c.seq, "tokens per sequence, the context length",
+           {.at_least = 2, .at_most = kSize})
+      .add("layers", c.layers, "transformer blocks", {.at_least = 1, .at_most = 1 << 16})
+      .add("dim", c.dim, "embedding width (a multiple of --heads)",
+           {.at_least = 1, .at_most = kSize})
+      .add("heads", c.heads, "attention heads", {.at_least = 1, .at_most = kSize})
       .add("vocab", c.vocab, "embedding rows; the bytes use the first 256 (50257: GPT-2's shapes)",
-           {.at_least = kBytes})
+           {.at_least = kBytes, .at_most = kSize})
       .add("tie-weights", c.tie_weights, "lm_head shares transformer.wte's weight (GPT-2)")
       .add("init-from", c.init_from, "start from these weights (.safetensors, PyTorch names)")
       .add("device", c.device, "cpu, or cuda (a build by nvcc: the train_gpt_cuda target)",
@@ -70,19 +75,24 @@ void add_flags(tk::train::Flags& f, Config& c) {
            kSession)
       .add("allow-fresh-start", c.allow_fresh_start, "--resume without one: start over", kSession)
       .add("data", c.data, "a text file or a directory of them", kSession)
-      .add("threads", c.threads, "CPU threads of the process (0: all)", {.at_least = 0}, kSession)
+      .add("threads", c.threads, "CPU threads of the process (0: all)",
+           {.at_least = 0, .at_most = 4096}, kSession)
       .add("ranks", c.ranks, "data-parallel CPU ranks as threads (mpirun/torchrun: processes)",
-           {.at_least = 1})
+           {.at_least = 1, .at_most = 4096})
       .add("log-every", c.log_every, "steps per monitor summary", {.at_least = 1}, kSession)
       .add("eval-every", c.eval_every, "steps between evaluations", {.at_least = 1}, kSession)
-      .add("eval-batches", c.eval_batches, "batches per evaluation", {.at_least = 1}, kSession)
+      .add("eval-batches", c.eval_batches, "batches per evaluation",
+           {.at_least = 1, .at_most = 1 << 20}, kSession)
       .add("ckpt-every", c.ckpt_every, "steps between checkpoints", {.at_least = 1}, kSession)
-      .add("keep", c.keep, "checkpoints kept besides the best", {.at_least = 0}, kSession)
-      .add("sample-chars", c.sample_chars, "bytes generated at the end", {.at_least = 0}, kSession)
+      .add("keep", c.keep, "checkpoints kept besides the best (0: every one)",
+           {.at_least = 0, .at_most = 1 << 20}, kSession)
+      .add("sample-chars", c.sample_chars, "bytes generated at the end",
+           {.at_least = 0, .at_most = 1 << 20}, kSession)
       .add("temperature", c.temperature, "sampling temperature (0: greedy)", {.at_least = 0},
            kSession)
       .add("prompt", c.prompt, "start of the generated text", kSession)
-      .add("peak-tflops", c.peak_tflops, "peak for MFU (0: measured)", {.at_least = 0}, kSession)
+      .add("peak-tflops", c.peak_tflops, "peak for MFU (0: measured)",
+           {.at_least = 0, .at_most = 1e9}, kSession)
       .add("check", c.check, "exit 3 unless the train and val losses fell", kSession)
       .add("plan", c.plan, "print memory, fit, time and cost of this run per device, and exit",
            kSession);
@@ -98,23 +108,71 @@ Config resolved(Config c) {
   return c;
 }
 
-/// The bytes of a file, or of every regular file under a directory (symbolic links skipped, so
-/// /usr/share/common-licenses/GPL does not repeat GPL-3), in path order.
+/// The bytes of a regular file, or of every regular file under a directory (symbolic links
+/// skipped, so /usr/share/common-licenses/GPL does not repeat GPL-3), in path order; at most
+/// kMaxCorpusBytes (it is held in memory twice: as text and as tokens).
+constexpr std::uintmax_t kMaxCorpusBytes = std::uintmax_t{1} << 31;
 std::string read_corpus(const fs::path& path) {
-  std::vector<fs::path> files{path};
-  if (fs::is_directory(path)) {
-    files.clear();
-    for (const auto& e : fs::recursive_directory_iterator(path))
-      if (e.symlink_status().type() == fs::file_type::regular) files.push_back(e.path());
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    fs::recursive_directory_iterator it(path, ec), end;
+    for (; !ec && it != end; it.increment(ec))
+      if (it->symlink_status(ec).type() == fs::file_type::regular) files.push_back(it->path());
+    TRAINKIT_CHECK(!ec, "--data: cannot list the files under '", path.string(),
+                   "': ", ec.message());
     std::sort(files.begin(), files.end());
+  } else {
+    // Not a device, pipe or socket: those have no end, or no size to check first.
+    TRAINKIT_CHECK(fs::is_regular_file(path, ec), "--data '", path.string(), "' is ",
+                   fs::exists(path, ec) ? "not a regular file or a directory" : "missing");
+    files.push_back(path);
+  }
+  std::uintmax_t total = 0;
+  for (const fs::path& f : files) {
+    const std::uintmax_t bytes = fs::file_size(f, ec);
+    TRAINKIT_CHECK(!ec, "--data: cannot read '", f.string(), "': ", ec.message());
+    total += bytes;
+    TRAINKIT_CHECK(total <= kMaxCorpusBytes, "--data '", path.string(), "' holds more than ",
+                   kMaxCorpusBytes >> 20, " MiB of text; train_gpt reads its corpus into memory");
   }
   std::string text;
+  text.reserve(std::size_t(total));
   for (const fs::path& f : files) {
     std::ifstream in(f, std::ios::binary);
     TRAINKIT_CHECK(in.good(), "--data: cannot read '", f.string(), "'");
     text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    TRAINKIT_CHECK(text.size() <= kMaxCorpusBytes, "--data: '", f.string(),
+                   "' grew while it was read");
   }
   return text;
+}
+
+/// Throws, naming the size flags, when the run's parameters, gradients, AdamW state and
+/// activations (what --plan lists) would not fit this machine's memory: a clear message instead of
+/// a failed allocation deep inside the model. The parameters are estimated first in floating
+/// point, so the planner never builds an absurd model.
+void check_host_memory(const Config& c) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double have = double(pages) * double(page);
+  const double C = double(c.dim), V = double(c.vocab);
+  const double params = V * C * (c.tie_weights ? 1 : 2) + double(c.seq) * C +
+                        double(c.layers) * (12 * C * C + 13 * C) + 2 * C;
+  const auto fail = [&](double need) {
+    TRAINKIT_FAIL("--layers ", c.layers, ", --dim ", c.dim, ", --vocab ", c.vocab, ", --seq ",
+                  c.seq, ", --batch ", c.batch, " and --ranks ", c.ranks, " need about ",
+                  std::ceil(need / double(1 << 30)),
+                  " GiB of memory (--plan itemises it); this "
+                  "machine has ",
+                  std::floor(have / double(1 << 30)), " GiB");
+  };
+  if (16 * params * double(c.ranks) > have) fail(16 * params * double(c.ranks));
+  const tk::plan::GptRun run =
+      tk::plan::train_gpt_run(c.layers, c.dim, c.heads, c.seq, c.batch, c.tie_weights, c.precision,
+                              c.dropout, false, c.vocab, c.ranks);
+  const double need = double(tk::plan::gpt_memory(run).total_bytes()) * double(c.ranks);
+  if (need > have) fail(need);
 }
 
 /// What main prepares for train(): the settings, the loop, the datasets and the rank.
@@ -150,7 +208,11 @@ int train(Run& run, const E& exec) {
   arena.initialize(std::uint64_t(c.seed));
   if (!c.init_from.empty() &&
       !run.loop.resuming()) {  // a resumed run's weights are its checkpoint's
+    // A tied model has no lm_head.weight; a file may still hold it (a copy of wte's weight).
     const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
+    for (const std::string& name : r.unexpected)
+      TRAINKIT_CHECK(name == "lm_head.weight", "--init-from ", c.init_from, ": tensor '", name,
+                     "' is not a parameter of this model (check --layers, --dim, --heads)");
     say("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
         c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
   }
@@ -275,6 +337,10 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
                         .comm = comm,
                         .checkpoint_comm = ckpt_comm},
                        &flags);  // on resume the run's flags are the checkpoint's from here on
+  TRAINKIT_CHECK(!loop.resuming() || loop.resuming()->step < c.steps, "--resume: the checkpoint ",
+                 loop.resuming() ? loop.resuming()->path.string() : "", " is at step ",
+                 loop.resuming() ? loop.resuming()->step : 0, ", not before --steps ", c.steps,
+                 ": give a larger --steps to train on");
   const std::int64_t planned_decay = c.decay_steps;
   const bool extend = loop.resuming() && c.steps > c.decay_steps && !flags.given("decay-steps");
   if (extend) c.decay_steps = c.steps;  // the next checkpoints save the longer schedule
@@ -283,12 +349,35 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
   // The corpus, split 90/10 and written as token shards (by rank 0), read back as windows of
   // T + 1 tokens.
   const std::size_t split = text.size() - text.size() / 10;
+  const std::int64_t world = comm != nullptr ? comm->world_size() : 1;
+  const std::size_t windows = split - std::size_t(c.seq);  // of T + 1 tokens, every offset
+  TRAINKIT_CHECK(std::size_t(c.batch) <= windows / std::size_t(world), "--batch ", c.batch,
+                 world > 1 ? " on each of " + std::to_string(world) + " ranks" : std::string(),
+                 " is more than the corpus gives: ", windows, " training windows of --seq ", c.seq,
+                 " + 1 bytes");
   if (loop.rank() == 0) {
     fs::create_directories(out / "data");
     std::vector<std::uint16_t> bytes(text.begin(), text.end());
     for (auto& b : bytes) b &= 0xff;  // bytes, not signed chars
-    data::write_token_shard(out / "data" / "train.bin", std::span(bytes).first(split));
-    data::write_token_shard(out / "data" / "val.bin", std::span(bytes).subspan(split));
+    // A resumed run continues on its own corpus: the shards it wrote must come out the same.
+    const fs::path check = out / "data" / ".new.bin";
+    for (const bool train : {true, false}) {
+      const fs::path shard = out / "data" / (train ? "train.bin" : "val.bin");
+      const auto tokens = train ? std::span(bytes).first(split) : std::span(bytes).subspan(split);
+      if (!loop.resuming() || !fs::exists(shard)) {
+        data::write_token_shard(shard, tokens);
+        continue;
+      }
+      data::write_token_shard(check, tokens);
+      bool same = false;
+      {
+        const tk::io::MappedFile now(check), then(shard);
+        same = std::ranges::equal(now.bytes(), then.bytes());
+      }
+      fs::remove(check);
+      TRAINKIT_CHECK(same, "--data '", c.data, "' is not the corpus this run was trained on (",
+                     shard.string(), " differs); resume with the same --data");
+    }
   }
   if (comm != nullptr) comm->barrier().wait();
   const auto T = static_cast<std::size_t>(c.seq);
@@ -319,6 +408,9 @@ int main(int argc, char** argv) try {
   tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
   add_flags(flags, c);
   if (!flags.parse(argc, argv)) return 0;  // --help; bad flags throw before anything is written
+  TRAINKIT_CHECK(!c.out.empty(), "--out must name the run directory");
+  // A resumed run keeps its saved run flags (--ranks among them, needed before the ranks start).
+  if (c.resume && !c.plan) tk::train::Loop::adopt_saved_flags(flags, c.out);
   TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
   tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
   TRAINKIT_CHECK(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
@@ -337,6 +429,7 @@ int main(int argc, char** argv) try {
   TRAINKIT_CHECK(c.device == "cpu" || c.ranks == 1, "--ranks ", c.ranks,
                  " runs CPU ranks as threads; on GPUs start one process per GPU (torchrun or "
                  "mpirun)");
+  if (c.device == "cpu") check_host_memory(c);
   if (!c.resume) resolved(c);
 
   // Under torchrun, mpirun or srun each process is a rank (NCCL on GPUs, MPI or TCP on CPUs).

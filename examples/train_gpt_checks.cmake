@@ -13,7 +13,8 @@
 # CHECK=ranks:   data parallel: --ranks 2 --batch 4 ends within 8 ulps (1e-6) of --ranks 1
 #                --batch 8 (the same sequences per step, summed in another order); a 2-rank run
 #                cut in two and resumed ends on the same loss bits as a straight one; a resume
-#                with another number of ranks is refused saying so; with MPIEXEC, `mpirun -np 2`
+#                with another number of ranks is refused saying so, and one without --ranks
+#                continues with the run's number; with MPIEXEC, `mpirun -np 2`
 #                (MpiComm) ends within 8 ulps of --ranks 2 (ThreadComm).
 cmake_minimum_required(VERSION 3.20)
 file(REMOVE_RECURSE "${OUT}")
@@ -28,7 +29,10 @@ if(CHECK STREQUAL "flags")
       "--warmup|-2" "--warmup|500" "--decay-steps|1" "--log-every|0" "--eval-every|0"
       "--eval-batches|0" "--ckpt-every|0" "--keep|-1" "--sample-chars|-3" "--temperature|-1"
       "--peak-tflops|-2" "--threads|-4" "--data|${OUT}/no_such_corpus" "--steps|five"
-      "--lr|1e-3x")
+      "--lr|1e-3x" "--ranks|4294967296" "--threads|2147483648" "--keep|4294967296"
+      "--eval-batches|4611686018427387904" "--sample-chars|9223372036854775807"
+      "--dim|1073741824" "--layers|2147483648" "--vocab|2147483648" "--dim|65536"
+      "--batch|10000000" "--data|/dev/zero" "--peak-tflops|1e300")
   foreach(case IN LISTS cases)
     string(REPLACE "|" ";" pair "${case}")
     list(GET pair 0 flag)
@@ -123,6 +127,21 @@ elseif(CHECK STREQUAL "resume")
     message(FATAL_ERROR "the third run did not resume from step 10")
   endif()
 
+  # A resume with nothing left to train, or on another corpus, is refused before it writes.
+  function(refused want)
+    execute_process(COMMAND "${EXE}" ${tiny} --out "${run}" ${ARGN} RESULT_VARIABLE rc
+                    OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(REGEX REPLACE "[ \n]+" " " err "${err}")
+    if(NOT rc EQUAL 1 OR NOT err MATCHES "${want}")
+      message(FATAL_ERROR "train_gpt ${ARGN}: exit ${rc}, want 1 and '${want}':\n${out}${err}")
+    endif()
+  endfunction()
+  refused("is at step 20, not before --steps 20" --resume --steps 20)
+  string(REPEAT "Some other text, a corpus of its own.\n" 100 other)
+  file(WRITE "${OUT}/other.txt" "${other}")
+  refused("is not the corpus this run was trained on" --resume --steps 30
+          --data "${OUT}/other.txt")
+
   file(GLOB extra "${run}/metrics*")
   list(LENGTH extra n_files)
   if(NOT n_files EQUAL 1)
@@ -210,6 +229,16 @@ elseif(CHECK STREQUAL "init_from")
   if(NOT rc EQUAL 1 OR NOT log MATCHES "'transformer.wte.weight' has shape \\[256, 32\\] in the file but \\[256, 64\\]")
     message(FATAL_ERROR "a model of other sizes must be refused naming the tensor and shapes")
   endif()
+  # A tied head may leave the file's lm_head.weight unused, nothing else: a 2-layer model's
+  # weights do not load into 1 layer.
+  execute_process(COMMAND "${EXE}" --threads 1 --layers 2 --dim 32 --heads 2 --seq 16 --batch 4
+                          --eval-batches 1 --sample-chars 8 --steps 1 --ckpt-every 1
+                          --out "${OUT}/two_layers" RESULT_VARIABLE rc OUTPUT_QUIET)
+  file(GLOB two_layers "${OUT}/two_layers/ckpt/step_*1/model.safetensors")
+  run_tiny(tied --tie-weights --init-from "${two_layers}" --steps 1)
+  if(NOT rc EQUAL 1 OR NOT log MATCHES "tensor 'transformer.h.1.[^']*' is not a parameter")
+    message(FATAL_ERROR "a tied 1-layer model must refuse a 2-layer model's weights")
+  endif()
   run_tiny(missing --init-from "${OUT}/no_such.safetensors" --steps 2)
   if(NOT rc EQUAL 1 OR NOT log MATCHES "no_such.safetensors")
     message(FATAL_ERROR "a missing --init-from file must be an error naming it")
@@ -243,14 +272,15 @@ elseif(CHECK STREQUAL "ranks")
   expect_close(${two} ${one} "--ranks 2 --batch 4 vs --ranks 1 --batch 8")
   set(cut ${base})
   run_dp(half "${EXE}" ${cut} --steps 6 --ranks 2 --batch 4 --out "${OUT}/cut")
-  run_dp(resumed "${EXE}" ${cut} --steps 12 --ranks 2 --batch 4 --out "${OUT}/cut" --resume)
+  # --ranks is a setting of the run: the resume leaves it out and still runs 2 ranks.
+  run_dp(resumed "${EXE}" ${cut} --steps 12 --batch 4 --out "${OUT}/cut" --resume)
   if(NOT log MATCHES "resumed from [^\n]*step 6" OR NOT resumed STREQUAL two)
     message(FATAL_ERROR "the resumed 2-rank run ends on ${resumed}, the straight one on ${two}")
   endif()
-  execute_process(COMMAND "${EXE}" ${cut} --steps 12 --batch 4 --out "${OUT}/cut" --resume
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  execute_process(COMMAND "${EXE}" ${cut} --steps 18 --ranks 1 --batch 4 --out "${OUT}/cut"
+                          --resume RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REGEX REPLACE "[ \n]+" " " err "${err}")
-  if(NOT rc EQUAL 1 OR NOT err MATCHES "written by 2 rank\\(s\\); this run has 1")
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "--ranks: the run has 2, the command line 1")
     message(FATAL_ERROR "a resume with another --ranks must be refused naming it:\n${err}")
   endif()
   if(MPIEXEC)

@@ -9535,6 +9535,7 @@ enum class HostBackend : std::uint8_t {
 /// `gemm(host, Op::kN, Op::kT, x, w, y, {.epilogue = Epilogue::kBias, .bias = b})`.
 template <class T>
 struct GemmOptions {
+  /// alpha == 0 means the host gemm reads neither A nor B, as in BLAS.
   float alpha = 1.0f;
   /// beta == 0 means C is not read (it may hold NaNs), as in BLAS.
   float beta = 0.0f;
@@ -10984,7 +10985,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     host = nullptr;
   const int threads = host == nullptr ? 1 : host->num_threads();
 
-  if (k == 0) {  // No products: C = epilogue(beta * C).
+  // No products: C = epilogue(beta * C). alpha == 0 reads neither A nor B, as in BLAS (an inf
+  // or NaN there does not reach C).
+  if (k == 0 || out.alpha == 0.0f) {
     gemm_run_tasks(host, m, [&](std::int64_t i) {
       float* zeros = gemm_workspace().c.get(n);
       std::fill(zeros, zeros + n, 0.0f);
@@ -11877,7 +11880,8 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
   // A, e.g. dY in dW = dY^T X), the same sums as the separate pass, which does the rest.
   if (o.epilogue == Epilogue::kBiasGrad) {
     if constexpr (std::is_same_v<TA, float> && std::is_same_v<C, float>) {
-      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0) out.bias_grad = o.bias_grad;
+      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0 && o.alpha != 0.0f)
+        out.bias_grad = o.bias_grad;
     }
     if (out.bias_grad == nullptr) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
   }
@@ -12741,6 +12745,12 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
   ParamInfo info;
   info.shape = shape;
   info.numel = shape.numel();
+  // The arena's size in floats stays far from int64 overflow (its byte counts multiply by 4).
+  constexpr std::int64_t kMaxFloats = std::int64_t{1} << 60;
+  TRAINKIT_CHECK(info.numel <= kMaxFloats && round_up(info.numel) <= kMaxFloats - end_,
+                 "ParamArena::add('", name, "'): shape ", shape.to_string(), " (", info.numel,
+                 " elements) after ", end_,
+                 " registered would take the parameters past 2^60 elements");
   info.offset = end_;
   info.init = init;
   end_ += round_up(info.numel);
@@ -12972,14 +12982,21 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float sigmoid_approx(float x) noexcept
 }
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
-/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
+/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call). Below x = -12
+/// the result is gelu(-12) (~ -4e-38; the exact value is below f32's range), and u is taken at
+/// min(x, 12) (sigmoid(2u) is 1 there already), so x^3 never overflows; NaN stays NaN.
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_approx(float x) noexcept {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
+  x = x < -12.0f ? -12.0f : x;
+  const float xd = x > 12.0f ? 12.0f : x;
+  const float u = kGeluC * (xd + kGeluA * xd * xd * xd);
   return x * sigmoid_approx(2.0f * u);
 }
 
-/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+/// taken at x clamped to [-12, 12]: 1 above, ~0 below (x^2 would overflow into inf * 0 = NaN or
+/// huge values where the slope is 0 or 1 to f32 precision); NaN stays NaN.
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexcept {
+  x = x < -12.0f ? -12.0f : (x > 12.0f ? 12.0f : x);
   const float x2 = x * x;
   const float u = kGeluC * (x + kGeluA * x2 * x);
   const float s = sigmoid_approx(2.0f * u);
@@ -17456,9 +17473,12 @@ TRAINKIT_NAMESPACE_END
 // logits and every gradient against that module in PyTorch, tied and untied.
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -17544,19 +17564,31 @@ class Gpt {
         drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {
     // The parameters whose gradients each stage of backward completes, in backward's order (a
     // tied head's weight is transformer.wte.weight: final only after the embedding's stage).
-    const auto with_prefix = [&](const std::string& prefix) {
-      std::vector<ParamId> ids;
-      for (std::size_t i = 0; i < arena.size(); ++i)
-        if (arena.infos()[i].name.starts_with(prefix))
-          ids.push_back(ParamId{static_cast<std::int32_t>(i)});
-      return ids;
+    // One pass over the arena (a scan per block would be quadratic in the layers): stage 0
+    // lm_head, 1 ln_f, 2 + (n_layer - 1 - l) block l, then wpe and wte.
+    const std::size_t layers = static_cast<std::size_t>(options.n_layer);
+    std::vector<std::vector<ParamId>> stages(layers + 4);
+    const auto stage_of = [&](std::string_view name) -> std::size_t {
+      constexpr std::string_view kBlock = "transformer.h.";
+      if (name.starts_with("lm_head.")) return 0;
+      if (name.starts_with("transformer.ln_f.")) return 1;
+      if (name.starts_with("transformer.wpe.")) return layers + 2;
+      if (name.starts_with("transformer.wte.")) return layers + 3;
+      if (!name.starts_with(kBlock)) return stages.size();
+      name.remove_prefix(kBlock.size());
+      std::size_t l = 0;
+      const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), l);
+      const std::size_t digits = static_cast<std::size_t>(end - name.data());
+      const bool canonical = ec == std::errc() && (digits == 1 || name[0] != '0');
+      if (!canonical || l >= layers || digits == name.size() || name[digits] != '.')
+        return stages.size();
+      return 2 + (layers - 1 - l);
     };
-    if (!options.tie_weights) ready_stages_.push_back(with_prefix("lm_head."));
-    ready_stages_.push_back(with_prefix("transformer.ln_f."));
-    for (std::int64_t l = options.n_layer; l-- > 0;)
-      ready_stages_.push_back(with_prefix("transformer.h." + std::to_string(l) + "."));
-    ready_stages_.push_back(with_prefix("transformer.wpe."));
-    ready_stages_.push_back(with_prefix("transformer.wte."));
+    for (std::size_t i = 0; i < arena.size(); ++i)
+      if (const std::size_t k = stage_of(arena.infos()[i].name); k < stages.size())
+        stages[k].push_back(ParamId{static_cast<std::int32_t>(i)});
+    for (std::size_t k = options.tie_weights ? 1 : 0; k < stages.size(); ++k)
+      ready_stages_.push_back(std::move(stages[k]));
   }
 
   const GptOptions& options() const noexcept { return options_; }
@@ -18032,6 +18064,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 // begin trainkit/optim/grad_norm.hpp
 // SPDX-License-Identifier: MIT
@@ -18676,7 +18709,9 @@ class DynamicScaler {
   void update(const E& exec, double new_scale) {
     static_assert(exec::Executor<E>, "DynamicScaler::update: pass an exec::Host or exec::Cuda");
     if (!enabled()) return;
-    TRAINKIT_CHECK(new_scale >= 0.0, "DynamicScaler::update: new_scale must be >= 0, got ",
+    TRAINKIT_CHECK(new_scale >= 0.0 && new_scale <= std::numeric_limits<float>::max(),
+                   "DynamicScaler::update: new_scale must be >= 0 and a finite float (<= 3.4e38), "
+                   "got ",
                    new_scale);
     exec::launch(exec, 1, detail::SetScale{core_.block(), static_cast<float>(new_scale)});
     core_.set_stage(detail::ScalerCore::Stage::kReady);
@@ -18709,10 +18744,11 @@ class StaticScaler {
   static constexpr bool scales_loss = true;
   static constexpr bool dynamic = false;
 
-  /// Throws for scale <= 0.
+  /// Throws unless 0 < scale <= 3.4e38 (a finite float).
   template <class E>
   StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), static_cast<float>(scale)) {
-    TRAINKIT_CHECK(scale > 0.0, "StaticScaler: scale must be > 0, got ", scale);
+    TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
+                   "StaticScaler: scale must be > 0 and a finite float (<= 3.4e38), got ", scale);
   }
 
   Space space() const noexcept { return core_.space(); }
@@ -18783,9 +18819,11 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_interval = sd.get_int("growth_interval");
   options_ = validated(o);
   detail::ScalerBlock b = core_.read();
-  b.scale = static_cast<float>(sd.get_double("scale"));
-  TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
-                 ", expected a number >= 0");
+  const double scale = sd.get_double("scale");
+  TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),
+                 "DynamicScaler::load_state_dict: 'scale' is ", scale,
+                 ", expected a number >= 0 that is a finite float (<= 3.4e38)");
+  b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
   core_.write(b);
@@ -18799,14 +18837,19 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
                  "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
   TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
                  "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-  TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
+  TRAINKIT_CHECK(o.init_scale > 0.0 && o.init_scale <= std::numeric_limits<float>::max(),
+                 "DynamicScaler: init_scale must be > 0 and a finite float (<= 3.4e38), got ",
+                 o.init_scale);
   return o;
 }
 
 TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   detail::ScalerBlock b = core_.read();
-  b.scale = static_cast<float>(sd.get_double("scale"));
-  TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
+  const double scale = sd.get_double("scale");
+  TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
+                 "StaticScaler::load_state_dict: scale ", scale,
+                 " is not > 0 and a finite float (<= 3.4e38)");
+  b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);
 }
@@ -29883,6 +29926,14 @@ TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std:
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
   const std::size_t at = header.find(detail::checksum_pattern());
   if (at == std::string_view::npos) {
+    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
+    // tool) cannot be checked, and a file that claims one must not load as if it had none.
+    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file.size(), source);
+    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
+                   "' carries a '", kChecksumKey,
+                   "' checksum that cannot be verified: its header is not laid out as trainkit "
+                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
+                   "was made");
     TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
                    "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
     return {file.size(), 0};
@@ -35649,6 +35700,10 @@ TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const 
           else if (text == "false" || text == "0") *p = false;
           else fail("true or false");
         } else if constexpr (std::is_same_v<T, std::string>) {
+          // A path or name with a NUL would be cut there by the system: refuse it (--config
+          // JSON can spell one as \u0000; a command line cannot).
+          TRAINKIT_CHECK(text.find('\0') == std::string_view::npos, program_, ": ", who,
+                         " holds a NUL character; expected text without NUL characters");
           *p = std::string(text);
         } else if constexpr (std::is_floating_point_v<T>) {
           T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
@@ -35706,9 +35761,19 @@ TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
       set_from_text(*f, m.value.as_string(), who);
     } else {
       TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
-      const std::string number = !m.value.is_integer()   ? m.value.number_text()
-                                 : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
-                                                         : std::to_string(m.value.as_int());
+      std::string number;
+      if (!m.value.is_integer()) {
+        number = m.value.number_text();
+      } else if (m.value.is_unsigned()) {
+        number = std::to_string(m.value.as_uint());
+      } else {
+        try {
+          number = std::to_string(m.value.as_int());
+        } catch (const Error&) {  // below -2^63: no flag takes it
+          TRAINKIT_FAIL(program_, ": ", who, " is ", m.value.as_double(),
+                        ", not a number in range");
+        }
+      }
       set_from_text(*f, number, who);
     }
     given_.insert(m.key);
@@ -35954,13 +36019,24 @@ class Loop {
                      existing.empty() ? 0 : existing.back().step,
                      "); resume that run, or give the new one another directory");
     }
-    if (resume_from_ && flags_ != nullptr) {
-      std::map<std::string, std::string> saved;
-      for (const auto& [key, value] : resume_from_->metadata)
-        if (key.starts_with(detail::kConfigPrefix))
-          saved[key.substr(detail::kConfigPrefix.size())] = value;
-      flags_->adopt(saved, resume_from_->path.string());
-    }
+    if (resume_from_ && flags_ != nullptr)
+      flags_->adopt(saved_flags(*resume_from_), resume_from_->path.string());
+  }
+
+  /// Adopts into `flags` the kRun flags saved with the newest checkpoint under <dir>/ckpt whose
+  /// manifest reads, as the constructor does on resume (a flag given with another value is an
+  /// error), without creating, verifying or moving anything on disk; false when there is none.
+  /// For what a program must know before it can build its Loop, such as how many ranks to
+  /// start; the Loop then adopts from the checkpoint it verified (the same one unless that is
+  /// damaged, and then a differing flag is an error).
+  static bool adopt_saved_flags(Flags& flags, const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir / "ckpt", ec)) return false;
+    const ckpt::Checkpointer reader((dir / "ckpt").string(), {.remove_stale = false});
+    const std::vector<ckpt::CheckpointInfo> found = reader.list();
+    if (found.empty()) return false;
+    flags.adopt(saved_flags(found.back()), found.back().path.string());
+    return true;
   }
 
   /// The checkpoint run() will continue from (nullopt: a fresh run).
@@ -36162,6 +36238,15 @@ class Loop {
   int rank() const noexcept { return options_.comm != nullptr ? options_.comm->rank() : 0; }
 
  private:
+  /// The flags a checkpoint's metadata carries (their kConfigPrefix removed).
+  static std::map<std::string, std::string> saved_flags(const ckpt::CheckpointInfo& info) {
+    std::map<std::string, std::string> saved;
+    for (const auto& [key, value] : info.metadata)
+      if (key.starts_with(detail::kConfigPrefix))
+        saved[key.substr(detail::kConfigPrefix.size())] = value;
+    return saved;
+  }
+
   static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {
     ckpt::CheckpointerOptions c{.every_steps = o.ckpt_every,
                                 .every_seconds = o.ckpt_every_seconds,

@@ -361,6 +361,30 @@ TEST_CASE("host gemm: k == 0 scales C by beta, empty outputs are no-ops") {
   blas::gemm(host, Op::kN, Op::kN, a0.cview(), b0.cview(), c0.view());  // nothing to do
 }
 
+TEST_CASE("host gemm: alpha == 0 reads neither A nor B (inf and NaN there do not reach C)") {
+  const std::int64_t m = 13, n = 37, k = 21;
+  for (const int threads : {1, 2}) {
+    exec::Host host(threads);
+    for (const Op op_a : {Op::kN, Op::kT}) {
+      Matrix<float> a = op_a == Op::kN ? Matrix<float>(m, k) : Matrix<float>(k, m), b(k, n);
+      a.fill_random(41);
+      b.fill_random(42);
+      a.at(0, 0) = std::numeric_limits<float>::infinity();
+      b.at(1, 2) = std::numeric_limits<float>::quiet_NaN();
+      for (const float beta : {0.0f, 1.0f, -0.5f}) {
+        CAPTURE(threads);
+        CAPTURE(beta);
+        Matrix<float> c(m, n);
+        c.fill(2.0);
+        blas::gemm(host, op_a, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.alpha = 0.0f, .beta = beta});
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) REQUIRE(c.get(i, j) == 2.0 * beta);
+      }
+    }
+  }
+}
+
 TEST_CASE("host gemm: epilogues match the float64 composition") {
   exec::Host host(2);
   const std::int64_t m = 70, n = 45, k = 133;

@@ -404,6 +404,47 @@ TEST_CASE("GELU and ReLU: forward vs f64, backward vs finite differences and PyT
   CHECK(std::abs(y[1]) < 1e-30f);  // gelu(-20) underflows (true value ~ -1e-248)
   CHECK(y[2] == 20.0f);
 
+  // Far out (x^2 and x^3 overflow f32 past ~1.8e19 and ~7e12): the value and slope stay what
+  // they are to f32 precision (0 and x; 0 and 1), never NaN or huge; NaN stays NaN.
+  {
+    const float far[] = {-3.4e38f,
+                         -1e30f,
+                         -2e19f,
+                         -1e13f,
+                         -1e11f,
+                         -50.0f,
+                         50.0f,
+                         1e11f,
+                         1e13f,
+                         2e19f,
+                         1e30f,
+                         3.4e38f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN()};
+    const std::int64_t m = std::size(far);
+    std::vector<float> fx(far, far + m), fy(std::size_t(m), 0.0f), fdx(std::size_t(m), 0.0f);
+    const std::vector<float> ones(std::size_t(m), 1.0f);
+    gelu.forward(pool(), tk::HostView<float, 1>(fx.data(), tk::Extents<1>{{m}}),
+                 tk::HostView<float, 1>(fy.data(), tk::Extents<1>{{m}}));
+    gelu.backward(pool(), tk::HostView<float, 1>(fx.data(), tk::Extents<1>{{m}}),
+                  tk::HostView<const float, 1>(ones.data(), tk::Extents<1>{{m}}),
+                  tk::HostView<float, 1>(fdx.data(), tk::Extents<1>{{m}}));
+    for (std::int64_t i = 0; i + 1 < m; ++i) {
+      const float xi = fx[std::size_t(i)];
+      CAPTURE(xi);
+      if (xi < 0.0f) {
+        CHECK(std::abs(fy[std::size_t(i)]) < 1e-30f);
+        CHECK(std::abs(fdx[std::size_t(i)]) < 1e-30f);
+      } else {
+        CHECK(fy[std::size_t(i)] == xi);
+        CHECK(fdx[std::size_t(i)] == 1.0f);
+      }
+    }
+    CHECK(std::isnan(fy[std::size_t(m - 1)]));
+    CHECK(std::isnan(fdx[std::size_t(m - 1)]));
+  }
+
   nn::ReLU relu;
   relu.forward(pool(), xv, yv);
   relu.backward(pool(), xv, dyv, dxv);

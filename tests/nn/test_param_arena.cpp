@@ -90,6 +90,17 @@ TEST_CASE("ParamArena: registration, aligned layout with zero padding, named vie
   CHECK(arena.params_data()[15] == 0.0f);
 }
 
+TEST_CASE(
+    "ParamArena: sizes past 2^60 elements are refused when registered, before any allocation") {
+  nn::ParamArena<> arena;
+  CHECK_THROWS_WITH_AS(arena.add("huge", tk::Shape{std::int64_t{1} << 31, std::int64_t{1} << 31}),
+                       doctest::Contains("'huge'"), tk::Error);
+  arena.add("a", tk::Shape{std::int64_t{1} << 30, std::int64_t{1} << 29});  // 2^59: registers
+  arena.add("b", tk::Shape{std::int64_t{1} << 59});
+  CHECK_THROWS_WITH_AS(arena.add("c", tk::Shape{64}), doctest::Contains("past 2^60"), tk::Error);
+  CHECK(arena.num_parameters() == std::int64_t{1} << 60);
+}
+
 TEST_CASE("ParamArena: optimizer state buffers share the layout") {
   nn::ParamArena<> arena;
   const nn::ParamId a = arena.add("a", tk::Shape{5});

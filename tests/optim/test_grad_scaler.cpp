@@ -473,10 +473,21 @@ TEST_CASE("DynamicScaler: a saved scale of 0 loads and round-trips, as in PyTorc
   r.unscale_(pool(), arena);
   r.update(pool(), 0.0);  // update(new_scale) takes 0 too
   CHECK(r.scale() == 0.0f);
-  for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+  // Negative, NaN, or beyond f32 (it would become an inf scale that backoff never leaves, so
+  // every later step would be skipped): refused wherever a scale enters.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(), 1e39, inf}) {
+    CAPTURE(bad);
     sd.set("scale", bad);
     CHECK_THROWS_AS(r.load_state_dict(sd), tk::Error);
+    if (bad > 0.0) {
+      CHECK_THROWS_AS(optim::DynamicScaler(pool(), {.init_scale = bad}), tk::Error);
+      CHECK_THROWS_AS(optim::StaticScaler(pool(), bad), tk::Error);
+    }
   }
   r.unscale_(pool(), arena);
   CHECK_THROWS_AS(r.update(pool(), -2.0), tk::Error);
+  CHECK_THROWS_AS(r.update(pool(), 1e39), tk::Error);
+  CHECK(optim::DynamicScaler(pool(), {.init_scale = std::numeric_limits<float>::max()}).scale() ==
+        std::numeric_limits<float>::max());
 }

@@ -190,6 +190,12 @@ TEST_CASE("Flags: --config sets typed values, the command line overrides them") 
   fails(R"({"layers": 6,})", "--config file");
   fails(R"({"layers": 6, "layers": 7})", "--config file");
   fails(std::string(train::Flags::kMaxConfigBytes + 1, ' '), "is larger than");
+  // Beyond int64 below zero, and a NUL inside a text value: named, not cut or passed on.
+  fails(R"({"steps": -9223372036854775809})", "'steps' is");
+  fails(R"({"steps": -9223372036854775809})", "not a number in range");
+  fails(R"({"out": "a\u0000b"})", "'out' holds a NUL character");
+  fails(R"({"out": "a\u0000b"})", "without NUL characters");
+  CHECK(c.out == "r");
 }
 
 TEST_CASE("Flags: run_config round-trips random values exactly through adopt") {

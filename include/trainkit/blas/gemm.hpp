@@ -79,7 +79,8 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
   // A, e.g. dY in dW = dY^T X), the same sums as the separate pass, which does the rest.
   if (o.epilogue == Epilogue::kBiasGrad) {
     if constexpr (std::is_same_v<TA, float> && std::is_same_v<C, float>) {
-      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0) out.bias_grad = o.bias_grad;
+      if (!use_cblas && ra.rs == 1 && ra.cs != 1 && s.n > 0 && s.k > 0 && o.alpha != 0.0f)
+        out.bias_grad = o.bias_grad;
     }
     if (out.bias_grad == nullptr) host_bias_grad(&host, ra, s.m, s.k, o.bias_grad);
   }

@@ -59,6 +59,7 @@ enum class HostBackend : std::uint8_t {
 /// `gemm(host, Op::kN, Op::kT, x, w, y, {.epilogue = Epilogue::kBias, .bias = b})`.
 template <class T>
 struct GemmOptions {
+  /// alpha == 0 means the host gemm reads neither A nor B, as in BLAS.
   float alpha = 1.0f;
   /// beta == 0 means C is not read (it may hold NaNs), as in BLAS.
   float beta = 0.0f;

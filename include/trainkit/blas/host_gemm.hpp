@@ -1262,7 +1262,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
     host = nullptr;
   const int threads = host == nullptr ? 1 : host->num_threads();
 
-  if (k == 0) {  // No products: C = epilogue(beta * C).
+  // No products: C = epilogue(beta * C). alpha == 0 reads neither A nor B, as in BLAS (an inf
+  // or NaN there does not reach C).
+  if (k == 0 || out.alpha == 0.0f) {
     gemm_run_tasks(host, m, [&](std::int64_t i) {
       float* zeros = gemm_workspace().c.get(n);
       std::fill(zeros, zeros + n, 0.0f);

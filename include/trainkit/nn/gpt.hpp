@@ -18,9 +18,12 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -120,19 +123,31 @@ class Gpt {
         drop_({.p = options.dropout, .seed = options.seed, .site = 1}) {
     // The parameters whose gradients each stage of backward completes, in backward's order (a
     // tied head's weight is transformer.wte.weight: final only after the embedding's stage).
-    const auto with_prefix = [&](const std::string& prefix) {
-      std::vector<ParamId> ids;
-      for (std::size_t i = 0; i < arena.size(); ++i)
-        if (arena.infos()[i].name.starts_with(prefix))
-          ids.push_back(ParamId{static_cast<std::int32_t>(i)});
-      return ids;
+    // One pass over the arena (a scan per block would be quadratic in the layers): stage 0
+    // lm_head, 1 ln_f, 2 + (n_layer - 1 - l) block l, then wpe and wte.
+    const std::size_t layers = static_cast<std::size_t>(options.n_layer);
+    std::vector<std::vector<ParamId>> stages(layers + 4);
+    const auto stage_of = [&](std::string_view name) -> std::size_t {
+      constexpr std::string_view kBlock = "transformer.h.";
+      if (name.starts_with("lm_head.")) return 0;
+      if (name.starts_with("transformer.ln_f.")) return 1;
+      if (name.starts_with("transformer.wpe.")) return layers + 2;
+      if (name.starts_with("transformer.wte.")) return layers + 3;
+      if (!name.starts_with(kBlock)) return stages.size();
+      name.remove_prefix(kBlock.size());
+      std::size_t l = 0;
+      const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), l);
+      const std::size_t digits = static_cast<std::size_t>(end - name.data());
+      const bool canonical = ec == std::errc() && (digits == 1 || name[0] != '0');
+      if (!canonical || l >= layers || digits == name.size() || name[digits] != '.')
+        return stages.size();
+      return 2 + (layers - 1 - l);
     };
-    if (!options.tie_weights) ready_stages_.push_back(with_prefix("lm_head."));
-    ready_stages_.push_back(with_prefix("transformer.ln_f."));
-    for (std::int64_t l = options.n_layer; l-- > 0;)
-      ready_stages_.push_back(with_prefix("transformer.h." + std::to_string(l) + "."));
-    ready_stages_.push_back(with_prefix("transformer.wpe."));
-    ready_stages_.push_back(with_prefix("transformer.wte."));
+    for (std::size_t i = 0; i < arena.size(); ++i)
+      if (const std::size_t k = stage_of(arena.infos()[i].name); k < stages.size())
+        stages[k].push_back(ParamId{static_cast<std::int32_t>(i)});
+    for (std::size_t k = options.tie_weights ? 1 : 0; k < stages.size(); ++k)
+      ready_stages_.push_back(std::move(stages[k]));
   }
 
   const GptOptions& options() const noexcept { return options_; }

@@ -76,14 +76,21 @@ TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float sigmoid_approx(float x) noexcept
 }
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
-/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call).
+/// as x * sigmoid(2u) (the same function; no cancellation near 0, no tanh call). Below x = -12
+/// the result is gelu(-12) (~ -4e-38; the exact value is below f32's range), and u is taken at
+/// min(x, 12) (sigmoid(2u) is 1 there already), so x^3 never overflows; NaN stays NaN.
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_approx(float x) noexcept {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
+  x = x < -12.0f ? -12.0f : x;
+  const float xd = x > 12.0f ? 12.0f : x;
+  const float u = kGeluC * (xd + kGeluA * xd * xd * xd);
   return x * sigmoid_approx(2.0f * u);
 }
 
-/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+/// d gelu / dx = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+/// taken at x clamped to [-12, 12]: 1 above, ~0 below (x^2 would overflow into inf * 0 = NaN or
+/// huge values where the slope is 0 or 1 to f32 precision); NaN stays NaN.
 TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE float gelu_grad_approx(float x) noexcept {
+  x = x < -12.0f ? -12.0f : (x > 12.0f ? 12.0f : x);
   const float x2 = x * x;
   const float u = kGeluC * (x + kGeluA * x2 * x);
   const float s = sigmoid_approx(2.0f * u);

@@ -407,6 +407,12 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
   ParamInfo info;
   info.shape = shape;
   info.numel = shape.numel();
+  // The arena's size in floats stays far from int64 overflow (its byte counts multiply by 4).
+  constexpr std::int64_t kMaxFloats = std::int64_t{1} << 60;
+  TRAINKIT_CHECK(info.numel <= kMaxFloats && round_up(info.numel) <= kMaxFloats - end_,
+                 "ParamArena::add('", name, "'): shape ", shape.to_string(), " (", info.numel,
+                 " elements) after ", end_,
+                 " registered would take the parameters past 2^60 elements");
   info.offset = end_;
   info.init = init;
   end_ += round_up(info.numel);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/config.hpp"
@@ -354,7 +355,9 @@ class DynamicScaler {
   void update(const E& exec, double new_scale) {
     static_assert(exec::Executor<E>, "DynamicScaler::update: pass an exec::Host or exec::Cuda");
     if (!enabled()) return;
-    TRAINKIT_CHECK(new_scale >= 0.0, "DynamicScaler::update: new_scale must be >= 0, got ",
+    TRAINKIT_CHECK(new_scale >= 0.0 && new_scale <= std::numeric_limits<float>::max(),
+                   "DynamicScaler::update: new_scale must be >= 0 and a finite float (<= 3.4e38), "
+                   "got ",
                    new_scale);
     exec::launch(exec, 1, detail::SetScale{core_.block(), static_cast<float>(new_scale)});
     core_.set_stage(detail::ScalerCore::Stage::kReady);
@@ -387,10 +390,11 @@ class StaticScaler {
   static constexpr bool scales_loss = true;
   static constexpr bool dynamic = false;
 
-  /// Throws for scale <= 0.
+  /// Throws unless 0 < scale <= 3.4e38 (a finite float).
   template <class E>
   StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), static_cast<float>(scale)) {
-    TRAINKIT_CHECK(scale > 0.0, "StaticScaler: scale must be > 0, got ", scale);
+    TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
+                   "StaticScaler: scale must be > 0 and a finite float (<= 3.4e38), got ", scale);
   }
 
   Space space() const noexcept { return core_.space(); }
@@ -461,9 +465,11 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_interval = sd.get_int("growth_interval");
   options_ = validated(o);
   detail::ScalerBlock b = core_.read();
-  b.scale = static_cast<float>(sd.get_double("scale"));
-  TRAINKIT_CHECK(b.scale >= 0.0f, "DynamicScaler::load_state_dict: 'scale' is ", b.scale,
-                 ", expected a number >= 0");
+  const double scale = sd.get_double("scale");
+  TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),
+                 "DynamicScaler::load_state_dict: 'scale' is ", scale,
+                 ", expected a number >= 0 that is a finite float (<= 3.4e38)");
+  b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
   core_.write(b);
@@ -477,14 +483,19 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
                  "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
   TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
                  "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-  TRAINKIT_CHECK(o.init_scale > 0.0, "DynamicScaler: init_scale must be > 0, got ", o.init_scale);
+  TRAINKIT_CHECK(o.init_scale > 0.0 && o.init_scale <= std::numeric_limits<float>::max(),
+                 "DynamicScaler: init_scale must be > 0 and a finite float (<= 3.4e38), got ",
+                 o.init_scale);
   return o;
 }
 
 TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   detail::ScalerBlock b = core_.read();
-  b.scale = static_cast<float>(sd.get_double("scale"));
-  TRAINKIT_CHECK(b.scale > 0.0f, "StaticScaler::load_state_dict: scale ", b.scale, " <= 0");
+  const double scale = sd.get_double("scale");
+  TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
+                 "StaticScaler::load_state_dict: scale ", scale,
+                 " is not > 0 and a finite float (<= 3.4e38)");
+  b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);
 }

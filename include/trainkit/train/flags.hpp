@@ -350,6 +350,10 @@ TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const 
           else if (text == "false" || text == "0") *p = false;
           else fail("true or false");
         } else if constexpr (std::is_same_v<T, std::string>) {
+          // A path or name with a NUL would be cut there by the system: refuse it (--config
+          // JSON can spell one as \u0000; a command line cannot).
+          TRAINKIT_CHECK(text.find('\0') == std::string_view::npos, program_, ": ", who,
+                         " holds a NUL character; expected text without NUL characters");
           *p = std::string(text);
         } else if constexpr (std::is_floating_point_v<T>) {
           T v = 0;  // parsed in T itself, so a float's shortest text reads back exactly
@@ -407,9 +411,19 @@ TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
       set_from_text(*f, m.value.as_string(), who);
     } else {
       TRAINKIT_CHECK(m.value.is_number(), program_, ": ", who, " must be a number");
-      const std::string number = !m.value.is_integer()   ? m.value.number_text()
-                                 : m.value.is_unsigned() ? std::to_string(m.value.as_uint())
-                                                         : std::to_string(m.value.as_int());
+      std::string number;
+      if (!m.value.is_integer()) {
+        number = m.value.number_text();
+      } else if (m.value.is_unsigned()) {
+        number = std::to_string(m.value.as_uint());
+      } else {
+        try {
+          number = std::to_string(m.value.as_int());
+        } catch (const Error&) {  // below -2^63: no flag takes it
+          TRAINKIT_FAIL(program_, ": ", who, " is ", m.value.as_double(),
+                        ", not a number in range");
+        }
+      }
       set_from_text(*f, number, who);
     }
     given_.insert(m.key);

@@ -246,13 +246,24 @@ class Loop {
                      existing.empty() ? 0 : existing.back().step,
                      "); resume that run, or give the new one another directory");
     }
-    if (resume_from_ && flags_ != nullptr) {
-      std::map<std::string, std::string> saved;
-      for (const auto& [key, value] : resume_from_->metadata)
-        if (key.starts_with(detail::kConfigPrefix))
-          saved[key.substr(detail::kConfigPrefix.size())] = value;
-      flags_->adopt(saved, resume_from_->path.string());
-    }
+    if (resume_from_ && flags_ != nullptr)
+      flags_->adopt(saved_flags(*resume_from_), resume_from_->path.string());
+  }
+
+  /// Adopts into `flags` the kRun flags saved with the newest checkpoint under <dir>/ckpt whose
+  /// manifest reads, as the constructor does on resume (a flag given with another value is an
+  /// error), without creating, verifying or moving anything on disk; false when there is none.
+  /// For what a program must know before it can build its Loop, such as how many ranks to
+  /// start; the Loop then adopts from the checkpoint it verified (the same one unless that is
+  /// damaged, and then a differing flag is an error).
+  static bool adopt_saved_flags(Flags& flags, const std::filesystem::path& dir) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir / "ckpt", ec)) return false;
+    const ckpt::Checkpointer reader((dir / "ckpt").string(), {.remove_stale = false});
+    const std::vector<ckpt::CheckpointInfo> found = reader.list();
+    if (found.empty()) return false;
+    flags.adopt(saved_flags(found.back()), found.back().path.string());
+    return true;
   }
 
   /// The checkpoint run() will continue from (nullopt: a fresh run).
@@ -454,6 +465,15 @@ class Loop {
   int rank() const noexcept { return options_.comm != nullptr ? options_.comm->rank() : 0; }
 
  private:
+  /// The flags a checkpoint's metadata carries (their kConfigPrefix removed).
+  static std::map<std::string, std::string> saved_flags(const ckpt::CheckpointInfo& info) {
+    std::map<std::string, std::string> saved;
+    for (const auto& [key, value] : info.metadata)
+      if (key.starts_with(detail::kConfigPrefix))
+        saved[key.substr(detail::kConfigPrefix.size())] = value;
+    return saved;
+  }
+
   static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {
     ckpt::CheckpointerOptions c{.every_steps = o.ckpt_every,
                                 .every_seconds = o.ckpt_every_seconds,
