@@ -14450,6 +14450,24 @@ TRAINKIT_FORCEINLINE LayerNormChunk layer_norm_chunk(const LayerNormArgs<T>& a, 
   return {pw, pb, k * kLayerNormChunk, std::min(a.rows, (k + 1) * kLayerNormChunk)};
 }
 
+/// A row's mean and variance from m0 (the plain mean: one f32 sum / n) and the sums of
+/// d = x - m0 and of d^2 over the row: m = m0 + sum(d) / n and var = (sum(d^2) - sum(d)^2 / n) / n,
+/// which remove the rounding error of m0 (the corrected two-pass algorithm). Without it a row of
+/// equal values (or a large offset with a small spread) normalises m0's rounding error,
+/// multiplied by up to 1/sqrt(eps), instead of 0. Shared by the host rows (scalar and AVX2: the
+/// same bits) and the CUDA kernel.
+struct RowMoments {
+  float mean, var;
+};
+TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE RowMoments row_moments(float m0, float sum_d,
+                                                                 float sum_d2, std::int64_t n) {
+  const float shift = sum_d / static_cast<float>(n);
+  // d^2 past f32 (|x| >~ 1.8e19): an infinite variance (rstd 0), not inf - inf; NaN stays NaN.
+  if (sum_d2 - sum_d2 != 0.0f) return {m0 + shift, sum_d2};
+  const float var = (sum_d2 - sum_d * shift) / static_cast<float>(n);
+  return {m0 + shift, var < 0.0f ? 0.0f : var};
+}
+
 #if TRAINKIT_DETAIL_HOST_AVX2
 /// Rows [r0, r1) of the f32 forward in AVX2: lane_sum's lanes and tree, the element formulas'
 /// operations in their order (no FMA), so the bits of the generic row loop.
@@ -14465,18 +14483,24 @@ __attribute__((target("avx2"))) inline void layer_norm_forward_rows_avx2(
     std::int64_t c = 0;
     for (; c < full; c += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + c));
     if (c < C) acc = _mm256_add_ps(acc, _mm256_maskload_ps(x + c, tail_i));
-    const float m = lane_tree8(acc) / static_cast<float>(C);
-    const __m256 vm = _mm256_set1_ps(m);
+    const float m0 = lane_tree8(acc) / static_cast<float>(C);
+    const __m256 vm0 = _mm256_set1_ps(m0);
     acc = zero;
+    __m256 acc2 = zero;
     for (c = 0; c < full; c += 8) {
-      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), vm);
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), vm0);
+      acc = _mm256_add_ps(acc, d);
+      acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(d, d));
     }
     if (c < C) {
-      const __m256 d = _mm256_sub_ps(_mm256_maskload_ps(x + c, tail_i), vm);
-      acc = _mm256_add_ps(acc, _mm256_and_ps(_mm256_mul_ps(d, d), tail));
+      const __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, tail_i), vm0), tail);
+      acc = _mm256_add_ps(acc, d);
+      acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(d, d));
     }
-    const float sd = 1.0f / std::sqrt(lane_tree8(acc) / static_cast<float>(C) + a.eps);
+    const RowMoments mo = row_moments(m0, lane_tree8(acc), lane_tree8(acc2), C);
+    const float m = mo.mean;
+    const __m256 vm = _mm256_set1_ps(m);
+    const float sd = 1.0f / std::sqrt(mo.var + a.eps);
     const __m256 vs = _mm256_set1_ps(sd);
     for (c = 0; c < C; c += 8) {
       const bool part = c + 8 > C;
@@ -14564,12 +14588,16 @@ TRAINKIT_FORCEINLINE void layer_norm_forward_rows(const LayerNormArgs<T>& a, std
   for (std::int64_t r = r0; r < r1; ++r) {
     const T* x = a.x + r * C;
     T* y = a.y + r * C;
-    const float m = lane_sum(C, [&](std::int64_t c) { return load(x[c]); }) / static_cast<float>(C);
-    const float var = lane_sum(C, [&](std::int64_t c) {
-      const float d = load(x[c]) - m;
+    const float m0 =
+        lane_sum(C, [&](std::int64_t c) { return load(x[c]); }) / static_cast<float>(C);
+    const float sum_d = lane_sum(C, [&](std::int64_t c) { return load(x[c]) - m0; });
+    const float sum_d2 = lane_sum(C, [&](std::int64_t c) {
+      const float d = load(x[c]) - m0;
       return d * d;
     });
-    const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + a.eps);
+    const RowMoments mo = row_moments(m0, sum_d, sum_d2, C);
+    const float m = mo.mean;
+    const float s = 1.0f / std::sqrt(mo.var + a.eps);
     const auto put = [&](std::int64_t c, float v) { y[c] = store<T>(v); };
     if (a.b != nullptr) {
       lane_map(
@@ -14670,7 +14698,8 @@ void layer_norm_backward(const exec::Host& host, const LayerNormArgs<T>& a) {
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// One warp per row: mean, then the centred variance (two passes over the row, from cache).
+/// One warp per row: the plain mean, then the corrected moments (row_moments; two passes over
+/// the row, from cache).
 template <class T>
 __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
@@ -14681,13 +14710,16 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
   T* y = a.y + row * C;
   float sum = 0.0f;
   for (std::int64_t c = lane; c < C; c += 32) sum += load(x[c]);
-  const float m = warp_sum(sum) / static_cast<float>(C);
-  float var = 0.0f;
+  const float m0 = warp_sum(sum) / static_cast<float>(C);
+  float sum_d = 0.0f, sum_d2 = 0.0f;
   for (std::int64_t c = lane; c < C; c += 32) {
-    const float d = load(x[c]) - m;
-    var += d * d;
+    const float d = load(x[c]) - m0;
+    sum_d += d;
+    sum_d2 += d * d;
   }
-  const float s = rsqrtf(warp_sum(var) / static_cast<float>(C) + a.eps);
+  const RowMoments mo = row_moments(m0, warp_sum(sum_d), warp_sum(sum_d2), C);
+  const float m = mo.mean;
+  const float s = rsqrtf(mo.var + a.eps);
   for (std::int64_t c = lane; c < C; c += 32) {
     float v = (load(x[c]) - m) * s * a.w[c];
     if (a.b != nullptr) v += a.b[c];

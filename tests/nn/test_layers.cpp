@@ -3,9 +3,11 @@
 // against PyTorch (tests/fixtures/nn/reference.*), plus the accumulate/write conventions.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
@@ -334,6 +336,70 @@ TEST_CASE("LayerNorm: forward vs f64 (saved statistics), backward vs finite diff
               nn::Write::kAccumulate);
   for (std::size_t i = 0; i < dx.size(); i += 17)
     CHECK(acc[i] == doctest::Approx(1.0f + dx[i]).epsilon(1e-5));
+}
+
+TEST_CASE("LayerNorm: rows of equal values, and a large offset with a small spread") {
+  // The mean is corrected by a second pass, so a constant row normalises to exactly 0 (y = b,
+  // dx = 0) instead of its mean's rounding error times 1/sqrt(eps); a near-constant row keeps the
+  // float64 result to within what its f32 inputs allow.
+  std::mt19937 gen(61);
+  for (const std::int64_t c : {1, 7, 9, 16, 17, 23, 64, 129, 768}) {
+    CAPTURE(c);
+    const std::int64_t n = 6;
+    nn::ParamArena<> arena;
+    nn::LayerNorm ln(arena, "ln", {.features = c});
+    arena.finalize();
+    const auto wv = nntest::random_floats(c, 64, 0.5f);
+    const auto bv = nntest::random_floats(c, 62, 0.5f);
+    for (std::int64_t j = 0; j < c; ++j) {
+      arena.param<1>(ln.weight())[j] = 1.0f + wv[std::size_t(j)];
+      arena.param<1>(ln.bias())[j] = bv[std::size_t(j)];
+    }
+    const float offsets[] = {10000001.0f, 1234.567f, -3.3e7f, 0.1f, -7.5e-3f, 1e18f};
+    std::vector<float> x(std::size_t(n * c)), y(x.size()), dx(x.size());
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t j = 0; j < c; ++j) x[std::size_t(r * c + j)] = offsets[r];
+    decltype(ln)::Context ctx;
+    ln.forward(pool(), ctx, mat(x.data(), n, c), mat(y.data(), n, c));
+    for (std::int64_t r = 0; r < n; ++r) {
+      CAPTURE(offsets[r]);
+      CHECK(ctx.mean()[std::size_t(r)] == offsets[r]);
+      for (std::int64_t j = 0; j < c; ++j) REQUIRE(y[std::size_t(r * c + j)] == bv[std::size_t(j)]);
+    }
+    const auto dy = nntest::random_floats(n * c, 63);
+    ln.backward(pool(), ctx, mat(x.data(), n, c), mat(dy.data(), n, c), mat(dx.data(), n, c));
+    // A constant row: dx = rstd * (w dy - mean(w dy)) (xhat = 0), rstd = 1 / sqrt(eps).
+    for (std::int64_t r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const auto g = [&](std::int64_t j) {
+        return double(dy[std::size_t(r * c + j)]) * (1.0 + double(wv[std::size_t(j)]));
+      };
+      double mg = 0.0;
+      for (std::int64_t j = 0; j < c; ++j) mg += g(j);
+      mg /= double(c);
+      for (std::int64_t j = 0; j < c; ++j) {
+        const double want = (g(j) - mg) / std::sqrt(1e-5);
+        REQUIRE(dx[std::size_t(r * c + j)] == doctest::Approx(want).epsilon(1e-4).scale(1e-2));
+      }
+    }
+
+    // Past |x| ~ 1.8e19 the squares overflow f32: the variance is infinite, y = b (never NaN).
+    std::fill(x.begin(), x.end(), -1e30f);
+    ln.forward(pool(), ctx, mat(x.data(), n, c), mat(y.data(), n, c));
+    for (std::int64_t j = 0; j < c; ++j) CHECK(y[std::size_t(j)] == bv[std::size_t(j)]);
+
+    // Offset 1234 with a spread of 1e-2: y against float64 of the same f32 inputs.
+    std::uniform_real_distribution<float> spread(-1e-2f, 1e-2f);
+    for (auto& v : x) v = 1234.0f + spread(gen);
+    ln.forward(pool(), ctx, mat(x.data(), n, c), mat(y.data(), n, c));
+    const auto xd = nntest::to_double(x.data(), n * c);
+    const auto w = nntest::to_double(arena.param<1>(ln.weight()).data(), c);
+    const auto b = nntest::to_double(arena.param<1>(ln.bias()).data(), c);
+    const auto ref = layer_norm_ref(xd, w, b, n, c, 1e-5);
+    double worst = 0.0;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(y[i] - ref[i]));
+    CHECK(worst < 2e-2);  // |x| * eps_f32 / spread ~ 1e-2 is what the inputs' rounding allows
+  }
 }
 
 TEST_CASE("LayerNorm: matches PyTorch values; bits independent of threads") {
