@@ -163,8 +163,7 @@ void check_host_memory(const Config& c) {
     TRAINKIT_FAIL("--layers ", c.layers, ", --dim ", c.dim, ", --vocab ", c.vocab, ", --seq ",
                   c.seq, ", --batch ", c.batch, " and --ranks ", c.ranks, " need about ",
                   std::ceil(need / double(1 << 30)),
-                  " GiB of memory (--plan itemises it); this "
-                  "machine has ",
+                  " GiB of memory (--plan itemises it); this machine has ",
                   std::floor(have / double(1 << 30)), " GiB");
   };
   if (16 * params * double(c.ranks) > have) fail(16 * params * double(c.ranks));
@@ -359,8 +358,7 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
     fs::create_directories(out / "data");
     std::vector<std::uint16_t> bytes(text.begin(), text.end());
     for (auto& b : bytes) b &= 0xff;  // bytes, not signed chars
-    // A resumed run continues on its own corpus: the shards it wrote must come out the same.
-    const fs::path check = out / "data" / ".new.bin";
+    // A resumed run continues on its own corpus: the tokens of the shards it wrote must be these.
     for (const bool train : {true, false}) {
       const fs::path shard = out / "data" / (train ? "train.bin" : "val.bin");
       const auto tokens = train ? std::span(bytes).first(split) : std::span(bytes).subspan(split);
@@ -368,13 +366,11 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
         data::write_token_shard(shard, tokens);
         continue;
       }
-      data::write_token_shard(check, tokens);
-      bool same = false;
-      {
-        const tk::io::MappedFile now(check), then(shard);
-        same = std::ranges::equal(now.bytes(), then.bytes());
-      }
-      fs::remove(check);
+      const tk::io::MappedFile then(shard);
+      const auto saved = then.bytes();
+      const bool same =
+          saved.size() == data::kTokenShardHeaderBytes + tokens.size_bytes() &&
+          std::ranges::equal(saved.subspan(data::kTokenShardHeaderBytes), std::as_bytes(tokens));
       TRAINKIT_CHECK(same, "--data '", c.data, "' is not the corpus this run was trained on (",
                      shard.string(), " differs); resume with the same --data");
     }

@@ -254,8 +254,9 @@ class Loop {
   /// manifest reads, as the constructor does on resume (a flag given with another value is an
   /// error), without creating, verifying or moving anything on disk; false when there is none.
   /// For what a program must know before it can build its Loop, such as how many ranks to
-  /// start; the Loop then adopts from the checkpoint it verified (the same one unless that is
-  /// damaged, and then a differing flag is an error).
+  /// start; the Loop then adopts from the checkpoint it verifies (the same one unless that is
+  /// damaged: an older one's settings then replace these, and a rank count that differs from the
+  /// one started fails the resume).
   static bool adopt_saved_flags(Flags& flags, const std::filesystem::path& dir) {
     std::error_code ec;
     if (!std::filesystem::is_directory(dir / "ckpt", ec)) return false;
