@@ -208,12 +208,19 @@ int train(Run& run, const E& exec) {
   if (!c.init_from.empty() &&
       !run.loop.resuming()) {  // a resumed run's weights are its checkpoint's
     // A tied model has no lm_head.weight; a file may still hold it (a copy of wte's weight).
-    const auto r = tk::ckpt::load_model(arena, c.init_from, {.allow_unexpected = c.tie_weights});
+    // F16, BF16 and F64 files (a PyTorch model saved in half precision) are rounded to F32.
+    const auto r = tk::ckpt::load_model(
+        arena, c.init_from,
+        {.allow_unexpected = c.tie_weights,
+         .convert_dtype = true,
+         .remedy = "--init-from takes a file of this model's names and shapes: check --layers, "
+                   "--dim, --vocab and --tie-weights"});
     for (const std::string& name : r.unexpected)
       TRAINKIT_CHECK(name == "lm_head.weight", "--init-from ", c.init_from, ": tensor '", name,
                      "' is not a parameter of this model (check --layers, --dim, --heads)");
-    say("train_gpt: --init-from %s: loaded %zu tensors, %zu of the file unused\n",
-        c.init_from.c_str(), r.loaded.size(), r.unexpected.size());
+    say("train_gpt: --init-from %s: loaded %zu tensors (%zu rounded to F32), %zu of the file "
+        "unused\n",
+        c.init_from.c_str(), r.loaded.size(), r.converted.size(), r.unexpected.size());
   }
   tk::optim::AdamW<S> opt(arena, {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = c.wd},
                           {tk::optim::no_weight_decay({"*.bias", "*ln_*"})});
@@ -333,6 +340,7 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
                         .clip_grad_norm = c.grad_clip,
                         .resume = c.resume,
                         .allow_fresh_start = c.allow_fresh_start,
+                        .fresh_start_setting = "--allow-fresh-start",
                         .comm = comm,
                         .checkpoint_comm = ckpt_comm},
                        &flags);  // on resume the run's flags are the checkpoint's from here on
@@ -406,7 +414,7 @@ int main(int argc, char** argv) try {
   if (!flags.parse(argc, argv)) return 0;  // --help; bad flags throw before anything is written
   TRAINKIT_CHECK(!c.out.empty(), "--out must name the run directory");
   // A resumed run keeps its saved run flags (--ranks among them, needed before the ranks start).
-  if (c.resume && !c.plan) tk::train::Loop::adopt_saved_flags(flags, c.out);
+  const bool saved = c.resume && !c.plan && tk::train::Loop::adopt_saved_flags(flags, c.out);
   TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
   tk::amp::visit_policy(c.precision, [&]<class P>() { return 0; });  // a bad --precision throws
   TRAINKIT_CHECK(c.device == "cpu" || c.device == "cuda", "--device '", c.device,
@@ -426,7 +434,7 @@ int main(int argc, char** argv) try {
                  " runs CPU ranks as threads; on GPUs start one process per GPU (torchrun or "
                  "mpirun)");
   if (c.device == "cpu") check_host_memory(c);
-  if (!c.resume) resolved(c);
+  if (!saved) resolved(c);  // a resumed run's schedule is checked once its Loop has adopted it
 
   // Under torchrun, mpirun or srun each process is a rank (NCCL on GPUs, MPI or TCP on CPUs).
   const tk::dist::LaunchInfo launch = tk::dist::detect_launch();

@@ -1,6 +1,7 @@
 # Command-line checks of train_gpt (registered by examples/CMakeLists.txt):
 #   cmake -DEXE=<train_gpt> -DOUT=<scratch dir> -DCHECK=<name> [-DPYTHON=<python>] -P this file
-# CHECK=flags:   every bad flag value exits 1 naming its flag, and leaves no run directory behind.
+# CHECK=flags:   every bad flag value exits 1 naming its flag, and leaves no run directory behind
+#                (also with --resume of a directory that does not exist yet).
 # CHECK=flush:   stdout is line-buffered: a run killed with SIGKILL early has its first lines in
 #                the log file.
 # CHECK=resume:  a run resumed twice from the same checkpoint keeps metrics.jsonl whole: each
@@ -8,7 +9,8 @@
 #                numbers agree between console, metrics, checkpoints (and TensorBoard, when
 #                PYTHON can import tensorboard); MFU says where its peak came from.
 # CHECK=init_from: --init-from FIXTURE (weights saved by PyTorch's safetensors) loads every tensor
-#                and changes the initial validation loss; a model of other sizes is refused with
+#                and changes the initial validation loss (FIXTURE's _bf16 twin loads rounded to F32
+#                and starts at the same loss to two decimals); a model of other sizes is refused with
 #                the tensor and both shapes named, and a resumed run keeps its checkpoint's weights.
 # CHECK=ranks:   data parallel: --ranks 2 --batch 4 ends within 8 ulps (1e-6) of --ranks 1
 #                --batch 8 (the same sequences per step, summed in another order); a 2-rank run
@@ -33,26 +35,29 @@ if(CHECK STREQUAL "flags")
       "--eval-batches|4611686018427387904" "--sample-chars|9223372036854775807"
       "--dim|1073741824" "--layers|2147483648" "--vocab|2147483648" "--dim|65536"
       "--batch|10000000" "--data|/dev/zero" "--peak-tflops|1e300")
+  # Each also with --resume of a directory that does not exist yet (a fresh run).
   foreach(case IN LISTS cases)
-    string(REPLACE "|" ";" pair "${case}")
-    list(GET pair 0 flag)
-    list(GET pair 1 value)
-    execute_process(COMMAND "${EXE}" ${flag} ${value} --out "${OUT}/run" RESULT_VARIABLE rc
-                    OUTPUT_VARIABLE out ERROR_VARIABLE err)
-    if(NOT rc EQUAL 1)
-      message(FATAL_ERROR "train_gpt ${flag} ${value}: exit ${rc}, want 1\n${out}${err}")
-    endif()
-    string(FIND "${err}" "${flag}" at)
-    if(at EQUAL -1)
-      message(FATAL_ERROR "train_gpt ${flag} ${value}: the error does not name ${flag}: ${err}")
-    endif()
-    if(err MATCHES "\\.(hpp|cpp):[0-9]+")
-      message(FATAL_ERROR "train_gpt ${flag} ${value}: the error shows a source location: ${err}")
-    endif()
-    if(EXISTS "${OUT}/run")
-      message(FATAL_ERROR "train_gpt ${flag} ${value}: left ${OUT}/run behind")
-    endif()
-    message(STATUS "${flag} ${value}: ${err}")
+    foreach(resume IN ITEMS "" "--resume")
+      string(REPLACE "|" ";" pair "${case}")
+      list(GET pair 0 flag)
+      list(GET pair 1 value)
+      execute_process(COMMAND "${EXE}" ${flag} ${value} ${resume} --out "${OUT}/run"
+                      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+      if(NOT rc EQUAL 1)
+        message(FATAL_ERROR "train_gpt ${flag} ${value} ${resume}: exit ${rc}, want 1\n${out}${err}")
+      endif()
+      string(FIND "${err}" "${flag}" at)
+      if(at EQUAL -1)
+        message(FATAL_ERROR "train_gpt ${flag} ${value} ${resume}: the error does not name ${flag}: ${err}")
+      endif()
+      if(err MATCHES "\\.(hpp|cpp):[0-9]+")
+        message(FATAL_ERROR "train_gpt ${flag} ${value} ${resume}: the error shows a source location: ${err}")
+      endif()
+      if(EXISTS "${OUT}/run")
+        message(FATAL_ERROR "train_gpt ${flag} ${value} ${resume}: left ${OUT}/run behind")
+      endif()
+      message(STATUS "${flag} ${value} ${resume}: ${err}")
+    endforeach()
   endforeach()
 
 elseif(CHECK STREQUAL "flush")
@@ -212,12 +217,26 @@ elseif(CHECK STREQUAL "init_from")
   string(REGEX MATCH "step 0: val/loss ([0-9.]+)" _ "${log}")
   set(random_loss "${CMAKE_MATCH_1}")
   run_tiny(loaded --init-from "${FIXTURE}" --steps 2)
-  if(NOT rc EQUAL 0 OR NOT log MATCHES "--init-from [^\n]*: loaded 17 tensors, 0 of the file unused")
+  if(NOT rc EQUAL 0 OR NOT log MATCHES "--init-from [^\n]*: loaded 17 tensors \\(0 rounded to F32\\), 0 of the file unused")
     message(FATAL_ERROR "--init-from did not load the 17 tensors of ${FIXTURE}")
   endif()
   string(REGEX MATCH "step 0: val/loss ([0-9.]+)" _ "${log}")
   if(random_loss STREQUAL "" OR CMAKE_MATCH_1 STREQUAL random_loss)
     message(FATAL_ERROR "the initial val loss is ${CMAKE_MATCH_1} with and without --init-from")
+  endif()
+  # The same weights saved in BF16 (FIXTURE's _bf16 twin) load rounded to F32: every tensor is
+  # counted as rounded, and the initial val loss agrees with the F32 file's to two decimals.
+  string(REPLACE ".safetensors" "_bf16.safetensors" fixture_bf16 "${FIXTURE}")
+  set(f32_loss "${CMAKE_MATCH_1}")
+  run_tiny(bf16 --init-from "${fixture_bf16}" --steps 2)
+  if(NOT rc EQUAL 0 OR NOT log MATCHES "loaded 17 tensors \\(17 rounded to F32\\), 0 of the file unused")
+    message(FATAL_ERROR "--init-from did not load the 17 BF16 tensors of ${fixture_bf16}")
+  endif()
+  string(REGEX MATCH "step 0: val/loss ([0-9.]+)" _ "${log}")
+  string(SUBSTRING "${CMAKE_MATCH_1}" 0 4 bf16_head)
+  string(SUBSTRING "${f32_loss}" 0 4 f32_head)
+  if(CMAKE_MATCH_1 STREQUAL "" OR NOT bf16_head STREQUAL f32_head)
+    message(FATAL_ERROR "BF16 weights start at val loss ${CMAKE_MATCH_1}, F32 at ${f32_loss}")
   endif()
   run_tiny(loaded --init-from "${FIXTURE}" --resume --steps 3)
   if(NOT rc EQUAL 0 OR log MATCHES "loaded 17 tensors" OR NOT log MATCHES "resumed from")

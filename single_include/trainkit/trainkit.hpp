@@ -13569,7 +13569,8 @@ struct ReluBackward {
   const T* dy;
   T* dx;
   TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
-    float g = load(x[i]) > 0.0f ? load(dy[i]) : 0.0f;
+    // Zero where x <= 0, as PyTorch's threshold_backward: at x = NaN the gradient passes.
+    float g = load(x[i]) <= 0.0f ? 0.0f : load(dy[i]);
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);
   }
@@ -30039,11 +30040,15 @@ struct ModelLoadOptions {
   bool convert_dtype = false;
   /// Verify the trainkit checksum of each file that has one (files without are accepted).
   bool verify_checksum = true;
+  /// The last line of the error for a file that does not fit (empty: which of these options
+  /// would accept it). A program whose users cannot set them says what they can do instead.
+  std::string remedy = {};
 };
 
-/// What load_model did, by arena name (unexpected: file names, prefix removed when present).
+/// What load_model did, by arena name (unexpected: file names, prefix removed when present;
+/// converted: the loaded ones rounded from F16, BF16 or F64).
 struct ModelLoadReport {
-  std::vector<std::string> loaded, missing, unexpected, skipped;
+  std::vector<std::string> loaded, missing, unexpected, skipped, converted;
   bool complete() const noexcept { return missing.empty() && unexpected.empty(); }
 };
 
@@ -30171,7 +30176,9 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                                           *t->dtype == DType::kF64);
     if (!(t->dtype && *t->dtype == DType::kF32) && !(options.convert_dtype && convertible)) {
       problems.push_back("'" + key + "' is " + t->dtype_name + " in the file but the model is F32" +
-                         (convertible ? " (pass convert_dtype = true to round it)" : ""));
+                         (convertible && options.remedy.empty()
+                              ? " (pass convert_dtype = true to round it)"
+                              : ""));
       continue;
     }
     todo.emplace_back(&p, key);
@@ -30199,9 +30206,11 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
     std::string msg;
     for (const std::string& p : problems) msg += "\n  " + p;
     TRAINKIT_FAIL("ckpt::load_model from '", src.source(), "': ", problems.size(),
-                  " problem(s), nothing was loaded:", msg,
-                  "\n  (strict = false loads what matches; skip = {\"head.*\"} leaves new "
-                  "layers as initialized)");
+                  " problem(s), nothing was loaded:", msg, "\n  (",
+                  options.remedy.empty() ? "strict = false loads what matches; skip = "
+                                           "{\"head.*\"} leaves new layers as initialized"
+                                         : options.remedy,
+                  ")");
   }
   std::vector<float> staging;
   if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
@@ -30216,6 +30225,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       staging.resize(std::size_t(p->numel));
       detail::convert_to_f32(t, staging.data());
       from = staging.data();
+      report.converted.push_back(p->name);
     }
     copy_bytes(arena.params_data() + p->offset, S, from, Space::kHost,
                std::size_t(p->numel) * sizeof(float), "ckpt::load_model");
@@ -30846,6 +30856,9 @@ struct LoadOptions {
   /// now, or quarantined by an earlier resume): a run asked to continue must not silently start
   /// from scratch. true: they return nullopt then (logging what was quarantined).
   bool allow_fresh_start = false;
+  /// How that error names the setting that allows a fresh start: a program that exposes it as a
+  /// flag names the flag (e.g. "--allow-fresh-start").
+  std::string fresh_start_setting = "LoadOptions::allow_fresh_start";
 };
 
 /// Timings of the last save, for benchmarks and logs.
@@ -31747,8 +31760,8 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
   }
   TRAINKIT_FAIL("ckpt: ", what,
                 ". Nothing was restored. Inspect the quarantined directories, move them out of "
-                "the root (or delete them) to start from scratch, or allow a fresh start "
-                "(LoadOptions::allow_fresh_start)");
+                "the root (or delete them) to start from scratch, or allow a fresh start (",
+                options.fresh_start_setting, ")");
 }
 
 TRAINKIT_INLINE bool Checkpointer::better(const CheckpointInfo& a, const CheckpointInfo& b) const {
@@ -35889,6 +35902,9 @@ struct LoopOptions {
   bool resume = true;
   /// When only damaged checkpoints remain: start from scratch instead of failing.
   bool allow_fresh_start = false;
+  /// How the error of a resume that found only damaged checkpoints names allow_fresh_start (a
+  /// program's flag, e.g. "--allow-fresh-start").
+  std::string fresh_start_setting = "LoopOptions::allow_fresh_start";
   /// SIGINT / SIGTERM end the run after the current step with a checkpoint.
   bool handle_signals = true;
   /// Write checkpoints on a background thread, which also makes the snapshot's copies of the
@@ -36043,7 +36059,7 @@ class Loop {
     TRAINKIT_CHECK(options_.eval_every >= 0 && options_.ckpt_every >= 0,
                    "train::Loop: eval_every and ckpt_every must be >= 0");
     if (options_.resume) {
-      resume_from_ = checkpointer_.newest_usable({.allow_fresh_start = options_.allow_fresh_start});
+      resume_from_ = checkpointer_.newest_usable(fresh_start_options());
     } else {
       const auto existing = checkpointer_.list();
       TRAINKIT_CHECK(existing.empty(), "train::Loop: ", checkpointer_.root().string(),
@@ -36105,8 +36121,7 @@ class Loop {
       for (const auto& [key, value] : flags_->run_config())
         state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     if (resume_from_) {
-      const auto info =
-          checkpointer_.resume(state_, {.allow_fresh_start = options_.allow_fresh_start});
+      const auto info = checkpointer_.resume(state_, fresh_start_options());
       const bool quiet = rank() != 0;
       TRAINKIT_CHECK(info.has_value() && info->step == resume_from_->step,
                      "train::Loop: the checkpoint of step ", resume_from_->step,
@@ -36278,6 +36293,11 @@ class Loop {
       if (key.starts_with(detail::kConfigPrefix))
         saved[key.substr(detail::kConfigPrefix.size())] = value;
     return saved;
+  }
+
+  ckpt::LoadOptions fresh_start_options() const {
+    return {.allow_fresh_start = options_.allow_fresh_start,
+            .fresh_start_setting = options_.fresh_start_setting};
   }
 
   static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {

@@ -312,6 +312,14 @@ TEST_CASE("damaged checkpoints: allow_fresh_start returns nullopt and logs the q
     CHECK_MESSAGE(log.contains("starting fresh"), log.all());
     CHECK(ck.quarantined().size() == 2);
   }
+  {  // Without it the error says how to allow it: the option, or the name a program gives it.
+    ckpt::Checkpointer ck(dir.path(), {.durable = false});
+    CrashState s(0.01);
+    CHECK_THROWS_WITH_AS(ck.resume(s.state), doctest::Contains("(LoadOptions::allow_fresh_start)"),
+                         tk::Error);
+    CHECK_THROWS_WITH_AS(ck.resume(s.state, {.fresh_start_setting = "--allow-fresh-start"}),
+                         doctest::Contains("allow a fresh start (--allow-fresh-start)"), tk::Error);
+  }
   // A fresh root, no damage: nullopt without a word, as always.
   TempDir empty;
   Log log;

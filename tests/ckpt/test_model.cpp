@@ -83,7 +83,11 @@ TEST_CASE("load_model: weights saved by PyTorch give PyTorch's output") {
                        doctest::Contains("'0.weight' is BF16 in the file but the model is F32 "
                                          "(pass convert_dtype = true"),
                        tk::Error);
-  ckpt::load_model(b.arena, kData + "torch_mlp_bf16.safetensors", {.convert_dtype = true});
+  const auto rb =
+      ckpt::load_model(b.arena, kData + "torch_mlp_bf16.safetensors", {.convert_dtype = true});
+  CHECK(rb.converted == rb.loaded);
+  CHECK(rb.loaded.size() == 4);
+  CHECK(r.converted.empty());
   const io::SafetensorsFile f32(kData + "torch_mlp.safetensors");
   const auto w = f32.tensor("0.weight").as<float, 2>();
   const float* got = b.arena.params_data() + b.arena.info(b.arena.at("0.weight")).offset;
@@ -98,6 +102,15 @@ TEST_CASE("load_model: a new head - shape mismatch, strict = false and skip patt
                        doctest::Contains("'3.weight' has shape [3, 7] in the file but [10, 7] "
                                          "in the model"),
                        tk::Error);
+  // A program's own remedy replaces the options' names.
+  try {
+    ckpt::load_model(m.arena, kData + "torch_mlp.safetensors", {.remedy = "check --head"});
+    FAIL("no error");
+  } catch (const tk::Error& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.ends_with("\n  (check --head)"), what);
+    CHECK_MESSAGE(what.find("strict") == std::string::npos, what);
+  }
   // Shape mismatches are errors even when not strict (as in PyTorch).
   CHECK_THROWS_AS(ckpt::load_model(m.arena, kData + "torch_mlp.safetensors", {.strict = false}),
                   tk::Error);

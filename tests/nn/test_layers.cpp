@@ -518,6 +518,22 @@ TEST_CASE("GELU and ReLU: forward vs f64, backward vs finite differences and PyT
     CHECK(y[std::size_t(i)] == std::max(0.0f, x[std::size_t(i)]));
     CHECK(dx[std::size_t(i)] == (x[std::size_t(i)] > 0.0f ? dy[std::size_t(i)] : 0.0f));
   }
+  {  // NaN: forward NaN, and the gradient passes (PyTorch: zero only where x <= 0); x = 0 and
+     // -0 give 0, +-inf give 0 and dy.
+    const float nan = std::numeric_limits<float>::quiet_NaN(),
+                inf = std::numeric_limits<float>::infinity();
+    std::vector<float> ex = {nan, 0.0f, -0.0f, inf, -inf}, ey(5), edx(5, 0.0f);
+    const std::vector<float> edy = {2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+    const auto v = [](auto& a) {
+      return tk::HostView<std::remove_reference_t<decltype(a[0])>, 1>(a.data(),
+                                                                      tk::Extents<1>{{5}});
+    };
+    relu.forward(pool(), v(ex), v(ey));
+    relu.backward(pool(), v(ex), tk::HostView<const float, 1>(edy.data(), tk::Extents<1>{{5}}),
+                  v(edx));
+    CHECK(std::isnan(ey[0]));
+    CHECK(edx == std::vector<float>{2.0f, 0.0f, 0.0f, 5.0f, 0.0f});
+  }
 
   for (const char* name : {"gelu", "relu"}) {
     const std::string c = name;

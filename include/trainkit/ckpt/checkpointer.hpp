@@ -154,6 +154,9 @@ struct LoadOptions {
   /// now, or quarantined by an earlier resume): a run asked to continue must not silently start
   /// from scratch. true: they return nullopt then (logging what was quarantined).
   bool allow_fresh_start = false;
+  /// How that error names the setting that allows a fresh start: a program that exposes it as a
+  /// flag names the flag (e.g. "--allow-fresh-start").
+  std::string fresh_start_setting = "LoadOptions::allow_fresh_start";
 };
 
 /// Timings of the last save, for benchmarks and logs.
@@ -1055,8 +1058,8 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
   }
   TRAINKIT_FAIL("ckpt: ", what,
                 ". Nothing was restored. Inspect the quarantined directories, move them out of "
-                "the root (or delete them) to start from scratch, or allow a fresh start "
-                "(LoadOptions::allow_fresh_start)");
+                "the root (or delete them) to start from scratch, or allow a fresh start (",
+                options.fresh_start_setting, ")");
 }
 
 TRAINKIT_INLINE bool Checkpointer::better(const CheckpointInfo& a, const CheckpointInfo& b) const {

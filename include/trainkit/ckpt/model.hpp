@@ -53,11 +53,15 @@ struct ModelLoadOptions {
   bool convert_dtype = false;
   /// Verify the trainkit checksum of each file that has one (files without are accepted).
   bool verify_checksum = true;
+  /// The last line of the error for a file that does not fit (empty: which of these options
+  /// would accept it). A program whose users cannot set them says what they can do instead.
+  std::string remedy = {};
 };
 
-/// What load_model did, by arena name (unexpected: file names, prefix removed when present).
+/// What load_model did, by arena name (unexpected: file names, prefix removed when present;
+/// converted: the loaded ones rounded from F16, BF16 or F64).
 struct ModelLoadReport {
-  std::vector<std::string> loaded, missing, unexpected, skipped;
+  std::vector<std::string> loaded, missing, unexpected, skipped, converted;
   bool complete() const noexcept { return missing.empty() && unexpected.empty(); }
 };
 
@@ -185,7 +189,9 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                                           *t->dtype == DType::kF64);
     if (!(t->dtype && *t->dtype == DType::kF32) && !(options.convert_dtype && convertible)) {
       problems.push_back("'" + key + "' is " + t->dtype_name + " in the file but the model is F32" +
-                         (convertible ? " (pass convert_dtype = true to round it)" : ""));
+                         (convertible && options.remedy.empty()
+                              ? " (pass convert_dtype = true to round it)"
+                              : ""));
       continue;
     }
     todo.emplace_back(&p, key);
@@ -213,9 +219,11 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
     std::string msg;
     for (const std::string& p : problems) msg += "\n  " + p;
     TRAINKIT_FAIL("ckpt::load_model from '", src.source(), "': ", problems.size(),
-                  " problem(s), nothing was loaded:", msg,
-                  "\n  (strict = false loads what matches; skip = {\"head.*\"} leaves new "
-                  "layers as initialized)");
+                  " problem(s), nothing was loaded:", msg, "\n  (",
+                  options.remedy.empty() ? "strict = false loads what matches; skip = "
+                                           "{\"head.*\"} leaves new layers as initialized"
+                                         : options.remedy,
+                  ")");
   }
   std::vector<float> staging;
   if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
@@ -230,6 +238,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       staging.resize(std::size_t(p->numel));
       detail::convert_to_f32(t, staging.data());
       from = staging.data();
+      report.converted.push_back(p->name);
     }
     copy_bytes(arena.params_data() + p->offset, S, from, Space::kHost,
                std::size_t(p->numel) * sizeof(float), "ckpt::load_model");

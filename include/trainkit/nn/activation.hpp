@@ -36,7 +36,8 @@ struct ReluBackward {
   const T* dy;
   T* dx;
   TRAINKIT_HOST_DEVICE TRAINKIT_FORCEINLINE void operator()(std::int64_t i) const {
-    float g = load(x[i]) > 0.0f ? load(dy[i]) : 0.0f;
+    // Zero where x <= 0, as PyTorch's threshold_backward: at x = NaN the gradient passes.
+    float g = load(x[i]) <= 0.0f ? 0.0f : load(dy[i]);
     if constexpr (Accumulate) g += load(dx[i]);
     dx[i] = store<T>(g);
   }

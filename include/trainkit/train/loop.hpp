@@ -84,6 +84,9 @@ struct LoopOptions {
   bool resume = true;
   /// When only damaged checkpoints remain: start from scratch instead of failing.
   bool allow_fresh_start = false;
+  /// How the error of a resume that found only damaged checkpoints names allow_fresh_start (a
+  /// program's flag, e.g. "--allow-fresh-start").
+  std::string fresh_start_setting = "LoopOptions::allow_fresh_start";
   /// SIGINT / SIGTERM end the run after the current step with a checkpoint.
   bool handle_signals = true;
   /// Write checkpoints on a background thread, which also makes the snapshot's copies of the
@@ -238,7 +241,7 @@ class Loop {
     TRAINKIT_CHECK(options_.eval_every >= 0 && options_.ckpt_every >= 0,
                    "train::Loop: eval_every and ckpt_every must be >= 0");
     if (options_.resume) {
-      resume_from_ = checkpointer_.newest_usable({.allow_fresh_start = options_.allow_fresh_start});
+      resume_from_ = checkpointer_.newest_usable(fresh_start_options());
     } else {
       const auto existing = checkpointer_.list();
       TRAINKIT_CHECK(existing.empty(), "train::Loop: ", checkpointer_.root().string(),
@@ -300,8 +303,7 @@ class Loop {
       for (const auto& [key, value] : flags_->run_config())
         state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     if (resume_from_) {
-      const auto info =
-          checkpointer_.resume(state_, {.allow_fresh_start = options_.allow_fresh_start});
+      const auto info = checkpointer_.resume(state_, fresh_start_options());
       const bool quiet = rank() != 0;
       TRAINKIT_CHECK(info.has_value() && info->step == resume_from_->step,
                      "train::Loop: the checkpoint of step ", resume_from_->step,
@@ -473,6 +475,11 @@ class Loop {
       if (key.starts_with(detail::kConfigPrefix))
         saved[key.substr(detail::kConfigPrefix.size())] = value;
     return saved;
+  }
+
+  ckpt::LoadOptions fresh_start_options() const {
+    return {.allow_fresh_start = options_.allow_fresh_start,
+            .fresh_start_setting = options_.fresh_start_setting};
   }
 
   static ckpt::CheckpointerOptions checkpointer_options(const LoopOptions& o) {
