@@ -82,7 +82,9 @@
 #include "trainkit/io/npy.hpp"
 // defines: io::TarReader, TarWriter, TarEntry, ByteSource, FileSource, MemorySource
 #include "trainkit/io/tar.hpp"
-// defines: io::Json, JsonParseError, JsonLimits, append_json_string, is_valid_utf8
+// defines: io::is_valid_utf8, utf8_sequence_length, printable_bytes
+#include "trainkit/io/utf8.hpp"
+// defines: io::Json, JsonParseError, JsonLimits, append_json_string
 #include "trainkit/io/json.hpp"
 // defines: io::AtomicFile, write_file_atomic, fsync_directory, remove_stale_temp_files
 #include "trainkit/io/atomic_file.hpp"

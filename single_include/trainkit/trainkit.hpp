@@ -5254,6 +5254,103 @@ TRAINKIT_NAMESPACE_END
 #include <variant>
 #include <vector>
 
+// begin trainkit/io/utf8.hpp
+// SPDX-License-Identifier: MIT
+// trainkit/io/utf8.hpp: UTF-8 validation (no overlong forms, surrogates or code points above
+// U+10FFFF), shared by the JSON reader and writers and the TensorBoard event encoder: text that
+// a Python reader decodes strictly (json.loads, protobuf string fields) must be well formed.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+TRAINKIT_NAMESPACE_BEGIN
+namespace io {
+
+/// The length (1 to 4) of the well-formed UTF-8 sequence that starts at text[i], or 0 when the
+/// bytes there are not one (i < text.size()).
+TRAINKIT_INLINE std::size_t utf8_sequence_length(std::string_view text, std::size_t i) noexcept;
+
+/// True when `text` is well-formed UTF-8. On failure `*error_offset` (when given) receives the
+/// offset of the bad sequence.
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
+                                   std::size_t* error_offset = nullptr) noexcept;
+
+/// `text` for an error message: printable ASCII as it is, other bytes as \xNN.
+TRAINKIT_INLINE std::string printable_bytes(std::string_view text);
+
+#if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::size_t utf8_sequence_length(std::string_view text, std::size_t i) noexcept {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  const unsigned c = s[i];
+  if (c < 0x80) return 1;
+  std::size_t len = 0;
+  unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;  // overlong
+    if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;  // overlong
+    if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+  }
+  if (len == 0 || len > n - i || s[i + 1] < lo || s[i + 1] > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k)
+    if ((s[i + k] & 0xc0) != 0x80) return 0;
+  return len;
+}
+
+TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_offset) noexcept {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    // ASCII fast path, 8 bytes at a time.
+    while (i + 8 <= n) {
+      std::uint64_t w = 0;
+      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
+      if (w & 0x8080808080808080ull) break;
+      i += 8;
+    }
+    if (i >= n) break;
+    const std::size_t len = utf8_sequence_length(text, i);
+    if (len == 0) {
+      if (error_offset != nullptr) *error_offset = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+TRAINKIT_INLINE std::string printable_bytes(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+#endif  // TRAINKIT_IMPL
+
+}  // namespace io
+TRAINKIT_NAMESPACE_END
+// end trainkit/io/utf8.hpp
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
@@ -5305,13 +5402,23 @@ inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
   out.end_message(marks.value);
   out.end_message(marks.summary);
 }
+/// Throws unless `tag` is UTF-8 (protobuf string fields must be; Python's reader refuses others).
+/// `what` names it in the message.
+TRAINKIT_INLINE void check_tag(std::string_view tag, std::string_view what = "tag");
 /// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
 TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
                                            std::string_view content);
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE void check_tag(std::string_view tag, std::string_view what) {
+  std::size_t at = 0;
+  TRAINKIT_CHECK(is_valid_utf8(tag, &at), "TensorBoard ", what, " '", printable_bytes(tag),
+                 "' is not UTF-8 (at byte ", at, "): TensorBoard could not read the event");
+}
+
 TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
                                             std::string_view tag) {
+  check_tag(tag);
   out.clear();
   out.field_double_nonzero(1, wall_time);
   out.field_int64_nonzero(2, step);
@@ -5564,7 +5671,7 @@ inline double unix_time_now() noexcept {
 
 /// Options of EventFileWriter.
 struct EventFileOptions {
-  double flush_secs = 10.0;                 ///< flush when the oldest buffered record is this old
+  double flush_secs = 10.0;  ///< a write flushes when the oldest buffered record is this old
   std::size_t max_buffer_bytes = 1u << 20;  ///< flush when the buffer grows past this
   std::string filename_suffix{};            ///< appended to the file name (e.g. ".rank3")
   std::string writer_name = "trainkit";     ///< source_metadata.writer of the first record
@@ -5583,8 +5690,10 @@ inline std::string host_name() {
 }  // namespace detail
 
 /// Appends framed event records to a new file in a log directory. Records are buffered in memory
-/// and written with write(2) when `flush_secs` have passed since the first unflushed record, when
-/// the buffer exceeds `max_buffer_bytes`, on flush(), close() and destruction. Whole records are
+/// and written with write(2) by the first write_event() at least `flush_secs` after the oldest
+/// unflushed record (there is no timer thread: records written before a pause stay buffered
+/// until the next write or flush()), when the buffer exceeds `max_buffer_bytes`, on flush(),
+/// close() and destruction. Whole records are
 /// written in order, so a killed process leaves a file that readers accept up to the last flushed
 /// record (at worst one partial record at the end, which TensorBoard treats as "still being
 /// written"). Not thread-safe: one writer per thread, or lock around it. Move-only.
@@ -5821,12 +5930,14 @@ TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wa
   ProtoWriter content;
   const std::size_t experiment = content.begin_message(2);
   for (const HParam& p : hparams) {
+    detail::check_tag(p.name, "hparam name");
     const std::size_t info = content.begin_message(4);
     content.field_bytes_nonempty(1, p.name);
     content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
     content.end_message(info);
   }
   for (const std::string& tag : metric_tags) {
+    detail::check_tag(tag, "hparam metric tag");
     const std::size_t info = content.begin_message(5);
     const std::size_t name = content.begin_message(1);
     content.field_bytes_nonempty(2, tag);
@@ -5846,6 +5957,9 @@ TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double
   ProtoWriter content;
   const std::size_t start = content.begin_message(3);
   for (const HParam& p : hparams) {
+    detail::check_tag(p.name, "hparam name");
+    if (const auto* text = std::get_if<std::string>(&p.value))
+      detail::check_tag(*text, "hparam value of " + printable_bytes(p.name) + ",");
     const std::size_t entry = content.begin_message(1);
     content.field_bytes(1, p.name);
     const std::size_t value = content.begin_message(2);
@@ -7259,7 +7373,8 @@ TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, s
 }  // namespace io
 TRAINKIT_NAMESPACE_END
 // end trainkit/io/tar.hpp
-// defines: io::Json, JsonParseError, JsonLimits, append_json_string, is_valid_utf8
+// defines: io::is_valid_utf8, utf8_sequence_length, printable_bytes
+// defines: io::Json, JsonParseError, JsonLimits, append_json_string
 // begin trainkit/io/json.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/io/json.hpp: `Json`, a strict parser and writer for the JSON that file formats carry
@@ -7288,11 +7403,6 @@ TRAINKIT_NAMESPACE_END
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
-
-/// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
-/// U+10FFFF). On failure `*error_offset` (when given) receives the offset of the bad sequence.
-TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
-                                   std::size_t* error_offset = nullptr) noexcept;
 
 /// Appends `s` as a JSON string literal (with quotes), escaping like serde_json: `"` `\` and
 /// control characters (\b \f \n \r \t, others as \u00xx); everything else, including non-ASCII
@@ -7878,49 +7988,6 @@ inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError
 
 #if TRAINKIT_IMPL
 
-TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_offset) noexcept {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t i = 0;
-  while (i < n) {
-    // ASCII fast path, 8 bytes at a time.
-    while (i + 8 <= n) {
-      std::uint64_t w = 0;
-      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
-      if (w & 0x8080808080808080ull) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    const unsigned c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
-    }
-    bool ok = len != 0 && i + len <= n;
-    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
-    if (!ok) {
-      if (error_offset != nullptr) *error_offset = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
 TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
   out += '"';
@@ -8407,7 +8474,9 @@ TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOpt
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
                   static_cast<unsigned long long>(rng()));
-    temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
+    std::string name = ".";  // (appends: GCC 12 -Wrestrict misreads "." + std::string)
+    name.append(path_.filename().string()).append(suffix);
+    temp_ = path_.parent_path() / name;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                  static_cast<mode_t>(options_.mode));
     if (fd_ >= 0 || errno != EEXIST) break;
@@ -22523,6 +22592,7 @@ TRAINKIT_INLINE std::vector<std::int64_t> DistributedSampler::indices(std::uint6
 TRAINKIT_INLINE StateDict DistributedSampler::state_dict() const {
   StateDict sd;
   sd.set("kind", "DistributedSampler");
+  sd.set_u64("size", n_);
   sd.set_u64("num_samples", num_samples_);
   sd.set_u64("total_size", total_size_);
   sd.set_u64("world", o_.world_size);
@@ -22539,6 +22609,8 @@ TRAINKIT_INLINE void DistributedSampler::load_state_dict(const StateDict& sd) co
   check_saved_setting<std::uint64_t>(who, "world_size", sd.get_u64("world"), o_.world_size);
   check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
   check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
+  if (sd.contains("size"))  // (states saved before it was recorded have only total_size)
+    check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
   check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);
   check_saved_setting<bool>(who, "shuffle", sd.get_int("shuffle") != 0, o_.shuffle);
   check_saved_setting<bool>(who, "drop_last", sd.get_int("drop_last") != 0, o_.drop_last);
@@ -22648,8 +22720,11 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
   }
   if (a.size() == 1 && b.size() == 1) {  // letter range {a..e}
     const int c0 = static_cast<unsigned char>(a[0]), c1 = static_cast<unsigned char>(b[0]);
-    for (int c = c0; c0 <= c1 ? c <= c1 : c >= c1; c += c0 <= c1 ? int(step) : -int(step))
+    const long long span = c0 <= c1 ? c1 - c0 : c0 - c1;  // step >= 1: k * step <= span
+    for (long long k = 0; k <= span / step; ++k) {
+      const long long c = c0 <= c1 ? c0 + k * step : c0 - k * step;
       out.push_back(std::string(1, static_cast<char>(c)));
+    }
     return true;
   }
   return false;
@@ -23597,6 +23672,7 @@ TRAINKIT_NAMESPACE_END
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23836,7 +23912,7 @@ class Prefetcher {
     };
     per_epoch_samples_ = shared->size();
     const std::size_t b = std::max<std::size_t>(options_.batch_size, 1);
-    per_epoch_ = options_.drop_last ? per_epoch_samples_ / b : (per_epoch_samples_ + b - 1) / b;
+    per_epoch_ = per_epoch_samples_ / b + (!options_.drop_last && per_epoch_samples_ % b != 0);
     TRAINKIT_CHECK(per_epoch_ > 0, options_.name, ": the sampler yields ", per_epoch_samples_,
                    " samples per epoch, not enough for one batch of ", b,
                    options_.drop_last ? " with drop_last" : "");
@@ -23915,7 +23991,13 @@ class Prefetcher {
   std::function<std::string()> describe_current_;
   PrefetchState stream_cursor_;
   bool stream_started_ = false;
-  bool have_lookahead_ = false;
+  // Samples read ahead, in a ring of stream_lookahead() samples: a batch is the last of its
+  // epoch when fewer than one more batch (drop_last) or no sample follows it.
+  std::size_t look_begin_ = 0, look_count_ = 0;
+  bool stream_ended_ = false;
+  std::size_t stream_lookahead() const noexcept {
+    return options_.drop_last ? options_.batch_size : 1;
+  }
 
   // slots
   std::size_t depth_ = 0;
@@ -24049,13 +24131,20 @@ TRAINKIT_INLINE void Prefetcher::setup(bool device) {
   out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
   separate_input_ = !options_.output_fields.empty();
   const std::size_t B = options_.batch_size;
+  // A slot's size in checked arithmetic (below 2^56 bytes, so that align() cannot wrap).
+  const auto room = [&](std::optional<std::size_t> bytes) {
+    TRAINKIT_CHECK(bytes && *bytes < (std::size_t{1} << 56), options_.name, ": batch_size ", B,
+                   " makes a batch larger than any memory (its fields and indices overflow 2^56 "
+                   "bytes)");
+    return *bytes;
+  };
   std::size_t off = 0;
   for (const FieldSpec& f : out_fields_) {
     offsets_.push_back(off);
-    off = align(off + B * f.bytes());
+    off = align(room(checked_add(off, room(checked_mul(B, f.bytes())))));
   }
   indices_offset_ = off;
-  slot_bytes_ = off + B * sizeof(std::int64_t);
+  slot_bytes_ = room(checked_add(off, room(checked_mul(B, sizeof(std::int64_t)))));
   in_sample_bytes_ = 0;
   for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
 
@@ -24156,7 +24245,8 @@ TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
   if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
 #endif
   std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
-  std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
+  std::vector<std::byte> lookahead(streaming_ ? stream_lookahead() * sample_bytes_of(out_or_in())
+                                              : 0);
   for (;;) {
     std::uint64_t g = 0;
     {
@@ -24278,50 +24368,77 @@ TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worke
 
 TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
                                                 std::vector<std::byte>& lookahead) {
-  const std::size_t B = options_.batch_size;
+  const std::size_t B = options_.batch_size, depth = stream_lookahead();
   const std::vector<FieldSpec>& read_fields = out_or_in();
+  const std::size_t sample_bytes = lookahead.size() / depth;
   std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
-  packed_spans(lookahead.data(), read_fields, look_spans);
-  const SampleRef look(look_spans);
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
   for (;;) {
     const PrefetchState at = stream_cursor_;
     const std::uint64_t first = at.batch * B;
-    try {
-      if (!stream_started_) {
-        start_(at.epoch, first);
-        have_lookahead_ = next_(look);
-        stream_started_ = true;
+    // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
+    // position of the first sample read now.
+    const auto read_ahead = [&](std::uint64_t next) {
+      while (look_count_ < depth && !stream_ended_) {
+        if (stop_.load(std::memory_order_relaxed)) return;
+        const std::size_t k = (look_begin_ + look_count_) % depth;
+        packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
+        try {
+          if (next_(SampleRef(look_spans))) {
+            ++look_count_;
+            ++next;
+          } else {
+            stream_ended_ = true;
+          }
+        } catch (...) {
+          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
+                                                  at.epoch, " (", describe_current_(), ")"));
+        }
       }
-    } catch (...) {
-      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                              " of ", describe_current_()));
+    };
+    if (!stream_started_) {
+      try {
+        start_(at.epoch, first);
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                                " of ", describe_current_()));
+      }
+      look_begin_ = look_count_ = 0;
+      stream_ended_ = false;
+      stream_started_ = true;
+      read_ahead(first);
     }
     std::size_t rows = 0;
-    while (rows < B && have_lookahead_) {
+    while (rows < B && look_count_ > 0) {
       if (stop_.load(std::memory_order_relaxed)) return;
       const std::uint64_t position = first + rows;
       idx_out[rows] = static_cast<std::int64_t>(position);
       row_spans(base, rows, out_spans);
       const SampleRef out(out_spans);
+      std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
       try {
         const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
         if (separate_input_) {
-          packed_spans(lookahead.data(), in_fields_, in_spans);
+          packed_spans(sample, in_fields_, in_spans);
           options_.transform(info, SampleRef(in_spans), out);
         } else {
+          packed_spans(sample, read_fields, look_spans);
           for (std::size_t k = 0; k < out.size(); ++k)
-            if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
+            if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
           if (options_.transform) options_.transform(info, out, out);
         }
-        ++rows;
-        have_lookahead_ = next_(look);
       } catch (...) {
         rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
                                                 at.epoch, " (", describe_current_(), ")"));
       }
+      ++rows;
+      look_begin_ = (look_begin_ + 1) % depth;
+      --look_count_;
+      read_ahead(position + 1 + look_count_);
     }
-    const bool last = !have_lookahead_;
+    if (stop_.load(std::memory_order_relaxed)) return;
+    // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
+    const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
     if (last) {
       stream_cursor_ = PrefetchState{at.epoch + 1, 0};
       stream_started_ = false;
@@ -24337,7 +24454,7 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
         TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
                       " samples, fewer than one batch of ", B, " with drop_last");
       }
-      continue;  // drop the partial tail; fill this slot from the next epoch
+      continue;  // (not reached with drop_last: the batch before was marked last)
     }
     result.epoch = at.epoch;
     result.batch = at.batch;
@@ -32120,6 +32237,8 @@ namespace monitor {
 
 /// Builds JSON text into a string. The caller keeps the structure valid; the writer only inserts
 /// commas and escapes: `JsonWriter w; w.begin_object(); w.key("step"); w.value(3); w.end_object();`
+/// Bytes of a string that are not UTF-8 are written as U+FFFD (Python's errors="replace"), so the
+/// text always parses.
 class JsonWriter {
  public:
   const std::string& str() const noexcept { return out_; }
@@ -32226,7 +32345,18 @@ TRAINKIT_INLINE void JsonWriter::append_string(std::string_view s) {
   std::size_t run = 0;  // start of the pending run of characters that need no escaping
   for (std::size_t i = 0; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
+    if (c >= 0x80) {  // well-formed UTF-8 passes through; other bytes become U+FFFD
+      const std::size_t len = io::utf8_sequence_length(s, i);
+      if (len != 0) {
+        i += len - 1;
+        continue;
+      }
+      out_.append(s.data() + run, i - run);
+      out_.append("\xef\xbf\xbd");
+      run = i + 1;
+      continue;
+    }
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
     out_.append(s.data() + run, i - run);
     run = i + 1;
     switch (c) {
@@ -33916,7 +34046,7 @@ enum class RankMode : std::uint8_t {
 struct TensorBoardOptions {
   int rank = 0;                               ///< this process's rank
   RankMode rank_mode = RankMode::kRank0Only;  ///< see RankMode
-  double flush_secs = 10.0;                 ///< buffered records reach the file at least this often
+  double flush_secs = 10.0;  ///< a write flushes the buffer once its oldest record is this old
   std::size_t max_buffer_bytes = 1u << 20;  ///< ...or when this many bytes are buffered
   std::string filename_suffix{};            ///< appended to the event file name
   /// As SummaryWriter(purge_step=N): the new file starts with a SessionLog START at step N, and
@@ -33927,9 +34057,11 @@ struct TensorBoardOptions {
 };
 
 /// Writes TensorBoard summaries for one run directory. Records are buffered (see
-/// io::EventFileWriter) and flushed every flush_secs, on flush(), close() and destruction; a
-/// killed process leaves a readable file up to the last flush. `wall_time` arguments are seconds
-/// since the Unix epoch (default: now). Not thread-safe. Move-only.
+/// io::EventFileWriter) and flushed by the first write flush_secs after the oldest buffered one,
+/// on flush(), close() and destruction (no timer thread: monitor::Monitor flushes at every
+/// summary and log_metrics); a killed process leaves a readable file up to the last flush.
+/// `wall_time` arguments are seconds since the Unix epoch (default: now). Not thread-safe.
+/// Move-only.
 class TensorBoardWriter {
  public:
   /// Creates the run directory and its event file (on ranks that write). Throws trainkit::Error
@@ -34131,7 +34263,9 @@ struct MonitorOptions {
 
 /// What end_step() is told about the step. Negative counts mean "use the MonitorOptions default".
 struct StepMetrics {
-  double loss = NAN;  ///< the step's loss if the host has it (reading it may sync a GPU)
+  /// The step's loss if the host has it (reading it may sync a GPU); empty: not read this step.
+  /// A NaN or infinite loss is reported as it is: the summary shows it, TensorBoard gets it.
+  std::optional<double> loss = std::nullopt;
   double samples = -1.0;
   double tokens = -1.0;
   double flops = -1.0;
@@ -34151,9 +34285,9 @@ struct StepSummary {
   std::string peak_label;   ///< where the peak came from, e.g. "H100 SXM bf16"
   TimelineWindow timeline;  ///< phase times
   double data_wait_fraction = 0.0;
-  bool input_bound = false;  ///< data_wait_fraction > input_bound_threshold
-  double loss_last = NAN;
-  double loss_mean = NAN;  ///< mean of the finite losses reported in the window
+  bool input_bound = false;         ///< data_wait_fraction > input_bound_threshold
+  std::optional<double> loss_last;  ///< the last loss reported in the window (NaN, inf as they are)
+  double loss_mean = NAN;           ///< mean of the finite losses reported in the window
   HostMemory host_memory;
   std::size_t device_memory_used = 0;       ///< now (CUDA tier)
   std::size_t device_memory_used_peak = 0;  ///< largest seen at any summary so far
@@ -34248,13 +34382,17 @@ class Monitor {
     window_samples_ += metrics.samples >= 0.0 ? metrics.samples : options_.samples_per_step;
     window_tokens_ += metrics.tokens >= 0.0 ? metrics.tokens : options_.tokens_per_step;
     window_flops_ += metrics.flops >= 0.0 ? metrics.flops : options_.flops_per_step;
-    if (std::isfinite(metrics.loss)) {
-      loss_last_ = metrics.loss;
-      loss_sum_ += metrics.loss;
-      ++loss_count_;
-      if (tensorboard_) tensorboard_->add_scalar("train/loss", metrics.loss, step_);
+    if (metrics.loss) {
+      const double loss = *metrics.loss;
+      loss_last_ = loss;
+      if (std::isfinite(loss)) {
+        loss_sum_ += loss;
+        ++loss_count_;
+      }
+      if (tensorboard_) tensorboard_->add_scalar("train/loss", loss, step_);
     }
-    if (progress_) progress_->update(step_, metrics.loss, timeline_.last_step_end_ns());
+    if (progress_)
+      progress_->update(step_, metrics.loss.value_or(NAN), timeline_.last_step_end_ns());
     if (window_steps_ >= options_.log_every) summarize();
   }
 
@@ -34303,6 +34441,16 @@ class Monitor {
  private:
   template <class Range>
   void log_metrics_range(std::int64_t step, const Range& values) {
+    // Names that the line's own keys or another value would repeat make a line that JSON
+    // readers take differently (or, on resume, not at all): refused before anything is written.
+    for (auto a = std::begin(values); a != std::end(values); ++a) {
+      const std::string_view name = a->first;
+      TRAINKIT_CHECK(name != "step" && name != "time", "monitor::log_metrics: the metric name '",
+                     name, "' is taken by the line's own ", name, "; choose another");
+      for (auto b = std::begin(values); b != a; ++b)
+        TRAINKIT_CHECK(std::string_view(b->first) != name, "monitor::log_metrics: the metric '",
+                       io::printable_bytes(name), "' is given twice at step ", step);
+    }
     if (tensorboard_ && tensorboard_->enabled()) {
       for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
       tensorboard_->flush();
@@ -34338,7 +34486,7 @@ class Monitor {
   double window_samples_ = 0.0;
   double window_tokens_ = 0.0;
   double window_flops_ = 0.0;
-  double loss_last_ = NAN;
+  std::optional<double> loss_last_;
   double loss_sum_ = 0.0;
   std::int64_t loss_count_ = 0;
   std::size_t device_peak_ = 0;
@@ -34380,8 +34528,8 @@ TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t to
                   100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
     out += text;
   }
-  if (std::isfinite(s.loss_last)) {
-    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
+  if (s.loss_last) {  // "loss nan" / "loss inf" for a diverged step
+    std::snprintf(text, sizeof text, " | loss %.4g", *s.loss_last);
     out += text;
   }
   if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
@@ -34486,6 +34634,7 @@ TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
   window_samples_ = window_tokens_ = window_flops_ = 0.0;
   loss_sum_ = 0.0;
   loss_count_ = 0;
+  loss_last_.reset();
   if (s.steps > 0) report(s);
   last_ = std::move(s);
   return *last_;
@@ -34596,7 +34745,7 @@ TRAINKIT_INLINE void Monitor::write_metrics(const StepSummary& s) {
   JsonWriter w;
   w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
   w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
-  w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
+  w.key("loss").value(s.loss_last.value_or(NAN)).key("loss_mean").value(s.loss_mean);
   w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
   w.key("tokens_per_s_global").value(s.tokens_per_s_global);
   w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);
@@ -36257,7 +36406,7 @@ class Loop {
         if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
           checkpointer_.save(state_, metrics);
       }
-      monitor.end_step({.loss = loss});
+      monitor.end_step({.loss = read ? std::optional<double>(loss) : std::nullopt});
       if constexpr (detail::HasStepEnd<std::remove_cvref_t<Task>>)
         task.on_step_end(state_.step, loss);
       if (stop) {

@@ -116,6 +116,15 @@ TEST_CASE("sampler state dicts: configuration saved and checked") {
   CHECK_NOTHROW(tk::load_state_dict_into(d_same, dsd));
   CHECK_THROWS_WITH_AS(tk::load_state_dict_into(d_world, dsd), doctest::Contains("world_size"),
                        tk::Error);
+  // Another dataset size with the same padded total (101 / 4 ranks pads to 104 like 102..104):
+  // the order differs, so it is refused by the size.
+  data::DistributedSampler d_size(101, {.world_size = 4, .rank = 1, .seed = 3});
+  data::DistributedSampler d_size_src(102, {.world_size = 4, .rank = 1, .seed = 3});
+  CHECK_THROWS_WITH_AS(tk::load_state_dict_into(d_size, tk::state_dict_of(d_size_src)),
+                       doctest::Contains("size = 102 but this one has size = 101"), tk::Error);
+  tk::StateDict older = tk::state_dict_of(d_size_src);  // saved before "size" was recorded
+  older.values.erase("size");
+  CHECK_NOTHROW(tk::load_state_dict_into(d_size_src, older));
   data::SequentialSampler seq(10);
   CHECK_THROWS_WITH_AS(tk::load_state_dict_into(seq, sd), doctest::Contains("kind"), tk::Error);
 }

@@ -213,6 +213,11 @@ TEST_CASE("shard patterns: bash brace expansion") {
   CHECK(expand_shard_pattern("{3..1}") == V{"3", "2", "1"});
   CHECK(expand_shard_pattern("{-1..1}") == V{"-1", "0", "1"});
   CHECK(expand_shard_pattern("{a..c}") == V{"a", "b", "c"});
+  CHECK(expand_shard_pattern("{a..e..2}") == V{"a", "c", "e"});
+  CHECK(expand_shard_pattern("{e..a..-3}") == V{"e", "b"});
+  // Steps past the range, or past int (they hung, or overflowed): the first letter, as bash.
+  for (const char* big : {"x{a..c..4294967296}", "x{a..c..2147483648}", "x{c..a..999999999999}"})
+    CHECK(expand_shard_pattern(big) == V{big[2] == 'a' ? "xa" : "xc"});
   CHECK(expand_shard_pattern("{a,b}{1,2}") == V{"a1", "a2", "b1", "b2"});
   CHECK(expand_shard_pattern("x{a,{b,c}d}y") == V{"xay", "xbdy", "xcdy"});
   CHECK(expand_shard_pattern("lit{eral}.tar") == V{"lit{eral}.tar"});

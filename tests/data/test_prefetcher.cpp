@@ -306,6 +306,53 @@ TEST_CASE("Prefetcher: streaming tar shards, batches across epochs, exact resume
   const auto resumed = run(q, 5);
   CHECK(resumed == std::vector(batches.begin() + 3, batches.end()));
 
+  // drop_last: 21 samples per epoch in batches of 5 are four batches, the fourth the last of its
+  // epoch (one sample dropped); of 7, exactly three; of 4, five (one dropped); of 22, none.
+  for (const std::size_t bs : {std::size_t(5), std::size_t(7), std::size_t(4)}) {
+    CAPTURE(bs);
+    const std::size_t per_epoch = 21 / bs;
+    tk::data::TarShardDataset dd(fixture("tar/wds-{000000..000002}.tar"), o);
+    tk::data::Prefetcher d(dd, {.batch_size = bs, .depth = 2, .drop_last = true});
+    std::vector<std::tuple<std::uint64_t, std::uint64_t, bool, std::vector<float>>> got;
+    for (std::size_t k = 0; k < 2 * per_epoch; ++k) {
+      const tk::data::Batch b = d.next();
+      CHECK(b.size() == bs);
+      CHECK(b.epoch() == k / per_epoch);
+      CHECK(b.index() == k % per_epoch);
+      CHECK(b.last_in_epoch() == (k % per_epoch == per_epoch - 1));
+      const auto x = b.host<float, 2>("x");
+      std::vector<float> firsts;
+      for (std::size_t r = 0; r < bs; ++r) firsts.push_back(x(std::int64_t(r), 0));
+      CHECK(std::vector<std::int64_t>(keys[k / per_epoch].begin() + (k % per_epoch) * bs,
+                                      keys[k / per_epoch].begin() + (k % per_epoch + 1) * bs) ==
+            [&] {
+              std::vector<std::int64_t> ks;
+              for (const float f : firsts) ks.push_back(std::int64_t(f) / 10);
+              return ks;
+            }());
+      got.emplace_back(b.epoch(), b.index(), b.last_in_epoch(), firsts);
+      if (k == per_epoch - 1) CHECK(d.state() == tk::data::PrefetchState{1, 0});
+    }
+    // Resumed at every batch of the first epoch: the same batches follow.
+    for (std::uint64_t at = 0; at < per_epoch; ++at) {
+      tk::data::TarShardDataset dr(fixture("tar/wds-{000000..000002}.tar"), o);
+      tk::data::Prefetcher r(dr, {.batch_size = bs, .depth = 2, .drop_last = true});
+      r.restore({0, at});
+      for (std::size_t k = at; k < 2 * per_epoch; ++k) {
+        const tk::data::Batch b = r.next();
+        const auto x = b.host<float, 2>("x");
+        std::vector<float> firsts;
+        for (std::size_t row = 0; row < b.size(); ++row) firsts.push_back(x(std::int64_t(row), 0));
+        CHECK(std::make_tuple(b.epoch(), b.index(), b.last_in_epoch(), firsts) == got[k]);
+      }
+    }
+  }
+  {
+    tk::data::TarShardDataset dd(fixture("tar/wds-{000000..000002}.tar"), o);
+    tk::data::Prefetcher d(dd, {.batch_size = 22, .drop_last = true, .name = "short"});
+    check_contains(error_of([&] { (void)d.next(); }), {"short", "21 samples", "drop_last"});
+  }
+
   o.fields.push_back({"missing", "nope", tk::DType::kU8, {1}});
   tk::data::TarShardDataset bad(fixture("tar/wds-{000000..000002}.tar"), o);
   tk::data::Prefetcher r(bad, {.batch_size = 5, .name = "tar loader"});
@@ -321,6 +368,13 @@ TEST_CASE("Prefetcher: option errors") {
       {"yields 10 samples", "one batch of 11"});
   check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, {.batch_size = 2, .depth = 1}); }),
                  {"depth must be >= 2"});
+  // Batches whose size overflows (they crashed in a worker): refused up front. Without
+  // drop_last such a batch holds the whole epoch.
+  for (const std::size_t huge : {std::size_t{1} << 62, ~std::size_t{0}, std::size_t{1} << 57})
+    check_contains(error_of([&] {
+                     tk::data::Prefetcher p(ds, seq, {.batch_size = huge, .name = "big"});
+                   }),
+                   {"big: batch_size ", std::to_string(huge), "larger than any memory"});
   tk::data::PrefetchOptions no_transform{.batch_size = 2};
   no_transform.output_fields = {{"x", tk::DType::kF32, {}}};
   check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, no_transform); }),

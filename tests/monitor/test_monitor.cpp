@@ -3,12 +3,16 @@
 // output: console lines, JSON-lines metrics, TensorBoard scalars, Chrome trace, rank handling.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <trainkit/io/tfevents.hpp>
 #include <trainkit/monitor/monitor.hpp>
@@ -182,6 +186,62 @@ mon::StepSummary run_loader(double load_ms, double compute_ms, std::string& cons
   return out;
 }
 }  // namespace
+
+TEST_CASE("monitor: a NaN or infinite loss is shown as it is; an unread one is not shown") {
+  monitor_test::ScratchDir dir("monitor_nan");
+  std::FILE* console = std::tmpfile();
+  REQUIRE(console != nullptr);
+  g_ns = 5'000'000'000;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::optional<double>> last;
+  {
+    mon::Monitor m({.total_steps = 8,
+                    .log_every = 2,
+                    .log_dir = dir / "tb",
+                    .metrics_file = dir / "metrics.jsonl",
+                    .progress = mon::ProgressStyle::kPlain,
+                    .console = console,
+                    .gpu_monitor = false,
+                    .clock = fake_clock});
+    // Windows: {2.5, 2.4}, {2.3, NaN}, {inf, 2.0}... step 6 unread, {unread, unread}.
+    const std::optional<double> losses[] = {2.5, 2.4, 2.3,          nan,
+                                            2.2, inf, std::nullopt, std::nullopt};
+    for (int st = 0; st < 8; ++st) {
+      m.begin_step(st);
+      advance_ms(10);
+      m.end_step({.loss = losses[st]});
+      if (st % 2 == 1) last.push_back(m.last_summary()->loss_last);
+    }
+    m.close();
+  }
+  REQUIRE(last.size() == 4);
+  CHECK(last[0] == 2.4);
+  CHECK((last[1] && std::isnan(*last[1])));
+  CHECK(last[2] == inf);
+  CHECK_FALSE(last[3].has_value());  // no loss read in that window: none shown, not an old one
+  const std::string text = read_stream(console);
+  std::fclose(console);
+  INFO(text);
+  CHECK(text.find("step 2/8 |") != std::string::npos);
+  CHECK(text.find("| loss 2.4 |") != std::string::npos);
+  CHECK(text.find("| loss nan |") != std::string::npos);
+  CHECK(text.find("| loss inf |") != std::string::npos);
+  const auto step8 = text.find("step 8/8 |");
+  REQUIRE(step8 != std::string::npos);
+  CHECK(text.find("| loss", step8) == std::string::npos);
+  // metrics.jsonl: null where no finite number can stand (JSON has no NaN).
+  const std::string jsonl = monitor_test::read_file(dir / "metrics.jsonl");
+  CHECK(jsonl.find("\"step\":4,") != std::string::npos);
+  CHECK(std::count(jsonl.begin(), jsonl.end(), '\n') == 4);
+  // TensorBoard gets every reported loss, NaN and inf included: 6 of the 8 steps.
+  const auto files = monitor_test::files_with(dir / "tb", "tfevents");
+  REQUIRE(files.size() == 1);
+  int loss_events = 0;
+  for (const auto& r : trainkit::io::read_tfrecords(files[0]).records)
+    if (r.find("train/loss") != std::string::npos) ++loss_events;
+  CHECK(loss_events == 6);
+}
 
 TEST_CASE("input-bound detection with a synthetic slow loader") {
   std::string slow_text;

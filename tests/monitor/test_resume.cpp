@@ -489,6 +489,24 @@ TEST_CASE("log_metrics: scalars at an explicit step in metrics.jsonl and TensorB
   }
   CHECK(got == logged);
   CHECK(lines.front().rfind("{\"step\":0,", 0) == 0);
+  // Names that would repeat a key of the line are refused before anything is written.
+  {
+    mon::Monitor m({.metrics_file = dir / "refused.jsonl",
+                    .console = nullptr,
+                    .gpu_monitor = false,
+                    .clock = fake_clock});
+    CHECK_THROWS_WITH_AS(m.log_metrics(3, {{"step", 1.0}}),
+                         doctest::Contains("metric name 'step' is taken"), trainkit::Error);
+    CHECK_THROWS_WITH_AS(m.log_metrics(3, {{"x", 2.0}, {"time", 1.0}}),
+                         doctest::Contains("metric name 'time' is taken"), trainkit::Error);
+    CHECK_THROWS_WITH_AS(m.log_metrics(3, {{"a", 1.0}, {"b", 2.0}, {"a", 3.0}}),
+                         doctest::Contains("the metric 'a' is given twice at step 3"),
+                         trainkit::Error);
+    m.log_metrics(4, {{"acc_caf\xe9", 0.5}});  // not UTF-8: the line still parses
+  }
+  const auto refused = lines_of(monitor_test::read_file(dir / "refused.jsonl"));
+  REQUIRE(refused.size() == 1);
+  CHECK(io::Json::parse(refused[0]).at("step").as_int() == 4);
   const auto tb = tensorboard_view(dir / "tb", "val/loss");
   REQUIRE(tb.size() == logged.size());
   for (std::size_t i = 0; i < tb.size(); ++i) {

@@ -118,6 +118,21 @@ TEST_CASE("TFRecord framing and Event encoding match the known records byte for 
   }
 }
 
+TEST_CASE("Event tags, hparam names and text values must be UTF-8") {
+  io::ProtoWriter event;
+  CHECK_NOTHROW(io::encode_scalar_event(event, 1.0, 2, "loss/caf\xc3\xa9", 1.0f));
+  CHECK_THROWS_WITH_AS(
+      io::encode_scalar_event(event, 1.0, 2, "loss/caf\xe9", 1.0f),
+      doctest::Contains("TensorBoard tag 'loss/caf\\xe9' is not UTF-8 (at byte 8)"),
+      trainkit::Error);
+  const std::vector<io::HParam> bad_name = {{"l\xffr", 0.1}};
+  CHECK_THROWS_WITH_AS(io::encode_hparams_session_start_event(event, 1.0, 0, bad_name),
+                       doctest::Contains("hparam name 'l\\xffr'"), trainkit::Error);
+  const std::vector<io::HParam> bad_text = {{"opt", std::string("adam\xc3")}};
+  CHECK_THROWS_WITH_AS(io::encode_hparams_session_start_event(event, 1.0, 0, bad_text),
+                       doctest::Contains("hparam value of opt, 'adam\\xc3'"), trainkit::Error);
+}
+
 TEST_CASE("ProtoWriter: nested messages of 128 bytes and more get multi-byte lengths") {
   io::ProtoWriter w;
   const std::size_t mark = w.begin_message(1);

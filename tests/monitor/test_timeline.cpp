@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include <trainkit/io/json.hpp>
 #include <trainkit/monitor/json_writer.hpp>
 #include <trainkit/monitor/timeline.hpp>
 
@@ -170,4 +171,12 @@ TEST_CASE("JsonWriter escapes strings and writes non-finite numbers as null") {
   CHECK(w.str() ==
         "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"x\":0.1,\"n\":null,\"i\":-7,\"b\":false,"
         "\"a\":[1,2]}");
+  // Bytes that are not UTF-8 become U+FFFD, one per bad byte; well-formed sequences pass.
+  mon::JsonWriter u;
+  u.begin_object().key("caf\xe9").value("\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xed\xa0\x80 \xc3");
+  u.end_object();
+  CHECK(u.str() ==
+        "{\"caf\xef\xbf\xbd\":\"\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 "
+        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd\"}");
+  CHECK(trainkit::io::Json::parse(u.str()).find("caf\xef\xbf\xbd") != nullptr);
 }

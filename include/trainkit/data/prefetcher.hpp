@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/allocator.hpp"
+#include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/core/tensor_view.hpp"
@@ -269,7 +271,7 @@ class Prefetcher {
     };
     per_epoch_samples_ = shared->size();
     const std::size_t b = std::max<std::size_t>(options_.batch_size, 1);
-    per_epoch_ = options_.drop_last ? per_epoch_samples_ / b : (per_epoch_samples_ + b - 1) / b;
+    per_epoch_ = per_epoch_samples_ / b + (!options_.drop_last && per_epoch_samples_ % b != 0);
     TRAINKIT_CHECK(per_epoch_ > 0, options_.name, ": the sampler yields ", per_epoch_samples_,
                    " samples per epoch, not enough for one batch of ", b,
                    options_.drop_last ? " with drop_last" : "");
@@ -348,7 +350,13 @@ class Prefetcher {
   std::function<std::string()> describe_current_;
   PrefetchState stream_cursor_;
   bool stream_started_ = false;
-  bool have_lookahead_ = false;
+  // Samples read ahead, in a ring of stream_lookahead() samples: a batch is the last of its
+  // epoch when fewer than one more batch (drop_last) or no sample follows it.
+  std::size_t look_begin_ = 0, look_count_ = 0;
+  bool stream_ended_ = false;
+  std::size_t stream_lookahead() const noexcept {
+    return options_.drop_last ? options_.batch_size : 1;
+  }
 
   // slots
   std::size_t depth_ = 0;
@@ -482,13 +490,20 @@ TRAINKIT_INLINE void Prefetcher::setup(bool device) {
   out_fields_ = options_.output_fields.empty() ? in_fields_ : options_.output_fields;
   separate_input_ = !options_.output_fields.empty();
   const std::size_t B = options_.batch_size;
+  // A slot's size in checked arithmetic (below 2^56 bytes, so that align() cannot wrap).
+  const auto room = [&](std::optional<std::size_t> bytes) {
+    TRAINKIT_CHECK(bytes && *bytes < (std::size_t{1} << 56), options_.name, ": batch_size ", B,
+                   " makes a batch larger than any memory (its fields and indices overflow 2^56 "
+                   "bytes)");
+    return *bytes;
+  };
   std::size_t off = 0;
   for (const FieldSpec& f : out_fields_) {
     offsets_.push_back(off);
-    off = align(off + B * f.bytes());
+    off = align(room(checked_add(off, room(checked_mul(B, f.bytes())))));
   }
   indices_offset_ = off;
-  slot_bytes_ = off + B * sizeof(std::int64_t);
+  slot_bytes_ = room(checked_add(off, room(checked_mul(B, sizeof(std::int64_t)))));
   in_sample_bytes_ = 0;
   for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
 
@@ -589,7 +604,8 @@ TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
   if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
 #endif
   std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
-  std::vector<std::byte> lookahead(streaming_ ? sample_bytes_of(out_or_in()) : 0);
+  std::vector<std::byte> lookahead(streaming_ ? stream_lookahead() * sample_bytes_of(out_or_in())
+                                              : 0);
   for (;;) {
     std::uint64_t g = 0;
     {
@@ -711,50 +727,77 @@ TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worke
 
 TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
                                                 std::vector<std::byte>& lookahead) {
-  const std::size_t B = options_.batch_size;
+  const std::size_t B = options_.batch_size, depth = stream_lookahead();
   const std::vector<FieldSpec>& read_fields = out_or_in();
+  const std::size_t sample_bytes = lookahead.size() / depth;
   std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
-  packed_spans(lookahead.data(), read_fields, look_spans);
-  const SampleRef look(look_spans);
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
   for (;;) {
     const PrefetchState at = stream_cursor_;
     const std::uint64_t first = at.batch * B;
-    try {
-      if (!stream_started_) {
-        start_(at.epoch, first);
-        have_lookahead_ = next_(look);
-        stream_started_ = true;
+    // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
+    // position of the first sample read now.
+    const auto read_ahead = [&](std::uint64_t next) {
+      while (look_count_ < depth && !stream_ended_) {
+        if (stop_.load(std::memory_order_relaxed)) return;
+        const std::size_t k = (look_begin_ + look_count_) % depth;
+        packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
+        try {
+          if (next_(SampleRef(look_spans))) {
+            ++look_count_;
+            ++next;
+          } else {
+            stream_ended_ = true;
+          }
+        } catch (...) {
+          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
+                                                  at.epoch, " (", describe_current_(), ")"));
+        }
       }
-    } catch (...) {
-      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                              " of ", describe_current_()));
+    };
+    if (!stream_started_) {
+      try {
+        start_(at.epoch, first);
+      } catch (...) {
+        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                                " of ", describe_current_()));
+      }
+      look_begin_ = look_count_ = 0;
+      stream_ended_ = false;
+      stream_started_ = true;
+      read_ahead(first);
     }
     std::size_t rows = 0;
-    while (rows < B && have_lookahead_) {
+    while (rows < B && look_count_ > 0) {
       if (stop_.load(std::memory_order_relaxed)) return;
       const std::uint64_t position = first + rows;
       idx_out[rows] = static_cast<std::int64_t>(position);
       row_spans(base, rows, out_spans);
       const SampleRef out(out_spans);
+      std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
       try {
         const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
         if (separate_input_) {
-          packed_spans(lookahead.data(), in_fields_, in_spans);
+          packed_spans(sample, in_fields_, in_spans);
           options_.transform(info, SampleRef(in_spans), out);
         } else {
+          packed_spans(sample, read_fields, look_spans);
           for (std::size_t k = 0; k < out.size(); ++k)
-            if (!out[k].empty()) std::memcpy(out[k].data(), look[k].data(), out[k].size());
+            if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
           if (options_.transform) options_.transform(info, out, out);
         }
-        ++rows;
-        have_lookahead_ = next_(look);
       } catch (...) {
         rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
                                                 at.epoch, " (", describe_current_(), ")"));
       }
+      ++rows;
+      look_begin_ = (look_begin_ + 1) % depth;
+      --look_count_;
+      read_ahead(position + 1 + look_count_);
     }
-    const bool last = !have_lookahead_;
+    if (stop_.load(std::memory_order_relaxed)) return;
+    // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
+    const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
     if (last) {
       stream_cursor_ = PrefetchState{at.epoch + 1, 0};
       stream_started_ = false;
@@ -770,7 +813,7 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
         TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
                       " samples, fewer than one batch of ", B, " with drop_last");
       }
-      continue;  // drop the partial tail; fill this slot from the next epoch
+      continue;  // (not reached with drop_last: the batch before was marked last)
     }
     result.epoch = at.epoch;
     result.batch = at.batch;

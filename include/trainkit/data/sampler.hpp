@@ -194,6 +194,7 @@ TRAINKIT_INLINE std::vector<std::int64_t> DistributedSampler::indices(std::uint6
 TRAINKIT_INLINE StateDict DistributedSampler::state_dict() const {
   StateDict sd;
   sd.set("kind", "DistributedSampler");
+  sd.set_u64("size", n_);
   sd.set_u64("num_samples", num_samples_);
   sd.set_u64("total_size", total_size_);
   sd.set_u64("world", o_.world_size);
@@ -210,6 +211,8 @@ TRAINKIT_INLINE void DistributedSampler::load_state_dict(const StateDict& sd) co
   check_saved_setting<std::uint64_t>(who, "world_size", sd.get_u64("world"), o_.world_size);
   check_saved_setting<std::uint64_t>(who, "rank", sd.get_u64("rank"), o_.rank);
   check_saved_setting<std::uint64_t>(who, "seed", sd.get_u64("seed"), o_.seed);
+  if (sd.contains("size"))  // (states saved before it was recorded have only total_size)
+    check_saved_setting<std::uint64_t>(who, "size", sd.get_u64("size"), n_);
   check_saved_setting<std::uint64_t>(who, "total_size", sd.get_u64("total_size"), total_size_);
   check_saved_setting<bool>(who, "shuffle", sd.get_int("shuffle") != 0, o_.shuffle);
   check_saved_setting<bool>(who, "drop_last", sd.get_int("drop_last") != 0, o_.drop_last);

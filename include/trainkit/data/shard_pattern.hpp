@@ -98,8 +98,11 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
   }
   if (a.size() == 1 && b.size() == 1) {  // letter range {a..e}
     const int c0 = static_cast<unsigned char>(a[0]), c1 = static_cast<unsigned char>(b[0]);
-    for (int c = c0; c0 <= c1 ? c <= c1 : c >= c1; c += c0 <= c1 ? int(step) : -int(step))
+    const long long span = c0 <= c1 ? c1 - c0 : c0 - c1;  // step >= 1: k * step <= span
+    for (long long k = 0; k <= span / step; ++k) {
+      const long long c = c0 <= c1 ? c0 + k * step : c0 - k * step;
       out.push_back(std::string(1, static_cast<char>(c)));
+    }
     return true;
   }
   return false;

@@ -345,7 +345,9 @@ TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOpt
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
                   static_cast<unsigned long long>(rng()));
-    temp_ = path_.parent_path() / ("." + path_.filename().string() + suffix);
+    std::string name = ".";  // (appends: GCC 12 -Wrestrict misreads "." + std::string)
+    name.append(path_.filename().string()).append(suffix);
+    temp_ = path_.parent_path() / name;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                  static_cast<mode_t>(options_.mode));
     if (fd_ >= 0 || errno != EEXIST) break;

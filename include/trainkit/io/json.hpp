@@ -25,14 +25,10 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
-
-/// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
-/// U+10FFFF). On failure `*error_offset` (when given) receives the offset of the bad sequence.
-TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
-                                   std::size_t* error_offset = nullptr) noexcept;
 
 /// Appends `s` as a JSON string literal (with quotes), escaping like serde_json: `"` `\` and
 /// control characters (\b \f \n \r \t, others as \u00xx); everything else, including non-ASCII
@@ -617,49 +613,6 @@ inline std::optional<Json> Json::try_parse(std::string_view text, JsonParseError
 }
 
 #if TRAINKIT_IMPL
-
-TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_offset) noexcept {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t i = 0;
-  while (i < n) {
-    // ASCII fast path, 8 bytes at a time.
-    while (i + 8 <= n) {
-      std::uint64_t w = 0;
-      for (int k = 0; k < 8; ++k) w |= std::uint64_t(s[i + k]) << (8 * k);
-      if (w & 0x8080808080808080ull) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    const unsigned c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // UTF-16 surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
-    }
-    bool ok = len != 0 && i + len <= n;
-    if (ok) ok = s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; ok && k < len; ++k) ok = (s[i + k] & 0xc0) == 0x80;
-    if (!ok) {
-      if (error_offset != nullptr) *error_offset = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
 
 TRAINKIT_INLINE void append_json_string(std::string& out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";

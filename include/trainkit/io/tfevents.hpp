@@ -34,6 +34,7 @@
 #include "trainkit/error.hpp"
 #include "trainkit/io/crc32c.hpp"
 #include "trainkit/io/protobuf.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
@@ -85,13 +86,23 @@ inline void close_event_value(ProtoWriter& out, ValueMarks marks) {
   out.end_message(marks.value);
   out.end_message(marks.summary);
 }
+/// Throws unless `tag` is UTF-8 (protobuf string fields must be; Python's reader refuses others).
+/// `what` names it in the message.
+TRAINKIT_INLINE void check_tag(std::string_view tag, std::string_view what = "tag");
 /// SummaryMetadata{plugin_data=1{plugin_name=1, content=2}} as field 9 of Summary.Value.
 TRAINKIT_INLINE void write_plugin_metadata(ProtoWriter& out, std::string_view plugin,
                                            std::string_view content);
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE void check_tag(std::string_view tag, std::string_view what) {
+  std::size_t at = 0;
+  TRAINKIT_CHECK(is_valid_utf8(tag, &at), "TensorBoard ", what, " '", printable_bytes(tag),
+                 "' is not UTF-8 (at byte ", at, "): TensorBoard could not read the event");
+}
+
 TRAINKIT_INLINE ValueMarks open_event_value(ProtoWriter& out, double wall_time, std::int64_t step,
                                             std::string_view tag) {
+  check_tag(tag);
   out.clear();
   out.field_double_nonzero(1, wall_time);
   out.field_int64_nonzero(2, step);
@@ -344,7 +355,7 @@ inline double unix_time_now() noexcept {
 
 /// Options of EventFileWriter.
 struct EventFileOptions {
-  double flush_secs = 10.0;                 ///< flush when the oldest buffered record is this old
+  double flush_secs = 10.0;  ///< a write flushes when the oldest buffered record is this old
   std::size_t max_buffer_bytes = 1u << 20;  ///< flush when the buffer grows past this
   std::string filename_suffix{};            ///< appended to the file name (e.g. ".rank3")
   std::string writer_name = "trainkit";     ///< source_metadata.writer of the first record
@@ -363,8 +374,10 @@ inline std::string host_name() {
 }  // namespace detail
 
 /// Appends framed event records to a new file in a log directory. Records are buffered in memory
-/// and written with write(2) when `flush_secs` have passed since the first unflushed record, when
-/// the buffer exceeds `max_buffer_bytes`, on flush(), close() and destruction. Whole records are
+/// and written with write(2) by the first write_event() at least `flush_secs` after the oldest
+/// unflushed record (there is no timer thread: records written before a pause stay buffered
+/// until the next write or flush()), when the buffer exceeds `max_buffer_bytes`, on flush(),
+/// close() and destruction. Whole records are
 /// written in order, so a killed process leaves a file that readers accept up to the last flushed
 /// record (at worst one partial record at the end, which TensorBoard treats as "still being
 /// written"). Not thread-safe: one writer per thread, or lock around it. Move-only.
@@ -601,12 +614,14 @@ TRAINKIT_INLINE void encode_hparams_experiment_event(ProtoWriter& out, double wa
   ProtoWriter content;
   const std::size_t experiment = content.begin_message(2);
   for (const HParam& p : hparams) {
+    detail::check_tag(p.name, "hparam name");
     const std::size_t info = content.begin_message(4);
     content.field_bytes_nonempty(1, p.name);
     content.field_varint(4, static_cast<std::uint64_t>(detail::hparam_data_type(p)));
     content.end_message(info);
   }
   for (const std::string& tag : metric_tags) {
+    detail::check_tag(tag, "hparam metric tag");
     const std::size_t info = content.begin_message(5);
     const std::size_t name = content.begin_message(1);
     content.field_bytes_nonempty(2, tag);
@@ -626,6 +641,9 @@ TRAINKIT_INLINE void encode_hparams_session_start_event(ProtoWriter& out, double
   ProtoWriter content;
   const std::size_t start = content.begin_message(3);
   for (const HParam& p : hparams) {
+    detail::check_tag(p.name, "hparam name");
+    if (const auto* text = std::get_if<std::string>(&p.value))
+      detail::check_tag(*text, "hparam value of " + printable_bytes(p.name) + ",");
     const std::size_t entry = content.begin_message(1);
     content.field_bytes(1, p.name);
     const std::size_t value = content.begin_message(2);

@@ -13,12 +13,15 @@
 #include <utility>
 
 #include "trainkit/config.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace monitor {
 
 /// Builds JSON text into a string. The caller keeps the structure valid; the writer only inserts
 /// commas and escapes: `JsonWriter w; w.begin_object(); w.key("step"); w.value(3); w.end_object();`
+/// Bytes of a string that are not UTF-8 are written as U+FFFD (Python's errors="replace"), so the
+/// text always parses.
 class JsonWriter {
  public:
   const std::string& str() const noexcept { return out_; }
@@ -125,7 +128,18 @@ TRAINKIT_INLINE void JsonWriter::append_string(std::string_view s) {
   std::size_t run = 0;  // start of the pending run of characters that need no escaping
   for (std::size_t i = 0; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;  // UTF-8 passes through unchanged
+    if (c >= 0x80) {  // well-formed UTF-8 passes through; other bytes become U+FFFD
+      const std::size_t len = io::utf8_sequence_length(s, i);
+      if (len != 0) {
+        i += len - 1;
+        continue;
+      }
+      out_.append(s.data() + run, i - run);
+      out_.append("\xef\xbf\xbd");
+      run = i + 1;
+      continue;
+    }
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
     out_.append(s.data() + run, i - run);
     run = i + 1;
     switch (c) {

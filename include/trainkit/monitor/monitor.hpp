@@ -84,7 +84,9 @@ struct MonitorOptions {
 
 /// What end_step() is told about the step. Negative counts mean "use the MonitorOptions default".
 struct StepMetrics {
-  double loss = NAN;  ///< the step's loss if the host has it (reading it may sync a GPU)
+  /// The step's loss if the host has it (reading it may sync a GPU); empty: not read this step.
+  /// A NaN or infinite loss is reported as it is: the summary shows it, TensorBoard gets it.
+  std::optional<double> loss = std::nullopt;
   double samples = -1.0;
   double tokens = -1.0;
   double flops = -1.0;
@@ -104,9 +106,9 @@ struct StepSummary {
   std::string peak_label;   ///< where the peak came from, e.g. "H100 SXM bf16"
   TimelineWindow timeline;  ///< phase times
   double data_wait_fraction = 0.0;
-  bool input_bound = false;  ///< data_wait_fraction > input_bound_threshold
-  double loss_last = NAN;
-  double loss_mean = NAN;  ///< mean of the finite losses reported in the window
+  bool input_bound = false;         ///< data_wait_fraction > input_bound_threshold
+  std::optional<double> loss_last;  ///< the last loss reported in the window (NaN, inf as they are)
+  double loss_mean = NAN;           ///< mean of the finite losses reported in the window
   HostMemory host_memory;
   std::size_t device_memory_used = 0;       ///< now (CUDA tier)
   std::size_t device_memory_used_peak = 0;  ///< largest seen at any summary so far
@@ -201,13 +203,17 @@ class Monitor {
     window_samples_ += metrics.samples >= 0.0 ? metrics.samples : options_.samples_per_step;
     window_tokens_ += metrics.tokens >= 0.0 ? metrics.tokens : options_.tokens_per_step;
     window_flops_ += metrics.flops >= 0.0 ? metrics.flops : options_.flops_per_step;
-    if (std::isfinite(metrics.loss)) {
-      loss_last_ = metrics.loss;
-      loss_sum_ += metrics.loss;
-      ++loss_count_;
-      if (tensorboard_) tensorboard_->add_scalar("train/loss", metrics.loss, step_);
+    if (metrics.loss) {
+      const double loss = *metrics.loss;
+      loss_last_ = loss;
+      if (std::isfinite(loss)) {
+        loss_sum_ += loss;
+        ++loss_count_;
+      }
+      if (tensorboard_) tensorboard_->add_scalar("train/loss", loss, step_);
     }
-    if (progress_) progress_->update(step_, metrics.loss, timeline_.last_step_end_ns());
+    if (progress_)
+      progress_->update(step_, metrics.loss.value_or(NAN), timeline_.last_step_end_ns());
     if (window_steps_ >= options_.log_every) summarize();
   }
 
@@ -256,6 +262,16 @@ class Monitor {
  private:
   template <class Range>
   void log_metrics_range(std::int64_t step, const Range& values) {
+    // Names that the line's own keys or another value would repeat make a line that JSON
+    // readers take differently (or, on resume, not at all): refused before anything is written.
+    for (auto a = std::begin(values); a != std::end(values); ++a) {
+      const std::string_view name = a->first;
+      TRAINKIT_CHECK(name != "step" && name != "time", "monitor::log_metrics: the metric name '",
+                     name, "' is taken by the line's own ", name, "; choose another");
+      for (auto b = std::begin(values); b != a; ++b)
+        TRAINKIT_CHECK(std::string_view(b->first) != name, "monitor::log_metrics: the metric '",
+                       io::printable_bytes(name), "' is given twice at step ", step);
+    }
     if (tensorboard_ && tensorboard_->enabled()) {
       for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
       tensorboard_->flush();
@@ -291,7 +307,7 @@ class Monitor {
   double window_samples_ = 0.0;
   double window_tokens_ = 0.0;
   double window_flops_ = 0.0;
-  double loss_last_ = NAN;
+  std::optional<double> loss_last_;
   double loss_sum_ = 0.0;
   std::int64_t loss_count_ = 0;
   std::size_t device_peak_ = 0;
@@ -333,8 +349,8 @@ TRAINKIT_INLINE std::string format_summary(const StepSummary& s, std::int64_t to
                   100.0 * s.timeline.other_s() / s.timeline.elapsed_s);
     out += text;
   }
-  if (std::isfinite(s.loss_last)) {
-    std::snprintf(text, sizeof text, " | loss %.4g", s.loss_last);
+  if (s.loss_last) {  // "loss nan" / "loss inf" for a diverged step
+    std::snprintf(text, sizeof text, " | loss %.4g", *s.loss_last);
     out += text;
   }
   if (s.host_memory.peak_rss > 0) out += " | host peak " + detail::bytes(s.host_memory.peak_rss);
@@ -439,6 +455,7 @@ TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
   window_samples_ = window_tokens_ = window_flops_ = 0.0;
   loss_sum_ = 0.0;
   loss_count_ = 0;
+  loss_last_.reset();
   if (s.steps > 0) report(s);
   last_ = std::move(s);
   return *last_;
@@ -549,7 +566,7 @@ TRAINKIT_INLINE void Monitor::write_metrics(const StepSummary& s) {
   JsonWriter w;
   w.begin_object().key("step").value(s.step).key("time").value(io::unix_time_now());
   w.key("steps").value(s.steps).key("step_time_s").value(s.step_time_s);
-  w.key("loss").value(s.loss_last).key("loss_mean").value(s.loss_mean);
+  w.key("loss").value(s.loss_last.value_or(NAN)).key("loss_mean").value(s.loss_mean);
   w.key("samples_per_s").value(s.samples_per_s).key("tokens_per_s").value(s.tokens_per_s);
   w.key("tokens_per_s_global").value(s.tokens_per_s_global);
   w.key("tflops").value(1e-12 * s.flops_per_s).key("mfu").value(s.mfu);

@@ -31,7 +31,7 @@ enum class RankMode : std::uint8_t {
 struct TensorBoardOptions {
   int rank = 0;                               ///< this process's rank
   RankMode rank_mode = RankMode::kRank0Only;  ///< see RankMode
-  double flush_secs = 10.0;                 ///< buffered records reach the file at least this often
+  double flush_secs = 10.0;  ///< a write flushes the buffer once its oldest record is this old
   std::size_t max_buffer_bytes = 1u << 20;  ///< ...or when this many bytes are buffered
   std::string filename_suffix{};            ///< appended to the event file name
   /// As SummaryWriter(purge_step=N): the new file starts with a SessionLog START at step N, and
@@ -42,9 +42,11 @@ struct TensorBoardOptions {
 };
 
 /// Writes TensorBoard summaries for one run directory. Records are buffered (see
-/// io::EventFileWriter) and flushed every flush_secs, on flush(), close() and destruction; a
-/// killed process leaves a readable file up to the last flush. `wall_time` arguments are seconds
-/// since the Unix epoch (default: now). Not thread-safe. Move-only.
+/// io::EventFileWriter) and flushed by the first write flush_secs after the oldest buffered one,
+/// on flush(), close() and destruction (no timer thread: monitor::Monitor flushes at every
+/// summary and log_metrics); a killed process leaves a readable file up to the last flush.
+/// `wall_time` arguments are seconds since the Unix epoch (default: now). Not thread-safe.
+/// Move-only.
 class TensorBoardWriter {
  public:
   /// Creates the run directory and its event file (on ranks that write). Throws trainkit::Error

@@ -439,7 +439,7 @@ class Loop {
         if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
           checkpointer_.save(state_, metrics);
       }
-      monitor.end_step({.loss = loss});
+      monitor.end_step({.loss = read ? std::optional<double>(loss) : std::nullopt});
       if constexpr (detail::HasStepEnd<std::remove_cvref_t<Task>>)
         task.on_step_end(state_.step, loss);
       if (stop) {
