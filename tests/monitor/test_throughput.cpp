@@ -45,6 +45,12 @@ TEST_CASE("peak table: dense tensor-core peaks by device name and precision") {
   CHECK(mon::device_peak_flops("Tesla T4", Precision::kBf16) == 0.0);
   REQUIRE(mon::find_device_peak("NVIDIA H200") != nullptr);
   CHECK(std::string(mon::find_device_peak("NVIDIA H200")->label) == "H200 SXM");
+  REQUIRE(mon::find_device_peak("NVIDIA GH200 480GB") != nullptr);
+  CHECK(std::string(mon::find_device_peak("NVIDIA GH200 480GB")->label) == "GH200");
+  // Lower-clocked NVL parts are not given the SXM peaks: unknown, so MFU needs a configured peak.
+  CHECK(mon::find_device_peak("NVIDIA H100 NVL") == nullptr);
+  CHECK(mon::find_device_peak("NVIDIA H200 NVL") == nullptr);
+  CHECK(mon::device_peak_flops("NVIDIA H200 NVL", Precision::kBf16) == 0.0);
   CHECK(std::string(mon::precision_name(Precision::kTf32)) == "tf32");
 }
 

@@ -46,8 +46,12 @@ struct DevicePeak {
 /// 1024 FLOP/clk x 1.83 GHz on H100/H200 SXM). The sparsity figures NVIDIA
 /// advertises (1,979 BF16) are twice these and must not be used for MFU. "H100 PCIe" comes
 /// first so it wins over the plain "H100" (SXM) entry; its numbers are the PCIe data sheet's
-/// (llm.c's mfu.h uses the same 756 TFLOP/s BF16 base).
+/// (llm.c's mfu.h uses the same 756 TFLOP/s BF16 base). GH200 (Grace Hopper) carries the same
+/// GPU as H100 SXM and gets its own label. The NVL parts (H100 NVL, H200 NVL) run at lower
+/// power and clocks and are deliberately not matched: find_device_peak returns nullptr for them
+/// (and any other name it does not know), so MFU needs MonitorOptions::peak_flops there.
 inline constexpr DevicePeak kDevicePeaks[] = {
+    {"GH200", "GH200", 67e12, 494.5e12, 989e12},
     {"H200", "H200 SXM", 67e12, 494.5e12, 989e12},
     {"H100 PCIe", "H100 PCIe", 51e12, 378e12, 756e12},
     {"H100", "H100 SXM", 67e12, 494.5e12, 989e12},
@@ -238,6 +242,7 @@ TRAINKIT_INLINE double measure_cpu_peak_flops(unsigned threads = 0, double secon
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE const DevicePeak* find_device_peak(std::string_view device_name) noexcept {
+  if (device_name.find("NVL") != std::string_view::npos) return nullptr;  // see kDevicePeaks
   for (const DevicePeak& entry : kDevicePeaks) {
     if (device_name.find(entry.pattern) != std::string_view::npos) return &entry;
   }
