@@ -18919,15 +18919,22 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_factor = sd.get_double("growth_factor");
   o.backoff_factor = sd.get_double("backoff_factor");
   o.growth_interval = sd.get_int("growth_interval");
-  options_ = validated(o);
+  o = validated(o);
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
   TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),
                  "DynamicScaler::load_state_dict: 'scale' is ", scale,
                  ", expected a number >= 0 that is a finite float (<= 3.4e38)");
+  // The clean steps since the last change of scale: at or past the interval (or negative) the
+  // scale would not grow again for a very long time.
+  const std::int64_t tracker = sd.get_int("_growth_tracker");
+  TRAINKIT_CHECK(tracker >= 0 && tracker < o.growth_interval,
+                 "DynamicScaler::load_state_dict: '_growth_tracker' is ", tracker,
+                 ", expected 0 to growth_interval - 1 = ", o.growth_interval - 1);
+  options_ = o;
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-  b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
+  b.growth_tracker = static_cast<std::int32_t>(tracker);
   core_.write(b);
   core_.set_stage(detail::ScalerCore::Stage::kReady);
 }
@@ -19529,8 +19536,10 @@ TRAINKIT_NAMESPACE_END
 // step never waits for the GPU. Rules with a per-tensor trust ratio get three passes instead.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20092,7 +20101,11 @@ class FusedOptimizer {
     // A checkpoint snapshot may still be copying the parameters and this state (host memory).
     if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     StepInputs in;
-    in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
+    TRAINKIT_CHECK(!std::isnan(clip.max_norm), "optim: ClipGradNorm::max_norm is NaN");
+    // Any positive max_norm clips (one below the smallest f32 acts as the smallest f32).
+    in.max_norm = clip.max_norm > 0.0 ? std::max(static_cast<float>(clip.max_norm),
+                                                 std::numeric_limits<float>::denorm_min())
+                                      : 0.0f;
     const bool want_norm =
         in.max_norm > 0.0f || clip.report_norm || Traits::needs_grad_norm(options_);
     if constexpr (amp::is_loss_scaler_v<Scaler>) {
@@ -20349,6 +20362,11 @@ TRAINKIT_INLINE FusedOptimizer<Rule, S>::FusedOptimizer(nn::ParamArena<S>& arena
   for (std::size_t r = 0; r < groups.size(); ++r) {
     if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
     if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
+    TRAINKIT_CHECK(group_[r + 1].lr >= 0.0 && group_[r + 1].weight_decay >= 0.0 &&
+                       std::isfinite(group_[r + 1].lr) && std::isfinite(group_[r + 1].weight_decay),
+                   "optim::", Rule::kName, ": parameter group ", r + 1, " has lr ",
+                   group_[r + 1].lr, " and weight_decay ", group_[r + 1].weight_decay,
+                   "; both must be finite and >= 0");
   }
   for (const Options& g : group_) lr_->lr.push_back(g.lr);
   segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
@@ -20400,6 +20418,21 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
   detail::load_fields(sd, loaded, Traits::saved_options());
+  try {  // a damaged state must not pass what the constructor would refuse
+    (void)validated(loaded);
+  } catch (const Error& e) {
+    std::string_view why = e.what();
+    if (why.starts_with("trainkit: ")) why.remove_prefix(10);
+    TRAINKIT_FAIL(prefix, "the state's options are not valid (", why, ")");
+  }
+  // Counts and rates: finite, >= 0 (a NaN or negative one made every later step NaN).
+  const auto number = [&](const std::string& key, bool whole) {
+    const double v = sd.get_double(key);
+    TRAINKIT_CHECK(std::isfinite(v) && v >= 0.0 && (!whole || (v == std::floor(v) && v < 0x1p53)),
+                   prefix, "'", key, "' is ", v, "; expected a ",
+                   whole ? "whole number >= 0" : "finite number >= 0");
+    return v;
+  };
   TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
                  "the state's options keep the state ", state_layout(loaded),
                  ", this optimizer's keep ", state_layout(options_));
@@ -20409,11 +20442,22 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);
-    lrs.push_back(sd.get_double(key + ".lr"));
-    if (sd.values.count(key + ".initial_lr")) initial.push_back(sd.get_double(key + ".initial_lr"));
-    wds.push_back(sd.get_double(key + ".weight_decay"));
+    lrs.push_back(number(key + ".lr", false));
+    if (sd.values.count(key + ".initial_lr")) initial.push_back(number(key + ".initial_lr", false));
+    wds.push_back(number(key + ".weight_decay", false));
   }
-  const double step = sd.get_double("step");
+  const double step = number("step", true);
+  // The per-parameter step counts (PyTorch's layout) must say the same.
+  for (const nn::ParamInfo& p : arena_->infos()) {
+    const auto it = sd.tensors.find(p.name + ".step");
+    if (it == sd.tensors.end()) continue;
+    float saved = 0.0f;
+    TRAINKIT_CHECK(it->second.dtype() == DType::kF32 && it->second.numel() == 1, prefix, "'",
+                   p.name, ".step' is not one F32 value");
+    std::memcpy(&saved, it->second.data(), sizeof saved);
+    TRAINKIT_CHECK(saved == static_cast<float>(step), prefix, "'", p.name, ".step' is ", saved,
+                   " but the state's step is ", step);
+  }
   for (const detail::StateBuffer& b : buffers)
     detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
   options_ = loaded;
@@ -20480,6 +20524,7 @@ TRAINKIT_NAMESPACE_END
 // inf/NaN gradients is not "the first".
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -20511,6 +20556,7 @@ struct SGDRule {
   static constexpr int num_states(unsigned v) { return (v & kMomentum) != 0 ? 1 : 0; }
   static void validate(const Options& o) {
     TRAINKIT_CHECK(o.momentum >= 0.0, "optim::SGD: invalid momentum ", o.momentum);
+    TRAINKIT_CHECK(std::isfinite(o.dampening), "optim::SGD: invalid dampening ", o.dampening);
     TRAINKIT_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
                    "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
   }
@@ -20771,7 +20817,10 @@ struct LAMBRule {
   using Options = LAMBOptions;
   static constexpr const char* kName = "LAMB";
   static constexpr std::array kStates{"exp_avg", "exp_avg_sq"};
-  static void validate(const Options& o) { check_adam_options(kName, o); }
+  static void validate(const Options& o) {
+    check_adam_options(kName, o);
+    TRAINKIT_CHECK(!std::isnan(o.max_grad_norm), "optim::LAMB: max_grad_norm is NaN");
+  }
   static bool needs_grad_norm(const Options& o) { return o.max_grad_norm > 0.0; }
   static constexpr std::tuple kSavedOptions{
       saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),
@@ -20909,7 +20958,10 @@ class LRScheduler {
 
   /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
   TRAINKIT_INLINE virtual StateDict state_dict() const;
-  /// Restores state_dict() (the group learning rates themselves belong to the optimizer's state).
+  /// Restores state_dict(), the schedule's saved settings included (as PyTorch's does: a schedule
+  /// built with other settings continues the saved one). The group learning rates themselves
+  /// belong to the optimizer's state. Throws naming the entry when a count or rate is out of range
+  /// or a setting is one the constructor would refuse (nothing is changed then).
   TRAINKIT_INLINE virtual void load_state_dict(const StateDict& sd);
 
  protected:
@@ -20932,6 +20984,7 @@ class LRScheduler {
   virtual std::vector<double> get_lr() = 0;
   virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
   virtual void save_options(StateDict&) const {}
+  /// Reads and checks the saved settings, then adopts them (throws before changing anything).
   virtual void load_options(const StateDict&) {}
 
   const std::vector<double>& lrs() const noexcept { return groups_->lr; }
@@ -20966,10 +21019,10 @@ struct ConstantLROptions {
 };
 class ConstantLR final : public LRScheduler {
  public:
-  /// Throws unless 0 <= factor <= 1.
-  explicit ConstantLR(LrGroups& groups, ConstantLROptions o = {}) : LRScheduler(groups), o_(o) {
-    TRAINKIT_CHECK(o.factor >= 0.0 && o.factor <= 1.0,
-                   "ConstantLR: the factor must be in [0, 1], got ", o.factor);
+  /// Throws unless 0 < factor <= 1 (a factor of 0 would divide by zero at total_iters, as
+  /// PyTorch's does) and total_iters >= 0.
+  explicit ConstantLR(LrGroups& groups, ConstantLROptions o = {})
+      : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
 
@@ -20986,6 +21039,15 @@ class ConstantLR final : public LRScheduler {
   }
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "factor", o_.factor, "total_iters", o_.total_iters);
+  }
+  void load_options(const StateDict& sd) override {
+    o_ = checked({sd.get_double("factor"), sd.get_int("total_iters")});
+  }
+  static ConstantLROptions checked(const ConstantLROptions& o) {
+    TRAINKIT_CHECK(o.factor > 0.0 && o.factor <= 1.0,
+                   "ConstantLR: the factor must be in (0, 1], got ", o.factor);
+    TRAINKIT_CHECK(o.total_iters >= 0, "ConstantLR: total_iters must be >= 0, got ", o.total_iters);
+    return o;
   }
   ConstantLROptions o_;
 };
@@ -21009,6 +21071,11 @@ class LinearLR final : public LRScheduler {
     detail::set_values(sd, "start_factor", o_.start_factor, "end_factor", o_.end_factor,
                        "total_iters", o_.total_iters);
   }
+  void load_options(const StateDict& sd) override {
+    o_ = checked(
+        {sd.get_double("start_factor"), sd.get_double("end_factor"), sd.get_int("total_iters")});
+  }
+  TRAINKIT_INLINE static LinearLROptions checked(const LinearLROptions& o);
   LinearLROptions o_;
 };
 
@@ -21024,10 +21091,9 @@ struct CosineAnnealingLROptions {
 };
 class CosineAnnealingLR final : public LRScheduler {
  public:
-  /// Throws unless t_max >= 1.
+  /// Throws unless t_max >= 1 and eta_min is finite.
   explicit CosineAnnealingLR(LrGroups& groups, CosineAnnealingLROptions o)
-      : LRScheduler(groups), o_(o) {
-    TRAINKIT_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
+      : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
 
@@ -21035,7 +21101,17 @@ class CosineAnnealingLR final : public LRScheduler {
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
   void save_options(StateDict& sd) const override {
-    detail::set_values(sd, "T_max", o_.t_max, "eta_min", o_.eta_min);
+    detail::set_values(sd, "T_max", o_.t_max, "eta_min", o_.eta_min, "periodic", o_.periodic);
+  }
+  void load_options(const StateDict& sd) override {
+    o_ = checked({sd.get_int("T_max"), sd.get_double("eta_min"),
+                  sd.contains("periodic") ? sd.get_int("periodic") != 0 : o_.periodic});
+  }
+  static CosineAnnealingLROptions checked(const CosineAnnealingLROptions& o) {
+    TRAINKIT_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
+    TRAINKIT_CHECK(std::isfinite(o.eta_min), "CosineAnnealingLR: eta_min must be finite, got ",
+                   o.eta_min);
+    return o;
   }
   CosineAnnealingLROptions o_;
 };
@@ -21048,8 +21124,7 @@ struct StepLROptions {
 class StepLR final : public LRScheduler {
  public:
   /// Throws unless step_size >= 1.
-  explicit StepLR(LrGroups& groups, StepLROptions o) : LRScheduler(groups), o_(o) {
-    TRAINKIT_CHECK(o.step_size >= 1, "StepLR: step_size must be >= 1, got ", o.step_size);
+  explicit StepLR(LrGroups& groups, StepLROptions o) : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
 
@@ -21065,6 +21140,15 @@ class StepLR final : public LRScheduler {
   }
   void save_options(StateDict& sd) const override {
     detail::set_values(sd, "step_size", o_.step_size, "gamma", o_.gamma);
+  }
+  void load_options(const StateDict& sd) override {
+    o_ = checked({sd.get_int("step_size"), sd.get_double("gamma")});
+  }
+  static StepLROptions checked(const StepLROptions& o) {
+    TRAINKIT_CHECK(o.step_size >= 1, "StepLR: step_size must be >= 1, got ", o.step_size);
+    TRAINKIT_CHECK(std::isfinite(o.gamma) && o.gamma >= 0.0,
+                   "StepLR: gamma must be finite and >= 0, got ", o.gamma);
+    return o;
   }
   StepLROptions o_;
 };
@@ -21091,6 +21175,7 @@ class MultiStepLR final : public LRScheduler {
     return map_base([&](double b) { return b * std::pow(o_.gamma, static_cast<double>(k)); });
   }
   TRAINKIT_INLINE void save_options(StateDict& sd) const override;
+  TRAINKIT_INLINE void load_options(const StateDict& sd) override;
   MultiStepLROptions o_;
 };
 
@@ -21100,7 +21185,9 @@ struct ExponentialLROptions {
 };
 class ExponentialLR final : public LRScheduler {
  public:
-  explicit ExponentialLR(LrGroups& groups, ExponentialLROptions o) : LRScheduler(groups), o_(o) {
+  /// Throws unless gamma is finite and >= 0.
+  explicit ExponentialLR(LrGroups& groups, ExponentialLROptions o)
+      : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
 
@@ -21114,6 +21201,12 @@ class ExponentialLR final : public LRScheduler {
         [&](double b) { return b * std::pow(o_.gamma, static_cast<double>(last_epoch_)); });
   }
   void save_options(StateDict& sd) const override { sd.set("gamma", o_.gamma); }
+  void load_options(const StateDict& sd) override { o_ = checked({sd.get_double("gamma")}); }
+  static ExponentialLROptions checked(const ExponentialLROptions& o) {
+    TRAINKIT_CHECK(std::isfinite(o.gamma) && o.gamma >= 0.0,
+                   "ExponentialLR: gamma must be finite and >= 0, got ", o.gamma);
+    return o;
+  }
   ExponentialLROptions o_;
 };
 
@@ -21251,11 +21344,24 @@ TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
 }
 
 TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
-  last_epoch_ = sd.get_int("last_epoch");
-  step_count_ = sd.get_int("_step_count");
-  detail::load_list(sd, "base_lrs", base_lrs_);
-  detail::load_list(sd, "_last_lr", last_lr_);
-  load_options(sd);
+  const std::int64_t last_epoch = sd.get_int("last_epoch");
+  const std::int64_t step_count = sd.get_int("_step_count");
+  TRAINKIT_CHECK(last_epoch >= -1 && step_count >= 0, "LR schedule state: last_epoch ", last_epoch,
+                 " and _step_count ", step_count, " must be >= -1 and >= 0");
+  std::vector<double> base = base_lrs_, last = last_lr_;
+  last.resize(groups_->lr.size());
+  detail::load_list(sd, "base_lrs", base);
+  detail::load_list(sd, "_last_lr", last);
+  for (const auto* list : {&base, &last})
+    for (std::size_t g = 0; g < list->size(); ++g)
+      TRAINKIT_CHECK(std::isfinite((*list)[g]) && (*list)[g] >= 0.0,
+                     "LR schedule state: ", list == &base ? "base_lrs." : "_last_lr.", g, " is ",
+                     (*list)[g], "; a learning rate is finite and >= 0");
+  load_options(sd);  // the last check: it adopts the settings when they pass
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base);
+  last_lr_ = std::move(last);
 }
 
 TRAINKIT_INLINE void LRScheduler::initial_step() {
@@ -21280,12 +21386,17 @@ TRAINKIT_INLINE void LRScheduler::update_lr(std::optional<std::int64_t> epoch) {
 }
 
 TRAINKIT_INLINE LinearLR::LinearLR(LrGroups& groups, LinearLROptions o)
-    : LRScheduler(groups), o_(o) {
+    : LRScheduler(groups), o_(checked(o)) {
+  initial_step();
+}
+
+TRAINKIT_INLINE LinearLROptions LinearLR::checked(const LinearLROptions& o) {
   TRAINKIT_CHECK(o.start_factor > 0.0 && o.start_factor <= 1.0,
                  "LinearLR: start_factor must be in (0, 1], got ", o.start_factor);
   TRAINKIT_CHECK(o.end_factor >= 0.0 && o.end_factor <= 1.0,
                  "LinearLR: end_factor must be in [0, 1], got ", o.end_factor);
-  initial_step();
+  TRAINKIT_CHECK(o.total_iters >= 1, "LinearLR: total_iters must be >= 1, got ", o.total_iters);
+  return o;
 }
 
 TRAINKIT_INLINE std::vector<double> LinearLR::get_lr() {
@@ -21350,6 +21461,20 @@ TRAINKIT_INLINE void MultiStepLR::save_options(StateDict& sd) const {
     sd.set("milestones." + std::to_string(i), o_.milestones[i]);
 }
 
+TRAINKIT_INLINE void MultiStepLR::load_options(const StateDict& sd) {
+  MultiStepLROptions o{{}, sd.get_double("gamma")};
+  TRAINKIT_CHECK(std::isfinite(o.gamma) && o.gamma >= 0.0,
+                 "MultiStepLR: the saved gamma must be finite and >= 0, got ", o.gamma);
+  const std::int64_t n = sd.get_int("milestones");
+  // Each milestone is an entry of its own: a count beyond the entries is damage, not a size.
+  TRAINKIT_CHECK(n >= 0 && static_cast<std::uint64_t>(n) <= sd.values.size(),
+                 "MultiStepLR: the state claims ", n, " milestones");
+  for (std::int64_t i = 0; i < n; ++i)
+    o.milestones.push_back(sd.get_int("milestones." + std::to_string(i)));
+  std::sort(o.milestones.begin(), o.milestones.end());
+  o_ = std::move(o);
+}
+
 TRAINKIT_INLINE SequentialLR::SequentialLR(LrGroups& groups,
                                            std::vector<std::unique_ptr<LRScheduler>> schedules,
                                            std::vector<std::int64_t> milestones)
@@ -21400,11 +21525,33 @@ TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
 }
 
 TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
-  last_epoch_ = sd.get_int("last_epoch");
-  last_lr_.assign(groups_->lr.size(), 0.0);
-  detail::load_list(sd, "_last_lr", last_lr_);
-  for (std::size_t i = 0; i < schedules_.size(); ++i)
-    schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
+  const std::int64_t last_epoch = sd.get_int("last_epoch");
+  TRAINKIT_CHECK(last_epoch >= 0, "SequentialLR state: last_epoch ", last_epoch, " is negative");
+  std::vector<double> last(groups_->lr.size(), 0.0);
+  detail::load_list(sd, "_last_lr", last);
+  for (std::size_t g = 0; g < last.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(last[g]) && last[g] >= 0.0, "SequentialLR state: _last_lr.", g,
+                   " is ", last[g], "; a learning rate is finite and >= 0");
+  std::vector<std::int64_t> milestones;  // the saved ones, as PyTorch restores _milestones
+  for (std::size_t i = 0; i < milestones_.size(); ++i)
+    milestones.push_back(sd.get_int("_milestones." + std::to_string(i)));
+  TRAINKIT_CHECK(std::is_sorted(milestones.begin(), milestones.end()),
+                 "SequentialLR state: the saved milestones are not in order");
+  // Each schedule checks its part before it changes; when a later one throws, the earlier ones
+  // go back to their own states (which always load), so nothing has changed.
+  std::vector<StateDict> before;
+  for (const auto& schedule : schedules_) before.push_back(schedule->state_dict());
+  std::size_t i = 0;
+  try {
+    for (; i < schedules_.size(); ++i)
+      schedules_[i]->load_state_dict(sd.sub("_schedulers." + std::to_string(i)));
+  } catch (...) {
+    for (std::size_t k = 0; k < i; ++k) schedules_[k]->load_state_dict(before[k]);
+    throw;
+  }
+  last_epoch_ = last_epoch;
+  last_lr_ = std::move(last);
+  milestones_ = std::move(milestones);
 }
 
 TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
@@ -21468,12 +21615,36 @@ TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
-  detail::load_fields(sd, *this, counters());
-  detail::load_fields(sd, o_, saved_options());
-  o_.mode = sd.get_string("mode") == "min" ? Options::Mode::kMin : Options::Mode::kMax;
-  o_.threshold_mode = sd.get_string("threshold_mode") == "rel" ? Options::ThresholdMode::kRel
-                                                               : Options::ThresholdMode::kAbs;
-  detail::load_list(sd, "_last_lr", last_lr_);
+  ReduceLROnPlateau loaded(*this);  // checked whole before anything here changes
+  detail::load_fields(sd, loaded, counters());
+  detail::load_fields(sd, loaded.o_, saved_options());
+  const std::string mode = sd.get_string("mode"), threshold_mode = sd.get_string("threshold_mode");
+  TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '", mode,
+                 "' is not min or max");
+  TRAINKIT_CHECK(threshold_mode == "rel" || threshold_mode == "abs",
+                 "ReduceLROnPlateau state: threshold_mode '", threshold_mode,
+                 "' is not rel or abs");
+  loaded.o_.mode = mode == "min" ? Options::Mode::kMin : Options::Mode::kMax;
+  loaded.o_.threshold_mode =
+      threshold_mode == "rel" ? Options::ThresholdMode::kRel : Options::ThresholdMode::kAbs;
+  const Options& o = loaded.o_;
+  TRAINKIT_CHECK(o.factor >= 0.0 && o.factor < 1.0 && o.patience >= 0 && o.cooldown >= 0 &&
+                     std::isfinite(o.threshold),
+                 "ReduceLROnPlateau state: factor ", o.factor, ", patience ", o.patience,
+                 ", cooldown ", o.cooldown, ", threshold ", o.threshold,
+                 " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
+  TRAINKIT_CHECK(loaded.num_bad_epochs_ >= 0 && loaded.cooldown_counter_ >= 0 &&
+                     loaded.last_epoch_ >= 0 && !std::isnan(loaded.best_),
+                 "ReduceLROnPlateau state: num_bad_epochs ", loaded.num_bad_epochs_,
+                 ", cooldown_counter ", loaded.cooldown_counter_, ", last_epoch ",
+                 loaded.last_epoch_, ", best ", loaded.best_,
+                 " (expected counts >= 0 and a best value that is a number)");
+  detail::load_list(sd, "_last_lr", loaded.last_lr_);
+  for (std::size_t g = 0; g < loaded.last_lr_.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(loaded.last_lr_[g]) && loaded.last_lr_[g] >= 0.0,
+                   "ReduceLROnPlateau state: _last_lr.", g, " is ", loaded.last_lr_[g],
+                   "; a learning rate is finite and >= 0");
+  *this = std::move(loaded);
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::reset() {

@@ -229,6 +229,15 @@ TEST_CASE("DynamicScaler: state_dict has PyTorch's five keys and round-trips") {
   CHECK(r.growth_tracker() == 3);
   CHECK(r.options().growth_interval == 10);
   CHECK_THROWS_AS(r.load_state_dict(tk::StateDict{}), tk::Error);
+  // A growth tracker outside [0, growth_interval) would hold the scale back for a long time.
+  for (const std::int64_t tracker :
+       {std::int64_t{-1000}, std::int64_t{10}, std::int64_t{5000000000}}) {
+    tk::StateDict bad = sd;
+    bad.set("_growth_tracker", tracker);
+    const std::string expected = "'_growth_tracker' is " + std::to_string(tracker);
+    CHECK_THROWS_WITH_AS(r.load_state_dict(bad), doctest::Contains(expected.c_str()), tk::Error);
+    CHECK(r.growth_tracker() == 3);  // unchanged
+  }
   optim::DynamicScaler off(pool(), {.enabled = false});
   CHECK(off.state_dict().empty());
   CHECK(off.scale() == 1.0f);

@@ -7,10 +7,13 @@
 // exactly; bad arguments throw.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <trainkit/core/rng.hpp>
@@ -184,10 +187,81 @@ TEST_CASE("LR schedules: state_dict resumes exactly (SequentialLR and plateau in
   }
 }
 
+TEST_CASE("LR schedules: a load restores the saved settings; damaged states are refused") {
+  // As PyTorch's: a schedule built with other settings continues the saved one.
+  optim::LrGroups a = two_groups();
+  auto s = optim::warmup_cosine(a, {.warmup_steps = 3, .total_steps = 100});
+  for (int t = 0; t < 50; ++t) s->step();
+  optim::LrGroups b = two_groups();
+  auto r = optim::warmup_cosine(b, {.warmup_steps = 3, .total_steps = 10});
+  b.lr = a.lr;
+  r->load_state_dict(s->state_dict());
+  for (int t = 0; t < 60; ++t) {
+    s->step();
+    r->step();
+    REQUIRE(a.lr == b.lr);
+  }
+  optim::LrGroups c = two_groups();
+  optim::CosineAnnealingLR cos100(c, {.t_max = 100});
+  for (int t = 0; t < 30; ++t) cos100.step();
+  optim::LrGroups d = two_groups();
+  optim::CosineAnnealingLR cos20(d, {.t_max = 20});
+  d.lr = c.lr;
+  cos20.load_state_dict(cos100.state_dict());
+  cos100.step();
+  cos20.step();
+  CHECK(c.lr == d.lr);
+
+  // Damage: each refused naming the entry, the schedule unchanged.
+  const tk::StateDict good = cos100.state_dict();
+  const auto refused = [&](optim::LRScheduler& target, const tk::StateDict& sd,
+                           const char* message) {
+    const tk::StateDict before = target.state_dict();
+    CHECK_THROWS_WITH_AS(target.load_state_dict(sd), doctest::Contains(message), tk::Error);
+    CHECK(target.state_dict().values == before.values);
+  };
+  tk::StateDict bad = good;
+  bad.set("last_epoch", std::int64_t{-7});
+  refused(cos20, bad, "last_epoch -7");
+  bad = good;
+  bad.set("base_lrs.0", std::numeric_limits<double>::quiet_NaN());
+  refused(cos20, bad, "base_lrs.0 is nan");
+  bad = good;
+  bad.set("T_max", std::int64_t{0});
+  refused(cos20, bad, "t_max must be >= 1");
+  tk::StateDict seq = s->state_dict();
+  seq.set("_schedulers.1.eta_min", std::numeric_limits<double>::infinity());
+  refused(*r, seq, "eta_min must be finite");
+  optim::LrGroups e = two_groups();
+  optim::MultiStepLR ms(e, {.milestones = {3, 5}});
+  tk::StateDict many = ms.state_dict();
+  many.set("milestones", std::int64_t{1} << 40);
+  refused(ms, many, "claims 1099511627776 milestones");
+
+  optim::LrGroups p = two_groups();
+  optim::ReduceLROnPlateau plateau(p, {.patience = 2});
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"mode", "bogus"},
+                                                        {"threshold_mode", "x"},
+                                                        {"patience", "-5"},
+                                                        {"num_bad_epochs", "-1"},
+                                                        {"_last_lr.0", "nan"}}) {
+    CAPTURE(key);
+    tk::StateDict sd = plateau.state_dict();
+    sd.values[key] = value;
+    CHECK_THROWS_AS(plateau.load_state_dict(sd), tk::Error);
+  }
+  CHECK_NOTHROW(plateau.load_state_dict(plateau.state_dict()));
+}
+
 TEST_CASE("LR schedule arguments are validated") {
   optim::LrGroups g = two_groups();
   CHECK_THROWS_AS(optim::LinearLR(g, {.start_factor = 0.0}), tk::Error);
   CHECK_THROWS_AS(optim::ConstantLR(g, {.factor = 2.0}), tk::Error);
+  // factor 0 would divide by zero at total_iters (NaN learning rates from then on).
+  CHECK_THROWS_WITH_AS(optim::ConstantLR(g, {.factor = 0.0}), doctest::Contains("(0, 1]"),
+                       tk::Error);
+  CHECK_THROWS_AS(optim::StepLR(g, {.step_size = 2, .gamma = std::nan("")}), tk::Error);
   CHECK_THROWS_AS(optim::CosineAnnealingLR(g, {.t_max = 0}), tk::Error);
   CHECK_THROWS_AS(optim::warmup_cosine(g, {.warmup_steps = 10, .total_steps = 10}), tk::Error);
   optim::LrGroups other = two_groups();

@@ -436,12 +436,86 @@ TEST_CASE("AdamW with bf16 state: stochastic rounding is unbiased, deterministic
   CHECK(num / den < 2e-3);
 }
 
+TEST_CASE("load_state_dict refuses damaged counts, rates and options, and changes nothing then") {
+  Fixture f;
+  optim::AdamW opt(f.arena, {.lr = 3e-3}, {optim::no_weight_decay({"*ln*"})});
+  for (int t = 1; t <= 3; ++t) {
+    optest::load_grads(f.arena, t);
+    opt.step(pool());
+  }
+  const tk::StateDict sd = opt.state_dict();
+  const auto damaged = [&](const char* key, double value) {
+    tk::StateDict d = sd;
+    d.set(key, value);
+    return d;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    const char* key;
+    double value;
+    const char* message;
+  };
+  const Case cases[] = {{"step", nan, "'step' is nan"},
+                        {"step", -1.0, "'step' is -1; expected a whole number >= 0"},
+                        {"step", 0.5, "'step' is 0.5"},
+                        {"step", 1e300, "'step' is 1e+300"},
+                        {"beta1", 1.0, "options are not valid (optim::AdamW: invalid beta1 1)"},
+                        {"beta2", nan, "invalid beta2"},
+                        {"eps", -1.0, "invalid epsilon"},
+                        {"group.0.lr", nan, "'group.0.lr' is nan"},
+                        {"group.0.lr", -1.0, "'group.0.lr' is -1; expected a finite number >= 0"},
+                        {"group.1.weight_decay", -5.0, "'group.1.weight_decay' is -5"}};
+  Fixture g;
+  optim::AdamW fresh(g.arena, {.lr = 1.0}, {optim::no_weight_decay({"*ln*"})});
+  for (const Case& c : cases) {
+    CAPTURE(c.key);
+    CAPTURE(c.value);
+    CHECK_THROWS_WITH_AS(fresh.load_state_dict(damaged(c.key, c.value)),
+                         doctest::Contains(c.message), tk::Error);
+    CHECK(fresh.step_count() == 0);  // nothing changed
+    CHECK(fresh.lr(0) == 1.0);
+  }
+  tk::StateDict odd = sd;  // a parameter's own step count that disagrees
+  const float seven = 7.0f;
+  std::memcpy(odd.tensors.at("head.weight.step").data(), &seven, sizeof seven);
+  CHECK_THROWS_WITH_AS(fresh.load_state_dict(odd),
+                       doctest::Contains("'head.weight.step' is 7 but the state's step is 3"),
+                       tk::Error);
+  CHECK_NOTHROW(fresh.load_state_dict(sd));
+  CHECK(fresh.step_count() == 3);
+}
+
+TEST_CASE("clipping: a NaN max_norm is refused, a tiny one still clips") {
+  Fixture f;
+  optim::SGD opt(f.arena, {.lr = 1.0});
+  optest::load_grads(f.arena, 1);
+  CHECK_THROWS_WITH_AS(
+      opt.step(pool(), optim::ClipGradNorm{.max_norm = std::numeric_limits<double>::quiet_NaN()}),
+      doctest::Contains("max_norm is NaN"), tk::Error);
+  const std::vector<float> before(f.arena.params_data(),
+                                  f.arena.params_data() + f.arena.buffer_numel());
+  opt.step(pool(), optim::ClipGradNorm{.max_norm = 1e-50});  // rounds to 0 in f32: still clips
+  double moved = 0.0;
+  for (std::int64_t i = 0; i < f.arena.buffer_numel(); ++i)
+    moved = std::max(moved, double(std::abs(f.arena.params_data()[i] - before[std::size_t(i)])));
+  CHECK(moved < 1e-30);
+}
+
 TEST_CASE("optimizer options are validated") {
   Fixture f;
   CHECK_THROWS_AS(optim::AdamW(f.arena, {.lr = -1.0}), tk::Error);
   CHECK_THROWS_AS(optim::AdamW(f.arena, {.beta1 = 1.0}), tk::Error);
   CHECK_THROWS_AS(optim::SGD(f.arena, {.nesterov = true}), tk::Error);
   CHECK_THROWS_AS(optim::SGD(f.arena, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+                  tk::Error);
+  // A group's own lr and weight decay are held to the same rules as the base options.
+  CHECK_THROWS_WITH_AS(optim::AdamW(f.arena, {}, {optim::GroupRule{{"*ln*"}, -1.0, std::nullopt}}),
+                       doctest::Contains("parameter group 1 has lr -1"), tk::Error);
+  CHECK_THROWS_AS(optim::AdamW(f.arena, {}, {optim::GroupRule{{"*ln*"}, std::nullopt, -2.0}}),
+                  tk::Error);
+  CHECK_THROWS_AS(optim::SGD(f.arena, {.dampening = std::numeric_limits<double>::quiet_NaN()}),
+                  tk::Error);
+  CHECK_THROWS_AS(optim::LAMB(f.arena, {.max_grad_norm = std::numeric_limits<double>::quiet_NaN()}),
                   tk::Error);
   std::vector<optim::GroupRule> many(optim::kMaxParamGroups, optim::no_weight_decay({"x"}));
   CHECK_THROWS_AS(optim::SGD(f.arena, {}, many), tk::Error);

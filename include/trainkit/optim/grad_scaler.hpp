@@ -463,15 +463,22 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_factor = sd.get_double("growth_factor");
   o.backoff_factor = sd.get_double("backoff_factor");
   o.growth_interval = sd.get_int("growth_interval");
-  options_ = validated(o);
+  o = validated(o);
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
   TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),
                  "DynamicScaler::load_state_dict: 'scale' is ", scale,
                  ", expected a number >= 0 that is a finite float (<= 3.4e38)");
+  // The clean steps since the last change of scale: at or past the interval (or negative) the
+  // scale would not grow again for a very long time.
+  const std::int64_t tracker = sd.get_int("_growth_tracker");
+  TRAINKIT_CHECK(tracker >= 0 && tracker < o.growth_interval,
+                 "DynamicScaler::load_state_dict: '_growth_tracker' is ", tracker,
+                 ", expected 0 to growth_interval - 1 = ", o.growth_interval - 1);
+  options_ = o;
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
-  b.growth_tracker = static_cast<std::int32_t>(sd.get_int("_growth_tracker"));
+  b.growth_tracker = static_cast<std::int32_t>(tracker);
   core_.write(b);
   core_.set_stage(detail::ScalerCore::Stage::kReady);
 }

@@ -43,7 +43,10 @@ struct LAMBRule {
   using Options = LAMBOptions;
   static constexpr const char* kName = "LAMB";
   static constexpr std::array kStates{"exp_avg", "exp_avg_sq"};
-  static void validate(const Options& o) { check_adam_options(kName, o); }
+  static void validate(const Options& o) {
+    check_adam_options(kName, o);
+    TRAINKIT_CHECK(!std::isnan(o.max_grad_norm), "optim::LAMB: max_grad_norm is NaN");
+  }
   static bool needs_grad_norm(const Options& o) { return o.max_grad_norm > 0.0; }
   static constexpr std::tuple kSavedOptions{
       saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),

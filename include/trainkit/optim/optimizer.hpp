@@ -11,8 +11,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -301,7 +303,11 @@ class FusedOptimizer {
     // A checkpoint snapshot may still be copying the parameters and this state (host memory).
     if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
     StepInputs in;
-    in.max_norm = clip.max_norm > 0.0 ? static_cast<float>(clip.max_norm) : 0.0f;
+    TRAINKIT_CHECK(!std::isnan(clip.max_norm), "optim: ClipGradNorm::max_norm is NaN");
+    // Any positive max_norm clips (one below the smallest f32 acts as the smallest f32).
+    in.max_norm = clip.max_norm > 0.0 ? std::max(static_cast<float>(clip.max_norm),
+                                                 std::numeric_limits<float>::denorm_min())
+                                      : 0.0f;
     const bool want_norm =
         in.max_norm > 0.0f || clip.report_norm || Traits::needs_grad_norm(options_);
     if constexpr (amp::is_loss_scaler_v<Scaler>) {
@@ -558,6 +564,11 @@ TRAINKIT_INLINE FusedOptimizer<Rule, S>::FusedOptimizer(nn::ParamArena<S>& arena
   for (std::size_t r = 0; r < groups.size(); ++r) {
     if (groups[r].lr) group_[r + 1].lr = *groups[r].lr;
     if (groups[r].weight_decay) group_[r + 1].weight_decay = *groups[r].weight_decay;
+    TRAINKIT_CHECK(group_[r + 1].lr >= 0.0 && group_[r + 1].weight_decay >= 0.0 &&
+                       std::isfinite(group_[r + 1].lr) && std::isfinite(group_[r + 1].weight_decay),
+                   "optim::", Rule::kName, ": parameter group ", r + 1, " has lr ",
+                   group_[r + 1].lr, " and weight_decay ", group_[r + 1].weight_decay,
+                   "; both must be finite and >= 0");
   }
   for (const Options& g : group_) lr_->lr.push_back(g.lr);
   segments_ = detail::make_segments(arena, param_group_, !Traits::kTrustRatio);
@@ -609,6 +620,21 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
   detail::load_fields(sd, loaded, Traits::saved_options());
+  try {  // a damaged state must not pass what the constructor would refuse
+    (void)validated(loaded);
+  } catch (const Error& e) {
+    std::string_view why = e.what();
+    if (why.starts_with("trainkit: ")) why.remove_prefix(10);
+    TRAINKIT_FAIL(prefix, "the state's options are not valid (", why, ")");
+  }
+  // Counts and rates: finite, >= 0 (a NaN or negative one made every later step NaN).
+  const auto number = [&](const std::string& key, bool whole) {
+    const double v = sd.get_double(key);
+    TRAINKIT_CHECK(std::isfinite(v) && v >= 0.0 && (!whole || (v == std::floor(v) && v < 0x1p53)),
+                   prefix, "'", key, "' is ", v, "; expected a ",
+                   whole ? "whole number >= 0" : "finite number >= 0");
+    return v;
+  };
   TRAINKIT_CHECK(state_layout(loaded) == state_layout(options_), prefix,
                  "the state's options keep the state ", state_layout(loaded),
                  ", this optimizer's keep ", state_layout(options_));
@@ -618,11 +644,22 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);
-    lrs.push_back(sd.get_double(key + ".lr"));
-    if (sd.values.count(key + ".initial_lr")) initial.push_back(sd.get_double(key + ".initial_lr"));
-    wds.push_back(sd.get_double(key + ".weight_decay"));
+    lrs.push_back(number(key + ".lr", false));
+    if (sd.values.count(key + ".initial_lr")) initial.push_back(number(key + ".initial_lr", false));
+    wds.push_back(number(key + ".weight_decay", false));
   }
-  const double step = sd.get_double("step");
+  const double step = number("step", true);
+  // The per-parameter step counts (PyTorch's layout) must say the same.
+  for (const nn::ParamInfo& p : arena_->infos()) {
+    const auto it = sd.tensors.find(p.name + ".step");
+    if (it == sd.tensors.end()) continue;
+    float saved = 0.0f;
+    TRAINKIT_CHECK(it->second.dtype() == DType::kF32 && it->second.numel() == 1, prefix, "'",
+                   p.name, ".step' is not one F32 value");
+    std::memcpy(&saved, it->second.data(), sizeof saved);
+    TRAINKIT_CHECK(saved == static_cast<float>(step), prefix, "'", p.name, ".step' is ", saved,
+                   " but the state's step is ", step);
+  }
   for (const detail::StateBuffer& b : buffers)
     detail::load_by_param(sd, *arena_, b.data, b.dtype, "." + b.name);
   options_ = loaded;

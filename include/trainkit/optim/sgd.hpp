@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -43,6 +44,7 @@ struct SGDRule {
   static constexpr int num_states(unsigned v) { return (v & kMomentum) != 0 ? 1 : 0; }
   static void validate(const Options& o) {
     TRAINKIT_CHECK(o.momentum >= 0.0, "optim::SGD: invalid momentum ", o.momentum);
+    TRAINKIT_CHECK(std::isfinite(o.dampening), "optim::SGD: invalid dampening ", o.dampening);
     TRAINKIT_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
                    "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
   }
