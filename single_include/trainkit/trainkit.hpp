@@ -12806,6 +12806,15 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
   TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
                  "') after finalize(): register every parameter before finalizing");
   TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
+  // Names travel in checkpoint manifests, TensorBoard tags and the ranks' layout checks, all of
+  // which are line- or text-based: no control characters.
+  const auto control = std::find_if(name.begin(), name.end(),
+                                    [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+  TRAINKIT_CHECK(control == name.end(), "ParamArena::add: the parameter name '",
+                 name.substr(0, std::size_t(control - name.begin())),
+                 "...' holds control character ",
+                 int(static_cast<unsigned char>(control == name.end() ? 0 : *control)), " at byte ",
+                 control - name.begin());
   TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
                  "ParamArena::add: duplicate parameter "
                  "name '",
@@ -25110,8 +25119,9 @@ inline std::chrono::milliseconds default_timeout() {
   char* end = nullptr;
   errno = 0;
   const double seconds = std::strtod(env, &end);
-  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds > 0.0 && seconds < 1e7,
-                 "TRAINKIT_DIST_TIMEOUT='", env, "' is not a positive number of seconds");
+  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
+                 "TRAINKIT_DIST_TIMEOUT='", env,
+                 "' is not a number of seconds from 0.001 (the timeouts count milliseconds)");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -26233,7 +26243,8 @@ TRAINKIT_NAMESPACE_END
 // trainkit/dist/mpi_comm.hpp: MpiComm, the communicator over MPI (Open MPI, MPICH) for CPU
 // processes on one or many machines (`mpirun -np N ./train`, `srun --mpi=pmix`). RAII: MPI is
 // initialised by the first MpiComm and finalized by the last. Errors come back as trainkit::Error
-// (the communicator uses MPI_ERRORS_RETURN), and a watchdog bounds every collective: see MpiComm
+// (the communicator uses MPI_ERRORS_RETURN, and so does MPI_COMM_WORLD when MpiComm initialised
+// MPI), and a watchdog bounds every collective: see MpiComm
 // for what happens when a peer stalls or dies. Needs TRAINKIT_WITH_MPI (the body is empty without).
 
 
@@ -26362,6 +26373,11 @@ class MpiRuntime {
     if (!initialized) {
       TRAINKIT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_));
       owns_ = true;
+      // Open MPI reports some errors of non-blocking collectives (a truncated message) through
+      // MPI_COMM_WORLD's handler, which aborts the job by default; MPI initialised here is ours
+      // to configure, so they come back as trainkit::Error too. (A program that initialised MPI
+      // keeps its own handler.)
+      TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     } else {
       TRAINKIT_MPI_CHECK(MPI_Query_thread(&thread_level_));
     }
@@ -26668,6 +26684,20 @@ class MpiComm final : public Comm {
       }
       case Kind::kBroadcast: {
         const std::int64_t bytes = b.count * es;
+        // Every rank must pass the root's size: MPI would fill a larger buffer only in part (or
+        // fail on a smaller one), so the sizes are compared first, and every rank fails alike.
+        std::int64_t sizes[2] = {bytes, -bytes};
+        check(MPI_Iallreduce(MPI_IN_PLACE, sizes, 2, MPI_INT64_T, MPI_MAX, comm_, &request),
+              "MPI_Iallreduce (the broadcast's sizes)");
+        complete(request, op, seq, start);
+        if (sizes[0] != bytes || -sizes[1] != bytes) {
+          const std::string reason = trainkit::detail::concat(
+              "MpiComm rank ", rank_, ": ", what(op, seq), " of ", bytes,
+              " bytes, but the ranks passed between ", -sizes[1], " and ", sizes[0],
+              " bytes: every rank must broadcast the root's size");
+          mark_broken(reason);
+          TRAINKIT_FAIL(reason);
+        }
         std::int64_t at = 0;
         do {  // at least once: a broadcast of nothing still synchronises like the others
           const int n = static_cast<int>(std::min(kMaxPiece, bytes - at));
@@ -29079,7 +29109,7 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
 
 /// Who started this process.
-enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm };
+enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm, kPmi };
 
 // A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view launcher_name(Launcher l) noexcept {
@@ -29088,6 +29118,7 @@ inline constexpr std::string_view launcher_name(Launcher l) noexcept {
     case Launcher::kTorchrun: return "torchrun";
     case Launcher::kOpenMpi: return "Open MPI";
     case Launcher::kSlurm: return "Slurm";
+    case Launcher::kPmi: return "mpiexec (PMI: MPICH, Intel MPI)";
   }
   return "?";
 }
@@ -29121,8 +29152,9 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long h
 /// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
 TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
 
-/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
-TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name);
+/// The count of node `node` in a Slurm tasks-per-node list: "4(x2),3" -> 4, 4, 3 for nodes 0,
+/// 1, 2; nullopt when the variable is unset, malformed or has no such node.
+TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node);
 
 #if TRAINKIT_IMPL
 
@@ -29157,13 +29189,29 @@ TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
          std::string(first.substr(close + 1));
 }
 
-TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
+TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node) {
   const auto v = env_var(name);
-  if (!v) return std::nullopt;
-  char* end = nullptr;
-  const long x = std::strtol(v->c_str(), &end, 10);
-  if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
-  return static_cast<int>(x);
+  if (!v || node < 0) return std::nullopt;
+  const char* p = v->c_str();
+  long first = 0;  // the first node of the current entry
+  for (;;) {
+    char* end = nullptr;
+    errno = 0;
+    const long count = std::strtol(p, &end, 10);
+    if (end == p || errno != 0 || count < 1 || count > INT_MAX) return std::nullopt;
+    long repeat = 1;
+    p = end;
+    if (*p == '(') {  // "(xK)": K nodes with this count
+      if (p[1] != 'x') return std::nullopt;
+      repeat = std::strtol(p + 2, &end, 10);
+      if (end == p + 2 || *end != ')' || repeat < 1 || repeat > INT_MAX) return std::nullopt;
+      p = end + 1;
+    }
+    if (node < first + repeat) return static_cast<int>(count);
+    first += repeat;
+    if (*p != ',') return std::nullopt;
+    ++p;
+  }
 }
 
 #endif  // TRAINKIT_IMPL
@@ -29175,9 +29223,12 @@ TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
 ///    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE;
 ///  - Open MPI's mpirun: OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE;
 ///  - Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
-///    SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR (else the step's first node) and
-///    MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
-///  - none of them: a single process (rank 0 of 1).
+///    this node's (SLURM_NODEID) entry of SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR
+///    (else the step's first node) and MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
+///  - MPICH's or Intel MPI's mpiexec (Hydra, PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+///    MPI_LOCALNRANKS;
+///  - none of them: a single process (rank 0 of 1). Half of a launcher's rank/size pair (RANK
+///    without WORLD_SIZE, ...) is an error, not a single process.
 /// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
 /// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
 TRAINKIT_INLINE LaunchInfo detect_launch();
@@ -29272,14 +29323,22 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
   using detail::env_var;
   LaunchInfo info;
-  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+  // A launcher's pair of variables comes whole: half of one is a broken launch, not a single
+  // process (each of N processes would otherwise train alone as rank 0).
+  const auto pair = [&](const char* rank, const char* size) {
+    const bool r = env_var(rank).has_value(), w = env_var(size).has_value();
+    TRAINKIT_CHECK(r == w, "dist: ", r ? rank : size, " is set but ", r ? size : rank,
+                   " is not; launch with both (or neither, for a single process)");
+    return r && w;
+  };
+  if (pair("RANK", "WORLD_SIZE")) {
     info.launcher = Launcher::kTorchrun;
     info.world_size = *env_int("WORLD_SIZE", 1);
     info.rank = *env_int("RANK", 0);
     info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
     info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
     info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+  } else if (pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     info.launcher = Launcher::kOpenMpi;
     info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
     info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
@@ -29292,16 +29351,34 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
                                                       : *env_int("SLURM_NTASKS", 1);
     info.rank = *env_int("SLURM_PROCID", 0);
     info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    // This node's entry of the tasks-per-node list (nodes may run different counts).
+    const long node = env_int("SLURM_NODEID", 0).value_or(0);
     info.local_world_size =
-        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
-            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+        detail::slurm_node_count("SLURM_STEP_TASKS_PER_NODE", node)
+            .value_or(
+                detail::slurm_node_count("SLURM_TASKS_PER_NODE", node).value_or(info.world_size));
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (auto v = env_var(list)) {
         info.master_addr = detail::first_slurm_host(*v);
         break;
       }
     }
-    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+    if (!env_var("MASTER_PORT")) {  // job ids are 32-bit unsigned (federations use the top bits)
+      if (auto job = env_var("SLURM_JOB_ID")) {
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
+        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] != '-',
+                       "dist: environment variable SLURM_JOB_ID='", *job, "' is not a job number");
+        info.master_port = 20000 + static_cast<int>(id % 20000);
+      }
+    }
+  } else if (pair("PMI_RANK", "PMI_SIZE")) {  // MPICH's and Intel MPI's Hydra
+    info.launcher = Launcher::kPmi;
+    info.world_size = *env_int("PMI_SIZE", 1);
+    info.rank = *env_int("PMI_RANK", 0);
+    info.local_rank = env_int("MPI_LOCALRANKID", 0).value_or(0);
+    info.local_world_size = env_int("MPI_LOCALNRANKS", 1).value_or(info.world_size);
   }
   if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
   if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
@@ -29310,6 +29387,9 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
                  "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
                  " of ", info.local_world_size, " processes on this node");
+  TRAINKIT_CHECK(info.local_world_size <= info.world_size, "dist: ", launcher_name(info.launcher),
+                 " says ", info.local_world_size, " processes on this node but ", info.world_size,
+                 " in all");
   return info;
 }
 
@@ -29323,7 +29403,8 @@ TRAINKIT_INLINE Context init(InitOptions options) {
       backend = Backend::kNccl;
     } else if (L.world_size == 1) {
       backend = Backend::kThread;
-    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
+    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm ||
+                L.launcher == Launcher::kPmi) &&
                TRAINKIT_WITH_MPI) {
       backend = Backend::kMpi;
     } else if (!L.master_addr.empty() && detail::rendezvous_port(options, L) > 0) {

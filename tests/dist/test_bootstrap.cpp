@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <trainkit/dist/bootstrap.hpp>
@@ -49,7 +50,13 @@ const char* const kLaunchVars[] = {"RANK",
                                    "SLURM_JOB_NODELIST",
                                    "SLURM_NODELIST",
                                    "SLURM_JOB_ID",
-                                   "TRAINKIT_RDZV_PORT"};
+                                   "SLURM_NODEID",
+                                   "PMI_RANK",
+                                   "PMI_SIZE",
+                                   "MPI_LOCALRANKID",
+                                   "MPI_LOCALNRANKS",
+                                   "TRAINKIT_RDZV_PORT",
+                                   "TRAINKIT_DIST_TIMEOUT"};
 
 class CleanEnv {
  public:
@@ -142,6 +149,59 @@ TEST_CASE("detect_launch: Slurm (node list, tasks per node, derived port)") {
   CHECK(info.master_port == 1234);
 }
 
+TEST_CASE("detect_launch: Slurm nodes with different task counts, and 32-bit job ids") {
+  CleanEnv env;
+  env.set("SLURM_PROCID", "3");
+  env.set("SLURM_NTASKS", "4");
+  env.set("SLURM_LOCALID", "2");
+  env.set("SLURM_NODEID", "1");
+  env.set("SLURM_STEP_TASKS_PER_NODE", "1,3");  // node 1 runs three
+  auto info = dist::detect_launch();
+  CHECK(info.local_world_size == 3);
+  env.set("SLURM_STEP_TASKS_PER_NODE", "2(x3),5,1");
+  env.set("SLURM_NTASKS", "12");
+  for (const auto& [node, count] :
+       std::vector<std::pair<const char*, int>>{{"0", 2}, {"1", 2}, {"2", 2}, {"3", 5}, {"4", 1}}) {
+    CAPTURE(node);
+    env.set("SLURM_NODEID", node);
+    env.set("SLURM_LOCALID", "0");
+    CHECK(dist::detect_launch().local_world_size == count);
+  }
+  env.set("SLURM_JOB_ID", "2214592513");  // above 2^31: a federated cluster's id
+  CHECK(dist::detect_launch().master_port == 20000 + int(2214592513ull % 20000));
+  env.set("SLURM_JOB_ID", "junk");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("SLURM_JOB_ID='junk'"), tk::Error);
+  env.set("MASTER_PORT", "29500");  // an explicit port: the job id is not read
+  CHECK(dist::detect_launch().master_port == 29500);
+}
+
+TEST_CASE("detect_launch: MPICH / Intel MPI (PMI)") {
+  CleanEnv env;
+  env.set("PMI_RANK", "1");
+  env.set("PMI_SIZE", "2");
+  env.set("MPI_LOCALRANKID", "1");
+  env.set("MPI_LOCALNRANKS", "2");
+  const auto info = dist::detect_launch();
+  CHECK(info.launcher == dist::Launcher::kPmi);
+  CHECK(info.rank == 1);
+  CHECK(info.world_size == 2);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+}
+
+TEST_CASE("default_timeout: TRAINKIT_DIST_TIMEOUT in seconds, at least a millisecond") {
+  CleanEnv env;
+  CHECK(dist::default_timeout() == std::chrono::milliseconds(300000));
+  env.set("TRAINKIT_DIST_TIMEOUT", "2.5");
+  CHECK(dist::default_timeout() == std::chrono::milliseconds(2500));
+  for (const char* bad : {"0.0001", "0", "-1", "abc", "1e9"}) {
+    CAPTURE(bad);
+    env.set("TRAINKIT_DIST_TIMEOUT", bad);
+    CHECK_THROWS_WITH_AS(dist::default_timeout(), doctest::Contains("TRAINKIT_DIST_TIMEOUT='"),
+                         tk::Error);
+  }
+}
+
 TEST_CASE("first_slurm_host") {
   CHECK(dist::detail::first_slurm_host("n1,n2") == "n1");
   CHECK(dist::detail::first_slurm_host("solo") == "solo");
@@ -161,6 +221,24 @@ TEST_CASE("detect_launch: malformed and inconsistent values name the variable") 
   env.set("RANK", "1");
   env.set("MASTER_PORT", "70000");
   CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("MASTER_PORT='70000'"), tk::Error);
+  env.set("MASTER_PORT", "29500");
+  // Half a pair is a broken launch, not a single process.
+  ::unsetenv("WORLD_SIZE");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("RANK is set but WORLD_SIZE is not"), tk::Error);
+  ::unsetenv("RANK");
+  env.set("OMPI_COMM_WORLD_SIZE", "2");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK"),
+                       tk::Error);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  // More processes on this node than in all.
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "2");
+  env.set("LOCAL_WORLD_SIZE", "8");
+  env.set("LOCAL_RANK", "5");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("says 8 processes on this node but 2 in all"), tk::Error);
 }
 
 TEST_CASE("dist::init: a single process gets a one-rank ThreadComm") {

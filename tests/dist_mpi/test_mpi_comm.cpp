@@ -239,13 +239,33 @@ int run_exit_fault() {
   return 0;
 }
 
+// --fault=bcast: rank r broadcasts 4 + r floats from rank 0. Every rank must fail with an error
+// saying so, and no rank's buffer may be written (MPI alone would fill part of the larger ones).
+int run_bcast_fault() {
+  const int rank = comm().rank();
+  std::vector<float> data(std::size_t(4 + rank), rank == 0 ? 7.0f : -1.0f);
+  try {
+    comm().broadcast(std::span<float>(data), 0).wait();
+    std::printf("FAULT-TEST-FAIL rank %d: the broadcast completed\n", rank);
+  } catch (const tk::Error& e) {
+    const bool clear = std::string(e.what()).find("every rank must broadcast the root's size") !=
+                       std::string::npos;
+    const bool untouched = data == std::vector<float>(data.size(), rank == 0 ? 7.0f : -1.0f);
+    std::printf("%s rank %d: %s\n", clear && untouched ? "FAULT-TEST-PASS" : "FAULT-TEST-FAIL",
+                rank, e.what());
+  }
+  std::fflush(stdout);
+  return 0;  // ~MpiComm calls MPI_Abort: the communicator is broken
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool stall = false, exit_fault = false;
+  bool stall = false, exit_fault = false, bcast = false;
   for (int i = 1; i < argc; ++i) {
     stall = stall || std::strcmp(argv[i], "--fault=stall") == 0;
     exit_fault = exit_fault || std::strcmp(argv[i], "--fault=exit") == 0;
+    bcast = bcast || std::strcmp(argv[i], "--fault=bcast") == 0;
   }
   dist::MpiOptions options;
   options.timeout = stall ? std::chrono::milliseconds(1500)
@@ -254,6 +274,7 @@ int main(int argc, char** argv) {
   g_comm = &mpi;
   if (stall) return run_stall_fault();
   if (exit_fault) return run_exit_fault();
+  if (bcast) return run_bcast_fault();
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   if (mpi.rank() != 0) context.setOption("minimal", true);  // one full report, from rank 0

@@ -101,6 +101,20 @@ TEST_CASE(
   CHECK(arena.num_parameters() == std::int64_t{1} << 60);
 }
 
+TEST_CASE("ParamArena: names are checked (empty, repeated, control characters)") {
+  nn::ParamArena<> arena;
+  arena.add("layer.weight", tk::Shape{2});
+  CHECK_THROWS_WITH_AS(arena.add("", tk::Shape{2}), doctest::Contains("empty parameter name"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(arena.add("layer.weight", tk::Shape{2}), doctest::Contains("duplicate"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(arena.add("a\nb", tk::Shape{2}),
+                       doctest::Contains("'a...' holds control character 10 at byte 1"), tk::Error);
+  CHECK_THROWS_AS(arena.add(std::string("x\0y", 3), tk::Shape{2}), tk::Error);
+  arena.add("caf\xc3\xa9.w", tk::Shape{2});  // other bytes are fine
+  CHECK(arena.size() == 2);
+}
+
 TEST_CASE("ParamArena: optimizer state buffers share the layout") {
   nn::ParamArena<> arena;
   const nn::ParamId a = arena.add("a", tk::Shape{5});

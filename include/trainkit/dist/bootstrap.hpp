@@ -34,7 +34,7 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
 
 /// Who started this process.
-enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm };
+enum class Launcher : std::uint8_t { kNone, kTorchrun, kOpenMpi, kSlurm, kPmi };
 
 // A switch, not a table, like the other enum-name functions: -Wswitch flags a new enumerator.
 inline constexpr std::string_view launcher_name(Launcher l) noexcept {
@@ -43,6 +43,7 @@ inline constexpr std::string_view launcher_name(Launcher l) noexcept {
     case Launcher::kTorchrun: return "torchrun";
     case Launcher::kOpenMpi: return "Open MPI";
     case Launcher::kSlurm: return "Slurm";
+    case Launcher::kPmi: return "mpiexec (PMI: MPICH, Intel MPI)";
   }
   return "?";
 }
@@ -76,8 +77,9 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long h
 /// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
 TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
 
-/// The first count of a Slurm tasks-per-node list: "4(x2),3" -> 4.
-TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name);
+/// The count of node `node` in a Slurm tasks-per-node list: "4(x2),3" -> 4, 4, 3 for nodes 0,
+/// 1, 2; nullopt when the variable is unset, malformed or has no such node.
+TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node);
 
 #if TRAINKIT_IMPL
 
@@ -112,13 +114,29 @@ TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
          std::string(first.substr(close + 1));
 }
 
-TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
+TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node) {
   const auto v = env_var(name);
-  if (!v) return std::nullopt;
-  char* end = nullptr;
-  const long x = std::strtol(v->c_str(), &end, 10);
-  if (end == v->c_str() || x < 1 || x > INT_MAX) return std::nullopt;
-  return static_cast<int>(x);
+  if (!v || node < 0) return std::nullopt;
+  const char* p = v->c_str();
+  long first = 0;  // the first node of the current entry
+  for (;;) {
+    char* end = nullptr;
+    errno = 0;
+    const long count = std::strtol(p, &end, 10);
+    if (end == p || errno != 0 || count < 1 || count > INT_MAX) return std::nullopt;
+    long repeat = 1;
+    p = end;
+    if (*p == '(') {  // "(xK)": K nodes with this count
+      if (p[1] != 'x') return std::nullopt;
+      repeat = std::strtol(p + 2, &end, 10);
+      if (end == p + 2 || *end != ')' || repeat < 1 || repeat > INT_MAX) return std::nullopt;
+      p = end + 1;
+    }
+    if (node < first + repeat) return static_cast<int>(count);
+    first += repeat;
+    if (*p != ',') return std::nullopt;
+    ++p;
+  }
 }
 
 #endif  // TRAINKIT_IMPL
@@ -130,9 +148,12 @@ TRAINKIT_INLINE std::optional<int> first_slurm_count(const char* name) {
 ///    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE;
 ///  - Open MPI's mpirun: OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE;
 ///  - Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
-///    SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR (else the step's first node) and
-///    MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
-///  - none of them: a single process (rank 0 of 1).
+///    this node's (SLURM_NODEID) entry of SLURM_STEP_TASKS_PER_NODE; rendezvous at MASTER_ADDR
+///    (else the step's first node) and MASTER_PORT (else 20000 + SLURM_JOB_ID % 20000);
+///  - MPICH's or Intel MPI's mpiexec (Hydra, PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+///    MPI_LOCALNRANKS;
+///  - none of them: a single process (rank 0 of 1). Half of a launcher's rank/size pair (RANK
+///    without WORLD_SIZE, ...) is an error, not a single process.
 /// MASTER_ADDR/MASTER_PORT are honoured under every launcher. Throws trainkit::Error naming the
 /// variable when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
 TRAINKIT_INLINE LaunchInfo detect_launch();
@@ -227,14 +248,22 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
   using detail::env_var;
   LaunchInfo info;
-  if (env_var("RANK") && env_var("WORLD_SIZE")) {
+  // A launcher's pair of variables comes whole: half of one is a broken launch, not a single
+  // process (each of N processes would otherwise train alone as rank 0).
+  const auto pair = [&](const char* rank, const char* size) {
+    const bool r = env_var(rank).has_value(), w = env_var(size).has_value();
+    TRAINKIT_CHECK(r == w, "dist: ", r ? rank : size, " is set but ", r ? size : rank,
+                   " is not; launch with both (or neither, for a single process)");
+    return r && w;
+  };
+  if (pair("RANK", "WORLD_SIZE")) {
     info.launcher = Launcher::kTorchrun;
     info.world_size = *env_int("WORLD_SIZE", 1);
     info.rank = *env_int("RANK", 0);
     info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
     info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1).value_or(info.world_size);
     info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  } else if (env_var("OMPI_COMM_WORLD_RANK") && env_var("OMPI_COMM_WORLD_SIZE")) {
+  } else if (pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     info.launcher = Launcher::kOpenMpi;
     info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
     info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
@@ -247,16 +276,34 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
                                                       : *env_int("SLURM_NTASKS", 1);
     info.rank = *env_int("SLURM_PROCID", 0);
     info.local_rank = env_int("SLURM_LOCALID", 0).value_or(0);
+    // This node's entry of the tasks-per-node list (nodes may run different counts).
+    const long node = env_int("SLURM_NODEID", 0).value_or(0);
     info.local_world_size =
-        detail::first_slurm_count("SLURM_STEP_TASKS_PER_NODE")
-            .value_or(detail::first_slurm_count("SLURM_TASKS_PER_NODE").value_or(info.world_size));
+        detail::slurm_node_count("SLURM_STEP_TASKS_PER_NODE", node)
+            .value_or(
+                detail::slurm_node_count("SLURM_TASKS_PER_NODE", node).value_or(info.world_size));
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (auto v = env_var(list)) {
         info.master_addr = detail::first_slurm_host(*v);
         break;
       }
     }
-    if (auto job = env_int("SLURM_JOB_ID", 0)) info.master_port = 20000 + *job % 20000;
+    if (!env_var("MASTER_PORT")) {  // job ids are 32-bit unsigned (federations use the top bits)
+      if (auto job = env_var("SLURM_JOB_ID")) {
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
+        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] != '-',
+                       "dist: environment variable SLURM_JOB_ID='", *job, "' is not a job number");
+        info.master_port = 20000 + static_cast<int>(id % 20000);
+      }
+    }
+  } else if (pair("PMI_RANK", "PMI_SIZE")) {  // MPICH's and Intel MPI's Hydra
+    info.launcher = Launcher::kPmi;
+    info.world_size = *env_int("PMI_SIZE", 1);
+    info.rank = *env_int("PMI_RANK", 0);
+    info.local_rank = env_int("MPI_LOCALRANKID", 0).value_or(0);
+    info.local_world_size = env_int("MPI_LOCALNRANKS", 1).value_or(info.world_size);
   }
   if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
   if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
@@ -265,6 +312,9 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
                  "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
                  " of ", info.local_world_size, " processes on this node");
+  TRAINKIT_CHECK(info.local_world_size <= info.world_size, "dist: ", launcher_name(info.launcher),
+                 " says ", info.local_world_size, " processes on this node but ", info.world_size,
+                 " in all");
   return info;
 }
 
@@ -278,7 +328,8 @@ TRAINKIT_INLINE Context init(InitOptions options) {
       backend = Backend::kNccl;
     } else if (L.world_size == 1) {
       backend = Backend::kThread;
-    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm) &&
+    } else if ((L.launcher == Launcher::kOpenMpi || L.launcher == Launcher::kSlurm ||
+                L.launcher == Launcher::kPmi) &&
                TRAINKIT_WITH_MPI) {
       backend = Backend::kMpi;
     } else if (!L.master_addr.empty() && detail::rendezvous_port(options, L) > 0) {

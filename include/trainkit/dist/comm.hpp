@@ -207,8 +207,9 @@ inline std::chrono::milliseconds default_timeout() {
   char* end = nullptr;
   errno = 0;
   const double seconds = std::strtod(env, &end);
-  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds > 0.0 && seconds < 1e7,
-                 "TRAINKIT_DIST_TIMEOUT='", env, "' is not a positive number of seconds");
+  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
+                 "TRAINKIT_DIST_TIMEOUT='", env,
+                 "' is not a number of seconds from 0.001 (the timeouts count milliseconds)");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 

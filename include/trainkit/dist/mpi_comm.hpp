@@ -2,7 +2,8 @@
 // trainkit/dist/mpi_comm.hpp: MpiComm, the communicator over MPI (Open MPI, MPICH) for CPU
 // processes on one or many machines (`mpirun -np N ./train`, `srun --mpi=pmix`). RAII: MPI is
 // initialised by the first MpiComm and finalized by the last. Errors come back as trainkit::Error
-// (the communicator uses MPI_ERRORS_RETURN), and a watchdog bounds every collective: see MpiComm
+// (the communicator uses MPI_ERRORS_RETURN, and so does MPI_COMM_WORLD when MpiComm initialised
+// MPI), and a watchdog bounds every collective: see MpiComm
 // for what happens when a peer stalls or dies. Needs TRAINKIT_WITH_MPI (the body is empty without).
 #pragma once
 
@@ -138,6 +139,11 @@ class MpiRuntime {
     if (!initialized) {
       TRAINKIT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_));
       owns_ = true;
+      // Open MPI reports some errors of non-blocking collectives (a truncated message) through
+      // MPI_COMM_WORLD's handler, which aborts the job by default; MPI initialised here is ours
+      // to configure, so they come back as trainkit::Error too. (A program that initialised MPI
+      // keeps its own handler.)
+      TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     } else {
       TRAINKIT_MPI_CHECK(MPI_Query_thread(&thread_level_));
     }
@@ -444,6 +450,20 @@ class MpiComm final : public Comm {
       }
       case Kind::kBroadcast: {
         const std::int64_t bytes = b.count * es;
+        // Every rank must pass the root's size: MPI would fill a larger buffer only in part (or
+        // fail on a smaller one), so the sizes are compared first, and every rank fails alike.
+        std::int64_t sizes[2] = {bytes, -bytes};
+        check(MPI_Iallreduce(MPI_IN_PLACE, sizes, 2, MPI_INT64_T, MPI_MAX, comm_, &request),
+              "MPI_Iallreduce (the broadcast's sizes)");
+        complete(request, op, seq, start);
+        if (sizes[0] != bytes || -sizes[1] != bytes) {
+          const std::string reason = trainkit::detail::concat(
+              "MpiComm rank ", rank_, ": ", what(op, seq), " of ", bytes,
+              " bytes, but the ranks passed between ", -sizes[1], " and ", sizes[0],
+              " bytes: every rank must broadcast the root's size");
+          mark_broken(reason);
+          TRAINKIT_FAIL(reason);
+        }
         std::int64_t at = 0;
         do {  // at least once: a broadcast of nothing still synchronises like the others
           const int n = static_cast<int>(std::min(kMaxPiece, bytes - at));

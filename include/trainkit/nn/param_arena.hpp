@@ -399,6 +399,15 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
   TRAINKIT_CHECK(!finalized_, "ParamArena::add('", name,
                  "') after finalize(): register every parameter before finalizing");
   TRAINKIT_CHECK(!name.empty(), "ParamArena::add: empty parameter name");
+  // Names travel in checkpoint manifests, TensorBoard tags and the ranks' layout checks, all of
+  // which are line- or text-based: no control characters.
+  const auto control = std::find_if(name.begin(), name.end(),
+                                    [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+  TRAINKIT_CHECK(control == name.end(), "ParamArena::add: the parameter name '",
+                 name.substr(0, std::size_t(control - name.begin())),
+                 "...' holds control character ",
+                 int(static_cast<unsigned char>(control == name.end() ? 0 : *control)), " at byte ",
+                 control - name.begin());
   TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
                  "ParamArena::add: duplicate parameter "
                  "name '",
