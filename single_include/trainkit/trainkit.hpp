@@ -23886,11 +23886,13 @@ struct PrefetchOptions {
   std::size_t batch_size = 1;
   std::size_t num_workers = 2;  ///< reader threads (streaming datasets always use one)
   std::size_t depth = 4;        ///< batch slots, >= 2; memory = depth x one batch (x2 on device)
-  bool drop_last = false;       ///< drop each epoch's final partial batch
-  bool pin_memory = true;       ///< pinned slots when a CUDA device exists (else plain memory)
-  std::uint64_t epoch = 0;      ///< the first epoch
-  std::string name = "Prefetcher";         ///< used in error messages
-  SampleTransform transform{};             ///< optional per-sample transform (augmentation)
+  /// Drop each epoch's final partial batch. A streaming dataset then reads one batch ahead (one
+  /// more batch of memory) to know which full batch is its epoch's last.
+  bool drop_last = false;
+  bool pin_memory = true;           ///< pinned slots when a CUDA device exists (else plain memory)
+  std::uint64_t epoch = 0;          ///< the first epoch
+  std::string name = "Prefetcher";  ///< used in error messages
+  SampleTransform transform{};      ///< optional per-sample transform (augmentation)
   std::vector<FieldSpec> output_fields{};  ///< batch fields when `transform` changes them
 };
 
