@@ -108,7 +108,7 @@ TEST_CASE("load_model: a new head - shape mismatch, strict = false and skip patt
     FAIL("no error");
   } catch (const tk::Error& e) {
     const std::string what = e.what();
-    CHECK_MESSAGE(what.ends_with("\n  (check --head)"), what);
+    CHECK_MESSAGE(what.find("\n  (check --head)") != std::string::npos, what);
     CHECK_MESSAGE(what.find("strict") == std::string::npos, what);
   }
   // Shape mismatches are errors even when not strict (as in PyTorch).

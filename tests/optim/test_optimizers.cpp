@@ -459,7 +459,7 @@ TEST_CASE("load_state_dict refuses damaged counts, rates and options, and change
                         {"step", -1.0, "'step' is -1; expected a whole number >= 0"},
                         {"step", 0.5, "'step' is 0.5"},
                         {"step", 1e300, "'step' is 1e+300"},
-                        {"beta1", 1.0, "options are not valid (optim::AdamW: invalid beta1 1)"},
+                        {"beta1", 1.0, "options are not valid (optim::AdamW: invalid beta1 1"},
                         {"beta2", nan, "invalid beta2"},
                         {"eps", -1.0, "invalid epsilon"},
                         {"group.0.lr", nan, "'group.0.lr' is nan"},
