@@ -19310,6 +19310,7 @@ TRAINKIT_NAMESPACE_END
 // key/value pairs set in one call, per-group lists stored as "<prefix>.<g>", and buffers with a
 // ParamArena's layout stored as one tensor per parameter.
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -19375,6 +19376,14 @@ inline void save_list(StateDict& sd, const std::string& prefix, const std::vecto
 inline void load_list(const StateDict& sd, const std::string& prefix, std::vector<double>& values) {
   for (std::size_t g = 0; g < values.size(); ++g)
     values[g] = sd.get_double(prefix + "." + std::to_string(g));
+}
+/// load_list of learning rates: throws naming `who` and the entry unless each is finite, >= 0.
+inline void load_rates(const StateDict& sd, const char* who, const std::string& prefix,
+                       std::vector<double>& values) {
+  load_list(sd, prefix, values);
+  for (std::size_t g = 0; g < values.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(values[g]) && values[g] >= 0.0, who, " state: ", prefix, ".", g,
+                   " is ", values[g], "; a learning rate is finite and >= 0");
 }
 
 /// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
@@ -21359,13 +21368,8 @@ TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
                  " and _step_count ", step_count, " must be >= -1 and >= 0");
   std::vector<double> base = base_lrs_, last = last_lr_;
   last.resize(groups_->lr.size());
-  detail::load_list(sd, "base_lrs", base);
-  detail::load_list(sd, "_last_lr", last);
-  for (const auto* list : {&base, &last})
-    for (std::size_t g = 0; g < list->size(); ++g)
-      TRAINKIT_CHECK(std::isfinite((*list)[g]) && (*list)[g] >= 0.0,
-                     "LR schedule state: ", list == &base ? "base_lrs." : "_last_lr.", g, " is ",
-                     (*list)[g], "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "LR schedule", "base_lrs", base);
+  detail::load_rates(sd, "LR schedule", "_last_lr", last);
   load_options(sd);  // the last check: it adopts the settings when they pass
   last_epoch_ = last_epoch;
   step_count_ = step_count;
@@ -21537,10 +21541,7 @@ TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   TRAINKIT_CHECK(last_epoch >= 0, "SequentialLR state: last_epoch ", last_epoch, " is negative");
   std::vector<double> last(groups_->lr.size(), 0.0);
-  detail::load_list(sd, "_last_lr", last);
-  for (std::size_t g = 0; g < last.size(); ++g)
-    TRAINKIT_CHECK(std::isfinite(last[g]) && last[g] >= 0.0, "SequentialLR state: _last_lr.", g,
-                   " is ", last[g], "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "SequentialLR", "_last_lr", last);
   std::vector<std::int64_t> milestones;  // the saved ones, as PyTorch restores _milestones
   for (std::size_t i = 0; i < milestones_.size(); ++i)
     milestones.push_back(sd.get_int("_milestones." + std::to_string(i)));
@@ -21648,11 +21649,7 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
                  ", cooldown_counter ", loaded.cooldown_counter_, ", last_epoch ",
                  loaded.last_epoch_, ", best ", loaded.best_,
                  " (expected counts >= 0 and a best value that is a number)");
-  detail::load_list(sd, "_last_lr", loaded.last_lr_);
-  for (std::size_t g = 0; g < loaded.last_lr_.size(); ++g)
-    TRAINKIT_CHECK(std::isfinite(loaded.last_lr_[g]) && loaded.last_lr_[g] >= 0.0,
-                   "ReduceLROnPlateau state: _last_lr.", g, " is ", loaded.last_lr_[g],
-                   "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "ReduceLROnPlateau", "_last_lr", loaded.last_lr_);
   *this = std::move(loaded);
 }
 
@@ -24555,95 +24552,87 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
   const std::size_t sample_bytes = lookahead.size() / depth;
   std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-  for (;;) {
-    const PrefetchState at = stream_cursor_;
-    const std::uint64_t first = at.batch * B;
-    // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
-    // position of the first sample read now.
-    const auto read_ahead = [&](std::uint64_t next) {
-      while (look_count_ < depth && !stream_ended_) {
-        if (stop_.load(std::memory_order_relaxed)) return;
-        const std::size_t k = (look_begin_ + look_count_) % depth;
-        packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
-        try {
-          if (next_(SampleRef(look_spans))) {
-            ++look_count_;
-            ++next;
-          } else {
-            stream_ended_ = true;
-          }
-        } catch (...) {
-          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
-                                                  at.epoch, " (", describe_current_(), ")"));
-        }
-      }
-    };
-    if (!stream_started_) {
-      try {
-        start_(at.epoch, first);
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                                " of ", describe_current_()));
-      }
-      look_begin_ = look_count_ = 0;
-      stream_ended_ = false;
-      stream_started_ = true;
-      read_ahead(first);
-    }
-    std::size_t rows = 0;
-    while (rows < B && look_count_ > 0) {
+  const PrefetchState at = stream_cursor_;
+  const std::uint64_t first = at.batch * B;
+  // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
+  // position of the first sample read now.
+  const auto read_ahead = [&](std::uint64_t next) {
+    while (look_count_ < depth && !stream_ended_) {
       if (stop_.load(std::memory_order_relaxed)) return;
-      const std::uint64_t position = first + rows;
-      idx_out[rows] = static_cast<std::int64_t>(position);
-      row_spans(base, rows, out_spans);
-      const SampleRef out(out_spans);
-      std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
+      const std::size_t k = (look_begin_ + look_count_) % depth;
+      packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
       try {
-        const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
-        if (separate_input_) {
-          packed_spans(sample, in_fields_, in_spans);
-          options_.transform(info, SampleRef(in_spans), out);
+        if (next_(SampleRef(look_spans))) {
+          ++look_count_;
+          ++next;
         } else {
-          packed_spans(sample, read_fields, look_spans);
-          for (std::size_t k = 0; k < out.size(); ++k)
-            if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
-          if (options_.transform) options_.transform(info, out, out);
+          stream_ended_ = true;
         }
       } catch (...) {
-        rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
+        rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
                                                 at.epoch, " (", describe_current_(), ")"));
       }
-      ++rows;
-      look_begin_ = (look_begin_ + 1) % depth;
-      --look_count_;
-      read_ahead(position + 1 + look_count_);
     }
-    if (stop_.load(std::memory_order_relaxed)) return;
-    // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
-    const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
-    if (last) {
-      stream_cursor_ = PrefetchState{at.epoch + 1, 0};
-      stream_started_ = false;
-    } else {
-      stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+  };
+  if (!stream_started_) {
+    try {
+      start_(at.epoch, first);
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                              " of ", describe_current_()));
     }
-    if (rows == 0 && at.batch == 0) {
-      TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
-                    describe_current_(), ") has no samples");
-    }
-    if (rows == 0 || (rows < B && options_.drop_last)) {
-      if (at.batch == 0) {
-        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
-                      " samples, fewer than one batch of ", B, " with drop_last");
-      }
-      continue;  // (not reached with drop_last: the batch before was marked last)
-    }
-    result.epoch = at.epoch;
-    result.batch = at.batch;
-    result.rows = rows;
-    result.last = last;
-    return;
+    look_begin_ = look_count_ = 0;
+    stream_ended_ = false;
+    stream_started_ = true;
+    read_ahead(first);
   }
+  std::size_t rows = 0;
+  while (rows < B && look_count_ > 0) {
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const std::uint64_t position = first + rows;
+    idx_out[rows] = static_cast<std::int64_t>(position);
+    row_spans(base, rows, out_spans);
+    const SampleRef out(out_spans);
+    std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
+    try {
+      const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
+      if (separate_input_) {
+        packed_spans(sample, in_fields_, in_spans);
+        options_.transform(info, SampleRef(in_spans), out);
+      } else {
+        packed_spans(sample, read_fields, look_spans);
+        for (std::size_t k = 0; k < out.size(); ++k)
+          if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
+        if (options_.transform) options_.transform(info, out, out);
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ", at.epoch,
+                                              " (", describe_current_(), ")"));
+    }
+    ++rows;
+    look_begin_ = (look_begin_ + 1) % depth;
+    --look_count_;
+    read_ahead(position + 1 + look_count_);
+  }
+  if (stop_.load(std::memory_order_relaxed)) return;
+  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
+  const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
+  if (last) {
+    stream_cursor_ = PrefetchState{at.epoch + 1, 0};
+    stream_started_ = false;
+  } else {
+    stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+  }
+  // A batch that follows one not marked last has samples (with drop_last, a whole batch of
+  // them), so only an epoch's first batch can come up short.
+  TRAINKIT_CHECK(rows > 0, options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
+                 describe_current_(), ") has no samples");
+  TRAINKIT_CHECK(rows == B || !options_.drop_last, options_.name, ": epoch ", at.epoch, " has ",
+                 rows, " samples, fewer than one batch of ", B, " with drop_last");
+  result.epoch = at.epoch;
+  result.batch = at.batch;
+  result.rows = rows;
+  result.last = last;
 }
 
 #endif  // TRAINKIT_IMPL

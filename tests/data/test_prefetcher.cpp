@@ -371,10 +371,9 @@ TEST_CASE("Prefetcher: option errors") {
   // Batches whose size overflows (they crashed in a worker): refused up front. Without
   // drop_last such a batch holds the whole epoch.
   for (const std::size_t huge : {std::size_t{1} << 62, ~std::size_t{0}, std::size_t{1} << 57})
-    check_contains(error_of([&] {
-                     tk::data::Prefetcher p(ds, seq, {.batch_size = huge, .name = "big"});
-                   }),
-                   {"big: batch_size ", std::to_string(huge), "larger than any memory"});
+    check_contains(
+        error_of([&] { tk::data::Prefetcher p(ds, seq, {.batch_size = huge, .name = "big"}); }),
+        {"big: batch_size ", std::to_string(huge), "larger than any memory"});
   tk::data::PrefetchOptions no_transform{.batch_size = 2};
   no_transform.output_fields = {{"x", tk::DType::kF32, {}}};
   check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, no_transform); }),

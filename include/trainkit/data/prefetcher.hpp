@@ -734,95 +734,87 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
   const std::size_t sample_bytes = lookahead.size() / depth;
   std::vector<std::span<std::byte>> look_spans, out_spans, in_spans;
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
-  for (;;) {
-    const PrefetchState at = stream_cursor_;
-    const std::uint64_t first = at.batch * B;
-    // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
-    // position of the first sample read now.
-    const auto read_ahead = [&](std::uint64_t next) {
-      while (look_count_ < depth && !stream_ended_) {
-        if (stop_.load(std::memory_order_relaxed)) return;
-        const std::size_t k = (look_begin_ + look_count_) % depth;
-        packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
-        try {
-          if (next_(SampleRef(look_spans))) {
-            ++look_count_;
-            ++next;
-          } else {
-            stream_ended_ = true;
-          }
-        } catch (...) {
-          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
-                                                  at.epoch, " (", describe_current_(), ")"));
-        }
-      }
-    };
-    if (!stream_started_) {
-      try {
-        start_(at.epoch, first);
-      } catch (...) {
-        rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
-                                                " of ", describe_current_()));
-      }
-      look_begin_ = look_count_ = 0;
-      stream_ended_ = false;
-      stream_started_ = true;
-      read_ahead(first);
-    }
-    std::size_t rows = 0;
-    while (rows < B && look_count_ > 0) {
+  const PrefetchState at = stream_cursor_;
+  const std::uint64_t first = at.batch * B;
+  // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
+  // position of the first sample read now.
+  const auto read_ahead = [&](std::uint64_t next) {
+    while (look_count_ < depth && !stream_ended_) {
       if (stop_.load(std::memory_order_relaxed)) return;
-      const std::uint64_t position = first + rows;
-      idx_out[rows] = static_cast<std::int64_t>(position);
-      row_spans(base, rows, out_spans);
-      const SampleRef out(out_spans);
-      std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
+      const std::size_t k = (look_begin_ + look_count_) % depth;
+      packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
       try {
-        const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
-        if (separate_input_) {
-          packed_spans(sample, in_fields_, in_spans);
-          options_.transform(info, SampleRef(in_spans), out);
+        if (next_(SampleRef(look_spans))) {
+          ++look_count_;
+          ++next;
         } else {
-          packed_spans(sample, read_fields, look_spans);
-          for (std::size_t k = 0; k < out.size(); ++k)
-            if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
-          if (options_.transform) options_.transform(info, out, out);
+          stream_ended_ = true;
         }
       } catch (...) {
-        rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ",
+        rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
                                                 at.epoch, " (", describe_current_(), ")"));
       }
-      ++rows;
-      look_begin_ = (look_begin_ + 1) % depth;
-      --look_count_;
-      read_ahead(position + 1 + look_count_);
     }
-    if (stop_.load(std::memory_order_relaxed)) return;
-    // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
-    const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
-    if (last) {
-      stream_cursor_ = PrefetchState{at.epoch + 1, 0};
-      stream_started_ = false;
-    } else {
-      stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+  };
+  if (!stream_started_) {
+    try {
+      start_(at.epoch, first);
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("starting epoch ", at.epoch, " at sample ", first,
+                                              " of ", describe_current_()));
     }
-    if (rows == 0 && at.batch == 0) {
-      TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
-                    describe_current_(), ") has no samples");
-    }
-    if (rows == 0 || (rows < B && options_.drop_last)) {
-      if (at.batch == 0) {
-        TRAINKIT_FAIL(options_.name, ": epoch ", at.epoch, " has ", rows,
-                      " samples, fewer than one batch of ", B, " with drop_last");
-      }
-      continue;  // (not reached with drop_last: the batch before was marked last)
-    }
-    result.epoch = at.epoch;
-    result.batch = at.batch;
-    result.rows = rows;
-    result.last = last;
-    return;
+    look_begin_ = look_count_ = 0;
+    stream_ended_ = false;
+    stream_started_ = true;
+    read_ahead(first);
   }
+  std::size_t rows = 0;
+  while (rows < B && look_count_ > 0) {
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const std::uint64_t position = first + rows;
+    idx_out[rows] = static_cast<std::int64_t>(position);
+    row_spans(base, rows, out_spans);
+    const SampleRef out(out_spans);
+    std::byte* sample = lookahead.data() + look_begin_ * sample_bytes;
+    try {
+      const SampleInfo info{at.epoch, position, static_cast<std::int64_t>(position)};
+      if (separate_input_) {
+        packed_spans(sample, in_fields_, in_spans);
+        options_.transform(info, SampleRef(in_spans), out);
+      } else {
+        packed_spans(sample, read_fields, look_spans);
+        for (std::size_t k = 0; k < out.size(); ++k)
+          if (!out[k].empty()) std::memcpy(out[k].data(), look_spans[k].data(), out[k].size());
+        if (options_.transform) options_.transform(info, out, out);
+      }
+    } catch (...) {
+      rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ", at.epoch,
+                                              " (", describe_current_(), ")"));
+    }
+    ++rows;
+    look_begin_ = (look_begin_ + 1) % depth;
+    --look_count_;
+    read_ahead(position + 1 + look_count_);
+  }
+  if (stop_.load(std::memory_order_relaxed)) return;
+  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
+  const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
+  if (last) {
+    stream_cursor_ = PrefetchState{at.epoch + 1, 0};
+    stream_started_ = false;
+  } else {
+    stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
+  }
+  // A batch that follows one not marked last has samples (with drop_last, a whole batch of
+  // them), so only an epoch's first batch can come up short.
+  TRAINKIT_CHECK(rows > 0, options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
+                 describe_current_(), ") has no samples");
+  TRAINKIT_CHECK(rows == B || !options_.drop_last, options_.name, ": epoch ", at.epoch, " has ",
+                 rows, " samples, fewer than one batch of ", B, " with drop_last");
+  result.epoch = at.epoch;
+  result.batch = at.batch;
+  result.rows = rows;
+  result.last = last;
 }
 
 #endif  // TRAINKIT_IMPL

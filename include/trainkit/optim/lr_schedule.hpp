@@ -453,13 +453,8 @@ TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
                  " and _step_count ", step_count, " must be >= -1 and >= 0");
   std::vector<double> base = base_lrs_, last = last_lr_;
   last.resize(groups_->lr.size());
-  detail::load_list(sd, "base_lrs", base);
-  detail::load_list(sd, "_last_lr", last);
-  for (const auto* list : {&base, &last})
-    for (std::size_t g = 0; g < list->size(); ++g)
-      TRAINKIT_CHECK(std::isfinite((*list)[g]) && (*list)[g] >= 0.0,
-                     "LR schedule state: ", list == &base ? "base_lrs." : "_last_lr.", g, " is ",
-                     (*list)[g], "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "LR schedule", "base_lrs", base);
+  detail::load_rates(sd, "LR schedule", "_last_lr", last);
   load_options(sd);  // the last check: it adopts the settings when they pass
   last_epoch_ = last_epoch;
   step_count_ = step_count;
@@ -631,10 +626,7 @@ TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   TRAINKIT_CHECK(last_epoch >= 0, "SequentialLR state: last_epoch ", last_epoch, " is negative");
   std::vector<double> last(groups_->lr.size(), 0.0);
-  detail::load_list(sd, "_last_lr", last);
-  for (std::size_t g = 0; g < last.size(); ++g)
-    TRAINKIT_CHECK(std::isfinite(last[g]) && last[g] >= 0.0, "SequentialLR state: _last_lr.", g,
-                   " is ", last[g], "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "SequentialLR", "_last_lr", last);
   std::vector<std::int64_t> milestones;  // the saved ones, as PyTorch restores _milestones
   for (std::size_t i = 0; i < milestones_.size(); ++i)
     milestones.push_back(sd.get_int("_milestones." + std::to_string(i)));
@@ -742,11 +734,7 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
                  ", cooldown_counter ", loaded.cooldown_counter_, ", last_epoch ",
                  loaded.last_epoch_, ", best ", loaded.best_,
                  " (expected counts >= 0 and a best value that is a number)");
-  detail::load_list(sd, "_last_lr", loaded.last_lr_);
-  for (std::size_t g = 0; g < loaded.last_lr_.size(); ++g)
-    TRAINKIT_CHECK(std::isfinite(loaded.last_lr_[g]) && loaded.last_lr_[g] >= 0.0,
-                   "ReduceLROnPlateau state: _last_lr.", g, " is ", loaded.last_lr_[g],
-                   "; a learning rate is finite and >= 0");
+  detail::load_rates(sd, "ReduceLROnPlateau", "_last_lr", loaded.last_lr_);
   *this = std::move(loaded);
 }
 

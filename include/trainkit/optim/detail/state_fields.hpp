@@ -5,6 +5,7 @@
 // ParamArena's layout stored as one tensor per parameter.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +79,14 @@ inline void save_list(StateDict& sd, const std::string& prefix, const std::vecto
 inline void load_list(const StateDict& sd, const std::string& prefix, std::vector<double>& values) {
   for (std::size_t g = 0; g < values.size(); ++g)
     values[g] = sd.get_double(prefix + "." + std::to_string(g));
+}
+/// load_list of learning rates: throws naming `who` and the entry unless each is finite, >= 0.
+inline void load_rates(const StateDict& sd, const char* who, const std::string& prefix,
+                       std::vector<double>& values) {
+  load_list(sd, prefix, values);
+  for (std::size_t g = 0; g < values.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(values[g]) && values[g] >= 0.0, who, " state: ", prefix, ".", g,
+                   " is ", values[g], "; a learning rate is finite and >= 0");
 }
 
 /// The buffer `data` (buffer_numel() elements of `dtype` in the arena's space S, the arena's
