@@ -196,6 +196,97 @@ TEST_CASE("host gemm: every vector micro-kernel gives the same bits, random shap
   }
 }
 
+TEST_CASE("host gemm: the vector micro-kernels give the bits of one fused multiply-add chain") {
+  // What every kernel computes for an element of C, written as scalar code: per k block a chain
+  // of fused multiply-adds over k ascending, times alpha (skipped at 1), + beta * the rows beta
+  // multiplies (C itself after the first block), and on the last block + bias (+ 0 without one)
+  // and times the saved GELU slope. The epilogues without an exponential, so this holds on any
+  // CPU, including one with a single vector kernel; random shapes, both layouts of A (read in
+  // place or packed), packed and partial tiles, several k blocks.
+  std::mt19937_64 rng(77);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const auto mul = [](float x, float y) {  // one rounding: never contracted with a later add
+    volatile float product = x * y;
+    return static_cast<float>(product);
+  };
+  for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+    if (kernel == &blas::detail::kGemmPortable) continue;
+    for (int trial = 0; trial < 30; ++trial) {
+      const Case cs{pick(1, 70), pick(1, 70), trial % 4 == 0 ? pick(385, 1000) : pick(1, 160)};
+      const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];
+      const int kind = static_cast<int>(pick(0, 2));  // none, bias, dGELU from the slope
+      const Epilogue e =
+          kind == 0 ? Epilogue::kNone : (kind == 1 ? Epilogue::kBias : Epilogue::kDGelu);
+      const float alpha = pick(0, 1) == 0 ? 1.0f : 0.75f;
+      const float beta = pick(0, 2) == 0 ? 0.0f : 1.5f;
+      const bool use_c_in = beta != 0.0f && pick(0, 1) == 1;
+      Matrix<float> a(stored_rows(op_a, cs.m, cs.k), stored_cols(op_a, cs.m, cs.k), pick(0, 3));
+      Matrix<float> b(stored_rows(op_b, cs.k, cs.n), stored_cols(op_b, cs.k, cs.n), pick(0, 3));
+      Matrix<float> c(cs.m, cs.n, 1), c_in(cs.m, cs.n, 1), slope(cs.m, cs.n, 2);
+      a.fill_random(10 + trial);
+      b.fill_random(20 + trial);
+      c.fill_random(30 + trial);
+      c_in.fill_random(40 + trial);
+      slope.fill_random(50 + trial, -0.2, 1.1);
+      std::vector<float> bias(static_cast<std::size_t>(cs.n));
+      for (float& v : bias) v = static_cast<float>(pick(-50, 50)) * 0.01f;
+      const auto op_a_at = [&](std::int64_t i, std::int64_t p) {
+        return op_a == Op::kN ? a.at(i, p) : a.at(p, i);
+      };
+      const auto op_b_at = [&](std::int64_t p, std::int64_t j) {
+        return op_b == Op::kN ? b.at(p, j) : b.at(j, p);
+      };
+      // The k blocks: at most kGemmKC long, equal lengths (the last may be shorter).
+      const std::int64_t blocks = (cs.k + blas::detail::kGemmKC - 1) / blas::detail::kGemmKC;
+      const std::int64_t kc = (cs.k + blocks - 1) / blocks;
+      Matrix<float> want = c;
+      for (std::int64_t i = 0; i < cs.m; ++i) {
+        for (std::int64_t j = 0; j < cs.n; ++j) {
+          float v = 0.0f;
+          for (std::int64_t p0 = 0; p0 < cs.k; p0 += kc) {
+            float acc = 0.0f;
+            for (std::int64_t p = p0; p < std::min(cs.k, p0 + kc); ++p)
+              acc = std::fma(op_a_at(i, p), op_b_at(p, j), acc);
+            if (alpha != 1.0f) acc = mul(alpha, acc);
+            const float block_beta = p0 == 0 ? beta : 1.0f;
+            const float src = p0 == 0 && use_c_in ? c_in.at(i, j) : (p0 == 0 ? c.at(i, j) : v);
+            if (block_beta != 0.0f) acc = std::fma(block_beta, src, acc);
+            v = acc;
+          }
+          if (e != Epilogue::kNone) v = v + (e == Epilogue::kBias ? bias[std::size_t(j)] : 0.0f);
+          if (e == Epilogue::kDGelu) v = mul(v, slope.at(i, j));
+          want.at(i, j) = v;
+        }
+      }
+      blas::detail::GemmOutput<float> out{c.data.data(),
+                                          c.ld,
+                                          alpha,
+                                          beta,
+                                          e,
+                                          e == Epilogue::kBias ? bias.data() : nullptr,
+                                          e == Epilogue::kDGelu ? slope.data.data() : nullptr,
+                                          slope.ld};
+      out.aux_slope = e == Epilogue::kDGelu;
+      if (use_c_in) out.c_in = c_in.data.data();
+      exec::Host host(trial % 2 + 1);
+      blas::detail::host_gemm_2d(&host, {cs.m, cs.n, cs.k},
+                                 blas::detail::operand_ref<float>(op_a, a.cview()),
+                                 blas::detail::operand_ref<float>(op_b, b.cview()), out, *kernel);
+      INFO(kernel->name, " trial ", trial, ": m=", cs.m, " n=", cs.n, " k=", cs.k,
+           " op_a=", std::string(blas::to_string(op_a)),
+           " op_b=", std::string(blas::to_string(op_b)), " epilogue ",
+           std::string(blas::to_string(e)), " alpha ", alpha, " beta ", beta, " c_in ", use_c_in);
+      std::int64_t differ = 0;
+      for (std::int64_t i = 0; i < cs.m; ++i)
+        for (std::int64_t j = 0; j < cs.n; ++j)
+          differ += std::memcmp(&want.at(i, j), &c.at(i, j), sizeof(float)) != 0;
+      CHECK(differ == 0);
+    }
+  }
+}
+
 TEST_CASE("host gemm band (causal attention products): the needed part of the full product") {
   // host_gemm_band computes only what a causal caller reads; there it must equal the full
   // product (same summation chains; the skipped products are the zeros of a causal operand).
