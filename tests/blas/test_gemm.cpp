@@ -287,6 +287,78 @@ TEST_CASE("host gemm: the vector micro-kernels give the bits of one fused multip
   }
 }
 
+TEST_CASE("host gemm: a fused GELU epilogue gives the bits of the bias epilogue, then the GELU") {
+  // The vector kernels run the GELU of a whole tile in passes over its vectors; that must be
+  // the GELU of the vector spans (gemm_gelu_span, gemm_gelu_slope_span) applied to what the
+  // bias epilogue gives, bit for bit: values, the saved input or slope, NaN and the clamps.
+  std::mt19937_64 rng(91);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (const blas::detail::GemmKernel* kernel : blas::detail::gemm_kernels_for_this_cpu()) {
+    if (kernel == &blas::detail::kGemmPortable) continue;  // its GELU is the scalar one
+    for (int trial = 0; trial < 24; ++trial) {
+      // n a multiple of 8, so the spans run their vector body on every element.
+      const Case cs{pick(1, 40), 8 * pick(1, 9), pick(1, 300)};
+      const Op op_a = kOps[pick(0, 1)], op_b = kOps[pick(0, 1)];
+      const bool slope_mode = trial % 2 == 0;
+      const float alpha = pick(0, 1) == 0 ? 1.0f : 2.5f;
+      const float beta = pick(0, 1) == 0 ? 0.0f : 0.5f;
+      Matrix<float> a(stored_rows(op_a, cs.m, cs.k), stored_cols(op_a, cs.m, cs.k), 1);
+      Matrix<float> b(stored_rows(op_b, cs.k, cs.n), stored_cols(op_b, cs.k, cs.n), 2);
+      Matrix<float> c0(cs.m, cs.n, 3);
+      a.fill_random(500 + trial, -3.0, 3.0);
+      b.fill_random(600 + trial, -3.0, 3.0);
+      c0.fill_random(700 + trial, -20.0, 20.0);
+      if (trial % 3 == 0) {  // NaN and values past the clamps
+        a.at(0, 0) = std::numeric_limits<float>::quiet_NaN();
+        c0.at(cs.m - 1, cs.n - 1) = 1e30f;
+        c0.at(0, cs.n - 1) = -1e30f;
+      }
+      std::vector<float> bias(static_cast<std::size_t>(cs.n));
+      for (float& v : bias) v = static_cast<float>(pick(-300, 300)) * 0.01f;
+      const auto run = [&](Epilogue e, Matrix<float>& c, Matrix<float>* aux) {
+        c = c0;
+        blas::detail::GemmOutput<float> out{c.data.data(),
+                                            c.ld,
+                                            alpha,
+                                            beta,
+                                            e,
+                                            bias.data(),
+                                            aux == nullptr ? nullptr : aux->data.data(),
+                                            aux == nullptr ? 0 : aux->ld};
+        out.aux_slope = slope_mode;
+        blas::detail::host_gemm_2d(nullptr, {cs.m, cs.n, cs.k},
+                                   blas::detail::operand_ref<float>(op_a, a.cview()),
+                                   blas::detail::operand_ref<float>(op_b, b.cview()), out, *kernel);
+      };
+      Matrix<float> want(cs.m, cs.n, 3), got(cs.m, cs.n, 3);
+      Matrix<float> want_aux(cs.m, cs.n, 1), got_aux(cs.m, cs.n, 1);
+      run(Epilogue::kBias, want, nullptr);
+      for (std::int64_t i = 0; i < cs.m; ++i) {
+        float* row = &want.at(i, 0);
+        float* aux_row = &want_aux.at(i, 0);
+        if (slope_mode) {
+          blas::detail::gemm_gelu_slope_span(row, aux_row, cs.n);
+        } else {
+          std::memcpy(aux_row, row, static_cast<std::size_t>(cs.n) * sizeof(float));
+          blas::detail::gemm_gelu_span(row, nullptr, cs.n);
+        }
+      }
+      run(Epilogue::kBiasGelu, got, &got_aux);
+      INFO(kernel->name, " trial ", trial, ": m=", cs.m, " n=", cs.n, " k=", cs.k, " slope ",
+           slope_mode, " alpha ", alpha, " beta ", beta);
+      std::int64_t differ = 0;
+      for (std::int64_t i = 0; i < cs.m; ++i)
+        for (std::int64_t j = 0; j < cs.n; ++j) {
+          differ += std::memcmp(&want.at(i, j), &got.at(i, j), sizeof(float)) != 0;
+          differ += std::memcmp(&want_aux.at(i, j), &got_aux.at(i, j), sizeof(float)) != 0;
+        }
+      CHECK(differ == 0);
+    }
+  }
+}
+
 TEST_CASE("host gemm band (causal attention products): the needed part of the full product") {
   // host_gemm_band computes only what a causal caller reads; there it must equal the full
   // product (same summation chains; the skipped products are the zeros of a causal operand).

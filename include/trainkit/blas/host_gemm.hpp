@@ -415,6 +415,42 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vldexp(__m512 p, __m512 n)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
 #undef TRAINKIT_DETAIL_GEMM_GELU_MATH
+
+/// gemm_gelu_avx2 (Slope: gemm_gelu_slope_avx2, the slopes into `slope`) of v[0, n), n <= 12,
+/// in place, in three passes over the vectors: the same operations in the same order, so the
+/// same bits. One vector's GELU is a chain of ~60 dependent operations; the passes make each
+/// pass's vectors independent, so the core overlaps them instead of waiting on one chain.
+template <bool Slope>
+__attribute__((target("avx2,fma"))) inline void gemm_gelu_passes_avx2(__m256* v, __m256* slope,
+                                                                      int n) {
+  constexpr int kMax = 2 * kGemmMR;
+  __m256 xd[kMax], x2[kMax], e[kMax];
+  const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(0.7978845608028654f);
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = gemm_vmax(_mm256_set1_ps(-12.0f), v[i]);
+    v[i] = x;
+    xd[i] = Slope ? gemm_vmin(_mm256_set1_ps(12.0f), x) : x;
+    x2[i] = _mm256_mul_ps(xd[i], xd[i]);
+    const __m256 u = _mm256_mul_ps(
+        c0, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2[i]), xd[i], xd[i]));
+    e[i] = gemm_vmax(_mm256_set1_ps(-87.33f),
+                     gemm_vmin(_mm256_set1_ps(80.0f), _mm256_mul_ps(_mm256_set1_ps(-2.0f), u)));
+  }
+  for (int i = 0; i < n; ++i) e[i] = gemm_exp_in_range_avx2(e[i]);
+  for (int i = 0; i < n; ++i) {
+    if constexpr (Slope) {
+      const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e[i]));
+      const __m256 du =
+          _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_set1_ps(3.0f * 0.044715f), x2[i], one));
+      const __m256 t =
+          _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xd[i], du), s), _mm256_mul_ps(e[i], s));
+      slope[i] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), t, s);
+      v[i] = _mm256_mul_ps(v[i], s);
+    } else {
+      v[i] = _mm256_div_ps(v[i], _mm256_add_ps(one, e[i]));
+    }
+  }
+}
 #endif
 
 #if TRAINKIT_DETAIL_GEMM_X86
@@ -563,6 +599,8 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
   const __m256 vb = _mm256_set1_ps(g.beta);
   const __m256 bias0 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias);
   const __m256 bias1 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias + 8);
+  const bool gelu = kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu;
+  alignas(32) __m256 pre[kGemmMR][2];  // the GELU's inputs, rows first
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
     __m256 r0 = _mm256_mul_ps(va, acc[i][0]);
@@ -575,22 +613,12 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
       r1 = _mm256_add_ps(r1, bias1);
-      if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
-        __m256 d0, d1;
-        r0 = gemm_gelu_slope_avx2(r0, &d0);
-        r1 = gemm_gelu_slope_avx2(r1, &d1);
-        if (t.aux != nullptr) {
-          _mm256_storeu_ps(t.aux + i * t.aux_ld, d0);
-          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, d1);
-        }
-      } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-        if (t.aux != nullptr) {
-          _mm256_storeu_ps(t.aux + i * t.aux_ld, r0);
-          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, r1);
-        }
-        r0 = gemm_gelu_avx2(r0);
-        r1 = gemm_gelu_avx2(r1);
-      } else if (kind == Epilogue::kDGelu) {
+      if (gelu) {
+        pre[i][0] = r0;
+        pre[i][1] = r1;
+        continue;
+      }
+      if (kind == Epilogue::kDGelu) {
         const __m256 x0 = _mm256_loadu_ps(t.aux + i * t.aux_ld);
         const __m256 x1 = _mm256_loadu_ps(t.aux + i * t.aux_ld + 8);
         r0 = _mm256_mul_ps(r0, g.epi->slope ? x0 : gemm_gelu_grad_avx2(x0));
@@ -599,6 +627,30 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     }
     _mm256_storeu_ps(row, r0);
     _mm256_storeu_ps(row + 8, r1);
+  }
+  if (gelu) {
+    // All 12 vectors at once (gemm_gelu_passes_avx2), then the rows out: aux gets the slope
+    // (GeluAux::kSlope) or the GELU's input.
+    alignas(32) __m256 slope[kGemmMR][2];
+    if (g.epi->slope) {
+      gemm_gelu_passes_avx2<true>(&pre[0][0], &slope[0][0], 2 * kGemmMR);
+    } else {
+      if (t.aux != nullptr) {
+        for (int i = 0; i < kGemmMR; ++i) {
+          _mm256_storeu_ps(t.aux + i * t.aux_ld, pre[i][0]);
+          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, pre[i][1]);
+        }
+      }
+      gemm_gelu_passes_avx2<false>(&pre[0][0], nullptr, 2 * kGemmMR);
+    }
+    for (int i = 0; i < kGemmMR; ++i) {
+      _mm256_storeu_ps(t.c + i * t.ldc, pre[i][0]);
+      _mm256_storeu_ps(t.c + i * t.ldc + 8, pre[i][1]);
+      if (t.aux != nullptr && g.epi->slope) {
+        _mm256_storeu_ps(t.aux + i * t.aux_ld, slope[i][0]);
+        _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, slope[i][1]);
+      }
+    }
   }
   t.finish(scratch, g.c, g.ldc, g.mr, g.nr, g.epi);
 }
