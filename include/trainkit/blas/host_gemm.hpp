@@ -1546,58 +1546,64 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
         if (in_place_rows < rows)
           gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap, sums);
         const float beta = pc == 0 ? first_beta : 1.0f;
-        // One register tile: rows [ir, ir + tile_rows) of the block, panel group q; `first`:
-        // the row tile's first call, which reads its rows into L1 and pulls the next tile's
-        // towards L2.
-        const auto run_tile = [&](std::int64_t ir, std::int64_t q, bool first) {
-          const std::int64_t jj = jc + q * kGemmNR;
-          GemmTileArgs g;
-          g.kc = kc;
-          if constexpr (a_is_f32) {
-            if (ir < in_place_rows) {
-              g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
-              g.a_rs = a.rs;
-              g.a_ks = a.cs;
-              if (first && ir + 2 * tile_rows <= in_place_rows)
-                g.a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
-            }
-          }
-          if (ir >= in_place_rows) {
-            g.a = ap + (ir - in_place_rows) * kc;
-            g.a_rs = 1;
-            g.a_ks = tile_rows;
-          }
-          g.b = bp + q * kGemmNR * k + pc * kGemmNR;
-          g.b_panel = kGemmNR * k;
-          g.c = dst + ir * ldd + (jj - j0);
-          g.ldc = ldd;
-          g.alpha = out.alpha;
-          g.beta = beta;
-          if constexpr (c_is_f32) {
-            if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
-          }
-          g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
-          g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
-          g.epi = nullptr;
-          GemmTileEpilogue tile;
-          if constexpr (c_is_f32) {
-            if (tile_epilogue && pc + kc == k) {
-              tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
-                      out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
-                      out.aux_ld, out.aux_slope};
-              g.epi = &tile;
-            }
-          }
-          kernel.run(g);
-        };
+        const bool last_k_block = pc + kc == k;
         // Column blocks of packed B that stay in L2; in each, a row tile of A (12 x kc, in L1
         // after its first call) meets every panel group of the block in turn, so the panels
-        // stream from L2 in order and C is written a few whole rows at a time.
+        // stream from L2 in order and C is written a few whole rows at a time. What a row tile's
+        // calls share is set once per row tile; each call then moves B, C and the epilogue's
+        // columns (the first call also pulls the next row tile's A towards L2).
         const std::int64_t block_panels = gemm_l2_block_panels(kc, tile_panels);
         for (std::int64_t qb = q0; qb < q1; qb += block_panels) {
           const std::int64_t qb1 = std::min(q1, qb + block_panels);
-          for (std::int64_t ir = 0; ir < rows; ir += tile_rows)
-            for (std::int64_t q = qb; q < qb1; q += tile_panels) run_tile(ir, q, q == qb);
+          for (std::int64_t ir = 0; ir < rows; ir += tile_rows) {
+            GemmTileArgs g;
+            g.kc = kc;
+            const float* a_next = nullptr;
+            if constexpr (a_is_f32) {
+              if (ir < in_place_rows) {
+                g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
+                g.a_rs = a.rs;
+                g.a_ks = a.cs;
+                if (ir + 2 * tile_rows <= in_place_rows)
+                  a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
+              }
+            }
+            if (ir >= in_place_rows) {
+              g.a = ap + (ir - in_place_rows) * kc;
+              g.a_rs = 1;
+              g.a_ks = tile_rows;
+            }
+            g.b_panel = kGemmNR * k;
+            g.ldc = ldd;
+            g.alpha = out.alpha;
+            g.beta = beta;
+            g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
+            g.epi = nullptr;
+            GemmTileEpilogue tile;
+            bool with_epilogue = false;
+            if constexpr (c_is_f32) {
+              if (tile_epilogue && last_k_block) {
+                tile = {out.epilogue, nullptr, nullptr, out.aux_ld, out.aux_slope};
+                with_epilogue = true;
+                g.epi = &tile;
+              }
+            }
+            for (std::int64_t q = qb; q < qb1; q += tile_panels) {
+              const std::int64_t jj = jc + q * kGemmNR;
+              g.a_next = q == qb ? a_next : nullptr;
+              g.b = bp + q * kGemmNR * k + pc * kGemmNR;
+              g.c = dst + ir * ldd + (jj - j0);
+              if constexpr (c_is_f32) {
+                if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
+                if (with_epilogue) {
+                  tile.bias = tile_bias ? out.bias + jj : nullptr;
+                  tile.aux = out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj;
+                }
+              }
+              g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
+              kernel.run(g);
+            }
+          }
         }
       }
       if constexpr (!c_is_f32) {
