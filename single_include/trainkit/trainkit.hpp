@@ -10207,66 +10207,192 @@ __attribute__((target("avx512f"))) inline __m512 gemm_vldexp(__m512 p, __m512 n)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
 #undef TRAINKIT_DETAIL_GEMM_GELU_MATH
+
+/// gemm_gelu_avx2 (Slope: gemm_gelu_slope_avx2, the slopes into `slope`) of v[0, n), n <= 12,
+/// in place, in three passes over the vectors: the same operations in the same order, so the
+/// same bits. One vector's GELU is a chain of ~60 dependent operations; the passes make each
+/// pass's vectors independent, so the core overlaps them instead of waiting on one chain.
+template <bool Slope>
+__attribute__((target("avx2,fma"))) inline void gemm_gelu_passes_avx2(__m256* v, __m256* slope,
+                                                                      int n) {
+  constexpr int kMax = 2 * kGemmMR;
+  __m256 xd[kMax], x2[kMax], e[kMax];
+  const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(0.7978845608028654f);
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = gemm_vmax(_mm256_set1_ps(-12.0f), v[i]);
+    v[i] = x;
+    xd[i] = Slope ? gemm_vmin(_mm256_set1_ps(12.0f), x) : x;
+    x2[i] = _mm256_mul_ps(xd[i], xd[i]);
+    const __m256 u = _mm256_mul_ps(
+        c0, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2[i]), xd[i], xd[i]));
+    e[i] = gemm_vmax(_mm256_set1_ps(-87.33f),
+                     gemm_vmin(_mm256_set1_ps(80.0f), _mm256_mul_ps(_mm256_set1_ps(-2.0f), u)));
+  }
+  for (int i = 0; i < n; ++i) e[i] = gemm_exp_in_range_avx2(e[i]);
+  for (int i = 0; i < n; ++i) {
+    if constexpr (Slope) {
+      const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e[i]));
+      const __m256 du =
+          _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_set1_ps(3.0f * 0.044715f), x2[i], one));
+      const __m256 t =
+          _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xd[i], du), s), _mm256_mul_ps(e[i], s));
+      slope[i] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), t, s);
+      v[i] = _mm256_mul_ps(v[i], s);
+    } else {
+      v[i] = _mm256_div_ps(v[i], _mm256_add_ps(one, e[i]));
+    }
+  }
+}
 #endif
 
 #if TRAINKIT_DETAIL_GEMM_X86
+/// v itself, held in a register: a product kept this way is never contracted with a later add
+/// (see the AVX-512 gemm_keep).
+__attribute__((target("avx2,fma"))) inline __m256 gemm_keep(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
 /// AVX2+FMA micro-kernel (6 x 16), compiled for that target whatever the TU's flags and only
 /// called after a CPUID check (gemm_kernel_for_this_cpu).
 __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileArgs& g) {
+  // Warm the C rows (and c_in's, and the epilogue's aux rows) the tile will use while the k
+  // loop runs: the first and last float of each row.
+  const int mr = g.mr;
+  const auto warm = [mr](const float* rows, std::int64_t ld) {
+    for (int i = 0; i < mr; ++i, rows += ld) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(rows + kGemmNR - 1), _MM_HINT_T0);
+    }
+  };
+  warm(g.c, g.ldc);
+  if (g.c_in != nullptr) warm(g.c_in, g.ldc);
+  if (g.epi != nullptr && g.epi->aux != nullptr) warm(g.epi->aux, g.epi->aux_ld);
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
   __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  // Warm the C rows we will write while the k loop runs.
-  for (int i = 0; i < g.mr; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(g.c + i * g.ldc + kGemmNR - 1), _MM_HINT_T0);
-  }
-  const float* a0 = g.a;
-  const float* a1 = a0 + g.a_rs;
-  const float* a2 = a1 + g.a_rs;
-  const float* a3 = a2 + g.a_rs;
-  const float* a4 = a3 + g.a_rs;
-  const float* a5 = a4 + g.a_rs;
+  // Row r of A is read at p[r / 3] + (r % 3) * rs: two pointers and the scaled-index addressing
+  // modes (0, rs, 2 rs) instead of six row pointers, so a k step updates three pointers, not
+  // seven. The rows are written out (a macro, not a loop): each accumulator pair stays a named
+  // register (an array indexed in a loop is what compilers spill).
+  const std::int64_t rs = g.a_rs, rs2 = 2 * g.a_rs, ks = g.a_ks;
+  const float* p0 = g.a;
+  const float* p1 = p0 + 3 * rs;
   const float* b = g.b;
-  const std::int64_t ks = g.a_ks;
-  // The six rows are written out: each accumulator pair stays a named register (an array indexed in
-  // a loop is what compilers spill).
-  for (std::int64_t p = 0, o = 0; p < g.kc; ++p, o += ks) {
-    const __m256 b0 = _mm256_loadu_ps(b);
-    const __m256 b1 = _mm256_loadu_ps(b + 8);
-    _mm_prefetch(reinterpret_cast<const char*>(a0 + o + 8 * ks), _MM_HINT_T0);
-    __m256 av = _mm256_broadcast_ss(a0 + o);
-    c00 = _mm256_fmadd_ps(av, b0, c00);
-    c01 = _mm256_fmadd_ps(av, b1, c01);
-    av = _mm256_broadcast_ss(a1 + o);
-    c10 = _mm256_fmadd_ps(av, b0, c10);
-    c11 = _mm256_fmadd_ps(av, b1, c11);
-    av = _mm256_broadcast_ss(a2 + o);
-    c20 = _mm256_fmadd_ps(av, b0, c20);
-    c21 = _mm256_fmadd_ps(av, b1, c21);
-    av = _mm256_broadcast_ss(a3 + o);
-    c30 = _mm256_fmadd_ps(av, b0, c30);
-    c31 = _mm256_fmadd_ps(av, b1, c31);
-    av = _mm256_broadcast_ss(a4 + o);
-    c40 = _mm256_fmadd_ps(av, b0, c40);
-    c41 = _mm256_fmadd_ps(av, b1, c41);
-    av = _mm256_broadcast_ss(a5 + o);
-    c50 = _mm256_fmadd_ps(av, b0, c50);
-    c51 = _mm256_fmadd_ps(av, b1, c51);
-    b += g.b_ks;
+#define TRAINKIT_DETAIL_AVX2_ROW(acc0, acc1, base, offset)    \
+  {                                                           \
+    const __m256 av = _mm256_broadcast_ss((base) + (offset)); \
+    acc0 = _mm256_fmadd_ps(av, bv0, acc0);                    \
+    acc1 = _mm256_fmadd_ps(av, bv1, acc1);                    \
   }
+#define TRAINKIT_DETAIL_AVX2_K(bks)             \
+  {                                             \
+    const __m256 bv0 = _mm256_loadu_ps(b);      \
+    const __m256 bv1 = _mm256_loadu_ps(b + 8);  \
+    TRAINKIT_DETAIL_AVX2_ROW(c00, c01, p0, 0)   \
+    TRAINKIT_DETAIL_AVX2_ROW(c10, c11, p0, rs)  \
+    TRAINKIT_DETAIL_AVX2_ROW(c20, c21, p0, rs2) \
+    TRAINKIT_DETAIL_AVX2_ROW(c30, c31, p1, 0)   \
+    TRAINKIT_DETAIL_AVX2_ROW(c40, c41, p1, rs)  \
+    TRAINKIT_DETAIL_AVX2_ROW(c50, c51, p1, rs2) \
+    p0 += ks;                                   \
+    p1 += ks;                                   \
+    b += (bks);                                 \
+  }
+  const std::int64_t kc = g.kc;
+  std::int64_t p = 0;
+  if (g.b_ks != kGemmNR) {
+    // B read in place (host_gemm_band): rows b_ks apart.
+    const std::int64_t b_ks = g.b_ks;
+    for (; p < kc; ++p) TRAINKIT_DETAIL_AVX2_K(b_ks)
+  } else {
+    if (g.a_next != nullptr) {
+      // The next tile's A (k contiguous) towards L2, a line of each row per 16 k steps, issued
+      // between the blocks of 16 so the k loop itself keeps its registers.
+      for (; p + kGemmNR <= kc; p += kGemmNR) {
+        const float* next = g.a_next + p;
+        for (int r = 0; r < kGemmMR; ++r, next += rs)
+          _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+        for (int u = 0; u < kGemmNR; ++u) TRAINKIT_DETAIL_AVX2_K(kGemmNR)
+      }
+    }
+    for (; p < kc; ++p) TRAINKIT_DETAIL_AVX2_K(kGemmNR)
+  }
+#undef TRAINKIT_DETAIL_AVX2_K
+#undef TRAINKIT_DETAIL_AVX2_ROW
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
+  // A whole tile goes straight from the registers (most calls) when its epilogue is light: none,
+  // a bias, or dGELU from a saved slope; the same operations in the same order as the general
+  // loop below (alpha, beta, + bias (0 without one), times the slope), and alpha == 1 and
+  // beta == 0 skip operations that would not change a bit. The arguments are read into locals
+  // first: a float store may alias `g`, which would then be read again after each store.
+  const bool light = kind == Epilogue::kNone || kind == Epilogue::kBias ||
+                     (kind == Epilogue::kDGelu && g.epi->slope);
+  if (light && g.mr == kGemmMR && g.nr == kGemmNR) {
+    float* const c = g.c;
+    const std::int64_t ldc = g.ldc;
+    const float alpha = g.alpha, beta = g.beta;
+    const float* const src = g.beta_rows();
+    const float* const bias = kind == Epilogue::kNone ? nullptr : g.epi->bias;
+    const float* const slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
+    const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
+#define TRAINKIT_DETAIL_AVX2_TILE_PASS(OP) \
+  OP(0, c00, c01) OP(1, c10, c11) OP(2, c20, c21) OP(3, c30, c31) OP(4, c40, c41) OP(5, c50, c51)
+#define TRAINKIT_DETAIL_AVX2_SCALE(r, acc0, acc1) \
+  acc0 = gemm_keep(_mm256_mul_ps(va, acc0));      \
+  acc1 = gemm_keep(_mm256_mul_ps(va, acc1));
+#define TRAINKIT_DETAIL_AVX2_BETA(r, acc0, acc1)                    \
+  acc0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src + (r)*ldc), acc0); \
+  acc1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(src + (r)*ldc + 8), acc1);
+#define TRAINKIT_DETAIL_AVX2_BIAS(r, acc0, acc1) \
+  acc0 = _mm256_add_ps(acc0, bias0);             \
+  acc1 = _mm256_add_ps(acc1, bias1);
+#define TRAINKIT_DETAIL_AVX2_SLOPE(r, acc0, acc1)                    \
+  acc0 = _mm256_mul_ps(acc0, _mm256_loadu_ps(slope + (r)*slope_ld)); \
+  acc1 = _mm256_mul_ps(acc1, _mm256_loadu_ps(slope + (r)*slope_ld + 8));
+#define TRAINKIT_DETAIL_AVX2_STORE(r, acc0, acc1) \
+  _mm256_storeu_ps(c + (r)*ldc, acc0);            \
+  _mm256_storeu_ps(c + (r)*ldc + 8, acc1);
+    if (alpha != 1.0f) {
+      const __m256 va = _mm256_set1_ps(alpha);
+      TRAINKIT_DETAIL_AVX2_TILE_PASS(TRAINKIT_DETAIL_AVX2_SCALE)
+    }
+    if (beta != 0.0f) {
+      const __m256 vb = _mm256_set1_ps(beta);
+      TRAINKIT_DETAIL_AVX2_TILE_PASS(TRAINKIT_DETAIL_AVX2_BETA)
+    }
+    if (kind != Epilogue::kNone) {  // + bias, or + 0 without one (the same bits as the loop's)
+      const __m256 bias0 = bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(bias);
+      const __m256 bias1 = bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(bias + 8);
+      TRAINKIT_DETAIL_AVX2_TILE_PASS(TRAINKIT_DETAIL_AVX2_BIAS)
+    }
+    if (slope != nullptr) {
+      TRAINKIT_DETAIL_AVX2_TILE_PASS(TRAINKIT_DETAIL_AVX2_SLOPE)
+    }
+    TRAINKIT_DETAIL_AVX2_TILE_PASS(TRAINKIT_DETAIL_AVX2_STORE)
+#undef TRAINKIT_DETAIL_AVX2_STORE
+#undef TRAINKIT_DETAIL_AVX2_SLOPE
+#undef TRAINKIT_DETAIL_AVX2_BIAS
+#undef TRAINKIT_DETAIL_AVX2_BETA
+#undef TRAINKIT_DETAIL_AVX2_SCALE
+#undef TRAINKIT_DETAIL_AVX2_TILE_PASS
+    return;
+  }
+  // Otherwise (the GELU epilogues, partial tiles) one loop over the rows, through scratch
+  // copies of a partial tile's C, bias and aux.
   const __m256 acc[kGemmMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
   GemmTileScratch scratch;
   const GemmTileTarget t(scratch, g);
-  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
   const __m256 va = _mm256_set1_ps(g.alpha);
   const __m256 vb = _mm256_set1_ps(g.beta);
   const __m256 bias0 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias);
   const __m256 bias1 = t.bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(t.bias + 8);
+  const bool gelu = kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu;
+  alignas(32) __m256 pre[kGemmMR][2];  // the GELU's inputs, rows first
   for (int i = 0; i < kGemmMR; ++i) {
     float* row = t.c + i * t.ldc;
     __m256 r0 = _mm256_mul_ps(va, acc[i][0]);
@@ -10279,22 +10405,12 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     if (kind != Epilogue::kNone) {
       r0 = _mm256_add_ps(r0, bias0);  // zero without a bias
       r1 = _mm256_add_ps(r1, bias1);
-      if ((kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) && g.epi->slope) {
-        __m256 d0, d1;
-        r0 = gemm_gelu_slope_avx2(r0, &d0);
-        r1 = gemm_gelu_slope_avx2(r1, &d1);
-        if (t.aux != nullptr) {
-          _mm256_storeu_ps(t.aux + i * t.aux_ld, d0);
-          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, d1);
-        }
-      } else if (kind == Epilogue::kGelu || kind == Epilogue::kBiasGelu) {
-        if (t.aux != nullptr) {
-          _mm256_storeu_ps(t.aux + i * t.aux_ld, r0);
-          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, r1);
-        }
-        r0 = gemm_gelu_avx2(r0);
-        r1 = gemm_gelu_avx2(r1);
-      } else if (kind == Epilogue::kDGelu) {
+      if (gelu) {
+        pre[i][0] = r0;
+        pre[i][1] = r1;
+        continue;
+      }
+      if (kind == Epilogue::kDGelu) {
         const __m256 x0 = _mm256_loadu_ps(t.aux + i * t.aux_ld);
         const __m256 x1 = _mm256_loadu_ps(t.aux + i * t.aux_ld + 8);
         r0 = _mm256_mul_ps(r0, g.epi->slope ? x0 : gemm_gelu_grad_avx2(x0));
@@ -10303,6 +10419,30 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     }
     _mm256_storeu_ps(row, r0);
     _mm256_storeu_ps(row + 8, r1);
+  }
+  if (gelu) {
+    // All 12 vectors at once (gemm_gelu_passes_avx2), then the rows out: aux gets the slope
+    // (GeluAux::kSlope) or the GELU's input.
+    alignas(32) __m256 slope[kGemmMR][2];
+    if (g.epi->slope) {
+      gemm_gelu_passes_avx2<true>(&pre[0][0], &slope[0][0], 2 * kGemmMR);
+    } else {
+      if (t.aux != nullptr) {
+        for (int i = 0; i < kGemmMR; ++i) {
+          _mm256_storeu_ps(t.aux + i * t.aux_ld, pre[i][0]);
+          _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, pre[i][1]);
+        }
+      }
+      gemm_gelu_passes_avx2<false>(&pre[0][0], nullptr, 2 * kGemmMR);
+    }
+    for (int i = 0; i < kGemmMR; ++i) {
+      _mm256_storeu_ps(t.c + i * t.ldc, pre[i][0]);
+      _mm256_storeu_ps(t.c + i * t.ldc + 8, pre[i][1]);
+      if (t.aux != nullptr && g.epi->slope) {
+        _mm256_storeu_ps(t.aux + i * t.aux_ld, slope[i][0]);
+        _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, slope[i][1]);
+      }
+    }
   }
   t.finish(scratch, g.c, g.ldc, g.mr, g.nr, g.epi);
 }
@@ -10693,6 +10833,13 @@ __attribute__((target("avx512f"))) inline void gemm_add_row_avx512(float* acc, c
     _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_loadu_ps(s + i)));
   for (; i < n; ++i) acc[i] += s[i];
 }
+__attribute__((target("avx2,fma"))) inline void gemm_add_row_avx2(float* acc, const float* s,
+                                                                  std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_loadu_ps(s + i)));
+  for (; i < n; ++i) acc[i] += s[i];
+}
 #endif
 
 /// acc[i] += s[i] for i < n (element by element: the same bits whatever the vector width).
@@ -10702,6 +10849,10 @@ void gemm_add_row(float* TRAINKIT_RESTRICT acc, const T* TRAINKIT_RESTRICT s, st
   if constexpr (std::is_same_v<T, float>) {
     if (cpu_has_avx512f()) {
       gemm_add_row_avx512(acc, s, n);
+      return;
+    }
+    if (cpu_has_avx2_fma()) {
+      gemm_add_row_avx2(acc, s, n);
       return;
     }
   }
@@ -10846,6 +10997,19 @@ __attribute__((target("avx512f"))) inline void gemm_pack_b_rows_avx512(
       _mm512_store_ps(d + q * kGemmNR * k, _mm512_loadu_ps(s + q * kGemmNR));
   }
 }
+/// The same with two ymm loads and aligned stores per panel row.
+__attribute__((target("avx2,fma"))) inline void gemm_pack_b_rows_avx2(
+    const float* b, std::int64_t rs, std::int64_t k, std::int64_t q0, std::int64_t q1, float* bp,
+    std::int64_t p0, std::int64_t p1) {
+  for (std::int64_t p = p0; p < p1; ++p) {
+    const float* s = b + p * rs;
+    float* d = bp + p * kGemmNR;
+    for (std::int64_t q = q0; q < q1; ++q) {
+      _mm256_store_ps(d + q * kGemmNR * k, _mm256_loadu_ps(s + q * kGemmNR));
+      _mm256_store_ps(d + q * kGemmNR * k + 8, _mm256_loadu_ps(s + q * kGemmNR + 8));
+    }
+  }
+}
 #endif
 
 /// Packs panels [q0, q1) of op(B)[:, jc:jc+nc] into bp (panel q at bp + q * NR * k). When
@@ -10872,8 +11036,12 @@ void gemm_pack_b(const OperandRef<T>& b, std::int64_t k, std::int64_t jc, std::i
   if constexpr (std::is_same_v<T, float>) {
     // Whole panels: one zmm load and one aligned full-line store per panel row.
     const std::int64_t full_end = cols_of(q1 - 1) == kGemmNR ? q1 : q1 - 1;
-    if (cpu_has_avx512f() && full_end > q0) {
-      gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp, p0, p1);
+    if (full_end > q0 && (cpu_has_avx512f() || cpu_has_avx2_fma())) {
+      if (cpu_has_avx512f()) {
+        gemm_pack_b_rows_avx512(b.data + jc, b.rs, k, q0, full_end, bp, p0, p1);
+      } else {
+        gemm_pack_b_rows_avx2(b.data + jc, b.rs, k, q0, full_end, bp, p0, p1);
+      }
       q0 = full_end;
       if (q0 == q1) return;
     }
@@ -11170,58 +11338,64 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
         if (in_place_rows < rows)
           gemm_pack_a(a, i0 + in_place_rows, rows - in_place_rows, pc, kc, kernel.rows, ap, sums);
         const float beta = pc == 0 ? first_beta : 1.0f;
-        // One register tile: rows [ir, ir + tile_rows) of the block, panel group q; `first`:
-        // the row tile's first call, which reads its rows into L1 and pulls the next tile's
-        // towards L2.
-        const auto run_tile = [&](std::int64_t ir, std::int64_t q, bool first) {
-          const std::int64_t jj = jc + q * kGemmNR;
-          GemmTileArgs g;
-          g.kc = kc;
-          if constexpr (a_is_f32) {
-            if (ir < in_place_rows) {
-              g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
-              g.a_rs = a.rs;
-              g.a_ks = a.cs;
-              if (first && ir + 2 * tile_rows <= in_place_rows)
-                g.a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
-            }
-          }
-          if (ir >= in_place_rows) {
-            g.a = ap + (ir - in_place_rows) * kc;
-            g.a_rs = 1;
-            g.a_ks = tile_rows;
-          }
-          g.b = bp + q * kGemmNR * k + pc * kGemmNR;
-          g.b_panel = kGemmNR * k;
-          g.c = dst + ir * ldd + (jj - j0);
-          g.ldc = ldd;
-          g.alpha = out.alpha;
-          g.beta = beta;
-          if constexpr (c_is_f32) {
-            if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
-          }
-          g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
-          g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
-          g.epi = nullptr;
-          GemmTileEpilogue tile;
-          if constexpr (c_is_f32) {
-            if (tile_epilogue && pc + kc == k) {
-              tile = {out.epilogue, tile_bias ? out.bias + jj : nullptr,
-                      out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj,
-                      out.aux_ld, out.aux_slope};
-              g.epi = &tile;
-            }
-          }
-          kernel.run(g);
-        };
+        const bool last_k_block = pc + kc == k;
         // Column blocks of packed B that stay in L2; in each, a row tile of A (12 x kc, in L1
         // after its first call) meets every panel group of the block in turn, so the panels
-        // stream from L2 in order and C is written a few whole rows at a time.
+        // stream from L2 in order and C is written a few whole rows at a time. What a row tile's
+        // calls share is set once per row tile; each call then moves B, C and the epilogue's
+        // columns (the first call also pulls the next row tile's A towards L2).
         const std::int64_t block_panels = gemm_l2_block_panels(kc, tile_panels);
         for (std::int64_t qb = q0; qb < q1; qb += block_panels) {
           const std::int64_t qb1 = std::min(q1, qb + block_panels);
-          for (std::int64_t ir = 0; ir < rows; ir += tile_rows)
-            for (std::int64_t q = qb; q < qb1; q += tile_panels) run_tile(ir, q, q == qb);
+          for (std::int64_t ir = 0; ir < rows; ir += tile_rows) {
+            GemmTileArgs g;
+            g.kc = kc;
+            const float* a_next = nullptr;
+            if constexpr (a_is_f32) {
+              if (ir < in_place_rows) {
+                g.a = a.data + (i0 + ir) * a.rs + pc * a.cs;
+                g.a_rs = a.rs;
+                g.a_ks = a.cs;
+                if (ir + 2 * tile_rows <= in_place_rows)
+                  a_next = a.data + (i0 + ir + tile_rows) * a.rs + pc * a.cs;
+              }
+            }
+            if (ir >= in_place_rows) {
+              g.a = ap + (ir - in_place_rows) * kc;
+              g.a_rs = 1;
+              g.a_ks = tile_rows;
+            }
+            g.b_panel = kGemmNR * k;
+            g.ldc = ldd;
+            g.alpha = out.alpha;
+            g.beta = beta;
+            g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
+            g.epi = nullptr;
+            GemmTileEpilogue tile;
+            bool with_epilogue = false;
+            if constexpr (c_is_f32) {
+              if (tile_epilogue && last_k_block) {
+                tile = {out.epilogue, nullptr, nullptr, out.aux_ld, out.aux_slope};
+                with_epilogue = true;
+                g.epi = &tile;
+              }
+            }
+            for (std::int64_t q = qb; q < qb1; q += tile_panels) {
+              const std::int64_t jj = jc + q * kGemmNR;
+              g.a_next = q == qb ? a_next : nullptr;
+              g.b = bp + q * kGemmNR * k + pc * kGemmNR;
+              g.c = dst + ir * ldd + (jj - j0);
+              if constexpr (c_is_f32) {
+                if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
+                if (with_epilogue) {
+                  tile.bias = tile_bias ? out.bias + jj : nullptr;
+                  tile.aux = out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj;
+                }
+              }
+              g.nr = static_cast<int>(std::min<std::int64_t>(kernel.cols, j1 - jj));
+              kernel.run(g);
+            }
+          }
         }
       }
       if constexpr (!c_is_f32) {
