@@ -10061,6 +10061,35 @@ struct GemmTileTarget {
   }
 };
 
+/// What a vector kernel's register epilogue reads of a tile's arguments, as locals: a float store
+/// may alias `g`, which would otherwise be read again after each store. `light`: the epilogue is
+/// none, a bias, or dGELU from a saved slope, which the kernels apply on the registers of a whole
+/// tile (alpha, beta, + bias (0 without one), times the slope: the general loop's operations in
+/// its order; alpha == 1 and beta == 0 skip operations that would not change a bit).
+struct GemmRegisterEpilogue {
+  bool light;
+  float* c;
+  std::int64_t ldc;
+  float alpha, beta;
+  const float* src;
+  const float* bias;
+  const float* slope;
+  std::int64_t slope_ld;
+};
+inline GemmRegisterEpilogue gemm_register_epilogue(const GemmTileArgs& g) noexcept {
+  const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
+  const bool slope = kind == Epilogue::kDGelu && g.epi->slope;
+  return {kind == Epilogue::kNone || kind == Epilogue::kBias || slope,
+          g.c,
+          g.ldc,
+          g.alpha,
+          g.beta,
+          g.beta_rows(),
+          kind == Epilogue::kNone ? nullptr : g.epi->bias,
+          slope ? g.epi->aux : nullptr,
+          slope ? g.epi->aux_ld : 0};
+}
+
 /// Portable micro-kernel (any CPU; the compiler vectorises what its target allows).
 inline void gemm_kernel_portable(const GemmTileArgs& g) {
   alignas(64) float acc[kGemmMR * kGemmNR] = {};
@@ -10324,21 +10353,10 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
 #undef TRAINKIT_DETAIL_AVX2_K
 #undef TRAINKIT_DETAIL_AVX2_ROW
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
-  // A whole tile goes straight from the registers (most calls) when its epilogue is light: none,
-  // a bias, or dGELU from a saved slope; the same operations in the same order as the general
-  // loop below (alpha, beta, + bias (0 without one), times the slope), and alpha == 1 and
-  // beta == 0 skip operations that would not change a bit. The arguments are read into locals
-  // first: a float store may alias `g`, which would then be read again after each store.
-  const bool light = kind == Epilogue::kNone || kind == Epilogue::kBias ||
-                     (kind == Epilogue::kDGelu && g.epi->slope);
+  // A whole tile with a light epilogue (most calls) goes straight from the registers, one pass
+  // over them per operation.
+  const auto [light, c, ldc, alpha, beta, src, bias, slope, slope_ld] = gemm_register_epilogue(g);
   if (light && g.mr == kGemmMR && g.nr == kGemmNR) {
-    float* const c = g.c;
-    const std::int64_t ldc = g.ldc;
-    const float alpha = g.alpha, beta = g.beta;
-    const float* const src = g.beta_rows();
-    const float* const bias = kind == Epilogue::kNone ? nullptr : g.epi->bias;
-    const float* const slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
-    const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
 #define TRAINKIT_DETAIL_AVX2_TILE_PASS(OP) \
   OP(0, c00, c01) OP(1, c10, c11) OP(2, c20, c21) OP(3, c30, c31) OP(4, c40, c41) OP(5, c50, c51)
 #define TRAINKIT_DETAIL_AVX2_SCALE(r, acc0, acc1) \
@@ -10609,23 +10627,12 @@ __attribute__((target("avx512f"))) inline void gemm_kernel_avx512_tile(const Gem
 #undef TRAINKIT_DETAIL_AVX512_ROWS3
 #undef TRAINKIT_DETAIL_AVX512_ROW
   const Epilogue kind = g.epi == nullptr ? Epilogue::kNone : g.epi->kind;
-  // A whole tile goes straight from the registers (most calls) when its epilogue is light: none,
-  // a bias, or dGELU from a saved slope (the loop below does the same operations in the same
-  // order: alpha, beta, + bias (0 without one), times the slope). alpha == 1 and beta == 0 skip
-  // operations that would not change a bit. Each operation is one pass over the tile's registers
-  // under one test, and the arguments are read into locals first: tested per store, and read
-  // back from `g` after each store (a float store may alias it), they cost more than the k loop
-  // of a short product.
-  const bool light = kind == Epilogue::kNone || kind == Epilogue::kBias ||
-                     (kind == Epilogue::kDGelu && g.epi->slope);
+  // A whole tile with a light epilogue (most calls) goes straight from the registers. Each
+  // operation is one pass over the tile's registers under one test, on arguments read into
+  // locals: tested per store, and read back from `g` after each store, they cost more than the
+  // k loop of a short product.
+  const auto [light, c, ldc, alpha, beta, src, bias, slope, slope_ld] = gemm_register_epilogue(g);
   if (light && g.mr == R && g.nr == W) {
-    float* const c = g.c;
-    const std::int64_t ldc = g.ldc;
-    const float alpha = g.alpha, beta = g.beta;
-    const float* const src = g.beta_rows();
-    const float* const bias = kind == Epilogue::kNone ? nullptr : g.epi->bias;
-    const float* const slope = kind == Epilogue::kDGelu ? g.epi->aux : nullptr;
-    const std::int64_t slope_ld = slope == nullptr ? 0 : g.epi->aux_ld;
 #define TRAINKIT_DETAIL_AVX512_TILE_PASS(OP) \
   OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
 #define TRAINKIT_DETAIL_AVX512_EACH(r, h, EXPR) \
