@@ -10237,15 +10237,14 @@ TRAINKIT_DETAIL_GEMM_GELU_MATH(avx2, "avx2,fma", __m256, _mm256)
 TRAINKIT_DETAIL_GEMM_GELU_MATH(avx512, "avx512f", __m512, _mm512)
 #undef TRAINKIT_DETAIL_GEMM_GELU_MATH
 
-/// gemm_gelu_avx2 (Slope: gemm_gelu_slope_avx2, the slopes into `slope`) of v[0, n), n <= 12,
-/// in place, in three passes over the vectors: the same operations in the same order, so the
-/// same bits. One vector's GELU is a chain of ~60 dependent operations; the passes make each
+/// gemm_gelu_avx2 (Slope: gemm_gelu_slope_avx2, the slopes into `slope`) of a 6 x 16 tile's 12
+/// vectors v, in place, in three passes over them: the same operations in the same order, so
+/// the same bits. One vector's GELU is a chain of ~60 dependent operations; the passes make each
 /// pass's vectors independent, so the core overlaps them instead of waiting on one chain.
 template <bool Slope>
-__attribute__((target("avx2,fma"))) inline void gemm_gelu_passes_avx2(__m256* v, __m256* slope,
-                                                                      int n) {
-  constexpr int kMax = 2 * kGemmMR;
-  __m256 xd[kMax], x2[kMax], e[kMax];
+__attribute__((target("avx2,fma"))) inline void gemm_gelu_passes_avx2(__m256* v, __m256* slope) {
+  constexpr int n = 2 * kGemmMR;
+  __m256 xd[n], x2[n], e[n];
   const __m256 one = _mm256_set1_ps(1.0f), c0 = _mm256_set1_ps(0.7978845608028654f);
   for (int i = 0; i < n; ++i) {
     const __m256 x = gemm_vmax(_mm256_set1_ps(-12.0f), v[i]);
@@ -10443,7 +10442,7 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
     // (GeluAux::kSlope) or the GELU's input.
     alignas(32) __m256 slope[kGemmMR][2];
     if (g.epi->slope) {
-      gemm_gelu_passes_avx2<true>(&pre[0][0], &slope[0][0], 2 * kGemmMR);
+      gemm_gelu_passes_avx2<true>(&pre[0][0], &slope[0][0]);
     } else {
       if (t.aux != nullptr) {
         for (int i = 0; i < kGemmMR; ++i) {
@@ -10451,7 +10450,7 @@ __attribute__((target("avx2,fma"))) inline void gemm_kernel_avx2(const GemmTileA
           _mm256_storeu_ps(t.aux + i * t.aux_ld + 8, pre[i][1]);
         }
       }
-      gemm_gelu_passes_avx2<false>(&pre[0][0], nullptr, 2 * kGemmMR);
+      gemm_gelu_passes_avx2<false>(&pre[0][0], nullptr);
     }
     for (int i = 0; i < kGemmMR; ++i) {
       _mm256_storeu_ps(t.c + i * t.ldc, pre[i][0]);
@@ -11379,11 +11378,9 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
             g.mr = static_cast<int>(std::min<std::int64_t>(tile_rows, rows - ir));
             g.epi = nullptr;
             GemmTileEpilogue tile;
-            bool with_epilogue = false;
             if constexpr (c_is_f32) {
               if (tile_epilogue && last_k_block) {
                 tile = {out.epilogue, nullptr, nullptr, out.aux_ld, out.aux_slope};
-                with_epilogue = true;
                 g.epi = &tile;
               }
             }
@@ -11394,7 +11391,7 @@ void host_gemm_2d(const exec::Host* host, const GemmShape& s, const OperandRef<T
               g.c = dst + ir * ldd + (jj - j0);
               if constexpr (c_is_f32) {
                 if (pc == 0 && out.c_in != nullptr) g.c_in = out.c_in + (i0 + ir) * out.ldc + jj;
-                if (with_epilogue) {
+                if (g.epi != nullptr) {
                   tile.bias = tile_bias ? out.bias + jj : nullptr;
                   tile.aux = out.aux == nullptr ? nullptr : out.aux + (i0 + ir) * out.aux_ld + jj;
                 }
