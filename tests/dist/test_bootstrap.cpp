@@ -208,7 +208,14 @@ TEST_CASE("first_slurm_host") {
   CHECK(dist::detail::first_slurm_host("a[1]") == "a1");
   CHECK(dist::detail::first_slurm_host("gpu[003-006,9],cpu1") == "gpu003");
   CHECK(dist::detail::first_slurm_host("rack1-[07-09]-ib,x") == "rack1-07-ib");
-  CHECK_THROWS_AS(dist::detail::first_slurm_host("bad[1-2"), tk::Error);
+  CHECK(dist::detail::first_slurm_host("rack[1-2]-node[07-09],x") == "rack1-node07");
+  CHECK(dist::detail::first_slurm_host("r[3,5]-n[2-4]-ib[0]") == "r3-n2-ib0");
+  CHECK(dist::detail::first_slurm_host("r[3]n") == "r3n");
+  for (const char* bad : {"bad[1-2", "a[]", "a[-1]", "a[1]-b[2", "a[[1]]", ",n2", "a[1-2]b[,3]"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(dist::detail::first_slurm_host(bad),
+                         doctest::Contains("malformed Slurm node list"), tk::Error);
+  }
 }
 
 TEST_CASE("detect_launch: malformed and inconsistent values name the variable") {

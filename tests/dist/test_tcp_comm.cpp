@@ -375,6 +375,70 @@ TEST_CASE("TcpComm bootstrap: nobody at the address, a foreign service, a busy p
   }
 }
 
+TEST_CASE("TcpComm bootstrap: a rank that announces no address is listed where rank 0 sees it") {
+  // Rank 1 by hand, from 127.0.0.2 (any 127/8 address is this machine): a hello without an
+  // address, then the table rank 0 sends back. Rank 0's own address (127.0.0.1) would be wrong.
+  const int port = free_port();
+  std::string error;
+  dist::detail::Socket ring = dist::detail::listen_on(0, error);  // rank 1's ring listener
+  REQUIRE(ring.valid());
+  std::string rank0_error;
+  std::thread rank0([&] {
+    try {
+      dist::TcpComm c("127.0.0.1", port, 0, 2, quick(1500));
+    } catch (const std::exception& e) {
+      rank0_error = e.what();
+    }
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  dist::detail::Socket s;
+  bool bound = true;
+  while (!s.valid() && bound && Clock::now() < deadline) {
+    dist::detail::Socket attempt(::socket(AF_INET, SOCK_STREAM, 0));
+    REQUIRE(attempt.valid());
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<std::uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(attempt.fd(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+      bound = false;
+    } else if (::connect(attempt.fd(), reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
+      s = std::move(attempt);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 0 is not up yet
+    }
+  }
+  if (bound) {
+    REQUIRE(s.valid());
+    dist::detail::set_nonblocking(s.fd());
+    dist::detail::TcpFrame hello;
+    hello.type = dist::detail::TcpFrameType::kHello;
+    hello.a = 1;
+    hello.b = 2;
+    hello.seq = static_cast<std::uint64_t>(dist::detail::bound_port(ring.fd()));
+    hello.length = 0;
+    REQUIRE(dist::detail::send_tcp_frame(s.fd(), hello, nullptr, deadline));
+    unsigned char head[dist::detail::kTcpFrameBytes];
+    REQUIRE(dist::detail::recv_all(s.fd(), head, sizeof head, deadline));
+    const auto f = dist::detail::decode_tcp_frame(head, sizeof head, "rank 0");
+    REQUIRE(f.type == dist::detail::TcpFrameType::kTable);
+    std::vector<unsigned char> payload(static_cast<std::size_t>(f.length));
+    REQUIRE(dist::detail::recv_all(s.fd(), payload.data(), payload.size(), deadline));
+    const auto table = dist::detail::decode_tcp_table(payload, 2, "rank 0");
+    CHECK(table[0].host == "127.0.0.1");
+    CHECK(table[1].host == "127.0.0.2");
+    CHECK(table[1].port == dist::detail::bound_port(ring.fd()));
+  } else {
+    MESSAGE("cannot bind to 127.0.0.2 here: the check of the announced address is skipped");
+  }
+  s = dist::detail::Socket();  // rank 0 then fails: the ring never forms
+  rank0.join();
+  CHECK(!rank0_error.empty());
+}
+
 TEST_CASE("TcpComm: a stalled rank fails every rank within the timeout, naming it") {
   auto options = quick(500, 4096);
   options.fault_injection = [](int rank, std::uint64_t op, std::int64_t unit) {

@@ -74,7 +74,8 @@ inline std::optional<std::string> env_var(const char* name) {
 /// naming the variable when it is not an integer in [lo, hi].
 TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
 
-/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1",
+/// "r[1-2]-n[07-09]" -> "r1-n07".
 TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
 
 /// The count of node `node` in a Slurm tasks-per-node list: "4(x2),3" -> 4, 4, 3 for nodes 0,
@@ -102,16 +103,31 @@ TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
     if (list[end] == ']' && depth > 0) --depth;
     if (list[end] == ',' && depth == 0) break;
   }
+  // The first entry may hold several bracket groups ("rack[1-2]-node[07-09]"): each stands
+  // for its first element.
   const std::string_view first = list.substr(0, end);
-  const std::size_t open = first.find('[');
-  if (open == std::string_view::npos) return std::string(first);
-  const std::size_t close = first.find(']', open);
-  TRAINKIT_CHECK(close != std::string_view::npos, "dist: malformed Slurm node list '", list, "'");
-  const std::string_view ranges = first.substr(open + 1, close - open - 1);
-  std::size_t stop = 0;
-  while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
-  return std::string(first.substr(0, open)) + std::string(ranges.substr(0, stop)) +
-         std::string(first.substr(close + 1));
+  std::string host;
+  for (std::size_t at = 0; at < first.size();) {
+    const std::size_t open = first.find('[', at);
+    if (open == std::string_view::npos) {
+      host += first.substr(at);
+      break;
+    }
+    const std::size_t close = first.find(']', open);
+    TRAINKIT_CHECK(close != std::string_view::npos && close > open + 1 &&
+                       first.find('[', open + 1) > close,
+                   "dist: malformed Slurm node list '", list, "'");
+    const std::string_view ranges = first.substr(open + 1, close - open - 1);
+    std::size_t stop = 0;
+    while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
+    TRAINKIT_CHECK(stop > 0, "dist: malformed Slurm node list '", list, "'");
+    host += first.substr(at, open - at);
+    host += ranges.substr(0, stop);
+    at = close + 1;
+  }
+  TRAINKIT_CHECK(!host.empty(), "dist: malformed Slurm node list '", list,
+                 "' (its first entry is empty)");
+  return host;
 }
 
 TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node) {

@@ -408,27 +408,43 @@ class TcpComm final : public Comm {
 
 namespace detail {
 
+/// The numeric address in `addr` ("" when it is neither IPv4 nor IPv6). An IPv4 peer seen
+/// through a dual-stack socket ("::ffff:10.0.0.7") is written as IPv4 ("10.0.0.7").
+inline std::string numeric_address(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  int family = addr.ss_family;
+  const void* where = nullptr;
+  if (family == AF_INET) {
+    where = &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr;
+  } else if (family == AF_INET6) {
+    const in6_addr& a6 = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+    where = &a6;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+      family = AF_INET;
+      where = a6.s6_addr + 12;
+    }
+  }
+  if (where == nullptr || ::inet_ntop(family, where, text, sizeof text) == nullptr) return {};
+  return text;
+}
+
 /// The numeric address of the local end of a connected socket ("" when unknown).
 inline std::string local_address(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
-  char text[INET6_ADDRSTRLEN] = {};
-  if (addr.ss_family == AF_INET) {
-    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof text) ==
-        nullptr)
-      return {};
-  } else if (addr.ss_family == AF_INET6) {
-    if (::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text,
-                    sizeof text) == nullptr)
-      return {};
-  } else {
-    return {};
-  }
-  return text;
+  return numeric_address(addr);
 }
 
-/// The port a bound socket listens on.
+/// The numeric address of the remote end of a connected socket ("" when unknown).
+inline std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  return numeric_address(addr);
+}
+
+/// The port a bound socket listens on (0 when unknown).
 inline int bound_port(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
@@ -506,6 +522,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
   if (!ring_listener.valid())
     fail(trainkit::detail::concat("cannot open a listening socket: ", error));
   listen_port_ = detail::bound_port(ring_listener.fd());
+  if (listen_port_ == 0)
+    fail(trainkit::detail::concat("cannot read the port of this rank's listening socket: ",
+                                  detail::errno_text(errno)));
 
   std::vector<detail::TcpEndpoint> table;
   std::uint64_t group_id = 0;
@@ -594,7 +613,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
                                         " connected twice (two processes started with RANK=", peer,
                                         ", or two jobs on one port)"));
       }
-      if (host.empty()) host = detail::local_address(s.fd());
+      if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
       const auto port = static_cast<std::int64_t>(f.seq);
       if (port < 1 || port > 65535 || host.empty()) {
         peers[0] = std::move(s);
