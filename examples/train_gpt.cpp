@@ -183,6 +183,7 @@ struct Run {
   const data::TokenShardDataset &train_set, &val_set;
   bool extend;  // a resume with a longer schedule (from planned_decay to c.steps)
   std::int64_t planned_decay;
+  bool& started;  // set when the first step is about to run
 };
 
 /// Builds the model, optimizer and data on `exec` (host or GPU) in policy P, and trains.
@@ -284,6 +285,7 @@ int train(Run& run, const E& exec) {
                                                .loss_scale = loss_scale,
                                                .on_resume = on_resume,
                                                .comm = run.comm});
+  run.started = true;
   const tk::train::LoopResult r = run.loop.run(exec, arena, opt, task, schedule.get(), scaler);
 
   const double last_val =
@@ -317,17 +319,11 @@ int train(Run& run, const E& exec) {
 }
 
 /// Parses the flags (again: each rank keeps its own, which a resume may replace), then prepares
-/// the data and the loop and trains as this rank of `comm` (null: one process).
-int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm,
-               int threads) {
-  Config c;
-  tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
-  add_flags(flags, c);
-  flags.parse(argc, argv);
-  const std::string text = read_corpus(c.data);
-  TRAINKIT_CHECK(text.size() / 10 > std::size_t(c.seq) + 1, "the corpus (", text.size(),
-                 " bytes) is too small for --seq ", c.seq);
-
+/// the data and the loop and trains as this rank of `comm` (null: one process); sets `started`
+/// before the first step.
+int prepare_and_train(Config& c, tk::train::Flags& flags, const std::string& text,
+                      tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads,
+                      bool& started) {
   const fs::path out = c.out;
   tk::train::Loop loop({.steps = c.steps,
                         .dir = out,
@@ -394,7 +390,7 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
       std::vector{out / "data" / "val.bin"},
       {.seq_len = T, .stride = want > 1 ? std::max(T, val_tokens / (want - 1)) : T});
 
-  Run run{c, loop, comm, text.size(), train_set, val_set, extend, planned_decay};
+  Run run{c, loop, comm, text.size(), train_set, val_set, extend, planned_decay, started};
   const auto train_on = [&](const auto& exec) {  // one run-time choice of the policy
     return tk::amp::visit_policy(c.precision, [&]<class P>() { return train<P>(run, exec); });
   };
@@ -402,6 +398,31 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
   if (c.device == "cuda") return train_on(tk::exec::Cuda());
 #endif
   return train_on(threads > 0 ? tk::exec::Host(threads) : tk::exec::Host());
+}
+
+/// Trains as this rank of `comm` (null: one process). A run that fails before its first step
+/// (a bad --init-from, a corpus too small for --batch) removes the run directory it created,
+/// so that the corrected command starts as if it had never run.
+int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm,
+               int threads) {
+  Config c;
+  tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
+  add_flags(flags, c);
+  flags.parse(argc, argv);
+  const std::string text = read_corpus(c.data);
+  TRAINKIT_CHECK(text.size() / 10 > std::size_t(c.seq) + 1, "the corpus (", text.size(),
+                 " bytes) is too small for --seq ", c.seq);
+  const bool made_dir = !fs::exists(c.out);
+  bool started = false;
+  try {
+    return prepare_and_train(c, flags, text, comm, ckpt_comm, threads, started);
+  } catch (...) {
+    if (made_dir && !started && (comm == nullptr || comm->rank() == 0)) {
+      std::error_code ignored;  // the error being reported matters more than this one
+      fs::remove_all(c.out, ignored);
+    }
+    throw;
+  }
 }
 
 }  // namespace

@@ -247,6 +247,11 @@ elseif(CHECK STREQUAL "init_from")
   if(NOT rc EQUAL 1 OR NOT log MATCHES "'transformer.wte.weight' has shape \\[256, 32\\] in the file but \\[256, 64\\]")
     message(FATAL_ERROR "a model of other sizes must be refused naming the tensor and shapes")
   endif()
+  # A run that fails before its first step leaves no run directory behind (the corrected
+  # command then starts fresh, not as an unfinished run); one that existed before stays.
+  if(EXISTS "${OUT}/wide")
+    message(FATAL_ERROR "the refused run left its directory ${OUT}/wide behind")
+  endif()
   # A tied head may leave the file's lm_head.weight unused, nothing else: a 2-layer model's
   # weights do not load into 1 layer.
   execute_process(COMMAND "${EXE}" --threads 1 --layers 2 --dim 32 --heads 2 --seq 16 --batch 4
@@ -260,6 +265,15 @@ elseif(CHECK STREQUAL "init_from")
   run_tiny(missing --init-from "${OUT}/no_such.safetensors" --steps 2)
   if(NOT rc EQUAL 1 OR NOT log MATCHES "no_such.safetensors")
     message(FATAL_ERROR "a missing --init-from file must be an error naming it")
+  endif()
+  if(EXISTS "${OUT}/missing" OR EXISTS "${OUT}/tied")
+    message(FATAL_ERROR "a refused --init-from left its run directory behind")
+  endif()
+  file(MAKE_DIRECTORY "${OUT}/kept")
+  file(WRITE "${OUT}/kept/notes.txt" "mine")
+  run_tiny(kept --init-from "${OUT}/no_such.safetensors" --steps 2)
+  if(NOT rc EQUAL 1 OR NOT EXISTS "${OUT}/kept/notes.txt")
+    message(FATAL_ERROR "a failed start must leave a directory it did not create as it was")
   endif()
 elseif(CHECK STREQUAL "ranks")
   # The last step's loss bits printed by a run (fatal unless it exited 0).
