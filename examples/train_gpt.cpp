@@ -322,8 +322,7 @@ int train(Run& run, const E& exec) {
 /// the data and the loop and trains as this rank of `comm` (null: one process); sets `started`
 /// before the first step.
 int prepare_and_train(Config& c, tk::train::Flags& flags, const std::string& text,
-                      tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads,
-                      bool& started) {
+                      tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads, bool& started) {
   const fs::path out = c.out;
   tk::train::Loop loop({.steps = c.steps,
                         .dir = out,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <trainkit/optim/grad_scaler.hpp>
+#include <trainkit/core/rng.hpp>
 #include <trainkit/exec/host.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/optim/lamb.hpp>
@@ -392,6 +393,106 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
     tk::StateDict broken = sd;
     broken.tensors.erase("ln.weight.momentum_buffer");
     CHECK_THROWS_AS(resumed.load_state_dict(broken), tk::Error);
+  }
+}
+
+TEST_CASE("LAMB: a resume keeps the saved flags, whatever the new optimizer was built with") {
+  // Every flag that changes the update, saved and restored: the trajectory is the same bits.
+  tk::PhiloxStream rng(0x1a3b, 7);
+  for (int trial = 0; trial < 8; ++trial) {
+    const auto flag = [&] { return (rng.next_u32() & 1) != 0; };
+    const optim::LAMBOptions saved{.lr = 2e-3,
+                                   .weight_decay = flag() ? 0.01 : 0.0,
+                                   .bias_correction = flag(),
+                                   .adam_w_mode = flag(),
+                                   .grad_averaging = flag(),
+                                   .use_nvlamb = flag()};
+    CAPTURE(trial);
+    Fixture f;
+    optim::LAMB opt(f.arena, saved);
+    for (int t = 1; t <= 4; ++t) {
+      optest::load_grads(f.arena, t);
+      opt.step(pool());
+    }
+    const tk::StateDict sd = opt.state_dict();
+    Fixture g;
+    std::memcpy(g.arena.params_data(), f.arena.params_data(),
+                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    optim::LAMBOptions other = saved;  // each flag the other way
+    other.bias_correction = !saved.bias_correction;
+    other.adam_w_mode = !saved.adam_w_mode;
+    other.grad_averaging = !saved.grad_averaging;
+    other.use_nvlamb = !saved.use_nvlamb;
+    optim::LAMB resumed(g.arena, other);
+    resumed.load_state_dict(sd);
+    for (int t = 5; t <= 8; ++t) {
+      optest::load_grads(f.arena, t);
+      optest::load_grads(g.arena, t);
+      opt.step(pool());
+      resumed.step(pool());
+    }
+    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
+                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("load_state_dict refuses NaN in a state and a negative second moment, naming them") {
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 3e-3, .amsgrad = !bf16, .bf16_state = bf16});
+    for (int t = 1; t <= 3; ++t) {
+      optest::load_grads(f.arena, t);
+      opt.step(pool());
+    }
+    const tk::StateDict sd = opt.state_dict();
+    struct Case {
+      const char* tensor;
+      float value;
+      const char* message;
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    const Case cases[] = {
+        {"head.weight.exp_avg", nan,
+         "'head.weight.exp_avg' holds nan at element 5; expected numbers"},
+        {"layer.weight.exp_avg_sq", -0.25f,
+         "'layer.weight.exp_avg_sq' holds -0.25 at element 5; expected values >= 0"},
+        {"ln.weight.exp_avg_sq", -inf, "'ln.weight.exp_avg_sq' holds -inf at element 5"},
+        {"ln.weight.exp_avg_sq", nan, "'ln.weight.exp_avg_sq' holds nan at element 5"},
+        {"head.weight.max_exp_avg_sq", -1.0f, "'head.weight.max_exp_avg_sq' holds -1"}};
+    Fixture g;
+    optim::AdamW fresh(g.arena, {.lr = 1.0, .amsgrad = !bf16, .bf16_state = bf16});
+    for (const Case& c : cases) {
+      if (sd.tensors.count(c.tensor) == 0) continue;  // no max_exp_avg_sq without amsgrad
+      CAPTURE(c.tensor);
+      tk::StateDict d = sd;
+      tk::AnyTensor& t = d.tensors.at(c.tensor);
+      REQUIRE(t.numel() > 5);
+      if (bf16) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &c.value, sizeof bits);
+        const auto half = static_cast<std::uint16_t>(bits >> 16);
+        std::memcpy(t.data() + 5 * sizeof half, &half, sizeof half);
+      } else {
+        std::memcpy(t.data() + 5 * sizeof c.value, &c.value, sizeof c.value);
+      }
+      CHECK_THROWS_WITH_AS(fresh.load_state_dict(d), doctest::Contains(c.message), tk::Error);
+      CHECK(fresh.step_count() == 0);  // nothing changed
+    }
+    tk::StateDict fine = sd;  // -0 and +inf are numbers a second moment may hold
+    tk::AnyTensor& v = fine.tensors.at("layer.weight.exp_avg_sq");
+    if (bf16) {
+      const std::uint16_t minus_zero = 0x8000, plus_inf = 0x7f80;
+      std::memcpy(v.data() + 2, &minus_zero, 2);
+      std::memcpy(v.data() + 4, &plus_inf, 2);
+    } else {
+      const float minus_zero = -0.0f;
+      std::memcpy(v.data() + 4, &minus_zero, 4);
+      std::memcpy(v.data() + 8, &inf, 4);
+    }
+    CHECK_NOTHROW(fresh.load_state_dict(fine));
+    CHECK(fresh.step_count() == 3);
   }
 }
 

@@ -114,9 +114,9 @@ TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
       break;
     }
     const std::size_t close = first.find(']', open);
-    TRAINKIT_CHECK(close != std::string_view::npos && close > open + 1 &&
-                       first.find('[', open + 1) > close,
-                   "dist: malformed Slurm node list '", list, "'");
+    TRAINKIT_CHECK(
+        close != std::string_view::npos && close > open + 1 && first.find('[', open + 1) > close,
+        "dist: malformed Slurm node list '", list, "'");
     const std::string_view ranges = first.substr(open + 1, close - open - 1);
     std::size_t stop = 0;
     while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;

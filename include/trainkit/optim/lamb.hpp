@@ -49,8 +49,14 @@ struct LAMBRule {
   }
   static bool needs_grad_norm(const Options& o) { return o.max_grad_norm > 0.0; }
   static constexpr std::tuple kSavedOptions{
-      saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),
-      saved_option("eps", &Options::eps), saved_option("max_grad_norm", &Options::max_grad_norm)};
+      saved_option("beta1", &Options::beta1),
+      saved_option("beta2", &Options::beta2),
+      saved_option("eps", &Options::eps),
+      saved_option("max_grad_norm", &Options::max_grad_norm),
+      saved_option("bias_correction", &Options::bias_correction),
+      saved_option("grad_averaging", &Options::grad_averaging),
+      saved_option("adam_w_mode", &Options::adam_w_mode),
+      saved_option("use_nvlamb", &Options::use_nvlamb)};
 
   struct Scalars {
     float lr;

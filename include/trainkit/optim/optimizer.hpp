@@ -639,8 +639,11 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                  "the state's options keep the state ", state_layout(loaded),
                  ", this optimizer's keep ", state_layout(options_));
   const auto buffers = state_buffers();
-  for (const detail::StateBuffer& b : buffers)
-    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
+  for (const detail::StateBuffer& b : buffers)  // a second moment ("..._sq") is never negative
+    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix,
+                           b.name.find("_sq") != std::string::npos
+                               ? detail::StateValues::kNonNegative
+                               : detail::StateValues::kNumbers);
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);

@@ -11,7 +11,9 @@
 //                           group keeps a copy, which derive() reads on the host or the device
 //   kName                   `static constexpr const char* kName = "AdamW";` (messages, state)
 //   kStates                 `static constexpr std::array kStates{"exp_avg", ...}`: PyTorch's state
-//                           names, each one buffer with the arena's layout, zero at the start
+//                           names, each one buffer with the arena's layout, zero at the start;
+//                           load_state_dict refuses NaN in any, and values below zero in one
+//                           whose name holds "_sq" (a second moment: a sum of squares)
 //   struct Scalars          the per-group f32 values the element update reads (trivially copyable)
 //   derive(group, head, s)  TRAINKIT_HOST_DEVICE static void(const Options&, const StepHeader&,
 //                           Scalars&): this step's Scalars from the group's options and the step

@@ -117,16 +117,68 @@ void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, cons
   }
 }
 
+/// What check_by_param asks of the values of each tensor.
+enum class StateValues {
+  kAny,          ///< no check (parameters, whose NaN the training loop reports)
+  kNumbers,      ///< no NaN (a NaN state makes its parameters NaN at the next step)
+  kNonNegative,  ///< no NaN and no value below zero (second moments: a sum of squares)
+};
+
+/// The index of the first element of the F32 or BF16 `t` that breaks `want` (-1: none).
+inline std::int64_t first_bad_value(const AnyTensor& t, StateValues want) {
+  if (want == StateValues::kAny) return -1;
+  const bool signs = want == StateValues::kNonNegative;
+  // On the bits: NaN has a magnitude above infinity's; a negative value has the sign bit set
+  // and a non-zero magnitude (-0 is a fine sum of squares).
+  const auto scan = [&]<class Bits>(Bits abs_mask, Bits inf_bits) -> std::int64_t {
+    const auto* bytes = t.data();
+    const std::int64_t n = t.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
+      Bits v;
+      std::memcpy(&v, bytes + static_cast<std::size_t>(i) * sizeof v, sizeof v);
+      const Bits magnitude = v & abs_mask;
+      if (magnitude > inf_bits || (signs && v != magnitude && magnitude != 0)) return i;
+    }
+    return -1;
+  };
+  if (t.dtype() == DType::kF32) return scan(std::uint32_t{0x7fffffff}, std::uint32_t{0x7f800000});
+  if (t.dtype() == DType::kBF16) return scan(std::uint16_t{0x7fff}, std::uint16_t{0x7f80});
+  return -1;
+}
+
+/// The element `i` of the F32 or BF16 `t` as a float.
+inline float value_at(const AnyTensor& t, std::int64_t i) {
+  std::uint32_t bits = 0;
+  if (t.dtype() == DType::kF32) {
+    std::memcpy(&bits, t.data() + static_cast<std::size_t>(i) * 4, 4);
+  } else {
+    std::uint16_t half = 0;
+    std::memcpy(&half, t.data() + static_cast<std::size_t>(i) * 2, 2);
+    bits = std::uint32_t{half} << 16;
+  }
+  float value = 0.0f;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
-/// save_by_param layout that is missing or has another dtype or shape.
+/// save_by_param layout that is missing or has another dtype or shape, or holds a value that
+/// `want` refuses (naming the element and the value).
 template <Space S>
 void check_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, DType dtype,
-                    const std::string& suffix, const std::string& what) {
+                    const std::string& suffix, const std::string& what,
+                    StateValues want = StateValues::kAny) {
   for (const nn::ParamInfo& p : arena.infos()) {
     const AnyTensor& t = sd.tensor(p.name + suffix);
     TRAINKIT_CHECK(t.dtype() == dtype && t.shape() == p.shape, what, "'", p.name, suffix, "' is ",
                    dtype_name(t.dtype()), " ", t.shape().to_string(), ", expected ",
                    dtype_name(dtype), " ", p.shape.to_string());
+    const std::int64_t bad = first_bad_value(t, want);
+    if (bad < 0) continue;
+    TRAINKIT_FAIL(
+        what, "'", p.name, suffix, "' holds ", value_at(t, bad), " at element ", bad, "; expected ",
+        want == StateValues::kNonNegative ? "values >= 0 (a second moment)" : "numbers (no NaN)",
+        ": the state is damaged or was saved after the training diverged");
   }
 }
 
