@@ -13,7 +13,9 @@ import harness as h
 # name:ops:m:k:n  (op(A) is [m, k], op(B) is [k, n]; ops: N/T per operand as stored)
 MAIN = ["sq512:NN:512:512:512", "sq1024:NN:1024:1024:1024", "mlp4096:NN:4096:768:3072"]
 TRAIN = ["mlp_fc1_fwd:NT:256:784:1024", "mlp_fc1_dw:TN:1024:256:784",
-         "gpt_qkv_fwd:NT:1024:256:768", "gpt_fc2_dx:NN:1024:1024:256"]
+         "gpt_qkv_fwd:NT:1024:256:768", "gpt_fc2_dx:NN:1024:1024:256",
+         # train_gpt's defaults (width 128, 16 x 64 tokens): qkv forward, fc dW, fc2 dX
+         "tg_qkv_fwd:NT:1024:128:384", "tg_fc_dw:TN:512:1024:128", "tg_fc2_dx:NN:1024:128:512"]
 SHAPES = ",".join(MAIN + TRAIN)
 THREADS = [1, 2]
 ROUNDS = int(os.environ.get("BENCH_GEMM_ROUNDS", 9))

@@ -19270,7 +19270,9 @@ TRAINKIT_NAMESPACE_END
 //                           group keeps a copy, which derive() reads on the host or the device
 //   kName                   `static constexpr const char* kName = "AdamW";` (messages, state)
 //   kStates                 `static constexpr std::array kStates{"exp_avg", ...}`: PyTorch's state
-//                           names, each one buffer with the arena's layout, zero at the start
+//                           names, each one buffer with the arena's layout, zero at the start;
+//                           load_state_dict refuses NaN in any, and values below zero in one
+//                           whose name holds "_sq" (a second moment: a sum of squares)
 //   struct Scalars          the per-group f32 values the element update reads (trivially copyable)
 //   derive(group, head, s)  TRAINKIT_HOST_DEVICE static void(const Options&, const StepHeader&,
 //                           Scalars&): this step's Scalars from the group's options and the step
@@ -19592,16 +19594,68 @@ void save_by_param(StateDictRefill& refill, const nn::ParamArena<S>& arena, cons
   }
 }
 
+/// What check_by_param asks of the values of each tensor.
+enum class StateValues {
+  kAny,          ///< no check (parameters, whose NaN the training loop reports)
+  kNumbers,      ///< no NaN (a NaN state makes its parameters NaN at the next step)
+  kNonNegative,  ///< no NaN and no value below zero (second moments: a sum of squares)
+};
+
+/// The index of the first element of the F32 or BF16 `t` that breaks `want` (-1: none).
+inline std::int64_t first_bad_value(const AnyTensor& t, StateValues want) {
+  if (want == StateValues::kAny) return -1;
+  const bool signs = want == StateValues::kNonNegative;
+  // On the bits: NaN has a magnitude above infinity's; a negative value has the sign bit set
+  // and a non-zero magnitude (-0 is a fine sum of squares).
+  const auto scan = [&]<class Bits>(Bits abs_mask, Bits inf_bits) -> std::int64_t {
+    const auto* bytes = t.data();
+    const std::int64_t n = t.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
+      Bits v;
+      std::memcpy(&v, bytes + static_cast<std::size_t>(i) * sizeof v, sizeof v);
+      const Bits magnitude = v & abs_mask;
+      if (magnitude > inf_bits || (signs && v != magnitude && magnitude != 0)) return i;
+    }
+    return -1;
+  };
+  if (t.dtype() == DType::kF32) return scan(std::uint32_t{0x7fffffff}, std::uint32_t{0x7f800000});
+  if (t.dtype() == DType::kBF16) return scan(std::uint16_t{0x7fff}, std::uint16_t{0x7f80});
+  return -1;
+}
+
+/// The element `i` of the F32 or BF16 `t` as a float.
+inline float value_at(const AnyTensor& t, std::int64_t i) {
+  std::uint32_t bits = 0;
+  if (t.dtype() == DType::kF32) {
+    std::memcpy(&bits, t.data() + static_cast<std::size_t>(i) * 4, 4);
+  } else {
+    std::uint16_t half = 0;
+    std::memcpy(&half, t.data() + static_cast<std::size_t>(i) * 2, 2);
+    bits = std::uint32_t{half} << 16;
+  }
+  float value = 0.0f;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a
-/// save_by_param layout that is missing or has another dtype or shape.
+/// save_by_param layout that is missing or has another dtype or shape, or holds a value that
+/// `want` refuses (naming the element and the value).
 template <Space S>
 void check_by_param(const StateDict& sd, const nn::ParamArena<S>& arena, DType dtype,
-                    const std::string& suffix, const std::string& what) {
+                    const std::string& suffix, const std::string& what,
+                    StateValues want = StateValues::kAny) {
   for (const nn::ParamInfo& p : arena.infos()) {
     const AnyTensor& t = sd.tensor(p.name + suffix);
     TRAINKIT_CHECK(t.dtype() == dtype && t.shape() == p.shape, what, "'", p.name, suffix, "' is ",
                    dtype_name(t.dtype()), " ", t.shape().to_string(), ", expected ",
                    dtype_name(dtype), " ", p.shape.to_string());
+    const std::int64_t bad = first_bad_value(t, want);
+    if (bad < 0) continue;
+    TRAINKIT_FAIL(
+        what, "'", p.name, suffix, "' holds ", value_at(t, bad), " at element ", bad, "; expected ",
+        want == StateValues::kNonNegative ? "values >= 0 (a second moment)" : "numbers (no NaN)",
+        ": the state is damaged or was saved after the training diverged");
   }
 }
 
@@ -20633,8 +20687,11 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                  "the state's options keep the state ", state_layout(loaded),
                  ", this optimizer's keep ", state_layout(options_));
   const auto buffers = state_buffers();
-  for (const detail::StateBuffer& b : buffers)
-    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix);
+  for (const detail::StateBuffer& b : buffers)  // a second moment ("..._sq") is never negative
+    detail::check_by_param(sd, *arena_, b.dtype, "." + b.name, prefix,
+                           b.name.find("_sq") != std::string::npos
+                               ? detail::StateValues::kNonNegative
+                               : detail::StateValues::kNumbers);
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);
@@ -21019,8 +21076,14 @@ struct LAMBRule {
   }
   static bool needs_grad_norm(const Options& o) { return o.max_grad_norm > 0.0; }
   static constexpr std::tuple kSavedOptions{
-      saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),
-      saved_option("eps", &Options::eps), saved_option("max_grad_norm", &Options::max_grad_norm)};
+      saved_option("beta1", &Options::beta1),
+      saved_option("beta2", &Options::beta2),
+      saved_option("eps", &Options::eps),
+      saved_option("max_grad_norm", &Options::max_grad_norm),
+      saved_option("bias_correction", &Options::bias_correction),
+      saved_option("grad_averaging", &Options::grad_averaging),
+      saved_option("adam_w_mode", &Options::adam_w_mode),
+      saved_option("use_nvlamb", &Options::use_nvlamb)};
 
   struct Scalars {
     float lr;
@@ -28325,27 +28388,43 @@ class TcpComm final : public Comm {
 
 namespace detail {
 
+/// The numeric address in `addr` ("" when it is neither IPv4 nor IPv6). An IPv4 peer seen
+/// through a dual-stack socket ("::ffff:10.0.0.7") is written as IPv4 ("10.0.0.7").
+inline std::string numeric_address(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  int family = addr.ss_family;
+  const void* where = nullptr;
+  if (family == AF_INET) {
+    where = &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr;
+  } else if (family == AF_INET6) {
+    const in6_addr& a6 = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+    where = &a6;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+      family = AF_INET;
+      where = a6.s6_addr + 12;
+    }
+  }
+  if (where == nullptr || ::inet_ntop(family, where, text, sizeof text) == nullptr) return {};
+  return text;
+}
+
 /// The numeric address of the local end of a connected socket ("" when unknown).
 inline std::string local_address(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
-  char text[INET6_ADDRSTRLEN] = {};
-  if (addr.ss_family == AF_INET) {
-    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof text) ==
-        nullptr)
-      return {};
-  } else if (addr.ss_family == AF_INET6) {
-    if (::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text,
-                    sizeof text) == nullptr)
-      return {};
-  } else {
-    return {};
-  }
-  return text;
+  return numeric_address(addr);
 }
 
-/// The port a bound socket listens on.
+/// The numeric address of the remote end of a connected socket ("" when unknown).
+inline std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return {};
+  return numeric_address(addr);
+}
+
+/// The port a bound socket listens on (0 when unknown).
 inline int bound_port(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
@@ -28423,6 +28502,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
   if (!ring_listener.valid())
     fail(trainkit::detail::concat("cannot open a listening socket: ", error));
   listen_port_ = detail::bound_port(ring_listener.fd());
+  if (listen_port_ == 0)
+    fail(trainkit::detail::concat("cannot read the port of this rank's listening socket: ",
+                                  detail::errno_text(errno)));
 
   std::vector<detail::TcpEndpoint> table;
   std::uint64_t group_id = 0;
@@ -28511,7 +28593,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
                                         " connected twice (two processes started with RANK=", peer,
                                         ", or two jobs on one port)"));
       }
-      if (host.empty()) host = detail::local_address(s.fd());
+      if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
       const auto port = static_cast<std::int64_t>(f.seq);
       if (port < 1 || port > 65535 || host.empty()) {
         peers[0] = std::move(s);
@@ -29318,7 +29400,8 @@ inline std::optional<std::string> env_var(const char* name) {
 /// naming the variable when it is not an integer in [lo, hi].
 TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
 
-/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1".
+/// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1",
+/// "r[1-2]-n[07-09]" -> "r1-n07".
 TRAINKIT_INLINE std::string first_slurm_host(std::string_view list);
 
 /// The count of node `node` in a Slurm tasks-per-node list: "4(x2),3" -> 4, 4, 3 for nodes 0,
@@ -29346,16 +29429,31 @@ TRAINKIT_INLINE std::string first_slurm_host(std::string_view list) {
     if (list[end] == ']' && depth > 0) --depth;
     if (list[end] == ',' && depth == 0) break;
   }
+  // The first entry may hold several bracket groups ("rack[1-2]-node[07-09]"): each stands
+  // for its first element.
   const std::string_view first = list.substr(0, end);
-  const std::size_t open = first.find('[');
-  if (open == std::string_view::npos) return std::string(first);
-  const std::size_t close = first.find(']', open);
-  TRAINKIT_CHECK(close != std::string_view::npos, "dist: malformed Slurm node list '", list, "'");
-  const std::string_view ranges = first.substr(open + 1, close - open - 1);
-  std::size_t stop = 0;
-  while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
-  return std::string(first.substr(0, open)) + std::string(ranges.substr(0, stop)) +
-         std::string(first.substr(close + 1));
+  std::string host;
+  for (std::size_t at = 0; at < first.size();) {
+    const std::size_t open = first.find('[', at);
+    if (open == std::string_view::npos) {
+      host += first.substr(at);
+      break;
+    }
+    const std::size_t close = first.find(']', open);
+    TRAINKIT_CHECK(
+        close != std::string_view::npos && close > open + 1 && first.find('[', open + 1) > close,
+        "dist: malformed Slurm node list '", list, "'");
+    const std::string_view ranges = first.substr(open + 1, close - open - 1);
+    std::size_t stop = 0;
+    while (stop < ranges.size() && ranges[stop] != ',' && ranges[stop] != '-') ++stop;
+    TRAINKIT_CHECK(stop > 0, "dist: malformed Slurm node list '", list, "'");
+    host += first.substr(at, open - at);
+    host += ranges.substr(0, stop);
+    at = close + 1;
+  }
+  TRAINKIT_CHECK(!host.empty(), "dist: malformed Slurm node list '", list,
+                 "' (its first entry is empty)");
+  return host;
 }
 
 TRAINKIT_INLINE std::optional<int> slurm_node_count(const char* name, long node) {
