@@ -31,8 +31,8 @@
 TRAINKIT_NAMESPACE_BEGIN
 
 /// The exception every trainkit host API throws. `library()` names the layer that failed
-/// ("trainkit", "CUDA", "cuBLASLt", "NCCL", "MPI", "io"); `code()` is that layer's status code
-/// (0 when there is none).
+/// ("trainkit", "CUDA", "cuBLASLt", "NCCL", "MPI", "io", "os"); `code()` is that layer's status
+/// code (an errno value for "os"; 0 when there is none).
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message, std::string library = "trainkit", long long code = 0)
@@ -212,6 +212,13 @@ TRAINKIT_NAMESPACE_END
 #define TRAINKIT_FAIL(...)                                                                         \
   ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__, \
                                   "trainkit", 0, TRAINKIT_DETAIL_DEBUG_BUILD)
+
+/// Throws trainkit::Error with library() "os" and code() `err` (an errno value): the operating
+/// system refused (no memory, too many open files, no permission), which says nothing about the
+/// data being read.
+#define TRAINKIT_FAIL_OS(err, ...)                                                                 \
+  ::trainkit::detail::throw_error(::trainkit::detail::concat(__VA_ARGS__), "", __FILE__, __LINE__, \
+                                  "os", (err), TRAINKIT_DETAIL_DEBUG_BUILD)
 
 /// Throws the one error every device-memory path gives in a build without CUDA; the parts name
 /// what was attempted: `TRAINKIT_FAIL_WITHOUT_CUDA("ParamArena: a device arena")`.

@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <trainkit/ckpt/checkpointer.hpp>
 #include <trainkit/dist/thread_comm.hpp>
 #include <trainkit/error.hpp>
@@ -281,6 +284,100 @@ TEST_CASE("Checkpointer: resume on an empty directory; configuration errors are 
   CHECK_THROWS_AS(
       ckpt::Checkpointer(dir.path(), {.every_seconds = 1, .world_size = 2, .barrier = [] {}}),
       tk::Error);
+}
+
+TEST_CASE("Checkpointer: a step directory of someone else's files is never saved over") {
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    TempDir dir;
+    CrashState s(0.001);
+    s.set(5);
+    ckpt::Checkpointer ck(dir.path(), {.async = async, .durable = false});
+    std::filesystem::create_directories(dir / "step_000000005");
+    ckpt_test::write_file(dir / "step_000000005" / "my_notes.txt", "mine");
+    CHECK_THROWS_WITH_AS(ck.save(s.state),
+                         doctest::Contains("holds files a checkpoint does not consist of; step 5 "
+                                           "is not saved over them"),
+                         tk::Error);
+    ck.wait();
+    CHECK(ckpt_test::read_file(dir / "step_000000005" / "my_notes.txt") == "mine");
+    s.set(6);
+    ck.save(s.state);  // other steps save as before
+    ck.wait();
+    CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{6});
+    CHECK(ckpt_test::read_file(dir / "step_000000005" / "my_notes.txt") == "mine");
+    // A step a directory name cannot record is refused before anything is written.
+    s.state.step = std::int64_t{1'000'000'000'000'000'000};
+    CHECK_THROWS_WITH_AS(ck.save(s.state), doctest::Contains("above the largest"), tk::Error);
+    ck.wait();
+    CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{6});
+  }
+}
+
+TEST_CASE("Checkpointer: a resume refused for its components changes nothing, the model included") {
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(4);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  ck.save(s.state);
+  CrashState other(0.001);
+  other.set(1);
+  std::int64_t extra = 3;
+  other.state.add(
+      "sched",
+      [&] {
+        tk::StateDict sd;
+        sd.set("x", extra);
+        return sd;
+      },
+      [&](const tk::StateDict& sd) { extra = sd.get_int("x"); });
+  CHECK_THROWS_WITH_AS(ck.resume(other.state),
+                       doctest::Contains("no state for component(s) 'sched'"), tk::Error);
+  CHECK(other.check() == "");  // step 1's values everywhere, the parameters included
+  CHECK(other.state.step == 1);
+  CHECK(extra == 3);
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{4});  // not damaged: not moved
+}
+
+TEST_CASE("Checkpointer: a root the system cannot read now is an error, not a fresh start") {
+  CHECK(ckpt::detail::system_refused(tk::Error("x", "os", ENOMEM)));
+  CHECK(ckpt::detail::system_refused(tk::Error("x", "os", EMFILE)));
+  CHECK(ckpt::detail::system_refused(std::bad_alloc()));
+  CHECK_FALSE(ckpt::detail::system_refused(tk::Error("x", "os", ENOENT)));  // a missing file
+  CHECK_FALSE(ckpt::detail::system_refused(tk::Error("x")));                // what a file says
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(3);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  ck.save(s.state);
+  CrashState fresh(0.001);
+  fresh.set(1);
+  // No file descriptor left (every number below the limit in use): listing the root fails.
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  const int lowest_free = ::dup(0);
+  REQUIRE(lowest_free >= 0);
+  ::close(lowest_free);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(lowest_free);
+  std::string error;
+  bool fresh_start = false;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  try {
+    fresh_start = !ck.resume(fresh.state).has_value();
+  } catch (const tk::Error& e) {
+    error = e.what();
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &old) == 0);
+  CHECK_FALSE(fresh_start);
+  CHECK(error.find("cannot list the checkpoints in") != std::string::npos);
+  CHECK(fresh.check() == "");
+  CHECK(fresh.state.step == 1);
+  CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{"step_000000003"});
+  const auto resumed = ck.resume(fresh.state);  // the system allows it again
+  REQUIRE(resumed.has_value());
+  CHECK(resumed->step == 3);
+  CHECK(fresh.check() == "");
 }
 
 TEST_CASE("Checkpointer: async saves snapshot the state, write in the background") {

@@ -27,6 +27,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -197,6 +198,8 @@ inline std::string model_file_name(int rank, int world_size) {
 /// The step of a directory name `<prefix><digits>`, or nullopt.
 TRAINKIT_INLINE std::optional<std::int64_t> parse_step_dir(std::string_view name,
                                                            std::string_view prefix);
+/// The largest step a checkpoint directory's name records (parse_step_dir reads 18 digits).
+inline constexpr std::int64_t kMaxCheckpointStep = 999'999'999'999'999'999;
 
 /// Owner rank of each parameter for ModelSharding::kReplicated: contiguous runs balanced by
 /// bytes (a parameter goes to the rank its midpoint falls in). The same on every rank.
@@ -224,6 +227,30 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
 /// Parses checkpoint.json of `dir` (see parse_manifest). Throws trainkit::Error naming the file
 /// on any problem (missing, empty, too large, unparsable, failing its checksum, inconsistent).
 TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir);
+
+/// True when `e` says the operating system could not do what checking a checkpoint needs now
+/// (no memory, too many open files, no permission, an I/O error): nothing about the checkpoint
+/// itself, so it must not be quarantined or passed over for an older one.
+inline bool system_refused(const std::exception& e) noexcept {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  if (error == nullptr) return dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+  if (error->library() != "os") return false;
+  switch (error->code()) {
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case EACCES:
+    case EPERM:
+    case EAGAIN:
+    case EINTR:
+    case ENOBUFS:
+    case EIO:
+    case EBUSY:
+    case ETIMEDOUT:
+    case ESTALE: return true;
+    default: return false;
+  }
+}
 
 /// The message of `e` without the "trainkit: " every trainkit::Error starts with (for reasons
 /// quoted inside another message).
@@ -410,6 +437,10 @@ TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / kManifestName;
   std::error_code ec;
   const std::uintmax_t size = std::filesystem::file_size(file, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory &&
+      ec.category() == std::generic_category())
+    TRAINKIT_FAIL_OS(ec.value(), "cannot read checkpoint manifest '", file.string(),
+                     "': ", ec.message());
   TRAINKIT_CHECK(!ec, "checkpoint '", dir.string(), "' has no readable ", kManifestName, " (",
                  ec.message(), ")");
   TRAINKIT_CHECK(size <= kMaxManifestBytes, "checkpoint manifest '", file.string(), "' has ", size,
@@ -856,6 +887,19 @@ TRAINKIT_INLINE bool Checkpointer::due(std::int64_t step) const {
 TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state,
                                                          const Metrics& metrics) {
   TRAINKIT_CHECK(state.step >= 0, "ckpt::Checkpointer::save: negative step ", state.step);
+  // Step directories are listed by up to 18 digits: a larger step could be saved but never found.
+  TRAINKIT_CHECK(state.step <= detail::kMaxCheckpointStep, "ckpt::Checkpointer::save: step ",
+                 state.step, " is above the largest a checkpoint can record (",
+                 detail::kMaxCheckpointStep, ")");
+  {  // a step directory of someone else's files is never replaced (that would delete them)
+    const Candidate existing{path_for(state.step), state.step};
+    std::error_code ec;
+    TRAINKIT_CHECK(!std::filesystem::is_directory(existing.path, ec) || !foreign(existing),
+                   "ckpt::Checkpointer::save: '", existing.path.string(),
+                   "' exists, has no checkpoint manifest and holds files a checkpoint does not "
+                   "consist of; step ",
+                   state.step, " is not saved over them: move them out of the way");
+  }
   if (options_.async) wait();
   const auto t0 = std::chrono::steady_clock::now();
   Job job = options_.overlap_snapshot ? snapshot_overlapped(state, metrics)
@@ -984,11 +1028,17 @@ TRAINKIT_INLINE void Checkpointer::log(const std::string& message) const {
 TRAINKIT_INLINE std::vector<Checkpointer::Candidate> Checkpointer::candidates() const {
   std::vector<Candidate> out;
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+  std::filesystem::directory_iterator it(root_, ec), end;
+  if (ec == std::errc::no_such_file_or_directory) return out;
+  for (; !ec && it != end; it.increment(ec)) {
     const auto step = detail::parse_step_dir(it->path().filename().string(), options_.prefix);
     std::error_code dec;
     if (step && it->is_directory(dec)) out.push_back({it->path(), *step});
   }
+  // A root that cannot be read now is not an empty one (a resume would start afresh).
+  if (ec)
+    TRAINKIT_FAIL_OS(ec.value(), "ckpt: cannot list the checkpoints in '", root_.string(),
+                     "': ", ec.message());
   std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     return a.step != b.step ? a.step > b.step : a.path > b.path;
   });
@@ -1007,6 +1057,15 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
     const LoadOptions& options, const std::function<void(const CheckpointInfo&)>& check,
     const std::function<void(const CheckpointInfo&)>& verify) {
   std::vector<Damaged> damaged;
+  // The system refused to read a checkpoint: thrown at once, nothing moved or passed over.
+  const auto refused_by_system = [&](const Candidate& c, const std::exception& e) {
+    if (!detail::system_refused(e)) return;
+    const auto* error = dynamic_cast<const Error*>(&e);
+    TRAINKIT_FAIL_OS(error != nullptr ? error->code() : ENOMEM, "ckpt: cannot check checkpoint '",
+                     c.path.string(), "' now (", detail::reason_of(e),
+                     "); nothing was restored, moved or passed over: resume again once the "
+                     "system allows it");
+  };
   const auto skip = [&](const Candidate& c, const std::string& why) {
     log("resume: skipping checkpoint '" + c.path.string() + "': " + why);
     damaged.push_back({c.path, why});
@@ -1018,6 +1077,7 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
       TRAINKIT_CHECK(info.step == c.step, "checkpoint '", c.path.string(),
                      "' is damaged: its manifest says step ", info.step);
     } catch (const std::exception& e) {
+      refused_by_system(c, e);
       if (foreign(c)) {
         log("resume: ignoring '" + c.path.string() + "': not a checkpoint (" +
             detail::reason_of(e) + ")");
@@ -1032,6 +1092,7 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::select(
     try {
       verify(info);
     } catch (const std::exception& e) {
+      refused_by_system(c, e);
       skip(c, detail::reason_of(e));
       continue;
     }
@@ -1335,6 +1396,7 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
 
 TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
                                          const LoadOptions& options) {
+  state.check_state_dict(opened.state, options.restore);  // before the model changes
   if (opened.model) {
     ModelLoadOptions mo = options.model;
     mo.verify_checksum = false;

@@ -163,8 +163,14 @@ class TrainState {
   /// Restores what state_dict() produced (consumes `sd`'s entries). Checks that the components
   /// match first (see RestoreOptions), then loads them in registration order; a component that
   /// saved nothing (e.g. a disabled loss scaler) is not asked to load. A component that rejects
-  /// its state throws trainkit::Error naming it (earlier components are restored then).
+  /// its state throws trainkit::Error naming it (earlier components are restored then; the
+  /// step, epoch and metadata are not).
   TRAINKIT_INLINE void load_state_dict(StateDict sd, const RestoreOptions& options = {});
+
+  /// Throws what load_state_dict(sd, options) throws for the list of components and for the
+  /// step and epoch, changing nothing (the Checkpointer checks this before it loads the model).
+  TRAINKIT_INLINE void check_state_dict(const StateDict& sd,
+                                        const RestoreOptions& options = {}) const;
 
   /// The registered model (null when none); for the Checkpointer.
   detail::ModelEntry* model_entry() const noexcept { return model_.get(); }
@@ -225,7 +231,9 @@ TRAINKIT_INLINE void TrainState::state_dict_into(StateDict& sd) const {
   for (const auto& [k, v] : metadata) sd.values["user." + k] = v;
 }
 
-TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOptions& options) {
+namespace detail {
+/// The component names a state_dict() holds state for (its list, and every key's prefix).
+inline std::set<std::string> components_in(const StateDict& sd) {
   std::set<std::string> present;
   if (const auto it = sd.values.find("trainer.components"); it != sd.values.end()) {
     std::string_view list = it->second;
@@ -237,6 +245,13 @@ TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOpti
   }
   for (const auto& [k, v] : sd.values) present.insert(k.substr(0, k.find('.')));
   for (const auto& [k, t] : sd.tensors) present.insert(k.substr(0, k.find('.')));
+  return present;
+}
+}  // namespace detail
+
+TRAINKIT_INLINE void TrainState::check_state_dict(const StateDict& sd,
+                                                  const RestoreOptions& options) const {
+  const std::set<std::string> present = detail::components_in(sd);
   std::vector<std::string> missing, unexpected;
   for (const Component& c : components_)
     if (!present.count(c.name)) missing.push_back(c.name);
@@ -253,10 +268,18 @@ TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOpti
                    " that are not registered (RestoreOptions::"
                    "strict = false ignores them)");
   }
-  step = sd.get_int("trainer.step");
-  epoch = sd.get_int("trainer.epoch");
-  metadata.clear();
-  for (auto& [k, v] : detail::take_prefix(sd, "user").values) metadata.emplace(k, std::move(v));
+  (void)sd.get_int("trainer.step");
+  (void)sd.get_int("trainer.epoch");
+}
+
+TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOptions& options) {
+  check_state_dict(sd, options);
+  const std::set<std::string> present = detail::components_in(sd);
+  const std::int64_t saved_step = sd.get_int("trainer.step");
+  const std::int64_t saved_epoch = sd.get_int("trainer.epoch");
+  std::map<std::string, std::string> saved_metadata;
+  for (auto& [k, v] : detail::take_prefix(sd, "user").values)
+    saved_metadata.emplace(k, std::move(v));
   for (const Component& c : components_) {
     if (!present.count(c.name)) continue;
     StateDict part = detail::take_prefix(sd, c.name);
@@ -267,6 +290,10 @@ TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOpti
       TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
     }
   }
+  // Last: a component that refuses its state leaves the step, epoch and metadata as they were.
+  step = saved_step;
+  epoch = saved_epoch;
+  metadata = std::move(saved_metadata);
 }
 
 TRAINKIT_INLINE void TrainState::check_name(const std::string& name) const {

@@ -89,7 +89,7 @@ class MappedFile {
  private:
   [[noreturn]] void fail(const char* what) const {
     const int err = errno;
-    TRAINKIT_FAIL(what, " '", path_, "': ", std::strerror(err), " (errno ", err, ")");
+    TRAINKIT_FAIL_OS(err, what, " '", path_, "': ", std::strerror(err), " (errno ", err, ")");
   }
 
   std::string path_;

@@ -761,7 +761,7 @@ TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
   } f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   const auto fail_errno = [&](const char* what) {
     const int err = errno;
-    TRAINKIT_FAIL(what, " '", source, "': ", detail::errno_text(err));
+    TRAINKIT_FAIL_OS(err, what, " '", source, "': ", detail::errno_text(err));
   };
   if (f.fd < 0) fail_errno("cannot open");
   struct stat st {};
