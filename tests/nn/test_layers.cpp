@@ -649,6 +649,18 @@ TEST_CASE("Embedding: matches PyTorch (repeated ids), accumulate mode, id range 
       emb.forward(pool(), tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{2}}),
                   out.view<2>().slice(0, 0, 2)),
       tk::Error);
+  // Backward checks its own ids (they may not be forward's), before any gradient changes.
+  const std::vector<float> grads_before(arena.grads_data(),
+                                        arena.grads_data() + arena.buffer_numel());
+  for (const std::int64_t wrong : {std::int64_t{6}, std::int64_t{-1}, std::int64_t{1} << 40}) {
+    CAPTURE(wrong);
+    std::vector<std::int64_t> ids2 = {0, 3, wrong};
+    CHECK_THROWS_WITH_AS(
+        emb.backward(pool(), tk::HostView<const std::int64_t, 1>(ids2.data(), tk::Extents<1>{{3}}),
+                     dout.view<2>().slice(0, 0, 3)),
+        doctest::Contains("at position 2 is out of range [0, 6)"), tk::Error);
+  }
+  CHECK(std::equal(grads_before.begin(), grads_before.end(), arena.grads_data()));
 }
 
 // ---- SoftmaxCrossEntropy ----------------------------------------------------------------------
@@ -712,4 +724,17 @@ TEST_CASE("SoftmaxCrossEntropy: PyTorch parity with ignore_index, finite differe
       ce2.forward(pool(), ctx, lrv,
                   tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{n}}), lv),
       tk::Error);
+  // Backward checks its own targets (they may not be forward's), before writing a gradient.
+  ce2.forward(pool(), ctx, lrv, nv, lv);
+  std::fill(g.begin(), g.end(), 7.0f);
+  for (const std::int64_t wrong : {std::int64_t{v}, std::int64_t{-5}, std::int64_t{1} << 40}) {
+    CAPTURE(wrong);
+    bad[2] = wrong;
+    CHECK_THROWS_WITH_AS(
+        ce2.backward(pool(), ctx, lrv,
+                     tk::HostView<const std::int64_t, 1>(bad.data(), tk::Extents<1>{{n}}),
+                     mat(g.data(), n, v)),
+        doctest::Contains("target"), tk::Error);
+  }
+  for (float gi : g) CHECK(gi == 7.0f);
 }

@@ -481,6 +481,31 @@ TEST_CASE("plan: bad inputs give errors naming the flag") {
   CHECK(run_error([](plan::GptRun& r) {
           r.model.n_layer = std::int64_t{1} << 40;
         }).find("beyond") != std::string::npos);
+  CHECK(run_error([](plan::GptRun& r) {
+          r.model.n_layer = (std::int64_t{1} << 14) + 1;  // counting them would take gigabytes
+        }).find("--layers at most 2^14") != std::string::npos);
+  // Sizes each within the limits whose bytes add up past 64 bits: an error, not a small (or
+  // negative) total that "fits".
+  CHECK(run_error([](plan::GptRun& r) {
+          r.model = {.vocab_size = 256, .block_size = 4096, .n_layer = 2, .n_head = 16,
+                     .n_embd = 16};
+          r.seq = 4096;
+          r.batch = std::int64_t{1} << 31;
+          r.device = false;
+          r.evaluation = true;
+        }).find("plan: a memory size") != std::string::npos);
+  for (const std::int64_t batch : {std::int64_t{1} << 20, std::int64_t{1} << 26}) {
+    CAPTURE(batch);  // where the sum still fits, the totals are the lines' sum and positive
+    plan::GptRun r = gpt2_small();
+    r.batch = batch;
+    try {
+      const plan::MemoryPlan m = plan::gpt_memory(r);
+      CHECK(m.total_bytes() > 0);
+      CHECK(m.device_bytes() > 0);
+    } catch (const tk::Error& e) {
+      CHECK(std::string(e.what()).find("plan: a memory size") != std::string::npos);
+    }
+  }
   CHECK(error_of([] { plan::parse_precision("fp8"); }) ==
         "trainkit: --precision: precision 'fp8' is not fp32, tf32, bf16 or fp16");
   const std::vector<plan::Device> devices = plan::known_devices();

@@ -67,8 +67,10 @@ TRAINKIT_HOST_DEVICE inline float cross_entropy_grad(float softmax, float scale,
   return target ? g - scale : g;
 }
 
+/// Throws naming the first target outside [0, vocab) that is not ignore_index (the logits of
+/// a row are addressed by it unchecked).
 template <class T, class I>
-void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
+void check_cross_entropy_targets(const CrossEntropyArgs<T, I>& a) {
   const std::int64_t V = a.vocab;
   for (std::int64_t r = 0; r < a.rows; ++r) {
     const auto t = static_cast<std::int64_t>(a.targets[r]);
@@ -76,6 +78,12 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
                    " of row ", r, " is out of range [0, ", V, ") and not ignore_index (",
                    a.ignore_index, ")");
   }
+}
+
+template <class T, class I>
+void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
+  const std::int64_t V = a.vocab;
+  check_cross_entropy_targets(a);
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* l = a.logits + r * a.ld;
@@ -105,6 +113,7 @@ void cross_entropy_forward(const exec::Host& host, const CrossEntropyArgs<T, I>&
 template <class T, class I>
 void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>& a) {
   const std::int64_t V = a.vocab;
+  check_cross_entropy_targets(a);  // backward may be given other targets than forward was
   const float scale = *a.count > 0.0f ? backward_dloss(a) / *a.count : 0.0f;
   for_rows(host, a.rows, 2 * V, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -205,6 +214,7 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const float count = *a.count;
   const float scale = count > 0.0f ? backward_dloss(a) / count : 0.0f;
   const bool ignored = t == a.ignore_index;
+  if (!ignored && (t < 0 || t >= V)) __trap();  // as forward: an index assertion
   const float m = a.row_max[r];
   const float log_sum = a.log_sum[r];
   for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {

@@ -40,14 +40,19 @@ struct EmbeddingArgs {
   bool accumulate;
 };
 
+/// Throws naming the first id outside [0, vocab) (rows of the table are addressed unchecked).
 template <class T, class I>
-void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
-  // Validate ids first (the table row is read unchecked below).
+void check_embedding_ids(const EmbeddingArgs<T, I>& a) {
   for (std::int64_t i = 0; i < a.n; ++i) {
     const auto id = static_cast<std::int64_t>(a.ids[i]);
     TRAINKIT_CHECK(id >= 0 && id < a.vocab, "nn::Embedding: id ", id, " at position ", i,
                    " is out of range [0, ", a.vocab, ")");
   }
+}
+
+template <class T, class I>
+void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
+  check_embedding_ids(a);
   for_rows(host, a.n, a.cols, [&](std::int64_t r0, std::int64_t r1) TRAINKIT_INLINE_LAMBDA {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* src = a.w + static_cast<std::int64_t>(a.ids[r]) * a.cols;
@@ -64,6 +69,7 @@ void embedding_forward(const exec::Host& host, const EmbeddingArgs<T, I>& a) {
 template <class T, class I>
 void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
                         Scratch<Space::kHost>& /*scratch*/) {
+  check_embedding_ids(a);  // backward may be given other ids than forward was
   // Column blocks in parallel; within a block, positions in order: deterministic.
   constexpr std::int64_t kBlock = 64;
   const std::int64_t blocks = (a.cols + kBlock - 1) / kBlock;
@@ -111,10 +117,12 @@ __global__ void __launch_bounds__(256)
     embedding_backward_sorted_kernel(const I* __restrict__ keys,
                                      const std::int32_t* __restrict__ pos,
                                      const T* __restrict__ dout, float* __restrict__ dw,
-                                     std::int64_t n, std::int64_t cols) {
+                                     std::int64_t n, std::int64_t cols, std::int64_t vocab) {
   __shared__ std::int64_t run_end;
   const std::int64_t i = blockIdx.x;
   const I id = keys[i];
+  // Out-of-range ids cannot throw on the device: they trap, as an index assertion would.
+  if (static_cast<std::int64_t>(id) < 0 || static_cast<std::int64_t>(id) >= vocab) __trap();
   if (i > 0 && keys[i - 1] == id) return;
   if (threadIdx.x == 0) {
     std::int64_t e = i + 1;
@@ -195,8 +203,8 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
   TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
                                                       pos_out, n, 0, end_bit, stream));
-  embedding_backward_sorted_kernel<T, I>
-      <<<static_cast<unsigned>(a.n), 256, 0, stream>>>(keys, pos_out, a.dout, a.dw, a.n, a.cols);
+  embedding_backward_sorted_kernel<T, I><<<static_cast<unsigned>(a.n), 256, 0, stream>>>(
+      keys, pos_out, a.dout, a.dw, a.n, a.cols, a.vocab);
   TRAINKIT_CUDA_CHECK(cudaGetLastError());
 }
 

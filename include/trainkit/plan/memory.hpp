@@ -113,12 +113,13 @@ inline void check_run(const GptRun& r) {
   TRAINKIT_CHECK(r.ranks > 0, "--ranks must be > 0, got ", r.ranks);
   TRAINKIT_CHECK(r.loader_depth == 0 || r.loader_depth >= 2, "loader depth must be 0 or >= 2, got ",
                  r.loader_depth);
-  // The planner multiplies these in 64 bits; keep every factor well inside.
+  // The planner multiplies these in 64 bits; keep every factor well inside. The layers are
+  // registered into an arena to be counted (kilobytes each): at most 2^14.
   constexpr std::int64_t kMax = std::int64_t{1} << 24;
-  TRAINKIT_CHECK(m.n_layer <= kMax && m.n_embd <= kMax && m.vocab_size <= kMax &&
+  TRAINKIT_CHECK(m.n_layer <= (std::int64_t{1} << 14) && m.n_embd <= kMax && m.vocab_size <= kMax &&
                      m.block_size <= kMax && r.batch <= (std::int64_t{1} << 31) && r.ranks <= kMax,
-                 "plan: a size is beyond what the planner handles (each of --layers, --dim, "
-                 "--vocab, --seq and --ranks at most 2^24, --batch at most 2^31)");
+                 "plan: a size is beyond what the planner handles (--layers at most 2^14; each "
+                 "of --dim, --vocab, --seq and --ranks at most 2^24, --batch at most 2^31)");
 }
 
 /// The parameter counts of a nn::Gpt, read from a ParamArena the model registered into (the
@@ -155,6 +156,12 @@ template <class... R>
 std::int64_t mul(std::int64_t a, std::int64_t b, std::int64_t c, R... rest) {
   return mul(mul(a, b), c, rest...);
 }
+/// a + b + ...: throws a plan error when the sum leaves 64 bits.
+inline std::int64_t add(std::int64_t a) { return a; }
+template <class... R>
+std::int64_t add(std::int64_t a, std::int64_t b, R... rest) {
+  return add(checked_add(a, b, "plan: a memory size"), rest...);
+}
 
 /// Whether a run's attention takes the GPU's fused core (nn::CausalSelfAttention's rule).
 inline bool gpt_fused_attention(const nn::GptOptions& m, bool device) {
@@ -173,9 +180,9 @@ inline std::int64_t gpt_context_bytes(const nn::GptOptions& m, std::int64_t B, s
   // ln_1, ln_2 stats; qkv (3NC), heads (NC), h1, x1, h2 (NC each), pre and g (4NC each);
   // the probabilities [B, H, T, T], or the fused core's f32 log-sum-exps [B, H, T].
   const std::int64_t saved = fused ? mul(B, H, T, 4) : mul(B, H, T, T, a);
-  const std::int64_t block = 2 * ln_stats + mul(15, NC, a) + saved;
-  std::int64_t bytes = mul(L + 1, NC, a) + mul(NC, a) + mul(N, 4) + ln_stats + mul(L, block);
-  if (dropout) bytes += mul(NC, a);  // the embeddings before dropout
+  const std::int64_t block = add(mul(2, ln_stats), mul(15, NC, a), saved);
+  std::int64_t bytes = add(mul(L + 1, NC, a), mul(NC, a), mul(N, 4), ln_stats, mul(L, block));
+  if (dropout) bytes = add(bytes, mul(NC, a));  // the embeddings before dropout
   return bytes;
 }
 
@@ -192,8 +199,8 @@ inline std::int64_t gpt_workspace_bytes(const nn::GptOptions& m, std::int64_t B,
   const std::int64_t scores = fused ? mul(B, H, T, 4) : mul(B, H, T, T, 4);
   const std::int64_t dscores = a == 4 || fused ? 0 : mul(B, H, T, T, a);
   // a (NC), dheads (NC), dqkv (3NC), dpre (4NC), dh (NC), dx1 (NC): 11 NC.
-  const std::int64_t block = mul(11, NC, a) + scores + dscores + 2 * ln_partial;
-  return mul(L, block) + ln_partial + mul(2, NC, a);
+  const std::int64_t block = add(mul(11, NC, a), scores, dscores, mul(2, ln_partial));
+  return add(mul(L, block), ln_partial, mul(2, NC, a));
 }
 
 }  // namespace detail
@@ -230,7 +237,7 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
   std::string names;
   for (int k = 0; k < states; ++k)
     names += std::string(k == 0 ? "" : ", ") + optim::detail::AdamWRule::kStates[std::size_t(k)];
-  p.lines.push_back({"optimizer state", mul(states, n, bf16_state ? 2 : 4) + tables,
+  p.lines.push_back({"optimizer state", detail::add(mul(states, n, bf16_state ? 2 : 4), tables),
                      "AdamW " + names + (bf16_state ? " (bf16)" : " (f32)")});
   if (a == 2)
     p.lines.push_back({"compute copy", mul(n, 2),
@@ -247,7 +254,7 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
                      "saved for backward, " + shape});
   const std::int64_t N = mul(B, T);
   const std::int64_t ld = nn::logits_row_stride(m.vocab_size);  // CausalLmTask's padded rows
-  p.lines.push_back({"logits", mul(2, N, ld, a) + mul(3 * N + 1, 4) + 4,
+  p.lines.push_back({"logits", detail::add(mul(2, N, ld, a), mul(3 * N + 1, 4), 4),
                      trainkit::detail::concat("logits and their gradient [", N, ", ", m.vocab_size,
                                               "] (rows of ", ld, "), cross-entropy statistics")});
   p.lines.push_back({"backward workspaces", detail::gpt_workspace_bytes(m, B, T, a, fused),
@@ -277,6 +284,8 @@ inline MemoryPlan gpt_memory(const GptRun& run, const GptSizes& sizes) {
     p.lines.push_back(
         {"gradient staging", mul(n, 2),
          trainkit::detail::concat("bf16 all-reduce staging over ", run.ranks, " ranks")});
+  std::int64_t total = 0;  // so that device_bytes() and total_bytes() fit 64 bits
+  for (const MemoryLine& l : p.lines) total = detail::add(total, l.bytes);
   return p;
 }
 
