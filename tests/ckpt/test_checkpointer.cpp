@@ -380,6 +380,46 @@ TEST_CASE("Checkpointer: a root the system cannot read now is an error, not a fr
   CHECK(fresh.check() == "");
 }
 
+TEST_CASE("Checkpointer: a manifest intact by its checksum but missing a field names itself") {
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(2);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  ck.save(s.state);
+  const auto file = dir / "step_000000002" / "checkpoint.json";
+  const std::string good = ckpt_test::read_file(file);
+  // The text with `edit` applied, resealed with the checksum of its new content.
+  const auto resealed = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const std::size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    const std::size_t digits = ckpt::detail::kManifestPrefix.size();
+    text.replace(digits, 16, ckpt::hex64(ckpt::detail::manifest_checksum(text)));
+    return text;
+  };
+  const std::string where = file.string();
+  struct Case {
+    std::string from, to, message;
+  };
+  const Case cases[] = {{"\"epoch\": 0,", "", "JSON object has no member 'epoch'"},
+                        {"\"epoch\": 0", "\"epoch\": \"zero\"", "is string, expected"},
+                        {"\"step\": 2", "\"step\": true", "is bool, expected"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.from);
+    const std::string text = resealed(c.from, c.to);
+    std::string error;
+    try {
+      (void)ckpt::detail::parse_manifest(text, file.parent_path(), where);
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("checkpoint manifest '" + where + "' is malformed (") != std::string::npos);
+    CHECK(error.find(c.message) != std::string::npos);
+  }
+  CHECK(ckpt::detail::parse_manifest(good, file.parent_path(), where).step == 2);
+}
+
 TEST_CASE("Checkpointer: async saves snapshot the state, write in the background") {
   TempDir dir;
   CrashState s(4.0);

@@ -254,6 +254,12 @@ TEST_CASE("safetensors writer: alignment option and bad input") {
   io::SafetensorsWriteOptions bad;
   bad.alignment = 12;
   CHECK_THROWS_WITH(io::safetensors_bytes({}, {}, bad), doctest::Contains("power of two"));
+  for (const std::size_t huge :
+       {std::size_t{1} << 21, std::size_t{1} << 44, std::size_t{1} << 63}) {
+    bad.alignment = huge;  // refused before the header is padded to it
+    CHECK_THROWS_WITH_AS(io::safetensors_bytes({}, {}, bad),
+                         doctest::Contains("is not a power of two in [8, 2^20]"), trainkit::Error);
+  }
 
   const auto expect_invalid = [](const std::vector<io::NamedTensor>& t,
                                  const io::SafetensorsMetadata& m, std::string_view what) {
@@ -268,6 +274,14 @@ TEST_CASE("safetensors writer: alignment option and bad input") {
   };
   const AnyTensorView v(DType::kF32, {1}, f);
   expect_invalid({{"a", v}, {"a", v}}, {}, "'a' appears twice");
+  {  // equal names of different dtypes, another tensor sorting between them
+    const std::int64_t i64 = 1;
+    const double f64 = 2.0;
+    expect_invalid({{"a", AnyTensorView(DType::kI64, {1}, &i64)},
+                    {"b", AnyTensorView(DType::kF64, {1}, &f64)},
+                    {"a", v}},
+                   {}, "'a' appears twice");
+  }
   expect_invalid({{"__metadata__", v}}, {}, "reserved");
   expect_invalid({{"bad\xff", v}}, {}, "not UTF-8");
   expect_invalid({}, {{"k", "\xc0\x80"}}, "not UTF-8");

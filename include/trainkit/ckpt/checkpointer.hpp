@@ -381,35 +381,41 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
   TRAINKIT_CHECK(summed, "checkpoint manifest '", where, "' does not start with its ",
                  kManifestChecksumKey, " checksum (damaged or edited)");
   CheckpointInfo info;
-  info.path = dir;
-  info.step = root.at("step").as_int();
-  info.epoch = root.at("epoch").as_int();
-  info.world_size = static_cast<int>(
-      std::clamp<std::int64_t>(root.at("world_size").as_int(), 0, std::numeric_limits<int>::max()));
-  TRAINKIT_CHECK(info.world_size >= 1, "checkpoint manifest '", where, "': world_size < 1");
-  info.created_unix = root.at("created_unix").as_int();
-  for (const io::JsonMember& m : root.at("metrics").as_object())
-    info.metrics.emplace(m.key, metric_value(m.value));
-  for (const io::JsonMember& m : root.at("metadata").as_object())
-    info.metadata.emplace(m.key, m.value.as_string());
-  const io::Json& model = root.at("model");
-  if (!model.is_null()) info.model_file = model.as_string();
-  for (const io::JsonMember& m : root.at("files").as_object()) {
-    CheckpointInfo::File f;
-    f.name = m.key;
-    TRAINKIT_CHECK(
-        !f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." && f.name != ".",
-        "checkpoint manifest '", where, "' lists the file '", f.name,
-        "', which is not a plain file name");
-    for (const CheckpointInfo::File& g : info.files)
-      TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
-                     "' twice");
-    f.bytes = m.value.at("bytes").as_uint();
-    const auto h = parse_hex64(m.value.at("xxh64").as_string());
-    TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
-                   "' has a malformed xxh64");
-    f.xxh64 = *h;
-    info.files.push_back(std::move(f));
+  try {  // a field missing or of another type: the JSON reader's message, with the file
+    info.path = dir;
+    info.step = root.at("step").as_int();
+    info.epoch = root.at("epoch").as_int();
+    info.world_size = static_cast<int>(std::clamp<std::int64_t>(root.at("world_size").as_int(), 0,
+                                                                std::numeric_limits<int>::max()));
+    TRAINKIT_CHECK(info.world_size >= 1, "checkpoint manifest '", where, "': world_size < 1");
+    info.created_unix = root.at("created_unix").as_int();
+    for (const io::JsonMember& m : root.at("metrics").as_object())
+      info.metrics.emplace(m.key, metric_value(m.value));
+    for (const io::JsonMember& m : root.at("metadata").as_object())
+      info.metadata.emplace(m.key, m.value.as_string());
+    const io::Json& model = root.at("model");
+    if (!model.is_null()) info.model_file = model.as_string();
+    for (const io::JsonMember& m : root.at("files").as_object()) {
+      CheckpointInfo::File f;
+      f.name = m.key;
+      TRAINKIT_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." &&
+                         f.name != ".",
+                     "checkpoint manifest '", where, "' lists the file '", f.name,
+                     "', which is not a plain file name");
+      for (const CheckpointInfo::File& g : info.files)
+        TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
+                       "' twice");
+      f.bytes = m.value.at("bytes").as_uint();
+      const auto h = parse_hex64(m.value.at("xxh64").as_string());
+      TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
+                     "' has a malformed xxh64");
+      f.xxh64 = *h;
+      info.files.push_back(std::move(f));
+    }
+  } catch (const Error& e) {
+    const std::string why = reason_of(e);
+    if (why.find(where) != std::string::npos) throw;
+    TRAINKIT_FAIL("checkpoint manifest '", where, "' is malformed (", why, ")");
   }
   // Every file a resume reads is listed, so that it is verified before it is read.
   const auto listed = [&](const std::string& name) {

@@ -850,8 +850,18 @@ TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> 
   };
   detail::require_little_endian("safetensors writer");
   const std::size_t align = options.alignment;
-  if (align < 8 || (align & (align - 1)) != 0)
-    invalid(concat("alignment ", align, " is not a power of two >= 8"));
+  // At most 1 MiB: the header is padded to it (readers accept headers up to 100 MB).
+  if (align < 8 || (align & (align - 1)) != 0 || align > (std::size_t{1} << 20))
+    invalid(concat("alignment ", align, " is not a power of two in [8, 2^20]"));
+  {  // every name once (the layout's order sorts by dtype first: equal names need not meet)
+    std::vector<std::string_view> names;
+    names.reserve(tensors.size());
+    for (const NamedTensor& t : tensors) names.push_back(t.name);
+    std::sort(names.begin(), names.end());
+    const auto twice = std::adjacent_find(names.begin(), names.end());
+    if (twice != names.end())
+      invalid(concat("tensor name '", detail::printable(*twice), "' appears twice"));
+  }
 
   SafetensorsLayout layout;
   layout.order.resize(tensors.size());
@@ -883,8 +893,6 @@ TRAINKIT_INLINE SafetensorsLayout plan_safetensors(std::span<const NamedTensor> 
   for (std::size_t k = 0; k < layout.order.size(); ++k) {
     const NamedTensor& t = tensors[layout.order[k]];
     const std::string name = detail::printable(t.name);
-    if (k > 0 && t.name == tensors[layout.order[k - 1]].name)
-      invalid(concat("tensor name '", name, "' appears twice"));
     if (t.name == "__metadata__") invalid("'__metadata__' is reserved and cannot name a tensor");
     if (!is_valid_utf8(t.name)) invalid(concat("tensor name '", name, "' is not UTF-8"));
     const std::uint64_t nbytes = t.tensor.bytes();
