@@ -4,10 +4,14 @@
 // refusal path.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <trainkit/core/half.hpp>
 #include <trainkit/io/npy.hpp>
@@ -251,4 +255,31 @@ TEST_CASE("npy: write_npy of every dtype reads back through NpyFile") {
                    tk::io::write_npy<std::int32_t>(dir / "b.npy", shape, std::span(v).first(7));
                  }),
                  {"b.npy", "holds 8 elements but 7"});
+
+  // A write that fails part-way (a file size limit, as a full disk) leaves the old file whole.
+  std::vector<float> big(std::size_t{1} << 20, 1.5f);
+  const std::vector<std::int64_t> big_shape{1 << 20};
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
+  rlimit tight = old;
+  tight.rlim_cur = 100000;
+  std::string error;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
+  try {
+    tk::io::write_npy<float>(dir / "a.npy", big_shape, big);
+  } catch (const tk::Error& e) {
+    error = e.what();
+  }
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(error.find("a.npy") != std::string::npos);
+  tk::io::NpyFile again(dir / "a.npy");
+  CHECK(again.shape() == shape);
+  const auto r2 = again.values<std::int32_t>();
+  CHECK(std::vector<std::int32_t>(r2.begin(), r2.end()) == v);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"a.npy"});  // no partial file beside it
 }

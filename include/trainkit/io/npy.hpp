@@ -23,6 +23,7 @@
 #include "trainkit/core/checked.hpp"
 #include "trainkit/core/dtype.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/atomic_file.hpp"
 #include "trainkit/io/mmap.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -253,7 +254,8 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
-/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure.
+/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure,
+/// leaving a file already at `path` as it was (the new one is renamed over it once complete).
 TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
                                std::span<const std::int64_t> shape, const void* data);
 
@@ -490,14 +492,11 @@ TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
   for (std::int64_t d : shape)
     bytes = checked_mul(bytes, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
                         path.string(), "'): array bytes");
-  std::FILE* f = std::fopen(path.string().c_str(), "wb");
-  TRAINKIT_CHECK(f != nullptr, "write_npy: cannot create '", path.string(),
-                 "': ", std::strerror(errno));
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  ok = ok && (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
-  ok = (std::fclose(f) == 0) && ok;
-  TRAINKIT_CHECK(ok, "write_npy: cannot write ", header.size() + bytes, " bytes to '",
-                 path.string(), "' (disk full?)");
+  // Written beside the path and renamed over it: a failed write leaves the old file as it was.
+  AtomicFile out(path, AtomicFileOptions{.durable = false});
+  out.write(header.data(), header.size());
+  if (bytes != 0) out.write(data, bytes);
+  out.commit();
 }
 
 #endif  // TRAINKIT_IMPL
