@@ -162,6 +162,11 @@ TEST_CASE("json: the depth limit stops deep nesting without recursion blowing up
   CHECK(parse_error("{\"a\":{\"b\":{}}}", io::JsonLimits{.max_depth = 2}).kind ==
         io::JsonErrorKind::kTooDeep);
   CHECK(Json::try_parse("{\"a\":{\"b\":1}}", nullptr, io::JsonLimits{.max_depth = 2}));
+  // The length limit: an array of max_array elements parses, one more is refused where it is.
+  CHECK(Json::try_parse("[1,2,3]", nullptr, io::JsonLimits{.max_array = 3}));
+  const io::JsonParseError e = parse_error("{\"x\":[[1,2,3,4]]}", io::JsonLimits{.max_array = 3});
+  CHECK(e.kind == io::JsonErrorKind::kTooLong);
+  CHECK(e.offset == 13);  // at the fourth element
 }
 
 TEST_CASE("json: building values and pretty printing") {

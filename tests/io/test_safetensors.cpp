@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -494,6 +495,14 @@ TEST_CASE("safetensors reader: every validation rule has a crafted bad file") {
     bad(R"({"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "expected a string",
         "x");
     bad(R"({"a":{"dtype":"U8","shape":[[[[[[[[1]]]]]]]],"data_offsets":[0,1]}})", "", "x");
+    {  // 4 MB of zeros in one shape: refused as it is read (not built into a tree of gigabytes)
+      std::string zeros = R"({"a":{"dtype":"U8","shape":[)";
+      for (int i = 0; i < (1 << 21); ++i) zeros += i == 0 ? "0" : ",0";
+      zeros += R"(],"data_offsets":[0,0]}})";
+      const auto t0 = std::chrono::steady_clock::now();
+      bad(zeros, "an array of more than 64 elements");
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    }
   }
   SUBCASE("InvalidOffset") {
     expect_rule(st_image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", "xx"),

@@ -44,6 +44,9 @@ struct JsonLimits {
   /// Nesting of arrays/objects; deeper input is an error, never a crash. Values above
   /// kJsonMaxDepth act as kJsonMaxDepth.
   int max_depth = 64;
+  /// Elements of one array; a longer one is an error (kTooLong) found before it is all built:
+  /// a format whose arrays are short keeps a large text from becoming a far larger tree.
+  std::size_t max_array = std::numeric_limits<std::size_t>::max();
 };
 
 /// Why a parse failed (JsonParseError::kind), so callers can map it to their own rules.
@@ -52,6 +55,7 @@ enum class JsonErrorKind : std::uint8_t {
   kInvalidUtf8,   ///< a string holds bytes that are not UTF-8, or an unpaired \u surrogate
   kDuplicateKey,  ///< an object names the same key twice (JsonParseError::key says which)
   kTooDeep,       ///< nesting deeper than JsonLimits::max_depth (or kJsonMaxDepth)
+  kTooLong,       ///< an array longer than JsonLimits::max_array
   kOutOfMemory,   ///< the parsed value did not fit in memory (std::bad_alloc while building it)
 };
 
@@ -529,6 +533,10 @@ TRAINKIT_INLINE bool JsonParser::parse_array(Json& out, int depth) {
   for (;;) {
     skip_space();
     Json element;
+    if (out.array_.size() == limits_.max_array)
+      return fail(
+          JsonErrorKind::kTooLong,
+          ::trainkit::detail::concat("an array of more than ", limits_.max_array, " elements"));
     if (!parse_value(element, depth)) return false;
     out.array_.push_back(std::move(element));
     skip_space();

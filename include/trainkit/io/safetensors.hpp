@@ -506,8 +506,11 @@ TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json
     safetensors_fail(R::kInvalidHeader, source,
                      concat("header is not valid UTF-8 (bad byte at header offset ", bad, ")"));
   JsonParseError error;
-  // Depth 4 is enough for the format ({name: {shape: [..]}}); refuse anything deeper early.
-  std::optional<Json> parsed = Json::try_parse(json, &error, JsonLimits{.max_depth = 8});
+  // Depth 4 is enough for the format ({name: {shape: [..]}}), and its arrays hold at most
+  // kMaxRank dimensions or two offsets: refuse anything deeper or longer as it is met (a header
+  // of millions of zeros in one shape would otherwise take gigabytes to parse).
+  std::optional<Json> parsed =
+      Json::try_parse(json, &error, JsonLimits{.max_depth = 8, .max_array = 64});
   if (!parsed) {
     if (error.kind == JsonErrorKind::kOutOfMemory)
       safetensors_fail(
