@@ -420,6 +420,21 @@ TEST_CASE("Checkpointer: a manifest intact by its checksum but missing a field n
   CHECK(ckpt::detail::parse_manifest(good, file.parent_path(), where).step == 2);
 }
 
+TEST_CASE("Checkpointer: names and texts a manifest cannot hold are refused, naming them") {
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(2);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  CHECK_THROWS_WITH_AS(ck.save(s.state, {{"val/\xff", 1.0}}),
+                       doctest::Contains("step 2: metric name 'val/"), tk::Error);
+  s.state.metadata["note"] = "caf\xe9";  // Latin-1, not UTF-8
+  CHECK_THROWS_WITH_AS(ck.save(s.state),
+                       doctest::Contains("the value of metadata key 'note', 'caf"), tk::Error);
+  s.state.metadata["note"] = "caf\xc3\xa9";
+  ck.save(s.state, {{"val/loss", 1.0}});
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{2});
+}
+
 TEST_CASE("Checkpointer: async saves snapshot the state, write in the background") {
   TempDir dir;
   CrashState s(4.0);
