@@ -603,6 +603,36 @@ TEST_CASE("Dropout: Philox mask, scaling, determinism, eval, p = 0 and p = 1") {
   all.forward(pool(), xv, yv);
   for (std::int64_t i = 0; i < n; i += 101) CHECK(y[std::size_t(i)] == 0.0f);
   CHECK_THROWS_AS(nn::Dropout({.p = 1.5f}), tk::Error);
+
+  // As torch's x * mask: a dropped inf or NaN gives NaN, a dropped negative -0 (an overflowed
+  // gradient stays visible to the loss scaler); kept ones are scaled.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> odd = {inf, -inf, nan, -3.0f, 5.0f, inf, nan, -1.0f};
+  std::vector<float> out(odd.size());
+  const tk::HostView<float, 1> ov(odd.data(), tk::Extents<1>{{8}});
+  const tk::HostView<float, 1> outv(out.data(), tk::Extents<1>{{8}});
+  all.forward(pool(), ov, outv);
+  for (std::size_t i = 0; i < odd.size(); ++i) {
+    CAPTURE(i);
+    if (std::isfinite(odd[i])) {
+      CHECK(out[i] == 0.0f);
+      CHECK(std::signbit(out[i]) == std::signbit(odd[i]));
+    } else {
+      CHECK(std::isnan(out[i]));
+    }
+  }
+  nn::Dropout half({.p = 0.5f, .seed = 9});
+  half.forward(pool(), ov, outv);
+  for (std::size_t i = 0; i < odd.size(); ++i) {
+    CAPTURE(i);
+    if (half.kept(std::int64_t(i)) || std::isfinite(odd[i])) {
+      const float want = odd[i] * (half.kept(std::int64_t(i)) ? 2.0f : 0.0f);
+      CHECK((out[i] == want || (std::isnan(out[i]) && std::isnan(want))));
+    } else {
+      CHECK(std::isnan(out[i]));
+    }
+  }
 }
 
 // ---- residual ---------------------------------------------------------------------------------

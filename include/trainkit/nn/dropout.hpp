@@ -21,7 +21,8 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace nn {
 namespace detail {
 
-/// y[i] = keep(i) ? x[i] * scale : 0, keep(i) = uniform(seed, stream, offset + i) >= p.
+/// y[i] = x[i] * (keep(i) ? scale : 0), keep(i) = uniform(seed, stream, offset + i) >= p: a
+/// dropped inf or NaN stays NaN, as torch's x * mask does (a gradient overflow stays visible).
 /// Draws 4 uniforms per Philox block; each element uses word (offset + i) % 4 of its block.
 template <class T, bool Accumulate>
 struct DropoutApply {
@@ -33,7 +34,7 @@ struct DropoutApply {
   float scale;
   TRAINKIT_HOST_DEVICE void operator()(std::int64_t i) const {
     const bool keep = p <= 0.0f || philox_uniform(seed, stream, static_cast<std::uint64_t>(i)) >= p;
-    float v = keep ? load(x[i]) * scale : 0.0f;
+    float v = load(x[i]) * (keep ? scale : 0.0f);
     if constexpr (Accumulate) v += load(y[i]);
     y[i] = store<T>(v);
   }
