@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <trainkit/core/half.hpp>
@@ -43,6 +45,21 @@ TEST_CASE("count_correct: random batches against argmax, ties and bad targets") 
   CHECK_THROWS_WITH_AS(
       tk::nn::count_correct(tk::make_view(l.data(), {3, 2}), tk::make_view(t.data(), {2})),
       doctest::Contains("2 targets for 3 rows"), tk::Error);
+
+  // NaN is the largest value, as torch.argmax has it: the first NaN of a row is its argmax.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> rows = {1,   nan, 0, nan,  //
+                                   nan, 5,   7, 1,    //
+                                   2,   9,   9, 3};
+  for (const auto& [row, target, hit] :
+       {std::tuple{0, 1, 1}, std::tuple{0, 3, 0}, std::tuple{1, 0, 1}, std::tuple{1, 2, 0},
+        std::tuple{2, 1, 1}, std::tuple{2, 2, 0}}) {
+    CAPTURE(row);
+    CAPTURE(target);
+    const std::int64_t want_target = target;
+    CHECK(tk::nn::count_correct(tk::make_view(rows.data() + 4 * row, {1, 4}),
+                                tk::make_view(&want_target, {1})) == hit);
+  }
 }
 
 }  // namespace

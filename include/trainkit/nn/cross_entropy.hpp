@@ -381,9 +381,11 @@ std::int64_t count_correct(HostView<TL, 2> logits, HostView<I, 1> targets) {
                  " targets for ", logits.size(0), " rows of logits");
   std::int64_t correct = 0;
   for (std::int64_t r = 0; r < logits.size(0); ++r) {
-    std::int64_t best = 0;
-    for (std::int64_t k = 1; k < logits.size(1); ++k)
-      if (detail::load(logits(r, k)) > detail::load(logits(r, best))) best = k;
+    std::int64_t best = 0;  // NaN is the largest, as torch.argmax has it
+    for (std::int64_t k = 1; k < logits.size(1); ++k) {
+      const float v = detail::load(logits(r, k)), b = detail::load(logits(r, best));
+      if (!std::isnan(b) && (v > b || std::isnan(v))) best = k;
+    }
     correct += logits.size(1) > 0 && static_cast<std::int64_t>(targets(r)) == best;
   }
   return correct;
