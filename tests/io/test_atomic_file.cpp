@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,6 +33,14 @@ TEST_CASE("atomic_file: creates and replaces a file, leaving no temp file") {
                                                std::as_bytes(std::span(b))};
   io::write_file_atomic(target, pieces);
   CHECK(io_test::read_file(target) == "abcdefg");
+
+  // A replaced file keeps its permission bits (a private file stays private).
+  namespace fs = std::filesystem;
+  fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
+  io::write_file_atomic(target, std::string_view("third"));
+  CHECK(io_test::read_file(target) == "third");
+  CHECK((fs::status(target).permissions() & fs::perms::all) ==
+        (fs::perms::owner_read | fs::perms::owner_write));
 }
 
 TEST_CASE("atomic_file: the final name shows the old file until commit") {

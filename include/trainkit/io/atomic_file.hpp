@@ -33,7 +33,8 @@ struct AtomicFileOptions {
   /// fsync the file before the rename and the directory after it. Without it the replacement is
   /// still atomic for other processes and for a crash of this one, but not for a power loss.
   bool durable = true;
-  /// Permission bits of the new file (the umask applies).
+  /// Permission bits of a new file (the umask applies); a file that replaces one keeps that
+  /// one's bits (a private 0600 file stays private).
   unsigned mode = 0644;
 };
 
@@ -357,6 +358,9 @@ TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOpt
     TRAINKIT_FAIL("cannot create a temp file to write '", path_.string(), "' (", temp_.string(),
                   "): ", detail::errno_text(err));
   }
+  struct stat old {};
+  if (::stat(path_.c_str(), &old) == 0 && S_ISREG(old.st_mode))
+    (void)::fchmod(fd_, old.st_mode & 07777);
 }
 
 TRAINKIT_INLINE bool is_atomic_temp_name(std::string_view name) noexcept {
