@@ -443,6 +443,11 @@ TEST_CASE("plan: step time, tokens/s, time and cost arithmetic") {
     out << "{\"step\":25,\"mfu\":null}\n";
   }
   CHECK(error_of([&] { plan::gpt(run, o); }).find("--run-dir") != std::string::npos);
+  {
+    std::ofstream out(dir / "metrics.jsonl");
+    out << "{\"step\":25,\"mfu\":1.7}\n";  // measured against too low a peak
+  }
+  CHECK(error_of([&] { plan::gpt(run, o); }).find("reached MFU 1.7, above 1") != std::string::npos);
   std::filesystem::remove_all(dir);
   CHECK(error_of([&] { plan::gpt(run, o); }).find("--run-dir: cannot read") != std::string::npos);
   // Text and JSON carry the same figures.
@@ -487,8 +492,8 @@ TEST_CASE("plan: bad inputs give errors naming the flag") {
   // Sizes each within the limits whose bytes add up past 64 bits: an error, not a small (or
   // negative) total that "fits".
   CHECK(run_error([](plan::GptRun& r) {
-          r.model = {.vocab_size = 256, .block_size = 4096, .n_layer = 2, .n_head = 16,
-                     .n_embd = 16};
+          r.model = {
+              .vocab_size = 256, .block_size = 4096, .n_layer = 2, .n_head = 16, .n_embd = 16};
           r.seq = 4096;
           r.batch = std::int64_t{1} << 31;
           r.device = false;

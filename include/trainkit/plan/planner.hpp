@@ -177,6 +177,8 @@ inline double read_run_mfu(const std::filesystem::path& run_dir) {
   }
   TRAINKIT_CHECK(std::isfinite(mfu), "--run-dir: '", file.string(),
                  "' holds no measured MFU (a run with a known peak writes one per summary)");
+  TRAINKIT_CHECK(mfu <= 1.0, "--run-dir: '", file.string(), "' says the run reached MFU ", mfu,
+                 ", above 1: the peak it was measured against is too low (give --mfu instead)");
   return mfu;
 }
 
