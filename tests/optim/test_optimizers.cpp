@@ -79,6 +79,20 @@ struct Fixture {
   }
 };
 
+/// Steps `a` on f and `b` on g with the gradients of steps [first, last]; true when the two
+/// arenas' parameters then hold the same bits (a resumed optimizer continues the original).
+template <class A, class B>
+bool continue_alike(Fixture& f, A& a, Fixture& g, B& b, int first, int last) {
+  for (int t = first; t <= last; ++t) {
+    optest::load_grads(f.arena, t);
+    optest::load_grads(g.arena, t);
+    a.step(pool());
+    b.step(pool());
+  }
+  return std::memcmp(f.arena.params_data(), g.arena.params_data(),
+                     static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0;
+}
+
 }  // namespace
 
 TEST_CASE("SGD matches torch.optim.SGD over 200 steps (every flag)") {
@@ -357,14 +371,7 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
     resumed.load_state_dict(sd);
     CHECK(resumed.lr(1) == 7e-4);
     CHECK(resumed.step_count() == 10);
-    for (int t = 11; t <= 20; ++t) {
-      optest::load_grads(f.arena, t);
-      optest::load_grads(g.arena, t);
-      opt.step(pool());
-      resumed.step(pool());
-    }
-    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
-                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+    CHECK(continue_alike(f, opt, g, resumed, 11, 20));
     // A state of another optimizer, or one with a different layout, is refused.
     optim::AdamW plain(g.arena, {.lr = 1.0});
     CHECK_THROWS_AS(plain.load_state_dict(sd), tk::Error);
@@ -382,14 +389,7 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
                 static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
     optim::SGD resumed(g.arena, {.lr = 0.05, .momentum = 0.9, .nesterov = true});
     resumed.load_state_dict(sd);
-    for (int t = 8; t <= 12; ++t) {
-      optest::load_grads(f.arena, t);
-      optest::load_grads(g.arena, t);
-      opt.step(pool());
-      resumed.step(pool());
-    }
-    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
-                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+    CHECK(continue_alike(f, opt, g, resumed, 8, 12));
     tk::StateDict broken = sd;
     broken.tensors.erase("ln.weight.momentum_buffer");
     CHECK_THROWS_AS(resumed.load_state_dict(broken), tk::Error);
@@ -425,14 +425,7 @@ TEST_CASE("LAMB: a resume keeps the saved flags, whatever the new optimizer was 
     other.use_nvlamb = !saved.use_nvlamb;
     optim::LAMB resumed(g.arena, other);
     resumed.load_state_dict(sd);
-    for (int t = 5; t <= 8; ++t) {
-      optest::load_grads(f.arena, t);
-      optest::load_grads(g.arena, t);
-      opt.step(pool());
-      resumed.step(pool());
-    }
-    CHECK(std::memcmp(f.arena.params_data(), g.arena.params_data(),
-                      static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float)) == 0);
+    CHECK(continue_alike(f, opt, g, resumed, 5, 8));
   }
 }
 
