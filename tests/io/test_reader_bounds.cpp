@@ -234,12 +234,26 @@ TEST_CASE("safetensors bounds: shapes whose int64 strides overflow, oversized he
   const std::vector<std::byte> empty = safetensors_image(
       "{\"w\":{\"dtype\":\"F32\",\"shape\":[0,1048576,1048576],\"data_offsets\":[0,0]}}", 0);
   CHECK(io::SafetensorsFile::from_buffer(empty).tensor("w").shape().numel() == 0);
-  // A header that does not fit in memory is a safetensors error naming the file.
+  // A shape longer than any rank is refused as it is read, before it is built.
   std::string shape = "[0";
   for (int i = 0; i < 100000; ++i) shape += ",1";
   shape += "]";
-  const std::vector<std::byte> huge = safetensors_image(
+  const std::vector<std::byte> long_shape = safetensors_image(
       "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,0]}}", 0);
+  {
+    const alloc_probe::Limit probe(long_shape.size() + (64 << 10));
+    const std::string what =
+        error_text([&] { (void)io::SafetensorsFile::from_buffer(long_shape, "l.safetensors"); });
+    CHECK(what.find("l.safetensors") != std::string::npos);
+    CHECK(what.find("an array of more than 64 elements") != std::string::npos);
+  }
+  // A header that does not fit in memory (many tensors) is a safetensors error naming the file.
+  std::string many = "{";
+  for (int i = 0; i < 20000; ++i)
+    many += (i ? ",\"t" : "\"t") + std::to_string(i) +
+            "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  many += "}";
+  const std::vector<std::byte> huge = safetensors_image(many, 0);
   const alloc_probe::Limit probe(huge.size() + (64 << 10));
   const std::string what =
       error_text([&] { (void)io::SafetensorsFile::from_buffer(huge, "h.safetensors"); });
