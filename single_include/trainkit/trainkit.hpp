@@ -19674,17 +19674,14 @@ inline std::int64_t first_bad_value(const AnyTensor& t, StateValues want) {
 
 /// The element `i` of the F32 or BF16 `t` as a float.
 inline float value_at(const AnyTensor& t, std::int64_t i) {
-  std::uint32_t bits = 0;
   if (t.dtype() == DType::kF32) {
-    std::memcpy(&bits, t.data() + static_cast<std::size_t>(i) * 4, 4);
-  } else {
-    std::uint16_t half = 0;
-    std::memcpy(&half, t.data() + static_cast<std::size_t>(i) * 2, 2);
-    bits = std::uint32_t{half} << 16;
+    float value = 0.0f;
+    std::memcpy(&value, t.data() + static_cast<std::size_t>(i) * sizeof value, sizeof value);
+    return value;
   }
-  float value = 0.0f;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
+  std::uint16_t bits = 0;
+  std::memcpy(&bits, t.data() + static_cast<std::size_t>(i) * sizeof bits, sizeof bits);
+  return bf16_bits_to_float(bits);
 }
 
 /// Throws `what` + "'<param><suffix>' is ..., expected ..." for the first tensor of a

@@ -79,6 +79,21 @@ struct Fixture {
   }
 };
 
+/// Steps `opt` on f with the gradients of steps [1, steps].
+template <class O>
+void run_steps(Fixture& f, O& opt, int steps) {
+  for (int t = 1; t <= steps; ++t) {
+    optest::load_grads(f.arena, t);
+    opt.step(pool());
+  }
+}
+
+/// g's parameters become f's (a resumed run starts from the saved weights).
+void copy_params(const Fixture& f, Fixture& g) {
+  std::memcpy(g.arena.params_data(), f.arena.params_data(),
+              static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+}
+
 /// Steps `a` on f and `b` on g with the gradients of steps [first, last]; true when the two
 /// arenas' parameters then hold the same bits (a resumed optimizer continues the original).
 template <class A, class B>
@@ -351,10 +366,7 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
   SUBCASE("AdamW") {
     Fixture f;
     optim::AdamW opt(f.arena, {.lr = 3e-3, .amsgrad = true}, {optim::no_weight_decay({"*ln*"})});
-    for (int t = 1; t <= 10; ++t) {
-      optest::load_grads(f.arena, t);
-      opt.step(pool());
-    }
+    run_steps(f, opt, 10);
     opt.set_lr(1, 7e-4);
     const tk::StateDict sd = opt.state_dict();
     CHECK(sd.get_double("step") == 10.0);
@@ -365,8 +377,7 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
     CHECK(sd.get_double("group.1.lr") == 7e-4);
 
     Fixture g;
-    std::memcpy(g.arena.params_data(), f.arena.params_data(),
-                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    copy_params(f, g);
     optim::AdamW resumed(g.arena, {.lr = 1.0, .amsgrad = true}, {optim::no_weight_decay({"*ln*"})});
     resumed.load_state_dict(sd);
     CHECK(resumed.lr(1) == 7e-4);
@@ -379,14 +390,10 @@ TEST_CASE("state_dict round trip resumes the exact trajectory") {
   SUBCASE("SGD with momentum") {
     Fixture f;
     optim::SGD opt(f.arena, {.lr = 0.05, .momentum = 0.9, .nesterov = true});
-    for (int t = 1; t <= 7; ++t) {
-      optest::load_grads(f.arena, t);
-      opt.step(pool());
-    }
+    run_steps(f, opt, 7);
     const tk::StateDict sd = opt.state_dict();
     Fixture g;
-    std::memcpy(g.arena.params_data(), f.arena.params_data(),
-                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    copy_params(f, g);
     optim::SGD resumed(g.arena, {.lr = 0.05, .momentum = 0.9, .nesterov = true});
     resumed.load_state_dict(sd);
     CHECK(continue_alike(f, opt, g, resumed, 8, 12));
@@ -410,14 +417,10 @@ TEST_CASE("LAMB: a resume keeps the saved flags, whatever the new optimizer was 
     CAPTURE(trial);
     Fixture f;
     optim::LAMB opt(f.arena, saved);
-    for (int t = 1; t <= 4; ++t) {
-      optest::load_grads(f.arena, t);
-      opt.step(pool());
-    }
+    run_steps(f, opt, 4);
     const tk::StateDict sd = opt.state_dict();
     Fixture g;
-    std::memcpy(g.arena.params_data(), f.arena.params_data(),
-                static_cast<std::size_t>(f.arena.buffer_numel()) * sizeof(float));
+    copy_params(f, g);
     optim::LAMBOptions other = saved;  // each flag the other way
     other.bias_correction = !saved.bias_correction;
     other.adam_w_mode = !saved.adam_w_mode;
@@ -434,10 +437,7 @@ TEST_CASE("load_state_dict refuses NaN in a state and a negative second moment, 
     CAPTURE(bf16);
     Fixture f;
     optim::AdamW opt(f.arena, {.lr = 3e-3, .amsgrad = !bf16, .bf16_state = bf16});
-    for (int t = 1; t <= 3; ++t) {
-      optest::load_grads(f.arena, t);
-      opt.step(pool());
-    }
+    run_steps(f, opt, 3);
     const tk::StateDict sd = opt.state_dict();
     struct Case {
       const char* tensor;
