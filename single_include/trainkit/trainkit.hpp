@@ -7085,6 +7085,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -7292,34 +7293,37 @@ class TarReader {
 /// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT: ustar headers,
 /// plus a pax `x` header for names longer than 100 bytes; ends with two zero blocks padded to a
 /// 10240-byte record. Enough to write WebDataset shards from C++ (tests, converters).
+///
+/// The archive is written beside `path` (io::AtomicFile) and replaces it only when close()
+/// succeeds, so a failed write (disk full, RLIMIT_FSIZE) or an exception between add() calls
+/// leaves the file that was at `path` as it was, and a reader never sees half an archive.
 class TarWriter {
  public:
-  /// Creates (truncates) `path`. Throws trainkit::Error naming the file.
-  explicit TarWriter(const std::filesystem::path& path) : path_(path.string()) {
-    file_ = std::fopen(path_.c_str(), "wb");
-    TRAINKIT_CHECK(file_ != nullptr, "TarWriter: cannot create '", path_,
-                   "': ", std::strerror(errno));
-  }
+  /// Starts an archive that will replace `path`. Throws trainkit::Error naming the file when it
+  /// cannot be created (missing directory, permissions).
+  explicit TarWriter(const std::filesystem::path& path, AtomicFileOptions options = {})
+      : file_(path, options), unwinding_(std::uncaught_exceptions()) {}
   TarWriter(const TarWriter&) = delete;
   TarWriter& operator=(const TarWriter&) = delete;
-  /// Closes the archive if close() was not called; errors are swallowed (call close() to see them).
+  /// Closes the archive if close() was not called (errors are swallowed: call close() to see
+  /// them), except while an exception unwinds the scope: then the archive is dropped and `path`
+  /// keeps what it held.
   TRAINKIT_INLINE ~TarWriter();
 
-  /// Appends a regular file `name` (mode 0444) with `data`.
+  /// Appends a regular file `name` (mode 0444) with `data`. Throws trainkit::Error naming the
+  /// archive when the write fails; the archive is then dropped.
   TRAINKIT_INLINE void add(std::string_view name, std::span<const std::byte> data,
                            std::uint64_t mtime = 0);
   void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
     add(name, std::as_bytes(std::span<const char>(data.data(), data.size())), mtime);
   }
 
-  /// Writes the end-of-archive blocks and closes the file. Throws on I/O failure.
+  /// Writes the end-of-archive blocks and renames the archive over `path`. Throws on I/O
+  /// failure (the file at `path` is then as it was).
   TRAINKIT_INLINE void close();
 
  private:
-  void write(const std::byte* p, std::size_t n) {
-    if (n > 0 && std::fwrite(p, 1, n, file_) != n) ok_ = false;
-    written_ += n;
-  }
+  void write(const std::byte* p, std::size_t n) { file_.write(p, n); }
   void write_padded(const std::byte* p, std::size_t n) {
     write(p, n);
     const std::array<std::byte, 512> zeros{};
@@ -7329,10 +7333,9 @@ class TarWriter {
   TRAINKIT_INLINE void write_header(std::string_view name, char type, std::uint64_t size,
                                     std::uint64_t mtime);
 
-  std::string path_;
-  std::FILE* file_ = nullptr;
-  std::uint64_t written_ = 0;
-  bool ok_ = true;
+  AtomicFile file_;
+  int unwinding_;
+  bool closed_ = false;
 };
 
 #if TRAINKIT_IMPL
@@ -7698,7 +7701,8 @@ TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>
 }
 
 TRAINKIT_INLINE TarWriter::~TarWriter() {
-  if (file_ == nullptr) return;
+  // AtomicFile's destructor removes the temp file of an archive that was not closed.
+  if (closed_ || std::uncaught_exceptions() > unwinding_) return;
   try {
     close();
   } catch (...) {
@@ -7707,7 +7711,9 @@ TRAINKIT_INLINE TarWriter::~TarWriter() {
 
 TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::byte> data,
                                     std::uint64_t mtime) {
-  TRAINKIT_CHECK(file_ != nullptr, "TarWriter('", path_, "'): add() after close()");
+  TRAINKIT_CHECK(!closed_, "TarWriter('", file_.path().string(), "'): add() after close()");
+  TRAINKIT_CHECK(data.size() < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ",
+                 data.size(), " bytes exceeds ustar's 8 GiB limit");
   std::string short_name(name.substr(0, 100));
   if (name.size() > 100) {
     // pax record "<len> path=<name>\n"; len counts its own digits.
@@ -7723,14 +7729,14 @@ TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::
 }
 
 TRAINKIT_INLINE void TarWriter::close() {
-  if (file_ == nullptr) return;
+  if (closed_) return;
+  closed_ = true;  // a failed close leaves nothing to retry: AtomicFile dropped the temp file
   const std::array<std::byte, 1024> zeros{};
   write(zeros.data(), zeros.size());
   const std::uint64_t record = 10240;
   const std::array<std::byte, 512> block{};
-  while (written_ % record != 0) write(block.data(), block.size());
-  std::FILE* f = std::exchange(file_, nullptr);
-  TRAINKIT_CHECK(std::fclose(f) == 0 && ok_, "TarWriter: cannot write '", path_, "' (disk full?)");
+  while (file_.size() % record != 0) write(block.data(), block.size());
+  file_.commit();
 }
 
 TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std::uint64_t v) {
@@ -7744,8 +7750,6 @@ TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std
 
 TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, std::uint64_t size,
                                              std::uint64_t mtime) {
-  TRAINKIT_CHECK(size < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ", size,
-                 " bytes exceeds ustar's 8 GiB limit");
   std::array<unsigned char, 512> b{};
   std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
   octal(b.data() + 100, 8, 0444);
@@ -33536,11 +33540,10 @@ TRAINKIT_INLINE std::string Timeline::chrome_trace_json() const {
 
 TRAINKIT_INLINE void Timeline::write_chrome_trace(const std::string& path) const {
   const std::string json = chrome_trace_json();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
-  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  const bool closed = std::fclose(f) == 0;
-  TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
+  // Written beside the target and renamed: a failed write leaves an earlier trace whole.
+  io::AtomicFile f(path, {.durable = false});
+  f.write(json);
+  f.commit();
 }
 
 TRAINKIT_INLINE void Timeline::record_trace(std::uint8_t track, std::int64_t begin_ns,

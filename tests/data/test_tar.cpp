@@ -6,9 +6,14 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <trainkit/io/tar.hpp>
 
@@ -159,6 +164,82 @@ TEST_CASE("tar: TarWriter round trip, long names through pax, base-256 sizes") {
   const std::vector<Member> m2 = read_all_memory(b256);
   REQUIRE(m2.size() == 4);
   CHECK(m2[0].data == "3");
+}
+
+TEST_CASE("tar: TarWriter replaces the archive only when it closes") {
+  TempDir dir;
+  const std::filesystem::path path = dir / "w.tar";
+  {
+    tk::io::TarWriter w(path);
+    w.add("old.txt", std::string_view("old"));
+    w.close();
+  }
+  const auto members_at_path = [&] { return read_all(tk::io::TarReader::open(path)); };
+  const auto files_in_dir = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+      names.push_back(e.path().filename().string());
+    return names;
+  };
+  REQUIRE(members_at_path().size() == 1);
+
+  // While a new archive is written, the path still holds the old one.
+  {
+    tk::io::TarWriter w(path);
+    w.add("new.txt", std::string_view("new"));
+    const std::vector<Member> during = members_at_path();
+    REQUIRE(during.size() == 1);
+    CHECK(during[0].name == "old.txt");
+    w.close();
+  }
+  std::vector<Member> now = members_at_path();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].name == "new.txt");
+
+  // An exception between add() calls drops the new archive (no commit from the destructor).
+  try {
+    tk::io::TarWriter w(path);
+    w.add("dropped.txt", std::string_view("x"));
+    throw std::runtime_error("the converter failed");
+  } catch (const std::runtime_error&) {
+  }
+  now = members_at_path();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].name == "new.txt");
+  CHECK(files_in_dir() == std::vector<std::string>{"w.tar"});
+
+  // A write that fails part-way (a file size limit, as a full disk): a clear error naming the
+  // archive, and the old archive whole.
+  const std::string big(std::size_t{2} << 20, 'b');
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
+  rlimit tight = old;
+  tight.rlim_cur = 100000;
+  std::string error;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
+  try {
+    tk::io::TarWriter w(path);
+    w.add("small.txt", std::string_view("s"));
+    w.add("big.bin", big);
+    w.close();
+  } catch (const tk::Error& e) {
+    error = e.what();
+  }
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+  std::signal(SIGXFSZ, old_handler);
+  check_contains(error, {"w.tar", "EFBIG", "previous file is intact"});
+  now = members_at_path();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].name == "new.txt");
+  CHECK(files_in_dir() == std::vector<std::string>{"w.tar"});
+
+  // add() after close() is an error naming the archive.
+  tk::io::TarWriter w(path);
+  w.close();
+  check_contains(error_of([&] { w.add("late.txt", std::string_view("x")); }),
+                 {"w.tar", "add() after close()"});
+  CHECK(members_at_path().empty());
 }
 
 TEST_CASE("tar: truncated archives are errors naming the archive, never silent") {

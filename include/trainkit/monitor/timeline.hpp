@@ -21,6 +21,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/atomic_file.hpp"
 #include "trainkit/monitor/json_writer.hpp"
 #include "trainkit/monitor/nvtx.hpp"
 
@@ -435,11 +436,10 @@ TRAINKIT_INLINE std::string Timeline::chrome_trace_json() const {
 
 TRAINKIT_INLINE void Timeline::write_chrome_trace(const std::string& path) const {
   const std::string json = chrome_trace_json();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  TRAINKIT_CHECK(f != nullptr, "cannot create Chrome trace file '", path, "'");
-  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  const bool closed = std::fclose(f) == 0;
-  TRAINKIT_CHECK(ok && closed, "writing Chrome trace file '", path, "' failed");
+  // Written beside the target and renamed: a failed write leaves an earlier trace whole.
+  io::AtomicFile f(path, {.durable = false});
+  f.write(json);
+  f.commit();
 }
 
 TRAINKIT_INLINE void Timeline::record_trace(std::uint8_t track, std::int64_t begin_ns,
