@@ -223,6 +223,20 @@ TEST_CASE("shard patterns: bash brace expansion") {
   CHECK(expand_shard_pattern("lit{eral}.tar") == V{"lit{eral}.tar"});
   CHECK(expand_shard_pattern("a-{0..1}.tar::b.tar") == V{"a-0.tar", "a-1.tar", "b.tar"});
   check_contains(error_of([] { (void)expand_shard_pattern(""); }), {"names no shards"});
+  CHECK(expand_shard_pattern("{,a}::{,}") == V{"a"});  // empty words are dropped, as in bash
+  check_contains(error_of([] { (void)expand_shard_pattern("{,}"); }), {"names no shards"});
+
+  // Expansions past the caps are refused before they take the memory: products of ranges,
+  // many comma lists, long names times a range, one range too long.
+  CHECK(expand_shard_pattern("{1..1000000}").size() == tk::data::kMaxShardNames);
+  std::string lists;
+  for (int i = 0; i < 40; ++i) lists += "{a,b}";                             // 2^40 names
+  const std::string long_name = std::string(1000, 'n') + "-{0..99999}.tar";  // 100 MB
+  for (const std::string& p : {std::string("s{0..9999}-{0..9999}.tar"), lists, long_name})
+    check_contains(error_of([&] { (void)expand_shard_pattern(p); }),
+                   {"expands to more than 1000000 names or 64 MiB", "surely a typo"});
+  check_contains(error_of([] { (void)expand_shard_pattern("x{0..999999999999999999}"); }),
+                 {"range {0..999999999999999999} has 1000000000000000000 elements"});
 }
 
 TEST_CASE("TarShardDataset: WebDataset shards in order, every field decoded") {

@@ -18,6 +18,13 @@
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace data {
+
+/// The most names a shard pattern may expand to (the largest public WebDataset corpora have a
+/// few hundred thousand shards), and the most characters all of them may hold together: a
+/// pattern such as `{0..9999}{0..9999}` is refused with an error instead of taking the memory.
+inline constexpr std::size_t kMaxShardNames = 1'000'000;
+inline constexpr std::size_t kMaxShardNameBytes = std::size_t{64} << 20;
+
 namespace detail {
 
 /// Parses a (possibly signed) decimal integer that is the whole of `s`.
@@ -27,7 +34,11 @@ TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v);
 /// then leaves the braces as they are).
 TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out);
 
-TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out);
+/// Appends the expansion of `s` to `out`, counting their characters in `bytes`; false (and
+/// `out` incomplete) as soon as the names or their bytes pass kMaxShardNames /
+/// kMaxShardNameBytes.
+TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
+                                        std::size_t& bytes);
 
 #if TRAINKIT_IMPL
 
@@ -85,8 +96,8 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
     const std::size_t width =
         (leading_zero(a) || leading_zero(b)) ? std::max(a.size(), b.size()) : 0;
     const long long count = (lo <= hi ? hi - lo : lo - hi) / step + 1;
-    TRAINKIT_CHECK(count <= 10'000'000, "shard pattern range {", body, "} has ", count,
-                   " elements; more than 10 million shards is surely a typo");
+    TRAINKIT_CHECK(std::uint64_t(count) <= kMaxShardNames, "shard pattern range {", body, "} has ",
+                   count, " elements; more than ", kMaxShardNames, " shards is surely a typo");
     for (long long k = 0; k < count; ++k) {
       const long long v = lo <= hi ? lo + k * step : lo - k * step;
       std::string digits = std::to_string(v < 0 ? -v : v);
@@ -108,7 +119,8 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
   return false;
 }
 
-TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::string>& out) {
+TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
+                                        std::size_t& bytes) {
   // Find the first '{' whose matching '}' encloses a valid brace expression.
   for (std::size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open + 1)) {
     int depth = 0;
@@ -125,10 +137,15 @@ TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::s
     if (!brace_alternatives(std::string_view(s).substr(open + 1, close - open - 1), alternatives))
       continue;
     const std::string prefix = s.substr(0, open), suffix = s.substr(close + 1);
-    for (const std::string& alt : alternatives) expand_braces_into(prefix + alt + suffix, out);
-    return;
+    for (const std::string& alt : alternatives)
+      if (!expand_braces_into(prefix + alt + suffix, out, bytes)) return false;
+    return true;
   }
+  if (s.empty()) return true;  // "{,a}": bash drops the empty word
+  bytes += s.size();
+  if (out.size() >= kMaxShardNames || bytes > kMaxShardNameBytes) return false;
   out.push_back(s);
+  return true;
 }
 
 #endif  // TRAINKIT_IMPL
@@ -137,19 +154,24 @@ TRAINKIT_INLINE void expand_braces_into(const std::string& s, std::vector<std::s
 
 /// Expands a shard pattern into the list of names, in order: "a-{00..02}.tar::b.tar" gives
 /// a-00.tar, a-01.tar, a-02.tar, b.tar. Bash brace semantics; text without a valid brace
-/// expression is kept literally. Throws trainkit::Error for an empty pattern.
+/// expression is kept literally. Throws trainkit::Error for an empty pattern and for one that
+/// expands to more than kMaxShardNames names (or kMaxShardNameBytes of them).
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern);
 
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   std::vector<std::string> out;
+  std::size_t bytes = 0;
   std::size_t start = 0;
   for (;;) {
     const std::size_t sep = pattern.find("::", start);
     const std::string part(
         pattern.substr(start, sep == std::string_view::npos ? sep : sep - start));
-    if (!part.empty()) detail::expand_braces_into(part, out);
+    TRAINKIT_CHECK(part.empty() || detail::expand_braces_into(part, out, bytes), "shard pattern '",
+                   pattern.substr(0, 200), pattern.size() > 200 ? "...'" : "'",
+                   " expands to more than ", kMaxShardNames, " names or ", kMaxShardNameBytes >> 20,
+                   " MiB of them; more shards than that is surely a typo");
     if (sep == std::string_view::npos) break;
     start = sep + 2;
   }
