@@ -32933,8 +32933,9 @@ namespace monitor {
 
 /// Builds JSON text into a string. The caller keeps the structure valid; the writer only inserts
 /// commas and escapes: `JsonWriter w; w.begin_object(); w.key("step"); w.value(3); w.end_object();`
-/// Bytes of a string that are not UTF-8 are written as U+FFFD (Python's errors="replace"), so the
-/// text always parses.
+/// Each byte of a string that does not begin a well-formed UTF-8 sequence is written as U+FFFD,
+/// so the text always parses (Python's errors="replace" gives one U+FFFD per maximal ill-formed
+/// subsequence instead, so a truncated multi-byte character may count differently there).
 class JsonWriter {
  public:
   const std::string& str() const noexcept { return out_; }
@@ -33289,6 +33290,10 @@ class Timeline {
   /// Ends the current step (no-op when none is open).
   TRAINKIT_INLINE void end_step();
 
+  /// Forgets the current step without counting it (a step that did not complete; no-op when
+  /// none is open). Its spans stay in the window's phase times.
+  TRAINKIT_INLINE void abandon_step();
+
   /// Starts a host span of `phase`. A span of the same phase still open is ended first.
   TRAINKIT_INLINE void begin(Phase phase) noexcept;
 
@@ -33506,6 +33511,12 @@ TRAINKIT_INLINE void Timeline::end_step() {
   window_end_ns_ = now;
   ++window_steps_;
   record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
+}
+
+TRAINKIT_INLINE void Timeline::abandon_step() {
+  if (!in_step_) return;
+  in_step_ = false;
+  if (window_steps_ == 0) window_open_ = false;  // the window began with this step
 }
 
 TRAINKIT_INLINE void Timeline::begin(Phase phase) noexcept {
@@ -34421,7 +34432,8 @@ class Progress {
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::string format_duration(double seconds) {
-  if (!(seconds >= 0.0) || !std::isfinite(seconds)) return "--:--";
+  // Not a time, or more than a century (an estimate from a huge step count): no estimate.
+  if (!(seconds >= 0.0) || !(seconds < 3.2e9)) return "--:--";
   const auto total = static_cast<long long>(seconds + 0.5);
   char text[32];
   if (total >= 3600) {
@@ -34572,10 +34584,11 @@ TRAINKIT_NAMESPACE_END
 // begin trainkit/monitor/metrics_file.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/monitor/metrics_file.hpp: a JSON-lines metrics log — one JSON object per line, e.g.
-// {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is written and
-// flushed whole, so a crashed run leaves complete lines, and `pandas.read_json(path, lines=True)`,
-// `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after dropping the
-// lines an earlier run wrote past the checkpoint's step (see keep_metrics_through_step).
+// {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is handed to
+// the kernel whole, so a crashed run leaves complete lines, and `pandas.read_json(path,
+// lines=True)`, `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after
+// dropping the lines an earlier run wrote past the checkpoint's step (see
+// keep_metrics_through_step).
 
 #include <cerrno>
 #include <cstdint>
@@ -34588,6 +34601,10 @@ TRAINKIT_NAMESPACE_END
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -34603,15 +34620,24 @@ namespace monitor {
 TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
                                                       std::int64_t resume_step);
 
-/// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
+/// Writes JSON objects, one per line, to a file. Each line goes to the kernel whole in one
+/// append; a line the system refuses part-way (a full disk) is cut off again, so the file never
+/// holds a torn line in front of later ones. Move-only.
 class MetricsFile {
  public:
   /// Opens `path` for writing (truncating it), or for appending when `append` (resumed runs).
   /// Throws trainkit::Error naming the path when it cannot be opened.
   explicit MetricsFile(std::string path, bool append = false) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), append ? "ab" : "wb");
-    TRAINKIT_CHECK(file_ != nullptr, "cannot open metrics file '", path_,
-                   "': ", std::strerror(errno));
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC),
+                 0644);
+    TRAINKIT_CHECK(fd_ >= 0, "cannot open metrics file '", path_, "': ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      close_nothrow();
+      TRAINKIT_FAIL("cannot open metrics file '", path_, "': ", std::strerror(err));
+    }
+    size_ = static_cast<std::uint64_t>(st.st_size);
   }
   /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
   /// past it (keep_metrics_through_step), then appends.
@@ -34622,12 +34648,13 @@ class MetricsFile {
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
   MetricsFile(MetricsFile&& other) noexcept
-      : path_(std::move(other.path_)), file_(std::exchange(other.file_, nullptr)) {}
+      : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
   MetricsFile& operator=(MetricsFile&& other) noexcept {
     if (this != &other) {
       close_nothrow();
       path_ = std::move(other.path_);
-      file_ = std::exchange(other.file_, nullptr);
+      fd_ = std::exchange(other.fd_, -1);
+      size_ = other.size_;
     }
     return *this;
   }
@@ -34635,15 +34662,28 @@ class MetricsFile {
 
   const std::string& path() const noexcept { return path_; }
 
-  /// Writes one complete JSON object (built by the caller) as a line, and flushes it.
+  /// Writes one complete JSON object (built by the caller) as a line. Throws trainkit::Error
+  /// naming the file when the system refuses it (ENOSPC, EFBIG, ...); the file then ends with
+  /// the line before, and a later write may succeed.
   void write_json(std::string_view object) {
-    TRAINKIT_CHECK(file_ != nullptr, "write to closed metrics file '", path_, "'");
+    TRAINKIT_CHECK(fd_ >= 0, "write to closed metrics file '", path_, "'");
     std::string line;
     line.reserve(object.size() + 1);
     line.append(object).push_back('\n');
-    const bool ok =
-        std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-    TRAINKIT_CHECK(ok, "writing metrics file '", path_, "' failed: ", std::strerror(errno));
+    for (std::size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      const int err = n < 0 ? errno : EIO;
+      // Cut the torn line off (best effort: what the system refused may still let it).
+      [[maybe_unused]] const int cut = ::ftruncate(fd_, static_cast<off_t>(size_));
+      TRAINKIT_FAIL("writing metrics file '", path_, "' failed: ", io::detail::errno_text(err),
+                    "; the line of ", line.size(), " bytes was not written");
+    }
+    size_ += line.size();
   }
 
   /// Writes {"step": step, "<name>": value, ...}; NaN and infinities are written as null.
@@ -34656,22 +34696,21 @@ class MetricsFile {
     write_json(w.str());
   }
 
-  /// Flushes and closes the file (idempotent).
+  /// Closes the file (idempotent).
   void close() {
-    if (file_ == nullptr) return;
-    const bool ok = std::fclose(file_) == 0;
-    file_ = nullptr;
-    TRAINKIT_CHECK(ok, "closing metrics file '", path_, "' failed");
+    if (fd_ < 0) return;
+    const bool ok = ::close(std::exchange(fd_, -1)) == 0;
+    TRAINKIT_CHECK(ok, "closing metrics file '", path_, "' failed: ", std::strerror(errno));
   }
 
  private:
   void close_nothrow() noexcept {
-    if (file_ != nullptr) std::fclose(file_);
-    file_ = nullptr;
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
 
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;  // bytes of whole lines in the file
 };
 
 #if TRAINKIT_IMPL
@@ -34707,7 +34746,8 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
       ++dropped;
     }
   }
-  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  // Compared whole: a blank line dropped and a newline added to a last line keep the size.
+  if (kept != text) io::write_file_atomic(path, std::string_view(kept));
   return dropped;
 }
 
@@ -34907,6 +34947,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35062,6 +35103,9 @@ class Monitor {
   /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
   /// the optimizer steps completed when it ends (see the top of this file).
   void begin_step(std::int64_t step) {
+    TRAINKIT_CHECK(step >= 0 && step < std::numeric_limits<std::int64_t>::max(),
+                   "monitor::Monitor::begin_step(", step,
+                   "): a step index is at least 0 and below 2^63 - 1");
     step_ = step + 1;
     timeline_.begin_step(step_);
   }
@@ -35093,7 +35137,10 @@ class Monitor {
     }
     if (progress_)
       progress_->update(step_, metrics.loss.value_or(NAN), timeline_.last_step_end_ns());
-    if (window_steps_ >= options_.log_every) summarize();
+    // At multiples of log_every, so a resumed run summarizes at the steps an uninterrupted one
+    // does (its first window is shorter).
+    const std::int64_t every = std::max<std::int64_t>(1, options_.log_every);
+    if (step_ % every == 0 || window_steps_ >= every) summarize();
   }
 
   /// Logs a scalar to TensorBoard (when configured) at the current step (begin_step's index + 1).
@@ -35147,6 +35194,12 @@ class Monitor {
       const std::string_view name = a->first;
       TRAINKIT_CHECK(name != "step" && name != "time", "monitor::log_metrics: the metric name '",
                      name, "' is taken by the line's own ", name, "; choose another");
+      // Not UTF-8: TensorBoard refuses it, and the JSON line would hold it with its bad bytes
+      // replaced, where two different names can meet.
+      std::size_t bad = 0;
+      TRAINKIT_CHECK(io::is_valid_utf8(name, &bad), "monitor::log_metrics: the metric name '",
+                     io::printable_bytes(name), "' is not UTF-8 (at byte ", bad,
+                     "); TensorBoard and JSON readers need UTF-8 names");
       for (auto b = std::begin(values); b != a; ++b)
         TRAINKIT_CHECK(std::string_view(b->first) != name, "monitor::log_metrics: the metric '",
                        io::printable_bytes(name), "' is given twice at step ", step);
@@ -35343,7 +35396,9 @@ TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
 TRAINKIT_INLINE void Monitor::close() {
   if (closed_) return;
   closed_ = true;
-  timeline_.end_step();
+  // A step begun and never ended (its task threw, or the loss diverged) did not complete: it is
+  // not counted, timed or reported.
+  timeline_.abandon_step();
   timeline_.synchronize_device();
   if (window_steps_ > 0) summarize();
   if (progress_) progress_->finish();
@@ -36391,8 +36446,10 @@ class Flags {
     std::vector<Limit> limits = {};
   };
 
-  TRAINKIT_INLINE static bool within(double v, const Limit& l);
-  TRAINKIT_INLINE static double number_of(const Flag& f);
+  // long double: exact for every int64 value and every double bound (x86-64's 64-bit and
+  // AArch64's 113-bit significands), so an integer flag is checked exactly, not rounded.
+  TRAINKIT_INLINE static bool within(long double v, const Limit& l);
+  TRAINKIT_INLINE static long double number_of(const Flag& f);
   TRAINKIT_INLINE void limit(double bound, Bound kind, const char* relation);
 
   TRAINKIT_INLINE void check_name(const std::string& name) const;
@@ -36415,7 +36472,7 @@ class Flags {
   TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
   template <class Fail>
-  static void check_limits(const Flag& f, double v, const Fail& fail) {
+  static void check_limits(const Flag& f, long double v, const Fail& fail) {
     for (const Limit& l : f.limits)
       if (!within(v, l)) fail("a value " + l.text);
   }
@@ -36433,6 +36490,7 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
   given_.clear();
   std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
   std::string config_file;
+  bool config_given = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view a = args[i];
     if (a == "--help" || a == "-h") {
@@ -36455,11 +36513,13 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       }
     }
     if (name == "config") {
-      TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
+      TRAINKIT_CHECK(!config_given, program_, ": --config is given twice");
+      config_given = true;
       if (!value) {
         TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
         value = std::string(args[++i]);
       }
+      TRAINKIT_CHECK(!value->empty(), program_, ": --config needs a file name, not ''");
       config_file = *value;
       continue;
     }
@@ -36534,22 +36594,26 @@ TRAINKIT_INLINE std::string Flags::usage() const {
   return out;
 }
 
-TRAINKIT_INLINE bool Flags::within(double v, const Limit& l) {
+TRAINKIT_INLINE bool Flags::within(long double v, const Limit& l) {
+  const long double bound = l.bound;
   switch (l.kind) {
-    case Bound::kAtLeast: return v >= l.bound;
-    case Bound::kAbove: return v > l.bound;
-    case Bound::kAtMost: return v <= l.bound;
-    case Bound::kBelow: return v < l.bound;
+    case Bound::kAtLeast: return v >= bound;
+    case Bound::kAbove: return v > bound;
+    case Bound::kAtMost: return v <= bound;
+    case Bound::kBelow: return v < bound;
   }
   return false;
 }
 
-TRAINKIT_INLINE double Flags::number_of(const Flag& f) {
+TRAINKIT_INLINE long double Flags::number_of(const Flag& f) {
   return std::visit(
-      [](auto* p) -> double {
+      [](auto* p) -> long double {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
-        else return 0.0;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          return static_cast<long double>(*p);
+        } else {
+          return 0.0L;
+        }
       },
       f.target);
 }
@@ -36623,7 +36687,7 @@ TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const 
           const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
           if (ec == std::errc::result_out_of_range) fail("an integer in range");
           if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
-          check_limits(f, double(v), fail);
+          check_limits(f, static_cast<long double>(v), fail);
           *p = v;
         }
       },
@@ -36992,11 +37056,14 @@ class Loop {
       if (!quiet)
         std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
                     static_cast<long long>(info->step));
+      // Read as they were written (StateDict::number_to_string): exactly, denormals included.
+      StateDict saved;
+      saved.values.insert(state_.metadata.begin(), state_.metadata.end());
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
-          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
-      if (state_.metadata.count(detail::kFirstLossKey))
-        result.first_loss = std::stof(state_.metadata.at(detail::kFirstLossKey));
+          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = saved.get_double(key);
+      if (saved.values.count(std::string(detail::kFirstLossKey)))
+        result.first_loss = static_cast<float>(saved.get_double(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;

@@ -63,6 +63,10 @@ TEST_CASE("format_duration") {
   CHECK(mon::format_duration(3725) == "1:02:05");
   CHECK(mon::format_duration(NAN) == "--:--");
   CHECK(mon::format_duration(-1) == "--:--");
+  // Estimates beyond a century (a huge step count at a slow rate) are no estimate, not garbage.
+  CHECK(mon::format_duration(1e19) == "--:--");
+  CHECK(mon::format_duration(9.3e18) == "--:--");
+  CHECK(mon::format_duration(3.1e9) != "--:--");
 }
 
 TEST_CASE("progress on a terminal: one bar redrawn in place with rate, ETA and loss") {

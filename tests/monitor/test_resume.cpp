@@ -3,6 +3,7 @@
 // the way SummaryWriter(purge_step=N) does, the progress rate counts from the resume step, one step
 // numbering in every output, logging at an explicit step, and MFU above 100% shown as it is.
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -239,14 +242,85 @@ TEST_CASE("metrics.jsonl: a resumed run appends, dropping lines past the resume 
       if (i >= kept.size()) {
         CHECK(s > r);
         CHECK(s <= n3);
+        CHECK((s % spec.log_every == 0 || s == n3));  // the steps an uninterrupted run logs
       }
     }
+    // Summaries at the multiples of log_every past r, and one for the rest at the end.
     const auto last_run_lines = static_cast<std::int64_t>(lines.size() - kept.size());
-    CHECK(last_run_lines == (n3 - r + spec.log_every - 1) / spec.log_every);
+    CHECK(last_run_lines ==
+          n3 / spec.log_every - r / spec.log_every + (n3 % spec.log_every != 0 ? 1 : 0));
     CHECK(previous == n3);
     // Nothing else left behind in the run directory.
     CHECK(monitor_test::files_with(dir.str(), "metrics").size() == 1);
   }
+}
+
+TEST_CASE("monitor: a step that did not end is not reported; bad step indices are refused") {
+  monitor_test::ScratchDir dir("unfinished");
+  {
+    mon::Monitor m({.log_every = 4,
+                    .metrics_file = dir / "metrics.jsonl",
+                    .console = nullptr,
+                    .gpu_monitor = false,
+                    .clock = fake_clock});
+    for (std::int64_t s = 0; s < 6; ++s) {
+      m.begin_step(s);
+      g_ns += 1'000'000;
+      m.end_step({.loss = 1.0 + static_cast<double>(s)});
+    }
+    m.begin_step(6);  // the task throws here: end_step is never called
+    g_ns += 1'000'000;
+    CHECK_THROWS_WITH_AS(m.begin_step(std::numeric_limits<std::int64_t>::max()),
+                         doctest::Contains("a step index is at least 0 and below 2^63 - 1"),
+                         trainkit::Error);
+    CHECK_THROWS_AS(m.begin_step(-1), trainkit::Error);
+    m.close();
+  }
+  const auto lines = lines_of(monitor_test::read_file(dir / "metrics.jsonl"));
+  REQUIRE(lines.size() == 2);
+  CHECK(step_of(lines[0]) == 4);
+  const auto last = io::Json::parse(lines[1]);
+  CHECK(last.at("step").as_int() == 6);  // steps 5 and 6 (indices 4, 5), not the unfinished 7th
+  CHECK(last.at("steps").as_int() == 2);
+  CHECK(last.at("loss").as_double() == 6.0);
+}
+
+TEST_CASE("metrics.jsonl: a line the disk refuses is cut off; trimming keeps line ends") {
+  monitor_test::ScratchDir dir("metrics_full");
+  const std::string path = dir / "m.jsonl";
+  {
+    mon::MetricsFile f(path);
+    f.write(1, {{"loss", 2.5}});
+    // The file size limit stops the next line part-way (as a full disk does).
+    const std::uint64_t size = monitor_test::read_file(path).size();
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit tight = old;
+    tight.rlim_cur = size + 10;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
+    std::string error;
+    try {
+      f.write(2, {{"loss", 1.25}, {"tokens_per_s", 12345.5}});
+    } catch (const trainkit::Error& e) {
+      error = e.what();
+    }
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(error.find("m.jsonl") != std::string::npos);
+    CHECK(error.find("EFBIG") != std::string::npos);
+    f.write(3, {{"loss", 1.0}});  // space again: the next line follows a whole one
+  }
+  CHECK(monitor_test::read_file(path) == "{\"step\":1,\"loss\":2.5}\n{\"step\":3,\"loss\":1}\n");
+
+  // A blank line dropped and a newline added to the last line: the same size, but rewritten.
+  monitor_test::write_file(path, "{\"step\":1,\"loss\":2}\n\n{\"step\":2,\"loss\":1}");
+  {
+    mon::MetricsFile f = mon::MetricsFile::resumed(path, 10);
+    f.write(11, {{"loss", 0.5}});
+  }
+  CHECK(monitor_test::read_file(path) ==
+        "{\"step\":1,\"loss\":2}\n{\"step\":2,\"loss\":1}\n{\"step\":11,\"loss\":0.5}\n");
 }
 
 TEST_CASE("metrics.jsonl: resuming without an earlier file starts one") {
@@ -502,7 +576,12 @@ TEST_CASE("log_metrics: scalars at an explicit step in metrics.jsonl and TensorB
     CHECK_THROWS_WITH_AS(m.log_metrics(3, {{"a", 1.0}, {"b", 2.0}, {"a", 3.0}}),
                          doctest::Contains("the metric 'a' is given twice at step 3"),
                          trainkit::Error);
-    m.log_metrics(4, {{"acc_caf\xe9", 0.5}});  // not UTF-8: the line still parses
+    // Not UTF-8 (TensorBoard would refuse it; in JSON two such names can meet): refused before
+    // anything is written, in TensorBoard or in the metrics file.
+    CHECK_THROWS_WITH_AS(m.log_metrics(4, {{"ok", 1.0}, {"acc_caf\xe9", 0.5}}),
+                         doctest::Contains("metric name 'acc_caf\\xe9' is not UTF-8 (at byte 7)"),
+                         trainkit::Error);
+    m.log_metrics(4, {{"acc_caf\xc3\xa9", 0.5}});
   }
   const auto refused = lines_of(monitor_test::read_file(dir / "refused.jsonl"));
   REQUIRE(refused.size() == 1);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -140,6 +141,21 @@ TEST_CASE("Flags: ranges are checked on the command line, in --config and on ado
                        doctest::Contains("saved setting 'p' is '2', not a value < 1"), tk::Error);
   const std::string u = f.usage();
   CHECK(u.find("(default: 0.1, >= 0, < 1; fixed by a resumed checkpoint)") != std::string::npos);
+  // Integer flags are checked exactly, not through a double: 2^53 + 1 is above 2^53, and the
+  // largest int64 is below 2^63.
+  std::int64_t tokens = 0, big = 0;
+  train::Flags g("prog", "");
+  g.add("tokens", tokens, "", {.at_most = 9007199254740992.0})
+      .add("big", big, "", {.below = 9223372036854775808.0});
+  CHECK_THROWS_WITH_AS(parse(g, {"--tokens", "9007199254740993"}),
+                       doctest::Contains("not a value <= 9007199254740992"), tk::Error);
+  CHECK(parse(g, {"--tokens", "9007199254740992", "--big", "9223372036854775807"}));
+  CHECK(tokens == 9007199254740992);
+  CHECK(big == std::numeric_limits<std::int64_t>::max());
+  // An empty --config is refused, and counts as given.
+  fails({"--config="}, "--config needs a file name, not ''");
+  fails({"--config=", "--config=x.json"}, "--config needs a file name, not ''");
+  fails({"--config=x.json", "--config", "y.json"}, "--config is given twice");
   // A default outside its own range is a definition error.
   double lr = 0.0;
   CHECK_THROWS_WITH_AS(f.add("lr", lr, "", {.above = 0}),

@@ -364,6 +364,43 @@ TEST_CASE("Loop: eval_at_start, printed evaluations, the lr of each step, on_res
   CHECK(second.first_eval.at("val_dist") == first.first_eval.at("val_dist"));
 }
 
+/// A first loss and a start evaluation below the normal floats' range.
+struct Subnormal : Quadratic {
+  float step(train::StepContext& ctx) {
+    const float loss = Quadratic::step(ctx);
+    return ctx.step == 0 ? 1e-40f : loss;
+  }
+  tk::ckpt::Metrics evaluate() { return {{"val_dist", 1e-310}}; }
+};
+
+TEST_CASE("Loop: a subnormal first loss and start evaluation read back exactly on resume") {
+  const trainkit_test::TempDir tmp;
+  const auto run = [&](std::int64_t steps) {
+    train::Loop loop({.steps = steps,
+                      .dir = tmp.path(),
+                      .eval_at_start = true,
+                      .print_evals = false,
+                      .ckpt_every = 2,
+                      .monitor = {.console = nullptr}});
+    tk::nn::ParamArena<> arena;
+    Subnormal t;
+    t.arena = &arena;
+    t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+    arena.finalize();
+    arena.initialize(3);
+    tk::optim::AdamW<> opt(arena, {.lr = 0.05});
+    loop.state().add("noise", t.rng);
+    return loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+  };
+  const train::LoopResult first = run(4);
+  CHECK(first.first_loss == 1e-40f);
+  const train::LoopResult resumed = run(6);
+  REQUIRE(resumed.resumed_from.has_value());
+  CHECK(resumed.first_loss == 1e-40f);
+  REQUIRE(resumed.first_eval.count("val_dist") == 1);
+  CHECK(resumed.first_eval.at("val_dist") == 1e-310);
+}
+
 /// The Quadratic task returning its loss as a LossHandle (as a GPU task would).
 struct Deferred : Quadratic {
   float value = 0.0f;

@@ -20,8 +20,9 @@ namespace monitor {
 
 /// Builds JSON text into a string. The caller keeps the structure valid; the writer only inserts
 /// commas and escapes: `JsonWriter w; w.begin_object(); w.key("step"); w.value(3); w.end_object();`
-/// Bytes of a string that are not UTF-8 are written as U+FFFD (Python's errors="replace"), so the
-/// text always parses.
+/// Each byte of a string that does not begin a well-formed UTF-8 sequence is written as U+FFFD,
+/// so the text always parses (Python's errors="replace" gives one U+FFFD per maximal ill-formed
+/// subsequence instead, so a truncated multi-byte character may count differently there).
 class JsonWriter {
  public:
   const std::string& str() const noexcept { return out_; }

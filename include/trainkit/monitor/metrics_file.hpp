@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // trainkit/monitor/metrics_file.hpp: a JSON-lines metrics log — one JSON object per line, e.g.
-// {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is written and
-// flushed whole, so a crashed run leaves complete lines, and `pandas.read_json(path, lines=True)`,
-// `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after dropping the
-// lines an earlier run wrote past the checkpoint's step (see keep_metrics_through_step).
+// {"step":100,"time":1700000000.5,"loss":2.31,"tokens_per_s":81234.5}. Every line is handed to
+// the kernel whole, so a crashed run leaves complete lines, and `pandas.read_json(path,
+// lines=True)`, `jq` or grep read it directly. A run resumed from a checkpoint appends to it, after
+// dropping the lines an earlier run wrote past the checkpoint's step (see
+// keep_metrics_through_step).
 #pragma once
 
 #include <cerrno>
@@ -17,6 +18,10 @@
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
@@ -37,15 +42,24 @@ namespace monitor {
 TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
                                                       std::int64_t resume_step);
 
-/// Writes JSON objects, one per line, to a file. Move-only; closing flushes.
+/// Writes JSON objects, one per line, to a file. Each line goes to the kernel whole in one
+/// append; a line the system refuses part-way (a full disk) is cut off again, so the file never
+/// holds a torn line in front of later ones. Move-only.
 class MetricsFile {
  public:
   /// Opens `path` for writing (truncating it), or for appending when `append` (resumed runs).
   /// Throws trainkit::Error naming the path when it cannot be opened.
   explicit MetricsFile(std::string path, bool append = false) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), append ? "ab" : "wb");
-    TRAINKIT_CHECK(file_ != nullptr, "cannot open metrics file '", path_,
-                   "': ", std::strerror(errno));
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC),
+                 0644);
+    TRAINKIT_CHECK(fd_ >= 0, "cannot open metrics file '", path_, "': ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      close_nothrow();
+      TRAINKIT_FAIL("cannot open metrics file '", path_, "': ", std::strerror(err));
+    }
+    size_ = static_cast<std::uint64_t>(st.st_size);
   }
   /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
   /// past it (keep_metrics_through_step), then appends.
@@ -56,12 +70,13 @@ class MetricsFile {
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
   MetricsFile(MetricsFile&& other) noexcept
-      : path_(std::move(other.path_)), file_(std::exchange(other.file_, nullptr)) {}
+      : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
   MetricsFile& operator=(MetricsFile&& other) noexcept {
     if (this != &other) {
       close_nothrow();
       path_ = std::move(other.path_);
-      file_ = std::exchange(other.file_, nullptr);
+      fd_ = std::exchange(other.fd_, -1);
+      size_ = other.size_;
     }
     return *this;
   }
@@ -69,15 +84,28 @@ class MetricsFile {
 
   const std::string& path() const noexcept { return path_; }
 
-  /// Writes one complete JSON object (built by the caller) as a line, and flushes it.
+  /// Writes one complete JSON object (built by the caller) as a line. Throws trainkit::Error
+  /// naming the file when the system refuses it (ENOSPC, EFBIG, ...); the file then ends with
+  /// the line before, and a later write may succeed.
   void write_json(std::string_view object) {
-    TRAINKIT_CHECK(file_ != nullptr, "write to closed metrics file '", path_, "'");
+    TRAINKIT_CHECK(fd_ >= 0, "write to closed metrics file '", path_, "'");
     std::string line;
     line.reserve(object.size() + 1);
     line.append(object).push_back('\n');
-    const bool ok =
-        std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-    TRAINKIT_CHECK(ok, "writing metrics file '", path_, "' failed: ", std::strerror(errno));
+    for (std::size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      const int err = n < 0 ? errno : EIO;
+      // Cut the torn line off (best effort: what the system refused may still let it).
+      [[maybe_unused]] const int cut = ::ftruncate(fd_, static_cast<off_t>(size_));
+      TRAINKIT_FAIL("writing metrics file '", path_, "' failed: ", io::detail::errno_text(err),
+                    "; the line of ", line.size(), " bytes was not written");
+    }
+    size_ += line.size();
   }
 
   /// Writes {"step": step, "<name>": value, ...}; NaN and infinities are written as null.
@@ -90,22 +118,21 @@ class MetricsFile {
     write_json(w.str());
   }
 
-  /// Flushes and closes the file (idempotent).
+  /// Closes the file (idempotent).
   void close() {
-    if (file_ == nullptr) return;
-    const bool ok = std::fclose(file_) == 0;
-    file_ = nullptr;
-    TRAINKIT_CHECK(ok, "closing metrics file '", path_, "' failed");
+    if (fd_ < 0) return;
+    const bool ok = ::close(std::exchange(fd_, -1)) == 0;
+    TRAINKIT_CHECK(ok, "closing metrics file '", path_, "' failed: ", std::strerror(errno));
   }
 
  private:
   void close_nothrow() noexcept {
-    if (file_ != nullptr) std::fclose(file_);
-    file_ = nullptr;
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
 
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;  // bytes of whole lines in the file
 };
 
 #if TRAINKIT_IMPL
@@ -141,7 +168,8 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
       ++dropped;
     }
   }
-  if (kept.size() != text.size()) io::write_file_atomic(path, std::string_view(kept));
+  // Compared whole: a blank line dropped and a newline added to a last line keep the size.
+  if (kept != text) io::write_file_atomic(path, std::string_view(kept));
   return dropped;
 }
 

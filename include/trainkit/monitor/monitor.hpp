@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -183,6 +184,9 @@ class Monitor {
   /// Starts the step of 0-based loop index `step`; every output reports it as step `step` + 1,
   /// the optimizer steps completed when it ends (see the top of this file).
   void begin_step(std::int64_t step) {
+    TRAINKIT_CHECK(step >= 0 && step < std::numeric_limits<std::int64_t>::max(),
+                   "monitor::Monitor::begin_step(", step,
+                   "): a step index is at least 0 and below 2^63 - 1");
     step_ = step + 1;
     timeline_.begin_step(step_);
   }
@@ -214,7 +218,10 @@ class Monitor {
     }
     if (progress_)
       progress_->update(step_, metrics.loss.value_or(NAN), timeline_.last_step_end_ns());
-    if (window_steps_ >= options_.log_every) summarize();
+    // At multiples of log_every, so a resumed run summarizes at the steps an uninterrupted one
+    // does (its first window is shorter).
+    const std::int64_t every = std::max<std::int64_t>(1, options_.log_every);
+    if (step_ % every == 0 || window_steps_ >= every) summarize();
   }
 
   /// Logs a scalar to TensorBoard (when configured) at the current step (begin_step's index + 1).
@@ -268,6 +275,12 @@ class Monitor {
       const std::string_view name = a->first;
       TRAINKIT_CHECK(name != "step" && name != "time", "monitor::log_metrics: the metric name '",
                      name, "' is taken by the line's own ", name, "; choose another");
+      // Not UTF-8: TensorBoard refuses it, and the JSON line would hold it with its bad bytes
+      // replaced, where two different names can meet.
+      std::size_t bad = 0;
+      TRAINKIT_CHECK(io::is_valid_utf8(name, &bad), "monitor::log_metrics: the metric name '",
+                     io::printable_bytes(name), "' is not UTF-8 (at byte ", bad,
+                     "); TensorBoard and JSON readers need UTF-8 names");
       for (auto b = std::begin(values); b != a; ++b)
         TRAINKIT_CHECK(std::string_view(b->first) != name, "monitor::log_metrics: the metric '",
                        io::printable_bytes(name), "' is given twice at step ", step);
@@ -464,7 +477,9 @@ TRAINKIT_INLINE const StepSummary& Monitor::summarize() {
 TRAINKIT_INLINE void Monitor::close() {
   if (closed_) return;
   closed_ = true;
-  timeline_.end_step();
+  // A step begun and never ended (its task threw, or the loss diverged) did not complete: it is
+  // not counted, timed or reported.
+  timeline_.abandon_step();
   timeline_.synchronize_device();
   if (window_steps_ > 0) summarize();
   if (progress_) progress_->finish();

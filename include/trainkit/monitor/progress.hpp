@@ -104,7 +104,8 @@ class Progress {
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::string format_duration(double seconds) {
-  if (!(seconds >= 0.0) || !std::isfinite(seconds)) return "--:--";
+  // Not a time, or more than a century (an estimate from a huge step count): no estimate.
+  if (!(seconds >= 0.0) || !(seconds < 3.2e9)) return "--:--";
   const auto total = static_cast<long long>(seconds + 0.5);
   char text[32];
   if (total >= 3600) {

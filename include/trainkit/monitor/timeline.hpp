@@ -163,6 +163,10 @@ class Timeline {
   /// Ends the current step (no-op when none is open).
   TRAINKIT_INLINE void end_step();
 
+  /// Forgets the current step without counting it (a step that did not complete; no-op when
+  /// none is open). Its spans stay in the window's phase times.
+  TRAINKIT_INLINE void abandon_step();
+
   /// Starts a host span of `phase`. A span of the same phase still open is ended first.
   TRAINKIT_INLINE void begin(Phase phase) noexcept;
 
@@ -380,6 +384,12 @@ TRAINKIT_INLINE void Timeline::end_step() {
   window_end_ns_ = now;
   ++window_steps_;
   record_trace(kStepTrack, step_begin_ns_, now, kStepMarker);
+}
+
+TRAINKIT_INLINE void Timeline::abandon_step() {
+  if (!in_step_) return;
+  in_step_ = false;
+  if (window_steps_ == 0) window_open_ = false;  // the window began with this step
 }
 
 TRAINKIT_INLINE void Timeline::begin(Phase phase) noexcept {

@@ -136,8 +136,10 @@ class Flags {
     std::vector<Limit> limits = {};
   };
 
-  TRAINKIT_INLINE static bool within(double v, const Limit& l);
-  TRAINKIT_INLINE static double number_of(const Flag& f);
+  // long double: exact for every int64 value and every double bound (x86-64's 64-bit and
+  // AArch64's 113-bit significands), so an integer flag is checked exactly, not rounded.
+  TRAINKIT_INLINE static bool within(long double v, const Limit& l);
+  TRAINKIT_INLINE static long double number_of(const Flag& f);
   TRAINKIT_INLINE void limit(double bound, Bound kind, const char* relation);
 
   TRAINKIT_INLINE void check_name(const std::string& name) const;
@@ -160,7 +162,7 @@ class Flags {
   TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
   template <class Fail>
-  static void check_limits(const Flag& f, double v, const Fail& fail) {
+  static void check_limits(const Flag& f, long double v, const Fail& fail) {
     for (const Limit& l : f.limits)
       if (!within(v, l)) fail("a value " + l.text);
   }
@@ -178,6 +180,7 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
   given_.clear();
   std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
   std::string config_file;
+  bool config_given = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view a = args[i];
     if (a == "--help" || a == "-h") {
@@ -200,11 +203,13 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       }
     }
     if (name == "config") {
-      TRAINKIT_CHECK(config_file.empty(), program_, ": --config is given twice");
+      TRAINKIT_CHECK(!config_given, program_, ": --config is given twice");
+      config_given = true;
       if (!value) {
         TRAINKIT_CHECK(i + 1 < args.size(), program_, ": --config needs a file name");
         value = std::string(args[++i]);
       }
+      TRAINKIT_CHECK(!value->empty(), program_, ": --config needs a file name, not ''");
       config_file = *value;
       continue;
     }
@@ -279,22 +284,26 @@ TRAINKIT_INLINE std::string Flags::usage() const {
   return out;
 }
 
-TRAINKIT_INLINE bool Flags::within(double v, const Limit& l) {
+TRAINKIT_INLINE bool Flags::within(long double v, const Limit& l) {
+  const long double bound = l.bound;
   switch (l.kind) {
-    case Bound::kAtLeast: return v >= l.bound;
-    case Bound::kAbove: return v > l.bound;
-    case Bound::kAtMost: return v <= l.bound;
-    case Bound::kBelow: return v < l.bound;
+    case Bound::kAtLeast: return v >= bound;
+    case Bound::kAbove: return v > bound;
+    case Bound::kAtMost: return v <= bound;
+    case Bound::kBelow: return v < bound;
   }
   return false;
 }
 
-TRAINKIT_INLINE double Flags::number_of(const Flag& f) {
+TRAINKIT_INLINE long double Flags::number_of(const Flag& f) {
   return std::visit(
-      [](auto* p) -> double {
+      [](auto* p) -> long double {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return double(*p);
-        else return 0.0;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          return static_cast<long double>(*p);
+        } else {
+          return 0.0L;
+        }
       },
       f.target);
 }
@@ -368,7 +377,7 @@ TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const 
           const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
           if (ec == std::errc::result_out_of_range) fail("an integer in range");
           if (ec != std::errc() || end != text.data() + text.size()) fail("an integer");
-          check_limits(f, double(v), fail);
+          check_limits(f, static_cast<long double>(v), fail);
           *p = v;
         }
       },

@@ -314,11 +314,14 @@ class Loop {
       if (!quiet)
         std::printf("train::Loop: resumed from %s (step %lld)\n", info->path.string().c_str(),
                     static_cast<long long>(info->step));
+      // Read as they were written (StateDict::number_to_string): exactly, denormals included.
+      StateDict saved;
+      saved.values.insert(state_.metadata.begin(), state_.metadata.end());
       for (const auto& [key, value] : state_.metadata)
         if (key.starts_with(detail::kFirstEvalPrefix))
-          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = std::stod(value);
-      if (state_.metadata.count(detail::kFirstLossKey))
-        result.first_loss = std::stof(state_.metadata.at(detail::kFirstLossKey));
+          result.first_eval[key.substr(detail::kFirstEvalPrefix.size())] = saved.get_double(key);
+      if (saved.values.count(std::string(detail::kFirstLossKey)))
+        result.first_loss = static_cast<float>(saved.get_double(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
     result.step = state_.step;
