@@ -23222,7 +23222,7 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
         break;
       }
     }
-    if (close == std::string::npos) break;
+    if (close == std::string::npos) continue;  // "x{y{1..3}": an inner brace may still match
     std::vector<std::string> alternatives;
     if (!brace_alternatives(std::string_view(s).substr(open + 1, close - open - 1), alternatives))
       continue;
@@ -23547,6 +23547,19 @@ TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out
   const std::size_t T = options_.seq_len;
   const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
   if (s.wide) {
+    const auto* tokens = reinterpret_cast<const std::uint32_t*>(base) + start;
+    if (options_.token_dtype == DType::kI32) {
+      // I32 holds what a real vocabulary needs (< 2^31); a larger token, which it would wrap to
+      // a negative id, means a damaged shard.
+      std::uint32_t largest = 0;
+      for (std::size_t k = 0; k <= T; ++k) largest = std::max(largest, tokens[k]);
+      if (largest > 0x7FFFFFFFu) {
+        std::size_t k = 0;
+        while (tokens[k] <= 0x7FFFFFFFu) ++k;
+        TRAINKIT_FAIL("token shard '", s.file.path(), "': token ", start + k, " is ", tokens[k],
+                      ", not a vocabulary id (at most 2^31 - 1): the shard is damaged");
+      }
+    }
     convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
     convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
   } else {
@@ -23619,7 +23632,8 @@ TRAINKIT_NAMESPACE_END
 // SPDX-License-Identifier: MIT
 // trainkit/data/tar_shards.hpp: TarShardDataset, a streaming dataset over WebDataset tar shards.
 // Members sharing a key (the path up to the first dot of the basename) form one sample; declared
-// extensions fill fields: `.npy` (checked against the field's dtype and shape), `.cls` (a decimal
+// extensions fill fields: `.npy` (checked against the field's dtype and element count: a (784,)
+// array fills a (28, 28) field), `.cls` (a decimal
 // integer), `.json` (a number or nested arrays of numbers, or raw bytes), anything else raw bytes.
 // Each epoch reads this rank's shards in a shuffled order through a sample shuffle buffer, both
 // pure functions of (seed, epoch, rank, world_size), so start(epoch, skip) reproduces any position.
@@ -23707,9 +23721,25 @@ TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double
   };
   switch (t) {
     case DType::kF64: put(v); return true;
-    case DType::kF32: put(static_cast<float>(v)); return true;
-    case DType::kF16: put(f16(static_cast<float>(v))); return true;
-    case DType::kBF16: put(bf16(static_cast<float>(v))); return true;
+    // A finite number that the type cannot hold (1e39 in F32, 70000 in F16) does not fit.
+    case DType::kF32: {
+      const float x = static_cast<float>(v);
+      if (std::isfinite(v) && !std::isfinite(x)) return false;
+      put(x);
+      return true;
+    }
+    case DType::kF16: {
+      const f16 x(static_cast<float>(v));
+      if (std::isfinite(v) && !std::isfinite(static_cast<float>(x))) return false;
+      put(x);
+      return true;
+    }
+    case DType::kBF16: {
+      const bf16 x(static_cast<float>(v));
+      if (std::isfinite(v) && !std::isfinite(static_cast<float>(x))) return false;
+      put(x);
+      return true;
+    }
     case DType::kI64:
       return put_integer(std::int64_t{}, -9223372036854775808.0, 9223372036854774784.0);
     case DType::kI32: return put_integer(std::int32_t{}, -2147483648.0, 2147483647.0);
@@ -23772,6 +23802,16 @@ class TarShardDataset {
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
   /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
   TRAINKIT_INLINE bool next(const SampleRef& out);
+
+  /// What fixes the order of the stream apart from the epoch: the shard count, the seed, the
+  /// shuffles and the number of ranks. A Prefetcher saves it with its position and refuses a
+  /// position saved under other settings (the same position would hold other samples).
+  std::string stream_settings() const {
+    return ::trainkit::detail::concat(shards_.size(), " shards, seed ", o_.seed,
+                                      ", shuffle_shards ", o_.shuffle_shards ? "on" : "off",
+                                      ", shuffle_buffer ", o_.shuffle_buffer, ", world_size ",
+                                      o_.world_size);
+  }
 
   /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
   std::string describe_current() const {
@@ -23839,8 +23879,13 @@ TRAINKIT_INLINE TarShardDataset::TarShardDataset(std::vector<std::string> shards
     std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     if (f.name.empty()) f.name = f.ext;
-    for (const FieldSpec& g : fields_)
-      TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
+    for (std::size_t k = 0; k < fields_.size(); ++k) {
+      TRAINKIT_CHECK(fields_[k].name != f.name, "TarShardDataset: field '", f.name,
+                     "' declared twice");
+      TRAINKIT_CHECK(o_.fields[k].ext != f.ext, "TarShardDataset: fields '", fields_[k].name,
+                     "' and '", f.name, "' both take the member '.", f.ext,
+                     "' (a member fills one field)");
+    }
     FieldSpec spec{f.name, f.dtype, f.shape};
     std::size_t bytes = dtype_size(f.dtype);
     for (std::int64_t d : f.shape) {
@@ -24153,6 +24198,7 @@ TRAINKIT_NAMESPACE_END
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -24162,10 +24208,12 @@ TRAINKIT_NAMESPACE_END
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24195,7 +24243,7 @@ using SampleTransform =
 struct PrefetchOptions {
   std::size_t batch_size = 1;
   std::size_t num_workers = 2;  ///< reader threads (streaming datasets always use one)
-  std::size_t depth = 4;        ///< batch slots, >= 2; memory = depth x one batch (x2 on device)
+  std::size_t depth = 4;  ///< batch slots, 2 to 4096; memory = depth x one batch (x2 on device)
   /// Drop each epoch's final partial batch. A streaming dataset then reads one batch ahead (one
   /// more batch of memory) to know which full batch is its epoch's last.
   bool drop_last = false;
@@ -24395,7 +24443,8 @@ class Prefetcher {
   // ---- type-erased dataset -------------------------------------------------------------------
   template <class D, class S>
   void init_indexed(const D& dataset, S sampler) {
-    in_fields_.assign(std::begin(dataset.fields()), std::end(dataset.fields()));
+    const auto& fields = dataset.fields();  // once: fields() may return its list by value
+    in_fields_.assign(std::begin(fields), std::end(fields));
     read_ = [&dataset](std::size_t i, const SampleRef& out) { dataset.read(i, out); };
     describe_ = [&dataset](std::size_t i) { return std::string(dataset.describe(i)); };
     auto shared = std::make_shared<S>(std::move(sampler));
@@ -24417,6 +24466,10 @@ class Prefetcher {
     streaming_ = true;
     start_ = [&dataset](std::uint64_t epoch, std::uint64_t skip) { dataset.start(epoch, skip); };
     next_ = [&dataset](const SampleRef& out) { return dataset.next(out); };
+    if constexpr (requires {
+                    { dataset.stream_settings() } -> std::convertible_to<std::string>;
+                  })
+      stream_settings_ = dataset.stream_settings();
     describe_current_ = [&dataset] { return std::string(dataset.describe_current()); };
   }
 
@@ -24481,6 +24534,7 @@ class Prefetcher {
   std::function<void(std::uint64_t, std::uint64_t)> start_;
   std::function<bool(const SampleRef&)> next_;
   std::function<std::string()> describe_current_;
+  std::string stream_settings_;  // the dataset's stream_settings(), when it has them
   PrefetchState stream_cursor_;
   bool stream_started_ = false;
   // Samples read ahead, in a ring of stream_lookahead() samples: a batch is the last of its
@@ -24586,11 +24640,12 @@ TRAINKIT_INLINE Batch Prefetcher::next() {
 }
 
 TRAINKIT_INLINE void Prefetcher::restore(const PrefetchState& state) {
-  stop_workers();
-  release_held();
+  // Checked first: a refused state leaves the loader running where it was.
   TRAINKIT_CHECK(per_epoch_ == 0 || state.batch < per_epoch_, options_.name,
                  ": restore() to batch ", state.batch, " of epoch ", state.epoch,
                  " but an epoch has ", per_epoch_, " batches");
+  stop_workers();
+  release_held();
   begin(state);
 }
 
@@ -24600,6 +24655,7 @@ TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
   sd.set_u64("batch", next_state_.batch);
   sd.set_u64("batch_size", options_.batch_size);
   sd.set_u64("batches_per_epoch", per_epoch_);
+  if (!stream_settings_.empty()) sd.values["stream_settings"] = stream_settings_;
   return sd;
 }
 
@@ -24609,13 +24665,20 @@ TRAINKIT_INLINE void Prefetcher::load_state_dict(const StateDict& sd) {
                                      options_.batch_size);
   check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
                                      per_epoch_);
+  const auto saved = sd.values.find("stream_settings");
+  TRAINKIT_CHECK(
+      saved == sd.values.end() || stream_settings_.empty() || saved->second == stream_settings_,
+      who, ": the checkpoint's position is one in a stream of ", saved->second,
+      "; this run's dataset has ", stream_settings_,
+      " (the same position would hold other samples)");
   restore({sd.get_u64("epoch"), sd.get_u64("batch")});
 }
 
 TRAINKIT_INLINE void Prefetcher::setup(bool device) {
   TRAINKIT_CHECK(options_.batch_size >= 1, options_.name, ": batch_size must be >= 1");
-  TRAINKIT_CHECK(options_.depth >= 2, options_.name, ": depth must be >= 2 (one batch in use, ",
-                 "one being filled), got ", options_.depth);
+  TRAINKIT_CHECK(options_.depth >= 2 && options_.depth <= 4096, options_.name,
+                 ": depth must be 2 (one batch in use, one being filled) to 4096, got ",
+                 options_.depth);
   TRAINKIT_CHECK(!options_.output_fields.empty() ? static_cast<bool>(options_.transform) : true,
                  options_.name, ": output_fields given without a transform to fill them");
   depth_ = options_.depth;
@@ -24630,15 +24693,31 @@ TRAINKIT_INLINE void Prefetcher::setup(bool device) {
                    "bytes)");
     return *bytes;
   };
+  // A field's bytes per sample in checked arithmetic, its extents >= 0 (a shape comes from
+  // the dataset or the options: one that wraps would give a slot too small for its rows).
+  const auto field_bytes = [&](const FieldSpec& f, const char* which) {
+    std::optional<std::size_t> n = dtype_size(f.dtype);
+    for (std::int64_t d : f.shape) {
+      TRAINKIT_CHECK(d >= 0, options_.name, ": ", which, " field '", f.name,
+                     "' has a negative extent ", d);
+      n = n ? checked_mul(*n, static_cast<std::size_t>(d)) : n;
+    }
+    TRAINKIT_CHECK(n && *n < (std::size_t{1} << 48), options_.name, ": ", which, " field '", f.name,
+                   "' has ", f.shape.size(), " extents whose product is too large for ",
+                   "one sample (2^48 bytes or more)");
+    return *n;
+  };
   std::size_t off = 0;
   for (const FieldSpec& f : out_fields_) {
     offsets_.push_back(off);
-    off = align(room(checked_add(off, room(checked_mul(B, f.bytes())))));
+    off = align(room(checked_add(off, room(checked_mul(B, field_bytes(f, "output"))))));
   }
   indices_offset_ = off;
   slot_bytes_ = room(checked_add(off, room(checked_mul(B, sizeof(std::int64_t)))));
   in_sample_bytes_ = 0;
-  for (const FieldSpec& f : in_fields_) in_sample_bytes_ += f.bytes();
+  for (const FieldSpec& f : in_fields_)
+    in_sample_bytes_ = room(checked_add(in_sample_bytes_, field_bytes(f, "input")));
+  if (streaming_) (void)room(checked_mul(stream_lookahead(), sample_bytes_of(out_or_in())));
 
   device_mode_ = device;
 #if TRAINKIT_WITH_CUDA
@@ -24654,9 +24733,14 @@ TRAINKIT_INLINE void Prefetcher::setup(bool device) {
   }
 #endif
   const bool pin = (options_.pin_memory || device_mode_) && cuda::device_count() > 0;
-  for (std::size_t s = 0; s < depth_; ++s) {
-    host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
-    if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
+  try {
+    for (std::size_t s = 0; s < depth_; ++s) {
+      host_slots_.emplace_back(slot_bytes_, pin ? MemoryKind::kPinned : MemoryKind::kHost);
+      if (device_mode_) device_slots_.emplace_back(slot_bytes_, MemoryKind::kDevice);
+    }
+  } catch (const Error& e) {
+    TRAINKIT_FAIL(options_.name, ": the ", depth_, " batch slots of ", slot_bytes_,
+                  " bytes each do not fit in memory (lower depth or batch_size): ", e.what());
   }
   slots_.resize(depth_);
   begin(PrefetchState{options_.epoch, 0});
@@ -24676,7 +24760,13 @@ TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
   stream_cursor_ = state;
   stream_started_ = false;
   workers_.clear();
-  for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
+  try {
+    for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
+  } catch (const std::system_error& e) {
+    stop_workers();  // joins the ones that started
+    TRAINKIT_FAIL(options_.name, ": cannot start worker ", workers_.size() + 1, " of ",
+                  num_workers_, " (", e.what(), "); lower num_workers");
+  }
 }
 
 TRAINKIT_INLINE void Prefetcher::stop_workers() noexcept {
@@ -24736,9 +24826,22 @@ TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
 #if TRAINKIT_WITH_CUDA
   if (device_mode_ && cudaSetDevice(device_id_) != cudaSuccess) (void)cudaGetLastError();
 #endif
-  std::vector<std::byte> scratch(separate_input_ ? in_sample_bytes_ : 0);
-  std::vector<std::byte> lookahead(streaming_ ? stream_lookahead() * sample_bytes_of(out_or_in())
-                                              : 0);
+  // The worker's buffers (a sample before the transform; the streaming read-ahead). A failed
+  // allocation is this worker's error, reported by next() like a failed read.
+  // (setup() checked that the sizes do not overflow.)
+  const std::size_t scratch_bytes = separate_input_ ? in_sample_bytes_ : 0;
+  const std::size_t lookahead_bytes =
+      streaming_ ? stream_lookahead() * sample_bytes_of(out_or_in()) : 0;
+  std::vector<std::byte> scratch, lookahead;
+  std::exception_ptr no_memory;
+  try {
+    scratch.resize(scratch_bytes);
+    lookahead.resize(lookahead_bytes);
+  } catch (const std::bad_alloc&) {
+    no_memory = std::make_exception_ptr(Error(::trainkit::detail::concat(
+        "trainkit: ", options_.name, ": worker ", worker, " cannot allocate its buffers (",
+        scratch_bytes + lookahead_bytes, " bytes); lower batch_size")));
+  }
   for (;;) {
     std::uint64_t g = 0;
     {
@@ -24756,6 +24859,7 @@ TRAINKIT_INLINE void Prefetcher::work(std::size_t worker) {
       // The previous copy out of this pinned slot must be finished before we overwrite it.
       if (device_mode_) copy_done_[s].synchronize();
 #endif
+      if (no_memory) std::rethrow_exception(no_memory);
       auto* base = static_cast<std::byte*>(host_slots_[s].get());
       if (streaming_) {
         fill_streaming(base, result, lookahead);
@@ -25060,7 +25164,7 @@ struct ImageAugmentOptions {
 class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
-  /// trainkit::Error for a bad layout, a negative padding or a zero stddev.
+  /// trainkit::Error for a bad layout, a padding outside [0, 2^24] or a zero stddev.
   TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
@@ -25173,7 +25277,9 @@ TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) :
                  l.channels);
   TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
                  l.width);
-  TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
+  TRAINKIT_CHECK(o_.crop.padding >= 0 && o_.crop.padding <= (1 << 24),
+                 "ImageAugment: crop padding ", o_.crop.padding,
+                 " is not in [0, 2^24] (a padding wider than any image)");
   for (int c = 0; c < l.channels; ++c) {
     TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
     a_[c] = o_.normalize.scale / o_.normalize.stddev[c];

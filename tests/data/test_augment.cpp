@@ -186,6 +186,10 @@ TEST_CASE("augment: bad options") {
   o = options(1, 0.5f);
   o.normalize.stddev[1] = 0;
   check_contains(error_of([&] { tk::data::ImageAugment a(o); }), {"stddev[1] is zero"});
-  o = options(-1, 0.5f);
-  check_contains(error_of([&] { tk::data::ImageAugment a(o); }), {"negative crop padding"});
+  for (const int padding : {-1, (1 << 24) + 1, 1 << 30}) {  // 2 * 2^30 + 1 overflowed int
+    o = options(padding, 0.5f);
+    check_contains(error_of([&] { tk::data::ImageAugment a(o); }),
+                   {"crop padding " + std::to_string(padding) + " is not in [0, 2^24]"});
+  }
+  CHECK_NOTHROW(tk::data::ImageAugment(options(1 << 24, 0.5f)));
 }

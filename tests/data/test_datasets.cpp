@@ -14,6 +14,7 @@
 #include <trainkit/data/shard_pattern.hpp>
 #include <trainkit/data/tar_shards.hpp>
 #include <trainkit/data/token_shards.hpp>
+#include <trainkit/io/tar.hpp>
 
 #include "data_test_util.hpp"
 
@@ -173,6 +174,25 @@ TEST_CASE("TokenShardDataset: (input, target) windows over llm.c shards") {
                  {"tok_llama.bin", "uint32 tokens", "U16"});
 }
 
+TEST_CASE("TokenShardDataset: a uint32 token past 2^31 - 1 is refused for I32, not wrapped") {
+  std::vector<std::byte> bytes = read_file(fixture("tokens/tok_llama.bin"));
+  const std::uint32_t huge = 0x80000001u;
+  std::memcpy(bytes.data() + tk::data::kTokenShardHeaderBytes + 4 * 17, &huge, 4);
+  TempDir dir;
+  write_file(dir / "llama.bin", bytes);
+  const std::vector<std::filesystem::path> shard{dir / "llama.bin"};
+  const tk::data::TokenShardDataset i32(shard, {.seq_len = 10, .stride = 5});
+  SampleBuffer s(i32.fields());
+  i32.read(0, s.ref());  // tokens 0..10
+  check_contains(error_of([&] { i32.read(2, s.ref()); }),
+                 {"llama.bin", "token 17 is 2147483649", "damaged"});
+  const tk::data::TokenShardDataset i64(
+      shard, {.seq_len = 10, .stride = 5, .token_dtype = tk::DType::kI64});
+  SampleBuffer w(i64.fields());
+  i64.read(2, w.ref());
+  CHECK(w.at<std::int64_t>(0, 7) == 2147483649);
+}
+
 TEST_CASE("TokenShardDataset: wrong magic, version or size name the shard") {
   const std::vector<std::byte> good = read_file(fixture("tokens/tok_000001.bin"));
   TempDir dir;
@@ -221,6 +241,8 @@ TEST_CASE("shard patterns: bash brace expansion") {
   CHECK(expand_shard_pattern("{a,b}{1,2}") == V{"a1", "a2", "b1", "b2"});
   CHECK(expand_shard_pattern("x{a,{b,c}d}y") == V{"xay", "xbdy", "xcdy"});
   CHECK(expand_shard_pattern("lit{eral}.tar") == V{"lit{eral}.tar"});
+  CHECK(expand_shard_pattern("x{y{1..3}") == V{"x{y1", "x{y2", "x{y3"});  // as bash
+  CHECK(expand_shard_pattern("{{a,b}") == V{"{a", "{b"});
   CHECK(expand_shard_pattern("a-{0..1}.tar::b.tar") == V{"a-0.tar", "a-1.tar", "b.tar"});
   check_contains(error_of([] { (void)expand_shard_pattern(""); }), {"names no shards"});
   CHECK(expand_shard_pattern("{,a}::{,}") == V{"a"});  // empty words are dropped, as in bash
@@ -341,6 +363,39 @@ TEST_CASE("TarShardDataset: missing members, bad members and truncated shards") 
   CHECK(s5.at<std::uint8_t>(1) == 1);
 
   TempDir dir;
+  // JSON numbers a float field cannot hold are refused, as integers out of range are.
+  {
+    tk::io::TarWriter w(dir / "big.tar");
+    w.add("000.json", std::string_view("[1e39, 70000]"));
+    w.close();
+  }
+  for (const auto& [dtype, text] :
+       {std::pair{tk::DType::kF32, "value 1e+39 does not fit field 'v' (F32)"},
+        std::pair{tk::DType::kF16, "value 1e+39 does not fit field 'v' (F16)"}}) {
+    tk::data::TarShardOptions big = o;
+    big.fields = {{"v", "json", dtype, {2}}};
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / "big.tar").string()}, big);
+    SampleBuffer sb(ds.fields());
+    check_contains(error_of([&] { ds.next(sb.ref()); }), {"big.tar", "000.json", text});
+  }
+  tk::data::TarShardOptions half = o;
+  half.fields = {{"v", "json", tk::DType::kF16, {2}}};
+  {
+    tk::io::TarWriter w(dir / "half.tar");
+    w.add("000.json", std::string_view("[65504, 70000]"));
+    w.close();
+  }
+  tk::data::TarShardDataset hd(std::vector<std::string>{(dir / "half.tar").string()}, half);
+  SampleBuffer hb(hd.fields());
+  check_contains(error_of([&] { hd.next(hb.ref()); }),
+                 {"value 70000 does not fit field 'v' (F16)"});
+  // Two fields cannot take one member.
+  tk::data::TarShardOptions twice = o;
+  twice.fields = {{"a", "bin", tk::DType::kU8, {8}}, {"b", "BIN", tk::DType::kU8, {8}}};
+  check_contains(
+      error_of([&] { tk::data::TarShardDataset d(fixture("tar/wds-000000.tar"), twice); }),
+      {"fields 'a' and 'b' both take the member '.bin'"});
+
   const std::vector<std::byte> good = read_file(fixture("tar/wds-000001.tar"));
   write_file(dir / "cut.tar", {good.begin(), good.begin() + 5000});
   tk::data::TarShardDataset cut(std::vector<std::string>{(dir / "cut.tar").string()}, o);

@@ -60,6 +60,14 @@ class SlowDataset {
 };
 static_assert(tk::data::Dataset<SlowDataset>);
 
+/// SlowDataset whose fields() returns its list by value (the Dataset concept allows it).
+class FieldsByValue : public SlowDataset {
+ public:
+  using SlowDataset::SlowDataset;
+  std::vector<tk::data::FieldSpec> fields() const { return SlowDataset::fields(); }
+};
+static_assert(tk::data::Dataset<FieldsByValue>);
+
 struct Seen {
   std::uint64_t epoch, index;
   bool last;
@@ -106,6 +114,13 @@ std::vector<Seen> take(tk::data::Prefetcher& p, std::size_t count) {
 }
 
 }  // namespace
+
+TEST_CASE("Prefetcher: a dataset whose fields() returns a new list each call") {
+  const FieldsByValue ds(23, 0);
+  const tk::data::RandomSampler sampler(ds.size(), 7);
+  tk::data::Prefetcher p(ds, sampler, {.batch_size = 4, .num_workers = 2});
+  CHECK(take(p, 9) == expected(sampler, 4, false, 0, 9));
+}
 
 TEST_CASE("Prefetcher: same batches in the same order for 1..8 workers and any depth") {
   const SlowDataset ds(103, 30);
@@ -186,6 +201,9 @@ TEST_CASE("Prefetcher: state()/restore() resume exactly mid-epoch, across epochs
                    b.restore({0, 12});
                  }),
                  {"restore() to batch 12", "has 12 batches"});
+  // The refused restore left the loader where it was (it hung here: its workers were stopped).
+  CHECK(b.state() == tk::data::PrefetchState{3, 6});
+  CHECK(take(b, 8) == std::vector<Seen>(want.begin() + 3 * 12 + 6, want.begin() + 3 * 12 + 14));
 }
 
 TEST_CASE("Prefetcher: a worker's exception reaches the consumer in order, with context") {
@@ -306,6 +324,28 @@ TEST_CASE("Prefetcher: streaming tar shards, batches across epochs, exact resume
   const auto resumed = run(q, 5);
   CHECK(resumed == std::vector(batches.begin() + 3, batches.end()));
 
+  // A position saved under other stream settings (ranks, seed, shuffles) means other samples:
+  // load_state_dict refuses it; the same settings load.
+  const tk::StateDict saved = q.state_dict();
+  CHECK(saved.get_string("stream_settings") ==
+        "3 shards, seed 3, shuffle_shards on, shuffle_buffer 4, world_size 1");
+  for (int change = 0; change < 3; ++change) {
+    tk::data::TarShardOptions other = o;
+    if (change == 0) other.world_size = 2;
+    if (change == 1) other.seed = 4;
+    if (change == 2) other.shuffle_buffer = 0;
+    tk::data::TarShardDataset od(fixture("tar/wds-{000000..000002}.tar"), other);
+    tk::data::Prefetcher r(od, {.batch_size = 5, .depth = 2});
+    check_contains(error_of([&] { r.load_state_dict(saved); }),
+                   {"the checkpoint's position is one in a stream of 3 shards, seed 3",
+                    "this run's dataset has", "would hold other samples"});
+    (void)r.next();  // still running
+  }
+  tk::data::TarShardDataset same(fixture("tar/wds-{000000..000002}.tar"), o);
+  tk::data::Prefetcher again(same, {.batch_size = 5, .depth = 2});
+  again.load_state_dict(saved);
+  CHECK(run(again, 2) == run(q, 2));
+
   // drop_last: 21 samples per epoch in batches of 5 are four batches, the fourth the last of its
   // epoch (one sample dropped); of 7, exactly three; of 4, five (one dropped); of 22, none.
   for (const std::size_t bs : {std::size_t(5), std::size_t(7), std::size_t(4)}) {
@@ -366,8 +406,19 @@ TEST_CASE("Prefetcher: option errors") {
   check_contains(
       error_of([&] { tk::data::Prefetcher p(ds, seq, {.batch_size = 11, .drop_last = true}); }),
       {"yields 10 samples", "one batch of 11"});
-  check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, {.batch_size = 2, .depth = 1}); }),
-                 {"depth must be >= 2"});
+  for (const std::size_t depth : {std::size_t{1}, std::size_t{4097}, std::size_t{1} << 40})
+    check_contains(
+        error_of([&] { tk::data::Prefetcher p(ds, seq, {.batch_size = 2, .depth = depth}); }),
+        {"depth must be 2", "to 4096, got " + std::to_string(depth)});
+  // Output fields whose shapes are negative or overflow a size (a slot too small for them).
+  for (const std::vector<std::int64_t>& shape :
+       {std::vector<std::int64_t>{-1, -1}, {std::int64_t{1} << 62, 4}, {1 << 30, 1 << 30}}) {
+    tk::data::PrefetchOptions o{.batch_size = 2};
+    o.output_fields = {{"z", tk::DType::kF32, shape}};
+    o.transform = [](const tk::data::SampleInfo&, const tk::data::SampleRef&,
+                     const tk::data::SampleRef&) {};
+    check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, o); }), {"output field 'z'"});
+  }
   // Batches whose size overflows (they crashed in a worker): refused up front. Without
   // drop_last such a batch holds the whole epoch.
   for (const std::size_t huge : {std::size_t{1} << 62, ~std::size_t{0}, std::size_t{1} << 57})

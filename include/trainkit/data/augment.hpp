@@ -111,7 +111,7 @@ struct ImageAugmentOptions {
 class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
-  /// trainkit::Error for a bad layout, a negative padding or a zero stddev.
+  /// trainkit::Error for a bad layout, a padding outside [0, 2^24] or a zero stddev.
   TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
@@ -224,7 +224,9 @@ TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) :
                  l.channels);
   TRAINKIT_CHECK(l.height >= 1 && l.width >= 1, "ImageAugment: bad image size ", l.height, "x",
                  l.width);
-  TRAINKIT_CHECK(o_.crop.padding >= 0, "ImageAugment: negative crop padding");
+  TRAINKIT_CHECK(o_.crop.padding >= 0 && o_.crop.padding <= (1 << 24),
+                 "ImageAugment: crop padding ", o_.crop.padding,
+                 " is not in [0, 2^24] (a padding wider than any image)");
   for (int c = 0; c < l.channels; ++c) {
     TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
     a_[c] = o_.normalize.scale / o_.normalize.stddev[c];

@@ -132,7 +132,7 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
         break;
       }
     }
-    if (close == std::string::npos) break;
+    if (close == std::string::npos) continue;  // "x{y{1..3}": an inner brace may still match
     std::vector<std::string> alternatives;
     if (!brace_alternatives(std::string_view(s).substr(open + 1, close - open - 1), alternatives))
       continue;

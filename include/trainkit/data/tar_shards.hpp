@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // trainkit/data/tar_shards.hpp: TarShardDataset, a streaming dataset over WebDataset tar shards.
 // Members sharing a key (the path up to the first dot of the basename) form one sample; declared
-// extensions fill fields: `.npy` (checked against the field's dtype and shape), `.cls` (a decimal
+// extensions fill fields: `.npy` (checked against the field's dtype and element count: a (784,)
+// array fills a (28, 28) field), `.cls` (a decimal
 // integer), `.json` (a number or nested arrays of numbers, or raw bytes), anything else raw bytes.
 // Each epoch reads this rank's shards in a shuffled order through a sample shuffle buffer, both
 // pure functions of (seed, epoch, rank, world_size), so start(epoch, skip) reproduces any position.
@@ -101,9 +102,25 @@ TRAINKIT_INLINE bool store_number(DType t, std::byte* dst, std::size_t k, double
   };
   switch (t) {
     case DType::kF64: put(v); return true;
-    case DType::kF32: put(static_cast<float>(v)); return true;
-    case DType::kF16: put(f16(static_cast<float>(v))); return true;
-    case DType::kBF16: put(bf16(static_cast<float>(v))); return true;
+    // A finite number that the type cannot hold (1e39 in F32, 70000 in F16) does not fit.
+    case DType::kF32: {
+      const float x = static_cast<float>(v);
+      if (std::isfinite(v) && !std::isfinite(x)) return false;
+      put(x);
+      return true;
+    }
+    case DType::kF16: {
+      const f16 x(static_cast<float>(v));
+      if (std::isfinite(v) && !std::isfinite(static_cast<float>(x))) return false;
+      put(x);
+      return true;
+    }
+    case DType::kBF16: {
+      const bf16 x(static_cast<float>(v));
+      if (std::isfinite(v) && !std::isfinite(static_cast<float>(x))) return false;
+      put(x);
+      return true;
+    }
     case DType::kI64:
       return put_integer(std::int64_t{}, -9223372036854775808.0, 9223372036854774784.0);
     case DType::kI32: return put_integer(std::int32_t{}, -2147483648.0, 2147483647.0);
@@ -166,6 +183,16 @@ class TarShardDataset {
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
   /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
   TRAINKIT_INLINE bool next(const SampleRef& out);
+
+  /// What fixes the order of the stream apart from the epoch: the shard count, the seed, the
+  /// shuffles and the number of ranks. A Prefetcher saves it with its position and refuses a
+  /// position saved under other settings (the same position would hold other samples).
+  std::string stream_settings() const {
+    return ::trainkit::detail::concat(shards_.size(), " shards, seed ", o_.seed,
+                                      ", shuffle_shards ", o_.shuffle_shards ? "on" : "off",
+                                      ", shuffle_buffer ", o_.shuffle_buffer, ", world_size ",
+                                      o_.world_size);
+  }
 
   /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
   std::string describe_current() const {
@@ -233,8 +260,13 @@ TRAINKIT_INLINE TarShardDataset::TarShardDataset(std::vector<std::string> shards
     std::transform(f.ext.begin(), f.ext.end(), f.ext.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     if (f.name.empty()) f.name = f.ext;
-    for (const FieldSpec& g : fields_)
-      TRAINKIT_CHECK(g.name != f.name, "TarShardDataset: field '", f.name, "' declared twice");
+    for (std::size_t k = 0; k < fields_.size(); ++k) {
+      TRAINKIT_CHECK(fields_[k].name != f.name, "TarShardDataset: field '", f.name,
+                     "' declared twice");
+      TRAINKIT_CHECK(o_.fields[k].ext != f.ext, "TarShardDataset: fields '", fields_[k].name,
+                     "' and '", f.name, "' both take the member '.", f.ext,
+                     "' (a member fills one field)");
+    }
     FieldSpec spec{f.name, f.dtype, f.shape};
     std::size_t bytes = dtype_size(f.dtype);
     for (std::int64_t d : f.shape) {

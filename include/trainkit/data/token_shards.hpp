@@ -171,6 +171,19 @@ TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out
   const std::size_t T = options_.seq_len;
   const std::byte* base = s.file.data() + kTokenShardHeaderBytes;
   if (s.wide) {
+    const auto* tokens = reinterpret_cast<const std::uint32_t*>(base) + start;
+    if (options_.token_dtype == DType::kI32) {
+      // I32 holds what a real vocabulary needs (< 2^31); a larger token, which it would wrap to
+      // a negative id, means a damaged shard.
+      std::uint32_t largest = 0;
+      for (std::size_t k = 0; k <= T; ++k) largest = std::max(largest, tokens[k]);
+      if (largest > 0x7FFFFFFFu) {
+        std::size_t k = 0;
+        while (tokens[k] <= 0x7FFFFFFFu) ++k;
+        TRAINKIT_FAIL("token shard '", s.file.path(), "': token ", start + k, " is ", tokens[k],
+                      ", not a vocabulary id (at most 2^31 - 1): the shard is damaged");
+      }
+    }
     convert(reinterpret_cast<const std::uint32_t*>(base) + start, T, out, 0);
     convert(reinterpret_cast<const std::uint32_t*>(base) + start + 1, T, out, 1);
   } else {
