@@ -30140,7 +30140,13 @@ class GradBucketer {
   void finish(cuda::StreamRef stream) {
     static_assert(S == Space::kDevice, "GradBucketer<host>::finish takes no stream");
     if (!syncing_) return;
-    check_all_launched();
+    check_all_launched([this, stream](std::size_t b) {
+      // All bits set: a NaN in every f32 gradient of the bucket.
+      TRAINKIT_CUDA_CHECK(cudaMemsetAsync(arena_->grads_data() + buckets_[b].offset, 0xFF,
+                                          static_cast<std::size_t>(buckets_[b].count) * 4,
+                                          stream.get()));
+      launch_device(b, stream);
+    });
 #if TRAINKIT_WITH_NCCL
     nccl_->check_async_error();
 #endif
@@ -30155,7 +30161,11 @@ class GradBucketer {
   /// Throws trainkit::Error when a parameter was never marked ready or an all-reduce failed.
   void finish() {
     if (!syncing_) return;
-    check_all_launched();
+    check_all_launched([this](std::size_t b) {
+      float* g = arena_->grads_data() + buckets_[b].offset;
+      std::fill(g, g + buckets_[b].count, std::numeric_limits<float>::quiet_NaN());
+      launch(b);
+    });
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr first;
     for (Work& w : works_) {
@@ -30170,13 +30180,7 @@ class GradBucketer {
       std::rethrow_exception(first);
     }
     if constexpr (S == Space::kHost) {
-      if (options_.bf16_compression) {
-        for (const Bucket& b : buckets_) {
-          const bf16* src = staging_.data() + b.offset;
-          float* dst = arena_->grads_data() + b.offset;
-          for (std::int64_t i = 0; i < b.count; ++i) dst[i] = static_cast<float>(src[i]);
-        }
-      }
+      for (std::size_t b = 0; b < buckets_.size(); ++b) copy_back(b);
     } else {
 #if TRAINKIT_WITH_CUDA
       for (cudaEvent_t e : events_) TRAINKIT_CUDA_CHECK(cudaEventSynchronize(e));
@@ -30216,12 +30220,15 @@ class GradBucketer {
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
   /// The bucket holding parameter `id`.
   std::size_t bucket_of(nn::ParamId id) const { return bucket_of_[check_id(id, "bucket_of")]; }
-  /// True once bucket `b` of the current backward pass has been averaged (never blocks; throws
-  /// when its all-reduce failed). Device arenas: true once it was enqueued and NCCL finished.
-  bool reduced(std::size_t b) const {
+  /// True once bucket `b` of the current backward pass has been averaged into the arena's
+  /// gradients (never blocks; throws when its all-reduce failed). Device arenas: true once it
+  /// was enqueued and NCCL finished.
+  bool reduced(std::size_t b) {
     TRAINKIT_CHECK(b < buckets_.size(), "GradBucketer::reduced: bucket ", b, " of ",
                    buckets_.size());
-    return b < next_launch_ && works_[b].test();
+    if (b >= next_launch_ || !works_[b].test()) return false;
+    if constexpr (S == Space::kHost) copy_back(b);  // bf16 compression: the average to f32
+    return true;
   }
   /// Seconds the last finish() blocked waiting for all-reduces.
   double last_wait_seconds() const noexcept { return last_wait_; }
@@ -30267,7 +30274,19 @@ class GradBucketer {
     works_.assign(buckets_.size(), Work());
   }
 
+  // Host, bf16 compression: bucket b's average from the staging buffer into the gradients, once
+  // per backward pass (its all-reduce has completed).
+  void copy_back(std::size_t b) {
+    if (!options_.bf16_compression || copied_[b]) return;
+    const Bucket& bk = buckets_[b];
+    const bf16* src = staging_.data() + bk.offset;
+    float* dst = arena_->grads_data() + bk.offset;
+    for (std::int64_t i = 0; i < bk.count; ++i) dst[i] = static_cast<float>(src[i]);
+    copied_[b] = true;
+  }
+
   void reset_iteration() {
+    copied_.assign(buckets_.size(), false);
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       pending_[b] = static_cast<std::int64_t>(buckets_[b].params.size());
     marked_.assign(bucket_of_.size(), false);
@@ -30287,7 +30306,13 @@ class GradBucketer {
     return true;
   }
 
-  void check_all_launched() {
+  // A parameter was never marked: this rank throws naming it. So that every rank still issues
+  // the same collectives (the next pass would otherwise pair its buckets with another rank's
+  // earlier ones), the buckets held back are launched anyway, filled with NaN (`poison_and_launch`
+  // fills and launches bucket b): every rank's average of them is NaN, and its step sees
+  // non-finite gradients instead of a silently wrong average.
+  template <class PoisonAndLaunch>
+  void check_all_launched(PoisonAndLaunch&& poison_and_launch) {
     if (next_launch_ == buckets_.size()) return;
     // Name the first parameter (in backward order) that held the buckets back.
     std::string name;
@@ -30297,9 +30322,11 @@ class GradBucketer {
         break;
       }
     const std::size_t launched = next_launch_;
+    for (std::size_t b = launched; b < buckets_.size(); ++b) poison_and_launch(b);
+    next_launch_ = buckets_.size();
     // The started all-reduces still write the gradients: let them finish before the caller
     // touches them again.
-    for (std::size_t b = 0; b < launched; ++b) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
       try {
         works_[b].wait();
       } catch (...) {
@@ -30309,7 +30336,7 @@ class GradBucketer {
     TRAINKIT_FAIL("GradBucketer::finish: parameter '", name, "' (bucket ", launched,
                   ") was never marked ready in this backward pass, so buckets ", launched, "..",
                   buckets_.size() - 1,
-                  " were not reduced "
+                  " were reduced as NaN on every rank "
                   "(every parameter must get a gradient and be marked on every rank)");
   }
 
@@ -30454,6 +30481,7 @@ class GradBucketer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::int64_t> pending_;   // unmarked parameters per bucket
+  std::vector<bool> copied_;            // host bf16: bucket's average copied back this pass
   std::vector<bool> marked_;
   std::size_t marked_count_ = 0;
   std::size_t next_launch_ = 0;  // buckets [0, next_launch_) have started

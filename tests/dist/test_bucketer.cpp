@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -275,36 +276,96 @@ TEST_CASE("GradBucketer: no_sync accumulates locally; the next pass averages the
 }
 
 TEST_CASE("GradBucketer: a bucket is reduced as soon as its last gradient is marked") {
-  std::vector<int> early(2, 0);
-  dist::ThreadComm::run(2, [&](dist::ThreadComm& comm) {
+  for (const bool bf16 : {false, true}) {  // with compression too: averaged into the arena
+    CAPTURE(bf16);
+    std::vector<int> early(2, 0);
+    dist::ThreadComm::run(2, [&](dist::ThreadComm& comm) {
+      nn::ParamArena<> arena;
+      const auto w = arena.add("w", tk::Shape{1000});
+      const auto v = arena.add("v", tk::Shape{1000});
+      arena.finalize();
+      dist::BucketOptions o;
+      o.first_bucket_bytes = 4;  // v alone, then w
+      o.bucket_bytes = 4;
+      o.bf16_compression = bf16;
+      dist::GradBucketer<> ddp(arena, comm, o);
+      REQUIRE(ddp.buckets().size() == 2);
+      float* g = arena.grads_data();
+      for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) g[i] = comm.rank() == 0 ? 1.0f : 3.0f;
+      ddp.mark_ready(v);
+      // Without finish(): the progress thread averages v's bucket while we "compute" w.
+      const float* gv = arena.grads_data() + arena.info(v).offset;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!ddp.reduced(0) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      early[static_cast<std::size_t>(comm.rank())] =
+          ddp.reduced(0) && !ddp.reduced(1) && gv[999] == 2.0f && gv[0] == 2.0f;
+      // w's bucket has not started: its gradient is still this rank's own.
+      const float* gw = arena.grads_data() + arena.info(w).offset;
+      early[static_cast<std::size_t>(comm.rank())] &= gw[0] == (comm.rank() == 0 ? 1.0f : 3.0f);
+      ddp.mark_ready(w);
+      ddp.finish();
+      CHECK(gw[0] == 2.0f);
+    });
+    CHECK(early[0] == 1);
+    CHECK(early[1] == 1);
+  }
+}
+
+TEST_CASE(
+    "GradBucketer: a parameter one rank forgot poisons that step on every rank, and the "
+    "ranks stay in step") {
+  // Rank 1 forgets p1 in the first pass and goes on after the error (it used to issue fewer
+  // all-reduces, so the next pass paired its buckets with the others' earlier ones: wrong
+  // averages on every rank, and no error).
+  std::vector<std::vector<float>> step0(3), step1(3);
+  std::vector<std::string> errors(3);
+  dist::ThreadComm::run(3, [&](dist::ThreadComm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
     nn::ParamArena<> arena;
-    const auto w = arena.add("w", tk::Shape{1000});
-    const auto v = arena.add("v", tk::Shape{1000});
+    std::vector<nn::ParamId> ids;
+    for (int i = 0; i < 4; ++i) ids.push_back(arena.add("p" + std::to_string(i), tk::Shape{8}));
     arena.finalize();
     dist::BucketOptions o;
-    o.first_bucket_bytes = 4;  // v alone, then w
+    o.first_bucket_bytes = 4;  // one bucket per parameter
     o.bucket_bytes = 4;
     dist::GradBucketer<> ddp(arena, comm, o);
-    REQUIRE(ddp.buckets().size() == 2);
-    float* g = arena.grads_data();
-    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) g[i] = comm.rank() == 0 ? 1.0f : 3.0f;
-    ddp.mark_ready(v);
-    // Without finish(): the progress thread averages v's bucket while we "compute" w.
-    const float* gv = arena.grads_data() + arena.info(v).offset;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!ddp.reduced(0) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    early[static_cast<std::size_t>(comm.rank())] =
-        ddp.reduced(0) && !ddp.reduced(1) && gv[999] == 2.0f && gv[0] == 2.0f;
-    // w's bucket has not started: its gradient is still this rank's own.
-    const float* gw = arena.grads_data() + arena.info(w).offset;
-    early[static_cast<std::size_t>(comm.rank())] &= gw[0] == (comm.rank() == 0 ? 1.0f : 3.0f);
-    ddp.mark_ready(w);
-    ddp.finish();
-    CHECK(gw[0] == 2.0f);
+    for (int step = 0; step < 2; ++step) {
+      float* g = arena.grads_data();
+      for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+        g[i] = static_cast<float>(1000 * step + 3 * comm.rank() + 1);
+      for (int i = 3; i >= 0; --i)
+        if (!(step == 0 && comm.rank() == 1 && i == 1))
+          ddp.mark_ready(ids[static_cast<std::size_t>(i)]);
+      try {
+        ddp.finish();
+      } catch (const tk::Error& e) {
+        errors[r] = e.what();
+      }
+      auto& seen = (step == 0 ? step0 : step1)[r];
+      seen.clear();
+      for (const nn::ParamId id : ids)  // p0..p3, 8 values each
+        seen.insert(seen.end(), g + arena.info(id).offset, g + arena.info(id).offset + 8);
+    }
   });
-  CHECK(early[0] == 1);
-  CHECK(early[1] == 1);
+  CHECK(errors[0].empty());
+  CHECK(errors[2].empty());
+  CHECK(errors[1].find("parameter 'p1' (bucket 2) was never marked ready") != std::string::npos);
+  CHECK(errors[1].find("reduced as NaN on every rank") != std::string::npos);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    // Step 0: p0 and p1 (buckets 3 and 2, launched after the forgotten one) are NaN everywhere;
+    // p2 and p3 hold the average (1 + 4 + 7) / 3 = 4.
+    for (std::size_t i = 0; i < 32; ++i) {
+      if (i < 16) {
+        CHECK(std::isnan(step0[r][i]));
+      } else {
+        CHECK(step0[r][i] == 4.0f);
+      }
+    }
+    // Step 1: every rank has the right average again, (1001 + 1004 + 1007) / 3.
+    for (float v : step1[r]) CHECK(v == 1004.0f);
+  }
 }
 
 TEST_CASE("GradBucketer: mismatched layouts are caught at construction on every rank") {
