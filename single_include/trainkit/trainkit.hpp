@@ -3634,9 +3634,9 @@ namespace detail {
 template <class...>
 inline constexpr bool dependent_false = false;
 
-/// ceil(a / b) for a >= 0, b > 0.
+/// ceil(a / b) for a >= 0, b > 0 (without forming a + b - 1, which overflows near 2^63).
 TRAINKIT_HOST_DEVICE inline constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
 }
 
 /// The smallest multiple of b that is >= a, for a >= 0, b > 0.
@@ -3671,6 +3671,7 @@ TRAINKIT_NAMESPACE_END
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -3797,6 +3798,10 @@ TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
   workers_.reserve(static_cast<std::size_t>(num_threads - 1));
   try {
     for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error& e) {
+    stop_and_join();
+    TRAINKIT_FAIL("exec::Host: cannot start worker thread ", workers_.size() + 1, " of ",
+                  num_threads - 1, " (", e.what(), "); use fewer threads");
   } catch (...) {
     stop_and_join();
     throw;
@@ -3946,9 +3951,10 @@ class Host {
   Host() : Host(detail::default_num_threads()) {}
 
   /// A pool of exactly `num_threads` threads, the caller included (1 = everything inline).
-  /// Throws trainkit::Error when num_threads < 1.
+  /// Throws trainkit::Error when num_threads is not in 1..4096 or a thread cannot be started.
   explicit Host(int num_threads) : num_threads_(num_threads) {
-    TRAINKIT_CHECK(num_threads >= 1, "exec::Host: num_threads must be >= 1, got ", num_threads);
+    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= 4096,
+                   "exec::Host: num_threads must be in 1..4096, got ", num_threads);
     if (num_threads > 1) pool_ = std::make_unique<detail::HostPool>(num_threads);
   }
 
@@ -4219,7 +4225,7 @@ void launch(const Host& exec, std::int64_t n, F&& f) {
   const Fn& fn = f;
   exec.parallel_for(split.num_tasks, [&fn, n, per_task = split.per_task](std::int64_t task) {
     const std::int64_t begin = task * per_task;
-    detail::host_range_copy<Fn>(fn, begin, std::min(n, begin + per_task));
+    detail::host_range_copy<Fn>(fn, begin, begin + std::min(per_task, n - begin));
   });
 }
 
@@ -4657,6 +4663,7 @@ TRAINKIT_NAMESPACE_END
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -4701,6 +4708,9 @@ class TensorList {
                    size(), " (", numel, " elements) has a null array");
     TRAINKIT_CHECK(pointers_.size() < static_cast<std::size_t>(INT_MAX),
                    "exec::TensorList::add: too many tensors");
+    TRAINKIT_CHECK(numel <= std::numeric_limits<std::int64_t>::max() - offsets_.back(),
+                   "exec::TensorList::add: tensor ", size(), " (", numel,
+                   " elements) takes the list past 2^63 - 1 elements");
     pointers_.emplace_back(arrays...);
     offsets_.push_back(offsets_.back() + numel);
     return size() - 1;
@@ -4789,7 +4799,7 @@ void multi_tensor_apply(const Host& exec, const TensorList<Ts...>& list, F&& f) 
   }
   exec.parallel_for(split.num_tasks, [&run, total, per_task = split.per_task](std::int64_t task) {
     const std::int64_t begin = task * per_task;
-    run(begin, std::min(total, begin + per_task));
+    run(begin, begin + std::min(per_task, total - begin));
   });
 }
 
@@ -25814,6 +25824,7 @@ TRAINKIT_NAMESPACE_END
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26011,16 +26022,26 @@ class ThreadComm final : public Comm {
     std::exception_ptr first;
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(world_size));
-    for (int r = 0; r < world_size; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          ThreadComm comm(group, r);
-          f(comm);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!first) first = std::current_exception();
-        }
-      });
+    try {
+      for (int r = 0; r < world_size; ++r) {
+        threads.emplace_back([&, r] {
+          try {
+            ThreadComm comm(group, r);
+            f(comm);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex);
+            if (!first) first = std::current_exception();
+          }
+        });
+      }
+    } catch (const std::system_error& e) {
+      // The ranks that started would wait for the missing ones: fail them now, then report.
+      const std::string reason =
+          ::trainkit::detail::concat("ThreadComm::run: cannot start the thread of rank ",
+                                     threads.size(), " of ", world_size, " (", e.what(), ")");
+      group->abort(reason);
+      for (std::thread& t : threads) t.join();
+      TRAINKIT_FAIL(reason);
     }
     for (std::thread& t : threads) t.join();
     if (first) std::rethrow_exception(first);

@@ -60,6 +60,8 @@ TEST_CASE("Host: thread counts from the constructor and TRAINKIT_NUM_THREADS") {
   CHECK(Host(3).num_threads() == 3);
   CHECK_THROWS_AS(Host(0), trainkit::Error);
   CHECK_THROWS_AS(Host(-2), trainkit::Error);
+  CHECK_THROWS_WITH_AS(Host(4097), doctest::Contains("num_threads must be in 1..4096, got 4097"),
+                       trainkit::Error);  // INT_MAX reserved 16 GiB and threw bad_alloc
   {
     ScopedEnv env("TRAINKIT_NUM_THREADS", "5");
     CHECK(Host().num_threads() == 5);

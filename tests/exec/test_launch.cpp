@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -58,6 +59,22 @@ TEST_CASE("launch(Host): the split into tasks") {
       CHECK(split.per_task >= exec::kHostMinTaskElements);
       CHECK(split.num_tasks * split.per_task >= n);       // covers [0, n)
       CHECK((split.num_tasks - 1) * split.per_task < n);  // no empty task
+    }
+  }
+  // Near 2^63 (ceil_div formed a + b - 1 and overflowed: -15 tasks, nothing run).
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  CHECK(exec::detail::ceil_div(kMax, 16) == (std::int64_t{1} << 59));
+  CHECK(exec::detail::ceil_div(kMax - 15, 16) == (std::int64_t{1} << 59) - 1);
+  for (const std::int64_t n : {kMax, kMax - 15, kMax - 16, (std::int64_t{1} << 62) + 3}) {
+    for (int threads : {2, 4, 7}) {
+      CAPTURE(n);
+      CAPTURE(threads);
+      const auto split = host_split(n, threads);
+      CHECK(split.num_tasks >= 2);
+      CHECK(split.num_tasks <= 4 * threads);
+      const auto covered = static_cast<__int128>(split.num_tasks) * split.per_task;
+      CHECK(covered >= n);
+      CHECK(covered - split.per_task < n);
     }
   }
 }

@@ -208,6 +208,14 @@ TEST_CASE("TensorList: offsets and tensor_at") {
   CHECK(list.numel(1) == 0);
   const int expected[10] = {0, 0, 0, 2, 2, 2, 2, 2, 5, 5};
   for (int i = 0; i < 10; ++i) CHECK(list.tensor_at(i) == expected[i]);
+  // Sizes whose sum passes 2^63 - 1 are refused (the total wrapped negative: nothing ran).
+  float x = 0.0f;
+  exec::TensorList<float> huge;
+  huge.add(std::int64_t{1} << 62, &x);
+  huge.add((std::int64_t{1} << 62) - 1, &x);
+  CHECK_THROWS_WITH_AS(huge.add(std::int64_t{1} << 62, &x),
+                       doctest::Contains("takes the list past 2^63 - 1 elements"), trainkit::Error);
+  CHECK(huge.size() == 2);
 }
 
 TEST_CASE("multi_tensor_apply(Cuda) planner: coverage and limits, 4 KB and 32 KB tables") {

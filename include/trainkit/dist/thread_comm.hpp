@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -223,16 +224,26 @@ class ThreadComm final : public Comm {
     std::exception_ptr first;
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(world_size));
-    for (int r = 0; r < world_size; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          ThreadComm comm(group, r);
-          f(comm);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!first) first = std::current_exception();
-        }
-      });
+    try {
+      for (int r = 0; r < world_size; ++r) {
+        threads.emplace_back([&, r] {
+          try {
+            ThreadComm comm(group, r);
+            f(comm);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex);
+            if (!first) first = std::current_exception();
+          }
+        });
+      }
+    } catch (const std::system_error& e) {
+      // The ranks that started would wait for the missing ones: fail them now, then report.
+      const std::string reason =
+          ::trainkit::detail::concat("ThreadComm::run: cannot start the thread of rank ",
+                                     threads.size(), " of ", world_size, " (", e.what(), ")");
+      group->abort(reason);
+      for (std::thread& t : threads) t.join();
+      TRAINKIT_FAIL(reason);
     }
     for (std::thread& t : threads) t.join();
     if (first) std::rethrow_exception(first);

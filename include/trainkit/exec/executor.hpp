@@ -46,9 +46,9 @@ namespace detail {
 template <class...>
 inline constexpr bool dependent_false = false;
 
-/// ceil(a / b) for a >= 0, b > 0.
+/// ceil(a / b) for a >= 0, b > 0 (without forming a + b - 1, which overflows near 2^63).
 TRAINKIT_HOST_DEVICE inline constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
 }
 
 /// The smallest multiple of b that is >= a, for a >= 0, b > 0.

@@ -19,6 +19,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -148,6 +149,10 @@ TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
   workers_.reserve(static_cast<std::size_t>(num_threads - 1));
   try {
     for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error& e) {
+    stop_and_join();
+    TRAINKIT_FAIL("exec::Host: cannot start worker thread ", workers_.size() + 1, " of ",
+                  num_threads - 1, " (", e.what(), "); use fewer threads");
   } catch (...) {
     stop_and_join();
     throw;
@@ -297,9 +302,10 @@ class Host {
   Host() : Host(detail::default_num_threads()) {}
 
   /// A pool of exactly `num_threads` threads, the caller included (1 = everything inline).
-  /// Throws trainkit::Error when num_threads < 1.
+  /// Throws trainkit::Error when num_threads is not in 1..4096 or a thread cannot be started.
   explicit Host(int num_threads) : num_threads_(num_threads) {
-    TRAINKIT_CHECK(num_threads >= 1, "exec::Host: num_threads must be >= 1, got ", num_threads);
+    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= 4096,
+                   "exec::Host: num_threads must be in 1..4096, got ", num_threads);
     if (num_threads > 1) pool_ = std::make_unique<detail::HostPool>(num_threads);
   }
 

@@ -82,7 +82,7 @@ void launch(const Host& exec, std::int64_t n, F&& f) {
   const Fn& fn = f;
   exec.parallel_for(split.num_tasks, [&fn, n, per_task = split.per_task](std::int64_t task) {
     const std::int64_t begin = task * per_task;
-    detail::host_range_copy<Fn>(fn, begin, std::min(n, begin + per_task));
+    detail::host_range_copy<Fn>(fn, begin, begin + std::min(per_task, n - begin));
   });
 }
 

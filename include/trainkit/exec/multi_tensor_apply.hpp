@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -61,6 +62,9 @@ class TensorList {
                    size(), " (", numel, " elements) has a null array");
     TRAINKIT_CHECK(pointers_.size() < static_cast<std::size_t>(INT_MAX),
                    "exec::TensorList::add: too many tensors");
+    TRAINKIT_CHECK(numel <= std::numeric_limits<std::int64_t>::max() - offsets_.back(),
+                   "exec::TensorList::add: tensor ", size(), " (", numel,
+                   " elements) takes the list past 2^63 - 1 elements");
     pointers_.emplace_back(arrays...);
     offsets_.push_back(offsets_.back() + numel);
     return size() - 1;
@@ -149,7 +153,7 @@ void multi_tensor_apply(const Host& exec, const TensorList<Ts...>& list, F&& f) 
   }
   exec.parallel_for(split.num_tasks, [&run, total, per_task = split.per_task](std::int64_t task) {
     const std::int64_t begin = task * per_task;
-    run(begin, std::min(total, begin + per_task));
+    run(begin, begin + std::min(per_task, total - begin));
   });
 }
 
