@@ -5298,6 +5298,10 @@ TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
 /// `text` for an error message: printable ASCII as it is, other bytes as \xNN.
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text);
 
+/// `text` as well-formed UTF-8: each byte that does not begin a well-formed sequence becomes
+/// U+FFFD (for text from outside, such as a child process's output, stored as a JSON string).
+TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::size_t utf8_sequence_length(std::string_view text, std::size_t i) noexcept {
@@ -5345,6 +5349,22 @@ TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_off
     i += len;
   }
   return true;
+}
+
+TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t len = utf8_sequence_length(text, i);
+    if (len == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
 }
 
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text) {
@@ -37590,7 +37610,10 @@ class CausalLmTask {
     double sum = 0.0, rows = 0.0;
     refresh_weights();
     model_->eval();
-    for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
+    // An indexed loader knows its epoch's batch count; a streaming one (0) says which batch
+    // is the epoch's last.
+    const std::size_t per_epoch = options_.val->batches_per_epoch();
+    for (std::size_t b = 0; per_epoch == 0 || b < per_epoch; ++b) {
       const data::Batch batch = options_.val->next();
       const auto ids = tokens(batch, "input");
       const auto logits = logits_view(ids.numel());
@@ -37600,9 +37623,13 @@ class CausalLmTask {
       const float loss = read_value(loss_.data(), S, "train::CausalLmTask");
       sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
       rows += static_cast<double>(ids.size(0));
+      if (per_epoch == 0 && batch.last_in_epoch()) break;
     }
     model_->train();
-    return {{options_.metric, rows > 0.0 ? sum / rows : 0.0}};
+    TRAINKIT_CHECK(rows > 0.0,
+                   "train::CausalLmTask::evaluate: the validation loader gave no "
+                   "rows (a loss of 0 would look perfect)");
+    return {{options_.metric, sum / rows}};
   }
 
   void on_resume(const ckpt::CheckpointInfo& info) {
@@ -37700,6 +37727,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <concepts>
 #include <limits>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -37838,8 +37866,12 @@ struct Dimension {
   /// The value for a uniform variate `u` in [0, 1) (always inside the dimension's range).
   ParamValue sample(double u) const {
     switch (kind) {
-      case DimensionKind::kUniform:
-        return std::min(low + u * (high - low), std::nextafter(high, low));
+      case DimensionKind::kUniform: {
+        // high - low overflows for ranges wider than the largest double: then the weighted sum.
+        const double width = high - low;
+        const double v = std::isfinite(width) ? low + u * width : (1.0 - u) * low + u * high;
+        return std::clamp(v, low, std::nextafter(high, low));
+      }
       case DimensionKind::kLogUniform: {
         const double v = std::exp(std::log(low) + u * (std::log(high) - std::log(low)));
         return std::clamp(v, low, std::nextafter(high, low));
@@ -37953,10 +37985,11 @@ class SearchSpace {
   /// One of `choices` (at least one, no value twice).
   SearchSpace& choice(std::string name, std::vector<ParamValue> choices) {
     TRAINKIT_CHECK(!choices.empty(), "search space: ", name, "=choice() needs at least one value");
-    for (std::size_t i = 0; i < choices.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        TRAINKIT_CHECK(!(choices[i] == choices[j]), "search space: ", name, "=choice(...) lists '",
-                       choices[i].text(), "' twice");
+    // Compared by their text, which is what a trial and the spec see (1 and 1.0 are both "1").
+    std::set<std::string> texts;
+    for (const ParamValue& c : choices)
+      TRAINKIT_CHECK(texts.insert(c.text()).second, "search space: ", name, "=choice(...) lists '",
+                     c.text(), "' twice");
     return push(
         {.name = std::move(name), .kind = DimensionKind::kChoice, .choices = std::move(choices)});
   }
@@ -38292,6 +38325,22 @@ inline std::string search_read_file(const std::filesystem::path& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+/// The last `max_bytes` bytes of the file at `path` (all of a shorter one; empty when it cannot
+/// be read): a trial's log may be gigabytes.
+inline std::string search_read_end(const std::filesystem::path& path, std::size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  const std::streamoff size = in.tellg();
+  if (size <= 0) return {};
+  const auto keep = static_cast<std::streamoff>(
+      std::min<std::uint64_t>(static_cast<std::uint64_t>(size), max_bytes));
+  in.seekg(size - keep);
+  std::string out(static_cast<std::size_t>(keep), '\0');
+  in.read(out.data(), keep);
+  out.resize(static_cast<std::size_t>(in.gcount()));
+  return out;
+}
+
 /// The last `max_lines` lines of `text`, at most `max_bytes` bytes.
 inline std::string search_tail(std::string_view text, int max_lines, std::size_t max_bytes) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
@@ -38372,6 +38421,7 @@ class Search {
   }
 
   Search(const Search&) = delete;
+  ~Search() { release_lock(); }
   Search& operator=(const Search&) = delete;
 
   /// The budgets at which ASHA / sh decide (min_budget * eta^k below max_budget).
@@ -38423,7 +38473,13 @@ class Search {
     TRAINKIT_CHECK(!command.empty(), "train::Search::run_command: the command is empty");
     check_template(command);
     start(command);
-    process_loop(command);
+    try {
+      process_loop(command);  // ends (or, throwing, stops and reaps) every trial it started
+    } catch (...) {
+      restore_signals();
+      release_lock();
+      throw;
+    }
     return finish_run();
   }
 
@@ -38733,11 +38789,15 @@ class Search {
     lock_fd_ = -1;
   }
 
-  SearchResult finish_run() {
+  void restore_signals() noexcept {
     if (options_.handle_signals) {
       std::signal(SIGINT, previous_int_);
       std::signal(SIGTERM, previous_term_);
     }
+  }
+
+  SearchResult finish_run() {
+    restore_signals();
     SearchResult result;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -38807,6 +38867,9 @@ class Search {
 
   /// Records a report; returns whether the trial continues.
   bool report_locked(int id, std::int64_t budget, double value) {
+    // A non-finite metric (a diverged run) counts as none: search.json stores it as null, so
+    // a ranking that took +inf as the best would change when the search is continued.
+    if (!std::isfinite(value)) value = std::numeric_limits<double>::quiet_NaN();
     Trial& t = trials_[static_cast<std::size_t>(id)];
     if (t.status != TrialStatus::kRunning) return false;
     const bool sync = options_.strategy == SearchStrategy::kSyncHalving;
@@ -38866,13 +38929,16 @@ class Search {
     if (!error.empty()) {
       if (t.status == TrialStatus::kRunning || t.status == TrialStatus::kPaused) {
         t.status = TrialStatus::kFailed;
-        t.error = error;
-        log_locked(t, "failed: " + error);
+        // What a trial printed or threw need not be UTF-8 (or its tail may cut a character):
+        // search.json must still be written.
+        t.error = io::replace_invalid_utf8(error);
+        log_locked(t, "failed: " + t.error);
       }
     } else if (t.status == TrialStatus::kRunning && !stopping()) {
       // (A trial that ends while the search is stopping stays "running": the next run restarts
       // it.)
-      if (t.reports.empty()) t.metric = returned;
+      if (t.reports.empty())
+        t.metric = std::isfinite(returned) ? returned : std::numeric_limits<double>::quiet_NaN();
       if (options_.strategy == SearchStrategy::kSyncHalving) {
         rungs_[static_cast<std::size_t>(t.round)].emplace_back(t.id, t.metric);
         t.status = TrialStatus::kPaused;
@@ -38993,6 +39059,12 @@ class Search {
   }
 
   void check_template(const std::vector<std::string>& command) const {
+    for (const Dimension& d : space_.dimensions())
+      TRAINKIT_CHECK(
+          d.name != "dir" && d.name != "trial" && d.name != "seed" && d.name != "max_budget",
+          "train::Search: hyper-parameter '", d.name,
+          "' has the name of a built-in placeholder ({dir}, {trial}, {seed}, "
+          "{max_budget}); rename it");
     const std::vector<std::string> known = placeholders();
     std::vector<std::string> used;
     for (const std::string& arg : command)
@@ -39058,6 +39130,33 @@ class Search {
     std::chrono::steady_clock::time_point term_sent{};
   };
 
+  /// Sends `sig` to a trial's process group (everything it started), or to the trial alone
+  /// when it has no group (it exited already).
+  static void signal_trial(pid_t pid, int sig) noexcept {
+    if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+  }
+
+  /// Stops the trials still running (SIGTERM, then SIGKILL after `grace`) and reaps them; for a
+  /// search that ends by an error.
+  static void stop_and_reap(const std::vector<Running>& running, std::chrono::seconds grace) {
+    for (const Running& r : running) signal_trial(r.pid, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (const Running& r : running) {
+      int status = 0;
+      while (::waitpid(r.pid, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          signal_trial(r.pid, SIGKILL);
+          ::waitpid(r.pid, &status, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+
+  /// Thrown by lock_trial when the search is stopped while it waits.
+  struct StoppedWaiting {};
+
   /// Takes <trial dir>/.trial.lock, waiting while an earlier process of the trial holds it.
   /// Returns the descriptor (inherited by the child, so the lock lives as long as it does).
   int lock_trial(const Trial& t) {
@@ -39068,6 +39167,10 @@ class Search {
     const auto began = std::chrono::steady_clock::now();
     bool said = false;
     while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (stopping()) {
+        ::close(fd);
+        throw StoppedWaiting{};
+      }
       if (!said && options_.print) {
         std::printf("search: trial %d: waiting for an earlier process of it to exit\n", t.id);
         std::fflush(stdout);
@@ -39108,6 +39211,9 @@ class Search {
     std::fflush(stderr);
     const pid_t pid = ::fork();
     if (pid == 0) {  // the child: only async-signal-safe calls until exec
+      // A process group of its own: stopping the trial reaches everything it started (a
+      // wrapper script's trainer too).
+      ::setpgid(0, 0);
 #if defined(__linux__)
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) ::_exit(126);
@@ -39128,6 +39234,7 @@ class Search {
       ::_exit(127);
     }
     const int fork_errno = errno;
+    if (pid > 0) ::setpgid(pid, pid);  // also here: a signal may follow before the child runs
     ::close(out_fd);
     ::close(err_fd);
     ::close(lock_fd);  // the child's copy keeps the lock
@@ -39169,6 +39276,16 @@ class Search {
 
   void process_loop(const std::vector<std::string>& command) {
     std::vector<Running> running;
+    try {
+      run_trials(command, running);
+    } catch (...) {
+      stop_and_reap(running, std::chrono::seconds(10));
+      throw;
+    }
+  }
+
+  /// process_loop's work: `running` holds the trials started and not yet reaped.
+  void run_trials(const std::vector<std::string>& command, std::vector<Running>& running) {
     bool terminated_all = false;
     const auto poll = std::chrono::duration<double>(std::max(0.001, options_.poll_seconds));
     while (true) {
@@ -39177,7 +39294,7 @@ class Search {
         terminated_all = true;
         for (Running& r : running)
           if (!r.terminating) {
-            ::kill(r.pid, SIGTERM);
+            signal_trial(r.pid, SIGTERM);
             r.terminating = true;
             r.term_sent = std::chrono::steady_clock::now();
           }
@@ -39189,6 +39306,11 @@ class Search {
         r.id = *id;
         try {
           r.pid = spawn(command, trials_[static_cast<std::size_t>(*id)]);
+        } catch (const StoppedWaiting&) {
+          // Stopped while waiting for a leftover process: the next run starts the trial.
+          trials_[static_cast<std::size_t>(*id)].status = TrialStatus::kPending;
+          active_[static_cast<std::size_t>(*id)] = false;
+          break;
         } catch (const Error& e) {
           end_locked(*id, NAN, e.what());
           continue;
@@ -39204,7 +39326,7 @@ class Search {
         Running& r = running[i];
         Trial& t = trials_[static_cast<std::size_t>(r.id)];
         if (!r.terminating && !poll_metrics_locked(r)) {
-          ::kill(r.pid, SIGTERM);
+          signal_trial(r.pid, SIGTERM);
           r.terminating = true;
           r.term_sent = std::chrono::steady_clock::now();
         }
@@ -39213,7 +39335,7 @@ class Search {
         if (done == 0) {
           if (r.terminating &&
               std::chrono::steady_clock::now() - r.term_sent > std::chrono::seconds(120))
-            ::kill(r.pid, SIGKILL);
+            signal_trial(r.pid, SIGKILL);
           ++i;
           continue;
         }
@@ -39231,8 +39353,8 @@ class Search {
                     (t.dir / "metrics.jsonl").string();
           }
           if (!error.empty()) {
-            const std::string tail =
-                detail::search_tail(detail::search_read_file(t.dir / "stderr.log"), 10, 2000);
+            const std::string tail = detail::search_tail(
+                detail::search_read_end(t.dir / "stderr.log", 64 << 10), 10, 2000);
             if (!tail.empty()) error += "; stderr ends with:\n" + tail;
           }
         }

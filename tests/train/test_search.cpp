@@ -185,6 +185,7 @@ TEST_CASE("search space: parsing, canonical text, errors naming the bad text") {
       {"h=choice()", "an empty argument"},
       {"h=choice(1,,2)", "an empty argument"},
       {"h=choice(64,64)", "lists '64' twice"},
+      {"h=choice(1,1.0)", "lists '1' twice"},  // the same text: a trial could not tell them apart
       {"9lr=uniform(0,1)", "'9lr' is not a usable name"},
       {"=uniform(0,1)", "'' is not a usable name"},
       {"lr=uniform(nan,1)", "'nan' is not a finite number"},
@@ -198,6 +199,19 @@ TEST_CASE("search space: parsing, canonical text, errors naming the bad text") {
   CHECK(error_of([] {
           train::SearchSpace::parse({"a=uniform(0,1)", "a=int(1,2)"});
         }).find("'a' is defined twice") != std::string::npos);
+  // A range wider than the largest double (high - low overflows) still samples across it.
+  const auto wide = train::SearchSpace::parse({"x=uniform(-1e308,1e308)"});
+  int negative = 0;
+  for (std::uint64_t trial = 0; trial < 200; ++trial) {
+    const double x = wide.sample(5, trial).get_double("x");
+    CHECK(std::isfinite(x));
+    CHECK(x >= -1e308);
+    CHECK(x < 1e308);
+    negative += x < 0;
+  }
+  CHECK(negative > 50);
+  CHECK(negative < 150);
+  CHECK(wide.dimensions()[0].sample(0.0).as_double() == -1e308);
 }
 
 TEST_CASE("ASHA: the promotion rule and a hand-computed search") {
@@ -665,6 +679,38 @@ TEST_CASE("process trials: metrics from metrics.jsonl, stop by SIGTERM, a failin
           s2.run_command({"prog", "--x={x}", "--y={y}", "{dir}"});
         }).find("names {y}, which is not a placeholder") != std::string::npos);
   CHECK(error_of([&] { s2.run_command({"prog", "--x={x}"}); }).find("{dir}") != std::string::npos);
+  // A hyper-parameter named like a built-in placeholder would silently replace it.
+  train::Search s3(train::SearchSpace::parse({"dir=choice(a,b)"}), quiet(other.path() / "s3"));
+  CHECK(error_of([&] {
+          s3.run_command({"prog", "{dir}"});
+        }).find("hyper-parameter 'dir' has the name of a built-in placeholder") !=
+        std::string::npos);
+  // A trial whose stderr is not UTF-8 (or whose tail cuts a character) fails with a readable
+  // error; search.json is still written and the search finishes (it stopped for good).
+  trainkit_test::TempDir bytes_dir;
+  train::Search s4(train::SearchSpace::parse({"x=choice(1,2)"}), quiet(bytes_dir.path()));
+  const auto odd =
+      s4.run_command({"/bin/sh", "-c", "printf 'bad \\377 byte' >&2; exit 2 # {x} {dir}"});
+  for (const train::Trial& t : odd.trials) {
+    CHECK(t.status == train::TrialStatus::kFailed);
+    CHECK(t.error.find("bad \xef\xbf\xbd byte") != std::string::npos);
+  }
+  // A wrapper's own children are stopped with it (its process group gets the SIGTERM).
+  trainkit_test::TempDir group_dir;
+  train::Search s5(
+      train::SearchSpace::parse({"x=choice(1,2)"}),
+      quiet(group_dir.path(), {.trials = 1, .metric = "m", .max_budget = 1, .poll_seconds = 0.01}));
+  const auto wrapped = s5.run_command(
+      {"/bin/sh", "-c",
+       "echo '{\"m\": {x}}' > {dir}/metrics.jsonl; sh -c 'echo $$ > {dir}/child; sleep 30'"});
+  REQUIRE(wrapped.trials.size() == 1);
+  const pid_t child = static_cast<pid_t>(std::stol(read_text(wrapped.trials[0].dir / "child")));
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = ::kill(child, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(gone);
   // A program that does not exist fails each trial, not the search.
   const auto missing = s2.run_command({"/nonexistent/prog", "{x}", "{dir}"});
   for (const train::Trial& t : missing.trials) {

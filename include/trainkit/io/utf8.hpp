@@ -26,6 +26,10 @@ TRAINKIT_INLINE bool is_valid_utf8(std::string_view text,
 /// `text` for an error message: printable ASCII as it is, other bytes as \xNN.
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text);
 
+/// `text` as well-formed UTF-8: each byte that does not begin a well-formed sequence becomes
+/// U+FFFD (for text from outside, such as a child process's output, stored as a JSON string).
+TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::size_t utf8_sequence_length(std::string_view text, std::size_t i) noexcept {
@@ -73,6 +77,22 @@ TRAINKIT_INLINE bool is_valid_utf8(std::string_view text, std::size_t* error_off
     i += len;
   }
   return true;
+}
+
+TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t len = utf8_sequence_length(text, i);
+    if (len == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
 }
 
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text) {

@@ -124,7 +124,10 @@ class CausalLmTask {
     double sum = 0.0, rows = 0.0;
     refresh_weights();
     model_->eval();
-    for (std::size_t b = 0; b < options_.val->batches_per_epoch(); ++b) {
+    // An indexed loader knows its epoch's batch count; a streaming one (0) says which batch
+    // is the epoch's last.
+    const std::size_t per_epoch = options_.val->batches_per_epoch();
+    for (std::size_t b = 0; per_epoch == 0 || b < per_epoch; ++b) {
       const data::Batch batch = options_.val->next();
       const auto ids = tokens(batch, "input");
       const auto logits = logits_view(ids.numel());
@@ -134,9 +137,13 @@ class CausalLmTask {
       const float loss = read_value(loss_.data(), S, "train::CausalLmTask");
       sum += static_cast<double>(loss) * static_cast<double>(ids.size(0));
       rows += static_cast<double>(ids.size(0));
+      if (per_epoch == 0 && batch.last_in_epoch()) break;
     }
     model_->train();
-    return {{options_.metric, rows > 0.0 ? sum / rows : 0.0}};
+    TRAINKIT_CHECK(rows > 0.0,
+                   "train::CausalLmTask::evaluate: the validation loader gave no "
+                   "rows (a loss of 0 would look perfect)");
+    return {{options_.metric, sum / rows}};
   }
 
   void on_resume(const ckpt::CheckpointInfo& info) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <concepts>
 #include <limits>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -156,8 +157,12 @@ struct Dimension {
   /// The value for a uniform variate `u` in [0, 1) (always inside the dimension's range).
   ParamValue sample(double u) const {
     switch (kind) {
-      case DimensionKind::kUniform:
-        return std::min(low + u * (high - low), std::nextafter(high, low));
+      case DimensionKind::kUniform: {
+        // high - low overflows for ranges wider than the largest double: then the weighted sum.
+        const double width = high - low;
+        const double v = std::isfinite(width) ? low + u * width : (1.0 - u) * low + u * high;
+        return std::clamp(v, low, std::nextafter(high, low));
+      }
       case DimensionKind::kLogUniform: {
         const double v = std::exp(std::log(low) + u * (std::log(high) - std::log(low)));
         return std::clamp(v, low, std::nextafter(high, low));
@@ -271,10 +276,11 @@ class SearchSpace {
   /// One of `choices` (at least one, no value twice).
   SearchSpace& choice(std::string name, std::vector<ParamValue> choices) {
     TRAINKIT_CHECK(!choices.empty(), "search space: ", name, "=choice() needs at least one value");
-    for (std::size_t i = 0; i < choices.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        TRAINKIT_CHECK(!(choices[i] == choices[j]), "search space: ", name, "=choice(...) lists '",
-                       choices[i].text(), "' twice");
+    // Compared by their text, which is what a trial and the spec see (1 and 1.0 are both "1").
+    std::set<std::string> texts;
+    for (const ParamValue& c : choices)
+      TRAINKIT_CHECK(texts.insert(c.text()).second, "search space: ", name, "=choice(...) lists '",
+                     c.text(), "' twice");
     return push(
         {.name = std::move(name), .kind = DimensionKind::kChoice, .choices = std::move(choices)});
   }
