@@ -327,6 +327,45 @@ TEST_CASE("synchronous successive halving: the same table at any parallelism") {
   CHECK(tables[0] == tables[1]);
 }
 
+TEST_CASE("synchronous successive halving: every round runs `parallel` thread trials at once") {
+  // Each run does some work after report() says stop (a checkpoint, say). The workers used to
+  // give up while such runs were still returning, so rounds after the first ran one at a time.
+  trainkit_test::TempDir dir;
+  std::mutex m;
+  std::map<int, int> calls;
+  int later = 0, most_later = 0;
+  train::Search search(train::SearchSpace::parse(kNoisySpace),
+                       quiet(dir.path(), {.seed = 5,
+                                          .trials = 9,
+                                          .parallel = 3,
+                                          .strategy = train::SearchStrategy::kSyncHalving,
+                                          .mode = tk::ckpt::MetricMode::kMin,
+                                          .max_budget = 9,
+                                          .eta = 3}));
+  const auto result = search.run([&](const train::Params& p, train::TrialContext& ctx) {
+    bool resumed = false;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      resumed = ++calls[ctx.id()] > 1;
+      if (resumed) most_later = std::max(most_later, ++later);
+    }
+    double loss = NAN;
+    for (std::int64_t b = 1; b <= ctx.max_budget(); ++b) {
+      loss = quality(p) + 1.0 / static_cast<double>(b);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!ctx.report(b, loss)) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // work after the last report
+    if (resumed) {
+      std::lock_guard<std::mutex> lock(m);
+      --later;
+    }
+    return loss;
+  });
+  INFO(result.table);
+  CHECK(most_later == 3);  // round 1: the three trials that went on, together
+}
+
 TEST_CASE("thread trials: ASHA finds the optimum region of a synthetic objective") {
   trainkit_test::TempDir dir;
   const int kTrials = 40;

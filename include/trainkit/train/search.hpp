@@ -931,7 +931,12 @@ class Search {
           id = next_locked();
           if (id) break;
           if (all_finished_locked()) return;
-          if (!any_running_locked()) return;  // nothing can unblock the wait (defensive)
+          // Nothing can unblock the wait (defensive): no trial running, and no objective still
+          // returning (a trial paused at its round's budget ends its run after report(); the
+          // next round starts when the last one has).
+          if (!any_running_locked() &&
+              std::none_of(active_.begin(), active_.end(), [](bool a) { return a; }))
+            return;
           cv_.wait_for(lock, std::chrono::milliseconds(100));
         }
         const Trial& t = trials_[static_cast<std::size_t>(*id)];
