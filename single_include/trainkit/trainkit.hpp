@@ -1425,11 +1425,14 @@ class Shape {
     return dims_[d];
   }
 
-  /// Sets extent d; throws for a bad dimension or a negative extent.
+  /// Sets extent d; throws for a bad dimension, a negative extent or an element count past
+  /// 2^63 - 1 (the shape is then unchanged).
   void set(int d, std::int64_t extent) {
     TRAINKIT_CHECK(d >= 0 && d < rank_, "dimension ", d, " out of range for shape ", to_string());
     TRAINKIT_CHECK(extent >= 0, "negative extent ", extent, " for dimension ", d);
-    dims_[d] = extent;
+    std::int64_t dims[kMaxRank];
+    for (int k = 0; k < rank_; ++k) dims[k] = k == d ? extent : dims_[k];
+    *this = Shape(std::span<const std::int64_t>(dims, std::size_t(rank_)));
   }
 
   const std::int64_t* begin() const noexcept { return dims_; }
@@ -1492,6 +1495,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <type_traits>
 
 
@@ -1517,10 +1521,11 @@ template <int Rank>
 TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(
     const Extents<Rank>& sizes) noexcept {
   Extents<Rank> strides;
-  std::int64_t s = 1;
+  // Unsigned: with a zero extent a product past 2^63 is possible (and never used as an offset).
+  std::uint64_t s = 1;
   for (int d = Rank - 1; d >= 0; --d) {
-    strides[d] = s;
-    s *= sizes[d];
+    strides[d] = static_cast<std::int64_t>(s);
+    s *= static_cast<std::uint64_t>(sizes[d]);
   }
   return strides;
 }
@@ -1676,8 +1681,8 @@ class TensorView {
   TensorView<T, NewRank, S> reshape(const Extents<NewRank>& sizes) const {
     TRAINKIT_CHECK(is_contiguous(), "reshape of a non-contiguous view with shape ",
                    shape().to_string(), "; copy it first");
-    std::int64_t n = 1;
-    for (int d = 0; d < NewRank; ++d) n *= sizes[d];
+    // Through Shape: negative extents and element counts past 2^63 - 1 are refused.
+    const std::int64_t n = Shape(std::span<const std::int64_t>(sizes.v, NewRank)).numel();
     TRAINKIT_CHECK(n == numel(), "reshape from ", shape().to_string(), " (", numel(),
                    " elements) to ", n, " elements");
     return TensorView<T, NewRank, S>(data_, sizes);
@@ -1719,11 +1724,9 @@ using DeviceView = TensorView<T, Rank, Space::kDevice>;
 /// A contiguous view from a pointer and extents: `make_view(p, {rows, cols})`.
 template <Space S = Space::kHost, class T, int Rank>
 TensorView<T, Rank, S> make_view(T* data, const std::int64_t (&sizes)[Rank]) {
+  (void)Shape(std::span<const std::int64_t>(sizes, Rank));  // negative or overflowing: throws
   Extents<Rank> e;
-  for (int d = 0; d < Rank; ++d) {
-    TRAINKIT_CHECK(sizes[d] >= 0, "negative extent ", sizes[d], " in dimension ", d);
-    e[d] = sizes[d];
-  }
+  for (int d = 0; d < Rank; ++d) e[d] = sizes[d];
   return TensorView<T, Rank, S>(data, e);
 }
 
@@ -1821,6 +1824,9 @@ class Allocation {
   /// failure, and for kDevice when trainkit was built without CUDA.
   Allocation(std::size_t bytes, MemoryKind kind) : bytes_(bytes), kind_(kind) {
     if (bytes == 0) return;
+    // Beyond any memory; also keeps the host rounding below and the byte counters from wrapping.
+    TRAINKIT_CHECK(bytes <= (std::size_t{1} << 62), "cannot allocate ", bytes,
+                   " bytes: more than any memory (2^62 bytes at most)");
     switch (kind) {
       case MemoryKind::kHost: ptr_ = allocate_host(bytes); break;
       case MemoryKind::kPinned:
@@ -2144,6 +2150,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 
@@ -2160,14 +2167,25 @@ TensorView<T, Rank, Space::kHost> typed_view(T* data, DType dtype, const Shape& 
   for (int d = 0; d < Rank; ++d) e[d] = shape[d];
   return TensorView<T, Rank, Space::kHost>(data, e);
 }
+/// The bytes of `shape` elements of `dtype`; throws trainkit::Error past 2^63 - 1.
+inline std::size_t checked_bytes(DType dtype, const Shape& shape) {
+  const auto size = static_cast<std::int64_t>(dtype_size(dtype));
+  TRAINKIT_CHECK(size == 0 || shape.numel() <= std::numeric_limits<std::int64_t>::max() / size,
+                 "a tensor of shape ", shape.to_string(), " and dtype ", dtype_name(dtype),
+                 " would hold more than 2^63 - 1 bytes");
+  return std::size_t(shape.numel()) * std::size_t(size);
+}
 }  // namespace detail
 
 /// A non-owning, read-only, contiguous host tensor of run-time dtype.
 class AnyTensorView {
  public:
   AnyTensorView() = default;
+  /// Throws trainkit::Error when the shape's bytes pass 2^63 - 1.
   AnyTensorView(DType dtype, const Shape& shape, const void* data)
-      : dtype_(dtype), shape_(shape), data_(static_cast<const std::byte*>(data)) {}
+      : dtype_(dtype), shape_(shape), data_(static_cast<const std::byte*>(data)) {
+    detail::checked_bytes(dtype, shape);
+  }
 
   /// Wraps a typed host view; throws unless it is contiguous.
   template <class T, int Rank>
@@ -2203,7 +2221,7 @@ class AnyTensor {
   AnyTensor(DType dtype, const Shape& shape)
       : dtype_(dtype),
         shape_(shape),
-        memory_(std::size_t(shape.numel()) * dtype_size(dtype), MemoryKind::kHost) {}
+        memory_(detail::checked_bytes(dtype, shape), MemoryKind::kHost) {}
 
   /// A deep copy of a view's bytes.
   static AnyTensor copy_of(const AnyTensorView& view) {
@@ -2643,7 +2661,8 @@ struct StateDict {
     return out;
   }
 
-  /// Shortest decimal form that parses back to the same double ("inf", "-inf", "nan" included).
+  /// Shortest decimal form that parses back to the same double ("inf", "-inf", "nan" included;
+  /// a NaN reads back as the quiet NaN of its sign, without its payload).
   static std::string number_to_string(double value) {
     char buffer[64];
     const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);

@@ -50,6 +50,34 @@ TEST_CASE("Shape: rank, numel, printing, validation") {
   CHECK(contains(error_of([&] { (void)s.at(3); }), "dimension 3 out of range for shape [2, 3, 4]"));
 }
 
+TEST_CASE("sizes past 2^63 - 1 (elements or bytes) are refused everywhere a shape enters") {
+  // Each of these gave a tensor or view whose size wrapped to a small number, so that a
+  // bounds-checked access wrote past its memory.
+  tk::Shape s{(1ll << 62) + 1, 1};
+  CHECK(contains(error_of([&] { s.set(1, 4); }), "overflows"));
+  CHECK(s == tk::Shape{(1ll << 62) + 1, 1});  // unchanged
+  s.set(1, 0);
+  CHECK(s.numel() == 0);
+  CHECK(contains(error_of([] { tk::Tensor<double> t(tk::Shape{(1ll << 61) - 1}); }),
+                 "more than any memory"));
+  CHECK(contains(error_of([] { tk::Allocation a(~std::size_t{0} - 10, tk::MemoryKind::kHost); }),
+                 "more than any memory"));
+  CHECK(contains(error_of([] { tk::AnyTensor t(tk::DType::kF64, tk::Shape{(1ll << 61) + 1}); }),
+                 "would hold more than 2^63 - 1 bytes"));
+  double buffer[4] = {1, 2, 3, 4};
+  CHECK(contains(
+      error_of([&] { tk::AnyTensorView v(tk::DType::kF64, tk::Shape{(1ll << 61) + 1}, buffer); }),
+      "would hold more than 2^63 - 1 bytes"));
+  const auto v = tk::make_view(buffer, {4});
+  CHECK(contains(error_of([&] { (void)v.reshape<2>({{-1, -4}}); }), "negative extent"));
+  CHECK(contains(error_of([&] { (void)v.reshape<2>({{(1ll << 62) + 1, 4}}); }), "overflows"));
+  CHECK(v.reshape<2>({{2, 2}}).at(1, 1) == 4.0);
+  CHECK(contains(error_of([&] { (void)tk::make_view(buffer, {1ll << 62, 8}); }), "overflows"));
+  // An empty tensor may have extents whose strides do not fit (never used as offsets).
+  tk::Tensor<float> empty(tk::Shape{0, 1ll << 62, 8});
+  CHECK(empty.view<3>().numel() == 0);
+}
+
 TEST_CASE("TensorView: contiguous indexing matches row-major offsets") {
   std::vector<int> buf(24);
   std::iota(buf.begin(), buf.end(), 0);

@@ -92,6 +92,9 @@ class Allocation {
   /// failure, and for kDevice when trainkit was built without CUDA.
   Allocation(std::size_t bytes, MemoryKind kind) : bytes_(bytes), kind_(kind) {
     if (bytes == 0) return;
+    // Beyond any memory; also keeps the host rounding below and the byte counters from wrapping.
+    TRAINKIT_CHECK(bytes <= (std::size_t{1} << 62), "cannot allocate ", bytes,
+                   " bytes: more than any memory (2^62 bytes at most)");
     switch (kind) {
       case MemoryKind::kHost: ptr_ = allocate_host(bytes); break;
       case MemoryKind::kPinned:

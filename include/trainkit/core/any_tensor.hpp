@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "trainkit/config.hpp"
@@ -31,14 +32,25 @@ TensorView<T, Rank, Space::kHost> typed_view(T* data, DType dtype, const Shape& 
   for (int d = 0; d < Rank; ++d) e[d] = shape[d];
   return TensorView<T, Rank, Space::kHost>(data, e);
 }
+/// The bytes of `shape` elements of `dtype`; throws trainkit::Error past 2^63 - 1.
+inline std::size_t checked_bytes(DType dtype, const Shape& shape) {
+  const auto size = static_cast<std::int64_t>(dtype_size(dtype));
+  TRAINKIT_CHECK(size == 0 || shape.numel() <= std::numeric_limits<std::int64_t>::max() / size,
+                 "a tensor of shape ", shape.to_string(), " and dtype ", dtype_name(dtype),
+                 " would hold more than 2^63 - 1 bytes");
+  return std::size_t(shape.numel()) * std::size_t(size);
+}
 }  // namespace detail
 
 /// A non-owning, read-only, contiguous host tensor of run-time dtype.
 class AnyTensorView {
  public:
   AnyTensorView() = default;
+  /// Throws trainkit::Error when the shape's bytes pass 2^63 - 1.
   AnyTensorView(DType dtype, const Shape& shape, const void* data)
-      : dtype_(dtype), shape_(shape), data_(static_cast<const std::byte*>(data)) {}
+      : dtype_(dtype), shape_(shape), data_(static_cast<const std::byte*>(data)) {
+    detail::checked_bytes(dtype, shape);
+  }
 
   /// Wraps a typed host view; throws unless it is contiguous.
   template <class T, int Rank>
@@ -74,7 +86,7 @@ class AnyTensor {
   AnyTensor(DType dtype, const Shape& shape)
       : dtype_(dtype),
         shape_(shape),
-        memory_(std::size_t(shape.numel()) * dtype_size(dtype), MemoryKind::kHost) {}
+        memory_(detail::checked_bytes(dtype, shape), MemoryKind::kHost) {}
 
   /// A deep copy of a view's bytes.
   static AnyTensor copy_of(const AnyTensorView& view) {

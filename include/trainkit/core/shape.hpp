@@ -45,11 +45,14 @@ class Shape {
     return dims_[d];
   }
 
-  /// Sets extent d; throws for a bad dimension or a negative extent.
+  /// Sets extent d; throws for a bad dimension, a negative extent or an element count past
+  /// 2^63 - 1 (the shape is then unchanged).
   void set(int d, std::int64_t extent) {
     TRAINKIT_CHECK(d >= 0 && d < rank_, "dimension ", d, " out of range for shape ", to_string());
     TRAINKIT_CHECK(extent >= 0, "negative extent ", extent, " for dimension ", d);
-    dims_[d] = extent;
+    std::int64_t dims[kMaxRank];
+    for (int k = 0; k < rank_; ++k) dims[k] = k == d ? extent : dims_[k];
+    *this = Shape(std::span<const std::int64_t>(dims, std::size_t(rank_)));
   }
 
   const std::int64_t* begin() const noexcept { return dims_; }

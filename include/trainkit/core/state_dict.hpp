@@ -110,7 +110,8 @@ struct StateDict {
     return out;
   }
 
-  /// Shortest decimal form that parses back to the same double ("inf", "-inf", "nan" included).
+  /// Shortest decimal form that parses back to the same double ("inf", "-inf", "nan" included;
+  /// a NaN reads back as the quiet NaN of its sign, without its payload).
   static std::string number_to_string(double value) {
     char buffer[64];
     const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <type_traits>
 
 #include "trainkit/config.hpp"
@@ -36,10 +37,11 @@ template <int Rank>
 TRAINKIT_HOST_DEVICE constexpr Extents<Rank> contiguous_strides(
     const Extents<Rank>& sizes) noexcept {
   Extents<Rank> strides;
-  std::int64_t s = 1;
+  // Unsigned: with a zero extent a product past 2^63 is possible (and never used as an offset).
+  std::uint64_t s = 1;
   for (int d = Rank - 1; d >= 0; --d) {
-    strides[d] = s;
-    s *= sizes[d];
+    strides[d] = static_cast<std::int64_t>(s);
+    s *= static_cast<std::uint64_t>(sizes[d]);
   }
   return strides;
 }
@@ -195,8 +197,8 @@ class TensorView {
   TensorView<T, NewRank, S> reshape(const Extents<NewRank>& sizes) const {
     TRAINKIT_CHECK(is_contiguous(), "reshape of a non-contiguous view with shape ",
                    shape().to_string(), "; copy it first");
-    std::int64_t n = 1;
-    for (int d = 0; d < NewRank; ++d) n *= sizes[d];
+    // Through Shape: negative extents and element counts past 2^63 - 1 are refused.
+    const std::int64_t n = Shape(std::span<const std::int64_t>(sizes.v, NewRank)).numel();
     TRAINKIT_CHECK(n == numel(), "reshape from ", shape().to_string(), " (", numel(),
                    " elements) to ", n, " elements");
     return TensorView<T, NewRank, S>(data_, sizes);
@@ -238,11 +240,9 @@ using DeviceView = TensorView<T, Rank, Space::kDevice>;
 /// A contiguous view from a pointer and extents: `make_view(p, {rows, cols})`.
 template <Space S = Space::kHost, class T, int Rank>
 TensorView<T, Rank, S> make_view(T* data, const std::int64_t (&sizes)[Rank]) {
+  (void)Shape(std::span<const std::int64_t>(sizes, Rank));  // negative or overflowing: throws
   Extents<Rank> e;
-  for (int d = 0; d < Rank; ++d) {
-    TRAINKIT_CHECK(sizes[d] >= 0, "negative extent ", sizes[d], " in dimension ", d);
-    e[d] = sizes[d];
-  }
+  for (int d = 0; d < Rank; ++d) e[d] = sizes[d];
   return TensorView<T, Rank, S>(data, e);
 }
 
