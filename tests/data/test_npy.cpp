@@ -4,19 +4,17 @@
 // refusal path.
 #include <doctest/doctest.h>
 
-#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include <trainkit/core/half.hpp>
 #include <trainkit/io/npy.hpp>
 
 #include "data_test_util.hpp"
+#include "support/file_size_limit.hpp"
 
 namespace tk = trainkit;
 using data_test::check_contains;
@@ -259,20 +257,8 @@ TEST_CASE("npy: write_npy of every dtype reads back through NpyFile") {
   // A write that fails part-way (a file size limit, as a full disk) leaves the old file whole.
   std::vector<float> big(std::size_t{1} << 20, 1.5f);
   const std::vector<std::int64_t> big_shape{1 << 20};
-  rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
-  rlimit tight = old;
-  tight.rlim_cur = 100000;
-  std::string error;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
-  try {
-    tk::io::write_npy<float>(dir / "a.npy", big_shape, big);
-  } catch (const tk::Error& e) {
-    error = e.what();
-  }
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-  std::signal(SIGXFSZ, old_handler);
+  const std::string error = trainkit_test::error_under_file_size_limit(
+      100000, [&] { tk::io::write_npy<float>(dir / "a.npy", big_shape, big); });
   CHECK(error.find("a.npy") != std::string::npos);
   tk::io::NpyFile again(dir / "a.npy");
   CHECK(again.shape() == shape);

@@ -6,18 +6,16 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include <trainkit/io/tar.hpp>
 
 #include "data_test_util.hpp"
+#include "support/file_size_limit.hpp"
 
 namespace tk = trainkit;
 using data_test::check_contains;
@@ -211,23 +209,12 @@ TEST_CASE("tar: TarWriter replaces the archive only when it closes") {
   // A write that fails part-way (a file size limit, as a full disk): a clear error naming the
   // archive, and the old archive whole.
   const std::string big(std::size_t{2} << 20, 'b');
-  rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
-  rlimit tight = old;
-  tight.rlim_cur = 100000;
-  std::string error;
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
-  try {
+  const std::string error = trainkit_test::error_under_file_size_limit(100000, [&] {
     tk::io::TarWriter w(path);
     w.add("small.txt", std::string_view("s"));
     w.add("big.bin", big);
     w.close();
-  } catch (const tk::Error& e) {
-    error = e.what();
-  }
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-  std::signal(SIGXFSZ, old_handler);
+  });
   check_contains(error, {"w.tar", "EFBIG", "previous file is intact"});
   now = members_at_path();
   REQUIRE(now.size() == 1);

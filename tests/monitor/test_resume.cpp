@@ -3,7 +3,6 @@
 // the way SummaryWriter(purge_step=N) does, the progress rate counts from the resume step, one step
 // numbering in every output, logging at an explicit step, and MFU above 100% shown as it is.
 #include <doctest/doctest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <csignal>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -29,6 +27,7 @@
 #include <trainkit/monitor/throughput.hpp>
 
 #include "monitor/monitor_test_util.hpp"
+#include "support/file_size_limit.hpp"
 
 namespace io = trainkit::io;
 namespace mon = trainkit::monitor;
@@ -293,20 +292,9 @@ TEST_CASE("metrics.jsonl: a line the disk refuses is cut off; trimming keeps lin
     f.write(1, {{"loss", 2.5}});
     // The file size limit stops the next line part-way (as a full disk does).
     const std::uint64_t size = monitor_test::read_file(path).size();
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit tight = old;
-    tight.rlim_cur = size + 10;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
-    std::string error;
-    try {
+    const std::string error = trainkit_test::error_under_file_size_limit(size + 10, [&] {
       f.write(2, {{"loss", 1.25}, {"tokens_per_s", 12345.5}});
-    } catch (const trainkit::Error& e) {
-      error = e.what();
-    }
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    });
     CHECK(error.find("m.jsonl") != std::string::npos);
     CHECK(error.find("EFBIG") != std::string::npos);
     f.write(3, {{"loss", 1.0}});  // space again: the next line follows a whole one

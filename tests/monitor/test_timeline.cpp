@@ -2,17 +2,15 @@
 // trace JSON (parsed by Python's json when available, and checked structurally here).
 #include <doctest/doctest.h>
 
-#include <csignal>
 #include <cstdint>
 #include <string>
-
-#include <sys/resource.h>
 
 #include <trainkit/io/json.hpp>
 #include <trainkit/monitor/json_writer.hpp>
 #include <trainkit/monitor/timeline.hpp>
 
 #include "monitor/monitor_test_util.hpp"
+#include "support/file_size_limit.hpp"
 
 namespace mon = trainkit::monitor;
 using mon::Phase;
@@ -166,21 +164,9 @@ TEST_CASE("chrome trace: valid JSON with step and phase events, newest kept") {
   CHECK_THROWS_AS(tl.write_chrome_trace(dir / "no/such/dir/trace.json"), trainkit::Error);
 
   // A write that fails (a file size limit, as a full disk) leaves the earlier trace whole.
-  rlimit old{};
-  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
-  rlimit tight = old;
-  tight.rlim_cur = 100;
   REQUIRE(json.size() > 100);
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
-  std::string error;
-  try {
-    tl.write_chrome_trace(path);
-  } catch (const trainkit::Error& e) {
-    error = e.what();
-  }
-  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-  std::signal(SIGXFSZ, old_handler);
+  const std::string error =
+      trainkit_test::error_under_file_size_limit(100, [&] { tl.write_chrome_trace(path); });
   CHECK(error.find("trace.json") != std::string::npos);
   CHECK(monitor_test::read_file(path) == json);
 }

@@ -373,6 +373,23 @@ struct Subnormal : Quadratic {
   tk::ckpt::Metrics evaluate() { return {{"val_dist", 1e-310}}; }
 };
 
+/// Runs `loop` over `t` (a Quadratic) with its weights drawn from seed 3 and AdamW (lr 0.05);
+/// returns the weights after the run (and the result in *out).
+template <class Task>
+std::vector<float> run_task(train::Loop& loop, Task& t, train::LoopResult* out = nullptr) {
+  tk::nn::ParamArena<> arena;
+  t.arena = &arena;
+  t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(3);
+  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
+  loop.state().add("noise", t.rng);
+  const train::LoopResult r = loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+  if (out != nullptr) *out = r;
+  auto w = arena.param<1>(t.id);
+  return std::vector<float>(w.data(), w.data() + w.size(0));
+}
+
 TEST_CASE("Loop: a subnormal first loss and start evaluation read back exactly on resume") {
   const trainkit_test::TempDir tmp;
   const auto run = [&](std::int64_t steps) {
@@ -382,15 +399,10 @@ TEST_CASE("Loop: a subnormal first loss and start evaluation read back exactly o
                       .print_evals = false,
                       .ckpt_every = 2,
                       .monitor = {.console = nullptr}});
-    tk::nn::ParamArena<> arena;
     Subnormal t;
-    t.arena = &arena;
-    t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
-    arena.finalize();
-    arena.initialize(3);
-    tk::optim::AdamW<> opt(arena, {.lr = 0.05});
-    loop.state().add("noise", t.rng);
-    return loop.run(tk::exec::Host::default_instance(), arena, opt, t);
+    train::LoopResult r;
+    run_task(loop, t, &r);
+    return r;
   };
   const train::LoopResult first = run(4);
   CHECK(first.first_loss == 1e-40f);
@@ -423,17 +435,7 @@ std::vector<float> deferred_run(const fs::path& dir, Task& t, train::LoopResult*
                     .ckpt_every = 5,
                     .clip_grad_norm = 1.0,
                     .monitor = {.log_every = 4, .console = nullptr}});
-  tk::nn::ParamArena<> arena;
-  t.arena = &arena;
-  t.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
-  arena.finalize();
-  arena.initialize(3);
-  tk::optim::AdamW<> opt(arena, {.lr = 0.05});
-  loop.state().add("noise", t.rng);
-  const train::LoopResult r = loop.run(tk::exec::Host::default_instance(), arena, opt, t);
-  if (out != nullptr) *out = r;
-  auto w = arena.param<1>(t.id);
-  return std::vector<float>(w.data(), w.data() + w.size(0));
+  return run_task(loop, t, out);
 }
 
 TEST_CASE("Loop: a LossHandle is read only on the first, logging, checkpoint and last steps") {
