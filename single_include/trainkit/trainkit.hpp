@@ -39076,8 +39076,11 @@ class Search {
 
   // ---- process trials -----------------------------------------------------------------------
 
+  /// The placeholders every command has, besides one per dimension.
+  static constexpr std::string_view kBuiltins[] = {"dir", "trial", "seed", "max_budget"};
+
   std::vector<std::string> placeholders() const {
-    std::vector<std::string> names = {"dir", "trial", "seed", "max_budget"};
+    std::vector<std::string> names(std::begin(kBuiltins), std::end(kBuiltins));
     for (const Dimension& d : space_.dimensions()) names.push_back(d.name);
     return names;
   }
@@ -39085,7 +39088,7 @@ class Search {
   void check_template(const std::vector<std::string>& command) const {
     for (const Dimension& d : space_.dimensions())
       TRAINKIT_CHECK(
-          d.name != "dir" && d.name != "trial" && d.name != "seed" && d.name != "max_budget",
+          std::find(std::begin(kBuiltins), std::end(kBuiltins), d.name) == std::end(kBuiltins),
           "train::Search: hyper-parameter '", d.name,
           "' has the name of a built-in placeholder ({dir}, {trial}, {seed}, "
           "{max_budget}); rename it");
