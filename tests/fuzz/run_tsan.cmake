@@ -22,7 +22,7 @@ if(stale)
     endif()
   endforeach()
   message(STATUS "${name}: building with ${CXX} -fsanitize=thread")
-  execute_process(COMMAND "${CXX}" -std=c++20 -g -O1 -fsanitize=thread -pthread
+  execute_process(COMMAND "${CXX}" -std=c++20 -g1 -Og -fsanitize=thread -pthread
                           -DTRAINKIT_WITH_CUDA=0 "-DTRAINKIT_TEST_DATA_DIR=\"${DATA_DIR}\""
                           ${include_flags} ${SOURCES} -o "${BINARY}"
                   RESULT_VARIABLE rc)
