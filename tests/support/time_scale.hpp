@@ -10,6 +10,20 @@
 
 namespace trainkit_test {
 
+/// True in a build instrumented by AddressSanitizer or ThreadSanitizer (GCC's macros, clang's
+/// __has_feature): tests whose largest case takes minutes there run fewer rounds of it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 inline int time_scale() {
   const char* v = std::getenv("TRAINKIT_TEST_TIME_SCALE");
   if (v == nullptr || *v == '\0') return 1;
