@@ -12555,6 +12555,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 
@@ -12660,10 +12661,24 @@ inline void fill_init(float* dst, const Shape& shape, const Init& init, std::uin
     case Init::Kind::kConstant:
       for (std::int64_t i = 0; i < n; ++i) dst[i] = init.a;
       return;
-    case Init::Kind::kNormal: fill_normal(init.a, init.b); return;
+    case Init::Kind::kNormal:
+      // torch.nn.init.normal_ refuses std < 0 (and NaN); a non-finite value fills inf or NaN.
+      TRAINKIT_CHECK(std::isfinite(init.a) && std::isfinite(init.b) && init.b >= 0.0f,
+                     "normal initialiser of '", name, "': mean ", init.a, " and std ", init.b,
+                     " must be finite with std >= 0");
+      fill_normal(init.a, init.b);
+      return;
     case Init::Kind::kUniform:
+      TRAINKIT_CHECK(std::isfinite(init.a) && std::isfinite(init.b), "uniform initialiser of '",
+                     name, "': low ", init.a, " and high ", init.b, " must be finite");
       TRAINKIT_CHECK(init.a <= init.b, "uniform initialiser of '", name, "': low ", init.a,
                      " > high ", init.b);
+      // As torch's uniform_: a range wider than the largest float would fill inf.
+      TRAINKIT_CHECK(double(init.b) - double(init.a) <= double(std::numeric_limits<float>::max()),
+                     "uniform initialiser of '", name,
+                     "': high - low = ", double(init.b) - double(init.a), " (low ", init.a,
+                     ", high ", init.b, ") exceeds the largest float ",
+                     std::numeric_limits<float>::max());
       fill_uniform(init.a, init.b);
       return;
     case Init::Kind::kXavierUniform: {
@@ -12779,8 +12794,9 @@ class ParamArena {
   // ---- registration ---------------------------------------------------------------------------
 
   /// Registers a parameter of `shape` named `name` (its PyTorch state-dict name) and returns its
-  /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name or
-  /// after finalize().
+  /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name, a
+  /// name with control characters, one that is not UTF-8 or is "__metadata__" (which a
+  /// checkpoint cannot store), or after finalize().
   TRAINKIT_INLINE ParamId add(std::string name, Shape shape, Init init = Init::zeros());
 
   /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
@@ -13074,6 +13090,14 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
                  "...' holds control character ",
                  int(static_cast<unsigned char>(control == name.end() ? 0 : *control)), " at byte ",
                  control - name.begin());
+  // The safetensors writer needs UTF-8 names and keeps "__metadata__" for the header's metadata.
+  std::size_t bad_byte = 0;
+  TRAINKIT_CHECK(io::is_valid_utf8(name, &bad_byte), "ParamArena::add: the parameter name '",
+                 io::printable_bytes(name), "' is not valid UTF-8 (bad sequence at byte ", bad_byte,
+                 "); checkpoints store names as UTF-8");
+  TRAINKIT_CHECK(name != "__metadata__",
+                 "ParamArena::add: the parameter name '__metadata__' is reserved by safetensors "
+                 "for the file's metadata; choose another name");
   TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
                  "ParamArena::add: duplicate parameter "
                  "name '",
@@ -13692,23 +13716,32 @@ struct ForwardRecord {
   DType dtype = DType::kF32;
   std::int64_t d0 = -1;
   std::int64_t d1 = -1;
+  std::int64_t width = -1;  // the layer's width, for a context sized by it (-1: not recorded)
 
   template <class T>
-  void set(std::int64_t a, std::int64_t b) noexcept {
+  void set(std::int64_t a, std::int64_t b, std::int64_t w = -1) noexcept {
     dtype = dtype_of<T>;
     d0 = a;
     d1 = b;
+    width = w;
   }
   bool filled() const noexcept { return d0 >= 0; }
 
-  /// Throws unless a forward of element type T with leading sizes [a, b] filled the context.
+  /// Throws unless a forward of element type T with leading sizes [a, b] (and width w, when
+  /// recorded) filled the context.
   template <class T>
-  void check(const char* who, std::int64_t a, std::int64_t b) const {
+  void check(const char* who, std::int64_t a, std::int64_t b, std::int64_t w = -1) const {
     TRAINKIT_CHECK(filled(), who, ": the context was not filled by a forward");
-    TRAINKIT_CHECK(dtype == dtype_of<T> && d0 == a && d1 == b, who,
-                   ": the context holds the forward of a [", d0, ", ", d1, "] input of ",
-                   dtype_name(dtype), ", but backward got [", a, ", ", b, "] of ",
+    TRAINKIT_CHECK(dtype == dtype_of<T> && d0 == a && d1 == b && width == w, who,
+                   ": the context holds the forward of a ", sizes(d0, d1, width), " input of ",
+                   dtype_name(dtype), ", but backward got ", sizes(a, b, w), " of ",
                    dtype_name(dtype_of<T>));
+  }
+
+ private:
+  static std::string sizes(std::int64_t a, std::int64_t b, std::int64_t w) {
+    return ::trainkit::detail::concat(
+        "[", a, ", ", b, w >= 0 ? ::trainkit::detail::concat(", ", w) : std::string(), "]");
   }
 };
 
@@ -14486,6 +14519,7 @@ class Linear {
                      tied.name, "' is ", tied.shape.to_string(), ", the layer needs [", out_, ", ",
                      in_, "]");
       weight_ = options.tied_weight;
+      weight_tied_ = true;
     } else {
       weight_ =
           arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
@@ -14498,6 +14532,8 @@ class Linear {
   }
 
   ParamId weight() const noexcept { return weight_; }
+  /// True when the weight is another layer's parameter (LinearOptions::tied_weight).
+  bool weight_tied() const noexcept { return weight_tied_; }
   /// Invalid when the layer has no bias.
   ParamId bias() const noexcept { return bias_; }
   bool has_bias() const noexcept { return bias_.valid(); }
@@ -14706,6 +14742,7 @@ class Linear {
   std::int64_t out_;
   ParamId weight_;
   ParamId bias_;
+  bool weight_tied_ = false;
   detail::Scratch<S> bias_scratch_;  // the device bias gradient's per-chunk partial sums
 };
 
@@ -17517,15 +17554,22 @@ class CausalSelfAttention {
 
   CausalSelfAttention(ParamArena<S>& arena, const std::string& name, AttentionOptions o)
       : c_attn_(arena, detail::child_name(name, "c_attn"),
-                linear_options(o, 3 * o.n_embd, o.weight_init)),
+                linear_options(check_options(o, name), 3 * o.n_embd, o.weight_init)),
         c_proj_(arena, detail::child_name(name, "c_proj"),
                 linear_options(o, o.n_embd, o.proj_weight_init.value_or(o.weight_init))),
         C_(o.n_embd),
         H_(o.n_head),
         fused_(S == Space::kDevice && o.fused_core && o.n_head > 0 &&
-               detail::fused_attention_supports(o.n_embd / o.n_head)) {
-    TRAINKIT_CHECK(H_ > 0 && C_ % H_ == 0, "nn::CausalSelfAttention '", name, "': n_embd ", C_,
-                   " is not a multiple of n_head ", H_);
+               detail::fused_attention_supports(o.n_embd / o.n_head)) {}
+
+  /// Returns `o`; throws trainkit::Error naming the layer `name` unless n_embd and n_head are
+  /// > 0 and n_embd is a multiple of n_head (checked before any parameter is registered).
+  static const AttentionOptions& check_options(const AttentionOptions& o, const std::string& name) {
+    TRAINKIT_CHECK(o.n_embd > 0 && o.n_head > 0, "nn::CausalSelfAttention '", name,
+                   "': n_embd and n_head must be > 0, got ", o.n_embd, " and ", o.n_head);
+    TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::CausalSelfAttention '", name, "': n_embd ",
+                   o.n_embd, " is not a multiple of n_head ", o.n_head);
+    return o;
   }
 
   Linear<S>& c_attn() noexcept { return c_attn_; }
@@ -17559,7 +17603,7 @@ class CausalSelfAttention {
     detail::check_call<P, E, S, TX, TD, TG>();
     detail::check_same_io("nn::CausalSelfAttention::backward", x, dy, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn);
+    ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn, C_);
     T* dheads = dheads_.template get<T>(N * C_);
     T* dqkv = dqkv_.template get<T>(N * 3 * C_);
     // The core's argument block is shared with forward; backward only reads what forward saved.
@@ -17605,7 +17649,7 @@ class CausalSelfAttention {
                                                            TensorView<TX, 3, S> x) {
     using T = std::remove_const_t<TX>;
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template set<T>(B, Tn);
+    ctx.rec_.template set<T>(B, Tn, C_);
     T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
     T* heads = ctx.heads_.template get<T>(N * C_);
     detail::AttentionArgs<T> a;
@@ -17721,7 +17765,7 @@ class TransformerBlock {
   };
 
   TransformerBlock(ParamArena<S>& arena, const std::string& name, TransformerBlockOptions o)
-      : ln_1_(arena, detail::child_name(name, "ln_1"), {o.n_embd, o.eps, o.bias}),
+      : ln_1_(arena, detail::child_name(name, "ln_1"), {checked_width(o, name), o.eps, o.bias}),
         attn_(arena, detail::child_name(name, "attn"), attention_options(o)),
         ln_2_(arena, detail::child_name(name, "ln_2"), {o.n_embd, o.eps, o.bias}),
         c_fc_(arena, detail::child_name(name, "mlp.c_fc"),
@@ -17742,7 +17786,7 @@ class TransformerBlock {
     detail::check_call<P, E, S, TX, TY>();
     detail::check_same_io("nn::TransformerBlock::forward", x, y, C_);
     const std::int64_t N = x.size(0) * x.size(1);
-    ctx.rec_.template set<T>(x.size(0), x.size(1));
+    ctx.rec_.template set<T>(x.size(0), x.size(1), C_);
     T* h1 = ctx.h1_.template get<T>(N * C_);
     T* x1 = ctx.x1_.template get<T>(N * C_);
     T* h2 = ctx.h2_.template get<T>(N * C_);
@@ -17766,7 +17810,7 @@ class TransformerBlock {
     detail::check_call<P, E, S, TX, TD, TG>();
     TRAINKIT_CHECK(x.sizes() == dy.sizes(), "nn::TransformerBlock::backward: x ",
                    detail::shape_of(x), " and dy ", detail::shape_of(dy), " differ");
-    ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1));
+    ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1), C_);
     const std::int64_t N = x.size(0) * x.size(1);
     T* dpre = dpre_.template get<T>(N * 4 * C_);
     T* dh = dh_.template get<T>(N * C_);
@@ -17801,6 +17845,11 @@ class TransformerBlock {
     return detail::mat<S>(p, rows, cols);
   }
 
+  /// n_embd, once the attention accepts the options (before any parameter is registered).
+  static std::int64_t checked_width(const TransformerBlockOptions& o, const std::string& name) {
+    CausalSelfAttention<S>::check_options(attention_options(o), detail::child_name(name, "attn"));
+    return o.n_embd;
+  }
   static float residual_std(const TransformerBlockOptions& o) {
     return 0.02f / std::sqrt(2.0f * static_cast<float>(o.n_layer < 1 ? 1 : o.n_layer));
   }
@@ -18009,7 +18058,7 @@ class Gpt {
                    "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
                    "] must be [", N, ", ", options_.vocab_size, "]");
     detail::check_rows("nn::Gpt::forward", "logits", logits);
-    ctx.rec_.template set<T>(B, Tn);
+    ctx.rec_.template set<T>(B, Tn, C);
     ctx.blocks_.resize(blocks_.size());
     ctx.dropped_ = drop_.training() && drop_.options().p > 0.0f;
     ctx.drop_step_ = drop_.step();
@@ -18041,7 +18090,10 @@ class Gpt {
     detail::check_call<P, E, S, TD>();
     check_ids("nn::Gpt::backward", ids);
     const std::int64_t B = ids.size(0), Tn = ids.size(1), N = B * Tn, C = options_.n_embd;
-    ctx.rec_.template check<T>("nn::Gpt::backward", B, Tn);
+    ctx.rec_.template check<T>("nn::Gpt::backward", B, Tn, C);
+    TRAINKIT_CHECK(ctx.blocks_.size() == blocks_.size(),
+                   "nn::Gpt::backward: the context holds the forward of a model with ",
+                   ctx.blocks_.size(), " layers, this one has ", blocks_.size());
     TRAINKIT_CHECK(dlogits.size(0) == N && dlogits.size(1) == options_.vocab_size,
                    "nn::Gpt::backward: dlogits ", detail::shape_of(dlogits), " must be [", N, ", ",
                    options_.vocab_size, "]");
@@ -18095,7 +18147,11 @@ class Gpt {
     TRAINKIT_CHECK(!tokens.empty() && count >= 0 && temperature >= 0.0,
                    "nn::Gpt::generate: needs at least one token, count >= 0 and temperature >= 0");
     const std::int64_t V = options_.vocab_size;
-    const bool was_training = drop_.training();
+    struct RestoreMode {  // dropout's mode comes back however generate leaves
+      Dropout& drop;
+      bool training;
+      ~RestoreMode() { drop.train(training); }
+    } restore{drop_, drop_.training()};
     drop_.eval();
     std::vector<std::int32_t> out;
     std::vector<T> row(static_cast<std::size_t>(V));
@@ -18125,7 +18181,6 @@ class Gpt {
       tokens.push_back(std::int32_t(next));
       out.push_back(std::int32_t(next));
     }
-    drop_.train(was_training);
     return out;
   }
 
@@ -18139,6 +18194,8 @@ class Gpt {
         o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
     TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
                    " is not a multiple of n_head ", o.n_head);
+    TRAINKIT_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, "nn::Gpt: dropout ", o.dropout,
+                   " is not a probability in [0, 1]");
     return o;
   }
   static std::vector<TransformerBlock<S>> make_blocks(ParamArena<S>& arena, const GptOptions& o) {
@@ -18365,7 +18422,13 @@ class Sequential {
   template <class L>
   static void check_order(const L& layer, std::int32_t& last, bool& ordered) {
     if constexpr (requires { layer.weight().index; }) {
-      const std::int32_t index = layer.weight().index;
+      // The first parameter the layer registered: a tied weight belongs to an earlier layer.
+      std::int32_t index = layer.weight().index;
+      if constexpr (requires {
+                      layer.weight_tied();
+                      layer.bias().index;
+                    })
+        if (layer.weight_tied()) index = layer.bias().index;
       if (index >= 0) {
         ordered = ordered && index > last;
         last = index;
@@ -18802,6 +18865,13 @@ struct ScalerBlock {
   std::int32_t pad;
 };
 
+/// True when `scale` converted to float is finite and at least FLT_MIN (the smallest normal
+/// float, about 1.2e-38), so that 1 / scale is a finite float too.
+inline bool is_usable_scale(double scale) {
+  return scale > 0.0 && scale <= std::numeric_limits<float>::max() &&
+         static_cast<float>(scale) >= std::numeric_limits<float>::min();
+}
+
 /// The terms of the scaler's passes over the gradients (kWrite: unscale_, which also writes
 /// g * inv in f32 like _amp_foreach_non_finite_check_and_unscale_; otherwise the read-only check
 /// of a step without unscale_). `inv` is the f32 inverse scale: read in the kernel on the device
@@ -19011,7 +19081,8 @@ class DynamicScaler {
 
   /// A scaler in the memory of `exec` (host memory for exec::Host, device memory on the current
   /// device for exec::Cuda). Throws for growth_factor <= 1, backoff_factor >= 1,
-  /// growth_interval < 1 or a non-positive init_scale.
+  /// growth_interval outside 1 .. 2^31 - 1, or an init_scale that is not a float in
+  /// [1.2e-38, 3.4e38] (FLT_MIN to FLT_MAX).
   template <class E>
   explicit DynamicScaler(const E&, DynamicScalerOptions options = {})
       : options_(validated(options)),
@@ -19135,12 +19206,10 @@ class StaticScaler {
   static constexpr bool scales_loss = true;
   static constexpr bool dynamic = false;
 
-  /// Throws unless 0 < scale <= 3.4e38 (a finite float).
+  /// Throws unless scale, converted to float, is finite and >= FLT_MIN (1.2e-38 <= scale <=
+  /// 3.4e38), so that its inverse is finite too.
   template <class E>
-  StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), static_cast<float>(scale)) {
-    TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
-                   "StaticScaler: scale must be > 0 and a finite float (<= 3.4e38), got ", scale);
-  }
+  StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), checked(scale)) {}
 
   Space space() const noexcept { return core_.space(); }
   const float* scale_data() const noexcept { return &core_.block()->scale; }
@@ -19182,6 +19251,14 @@ class StaticScaler {
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
+  static float checked(double scale) {
+    TRAINKIT_CHECK(detail::is_usable_scale(scale),
+                   "StaticScaler: scale must be a finite float >= 1.2e-38 (FLT_MIN, so that its "
+                   "inverse is finite) and <= 3.4e38, got ",
+                   scale);
+    return static_cast<float>(scale);
+  }
+
   detail::ScalerCore core_;
 };
 
@@ -19234,9 +19311,11 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
   TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
                  "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
   TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
-                 "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-  TRAINKIT_CHECK(o.init_scale > 0.0 && o.init_scale <= std::numeric_limits<float>::max(),
-                 "DynamicScaler: init_scale must be > 0 and a finite float (<= 3.4e38), got ",
+                 "DynamicScaler: growth_interval must be in 1 .. 2^31 - 1 (2147483647), got ",
+                 o.growth_interval);
+  TRAINKIT_CHECK(detail::is_usable_scale(o.init_scale),
+                 "DynamicScaler: init_scale must be a finite float >= 1.2e-38 (FLT_MIN, so that "
+                 "its inverse is finite) and <= 3.4e38, got ",
                  o.init_scale);
   return o;
 }
@@ -19244,9 +19323,10 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
 TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
-  TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
-                 "StaticScaler::load_state_dict: scale ", scale,
-                 " is not > 0 and a finite float (<= 3.4e38)");
+  TRAINKIT_CHECK(detail::is_usable_scale(scale), "StaticScaler::load_state_dict: 'scale' is ",
+                 scale,
+                 ", expected a finite float >= 1.2e-38 (FLT_MIN, so that its inverse is finite) "
+                 "and <= 3.4e38");
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);
@@ -20408,9 +20488,22 @@ class FusedOptimizer {
   LrGroups& lr_groups() noexcept { return *lr_; }
   const LrGroups& lr_groups() const noexcept { return *lr_; }
   double lr(int group = 0) const { return lr_->lr.at(static_cast<std::size_t>(group)); }
-  /// Sets every group's learning rate.
-  void set_lr(double lr) { lr_->set_all(lr); }
-  void set_lr(int group, double lr) { lr_->lr.at(static_cast<std::size_t>(group)) = lr; }
+  /// Sets every group's learning rate. Throws unless `lr` is finite and >= 0.
+  void set_lr(double lr) {
+    TRAINKIT_CHECK(std::isfinite(lr) && lr >= 0.0, "optim::", Rule::kName,
+                   "::set_lr: the learning rate must be finite and >= 0, got ", lr);
+    lr_->set_all(lr);
+  }
+  /// Sets the learning rate of `group`. Throws unless the group exists and `lr` is finite and
+  /// >= 0.
+  void set_lr(int group, double lr) {
+    TRAINKIT_CHECK(group >= 0 && group < num_groups(), "optim::", Rule::kName, "::set_lr: group ",
+                   group, " does not exist; the optimizer has groups 0 .. ", num_groups() - 1);
+    TRAINKIT_CHECK(std::isfinite(lr) && lr >= 0.0, "optim::", Rule::kName,
+                   "::set_lr: the learning rate of group ", group, " must be finite and >= 0, got ",
+                   lr);
+    lr_->lr[static_cast<std::size_t>(group)] = lr;
+  }
   double weight_decay(int group = 0) const {
     return group_.at(static_cast<std::size_t>(group)).weight_decay;
   }
@@ -20505,9 +20598,10 @@ class FusedOptimizer {
 
  private:
   static Options validated(const Options& o) {
-    TRAINKIT_CHECK(o.lr >= 0.0, "optim::", Rule::kName, ": invalid learning rate ", o.lr);
-    TRAINKIT_CHECK(o.weight_decay >= 0.0, "optim::", Rule::kName, ": invalid weight_decay ",
-                   o.weight_decay);
+    TRAINKIT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, "optim::", Rule::kName,
+                   ": lr must be finite and >= 0, got ", o.lr);
+    TRAINKIT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, "optim::", Rule::kName,
+                   ": weight_decay must be finite and >= 0, got ", o.weight_decay);
     Traits::validate(o);
     return o;
   }
@@ -21289,7 +21383,13 @@ namespace detail {
 /// Python's a % b for b > 0 (never negative).
 inline std::int64_t py_mod(std::int64_t a, std::int64_t b) { return ((a % b) + b) % b; }
 inline constexpr double kPi = 3.141592653589793;  // math.pi
+/// The largest step count a schedule accepts (saved or as t_max): the optimizers' step limit,
+/// 2^53, so counting on from it cannot overflow.
+inline constexpr std::int64_t kMaxScheduleSteps = std::int64_t{1} << 53;
 }  // namespace detail
+
+class SequentialLR;
+struct WarmupCosineOptions;
 
 /// Base of the epoch/step schedules (PyTorch's LRScheduler): call `step()` once after each
 /// optimizer step; the optimizer reads the group learning rates it writes. Constructing a
@@ -21435,6 +21535,8 @@ class LinearLR final : public LRScheduler {
   }
   TRAINKIT_INLINE static LinearLROptions checked(const LinearLROptions& o);
   LinearLROptions o_;
+
+  friend std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o);
 };
 
 /// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form (so
@@ -21449,7 +21551,7 @@ struct CosineAnnealingLROptions {
 };
 class CosineAnnealingLR final : public LRScheduler {
  public:
-  /// Throws unless t_max >= 1 and eta_min is finite.
+  /// Throws unless 1 <= t_max <= 2^53 and eta_min is finite and >= 0.
   explicit CosineAnnealingLR(LrGroups& groups, CosineAnnealingLROptions o)
       : LRScheduler(groups), o_(checked(o)) {
     initial_step();
@@ -21466,12 +21568,15 @@ class CosineAnnealingLR final : public LRScheduler {
                   sd.contains("periodic") ? sd.get_int("periodic") != 0 : o_.periodic});
   }
   static CosineAnnealingLROptions checked(const CosineAnnealingLROptions& o) {
-    TRAINKIT_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
-    TRAINKIT_CHECK(std::isfinite(o.eta_min), "CosineAnnealingLR: eta_min must be finite, got ",
-                   o.eta_min);
+    TRAINKIT_CHECK(o.t_max >= 1 && o.t_max <= detail::kMaxScheduleSteps,
+                   "CosineAnnealingLR: t_max must be in [1, 2^53], got ", o.t_max);
+    TRAINKIT_CHECK(std::isfinite(o.eta_min) && o.eta_min >= 0.0,
+                   "CosineAnnealingLR: eta_min must be finite and >= 0, got ", o.eta_min);
     return o;
   }
   CosineAnnealingLROptions o_;
+
+  friend std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o);
 };
 
 /// torch.optim.lr_scheduler.StepLR: lr *= gamma every step_size steps.
@@ -21519,8 +21624,11 @@ struct MultiStepLROptions {
 };
 class MultiStepLR final : public LRScheduler {
  public:
+  /// Throws unless gamma is finite and >= 0.
   explicit MultiStepLR(LrGroups& groups, MultiStepLROptions o)
       : LRScheduler(groups), o_(std::move(o)) {
+    TRAINKIT_CHECK(std::isfinite(o_.gamma) && o_.gamma >= 0.0,
+                   "MultiStepLR: gamma must be finite and >= 0, got ", o_.gamma);
     std::sort(o_.milestones.begin(), o_.milestones.end());
     initial_step();
   }
@@ -21662,7 +21770,8 @@ class ReduceLROnPlateau {
   }
 
  public:
-  /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
+  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0 and threshold is finite, or
+  /// for a min_lr list whose length is neither 1 nor the group count.
   TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
@@ -21680,6 +21789,8 @@ class ReduceLROnPlateau {
  private:
   TRAINKIT_INLINE void reset();
   TRAINKIT_INLINE bool is_better(double a, double best) const;
+  /// Throws, naming `who`, unless the options state_dict() saves are in range.
+  TRAINKIT_INLINE static void check_options(const Options& o, const char* who);
 
   LrGroups* groups_;
   Options o_;
@@ -21704,8 +21815,10 @@ TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
 TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   const std::int64_t step_count = sd.get_int("_step_count");
-  TRAINKIT_CHECK(last_epoch >= -1 && step_count >= 0, "LR schedule state: last_epoch ", last_epoch,
-                 " and _step_count ", step_count, " must be >= -1 and >= 0");
+  TRAINKIT_CHECK(last_epoch >= -1 && last_epoch <= detail::kMaxScheduleSteps && step_count >= 0 &&
+                     step_count <= detail::kMaxScheduleSteps,
+                 "LR schedule state: last_epoch ", last_epoch, " and _step_count ", step_count,
+                 " must be in [-1, 2^53] and [0, 2^53]");
   std::vector<double> base = base_lrs_, last = last_lr_;
   last.resize(groups_->lr.size());
   detail::load_rates(sd, "LR schedule", "base_lrs", base);
@@ -21879,7 +21992,8 @@ TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
 
 TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
-  TRAINKIT_CHECK(last_epoch >= 0, "SequentialLR state: last_epoch ", last_epoch, " is negative");
+  TRAINKIT_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxScheduleSteps,
+                 "SequentialLR state: last_epoch ", last_epoch, " must be in [0, 2^53]");
   std::vector<double> last(groups_->lr.size(), 0.0);
   detail::load_rates(sd, "SequentialLR", "_last_lr", last);
   std::vector<std::int64_t> milestones;  // the saved ones, as PyTorch restores _milestones
@@ -21909,18 +22023,20 @@ TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
   TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
                  "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
                  " and ", o.total_steps);
+  // Both schedules' options are checked before the first one scales the groups' lr.
+  const LinearLROptions warmup = LinearLR::checked({o.warmup_start_factor, 1.0, o.warmup_steps});
+  const CosineAnnealingLROptions decay =
+      CosineAnnealingLR::checked({o.total_steps - o.warmup_steps, o.eta_min});
   std::vector<std::unique_ptr<LRScheduler>> s;
-  s.push_back(std::make_unique<LinearLR>(
-      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
-  s.push_back(std::make_unique<CosineAnnealingLR>(
-      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
+  s.push_back(std::make_unique<LinearLR>(groups, warmup));
+  s.push_back(std::make_unique<CosineAnnealingLR>(groups, decay));
   return std::make_unique<SequentialLR>(groups, std::move(s),
                                         std::vector<std::int64_t>{o.warmup_steps});
 }
 
 TRAINKIT_INLINE ReduceLROnPlateau::ReduceLROnPlateau(LrGroups& groups, Options o)
     : groups_(&groups), o_(std::move(o)) {
-  TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
+  check_options(o_, "ReduceLROnPlateau");
   TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
                  "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
                  o_.min_lr.size());
@@ -21977,20 +22093,24 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
   loaded.o_.mode = mode == "min" ? Options::Mode::kMin : Options::Mode::kMax;
   loaded.o_.threshold_mode =
       threshold_mode == "rel" ? Options::ThresholdMode::kRel : Options::ThresholdMode::kAbs;
-  const Options& o = loaded.o_;
-  TRAINKIT_CHECK(o.factor >= 0.0 && o.factor < 1.0 && o.patience >= 0 && o.cooldown >= 0 &&
-                     std::isfinite(o.threshold),
-                 "ReduceLROnPlateau state: factor ", o.factor, ", patience ", o.patience,
-                 ", cooldown ", o.cooldown, ", threshold ", o.threshold,
-                 " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
-  TRAINKIT_CHECK(loaded.num_bad_epochs_ >= 0 && loaded.cooldown_counter_ >= 0 &&
-                     loaded.last_epoch_ >= 0 && !std::isnan(loaded.best_),
+  check_options(loaded.o_, "ReduceLROnPlateau state");
+  const auto count_ok = [](std::int64_t c) { return c >= 0 && c <= detail::kMaxScheduleSteps; };
+  TRAINKIT_CHECK(count_ok(loaded.num_bad_epochs_) && count_ok(loaded.cooldown_counter_) &&
+                     count_ok(loaded.last_epoch_) && !std::isnan(loaded.best_),
                  "ReduceLROnPlateau state: num_bad_epochs ", loaded.num_bad_epochs_,
                  ", cooldown_counter ", loaded.cooldown_counter_, ", last_epoch ",
                  loaded.last_epoch_, ", best ", loaded.best_,
-                 " (expected counts >= 0 and a best value that is a number)");
+                 " (expected counts in [0, 2^53] and a best value that is a number)");
   detail::load_rates(sd, "ReduceLROnPlateau", "_last_lr", loaded.last_lr_);
   *this = std::move(loaded);
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::check_options(const Options& o, const char* who) {
+  TRAINKIT_CHECK(o.factor >= 0.0 && o.factor < 1.0 && o.patience >= 0 && o.cooldown >= 0 &&
+                     std::isfinite(o.threshold),
+                 who, ": factor ", o.factor, ", patience ", o.patience, ", cooldown ", o.cooldown,
+                 ", threshold ", o.threshold,
+                 " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::reset() {
@@ -22110,11 +22230,16 @@ class Ema {
     detail::save_by_param(refill, *arena_, shadow_.data(), DType::kF32, "");
     detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
   }
-  /// Throws naming the first missing or mis-shaped tensor (nothing changed then).
+  /// Throws naming the first missing or mis-shaped tensor, or a "decay" outside [0, 1] or a
+  /// negative "n_averaged" (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     detail::check_by_param(sd, *arena_, DType::kF32, "", "optim::Ema::load_state_dict: ");
     const std::int64_t num_updates = sd.get_int("n_averaged");
     const double decay = sd.get_double("decay");
+    TRAINKIT_CHECK(decay >= 0.0 && decay <= 1.0, "optim::Ema::load_state_dict: 'decay' is ", decay,
+                   "; expected a number in [0, 1]");
+    TRAINKIT_CHECK(num_updates >= 0, "optim::Ema::load_state_dict: 'n_averaged' is ", num_updates,
+                   "; expected a count >= 0");
     detail::load_by_param(sd, *arena_, shadow_.data(), DType::kF32, "");
     num_updates_ = num_updates;
     options_.decay = decay;
@@ -22182,12 +22307,20 @@ class GradAccumulation {
     detail::set_values(sd, "micro_batches", n_, "index", index_, "steps", steps_);
     return sd;
   }
-  /// Throws when the state was saved with a different micro-batch count.
+  /// Throws when the state was saved with a different micro-batch count, or its "index" is
+  /// outside [0, micro_batches) or its "steps" is negative (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     TRAINKIT_CHECK(sd.get_int("micro_batches") == n_, "optim::GradAccumulation: the state has ",
                    sd.get_int("micro_batches"), " micro-batches, this object ", n_);
-    index_ = sd.get_int("index");
-    steps_ = sd.get_int("steps");
+    const std::int64_t index = sd.get_int("index");
+    const std::int64_t steps = sd.get_int("steps");
+    TRAINKIT_CHECK(index >= 0 && index < n_,
+                   "optim::GradAccumulation::load_state_dict: 'index' is ", index,
+                   "; expected 0 .. ", n_ - 1);
+    TRAINKIT_CHECK(steps >= 0, "optim::GradAccumulation::load_state_dict: 'steps' is ", steps,
+                   "; expected a count >= 0");
+    index_ = index;
+    steps_ = steps;
   }
 
  private:
@@ -22414,10 +22547,19 @@ struct PruneSpan {
 };
 
 /// New masks for `spans` taken together: the k elements smallest by (key, position) pruned,
-/// everything else kept. Exact and deterministic: a radix select over the 32-bit keys (two
-/// histogram passes) and one pass writing the masks, in O(elements) without sorting.
+/// everything else kept. With keep_pruned, elements pruned before stay pruned even when there are
+/// more of them than k (masks only shrink). Exact and deterministic: a radix select over the
+/// 32-bit keys (two histogram passes) and one pass writing the masks, in O(elements) without
+/// sorting.
 inline void select_smallest(const std::vector<PruneSpan>& spans, std::int64_t k, bool keep_pruned) {
   const std::uint32_t keep = keep_pruned ? 1u : 0u;
+  if (keep_pruned) {
+    std::int64_t pruned_before = 0;
+    for (const PruneSpan& s : spans)
+      pruned_before +=
+          static_cast<std::int64_t>(std::count(s.old_mask, s.old_mask + s.n, std::uint8_t{0}));
+    k = std::max(k, pruned_before);
+  }
   const auto key = [keep](const PruneSpan& s, std::int64_t i) {  // branch-free
     return prune_key(s.w[i]) * (1u - (keep & static_cast<std::uint32_t>(s.old_mask[i] == 0)));
   };
@@ -22568,9 +22710,9 @@ class Pruner {
   /// Recomputes the masks for `target` (see the class comment for the order): unstructured,
   /// round(target * n) elements of each tensor (kPerTensor) or of all of them (kGlobal); N:M,
   /// round(target * M) of every group of M, at most M - N. With keep_pruned, pruned elements stay
-  /// pruned and count towards the target. Waits for `exec`'s queued work and reads the weights on
-  /// the host; the weights themselves change only in apply(). Throws for a target outside
-  /// [0, max_sparsity()].
+  /// pruned and count towards the target (all of them stay pruned, also when they are more than
+  /// the target asks for). Waits for `exec`'s queued work and reads the weights on the host; the
+  /// weights themselves change only in apply(). Throws for a target outside [0, max_sparsity()].
   template <class E>
   void update(const E& exec, double target, PruneUpdateOptions options = {}) {
     static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
@@ -22720,8 +22862,10 @@ class Pruner {
 
   /// Restores state_dict()'s masks. Checks everything before changing anything: the same
   /// pattern, scope, pruned parameters and schedule (a different one would not continue the same
-  /// run), a U8 mask of the parameter's shape for each, holding only 0 and 1, and no mask for a
-  /// parameter this pruner does not prune. Throws trainkit::Error naming the mask or the setting.
+  /// run), a target in [0, max_sparsity()], a last_update_step >= -1, a U8 mask of the
+  /// parameter's shape for each, holding only 0 and 1 (for an N:M pattern at most M - N zeros in
+  /// every group of M), and no mask for a parameter this pruner does not prune. Throws
+  /// trainkit::Error naming the mask or the setting.
   void load_state_dict(const StateDict& sd) {
     static constexpr const char* kWho = "optim::Pruner";
     check_saved_setting(kWho, "the pattern", sd.get_string("pattern"), pattern());
@@ -22738,6 +22882,11 @@ class Pruner {
                         schedule_.num_updates);
     const double target = sd.get_double("target");
     const std::int64_t last_update = sd.get_int("last_update_step");
+    TRAINKIT_CHECK(target >= 0.0 && target <= max_sparsity(), kWho, ": 'target' is ", target,
+                   "; expected a sparsity in [0, ", max_sparsity(), "] for the ", pattern(),
+                   " pattern");
+    TRAINKIT_CHECK(last_update >= -1, kWho, ": 'last_update_step' is ", last_update,
+                   "; expected a step >= 0, or -1 before the first update");
     for (const auto& [key, t] : sd.tensors) {
       bool known = false;
       for (nn::ParamId id : targets_) known = known || key == arena_->info(id).name + "_mask";
@@ -22756,6 +22905,15 @@ class Pruner {
       for (std::int64_t i = 0; i < p.numel; ++i)
         TRAINKIT_CHECK(m[i] <= 1, kWho, ": mask '", key, "' holds ", int(m[i]), " at element ", i,
                        "; a mask holds 0 (pruned) or 1 (kept)");
+      if (options_.m != 0) {
+        for (std::int64_t g = 0; g < p.numel; g += options_.m) {
+          const auto zeros = std::count(m + g, m + g + options_.m, std::uint8_t{0});
+          TRAINKIT_CHECK(zeros <= options_.m - options_.n, kWho, ": mask '", key, "' prunes ",
+                         zeros, " of the ", options_.m, " elements from element ", g, "; the ",
+                         pattern(), " pattern prunes at most ", options_.m - options_.n,
+                         " of every ", options_.m);
+        }
+      }
     }
     for (nn::ParamId id : targets_) {
       const nn::ParamInfo& p = arena_->info(id);
@@ -31007,7 +31165,8 @@ TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
 
 TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
   std::string s;
-  for (std::size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  for (std::size_t i = 0; i < names.size() && i < max; ++i)
+    s += (i ? ", '" : "'") + io::detail::printable(names[i]) + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
 }

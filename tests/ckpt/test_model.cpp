@@ -181,6 +181,40 @@ TEST_CASE("load_model: missing and unexpected names, prefixes") {
   CHECK(std::memcmp(enc.params_data(), at("encoder.weight"), 16) == 0);
 }
 
+TEST_CASE("load_model: names from the file reach the error message escaped") {
+  TempDir dir;
+  // A safetensors file by hand: "w" plus one unexpected tensor whose name is `name`.
+  const auto write = [&](const std::string& file, const std::string& name_json) {
+    std::string h = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},")" + name_json +
+                    R"(":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+    while (h.size() % 8) h += ' ';
+    std::string out(8, '\0');
+    for (std::size_t i = 0; i < 8; ++i) out[i] = char((std::uint64_t(h.size()) >> (8 * i)) & 0xff);
+    ckpt_test::write_file(dir / file, out + h + std::string(12, '\0'));
+  };
+  write("nul.safetensors", R"(evil\u0000hidden)");
+  write("nl.safetensors", R"(x\n  0 problem(s): everything loaded fine)");
+  nn::ParamArena<> arena;
+  arena.add("w", tk::Shape{2});
+  arena.finalize();
+  try {
+    ckpt::load_model(arena, dir / "nul.safetensors");
+    FAIL("load_model accepted an unexpected tensor");
+  } catch (const tk::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("'evil?hidden'") != std::string::npos);
+    CHECK(what.find("(strict = false") != std::string::npos);
+  }
+  try {
+    ckpt::load_model(arena, dir / "nl.safetensors");
+    FAIL("load_model accepted an unexpected tensor");
+  } catch (const tk::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("'x?  0 problem(s): everything loaded fine'") != std::string::npos);
+    CHECK(what.find("\n  0 problem(s)") == std::string::npos);
+  }
+}
+
 TEST_CASE("save_model / load_model: bit-exact round trip, format metadata, sharded sets") {
   TempDir dir;
   nn::ParamArena<> a;

@@ -252,3 +252,48 @@ TEST_CASE("TransformerBlock: GPT-2 initialisation and thread-count independence"
   }
   CHECK(results[0] == results[1]);
 }
+
+TEST_CASE("CausalSelfAttention and TransformerBlock: refused options leave the arena as it was") {
+  nn::ParamArena<> arena;
+  CHECK_THROWS_WITH_AS(nn::CausalSelfAttention(arena, "attn", {.n_embd = 8, .n_head = 3}),
+                       doctest::Contains("'attn': n_embd 8 is not a multiple of n_head 3"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(nn::CausalSelfAttention(arena, "attn", {.n_embd = 8, .n_head = 0}),
+                       doctest::Contains("n_embd and n_head must be > 0, got 8 and 0"), tk::Error);
+  CHECK_THROWS_WITH_AS(nn::TransformerBlock(arena, "h.0", {.n_embd = 8, .n_head = 3}),
+                       doctest::Contains("'h.0.attn': n_embd 8 is not a multiple of n_head 3"),
+                       tk::Error);
+  CHECK(arena.size() == 0);
+  nn::CausalSelfAttention attn(arena, "attn", {.n_embd = 8, .n_head = 2});
+  nn::TransformerBlock block(arena, "h.0", {.n_embd = 8, .n_head = 2});
+  CHECK(arena.size() == 16);
+}
+
+TEST_CASE("CausalSelfAttention and TransformerBlock: a context of another width is an error") {
+  nn::ParamArena<> arena;
+  nn::CausalSelfAttention a(arena, "a", {.n_embd = 8, .n_head = 2});
+  nn::CausalSelfAttention b(arena, "b", {.n_embd = 64, .n_head = 2});
+  nn::TransformerBlock ba(arena, "ba", {.n_embd = 8, .n_head = 2});
+  nn::TransformerBlock bb(arena, "bb", {.n_embd = 64, .n_head = 2});
+  arena.finalize();
+  arena.initialize(3);
+  const std::int64_t B = 1, T = 4;
+  std::vector<float> x8(B * T * 8, 0.5f), y8(x8.size());
+  std::vector<float> x64(B * T * 64, 0.5f), dy64(x64.size(), 1.0f), dx64(x64.size());
+  decltype(a)::Context ctx;
+  a.forward(pool(), ctx, cube(x8.data(), B, T, 8), cube(y8.data(), B, T, 8));
+  CHECK_THROWS_WITH_AS(b.backward(pool(), ctx, cube(x64.data(), B, T, 64),
+                                  cube(dy64.data(), B, T, 64), cube(dx64.data(), B, T, 64)),
+                       doctest::Contains("the context holds the forward of a [1, 4, 8] input of "
+                                         "F32, but backward got [1, 4, 64]"),
+                       tk::Error);
+  decltype(ba)::Context bctx;
+  ba.forward(pool(), bctx, cube(x8.data(), B, T, 8), cube(y8.data(), B, T, 8));
+  CHECK_THROWS_WITH_AS(bb.backward(pool(), bctx, cube(x64.data(), B, T, 64),
+                                   cube(dy64.data(), B, T, 64), cube(dx64.data(), B, T, 64)),
+                       doctest::Contains("nn::TransformerBlock::backward"), tk::Error);
+  // The matching layer still takes it.
+  std::vector<float> dy8(x8.size(), 1.0f), dx8(x8.size());
+  CHECK_NOTHROW(a.backward(pool(), ctx, cube(x8.data(), B, T, 8), cube(dy8.data(), B, T, 8),
+                           cube(dx8.data(), B, T, 8)));
+}

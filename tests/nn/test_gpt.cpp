@@ -332,6 +332,70 @@ TEST_CASE("Gpt: dropout's mask is the forward's, whatever the layer's step and m
   CHECK(grads_of(arena) == reference);
 }
 
+TEST_CASE("Gpt: a failed generate leaves dropout's mode as it was") {
+  nn::ParamArena<> arena;
+  nn::GptOptions o = small(false);
+  o.dropout = 0.1f;
+  nn::Gpt model(arena, o);
+  arena.finalize();
+  arena.initialize(1);
+  nn::Gpt<>::Context ctx;
+  tk::PhiloxStream rng(1);
+  REQUIRE(model.dropout().training());
+  CHECK_THROWS_AS(model.generate(pool(), ctx, {1, 99}, 3, 1.0, rng), tk::Error);  // 99 >= vocab
+  CHECK(model.dropout().training());
+  model.eval();
+  CHECK_THROWS_AS(model.generate(pool(), ctx, {1, 99}, 3, 1.0, rng), tk::Error);
+  CHECK_FALSE(model.dropout().training());
+  model.train();
+  CHECK(model.generate(pool(), ctx, {1, 2}, 2, 0.0, rng).size() == 2);
+  CHECK(model.dropout().training());
+}
+
+TEST_CASE("Gpt: a refused option leaves the arena as it was") {
+  nn::ParamArena<> arena;
+  nn::GptOptions o = small(false);
+  o.dropout = 1.5f;
+  CHECK_THROWS_WITH_AS(nn::Gpt(arena, o),
+                       doctest::Contains("dropout 1.5 is not a probability in [0, 1]"), tk::Error);
+  o.dropout = -0.1f;
+  CHECK_THROWS_AS(nn::Gpt(arena, o), tk::Error);
+  o.dropout = std::nanf("");
+  CHECK_THROWS_AS(nn::Gpt(arena, o), tk::Error);
+  CHECK(arena.size() == 0);
+  o.dropout = 0.1f;
+  nn::Gpt model(arena, o);  // the same arena still takes the model
+  CHECK(arena.size() > 0);
+}
+
+TEST_CASE("Gpt: a context of a model of another width or depth is an error") {
+  nn::ParamArena<> arenas[3];
+  nn::GptOptions o = small(false);
+  nn::Gpt model(arenas[0], o);
+  o.n_embd = 16;
+  nn::Gpt wide(arenas[1], o);
+  o.n_embd = 8;
+  o.n_layer = 3;
+  nn::Gpt deep(arenas[2], o);
+  for (auto& arena : arenas) {
+    arena.finalize();
+    arena.initialize(2);
+  }
+  tk::Tensor<std::int32_t> ids(tk::Shape{2, 5});
+  ids.fill(1);
+  tk::Tensor<float> logits(tk::Shape{10, 23}), dlogits(tk::Shape{10, 23});
+  dlogits.fill(0.01f);
+  nn::Gpt<>::Context ctx;
+  model.forward(pool(), ctx, ids.view<2>(), logits.view<2>());
+  CHECK_THROWS_WITH_AS(wide.backward(pool(), ctx, ids.view<2>(), dlogits.view<2>()),
+                       doctest::Contains("the context holds the forward of a [2, 5, 8] input of "
+                                         "F32, but backward got [2, 5, 16]"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(deep.backward(pool(), ctx, ids.view<2>(), dlogits.view<2>()),
+                       doctest::Contains("a model with 2 layers, this one has 3"), tk::Error);
+  CHECK_NOTHROW(model.backward(pool(), ctx, ids.view<2>(), dlogits.view<2>()));
+}
+
 TEST_CASE("Gpt: bf16 activations on the host follow the f32 model") {
   nn::ParamArena<> arena;
   nn::Gpt model(arena, small(false));

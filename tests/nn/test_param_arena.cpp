@@ -115,6 +115,19 @@ TEST_CASE("ParamArena: names are checked (empty, repeated, control characters)")
   CHECK(arena.size() == 2);
 }
 
+TEST_CASE("ParamArena: names a checkpoint cannot store are refused (bad UTF-8, __metadata__)") {
+  nn::ParamArena<> arena;
+  CHECK_THROWS_WITH_AS(arena.add("\xff.weight", tk::Shape{2}),
+                       doctest::Contains("the parameter name '\\xff.weight' is not valid UTF-8"),
+                       tk::Error);
+  CHECK_THROWS_AS(arena.add("a\xc0\xaf", tk::Shape{2}), tk::Error);  // overlong '/'
+  CHECK_THROWS_WITH_AS(arena.add("__metadata__", tk::Shape{2}),
+                       doctest::Contains("'__metadata__' is reserved by safetensors"), tk::Error);
+  CHECK(arena.size() == 0);
+  arena.add("__metadata__.weight", tk::Shape{2});
+  CHECK(arena.size() == 1);
+}
+
 TEST_CASE("ParamArena: optimizer state buffers share the layout") {
   nn::ParamArena<> arena;
   const nn::ParamId a = arena.add("a", tk::Shape{5});
@@ -220,6 +233,32 @@ TEST_CASE("Init: torch.nn.init distributions and fans") {
     CHECK_THROWS_AS(nn::fill_init(v.data(), tk::Shape{5}, nn::Init::xavier_uniform(), 1, 0),
                     tk::Error);
   }
+}
+
+TEST_CASE("Init: parameters torch.nn.init refuses are errors naming the initialiser") {
+  float v[4] = {};
+  const tk::Shape shape{4};
+  const float nan = std::nanf(""), inf = INFINITY;
+  CHECK_THROWS_WITH_AS(nn::fill_init(v, shape, nn::Init::normal(0.0f, -1.0f), 1, 0, "w"),
+                       doctest::Contains("normal initialiser of 'w': mean 0 and std -1"),
+                       tk::Error);
+  CHECK_THROWS_AS(nn::fill_init(v, shape, nn::Init::normal(0.0f, nan), 1, 0, "w"), tk::Error);
+  CHECK_THROWS_AS(nn::fill_init(v, shape, nn::Init::normal(inf, 1.0f), 1, 0, "w"), tk::Error);
+  CHECK_THROWS_AS(nn::fill_init(v, shape, nn::Init::normal(nan, 1.0f), 1, 0, "w"), tk::Error);
+  CHECK_THROWS_WITH_AS(nn::fill_init(v, shape, nn::Init::uniform(-3e38f, 3e38f), 1, 0, "u"),
+                       doctest::Contains("uniform initialiser of 'u': high - low"), tk::Error);
+  CHECK_THROWS_WITH_AS(nn::fill_init(v, shape, nn::Init::uniform(0.0f, inf), 1, 0, "u"),
+                       doctest::Contains("must be finite"), tk::Error);
+  CHECK_THROWS_AS(nn::fill_init(v, shape, nn::Init::uniform(nan, 1.0f), 1, 0, "u"), tk::Error);
+  CHECK_THROWS_WITH_AS(nn::fill_init(v, shape, nn::Init::uniform(2.0f, 1.0f), 1, 0, "u"),
+                       doctest::Contains("low 2 > high 1"), tk::Error);
+  // The edges torch accepts: std 0, a range of exactly FLT_MAX, low == high.
+  nn::fill_init(v, shape, nn::Init::normal(1.5f, 0.0f), 1, 0, "w");
+  CHECK(v[3] == 1.5f);
+  nn::fill_init(v, shape, nn::Init::uniform(0.0f, 3.4028235e38f), 1, 0, "u");
+  for (const float x : v) CHECK(std::isfinite(x));
+  nn::fill_init(v, shape, nn::Init::uniform(-1.0f, -1.0f), 1, 0, "u");
+  CHECK(v[0] == -1.0f);
 }
 
 TEST_CASE("Init: deterministic per (seed, parameter index, element)") {

@@ -124,6 +124,29 @@ TEST_CASE("Sequential: parameters registered out of layer order are rejected") {
   CHECK(arena.infos()[0].name == "1.weight");
 }
 
+TEST_CASE("Sequential: a layer with a tied weight passes the order check") {
+  nn::ParamArena<> arena;
+  nn::Linear emb(arena, "wte", {.in_features = 4, .out_features = 10, .bias = false});
+  // A head tied to an earlier parameter (without a bias it owns nothing).
+  CHECK_NOTHROW((nn::Sequential{
+      nn::LayerNorm(arena, "ln_f", {.features = 4}),
+      nn::Linear(
+          arena, "lm_head",
+          {.in_features = 4, .out_features = 10, .bias = false, .tied_weight = emb.weight()})}));
+  // Two layers sharing a weight: the second's own parameter is its bias.
+  nn::ParamArena<> a2;
+  nn::Linear l0(a2, "0", {.in_features = 4, .out_features = 4});
+  CHECK_NOTHROW((nn::Sequential{
+      l0, nn::Linear(a2, "1", {.in_features = 4, .out_features = 4, .tied_weight = l0.weight()})}));
+  // Out of order still fails when the later layer's own parameter came first.
+  nn::ParamArena<> a3;
+  nn::Linear shared(a3, "s", {.in_features = 4, .out_features = 4, .bias = false});
+  nn::Linear second(a3, "1", {.in_features = 4, .out_features = 4, .tied_weight = shared.weight()});
+  nn::Linear first(a3, "0", {.in_features = 4, .out_features = 4});
+  CHECK_THROWS_WITH_AS((nn::Sequential{first, second}), doctest::Contains("braces"), tk::Error);
+  CHECK_NOTHROW((nn::Sequential{second, first}));
+}
+
 TEST_CASE("Sequential: LayerNorm, GELU and Dropout (eval) stack") {
   nn::ParamArena<> arena;
   nn::Sequential net{nn::Linear(arena, "a", {.in_features = 5, .out_features = 12}),

@@ -401,11 +401,13 @@ TEST_CASE(
     arena.finalize();
     optim::SGD opt(arena, {.lr = 1e-3});
     const std::int64_t interval = 1 + rng.next_u32() % 3;
-    optim::DynamicScaler s(pool(),
-                           {.init_scale = init > 0.0 ? init : 1.0, .growth_interval = interval});
-    if (init == 0.0) {  // a zero scale, as backoff reaches it, comes from a checkpoint
+    // A scale below FLT_MIN (0 included), which backoff reaches, is refused as init_scale; it
+    // comes from a checkpoint.
+    const bool tiny = static_cast<float>(init) < std::numeric_limits<float>::min();
+    optim::DynamicScaler s(pool(), {.init_scale = tiny ? 1.0 : init, .growth_interval = interval});
+    if (tiny) {
       tk::StateDict sd = s.state_dict();
-      sd.set("scale", 0.0);
+      sd.set("scale", init);
       s.load_state_dict(sd);
     }
     TorchScaler ref{static_cast<float>(init)};
@@ -499,4 +501,33 @@ TEST_CASE("DynamicScaler: a saved scale of 0 loads and round-trips, as in PyTorc
   CHECK_THROWS_AS(r.update(pool(), 1e39), tk::Error);
   CHECK(optim::DynamicScaler(pool(), {.init_scale = std::numeric_limits<float>::max()}).scale() ==
         std::numeric_limits<float>::max());
+}
+
+TEST_CASE("loss scalers refuse a scale that is 0 or subnormal as a float (inverse not finite)") {
+  constexpr float kMin = std::numeric_limits<float>::min();
+  for (const double bad : {1e-50, 1e-40, double(kMin) / 2}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(optim::DynamicScaler(pool(), {.init_scale = bad}),
+                         doctest::Contains("init_scale must be a finite float >= 1.2e-38"),
+                         tk::Error);
+    CHECK_THROWS_WITH_AS(optim::StaticScaler(pool(), bad),
+                         doctest::Contains("scale must be a finite float >= 1.2e-38"), tk::Error);
+    optim::StaticScaler s(pool(), 2.0);
+    tk::StateDict sd = s.state_dict();
+    sd.set("scale", bad);
+    CHECK_THROWS_WITH_AS(s.load_state_dict(sd), doctest::Contains("'scale' is"), tk::Error);
+    CHECK(s.scale() == 2.0f);
+  }
+  CHECK_THROWS_AS(optim::StaticScaler(pool(), -1e300), tk::Error);
+  CHECK_THROWS_AS(optim::StaticScaler(pool(), std::numeric_limits<double>::infinity()), tk::Error);
+  // The smallest normal float is accepted, and its inverse is finite.
+  optim::StaticScaler smallest(pool(), double(kMin));
+  CHECK(smallest.scale() == kMin);
+  CHECK(std::isfinite(1.0f / smallest.scale()));
+  CHECK(optim::DynamicScaler(pool(), {.init_scale = double(kMin)}).scale() == kMin);
+  CHECK_THROWS_WITH_AS(optim::DynamicScaler(pool(), {.growth_interval = 3000000000LL}),
+                       doctest::Contains("growth_interval must be in 1 .. 2^31 - 1"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::DynamicScaler(pool(), {.growth_interval = 0}),
+                       doctest::Contains("got 0"), tk::Error);
+  CHECK(optim::DynamicScaler(pool(), {.growth_interval = 0x7fffffff}).scale() == 65536.0f);
 }

@@ -228,7 +228,7 @@ TEST_CASE("LR schedules: a load restores the saved settings; damaged states are 
   refused(cos20, bad, "base_lrs.0 is nan");
   bad = good;
   bad.set("T_max", std::int64_t{0});
-  refused(cos20, bad, "t_max must be >= 1");
+  refused(cos20, bad, "t_max must be in [1, 2^53]");
   tk::StateDict seq = s->state_dict();
   seq.set("_schedulers.1.eta_min", std::numeric_limits<double>::infinity());
   refused(*r, seq, "eta_min must be finite");
@@ -394,4 +394,71 @@ TEST_CASE("replay_schedule: a restored schedule switched to another equals it ru
     }
     CHECK(groups.lr == straight_groups.lr);
   }
+}
+
+TEST_CASE("LR schedule constructors refuse what their loaders refuse; counts stop at 2^53") {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t k2p53 = std::int64_t{1} << 53;
+  optim::LrGroups g = two_groups();
+  CHECK_THROWS_WITH_AS(optim::CosineAnnealingLR(g, {.t_max = 10, .eta_min = -0.01}),
+                       doctest::Contains("eta_min must be finite and >= 0, got -0.01"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::CosineAnnealingLR(g, {.t_max = kMax}),
+                       doctest::Contains("t_max must be in [1, 2^53]"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::MultiStepLR(g, {.milestones = {2}, .gamma = kNaN}),
+                       doctest::Contains("MultiStepLR: gamma must be finite and >= 0, got nan"),
+                       tk::Error);
+  CHECK_THROWS_AS(optim::MultiStepLR(g, {.milestones = {2}, .gamma = -0.5}), tk::Error);
+  using Plateau = optim::ReduceLROnPlateauOptions;
+  for (const Plateau& o :
+       {Plateau{.factor = -1.0}, Plateau{.factor = kNaN}, Plateau{.patience = -1},
+        Plateau{.threshold = kNaN}, Plateau{.cooldown = -1}}) {
+    CHECK_THROWS_WITH_AS(optim::ReduceLROnPlateau(g, o),
+                         doctest::Contains("expected factor in [0, 1)"), tk::Error);
+  }
+  CHECK(g.lr == two_groups().lr);
+
+  // warmup_cosine checks every option before the warmup scales the groups' lr.
+  optim::LrGroups w = two_groups();
+  CHECK_THROWS_WITH_AS(
+      optim::warmup_cosine(w, {.warmup_steps = 10, .total_steps = 100, .eta_min = kNaN}),
+      doctest::Contains("eta_min must be finite"), tk::Error);
+  CHECK_THROWS_AS(
+      optim::warmup_cosine(w, {.warmup_steps = 10, .total_steps = 100, .warmup_start_factor = 0.0}),
+      tk::Error);
+  CHECK(w.lr == two_groups().lr);
+
+  // A saved count above 2^53 is refused (the next step would overflow), 2^53 itself loads.
+  optim::LrGroups s = two_groups();
+  optim::StepLR step(s, {.step_size = 3, .gamma = 0.5});
+  const tk::StateDict good = step.state_dict();
+  for (const char* key : {"last_epoch", "_step_count"}) {
+    CAPTURE(key);
+    tk::StateDict sd = good;
+    sd.set(key, kMax);
+    CHECK_THROWS_WITH_AS(step.load_state_dict(sd), doctest::Contains("[0, 2^53]"), tk::Error);
+    CHECK(step.last_epoch() == 0);
+    sd.set(key, k2p53 + 1);
+    CHECK_THROWS_AS(step.load_state_dict(sd), tk::Error);
+  }
+  tk::StateDict edge = good;
+  edge.set("last_epoch", k2p53);
+  step.load_state_dict(edge);
+  step.step();
+  CHECK(step.last_epoch() == k2p53 + 1);
+
+  auto seq = optim::warmup_cosine(w, {.warmup_steps = 2, .total_steps = 10});
+  tk::StateDict seq_sd = seq->state_dict();
+  seq_sd.set("last_epoch", kMax);
+  CHECK_THROWS_WITH_AS(seq->load_state_dict(seq_sd), doctest::Contains("[0, 2^53]"), tk::Error);
+
+  optim::LrGroups p = two_groups();
+  optim::ReduceLROnPlateau plateau(p, {.patience = 2});
+  for (const char* key : {"num_bad_epochs", "cooldown_counter", "last_epoch"}) {
+    CAPTURE(key);
+    tk::StateDict sd = plateau.state_dict();
+    sd.set(key, kMax);
+    CHECK_THROWS_WITH_AS(plateau.load_state_dict(sd), doctest::Contains("[0, 2^53]"), tk::Error);
+  }
+  CHECK(plateau.last_epoch() == 0);
 }

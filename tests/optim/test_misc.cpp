@@ -149,6 +149,53 @@ TEST_CASE("GradAccumulation: 4 micro-batches of loss / 4 give the full-batch SGD
   CHECK_THROWS_AS(optim::GradAccumulation(3).load_state_dict(acc.state_dict()), tk::Error);
 }
 
+TEST_CASE("GradAccumulation::load_state_dict refuses an index or step count out of range") {
+  optim::GradAccumulation acc(4);
+  acc.micro_step();
+  const tk::StateDict good = acc.state_dict();
+  for (const std::int64_t index :
+       {std::int64_t{4}, std::int64_t{-1}, std::numeric_limits<std::int64_t>::max()}) {
+    tk::StateDict sd = good;
+    sd.set("index", index);
+    optim::GradAccumulation r(4);
+    CHECK_THROWS_WITH_AS(r.load_state_dict(sd), doctest::Contains("'index' is"), tk::Error);
+    CHECK(r.index() == 0);
+  }
+  tk::StateDict sd = good;
+  sd.set("steps", std::int64_t{-1});
+  optim::GradAccumulation r(4);
+  CHECK_THROWS_WITH_AS(r.load_state_dict(sd), doctest::Contains("'steps' is -1"), tk::Error);
+  CHECK(r.index() == 0);
+  r.load_state_dict(good);
+  CHECK(r.index() == 1);
+}
+
+TEST_CASE("Ema::load_state_dict refuses a decay outside [0, 1] or a negative n_averaged") {
+  Arena arena;
+  arena.add("w", tk::Shape{8});
+  arena.finalize();
+  for (int i = 0; i < 8; ++i) arena.params_data()[i] = float(i);
+  optim::Ema ema(arena, {.decay = 0.9});
+  ema.update(pool());
+  const tk::StateDict good = ema.state_dict();
+  for (const double decay : {std::numeric_limits<double>::quiet_NaN(), 5.0, -0.1}) {
+    tk::StateDict sd = good;
+    sd.set("decay", decay);
+    optim::Ema other(arena, {.decay = 0.5});
+    CHECK_THROWS_WITH_AS(other.load_state_dict(sd), doctest::Contains("'decay' is"), tk::Error);
+    CHECK(other.decay() == 0.5);
+    CHECK(other.num_updates() == 0);
+  }
+  tk::StateDict sd = good;
+  sd.set("n_averaged", std::int64_t{-3});
+  optim::Ema other(arena, {.decay = 0.5});
+  CHECK_THROWS_WITH_AS(other.load_state_dict(sd), doctest::Contains("'n_averaged' is -3"),
+                       tk::Error);
+  CHECK(other.num_updates() == 0);
+  other.load_state_dict(good);
+  CHECK(other.num_updates() == 1);
+}
+
 TEST_CASE("a schedule drives an optimizer's group learning rates") {
   Arena arena;
   arena.add("w", tk::Shape{4});

@@ -617,3 +617,30 @@ TEST_CASE("optimizer options are validated") {
   unfinished.add("w", tk::Shape{2});
   CHECK_THROWS_AS(optim::SGD<>(unfinished, {}), tk::Error);
 }
+
+TEST_CASE("a non-finite base lr or weight_decay and a bad set_lr are refused") {
+  Fixture f;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH_AS(optim::AdamW(f.arena, {.lr = kInf}),
+                       doctest::Contains("lr must be finite and >= 0, got inf"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::SGD(f.arena, {.lr = kNaN}), doctest::Contains("lr must be finite"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(optim::AdamW(f.arena, {.weight_decay = kInf}),
+                       doctest::Contains("weight_decay must be finite and >= 0, got inf"),
+                       tk::Error);
+  optim::SGD opt(f.arena, {.lr = 0.1});
+  CHECK_THROWS_WITH_AS(opt.set_lr(kNaN), doctest::Contains("must be finite and >= 0, got nan"),
+                       tk::Error);
+  CHECK_THROWS_AS(opt.set_lr(-0.1), tk::Error);
+  CHECK_THROWS_AS(opt.set_lr(kInf), tk::Error);
+  CHECK_THROWS_WITH_AS(opt.set_lr(0, kNaN), doctest::Contains("group 0 must be finite"), tk::Error);
+  CHECK_THROWS_WITH_AS(opt.set_lr(5, 0.1), doctest::Contains("group 5 does not exist"), tk::Error);
+  CHECK_THROWS_WITH_AS(opt.set_lr(-1, 0.1), doctest::Contains("group -1 does not exist"),
+                       tk::Error);
+  CHECK(opt.lr() == 0.1);
+  opt.set_lr(0, 0.0);
+  CHECK(opt.lr() == 0.0);
+  opt.set_lr(0.2);
+  CHECK(opt.lr() == 0.2);
+}

@@ -691,3 +691,69 @@ print("python ok")
   }
   CHECK(rc == 0);
 }
+
+TEST_CASE("Pruner: keep_pruned keeps every pruned element when the target falls") {
+  for (const optim::PruneScope scope :
+       {optim::PruneScope::kPerTensor, optim::PruneScope::kGlobal}) {
+    CAPTURE(int(scope));
+    Arena a;
+    a.add("w", tk::Shape{4, 4});
+    a.finalize();
+    for (int i = 0; i < 16; ++i) a.params_data()[i] = float(i + 1);
+    optim::Pruner<> p(a, {.scope = scope});
+    p.update(host(), 0.5);
+    REQUIRE(p.num_pruned() == 8);
+    const std::vector<std::uint8_t> before(p.host_mask(), p.host_mask() + 16);
+    p.update(host(), 0.25, {.keep_pruned = true});
+    CHECK(p.num_pruned() == 8);
+    CHECK(std::equal(before.begin(), before.end(), p.host_mask()));
+    p.update(host(), 0.25);  // recomputed from scratch: the lower target
+    CHECK(p.num_pruned() == 4);
+  }
+  // Through a falling schedule (0.8 down to 0.2): the masks never grow back.
+  Arena b;
+  b.add("w", tk::Shape{4, 4});
+  b.finalize();
+  for (int i = 0; i < 16; ++i) b.params_data()[i] = float(i + 1);
+  optim::Pruner<> q(b, {}, optim::SparsitySchedule::gradual(0.2, 0, 4, 2, 0.8));
+  std::int64_t pruned = 0;
+  for (int t = 0; t <= 4; ++t) {
+    q.step(host(), t);
+    CHECK(q.num_pruned() >= pruned);
+    pruned = q.num_pruned();
+  }
+  CHECK(pruned == 13);
+}
+
+TEST_CASE("Pruner::load_state_dict refuses a bad target, last_update_step or N:M mask") {
+  Arena a;
+  a.add("w", tk::Shape{4, 8});
+  a.finalize();
+  for (int i = 0; i < 32; ++i) a.params_data()[i] = float(i + 1);
+  optim::Pruner<> p(a, {.n = 2, .m = 4});
+  p.update(host(), 0.5);
+  const tk::StateDict good = p.state_dict();
+  const std::vector<std::uint8_t> before(p.host_mask(), p.host_mask() + 32);
+  const auto refused = [&](const tk::StateDict& sd, const char* message) {
+    CHECK_THROWS_WITH_AS(p.load_state_dict(sd), doctest::Contains(message), tk::Error);
+    CHECK(std::equal(before.begin(), before.end(), p.host_mask()));
+    CHECK(p.target() == 0.5);
+  };
+  for (const double bad : {std::numeric_limits<double>::quiet_NaN(), -0.1, 0.75, 1.0}) {
+    CAPTURE(bad);
+    tk::StateDict sd = good;
+    sd.set("target", bad);
+    refused(sd, "'target' is");
+  }
+  tk::StateDict sd = good;
+  sd.set("last_update_step", std::int64_t{-2});
+  refused(sd, "'last_update_step' is -2");
+  sd = good;
+  tk::AnyTensor& t = sd.tensors.at("w_mask");
+  t.data()[6] = std::byte{0};  // the second group of 4 (4 and 5 pruned) now prunes 3
+  refused(sd, "prunes 3 of the 4 elements from element 4");
+  std::memset(t.data(), 0, t.bytes());
+  refused(sd, "prunes at most 2 of every 4");
+  p.load_state_dict(good);
+  CHECK(p.sparsity() == 0.5);
+}

@@ -118,7 +118,8 @@ TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
 
 TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
   std::string s;
-  for (std::size_t i = 0; i < names.size() && i < max; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  for (std::size_t i = 0; i < names.size() && i < max; ++i)
+    s += (i ? ", '" : "'") + io::detail::printable(names[i]) + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
 }

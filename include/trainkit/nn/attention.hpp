@@ -624,15 +624,22 @@ class CausalSelfAttention {
 
   CausalSelfAttention(ParamArena<S>& arena, const std::string& name, AttentionOptions o)
       : c_attn_(arena, detail::child_name(name, "c_attn"),
-                linear_options(o, 3 * o.n_embd, o.weight_init)),
+                linear_options(check_options(o, name), 3 * o.n_embd, o.weight_init)),
         c_proj_(arena, detail::child_name(name, "c_proj"),
                 linear_options(o, o.n_embd, o.proj_weight_init.value_or(o.weight_init))),
         C_(o.n_embd),
         H_(o.n_head),
         fused_(S == Space::kDevice && o.fused_core && o.n_head > 0 &&
-               detail::fused_attention_supports(o.n_embd / o.n_head)) {
-    TRAINKIT_CHECK(H_ > 0 && C_ % H_ == 0, "nn::CausalSelfAttention '", name, "': n_embd ", C_,
-                   " is not a multiple of n_head ", H_);
+               detail::fused_attention_supports(o.n_embd / o.n_head)) {}
+
+  /// Returns `o`; throws trainkit::Error naming the layer `name` unless n_embd and n_head are
+  /// > 0 and n_embd is a multiple of n_head (checked before any parameter is registered).
+  static const AttentionOptions& check_options(const AttentionOptions& o, const std::string& name) {
+    TRAINKIT_CHECK(o.n_embd > 0 && o.n_head > 0, "nn::CausalSelfAttention '", name,
+                   "': n_embd and n_head must be > 0, got ", o.n_embd, " and ", o.n_head);
+    TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::CausalSelfAttention '", name, "': n_embd ",
+                   o.n_embd, " is not a multiple of n_head ", o.n_head);
+    return o;
   }
 
   Linear<S>& c_attn() noexcept { return c_attn_; }
@@ -666,7 +673,7 @@ class CausalSelfAttention {
     detail::check_call<P, E, S, TX, TD, TG>();
     detail::check_same_io("nn::CausalSelfAttention::backward", x, dy, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn);
+    ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn, C_);
     T* dheads = dheads_.template get<T>(N * C_);
     T* dqkv = dqkv_.template get<T>(N * 3 * C_);
     // The core's argument block is shared with forward; backward only reads what forward saved.
@@ -712,7 +719,7 @@ class CausalSelfAttention {
                                                            TensorView<TX, 3, S> x) {
     using T = std::remove_const_t<TX>;
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
-    ctx.rec_.template set<T>(B, Tn);
+    ctx.rec_.template set<T>(B, Tn, C_);
     T* qkv = ctx.qkv_.template get<T>(N * 3 * C_);
     T* heads = ctx.heads_.template get<T>(N * C_);
     detail::AttentionArgs<T> a;

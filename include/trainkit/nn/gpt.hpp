@@ -177,7 +177,7 @@ class Gpt {
                    "nn::Gpt::forward: logits ", detail::shape_of(logits), " for ids [", B, ", ", Tn,
                    "] must be [", N, ", ", options_.vocab_size, "]");
     detail::check_rows("nn::Gpt::forward", "logits", logits);
-    ctx.rec_.template set<T>(B, Tn);
+    ctx.rec_.template set<T>(B, Tn, C);
     ctx.blocks_.resize(blocks_.size());
     ctx.dropped_ = drop_.training() && drop_.options().p > 0.0f;
     ctx.drop_step_ = drop_.step();
@@ -209,7 +209,10 @@ class Gpt {
     detail::check_call<P, E, S, TD>();
     check_ids("nn::Gpt::backward", ids);
     const std::int64_t B = ids.size(0), Tn = ids.size(1), N = B * Tn, C = options_.n_embd;
-    ctx.rec_.template check<T>("nn::Gpt::backward", B, Tn);
+    ctx.rec_.template check<T>("nn::Gpt::backward", B, Tn, C);
+    TRAINKIT_CHECK(ctx.blocks_.size() == blocks_.size(),
+                   "nn::Gpt::backward: the context holds the forward of a model with ",
+                   ctx.blocks_.size(), " layers, this one has ", blocks_.size());
     TRAINKIT_CHECK(dlogits.size(0) == N && dlogits.size(1) == options_.vocab_size,
                    "nn::Gpt::backward: dlogits ", detail::shape_of(dlogits), " must be [", N, ", ",
                    options_.vocab_size, "]");
@@ -263,7 +266,11 @@ class Gpt {
     TRAINKIT_CHECK(!tokens.empty() && count >= 0 && temperature >= 0.0,
                    "nn::Gpt::generate: needs at least one token, count >= 0 and temperature >= 0");
     const std::int64_t V = options_.vocab_size;
-    const bool was_training = drop_.training();
+    struct RestoreMode {  // dropout's mode comes back however generate leaves
+      Dropout& drop;
+      bool training;
+      ~RestoreMode() { drop.train(training); }
+    } restore{drop_, drop_.training()};
     drop_.eval();
     std::vector<std::int32_t> out;
     std::vector<T> row(static_cast<std::size_t>(V));
@@ -293,7 +300,6 @@ class Gpt {
       tokens.push_back(std::int32_t(next));
       out.push_back(std::int32_t(next));
     }
-    drop_.train(was_training);
     return out;
   }
 
@@ -307,6 +313,8 @@ class Gpt {
         o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
     TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
                    " is not a multiple of n_head ", o.n_head);
+    TRAINKIT_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, "nn::Gpt: dropout ", o.dropout,
+                   " is not a probability in [0, 1]");
     return o;
   }
   static std::vector<TransformerBlock<S>> make_blocks(ParamArena<S>& arena, const GptOptions& o) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "trainkit/config.hpp"
@@ -116,10 +117,24 @@ inline void fill_init(float* dst, const Shape& shape, const Init& init, std::uin
     case Init::Kind::kConstant:
       for (std::int64_t i = 0; i < n; ++i) dst[i] = init.a;
       return;
-    case Init::Kind::kNormal: fill_normal(init.a, init.b); return;
+    case Init::Kind::kNormal:
+      // torch.nn.init.normal_ refuses std < 0 (and NaN); a non-finite value fills inf or NaN.
+      TRAINKIT_CHECK(std::isfinite(init.a) && std::isfinite(init.b) && init.b >= 0.0f,
+                     "normal initialiser of '", name, "': mean ", init.a, " and std ", init.b,
+                     " must be finite with std >= 0");
+      fill_normal(init.a, init.b);
+      return;
     case Init::Kind::kUniform:
+      TRAINKIT_CHECK(std::isfinite(init.a) && std::isfinite(init.b), "uniform initialiser of '",
+                     name, "': low ", init.a, " and high ", init.b, " must be finite");
       TRAINKIT_CHECK(init.a <= init.b, "uniform initialiser of '", name, "': low ", init.a,
                      " > high ", init.b);
+      // As torch's uniform_: a range wider than the largest float would fill inf.
+      TRAINKIT_CHECK(double(init.b) - double(init.a) <= double(std::numeric_limits<float>::max()),
+                     "uniform initialiser of '", name,
+                     "': high - low = ", double(init.b) - double(init.a), " (low ", init.a,
+                     ", high ", init.b, ") exceeds the largest float ",
+                     std::numeric_limits<float>::max());
       fill_uniform(init.a, init.b);
       return;
     case Init::Kind::kXavierUniform: {

@@ -227,23 +227,32 @@ struct ForwardRecord {
   DType dtype = DType::kF32;
   std::int64_t d0 = -1;
   std::int64_t d1 = -1;
+  std::int64_t width = -1;  // the layer's width, for a context sized by it (-1: not recorded)
 
   template <class T>
-  void set(std::int64_t a, std::int64_t b) noexcept {
+  void set(std::int64_t a, std::int64_t b, std::int64_t w = -1) noexcept {
     dtype = dtype_of<T>;
     d0 = a;
     d1 = b;
+    width = w;
   }
   bool filled() const noexcept { return d0 >= 0; }
 
-  /// Throws unless a forward of element type T with leading sizes [a, b] filled the context.
+  /// Throws unless a forward of element type T with leading sizes [a, b] (and width w, when
+  /// recorded) filled the context.
   template <class T>
-  void check(const char* who, std::int64_t a, std::int64_t b) const {
+  void check(const char* who, std::int64_t a, std::int64_t b, std::int64_t w = -1) const {
     TRAINKIT_CHECK(filled(), who, ": the context was not filled by a forward");
-    TRAINKIT_CHECK(dtype == dtype_of<T> && d0 == a && d1 == b, who,
-                   ": the context holds the forward of a [", d0, ", ", d1, "] input of ",
-                   dtype_name(dtype), ", but backward got [", a, ", ", b, "] of ",
+    TRAINKIT_CHECK(dtype == dtype_of<T> && d0 == a && d1 == b && width == w, who,
+                   ": the context holds the forward of a ", sizes(d0, d1, width), " input of ",
+                   dtype_name(dtype), ", but backward got ", sizes(a, b, w), " of ",
                    dtype_name(dtype_of<T>));
+  }
+
+ private:
+  static std::string sizes(std::int64_t a, std::int64_t b, std::int64_t w) {
+    return ::trainkit::detail::concat(
+        "[", a, ", ", b, w >= 0 ? ::trainkit::detail::concat(", ", w) : std::string(), "]");
   }
 };
 

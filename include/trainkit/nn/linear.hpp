@@ -221,6 +221,7 @@ class Linear {
                      tied.name, "' is ", tied.shape.to_string(), ", the layer needs [", out_, ", ",
                      in_, "]");
       weight_ = options.tied_weight;
+      weight_tied_ = true;
     } else {
       weight_ =
           arena.add(detail::child_name(name, "weight"), Shape{out_, in_}, options.weight_init);
@@ -233,6 +234,8 @@ class Linear {
   }
 
   ParamId weight() const noexcept { return weight_; }
+  /// True when the weight is another layer's parameter (LinearOptions::tied_weight).
+  bool weight_tied() const noexcept { return weight_tied_; }
   /// Invalid when the layer has no bias.
   ParamId bias() const noexcept { return bias_; }
   bool has_bias() const noexcept { return bias_.valid(); }
@@ -441,6 +444,7 @@ class Linear {
   std::int64_t out_;
   ParamId weight_;
   ParamId bias_;
+  bool weight_tied_ = false;
   detail::Scratch<S> bias_scratch_;  // the device bias gradient's per-chunk partial sums
 };
 

@@ -28,6 +28,7 @@
 #include "trainkit/error.hpp"
 #include "trainkit/exec/executor.hpp"
 #include "trainkit/exec/launch.hpp"
+#include "trainkit/io/utf8.hpp"
 #include "trainkit/nn/init.hpp"
 
 #if TRAINKIT_WITH_CUDA
@@ -113,8 +114,9 @@ class ParamArena {
   // ---- registration ---------------------------------------------------------------------------
 
   /// Registers a parameter of `shape` named `name` (its PyTorch state-dict name) and returns its
-  /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name or
-  /// after finalize().
+  /// id. `init` is what `initialize(seed)` will apply. Throws for a duplicate or empty name, a
+  /// name with control characters, one that is not UTF-8 or is "__metadata__" (which a
+  /// checkpoint cannot store), or after finalize().
   TRAINKIT_INLINE ParamId add(std::string name, Shape shape, Init init = Init::zeros());
 
   /// Allocates the parameter and gradient buffers (zero-filled) and the padding mask. Throws
@@ -408,6 +410,14 @@ TRAINKIT_INLINE ParamId ParamArena<S>::add(std::string name, Shape shape, Init i
                  "...' holds control character ",
                  int(static_cast<unsigned char>(control == name.end() ? 0 : *control)), " at byte ",
                  control - name.begin());
+  // The safetensors writer needs UTF-8 names and keeps "__metadata__" for the header's metadata.
+  std::size_t bad_byte = 0;
+  TRAINKIT_CHECK(io::is_valid_utf8(name, &bad_byte), "ParamArena::add: the parameter name '",
+                 io::printable_bytes(name), "' is not valid UTF-8 (bad sequence at byte ", bad_byte,
+                 "); checkpoints store names as UTF-8");
+  TRAINKIT_CHECK(name != "__metadata__",
+                 "ParamArena::add: the parameter name '__metadata__' is reserved by safetensors "
+                 "for the file's metadata; choose another name");
   TRAINKIT_CHECK(by_name_.find(name) == by_name_.end(),
                  "ParamArena::add: duplicate parameter "
                  "name '",

@@ -159,7 +159,13 @@ class Sequential {
   template <class L>
   static void check_order(const L& layer, std::int32_t& last, bool& ordered) {
     if constexpr (requires { layer.weight().index; }) {
-      const std::int32_t index = layer.weight().index;
+      // The first parameter the layer registered: a tied weight belongs to an earlier layer.
+      std::int32_t index = layer.weight().index;
+      if constexpr (requires {
+                      layer.weight_tied();
+                      layer.bias().index;
+                    })
+        if (layer.weight_tied()) index = layer.bias().index;
       if (index >= 0) {
         ordered = ordered && index > last;
         last = index;

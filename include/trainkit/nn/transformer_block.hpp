@@ -68,7 +68,7 @@ class TransformerBlock {
   };
 
   TransformerBlock(ParamArena<S>& arena, const std::string& name, TransformerBlockOptions o)
-      : ln_1_(arena, detail::child_name(name, "ln_1"), {o.n_embd, o.eps, o.bias}),
+      : ln_1_(arena, detail::child_name(name, "ln_1"), {checked_width(o, name), o.eps, o.bias}),
         attn_(arena, detail::child_name(name, "attn"), attention_options(o)),
         ln_2_(arena, detail::child_name(name, "ln_2"), {o.n_embd, o.eps, o.bias}),
         c_fc_(arena, detail::child_name(name, "mlp.c_fc"),
@@ -89,7 +89,7 @@ class TransformerBlock {
     detail::check_call<P, E, S, TX, TY>();
     detail::check_same_io("nn::TransformerBlock::forward", x, y, C_);
     const std::int64_t N = x.size(0) * x.size(1);
-    ctx.rec_.template set<T>(x.size(0), x.size(1));
+    ctx.rec_.template set<T>(x.size(0), x.size(1), C_);
     T* h1 = ctx.h1_.template get<T>(N * C_);
     T* x1 = ctx.x1_.template get<T>(N * C_);
     T* h2 = ctx.h2_.template get<T>(N * C_);
@@ -113,7 +113,7 @@ class TransformerBlock {
     detail::check_call<P, E, S, TX, TD, TG>();
     TRAINKIT_CHECK(x.sizes() == dy.sizes(), "nn::TransformerBlock::backward: x ",
                    detail::shape_of(x), " and dy ", detail::shape_of(dy), " differ");
-    ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1));
+    ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1), C_);
     const std::int64_t N = x.size(0) * x.size(1);
     T* dpre = dpre_.template get<T>(N * 4 * C_);
     T* dh = dh_.template get<T>(N * C_);
@@ -148,6 +148,11 @@ class TransformerBlock {
     return detail::mat<S>(p, rows, cols);
   }
 
+  /// n_embd, once the attention accepts the options (before any parameter is registered).
+  static std::int64_t checked_width(const TransformerBlockOptions& o, const std::string& name) {
+    CausalSelfAttention<S>::check_options(attention_options(o), detail::child_name(name, "attn"));
+    return o.n_embd;
+  }
   static float residual_std(const TransformerBlockOptions& o) {
     return 0.02f / std::sqrt(2.0f * static_cast<float>(o.n_layer < 1 ? 1 : o.n_layer));
   }

@@ -105,11 +105,16 @@ class Ema {
     detail::save_by_param(refill, *arena_, shadow_.data(), DType::kF32, "");
     detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
   }
-  /// Throws naming the first missing or mis-shaped tensor (nothing changed then).
+  /// Throws naming the first missing or mis-shaped tensor, or a "decay" outside [0, 1] or a
+  /// negative "n_averaged" (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     detail::check_by_param(sd, *arena_, DType::kF32, "", "optim::Ema::load_state_dict: ");
     const std::int64_t num_updates = sd.get_int("n_averaged");
     const double decay = sd.get_double("decay");
+    TRAINKIT_CHECK(decay >= 0.0 && decay <= 1.0, "optim::Ema::load_state_dict: 'decay' is ", decay,
+                   "; expected a number in [0, 1]");
+    TRAINKIT_CHECK(num_updates >= 0, "optim::Ema::load_state_dict: 'n_averaged' is ", num_updates,
+                   "; expected a count >= 0");
     detail::load_by_param(sd, *arena_, shadow_.data(), DType::kF32, "");
     num_updates_ = num_updates;
     options_.decay = decay;

@@ -53,12 +53,20 @@ class GradAccumulation {
     detail::set_values(sd, "micro_batches", n_, "index", index_, "steps", steps_);
     return sd;
   }
-  /// Throws when the state was saved with a different micro-batch count.
+  /// Throws when the state was saved with a different micro-batch count, or its "index" is
+  /// outside [0, micro_batches) or its "steps" is negative (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     TRAINKIT_CHECK(sd.get_int("micro_batches") == n_, "optim::GradAccumulation: the state has ",
                    sd.get_int("micro_batches"), " micro-batches, this object ", n_);
-    index_ = sd.get_int("index");
-    steps_ = sd.get_int("steps");
+    const std::int64_t index = sd.get_int("index");
+    const std::int64_t steps = sd.get_int("steps");
+    TRAINKIT_CHECK(index >= 0 && index < n_,
+                   "optim::GradAccumulation::load_state_dict: 'index' is ", index,
+                   "; expected 0 .. ", n_ - 1);
+    TRAINKIT_CHECK(steps >= 0, "optim::GradAccumulation::load_state_dict: 'steps' is ", steps,
+                   "; expected a count >= 0");
+    index_ = index;
+    steps_ = steps;
   }
 
  private:

@@ -57,6 +57,13 @@ struct ScalerBlock {
   std::int32_t pad;
 };
 
+/// True when `scale` converted to float is finite and at least FLT_MIN (the smallest normal
+/// float, about 1.2e-38), so that 1 / scale is a finite float too.
+inline bool is_usable_scale(double scale) {
+  return scale > 0.0 && scale <= std::numeric_limits<float>::max() &&
+         static_cast<float>(scale) >= std::numeric_limits<float>::min();
+}
+
 /// The terms of the scaler's passes over the gradients (kWrite: unscale_, which also writes
 /// g * inv in f32 like _amp_foreach_non_finite_check_and_unscale_; otherwise the read-only check
 /// of a step without unscale_). `inv` is the f32 inverse scale: read in the kernel on the device
@@ -266,7 +273,8 @@ class DynamicScaler {
 
   /// A scaler in the memory of `exec` (host memory for exec::Host, device memory on the current
   /// device for exec::Cuda). Throws for growth_factor <= 1, backoff_factor >= 1,
-  /// growth_interval < 1 or a non-positive init_scale.
+  /// growth_interval outside 1 .. 2^31 - 1, or an init_scale that is not a float in
+  /// [1.2e-38, 3.4e38] (FLT_MIN to FLT_MAX).
   template <class E>
   explicit DynamicScaler(const E&, DynamicScalerOptions options = {})
       : options_(validated(options)),
@@ -390,12 +398,10 @@ class StaticScaler {
   static constexpr bool scales_loss = true;
   static constexpr bool dynamic = false;
 
-  /// Throws unless 0 < scale <= 3.4e38 (a finite float).
+  /// Throws unless scale, converted to float, is finite and >= FLT_MIN (1.2e-38 <= scale <=
+  /// 3.4e38), so that its inverse is finite too.
   template <class E>
-  StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), static_cast<float>(scale)) {
-    TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
-                   "StaticScaler: scale must be > 0 and a finite float (<= 3.4e38), got ", scale);
-  }
+  StaticScaler(const E&, double scale) : core_(detail::space_of<E>(), checked(scale)) {}
 
   Space space() const noexcept { return core_.space(); }
   const float* scale_data() const noexcept { return &core_.block()->scale; }
@@ -437,6 +443,14 @@ class StaticScaler {
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
+  static float checked(double scale) {
+    TRAINKIT_CHECK(detail::is_usable_scale(scale),
+                   "StaticScaler: scale must be a finite float >= 1.2e-38 (FLT_MIN, so that its "
+                   "inverse is finite) and <= 3.4e38, got ",
+                   scale);
+    return static_cast<float>(scale);
+  }
+
   detail::ScalerCore core_;
 };
 
@@ -489,9 +503,11 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
   TRAINKIT_CHECK(o.backoff_factor < 1.0 && o.backoff_factor > 0.0,
                  "DynamicScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
   TRAINKIT_CHECK(o.growth_interval >= 1 && o.growth_interval <= 0x7fffffff,
-                 "DynamicScaler: growth_interval must be >= 1, got ", o.growth_interval);
-  TRAINKIT_CHECK(o.init_scale > 0.0 && o.init_scale <= std::numeric_limits<float>::max(),
-                 "DynamicScaler: init_scale must be > 0 and a finite float (<= 3.4e38), got ",
+                 "DynamicScaler: growth_interval must be in 1 .. 2^31 - 1 (2147483647), got ",
+                 o.growth_interval);
+  TRAINKIT_CHECK(detail::is_usable_scale(o.init_scale),
+                 "DynamicScaler: init_scale must be a finite float >= 1.2e-38 (FLT_MIN, so that "
+                 "its inverse is finite) and <= 3.4e38, got ",
                  o.init_scale);
   return o;
 }
@@ -499,9 +515,10 @@ TRAINKIT_INLINE DynamicScalerOptions DynamicScaler::validated(const DynamicScale
 TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
-  TRAINKIT_CHECK(scale > 0.0 && scale <= std::numeric_limits<float>::max(),
-                 "StaticScaler::load_state_dict: scale ", scale,
-                 " is not > 0 and a finite float (<= 3.4e38)");
+  TRAINKIT_CHECK(detail::is_usable_scale(scale), "StaticScaler::load_state_dict: 'scale' is ",
+                 scale,
+                 ", expected a finite float >= 1.2e-38 (FLT_MIN, so that its inverse is finite) "
+                 "and <= 3.4e38");
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);

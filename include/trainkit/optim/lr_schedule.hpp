@@ -34,7 +34,13 @@ namespace detail {
 /// Python's a % b for b > 0 (never negative).
 inline std::int64_t py_mod(std::int64_t a, std::int64_t b) { return ((a % b) + b) % b; }
 inline constexpr double kPi = 3.141592653589793;  // math.pi
+/// The largest step count a schedule accepts (saved or as t_max): the optimizers' step limit,
+/// 2^53, so counting on from it cannot overflow.
+inline constexpr std::int64_t kMaxScheduleSteps = std::int64_t{1} << 53;
 }  // namespace detail
+
+class SequentialLR;
+struct WarmupCosineOptions;
 
 /// Base of the epoch/step schedules (PyTorch's LRScheduler): call `step()` once after each
 /// optimizer step; the optimizer reads the group learning rates it writes. Constructing a
@@ -180,6 +186,8 @@ class LinearLR final : public LRScheduler {
   }
   TRAINKIT_INLINE static LinearLROptions checked(const LinearLROptions& o);
   LinearLROptions o_;
+
+  friend std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o);
 };
 
 /// torch.optim.lr_scheduler.CosineAnnealingLR(T_max, eta_min), in PyTorch's recursive form (so
@@ -194,7 +202,7 @@ struct CosineAnnealingLROptions {
 };
 class CosineAnnealingLR final : public LRScheduler {
  public:
-  /// Throws unless t_max >= 1 and eta_min is finite.
+  /// Throws unless 1 <= t_max <= 2^53 and eta_min is finite and >= 0.
   explicit CosineAnnealingLR(LrGroups& groups, CosineAnnealingLROptions o)
       : LRScheduler(groups), o_(checked(o)) {
     initial_step();
@@ -211,12 +219,15 @@ class CosineAnnealingLR final : public LRScheduler {
                   sd.contains("periodic") ? sd.get_int("periodic") != 0 : o_.periodic});
   }
   static CosineAnnealingLROptions checked(const CosineAnnealingLROptions& o) {
-    TRAINKIT_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
-    TRAINKIT_CHECK(std::isfinite(o.eta_min), "CosineAnnealingLR: eta_min must be finite, got ",
-                   o.eta_min);
+    TRAINKIT_CHECK(o.t_max >= 1 && o.t_max <= detail::kMaxScheduleSteps,
+                   "CosineAnnealingLR: t_max must be in [1, 2^53], got ", o.t_max);
+    TRAINKIT_CHECK(std::isfinite(o.eta_min) && o.eta_min >= 0.0,
+                   "CosineAnnealingLR: eta_min must be finite and >= 0, got ", o.eta_min);
     return o;
   }
   CosineAnnealingLROptions o_;
+
+  friend std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups, WarmupCosineOptions o);
 };
 
 /// torch.optim.lr_scheduler.StepLR: lr *= gamma every step_size steps.
@@ -264,8 +275,11 @@ struct MultiStepLROptions {
 };
 class MultiStepLR final : public LRScheduler {
  public:
+  /// Throws unless gamma is finite and >= 0.
   explicit MultiStepLR(LrGroups& groups, MultiStepLROptions o)
       : LRScheduler(groups), o_(std::move(o)) {
+    TRAINKIT_CHECK(std::isfinite(o_.gamma) && o_.gamma >= 0.0,
+                   "MultiStepLR: gamma must be finite and >= 0, got ", o_.gamma);
     std::sort(o_.milestones.begin(), o_.milestones.end());
     initial_step();
   }
@@ -407,7 +421,8 @@ class ReduceLROnPlateau {
   }
 
  public:
-  /// Throws for factor >= 1 or a min_lr list whose length is neither 1 nor the group count.
+  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0 and threshold is finite, or
+  /// for a min_lr list whose length is neither 1 nor the group count.
   TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
@@ -425,6 +440,8 @@ class ReduceLROnPlateau {
  private:
   TRAINKIT_INLINE void reset();
   TRAINKIT_INLINE bool is_better(double a, double best) const;
+  /// Throws, naming `who`, unless the options state_dict() saves are in range.
+  TRAINKIT_INLINE static void check_options(const Options& o, const char* who);
 
   LrGroups* groups_;
   Options o_;
@@ -449,8 +466,10 @@ TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
 TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   const std::int64_t step_count = sd.get_int("_step_count");
-  TRAINKIT_CHECK(last_epoch >= -1 && step_count >= 0, "LR schedule state: last_epoch ", last_epoch,
-                 " and _step_count ", step_count, " must be >= -1 and >= 0");
+  TRAINKIT_CHECK(last_epoch >= -1 && last_epoch <= detail::kMaxScheduleSteps && step_count >= 0 &&
+                     step_count <= detail::kMaxScheduleSteps,
+                 "LR schedule state: last_epoch ", last_epoch, " and _step_count ", step_count,
+                 " must be in [-1, 2^53] and [0, 2^53]");
   std::vector<double> base = base_lrs_, last = last_lr_;
   last.resize(groups_->lr.size());
   detail::load_rates(sd, "LR schedule", "base_lrs", base);
@@ -624,7 +643,8 @@ TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
 
 TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
   const std::int64_t last_epoch = sd.get_int("last_epoch");
-  TRAINKIT_CHECK(last_epoch >= 0, "SequentialLR state: last_epoch ", last_epoch, " is negative");
+  TRAINKIT_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxScheduleSteps,
+                 "SequentialLR state: last_epoch ", last_epoch, " must be in [0, 2^53]");
   std::vector<double> last(groups_->lr.size(), 0.0);
   detail::load_rates(sd, "SequentialLR", "_last_lr", last);
   std::vector<std::int64_t> milestones;  // the saved ones, as PyTorch restores _milestones
@@ -654,18 +674,20 @@ TRAINKIT_INLINE std::unique_ptr<SequentialLR> warmup_cosine(LrGroups& groups,
   TRAINKIT_CHECK(o.warmup_steps > 0 && o.warmup_steps < o.total_steps,
                  "warmup_cosine: need 0 < warmup_steps < total_steps, got ", o.warmup_steps,
                  " and ", o.total_steps);
+  // Both schedules' options are checked before the first one scales the groups' lr.
+  const LinearLROptions warmup = LinearLR::checked({o.warmup_start_factor, 1.0, o.warmup_steps});
+  const CosineAnnealingLROptions decay =
+      CosineAnnealingLR::checked({o.total_steps - o.warmup_steps, o.eta_min});
   std::vector<std::unique_ptr<LRScheduler>> s;
-  s.push_back(std::make_unique<LinearLR>(
-      groups, LinearLROptions{o.warmup_start_factor, 1.0, o.warmup_steps}));
-  s.push_back(std::make_unique<CosineAnnealingLR>(
-      groups, CosineAnnealingLROptions{o.total_steps - o.warmup_steps, o.eta_min}));
+  s.push_back(std::make_unique<LinearLR>(groups, warmup));
+  s.push_back(std::make_unique<CosineAnnealingLR>(groups, decay));
   return std::make_unique<SequentialLR>(groups, std::move(s),
                                         std::vector<std::int64_t>{o.warmup_steps});
 }
 
 TRAINKIT_INLINE ReduceLROnPlateau::ReduceLROnPlateau(LrGroups& groups, Options o)
     : groups_(&groups), o_(std::move(o)) {
-  TRAINKIT_CHECK(o_.factor < 1.0, "ReduceLROnPlateau: factor should be < 1.0, got ", o_.factor);
+  check_options(o_, "ReduceLROnPlateau");
   TRAINKIT_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == groups.lr.size(),
                  "ReduceLROnPlateau: expected 1 or ", groups.lr.size(), " min_lr values, got ",
                  o_.min_lr.size());
@@ -722,20 +744,24 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
   loaded.o_.mode = mode == "min" ? Options::Mode::kMin : Options::Mode::kMax;
   loaded.o_.threshold_mode =
       threshold_mode == "rel" ? Options::ThresholdMode::kRel : Options::ThresholdMode::kAbs;
-  const Options& o = loaded.o_;
-  TRAINKIT_CHECK(o.factor >= 0.0 && o.factor < 1.0 && o.patience >= 0 && o.cooldown >= 0 &&
-                     std::isfinite(o.threshold),
-                 "ReduceLROnPlateau state: factor ", o.factor, ", patience ", o.patience,
-                 ", cooldown ", o.cooldown, ", threshold ", o.threshold,
-                 " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
-  TRAINKIT_CHECK(loaded.num_bad_epochs_ >= 0 && loaded.cooldown_counter_ >= 0 &&
-                     loaded.last_epoch_ >= 0 && !std::isnan(loaded.best_),
+  check_options(loaded.o_, "ReduceLROnPlateau state");
+  const auto count_ok = [](std::int64_t c) { return c >= 0 && c <= detail::kMaxScheduleSteps; };
+  TRAINKIT_CHECK(count_ok(loaded.num_bad_epochs_) && count_ok(loaded.cooldown_counter_) &&
+                     count_ok(loaded.last_epoch_) && !std::isnan(loaded.best_),
                  "ReduceLROnPlateau state: num_bad_epochs ", loaded.num_bad_epochs_,
                  ", cooldown_counter ", loaded.cooldown_counter_, ", last_epoch ",
                  loaded.last_epoch_, ", best ", loaded.best_,
-                 " (expected counts >= 0 and a best value that is a number)");
+                 " (expected counts in [0, 2^53] and a best value that is a number)");
   detail::load_rates(sd, "ReduceLROnPlateau", "_last_lr", loaded.last_lr_);
   *this = std::move(loaded);
+}
+
+TRAINKIT_INLINE void ReduceLROnPlateau::check_options(const Options& o, const char* who) {
+  TRAINKIT_CHECK(o.factor >= 0.0 && o.factor < 1.0 && o.patience >= 0 && o.cooldown >= 0 &&
+                     std::isfinite(o.threshold),
+                 who, ": factor ", o.factor, ", patience ", o.patience, ", cooldown ", o.cooldown,
+                 ", threshold ", o.threshold,
+                 " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::reset() {

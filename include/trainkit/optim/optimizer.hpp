@@ -261,9 +261,22 @@ class FusedOptimizer {
   LrGroups& lr_groups() noexcept { return *lr_; }
   const LrGroups& lr_groups() const noexcept { return *lr_; }
   double lr(int group = 0) const { return lr_->lr.at(static_cast<std::size_t>(group)); }
-  /// Sets every group's learning rate.
-  void set_lr(double lr) { lr_->set_all(lr); }
-  void set_lr(int group, double lr) { lr_->lr.at(static_cast<std::size_t>(group)) = lr; }
+  /// Sets every group's learning rate. Throws unless `lr` is finite and >= 0.
+  void set_lr(double lr) {
+    TRAINKIT_CHECK(std::isfinite(lr) && lr >= 0.0, "optim::", Rule::kName,
+                   "::set_lr: the learning rate must be finite and >= 0, got ", lr);
+    lr_->set_all(lr);
+  }
+  /// Sets the learning rate of `group`. Throws unless the group exists and `lr` is finite and
+  /// >= 0.
+  void set_lr(int group, double lr) {
+    TRAINKIT_CHECK(group >= 0 && group < num_groups(), "optim::", Rule::kName, "::set_lr: group ",
+                   group, " does not exist; the optimizer has groups 0 .. ", num_groups() - 1);
+    TRAINKIT_CHECK(std::isfinite(lr) && lr >= 0.0, "optim::", Rule::kName,
+                   "::set_lr: the learning rate of group ", group, " must be finite and >= 0, got ",
+                   lr);
+    lr_->lr[static_cast<std::size_t>(group)] = lr;
+  }
   double weight_decay(int group = 0) const {
     return group_.at(static_cast<std::size_t>(group)).weight_decay;
   }
@@ -358,9 +371,10 @@ class FusedOptimizer {
 
  private:
   static Options validated(const Options& o) {
-    TRAINKIT_CHECK(o.lr >= 0.0, "optim::", Rule::kName, ": invalid learning rate ", o.lr);
-    TRAINKIT_CHECK(o.weight_decay >= 0.0, "optim::", Rule::kName, ": invalid weight_decay ",
-                   o.weight_decay);
+    TRAINKIT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, "optim::", Rule::kName,
+                   ": lr must be finite and >= 0, got ", o.lr);
+    TRAINKIT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, "optim::", Rule::kName,
+                   ": weight_decay must be finite and >= 0, got ", o.weight_decay);
     Traits::validate(o);
     return o;
   }

@@ -225,10 +225,19 @@ struct PruneSpan {
 };
 
 /// New masks for `spans` taken together: the k elements smallest by (key, position) pruned,
-/// everything else kept. Exact and deterministic: a radix select over the 32-bit keys (two
-/// histogram passes) and one pass writing the masks, in O(elements) without sorting.
+/// everything else kept. With keep_pruned, elements pruned before stay pruned even when there are
+/// more of them than k (masks only shrink). Exact and deterministic: a radix select over the
+/// 32-bit keys (two histogram passes) and one pass writing the masks, in O(elements) without
+/// sorting.
 inline void select_smallest(const std::vector<PruneSpan>& spans, std::int64_t k, bool keep_pruned) {
   const std::uint32_t keep = keep_pruned ? 1u : 0u;
+  if (keep_pruned) {
+    std::int64_t pruned_before = 0;
+    for (const PruneSpan& s : spans)
+      pruned_before +=
+          static_cast<std::int64_t>(std::count(s.old_mask, s.old_mask + s.n, std::uint8_t{0}));
+    k = std::max(k, pruned_before);
+  }
   const auto key = [keep](const PruneSpan& s, std::int64_t i) {  // branch-free
     return prune_key(s.w[i]) * (1u - (keep & static_cast<std::uint32_t>(s.old_mask[i] == 0)));
   };
@@ -379,9 +388,9 @@ class Pruner {
   /// Recomputes the masks for `target` (see the class comment for the order): unstructured,
   /// round(target * n) elements of each tensor (kPerTensor) or of all of them (kGlobal); N:M,
   /// round(target * M) of every group of M, at most M - N. With keep_pruned, pruned elements stay
-  /// pruned and count towards the target. Waits for `exec`'s queued work and reads the weights on
-  /// the host; the weights themselves change only in apply(). Throws for a target outside
-  /// [0, max_sparsity()].
+  /// pruned and count towards the target (all of them stay pruned, also when they are more than
+  /// the target asks for). Waits for `exec`'s queued work and reads the weights on the host; the
+  /// weights themselves change only in apply(). Throws for a target outside [0, max_sparsity()].
   template <class E>
   void update(const E& exec, double target, PruneUpdateOptions options = {}) {
     static_assert((S == Space::kHost) == exec::is_host_executor_v<E>,
@@ -531,8 +540,10 @@ class Pruner {
 
   /// Restores state_dict()'s masks. Checks everything before changing anything: the same
   /// pattern, scope, pruned parameters and schedule (a different one would not continue the same
-  /// run), a U8 mask of the parameter's shape for each, holding only 0 and 1, and no mask for a
-  /// parameter this pruner does not prune. Throws trainkit::Error naming the mask or the setting.
+  /// run), a target in [0, max_sparsity()], a last_update_step >= -1, a U8 mask of the
+  /// parameter's shape for each, holding only 0 and 1 (for an N:M pattern at most M - N zeros in
+  /// every group of M), and no mask for a parameter this pruner does not prune. Throws
+  /// trainkit::Error naming the mask or the setting.
   void load_state_dict(const StateDict& sd) {
     static constexpr const char* kWho = "optim::Pruner";
     check_saved_setting(kWho, "the pattern", sd.get_string("pattern"), pattern());
@@ -549,6 +560,11 @@ class Pruner {
                         schedule_.num_updates);
     const double target = sd.get_double("target");
     const std::int64_t last_update = sd.get_int("last_update_step");
+    TRAINKIT_CHECK(target >= 0.0 && target <= max_sparsity(), kWho, ": 'target' is ", target,
+                   "; expected a sparsity in [0, ", max_sparsity(), "] for the ", pattern(),
+                   " pattern");
+    TRAINKIT_CHECK(last_update >= -1, kWho, ": 'last_update_step' is ", last_update,
+                   "; expected a step >= 0, or -1 before the first update");
     for (const auto& [key, t] : sd.tensors) {
       bool known = false;
       for (nn::ParamId id : targets_) known = known || key == arena_->info(id).name + "_mask";
@@ -567,6 +583,15 @@ class Pruner {
       for (std::int64_t i = 0; i < p.numel; ++i)
         TRAINKIT_CHECK(m[i] <= 1, kWho, ": mask '", key, "' holds ", int(m[i]), " at element ", i,
                        "; a mask holds 0 (pruned) or 1 (kept)");
+      if (options_.m != 0) {
+        for (std::int64_t g = 0; g < p.numel; g += options_.m) {
+          const auto zeros = std::count(m + g, m + g + options_.m, std::uint8_t{0});
+          TRAINKIT_CHECK(zeros <= options_.m - options_.n, kWho, ": mask '", key, "' prunes ",
+                         zeros, " of the ", options_.m, " elements from element ", g, "; the ",
+                         pattern(), " pattern prunes at most ", options_.m - options_.n,
+                         " of every ", options_.m);
+        }
+      }
     }
     for (nn::ParamId id : targets_) {
       const nn::ParamInfo& p = arena_->info(id);
