@@ -277,14 +277,18 @@ class MultiStepLR final : public LRScheduler {
  public:
   /// Throws unless gamma is finite and >= 0.
   explicit MultiStepLR(LrGroups& groups, MultiStepLROptions o)
-      : LRScheduler(groups), o_(std::move(o)) {
-    TRAINKIT_CHECK(std::isfinite(o_.gamma) && o_.gamma >= 0.0,
-                   "MultiStepLR: gamma must be finite and >= 0, got ", o_.gamma);
-    std::sort(o_.milestones.begin(), o_.milestones.end());
+      : LRScheduler(groups), o_(checked(std::move(o))) {
     initial_step();
   }
 
  private:
+  /// `o` with its milestones sorted; throws unless gamma is finite and >= 0.
+  static MultiStepLROptions checked(MultiStepLROptions o) {
+    TRAINKIT_CHECK(std::isfinite(o.gamma) && o.gamma >= 0.0,
+                   "MultiStepLR: gamma must be finite and >= 0, got ", o.gamma);
+    std::sort(o.milestones.begin(), o.milestones.end());
+    return o;
+  }
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   std::optional<std::vector<double>> closed_form_lr() const override {
     const auto k = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), last_epoch_) -
@@ -580,16 +584,13 @@ TRAINKIT_INLINE void MultiStepLR::save_options(StateDict& sd) const {
 
 TRAINKIT_INLINE void MultiStepLR::load_options(const StateDict& sd) {
   MultiStepLROptions o{{}, sd.get_double("gamma")};
-  TRAINKIT_CHECK(std::isfinite(o.gamma) && o.gamma >= 0.0,
-                 "MultiStepLR: the saved gamma must be finite and >= 0, got ", o.gamma);
   const std::int64_t n = sd.get_int("milestones");
   // Each milestone is an entry of its own: a count beyond the entries is damage, not a size.
   TRAINKIT_CHECK(n >= 0 && static_cast<std::uint64_t>(n) <= sd.values.size(),
                  "MultiStepLR: the state claims ", n, " milestones");
   for (std::int64_t i = 0; i < n; ++i)
     o.milestones.push_back(sd.get_int("milestones." + std::to_string(i)));
-  std::sort(o.milestones.begin(), o.milestones.end());
-  o_ = std::move(o);
+  o_ = checked(std::move(o));
 }
 
 TRAINKIT_INLINE SequentialLR::SequentialLR(LrGroups& groups,
