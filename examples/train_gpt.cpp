@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>  // sysconf: the machine's memory
@@ -208,17 +209,17 @@ int train(Run& run, const E& exec) {
   arena.initialize(std::uint64_t(c.seed));
   if (!c.init_from.empty() &&
       !run.loop.resuming()) {  // a resumed run's weights are its checkpoint's
-    // A tied model has no lm_head.weight; a file may still hold it (a copy of wte's weight).
-    // F16, BF16 and F64 files (a PyTorch model saved in half precision) are rounded to F32.
+    // A tied model's one head/embedding tensor may be stored under either name, or under both
+    // with equal values (PyTorch's state_dict lists both names). F16, BF16 and F64 files (a
+    // PyTorch model saved in half precision) are rounded to F32.
+    using Tied = std::pair<std::string, std::string>;
     const auto r = tk::ckpt::load_model(
         arena, c.init_from,
-        {.allow_unexpected = c.tie_weights,
+        {.tied = c.tie_weights ? std::vector<Tied>{{"lm_head.weight", "transformer.wte.weight"}}
+                               : std::vector<Tied>{},
          .convert_dtype = true,
          .remedy = "--init-from takes a file of this model's names and shapes: check --layers, "
-                   "--dim, --vocab and --tie-weights"});
-    for (const std::string& name : r.unexpected)
-      TRAINKIT_CHECK(name == "lm_head.weight", "--init-from ", c.init_from, ": tensor '", name,
-                     "' is not a parameter of this model (check --layers, --dim, --heads)");
+                   "--dim, --heads, --vocab and --tie-weights"});
     say("train_gpt: --init-from %s: loaded %zu tensors (%zu rounded to F32), %zu of the file "
         "unused\n",
         c.init_from.c_str(), r.loaded.size(), r.converted.size(), r.unexpected.size());

@@ -181,6 +181,90 @@ TEST_CASE("load_model: missing and unexpected names, prefixes") {
   CHECK(std::memcmp(enc.params_data(), at("encoder.weight"), 16) == 0);
 }
 
+TEST_CASE("load_model: a tied parameter stored under either name, or under both when equal") {
+  TempDir dir;
+  std::uint64_t state = 0x7ed;
+  const auto next = [&] {
+    return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33;
+  };
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::int64_t V = 1 + std::int64_t(next() % 40), C = 1 + std::int64_t(next() % 24);
+    const std::string prefix = trial % 3 == 2 ? "model." : "";
+    std::vector<float> wte(static_cast<std::size_t>(V * C)), ln(static_cast<std::size_t>(C));
+    for (float& v : wte) v = float(int(next() % 2001) - 1000) / 997.0f;
+    for (float& v : ln) v = float(int(next() % 2001) - 1000) / 991.0f;
+    const tk::AnyTensorView wte_view(tk::DType::kF32, tk::Shape{V, C}, wte.data());
+    const tk::AnyTensorView ln_view(tk::DType::kF32, tk::Shape{C}, ln.data());
+    std::vector<float> other = wte;  // an untied head: one element one ulp away
+    float& changed = other[next() % other.size()];
+    changed = std::nextafter(changed, 2.0f);
+    const tk::AnyTensorView other_view(tk::DType::kF32, tk::Shape{V, C}, other.data());
+    const std::string head = prefix + "lm_head.weight", emb = prefix + "transformer.wte.weight";
+    io::save_safetensors(dir / "head_only.safetensors",  // as safetensors.torch.save_model keeps it
+                         {{head, wte_view}, {prefix + "ln_f.weight", ln_view}}, {},
+                         {.durable = false});
+    io::save_safetensors(dir / "both.safetensors",
+                         {{emb, wte_view}, {head, wte_view}, {prefix + "ln_f.weight", ln_view}}, {},
+                         {.durable = false});
+    io::save_safetensors(dir / "untied.safetensors",
+                         {{emb, wte_view}, {head, other_view}, {prefix + "ln_f.weight", ln_view}},
+                         {}, {.durable = false});
+    io::save_safetensors(dir / "neither.safetensors", {{prefix + "ln_f.weight", ln_view}}, {},
+                         {.durable = false});
+
+    nn::ParamArena<> arena;
+    arena.add("transformer.wte.weight", tk::Shape{V, C});
+    arena.add("ln_f.weight", tk::Shape{C});
+    arena.finalize();
+    const ckpt::ModelLoadOptions tied{.prefix = prefix,
+                                      .tied = {{"lm_head.weight", "transformer.wte.weight"}}};
+    const float* ln_param = arena.params_data() + arena.info(arena.at("ln_f.weight")).offset;
+    for (const std::string file : {"head_only.safetensors", "both.safetensors"}) {
+      CAPTURE(file);
+      arena.initialize(std::uint64_t(trial));
+      const auto r = ckpt::load_model(arena, dir / file, tied);
+      CHECK(r.loaded.size() == 2);
+      CHECK(r.complete());
+      CHECK(std::memcmp(arena.params_data(), wte.data(), wte.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(ln_param, ln.data(), ln.size() * sizeof(float)) == 0);
+    }
+    // Without `tied`, the head-only file misses the embedding and has an unexpected head.
+    CHECK_THROWS_WITH_AS(ckpt::load_model(arena, dir / "head_only.safetensors", {.prefix = prefix}),
+                         doctest::Contains("1 missing: 'transformer.wte.weight'"), tk::Error);
+    arena.initialize(99);
+    const std::vector<float> before = params(arena);
+    const std::string differ =
+        "'" + head + "' and '" + emb + "' differ in the file, but the model ties them";
+    CHECK_THROWS_WITH_AS(ckpt::load_model(arena, dir / "untied.safetensors", tied),
+                         doctest::Contains(differ.c_str()), tk::Error);
+    CHECK_THROWS_WITH_AS(ckpt::load_model(arena, dir / "neither.safetensors", tied),
+                         doctest::Contains("1 missing: 'transformer.wte.weight'"), tk::Error);
+    CHECK(params(arena) == before);
+  }
+  // A head of another shape is named in the error under the name the file uses.
+  std::vector<float> w(6, 0.5f);
+  io::save_safetensors(
+      dir / "wide.safetensors",
+      {{"lm_head.weight", tk::AnyTensorView(tk::DType::kF32, tk::Shape{2, 3}, w.data())}}, {},
+      {.durable = false});
+  nn::ParamArena<> small;
+  small.add("transformer.wte.weight", tk::Shape{3, 2});
+  small.finalize();
+  CHECK_THROWS_WITH_AS(
+      ckpt::load_model(small, dir / "wide.safetensors",
+                       {.tied = {{"lm_head.weight", "transformer.wte.weight"}}}),
+      doctest::Contains("'lm_head.weight' has shape [2, 3] in the file but [3, 2] in the model"),
+      tk::Error);
+  // `tied` names one parameter and one name that is not a parameter.
+  CHECK_THROWS_WITH_AS(ckpt::load_model(small, dir / "wide.safetensors",
+                                        {.tied = {{"lm_head.weight", "wte.weight"}}}),
+                       doctest::Contains("the model has no parameter 'wte.weight'"), tk::Error);
+  CHECK_THROWS_WITH_AS(
+      ckpt::load_model(small, dir / "wide.safetensors",
+                       {.tied = {{"transformer.wte.weight", "transformer.wte.weight"}}}),
+      doctest::Contains("is a parameter of its own"), tk::Error);
+}
+
 TEST_CASE("load_model: names from the file reach the error message escaped") {
   TempDir dir;
   // A safetensors file by hand: "w" plus one unexpected tensor whose name is `name`.

@@ -48,6 +48,14 @@ struct ModelLoadOptions {
   std::vector<std::string> skip = {};
   /// The file's names are `prefix + arena name` (e.g. "model." for a wrapped module).
   std::string prefix = {};
+  /// Tied parameters, as {other name, arena name} pairs, e.g. {"lm_head.weight",
+  /// "transformer.wte.weight"} for a GPT whose head shares the token embedding. PyTorch's
+  /// state_dict() lists a tied tensor under each of its names; `safetensors.torch.save_model`
+  /// keeps one of them (the first in sort order: "lm_head.weight" for nanoGPT). So the file may
+  /// hold the parameter under either name: when its own name is absent the other is read; when
+  /// both are present they must hold equal values (two different tensors are an untied model's,
+  /// an error); the other name is never unexpected. The other name must not be a parameter.
+  std::vector<std::pair<std::string, std::string>> tied = {};
   /// Accept F16/BF16/F64 tensors and round them to the arena's F32 (PyTorch's copy_ does this
   /// silently; here it must be asked for).
   bool convert_dtype = false;
@@ -114,6 +122,9 @@ TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std
 /// Element i of `t` (F32, F16, BF16 or F64) as float.
 TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
 
+/// Same dtype, shape and bytes.
+TRAINKIT_INLINE bool same_tensor(const AnyTensorView& a, const AnyTensorView& b);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
@@ -122,6 +133,11 @@ TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std
     s += (i ? ", '" : "'") + io::detail::printable(names[i]) + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
+}
+
+TRAINKIT_INLINE bool same_tensor(const AnyTensorView& a, const AnyTensorView& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
 }
 
 TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
@@ -167,6 +183,12 @@ template <Space S>
 ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                            const ModelLoadOptions& options = {}) {
   TRAINKIT_CHECK(arena.finalized(), "ckpt::load_model: finalize() the ParamArena first");
+  for (const auto& [other, own] : options.tied) {
+    TRAINKIT_CHECK(arena.find(own), "ckpt::load_model: tied = {'", other, "', '", own,
+                   "'}: the model has no parameter '", own, "'");
+    TRAINKIT_CHECK(!arena.find(other), "ckpt::load_model: tied = {'", other, "', '", own, "'}: '",
+                   other, "' is a parameter of its own (the model is not tied)");
+  }
   ModelLoadReport report;
   std::vector<std::string> problems;
   std::vector<std::pair<const nn::ParamInfo*, std::string>> todo;  // parameter, file name
@@ -175,8 +197,23 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       report.skipped.push_back(p.name);
       continue;
     }
-    const std::string key = options.prefix + p.name;
+    std::string key = options.prefix + p.name;
     const io::SafetensorsTensorInfo* t = src.find(key);
+    for (const auto& [other, own] : options.tied) {
+      if (own != p.name) continue;
+      const std::string other_key = options.prefix + other;
+      const io::SafetensorsTensorInfo* u = src.find(other_key);
+      if (u == nullptr) continue;
+      if (t == nullptr) {
+        key = other_key;
+        t = u;
+      } else if (!detail::same_tensor(src.tensor(key), src.tensor(other_key))) {
+        problems.push_back("'" + io::detail::printable(other_key) + "' and '" +
+                           io::detail::printable(key) +
+                           "' differ in the file, but the model ties them (the file holds an "
+                           "untied model's weights)");
+      }
+    }
     if (t == nullptr) {
       report.missing.push_back(p.name);
       continue;
@@ -206,7 +243,9 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       }
       local = name.substr(options.prefix.size());
     }
-    if (!arena.find(local) && !detail::matches_any(options.skip, local))
+    const bool tied_name = std::any_of(options.tied.begin(), options.tied.end(),
+                                       [&](const auto& pair) { return pair.first == local; });
+    if (!arena.find(local) && !tied_name && !detail::matches_any(options.skip, local))
       report.unexpected.push_back(local);
   }
   if (options.strict && !report.missing.empty())
