@@ -400,6 +400,69 @@ TEST_CASE("Prefetcher: streaming tar shards, batches across epochs, exact resume
                  {"tar loader", "wds-00000", "has no member '.nope'"});
 }
 
+/// A streaming dataset whose start() is slow (a long skip through many shards): it waits in
+/// start() until its stop flag is set, or `patience` runs out (then it stands where asked).
+/// The two-argument start() has no flag to watch and waits the whole `patience`.
+class SlowStartStream {
+ public:
+  explicit SlowStartStream(std::chrono::milliseconds patience) : patience_(patience) {}
+  const std::vector<tk::data::FieldSpec>& fields() const { return fields_; }
+  void start(std::uint64_t epoch, std::uint64_t skip) {
+    const std::atomic<bool> never{false};
+    (void)start(epoch, skip, never);
+  }
+  bool start(std::uint64_t, std::uint64_t skip, const std::atomic<bool>& stop) {
+    started.store(true);
+    const auto until = std::chrono::steady_clock::now() + patience_;
+    while (std::chrono::steady_clock::now() < until) {
+      if (stop.load(std::memory_order_relaxed)) {
+        saw_stop.store(true);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    position_ = skip;
+    return true;
+  }
+  bool next(const tk::data::SampleRef& out) {
+    if (position_ >= 1000) return false;
+    const float v = static_cast<float>(position_++);
+    std::memcpy(out[0].data(), &v, sizeof v);
+    return true;
+  }
+  std::string describe_current() const { return "sample " + std::to_string(position_); }
+
+  std::atomic<bool> started{false}, saw_stop{false};
+
+ private:
+  std::chrono::milliseconds patience_;
+  std::uint64_t position_ = 0;
+  std::vector<tk::data::FieldSpec> fields_{{"x", tk::DType::kF32, {}}};
+};
+
+TEST_CASE("Prefetcher: a stop reaches a streaming dataset's start() that takes a stop flag") {
+  // Restored far into an epoch, the worker's first act is the dataset's long skip; destroying
+  // the Prefetcher then must not wait it out (tar shards stop between samples).
+  SlowStartStream ds(std::chrono::seconds(60));
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    tk::data::Prefetcher p(ds, {.batch_size = 4, .depth = 2});
+    p.restore({0, 200});
+    while (!ds.started.load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(ds.started.load());
+  }
+  CHECK(ds.saw_stop.load());
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  // A start() that finishes positions the stream as before.
+  SlowStartStream quick(std::chrono::milliseconds(0));
+  tk::data::Prefetcher q(quick, {.batch_size = 4, .depth = 2});
+  q.restore({0, 3});
+  const tk::data::Batch b = q.next();
+  CHECK(b.host<float, 1>("x")(0) == 12.0f);
+  CHECK(!quick.saw_stop.load());
+}
+
 TEST_CASE("Prefetcher: option errors") {
   const SlowDataset ds(10, 0);
   const tk::data::SequentialSampler seq(ds.size());

@@ -1,17 +1,26 @@
 // SPDX-License-Identifier: MIT
 // The streaming tar reader against archives Python's tarfile wrote (PAX with per-member 'x'
-// headers, GNU with 'L'/'K', a USTAR test vector with known bytes), TarWriter round trips, and
-// truncated / corrupt archives.
+// headers, GNU with 'L'/'K', a USTAR test vector with known bytes), TarWriter round trips,
+// truncated / corrupt archives, and TarShardDataset's stoppable start().
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <trainkit/data/tar_shards.hpp>
 #include <trainkit/io/tar.hpp>
 
 #include "data_test_util.hpp"
@@ -286,4 +295,164 @@ TEST_CASE("tar: corrupt headers, gzip and non-tar input") {
 
   check_contains(error_of([] { tk::io::TarReader::open("/nonexistent/x.tar"); }),
                  {"/nonexistent/x.tar", "cannot open"});
+}
+
+namespace {
+
+/// A shard of `samples` samples, sample k one `.cls` member holding `first + k`.
+void write_label_shard(const std::filesystem::path& path, int first, int samples) {
+  tk::io::TarWriter w(path, {.durable = false});
+  for (int k = 0; k < samples; ++k) {
+    char key[32];
+    std::snprintf(key, sizeof key, "%07d.cls", first + k);
+    w.add(key, std::to_string(first + k));
+  }
+  w.close();
+}
+
+tk::data::TarShardOptions label_options() {
+  tk::data::TarShardOptions o;
+  o.fields = {{"label", "cls", tk::DType::kI64, {}}};
+  return o;
+}
+
+/// The labels the stream returns from its current position to the end of the epoch.
+std::vector<std::int64_t> read_rest(tk::data::TarShardDataset& ds) {
+  std::int64_t label = 0;
+  const std::span<std::byte> field(reinterpret_cast<std::byte*>(&label), sizeof label);
+  const tk::data::SampleRef out(std::span<const std::span<std::byte>>(&field, 1));
+  std::vector<std::int64_t> labels;
+  while (ds.next(out)) labels.push_back(label);
+  return labels;
+}
+
+/// The sample count in next()'s error after a stopped start() ("was stopped after K samples").
+std::uint64_t stopped_after(tk::data::TarShardDataset& ds) {
+  const std::string m = error_of([&] { (void)read_rest(ds); });
+  const std::size_t at = m.find("was stopped after ");
+  REQUIRE_MESSAGE(at != std::string::npos, m);
+  return std::stoull(m.substr(at + 18));
+}
+
+}  // namespace
+
+TEST_CASE("tar shards: a start() given a stop flag gives up and leaves the dataset usable") {
+  TempDir dir;
+  std::mt19937 rng(2024);
+  std::vector<std::string> shards;
+  int total = 0;
+  for (int s = 0; s < 12; ++s) {
+    const int n = 1 + static_cast<int>(rng() % 40);
+    shards.push_back((dir / ("shard-" + std::to_string(s) + ".tar")).string());
+    write_label_shard(shards.back(), total, n);
+    total += n;
+  }
+  const std::atomic<bool> stop_now{true}, never{false};
+  for (int trial = 0; trial < 24; ++trial) {
+    CAPTURE(trial);
+    tk::data::TarShardOptions o = label_options();
+    o.seed = rng();
+    o.shuffle_shards = rng() % 2 == 0;
+    o.shuffle_buffer = std::vector<std::size_t>{0, 1, 7, 100000}[rng() % 4];
+    o.world_size = 1 + rng() % 3;
+    o.rank = rng() % o.world_size;
+    const std::uint64_t epoch = rng() % 5;
+    CAPTURE(o.shuffle_buffer);
+    tk::data::TarShardDataset reference(shards, o);
+    reference.start(epoch, 0);
+    const std::vector<std::int64_t> all = read_rest(reference);
+    REQUIRE(!all.empty());
+    const std::uint64_t n = all.size();
+
+    tk::data::TarShardDataset ds(shards, o);
+    // A stop already requested: nothing is read, and next() refuses the unpositioned stream.
+    CHECK_FALSE(ds.start(epoch, n, stop_now));
+    CHECK(stopped_after(ds) == 0);
+    check_contains(error_of([&] { (void)read_rest(ds); }),
+                   {"TarShardDataset: start(epoch " + std::to_string(epoch) + ", skip " +
+                        std::to_string(n) + ") was stopped after 0 samples",
+                    "call start() again"});
+    // Then it starts anywhere as if it never stopped, with or without a flag.
+    const std::uint64_t j = rng() % (n + 1);
+    if (rng() % 2 == 0) {
+      ds.start(epoch, j);
+    } else {
+      CHECK(ds.start(epoch, j, never));
+    }
+    CHECK(read_rest(ds) == std::vector<std::int64_t>(all.begin() + std::ptrdiff_t(j), all.end()));
+    // A flag that stays false changes nothing: a skip past the end is still an error.
+    check_contains(error_of([&] { (void)ds.start(epoch, n + 1, never); }),
+                   {"cannot skip to sample " + std::to_string(n + 1), "has only"});
+    CHECK(ds.start(epoch, 0, stop_now));  // nothing to skip: positioned
+    CHECK(read_rest(ds) == all);
+  }
+}
+
+TEST_CASE("tar shards: a stop from another thread ends start()'s skip where it is") {
+  // The reader thread skips through `before` samples of regular shards, then opens a FIFO; the
+  // test opens the FIFO's other end (so the skip has reached it), sets the flag, then feeds the
+  // FIFO one shard. After it come 50 shards that do not exist: a start() that went on would
+  // throw "cannot open" instead of returning false, however slow or fast the machine.
+  for (const std::size_t buffer : {std::size_t{0}, std::size_t{5}, std::size_t{100000}}) {
+    CAPTURE(buffer);
+    TempDir dir;
+    std::vector<std::string> shards;
+    int before = 0;
+    for (int s = 0; s < 4; ++s) {
+      shards.push_back((dir / ("shard-" + std::to_string(s) + ".tar")).string());
+      write_label_shard(shards.back(), before, 10 + 7 * s);
+      before += 10 + 7 * s;
+    }
+    write_label_shard(dir / "fed.tar", before, 3);
+    const std::vector<std::byte> fed = read_file(dir / "fed.tar");
+    const std::string fifo = (dir / "fifo.tar").string();
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    shards.push_back(fifo);
+    for (int s = 0; s < 50; ++s)
+      shards.push_back((dir / ("missing-" + std::to_string(s))).string());
+
+    tk::data::TarShardOptions o = label_options();
+    o.shuffle_shards = false;
+    o.shuffle_buffer = buffer;
+    tk::data::TarShardDataset ds(shards, o);
+    std::atomic<bool> stop{false};
+    bool positioned = true;
+    std::string thrown;
+    std::thread reader([&] {
+      try {
+        positioned = ds.start(0, 1000000, stop);
+      } catch (const std::exception& e) {
+        thrown = e.what();
+      }
+    });
+    // Non-blocking opens fail (ENXIO) until the reader has the FIFO open: poll, with a limit.
+    int fd = -1;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while ((fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK)) < 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stop.store(true);
+    // No REQUIRE until the join (a throw with the thread running would terminate). `fed` (10 KiB)
+    // fits in the empty pipe at once, so the reader cannot close its end during the write.
+    if (fd >= 0) {
+      CHECK(::fcntl(fd, F_SETFL, 0) == 0);  // blocking writes from here on
+      std::size_t done = 0;
+      while (done < fed.size()) {
+        const ssize_t w = ::write(fd, fed.data() + done, fed.size() - done);
+        if (w <= 0) break;
+        done += static_cast<std::size_t>(w);
+      }
+      ::close(fd);
+    }
+    reader.join();
+    REQUIRE_MESSAGE(fd >= 0, "the reader never opened the FIFO: ", thrown);
+    CHECK_MESSAGE(thrown.empty(), thrown);
+    CHECK_FALSE(positioned);
+    // It stopped within a sample of the FIFO's first one (a shuffle buffer reads ahead of it).
+    const std::uint64_t k = stopped_after(ds);
+    CHECK(k <= static_cast<std::uint64_t>(before) + 1);
+    if (buffer == 0) CHECK(k >= static_cast<std::uint64_t>(before));
+    // Usable again (a start that reads nothing), and destructible.
+    ds.start(0, 0);
+  }
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "trainkit/core/rng.hpp"
+#include "trainkit/error.hpp"
 #include "trainkit/io/json.hpp"
 
 namespace io = trainkit::io;
@@ -150,6 +152,55 @@ TEST_CASE("json: duplicates, trailing garbage and structure errors") {
   CHECK(Json::parse(" \t\r\n{} \n").is_object());  // JSON whitespace around the value is fine
   CHECK_THROWS_WITH(Json::parse("{\"a\":1,}", "my.json"),
                     doctest::Contains("my.json: invalid JSON at byte 7"));
+}
+
+TEST_CASE("json: a repeated key is shown escaped and bounded in the parse error") {
+  const auto message_of = [](const std::string& text) {
+    try {
+      (void)Json::parse(text, "keys.json");
+    } catch (const trainkit::Error& e) {
+      return std::string(e.what());
+    }
+    FAIL("expected a duplicate-key error");
+    return std::string();
+  };
+  const auto check_one_line = [](const std::string& m) {
+    CAPTURE(m);
+    for (const char c : m) {
+      const auto u = static_cast<unsigned char>(c);
+      CHECK((u >= 0x20 && u != 0x7f));
+    }
+  };
+  // Control characters (decoded from \n, \u0000, \u001f) become \xNN, never raw bytes.
+  for (const bool large : {false, true}) {  // linear check, then the sorted one (> 16 members)
+    CAPTURE(large);
+    std::string head = "{";
+    if (large)
+      for (int i = 0; i < 20; ++i) head += "\"k" + std::to_string(i) + "\":0,";
+    const std::string text = head + R"("a\nb\u0000c\u001f\\":1,"a\nb\u0000c\u001f\\":2})";
+    const std::string m = message_of(text);
+    check_one_line(m);
+    CHECK(m.find("keys.json: invalid JSON at byte") != std::string::npos);
+    CHECK(m.find("'a\\x0ab\\x00c\\x1f\\x5c'") != std::string::npos);
+    // The error itself keeps the key as decoded, for callers that map it.
+    CHECK(parse_error(text).key == std::string("a\nb\0c\x1f\\", 7));
+  }
+  // A long key (random letters and \n escapes) is cut to 200 bytes before escaping, with "...".
+  trainkit::PhiloxStream rng(7);
+  for (const std::size_t n :
+       {std::size_t{199}, std::size_t{200}, std::size_t{201}, std::size_t{10000}}) {
+    CAPTURE(n);
+    std::string key, escaped;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool newline = rng.next_u32() % 8 == 0;
+      key += newline ? "\\n" : std::string(1, static_cast<char>('a' + rng.next_u32() % 26));
+      if (i < 200) escaped += newline ? "\\x0a" : std::string(1, key.back());
+    }
+    const std::string m = message_of("{\"" + key + "\":1,\"" + key + "\":2}");
+    check_one_line(m);
+    CHECK(m.size() < 1200);
+    CHECK(m.find("'" + escaped + (n > 200 ? "...'" : "'")) != std::string::npos);
+  }
 }
 
 TEST_CASE("json: the depth limit stops deep nesting without recursion blowing up") {

@@ -6,12 +6,17 @@
 // simulated full disk during save.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -652,4 +657,130 @@ TEST_CASE("safetensors index: shard names, JSON layout, round trip and checks") 
   // Hugging Face files with only weight_map, or metadata null, are accepted.
   CHECK(io::SafetensorsIndex::parse(R"({"metadata":null,"weight_map":{"x":"m.safetensors"}})")
             .weight_map.size() == 1);
+}
+
+TEST_CASE("safetensors index: a tensor a shard holds must be listed under that shard") {
+  // Random sets (tensor counts, splits over shards, names with control bytes); each is opened as
+  // written, then with one tensor left out of the index, copied into a second shard, or listed
+  // under a shard that does not hold it.
+  TempDir dir;
+  std::mt19937 rng(12345);
+  const auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
+  std::vector<float> values(64);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i);
+
+  using Layout = std::map<std::string, std::vector<std::string>>;  // shard file -> tensor names
+  const auto write_set = [&](const std::filesystem::path& at, const Layout& layout,
+                             const io::SafetensorsIndex& index) {
+    std::filesystem::create_directories(at);
+    for (const auto& [file, names] : layout) {
+      std::vector<io::NamedTensor> tensors;
+      for (const std::string& name : names)
+        tensors.push_back(
+            {name, AnyTensorView(DType::kF32, {std::int64_t(name.size() % 8 + 1)}, values.data())});
+      io::save_safetensors(at / file, tensors, {}, {.durable = false});
+    }
+    io::save_safetensors_index(at / std::string(io::kSafetensorsIndexName), index,
+                               {.durable = false});
+    return at / std::string(io::kSafetensorsIndexName);
+  };
+  const auto error_of = [](const std::filesystem::path& index_path) {
+    try {
+      const io::SafetensorsShards shards(index_path);
+    } catch (const trainkit::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  const auto printable = [](const std::string& name) {
+    std::string out = name;
+    for (char& c : out)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';
+    return out;
+  };
+
+  for (int trial = 0; trial < 40; ++trial) {
+    CAPTURE(trial);
+    const std::size_t n_tensors = 1 + pick(12);
+    const std::size_t n_shards = 1 + pick(std::min<std::size_t>(n_tensors, 5));
+    Layout layout;
+    io::SafetensorsIndex index;
+    std::uint64_t total = 0;
+    for (std::size_t k = 0; k < n_tensors; ++k) {
+      // Every shard gets one tensor first, the rest go anywhere.
+      const std::size_t s = k < n_shards ? k : pick(n_shards);
+      const std::string file = io::safetensors_shard_name(s, n_shards);
+      std::string name = "layers." + std::to_string(k) + (pick(3) == 0 ? ".bi\nas" : ".weight");
+      if (pick(4) == 0) name += '\0';
+      layout[file].push_back(name);
+      index.weight_map[name] = file;
+      total += 4 * (name.size() % 8 + 1);
+    }
+    index.metadata.set("total_size", total);
+    const std::string base = "set" + std::to_string(trial);
+
+    // As written (Hugging Face's layout, with metadata): accepted, every tensor where listed.
+    {
+      const io::SafetensorsShards shards(write_set(dir / (base + "ok"), layout, index));
+      CHECK(shards.size() == n_tensors);
+      CHECK(shards.shards().size() == n_shards);
+      CHECK(shards.index().total_size() == total);
+      for (const auto& [name, file] : index.weight_map) {
+        CHECK(shards.shard_of(name).source().ends_with(file));
+        CHECK(shards.tensor(name).numel() == std::int64_t(name.size() % 8 + 1));
+      }
+    }
+    auto it = index.weight_map.begin();
+    std::advance(it, std::ptrdiff_t(pick(index.weight_map.size())));
+    const std::string name = it->first, file = it->second;
+    const auto check_refused = [&](const std::filesystem::path& index_path,
+                                   const std::string& shard, const std::string& listed_under) {
+      const std::string m = error_of(index_path);
+      CAPTURE(m);
+      CHECK(contains(m, "safetensors index '" + index_path.string() + "'"));
+      CHECK(contains(m, "does not list tensor '" + printable(name) + "'"));
+      CHECK(contains(m, "shard '" + shard + "'"));
+      if (!listed_under.empty()) CHECK(contains(m, "lists it under '" + listed_under + "'"));
+      for (const char c : m) CHECK(static_cast<unsigned char>(c) >= 0x20);
+    };
+
+    // Left out of the index: its shard (still in the set) holds a tensor nobody lists.
+    {
+      io::SafetensorsIndex smaller = index;
+      smaller.weight_map.erase(name);
+      Layout kept = layout;
+      if (layout.at(file).size() == 1) {  // the index must still name the shard
+        smaller.weight_map["kept"] = file;
+        kept[file].push_back("kept");
+      }
+      check_refused(write_set(dir / (base + "unlisted"), kept, smaller), file, "");
+    }
+    // Listed under its shard and present in another one too; and (the edge) listed under one
+    // shard but held only by another. With one shard the other is a new file in the set.
+    std::vector<std::string> files;
+    for (const auto& [f, names] : layout) files.push_back(f);
+    std::string other = "extra.safetensors";
+    if (n_shards > 1) {
+      do other = files[pick(files.size())];
+      while (other == file);
+    }
+    Layout twice = layout, moved = layout;
+    io::SafetensorsIndex twice_index = index, moved_index = index;
+    twice[other].push_back(name);
+    moved[other].push_back(name);
+    auto& from = moved[file];
+    from.erase(std::find(from.begin(), from.end(), name));
+    if (from.empty()) {  // keep the listed shard a valid file of the set
+      from.push_back("kept");
+      moved_index.weight_map["kept"] = file;
+    }
+    if (layout.count(other) == 0) {
+      twice[other].push_back("extra.only");
+      twice_index.weight_map["extra.only"] = other;
+      moved[other].push_back("extra.only");
+      moved_index.weight_map["extra.only"] = other;
+    }
+    check_refused(write_set(dir / (base + "twice"), twice, twice_index), other, file);
+    check_refused(write_set(dir / (base + "moved"), moved, moved_index), other, file);
+  }
 }

@@ -80,7 +80,10 @@ concept Dataset = requires(const D& d, std::size_t i, const SampleRef& out) {
 /// A streaming dataset, read by one thread. `start(epoch, skip)` positions it at sample `skip` of
 /// epoch `epoch` (its order must be a pure function of the epoch and its own options, so a
 /// restart reproduces it); `next(out)` writes the next sample and returns false at the end of the
-/// epoch; `describe_current()` names the file and sample last produced or being read.
+/// epoch; `describe_current()` names the file and sample last produced or being read. A dataset
+/// whose skip can take long may also offer `bool start(epoch, skip, const std::atomic<bool>&
+/// stop)`, which gives up (returns false) once `stop` is set: the Prefetcher then passes its own
+/// stop flag, so destroying or restoring it does not wait out the skip.
 template <class S>
 concept StreamingDataset = requires(S& s, const S& cs, std::uint64_t epoch, std::uint64_t skip,
                                     const SampleRef& out) {

@@ -288,7 +288,12 @@ class Prefetcher {
     const auto fields = dataset.fields();
     in_fields_.assign(std::begin(fields), std::end(fields));
     streaming_ = true;
-    start_ = [&dataset](std::uint64_t epoch, std::uint64_t skip) { dataset.start(epoch, skip); };
+    // A dataset whose start() takes a stop flag gives up a long skip when the workers stop.
+    start_ = [this, &dataset](std::uint64_t epoch, std::uint64_t skip) {
+      if constexpr (requires { dataset.start(epoch, skip, stop_); })
+        (void)dataset.start(epoch, skip, stop_);
+      else dataset.start(epoch, skip);
+    };
     next_ = [&dataset](const SampleRef& out) { return dataset.next(out); };
     if constexpr (requires {
                     { dataset.stream_settings() } -> std::convertible_to<std::string>;

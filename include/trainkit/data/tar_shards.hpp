@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -178,10 +179,19 @@ class TarShardDataset {
 
   /// Positions the stream at sample `skip` of epoch `epoch` (reading and discarding `skip`
   /// samples: resuming late in a long epoch costs a re-read of its start).
-  TRAINKIT_INLINE void start(std::uint64_t epoch, std::uint64_t skip);
+  void start(std::uint64_t epoch, std::uint64_t skip) { (void)position(epoch, skip, nullptr); }
+
+  /// start() for a loader that may be stopped (destroyed, restored elsewhere) while it skips:
+  /// `stop` (set from any thread) is checked before each skipped sample and while the shuffle
+  /// buffer fills. Returns true once positioned; false when it gave up, with the shard closed,
+  /// the buffer freed and next() throwing until the next start().
+  bool start(std::uint64_t epoch, std::uint64_t skip, const std::atomic<bool>& stop) {
+    return position(epoch, skip, &stop);
+  }
 
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
-  /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
+  /// shard, the key and the member for a missing member, a bad member or a corrupt shard, and
+  /// after a start() that was stopped.
   TRAINKIT_INLINE bool next(const SampleRef& out);
 
   /// What fixes the order of the stream apart from the epoch: the shard count, the seed, the
@@ -205,6 +215,14 @@ class TarShardDataset {
   TRAINKIT_INLINE std::vector<std::span<std::byte>> spans_of(std::byte* base) const;
 
   TRAINKIT_INLINE void emit(const std::vector<std::byte>& sample, const SampleRef& out) const;
+
+  /// start(); `stop` (may be null) ends the skip early (see the public overload).
+  TRAINKIT_INLINE bool position(std::uint64_t epoch, std::uint64_t skip,
+                                const std::atomic<bool>* stop);
+
+  bool stop_requested() const noexcept {
+    return skip_stop_ != nullptr && skip_stop_->load(std::memory_order_relaxed);
+  }
 
   [[noreturn]] void fail_member(const std::string& member, const std::string& what) const {
     TRAINKIT_FAIL("tar shard '", current_shard_, "': member '", member, "': ", what);
@@ -242,6 +260,9 @@ class TarShardDataset {
   std::vector<std::vector<std::byte>> buffer_;
   std::vector<std::byte> scratch_;
   PhiloxStream rng_{0};
+  const std::atomic<bool>* skip_stop_ = nullptr;  // the stop flag while position() skips
+  std::optional<std::uint64_t> stopped_after_;    // samples skipped before a stopped start()
+  std::uint64_t skip_ = 0;                        // the skip of the last start()
 };
 
 #if TRAINKIT_IMPL
@@ -304,8 +325,11 @@ TRAINKIT_INLINE std::vector<std::string> TarShardDataset::shards_for_epoch(
   return out;
 }
 
-TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t skip) {
+TRAINKIT_INLINE bool TarShardDataset::position(std::uint64_t epoch, std::uint64_t skip,
+                                               const std::atomic<bool>* stop) {
   epoch_ = epoch;
+  skip_ = skip;
+  stopped_after_.reset();
   order_ = shards_for_epoch(epoch);
   next_shard_ = 0;
   reader_.reset();
@@ -317,19 +341,38 @@ TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t s
   std::vector<std::byte> scratch(sample_bytes_);
   std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
   const SampleRef out(spans);
+  // next() sees the flag too (a large shuffle buffer fills in one call); cleared on every exit.
+  struct Clear {
+    const std::atomic<bool>*& flag;
+    ~Clear() { flag = nullptr; }
+  } clear{skip_stop_};
+  skip_stop_ = stop;
   for (std::uint64_t k = 0; k < skip; ++k) {
-    TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
+    const bool more = !stop_requested() && next(out);
+    if (stop_requested()) {
+      stopped_after_ = k + (more ? 1 : 0);
+      reader_.reset();
+      entry_pending_ = false;
+      buffer_.clear();
+      buffer_.shrink_to_fit();
+      return false;
+    }
+    TRAINKIT_CHECK(more, "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
                    ": the epoch has only ", k, " samples on rank ", o_.rank);
   }
+  return true;
 }
 
 TRAINKIT_INLINE bool TarShardDataset::next(const SampleRef& out) {
+  TRAINKIT_CHECK(!stopped_after_, "TarShardDataset: start(epoch ", epoch_, ", skip ", skip_,
+                 ") was stopped after ", stopped_after_.value_or(0),
+                 " samples; call start() again before next()");
   if (o_.shuffle_buffer == 0) {
     if (!read_sample(scratch_)) return false;
     emit(scratch_, out);
     return true;
   }
-  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
+  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer && !stop_requested()) {
     std::vector<std::byte> s;
     if (!read_sample(s)) break;
     buffer_.push_back(std::move(s));

@@ -63,7 +63,7 @@ struct JsonParseError {
   JsonErrorKind kind = JsonErrorKind::kSyntax;
   std::size_t offset = 0;  ///< byte offset into the text where the problem was found
   std::string message;     ///< what was expected or found
-  std::string key;         ///< the repeated key, for kDuplicateKey
+  std::string key;  ///< the repeated key as decoded, for kDuplicateKey (escape it to show it)
 };
 
 class Json;
@@ -203,7 +203,8 @@ class Json {
   void dump_to(std::string& out, int indent = -1, int level = 0) const;
 
   /// Parses one JSON value (surrounded by optional whitespace) from untrusted text. Throws
-  /// trainkit::Error "<source>: invalid JSON at byte N: ..." on any error.
+  /// trainkit::Error "<source>: invalid JSON at byte N: ..." on any error; a repeated key is
+  /// shown escaped (printable_bytes) and cut to its first 200 bytes.
   static Json parse(std::string_view text, std::string_view source = "JSON text",
                     const JsonLimits& limits = {});
   /// Like parse() but returns std::nullopt and fills `*error` (when given) instead of throwing.
@@ -744,7 +745,12 @@ TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
   std::optional<Json> v = try_parse(text, &error, limits);
   if (!v) {
     std::string what = error.message;
-    if (error.kind == JsonErrorKind::kDuplicateKey) what += " '" + error.key + "'";
+    // The key is text from the input: shown escaped (one line, no control bytes) and bounded.
+    if (error.kind == JsonErrorKind::kDuplicateKey) {
+      constexpr std::size_t kShown = 200;
+      what += " '" + printable_bytes(std::string_view(error.key).substr(0, kShown)) +
+              (error.key.size() > kShown ? "...'" : "'");
+    }
     TRAINKIT_FAIL(source, ": invalid JSON at byte ", error.offset, ": ", what);
   }
   return std::move(*v);

@@ -465,12 +465,14 @@ inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path
       std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
 }
 
-/// A sharded set opened through its index: every shard is mapped and validated, and every
-/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
+/// A sharded set opened through its index: every shard is mapped and validated, every
+/// weight_map entry is checked to exist in its shard, and every tensor of a shard to be listed
+/// under that shard. tensor() finds a name across shards.
 class SafetensorsShards {
  public:
   /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
+  /// trainkit::Error naming the index, shard and tensor on any inconsistency: an entry its
+  /// shard does not hold, or a tensor a shard holds that the index does not list for it.
   TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
 
   const SafetensorsIndex& index() const noexcept { return index_; }
@@ -1018,10 +1020,24 @@ TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path
   const std::filesystem::path dir = index_path.parent_path();
   for (const std::string& file : index_.files())
     shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+  // Every tensor of a shard must be listed, under that shard: one the index leaves out (or lists
+  // under another shard) means a damaged or edited index or a shard of another set.
+  for (const auto& [file, shard] : shards_) {
+    for (const SafetensorsTensorInfo& t : shard->tensors()) {
+      const auto it = index_.weight_map.find(t.name);
+      TRAINKIT_CHECK(it != index_.weight_map.end(), "safetensors index '", index_path.string(),
+                     "' does not list tensor '", detail::printable(t.name), "', which shard '",
+                     detail::printable(file), "' holds");
+      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path.string(),
+                     "' does not list tensor '", detail::printable(t.name), "' under shard '",
+                     detail::printable(file), "', which holds it (the index lists it under '",
+                     detail::printable(it->second), "')");
+    }
+  }
   for (const auto& [name, file] : index_.weight_map) {
     const SafetensorsFile& shard = *shards_.at(file);
     TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                   "' maps tensor '", detail::printable(name), "' to '", file,
+                   "' maps tensor '", detail::printable(name), "' to '", detail::printable(file),
                    "', which does not hold it");
   }
 }
