@@ -10,8 +10,10 @@
 #include <fstream>
 #include <random>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <trainkit/error.hpp>
@@ -137,6 +139,8 @@ TEST_CASE("Flags: ranges are checked on the command line, in --config and on ado
   CHECK(threads == 64);
   const fs::path cfg = write_file("range.json", R"({"p": 1.5})");
   fails({"--config", cfg.string()}, "'p' is '1.5', not a value < 1");
+  CHECK(p == 0.999);      // the failed parse left the flags as they were, --p given
+  REQUIRE(parse(f, {}));  // nothing given: adopt takes (and checks) the saved value
   CHECK_THROWS_WITH_AS(f.adopt({{"p", "2"}}, "ckpt/step_4"),
                        doctest::Contains("saved setting 'p' is '2', not a value < 1"), tk::Error);
   const std::string u = f.usage();
@@ -285,3 +289,124 @@ TEST_CASE("Flags: adopt lists every differing and unknown setting") {
 }
 
 }  // namespace
+
+namespace {
+
+/// True when `text` holds a control byte other than a line feed (an error message must not:
+/// the text would reach a terminal raw).
+bool has_raw_control(const std::string& text) {
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+  }
+  return false;
+}
+
+/// The message of the trainkit::Error `f` throws ("" when it does not throw).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const tk::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Flags: names and values from a config file, a checkpoint or argv are shown escaped") {
+  Cfg c;
+  train::Flags f = make(c);
+  const std::vector<std::pair<std::string, std::string>> configs = {
+      {R"({"\u001b[2Jevil": 1})", R"(sets '\x1b[2Jevil', which is not a flag)"},
+      {R"({"lr": 1, "layers": "x\u0007"})", "'layers' must be a number"},
+      {R"({"flag": true, "out": 3})", "'out' must be a string"}};
+  for (const auto& [text, expected] : configs) {
+    CAPTURE(text);
+    const fs::path p = write_file("escape.json", text);
+    const std::string m = message_of([&] { parse(f, {"--config", p.string()}); });
+    CHECK(m.find(expected) != std::string::npos);
+    CHECK_FALSE(has_raw_control(m));
+  }
+  // Command line text.
+  for (const std::vector<std::string_view>& args : std::vector<std::vector<std::string_view>>{
+           {"--lr", "1\x1b[2J"}, {"\x1b[2J"}, {"--\x1b[2Jx", "1"}, {"--flag=\x07"}}) {
+    const std::string m = message_of([&] { parse(f, args); });
+    CHECK(m.find("prog: ") != std::string::npos);
+    CHECK_FALSE(has_raw_control(m));
+  }
+  CHECK(message_of([&] {
+          parse(f, {"--lr", "1\x1b[2J"});
+        }).find(R"(is '1\x1b[2J', not)") != std::string::npos);
+  // A checkpoint's saved settings: an unknown name, a bad value, a differing value.
+  Cfg d;
+  train::Flags fd = make(d);
+  REQUIRE(parse(fd, {"--out", "x", "--lr", "0.5"}));
+  const std::vector<std::map<std::string, std::string>> saved = {
+      {{"\x1b[2Jname", "1"}}, {{"layers", "\x1b[2J"}}, {{"lr", "0.25\x1b[2J"}}};
+  for (const auto& s : saved) {
+    const std::string m = message_of([&] { fd.adopt(s, "run/ckpt\x1b[0m"); });
+    const bool named =
+        m.find("cannot resume from run/ckpt\\x1b[0m") != std::string::npos ||
+        m.find("run/ckpt\\x1b[0m: saved setting 'layers' is '\\x1b[2J'") != std::string::npos;
+    CHECK(named);
+    CHECK_FALSE(has_raw_control(m));
+  }
+}
+
+TEST_CASE("Flags: a failed parse or adopt leaves every variable and given() as it was") {
+  std::mt19937_64 rng(5);
+  // Configs and command lines whose error comes after valid settings of other flags.
+  const std::vector<std::string> configs = {R"({"layers": 7, "lr": 0.5, "out": 3})",
+                                            R"({"flag": true, "dropout": 0.5, "nope": 1})",
+                                            R"({"steps": 9, "out": "y", "layers": 1.5})"};
+  const std::vector<std::vector<std::string>> lines = {
+      {"--layers", "9", "--lr", "x"},
+      {"--out", "z", "--flag", "--steps", "-"},
+      {"--dropout", "0.25", "--layers", "2", "--layers", "3"},
+      {"--lr", "0.125", "--unknown", "1"}};
+  for (int trial = 0; trial < 40; ++trial) {
+    Cfg c;
+    train::Flags f = make(c);
+    // A first parse that succeeds, with random values.
+    const std::string layers = std::to_string(static_cast<int>(rng() % 100));
+    const std::string lr = tk::StateDict::number_to_string(static_cast<double>(rng() % 1000) / 8);
+    REQUIRE(parse(f, {"--layers", layers, "--lr", lr, rng() % 2 ? "--flag" : "--no-flag"}));
+    const Cfg before = c;
+    const auto check_unchanged = [&] {
+      CHECK(c.flag == before.flag);
+      CHECK(c.layers == before.layers);
+      CHECK(c.steps == before.steps);
+      CHECK(c.lr == before.lr);
+      CHECK(c.dropout == before.dropout);
+      CHECK(c.out == before.out);
+      CHECK(f.given("layers"));
+      CHECK(f.given("lr"));
+      CHECK_FALSE(f.given("out"));
+    };
+    if (trial % 2 == 0) {
+      const std::string& text = configs[rng() % configs.size()];
+      CAPTURE(text);
+      const fs::path p = write_file("restore.json", text);
+      CHECK_THROWS_AS(parse(f, {"--config", p.string()}), tk::Error);
+    } else {
+      const std::vector<std::string>& line = lines[rng() % lines.size()];
+      CHECK_THROWS_AS(parse(f, std::vector<std::string_view>(line.begin(), line.end())), tk::Error);
+    }
+    check_unchanged();
+    // adopt: a flag that is not given takes its saved value before a differing one is found.
+    Cfg other;
+    train::Flags g = make(other);
+    REQUIRE(parse(g, {"--layers", "77", "--dropout", "0.75"}));
+    auto saved = g.run_config();
+    saved["lr"] = "0.0078125";  // lr is given in f with another value
+    CHECK_THROWS_WITH_AS(f.adopt(saved, "ckpt"), doctest::Contains("--layers: the run has 77"),
+                         tk::Error);
+    check_unchanged();
+    saved["layers"] = before.layers == 77 ? "78" : "77";
+    saved["dropout"] = "not a number";
+    CHECK_THROWS_AS(f.adopt(saved, "ckpt"), tk::Error);
+    check_unchanged();
+  }
+}

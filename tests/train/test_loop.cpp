@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -266,6 +267,48 @@ TEST_CASE("Loop: a resume with a differing run setting is refused, listing it") 
   train_run(dir, 8, c, &res, 2);
   CHECK(res.resumed_from.has_value());
   CHECK(res.step == 8);
+}
+
+/// A run of the quadratic whose program has gained the kRun flag --width since `dir`'s first
+/// checkpoints (`with_width`: this program defines it); returns the newest checkpoint's settings.
+std::map<std::string, std::string> run_with_width(const fs::path& dir, std::int64_t steps,
+                                                  bool with_width,
+                                                  std::vector<std::string_view> args) {
+  Run r;
+  std::int64_t width = 1;
+  train::Flags flags("quadratic", "test");
+  flags.add("lr", r.lr, "learning rate").add("seed", r.seed, "init seed");
+  if (with_width) flags.add("width", width, "a setting added later");
+  REQUIRE(flags.parse(args));
+  train::Loop loop({.steps = steps, .dir = dir, .ckpt_every = 2, .monitor = {.console = nullptr}},
+                   &flags);
+  Quadratic task;
+  tk::nn::ParamArena<> arena;
+  task.arena = &arena;
+  task.id = arena.add("w", tk::Shape{37}, tk::nn::Init::normal(0.0f, 1.0f));
+  arena.finalize();
+  arena.initialize(static_cast<std::uint64_t>(r.seed));
+  tk::optim::AdamW<> opt(arena, {.lr = r.lr});
+  loop.state().add("noise", task.rng);
+  loop.run(tk::exec::Host::default_instance(), arena, opt, task);
+  const auto saved = loop.checkpointer().list();
+  REQUIRE_FALSE(saved.empty());
+  return saved.back().metadata;
+}
+
+TEST_CASE("Loop: a run flag added since the checkpoint is saved by the resumed run and checked") {
+  const trainkit_test::TempDir tmp;
+  const fs::path& dir = tmp.path();
+  CHECK(run_with_width(dir, 2, false, {}).count("config.width") == 0);
+  // The program now defines --width: the resume keeps the given value and saves it.
+  const auto resumed = run_with_width(dir, 4, true, {"--width", "5"});
+  CHECK(resumed.count("config.lr") == 1);
+  REQUIRE(resumed.count("config.width") == 1);
+  CHECK(resumed.at("config.width") == "5");
+  // So a later resume with another width is refused, and one without it adopts 5.
+  CHECK_THROWS_WITH_AS(run_with_width(dir, 6, true, {"--width", "7"}),
+                       doctest::Contains("--width: the run has 5, the command line 7"), tk::Error);
+  CHECK(run_with_width(dir, 6, true, {}).at("config.width") == "5");
 }
 
 /// A Quadratic that also records what the resume hook and the evaluations saw.

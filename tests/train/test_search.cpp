@@ -863,3 +863,59 @@ TEST_CASE("TensorBoard HPARAMS records (read back by the tensorboard package)") 
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(output.find("hparams OK: 5 sessions") != std::string::npos);
 }
+
+TEST_CASE("process trials: metrics.jsonl is read incrementally, partial lines and rewrites too") {
+  trainkit_test::TempDir dir;
+  const fs::path file = dir.path() / "metrics.jsonl";
+  tk::train::detail::SearchMetricsReader reader(file, "m");
+  reader.poll();  // no file yet
+  CHECK(reader.values().empty());
+  const auto append = [&](const std::string& text) {
+    std::ofstream out(file, std::ios::binary | std::ios::app);
+    out << text;
+  };
+  // Many polls of a file that grows a line at a time (some written in two halves, the metric
+  // only on some lines): each byte is read about once, not once per poll.
+  std::vector<double> expected;
+  std::uint64_t size = 0;
+  for (int i = 1; i <= 300; ++i) {
+    const std::string line =
+        i % 3 == 0 ? "{\"step\": " + std::to_string(i) + ", \"loss\": 1}\n"
+                   : "{\"step\": " + std::to_string(i) + ", \"m\": " + std::to_string(i) + ".5}\n";
+    if (i % 3 != 0) expected.push_back(i + 0.5);
+    append(line.substr(0, line.size() / 2));
+    reader.poll();  // half a line: not read as a line yet
+    append(line.substr(line.size() / 2));
+    size += line.size();
+    reader.poll();
+    REQUIRE(reader.values() == expected);
+  }
+  // Re-reading the file whole at every poll would read ~600 * size / 2 bytes.
+  CHECK(reader.bytes_read() < 2 * size);
+  // A line that is not JSON, or has a non-number, is skipped / NaN; huge lines span chunks.
+  append("not json\n{\"m\": \"text\"}\n{\"m\": 7, \"pad\": \"" +
+         std::string(tk::train::detail::SearchMetricsReader::kChunk + 10, 'x') + "\"}\n");
+  reader.poll();
+  REQUIRE(reader.values().size() == expected.size() + 2);
+  CHECK(std::isnan(reader.values()[expected.size()]));
+  CHECK(reader.values().back() == 7.0);
+
+  // Replaced by a shorter file (a resumed Loop drops lines past its checkpoint): read afresh.
+  const fs::path tmp = dir.path() / "new.jsonl";
+  write_text(tmp, "{\"m\": 1}\n{\"m\": 2}\n");
+  fs::rename(tmp, file);
+  reader.poll();
+  CHECK(reader.values() == std::vector<double>{1.0, 2.0});
+  // Truncated in place and rewritten longer than before (a fresh run's O_TRUNC): read afresh.
+  write_text(file, "{\"m\": 5}\n{\"m\": 6}\n{\"m\": 7}\n{\"m\": 8}\n");
+  reader.poll();
+  CHECK(reader.values() == std::vector<double>{5.0, 6.0, 7.0, 8.0});
+  // Shrunk in place.
+  write_text(file, "{\"m\": 9}\n");
+  reader.poll();
+  CHECK(reader.values() == std::vector<double>{9.0});
+  // Removed.
+  fs::remove(file);
+  reader.poll();
+  CHECK(reader.values().empty());
+}

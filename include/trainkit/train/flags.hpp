@@ -32,6 +32,7 @@
 #include "trainkit/core/state_dict.hpp"
 #include "trainkit/error.hpp"
 #include "trainkit/io/json.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace train {
@@ -94,14 +95,23 @@ class Flags {
   /// object of flag names without dashes to values of the flags' types. Returns false when
   /// `--help` / `-h` was given (the usage is printed to stdout). Throws trainkit::Error naming
   /// the flag for an unknown flag, a missing or malformed value, a number out of range or not
-  /// finite, a flag given twice, or a bad config file.
+  /// finite, a flag given twice, or a bad config file; the variables and given() are then left
+  /// as they were before the call.
   bool parse(int argc, const char* const* argv) {
     std::vector<std::string_view> args;
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     return parse(args);
   }
   bool parse(int argc, char** argv) { return parse(argc, const_cast<const char* const*>(argv)); }
-  TRAINKIT_INLINE bool parse(const std::vector<std::string_view>& args);
+  bool parse(const std::vector<std::string_view>& args) {
+    const Snapshot before = snapshot();
+    try {
+      return parse_args(args);
+    } catch (...) {
+      restore(before);
+      throw;
+    }
+  }
 
   /// True when `name` was set by the command line or the config file (not left at its default).
   bool given(std::string_view name) const { return given_.count(std::string(name)) != 0; }
@@ -113,9 +123,17 @@ class Flags {
   /// Takes a resumed run's settings: every kRun flag not given here takes the saved value; a
   /// given one must equal it. Throws trainkit::Error listing every differing flag (saved and
   /// given value) and every saved setting this program does not define; `where` names the
-  /// checkpoint. Saved configurations without a flag (added since) keep its current value.
-  TRAINKIT_INLINE void adopt(const std::map<std::string, std::string>& saved,
-                             std::string_view where);
+  /// checkpoint. Saved configurations without a flag (added since) keep its current value. On
+  /// an error no variable is changed.
+  void adopt(const std::map<std::string, std::string>& saved, std::string_view where) {
+    const Snapshot before = snapshot();
+    try {
+      adopt_settings(saved, where);
+    } catch (...) {
+      restore(before);
+      throw;
+    }
+  }
 
   /// The usage text --help prints: summary, then every flag with its type, default and help.
   TRAINKIT_INLINE std::string usage() const;
@@ -158,6 +176,26 @@ class Flags {
 
   TRAINKIT_INLINE static std::string text_of(const Flag& f);
 
+  /// Every flag's value and given(): what a failed parse() or adopt() puts back.
+  struct Snapshot {
+    std::vector<std::variant<bool, int, std::int64_t, double, float, std::string>> values;
+    std::set<std::string> given;
+  };
+  Snapshot snapshot() const {
+    Snapshot s{{}, given_};
+    for (const Flag& f : flags_) std::visit([&](auto* p) { s.values.emplace_back(*p); }, f.target);
+    return s;
+  }
+  void restore(const Snapshot& s) {
+    for (std::size_t i = 0; i < flags_.size(); ++i)
+      std::visit([&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(s.values[i]); },
+                 flags_[i].target);
+    given_ = s.given;
+  }
+  TRAINKIT_INLINE bool parse_args(const std::vector<std::string_view>& args);
+  TRAINKIT_INLINE void adopt_settings(const std::map<std::string, std::string>& saved,
+                                      std::string_view where);
+
   /// Parses `text` into the flag's variable; `who` names the source in errors.
   TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
@@ -176,7 +214,7 @@ class Flags {
 
 #if TRAINKIT_IMPL
 
-TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
+TRAINKIT_INLINE bool Flags::parse_args(const std::vector<std::string_view>& args) {
   given_.clear();
   std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
   std::string config_file;
@@ -187,8 +225,8 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       std::fputs(usage().c_str(), stdout);
       return false;
     }
-    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
-                   "' (flags are --name value; see --help)");
+    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '",
+                   io::printable_bytes(a), "' (flags are --name value; see --help)");
     a.remove_prefix(2);
     std::string name(a.substr(0, a.find('=')));
     std::optional<std::string> value;
@@ -213,7 +251,8 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       config_file = *value;
       continue;
     }
-    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
+    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", io::printable_bytes(name),
+                   " (see --help)");
     if (!value) {
       if (std::holds_alternative<bool*>(f->target)) {
         value = "true";
@@ -243,23 +282,26 @@ TRAINKIT_INLINE std::map<std::string, std::string> Flags::run_config() const {
   return out;
 }
 
-TRAINKIT_INLINE void Flags::adopt(const std::map<std::string, std::string>& saved,
-                                  std::string_view where) {
+TRAINKIT_INLINE void Flags::adopt_settings(const std::map<std::string, std::string>& saved,
+                                           std::string_view where) {
+  // Names and values come from a checkpoint (and the command line): shown escaped.
   std::string problems;
   for (const auto& [name, text] : saved) {
     Flag* f = find(name);
     if (f == nullptr || f->role != FlagRole::kRun) {
-      problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
+      problems += "\n  '" + io::printable_bytes(name) + "' = " + io::printable_bytes(text) +
+                  " is not a run setting of " + program_;
       continue;
     }
     if (given(name)) {
       if (text_of(*f) != text)
-        problems += "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
+        problems += "\n  --" + name + ": the run has " + io::printable_bytes(text) +
+                    ", the command line " + io::printable_bytes(text_of(*f));
     } else {
-      set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
+      set_from_text(*f, text, io::printable_bytes(where) + ": saved setting '" + name + "'");
     }
   }
-  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
+  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", io::printable_bytes(where),
                  ", whose run was started with other settings:", problems,
                  "\n(leave these flags out to continue that run, or start a new run elsewhere)");
 }
@@ -349,7 +391,7 @@ TRAINKIT_INLINE std::string Flags::text_of(const Flag& f) {
 
 TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const std::string& who) {
   const auto fail = [&](std::string_view expected) {
-    TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
+    TRAINKIT_FAIL(program_, ": ", who, " is '", io::printable_bytes(text), "', not ", expected);
   };
   std::visit(
       [&](auto* p) {
@@ -388,28 +430,30 @@ TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
   std::string text;
   {
     std::FILE* file = std::fopen(path.c_str(), "rb");
-    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
+    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '",
+                   io::printable_bytes(path), "'");
     char buffer[4096];
     std::size_t n = 0;
     while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
       if (text.size() + n > kMaxConfigBytes) {
         std::fclose(file);
-        TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
-                      " bytes; a run configuration is a small JSON object");
+        TRAINKIT_FAIL(program_, ": --config file '", io::printable_bytes(path), "' is larger than ",
+                      kMaxConfigBytes, " bytes; a run configuration is a small JSON object");
       }
       text.append(buffer, n);
     }
     std::fclose(file);
   }
-  const std::string where = "--config file '" + path + "'";
+  // The path, keys and values are shown escaped in errors (the file's text is untrusted).
+  const std::string where = "--config file '" + io::printable_bytes(path) + "'";
   const io::Json root = io::Json::parse(text, where);
   TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
                  " must hold a JSON object of flag names to values");
   for (const io::JsonMember& m : root.as_object()) {
     Flag* f = find(m.key);
-    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
+    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", io::printable_bytes(m.key),
                    "', which is not a flag (see --help)");
-    const std::string who = where + ": '" + m.key + "'";
+    const std::string who = where + ": '" + m.key + "'";  // a flag's name: printable
     const bool is_bool = std::holds_alternative<bool*>(f->target);
     const bool is_text = std::holds_alternative<std::string*>(f->target);
     if (is_bool) {

@@ -299,9 +299,6 @@ class Loop {
                  Sched* schedule = nullptr, Scaler&& scaler = {}) {
     LoopResult result;
     register_parts(arena, opt, schedule, scaler);
-    if (flags_ != nullptr)
-      for (const auto& [key, value] : flags_->run_config())
-        state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     if (resume_from_) {
       const auto info = checkpointer_.resume(state_, fresh_start_options());
       const bool quiet = rank() != 0;
@@ -324,6 +321,11 @@ class Loop {
         result.first_loss = static_cast<float>(saved.get_double(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
+    // After the resume, which replaced the metadata with the checkpoint's: a kRun flag added to
+    // the program since that checkpoint is saved from now on (and checked by the next resume).
+    if (flags_ != nullptr)
+      for (const auto& [key, value] : flags_->run_config())
+        state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     result.step = state_.step;
 
     monitor::MonitorOptions mo = options_.monitor;
@@ -433,10 +435,12 @@ class Loop {
       }
       // Ranks stop together: a signal one of them saw is shared at the next point where the
       // ranks synchronise anyway (every step on the host, the loss-reading steps on the device).
-      bool stop = detail::stop_signal().load() != 0;
-      if (options_.comm != nullptr && options_.comm->world_size() > 1 &&
-          (S == Space::kHost || read || last))
-        stop = any_rank(stop);
+      // Between those points a rank keeps going: stopping alone, it would save (a collective)
+      // and leave while the others train on, and the job would hang.
+      const bool ranks = options_.comm != nullptr && options_.comm->world_size() > 1;
+      const bool agree_now = !ranks || S == Space::kHost || read || last;
+      bool stop = agree_now && detail::stop_signal().load() != 0;
+      if (ranks && agree_now) stop = any_rank(stop);
       {
         auto span = monitor.span(monitor::Phase::kCheckpoint);
         if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))

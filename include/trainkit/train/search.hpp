@@ -40,6 +40,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -273,6 +274,106 @@ inline std::vector<std::pair<std::size_t, std::size_t>> search_placeholders(std:
   }
   return out;
 }
+
+/// The values of one key in a JSON-lines file that grows (a trial's metrics.jsonl), read
+/// incrementally: each poll() reads only the bytes added since the last one, in chunks, and
+/// parses the whole lines among them (a partial last line is read again, whole, by a later poll).
+/// A file that was replaced (another inode: a resumed Loop rewrites it), shrank, or no longer
+/// ends the last line read with the same bytes (truncated and rewritten in place) is read again
+/// from its start. values() holds the key's value of each line holding it, in order (NaN for a
+/// non-number).
+class SearchMetricsReader {
+ public:
+  /// The largest chunk read at once (a line longer than this is gathered over several chunks).
+  static constexpr std::size_t kChunk = std::size_t{1} << 20;
+
+  SearchMetricsReader(std::filesystem::path path, std::string key)
+      : path_(std::move(path)), key_(std::move(key)) {}
+
+  /// Reads what was appended since the last poll; a missing or unreadable file holds nothing.
+  void poll() {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      reset();
+      return;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      return;
+    }
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    bool same = known_ && st.st_dev == dev_ && st.st_ino == ino_ && size >= offset_;
+    if (same && !last_line_.empty()) {  // the end of the last line read: still there?
+      std::string now(last_line_.size(), '\0');
+      same = ::pread(fd, now.data(), now.size(), static_cast<off_t>(offset_ - last_line_.size())) ==
+                 static_cast<ssize_t>(now.size()) &&
+             now == last_line_;
+    }
+    if (!same) reset();
+    known_ = true;
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    std::string pending;  // the bytes from offset_ that do not end a line yet
+    std::string chunk;
+    for (std::uint64_t at = offset_; at < size;) {
+      chunk.resize(static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, size - at)));
+      const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(at));
+      if (n <= 0) break;  // (an error or a file cut meanwhile: the next poll sees it)
+      bytes_read_ += static_cast<std::uint64_t>(n);
+      at += static_cast<std::uint64_t>(n);
+      pending.append(chunk.data(), static_cast<std::size_t>(n));
+      std::size_t begin = 0;
+      for (std::size_t nl = pending.find('\n'); nl != std::string::npos;
+           nl = pending.find('\n', begin)) {
+        line(std::string_view(pending).substr(begin, nl - begin));
+        begin = nl + 1;
+      }
+      if (begin > 0) {  // keep the end of the last whole line (with its '\n') to check it
+        const std::size_t end = begin - 1;  // its '\n'; pending starts at a line's start
+        const std::size_t previous = end == 0 ? std::string::npos : pending.rfind('\n', end - 1);
+        const std::size_t start = previous == std::string::npos ? 0 : previous + 1;
+        const std::size_t from =
+            std::max(start, begin > kLastLineBytes ? begin - kLastLineBytes : 0);
+        last_line_.assign(pending, from, begin - from);
+      }
+      offset_ += begin;
+      pending.erase(0, begin);
+    }
+    ::close(fd);
+  }
+
+  const std::vector<double>& values() const noexcept { return values_; }
+  /// Bytes read so far (what the polls cost).
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
+ private:
+  static constexpr std::size_t kLastLineBytes = 256;
+
+  void reset() noexcept {
+    known_ = false;
+    offset_ = 0;
+    values_.clear();
+    last_line_.clear();
+  }
+  void line(std::string_view text) {
+    const std::optional<io::Json> json = io::Json::try_parse(text);
+    if (!json || !json->is_object()) return;
+    const io::Json* v = json->find(key_);
+    if (v == nullptr) return;
+    values_.push_back(v->is_number() ? v->as_double() : std::numeric_limits<double>::quiet_NaN());
+  }
+
+  std::filesystem::path path_;
+  std::string key_;
+  bool known_ = false;  // dev_ and ino_ are the file's whose lines values_ holds
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  std::uint64_t offset_ = 0;  // bytes of the whole lines read
+  std::string last_line_;     // the last whole line read, '\n' included (its last 256 bytes)
+  std::vector<double> values_;
+  std::uint64_t bytes_read_ = 0;
+};
 
 }  // namespace detail
 
@@ -1039,6 +1140,7 @@ class Search {
     pid_t pid = -1;
     bool terminating = false;
     std::chrono::steady_clock::time_point term_sent{};
+    std::optional<detail::SearchMetricsReader> metrics{};  // its metrics.jsonl, read as it grows
   };
 
   /// Sends `sig` to a trial's process group (everything it started), or to the trial alone
@@ -1154,28 +1256,13 @@ class Search {
     return pid;
   }
 
-  /// The values of options.metric in <trial dir>/metrics.jsonl, in order (whole lines only).
-  std::vector<double> read_metric(const Trial& t) const {
-    const std::string text = detail::search_read_file(t.dir / "metrics.jsonl");
-    std::vector<double> out;
-    for (std::size_t begin = 0; begin < text.size();) {
-      const std::size_t nl = text.find('\n', begin);
-      if (nl == std::string::npos) break;  // a line still being written
-      const std::string_view line(text.data() + begin, nl - begin);
-      begin = nl + 1;
-      const std::optional<io::Json> json = io::Json::try_parse(line);
-      if (!json || !json->is_object()) continue;
-      const io::Json* v = json->find(options_.metric);
-      if (v == nullptr) continue;
-      out.push_back(v->is_number() ? v->as_double() : std::numeric_limits<double>::quiet_NaN());
-    }
-    return out;
-  }
-
-  /// Reports what a running trial's metrics file holds beyond what is recorded; false: stop it.
-  bool poll_metrics_locked(const Running& r) {
+  /// Reports what a running trial's metrics file holds beyond what is recorded (reading only
+  /// what was appended since the last poll); false: stop it.
+  bool poll_metrics_locked(Running& r) {
     const Trial& t = trials_[static_cast<std::size_t>(r.id)];
-    const std::vector<double> values = read_metric(t);
+    if (!r.metrics) r.metrics.emplace(t.dir / "metrics.jsonl", options_.metric);
+    r.metrics->poll();
+    const std::vector<double>& values = r.metrics->values();
     bool go_on = true;
     for (std::size_t i = 0; i < values.size() && go_on; ++i) {
       const auto budget = static_cast<std::int64_t>(i + 1);
