@@ -359,7 +359,7 @@ class Loop {
     detail::SignalScope signals(options_.handle_signals);
     const auto started = std::chrono::steady_clock::now();
     std::array<float, 10> recent{};  // the last losses read, a ring
-    int recent_count = 0;
+    std::int64_t recent_count = 0;   // losses read (may pass 2^31 in a long run)
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
@@ -460,7 +460,8 @@ class Loop {
     checkpointer_.wait();
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    result.recent_count = std::min<int>(recent_count, static_cast<int>(recent.size()));
+    result.recent_count = static_cast<int>(
+        std::min<std::int64_t>(recent_count, static_cast<std::int64_t>(recent.size())));
     if (result.recent_count > 0) {
       double sum = 0.0;
       for (int i = 0; i < result.recent_count; ++i) sum += static_cast<double>(recent[i]);
