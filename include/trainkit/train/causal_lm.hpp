@@ -38,8 +38,11 @@ namespace train {
 /// What a CausalLmTask reads.
 struct CausalLmOptions {
   data::Prefetcher* train = nullptr;  ///< training batches (required)
-  data::Prefetcher* val = nullptr;    ///< evaluate() runs one epoch of these; null: no metric
-  std::string metric = "val/loss";    ///< the name evaluate() reports the mean loss under
+  /// evaluate() runs one epoch of these; null: no metric. With `comm`, each rank reports the
+  /// loss of its own loader: give every rank the whole validation set (train_gpt does), so all
+  /// ranks report, log and keep checkpoints by the same value.
+  data::Prefetcher* val = nullptr;
+  std::string metric = "val/loss";  ///< the name evaluate() reports the mean loss under
   /// The loss scale in the arena's memory space (a loss scaler's scale_data()), multiplied into
   /// the gradients without a host read; null: 1.
   const float* loss_scale = nullptr;
