@@ -4,12 +4,15 @@
 // (closed-form restarts) and ReduceLROnPlateau in all four mode/threshold combinations with
 // cooldown and per-group min_lr; every schedule with an end (cosine, warmup + cosine, linear
 // warmup / decay, ...) holds its final value past it by default; state_dict resumes a schedule
-// exactly; bad arguments throw.
+// exactly, and a state of another schedule type, group count or SequentialLR composition is
+// refused (older states without those entries still load); ReduceLROnPlateau saves and restores
+// min_lrs and eps; bad arguments throw.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -461,4 +464,254 @@ TEST_CASE("LR schedule constructors refuse what their loaders refuse; counts sto
     CHECK_THROWS_WITH_AS(plateau.load_state_dict(sd), doctest::Contains("[0, 2^53]"), tk::Error);
   }
   CHECK(plateau.last_epoch() == 0);
+}
+
+namespace {
+
+// Every schedule type, over `groups`; `k` picks the type.
+constexpr int kScheduleKinds = 8;
+std::unique_ptr<optim::LRScheduler> make_kind(int k, optim::LrGroups& g) {
+  using namespace optim;
+  switch (k) {
+    case 0: return std::make_unique<ConstantLR>(g, ConstantLROptions{0.5, 4});
+    case 1: return std::make_unique<LinearLR>(g, LinearLROptions{0.2, 1.0, 6});
+    case 2: return std::make_unique<CosineAnnealingLR>(g, CosineAnnealingLROptions{.t_max = 9});
+    case 3: return std::make_unique<StepLR>(g, StepLROptions{3, 0.5});
+    case 4: return std::make_unique<MultiStepLR>(g, MultiStepLROptions{{2, 5}, 0.5});
+    case 5: return std::make_unique<ExponentialLR>(g, ExponentialLROptions{0.9});
+    case 6: return warmup_cosine(g, {.warmup_steps = 3, .total_steps = 12});
+    default: {
+      std::vector<std::unique_ptr<LRScheduler>> s;
+      s.push_back(std::make_unique<ConstantLR>(g, ConstantLROptions{0.25, 3}));
+      s.push_back(std::make_unique<StepLR>(g, StepLROptions{2, 0.5}));
+      return std::make_unique<SequentialLR>(g, std::move(s), std::vector<std::int64_t>{4});
+    }
+  }
+}
+const char* kind_name(int k) {
+  const char* names[] = {"ConstantLR",  "LinearLR",      "CosineAnnealingLR", "StepLR",
+                         "MultiStepLR", "ExponentialLR", "SequentialLR",      "SequentialLR"};
+  return names[k];
+}
+
+optim::LrGroups random_groups(tk::PhiloxStream& rng, std::size_t n) {
+  optim::LrGroups g;
+  for (std::size_t i = 0; i < n; ++i) g.lr.push_back(1e-3 * (1 + rng.next_u32() % 100));
+  return g;
+}
+
+// The state without the entries a state saved before the type and group count has.
+tk::StateDict without_kind(tk::StateDict sd) {
+  for (auto it = sd.values.begin(); it != sd.values.end();) {
+    const std::string& k = it->first;
+    const bool kind = k == "schedule" || k == "num_groups" || k == "num_schedulers" ||
+                      k.ends_with(".schedule") || k.ends_with(".num_groups");
+    it = kind ? sd.values.erase(it) : std::next(it);
+  }
+  return sd;
+}
+
+}  // namespace
+
+TEST_CASE("LR schedules: a state of another schedule type or group count is refused (random)") {
+  // First the pairs whose states used to load without a word (the target reads only entries the
+  // state has: gamma; the first groups' rates), then random ones.
+  struct Pair {
+    int from, to;
+    std::size_t n, m;
+  };
+  const Pair known[] = {{3, 5, 2, 2}, {4, 5, 2, 2}, {2, 2, 3, 2}, {6, 6, 2, 1}, {7, 7, 4, 3}};
+  tk::PhiloxStream rng(0x5c4ed, 2);
+  for (int trial = 0; trial < 60; ++trial) {
+    const bool fixed = trial < static_cast<int>(std::size(known));
+    const int from = fixed ? known[trial].from : static_cast<int>(rng.next_u32() % kScheduleKinds);
+    const int to = fixed            ? known[trial].to
+                   : trial % 4 == 0 ? from
+                                    : static_cast<int>(rng.next_u32() % kScheduleKinds);
+    const std::size_t n = fixed ? known[trial].n : 1 + rng.next_u32() % 4;
+    const std::size_t m = fixed ? known[trial].m : trial % 3 == 0 ? n : 1 + rng.next_u32() % 4;
+    CAPTURE(from);
+    CAPTURE(to);
+    CAPTURE(n);
+    CAPTURE(m);
+    optim::LrGroups a = random_groups(rng, n), b = random_groups(rng, m);
+    auto saved = make_kind(from, a);
+    const int steps = static_cast<int>(rng.next_u32() % 10);
+    for (int t = 0; t < steps; ++t) saved->step();
+    const tk::StateDict sd = saved->state_dict();
+    CHECK(sd.get_string("schedule") == kind_name(from));
+    CHECK(sd.get_int("num_groups") == static_cast<std::int64_t>(n));
+    auto target = make_kind(to, b);
+    const tk::StateDict before = target->state_dict();
+    const std::vector<double> lr_before = b.lr;
+    if (from == to && n == m) {
+      // The same schedule over as many groups: it continues the saved one.
+      target->load_state_dict(sd);
+      b.lr = a.lr;
+      for (int t = 0; t < 12; ++t) {
+        saved->step();
+        target->step();
+        REQUIRE(a.lr == b.lr);
+      }
+      continue;
+    }
+    const std::string plural_n = n == 1 ? " group" : " groups";
+    const std::string plural_m = m == 1 ? " group" : " groups";
+    const std::string want = std::string("the state is from ") + kind_name(from) + " over " +
+                             std::to_string(n) + plural_n + "; this schedule is " + kind_name(to) +
+                             " over " + std::to_string(m) + plural_m;
+    if (std::string(kind_name(from)) == kind_name(to) && n == m) {
+      // Two SequentialLRs of other parts: the first part that differs refuses its state.
+      CHECK_THROWS_WITH_AS(target->load_state_dict(sd), doctest::Contains("the state is from"),
+                           tk::Error);
+    } else {
+      CHECK_THROWS_WITH_AS(target->load_state_dict(sd), doctest::Contains(want.c_str()), tk::Error);
+    }
+    CHECK(target->state_dict().values == before.values);  // nothing changed
+    CHECK(b.lr == lr_before);
+  }
+}
+
+TEST_CASE("LR schedules: states saved without the type and group count still load") {
+  // Every type round-trips; the same state without "schedule" / "num_groups" (an older
+  // checkpoint's) loads as before and continues alike.
+  for (int k = 0; k < kScheduleKinds; ++k) {
+    CAPTURE(k);
+    optim::LrGroups a = two_groups(), b = two_groups(), c = two_groups();
+    auto s = make_kind(k, a);
+    for (int t = 0; t < 5; ++t) s->step();
+    auto r = make_kind(k, b);
+    auto old = make_kind(k, c);
+    r->load_state_dict(s->state_dict());
+    const tk::StateDict stripped = without_kind(s->state_dict());
+    REQUIRE(!stripped.contains("schedule"));
+    old->load_state_dict(stripped);
+    b.lr = a.lr;
+    c.lr = a.lr;
+    for (int t = 0; t < 10; ++t) {
+      s->step();
+      r->step();
+      old->step();
+      REQUIRE(a.lr == b.lr);
+      REQUIRE(a.lr == c.lr);
+    }
+    CHECK(r->state_dict().values == s->state_dict().values);
+  }
+  // A damaged type or group count is refused, escaped.
+  optim::LrGroups g = two_groups();
+  optim::StepLR step(g, {3, 0.5});
+  tk::StateDict sd = step.state_dict();
+  sd.set("schedule", "Step\nLR");
+  CHECK_THROWS_WITH_AS(step.load_state_dict(sd), doctest::Contains("from Step\\x0aLR over 2"),
+                       tk::Error);
+  sd = step.state_dict();
+  sd.set("num_groups", "two");
+  CHECK_THROWS_WITH_AS(step.load_state_dict(sd), doctest::Contains("'num_groups' is 'two'"),
+                       tk::Error);
+  // A SequentialLR of another number of schedules.
+  optim::LrGroups h = two_groups();
+  auto two = optim::warmup_cosine(h, {.warmup_steps = 2, .total_steps = 10});
+  std::vector<std::unique_ptr<optim::LRScheduler>> parts;
+  parts.push_back(std::make_unique<optim::LinearLR>(h, optim::LinearLROptions{0.2, 1.0, 2}));
+  parts.push_back(
+      std::make_unique<optim::CosineAnnealingLR>(h, optim::CosineAnnealingLROptions{.t_max = 8}));
+  parts.push_back(std::make_unique<optim::ConstantLR>(h, optim::ConstantLROptions{0.5, 3}));
+  optim::SequentialLR three_parts(h, std::move(parts), {2, 10});
+  CHECK(three_parts.state_dict().get_int("num_schedulers") == 3);
+  CHECK_THROWS_WITH_AS(two->load_state_dict(three_parts.state_dict()),
+                       doctest::Contains("from a SequentialLR of 3 schedules; this one has 2"),
+                       tk::Error);
+  CHECK_NOTHROW(two->load_state_dict(two->state_dict()));
+  // A plateau's state and an epoch schedule's do not load into each other.
+  optim::ReduceLROnPlateau plateau(g);
+  CHECK_THROWS_WITH_AS(
+      step.load_state_dict(plateau.state_dict()),
+      doctest::Contains(
+          "the state is from ReduceLROnPlateau over 2 groups; this schedule is StepLR"),
+      tk::Error);
+  CHECK_THROWS_WITH_AS(plateau.load_state_dict(step.state_dict()),
+                       doctest::Contains("the state is from StepLR over 2 groups"), tk::Error);
+  optim::LrGroups three = two_groups();
+  three.lr.push_back(0.025);
+  optim::ReduceLROnPlateau plateau3(three);
+  CHECK_THROWS_WITH_AS(plateau3.load_state_dict(plateau.state_dict()),
+                       doctest::Contains("over 2 groups; this schedule is ReduceLROnPlateau over "
+                                         "3 groups"),
+                       tk::Error);
+}
+
+TEST_CASE("ReduceLROnPlateau saves min_lrs and eps (PyTorch's names) and restores them (random)") {
+  using Plateau = optim::ReduceLROnPlateauOptions;
+  tk::PhiloxStream rng(0x91a7, 1);
+  for (int trial = 0; trial < 20; ++trial) {
+    CAPTURE(trial);
+    const std::size_t n = 1 + rng.next_u32() % 4;
+    Plateau o{.factor = 0.5, .patience = static_cast<std::int64_t>(rng.next_u32() % 3)};
+    o.min_lr.clear();
+    for (std::size_t g = 0; g < n; ++g) o.min_lr.push_back(1e-4 * (rng.next_u32() % 200));
+    o.eps = (rng.next_u32() % 2) != 0 ? 0.0 : 1e-5 * (rng.next_u32() % 100);
+    optim::LrGroups a = random_groups(rng, n);
+    optim::ReduceLROnPlateau s(a, o);
+    for (int t = 0; t < 6; ++t) s.step(static_cast<double>(rng.next_u32() % 4));
+    const tk::StateDict sd = s.state_dict();
+    for (std::size_t g = 0; g < n; ++g)
+      CHECK(sd.get_double("min_lrs." + std::to_string(g)) == o.min_lr[g]);
+    CHECK(sd.get_double("eps") == o.eps);
+    // A plateau built with the defaults continues the saved one: its floor and eps included.
+    optim::LrGroups b = random_groups(rng, n);
+    optim::ReduceLROnPlateau r(b);
+    r.load_state_dict(sd);
+    CHECK(r.state_dict().values == sd.values);
+    b.lr = a.lr;
+    for (int t = 0; t < 40; ++t) {
+      const double metric = static_cast<double>(rng.next_u32() % 5);
+      s.step(metric);
+      r.step(metric);
+      REQUIRE(a.lr == b.lr);
+    }
+
+    // A state saved without them (older) keeps the constructor's values.
+    tk::StateDict old = sd;
+    for (std::size_t g = 0; g < n; ++g) old.values.erase("min_lrs." + std::to_string(g));
+    old.values.erase("eps");
+    optim::LrGroups c = random_groups(rng, n);
+    optim::ReduceLROnPlateau kept(c, {.min_lr = {0.125}, .eps = 0.25});
+    kept.load_state_dict(old);
+    const tk::StateDict after = kept.state_dict();
+    CHECK(after.get_double("eps") == 0.25);
+    for (std::size_t g = 0; g < n; ++g)
+      CHECK(after.get_double("min_lrs." + std::to_string(g)) == 0.125);
+    CHECK(after.get_int("last_epoch") == 6);
+
+    // Out of range: refused as the constructor refuses it, nothing changed.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double inf = std::numeric_limits<double>::infinity();
+    const std::string last = "min_lrs." + std::to_string(n - 1);
+    for (const auto& entry : std::vector<std::pair<std::string, double>>{
+             {last, nan}, {last, -0.5}, {last, inf}, {"eps", nan}, {"eps", -1e-3}, {"eps", inf}}) {
+      const std::string& key = entry.first;
+      CAPTURE(key);
+      CAPTURE(entry.second);
+      tk::StateDict bad = sd;
+      bad.set(key, entry.second);
+      const std::string what = key == "eps" ? "eps is" : "min_lr " + std::to_string(n - 1) + " is";
+      const tk::StateDict before = kept.state_dict();
+      CHECK_THROWS_WITH_AS(kept.load_state_dict(bad), doctest::Contains(what.c_str()), tk::Error);
+      CHECK(kept.state_dict().values == before.values);
+    }
+    tk::StateDict missing = sd;  // one group's floor missing: damage, not an older state
+    missing.values.erase(last);
+    if (n > 1)
+      CHECK_THROWS_WITH_AS(kept.load_state_dict(missing),
+                           doctest::Contains(("missing value '" + last + "'").c_str()), tk::Error);
+  }
+  // The constructor refuses the same values.
+  optim::LrGroups g = two_groups();
+  CHECK_THROWS_WITH_AS(
+      optim::ReduceLROnPlateau(g, {.min_lr = {0.1, std::numeric_limits<double>::quiet_NaN()}}),
+      doctest::Contains("min_lr 1 is nan"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::ReduceLROnPlateau(g, {.min_lr = {-1.0}}),
+                       doctest::Contains("min_lr 0 is -1"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::ReduceLROnPlateau(g, {.eps = -1e-9}), doctest::Contains("eps is"),
+                       tk::Error);
 }

@@ -1,7 +1,8 @@
 // Tests for the smaller optim/ pieces: glob patterns and group assignment, StateDict (exact
-// number round trips, prefixes, deep copies), Ema against a float64 lerp (and its state_dict),
-// GradAccumulation (N micro-batches of loss / N give the full-batch step), and the optimizers'
-// LrGroups being what schedules drive; the host squared-norm fold (AVX2) against exec::reduce;
+// number round trips, prefixes, deep copies), the state-field plumbing (unsigned 64-bit values,
+// optional fields), Ema against a float64 lerp (and its state_dict), GradAccumulation (N
+// micro-batches of loss / N give the full-batch step), and the optimizers' LrGroups being what
+// schedules drive; the host squared-norm fold (AVX2) against exec::reduce;
 // the optimizers' host vector bodies against their scalar update.
 #include <doctest/doctest.h>
 
@@ -11,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -80,6 +82,63 @@ TEST_CASE("StateDict: numbers round-trip exactly, prefixes compose, copies are d
   const tk::StateDict copy = back;
   CHECK(copy.tensor("w").data() != back.tensor("w").data());
   CHECK(copy.tensor("w").as<float, 1>()(1) == -2.0f);
+}
+
+namespace {
+struct Fields {
+  double rate = 0.0;
+  std::int64_t count = 0;
+  bool flag = false;
+  std::uint64_t key = 0;
+  std::uint32_t small = 0;
+  std::uint64_t added = 0;  // saved optionally: older states lack it
+};
+constexpr auto kFields = std::tuple{optim::detail::state_field("rate", &Fields::rate),
+                                    optim::detail::state_field("count", &Fields::count),
+                                    optim::detail::state_field("flag", &Fields::flag),
+                                    optim::detail::state_field("key", &Fields::key),
+                                    optim::detail::state_field("small", &Fields::small),
+                                    optim::detail::optional_state_field("added", &Fields::added)};
+}  // namespace
+
+TEST_CASE("optim state fields: unsigned 64-bit values round-trip, optional ones may be missing") {
+  std::mt19937_64 rng(20261207);
+  for (int trial = 0; trial < 50; ++trial) {
+    Fields in{0.1 * trial, -trial, trial % 2 == 0, rng(), static_cast<std::uint32_t>(rng()), rng()};
+    if (trial == 0) in.key = std::numeric_limits<std::uint64_t>::max();
+    if (trial == 1) in.key = std::uint64_t{1} << 63;  // INT64_MAX + 1
+    tk::StateDict sd;
+    optim::detail::save_fields(sd, in, kFields);
+    CHECK(sd.get_string("key") == std::to_string(in.key));
+    Fields out{};
+    optim::detail::load_fields(sd, out, kFields);
+    CHECK(out.rate == in.rate);
+    CHECK(out.count == in.count);
+    CHECK(out.flag == in.flag);
+    CHECK(out.key == in.key);
+    CHECK(out.small == in.small);
+    CHECK(out.added == in.added);
+    // Without the optional key the member keeps its value; without another key: refused.
+    sd.values.erase("added");
+    Fields kept{};
+    kept.added = 5;
+    optim::detail::load_fields(sd, kept, kFields);
+    CHECK(kept.added == 5);
+    CHECK(kept.key == in.key);
+    sd.values.erase("key");
+    CHECK_THROWS_WITH_AS(optim::detail::load_fields(sd, kept, kFields),
+                         doctest::Contains("missing value 'key'"), tk::Error);
+  }
+  tk::StateDict sd;
+  optim::detail::save_fields(sd, Fields{}, kFields);
+  sd.set_u64("small", std::uint64_t{1} << 32);  // above a std::uint32_t
+  Fields out{};
+  CHECK_THROWS_WITH_AS(optim::detail::load_fields(sd, out, kFields),
+                       doctest::Contains("'small' is 4294967296, above the largest value"),
+                       tk::Error);
+  sd.set("small", std::int64_t{-1});
+  CHECK_THROWS_WITH_AS(optim::detail::load_fields(sd, out, kFields),
+                       doctest::Contains("'small' is '-1', not an unsigned integer"), tk::Error);
 }
 
 TEST_CASE("Ema: first update copies, then lerps with weight 1 - decay (float64 reference)") {

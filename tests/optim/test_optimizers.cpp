@@ -2,14 +2,17 @@
 // AdamW (AMSGrad, small beta1, parameter groups by name pattern) match torch.optim's f32
 // trajectories (make_reference.py); LAMB matches the published (apex FusedLAMB) formula computed
 // in double; a step skipped for inf/NaN leaves parameters, state and step counter bit-identical;
-// state_dict round-trips resume the exact trajectory; bf16 state with stochastic rounding stays
-// close to f32 and is deterministic; results do not depend on the thread count.
+// state_dict round-trips resume the exact trajectory (the bf16 rounding seed included, every
+// option that changes the update saved); a state holding tensors of parameters or states the
+// optimizer does not have is refused; bf16 state with stochastic rounding stays close to f32 and
+// is deterministic; results do not depend on the thread count.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -643,4 +646,199 @@ TEST_CASE("a non-finite base lr or weight_decay and a bad set_lr are refused") {
   CHECK(opt.lr() == 0.0);
   opt.set_lr(0.2);
   CHECK(opt.lr() == 0.2);
+}
+
+TEST_CASE("AdamW: the bf16 rounding seed is saved and restored (random seeds, above INT64_MAX)") {
+  tk::PhiloxStream rng(0x5eed, 3);
+  const auto u64 = [&] { return (std::uint64_t{rng.next_u32()} << 32) | rng.next_u32(); };
+  std::vector<std::uint64_t> seeds = {0, 1, std::uint64_t{1} << 63,
+                                      std::numeric_limits<std::uint64_t>::max()};
+  for (int i = 0; i < 6; ++i) seeds.push_back(u64());
+  for (const std::uint64_t seed : seeds) {
+    CAPTURE(seed);
+    const bool amsgrad = (rng.next_u32() & 1) != 0;
+    Fixture f;
+    optim::AdamW opt(f.arena, {.lr = 3e-3, .amsgrad = amsgrad, .bf16_state = true, .seed = seed});
+    run_steps(f, opt, 3);
+    const tk::StateDict sd = opt.state_dict();
+    CHECK(sd.get_string("seed") == std::to_string(seed));  // exact, as decimal text
+    CHECK(sd.get_u64("seed") == seed);
+    // A resume built with another seed continues the saved run's rounding stream, bit for bit.
+    Fixture g;
+    copy_params(f, g);
+    const std::uint64_t other = seed ^ (u64() | 1);
+    optim::AdamW resumed(g.arena,
+                         {.lr = 1.0, .amsgrad = amsgrad, .bf16_state = true, .seed = other});
+    resumed.load_state_dict(sd);
+    CHECK(resumed.options().seed == seed);
+    CHECK(continue_alike(f, opt, g, resumed, 4, 7));
+
+    // A state saved before the seed was saved has no "seed": it loads keeping this one's.
+    tk::StateDict old = sd;
+    old.values.erase("seed");
+    optim::AdamW keeps(g.arena, {.lr = 1.0, .amsgrad = amsgrad, .bf16_state = true, .seed = other});
+    keeps.load_state_dict(old);
+    CHECK(keeps.options().seed == other);
+    CHECK(keeps.step_count() == 3);
+
+    // A seed that is not an unsigned 64-bit integer is refused, naming it; nothing changes.
+    for (const char* bad : {"-1", "18446744073709551616", "1e3", "", "0x10"}) {
+      CAPTURE(bad);
+      tk::StateDict d = sd;
+      d.values["seed"] = bad;
+      optim::AdamW fresh(g.arena, {.lr = 1.0, .amsgrad = amsgrad, .bf16_state = true, .seed = 9});
+      CHECK_THROWS_WITH_AS(fresh.load_state_dict(d), doctest::Contains("'seed' is"), tk::Error);
+      CHECK(fresh.options().seed == 9);
+      CHECK(fresh.step_count() == 0);
+    }
+  }
+  // With f32 state the seed changes nothing, but is saved all the same.
+  Fixture f;
+  optim::AdamW opt(f.arena, {.seed = 77});
+  CHECK(opt.state_dict().get_u64("seed") == 77);
+}
+
+TEST_CASE("every option that changes an SGD, AdamW or LAMB update is in its state_dict") {
+  // lr and weight_decay are saved per group; the rest as the rule's saved options.
+  Fixture f;
+  const tk::StateDict sgd = optim::SGD(f.arena, {.momentum = 0.5}).state_dict();
+  for (const char* key :
+       {"group.0.lr", "group.0.weight_decay", "momentum", "dampening", "nesterov"})
+    CHECK_MESSAGE(sgd.values.count(key) == 1, key);
+  Fixture g;
+  const tk::StateDict adamw = optim::AdamW(g.arena).state_dict();
+  for (const char* key : {"group.0.lr", "group.0.weight_decay", "beta1", "beta2", "eps", "amsgrad",
+                          "bf16_state", "seed"})
+    CHECK_MESSAGE(adamw.values.count(key) == 1, key);
+  Fixture h;
+  const tk::StateDict lamb = optim::LAMB(h.arena).state_dict();
+  for (const char* key :
+       {"group.0.lr", "group.0.weight_decay", "beta1", "beta2", "eps", "max_grad_norm",
+        "bias_correction", "grad_averaging", "adam_w_mode", "use_nvlamb"})
+    CHECK_MESSAGE(lamb.values.count(key) == 1, key);
+}
+
+namespace {
+
+// `count` random GPT-like parameter names (dots in them).
+std::vector<std::string> random_names(tk::PhiloxStream& rng, int count) {
+  const char* leaves[] = {"attn.c_attn.weight", "attn.c_proj.bias", "ln_1.weight",
+                          "mlp.c_fc.weight"};
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i)
+    names.push_back("h." + std::to_string(i) + "." + leaves[rng.next_u32() % 4]);
+  return names;
+}
+
+// Registers `names` (each of the size `sizes` gives it), finalizes the arena and fills it.
+void build(Arena& arena, const std::vector<std::string>& names,
+           const std::map<std::string, std::int64_t>& sizes) {
+  for (const std::string& n : names) arena.add(n, tk::Shape{sizes.at(n)});
+  arena.finalize();
+  for (std::int64_t i = 0; i < arena.buffer_numel(); ++i) {
+    arena.params_data()[i] = 0.01f * static_cast<float>(i % 13);
+    arena.grads_data()[i] = 0.1f - 0.003f * static_cast<float>(i % 17);
+  }
+}
+
+// Calls f with a new optimizer of `kind` (0 SGD with momentum, 1 AdamW, 2 AdamW with AMSGrad,
+// 3 LAMB) over `arena`.
+template <class F>
+void with_optimizer(int kind, Arena& arena, const F& f) {
+  switch (kind) {
+    case 0: {
+      optim::SGD opt(arena, {.lr = 0.1, .momentum = 0.9});
+      f(opt);
+      break;
+    }
+    case 1: {
+      optim::AdamW opt(arena, {.lr = 1e-2});
+      f(opt);
+      break;
+    }
+    case 2: {
+      optim::AdamW opt(arena, {.lr = 1e-2, .amsgrad = true});
+      f(opt);
+      break;
+    }
+    default: {
+      optim::LAMB opt(arena, {.lr = 1e-2});
+      f(opt);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("load_state_dict refuses tensors of parameters or states it does not have (random)") {
+  tk::PhiloxStream rng(0xb16, 5);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int kind = trial % 4;
+    const int n = 1 + static_cast<int>(rng.next_u32() % 5);
+    CAPTURE(trial);
+    CAPTURE(kind);
+    CAPTURE(n);
+    const std::vector<std::string> names = random_names(rng, n);
+    // A bigger model: the same parameters plus one, at a random place, its name with dots.
+    std::vector<std::string> bigger = names;
+    const std::string extra = "h." + std::to_string(n + 3) + ".attn.c_attn.weight";
+    bigger.insert(bigger.begin() + static_cast<std::ptrdiff_t>(rng.next_u32() % (n + 1)), extra);
+    std::map<std::string, std::int64_t> sizes;
+    for (const std::string& name : bigger)
+      sizes[name] = static_cast<std::int64_t>(1 + rng.next_u32() % 9);
+    Arena small_arena, big_arena;
+    build(small_arena, names, sizes);
+    build(big_arena, bigger, sizes);
+
+    tk::StateDict big_sd, small_sd;
+    with_optimizer(kind, big_arena, [&](auto& opt) {
+      opt.step(pool());
+      opt.step(pool());
+      big_sd = opt.state_dict();
+    });
+    with_optimizer(kind, small_arena, [&](auto& opt) {
+      opt.step(pool());
+      small_sd = opt.state_dict();
+    });
+    with_optimizer(kind, small_arena, [&](auto& opt) {
+      const tk::StateDict before = opt.state_dict();
+      const auto unchanged = [&] {
+        const tk::StateDict now = opt.state_dict();
+        CHECK(now.values == before.values);
+        for (const auto& [key, t] : before.tensors)
+          CHECK(std::memcmp(now.tensor(key).data(), t.data(), t.bytes()) == 0);
+      };
+      // The bigger model's state holds the extra parameter's states: refused, naming it.
+      const std::string first_state = kind == 0 ? "momentum_buffer" : "exp_avg";
+      const std::string want = "'" + extra + "." + first_state + "', the " + first_state +
+                               " of a parameter '" + extra +
+                               "' that this optimizer's arena does not have";
+      CHECK_THROWS_WITH_AS(opt.load_state_dict(big_sd), doctest::Contains(want.c_str()), tk::Error);
+      unchanged();
+      // One stray tensor: a parameter the arena lacks (only its step), a state this optimizer
+      // does not keep, or a key with bytes a message must escape.
+      struct Stray {
+        std::string key;
+        const char* message;
+      };
+      const std::string some = names[rng.next_u32() % names.size()];
+      const Stray strays[] = {
+          {"ghost.step", "'ghost.step', the step of a parameter 'ghost'"},
+          {some + ".bogus", "which is not '<parameter>.<state>' for a state this optimizer keeps"},
+          {some + ".exp_avg_sqq", "which is not '<parameter>.<state>'"},
+          {"h.0\n.exp_avg\x01", "'h.0\\x0a.exp_avg\\x01', which is not"},
+          {some.substr(0, some.rfind('.')) + ".step", "the step of a parameter 'h."}};
+      for (const Stray& s : strays) {
+        CAPTURE(s.key);
+        tk::StateDict d = small_sd;
+        d.tensors.emplace(s.key, tk::AnyTensor(tk::DType::kF32, tk::Shape{}));
+        CHECK_THROWS_WITH_AS(opt.load_state_dict(d), doctest::Contains(s.message), tk::Error);
+        unchanged();
+      }
+      // Its own state, dots in every name, loads.
+      CHECK_NOTHROW(opt.load_state_dict(small_sd));
+      CHECK(opt.step_count() == 1);
+    });
+  }
 }

@@ -38,7 +38,8 @@ struct AdamWOptions {
   /// Keep exp_avg / exp_avg_sq (/ max_exp_avg_sq) in bf16, rounded stochastically with Philox
   /// keyed by (seed, step, element): unbiased, deterministic, half the state memory (llm.c #772).
   bool bf16_state = false;
-  std::uint64_t seed = 0;  ///< the stochastic-rounding key (bf16_state only)
+  /// The stochastic-rounding key (bf16_state only). Saved in state_dict(); a load restores it.
+  std::uint64_t seed = 0;
 };
 
 namespace detail {
@@ -57,10 +58,16 @@ struct AdamWRule {
   }
   static std::uint64_t rounding_seed(const Options& o) { return o.seed; }
   static void validate(const Options& o) { check_adam_options(kName, o); }
-  static constexpr std::tuple kSavedOptions{
-      saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),
-      saved_option("eps", &Options::eps), saved_option("amsgrad", &Options::amsgrad),
-      saved_option("bf16_state", &Options::bf16_state)};
+  // The seed keys the stochastic rounding of bf16 state, so a resume needs the saved one to
+  // continue bit for bit; it is saved (as decimal text: every std::uint64_t round-trips) with
+  // f32 state too, where it changes nothing. States saved before it was a saved option have no
+  // "seed": they load keeping this optimizer's own seed, as they did then.
+  static constexpr std::tuple kSavedOptions{saved_option("beta1", &Options::beta1),
+                                            saved_option("beta2", &Options::beta2),
+                                            saved_option("eps", &Options::eps),
+                                            saved_option("amsgrad", &Options::amsgrad),
+                                            saved_option("bf16_state", &Options::bf16_state),
+                                            optional_state_field("seed", &Options::seed)};
 
   struct Scalars {
     float decay;         ///< 1 - lr * weight_decay (1 when weight_decay is 0)

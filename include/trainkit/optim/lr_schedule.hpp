@@ -23,6 +23,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/utf8.hpp"
 #include "trainkit/optim/detail/state_fields.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/core/state_dict.hpp"
@@ -37,6 +38,17 @@ inline constexpr double kPi = 3.141592653589793;  // math.pi
 /// The largest step count a schedule accepts (saved or as t_max): the optimizers' step limit,
 /// 2^53, so counting on from it cannot overflow.
 inline constexpr std::int64_t kMaxScheduleSteps = std::int64_t{1} << 53;
+
+/// Records which schedule saved a state: "schedule" (its type name) and "num_groups".
+inline void save_schedule_kind(StateDict& sd, const char* name, std::size_t groups) {
+  sd.set("schedule", name);
+  sd.set("num_groups", static_cast<std::int64_t>(groups));
+}
+/// Throws unless the schedule type and group count a state records (save_schedule_kind) are
+/// `name` and `groups`: a state of another schedule, or of a schedule over another number of
+/// parameter groups, would continue as something else without a word. A state without these
+/// entries (saved before they were recorded) is not checked here.
+TRAINKIT_INLINE void check_schedule_kind(const StateDict& sd, const char* name, std::size_t groups);
 }  // namespace detail
 
 class SequentialLR;
@@ -64,13 +76,20 @@ class LRScheduler {
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
   const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
   LrGroups& groups() noexcept { return *groups_; }
+  /// The schedule's type ("CosineAnnealingLR", ...), which state_dict() records and
+  /// load_state_dict() checks. A schedule derived outside trainkit that does not override it is
+  /// "LRScheduler".
+  virtual const char* name() const { return "LRScheduler"; }
 
-  /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
+  /// schedule (the type name) and num_groups, last_epoch, _step_count, base_lrs.<g>,
+  /// _last_lr.<g> and the schedule's options.
   TRAINKIT_INLINE virtual StateDict state_dict() const;
   /// Restores state_dict(), the schedule's saved settings included (as PyTorch's does: a schedule
   /// built with other settings continues the saved one). The group learning rates themselves
   /// belong to the optimizer's state. Throws naming the entry when a count or rate is out of range
-  /// or a setting is one the constructor would refuse (nothing is changed then).
+  /// or a setting is one the constructor would refuse, and for the state of another schedule
+  /// type or of a schedule over another number of groups (nothing is changed then). A state
+  /// saved without the type and group count (by an older trainkit) loads unchecked.
   TRAINKIT_INLINE virtual void load_state_dict(const StateDict& sd);
 
  protected:
@@ -135,6 +154,8 @@ class ConstantLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "ConstantLR"; }
+
  private:
   std::vector<double> get_lr() override {
     if (last_epoch_ == 0) return map_lr([&](double lr, std::size_t) { return lr * o_.factor; });
@@ -173,6 +194,8 @@ class LinearLR final : public LRScheduler {
   /// Throws unless 0 < start_factor <= 1 and 0 <= end_factor <= 1.
   TRAINKIT_INLINE explicit LinearLR(LrGroups& groups, LinearLROptions o = {});
 
+  const char* name() const override { return "LinearLR"; }
+
  private:
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
@@ -208,6 +231,8 @@ class CosineAnnealingLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "CosineAnnealingLR"; }
+
  private:
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
@@ -241,6 +266,8 @@ class StepLR final : public LRScheduler {
   explicit StepLR(LrGroups& groups, StepLROptions o) : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
+
+  const char* name() const override { return "StepLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -281,6 +308,8 @@ class MultiStepLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "MultiStepLR"; }
+
  private:
   /// `o` with its milestones sorted; throws unless gamma is finite and >= 0.
   static MultiStepLROptions checked(MultiStepLROptions o) {
@@ -311,6 +340,8 @@ class ExponentialLR final : public LRScheduler {
       : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
+
+  const char* name() const override { return "ExponentialLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -344,9 +375,13 @@ class SequentialLR final : public LRScheduler {
 
   TRAINKIT_INLINE void step() override;
 
-  /// Its own last_epoch, _last_lr and milestones, and each schedule's under "_schedulers.<i>".
+  /// Its type, group count and number of schedules (num_schedulers), its own last_epoch,
+  /// _last_lr and milestones, and each schedule's state under "_schedulers.<i>" (with that
+  /// schedule's type). A load refuses a state of another number of schedules.
   TRAINKIT_INLINE StateDict state_dict() const override;
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd) override;
+
+  const char* name() const override { return "SequentialLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -409,7 +444,8 @@ class ReduceLROnPlateau {
   using Options = ReduceLROnPlateauOptions;
 
  private:
-  // What state_dict() saves besides mode, threshold_mode and _last_lr.
+  // What state_dict() saves besides schedule, num_groups, mode, threshold_mode, min_lrs.<g> and
+  // _last_lr.<g> ("eps" is optional: states saved before it was saved keep the constructor's).
   static constexpr auto counters() {
     return std::tuple{
         detail::state_field("best", &ReduceLROnPlateau::best_),
@@ -421,12 +457,14 @@ class ReduceLROnPlateau {
     return std::tuple{detail::state_field("factor", &Options::factor),
                       detail::state_field("patience", &Options::patience),
                       detail::state_field("threshold", &Options::threshold),
-                      detail::state_field("cooldown", &Options::cooldown)};
+                      detail::state_field("cooldown", &Options::cooldown),
+                      detail::optional_state_field("eps", &Options::eps)};
   }
 
  public:
-  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0 and threshold is finite, or
-  /// for a min_lr list whose length is neither 1 nor the group count.
+  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0, threshold is finite and
+  /// every min_lr and eps are finite and >= 0, or for a min_lr list whose length is neither 1 nor
+  /// the group count.
   TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
@@ -438,7 +476,13 @@ class ReduceLROnPlateau {
   std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
 
+  /// schedule ("ReduceLROnPlateau") and num_groups, the counters, best, the options PyTorch's
+  /// holds (factor, patience, threshold, cooldown, mode, threshold_mode, eps, min_lrs.<g>) and
+  /// _last_lr.<g>.
   TRAINKIT_INLINE StateDict state_dict() const;
+  /// Restores state_dict(), the saved options included (a state without eps or min_lrs, saved by
+  /// an older trainkit, keeps this schedule's). Throws for the state of another schedule type or
+  /// group count, or a value the constructor would refuse (nothing is changed then).
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
@@ -458,8 +502,27 @@ class ReduceLROnPlateau {
 
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char* name,
+                                                 std::size_t groups) {
+  const bool has_name = sd.values.count("schedule") != 0;
+  const bool has_groups = sd.values.count("num_groups") != 0;
+  const std::string saved_name = has_name ? sd.get_string("schedule") : std::string();
+  const std::int64_t saved_groups = has_groups ? sd.get_int("num_groups") : 0;
+  const auto plural = [](std::int64_t n) { return n == 1 ? " group" : " groups"; };
+  TRAINKIT_CHECK(
+      (!has_name || saved_name == name) &&
+          (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
+      name, " state: the state is from ",
+      has_name ? io::printable_bytes(saved_name) : std::string("a schedule"),
+      has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
+      "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
+      " (a state loads into the schedule type that saved it, over as many parameter "
+      "groups)");
+}
+
 TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, name(), groups_->lr.size());
   detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
   detail::save_list(sd, "base_lrs", base_lrs_);
   detail::save_list(sd, "_last_lr", last_lr_);
@@ -468,6 +531,7 @@ TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
 }
 
 TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, name(), groups_->lr.size());
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   const std::int64_t step_count = sd.get_int("_step_count");
   TRAINKIT_CHECK(last_epoch >= -1 && last_epoch <= detail::kMaxScheduleSteps && step_count >= 0 &&
@@ -633,6 +697,8 @@ TRAINKIT_INLINE void SequentialLR::step() {
 
 TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, name(), groups_->lr.size());
+  sd.set("num_schedulers", static_cast<std::int64_t>(schedules_.size()));
   sd.set("last_epoch", last_epoch_);
   detail::save_list(sd, "_last_lr", last_lr_);
   for (std::size_t i = 0; i < milestones_.size(); ++i)
@@ -643,6 +709,13 @@ TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
 }
 
 TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, name(), groups_->lr.size());
+  if (sd.values.count("num_schedulers") != 0) {  // absent in states of older trainkits
+    const std::int64_t saved = sd.get_int("num_schedulers");
+    TRAINKIT_CHECK(saved == static_cast<std::int64_t>(schedules_.size()),
+                   "SequentialLR state: the state is from a SequentialLR of ", saved,
+                   " schedules; this one has ", schedules_.size());
+  }
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   TRAINKIT_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxScheduleSteps,
                  "SequentialLR state: last_epoch ", last_epoch, " must be in [0, 2^53]");
@@ -724,8 +797,10 @@ TRAINKIT_INLINE void ReduceLROnPlateau::step(double metric) {
 
 TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, "ReduceLROnPlateau", groups_->lr.size());
   detail::save_fields(sd, *this, counters());
   detail::save_fields(sd, o_, saved_options());
+  detail::save_list(sd, "min_lrs", o_.min_lr);  // PyTorch's names: min_lrs, eps
   sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
   sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
   detail::save_list(sd, "_last_lr", last_lr_);
@@ -733,9 +808,12 @@ TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, "ReduceLROnPlateau", groups_->lr.size());
   ReduceLROnPlateau loaded(*this);  // checked whole before anything here changes
   detail::load_fields(sd, loaded, counters());
-  detail::load_fields(sd, loaded.o_, saved_options());
+  detail::load_fields(sd, loaded.o_, saved_options());  // eps: kept when the state has none
+  // min_lrs.<g>, checked with the other options below; a state saved without them keeps ours.
+  if (sd.values.count("min_lrs.0") != 0) detail::load_list(sd, "min_lrs", loaded.o_.min_lr);
   const std::string mode = sd.get_string("mode"), threshold_mode = sd.get_string("threshold_mode");
   TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '", mode,
                  "' is not min or max");
@@ -763,6 +841,12 @@ TRAINKIT_INLINE void ReduceLROnPlateau::check_options(const Options& o, const ch
                  who, ": factor ", o.factor, ", patience ", o.patience, ", cooldown ", o.cooldown,
                  ", threshold ", o.threshold,
                  " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
+  // A NaN or infinite floor or eps would freeze or blow up the learning rates.
+  for (std::size_t g = 0; g < o.min_lr.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(o.min_lr[g]) && o.min_lr[g] >= 0.0, who, ": min_lr ", g, " is ",
+                   o.min_lr[g], "; expected a learning rate, finite and >= 0");
+  TRAINKIT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, who, ": eps is ", o.eps,
+                 "; expected a finite number >= 0");
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::reset() {

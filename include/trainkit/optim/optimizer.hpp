@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -37,6 +38,7 @@
 #include "trainkit/exec/host.hpp"
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
+#include "trainkit/io/utf8.hpp"
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/optim/detail/fused_pass.hpp"
 #include "trainkit/optim/detail/state_fields.hpp"
@@ -366,7 +368,10 @@ class FusedOptimizer {
   TRAINKIT_INLINE void state_dict_into(StateDict& sd) const;
 
   /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
-  /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
+  /// parameters. Throws naming the first missing or mismatched entry, or a tensor that is not a
+  /// state of this optimizer (a parameter its arena does not have, e.g. a bigger model's, or a
+  /// state it does not keep), as PyTorch refuses parameter groups that do not match; nothing is
+  /// changed then.
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
@@ -378,6 +383,12 @@ class FusedOptimizer {
     Traits::validate(o);
     return o;
   }
+
+  /// Throws unless every tensor of `sd` is "<param>.<state>" for a parameter of the arena and
+  /// a state of `buffers`, or "<param>.step" (a state of another model or layout is refused).
+  TRAINKIT_INLINE void check_known_tensors(const StateDict& sd,
+                                           const std::vector<detail::StateBuffer>& buffers,
+                                           const std::string& prefix) const;
 
   /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.
   TRAINKIT_INLINE static std::string state_layout(const Options& o);
@@ -629,7 +640,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 sd.get_string("optimizer"));
+                 io::printable_bytes(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -658,6 +669,7 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                            b.name.find("_sq") != std::string::npos
                                ? detail::StateValues::kNonNegative
                                : detail::StateValues::kNumbers);
+  check_known_tensors(sd, buffers, prefix);
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);
@@ -691,6 +703,39 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
   h.skip = 0;
   h.first = 0;
   copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
+    const StateDict& sd, const std::vector<detail::StateBuffer>& buffers,
+    const std::string& prefix) const {
+  std::vector<std::string> states;  // the state names a key may end in, "step" last
+  for (const detail::StateBuffer& b : buffers) states.push_back(b.name);
+  states.push_back("step");
+  // Whole keys: a parameter's name may hold dots ("h.0.attn.weight.exp_avg").
+  std::set<std::string> known;
+  for (const nn::ParamInfo& p : arena_->infos())
+    for (const std::string& state : states) known.insert(p.name + "." + state);
+  std::string expected;
+  for (std::size_t k = 0; k < states.size(); ++k)
+    expected += std::string(k == 0 ? "" : k + 1 == states.size() ? " or " : ", ") + states[k];
+  for (const auto& entry : sd.tensors) {
+    const std::string& key = entry.first;
+    if (known.count(key) != 0) continue;
+    const std::string shown = io::printable_bytes(key);
+    for (const std::string& state : states) {
+      const std::string suffix = "." + state;
+      if (key.size() > suffix.size() && key.ends_with(suffix))
+        TRAINKIT_FAIL(
+            prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
+            io::printable_bytes(std::string_view(key).substr(0, key.size() - suffix.size())),
+            "' that this optimizer's arena does not have; expected the states of the arena's ",
+            arena_->size(), " parameter(s) only (is it the state of another model?)");
+    }
+    TRAINKIT_FAIL(prefix, "the state holds tensor '", shown,
+                  "', which is not '<parameter>.<state>' for a state this optimizer keeps (",
+                  expected, ")");
+  }
 }
 
 template <class Rule, Space S>

@@ -34,7 +34,8 @@
 //   needs_grad_norm(o)      true: the global gradient norm is measured before the prologue
 //   kSavedOptions           `std::tuple{saved_option("beta1", &Options::beta1), ...}`: options
 //                           that state_dict() stores and load_state_dict() restores (double,
-//                           bool or integer members)
+//                           bool or integer members; unsigned ones as decimal text, so every
+//                           64-bit value round-trips)
 //   trust_ratio(s, pn, un)  declares a per-tensor phase: update() then RETURNS the step direction
 //                           u (p stays; u is written over the gradient), the driver reduces
 //                           ||p|| and ||u|| per parameter tensor (deterministically) and moves

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,28 +29,56 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
 namespace detail {
 
-/// One saved member: the state-dict key and the member of O (double, bool or an integer).
+/// One saved member: the state-dict key and the member of O (double, bool or an integer;
+/// unsigned integers are stored as decimal text, so a std::uint64_t above INT64_MAX round-trips).
+/// `optional`: states saved before the field was added lack its key, and a load keeps the
+/// member's current value then (instead of refusing the state).
 template <class O, class M>
 struct StateField {
   using Member = M O::*;
   const char* key;
   Member member;
+  bool optional = false;
 };
 template <class O, class M>
 constexpr StateField<O, M> state_field(const char* key, M O::*member) {
-  return {key, member};
+  return {key, member, false};
+}
+/// A field added after states were first saved: a state without `key` loads, keeping the value.
+template <class O, class M>
+constexpr StateField<O, M> optional_state_field(const char* key, M O::*member) {
+  return {key, member, true};
+}
+
+template <class M>
+void save_value(StateDict& sd, const char* key, const M& value) {
+  if constexpr (std::same_as<M, bool>) {
+    sd.set(key, value);
+  } else if constexpr (std::unsigned_integral<M>) {
+    sd.set_u64(key, static_cast<std::uint64_t>(value));
+  } else if constexpr (std::integral<M>) {
+    sd.set(key, static_cast<std::int64_t>(value));
+  } else {
+    sd.set(key, static_cast<double>(value));
+  }
 }
 
 /// sd.set(field.key, obj.*field.member) for every field of `fields` (a tuple of StateField).
 template <class O, class Fields>
 void save_fields(StateDict& sd, const O& obj, const Fields& fields) {
-  std::apply([&](const auto&... f) { (sd.set(f.key, obj.*f.member), ...); }, fields);
+  std::apply([&](const auto&... f) { (save_value(sd, f.key, obj.*f.member), ...); }, fields);
 }
 
 template <class M>
 void load_value(const StateDict& sd, const char* key, M& value) {
   if constexpr (std::same_as<M, bool>) {
     value = sd.get_int(key) != 0;
+  } else if constexpr (std::unsigned_integral<M>) {
+    const std::uint64_t v = sd.get_u64(key);
+    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<M>::max());
+    TRAINKIT_CHECK(v <= kMax, "state dict: '", key, "' is ", v,
+                   ", above the largest value it can hold (", kMax, ")");
+    value = static_cast<M>(v);
   } else if constexpr (std::integral<M>) {
     value = static_cast<M>(sd.get_int(key));
   } else {
@@ -58,10 +87,14 @@ void load_value(const StateDict& sd, const char* key, M& value) {
 }
 
 /// The inverse of save_fields: obj.*field.member = the value under field.key (throws for a
-/// missing key, naming it).
+/// missing key, naming it; an optional field's missing key keeps the member as it is).
 template <class O, class Fields>
 void load_fields(const StateDict& sd, O& obj, const Fields& fields) {
-  std::apply([&](const auto&... f) { (load_value(sd, f.key, obj.*f.member), ...); }, fields);
+  const auto load = [&](const auto& f) {
+    if (f.optional && sd.values.count(f.key) == 0) return;
+    load_value(sd, f.key, obj.*f.member);
+  };
+  std::apply([&](const auto&... f) { (load(f), ...); }, fields);
 }
 
 /// sd.set(key, value) for each (key, value) pair of the arguments.
