@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <span>
@@ -16,6 +18,10 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <trainkit/dist/bootstrap.hpp>
 #include <trainkit/dist/rendezvous.hpp>
@@ -248,6 +254,114 @@ TEST_CASE("detect_launch: malformed and inconsistent values name the variable") 
                        doctest::Contains("says 8 processes on this node but 2 in all"), tk::Error);
 }
 
+TEST_CASE("detect_launch: integers with blanks or signs are refused, naming the variable") {
+  CleanEnv env;
+  env.set("WORLD_SIZE", "4");
+  for (const char* bad : {" 1", "+1", "1 ", "\t1", "-0", "0x1"}) {
+    CAPTURE(bad);
+    env.set("RANK", bad);
+    CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("environment variable RANK='"),
+                         tk::Error);
+  }
+  // Control bytes from the environment are shown escaped.
+  env.set("RANK", "1\x1b[0m");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("RANK='1\\x1b[0m'"), tk::Error);
+  env.set("RANK", "1");
+  CHECK(dist::detect_launch().rank == 1);
+  for (const char* bad : {" 2", "+2", "-2", " -1"}) {
+    CAPTURE(bad);
+    env.set("TRAINKIT_DIST_TIMEOUT", bad);
+    CHECK_THROWS_WITH_AS(dist::default_timeout(), doctest::Contains("TRAINKIT_DIST_TIMEOUT='"),
+                         tk::Error);
+  }
+  env.set("TRAINKIT_DIST_TIMEOUT", ".5");
+  CHECK(dist::default_timeout() == std::chrono::milliseconds(500));
+  ::unsetenv("TRAINKIT_DIST_TIMEOUT");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "2");
+  env.set("SLURM_NODELIST", "n1");
+  for (const char* bad : {" 42", "+42", " -42"}) {
+    CAPTURE(bad);
+    env.set("SLURM_JOB_ID", bad);
+    CHECK_THROWS_WITH_AS(dist::detect_launch(), doctest::Contains("SLURM_JOB_ID='"), tk::Error);
+  }
+}
+
+TEST_CASE("detect_launch: an inconsistent rank or local rank names the launcher's variables") {
+  CleanEnv env;
+  env.set("RANK", "4");
+  env.set("WORLD_SIZE", "4");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("RANK=4 must be below WORLD_SIZE=4"), tk::Error);
+  env.set("RANK", "1");
+  env.set("LOCAL_RANK", "2");
+  env.set("LOCAL_WORLD_SIZE", "2");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"),
+                       tk::Error);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  env.set("LOCAL_RANK", "4");
+  CHECK_THROWS_WITH_AS(
+      dist::detect_launch(),
+      doctest::Contains("LOCAL_RANK=4 must be below WORLD_SIZE (LOCAL_WORLD_SIZE is unset)=4"),
+      tk::Error);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("LOCAL_RANK");
+  env.set("OMPI_COMM_WORLD_RANK", "3");
+  env.set("OMPI_COMM_WORLD_SIZE", "2");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("OMPI_COMM_WORLD_RANK=3 must be below "
+                                         "OMPI_COMM_WORLD_SIZE=2"),
+                       tk::Error);
+  env.set("OMPI_COMM_WORLD_RANK", "1");
+  env.set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("OMPI_COMM_WORLD_LOCAL_SIZE=3 must not exceed "
+                                         "OMPI_COMM_WORLD_SIZE=2"),
+                       tk::Error);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  env.set("PMI_RANK", "0");
+  env.set("PMI_SIZE", "2");
+  env.set("MPI_LOCALRANKID", "1");
+  env.set("MPI_LOCALNRANKS", "1");
+  CHECK_THROWS_WITH_AS(dist::detect_launch(),
+                       doctest::Contains("MPI_LOCALRANKID=1 must be below MPI_LOCALNRANKS=1"),
+                       tk::Error);
+}
+
+TEST_CASE("dist::init: a rendezvous port out of range is an error naming where it came from") {
+  CleanEnv env;
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", "65535");
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  const dist::InitOptions quick{.timeout = std::chrono::milliseconds(200)};
+  // MASTER_PORT + 1 does not exist: said so, not "needs MASTER_ADDR and MASTER_PORT".
+  for (const dist::Backend b : {dist::Backend::kAuto, dist::Backend::kTcp}) {
+    CAPTURE(dist::backend_name(b));
+    dist::InitOptions o = quick;
+    o.backend = b;
+    CHECK_THROWS_WITH_AS(dist::init(o), doctest::Contains("MASTER_PORT=65535 is held by torchrun"),
+                         tk::Error);
+  }
+  ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  for (const int bad : {-1, 65536, 70000}) {
+    CAPTURE(bad);
+    dist::InitOptions o = quick;
+    o.rendezvous_port = bad;
+    const std::string want = "InitOptions::rendezvous_port " + std::to_string(bad) + " is not";
+    CHECK_THROWS_WITH_AS(dist::init(o), doctest::Contains(want.c_str()), tk::Error);
+    o.backend = dist::Backend::kTcp;
+    CHECK_THROWS_WITH_AS(dist::init(o), doctest::Contains(want.c_str()), tk::Error);
+  }
+}
+
 TEST_CASE("dist::init: a single process gets a one-rank ThreadComm") {
   CleanEnv env;
   auto ctx = dist::init();
@@ -414,4 +528,64 @@ TEST_CASE("tcp_broadcast: a foreign service on the port is recognised") {
       dist::tcp_broadcast("localhost", port, 1, 2, payload, std::chrono::milliseconds(3000)),
       doctest::Contains("is not a trainkit rendezvous"), tk::Error);
   server.join();
+}
+
+TEST_CASE("tcp_broadcast: a peer that stops reading cannot hold rank 0 past the timeout") {
+  // A peer says hello and never reads: rank 0's send of a payload larger than the socket buffers
+  // blocked in send() (the accepted socket was blocking), past its deadline, until the peer
+  // closed. The peer here holds on until rank 0 gave up, or 8 s.
+  const int port = free_port();
+  std::vector<std::byte> payload(std::size_t{32} << 20, std::byte{7});
+  std::atomic<bool> root_done{false};
+  std::thread peer([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+    std::string error;
+    dist::detail::Socket s;
+    while (!s.valid() && std::chrono::steady_clock::now() < deadline) {
+      dist::detail::Socket attempt(::socket(AF_INET, SOCK_STREAM, 0));
+      const int small = 4096;  // a small receive window: the payload cannot be absorbed
+      (void)::setsockopt(attempt.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(static_cast<std::uint16_t>(port));
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(attempt.fd(), reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
+        s = std::move(attempt);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // rank 0 is not up yet
+      }
+    }
+    if (!s.valid()) return;
+    unsigned char header[dist::detail::kRendezvousHeader];
+    std::memcpy(header, dist::detail::kRendezvousMagic, 8);
+    dist::detail::put_u32(header + 8, 1);
+    dist::detail::put_u32(header + 12, 2);
+    dist::detail::put_u64(header + 16, payload.size());
+    (void)dist::detail::send_all(s.fd(), header, sizeof header, deadline);
+    while (!root_done.load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    dist::tcp_broadcast("127.0.0.1", port, 0, 2, payload, std::chrono::milliseconds(500));
+  } catch (const tk::Error& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  root_done.store(true);
+  peer.join();
+  CHECK(error.find("rank 0 could not send to rank 1") != std::string::npos);
+  CHECK(took < 4.0);
+}
+
+TEST_CASE("tcp_broadcast: a timeout that is not positive or would overflow the clock") {
+  std::array<std::byte, 4> payload{};
+  for (const auto t : {std::chrono::milliseconds::max(), std::chrono::milliseconds(0),
+                       std::chrono::milliseconds(-1)}) {
+    CAPTURE(t.count());
+    CHECK_THROWS_WITH_AS(dist::tcp_broadcast("127.0.0.1", 29500, 1, 2, payload, t),
+                         doctest::Contains("tcp_broadcast: the timeout must be positive"),
+                         tk::Error);
+  }
 }

@@ -260,6 +260,22 @@ TEST_CASE("TcpComm: argument errors throw at the call") {
   CHECK(g[3] == 1.5f);
 }
 
+TEST_CASE("TcpComm: a timeout that would overflow the clock's deadlines is refused") {
+  // milliseconds::max() ("never") wrapped every deadline into the past.
+  for (const auto t : {std::chrono::milliseconds::max(),
+                       std::chrono::milliseconds(std::int64_t{10000000} * 1000 + 1)}) {
+    CAPTURE(t.count());
+    dist::TcpCommOptions o;
+    o.timeout = t;
+    CHECK_THROWS_WITH_AS(dist::TcpComm("", 0, 0, 1, o),
+                         doctest::Contains("TcpComm: the timeout must be positive and at most "
+                                           "10^7 s"),
+                         tk::Error);
+    CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1", 29500, 1, 2, o),
+                         doctest::Contains("TcpComm: the timeout must be positive"), tk::Error);
+  }
+}
+
 TEST_CASE(
     "TcpComm bootstrap: a rank that never arrives is named by every rank within the timeout") {
   const auto t0 = Clock::now();
@@ -439,6 +455,213 @@ TEST_CASE("TcpComm bootstrap: a rank that announces no address is listed where r
   CHECK(!rank0_error.empty());
 }
 
+TEST_CASE("TcpComm: an address that no rank could use is refused where it is made") {
+  // announce_addr or MASTER_ADDR with a blank: rank 0 listed it, every other rank then failed
+  // blaming rank 0, and rank 0 waited for the ring until its timeout.
+  const int port = free_port();
+  const auto t0 = Clock::now();
+  auto options = quick(3000);
+  options.announce_addr = "127.0.0.1 ";
+  CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1", port, 1, 2, options),
+                       doctest::Contains("TcpComm rank 1: TcpCommOptions::announce_addr "
+                                         "'127.0.0.1 ' is not a host name or address"),
+                       tk::Error);
+  options.announce_addr = "bad\x01";
+  CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1", port, 0, 2, options),
+                       doctest::Contains("announce_addr 'bad\\x01'"), tk::Error);
+  options.announce_addr.clear();
+  CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1 ", port, 0, 2, options),
+                       doctest::Contains("the master address (MASTER_ADDR) '127.0.0.1 ' is not"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(dist::TcpComm(std::string(1025, 'h'), port, 1, 2, options),
+                       doctest::Contains("the master address (MASTER_ADDR)"), tk::Error);
+  CHECK(seconds_since(t0) < 2.0);  // at once, not after a timeout
+}
+
+TEST_CASE("TcpComm bootstrap: rank 0 refuses a hello with an unusable address, naming the rank") {
+  // A rank 1 by hand that announces an address with a blank or a control byte: rank 0 answers
+  // with its verdict at once (it used to send the table, which the other ranks then refused).
+  for (const std::string& host : {std::string("a b"), std::string("host\x1b[2J")}) {
+    CAPTURE(host);
+    const int port = free_port();
+    std::string rank0_error;
+    const auto t0 = Clock::now();
+    std::thread rank0([&] {
+      try {
+        dist::TcpComm c("127.0.0.1", port, 0, 2, quick(3000));
+      } catch (const std::exception& e) {
+        rank0_error = e.what();
+      }
+    });
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    std::string error;
+    dist::detail::Socket s;
+    while (!s.valid() && Clock::now() < deadline) {
+      s = dist::detail::connect_once("127.0.0.1", port, deadline, error);
+      if (!s.valid()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(s.valid());
+    dist::detail::TcpFrame hello;
+    hello.type = dist::detail::TcpFrameType::kHello;
+    hello.a = 1;
+    hello.b = 2;
+    hello.seq = 4242;
+    hello.length = host.size();
+    REQUIRE(dist::detail::send_tcp_frame(s.fd(), hello, host.data(), deadline));
+    unsigned char head[dist::detail::kTcpFrameBytes];
+    REQUIRE(dist::detail::recv_all(s.fd(), head, sizeof head, deadline));
+    const auto f = dist::detail::decode_tcp_frame(head, sizeof head, "rank 0");
+    CHECK(f.type == dist::detail::TcpFrameType::kAbort);
+    std::string text(static_cast<std::size_t>(f.length), '\0');
+    if (f.type == dist::detail::TcpFrameType::kAbort)
+      CHECK(dist::detail::recv_all(s.fd(), text.data(), text.size(), deadline));
+    s = dist::detail::Socket();
+    rank0.join();
+    const std::string shown = host == "a b" ? "'a b'" : "'host\\x1b[2J'";
+    CHECK(contains(text, "rank 1 announced an unusable address " + shown));
+    CHECK(contains(rank0_error, "TcpComm rank 0: rank 1 announced an unusable address " + shown));
+    CHECK(seconds_since(t0) < 2.5);
+  }
+}
+
+namespace {
+
+// Rank 1 of a group of 2 played by hand, to send rank 0 what a real rank never would. After
+// join(), `right` carries frames to rank 0 (rank 0's left neighbour link) and `left` is rank 0's
+// link to us. Every step is bounded by `deadline`; false when rank 0 did not play along.
+struct FakeRank1 {
+  dist::detail::Socket listener, right, left;
+  bool join(int master_port, Clock::time_point deadline) {
+    namespace d = dist::detail;
+    std::string error;
+    listener = d::listen_on(0, error);
+    if (!listener.valid()) return false;
+    d::Socket s;
+    while (!s.valid() && Clock::now() < deadline) {
+      s = d::connect_once("127.0.0.1", master_port, deadline, error);
+      if (!s.valid()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!s.valid()) return false;
+    const std::string host = "127.0.0.1";
+    d::TcpFrame hello;
+    hello.type = d::TcpFrameType::kHello;
+    hello.a = 1;
+    hello.b = 2;
+    hello.seq = static_cast<std::uint64_t>(d::bound_port(listener.fd()));
+    hello.length = host.size();
+    unsigned char head[d::kTcpFrameBytes];
+    if (!d::send_tcp_frame(s.fd(), hello, host.data(), deadline) ||
+        !d::recv_all(s.fd(), head, sizeof head, deadline))
+      return false;
+    const d::TcpFrame table = d::decode_tcp_frame(head, sizeof head, "rank 0");
+    std::vector<unsigned char> payload(static_cast<std::size_t>(table.length));
+    if (table.type != d::TcpFrameType::kTable ||
+        !d::recv_all(s.fd(), payload.data(), payload.size(), deadline))
+      return false;
+    const auto endpoints = d::decode_tcp_table(payload, 2, "rank 0");
+    right = d::connect_once(endpoints[0].host, endpoints[0].port, deadline, error);
+    if (!right.valid()) return false;
+    d::TcpFrame link;
+    link.type = d::TcpFrameType::kLink;
+    link.a = 1;
+    link.b = 2;
+    link.seq = table.seq;
+    if (!d::send_tcp_frame(right.fd(), link, nullptr, deadline) ||
+        !d::wait_fd(listener.fd(), POLLIN, deadline))
+      return false;
+    left = d::Socket(::accept(listener.fd(), nullptr, nullptr));
+    return left.valid() && d::recv_all(left.fd(), head, sizeof head, deadline);
+  }
+};
+
+// Rank 0 (a real TcpComm) meets a FakeRank1 that sends `frames` (raw bytes) once the group has
+// formed, while rank 0 runs one all_reduce of 10 floats; returns rank 0's error and how long
+// the collective took.
+std::pair<std::string, double> rank0_against(const std::vector<unsigned char>& frames) {
+  const int port = free_port();
+  std::string error;
+  double took = -1.0;
+  std::thread rank0([&] {
+    try {
+      dist::TcpComm comm("127.0.0.1", port, 0, 2, quick(5000));
+      const auto t0 = Clock::now();
+      std::vector<float> v(10, 1.0f);
+      try {
+        comm.all_reduce(std::span<float>(v), dist::ReduceOp::kSum).wait();
+      } catch (...) {
+        took = seconds_since(t0);
+        throw;
+      }
+      took = seconds_since(t0);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  FakeRank1 fake;
+  if (fake.join(port, deadline))
+    (void)dist::detail::send_all(fake.right.fd(), frames.data(), frames.size(), deadline);
+  // Hold the connections until rank 0 finished (a close would be a failure of its own).
+  rank0.join();
+  return {error, took};
+}
+
+std::vector<unsigned char> frame_bytes(const dist::detail::TcpFrame& f,
+                                       const std::string& payload = {}) {
+  std::vector<unsigned char> out(dist::detail::kTcpFrameBytes);
+  dist::detail::encode_tcp_frame(f, out.data());
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("TcpComm: a peer's failure text is shown escaped; garbage fails the collective at once") {
+  namespace d = dist::detail;
+  d::TcpFrame header;
+  header.type = d::TcpFrameType::kHeader;
+  header.kind = d::RingOp::kAllReduce;
+  header.op = dist::ReduceOp::kSum;
+  header.dtype = tk::DType::kF32;
+  header.b = 256 << 10;
+  header.seq = 1;
+  header.length = 10;
+  SUBCASE("an abort whose text holds control bytes (a terminal escape, a line break)") {
+    const std::string text = "rank 1 says \x1b[2J\nFAKE LOG LINE";
+    d::TcpFrame abort;
+    abort.type = d::TcpFrameType::kAbort;
+    abort.length = text.size();
+    const auto [error, took] = rank0_against(frame_bytes(abort, text));
+    CAPTURE(error);
+    CHECK(contains(error, "told by rank 1): rank 1 says \\x1b[2J\\x0aFAKE LOG LINE"));
+    CHECK(error.find('\x1b') == std::string::npos);
+    CHECK(error.find('\n') == std::string::npos);
+    CHECK(took < 2.5);
+  }
+  SUBCASE("a data unit of another size than the header announced") {
+    d::TcpFrame data;
+    data.type = d::TcpFrameType::kData;
+    data.seq = 1;
+    data.length = 7;
+    auto bytes = frame_bytes(header);
+    const auto unit = frame_bytes(data, std::string(7, 'x'));
+    bytes.insert(bytes.end(), unit.begin(), unit.end());
+    const auto [error, took] = rank0_against(bytes);
+    CAPTURE(error);
+    CHECK(contains(error,
+                   "rank 1 sent a frame of type 5 (collective #1, unit 0, 7 bytes) where "
+                   "unit 0 of 20 bytes belongs (a protocol error)"));
+    CHECK(took < 2.5);
+  }
+  SUBCASE("a header that announces 2^62 elements") {
+    header.length = std::uint64_t{1} << 62;
+    const auto [error, took] = rank0_against(frame_bytes(header));
+    CAPTURE(error);
+    CHECK(contains(error, "rank 1 called all_reduce(4611686018427387904 x F32, sum)"));
+    CHECK(took < 2.5);
+  }
+}
+
 TEST_CASE("TcpComm: a stalled rank fails every rank within the timeout, naming it") {
   auto options = quick(500, 4096);
   options.fault_injection = [](int rank, std::uint64_t op, std::int64_t unit) {
@@ -490,6 +713,50 @@ TEST_CASE("TcpComm: a rank that throws mid-collective fails the others at once, 
     CAPTURE(r);
     CHECK(contains(errors[static_cast<std::size_t>(r)],
                    "TcpComm rank 1: all_reduce #2 failed: injected crash"));
+  }
+}
+
+TEST_CASE("TcpComm: a hook that throws a non-std exception fails the group at once too") {
+  // It used to complete this rank's Work with the exception but leave the group unbroken: the
+  // neighbours waited for their timeout, and this rank's next collective read the rest of the
+  // failed one's stream as its own.
+  auto options = quick(20000, 1024);
+  options.fault_injection = [](int rank, std::uint64_t op, std::int64_t unit) {
+    if (rank == 1 && op == 1 && unit == 3) throw 42;
+  };
+  const auto t0 = Clock::now();
+  std::vector<std::string> second(3);
+  const auto errors = run_tcp(
+      3,
+      [&](dist::TcpComm& comm) {
+        std::vector<double> v(5000, 1.0);
+        bool std_error = true;
+        try {
+          try {
+            comm.all_reduce(std::span<double>(v), dist::ReduceOp::kSum).wait();
+          } catch (const std::exception&) {
+            throw;
+          } catch (...) {
+            std_error = false;  // the bare int
+          }
+        } catch (...) {
+          try {
+            comm.barrier().wait();
+          } catch (const std::exception& e) {
+            second[static_cast<std::size_t>(comm.rank())] = e.what();
+          }
+          throw;
+        }
+        if (!std_error) throw std::runtime_error("Work::wait() rethrew the hook's int");
+      },
+      options);
+  CHECK(seconds_since(t0) < 5.0);  // not the 20 s timeout
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(contains(errors[static_cast<std::size_t>(r)],
+                   "TcpComm rank 1: all_reduce #1 failed: an exception that is not a "
+                   "std::exception"));
+    CHECK(contains(second[static_cast<std::size_t>(r)], "refused: the group failed earlier"));
   }
 }
 

@@ -190,6 +190,63 @@ TEST_CASE("ThreadComm: argument errors throw at the call") {
   CHECK_NOTHROW(dist::ThreadGroup(1));
 }
 
+TEST_CASE("ThreadComm: counts whose world_size multiple wraps round are refused at the call") {
+  // 4 * 2^62 wraps to 0 in 64 bits: a check that multiplies took a send of 2^62 elements with an
+  // empty recv (and then copied 2^64 bytes), or an empty send with a recv of 2^62.
+  auto group = std::make_shared<dist::ThreadGroup>(4);
+  dist::ThreadComm comm(group, 0);
+  float x = 0.0f, y = 0.0f;
+  const std::int64_t huge = std::int64_t{1} << 62;
+  for (const std::int64_t big : {huge, huge + 1, huge + 1000}) {
+    CAPTURE(big);
+    const std::int64_t wrapped = static_cast<std::int64_t>(static_cast<std::uint64_t>(big) * 4);
+    CHECK_THROWS_WITH_AS(comm.all_gather(dist::Buffer(&x, big, tk::DType::kF32),
+                                         dist::Buffer(&y, wrapped, tk::DType::kF32)),
+                         doctest::Contains("all_gather: recv must hold world_size * send.count"),
+                         tk::Error);
+    CHECK_THROWS_WITH_AS(
+        comm.reduce_scatter(dist::Buffer(&x, wrapped, tk::DType::kF32),
+                            dist::Buffer(&y, big, tk::DType::kF32), dist::ReduceOp::kSum),
+        doctest::Contains("reduce_scatter: send must hold world_size * recv.count"), tk::Error);
+  }
+  // A count that is not a multiple of world_size either.
+  std::vector<float> a(3), b(13);
+  CHECK_THROWS_AS(comm.all_gather(std::span<float>(a), std::span<float>(b)), tk::Error);
+  CHECK_THROWS_AS(
+      comm.reduce_scatter(std::span<float>(b), std::span<float>(a), dist::ReduceOp::kSum),
+      tk::Error);
+}
+
+TEST_CASE("ThreadGroup: a timeout whose deadline would overflow the clock is refused") {
+  // milliseconds::max() ("never") made every deadline wrap into the past: the first wait failed
+  // at once, "made no progress for 9.22337e+15 s".
+  dist::ThreadCommOptions o;
+  for (const auto t : {std::chrono::milliseconds::max(),
+                       std::chrono::milliseconds(std::int64_t{10000000} * 1000 + 1),
+                       std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    CAPTURE(t.count());
+    o.timeout = t;
+    CHECK_THROWS_WITH_AS(dist::ThreadGroup(2, o),
+                         doctest::Contains("ThreadGroup: the timeout must be positive and at "
+                                           "most 10^7 s"),
+                         tk::Error);
+  }
+  // The longest accepted timeout works: a collective completes (and does not fail at once).
+  o.timeout = std::chrono::milliseconds(std::int64_t{10000000} * 1000);
+  std::vector<float> sums(2);
+  dist::ThreadComm::run(
+      2,
+      [&](dist::ThreadComm& comm) {
+        if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::vector<float> v{static_cast<float>(comm.rank()) + 1.0f};
+        comm.all_reduce(std::span<float>(v), dist::ReduceOp::kSum).wait();
+        sums[static_cast<std::size_t>(comm.rank())] = v[0];
+      },
+      o);
+  CHECK(sums[0] == 3.0f);
+  CHECK(sums[1] == 3.0f);
+}
+
 TEST_CASE("ThreadComm: a stalled rank fails every other rank within the timeout, naming it") {
   constexpr int world_size = 4;
   const auto timeout = std::chrono::milliseconds(400);

@@ -29,6 +29,7 @@
 #include "trainkit/dist/tcp_comm.hpp"
 #include "trainkit/dist/thread_comm.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
@@ -71,7 +72,8 @@ inline std::optional<std::string> env_var(const char* name) {
 }
 
 /// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
-/// naming the variable when it is not an integer in [lo, hi].
+/// naming the variable when it is not an integer in [lo, hi] written plainly: decimal digits,
+/// nothing before or after them (strtol alone would take " 2" and "+2").
 TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
 
 /// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1",
@@ -90,9 +92,11 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   char* end = nullptr;
   errno = 0;
   const long x = std::strtol(v->c_str(), &end, 10);
-  TRAINKIT_CHECK(end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
-                 "dist: environment variable ", name, "='", *v, "' is not an integer in [", lo,
-                 ", ", hi, "]");
+  const char first = (*v)[0];
+  const bool plain = (first >= '0' && first <= '9') || (first == '-' && lo < 0);
+  TRAINKIT_CHECK(plain && end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
+                 "dist: environment variable ", name, "='", io::printable_bytes(*v),
+                 "' is not an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(x);
 }
 
@@ -246,7 +250,9 @@ TRAINKIT_INLINE Context init(InitOptions options = {});
 
 namespace detail {
 
-/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known).
+/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known). Throws
+/// trainkit::Error for an option outside [0, 65535], and for MASTER_PORT 65535 under the agent
+/// store (its rendezvous port would be 65536).
 TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo& launch);
 
 }  // namespace detail
@@ -255,15 +261,26 @@ TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo
 
 TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
   int port = options.rendezvous_port;
+  TRAINKIT_CHECK(port >= 0 && port <= 65535, "dist::init: InitOptions::rendezvous_port ", port,
+                 " is not a port in [1, 65535] (or 0: from the environment)");
   if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
-  if (port == 0 && launch.master_port > 0) port = launch.master_port + (launch.agent_store ? 1 : 0);
-  return port > 65535 ? 0 : port;
+  if (port == 0 && launch.master_port > 0) {
+    port = launch.master_port + (launch.agent_store ? 1 : 0);
+    TRAINKIT_CHECK(port <= 65535, "dist::init: MASTER_PORT=", launch.master_port,
+                   " is held by torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True) and "
+                   "the rendezvous would use the next port, ",
+                   port, ", which does not exist: set TRAINKIT_RDZV_PORT or a lower MASTER_PORT");
+  }
+  return port;
 }
 
 TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
   using detail::env_var;
   LaunchInfo info;
+  // The variables this launch was read from, for the consistency errors below.
+  std::string rank_var = "RANK", size_var = "WORLD_SIZE", local_rank_var = "LOCAL_RANK",
+              local_size_var = "LOCAL_WORLD_SIZE";
   // A launcher's pair of variables comes whole: half of one is a broken launch, not a single
   // process (each of N processes would otherwise train alone as rank 0).
   const auto pair = [&](const char* rank, const char* size) {
@@ -274,6 +291,7 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   };
   if (pair("RANK", "WORLD_SIZE")) {
     info.launcher = Launcher::kTorchrun;
+    if (!env_var("LOCAL_WORLD_SIZE")) local_size_var = "WORLD_SIZE (LOCAL_WORLD_SIZE is unset)";
     info.world_size = *env_int("WORLD_SIZE", 1);
     info.rank = *env_int("RANK", 0);
     info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
@@ -281,6 +299,10 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
     info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   } else if (pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     info.launcher = Launcher::kOpenMpi;
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    size_var = "OMPI_COMM_WORLD_SIZE";
+    local_rank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+    local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
     info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
     info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
     info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
@@ -288,6 +310,10 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   } else if (env_var("SLURM_PROCID") &&
              (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
     info.launcher = Launcher::kSlurm;
+    rank_var = "SLURM_PROCID";
+    size_var = env_var("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    local_rank_var = "SLURM_LOCALID";
+    local_size_var = "this node's entry of SLURM_STEP_TASKS_PER_NODE";
     info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
                                                       : *env_int("SLURM_NTASKS", 1);
     info.rank = *env_int("SLURM_PROCID", 0);
@@ -309,13 +335,19 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
         char* end = nullptr;
         errno = 0;
         const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
-        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] != '-',
-                       "dist: environment variable SLURM_JOB_ID='", *job, "' is not a job number");
+        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] >= '0' &&
+                           (*job)[0] <= '9',
+                       "dist: environment variable SLURM_JOB_ID='", io::printable_bytes(*job),
+                       "' is not a job number");
         info.master_port = 20000 + static_cast<int>(id % 20000);
       }
     }
   } else if (pair("PMI_RANK", "PMI_SIZE")) {  // MPICH's and Intel MPI's Hydra
     info.launcher = Launcher::kPmi;
+    rank_var = "PMI_RANK";
+    size_var = "PMI_SIZE";
+    local_rank_var = "MPI_LOCALRANKID";
+    local_size_var = "MPI_LOCALNRANKS";
     info.world_size = *env_int("PMI_SIZE", 1);
     info.rank = *env_int("PMI_RANK", 0);
     info.local_rank = env_int("MPI_LOCALRANKID", 0).value_or(0);
@@ -324,13 +356,16 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
   if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
   TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
-                 info.rank, " of ", info.world_size, " processes");
-  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
-                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
-                 " of ", info.local_world_size, " processes on this node");
+                 info.rank, " of ", info.world_size, " processes: ", rank_var, "=", info.rank,
+                 " must be below ", size_var, "=", info.world_size);
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size, "dist: ", launcher_name(info.launcher),
+                 " says local rank ", info.local_rank, " of ", info.local_world_size,
+                 " processes on this node: ", local_rank_var, "=", info.local_rank,
+                 " must be below ", local_size_var, "=", info.local_world_size);
   TRAINKIT_CHECK(info.local_world_size <= info.world_size, "dist: ", launcher_name(info.launcher),
                  " says ", info.local_world_size, " processes on this node but ", info.world_size,
-                 " in all");
+                 " in all: ", local_size_var, "=", info.local_world_size, " must not exceed ",
+                 size_var, "=", info.world_size);
   return info;
 }
 

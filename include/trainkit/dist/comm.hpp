@@ -29,6 +29,7 @@
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
@@ -198,18 +199,38 @@ class Work {
   std::shared_ptr<detail::WorkState> state_;
 };
 
+namespace detail {
+
+/// The longest timeout the communicators accept: 10^7 s (about 115 days). Deadlines are the
+/// clock's time plus the timeout, which would overflow for much longer ones (such as
+/// std::chrono::milliseconds::max() meant as "never").
+inline constexpr std::chrono::milliseconds kMaxTimeout{std::int64_t{10000000} * 1000};
+
+/// Throws trainkit::Error naming `who` unless 0 < timeout <= kMaxTimeout.
+inline void check_timeout(std::string_view who, std::chrono::milliseconds timeout) {
+  TRAINKIT_CHECK(timeout.count() > 0 && timeout <= kMaxTimeout, who,
+                 ": the timeout must be positive and at most 10^7 s (about 115 days), got ",
+                 timeout.count(), " ms");
+}
+
+}  // namespace detail
+
 /// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
-/// e.g. "2.5") or 300 s. A collective that makes no progress for this long fails with
-/// trainkit::Error instead of hanging. Throws trainkit::Error for a malformed value.
+/// e.g. "2.5"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress for this
+/// long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a malformed
+/// value (also one with leading blanks or a sign, which strtod would skip).
 inline std::chrono::milliseconds default_timeout() {
   const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
   if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
   char* end = nullptr;
   errno = 0;
   const double seconds = std::strtod(env, &end);
-  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-                 "TRAINKIT_DIST_TIMEOUT='", env,
-                 "' is not a number of seconds from 0.001 (the timeouts count milliseconds)");
+  const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
+  TRAINKIT_CHECK(
+      plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
+      "TRAINKIT_DIST_TIMEOUT='", io::printable_bytes(env),
+      "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
+      "below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -306,7 +327,9 @@ inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& re
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": all_gather: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(recv.count == send.count * c.world_size(), c.backend(), " rank ", c.rank(),
+  // Divided, not multiplied: a product of a huge count could wrap round to recv.count.
+  TRAINKIT_CHECK(recv.count % c.world_size() == 0 && recv.count / c.world_size() == send.count,
+                 c.backend(), " rank ", c.rank(),
                  ": all_gather: recv must hold world_size * send.count = ", c.world_size(), " * ",
                  send.count, " elements, it holds ", recv.count);
 }
@@ -318,7 +341,8 @@ inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": reduce_scatter: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(send.count == recv.count * c.world_size(), c.backend(), " rank ", c.rank(),
+  TRAINKIT_CHECK(send.count % c.world_size() == 0 && send.count / c.world_size() == recv.count,
+                 c.backend(), " rank ", c.rank(),
                  ": reduce_scatter: send must hold world_size * recv.count = ", c.world_size(),
                  " * ", recv.count, " elements, it holds ", send.count);
 }

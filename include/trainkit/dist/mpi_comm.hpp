@@ -196,7 +196,7 @@ class MpiComm final : public Comm {
   /// Initialises MPI first if needed (then `parent` must be MPI_COMM_WORLD or MPI_COMM_SELF).
   MpiComm(MPI_Comm parent, MpiOptions options)
       : options_(std::move(options)), runtime_(detail::MpiRuntime::acquire()) {
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "MpiComm: the timeout must be positive");
+    detail::check_timeout("MpiComm", options_.timeout);
     TRAINKIT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TRAINKIT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));

@@ -261,7 +261,7 @@ class NcclComm final : public Comm {
       : options_(std::move(options)) {
     TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "NcclComm: rank ", rank,
                    " is not in [0, ", world_size, ")");
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "NcclComm: the timeout must be positive");
+    detail::check_timeout("NcclComm", options_.timeout);
     TRAINKIT_CUDA_CHECK(cudaGetDevice(&device_));
     TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     handle_ = std::make_shared<detail::NcclHandle>(rank, world_size, options_.timeout);

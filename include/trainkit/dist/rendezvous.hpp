@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "trainkit/config.hpp"
+#include "trainkit/dist/comm.hpp"
 #include "trainkit/error.hpp"
 
 #if __has_include(<sys/socket.h>) && __has_include(<netdb.h>) && __has_include(<poll.h>) && \
@@ -236,7 +237,7 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// It returns on every rank only after rank 0 heard from all of them (a barrier too). `world_size`
 /// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
 /// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
-/// world_size or payload length, or `timeout` passes.
+/// world_size or payload length, or `timeout` (positive, at most 10^7 s) passes.
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
                                    std::span<std::byte> payload, std::chrono::milliseconds timeout);
 
@@ -248,6 +249,7 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
+  detail::check_timeout("tcp_broadcast", timeout);
   if (world_size == 1) return;
 #if TRAINKIT_DETAIL_HAS_SOCKETS
   using detail::RdvClock;
@@ -268,6 +270,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
                       joined, " of the other ", world_size - 1, " ranks connected");
       detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
       if (!s.valid()) continue;
+      // Non-blocking (an accepted socket does not inherit it from the listener): a blocking send
+      // of the payload to a peer that stops reading would never return, whatever the deadline.
+      detail::set_nonblocking(s.fd());
       unsigned char header[detail::kRendezvousHeader];
       // A connection that does not speak our protocol (a port scanner, a health check) is
       // dropped; one that does but disagrees is an error.

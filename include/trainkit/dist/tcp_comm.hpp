@@ -33,6 +33,7 @@
 #include "trainkit/dist/rendezvous.hpp"
 #include "trainkit/dist/thread_comm.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/io/utf8.hpp"
 
 #if TRAINKIT_DETAIL_HAS_SOCKETS
 #include <arpa/inet.h>
@@ -53,6 +54,8 @@ struct TcpCommOptions {
   std::int64_t chunk_bytes = std::int64_t{256} << 10;
   /// The address the other ranks reach this rank at. Empty: the local address of this rank's
   /// connection to rank 0 (the interface that routes to MASTER_ADDR); rank 0: the master address.
+  /// At most 1024 printable characters without blanks, like the master address:
+  /// the constructor refuses any other.
   std::string announce_addr;
   /// Fault injection for tests: called on the progress thread before this rank sends unit `unit`
   /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
@@ -191,6 +194,15 @@ inline TcpFrame decode_tcp_frame(const unsigned char* bytes, std::size_t size,
   return f;
 }
 
+/// True for what a rank may announce as its address (and rank 0 may list in the table): 1 to
+/// kTcpMaxAddress printable ASCII characters without blanks.
+inline bool is_tcp_address(std::string_view host) noexcept {
+  if (host.empty() || host.size() > kTcpMaxAddress) return false;
+  for (const char ch : host)
+    if (!(ch > ' ' && ch < 127)) return false;
+  return true;
+}
+
 /// The payload of a kTable frame for `table`.
 inline std::vector<unsigned char> encode_tcp_table(const std::vector<TcpEndpoint>& table) {
   std::vector<unsigned char> out;
@@ -280,8 +292,9 @@ class TcpComm final : public Comm {
  public:
   /// Joins the group of `world_size` ranks whose rank 0 listens at master_addr:master_port
   /// (rank 0 binds the port on every local interface). Blocks until the ring is formed. Throws
-  /// trainkit::Error for bad arguments, or when the group cannot be formed within
-  /// options.timeout (see the class comment). world_size == 1 needs no address and no socket.
+  /// trainkit::Error for bad arguments (among them a timeout outside (0, 10^7 s], an address
+  /// with blanks or control bytes), or when the group cannot be formed within options.timeout
+  /// (see the class comment). world_size == 1 needs no address and no socket.
   TRAINKIT_INLINE TcpComm(std::string master_addr, int master_port, int rank, int world_size,
                           TcpCommOptions options = {});
   TcpComm(const TcpComm&) = delete;
@@ -490,7 +503,7 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
   TRAINKIT_CHECK(options_.chunk_bytes >= 1 &&
                      static_cast<std::uint64_t>(options_.chunk_bytes) <= detail::kTcpMaxUnit,
                  "TcpComm: chunk_bytes must be in [1, 2^31], got ", options_.chunk_bytes);
-  TRAINKIT_CHECK(options_.timeout.count() > 0, "TcpComm: the timeout must be positive");
+  detail::check_timeout("TcpComm", options_.timeout);
   TRAINKIT_CHECK(options_.announce_addr.size() <= detail::kTcpMaxAddress,
                  "TcpComm: announce_addr is longer than ", detail::kTcpMaxAddress, " bytes");
   left_ = (rank + world_size - 1) % world_size;
@@ -500,6 +513,18 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
                    ": the master port ", master_port, " is not in [1, 65535]");
     TRAINKIT_CHECK(!master_addr.empty(), "TcpComm rank ", rank,
                    ": no master address (MASTER_ADDR) to meet rank 0 at");
+    // Checked here, where the mistake is made: a rank 0 that lists an address no rank can use
+    // makes the others fail naming rank 0, while rank 0 itself waits for the ring until its
+    // timeout.
+    TRAINKIT_CHECK(detail::is_tcp_address(master_addr), "TcpComm rank ", rank,
+                   ": the master address (MASTER_ADDR) '", io::printable_bytes(master_addr),
+                   "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
+                   " printable characters, no blanks)");
+    TRAINKIT_CHECK(options_.announce_addr.empty() || detail::is_tcp_address(options_.announce_addr),
+                   "TcpComm rank ", rank, ": TcpCommOptions::announce_addr '",
+                   io::printable_bytes(options_.announce_addr),
+                   "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
+                   " printable characters, no blanks)");
     try {
       bootstrap(master_addr, master_port);
     } catch (const Failure& f) {
@@ -615,10 +640,12 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       }
       if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
       const auto port = static_cast<std::int64_t>(f.seq);
-      if (port < 1 || port > 65535 || host.empty()) {
+      if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
-        refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '", host,
-                                        "' port ", port));
+        refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
+                                        io::printable_bytes(host), "' port ", port,
+                                        " (an address is 1 to ", detail::kTcpMaxAddress,
+                                        " printable characters, no blanks)"));
       }
       table[static_cast<std::size_t>(peer)] =
           detail::TcpEndpoint{std::move(host), static_cast<int>(port)};
@@ -676,8 +703,8 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
     if (f.type == detail::TcpFrameType::kAbort) {
       std::string text(static_cast<std::size_t>(f.length), '\0');
       (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
-      const std::string full =
-          trainkit::detail::concat("TcpComm rank ", rank_, ": rank 0 refused the group: ", text);
+      const std::string full = trainkit::detail::concat(
+          "TcpComm rank ", rank_, ": rank 0 refused the group: ", io::printable_bytes(text));
       throw Failure{full, text};
     }
     if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
@@ -845,6 +872,15 @@ TRAINKIT_INLINE void TcpComm::execute(Task& task) {
       const std::string full = trainkit::detail::concat("TcpComm rank ", rank_, ": ",
                                                         detail::ring_op_name(task.desc.kind), " #",
                                                         seq, " failed: ", e.what());
+      break_group(full);
+      TRAINKIT_FAIL(full);
+    } catch (...) {  // a fault injection hook that throws something else
+      // Still a failure of the group: this rank stopped mid-collective, so its neighbours must
+      // hear it now (not at their timeout) and its next collective must not read the rest of
+      // this one's stream as its own.
+      const std::string full = trainkit::detail::concat(
+          "TcpComm rank ", rank_, ": ", detail::ring_op_name(task.desc.kind), " #", seq,
+          " failed: an exception that is not a std::exception");
       break_group(full);
       TRAINKIT_FAIL(full);
     }
@@ -1064,11 +1100,13 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   auto receiving = [&] { return !header_received || recv_g < c.steps; };
   auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
                             const std::string& text) {
+    // The text is the peer's: shown escaped, passed on as it came (escaped once, where shown).
+    const std::string shown = io::printable_bytes(text);
     if (f.type == detail::TcpFrameType::kLeave)
-      fail(trainkit::detail::concat(what(c), " failed: ", text, ", before this collective"));
+      fail(trainkit::detail::concat(what(c), " failed: ", shown, ", before this collective"));
     throw Failure{
         trainkit::detail::concat("TcpComm rank ", rank_, ": ", what(c),
-                                 " failed because the group failed (told by ", who, "): ", text),
+                                 " failed because the group failed (told by ", who, "): ", shown),
         text};
   };
   auto closed = [&](const std::string& who, int err) {
@@ -1213,7 +1251,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
       if (rev_frame_.type == detail::TcpFrameType::kAbort)
         remote_failure(right_name, rev_frame_, rev_text_);
       right_gone_ = true;
-      right_gone_why_ = rev_text_;
+      right_gone_why_ = io::printable_bytes(rev_text_);
       if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
       return true;
     }

@@ -148,7 +148,8 @@ inline std::string format_seconds(std::chrono::milliseconds ms) {
 /// `world_size` threads, and construct one ThreadComm per thread from it (or use ThreadComm::run).
 class ThreadGroup {
  public:
-  /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
+  /// Throws trainkit::Error unless 1 <= size <= 4096, chunk_bytes >= 1 and the timeout is in
+  /// (0, 10^7 s] (detail::check_timeout).
   TRAINKIT_INLINE explicit ThreadGroup(int world_size, ThreadCommOptions options = {});
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
@@ -465,7 +466,7 @@ TRAINKIT_INLINE ThreadGroup::ThreadGroup(int world_size, ThreadCommOptions optio
                  "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
   TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
                  options_.chunk_bytes);
-  TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
+  detail::check_timeout("ThreadGroup", options_.timeout);
   slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
 }
 
