@@ -2,12 +2,18 @@
 // copies between spaces.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <random>
+#include <span>
 #include <string>
 #include <trainkit/core/any_tensor.hpp>
 #include <trainkit/core/copy.hpp>
 #include <trainkit/core/shape.hpp>
+#include <trainkit/core/state_dict.hpp>
 #include <trainkit/core/tensor.hpp>
 #include <trainkit/core/tensor_view.hpp>
 #include <vector>
@@ -152,6 +158,111 @@ TEST_CASE("TensorView: extent-1 dimensions with odd strides still count as conti
   CHECK(&broadcast(2, 1) == &x[1]);
 }
 
+TEST_CASE("empty shapes and views: a zero extent anywhere makes 0 elements, in any order") {
+  // A Shape accepted [0, 2^40, 2^40] but refused its transpose [2^40, 2^40, 0] (its element count
+  // is 0 too), so shape() of a transposed empty view threw; and numel() multiplied 2^40 * 2^40
+  // (signed overflow) before reaching the 0. An empty view was also "not contiguous" unless its
+  // strides happened to be the contiguous ones: flatten() and AnyTensorView::of() of an empty
+  // slice threw, where PyTorch calls every empty tensor contiguous.
+  std::mt19937_64 rng(20261207);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::int64_t dims[4];
+    for (std::int64_t& d : dims)
+      d = std::int64_t{1} << std::uniform_int_distribution<int>(0, 40)(rng);
+    dims[std::uniform_int_distribution<int>(0, 3)(rng)] = 0;
+    std::vector<std::int64_t> order(dims, dims + 4);
+    std::shuffle(order.begin(), order.end(), rng);
+    tk::Shape shape;
+    CHECK_NOTHROW(shape = tk::Shape(std::span<const std::int64_t>(order)));
+    CHECK(shape.numel() == 0);
+    tk::Tensor<float> empty{tk::Shape(std::span<const std::int64_t>(dims))};
+    auto v = empty.view<4>();
+    const int d0 = std::uniform_int_distribution<int>(0, 3)(rng);
+    const int d1 = std::uniform_int_distribution<int>(0, 3)(rng);
+    const auto t = v.transposed(d0, d1);
+    CHECK(t.numel() == 0);
+    CHECK(t.empty());
+    CHECK(t.is_contiguous());
+    CHECK(t.shape().numel() == 0);
+    CHECK(t.flatten().numel() == 0);
+    CHECK(tk::AnyTensorView::of(tk::HostView<const float, 4>(t)).bytes() == 0);
+  }
+  // Without a zero extent the count must still fit, in every order.
+  CHECK(contains(error_of([] { tk::Shape{1ll << 40, 1, 1ll << 40}; }), "overflows"));
+  CHECK(contains(error_of([] {
+                   tk::Shape{1, 1ll << 40, 1ll << 40};
+                 }),
+                 "shape [1, 1099511627776, 1099511627776] overflows"));
+  // Empty slices of ordinary tensors, at random extents and dimensions.
+  for (int trial = 0; trial < 100; ++trial) {
+    std::uniform_int_distribution<std::int64_t> extent(1, 5);
+    auto t = tk::HostTensor<float>::zeros({extent(rng), extent(rng), extent(rng)});
+    const int dim = std::uniform_int_distribution<int>(0, 2)(rng);
+    const std::int64_t at = std::uniform_int_distribution<std::int64_t>(0, t.size(dim))(rng);
+    const auto slice = t.view<3>().slice(dim, at, at);
+    CHECK(slice.is_contiguous());
+    CHECK(slice.flatten().numel() == 0);
+    CHECK(slice.reshape<2>({{0, 7}}).numel() == 0);
+    CHECK(tk::AnyTensorView::of(tk::HostView<const float, 3>(slice)).numel() == 0);
+    CHECK(tk::AnyTensor::copy_of(slice).shape() == slice.shape());
+    tk::Tensor<float> dst(slice.shape());
+    CHECK_NOTHROW(tk::copy(dst.view<3>(), tk::HostView<const float, 3>(slice)));
+  }
+}
+
+TEST_CASE("default-constructed and moved-from tensors are empty, not a scalar without memory") {
+  // They kept shape [] (or their old shape) with no memory: numel() 1 (or the old count) over a
+  // null pointer, so clone(), fill() and copying a StateDict holding one read or wrote null, and
+  // `if (t.numel() == 0) allocate` never allocated.
+  tk::Tensor<float> t;
+  REQUIRE(t.numel() == 0);
+  CHECK(t.bytes() == 0);
+  CHECK(t.empty());
+  CHECK(t.shape() == tk::Shape{0});
+  CHECK(t.flat().numel() == 0);
+  t.fill(1.0f);
+  CHECK(t.clone().empty());
+  tk::AnyTensor a;
+  REQUIRE(a.numel() == 0);
+  CHECK(a.bytes() == 0);
+  CHECK(tk::AnyTensorView().bytes() == 0);
+  CHECK(tk::AnyTensor::copy_of(a.view()).bytes() == 0);
+  tk::StateDict sd;
+  (void)sd.tensors["unset"];  // operator[] default-constructs
+  const tk::StateDict copy = sd;
+  CHECK(copy.tensor("unset").numel() == 0);
+
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::uniform_int_distribution<std::int64_t> extent(0, 6);
+    const tk::Shape shape = trial % 5 == 0 ? tk::Shape{} : tk::Shape{extent(rng), extent(rng)};
+    auto src = tk::HostTensor<float>::full(shape, 2.0f);
+    tk::Tensor<float> moved(std::move(src));
+    CHECK(moved.shape() == shape);
+    REQUIRE(src.numel() == 0);  // NOLINT(bugprone-use-after-move): the state is specified
+    CHECK(src.data() == nullptr);
+    CHECK(src.clone().numel() == 0);
+    tk::Tensor<float> assigned;
+    assigned = std::move(moved);
+    CHECK(assigned.shape() == shape);
+    CHECK(moved.numel() == 0);                       // NOLINT(bugprone-use-after-move)
+    moved = tk::HostTensor<float>::full({3}, 1.0f);  // reusable
+    CHECK(moved.numel() == 3);
+
+    tk::AnyTensor any(tk::DType::kBF16, shape);
+    tk::AnyTensor any_moved(std::move(any));
+    CHECK(any_moved.shape() == shape);
+    CHECK(any_moved.dtype() == tk::DType::kBF16);
+    REQUIRE(any.numel() == 0);  // NOLINT(bugprone-use-after-move)
+    CHECK(any.bytes() == 0);
+    CHECK(tk::AnyTensor::copy_of(any.view()).bytes() == 0);
+    tk::AnyTensor any_assigned;
+    any_assigned = std::move(any_moved);
+    CHECK(any_assigned.shape() == shape);
+    CHECK(any_moved.bytes() == 0);  // NOLINT(bugprone-use-after-move)
+  }
+}
+
 TEST_CASE("Tensor: allocation, alignment, views, fill, clone") {
   auto t = tk::HostTensor<float>::zeros({3, 4});
   CHECK(t.numel() == 12);
@@ -264,4 +375,68 @@ TEST_CASE("DType names round-trip and sizes") {
   CHECK(tk::dtype_size(tk::DType::kF8E4M3) == 1);
   CHECK(tk::dtype_of<std::int64_t> == tk::DType::kI64);
   CHECK(contains(error_of([] { (void)tk::parse_dtype("F128"); }), "unknown dtype 'F128'"));
+}
+
+TEST_CASE("StateDict: values from a file are shown escaped and bounded in errors") {
+  // The text of a value comes from a checkpoint: it was pasted raw into the message (terminal
+  // escapes, newlines, any bytes, any length).
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::string text(std::uniform_int_distribution<std::size_t>(1, 600)(rng), 'x');
+    for (char& c : text)
+      if (rng() % 3 == 0) c = static_cast<char>(rng() % 256);
+    text[0] = '\x1b';  // never a number
+    tk::StateDict sd;
+    sd.set("step", text);
+    const std::string key = std::string("bad\nkey\x07") + std::to_string(trial);
+    sd.set(key, text);
+    for (const std::string& k : {std::string("step"), key}) {
+      for (const std::string& e :
+           {error_of([&] { (void)sd.get_int(k); }), error_of([&] { (void)sd.get_u64(k); }),
+            error_of([&] { (void)sd.get_double(k); })}) {
+        CHECK(contains(e, "' is '\\x1b"));
+        CHECK(std::none_of(e.begin(), e.end(), [](char c) {
+          const auto u = static_cast<unsigned char>(c);
+          return u < 0x20 || u >= 0x7f;
+        }));
+        CHECK(e.size() < 4 * 200 + 400);  // at most 200 bytes of the value, 4 characters each
+      }
+    }
+    CHECK(contains(error_of([&] { (void)sd.get_string(key + "?"); }), "bad\\x0akey\\x07"));
+    CHECK(contains(error_of([&] { (void)sd.tensor(key); }), "missing tensor 'bad\\x0akey"));
+  }
+  tk::StateDict sd;
+  sd.set("small", std::int64_t{-1});
+  CHECK(contains(error_of([&] { (void)sd.get_u64("small"); }),
+                 "state dict: 'small' is '-1', not an unsigned integer"));
+}
+
+TEST_CASE("check_saved_setting shows both values exactly and escapes saved text") {
+  // Values were printed with the stream's 6 significant digits ("saved with p = 0.1 but this one
+  // has p = 0.1") and saved text raw.
+  const auto message = [](const auto& saved, const auto& here) {
+    return error_of([&] { tk::check_saved_setting("Thing", "p", saved, here); });
+  };
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const double saved = std::uniform_real_distribution<double>(-10, 10)(rng);
+    const double here = std::nextafter(saved, trial % 2 ? 100.0 : -100.0);
+    const std::string e = message(saved, here);
+    const std::string a = tk::StateDict::number_to_string(saved);
+    const std::string b = tk::StateDict::number_to_string(here);
+    REQUIRE(a != b);
+    CHECK(contains(e, "saved with p = " + a + " but this one has p = " + b + ";"));
+    const float fs = static_cast<float>(saved);
+    const float fh = std::nextafter(fs, 100.0f);
+    char buf[2][32];
+    const auto ea = std::to_chars(buf[0], buf[0] + 32, fs).ptr;
+    const auto eb = std::to_chars(buf[1], buf[1] + 32, fh).ptr;
+    CHECK(contains(message(fs, fh), "p = " + std::string(buf[0], ea) +
+                                        " but this one has p = " + std::string(buf[1], eb) + ";"));
+  }
+  CHECK(contains(message(std::string("2:4\x1b[2J\n"), std::string("2:4")),
+                 "saved with p = 2:4\\x1b[2J\\x0a but this one has p = 2:4;"));
+  CHECK(contains(message(std::uint64_t{7}, std::uint64_t{8}), "p = 7 but this one has p = 8;"));
+  CHECK(contains(message(std::int8_t{-3}, std::int8_t{65}), "p = -3 but this one has p = 65;"));
+  CHECK(message(0.5, 0.5).empty());
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/allocator.hpp"
@@ -45,6 +46,7 @@ inline std::size_t checked_bytes(DType dtype, const Shape& shape) {
 /// A non-owning, read-only, contiguous host tensor of run-time dtype.
 class AnyTensorView {
  public:
+  /// An empty view: F32, shape [0], no data.
   AnyTensorView() = default;
   /// Throws trainkit::Error when the shape's bytes pass 2^63 - 1.
   AnyTensorView(DType dtype, const Shape& shape, const void* data)
@@ -74,19 +76,33 @@ class AnyTensorView {
 
  private:
   DType dtype_ = DType::kF32;
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // not [], a scalar: there are no bytes to view
   const std::byte* data_ = nullptr;
 };
 
 /// An owning, contiguous host tensor of run-time dtype (64-byte aligned).
 class AnyTensor {
  public:
+  /// An empty tensor: F32, shape [0], no memory. A moved-from tensor is left in the same state.
   AnyTensor() = default;
   /// Uninitialised storage for `shape` elements of `dtype`.
   AnyTensor(DType dtype, const Shape& shape)
       : dtype_(dtype),
         shape_(shape),
         memory_(detail::checked_bytes(dtype, shape), MemoryKind::kHost) {}
+
+  AnyTensor(AnyTensor&& other) noexcept
+      : dtype_(other.dtype_),
+        shape_(std::exchange(other.shape_, detail::empty_shape())),
+        memory_(std::move(other.memory_)) {}
+  AnyTensor& operator=(AnyTensor&& other) noexcept {
+    if (this != &other) {
+      dtype_ = other.dtype_;
+      shape_ = std::exchange(other.shape_, detail::empty_shape());
+      memory_ = std::move(other.memory_);
+    }
+    return *this;
+  }
 
   /// A deep copy of a view's bytes.
   static AnyTensor copy_of(const AnyTensorView& view) {
@@ -140,7 +156,7 @@ class AnyTensor {
 
  private:
   DType dtype_ = DType::kF32;
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // never claims bytes it has no memory for
   Allocation memory_;
 };
 

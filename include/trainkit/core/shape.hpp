@@ -59,22 +59,18 @@ class Shape {
   const std::int64_t* end() const noexcept { return dims_ + rank_; }
   std::span<const std::int64_t> dims() const noexcept { return {dims_, std::size_t(rank_)}; }
 
-  /// Number of elements (1 for rank 0). Overflow was rejected at construction.
+  /// Number of elements (1 for rank 0). Overflow was rejected at construction; with a zero
+  /// extent the other extents' product may not fit, and the count is 0 whatever their order.
   std::int64_t numel() const noexcept {
+    for (int d = 0; d < rank_; ++d)
+      if (dims_[d] == 0) return 0;
     std::int64_t n = 1;
     for (int d = 0; d < rank_; ++d) n *= dims_[d];
     return n;
   }
 
   /// "[2, 3, 4]" (and "[]" for a scalar), for messages and metadata.
-  std::string to_string() const {
-    std::string s = "[";
-    for (int d = 0; d < rank_; ++d) {
-      if (d) s += ", ";
-      s += std::to_string(dims_[d]);
-    }
-    return s + "]";
-  }
+  std::string to_string() const { return describe(dims_, std::size_t(rank_)); }
 
   friend bool operator==(const Shape& a, const Shape& b) noexcept {
     if (a.rank_ != b.rank_) return false;
@@ -84,22 +80,45 @@ class Shape {
   }
 
  private:
+  // Refuses negative extents and element counts past 2^63 - 1. The count is a function of the
+  // extents, not of their order: a zero extent anywhere makes it 0 (so [0, 2^40, 2^40] and
+  // [2^40, 2^40, 0], its transpose, are both accepted).
   void assign(const std::int64_t* dims, std::size_t n) {
     TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n,
                    " exceeds trainkit::kMaxRank = ", kMaxRank);
-    rank_ = int(n);
-    std::int64_t total = 1;
+    bool empty = false;
     for (std::size_t d = 0; d < n; ++d) {
       TRAINKIT_CHECK(dims[d] >= 0, "negative extent ", dims[d], " in dimension ", d);
-      dims_[d] = dims[d];
-      TRAINKIT_CHECK(dims[d] == 0 || total <= std::numeric_limits<std::int64_t>::max() / dims[d],
-                     "shape overflows 64-bit element count");
+      empty = empty || dims[d] == 0;
+    }
+    std::int64_t total = 1;
+    for (std::size_t d = 0; d < n && !empty; ++d) {
+      TRAINKIT_CHECK(total <= std::numeric_limits<std::int64_t>::max() / dims[d], "shape ",
+                     Shape::describe(dims, n), " overflows the 64-bit element count (",
+                     "more than 2^63 - 1 elements)");
       total *= dims[d];
     }
+    rank_ = int(n);
+    for (std::size_t d = 0; d < n; ++d) dims_[d] = dims[d];
+  }
+
+  static std::string describe(const std::int64_t* dims, std::size_t n) {
+    std::string s = "[";
+    for (std::size_t d = 0; d < n; ++d) {
+      if (d) s += ", ";
+      s += std::to_string(dims[d]);
+    }
+    return s + "]";
   }
 
   std::int64_t dims_[kMaxRank] = {};
   int rank_ = 0;
 };
+
+namespace detail {
+/// Shape [0]: what default-constructed and moved-from tensors have (a default Shape, [], would be
+/// a scalar of one element, which they hold no memory for).
+inline Shape empty_shape() noexcept { return Shape{0}; }  // cannot throw
+}  // namespace detail
 
 TRAINKIT_NAMESPACE_END

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 #include "trainkit/config.hpp"
@@ -71,26 +72,47 @@ struct StateDict {
   }
   const std::string& get_string(std::string_view key) const {
     const auto it = values.find(std::string(key));
-    TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", key, "'");
+    TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", shown(key), "'");
     return it->second;
   }
   /// The scalar `key` parsed as a T (from_chars, the whole text); throws trainkit::Error naming
-  /// the key and its text otherwise ("..., not <what>").
+  /// the key and its text otherwise ("..., not <what>"; the text, which comes from a file, is
+  /// shown escaped and cut to its first 200 bytes).
   template <class T>
   T get_number(std::string_view key, const char* what) const {
     const std::string& text = get_string(key);
     T value{};
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
-                   "' is '", text, "', not ", what);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '",
+                   shown(key), "' is '", shown(text), "', not ", what);
     return value;
   }
 
   /// The tensor `key`; throws naming the key when absent.
   const AnyTensor& tensor(std::string_view key) const {
     const auto it = tensors.find(std::string(key));
-    TRAINKIT_CHECK(it != tensors.end(), "state dict: missing tensor '", key, "'");
+    TRAINKIT_CHECK(it != tensors.end(), "state dict: missing tensor '", shown(key), "'");
     return it->second;
+  }
+
+  /// Text of a key or value (which may come from a file) as an error message shows it: its first
+  /// 200 bytes, printable ASCII as it is and other bytes (and the backslash) as \xNN, like
+  /// io::printable_bytes (core cannot include io), then "..." if there was more.
+  static std::string shown(std::string_view text) {
+    constexpr std::size_t kShown = 200;
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (const char ch : text.substr(0, kShown)) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c < 0x7f && c != '\\') {
+        out += ch;
+      } else {
+        out += "\\x";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+      }
+    }
+    return text.size() > kShown ? out + "..." : out;
   }
 
   /// Moves every entry of `other` in under "<prefix>.<key>" (composition of state dicts).
@@ -158,13 +180,35 @@ class StateDictRefill {
   std::map<std::string, AnyTensor> spare_;
 };
 
+namespace detail {
+/// A setting as check_saved_setting shows it: a floating-point value in its shortest round-trip
+/// form (so two different values never print alike, as 0.1 and 0.10000000000000002 did), text
+/// escaped and bounded (the saved one comes from a file), an integer as a number (8-bit too).
+template <class V>
+std::string setting_text(const V& value) {
+  if constexpr (std::is_floating_point_v<V>) {
+    char buffer[64];
+    const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+    return ec == std::errc() ? std::string(buffer, end) : concat(value);
+  } else if constexpr (std::is_convertible_v<const V&, std::string_view>) {
+    return StateDict::shown(std::string_view(value));
+  } else if constexpr (std::is_integral_v<V>) {
+    return concat(+value);
+  } else {
+    return concat(value);
+  }
+}
+}  // namespace detail
+
 /// Checks that a setting saved with a component equals the one of the component being restored
-/// (a different value would change the trajectory silently). `who` names the component.
+/// (a different value would change the trajectory silently). `who` names the component; the
+/// message shows both values exactly (see detail::setting_text).
 template <class V>
 void check_saved_setting(std::string_view who, std::string_view key, const V& saved,
                          const V& here) {
-  TRAINKIT_CHECK(saved == here, who, ": the checkpoint was saved with ", key, " = ", saved,
-                 " but this one has ", key, " = ", here,
+  TRAINKIT_CHECK(saved == here, who, ": the checkpoint was saved with ", key, " = ",
+                 detail::setting_text(saved), " but this one has ", key, " = ",
+                 detail::setting_text(here),
                  "; resuming would not continue the same run (construct it as the saved run did)");
 }
 

@@ -33,6 +33,8 @@ class Tensor {
   using value_type = T;
   static constexpr Space space = S;
 
+  /// An empty tensor: shape [0], no memory (like torch.Tensor()), so numel() and bytes() are 0
+  /// and empty() is true. A moved-from tensor is left in the same state.
   Tensor() = default;
 
   /// Allocates shape.numel() elements: host tensors in 64-byte aligned memory, device tensors in
@@ -68,8 +70,16 @@ class Tensor {
     return t;
   }
 
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(Tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, detail::empty_shape())),
+        memory_(std::move(other.memory_)) {}
+  Tensor& operator=(Tensor&& other) noexcept {
+    if (this != &other) {
+      shape_ = std::exchange(other.shape_, detail::empty_shape());
+      memory_ = std::move(other.memory_);
+    }
+    return *this;
+  }
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
 
@@ -131,7 +141,7 @@ class Tensor {
     return e;
   }
 
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // never claims elements it has no memory for
   Allocation memory_;
 };
 

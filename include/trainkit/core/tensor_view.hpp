@@ -97,7 +97,11 @@ class TensorView {
   TRAINKIT_HOST_DEVICE const Extents<Rank>& sizes() const noexcept { return sizes_; }
   TRAINKIT_HOST_DEVICE const Extents<Rank>& strides() const noexcept { return strides_; }
 
+  /// The number of elements; 0 when an extent is 0, whatever the others (an empty view's other
+  /// extents need not have a product that fits in 64 bits, e.g. a transposed Shape{0, 2^40, 2^40}).
   TRAINKIT_HOST_DEVICE std::int64_t numel() const noexcept {
+    for (int d = 0; d < Rank; ++d)
+      if (sizes_[d] == 0) return 0;
     std::int64_t n = 1;
     for (int d = 0; d < Rank; ++d) n *= sizes_[d];
     return n;
@@ -105,8 +109,9 @@ class TensorView {
   TRAINKIT_HOST_DEVICE bool empty() const noexcept { return numel() == 0; }
 
   /// True when the elements are densely packed in row-major order (extent-1 dims may have any
-  /// stride, as in PyTorch).
+  /// stride, and an empty view is contiguous whatever its strides, as in PyTorch).
   TRAINKIT_HOST_DEVICE bool is_contiguous() const noexcept {
+    if (empty()) return true;
     std::int64_t expected = 1;
     for (int d = Rank - 1; d >= 0; --d) {
       if (sizes_[d] != 1 && strides_[d] != expected) return false;
