@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <thread>
 
+#include <trainkit/error.hpp>
 #include <trainkit/monitor/gpu_monitor.hpp>
 
 namespace mon = trainkit::monitor;
@@ -172,4 +174,30 @@ TEST_CASE("GPU monitor with a fake NVML: background sampling and window statisti
   CHECK(read_all(log2).find("fake error") != std::string::npos);
   std::fclose(log2);
   CHECK(mon::throttle_reason_string(0) == "none");
+}
+
+TEST_CASE(
+    "GPU monitor: an infinite or huge interval samples on demand only; a bad one is refused") {
+  // Intervals whose deadline overflows the clock once made the sampler spin on NVML calls.
+  for (const double interval : {std::numeric_limits<double>::infinity(), 1e10, 1e300}) {
+    CAPTURE(interval);
+    g_calls = 0;
+    mon::GpuMonitor gpu({.device = 0, .interval_secs = interval, .log = nullptr}, fake_api());
+    REQUIRE(gpu.enabled());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(gpu.take_window().samples == 1);  // the constructor's sample alone
+    gpu.sample_now();
+    CHECK(gpu.take_window().samples == 1);
+  }
+  for (const double interval : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(interval);
+    CHECK_THROWS_WITH_AS(
+        mon::GpuMonitor({.device = 0, .interval_secs = interval, .log = nullptr}, fake_api()),
+        doctest::Contains("gpu_interval_secs"), trainkit::Error);
+    CHECK_THROWS_WITH_AS(mon::GpuMonitor({.interval_secs = interval,
+                                          .library = "libtrainkit-no-such-nvml.so.1",
+                                          .log = nullptr}),
+                         doctest::Contains("must be a positive number of seconds"),
+                         trainkit::Error);
+  }
 }

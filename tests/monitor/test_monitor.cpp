@@ -335,3 +335,35 @@ TEST_CASE("format_summary leaves out what is unknown") {
   CHECK(line == "[trainkit] step 12 | 250 ms/step | data 20.0% other 80.0%");
   CHECK_THROWS_AS(mon::Monitor({.log_every = 0}), trainkit::Error);
 }
+
+TEST_CASE("monitor: the directories of metrics_file and chrome_trace are made at the start") {
+  // The trace is written at close(): a missing directory once failed the run only at its end,
+  // after every step had been trained, and metrics_file needed log_dir to have made its directory.
+  monitor_test::ScratchDir dir("outdirs");
+  const std::string metrics = dir / "a/b/metrics.jsonl";
+  const std::string trace = dir / "c/d/trace.json";
+  {
+    mon::Monitor m({.log_every = 2,
+                    .metrics_file = metrics,
+                    .chrome_trace = trace,
+                    .console = nullptr,
+                    .gpu_monitor = false});
+    for (int s = 0; s < 3; ++s) {
+      m.begin_step(s);
+      m.end_step({.loss = 1.0});
+    }
+    CHECK_NOTHROW(m.close());
+  }
+  CHECK(monitor_test::read_file(metrics).find("\"step\":2,") != std::string::npos);
+  CHECK(monitor_test::read_file(trace).find("\"traceEvents\"") != std::string::npos);
+  // A directory that cannot be made (a file is in the way) is an error now, naming the option.
+  monitor_test::write_file(dir / "file", "x");
+  CHECK_THROWS_WITH_AS(
+      mon::Monitor(
+          {.chrome_trace = dir / "file/trace.json", .console = nullptr, .gpu_monitor = false}),
+      doctest::Contains("of chrome_trace '"), trainkit::Error);
+  CHECK_THROWS_WITH_AS(
+      mon::Monitor(
+          {.metrics_file = dir / "file/m.jsonl", .console = nullptr, .gpu_monitor = false}),
+      doctest::Contains("of metrics_file '"), trainkit::Error);
+}

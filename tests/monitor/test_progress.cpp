@@ -169,3 +169,35 @@ TEST_CASE("progress: step-based lines, unknown totals, and off") {
   CHECK(std::ftell(off_file) == 0);
   std::fclose(off_file);
 }
+
+TEST_CASE("progress past its total: drawn once on reaching it, then by the interval only") {
+  // A run that goes on past the total it was given once printed a plain line (or redrew the bar)
+  // at every step past it.
+  for (const auto style : {mon::ProgressStyle::kPlain, mon::ProgressStyle::kBar}) {
+    CAPTURE(static_cast<int>(style));
+    std::FILE* file = std::tmpfile();
+    REQUIRE(file != nullptr);
+    g_ns = 0;
+    {
+      mon::Progress p({.total = 10, .style = style, .stream = file, .clock = fake_clock});
+      for (int step = 1; step <= 40; ++step) {
+        g_ns += 1'000'000;  // 1 ms per step: neither interval passes
+        p.update(step, 0.5);
+      }
+    }  // finish() shows step 40
+    std::rewind(file);
+    std::string out(1 << 16, '\0');
+    out.resize(std::fread(out.data(), 1, out.size(), file));
+    std::fclose(file);
+    INFO(out);
+    if (style == mon::ProgressStyle::kPlain) {
+      CHECK(count(out, "train step ") == 2);
+      CHECK(out.find("train step 10/10 (100.0%)") != std::string::npos);
+      CHECK(out.find("train step 40/10 (400.0%)") != std::string::npos);
+    } else {
+      CHECK(count(out, "\r") == 3);  // the first update, step 10 and finish()
+      CHECK(out.find("| 10/10 [") != std::string::npos);
+      CHECK(out.find("| 40/10 [") != std::string::npos);
+    }
+  }
+}

@@ -311,6 +311,68 @@ TEST_CASE("metrics.jsonl: a line the disk refuses is cut off; trimming keeps lin
         "{\"step\":1,\"loss\":2}\n{\"step\":2,\"loss\":1}\n{\"step\":11,\"loss\":0.5}\n");
 }
 
+TEST_CASE("metrics.jsonl: resuming keeps or drops steps of any integer size, never throws") {
+  // Lines another program wrote may hold integer steps past int64; comparing them once threw an
+  // error that did not name the file, and the run could not resume.
+  const std::vector<std::string> lines = {
+      "{\"step\":1}",
+      "{\"step\":18446744073709551615}",
+      "{\"step\":18446744073709551616}",  // past uint64: a plain number, not an integer
+      "{\"step\":9223372036854775808}",
+      "{\"step\":-9223372036854775809}",
+      "{\"step\":-9223372036854775808}",
+      "{\"step\":9223372036854775807}",
+      "{\"step\":-3}"};
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  const std::vector<std::pair<std::int64_t, std::vector<std::size_t>>> cases = {
+      {5, {0, 4, 5, 7}}, {kMax, {0, 4, 5, 6, 7}}, {-2, {4, 5, 7}}, {kMin, {4, 5}}, {0, {4, 5, 7}}};
+  monitor_test::ScratchDir dir("resume_bigstep");
+  const std::string path = dir / "metrics.jsonl";
+  for (const auto& [limit, kept] : cases) {
+    CAPTURE(limit);
+    std::string text;
+    for (const auto& l : lines) text += l + "\n";
+    monitor_test::write_file(path, text);
+    std::size_t dropped = 0;
+    CHECK_NOTHROW(dropped = mon::keep_metrics_through_step(path, limit));
+    CHECK(dropped == lines.size() - kept.size());
+    std::string want;
+    for (const std::size_t i : kept) want += lines[i] + "\n";
+    CHECK(monitor_test::read_file(path) == want);
+  }
+}
+
+TEST_CASE("metrics.jsonl: appending after a torn last line starts a line of its own") {
+  // MetricsFile(path, /*append=*/true) once glued its first line to a torn one a killed writer
+  // left, so readers lost both.
+  std::string many;
+  for (int i = 0; i < 3000; ++i) many += "{\"step\":" + std::to_string(i) + "}\n";
+  const std::string long_torn = "{\"step\":2,\"x\":\"" + std::string(10000, 'a');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", ""},
+      {"{\"step\":1}\n", "{\"step\":1}\n"},
+      {"{\"step\":1}\n{\"step\":2,\"lo", "{\"step\":1}\n"},
+      {"{\"step\":1}\n{\"step\":2}", "{\"step\":1}\n{\"step\":2}\n"},  // whole: kept
+      {"{\"step\":2,\"lo", ""},
+      {"{\"step\":1}\n" + long_torn, "{\"step\":1}\n"},
+      {long_torn, ""},
+      {many + "{\"step\":3000,", many}};
+  monitor_test::ScratchDir dir("metrics_append");
+  const std::string path = dir / "m.jsonl";
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
+    monitor_test::write_file(path, cases[c].first);
+    {
+      mon::MetricsFile f(path, /*append=*/true);
+      f.write(9000, {{"loss", 0.5}});
+    }
+    const std::string text = monitor_test::read_file(path);
+    CHECK(text == cases[c].second + "{\"step\":9000,\"loss\":0.5}\n");
+    for (const auto& line : lines_of(text)) CHECK(io::Json::try_parse(line).has_value());
+  }
+}
+
 TEST_CASE("metrics.jsonl: resuming without an earlier file starts one") {
   monitor_test::ScratchDir dir("resume_nofile");
   run({.dir = dir.str(), .log_every = 2}, 10, 10, 14, 1);

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -612,4 +613,77 @@ TEST_CASE("TensorBoard reads our files (python check)") {
   INFO(output);
   CHECK(rc == 0);
   CHECK(output.find("OK") != std::string::npos);
+}
+
+TEST_CASE(
+    "add_text: bytes that are not UTF-8 become U+FFFD; TensorBoard's text plugin reads them") {
+  // The text plugin decodes string_val as strict UTF-8: one bad byte (a model sample cut inside
+  // a character) once made it fail on the whole tag.
+  const std::string replacement = "\xef\xbf\xbd";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ok caf\xc3\xa9", "ok caf\xc3\xa9"},
+      {"cut \xe2\x82", "cut " + replacement + replacement},
+      {"\xff\xfe", replacement + replacement},
+      {"a\xc3"
+       "b",
+       "a" + replacement + "b"},
+      {"surrogate \xed\xa0\x80", "surrogate " + replacement + replacement + replacement}};
+  io::ProtoWriter got;
+  io::ProtoWriter want;
+  for (const auto& [text, written] : cases) {
+    CAPTURE(text);
+    io::encode_text_event(got, 1700000000.0, 7, "sample", text);
+    io::encode_text_event(want, 1700000000.0, 7, "sample", written);
+    CHECK(got.bytes() == want.bytes());
+  }
+  if (!monitor_test::python_has("tensorboard")) return;
+  monitor_test::ScratchDir dir("tbtext");
+  {
+    mon::TensorBoardWriter tb(dir / "run");
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      tb.add_text("sample", cases[i].first, static_cast<std::int64_t>(i));
+  }
+  monitor_test::write_file(
+      dir / "check.py",
+      "import sys\n"
+      "from tensorboard.backend.event_processing import event_accumulator as ea\n"
+      "from tensorboard.plugins.text import text_plugin\n"
+      "from tensorboard.util import tensor_util\n"
+      "acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.TENSORS: 0})\n"
+      "acc.Reload()\n"
+      "events = acc.Tensors('sample/text_summary')\n"
+      "assert len(events) == 5, len(events)\n"
+      "for e in events:\n"
+      "    text_plugin.text_array_to_html(tensor_util.make_ndarray(e.tensor_proto), True)\n"
+      "print('OK')\n");
+  std::string output;
+  const int rc = monitor_test::run_command(
+      monitor_test::python_command() + " \"" + (dir / "check.py") + "\" \"" + (dir / "run") + "\"",
+      output);
+  INFO(output);
+  CHECK(rc == 0);
+  CHECK(output.find("OK") != std::string::npos);
+}
+
+TEST_CASE("add_histogram of values with nothing to count: the error names the tag") {
+  // A diverged run's all-NaN weights once gave "histogram of 4 values has no finite value to
+  // count", without saying which of the run's histograms it was.
+  monitor_test::ScratchDir dir("tbhist");
+  mon::TensorBoardWriter tb(dir / "run");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> all_nan = {nan, nan, nan, nan};
+  CHECK_THROWS_WITH_AS(tb.add_histogram("layers.3/weight", all_nan, 5),
+                       doctest::Contains("histogram 'layers.3/weight' of 4 values has no finite"),
+                       trainkit::Error);
+  const std::vector<double> inf = {std::numeric_limits<double>::infinity()};
+  CHECK_THROWS_WITH_AS(tb.add_histogram("g\\n\xff", inf, 5),
+                       doctest::Contains("histogram 'g\\x5cn\\xff' of 1 values"), trainkit::Error);
+  const std::vector<double> edges = {0.0, 1.0};
+  CHECK_THROWS_WITH_AS(io::make_histogram(std::vector<double>{5.0}, edges, "act"),
+                       doctest::Contains("histogram 'act': the values lie outside the bin edges"),
+                       trainkit::Error);
+  CHECK_THROWS_WITH_AS(io::make_histogram(std::vector<double>{5.0}, edges),
+                       doctest::Contains("histogram: the values lie outside"), trainkit::Error);
+  // The writer goes on: a later histogram with values to count is written.
+  CHECK_NOTHROW(tb.add_histogram("layers.3/weight", std::vector<float>{1.0f, 2.0f}, 6));
 }

@@ -153,7 +153,9 @@ inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t
 
 /// A text entry as SummaryWriter.add_text writes it: tag + "/text_summary", a DT_STRING tensor of
 /// shape [1] holding the UTF-8 text, metadata plugin "text" (TextPluginData version 0 = no bytes).
-/// TensorBoard renders the text as Markdown.
+/// TensorBoard renders the text as Markdown. Each byte of `text` that does not begin a well-formed
+/// UTF-8 sequence is written as U+FFFD (TensorBoard's text plugin fails on the whole tag otherwise,
+/// and model samples cut between the bytes of a character are common); the tag must be UTF-8.
 TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
                                        std::string_view tag, std::string_view text);
 
@@ -202,11 +204,18 @@ double pairwise_sum(std::size_t begin, std::size_t n, const Get& get) {
   return pairwise_sum(begin, n2, get) + pairwise_sum(begin + n2, n - n2, get);
 }
 
+/// "histogram" or "histogram 'name'" (escaped), how errors of make_histogram start.
+inline std::string histogram_label(std::string_view name) {
+  return name.empty() ? std::string("histogram") : "histogram '" + printable_bytes(name) + "'";
+}
+
 template <class T>
-Histogram make_histogram_impl(std::span<const T> values, std::span<const double> edges) {
-  TRAINKIT_CHECK(edges.size() >= 2, "histogram needs at least 2 bin edges, got ", edges.size());
-  TRAINKIT_CHECK(std::is_sorted(edges.begin(), edges.end()),
-                 "histogram bin edges must be sorted ascending");
+Histogram make_histogram_impl(std::span<const T> values, std::span<const double> edges,
+                              std::string_view name) {
+  TRAINKIT_CHECK(edges.size() >= 2, histogram_label(name), " needs at least 2 bin edges, got ",
+                 edges.size());
+  TRAINKIT_CHECK(std::is_sorted(edges.begin(), edges.end()), histogram_label(name),
+                 ": the bin edges must be sorted ascending");
   // Non-finite values are left out of every statistic: one NaN must not turn a training run's
   // weight histogram into an exception (PyTorch would raise).
   std::vector<double> finite;
@@ -215,7 +224,7 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
     const auto d = static_cast<double>(v);
     if (std::isfinite(d)) finite.push_back(d);
   }
-  TRAINKIT_CHECK(!finite.empty(), "histogram of ", values.size(),
+  TRAINKIT_CHECK(!finite.empty(), histogram_label(name), " of ", values.size(),
                  " values has no finite value to count");
   // numpy.histogram with explicit edges: bin i holds edges[i] <= v < edges[i+1], the last bin
   // also holds v == edges.back(); values outside [edges.front(), edges.back()] are not counted.
@@ -248,8 +257,8 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
       last = i;
     }
   }
-  TRAINKIT_CHECK(first < bins, "histogram values lie outside the bin edges [", edges.front(), ", ",
-                 edges.back(), "]");
+  TRAINKIT_CHECK(first < bins, histogram_label(name), ": the values lie outside the bin edges [",
+                 edges.front(), ", ", edges.back(), "]");
   if (first > 0) {
     h.bucket.assign(counts.begin() + static_cast<std::ptrdiff_t>(first - 1),
                     counts.begin() + static_cast<std::ptrdiff_t>(last + 1));
@@ -270,15 +279,18 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
 /// PyTorch whenever numpy sums in one pass; PyTorch's sum of squares comes from BLAS `dot`, whose
 /// rounding may differ in the last bit). Differences from PyTorch: non-finite values are skipped
 /// instead of poisoning min/max/sum. Throws trainkit::Error when no finite value lies inside the
-/// edges (PyTorch raises too) or the edges are not sorted.
+/// edges (PyTorch raises too) or the edges are not sorted; the message names `name` (e.g. the
+/// tag) when it is given.
 inline Histogram make_histogram(std::span<const double> values,
-                                std::span<const double> edges = default_histogram_bins()) {
-  return detail::make_histogram_impl(values, edges);
+                                std::span<const double> edges = default_histogram_bins(),
+                                std::string_view name = {}) {
+  return detail::make_histogram_impl(values, edges, name);
 }
 /// Float input is widened to double first, as PyTorch's `values.astype(float)` does.
 inline Histogram make_histogram(std::span<const float> values,
-                                std::span<const double> edges = default_histogram_bins()) {
-  return detail::make_histogram_impl(values, edges);
+                                std::span<const double> edges = default_histogram_bins(),
+                                std::string_view name = {}) {
+  return detail::make_histogram_impl(values, edges, name);
 }
 
 /// A histogram as SummaryWriter.add_histogram writes it: Summary.Value{tag, histo=HistogramProto}.
@@ -564,6 +576,11 @@ TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::
   std::string full_tag;
   full_tag.reserve(tag.size() + 13);
   full_tag.append(tag).append("/text_summary");
+  std::string replaced;
+  if (!is_valid_utf8(text)) {
+    replaced = replace_invalid_utf8(text);
+    text = replaced;
+  }
   const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
   const std::size_t tensor = out.begin_message(8);
   out.field_varint(1, 7);  // dtype DT_STRING

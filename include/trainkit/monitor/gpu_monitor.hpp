@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "trainkit/config.hpp"
+#include "trainkit/error.hpp"
 
 #if TRAINKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -95,7 +96,9 @@ struct GpuMonitorOptions {
   /// NVML device index; -1 = the current CUDA device (matched by PCI bus id, which stays right
   /// under CUDA_VISIBLE_DEVICES) in the CUDA tier, else LOCAL_RANK, else 0.
   int device = -1;
-  double interval_secs = 1.0;                 ///< time between samples
+  /// Time between background samples; must be positive. Infinity (or anything from 1e9 s, ~30
+  /// years) means no background sampling: only sample_now() and the first sample at start.
+  double interval_secs = 1.0;
   const char* library = "libnvidia-ml.so.1";  ///< what dlopen loads
   std::FILE* log = stderr;                    ///< where the one "disabled" info line goes
 };
@@ -105,11 +108,13 @@ struct GpuMonitorOptions {
 class GpuMonitor {
  public:
   /// Loads NVML with dlopen(options.library) and starts sampling. Never throws for a missing
-  /// driver or device.
+  /// driver or device; throws trainkit::Error when interval_secs is not positive.
   TRAINKIT_INLINE explicit GpuMonitor(GpuMonitorOptions options = {});
 
   /// Uses a caller-provided function table (tests, or an NVML loaded some other way).
-  GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(options) { start(api); }
+  GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(checked(options)) {
+    start(api);
+  }
 
   GpuMonitor(const GpuMonitor&) = delete;
   GpuMonitor& operator=(const GpuMonitor&) = delete;
@@ -146,6 +151,8 @@ class GpuMonitor {
     fn = reinterpret_cast<Fn>(symbol);
     return symbol != nullptr;
   }
+
+  TRAINKIT_INLINE static GpuMonitorOptions checked(GpuMonitorOptions options);
 
   TRAINKIT_INLINE void disable(std::string reason);
 
@@ -206,7 +213,16 @@ TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons) {
   return out.empty() ? "none" : out;
 }
 
-TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(options) {
+TRAINKIT_INLINE GpuMonitorOptions GpuMonitor::checked(GpuMonitorOptions options) {
+  // Zero, a negative or a NaN interval would make the sampler spin on NVML calls.
+  TRAINKIT_CHECK(options.interval_secs > 0.0,
+                 "monitor::GpuMonitor: the sampling interval (GpuMonitorOptions::interval_secs, "
+                 "MonitorOptions::gpu_interval_secs) must be a positive number of seconds, got ",
+                 options.interval_secs);
+  return options;
+}
+
+TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(checked(options)) {
   library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
   if (library_ == nullptr) {
     disable(std::string("NVML not available (") + options_.library +
@@ -354,8 +370,15 @@ TRAINKIT_INLINE void GpuMonitor::accumulate(const Sample& s) {
 }
 
 TRAINKIT_INLINE void GpuMonitor::run() {
-  const auto interval = std::chrono::duration<double>(options_.interval_secs);
   std::unique_lock<std::mutex> lock(mutex_);
+  // An interval near what the clock's int64 nanoseconds hold (~292 years), or infinity, would
+  // make wait_for's deadline overflow into the past and the loop spin: wait for stop alone.
+  if (!(options_.interval_secs < 1e9)) {
+    wake_.wait(lock, [this] { return stop_; });
+    return;
+  }
+  const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(options_.interval_secs));
   while (!stop_) {
     if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
     lock.unlock();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -15,8 +16,10 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <fcntl.h>
@@ -48,10 +51,18 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
 class MetricsFile {
  public:
   /// Opens `path` for writing (truncating it), or for appending when `append` (resumed runs).
-  /// Throws trainkit::Error naming the path when it cannot be opened.
+  /// A file that ends inside a line (a writer killed in write(2)) loses that torn line first, so
+  /// the next line is not glued to it (a whole last line without its newline gets one). Throws
+  /// trainkit::Error naming the path when it cannot be opened.
   explicit MetricsFile(std::string path, bool append = false) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC),
-                 0644);
+    // Appending reads the end of the file too (cut_torn_tail), where the file may be read.
+    bool readable = append;
+    fd_ = ::open(path_.c_str(),
+                 (append ? O_RDWR : O_WRONLY | O_TRUNC) | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0 && append && errno == EACCES) {
+      readable = false;
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    }
     TRAINKIT_CHECK(fd_ >= 0, "cannot open metrics file '", path_, "': ", std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
@@ -60,6 +71,18 @@ class MetricsFile {
       TRAINKIT_FAIL("cannot open metrics file '", path_, "': ", std::strerror(err));
     }
     size_ = static_cast<std::uint64_t>(st.st_size);
+    int err = 0;
+    try {
+      if (readable && S_ISREG(st.st_mode)) err = cut_torn_tail();  // not a pipe or a terminal
+    } catch (...) {
+      close_nothrow();
+      throw;
+    }
+    if (err != 0) {
+      close_nothrow();
+      TRAINKIT_FAIL("cannot cut the torn last line off metrics file '", path_,
+                    "' to append to it: ", std::strerror(err));
+    }
   }
   /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
   /// past it (keep_metrics_through_step), then appends.
@@ -129,13 +152,79 @@ class MetricsFile {
   void close_nothrow() noexcept {
     if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
+  /// Unless the file ends with a newline: adds one after a last line that is a whole JSON object,
+  /// or else truncates the file after its last newline (to 0 without one). Updates size_. Returns
+  /// 0 or the errno of the failed read, write or truncate.
+  TRAINKIT_INLINE int cut_torn_tail();
 
   std::string path_;
   int fd_ = -1;
   std::uint64_t size_ = 0;  // bytes of whole lines in the file
 };
 
+namespace detail {
+/// `integer` (a JSON integer of any size) <= `limit`, without as_int(), which throws for the
+/// integers past int64 that a line written by another program may hold.
+TRAINKIT_INLINE bool integer_at_most(const io::Json& integer, std::int64_t limit);
+}  // namespace detail
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int MetricsFile::cut_torn_tail() {
+  char buffer[4096];
+  std::uint64_t end = size_;  // the bytes before `end` are still to be searched
+  while (end > 0) {
+    const std::uint64_t begin = end > sizeof buffer ? end - sizeof buffer : 0;
+    const auto want = static_cast<std::size_t>(end - begin);
+    ssize_t n = 0;
+    do {
+      n = ::pread(fd_, buffer, want, static_cast<off_t>(begin));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return errno;
+    if (static_cast<std::size_t>(n) != want) return EIO;  // the file shrank under us
+    std::size_t i = want;
+    while (i > 0 && buffer[i - 1] != '\n') --i;
+    if (i > 0) {
+      end = begin + i;
+      break;
+    }
+    end = begin;
+  }
+  if (end == size_) return 0;  // ends with a newline (or is empty)
+  // A last line that is whole but for its newline (keep_metrics_through_step keeps it too) gets
+  // the newline; a torn one is cut off.
+  std::string tail(static_cast<std::size_t>(size_ - end), '\0');
+  for (std::size_t done = 0; done < tail.size();) {
+    const ssize_t n =
+        ::pread(fd_, tail.data() + done, tail.size() - done, static_cast<off_t>(end + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    done += static_cast<std::size_t>(n);
+  }
+  const std::optional<io::Json> json = io::Json::try_parse(tail);
+  if (json && json->is_object()) {
+    ssize_t n = 0;
+    do {
+      n = ::write(fd_, "\n", 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1) return n < 0 ? errno : EIO;
+    size_ += 1;
+    return 0;
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) return errno;
+  size_ = end;
+  return 0;
+}
+
+TRAINKIT_INLINE bool detail::integer_at_most(const io::Json& integer, std::int64_t limit) {
+  if (integer.is_unsigned())
+    return limit >= 0 && integer.as_uint() <= static_cast<std::uint64_t>(limit);
+  const std::string text = integer.dump();  // negative: "-" and the digits
+  std::int64_t value = 0;
+  const auto parsed = std::from_chars(text.data(), text.data() + text.size(), value);
+  return parsed.ec != std::errc() || value <= limit;  // below int64's range: below any limit
+}
 
 TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
                                                       std::int64_t resume_step) {
@@ -160,7 +249,7 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
     const std::optional<io::Json> json = io::Json::try_parse(line);
     if (json && json->is_object()) {
       const io::Json* step = json->find("step");
-      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+      keep = step != nullptr && step->is_integer() && detail::integer_at_most(*step, resume_step);
     }
     if (keep) {
       kept.append(line).push_back('\n');

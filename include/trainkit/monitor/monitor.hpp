@@ -16,12 +16,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "trainkit/config.hpp"
@@ -57,8 +59,10 @@ struct MonitorOptions {
   int world_size = 1;      ///< ranks in the job (global tokens/s = per-rank x world_size)
   bool all_ranks = false;  ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
 
-  std::string log_dir{};               ///< TensorBoard run directory; empty = no TensorBoard
-  std::string metrics_file{};          ///< JSON-lines file of summaries; empty = none
+  std::string log_dir{};  ///< TensorBoard run directory; empty = no TensorBoard
+  /// JSON-lines file of summaries; empty = none. Like log_dir and chrome_trace, its directory is
+  /// created (with parents) by the constructor.
+  std::string metrics_file{};
   std::string chrome_trace{};          ///< Chrome trace written at close(); empty = none
   std::size_t trace_capacity = 50000;  ///< newest spans kept for the trace
 
@@ -122,7 +126,19 @@ TRAINKIT_INLINE std::string si(double v);
 /// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
 /// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
 TRAINKIT_INLINE std::string bytes(std::size_t n);
+/// Creates the directory that will hold `path` (with parents), as the TensorBoard writer does
+/// for log_dir. Throws trainkit::Error naming `option` and the path when it cannot.
+TRAINKIT_INLINE void create_parent_directory(const std::string& path, std::string_view option);
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void create_parent_directory(const std::string& path, std::string_view option) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  TRAINKIT_CHECK(!ec, "monitor::Monitor: cannot create the directory '", parent.string(), "' of ",
+                 option, " '", path, "': ", ec.message());
+}
 
 TRAINKIT_INLINE std::string si(double v) {
   constexpr const char* kSuffix[] = {"", "k", "M", "G", "T", "P"};
@@ -406,6 +422,7 @@ TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
             .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
   }
   if (writes && !options_.metrics_file.empty()) {
+    detail::create_parent_directory(options_.metrics_file + suffix, "metrics_file");
     if (options_.resume_step >= 0) {
       metrics_.emplace(MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
     } else {
@@ -414,6 +431,8 @@ TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
   }
   if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
   if (!writes) trace_path_.clear();
+  // The trace is written at close(): a directory missing then would fail the run at its end.
+  if (!trace_path_.empty()) detail::create_parent_directory(trace_path_, "chrome_trace");
   resolve_peak();
   if (options_.gpu_monitor) {
     gpu_ = std::make_unique<GpuMonitor>(

@@ -57,8 +57,9 @@ class Progress {
   /// Reports `step` completed steps (counting from 0 at the start of the run, so a run resumed
   /// at step N reports N + 1 after its first step; see ProgressOptions::initial) and, if finite,
   /// the latest loss. Draws when the bar's redraw interval passed or, in plain mode, when a line is
-  /// due; always at step == total. `now_ns` is the time on options.clock when the caller already
-  /// read it (saves a clock read per step); -1 reads the clock.
+  /// due; always on reaching the total (once: steps past it draw by the interval). `now_ns` is the
+  /// time on options.clock when the caller already read it (saves a clock read per step); -1 reads
+  /// the clock.
   TRAINKIT_INLINE void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1);
 
   /// Prints a whole line (a summary, a warning) without corrupting the bar: the bar is erased,
@@ -129,11 +130,13 @@ TRAINKIT_INLINE Progress::Progress(ProgressOptions options) : options_(std::move
 
 TRAINKIT_INLINE void Progress::update(std::int64_t step, double loss, std::int64_t now_ns) {
   if (options_.style == ProgressStyle::kOff || finished_) return;
+  // The update that reaches the total draws at once; later ones (a run going past the total it
+  // was given) wait for the interval like any other, instead of drawing a line every step.
+  const bool at_end = options_.total > 0 && step >= options_.total && step_ < options_.total;
   step_ = step;
   if (std::isfinite(loss)) loss_ = loss;
   const std::int64_t now = now_ns >= 0 ? now_ns : options_.clock();
   const double since = 1e-9 * static_cast<double>(now - last_output_ns_);
-  const bool at_end = options_.total > 0 && step >= options_.total;
   if (options_.style == ProgressStyle::kBar) {
     if (since >= options_.bar_interval_secs || at_end || !drawn_) draw_bar(now);
   } else {

@@ -69,16 +69,18 @@ class TensorBoardWriter {
   }
 
   /// A histogram of `values` with SummaryWriter's default bins (see io::make_histogram).
-  /// Throws trainkit::Error when `values` holds no finite number.
+  /// Throws trainkit::Error naming the tag when `values` holds no finite number.
   void add_histogram(std::string_view tag, std::span<const float> values, std::int64_t step,
                      std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
-    add_histogram(tag, io::make_histogram(values), step, wall_time);
+    add_histogram(tag, io::make_histogram(values, io::default_histogram_bins(), tag), step,
+                  wall_time);
   }
   void add_histogram(std::string_view tag, std::span<const double> values, std::int64_t step,
                      std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
-    add_histogram(tag, io::make_histogram(values), step, wall_time);
+    add_histogram(tag, io::make_histogram(values, io::default_histogram_bins(), tag), step,
+                  wall_time);
   }
   /// A histogram computed by the caller (custom bins).
   void add_histogram(std::string_view tag, const io::Histogram& histogram, std::int64_t step,
@@ -88,7 +90,8 @@ class TensorBoardWriter {
     file_->write_event(scratch_.bytes());
   }
 
-  /// Text, rendered as Markdown in TensorBoard's TEXT tab under `tag`/text_summary.
+  /// Text, rendered as Markdown in TensorBoard's TEXT tab under `tag`/text_summary. Bytes of
+  /// `text` that are not UTF-8 are written as U+FFFD (see io::encode_text_event).
   void add_text(std::string_view tag, std::string_view text, std::int64_t step,
                 std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
