@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 #include <trainkit/core/rng.hpp>
 #include <trainkit/error.hpp>
 #include <trainkit/exec/host.hpp>
+#include <trainkit/io/tfevents.hpp>
 #include <trainkit/nn/param_arena.hpp>
 #include <trainkit/optim/adamw.hpp>
 #include <trainkit/optim/lr_schedule.hpp>
@@ -70,7 +72,11 @@ struct Quadratic {
     for (std::int64_t i = 0; i < w.size(0); ++i) d += std::fabs(w(i) - std::sin(0.3f * i));
     return {{"val_dist", d}};
   }
-  void on_step_end(std::int64_t step, float) { ended.push_back(step); }
+  std::function<void(std::int64_t)> at_step_end;  // called by on_step_end when set
+  void on_step_end(std::int64_t step, float) {
+    ended.push_back(step);
+    if (at_step_end) at_step_end(step);
+  }
   // (step, evaluations done by then): the hook runs after the update, before that step's eval.
   std::vector<std::pair<std::int64_t, int>> updated;
   void on_optimizer_step(std::int64_t step) { updated.emplace_back(step, evaluations); }
@@ -180,6 +186,35 @@ TEST_CASE("Loop: killed with SIGKILL mid-run, the resumed run is bitwise the uni
     if (res.resumed_from) CHECK(res.resumed_from->step <= kill_at - 1);
     CHECK(same_bits(resumed, straight));
   }
+}
+
+TEST_CASE("Loop: TensorBoard's points up to a checkpoint are on disk when it is saved") {
+  // A summary (log_every 50) or an evaluation flushes TensorBoard's buffer; a checkpoint must
+  // too, or a run killed after it loses the points of the steps before it for good. Records on
+  // disk after each step, checkpointing every 1, 2 and 3 steps:
+  std::map<std::int64_t, std::vector<std::size_t>> on_disk;
+  for (const std::int64_t ckpt_every : {1, 2, 3}) {
+    const trainkit_test::TempDir dir;
+    Quadratic task;
+    task.at_step_end = [&](std::int64_t) {
+      std::size_t n = 0;
+      for (const auto& f : fs::directory_iterator(dir.path() / "tb"))
+        n += tk::io::read_tfrecords(f.path().string()).records.size();
+      on_disk[ckpt_every].push_back(n);
+    };
+    train_run(dir.path(), 7, task, nullptr, ckpt_every);
+    REQUIRE(on_disk[ckpt_every].size() == 7);
+  }
+  // Saving every step, every step's points (train/loss, train/lr) are on disk after it.
+  for (std::size_t k = 1; k < 7; ++k) CHECK(on_disk[1][k] >= on_disk[1][k - 1] + 2);
+  // Saving less often, the same as that after each checkpoint step.
+  for (const std::int64_t every : {2, 3})
+    for (std::int64_t step = every; step <= 7; step += every) {
+      CAPTURE(every);
+      CAPTURE(step);
+      CHECK(on_disk[every][static_cast<std::size_t>(step - 1)] ==
+            on_disk[1][static_cast<std::size_t>(step - 1)]);
+    }
 }
 
 TEST_CASE("Loop: evaluation, checkpoint and hook cadence") {

@@ -278,6 +278,13 @@ class Monitor {
   /// The GPU sampler, or nullptr when disabled by option.
   GpuMonitor* gpu_monitor() noexcept { return gpu_.get(); }
 
+  /// Hands TensorBoard's buffered records to the file now (the metrics file keeps no buffer):
+  /// train::Loop calls it after each checkpoint, so a run killed later still has every point up
+  /// to the checkpoint it resumes from.
+  void flush() {
+    if (tensorboard_ && tensorboard_->enabled()) tensorboard_->flush();
+  }
+
   /// Summarizes the remaining steps, writes the Chrome trace, finishes the progress bar and
   /// flushes and closes the files. Idempotent; the destructor calls it.
   TRAINKIT_INLINE void close();

@@ -443,8 +443,14 @@ class Loop {
       if (ranks && agree_now) stop = any_rank(stop);
       {
         auto span = monitor.span(monitor::Phase::kCheckpoint);
-        if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
+        bool saved = checkpointer_.maybe_save(state_, metrics);
+        if (!saved && (last || stop)) {
           checkpointer_.save(state_, metrics);
+          saved = true;
+        }
+        // The points up to a checkpoint go to disk with it: a run killed before TensorBoard's
+        // next flush would lose them for good (its resume starts after the checkpoint).
+        if (saved) monitor.flush();
       }
       monitor.end_step({.loss = read ? std::optional<double>(loss) : std::nullopt});
       if constexpr (detail::HasStepEnd<std::remove_cvref_t<Task>>)
