@@ -753,6 +753,98 @@ TEST_CASE("host gemm batched: strided items and a broadcast operand match rank-2
   }
 }
 
+TEST_CASE("host gemm batched: items of C side by side in one row stride are accepted") {
+  // Heads side by side in [m, batch * n] (item stride n, row stride batch * n) share no element:
+  // they used to be refused as overlapping. Items that do share elements still throw.
+  exec::Host host(2);
+  const std::int64_t batch = 3, m = 9, n = 20, k = 13;
+  Matrix<float> a(batch * m, k), b(k, n);
+  a.fill_random(81);
+  b.fill_random(82);
+  Matrix<float> c(m, batch * n, 2);
+  c.fill(0.5);
+  const HostView<float, 3> c3(c.data.data(), {{batch, m, n}}, {{n, c.ld, 1}});
+  blas::gemm(host, Op::kN, Op::kN, HostView<const float, 3>(a.data.data(), {{batch, m, k}}),
+             HostView<const float, 3>(b.data.data(), {{1, k, n}}), c3, {.beta = 2.0f});
+  CHECK(padding_untouched(c));
+  for (std::int64_t i = 0; i < batch; ++i) {
+    Matrix<float> ci(m, n);
+    ci.fill(0.5);
+    blas::gemm(host, Op::kN, Op::kN, a.cview().slice(0, i * m, (i + 1) * m), b.cview(), ci.view(),
+               {.beta = 2.0f});
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) CHECK(c.at(r, i * n + j) == ci.at(r, j));
+  }
+  // Item stride n - 1: the last column of item i is the first of item i + 1.
+  std::string msg;
+  try {
+    blas::gemm(host, Op::kN, Op::kN, HostView<const float, 3>(a.data.data(), {{batch, m, k}}),
+               HostView<const float, 3>(b.data.data(), {{1, k, n}}),
+               HostView<float, 3>(c.data.data(), {{batch, m, n}}, {{n - 1, c.ld, 1}}));
+  } catch (const trainkit::Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("makes items 0 and 1 of 9 x 20 (row stride 62) overlap") != std::string::npos);
+}
+
+TEST_CASE("host gemm batched: C sharing memory with an item of A or B throws") {
+  exec::Host host(1);
+  const std::int64_t batch = 4, m = 6, n = 6, k = 6;
+  Matrix<float> buf(batch * m + 3, k), w(k, n);
+  buf.fill_random(91);
+  w.fill_random(92);
+  const auto items = [&](std::int64_t first_row) {
+    return HostView<float, 3>(buf.data.data() + first_row * k, {{batch, m, k}}, {{m * k, k, 1}});
+  };
+  const auto error_of = [&](const HostView<const float, 3>& a, const HostView<const float, 3>& b,
+                            const HostView<float, 3>& c) {
+    try {
+      blas::gemm(host, Op::kN, Op::kN, a, b, c);
+    } catch (const trainkit::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const HostView<const float, 3> w3(w.data.data(), {{1, k, n}}, {{0, n, 1}});
+  // C == A; C shifted by one item and three rows (item i of C meets items i + 1 and i + 2 of A);
+  // B inside C.
+  std::string msg = error_of(items(0), w3, items(0));
+  CHECK(msg.find("item 0 of C [6, 6]") != std::string::npos);
+  CHECK(msg.find("overlaps item 0 of A [6, 6]") != std::string::npos);
+  msg = error_of(items(0).slice(0, 0, batch - 1), w3, items(m + 3).slice(0, 0, batch - 1));
+  CHECK(msg.find("item 0 of C") != std::string::npos);
+  CHECK(msg.find("overlaps item 1 of A") != std::string::npos);
+  Matrix<float> out(batch * m, n);
+  const HostView<float, 3> out3(out.data.data(), {{batch, m, n}}, {{m * n, n, 1}});
+  msg = error_of(items(0), HostView<const float, 3>(out3.slice(0, 2, 3)), out3);
+  CHECK(msg.find("item 2 of C") != std::string::npos);
+  CHECK(msg.find("overlaps item 0 of B") != std::string::npos);
+  msg = error_of(items(0).slice(0, 0, 1), items(0).slice(0, 1, 2), items(0).slice(0, 2, 3));
+  CHECK(msg.empty());  // three disjoint items of one buffer
+  // A one-row C inside an item of B.
+  msg = error_of(HostView<const float, 3>(buf.data.data(), {{1, 1, k}}, {{0, k, 1}}),
+                 items(0).slice(0, 1, 2),
+                 HostView<float, 3>(buf.data.data() + m * k + 5, {{1, 1, n}}, {{0, n, 1}}));
+  CHECK(msg.find("overlaps item 0 of B") != std::string::npos);
+  // Interleaved but disjoint: A = columns [0, 3) of every row, C = columns [3, 6), k = n = 3.
+  Matrix<float> x(batch * m, 6), x0(0, 0);
+  x.fill_random(93);
+  x0 = x;
+  Matrix<float> w2(3, 3);
+  w2.fill_random(94);
+  blas::gemm(host, Op::kN, Op::kN,
+             HostView<const float, 3>(x.data.data(), {{batch, m, 3}}, {{m * 6, 6, 1}}),
+             HostView<const float, 3>(w2.data.data(), {{1, 3, 3}}, {{0, 3, 1}}),
+             HostView<float, 3>(x.data.data() + 3, {{batch, m, 3}}, {{m * 6, 6, 1}}));
+  for (std::int64_t r = 0; r < batch * m; ++r)
+    for (std::int64_t j = 0; j < 3; ++j) {
+      float want = 0.0f;
+      for (std::int64_t p = 0; p < 3; ++p) want = std::fma(x0.at(r, p), w2.at(p, j), want);
+      CHECK(x.at(r, j) == x0.at(r, j));
+      CHECK(x.at(r, 3 + j) == doctest::Approx(want).epsilon(1e-6));
+    }
+}
+
 TEST_CASE("host gemm: training shapes (MLP and GPT block) vs float64") {
   exec::Host host(2);
   // One row sample of the reference keeps this fast: every element of a few rows.
@@ -828,6 +920,171 @@ TEST_CASE("host gemm: CBLAS backend") {
     CHECK_THROWS_AS(blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
                                {.host_backend = HostBackend::kCblas}),
                     trainkit::Error);
+  }
+}
+
+TEST_CASE("host gemm: an output sharing memory with another operand throws; interleaved is fine") {
+  // The kernels read A and B while they write C (and aux, bias_grad): C == A used to return
+  // wrong values without an error. Views that only interleave in one buffer (column slices of
+  // one row-major matrix, as a fused QKV buffer holds) share no element and must still work.
+  exec::Host host(2);
+  const std::int64_t n = 40;
+  const auto throws_naming = [&](auto&& call, const std::string& first, const std::string& second) {
+    std::string msg;
+    try {
+      call();
+    } catch (const trainkit::Error& e) {
+      msg = e.what();
+    }
+    INFO(msg);
+    CHECK(msg.find(first + " [") != std::string::npos);
+    CHECK(msg.find("overlaps " + second + " [") != std::string::npos);
+  };
+  Matrix<float> a(n, n), b(n, n);
+  a.fill_random(1);
+  b.fill_random(2);
+  throws_naming([&] { blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), a.view()); }, "C",
+                "A");
+  throws_naming([&] { blas::gemm(host, Op::kT, Op::kN, a.cview(), b.cview(), b.view()); }, "C",
+                "B");
+  // C's last row starts inside A's last row (partial overlap) and a 1-row C in a row of B.
+  Matrix<float> big(2 * n, n);
+  big.fill_random(3);
+  const HostView<float, 2> lower(big.data.data() + n * n - 5, {{n, n}}, {{n, 1}});
+  throws_naming(
+      [&] { blas::gemm(host, Op::kN, Op::kN, big.cview().slice(0, 0, n), b.cview(), lower); }, "C",
+      "A");
+  const HostView<float, 2> row(b.data.data() + 7 * n + 3, {{1, 30}}, {{1000, 1}});
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kN, Op::kN, a.cview().slice(0, 0, 1), b.cview().slice(1, 0, 30), row);
+      },
+      "C", "B");
+  Matrix<float> c(n, n);
+  std::vector<float> aux(static_cast<std::size_t>(n * n));
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.epilogue = Epilogue::kGelu, .aux = c.data.data()});
+      },
+      "C", "options.aux");
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.epilogue = Epilogue::kBias, .bias = c.data.data() + 3 * n});
+      },
+      "C", "options.bias");
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.epilogue = Epilogue::kBiasGelu, .bias = aux.data(), .aux = aux.data() + 1});
+      },
+      "options.aux", "options.bias");
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kT, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.epilogue = Epilogue::kBiasGrad, .bias_grad = a.data.data() + 5});
+      },
+      "options.bias_grad", "A");
+  throws_naming(
+      [&] {
+        blas::gemm(host, Op::kN, Op::kN, a.cview(), b.cview(), c.view(),
+                   {.beta = 1.0f, .c_in = c.data.data() + 1});
+      },
+      "C", "options.c_in");
+
+  // Allowed: c_in == C, and column slices of one buffer: C = buf[:, 0:n), A = buf[:, n:2n),
+  // B = buf[:, 2n:3n) (k == n), each row of C between rows of A and B.
+  Matrix<float> buf(n, 3 * n);
+  buf.fill_random(4);
+  const Matrix<float> buf0 = buf;
+  const auto slice = [&](Matrix<float>& x, std::int64_t c0) {
+    return HostView<float, 2>(x.data.data() + c0, {{n, n}}, {{3 * n, 1}});
+  };
+  Matrix<float> a2(n, n), b2(n, n), c2(n, n);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      a2.at(i, j) = buf0.at(i, n + j);
+      b2.at(i, j) = buf0.at(i, 2 * n + j);
+      c2.at(i, j) = buf0.at(i, j);
+    }
+  blas::gemm(host, Op::kN, Op::kT, HostView<const float, 2>(slice(buf, n)),
+             HostView<const float, 2>(slice(buf, 2 * n)), slice(buf, 0),
+             {.alpha = 0.5f, .beta = 2.0f, .c_in = buf.data.data()});
+  blas::gemm(host, Op::kN, Op::kT, a2.cview(), b2.cview(), c2.view(),
+             {.alpha = 0.5f, .beta = 2.0f});
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < 3 * n; ++j) {
+      const float want = j < n ? c2.at(i, j) : buf0.at(i, j);
+      REQUIRE(std::memcmp(&buf.at(i, j), &want, sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("gemm overlap check: byte_rows_overlap agrees with a byte-by-byte test") {
+  std::mt19937_64 rng(99);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 3000; ++trial) {
+    blas::detail::ByteRows v[2];
+    std::vector<int> owner(600, -1);
+    bool shared = false;
+    for (int s = 0; s < 2; ++s) {
+      v[s].rows = pick(0, 6);
+      v[s].width = pick(0, 12);
+      v[s].ld = v[s].width + pick(0, 20);
+      if (v[s].rows == 1) v[s].ld = pick(0, 50);  // a single row: any stride
+      v[s].base = static_cast<std::uintptr_t>(pick(0, 200));
+      for (std::int64_t r = 0; r < v[s].rows; ++r)
+        for (std::int64_t j = 0; j < v[s].width; ++j) {
+          const auto at = static_cast<std::size_t>(v[s].base + r * v[s].ld + j);
+          if (owner[at] == 0 && s == 1) shared = true;
+          owner[at] = s;
+        }
+    }
+    INFO("trial ", trial);
+    CHECK(blas::detail::byte_rows_overlap(v[0], v[1]) == shared);
+    CHECK(blas::detail::byte_rows_overlap(v[1], v[0]) == shared);
+  }
+}
+
+TEST_CASE("gemm overlap check: batched items of C against items of A, element by element") {
+  // Random batched views in one buffer (negative and zero batch strides, single rows with any
+  // stride, broadcast): the check throws exactly when some element of C is an element of A.
+  std::mt19937_64 rng(98);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  std::vector<float> buf(700);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::int64_t bc = pick(1, 4), bx = pick(0, 1) == 0 ? 1 : bc;
+    const std::int64_t rc = pick(1, 4), wc = pick(1, 5);
+    const std::int64_t ldc = rc == 1 ? pick(0, 9) : wc + pick(0, 6);
+    const std::int64_t rx = pick(1, 4), wx = pick(1, 5);
+    const std::int64_t ldx = rx == 1 ? pick(0, 9) : wx + pick(0, 6);
+    const std::int64_t sc = pick(-40, 40), sx = pick(-40, 40);
+    const std::int64_t oc = pick(200, 400), ox = pick(200, 400);
+    const HostView<float, 3> c(buf.data() + oc, {{bc, rc, wc}}, {{sc, ldc, 1}});
+    const HostView<const float, 3> x(buf.data() + ox, {{bx, rx, wx}}, {{sx, ldx, 1}});
+    std::vector<char> in_c(buf.size(), 0);
+    for (std::int64_t i = 0; i < bc; ++i)
+      for (std::int64_t r = 0; r < rc; ++r)
+        for (std::int64_t j = 0; j < wc; ++j)
+          in_c[static_cast<std::size_t>(oc + i * sc + (rc == 1 ? 0 : r * ldc) + j)] = 1;
+    bool shared = false;
+    for (std::int64_t i = 0; i < bx; ++i)
+      for (std::int64_t r = 0; r < rx; ++r)
+        for (std::int64_t j = 0; j < wx; ++j)
+          shared = shared || in_c[static_cast<std::size_t>(ox + (bx == 1 ? 0 : i * sx) +
+                                                           (rx == 1 ? 0 : r * ldx) + j)] != 0;
+    bool threw = false;
+    try {
+      blas::detail::check_batched_input_overlap("test", c, x, "A");
+    } catch (const trainkit::Error&) {
+      threw = true;
+    }
+    INFO("trial ", trial);
+    CHECK(threw == shared);
   }
 }
 

@@ -386,6 +386,13 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
   TRAINKIT_CHECK(o.gelu_aux == GeluAux::kInput, who,
                  ": options.gelu_aux = GeluAux::kSlope is a host gemm option (cuBLASLt's GELU "
                  "epilogues save their input)");
+  // Outputs that share memory with an input give wrong numbers, as on the host: refused.
+  if constexpr (batched) {
+    check_batched_input_overlap(who, c, a, "A");
+    check_batched_input_overlap(who, c, b, "B");
+  } else {
+    check_gemm_aliasing(who, a, b, c, o, s);
+  }
 
   CublasLtProblem p{};
   p.op_a = op_a;

@@ -120,20 +120,24 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
 /// - Elements: float, f16 or bf16, mixed freely; products and sums are f32, C is rounded once.
 /// - Runs on `host`'s threads. Deterministic: the same inputs give the same bits for any thread
 ///   count (each element of C is summed over k in one fixed order by one thread).
-/// - C must not overlap A, B, bias or aux. The options' pointers are host pointers.
+/// - C (and aux or bias_grad where the epilogue writes them) must not share memory with A, B,
+///   bias, c_in (which may be C itself) or each other: such a call throws trainkit::Error
+///   naming both operands. The options' pointers are host pointers.
 template <class A, class B, class C>
 void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 2> a, HostView<B, 2> b,
           HostView<C, 2> c, const GemmOptions<C>& options = {}) {
   detail::check_host_types<A, B, C>();
   const detail::GemmShape s = detail::check_gemm_shapes("blas::gemm", op_a, op_b, a, b, c);
   detail::check_epilogue("blas::gemm", options, s, false);
+  detail::check_gemm_aliasing("blas::gemm", a, b, c, options, s);
   detail::host_gemm_checked(host, op_a, op_b, a, b, c, s, options);
 }
 
 /// Batched gemm on the CPU: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for every i of
 /// the leading dimension, with the same rules as the rank-2 form. A or B may have batch 1 and
-/// is then shared by every item (broadcast). Items of C must not overlap. Always the built-in
-/// kernel (options.host_backend is ignored); only Epilogue::kNone is supported.
+/// is then shared by every item (broadcast). Items of C must not overlap each other or an item
+/// of A or B (trainkit::Error names the two items). Always the built-in kernel
+/// (options.host_backend is ignored); only Epilogue::kNone is supported.
 template <class A, class B, class C>
 void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B, 3> b,
           HostView<C, 3> c, const GemmOptions<C>& options = {}) {
@@ -146,14 +150,27 @@ void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B
                  "blas::gemm (batched): batch sizes A ", a.size(0), ", B ", b.size(0), ", C ",
                  batch, " differ (A and B may also have batch 1)");
   if (batch == 0 || s.m == 0 || s.n == 0) return;
-  TRAINKIT_CHECK(batch == 1 || c.stride(0) >= (s.m - 1) * detail::leading_dim(c) + s.n,
-                 "blas::gemm (batched): C's batch stride ", c.stride(0), " makes items of ", s.m,
-                 " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
+  // Items i and i + d of C overlap exactly when items 0 and d do (the same rows, moved by
+  // d * stride): items within one row stride (e.g. heads side by side in [T, H * hs]) are fine.
+  const std::int64_t sc = c.stride(0);
+  const std::int64_t c_extent = (s.m - 1) * detail::leading_dim(c) + s.n;
+  if (batch > 1 && !(sc >= c_extent)) {
+    const detail::ByteRows first = detail::byte_rows("C", c);
+    // From the first d with |d * stride| >= the extent on, the items' spans are disjoint.
+    for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < c_extent; ++d) {
+      detail::ByteRows item = first;
+      item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(C);
+      TRAINKIT_CHECK(!detail::byte_rows_overlap(first, item),
+                     "blas::gemm (batched): C's batch stride ", sc, " makes items 0 and ", d,
+                     " of ", s.m, " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
+    }
+  }
+  detail::check_batched_input_overlap("blas::gemm (batched)", c, a, "A");
+  detail::check_batched_input_overlap("blas::gemm (batched)", c, b, "B");
   using TA = std::remove_const_t<A>;
   using TB = std::remove_const_t<B>;
   const std::int64_t sa = a.size(0) == 1 ? 0 : a.stride(0);
   const std::int64_t sb = b.size(0) == 1 ? 0 : b.stride(0);
-  const std::int64_t sc = c.stride(0);
   const detail::GemmOutput<C> out =
       detail::gemm_output(c.data(), detail::leading_dim(c), options, s.n);
   auto item = [&](const exec::Host* on, std::int64_t i) {

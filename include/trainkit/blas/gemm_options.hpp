@@ -5,10 +5,12 @@
 // of gemm.hpp so the host, CBLAS and cuBLASLt backends can each include it alone.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/half.hpp"
@@ -50,7 +52,7 @@ enum class ComputeType : std::uint8_t {
 /// Which host implementation runs f32 gemms (f16/bf16 operands always use the built-in one).
 enum class HostBackend : std::uint8_t {
   kAuto,     ///< The built-in kernel (deterministic, uses exec::Host's threads).
-  kBuiltin,  ///< The built-in blocked AVX2/FMA kernel (portable C++ on other CPUs).
+  kBuiltin,  ///< The built-in blocked kernel: AVX-512 or AVX2+FMA by CPUID, portable C++ elsewhere.
   kCblas,    ///< cblas_sgemm + trainkit's epilogue; needs TRAINKIT_WITH_CBLAS, else throws.
 };
 
@@ -220,6 +222,180 @@ GemmShape check_gemm_shapes(const char* who, Op op_a, Op op_b, const VA& a, cons
                  " but op(A) @ op(B) is [", s.m, ", ", s.n, "] (A op ", to_string(op_a), ", B op ",
                  to_string(op_b), ")");
   return s;
+}
+
+/// The bytes an operand occupies: `rows` rows of `width` bytes, `ld` bytes apart (ld >= width
+/// when rows > 1), the first at `base`. `name` and `shape` (rows, columns, row stride, column
+/// stride in elements; a vector has rows == 0) describe it in an error message.
+/// (No member initializers: the driver's arrays of them are filled before use, and zeroing them
+/// on every call would cost more than the check.)
+struct ByteRows {
+  std::uintptr_t base;
+  std::int64_t rows, width, ld;
+  const char* name;
+  std::int64_t shape[4];
+};
+
+/// The rows of a host matrix view (its last two dimensions).
+template <class V>
+ByteRows byte_rows(const char* name, const V& v) {
+  const int r = V::rank - 2, c = V::rank - 1;
+  constexpr auto elem = static_cast<std::int64_t>(sizeof(typename V::element_type));
+  return {reinterpret_cast<std::uintptr_t>(v.data()),
+          v.size(r),
+          v.size(c) * elem,
+          v.stride(r) * elem,
+          name,
+          {v.size(r), v.size(c), v.stride(r), v.stride(c)}};
+}
+
+/// True when two ByteRows share a byte. O(1) when their spans are disjoint (the usual case:
+/// different buffers), else O(min(rows)): for each row of the one with fewer rows, the only row
+/// of the other that can meet it is the first one ending after it starts.
+inline bool byte_rows_overlap(const ByteRows& a, const ByteRows& b) noexcept {
+  if (a.rows <= 0 || a.width <= 0 || b.rows <= 0 || b.width <= 0) return false;
+  const auto end = [](const ByteRows& v) {  // a single row may carry any stride
+    return v.base +
+           static_cast<std::uintptr_t>(v.rows == 1 ? v.width : (v.rows - 1) * v.ld + v.width);
+  };
+  if (end(a) <= b.base || end(b) <= a.base) return false;
+  ByteRows x = a, y = b;
+  if (x.rows == 1) x.ld = x.width;
+  if (y.rows == 1) y.ld = y.width;
+  if (x.rows > y.rows) std::swap(x, y);
+  const auto w = static_cast<std::uintptr_t>(y.width), ld = static_cast<std::uintptr_t>(y.ld);
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    const std::uintptr_t s = x.base + static_cast<std::uintptr_t>(r * x.ld);
+    const std::uintptr_t e = s + static_cast<std::uintptr_t>(x.width);
+    // The first row j of y with y.base + j * ld + w > s.
+    const std::uintptr_t j = s < y.base + w ? 0 : (s - y.base - w) / ld + 1;
+    if (j < static_cast<std::uintptr_t>(y.rows) && y.base + j * ld < e) return true;
+  }
+  return false;
+}
+
+/// "A [4, 5] (row stride 8, column stride 1)" or "options.bias [5]".
+inline std::string describe_byte_rows(const ByteRows& v) {
+  if (v.shape[0] == 0) return ::trainkit::detail::concat(v.name, " [", v.shape[1], "]");
+  return ::trainkit::detail::concat(v.name, " [", v.shape[0], ", ", v.shape[1], "] (row stride ",
+                                    v.shape[2], ", column stride ", v.shape[3], ")");
+}
+
+/// Throws trainkit::Error when an operand the gemm writes (C; aux or bias_grad where the epilogue
+/// writes them) shares memory with another: the kernels would read values they have already
+/// overwritten, or store one element twice, and give wrong results without an error. Once per
+/// call, in the driver: O(1) unless two operands lie in one buffer.
+inline void check_no_overlap(const char* who, const ByteRows* written, int n_written,
+                             const ByteRows* others, int n_others) {
+  for (int i = 0; i < n_written; ++i) {
+    for (int j = 0; j < n_others + n_written; ++j) {
+      if (j >= n_others && j - n_others <= i) continue;  // each pair of outputs once
+      const ByteRows& o = j < n_others ? others[j] : written[j - n_others];
+      TRAINKIT_CHECK(!byte_rows_overlap(written[i], o), who, ": ", describe_byte_rows(written[i]),
+                     " overlaps ", describe_byte_rows(o), "; the gemm writes ", written[i].name,
+                     ", so it must not share memory with another operand (only options.c_in may "
+                     "be C itself)");
+    }
+  }
+}
+
+/// The overlap check of a rank-2 gemm: C, and aux or bias_grad where the epilogue writes them,
+/// against A, B, bias, aux where kDGelu reads it, c_in unless it is C itself, and each other.
+template <class VA, class VB, class VC, class T>
+void check_gemm_aliasing(const char* who, const VA& a, const VB& b, const VC& c,
+                         const GemmOptions<T>& o, const GemmShape& s) {
+  if (s.m == 0 || s.n == 0) return;
+  constexpr auto elem = static_cast<std::int64_t>(sizeof(T));
+  const Epilogue e = o.epilogue;
+  const auto at = [](const char* name, const void* p, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld) {
+    return ByteRows{reinterpret_cast<std::uintptr_t>(p),
+                    rows == 0 ? 1 : rows,
+                    cols * elem,
+                    ld * elem,
+                    name,
+                    {rows, cols, ld, 1}};
+  };
+  ByteRows written[3], others[5];
+  int nw = 0, no = 0;
+  written[nw++] = byte_rows("C", c);
+  others[no++] = byte_rows("A", a);
+  others[no++] = byte_rows("B", b);
+  if ((e == Epilogue::kBias || e == Epilogue::kBiasGelu) && o.bias != nullptr)
+    others[no++] = at("options.bias", o.bias, 0, s.n, s.n);
+  const bool aux_written = e == Epilogue::kGelu || e == Epilogue::kBiasGelu;
+  if (o.aux != nullptr && (aux_written || e == Epilogue::kDGelu)) {
+    const ByteRows aux = at("options.aux", o.aux, s.m, s.n, o.aux_ld == 0 ? s.n : o.aux_ld);
+    if (aux_written) {
+      written[nw++] = aux;
+    } else {
+      others[no++] = aux;
+    }
+  }
+  if (e == Epilogue::kBiasGrad && o.bias_grad != nullptr)
+    written[nw++] = at("options.bias_grad", o.bias_grad, 0, s.m, s.m);
+  if (o.c_in != nullptr && o.beta != 0.0f && o.c_in != c.data())
+    others[no++] = at("options.c_in", o.c_in, s.m, s.n, leading_dim(c));
+  check_no_overlap(who, written, nw, others, no);
+}
+
+/// floor(a / b) and ceil(a / b) for b != 0.
+inline std::int64_t floor_div(std::int64_t a, std::int64_t b) noexcept {
+  const std::int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return -floor_div(-a, b); }
+
+/// The overlap check of a batched gemm for one input `x` (A or B; batch 1: one item shared by
+/// all): throws trainkit::Error when an item of C shares memory with an item of x. O(1) when the
+/// two operands lie apart (the usual case); otherwise it compares the pairs of items whose spans
+/// meet, found by arithmetic on the batch strides, and stops comparing (accepts the call) past a
+/// budget rather than let the check cost more than a gemm.
+template <class VC, class VX>
+void check_batched_input_overlap(const char* who, const VC& c, const VX& x, const char* name) {
+  ByteRows ci = byte_rows("C", c), xj = byte_rows(name, x);
+  if (ci.rows <= 0 || ci.width <= 0 || xj.rows <= 0 || xj.width <= 0) return;
+  if (ci.rows == 1) ci.ld = ci.width;
+  if (xj.rows == 1) xj.ld = xj.width;
+  const std::int64_t bc = c.size(0), bx = x.size(0);
+  const std::int64_t sc = c.stride(0) * std::int64_t{sizeof(typename VC::element_type)};
+  const std::int64_t sx =
+      bx == 1 ? 0 : x.stride(0) * std::int64_t{sizeof(typename VX::element_type)};
+  const std::int64_t ec = (ci.rows - 1) * ci.ld + ci.width, ex = (xj.rows - 1) * xj.ld + xj.width;
+  // Positions relative to item 0 of C: item i of C at i * sc, item j of x at rel + j * sx.
+  const std::uintptr_t c_base = ci.base, x_base = xj.base;
+  const auto rel = static_cast<std::int64_t>(x_base - c_base);
+  const std::int64_t c_lo = std::min<std::int64_t>(0, (bc - 1) * sc);
+  const std::int64_t c_hi = std::max<std::int64_t>(0, (bc - 1) * sc) + ec;
+  const std::int64_t x_lo = rel + std::min<std::int64_t>(0, (bx - 1) * sx);
+  const std::int64_t x_hi = rel + std::max<std::int64_t>(0, (bx - 1) * sx) + ex;
+  if (c_hi <= x_lo || x_hi <= c_lo) return;
+  std::int64_t budget = std::int64_t{1} << 18;  // rows compared
+  const std::int64_t cost = std::min(ci.rows, xj.rows);
+  for (std::int64_t i = 0; i < bc; ++i) {
+    // Items j of x whose span meets item i's: i * sc - ex < rel + j * sx < i * sc + ec.
+    const std::int64_t lo = i * sc - ex - rel, hi = i * sc + ec - rel;
+    std::int64_t j0 = 0, j1 = 0;
+    if (sx > 0) {
+      j0 = floor_div(lo, sx) + 1;
+      j1 = ceil_div(hi, sx) - 1;
+    } else if (sx < 0) {
+      j0 = floor_div(hi, sx) + 1;
+      j1 = ceil_div(lo, sx) - 1;
+    } else if (!(lo < 0 && 0 < hi)) {
+      continue;
+    }
+    j0 = std::max<std::int64_t>(j0, 0);
+    j1 = std::min<std::int64_t>(j1, bx - 1);
+    for (std::int64_t j = j0; j <= j1; ++j) {
+      if ((budget -= cost) < 0) return;
+      ci.base = c_base + static_cast<std::uintptr_t>(i * sc);
+      xj.base = x_base + static_cast<std::uintptr_t>(j * sx);
+      TRAINKIT_CHECK(!byte_rows_overlap(ci, xj), who, ": item ", i, " of ", describe_byte_rows(ci),
+                     " overlaps item ", j, " of ", describe_byte_rows(xj),
+                     "; the gemm writes C, so it must not share memory with A or B");
+    }
+  }
 }
 
 /// Checks the pointers an epilogue needs; `batched` epilogues are not supported.
