@@ -1439,22 +1439,18 @@ class Shape {
   const std::int64_t* end() const noexcept { return dims_ + rank_; }
   std::span<const std::int64_t> dims() const noexcept { return {dims_, std::size_t(rank_)}; }
 
-  /// Number of elements (1 for rank 0). Overflow was rejected at construction.
+  /// Number of elements (1 for rank 0). Overflow was rejected at construction; with a zero
+  /// extent the other extents' product may not fit, and the count is 0 whatever their order.
   std::int64_t numel() const noexcept {
+    for (int d = 0; d < rank_; ++d)
+      if (dims_[d] == 0) return 0;
     std::int64_t n = 1;
     for (int d = 0; d < rank_; ++d) n *= dims_[d];
     return n;
   }
 
   /// "[2, 3, 4]" (and "[]" for a scalar), for messages and metadata.
-  std::string to_string() const {
-    std::string s = "[";
-    for (int d = 0; d < rank_; ++d) {
-      if (d) s += ", ";
-      s += std::to_string(dims_[d]);
-    }
-    return s + "]";
-  }
+  std::string to_string() const { return describe(dims_, std::size_t(rank_)); }
 
   friend bool operator==(const Shape& a, const Shape& b) noexcept {
     if (a.rank_ != b.rank_) return false;
@@ -1464,23 +1460,46 @@ class Shape {
   }
 
  private:
+  // Refuses negative extents and element counts past 2^63 - 1. The count is a function of the
+  // extents, not of their order: a zero extent anywhere makes it 0 (so [0, 2^40, 2^40] and
+  // [2^40, 2^40, 0], its transpose, are both accepted).
   void assign(const std::int64_t* dims, std::size_t n) {
     TRAINKIT_CHECK(n <= std::size_t(kMaxRank), "rank ", n,
                    " exceeds trainkit::kMaxRank = ", kMaxRank);
-    rank_ = int(n);
-    std::int64_t total = 1;
+    bool empty = false;
     for (std::size_t d = 0; d < n; ++d) {
       TRAINKIT_CHECK(dims[d] >= 0, "negative extent ", dims[d], " in dimension ", d);
-      dims_[d] = dims[d];
-      TRAINKIT_CHECK(dims[d] == 0 || total <= std::numeric_limits<std::int64_t>::max() / dims[d],
-                     "shape overflows 64-bit element count");
+      empty = empty || dims[d] == 0;
+    }
+    std::int64_t total = 1;
+    for (std::size_t d = 0; d < n && !empty; ++d) {
+      TRAINKIT_CHECK(total <= std::numeric_limits<std::int64_t>::max() / dims[d], "shape ",
+                     Shape::describe(dims, n), " overflows the 64-bit element count (",
+                     "more than 2^63 - 1 elements)");
       total *= dims[d];
     }
+    rank_ = int(n);
+    for (std::size_t d = 0; d < n; ++d) dims_[d] = dims[d];
+  }
+
+  static std::string describe(const std::int64_t* dims, std::size_t n) {
+    std::string s = "[";
+    for (std::size_t d = 0; d < n; ++d) {
+      if (d) s += ", ";
+      s += std::to_string(dims[d]);
+    }
+    return s + "]";
   }
 
   std::int64_t dims_[kMaxRank] = {};
   int rank_ = 0;
 };
+
+namespace detail {
+/// Shape [0]: what default-constructed and moved-from tensors have (a default Shape, [], would be
+/// a scalar of one element, which they hold no memory for).
+inline Shape empty_shape() noexcept { return Shape{0}; }  // cannot throw
+}  // namespace detail
 
 TRAINKIT_NAMESPACE_END
 // end trainkit/core/shape.hpp
@@ -1581,7 +1600,11 @@ class TensorView {
   TRAINKIT_HOST_DEVICE const Extents<Rank>& sizes() const noexcept { return sizes_; }
   TRAINKIT_HOST_DEVICE const Extents<Rank>& strides() const noexcept { return strides_; }
 
+  /// The number of elements; 0 when an extent is 0, whatever the others (an empty view's other
+  /// extents need not have a product that fits in 64 bits, e.g. a transposed Shape{0, 2^40, 2^40}).
   TRAINKIT_HOST_DEVICE std::int64_t numel() const noexcept {
+    for (int d = 0; d < Rank; ++d)
+      if (sizes_[d] == 0) return 0;
     std::int64_t n = 1;
     for (int d = 0; d < Rank; ++d) n *= sizes_[d];
     return n;
@@ -1589,8 +1612,9 @@ class TensorView {
   TRAINKIT_HOST_DEVICE bool empty() const noexcept { return numel() == 0; }
 
   /// True when the elements are densely packed in row-major order (extent-1 dims may have any
-  /// stride, as in PyTorch).
+  /// stride, and an empty view is contiguous whatever its strides, as in PyTorch).
   TRAINKIT_HOST_DEVICE bool is_contiguous() const noexcept {
+    if (empty()) return true;
     std::int64_t expected = 1;
     for (int d = Rank - 1; d >= 0; --d) {
       if (sizes_[d] != 1 && strides_[d] != expected) return false;
@@ -2029,6 +2053,8 @@ class Tensor {
   using value_type = T;
   static constexpr Space space = S;
 
+  /// An empty tensor: shape [0], no memory (like torch.Tensor()), so numel() and bytes() are 0
+  /// and empty() is true. A moved-from tensor is left in the same state.
   Tensor() = default;
 
   /// Allocates shape.numel() elements: host tensors in 64-byte aligned memory, device tensors in
@@ -2064,8 +2090,16 @@ class Tensor {
     return t;
   }
 
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(Tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, detail::empty_shape())),
+        memory_(std::move(other.memory_)) {}
+  Tensor& operator=(Tensor&& other) noexcept {
+    if (this != &other) {
+      shape_ = std::exchange(other.shape_, detail::empty_shape());
+      memory_ = std::move(other.memory_);
+    }
+    return *this;
+  }
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
 
@@ -2127,7 +2161,7 @@ class Tensor {
     return e;
   }
 
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // never claims elements it has no memory for
   Allocation memory_;
 };
 
@@ -2152,6 +2186,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -2180,6 +2215,7 @@ inline std::size_t checked_bytes(DType dtype, const Shape& shape) {
 /// A non-owning, read-only, contiguous host tensor of run-time dtype.
 class AnyTensorView {
  public:
+  /// An empty view: F32, shape [0], no data.
   AnyTensorView() = default;
   /// Throws trainkit::Error when the shape's bytes pass 2^63 - 1.
   AnyTensorView(DType dtype, const Shape& shape, const void* data)
@@ -2209,19 +2245,33 @@ class AnyTensorView {
 
  private:
   DType dtype_ = DType::kF32;
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // not [], a scalar: there are no bytes to view
   const std::byte* data_ = nullptr;
 };
 
 /// An owning, contiguous host tensor of run-time dtype (64-byte aligned).
 class AnyTensor {
  public:
+  /// An empty tensor: F32, shape [0], no memory. A moved-from tensor is left in the same state.
   AnyTensor() = default;
   /// Uninitialised storage for `shape` elements of `dtype`.
   AnyTensor(DType dtype, const Shape& shape)
       : dtype_(dtype),
         shape_(shape),
         memory_(detail::checked_bytes(dtype, shape), MemoryKind::kHost) {}
+
+  AnyTensor(AnyTensor&& other) noexcept
+      : dtype_(other.dtype_),
+        shape_(std::exchange(other.shape_, detail::empty_shape())),
+        memory_(std::move(other.memory_)) {}
+  AnyTensor& operator=(AnyTensor&& other) noexcept {
+    if (this != &other) {
+      dtype_ = other.dtype_;
+      shape_ = std::exchange(other.shape_, detail::empty_shape());
+      memory_ = std::move(other.memory_);
+    }
+    return *this;
+  }
 
   /// A deep copy of a view's bytes.
   static AnyTensor copy_of(const AnyTensorView& view) {
@@ -2275,7 +2325,7 @@ class AnyTensor {
 
  private:
   DType dtype_ = DType::kF32;
-  Shape shape_;
+  Shape shape_ = detail::empty_shape();  // never claims bytes it has no memory for
   Allocation memory_;
 };
 
@@ -2571,6 +2621,7 @@ TRAINKIT_NAMESPACE_END
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 
@@ -2622,26 +2673,47 @@ struct StateDict {
   }
   const std::string& get_string(std::string_view key) const {
     const auto it = values.find(std::string(key));
-    TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", key, "'");
+    TRAINKIT_CHECK(it != values.end(), "state dict: missing value '", shown(key), "'");
     return it->second;
   }
   /// The scalar `key` parsed as a T (from_chars, the whole text); throws trainkit::Error naming
-  /// the key and its text otherwise ("..., not <what>").
+  /// the key and its text otherwise ("..., not <what>"; the text, which comes from a file, is
+  /// shown escaped and cut to its first 200 bytes).
   template <class T>
   T get_number(std::string_view key, const char* what) const {
     const std::string& text = get_string(key);
     T value{};
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '", key,
-                   "' is '", text, "', not ", what);
+    TRAINKIT_CHECK(ec == std::errc() && end == text.data() + text.size(), "state dict: '",
+                   shown(key), "' is '", shown(text), "', not ", what);
     return value;
   }
 
   /// The tensor `key`; throws naming the key when absent.
   const AnyTensor& tensor(std::string_view key) const {
     const auto it = tensors.find(std::string(key));
-    TRAINKIT_CHECK(it != tensors.end(), "state dict: missing tensor '", key, "'");
+    TRAINKIT_CHECK(it != tensors.end(), "state dict: missing tensor '", shown(key), "'");
     return it->second;
+  }
+
+  /// Text of a key or value (which may come from a file) as an error message shows it: its first
+  /// 200 bytes, printable ASCII as it is and other bytes (and the backslash) as \xNN, like
+  /// io::printable_bytes (core cannot include io), then "..." if there was more.
+  static std::string shown(std::string_view text) {
+    constexpr std::size_t kShown = 200;
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (const char ch : text.substr(0, kShown)) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c < 0x7f && c != '\\') {
+        out += ch;
+      } else {
+        out += "\\x";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+      }
+    }
+    return text.size() > kShown ? out + "..." : out;
   }
 
   /// Moves every entry of `other` in under "<prefix>.<key>" (composition of state dicts).
@@ -2709,13 +2781,35 @@ class StateDictRefill {
   std::map<std::string, AnyTensor> spare_;
 };
 
+namespace detail {
+/// A setting as check_saved_setting shows it: a floating-point value in its shortest round-trip
+/// form (so two different values never print alike, as 0.1 and 0.10000000000000002 did), text
+/// escaped and bounded (the saved one comes from a file), an integer as a number (8-bit too).
+template <class V>
+std::string setting_text(const V& value) {
+  if constexpr (std::is_floating_point_v<V>) {
+    char buffer[64];
+    const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+    return ec == std::errc() ? std::string(buffer, end) : concat(value);
+  } else if constexpr (std::is_convertible_v<const V&, std::string_view>) {
+    return StateDict::shown(std::string_view(value));
+  } else if constexpr (std::is_integral_v<V>) {
+    return concat(+value);
+  } else {
+    return concat(value);
+  }
+}
+}  // namespace detail
+
 /// Checks that a setting saved with a component equals the one of the component being restored
-/// (a different value would change the trajectory silently). `who` names the component.
+/// (a different value would change the trajectory silently). `who` names the component; the
+/// message shows both values exactly (see detail::setting_text).
 template <class V>
 void check_saved_setting(std::string_view who, std::string_view key, const V& saved,
                          const V& here) {
-  TRAINKIT_CHECK(saved == here, who, ": the checkpoint was saved with ", key, " = ", saved,
-                 " but this one has ", key, " = ", here,
+  TRAINKIT_CHECK(saved == here, who, ": the checkpoint was saved with ", key, " = ",
+                 detail::setting_text(saved), " but this one has ", key, " = ",
+                 detail::setting_text(here),
                  "; resuming would not continue the same run (construct it as the saved run did)");
 }
 
@@ -5525,7 +5619,9 @@ inline void encode_scalar_event(ProtoWriter& out, double wall_time, std::int64_t
 
 /// A text entry as SummaryWriter.add_text writes it: tag + "/text_summary", a DT_STRING tensor of
 /// shape [1] holding the UTF-8 text, metadata plugin "text" (TextPluginData version 0 = no bytes).
-/// TensorBoard renders the text as Markdown.
+/// TensorBoard renders the text as Markdown. Each byte of `text` that does not begin a well-formed
+/// UTF-8 sequence is written as U+FFFD (TensorBoard's text plugin fails on the whole tag otherwise,
+/// and model samples cut between the bytes of a character are common); the tag must be UTF-8.
 TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::int64_t step,
                                        std::string_view tag, std::string_view text);
 
@@ -5574,11 +5670,18 @@ double pairwise_sum(std::size_t begin, std::size_t n, const Get& get) {
   return pairwise_sum(begin, n2, get) + pairwise_sum(begin + n2, n - n2, get);
 }
 
+/// "histogram" or "histogram 'name'" (escaped), how errors of make_histogram start.
+inline std::string histogram_label(std::string_view name) {
+  return name.empty() ? std::string("histogram") : "histogram '" + printable_bytes(name) + "'";
+}
+
 template <class T>
-Histogram make_histogram_impl(std::span<const T> values, std::span<const double> edges) {
-  TRAINKIT_CHECK(edges.size() >= 2, "histogram needs at least 2 bin edges, got ", edges.size());
-  TRAINKIT_CHECK(std::is_sorted(edges.begin(), edges.end()),
-                 "histogram bin edges must be sorted ascending");
+Histogram make_histogram_impl(std::span<const T> values, std::span<const double> edges,
+                              std::string_view name) {
+  TRAINKIT_CHECK(edges.size() >= 2, histogram_label(name), " needs at least 2 bin edges, got ",
+                 edges.size());
+  TRAINKIT_CHECK(std::is_sorted(edges.begin(), edges.end()), histogram_label(name),
+                 ": the bin edges must be sorted ascending");
   // Non-finite values are left out of every statistic: one NaN must not turn a training run's
   // weight histogram into an exception (PyTorch would raise).
   std::vector<double> finite;
@@ -5587,7 +5690,7 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
     const auto d = static_cast<double>(v);
     if (std::isfinite(d)) finite.push_back(d);
   }
-  TRAINKIT_CHECK(!finite.empty(), "histogram of ", values.size(),
+  TRAINKIT_CHECK(!finite.empty(), histogram_label(name), " of ", values.size(),
                  " values has no finite value to count");
   // numpy.histogram with explicit edges: bin i holds edges[i] <= v < edges[i+1], the last bin
   // also holds v == edges.back(); values outside [edges.front(), edges.back()] are not counted.
@@ -5620,8 +5723,8 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
       last = i;
     }
   }
-  TRAINKIT_CHECK(first < bins, "histogram values lie outside the bin edges [", edges.front(), ", ",
-                 edges.back(), "]");
+  TRAINKIT_CHECK(first < bins, histogram_label(name), ": the values lie outside the bin edges [",
+                 edges.front(), ", ", edges.back(), "]");
   if (first > 0) {
     h.bucket.assign(counts.begin() + static_cast<std::ptrdiff_t>(first - 1),
                     counts.begin() + static_cast<std::ptrdiff_t>(last + 1));
@@ -5642,15 +5745,18 @@ Histogram make_histogram_impl(std::span<const T> values, std::span<const double>
 /// PyTorch whenever numpy sums in one pass; PyTorch's sum of squares comes from BLAS `dot`, whose
 /// rounding may differ in the last bit). Differences from PyTorch: non-finite values are skipped
 /// instead of poisoning min/max/sum. Throws trainkit::Error when no finite value lies inside the
-/// edges (PyTorch raises too) or the edges are not sorted.
+/// edges (PyTorch raises too) or the edges are not sorted; the message names `name` (e.g. the
+/// tag) when it is given.
 inline Histogram make_histogram(std::span<const double> values,
-                                std::span<const double> edges = default_histogram_bins()) {
-  return detail::make_histogram_impl(values, edges);
+                                std::span<const double> edges = default_histogram_bins(),
+                                std::string_view name = {}) {
+  return detail::make_histogram_impl(values, edges, name);
 }
 /// Float input is widened to double first, as PyTorch's `values.astype(float)` does.
 inline Histogram make_histogram(std::span<const float> values,
-                                std::span<const double> edges = default_histogram_bins()) {
-  return detail::make_histogram_impl(values, edges);
+                                std::span<const double> edges = default_histogram_bins(),
+                                std::string_view name = {}) {
+  return detail::make_histogram_impl(values, edges, name);
 }
 
 /// A histogram as SummaryWriter.add_histogram writes it: Summary.Value{tag, histo=HistogramProto}.
@@ -5936,6 +6042,11 @@ TRAINKIT_INLINE void encode_text_event(ProtoWriter& out, double wall_time, std::
   std::string full_tag;
   full_tag.reserve(tag.size() + 13);
   full_tag.append(tag).append("/text_summary");
+  std::string replaced;
+  if (!is_valid_utf8(text)) {
+    replaced = replace_invalid_utf8(text);
+    text = replaced;
+  }
   const auto marks = detail::open_event_value(out, wall_time, step, full_tag);
   const std::size_t tensor = out.begin_message(8);
   out.field_varint(1, 7);  // dtype DT_STRING
@@ -7893,7 +8004,7 @@ struct JsonParseError {
   JsonErrorKind kind = JsonErrorKind::kSyntax;
   std::size_t offset = 0;  ///< byte offset into the text where the problem was found
   std::string message;     ///< what was expected or found
-  std::string key;         ///< the repeated key, for kDuplicateKey
+  std::string key;  ///< the repeated key as decoded, for kDuplicateKey (escape it to show it)
 };
 
 class Json;
@@ -8033,7 +8144,8 @@ class Json {
   void dump_to(std::string& out, int indent = -1, int level = 0) const;
 
   /// Parses one JSON value (surrounded by optional whitespace) from untrusted text. Throws
-  /// trainkit::Error "<source>: invalid JSON at byte N: ..." on any error.
+  /// trainkit::Error "<source>: invalid JSON at byte N: ..." on any error; a repeated key is
+  /// shown escaped (printable_bytes) and cut to its first 200 bytes.
   static Json parse(std::string_view text, std::string_view source = "JSON text",
                     const JsonLimits& limits = {});
   /// Like parse() but returns std::nullopt and fills `*error` (when given) instead of throwing.
@@ -8574,7 +8686,12 @@ TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
   std::optional<Json> v = try_parse(text, &error, limits);
   if (!v) {
     std::string what = error.message;
-    if (error.kind == JsonErrorKind::kDuplicateKey) what += " '" + error.key + "'";
+    // The key is text from the input: shown escaped (one line, no control bytes) and bounded.
+    if (error.kind == JsonErrorKind::kDuplicateKey) {
+      constexpr std::size_t kShown = 200;
+      what += " '" + printable_bytes(std::string_view(error.key).substr(0, kShown)) +
+              (error.key.size() > kShown ? "...'" : "'");
+    }
     TRAINKIT_FAIL(source, ": invalid JSON at byte ", error.offset, ": ", what);
   }
   return std::move(*v);
@@ -9052,12 +9169,14 @@ inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path
       std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
 }
 
-/// A sharded set opened through its index: every shard is mapped and validated, and every
-/// weight_map entry is checked to exist in its shard. tensor() finds a name across shards.
+/// A sharded set opened through its index: every shard is mapped and validated, every
+/// weight_map entry is checked to exist in its shard, and every tensor of a shard to be listed
+/// under that shard. tensor() finds a name across shards.
 class SafetensorsShards {
  public:
   /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency.
+  /// trainkit::Error naming the index, shard and tensor on any inconsistency: an entry its
+  /// shard does not hold, or a tensor a shard holds that the index does not list for it.
   TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
 
   const SafetensorsIndex& index() const noexcept { return index_; }
@@ -9605,10 +9724,24 @@ TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path
   const std::filesystem::path dir = index_path.parent_path();
   for (const std::string& file : index_.files())
     shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+  // Every tensor of a shard must be listed, under that shard: one the index leaves out (or lists
+  // under another shard) means a damaged or edited index or a shard of another set.
+  for (const auto& [file, shard] : shards_) {
+    for (const SafetensorsTensorInfo& t : shard->tensors()) {
+      const auto it = index_.weight_map.find(t.name);
+      TRAINKIT_CHECK(it != index_.weight_map.end(), "safetensors index '", index_path.string(),
+                     "' does not list tensor '", detail::printable(t.name), "', which shard '",
+                     detail::printable(file), "' holds");
+      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path.string(),
+                     "' does not list tensor '", detail::printable(t.name), "' under shard '",
+                     detail::printable(file), "', which holds it (the index lists it under '",
+                     detail::printable(it->second), "')");
+    }
+  }
   for (const auto& [name, file] : index_.weight_map) {
     const SafetensorsFile& shard = *shards_.at(file);
     TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                   "' maps tensor '", detail::printable(name), "' to '", file,
+                   "' maps tensor '", detail::printable(name), "' to '", detail::printable(file),
                    "', which does not hold it");
   }
 }
@@ -9635,10 +9768,12 @@ TRAINKIT_NAMESPACE_END
 // trainkit::Error naming the operand and shapes, and the tanh-GELU the epilogues apply. Split out
 // of gemm.hpp so the host, CBLAS and cuBLASLt backends can each include it alone.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -9676,7 +9811,7 @@ enum class ComputeType : std::uint8_t {
 /// Which host implementation runs f32 gemms (f16/bf16 operands always use the built-in one).
 enum class HostBackend : std::uint8_t {
   kAuto,     ///< The built-in kernel (deterministic, uses exec::Host's threads).
-  kBuiltin,  ///< The built-in blocked AVX2/FMA kernel (portable C++ on other CPUs).
+  kBuiltin,  ///< The built-in blocked kernel: AVX-512 or AVX2+FMA by CPUID, portable C++ elsewhere.
   kCblas,    ///< cblas_sgemm + trainkit's epilogue; needs TRAINKIT_WITH_CBLAS, else throws.
 };
 
@@ -9846,6 +9981,180 @@ GemmShape check_gemm_shapes(const char* who, Op op_a, Op op_b, const VA& a, cons
                  " but op(A) @ op(B) is [", s.m, ", ", s.n, "] (A op ", to_string(op_a), ", B op ",
                  to_string(op_b), ")");
   return s;
+}
+
+/// The bytes an operand occupies: `rows` rows of `width` bytes, `ld` bytes apart (ld >= width
+/// when rows > 1), the first at `base`. `name` and `shape` (rows, columns, row stride, column
+/// stride in elements; a vector has rows == 0) describe it in an error message.
+/// (No member initializers: the driver's arrays of them are filled before use, and zeroing them
+/// on every call would cost more than the check.)
+struct ByteRows {
+  std::uintptr_t base;
+  std::int64_t rows, width, ld;
+  const char* name;
+  std::int64_t shape[4];
+};
+
+/// The rows of a host matrix view (its last two dimensions).
+template <class V>
+ByteRows byte_rows(const char* name, const V& v) {
+  const int r = V::rank - 2, c = V::rank - 1;
+  constexpr auto elem = static_cast<std::int64_t>(sizeof(typename V::element_type));
+  return {reinterpret_cast<std::uintptr_t>(v.data()),
+          v.size(r),
+          v.size(c) * elem,
+          v.stride(r) * elem,
+          name,
+          {v.size(r), v.size(c), v.stride(r), v.stride(c)}};
+}
+
+/// True when two ByteRows share a byte. O(1) when their spans are disjoint (the usual case:
+/// different buffers), else O(min(rows)): for each row of the one with fewer rows, the only row
+/// of the other that can meet it is the first one ending after it starts.
+inline bool byte_rows_overlap(const ByteRows& a, const ByteRows& b) noexcept {
+  if (a.rows <= 0 || a.width <= 0 || b.rows <= 0 || b.width <= 0) return false;
+  const auto end = [](const ByteRows& v) {  // a single row may carry any stride
+    return v.base +
+           static_cast<std::uintptr_t>(v.rows == 1 ? v.width : (v.rows - 1) * v.ld + v.width);
+  };
+  if (end(a) <= b.base || end(b) <= a.base) return false;
+  ByteRows x = a, y = b;
+  if (x.rows == 1) x.ld = x.width;
+  if (y.rows == 1) y.ld = y.width;
+  if (x.rows > y.rows) std::swap(x, y);
+  const auto w = static_cast<std::uintptr_t>(y.width), ld = static_cast<std::uintptr_t>(y.ld);
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    const std::uintptr_t s = x.base + static_cast<std::uintptr_t>(r * x.ld);
+    const std::uintptr_t e = s + static_cast<std::uintptr_t>(x.width);
+    // The first row j of y with y.base + j * ld + w > s.
+    const std::uintptr_t j = s < y.base + w ? 0 : (s - y.base - w) / ld + 1;
+    if (j < static_cast<std::uintptr_t>(y.rows) && y.base + j * ld < e) return true;
+  }
+  return false;
+}
+
+/// "A [4, 5] (row stride 8, column stride 1)" or "options.bias [5]".
+inline std::string describe_byte_rows(const ByteRows& v) {
+  if (v.shape[0] == 0) return ::trainkit::detail::concat(v.name, " [", v.shape[1], "]");
+  return ::trainkit::detail::concat(v.name, " [", v.shape[0], ", ", v.shape[1], "] (row stride ",
+                                    v.shape[2], ", column stride ", v.shape[3], ")");
+}
+
+/// Throws trainkit::Error when an operand the gemm writes (C; aux or bias_grad where the epilogue
+/// writes them) shares memory with another: the kernels would read values they have already
+/// overwritten, or store one element twice, and give wrong results without an error. Once per
+/// call, in the driver: O(1) unless two operands lie in one buffer.
+inline void check_no_overlap(const char* who, const ByteRows* written, int n_written,
+                             const ByteRows* others, int n_others) {
+  for (int i = 0; i < n_written; ++i) {
+    for (int j = 0; j < n_others + n_written; ++j) {
+      if (j >= n_others && j - n_others <= i) continue;  // each pair of outputs once
+      const ByteRows& o = j < n_others ? others[j] : written[j - n_others];
+      TRAINKIT_CHECK(!byte_rows_overlap(written[i], o), who, ": ", describe_byte_rows(written[i]),
+                     " overlaps ", describe_byte_rows(o), "; the gemm writes ", written[i].name,
+                     ", so it must not share memory with another operand (only options.c_in may "
+                     "be C itself)");
+    }
+  }
+}
+
+/// The overlap check of a rank-2 gemm: C, and aux or bias_grad where the epilogue writes them,
+/// against A, B, bias, aux where kDGelu reads it, c_in unless it is C itself, and each other.
+template <class VA, class VB, class VC, class T>
+void check_gemm_aliasing(const char* who, const VA& a, const VB& b, const VC& c,
+                         const GemmOptions<T>& o, const GemmShape& s) {
+  if (s.m == 0 || s.n == 0) return;
+  constexpr auto elem = static_cast<std::int64_t>(sizeof(T));
+  const Epilogue e = o.epilogue;
+  const auto at = [](const char* name, const void* p, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld) {
+    return ByteRows{reinterpret_cast<std::uintptr_t>(p),
+                    rows == 0 ? 1 : rows,
+                    cols * elem,
+                    ld * elem,
+                    name,
+                    {rows, cols, ld, 1}};
+  };
+  ByteRows written[3], others[5];
+  int nw = 0, no = 0;
+  written[nw++] = byte_rows("C", c);
+  others[no++] = byte_rows("A", a);
+  others[no++] = byte_rows("B", b);
+  if ((e == Epilogue::kBias || e == Epilogue::kBiasGelu) && o.bias != nullptr)
+    others[no++] = at("options.bias", o.bias, 0, s.n, s.n);
+  const bool aux_written = e == Epilogue::kGelu || e == Epilogue::kBiasGelu;
+  if (o.aux != nullptr && (aux_written || e == Epilogue::kDGelu)) {
+    const ByteRows aux = at("options.aux", o.aux, s.m, s.n, o.aux_ld == 0 ? s.n : o.aux_ld);
+    if (aux_written) {
+      written[nw++] = aux;
+    } else {
+      others[no++] = aux;
+    }
+  }
+  if (e == Epilogue::kBiasGrad && o.bias_grad != nullptr)
+    written[nw++] = at("options.bias_grad", o.bias_grad, 0, s.m, s.m);
+  if (o.c_in != nullptr && o.beta != 0.0f && o.c_in != c.data())
+    others[no++] = at("options.c_in", o.c_in, s.m, s.n, leading_dim(c));
+  check_no_overlap(who, written, nw, others, no);
+}
+
+/// floor(a / b) and ceil(a / b) for b != 0.
+inline std::int64_t floor_div(std::int64_t a, std::int64_t b) noexcept {
+  const std::int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) noexcept { return -floor_div(-a, b); }
+
+/// The overlap check of a batched gemm for one input `x` (A or B; batch 1: one item shared by
+/// all): throws trainkit::Error when an item of C shares memory with an item of x. O(1) when the
+/// two operands lie apart (the usual case); otherwise it compares the pairs of items whose spans
+/// meet, found by arithmetic on the batch strides, and stops comparing (accepts the call) past a
+/// budget rather than let the check cost more than a gemm.
+template <class VC, class VX>
+void check_batched_input_overlap(const char* who, const VC& c, const VX& x, const char* name) {
+  ByteRows ci = byte_rows("C", c), xj = byte_rows(name, x);
+  if (ci.rows <= 0 || ci.width <= 0 || xj.rows <= 0 || xj.width <= 0) return;
+  if (ci.rows == 1) ci.ld = ci.width;
+  if (xj.rows == 1) xj.ld = xj.width;
+  const std::int64_t bc = c.size(0), bx = x.size(0);
+  const std::int64_t sc = c.stride(0) * std::int64_t{sizeof(typename VC::element_type)};
+  const std::int64_t sx =
+      bx == 1 ? 0 : x.stride(0) * std::int64_t{sizeof(typename VX::element_type)};
+  const std::int64_t ec = (ci.rows - 1) * ci.ld + ci.width, ex = (xj.rows - 1) * xj.ld + xj.width;
+  // Positions relative to item 0 of C: item i of C at i * sc, item j of x at rel + j * sx.
+  const std::uintptr_t c_base = ci.base, x_base = xj.base;
+  const auto rel = static_cast<std::int64_t>(x_base - c_base);
+  const std::int64_t c_lo = std::min<std::int64_t>(0, (bc - 1) * sc);
+  const std::int64_t c_hi = std::max<std::int64_t>(0, (bc - 1) * sc) + ec;
+  const std::int64_t x_lo = rel + std::min<std::int64_t>(0, (bx - 1) * sx);
+  const std::int64_t x_hi = rel + std::max<std::int64_t>(0, (bx - 1) * sx) + ex;
+  if (c_hi <= x_lo || x_hi <= c_lo) return;
+  std::int64_t budget = std::int64_t{1} << 18;  // rows compared
+  const std::int64_t cost = std::min(ci.rows, xj.rows);
+  for (std::int64_t i = 0; i < bc; ++i) {
+    // Items j of x whose span meets item i's: i * sc - ex < rel + j * sx < i * sc + ec.
+    const std::int64_t lo = i * sc - ex - rel, hi = i * sc + ec - rel;
+    std::int64_t j0 = 0, j1 = 0;
+    if (sx > 0) {
+      j0 = floor_div(lo, sx) + 1;
+      j1 = ceil_div(hi, sx) - 1;
+    } else if (sx < 0) {
+      j0 = floor_div(hi, sx) + 1;
+      j1 = ceil_div(lo, sx) - 1;
+    } else if (!(lo < 0 && 0 < hi)) {
+      continue;
+    }
+    j0 = std::max<std::int64_t>(j0, 0);
+    j1 = std::min<std::int64_t>(j1, bx - 1);
+    for (std::int64_t j = j0; j <= j1; ++j) {
+      if ((budget -= cost) < 0) return;
+      ci.base = c_base + static_cast<std::uintptr_t>(i * sc);
+      xj.base = x_base + static_cast<std::uintptr_t>(j * sx);
+      TRAINKIT_CHECK(!byte_rows_overlap(ci, xj), who, ": item ", i, " of ", describe_byte_rows(ci),
+                     " overlaps item ", j, " of ", describe_byte_rows(xj),
+                     "; the gemm writes C, so it must not share memory with A or B");
+    }
+  }
 }
 
 /// Checks the pointers an epilogue needs; `batched` epilogues are not supported.
@@ -12058,6 +12367,13 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
   TRAINKIT_CHECK(o.gelu_aux == GeluAux::kInput, who,
                  ": options.gelu_aux = GeluAux::kSlope is a host gemm option (cuBLASLt's GELU "
                  "epilogues save their input)");
+  // Outputs that share memory with an input give wrong numbers, as on the host: refused.
+  if constexpr (batched) {
+    check_batched_input_overlap(who, c, a, "A");
+    check_batched_input_overlap(who, c, b, "B");
+  } else {
+    check_gemm_aliasing(who, a, b, c, o, s);
+  }
 
   CublasLtProblem p{};
   p.op_a = op_a;
@@ -12249,20 +12565,24 @@ void host_gemm_checked(const exec::Host& host, Op op_a, Op op_b, const HostView<
 /// - Elements: float, f16 or bf16, mixed freely; products and sums are f32, C is rounded once.
 /// - Runs on `host`'s threads. Deterministic: the same inputs give the same bits for any thread
 ///   count (each element of C is summed over k in one fixed order by one thread).
-/// - C must not overlap A, B, bias or aux. The options' pointers are host pointers.
+/// - C (and aux or bias_grad where the epilogue writes them) must not share memory with A, B,
+///   bias, c_in (which may be C itself) or each other: such a call throws trainkit::Error
+///   naming both operands. The options' pointers are host pointers.
 template <class A, class B, class C>
 void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 2> a, HostView<B, 2> b,
           HostView<C, 2> c, const GemmOptions<C>& options = {}) {
   detail::check_host_types<A, B, C>();
   const detail::GemmShape s = detail::check_gemm_shapes("blas::gemm", op_a, op_b, a, b, c);
   detail::check_epilogue("blas::gemm", options, s, false);
+  detail::check_gemm_aliasing("blas::gemm", a, b, c, options, s);
   detail::host_gemm_checked(host, op_a, op_b, a, b, c, s, options);
 }
 
 /// Batched gemm on the CPU: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for every i of
 /// the leading dimension, with the same rules as the rank-2 form. A or B may have batch 1 and
-/// is then shared by every item (broadcast). Items of C must not overlap. Always the built-in
-/// kernel (options.host_backend is ignored); only Epilogue::kNone is supported.
+/// is then shared by every item (broadcast). Items of C must not overlap each other or an item
+/// of A or B (trainkit::Error names the two items). Always the built-in kernel
+/// (options.host_backend is ignored); only Epilogue::kNone is supported.
 template <class A, class B, class C>
 void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B, 3> b,
           HostView<C, 3> c, const GemmOptions<C>& options = {}) {
@@ -12275,14 +12595,27 @@ void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B
                  "blas::gemm (batched): batch sizes A ", a.size(0), ", B ", b.size(0), ", C ",
                  batch, " differ (A and B may also have batch 1)");
   if (batch == 0 || s.m == 0 || s.n == 0) return;
-  TRAINKIT_CHECK(batch == 1 || c.stride(0) >= (s.m - 1) * detail::leading_dim(c) + s.n,
-                 "blas::gemm (batched): C's batch stride ", c.stride(0), " makes items of ", s.m,
-                 " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
+  // Items i and i + d of C overlap exactly when items 0 and d do (the same rows, moved by
+  // d * stride): items within one row stride (e.g. heads side by side in [T, H * hs]) are fine.
+  const std::int64_t sc = c.stride(0);
+  const std::int64_t c_extent = (s.m - 1) * detail::leading_dim(c) + s.n;
+  if (batch > 1 && !(sc >= c_extent)) {
+    const detail::ByteRows first = detail::byte_rows("C", c);
+    // From the first d with |d * stride| >= the extent on, the items' spans are disjoint.
+    for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < c_extent; ++d) {
+      detail::ByteRows item = first;
+      item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(C);
+      TRAINKIT_CHECK(!detail::byte_rows_overlap(first, item),
+                     "blas::gemm (batched): C's batch stride ", sc, " makes items 0 and ", d,
+                     " of ", s.m, " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
+    }
+  }
+  detail::check_batched_input_overlap("blas::gemm (batched)", c, a, "A");
+  detail::check_batched_input_overlap("blas::gemm (batched)", c, b, "B");
   using TA = std::remove_const_t<A>;
   using TB = std::remove_const_t<B>;
   const std::int64_t sa = a.size(0) == 1 ? 0 : a.stride(0);
   const std::int64_t sb = b.size(0) == 1 ? 0 : b.stride(0);
-  const std::int64_t sc = c.stride(0);
   const detail::GemmOutput<C> out =
       detail::gemm_output(c.data(), detail::leading_dim(c), options, s.n);
   auto item = [&](const exec::Host* on, std::int64_t i) {
@@ -19475,7 +19808,8 @@ TRAINKIT_NAMESPACE_END
 //   needs_grad_norm(o)      true: the global gradient norm is measured before the prologue
 //   kSavedOptions           `std::tuple{saved_option("beta1", &Options::beta1), ...}`: options
 //                           that state_dict() stores and load_state_dict() restores (double,
-//                           bool or integer members)
+//                           bool or integer members; unsigned ones as decimal text, so every
+//                           64-bit value round-trips)
 //   trust_ratio(s, pn, un)  declares a per-tensor phase: update() then RETURNS the step direction
 //                           u (p stays; u is written over the gradient), the driver reduces
 //                           ||p|| and ||u|| per parameter tensor (deterministically) and moves
@@ -19677,6 +20011,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19686,28 +20021,56 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace optim {
 namespace detail {
 
-/// One saved member: the state-dict key and the member of O (double, bool or an integer).
+/// One saved member: the state-dict key and the member of O (double, bool or an integer;
+/// unsigned integers are stored as decimal text, so a std::uint64_t above INT64_MAX round-trips).
+/// `optional`: states saved before the field was added lack its key, and a load keeps the
+/// member's current value then (instead of refusing the state).
 template <class O, class M>
 struct StateField {
   using Member = M O::*;
   const char* key;
   Member member;
+  bool optional = false;
 };
 template <class O, class M>
 constexpr StateField<O, M> state_field(const char* key, M O::*member) {
-  return {key, member};
+  return {key, member, false};
+}
+/// A field added after states were first saved: a state without `key` loads, keeping the value.
+template <class O, class M>
+constexpr StateField<O, M> optional_state_field(const char* key, M O::*member) {
+  return {key, member, true};
+}
+
+template <class M>
+void save_value(StateDict& sd, const char* key, const M& value) {
+  if constexpr (std::same_as<M, bool>) {
+    sd.set(key, value);
+  } else if constexpr (std::unsigned_integral<M>) {
+    sd.set_u64(key, static_cast<std::uint64_t>(value));
+  } else if constexpr (std::integral<M>) {
+    sd.set(key, static_cast<std::int64_t>(value));
+  } else {
+    sd.set(key, static_cast<double>(value));
+  }
 }
 
 /// sd.set(field.key, obj.*field.member) for every field of `fields` (a tuple of StateField).
 template <class O, class Fields>
 void save_fields(StateDict& sd, const O& obj, const Fields& fields) {
-  std::apply([&](const auto&... f) { (sd.set(f.key, obj.*f.member), ...); }, fields);
+  std::apply([&](const auto&... f) { (save_value(sd, f.key, obj.*f.member), ...); }, fields);
 }
 
 template <class M>
 void load_value(const StateDict& sd, const char* key, M& value) {
   if constexpr (std::same_as<M, bool>) {
     value = sd.get_int(key) != 0;
+  } else if constexpr (std::unsigned_integral<M>) {
+    const std::uint64_t v = sd.get_u64(key);
+    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<M>::max());
+    TRAINKIT_CHECK(v <= kMax, "state dict: '", key, "' is ", v,
+                   ", above the largest value it can hold (", kMax, ")");
+    value = static_cast<M>(v);
   } else if constexpr (std::integral<M>) {
     value = static_cast<M>(sd.get_int(key));
   } else {
@@ -19716,10 +20079,14 @@ void load_value(const StateDict& sd, const char* key, M& value) {
 }
 
 /// The inverse of save_fields: obj.*field.member = the value under field.key (throws for a
-/// missing key, naming it).
+/// missing key, naming it; an optional field's missing key keeps the member as it is).
 template <class O, class Fields>
 void load_fields(const StateDict& sd, O& obj, const Fields& fields) {
-  std::apply([&](const auto&... f) { (load_value(sd, f.key, obj.*f.member), ...); }, fields);
+  const auto load = [&](const auto& f) {
+    if (f.optional && sd.values.count(f.key) == 0) return;
+    load_value(sd, f.key, obj.*f.member);
+  };
+  std::apply([&](const auto&... f) { (load(f), ...); }, fields);
 }
 
 /// sd.set(key, value) for each (key, value) pair of the arguments.
@@ -19970,6 +20337,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -20593,7 +20961,10 @@ class FusedOptimizer {
   TRAINKIT_INLINE void state_dict_into(StateDict& sd) const;
 
   /// Restores a state_dict() of an optimizer of the same rule and state layout over the same
-  /// parameters. Throws naming the first missing or mismatched entry (nothing is changed then).
+  /// parameters. Throws naming the first missing or mismatched entry, or a tensor that is not a
+  /// state of this optimizer (a parameter its arena does not have, e.g. a bigger model's, or a
+  /// state it does not keep), as PyTorch refuses parameter groups that do not match; nothing is
+  /// changed then.
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
@@ -20605,6 +20976,12 @@ class FusedOptimizer {
     Traits::validate(o);
     return o;
   }
+
+  /// Throws unless every tensor of `sd` is "<param>.<state>" for a parameter of the arena and
+  /// a state of `buffers`, or "<param>.step" (a state of another model or layout is refused).
+  TRAINKIT_INLINE void check_known_tensors(const StateDict& sd,
+                                           const std::vector<detail::StateBuffer>& buffers,
+                                           const std::string& prefix) const;
 
   /// "exp_avg, exp_avg_sq (f32)": the state buffers options `o` keep, for messages.
   TRAINKIT_INLINE static std::string state_layout(const Options& o);
@@ -20856,7 +21233,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 sd.get_string("optimizer"));
+                 io::printable_bytes(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -20885,6 +21262,7 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
                            b.name.find("_sq") != std::string::npos
                                ? detail::StateValues::kNonNegative
                                : detail::StateValues::kNumbers);
+  check_known_tensors(sd, buffers, prefix);
   std::vector<double> lrs, initial, wds;
   for (int g = 0; g < num_groups(); ++g) {
     const std::string key = "group." + std::to_string(g);
@@ -20918,6 +21296,39 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& s
   h.skip = 0;
   h.first = 0;
   copy_bytes(header_.data(), S, &h, Space::kHost, sizeof h);
+}
+
+template <class Rule, Space S>
+TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
+    const StateDict& sd, const std::vector<detail::StateBuffer>& buffers,
+    const std::string& prefix) const {
+  std::vector<std::string> states;  // the state names a key may end in, "step" last
+  for (const detail::StateBuffer& b : buffers) states.push_back(b.name);
+  states.push_back("step");
+  // Whole keys: a parameter's name may hold dots ("h.0.attn.weight.exp_avg").
+  std::set<std::string> known;
+  for (const nn::ParamInfo& p : arena_->infos())
+    for (const std::string& state : states) known.insert(p.name + "." + state);
+  std::string expected;
+  for (std::size_t k = 0; k < states.size(); ++k)
+    expected += std::string(k == 0 ? "" : k + 1 == states.size() ? " or " : ", ") + states[k];
+  for (const auto& entry : sd.tensors) {
+    const std::string& key = entry.first;
+    if (known.count(key) != 0) continue;
+    const std::string shown = io::printable_bytes(key);
+    for (const std::string& state : states) {
+      const std::string suffix = "." + state;
+      if (key.size() > suffix.size() && key.ends_with(suffix))
+        TRAINKIT_FAIL(
+            prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
+            io::printable_bytes(std::string_view(key).substr(0, key.size() - suffix.size())),
+            "' that this optimizer's arena does not have; expected the states of the arena's ",
+            arena_->size(), " parameter(s) only (is it the state of another model?)");
+    }
+    TRAINKIT_FAIL(prefix, "the state holds tensor '", shown,
+                  "', which is not '<parameter>.<state>' for a state this optimizer keeps (",
+                  expected, ")");
+  }
 }
 
 template <class Rule, Space S>
@@ -21115,7 +21526,8 @@ struct AdamWOptions {
   /// Keep exp_avg / exp_avg_sq (/ max_exp_avg_sq) in bf16, rounded stochastically with Philox
   /// keyed by (seed, step, element): unbiased, deterministic, half the state memory (llm.c #772).
   bool bf16_state = false;
-  std::uint64_t seed = 0;  ///< the stochastic-rounding key (bf16_state only)
+  /// The stochastic-rounding key (bf16_state only). Saved in state_dict(); a load restores it.
+  std::uint64_t seed = 0;
 };
 
 namespace detail {
@@ -21134,10 +21546,16 @@ struct AdamWRule {
   }
   static std::uint64_t rounding_seed(const Options& o) { return o.seed; }
   static void validate(const Options& o) { check_adam_options(kName, o); }
-  static constexpr std::tuple kSavedOptions{
-      saved_option("beta1", &Options::beta1), saved_option("beta2", &Options::beta2),
-      saved_option("eps", &Options::eps), saved_option("amsgrad", &Options::amsgrad),
-      saved_option("bf16_state", &Options::bf16_state)};
+  // The seed keys the stochastic rounding of bf16 state, so a resume needs the saved one to
+  // continue bit for bit; it is saved (as decimal text: every std::uint64_t round-trips) with
+  // f32 state too, where it changes nothing. States saved before it was a saved option have no
+  // "seed": they load keeping this optimizer's own seed, as they did then.
+  static constexpr std::tuple kSavedOptions{saved_option("beta1", &Options::beta1),
+                                            saved_option("beta2", &Options::beta2),
+                                            saved_option("eps", &Options::eps),
+                                            saved_option("amsgrad", &Options::amsgrad),
+                                            saved_option("bf16_state", &Options::bf16_state),
+                                            optional_state_field("seed", &Options::seed)};
 
   struct Scalars {
     float decay;         ///< 1 - lr * weight_decay (1 when weight_decay is 0)
@@ -21386,6 +21804,17 @@ inline constexpr double kPi = 3.141592653589793;  // math.pi
 /// The largest step count a schedule accepts (saved or as t_max): the optimizers' step limit,
 /// 2^53, so counting on from it cannot overflow.
 inline constexpr std::int64_t kMaxScheduleSteps = std::int64_t{1} << 53;
+
+/// Records which schedule saved a state: "schedule" (its type name) and "num_groups".
+inline void save_schedule_kind(StateDict& sd, const char* name, std::size_t groups) {
+  sd.set("schedule", name);
+  sd.set("num_groups", static_cast<std::int64_t>(groups));
+}
+/// Throws unless the schedule type and group count a state records (save_schedule_kind) are
+/// `name` and `groups`: a state of another schedule, or of a schedule over another number of
+/// parameter groups, would continue as something else without a word. A state without these
+/// entries (saved before they were recorded) is not checked here.
+TRAINKIT_INLINE void check_schedule_kind(const StateDict& sd, const char* name, std::size_t groups);
 }  // namespace detail
 
 class SequentialLR;
@@ -21413,13 +21842,20 @@ class LRScheduler {
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
   const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
   LrGroups& groups() noexcept { return *groups_; }
+  /// The schedule's type ("CosineAnnealingLR", ...), which state_dict() records and
+  /// load_state_dict() checks. A schedule derived outside trainkit that does not override it is
+  /// "LRScheduler".
+  virtual const char* name() const { return "LRScheduler"; }
 
-  /// last_epoch, _step_count, base_lrs.<g>, _last_lr.<g> and the schedule's options.
+  /// schedule (the type name) and num_groups, last_epoch, _step_count, base_lrs.<g>,
+  /// _last_lr.<g> and the schedule's options.
   TRAINKIT_INLINE virtual StateDict state_dict() const;
   /// Restores state_dict(), the schedule's saved settings included (as PyTorch's does: a schedule
   /// built with other settings continues the saved one). The group learning rates themselves
   /// belong to the optimizer's state. Throws naming the entry when a count or rate is out of range
-  /// or a setting is one the constructor would refuse (nothing is changed then).
+  /// or a setting is one the constructor would refuse, and for the state of another schedule
+  /// type or of a schedule over another number of groups (nothing is changed then). A state
+  /// saved without the type and group count (by an older trainkit) loads unchecked.
   TRAINKIT_INLINE virtual void load_state_dict(const StateDict& sd);
 
  protected:
@@ -21484,6 +21920,8 @@ class ConstantLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "ConstantLR"; }
+
  private:
   std::vector<double> get_lr() override {
     if (last_epoch_ == 0) return map_lr([&](double lr, std::size_t) { return lr * o_.factor; });
@@ -21522,6 +21960,8 @@ class LinearLR final : public LRScheduler {
   /// Throws unless 0 < start_factor <= 1 and 0 <= end_factor <= 1.
   TRAINKIT_INLINE explicit LinearLR(LrGroups& groups, LinearLROptions o = {});
 
+  const char* name() const override { return "LinearLR"; }
+
  private:
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
@@ -21557,6 +21997,8 @@ class CosineAnnealingLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "CosineAnnealingLR"; }
+
  private:
   TRAINKIT_INLINE std::vector<double> get_lr() override;
   TRAINKIT_INLINE std::optional<std::vector<double>> closed_form_lr() const override;
@@ -21590,6 +22032,8 @@ class StepLR final : public LRScheduler {
   explicit StepLR(LrGroups& groups, StepLROptions o) : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
+
+  const char* name() const override { return "StepLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -21630,6 +22074,8 @@ class MultiStepLR final : public LRScheduler {
     initial_step();
   }
 
+  const char* name() const override { return "MultiStepLR"; }
+
  private:
   /// `o` with its milestones sorted; throws unless gamma is finite and >= 0.
   static MultiStepLROptions checked(MultiStepLROptions o) {
@@ -21660,6 +22106,8 @@ class ExponentialLR final : public LRScheduler {
       : LRScheduler(groups), o_(checked(o)) {
     initial_step();
   }
+
+  const char* name() const override { return "ExponentialLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -21693,9 +22141,13 @@ class SequentialLR final : public LRScheduler {
 
   TRAINKIT_INLINE void step() override;
 
-  /// Its own last_epoch, _last_lr and milestones, and each schedule's under "_schedulers.<i>".
+  /// Its type, group count and number of schedules (num_schedulers), its own last_epoch,
+  /// _last_lr and milestones, and each schedule's state under "_schedulers.<i>" (with that
+  /// schedule's type). A load refuses a state of another number of schedules.
   TRAINKIT_INLINE StateDict state_dict() const override;
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd) override;
+
+  const char* name() const override { return "SequentialLR"; }
 
  private:
   std::vector<double> get_lr() override {
@@ -21758,7 +22210,8 @@ class ReduceLROnPlateau {
   using Options = ReduceLROnPlateauOptions;
 
  private:
-  // What state_dict() saves besides mode, threshold_mode and _last_lr.
+  // What state_dict() saves besides schedule, num_groups, mode, threshold_mode, min_lrs.<g> and
+  // _last_lr.<g> ("eps" is optional: states saved before it was saved keep the constructor's).
   static constexpr auto counters() {
     return std::tuple{
         detail::state_field("best", &ReduceLROnPlateau::best_),
@@ -21770,12 +22223,14 @@ class ReduceLROnPlateau {
     return std::tuple{detail::state_field("factor", &Options::factor),
                       detail::state_field("patience", &Options::patience),
                       detail::state_field("threshold", &Options::threshold),
-                      detail::state_field("cooldown", &Options::cooldown)};
+                      detail::state_field("cooldown", &Options::cooldown),
+                      detail::optional_state_field("eps", &Options::eps)};
   }
 
  public:
-  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0 and threshold is finite, or
-  /// for a min_lr list whose length is neither 1 nor the group count.
+  /// Throws unless 0 <= factor < 1, patience and cooldown are >= 0, threshold is finite and
+  /// every min_lr and eps are finite and >= 0, or for a min_lr list whose length is neither 1 nor
+  /// the group count.
   TRAINKIT_INLINE explicit ReduceLROnPlateau(LrGroups& groups, Options o = {});
 
   /// One evaluation's metric (e.g. validation loss).
@@ -21787,7 +22242,13 @@ class ReduceLROnPlateau {
   std::int64_t cooldown_counter() const noexcept { return cooldown_counter_; }
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
 
+  /// schedule ("ReduceLROnPlateau") and num_groups, the counters, best, the options PyTorch's
+  /// holds (factor, patience, threshold, cooldown, mode, threshold_mode, eps, min_lrs.<g>) and
+  /// _last_lr.<g>.
   TRAINKIT_INLINE StateDict state_dict() const;
+  /// Restores state_dict(), the saved options included (a state without eps or min_lrs, saved by
+  /// an older trainkit, keeps this schedule's). Throws for the state of another schedule type or
+  /// group count, or a value the constructor would refuse (nothing is changed then).
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
  private:
@@ -21807,8 +22268,27 @@ class ReduceLROnPlateau {
 
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char* name,
+                                                 std::size_t groups) {
+  const bool has_name = sd.values.count("schedule") != 0;
+  const bool has_groups = sd.values.count("num_groups") != 0;
+  const std::string saved_name = has_name ? sd.get_string("schedule") : std::string();
+  const std::int64_t saved_groups = has_groups ? sd.get_int("num_groups") : 0;
+  const auto plural = [](std::int64_t n) { return n == 1 ? " group" : " groups"; };
+  TRAINKIT_CHECK(
+      (!has_name || saved_name == name) &&
+          (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
+      name, " state: the state is from ",
+      has_name ? io::printable_bytes(saved_name) : std::string("a schedule"),
+      has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
+      "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
+      " (a state loads into the schedule type that saved it, over as many parameter "
+      "groups)");
+}
+
 TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, name(), groups_->lr.size());
   detail::set_values(sd, "last_epoch", last_epoch_, "_step_count", step_count_);
   detail::save_list(sd, "base_lrs", base_lrs_);
   detail::save_list(sd, "_last_lr", last_lr_);
@@ -21817,6 +22297,7 @@ TRAINKIT_INLINE StateDict LRScheduler::state_dict() const {
 }
 
 TRAINKIT_INLINE void LRScheduler::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, name(), groups_->lr.size());
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   const std::int64_t step_count = sd.get_int("_step_count");
   TRAINKIT_CHECK(last_epoch >= -1 && last_epoch <= detail::kMaxScheduleSteps && step_count >= 0 &&
@@ -21982,6 +22463,8 @@ TRAINKIT_INLINE void SequentialLR::step() {
 
 TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, name(), groups_->lr.size());
+  sd.set("num_schedulers", static_cast<std::int64_t>(schedules_.size()));
   sd.set("last_epoch", last_epoch_);
   detail::save_list(sd, "_last_lr", last_lr_);
   for (std::size_t i = 0; i < milestones_.size(); ++i)
@@ -21992,6 +22475,13 @@ TRAINKIT_INLINE StateDict SequentialLR::state_dict() const {
 }
 
 TRAINKIT_INLINE void SequentialLR::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, name(), groups_->lr.size());
+  if (sd.values.count("num_schedulers") != 0) {  // absent in states of older trainkits
+    const std::int64_t saved = sd.get_int("num_schedulers");
+    TRAINKIT_CHECK(saved == static_cast<std::int64_t>(schedules_.size()),
+                   "SequentialLR state: the state is from a SequentialLR of ", saved,
+                   " schedules; this one has ", schedules_.size());
+  }
   const std::int64_t last_epoch = sd.get_int("last_epoch");
   TRAINKIT_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxScheduleSteps,
                  "SequentialLR state: last_epoch ", last_epoch, " must be in [0, 2^53]");
@@ -22073,8 +22563,10 @@ TRAINKIT_INLINE void ReduceLROnPlateau::step(double metric) {
 
 TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
   StateDict sd;
+  detail::save_schedule_kind(sd, "ReduceLROnPlateau", groups_->lr.size());
   detail::save_fields(sd, *this, counters());
   detail::save_fields(sd, o_, saved_options());
+  detail::save_list(sd, "min_lrs", o_.min_lr);  // PyTorch's names: min_lrs, eps
   sd.set("mode", o_.mode == Options::Mode::kMin ? "min" : "max");
   sd.set("threshold_mode", o_.threshold_mode == Options::ThresholdMode::kRel ? "rel" : "abs");
   detail::save_list(sd, "_last_lr", last_lr_);
@@ -22082,9 +22574,12 @@ TRAINKIT_INLINE StateDict ReduceLROnPlateau::state_dict() const {
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+  detail::check_schedule_kind(sd, "ReduceLROnPlateau", groups_->lr.size());
   ReduceLROnPlateau loaded(*this);  // checked whole before anything here changes
   detail::load_fields(sd, loaded, counters());
-  detail::load_fields(sd, loaded.o_, saved_options());
+  detail::load_fields(sd, loaded.o_, saved_options());  // eps: kept when the state has none
+  // min_lrs.<g>, checked with the other options below; a state saved without them keeps ours.
+  if (sd.values.count("min_lrs.0") != 0) detail::load_list(sd, "min_lrs", loaded.o_.min_lr);
   const std::string mode = sd.get_string("mode"), threshold_mode = sd.get_string("threshold_mode");
   TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '", mode,
                  "' is not min or max");
@@ -22112,6 +22607,12 @@ TRAINKIT_INLINE void ReduceLROnPlateau::check_options(const Options& o, const ch
                  who, ": factor ", o.factor, ", patience ", o.patience, ", cooldown ", o.cooldown,
                  ", threshold ", o.threshold,
                  " (expected factor in [0, 1), patience and cooldown >= 0, a finite threshold)");
+  // A NaN or infinite floor or eps would freeze or blow up the learning rates.
+  for (std::size_t g = 0; g < o.min_lr.size(); ++g)
+    TRAINKIT_CHECK(std::isfinite(o.min_lr[g]) && o.min_lr[g] >= 0.0, who, ": min_lr ", g, " is ",
+                   o.min_lr[g], "; expected a learning rate, finite and >= 0");
+  TRAINKIT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, who, ": eps is ", o.eps,
+                 "; expected a finite number >= 0");
 }
 
 TRAINKIT_INLINE void ReduceLROnPlateau::reset() {
@@ -23054,7 +23555,10 @@ concept Dataset = requires(const D& d, std::size_t i, const SampleRef& out) {
 /// A streaming dataset, read by one thread. `start(epoch, skip)` positions it at sample `skip` of
 /// epoch `epoch` (its order must be a pure function of the epoch and its own options, so a
 /// restart reproduces it); `next(out)` writes the next sample and returns false at the end of the
-/// epoch; `describe_current()` names the file and sample last produced or being read.
+/// epoch; `describe_current()` names the file and sample last produced or being read. A dataset
+/// whose skip can take long may also offer `bool start(epoch, skip, const std::atomic<bool>&
+/// stop)`, which gives up (returns false) once `stop` is set: the Prefetcher then passes its own
+/// stop flag, so destroying or restoring it does not wait out the skip.
 template <class S>
 concept StreamingDataset = requires(S& s, const S& cs, std::uint64_t epoch, std::uint64_t skip,
                                     const SampleRef& out) {
@@ -23847,6 +24351,7 @@ TRAINKIT_NAMESPACE_END
 // pure functions of (seed, epoch, rank, world_size), so start(epoch, skip) reproduces any position.
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -24005,10 +24510,19 @@ class TarShardDataset {
 
   /// Positions the stream at sample `skip` of epoch `epoch` (reading and discarding `skip`
   /// samples: resuming late in a long epoch costs a re-read of its start).
-  TRAINKIT_INLINE void start(std::uint64_t epoch, std::uint64_t skip);
+  void start(std::uint64_t epoch, std::uint64_t skip) { (void)position(epoch, skip, nullptr); }
+
+  /// start() for a loader that may be stopped (destroyed, restored elsewhere) while it skips:
+  /// `stop` (set from any thread) is checked before each skipped sample and while the shuffle
+  /// buffer fills. Returns true once positioned; false when it gave up, with the shard closed,
+  /// the buffer freed and next() throwing until the next start().
+  bool start(std::uint64_t epoch, std::uint64_t skip, const std::atomic<bool>& stop) {
+    return position(epoch, skip, &stop);
+  }
 
   /// Writes the next sample of the epoch; false at its end. Throws trainkit::Error naming the
-  /// shard, the key and the member for a missing member, a bad member or a corrupt shard.
+  /// shard, the key and the member for a missing member, a bad member or a corrupt shard, and
+  /// after a start() that was stopped.
   TRAINKIT_INLINE bool next(const SampleRef& out);
 
   /// What fixes the order of the stream apart from the epoch: the shard count, the seed, the
@@ -24032,6 +24546,14 @@ class TarShardDataset {
   TRAINKIT_INLINE std::vector<std::span<std::byte>> spans_of(std::byte* base) const;
 
   TRAINKIT_INLINE void emit(const std::vector<std::byte>& sample, const SampleRef& out) const;
+
+  /// start(); `stop` (may be null) ends the skip early (see the public overload).
+  TRAINKIT_INLINE bool position(std::uint64_t epoch, std::uint64_t skip,
+                                const std::atomic<bool>* stop);
+
+  bool stop_requested() const noexcept {
+    return skip_stop_ != nullptr && skip_stop_->load(std::memory_order_relaxed);
+  }
 
   [[noreturn]] void fail_member(const std::string& member, const std::string& what) const {
     TRAINKIT_FAIL("tar shard '", current_shard_, "': member '", member, "': ", what);
@@ -24069,6 +24591,9 @@ class TarShardDataset {
   std::vector<std::vector<std::byte>> buffer_;
   std::vector<std::byte> scratch_;
   PhiloxStream rng_{0};
+  const std::atomic<bool>* skip_stop_ = nullptr;  // the stop flag while position() skips
+  std::optional<std::uint64_t> stopped_after_;    // samples skipped before a stopped start()
+  std::uint64_t skip_ = 0;                        // the skip of the last start()
 };
 
 #if TRAINKIT_IMPL
@@ -24131,8 +24656,11 @@ TRAINKIT_INLINE std::vector<std::string> TarShardDataset::shards_for_epoch(
   return out;
 }
 
-TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t skip) {
+TRAINKIT_INLINE bool TarShardDataset::position(std::uint64_t epoch, std::uint64_t skip,
+                                               const std::atomic<bool>* stop) {
   epoch_ = epoch;
+  skip_ = skip;
+  stopped_after_.reset();
   order_ = shards_for_epoch(epoch);
   next_shard_ = 0;
   reader_.reset();
@@ -24144,19 +24672,38 @@ TRAINKIT_INLINE void TarShardDataset::start(std::uint64_t epoch, std::uint64_t s
   std::vector<std::byte> scratch(sample_bytes_);
   std::vector<std::span<std::byte>> spans = spans_of(scratch.data());
   const SampleRef out(spans);
+  // next() sees the flag too (a large shuffle buffer fills in one call); cleared on every exit.
+  struct Clear {
+    const std::atomic<bool>*& flag;
+    ~Clear() { flag = nullptr; }
+  } clear{skip_stop_};
+  skip_stop_ = stop;
   for (std::uint64_t k = 0; k < skip; ++k) {
-    TRAINKIT_CHECK(next(out), "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
+    const bool more = !stop_requested() && next(out);
+    if (stop_requested()) {
+      stopped_after_ = k + (more ? 1 : 0);
+      reader_.reset();
+      entry_pending_ = false;
+      buffer_.clear();
+      buffer_.shrink_to_fit();
+      return false;
+    }
+    TRAINKIT_CHECK(more, "TarShardDataset: cannot skip to sample ", skip, " of epoch ", epoch,
                    ": the epoch has only ", k, " samples on rank ", o_.rank);
   }
+  return true;
 }
 
 TRAINKIT_INLINE bool TarShardDataset::next(const SampleRef& out) {
+  TRAINKIT_CHECK(!stopped_after_, "TarShardDataset: start(epoch ", epoch_, ", skip ", skip_,
+                 ") was stopped after ", stopped_after_.value_or(0),
+                 " samples; call start() again before next()");
   if (o_.shuffle_buffer == 0) {
     if (!read_sample(scratch_)) return false;
     emit(scratch_, out);
     return true;
   }
-  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer) {
+  while (!exhausted_ && buffer_.size() < o_.shuffle_buffer && !stop_requested()) {
     std::vector<std::byte> s;
     if (!read_sample(s)) break;
     buffer_.push_back(std::move(s));
@@ -24672,7 +25219,12 @@ class Prefetcher {
     const auto fields = dataset.fields();
     in_fields_.assign(std::begin(fields), std::end(fields));
     streaming_ = true;
-    start_ = [&dataset](std::uint64_t epoch, std::uint64_t skip) { dataset.start(epoch, skip); };
+    // A dataset whose start() takes a stop flag gives up a long skip when the workers stop.
+    start_ = [this, &dataset](std::uint64_t epoch, std::uint64_t skip) {
+      if constexpr (requires { dataset.start(epoch, skip, stop_); })
+        (void)dataset.start(epoch, skip, stop_);
+      else dataset.start(epoch, skip);
+    };
     next_ = [&dataset](const SampleRef& out) { return dataset.next(out); };
     if constexpr (requires {
                     { dataset.stream_settings() } -> std::convertible_to<std::string>;
@@ -25728,18 +26280,38 @@ class Work {
   std::shared_ptr<detail::WorkState> state_;
 };
 
+namespace detail {
+
+/// The longest timeout the communicators accept: 10^7 s (about 115 days). Deadlines are the
+/// clock's time plus the timeout, which would overflow for much longer ones (such as
+/// std::chrono::milliseconds::max() meant as "never").
+inline constexpr std::chrono::milliseconds kMaxTimeout{std::int64_t{10000000} * 1000};
+
+/// Throws trainkit::Error naming `who` unless 0 < timeout <= kMaxTimeout.
+inline void check_timeout(std::string_view who, std::chrono::milliseconds timeout) {
+  TRAINKIT_CHECK(timeout.count() > 0 && timeout <= kMaxTimeout, who,
+                 ": the timeout must be positive and at most 10^7 s (about 115 days), got ",
+                 timeout.count(), " ms");
+}
+
+}  // namespace detail
+
 /// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
-/// e.g. "2.5") or 300 s. A collective that makes no progress for this long fails with
-/// trainkit::Error instead of hanging. Throws trainkit::Error for a malformed value.
+/// e.g. "2.5"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress for this
+/// long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a malformed
+/// value (also one with leading blanks or a sign, which strtod would skip).
 inline std::chrono::milliseconds default_timeout() {
   const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
   if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
   char* end = nullptr;
   errno = 0;
   const double seconds = std::strtod(env, &end);
-  TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-                 "TRAINKIT_DIST_TIMEOUT='", env,
-                 "' is not a number of seconds from 0.001 (the timeouts count milliseconds)");
+  const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
+  TRAINKIT_CHECK(
+      plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
+      "TRAINKIT_DIST_TIMEOUT='", io::printable_bytes(env),
+      "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
+      "below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -25836,7 +26408,9 @@ inline void check_all_gather(const Comm& c, const Buffer& send, const Buffer& re
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": all_gather: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(recv.count == send.count * c.world_size(), c.backend(), " rank ", c.rank(),
+  // Divided, not multiplied: a product of a huge count could wrap round to recv.count.
+  TRAINKIT_CHECK(recv.count % c.world_size() == 0 && recv.count / c.world_size() == send.count,
+                 c.backend(), " rank ", c.rank(),
                  ": all_gather: recv must hold world_size * send.count = ", c.world_size(), " * ",
                  send.count, " elements, it holds ", recv.count);
 }
@@ -25848,7 +26422,8 @@ inline void check_reduce_scatter(const Comm& c, const Buffer& send, const Buffer
   TRAINKIT_CHECK(send.dtype == recv.dtype, c.backend(), " rank ", c.rank(),
                  ": reduce_scatter: send is ", dtype_name(send.dtype), " but recv is ",
                  dtype_name(recv.dtype));
-  TRAINKIT_CHECK(send.count == recv.count * c.world_size(), c.backend(), " rank ", c.rank(),
+  TRAINKIT_CHECK(send.count % c.world_size() == 0 && send.count / c.world_size() == recv.count,
+                 c.backend(), " rank ", c.rank(),
                  ": reduce_scatter: send must hold world_size * recv.count = ", c.world_size(),
                  " * ", recv.count, " elements, it holds ", send.count);
 }
@@ -26144,7 +26719,8 @@ inline std::string format_seconds(std::chrono::milliseconds ms) {
 /// `world_size` threads, and construct one ThreadComm per thread from it (or use ThreadComm::run).
 class ThreadGroup {
  public:
-  /// Throws trainkit::Error unless 1 <= size <= 4096 and chunk_bytes >= 1.
+  /// Throws trainkit::Error unless 1 <= size <= 4096, chunk_bytes >= 1 and the timeout is in
+  /// (0, 10^7 s] (detail::check_timeout).
   TRAINKIT_INLINE explicit ThreadGroup(int world_size, ThreadCommOptions options = {});
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
@@ -26461,7 +27037,7 @@ TRAINKIT_INLINE ThreadGroup::ThreadGroup(int world_size, ThreadCommOptions optio
                  "ThreadGroup: world_size must be in [1, 4096], got ", world_size);
   TRAINKIT_CHECK(options_.chunk_bytes >= 1, "ThreadGroup: chunk_bytes must be >= 1, got ",
                  options_.chunk_bytes);
-  TRAINKIT_CHECK(options_.timeout.count() > 0, "ThreadGroup: the timeout must be positive");
+  detail::check_timeout("ThreadGroup", options_.timeout);
   slots_ = std::make_unique<detail::RingSlot[]>(static_cast<std::size_t>(world_size));
 }
 
@@ -27059,7 +27635,7 @@ class MpiComm final : public Comm {
   /// Initialises MPI first if needed (then `parent` must be MPI_COMM_WORLD or MPI_COMM_SELF).
   MpiComm(MPI_Comm parent, MpiOptions options)
       : options_(std::move(options)), runtime_(detail::MpiRuntime::acquire()) {
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "MpiComm: the timeout must be positive");
+    detail::check_timeout("MpiComm", options_.timeout);
     TRAINKIT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     TRAINKIT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TRAINKIT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -27788,7 +28364,7 @@ class NcclComm final : public Comm {
       : options_(std::move(options)) {
     TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "NcclComm: rank ", rank,
                    " is not in [0, ", world_size, ")");
-    TRAINKIT_CHECK(options_.timeout.count() > 0, "NcclComm: the timeout must be positive");
+    detail::check_timeout("NcclComm", options_.timeout);
     TRAINKIT_CUDA_CHECK(cudaGetDevice(&device_));
     TRAINKIT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     handle_ = std::make_shared<detail::NcclHandle>(rank, world_size, options_.timeout);
@@ -28275,7 +28851,7 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// It returns on every rank only after rank 0 heard from all of them (a barrier too). `world_size`
 /// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
 /// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
-/// world_size or payload length, or `timeout` passes.
+/// world_size or payload length, or `timeout` (positive, at most 10^7 s) passes.
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
                                    std::span<std::byte> payload, std::chrono::milliseconds timeout);
 
@@ -28287,6 +28863,7 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
+  detail::check_timeout("tcp_broadcast", timeout);
   if (world_size == 1) return;
 #if TRAINKIT_DETAIL_HAS_SOCKETS
   using detail::RdvClock;
@@ -28307,6 +28884,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
                       joined, " of the other ", world_size - 1, " ranks connected");
       detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
       if (!s.valid()) continue;
+      // Non-blocking (an accepted socket does not inherit it from the listener): a blocking send
+      // of the payload to a peer that stops reading would never return, whatever the deadline.
+      detail::set_nonblocking(s.fd());
       unsigned char header[detail::kRendezvousHeader];
       // A connection that does not speak our protocol (a port scanner, a health check) is
       // dropped; one that does but disagrees is an error.
@@ -28430,6 +29010,8 @@ struct TcpCommOptions {
   std::int64_t chunk_bytes = std::int64_t{256} << 10;
   /// The address the other ranks reach this rank at. Empty: the local address of this rank's
   /// connection to rank 0 (the interface that routes to MASTER_ADDR); rank 0: the master address.
+  /// At most 1024 printable characters without blanks, like the master address:
+  /// the constructor refuses any other.
   std::string announce_addr;
   /// Fault injection for tests: called on the progress thread before this rank sends unit `unit`
   /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
@@ -28568,6 +29150,15 @@ inline TcpFrame decode_tcp_frame(const unsigned char* bytes, std::size_t size,
   return f;
 }
 
+/// True for what a rank may announce as its address (and rank 0 may list in the table): 1 to
+/// kTcpMaxAddress printable ASCII characters without blanks.
+inline bool is_tcp_address(std::string_view host) noexcept {
+  if (host.empty() || host.size() > kTcpMaxAddress) return false;
+  for (const char ch : host)
+    if (!(ch > ' ' && ch < 127)) return false;
+  return true;
+}
+
 /// The payload of a kTable frame for `table`.
 inline std::vector<unsigned char> encode_tcp_table(const std::vector<TcpEndpoint>& table) {
   std::vector<unsigned char> out;
@@ -28657,8 +29248,9 @@ class TcpComm final : public Comm {
  public:
   /// Joins the group of `world_size` ranks whose rank 0 listens at master_addr:master_port
   /// (rank 0 binds the port on every local interface). Blocks until the ring is formed. Throws
-  /// trainkit::Error for bad arguments, or when the group cannot be formed within
-  /// options.timeout (see the class comment). world_size == 1 needs no address and no socket.
+  /// trainkit::Error for bad arguments (among them a timeout outside (0, 10^7 s], an address
+  /// with blanks or control bytes), or when the group cannot be formed within options.timeout
+  /// (see the class comment). world_size == 1 needs no address and no socket.
   TRAINKIT_INLINE TcpComm(std::string master_addr, int master_port, int rank, int world_size,
                           TcpCommOptions options = {});
   TcpComm(const TcpComm&) = delete;
@@ -28867,7 +29459,7 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
   TRAINKIT_CHECK(options_.chunk_bytes >= 1 &&
                      static_cast<std::uint64_t>(options_.chunk_bytes) <= detail::kTcpMaxUnit,
                  "TcpComm: chunk_bytes must be in [1, 2^31], got ", options_.chunk_bytes);
-  TRAINKIT_CHECK(options_.timeout.count() > 0, "TcpComm: the timeout must be positive");
+  detail::check_timeout("TcpComm", options_.timeout);
   TRAINKIT_CHECK(options_.announce_addr.size() <= detail::kTcpMaxAddress,
                  "TcpComm: announce_addr is longer than ", detail::kTcpMaxAddress, " bytes");
   left_ = (rank + world_size - 1) % world_size;
@@ -28877,6 +29469,18 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
                    ": the master port ", master_port, " is not in [1, 65535]");
     TRAINKIT_CHECK(!master_addr.empty(), "TcpComm rank ", rank,
                    ": no master address (MASTER_ADDR) to meet rank 0 at");
+    // Checked here, where the mistake is made: a rank 0 that lists an address no rank can use
+    // makes the others fail naming rank 0, while rank 0 itself waits for the ring until its
+    // timeout.
+    TRAINKIT_CHECK(detail::is_tcp_address(master_addr), "TcpComm rank ", rank,
+                   ": the master address (MASTER_ADDR) '", io::printable_bytes(master_addr),
+                   "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
+                   " printable characters, no blanks)");
+    TRAINKIT_CHECK(options_.announce_addr.empty() || detail::is_tcp_address(options_.announce_addr),
+                   "TcpComm rank ", rank, ": TcpCommOptions::announce_addr '",
+                   io::printable_bytes(options_.announce_addr),
+                   "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
+                   " printable characters, no blanks)");
     try {
       bootstrap(master_addr, master_port);
     } catch (const Failure& f) {
@@ -28992,10 +29596,12 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       }
       if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
       const auto port = static_cast<std::int64_t>(f.seq);
-      if (port < 1 || port > 65535 || host.empty()) {
+      if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
-        refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '", host,
-                                        "' port ", port));
+        refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
+                                        io::printable_bytes(host), "' port ", port,
+                                        " (an address is 1 to ", detail::kTcpMaxAddress,
+                                        " printable characters, no blanks)"));
       }
       table[static_cast<std::size_t>(peer)] =
           detail::TcpEndpoint{std::move(host), static_cast<int>(port)};
@@ -29053,8 +29659,8 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
     if (f.type == detail::TcpFrameType::kAbort) {
       std::string text(static_cast<std::size_t>(f.length), '\0');
       (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
-      const std::string full =
-          trainkit::detail::concat("TcpComm rank ", rank_, ": rank 0 refused the group: ", text);
+      const std::string full = trainkit::detail::concat(
+          "TcpComm rank ", rank_, ": rank 0 refused the group: ", io::printable_bytes(text));
       throw Failure{full, text};
     }
     if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
@@ -29222,6 +29828,15 @@ TRAINKIT_INLINE void TcpComm::execute(Task& task) {
       const std::string full = trainkit::detail::concat("TcpComm rank ", rank_, ": ",
                                                         detail::ring_op_name(task.desc.kind), " #",
                                                         seq, " failed: ", e.what());
+      break_group(full);
+      TRAINKIT_FAIL(full);
+    } catch (...) {  // a fault injection hook that throws something else
+      // Still a failure of the group: this rank stopped mid-collective, so its neighbours must
+      // hear it now (not at their timeout) and its next collective must not read the rest of
+      // this one's stream as its own.
+      const std::string full = trainkit::detail::concat(
+          "TcpComm rank ", rank_, ": ", detail::ring_op_name(task.desc.kind), " #", seq,
+          " failed: an exception that is not a std::exception");
       break_group(full);
       TRAINKIT_FAIL(full);
     }
@@ -29441,11 +30056,13 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   auto receiving = [&] { return !header_received || recv_g < c.steps; };
   auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
                             const std::string& text) {
+    // The text is the peer's: shown escaped, passed on as it came (escaped once, where shown).
+    const std::string shown = io::printable_bytes(text);
     if (f.type == detail::TcpFrameType::kLeave)
-      fail(trainkit::detail::concat(what(c), " failed: ", text, ", before this collective"));
+      fail(trainkit::detail::concat(what(c), " failed: ", shown, ", before this collective"));
     throw Failure{
         trainkit::detail::concat("TcpComm rank ", rank_, ": ", what(c),
-                                 " failed because the group failed (told by ", who, "): ", text),
+                                 " failed because the group failed (told by ", who, "): ", shown),
         text};
   };
   auto closed = [&](const std::string& who, int err) {
@@ -29590,7 +30207,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
       if (rev_frame_.type == detail::TcpFrameType::kAbort)
         remote_failure(right_name, rev_frame_, rev_text_);
       right_gone_ = true;
-      right_gone_why_ = rev_text_;
+      right_gone_why_ = io::printable_bytes(rev_text_);
       if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
       return true;
     }
@@ -29794,7 +30411,8 @@ inline std::optional<std::string> env_var(const char* name) {
 }
 
 /// The integer in environment variable `name`, or nullopt when unset; throws trainkit::Error
-/// naming the variable when it is not an integer in [lo, hi].
+/// naming the variable when it is not an integer in [lo, hi] written plainly: decimal digits,
+/// nothing before or after them (strtol alone would take " 2" and "+2").
 TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo = 0, long hi = INT_MAX);
 
 /// The first host of a Slurm node list: "gpu[003-006,9],cpu1" -> "gpu003", "n1,n2" -> "n1",
@@ -29813,9 +30431,11 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   char* end = nullptr;
   errno = 0;
   const long x = std::strtol(v->c_str(), &end, 10);
-  TRAINKIT_CHECK(end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
-                 "dist: environment variable ", name, "='", *v, "' is not an integer in [", lo,
-                 ", ", hi, "]");
+  const char first = (*v)[0];
+  const bool plain = (first >= '0' && first <= '9') || (first == '-' && lo < 0);
+  TRAINKIT_CHECK(plain && end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
+                 "dist: environment variable ", name, "='", io::printable_bytes(*v),
+                 "' is not an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(x);
 }
 
@@ -29969,7 +30589,9 @@ TRAINKIT_INLINE Context init(InitOptions options = {});
 
 namespace detail {
 
-/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known).
+/// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known). Throws
+/// trainkit::Error for an option outside [0, 65535], and for MASTER_PORT 65535 under the agent
+/// store (its rendezvous port would be 65536).
 TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo& launch);
 
 }  // namespace detail
@@ -29978,15 +30600,26 @@ TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo
 
 TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
   int port = options.rendezvous_port;
+  TRAINKIT_CHECK(port >= 0 && port <= 65535, "dist::init: InitOptions::rendezvous_port ", port,
+                 " is not a port in [1, 65535] (or 0: from the environment)");
   if (port == 0) port = detail::env_int("TRAINKIT_RDZV_PORT", 1, 65535).value_or(0);
-  if (port == 0 && launch.master_port > 0) port = launch.master_port + (launch.agent_store ? 1 : 0);
-  return port > 65535 ? 0 : port;
+  if (port == 0 && launch.master_port > 0) {
+    port = launch.master_port + (launch.agent_store ? 1 : 0);
+    TRAINKIT_CHECK(port <= 65535, "dist::init: MASTER_PORT=", launch.master_port,
+                   " is held by torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True) and "
+                   "the rendezvous would use the next port, ",
+                   port, ", which does not exist: set TRAINKIT_RDZV_PORT or a lower MASTER_PORT");
+  }
+  return port;
 }
 
 TRAINKIT_INLINE LaunchInfo detect_launch() {
   using detail::env_int;
   using detail::env_var;
   LaunchInfo info;
+  // The variables this launch was read from, for the consistency errors below.
+  std::string rank_var = "RANK", size_var = "WORLD_SIZE", local_rank_var = "LOCAL_RANK",
+              local_size_var = "LOCAL_WORLD_SIZE";
   // A launcher's pair of variables comes whole: half of one is a broken launch, not a single
   // process (each of N processes would otherwise train alone as rank 0).
   const auto pair = [&](const char* rank, const char* size) {
@@ -29997,6 +30630,7 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   };
   if (pair("RANK", "WORLD_SIZE")) {
     info.launcher = Launcher::kTorchrun;
+    if (!env_var("LOCAL_WORLD_SIZE")) local_size_var = "WORLD_SIZE (LOCAL_WORLD_SIZE is unset)";
     info.world_size = *env_int("WORLD_SIZE", 1);
     info.rank = *env_int("RANK", 0);
     info.local_rank = env_int("LOCAL_RANK", 0).value_or(0);
@@ -30004,6 +30638,10 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
     info.agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   } else if (pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     info.launcher = Launcher::kOpenMpi;
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    size_var = "OMPI_COMM_WORLD_SIZE";
+    local_rank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+    local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
     info.world_size = *env_int("OMPI_COMM_WORLD_SIZE", 1);
     info.rank = *env_int("OMPI_COMM_WORLD_RANK", 0);
     info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
@@ -30011,6 +30649,10 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   } else if (env_var("SLURM_PROCID") &&
              (env_var("SLURM_STEP_NUM_TASKS") || env_var("SLURM_NTASKS"))) {
     info.launcher = Launcher::kSlurm;
+    rank_var = "SLURM_PROCID";
+    size_var = env_var("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    local_rank_var = "SLURM_LOCALID";
+    local_size_var = "this node's entry of SLURM_STEP_TASKS_PER_NODE";
     info.world_size = env_var("SLURM_STEP_NUM_TASKS") ? *env_int("SLURM_STEP_NUM_TASKS", 1)
                                                       : *env_int("SLURM_NTASKS", 1);
     info.rank = *env_int("SLURM_PROCID", 0);
@@ -30032,13 +30674,19 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
         char* end = nullptr;
         errno = 0;
         const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
-        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] != '-',
-                       "dist: environment variable SLURM_JOB_ID='", *job, "' is not a job number");
+        TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] >= '0' &&
+                           (*job)[0] <= '9',
+                       "dist: environment variable SLURM_JOB_ID='", io::printable_bytes(*job),
+                       "' is not a job number");
         info.master_port = 20000 + static_cast<int>(id % 20000);
       }
     }
   } else if (pair("PMI_RANK", "PMI_SIZE")) {  // MPICH's and Intel MPI's Hydra
     info.launcher = Launcher::kPmi;
+    rank_var = "PMI_RANK";
+    size_var = "PMI_SIZE";
+    local_rank_var = "MPI_LOCALRANKID";
+    local_size_var = "MPI_LOCALNRANKS";
     info.world_size = *env_int("PMI_SIZE", 1);
     info.rank = *env_int("PMI_RANK", 0);
     info.local_rank = env_int("MPI_LOCALRANKID", 0).value_or(0);
@@ -30047,13 +30695,16 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
   if (auto addr = env_var("MASTER_ADDR")) info.master_addr = *addr;
   if (auto port = env_int("MASTER_PORT", 1, 65535)) info.master_port = *port;
   TRAINKIT_CHECK(info.rank < info.world_size, "dist: ", launcher_name(info.launcher), " says rank ",
-                 info.rank, " of ", info.world_size, " processes");
-  TRAINKIT_CHECK(info.local_rank < info.local_world_size || info.local_world_size == 0,
-                 "dist: ", launcher_name(info.launcher), " says local rank ", info.local_rank,
-                 " of ", info.local_world_size, " processes on this node");
+                 info.rank, " of ", info.world_size, " processes: ", rank_var, "=", info.rank,
+                 " must be below ", size_var, "=", info.world_size);
+  TRAINKIT_CHECK(info.local_rank < info.local_world_size, "dist: ", launcher_name(info.launcher),
+                 " says local rank ", info.local_rank, " of ", info.local_world_size,
+                 " processes on this node: ", local_rank_var, "=", info.local_rank,
+                 " must be below ", local_size_var, "=", info.local_world_size);
   TRAINKIT_CHECK(info.local_world_size <= info.world_size, "dist: ", launcher_name(info.launcher),
                  " says ", info.local_world_size, " processes on this node but ", info.world_size,
-                 " in all");
+                 " in all: ", local_size_var, "=", info.local_world_size, " must not exceed ",
+                 size_var, "=", info.world_size);
   return info;
 }
 
@@ -31096,6 +31747,14 @@ struct ModelLoadOptions {
   std::vector<std::string> skip = {};
   /// The file's names are `prefix + arena name` (e.g. "model." for a wrapped module).
   std::string prefix = {};
+  /// Tied parameters, as {other name, arena name} pairs, e.g. {"lm_head.weight",
+  /// "transformer.wte.weight"} for a GPT whose head shares the token embedding. PyTorch's
+  /// state_dict() lists a tied tensor under each of its names; `safetensors.torch.save_model`
+  /// keeps one of them (the first in sort order: "lm_head.weight" for nanoGPT). So the file may
+  /// hold the parameter under either name: when its own name is absent the other is read; when
+  /// both are present they must hold equal values (two different tensors are an untied model's,
+  /// an error); the other name is never unexpected. The other name must not be a parameter.
+  std::vector<std::pair<std::string, std::string>> tied = {};
   /// Accept F16/BF16/F64 tensors and round them to the arena's F32 (PyTorch's copy_ does this
   /// silently; here it must be asked for).
   bool convert_dtype = false;
@@ -31162,6 +31821,9 @@ TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std
 /// Element i of `t` (F32, F16, BF16 or F64) as float.
 TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out);
 
+/// Same dtype, shape and bytes.
+TRAINKIT_INLINE bool same_tensor(const AnyTensorView& a, const AnyTensorView& b);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std::size_t max) {
@@ -31170,6 +31832,11 @@ TRAINKIT_INLINE std::string name_list(const std::vector<std::string>& names, std
     s += (i ? ", '" : "'") + io::detail::printable(names[i]) + "'";
   if (names.size() > max) s += " and " + std::to_string(names.size() - max) + " more";
   return s;
+}
+
+TRAINKIT_INLINE bool same_tensor(const AnyTensorView& a, const AnyTensorView& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
 }
 
 TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
@@ -31215,6 +31882,12 @@ template <Space S>
 ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                            const ModelLoadOptions& options = {}) {
   TRAINKIT_CHECK(arena.finalized(), "ckpt::load_model: finalize() the ParamArena first");
+  for (const auto& [other, own] : options.tied) {
+    TRAINKIT_CHECK(arena.find(own), "ckpt::load_model: tied = {'", other, "', '", own,
+                   "'}: the model has no parameter '", own, "'");
+    TRAINKIT_CHECK(!arena.find(other), "ckpt::load_model: tied = {'", other, "', '", own, "'}: '",
+                   other, "' is a parameter of its own (the model is not tied)");
+  }
   ModelLoadReport report;
   std::vector<std::string> problems;
   std::vector<std::pair<const nn::ParamInfo*, std::string>> todo;  // parameter, file name
@@ -31223,8 +31896,23 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       report.skipped.push_back(p.name);
       continue;
     }
-    const std::string key = options.prefix + p.name;
+    std::string key = options.prefix + p.name;
     const io::SafetensorsTensorInfo* t = src.find(key);
+    for (const auto& [other, own] : options.tied) {
+      if (own != p.name) continue;
+      const std::string other_key = options.prefix + other;
+      const io::SafetensorsTensorInfo* u = src.find(other_key);
+      if (u == nullptr) continue;
+      if (t == nullptr) {
+        key = other_key;
+        t = u;
+      } else if (!detail::same_tensor(src.tensor(key), src.tensor(other_key))) {
+        problems.push_back("'" + io::detail::printable(other_key) + "' and '" +
+                           io::detail::printable(key) +
+                           "' differ in the file, but the model ties them (the file holds an "
+                           "untied model's weights)");
+      }
+    }
     if (t == nullptr) {
       report.missing.push_back(p.name);
       continue;
@@ -31254,7 +31942,9 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       }
       local = name.substr(options.prefix.size());
     }
-    if (!arena.find(local) && !detail::matches_any(options.skip, local))
+    const bool tied_name = std::any_of(options.tied.begin(), options.tied.end(),
+                                       [&](const auto& pair) { return pair.first == local; });
+    if (!arena.find(local) && !tied_name && !detail::matches_any(options.skip, local))
       report.unexpected.push_back(local);
   }
   if (options.strict && !report.missing.empty())
@@ -34406,7 +35096,9 @@ struct GpuMonitorOptions {
   /// NVML device index; -1 = the current CUDA device (matched by PCI bus id, which stays right
   /// under CUDA_VISIBLE_DEVICES) in the CUDA tier, else LOCAL_RANK, else 0.
   int device = -1;
-  double interval_secs = 1.0;                 ///< time between samples
+  /// Time between background samples; must be positive. Infinity (or anything from 1e9 s, ~30
+  /// years) means no background sampling: only sample_now() and the first sample at start.
+  double interval_secs = 1.0;
   const char* library = "libnvidia-ml.so.1";  ///< what dlopen loads
   std::FILE* log = stderr;                    ///< where the one "disabled" info line goes
 };
@@ -34416,11 +35108,13 @@ struct GpuMonitorOptions {
 class GpuMonitor {
  public:
   /// Loads NVML with dlopen(options.library) and starts sampling. Never throws for a missing
-  /// driver or device.
+  /// driver or device; throws trainkit::Error when interval_secs is not positive.
   TRAINKIT_INLINE explicit GpuMonitor(GpuMonitorOptions options = {});
 
   /// Uses a caller-provided function table (tests, or an NVML loaded some other way).
-  GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(options) { start(api); }
+  GpuMonitor(GpuMonitorOptions options, const nvml::Api& api) : options_(checked(options)) {
+    start(api);
+  }
 
   GpuMonitor(const GpuMonitor&) = delete;
   GpuMonitor& operator=(const GpuMonitor&) = delete;
@@ -34457,6 +35151,8 @@ class GpuMonitor {
     fn = reinterpret_cast<Fn>(symbol);
     return symbol != nullptr;
   }
+
+  TRAINKIT_INLINE static GpuMonitorOptions checked(GpuMonitorOptions options);
 
   TRAINKIT_INLINE void disable(std::string reason);
 
@@ -34517,7 +35213,16 @@ TRAINKIT_INLINE std::string throttle_reason_string(std::uint64_t reasons) {
   return out.empty() ? "none" : out;
 }
 
-TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(options) {
+TRAINKIT_INLINE GpuMonitorOptions GpuMonitor::checked(GpuMonitorOptions options) {
+  // Zero, a negative or a NaN interval would make the sampler spin on NVML calls.
+  TRAINKIT_CHECK(options.interval_secs > 0.0,
+                 "monitor::GpuMonitor: the sampling interval (GpuMonitorOptions::interval_secs, "
+                 "MonitorOptions::gpu_interval_secs) must be a positive number of seconds, got ",
+                 options.interval_secs);
+  return options;
+}
+
+TRAINKIT_INLINE GpuMonitor::GpuMonitor(GpuMonitorOptions options) : options_(checked(options)) {
   library_ = ::dlopen(options_.library, RTLD_NOW | RTLD_LOCAL);
   if (library_ == nullptr) {
     disable(std::string("NVML not available (") + options_.library +
@@ -34665,8 +35370,15 @@ TRAINKIT_INLINE void GpuMonitor::accumulate(const Sample& s) {
 }
 
 TRAINKIT_INLINE void GpuMonitor::run() {
-  const auto interval = std::chrono::duration<double>(options_.interval_secs);
   std::unique_lock<std::mutex> lock(mutex_);
+  // An interval near what the clock's int64 nanoseconds hold (~292 years), or infinity, would
+  // make wait_for's deadline overflow into the past and the loop spin: wait for stop alone.
+  if (!(options_.interval_secs < 1e9)) {
+    wake_.wait(lock, [this] { return stop_; });
+    return;
+  }
+  const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(options_.interval_secs));
   while (!stop_) {
     if (wake_.wait_for(lock, interval, [this] { return stop_; })) break;
     lock.unlock();
@@ -34739,8 +35451,9 @@ class Progress {
   /// Reports `step` completed steps (counting from 0 at the start of the run, so a run resumed
   /// at step N reports N + 1 after its first step; see ProgressOptions::initial) and, if finite,
   /// the latest loss. Draws when the bar's redraw interval passed or, in plain mode, when a line is
-  /// due; always at step == total. `now_ns` is the time on options.clock when the caller already
-  /// read it (saves a clock read per step); -1 reads the clock.
+  /// due; always on reaching the total (once: steps past it draw by the interval). `now_ns` is the
+  /// time on options.clock when the caller already read it (saves a clock read per step); -1 reads
+  /// the clock.
   TRAINKIT_INLINE void update(std::int64_t step, double loss = NAN, std::int64_t now_ns = -1);
 
   /// Prints a whole line (a summary, a warning) without corrupting the bar: the bar is erased,
@@ -34811,11 +35524,13 @@ TRAINKIT_INLINE Progress::Progress(ProgressOptions options) : options_(std::move
 
 TRAINKIT_INLINE void Progress::update(std::int64_t step, double loss, std::int64_t now_ns) {
   if (options_.style == ProgressStyle::kOff || finished_) return;
+  // The update that reaches the total draws at once; later ones (a run going past the total it
+  // was given) wait for the interval like any other, instead of drawing a line every step.
+  const bool at_end = options_.total > 0 && step >= options_.total && step_ < options_.total;
   step_ = step;
   if (std::isfinite(loss)) loss_ = loss;
   const std::int64_t now = now_ns >= 0 ? now_ns : options_.clock();
   const double since = 1e-9 * static_cast<double>(now - last_output_ns_);
-  const bool at_end = options_.total > 0 && step >= options_.total;
   if (options_.style == ProgressStyle::kBar) {
     if (since >= options_.bar_interval_secs || at_end || !drawn_) draw_bar(now);
   } else {
@@ -34945,6 +35660,7 @@ TRAINKIT_NAMESPACE_END
 // keep_metrics_through_step).
 
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -34952,8 +35668,10 @@ TRAINKIT_NAMESPACE_END
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <fcntl.h>
@@ -34980,10 +35698,18 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
 class MetricsFile {
  public:
   /// Opens `path` for writing (truncating it), or for appending when `append` (resumed runs).
-  /// Throws trainkit::Error naming the path when it cannot be opened.
+  /// A file that ends inside a line (a writer killed in write(2)) loses that torn line first, so
+  /// the next line is not glued to it (a whole last line without its newline gets one). Throws
+  /// trainkit::Error naming the path when it cannot be opened.
   explicit MetricsFile(std::string path, bool append = false) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC),
-                 0644);
+    // Appending reads the end of the file too (cut_torn_tail), where the file may be read.
+    bool readable = append;
+    fd_ = ::open(path_.c_str(),
+                 (append ? O_RDWR : O_WRONLY | O_TRUNC) | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0 && append && errno == EACCES) {
+      readable = false;
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    }
     TRAINKIT_CHECK(fd_ >= 0, "cannot open metrics file '", path_, "': ", std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
@@ -34992,6 +35718,18 @@ class MetricsFile {
       TRAINKIT_FAIL("cannot open metrics file '", path_, "': ", std::strerror(err));
     }
     size_ = static_cast<std::uint64_t>(st.st_size);
+    int err = 0;
+    try {
+      if (readable && S_ISREG(st.st_mode)) err = cut_torn_tail();  // not a pipe or a terminal
+    } catch (...) {
+      close_nothrow();
+      throw;
+    }
+    if (err != 0) {
+      close_nothrow();
+      TRAINKIT_FAIL("cannot cut the torn last line off metrics file '", path_,
+                    "' to append to it: ", std::strerror(err));
+    }
   }
   /// Opens `path` for a run resumed at step `resume_step` (the checkpoint's): drops the lines
   /// past it (keep_metrics_through_step), then appends.
@@ -35061,13 +35799,79 @@ class MetricsFile {
   void close_nothrow() noexcept {
     if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
+  /// Unless the file ends with a newline: adds one after a last line that is a whole JSON object,
+  /// or else truncates the file after its last newline (to 0 without one). Updates size_. Returns
+  /// 0 or the errno of the failed read, write or truncate.
+  TRAINKIT_INLINE int cut_torn_tail();
 
   std::string path_;
   int fd_ = -1;
   std::uint64_t size_ = 0;  // bytes of whole lines in the file
 };
 
+namespace detail {
+/// `integer` (a JSON integer of any size) <= `limit`, without as_int(), which throws for the
+/// integers past int64 that a line written by another program may hold.
+TRAINKIT_INLINE bool integer_at_most(const io::Json& integer, std::int64_t limit);
+}  // namespace detail
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int MetricsFile::cut_torn_tail() {
+  char buffer[4096];
+  std::uint64_t end = size_;  // the bytes before `end` are still to be searched
+  while (end > 0) {
+    const std::uint64_t begin = end > sizeof buffer ? end - sizeof buffer : 0;
+    const auto want = static_cast<std::size_t>(end - begin);
+    ssize_t n = 0;
+    do {
+      n = ::pread(fd_, buffer, want, static_cast<off_t>(begin));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return errno;
+    if (static_cast<std::size_t>(n) != want) return EIO;  // the file shrank under us
+    std::size_t i = want;
+    while (i > 0 && buffer[i - 1] != '\n') --i;
+    if (i > 0) {
+      end = begin + i;
+      break;
+    }
+    end = begin;
+  }
+  if (end == size_) return 0;  // ends with a newline (or is empty)
+  // A last line that is whole but for its newline (keep_metrics_through_step keeps it too) gets
+  // the newline; a torn one is cut off.
+  std::string tail(static_cast<std::size_t>(size_ - end), '\0');
+  for (std::size_t done = 0; done < tail.size();) {
+    const ssize_t n =
+        ::pread(fd_, tail.data() + done, tail.size() - done, static_cast<off_t>(end + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    done += static_cast<std::size_t>(n);
+  }
+  const std::optional<io::Json> json = io::Json::try_parse(tail);
+  if (json && json->is_object()) {
+    ssize_t n = 0;
+    do {
+      n = ::write(fd_, "\n", 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1) return n < 0 ? errno : EIO;
+    size_ += 1;
+    return 0;
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) return errno;
+  size_ = end;
+  return 0;
+}
+
+TRAINKIT_INLINE bool detail::integer_at_most(const io::Json& integer, std::int64_t limit) {
+  if (integer.is_unsigned())
+    return limit >= 0 && integer.as_uint() <= static_cast<std::uint64_t>(limit);
+  const std::string text = integer.dump();  // negative: "-" and the digits
+  std::int64_t value = 0;
+  const auto parsed = std::from_chars(text.data(), text.data() + text.size(), value);
+  return parsed.ec != std::errc() || value <= limit;  // below int64's range: below any limit
+}
 
 TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
                                                       std::int64_t resume_step) {
@@ -35092,7 +35896,7 @@ TRAINKIT_INLINE std::size_t keep_metrics_through_step(const std::string& path,
     const std::optional<io::Json> json = io::Json::try_parse(line);
     if (json && json->is_object()) {
       const io::Json* step = json->find("step");
-      keep = step != nullptr && step->is_integer() && step->as_int() <= resume_step;
+      keep = step != nullptr && step->is_integer() && detail::integer_at_most(*step, resume_step);
     }
     if (keep) {
       kept.append(line).push_back('\n');
@@ -35178,16 +35982,18 @@ class TensorBoardWriter {
   }
 
   /// A histogram of `values` with SummaryWriter's default bins (see io::make_histogram).
-  /// Throws trainkit::Error when `values` holds no finite number.
+  /// Throws trainkit::Error naming the tag when `values` holds no finite number.
   void add_histogram(std::string_view tag, std::span<const float> values, std::int64_t step,
                      std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
-    add_histogram(tag, io::make_histogram(values), step, wall_time);
+    add_histogram(tag, io::make_histogram(values, io::default_histogram_bins(), tag), step,
+                  wall_time);
   }
   void add_histogram(std::string_view tag, std::span<const double> values, std::int64_t step,
                      std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
-    add_histogram(tag, io::make_histogram(values), step, wall_time);
+    add_histogram(tag, io::make_histogram(values, io::default_histogram_bins(), tag), step,
+                  wall_time);
   }
   /// A histogram computed by the caller (custom bins).
   void add_histogram(std::string_view tag, const io::Histogram& histogram, std::int64_t step,
@@ -35197,7 +36003,8 @@ class TensorBoardWriter {
     file_->write_event(scratch_.bytes());
   }
 
-  /// Text, rendered as Markdown in TensorBoard's TEXT tab under `tag`/text_summary.
+  /// Text, rendered as Markdown in TensorBoard's TEXT tab under `tag`/text_summary. Bytes of
+  /// `text` that are not UTF-8 are written as U+FFFD (see io::encode_text_event).
   void add_text(std::string_view tag, std::string_view text, std::int64_t step,
                 std::optional<double> wall_time = std::nullopt) {
     if (!enabled()) return;
@@ -35300,12 +36107,14 @@ TRAINKIT_NAMESPACE_END
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 
@@ -35330,8 +36139,10 @@ struct MonitorOptions {
   int world_size = 1;      ///< ranks in the job (global tokens/s = per-rank x world_size)
   bool all_ranks = false;  ///< every rank writes TensorBoard/metrics/trace (suffix per rank)
 
-  std::string log_dir{};               ///< TensorBoard run directory; empty = no TensorBoard
-  std::string metrics_file{};          ///< JSON-lines file of summaries; empty = none
+  std::string log_dir{};  ///< TensorBoard run directory; empty = no TensorBoard
+  /// JSON-lines file of summaries; empty = none. Like log_dir and chrome_trace, its directory is
+  /// created (with parents) by the constructor.
+  std::string metrics_file{};
   std::string chrome_trace{};          ///< Chrome trace written at close(); empty = none
   std::size_t trace_capacity = 50000;  ///< newest spans kept for the trace
 
@@ -35395,7 +36206,19 @@ TRAINKIT_INLINE std::string si(double v);
 /// "512 MiB", "1.23 GiB": binary units, three significant digits. (cuda::format_bytes scales the
 /// same way but prints two decimals and exists only with CUDA; this one is the summary's format.)
 TRAINKIT_INLINE std::string bytes(std::size_t n);
+/// Creates the directory that will hold `path` (with parents), as the TensorBoard writer does
+/// for log_dir. Throws trainkit::Error naming `option` and the path when it cannot.
+TRAINKIT_INLINE void create_parent_directory(const std::string& path, std::string_view option);
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE void create_parent_directory(const std::string& path, std::string_view option) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  TRAINKIT_CHECK(!ec, "monitor::Monitor: cannot create the directory '", parent.string(), "' of ",
+                 option, " '", path, "': ", ec.message());
+}
 
 TRAINKIT_INLINE std::string si(double v) {
   constexpr const char* kSuffix[] = {"", "k", "M", "G", "T", "P"};
@@ -35534,6 +36357,13 @@ class Monitor {
   const std::string& peak_label() const noexcept { return peak_label_; }
   /// The GPU sampler, or nullptr when disabled by option.
   GpuMonitor* gpu_monitor() noexcept { return gpu_.get(); }
+
+  /// Hands TensorBoard's buffered records to the file now (the metrics file keeps no buffer):
+  /// train::Loop calls it after each checkpoint, so a run killed later still has every point up
+  /// to the checkpoint it resumes from.
+  void flush() {
+    if (tensorboard_ && tensorboard_->enabled()) tensorboard_->flush();
+  }
 
   /// Summarizes the remaining steps, writes the Chrome trace, finishes the progress bar and
   /// flushes and closes the files. Idempotent; the destructor calls it.
@@ -35679,6 +36509,7 @@ TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
             .purge_step = options_.resume_step >= 0 ? options_.resume_step + 1 : -1});
   }
   if (writes && !options_.metrics_file.empty()) {
+    detail::create_parent_directory(options_.metrics_file + suffix, "metrics_file");
     if (options_.resume_step >= 0) {
       metrics_.emplace(MetricsFile::resumed(options_.metrics_file + suffix, options_.resume_step));
     } else {
@@ -35687,6 +36518,8 @@ TRAINKIT_INLINE Monitor::Monitor(MonitorOptions options)
   }
   if (!options_.chrome_trace.empty()) trace_path_ = options_.chrome_trace + suffix;
   if (!writes) trace_path_.clear();
+  // The trace is written at close(): a directory missing then would fail the run at its end.
+  if (!trace_path_.empty()) detail::create_parent_directory(trace_path_, "chrome_trace");
   resolve_peak();
   if (options_.gpu_monitor) {
     gpu_ = std::make_unique<GpuMonitor>(
@@ -36758,14 +37591,23 @@ class Flags {
   /// object of flag names without dashes to values of the flags' types. Returns false when
   /// `--help` / `-h` was given (the usage is printed to stdout). Throws trainkit::Error naming
   /// the flag for an unknown flag, a missing or malformed value, a number out of range or not
-  /// finite, a flag given twice, or a bad config file.
+  /// finite, a flag given twice, or a bad config file; the variables and given() are then left
+  /// as they were before the call.
   bool parse(int argc, const char* const* argv) {
     std::vector<std::string_view> args;
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     return parse(args);
   }
   bool parse(int argc, char** argv) { return parse(argc, const_cast<const char* const*>(argv)); }
-  TRAINKIT_INLINE bool parse(const std::vector<std::string_view>& args);
+  bool parse(const std::vector<std::string_view>& args) {
+    const Snapshot before = snapshot();
+    try {
+      return parse_args(args);
+    } catch (...) {
+      restore(before);
+      throw;
+    }
+  }
 
   /// True when `name` was set by the command line or the config file (not left at its default).
   bool given(std::string_view name) const { return given_.count(std::string(name)) != 0; }
@@ -36777,9 +37619,17 @@ class Flags {
   /// Takes a resumed run's settings: every kRun flag not given here takes the saved value; a
   /// given one must equal it. Throws trainkit::Error listing every differing flag (saved and
   /// given value) and every saved setting this program does not define; `where` names the
-  /// checkpoint. Saved configurations without a flag (added since) keep its current value.
-  TRAINKIT_INLINE void adopt(const std::map<std::string, std::string>& saved,
-                             std::string_view where);
+  /// checkpoint. Saved configurations without a flag (added since) keep its current value. On
+  /// an error no variable is changed.
+  void adopt(const std::map<std::string, std::string>& saved, std::string_view where) {
+    const Snapshot before = snapshot();
+    try {
+      adopt_settings(saved, where);
+    } catch (...) {
+      restore(before);
+      throw;
+    }
+  }
 
   /// The usage text --help prints: summary, then every flag with its type, default and help.
   TRAINKIT_INLINE std::string usage() const;
@@ -36822,6 +37672,26 @@ class Flags {
 
   TRAINKIT_INLINE static std::string text_of(const Flag& f);
 
+  /// Every flag's value and given(): what a failed parse() or adopt() puts back.
+  struct Snapshot {
+    std::vector<std::variant<bool, int, std::int64_t, double, float, std::string>> values;
+    std::set<std::string> given;
+  };
+  Snapshot snapshot() const {
+    Snapshot s{{}, given_};
+    for (const Flag& f : flags_) std::visit([&](auto* p) { s.values.emplace_back(*p); }, f.target);
+    return s;
+  }
+  void restore(const Snapshot& s) {
+    for (std::size_t i = 0; i < flags_.size(); ++i)
+      std::visit([&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(s.values[i]); },
+                 flags_[i].target);
+    given_ = s.given;
+  }
+  TRAINKIT_INLINE bool parse_args(const std::vector<std::string_view>& args);
+  TRAINKIT_INLINE void adopt_settings(const std::map<std::string, std::string>& saved,
+                                      std::string_view where);
+
   /// Parses `text` into the flag's variable; `who` names the source in errors.
   TRAINKIT_INLINE void set_from_text(Flag& f, std::string_view text, const std::string& who);
 
@@ -36840,7 +37710,7 @@ class Flags {
 
 #if TRAINKIT_IMPL
 
-TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
+TRAINKIT_INLINE bool Flags::parse_args(const std::vector<std::string_view>& args) {
   given_.clear();
   std::vector<std::pair<std::string, std::string>> pairs;  // (name, value) from the command line
   std::string config_file;
@@ -36851,8 +37721,8 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       std::fputs(usage().c_str(), stdout);
       return false;
     }
-    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '", a,
-                   "' (flags are --name value; see --help)");
+    TRAINKIT_CHECK(a.size() > 2 && a.starts_with("--"), program_, ": unexpected argument '",
+                   io::printable_bytes(a), "' (flags are --name value; see --help)");
     a.remove_prefix(2);
     std::string name(a.substr(0, a.find('=')));
     std::optional<std::string> value;
@@ -36877,7 +37747,8 @@ TRAINKIT_INLINE bool Flags::parse(const std::vector<std::string_view>& args) {
       config_file = *value;
       continue;
     }
-    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", name, " (see --help)");
+    TRAINKIT_CHECK(f != nullptr, program_, ": unknown flag --", io::printable_bytes(name),
+                   " (see --help)");
     if (!value) {
       if (std::holds_alternative<bool*>(f->target)) {
         value = "true";
@@ -36907,23 +37778,26 @@ TRAINKIT_INLINE std::map<std::string, std::string> Flags::run_config() const {
   return out;
 }
 
-TRAINKIT_INLINE void Flags::adopt(const std::map<std::string, std::string>& saved,
-                                  std::string_view where) {
+TRAINKIT_INLINE void Flags::adopt_settings(const std::map<std::string, std::string>& saved,
+                                           std::string_view where) {
+  // Names and values come from a checkpoint (and the command line): shown escaped.
   std::string problems;
   for (const auto& [name, text] : saved) {
     Flag* f = find(name);
     if (f == nullptr || f->role != FlagRole::kRun) {
-      problems += "\n  '" + name + "' = " + text + " is not a run setting of " + program_;
+      problems += "\n  '" + io::printable_bytes(name) + "' = " + io::printable_bytes(text) +
+                  " is not a run setting of " + program_;
       continue;
     }
     if (given(name)) {
       if (text_of(*f) != text)
-        problems += "\n  --" + name + ": the run has " + text + ", the command line " + text_of(*f);
+        problems += "\n  --" + name + ": the run has " + io::printable_bytes(text) +
+                    ", the command line " + io::printable_bytes(text_of(*f));
     } else {
-      set_from_text(*f, text, std::string(where) + ": saved setting '" + name + "'");
+      set_from_text(*f, text, io::printable_bytes(where) + ": saved setting '" + name + "'");
     }
   }
-  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", where,
+  TRAINKIT_CHECK(problems.empty(), program_, ": cannot resume from ", io::printable_bytes(where),
                  ", whose run was started with other settings:", problems,
                  "\n(leave these flags out to continue that run, or start a new run elsewhere)");
 }
@@ -37013,7 +37887,7 @@ TRAINKIT_INLINE std::string Flags::text_of(const Flag& f) {
 
 TRAINKIT_INLINE void Flags::set_from_text(Flag& f, std::string_view text, const std::string& who) {
   const auto fail = [&](std::string_view expected) {
-    TRAINKIT_FAIL(program_, ": ", who, " is '", text, "', not ", expected);
+    TRAINKIT_FAIL(program_, ": ", who, " is '", io::printable_bytes(text), "', not ", expected);
   };
   std::visit(
       [&](auto* p) {
@@ -37052,28 +37926,30 @@ TRAINKIT_INLINE void Flags::read_config(const std::string& path) {
   std::string text;
   {
     std::FILE* file = std::fopen(path.c_str(), "rb");
-    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '", path, "'");
+    TRAINKIT_CHECK(file != nullptr, program_, ": cannot open --config file '",
+                   io::printable_bytes(path), "'");
     char buffer[4096];
     std::size_t n = 0;
     while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
       if (text.size() + n > kMaxConfigBytes) {
         std::fclose(file);
-        TRAINKIT_FAIL(program_, ": --config file '", path, "' is larger than ", kMaxConfigBytes,
-                      " bytes; a run configuration is a small JSON object");
+        TRAINKIT_FAIL(program_, ": --config file '", io::printable_bytes(path), "' is larger than ",
+                      kMaxConfigBytes, " bytes; a run configuration is a small JSON object");
       }
       text.append(buffer, n);
     }
     std::fclose(file);
   }
-  const std::string where = "--config file '" + path + "'";
+  // The path, keys and values are shown escaped in errors (the file's text is untrusted).
+  const std::string where = "--config file '" + io::printable_bytes(path) + "'";
   const io::Json root = io::Json::parse(text, where);
   TRAINKIT_CHECK(root.is_object(), program_, ": ", where,
                  " must hold a JSON object of flag names to values");
   for (const io::JsonMember& m : root.as_object()) {
     Flag* f = find(m.key);
-    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", m.key,
+    TRAINKIT_CHECK(f != nullptr, program_, ": ", where, " sets '", io::printable_bytes(m.key),
                    "', which is not a flag (see --help)");
-    const std::string who = where + ": '" + m.key + "'";
+    const std::string who = where + ": '" + m.key + "'";  // a flag's name: printable
     const bool is_bool = std::holds_alternative<bool*>(f->target);
     const bool is_text = std::holds_alternative<std::string*>(f->target);
     if (is_bool) {
@@ -37395,9 +38271,6 @@ class Loop {
                  Sched* schedule = nullptr, Scaler&& scaler = {}) {
     LoopResult result;
     register_parts(arena, opt, schedule, scaler);
-    if (flags_ != nullptr)
-      for (const auto& [key, value] : flags_->run_config())
-        state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     if (resume_from_) {
       const auto info = checkpointer_.resume(state_, fresh_start_options());
       const bool quiet = rank() != 0;
@@ -37420,6 +38293,11 @@ class Loop {
         result.first_loss = static_cast<float>(saved.get_double(detail::kFirstLossKey));
       if constexpr (detail::HasOnResume<std::remove_cvref_t<Task>>) task.on_resume(*info);
     }
+    // After the resume, which replaced the metadata with the checkpoint's: a kRun flag added to
+    // the program since that checkpoint is saved from now on (and checked by the next resume).
+    if (flags_ != nullptr)
+      for (const auto& [key, value] : flags_->run_config())
+        state_.metadata[std::string(detail::kConfigPrefix) + key] = value;
     result.step = state_.step;
 
     monitor::MonitorOptions mo = options_.monitor;
@@ -37453,7 +38331,7 @@ class Loop {
     detail::SignalScope signals(options_.handle_signals);
     const auto started = std::chrono::steady_clock::now();
     std::array<float, 10> recent{};  // the last losses read, a ring
-    int recent_count = 0;
+    std::int64_t recent_count = 0;   // losses read (may pass 2^31 in a long run)
     while (state_.step < options_.steps) {
       const std::int64_t step = state_.step;
       monitor.begin_step(step);
@@ -37529,14 +38407,22 @@ class Loop {
       }
       // Ranks stop together: a signal one of them saw is shared at the next point where the
       // ranks synchronise anyway (every step on the host, the loss-reading steps on the device).
-      bool stop = detail::stop_signal().load() != 0;
-      if (options_.comm != nullptr && options_.comm->world_size() > 1 &&
-          (S == Space::kHost || read || last))
-        stop = any_rank(stop);
+      // Between those points a rank keeps going: stopping alone, it would save (a collective)
+      // and leave while the others train on, and the job would hang.
+      const bool ranks = options_.comm != nullptr && options_.comm->world_size() > 1;
+      const bool agree_now = !ranks || S == Space::kHost || read || last;
+      bool stop = agree_now && detail::stop_signal().load() != 0;
+      if (ranks && agree_now) stop = any_rank(stop);
       {
         auto span = monitor.span(monitor::Phase::kCheckpoint);
-        if (!checkpointer_.maybe_save(state_, metrics) && (last || stop))
+        bool saved = checkpointer_.maybe_save(state_, metrics);
+        if (!saved && (last || stop)) {
           checkpointer_.save(state_, metrics);
+          saved = true;
+        }
+        // The points up to a checkpoint go to disk with it: a run killed before TensorBoard's
+        // next flush would lose them for good (its resume starts after the checkpoint).
+        if (saved) monitor.flush();
       }
       monitor.end_step({.loss = read ? std::optional<double>(loss) : std::nullopt});
       if constexpr (detail::HasStepEnd<std::remove_cvref_t<Task>>)
@@ -37552,7 +38438,8 @@ class Loop {
     checkpointer_.wait();
     result.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    result.recent_count = std::min<int>(recent_count, static_cast<int>(recent.size()));
+    result.recent_count = static_cast<int>(
+        std::min<std::int64_t>(recent_count, static_cast<std::int64_t>(recent.size())));
     if (result.recent_count > 0) {
       double sum = 0.0;
       for (int i = 0; i < result.recent_count; ++i) sum += static_cast<double>(recent[i]);
@@ -37703,8 +38590,11 @@ namespace train {
 /// What a CausalLmTask reads.
 struct CausalLmOptions {
   data::Prefetcher* train = nullptr;  ///< training batches (required)
-  data::Prefetcher* val = nullptr;    ///< evaluate() runs one epoch of these; null: no metric
-  std::string metric = "val/loss";    ///< the name evaluate() reports the mean loss under
+  /// evaluate() runs one epoch of these; null: no metric. With `comm`, each rank reports the
+  /// loss of its own loader: give every rank the whole validation set (train_gpt does), so all
+  /// ranks report, log and keep checkpoints by the same value.
+  data::Prefetcher* val = nullptr;
+  std::string metric = "val/loss";  ///< the name evaluate() reports the mean loss under
   /// The loss scale in the arena's memory space (a loss scaler's scale_data()), multiplied into
   /// the gradients without a host read; null: 1.
   const float* loss_scale = nullptr;
@@ -38326,6 +39216,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38549,6 +39440,106 @@ inline std::vector<std::pair<std::size_t, std::size_t>> search_placeholders(std:
   }
   return out;
 }
+
+/// The values of one key in a JSON-lines file that grows (a trial's metrics.jsonl), read
+/// incrementally: each poll() reads only the bytes added since the last one, in chunks, and
+/// parses the whole lines among them (a partial last line is read again, whole, by a later poll).
+/// A file that was replaced (another inode: a resumed Loop rewrites it), shrank, or no longer
+/// ends the last line read with the same bytes (truncated and rewritten in place) is read again
+/// from its start. values() holds the key's value of each line holding it, in order (NaN for a
+/// non-number).
+class SearchMetricsReader {
+ public:
+  /// The largest chunk read at once (a line longer than this is gathered over several chunks).
+  static constexpr std::size_t kChunk = std::size_t{1} << 20;
+
+  SearchMetricsReader(std::filesystem::path path, std::string key)
+      : path_(std::move(path)), key_(std::move(key)) {}
+
+  /// Reads what was appended since the last poll; a missing or unreadable file holds nothing.
+  void poll() {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      reset();
+      return;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      return;
+    }
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    bool same = known_ && st.st_dev == dev_ && st.st_ino == ino_ && size >= offset_;
+    if (same && !last_line_.empty()) {  // the end of the last line read: still there?
+      std::string now(last_line_.size(), '\0');
+      same = ::pread(fd, now.data(), now.size(), static_cast<off_t>(offset_ - last_line_.size())) ==
+                 static_cast<ssize_t>(now.size()) &&
+             now == last_line_;
+    }
+    if (!same) reset();
+    known_ = true;
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    std::string pending;  // the bytes from offset_ that do not end a line yet
+    std::string chunk;
+    for (std::uint64_t at = offset_; at < size;) {
+      chunk.resize(static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, size - at)));
+      const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(at));
+      if (n <= 0) break;  // (an error or a file cut meanwhile: the next poll sees it)
+      bytes_read_ += static_cast<std::uint64_t>(n);
+      at += static_cast<std::uint64_t>(n);
+      pending.append(chunk.data(), static_cast<std::size_t>(n));
+      std::size_t begin = 0;
+      for (std::size_t nl = pending.find('\n'); nl != std::string::npos;
+           nl = pending.find('\n', begin)) {
+        line(std::string_view(pending).substr(begin, nl - begin));
+        begin = nl + 1;
+      }
+      if (begin > 0) {  // keep the end of the last whole line (with its '\n') to check it
+        const std::size_t end = begin - 1;  // its '\n'; pending starts at a line's start
+        const std::size_t previous = end == 0 ? std::string::npos : pending.rfind('\n', end - 1);
+        const std::size_t start = previous == std::string::npos ? 0 : previous + 1;
+        const std::size_t from =
+            std::max(start, begin > kLastLineBytes ? begin - kLastLineBytes : 0);
+        last_line_.assign(pending, from, begin - from);
+      }
+      offset_ += begin;
+      pending.erase(0, begin);
+    }
+    ::close(fd);
+  }
+
+  const std::vector<double>& values() const noexcept { return values_; }
+  /// Bytes read so far (what the polls cost).
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
+ private:
+  static constexpr std::size_t kLastLineBytes = 256;
+
+  void reset() noexcept {
+    known_ = false;
+    offset_ = 0;
+    values_.clear();
+    last_line_.clear();
+  }
+  void line(std::string_view text) {
+    const std::optional<io::Json> json = io::Json::try_parse(text);
+    if (!json || !json->is_object()) return;
+    const io::Json* v = json->find(key_);
+    if (v == nullptr) return;
+    values_.push_back(v->is_number() ? v->as_double() : std::numeric_limits<double>::quiet_NaN());
+  }
+
+  std::filesystem::path path_;
+  std::string key_;
+  bool known_ = false;  // dev_ and ino_ are the file's whose lines values_ holds
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  std::uint64_t offset_ = 0;  // bytes of the whole lines read
+  std::string last_line_;     // the last whole line read, '\n' included (its last 256 bytes)
+  std::vector<double> values_;
+  std::uint64_t bytes_read_ = 0;
+};
 
 }  // namespace detail
 
@@ -39315,6 +40306,7 @@ class Search {
     pid_t pid = -1;
     bool terminating = false;
     std::chrono::steady_clock::time_point term_sent{};
+    std::optional<detail::SearchMetricsReader> metrics{};  // its metrics.jsonl, read as it grows
   };
 
   /// Sends `sig` to a trial's process group (everything it started), or to the trial alone
@@ -39430,28 +40422,13 @@ class Search {
     return pid;
   }
 
-  /// The values of options.metric in <trial dir>/metrics.jsonl, in order (whole lines only).
-  std::vector<double> read_metric(const Trial& t) const {
-    const std::string text = detail::search_read_file(t.dir / "metrics.jsonl");
-    std::vector<double> out;
-    for (std::size_t begin = 0; begin < text.size();) {
-      const std::size_t nl = text.find('\n', begin);
-      if (nl == std::string::npos) break;  // a line still being written
-      const std::string_view line(text.data() + begin, nl - begin);
-      begin = nl + 1;
-      const std::optional<io::Json> json = io::Json::try_parse(line);
-      if (!json || !json->is_object()) continue;
-      const io::Json* v = json->find(options_.metric);
-      if (v == nullptr) continue;
-      out.push_back(v->is_number() ? v->as_double() : std::numeric_limits<double>::quiet_NaN());
-    }
-    return out;
-  }
-
-  /// Reports what a running trial's metrics file holds beyond what is recorded; false: stop it.
-  bool poll_metrics_locked(const Running& r) {
+  /// Reports what a running trial's metrics file holds beyond what is recorded (reading only
+  /// what was appended since the last poll); false: stop it.
+  bool poll_metrics_locked(Running& r) {
     const Trial& t = trials_[static_cast<std::size_t>(r.id)];
-    const std::vector<double> values = read_metric(t);
+    if (!r.metrics) r.metrics.emplace(t.dir / "metrics.jsonl", options_.metric);
+    r.metrics->poll();
+    const std::vector<double>& values = r.metrics->values();
     bool go_on = true;
     for (std::size_t i = 0; i < values.size() && go_on; ++i) {
       const auto budget = static_cast<std::int64_t>(i + 1);
