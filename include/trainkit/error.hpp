@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "trainkit/config.hpp"
@@ -47,6 +48,25 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+
+/// Text from outside the program (a file, a peer, the environment) as an error message shows
+/// it: printable ASCII as it is, every other byte and the backslash as \xNN, so the message
+/// stays one line of plain text whatever the input holds (io::printable_bytes).
+inline std::string printable_bytes(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 
 template <class... Args>
 std::string concat(const Args&... args) {

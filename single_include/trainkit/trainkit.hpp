@@ -275,6 +275,7 @@ TRAINKIT_NAMESPACE_END
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 
@@ -310,6 +311,25 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+
+/// Text from outside the program (a file, a peer, the environment) as an error message shows
+/// it: printable ASCII as it is, every other byte and the backslash as \xNN, so the message
+/// stays one line of plain text whatever the input holds (io::printable_bytes).
+inline std::string printable_bytes(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 
 template <class... Args>
 std::string concat(const Args&... args) {
@@ -2697,22 +2717,10 @@ struct StateDict {
   }
 
   /// Text of a key or value (which may come from a file) as an error message shows it: its first
-  /// 200 bytes, printable ASCII as it is and other bytes (and the backslash) as \xNN, like
-  /// io::printable_bytes (core cannot include io), then "..." if there was more.
+  /// 200 bytes through detail::printable_bytes, then "..." if there was more.
   static std::string shown(std::string_view text) {
     constexpr std::size_t kShown = 200;
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string out;
-    for (const char ch : text.substr(0, kShown)) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c >= 0x20 && c < 0x7f && c != '\\') {
-        out += ch;
-      } else {
-        out += "\\x";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-      }
-    }
+    const std::string out = detail::printable_bytes(text.substr(0, kShown));
     return text.size() > kShown ? out + "..." : out;
   }
 
@@ -5481,19 +5489,7 @@ TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text) {
 }
 
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += ch;
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
+  return ::trainkit::detail::printable_bytes(text);
 }
 
 #endif  // TRAINKIT_IMPL
@@ -21233,7 +21229,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 io::printable_bytes(sd.get_string("optimizer")));
+                 ::trainkit::detail::printable_bytes(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -21315,13 +21311,14 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
   for (const auto& entry : sd.tensors) {
     const std::string& key = entry.first;
     if (known.count(key) != 0) continue;
-    const std::string shown = io::printable_bytes(key);
+    const std::string shown = ::trainkit::detail::printable_bytes(key);
     for (const std::string& state : states) {
       const std::string suffix = "." + state;
       if (key.size() > suffix.size() && key.ends_with(suffix))
         TRAINKIT_FAIL(
             prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
-            io::printable_bytes(std::string_view(key).substr(0, key.size() - suffix.size())),
+            ::trainkit::detail::printable_bytes(
+                std::string_view(key).substr(0, key.size() - suffix.size())),
             "' that this optimizer's arena does not have; expected the states of the arena's ",
             arena_->size(), " parameter(s) only (is it the state of another model?)");
     }
@@ -22279,7 +22276,7 @@ TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char
       (!has_name || saved_name == name) &&
           (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
       name, " state: the state is from ",
-      has_name ? io::printable_bytes(saved_name) : std::string("a schedule"),
+      has_name ? ::trainkit::detail::printable_bytes(saved_name) : std::string("a schedule"),
       has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
       "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
       " (a state loads into the schedule type that saved it, over as many parameter "
@@ -26309,7 +26306,7 @@ inline std::chrono::milliseconds default_timeout() {
   const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
   TRAINKIT_CHECK(
       plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-      "TRAINKIT_DIST_TIMEOUT='", io::printable_bytes(env),
+      "TRAINKIT_DIST_TIMEOUT='", ::trainkit::detail::printable_bytes(env),
       "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
       "below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
@@ -29473,12 +29470,13 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
     // makes the others fail naming rank 0, while rank 0 itself waits for the ring until its
     // timeout.
     TRAINKIT_CHECK(detail::is_tcp_address(master_addr), "TcpComm rank ", rank,
-                   ": the master address (MASTER_ADDR) '", io::printable_bytes(master_addr),
+                   ": the master address (MASTER_ADDR) '",
+                   ::trainkit::detail::printable_bytes(master_addr),
                    "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
                    " printable characters, no blanks)");
     TRAINKIT_CHECK(options_.announce_addr.empty() || detail::is_tcp_address(options_.announce_addr),
                    "TcpComm rank ", rank, ": TcpCommOptions::announce_addr '",
-                   io::printable_bytes(options_.announce_addr),
+                   ::trainkit::detail::printable_bytes(options_.announce_addr),
                    "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
                    " printable characters, no blanks)");
     try {
@@ -29599,7 +29597,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
         refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
-                                        io::printable_bytes(host), "' port ", port,
+                                        ::trainkit::detail::printable_bytes(host), "' port ", port,
                                         " (an address is 1 to ", detail::kTcpMaxAddress,
                                         " printable characters, no blanks)"));
       }
@@ -29660,7 +29658,8 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       std::string text(static_cast<std::size_t>(f.length), '\0');
       (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
       const std::string full = trainkit::detail::concat(
-          "TcpComm rank ", rank_, ": rank 0 refused the group: ", io::printable_bytes(text));
+          "TcpComm rank ", rank_,
+          ": rank 0 refused the group: ", ::trainkit::detail::printable_bytes(text));
       throw Failure{full, text};
     }
     if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
@@ -30057,7 +30056,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
                             const std::string& text) {
     // The text is the peer's: shown escaped, passed on as it came (escaped once, where shown).
-    const std::string shown = io::printable_bytes(text);
+    const std::string shown = ::trainkit::detail::printable_bytes(text);
     if (f.type == detail::TcpFrameType::kLeave)
       fail(trainkit::detail::concat(what(c), " failed: ", shown, ", before this collective"));
     throw Failure{
@@ -30207,7 +30206,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
       if (rev_frame_.type == detail::TcpFrameType::kAbort)
         remote_failure(right_name, rev_frame_, rev_text_);
       right_gone_ = true;
-      right_gone_why_ = io::printable_bytes(rev_text_);
+      right_gone_why_ = ::trainkit::detail::printable_bytes(rev_text_);
       if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
       return true;
     }
@@ -30434,7 +30433,7 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   const char first = (*v)[0];
   const bool plain = (first >= '0' && first <= '9') || (first == '-' && lo < 0);
   TRAINKIT_CHECK(plain && end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
-                 "dist: environment variable ", name, "='", io::printable_bytes(*v),
+                 "dist: environment variable ", name, "='", ::trainkit::detail::printable_bytes(*v),
                  "' is not an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(x);
 }
@@ -30676,8 +30675,8 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
         const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
         TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] >= '0' &&
                            (*job)[0] <= '9',
-                       "dist: environment variable SLURM_JOB_ID='", io::printable_bytes(*job),
-                       "' is not a job number");
+                       "dist: environment variable SLURM_JOB_ID='",
+                       ::trainkit::detail::printable_bytes(*job), "' is not a job number");
         info.master_port = 20000 + static_cast<int>(id % 20000);
       }
     }

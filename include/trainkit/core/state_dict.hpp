@@ -96,22 +96,10 @@ struct StateDict {
   }
 
   /// Text of a key or value (which may come from a file) as an error message shows it: its first
-  /// 200 bytes, printable ASCII as it is and other bytes (and the backslash) as \xNN, like
-  /// io::printable_bytes (core cannot include io), then "..." if there was more.
+  /// 200 bytes through detail::printable_bytes, then "..." if there was more.
   static std::string shown(std::string_view text) {
     constexpr std::size_t kShown = 200;
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string out;
-    for (const char ch : text.substr(0, kShown)) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c >= 0x20 && c < 0x7f && c != '\\') {
-        out += ch;
-      } else {
-        out += "\\x";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-      }
-    }
+    const std::string out = detail::printable_bytes(text.substr(0, kShown));
     return text.size() > kShown ? out + "..." : out;
   }
 

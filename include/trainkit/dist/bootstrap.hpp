@@ -29,7 +29,6 @@
 #include "trainkit/dist/tcp_comm.hpp"
 #include "trainkit/dist/thread_comm.hpp"
 #include "trainkit/error.hpp"
-#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
@@ -95,7 +94,7 @@ TRAINKIT_INLINE std::optional<int> env_int(const char* name, long lo, long hi) {
   const char first = (*v)[0];
   const bool plain = (first >= '0' && first <= '9') || (first == '-' && lo < 0);
   TRAINKIT_CHECK(plain && end != v->c_str() && *end == '\0' && errno == 0 && x >= lo && x <= hi,
-                 "dist: environment variable ", name, "='", io::printable_bytes(*v),
+                 "dist: environment variable ", name, "='", ::trainkit::detail::printable_bytes(*v),
                  "' is not an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(x);
 }
@@ -337,8 +336,8 @@ TRAINKIT_INLINE LaunchInfo detect_launch() {
         const unsigned long long id = std::strtoull(job->c_str(), &end, 10);
         TRAINKIT_CHECK(end != job->c_str() && *end == '\0' && errno == 0 && (*job)[0] >= '0' &&
                            (*job)[0] <= '9',
-                       "dist: environment variable SLURM_JOB_ID='", io::printable_bytes(*job),
-                       "' is not a job number");
+                       "dist: environment variable SLURM_JOB_ID='",
+                       ::trainkit::detail::printable_bytes(*job), "' is not a job number");
         info.master_port = 20000 + static_cast<int>(id % 20000);
       }
     }

@@ -29,7 +29,6 @@
 #include "trainkit/core/shape.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
-#include "trainkit/io/utf8.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
@@ -228,7 +227,7 @@ inline std::chrono::milliseconds default_timeout() {
   const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
   TRAINKIT_CHECK(
       plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-      "TRAINKIT_DIST_TIMEOUT='", io::printable_bytes(env),
+      "TRAINKIT_DIST_TIMEOUT='", ::trainkit::detail::printable_bytes(env),
       "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
       "below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));

@@ -33,7 +33,6 @@
 #include "trainkit/dist/rendezvous.hpp"
 #include "trainkit/dist/thread_comm.hpp"
 #include "trainkit/error.hpp"
-#include "trainkit/io/utf8.hpp"
 
 #if TRAINKIT_DETAIL_HAS_SOCKETS
 #include <arpa/inet.h>
@@ -517,12 +516,13 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
     // makes the others fail naming rank 0, while rank 0 itself waits for the ring until its
     // timeout.
     TRAINKIT_CHECK(detail::is_tcp_address(master_addr), "TcpComm rank ", rank,
-                   ": the master address (MASTER_ADDR) '", io::printable_bytes(master_addr),
+                   ": the master address (MASTER_ADDR) '",
+                   ::trainkit::detail::printable_bytes(master_addr),
                    "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
                    " printable characters, no blanks)");
     TRAINKIT_CHECK(options_.announce_addr.empty() || detail::is_tcp_address(options_.announce_addr),
                    "TcpComm rank ", rank, ": TcpCommOptions::announce_addr '",
-                   io::printable_bytes(options_.announce_addr),
+                   ::trainkit::detail::printable_bytes(options_.announce_addr),
                    "' is not a host name or address (1 to ", detail::kTcpMaxAddress,
                    " printable characters, no blanks)");
     try {
@@ -643,7 +643,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
         refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
-                                        io::printable_bytes(host), "' port ", port,
+                                        ::trainkit::detail::printable_bytes(host), "' port ", port,
                                         " (an address is 1 to ", detail::kTcpMaxAddress,
                                         " printable characters, no blanks)"));
       }
@@ -704,7 +704,8 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       std::string text(static_cast<std::size_t>(f.length), '\0');
       (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
       const std::string full = trainkit::detail::concat(
-          "TcpComm rank ", rank_, ": rank 0 refused the group: ", io::printable_bytes(text));
+          "TcpComm rank ", rank_,
+          ": rank 0 refused the group: ", ::trainkit::detail::printable_bytes(text));
       throw Failure{full, text};
     }
     if (f.type != detail::TcpFrameType::kTable || f.b != static_cast<std::uint32_t>(n))
@@ -1101,7 +1102,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
   auto remote_failure = [&](const std::string& who, const detail::TcpFrame& f,
                             const std::string& text) {
     // The text is the peer's: shown escaped, passed on as it came (escaped once, where shown).
-    const std::string shown = io::printable_bytes(text);
+    const std::string shown = ::trainkit::detail::printable_bytes(text);
     if (f.type == detail::TcpFrameType::kLeave)
       fail(trainkit::detail::concat(what(c), " failed: ", shown, ", before this collective"));
     throw Failure{
@@ -1251,7 +1252,7 @@ TRAINKIT_INLINE void TcpComm::run(const detail::RingDesc& desc, std::uint64_t se
       if (rev_frame_.type == detail::TcpFrameType::kAbort)
         remote_failure(right_name, rev_frame_, rev_text_);
       right_gone_ = true;
-      right_gone_why_ = io::printable_bytes(rev_text_);
+      right_gone_why_ = ::trainkit::detail::printable_bytes(rev_text_);
       if (rev_frame_.seq < c.seq) remote_failure(right_name, rev_frame_, rev_text_);
       return true;
     }

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "trainkit/config.hpp"
+#include "trainkit/error.hpp"
 
 TRAINKIT_NAMESPACE_BEGIN
 namespace io {
@@ -96,19 +97,7 @@ TRAINKIT_INLINE std::string replace_invalid_utf8(std::string_view text) {
 }
 
 TRAINKIT_INLINE std::string printable_bytes(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += ch;
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
+  return ::trainkit::detail::printable_bytes(text);
 }
 
 #endif  // TRAINKIT_IMPL

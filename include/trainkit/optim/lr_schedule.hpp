@@ -23,7 +23,6 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
-#include "trainkit/io/utf8.hpp"
 #include "trainkit/optim/detail/state_fields.hpp"
 #include "trainkit/optim/param_groups.hpp"
 #include "trainkit/core/state_dict.hpp"
@@ -513,7 +512,7 @@ TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char
       (!has_name || saved_name == name) &&
           (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
       name, " state: the state is from ",
-      has_name ? io::printable_bytes(saved_name) : std::string("a schedule"),
+      has_name ? ::trainkit::detail::printable_bytes(saved_name) : std::string("a schedule"),
       has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
       "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
       " (a state loads into the schedule type that saved it, over as many parameter "

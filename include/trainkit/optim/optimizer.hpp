@@ -38,7 +38,6 @@
 #include "trainkit/exec/host.hpp"
 #include "trainkit/exec/launch.hpp"
 #include "trainkit/exec/multi_tensor_apply.hpp"
-#include "trainkit/io/utf8.hpp"
 #include "trainkit/nn/param_arena.hpp"
 #include "trainkit/optim/detail/fused_pass.hpp"
 #include "trainkit/optim/detail/state_fields.hpp"
@@ -640,7 +639,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 io::printable_bytes(sd.get_string("optimizer")));
+                 ::trainkit::detail::printable_bytes(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -722,13 +721,14 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
   for (const auto& entry : sd.tensors) {
     const std::string& key = entry.first;
     if (known.count(key) != 0) continue;
-    const std::string shown = io::printable_bytes(key);
+    const std::string shown = ::trainkit::detail::printable_bytes(key);
     for (const std::string& state : states) {
       const std::string suffix = "." + state;
       if (key.size() > suffix.size() && key.ends_with(suffix))
         TRAINKIT_FAIL(
             prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
-            io::printable_bytes(std::string_view(key).substr(0, key.size() - suffix.size())),
+            ::trainkit::detail::printable_bytes(
+                std::string_view(key).substr(0, key.size() - suffix.size())),
             "' that this optimizer's arena does not have; expected the states of the arena's ",
             arena_->size(), " parameter(s) only (is it the state of another model?)");
     }
