@@ -66,9 +66,17 @@ TEST_CASE("Host: thread counts from the constructor and TRAINKIT_NUM_THREADS") {
     ScopedEnv env("TRAINKIT_NUM_THREADS", "5");
     CHECK(Host().num_threads() == 5);
   }
-  for (const char* bad : {"0", "-1", "abc", "3x", "99999"}) {
+  for (const char* bad : {"0", "-1", "abc", "3x", "99999", " 4", "+4", "\t2", "4\n"}) {
+    CAPTURE(bad);
     ScopedEnv env("TRAINKIT_NUM_THREADS", bad);
     CHECK_THROWS_AS(Host(), trainkit::Error);
+  }
+  {
+    ScopedEnv env("TRAINKIT_NUM_THREADS", "\x1b[2J7");  // shown escaped
+    CHECK_THROWS_WITH_AS(
+        Host(),
+        "trainkit: TRAINKIT_NUM_THREADS='\\x1b[2J7' is not a thread count (expected 1..4096)",
+        trainkit::Error);
   }
   {
     ScopedEnv env("TRAINKIT_NUM_THREADS", nullptr);

@@ -137,8 +137,11 @@ TRAINKIT_INLINE int default_num_threads() {
     char* end = nullptr;
     errno = 0;
     const long value = std::strtol(env, &end, 10);
-    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
-                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
+    // Digits only: strtol would also take leading blanks and a sign.
+    TRAINKIT_CHECK(*env >= '0' && *env <= '9' && end != env && *end == '\0' && errno == 0 &&
+                       value >= 1 && value <= 4096,
+                   "TRAINKIT_NUM_THREADS='", ::trainkit::detail::printable_bytes(env),
+                   "' is not a thread count (expected 1..4096)");
     return static_cast<int>(value);
   }
   const unsigned hardware = std::thread::hardware_concurrency();
