@@ -375,6 +375,8 @@ TEST_CASE("DType names round-trip and sizes") {
   CHECK(tk::dtype_size(tk::DType::kF8E4M3) == 1);
   CHECK(tk::dtype_of<std::int64_t> == tk::DType::kI64);
   CHECK(contains(error_of([] { (void)tk::parse_dtype("F128"); }), "unknown dtype 'F128'"));
+  CHECK(contains(error_of([] { (void)tk::parse_dtype("F\n32\x1b"); }),
+                 "unknown dtype 'F\\x0a32\\x1b'"));
 }
 
 TEST_CASE("StateDict: values from a file are shown escaped and bounded in errors") {

@@ -513,6 +513,8 @@ TEST_CASE("plan: bad inputs give errors naming the flag") {
   }
   CHECK(error_of([] { plan::parse_precision("fp8"); }) ==
         "trainkit: --precision: precision 'fp8' is not fp32, tf32, bf16 or fp16");
+  CHECK(error_of([] { plan::parse_precision("bf\n16"); }) ==
+        "trainkit: --precision: precision 'bf\\x0a16' is not fp32, tf32, bf16 or fp16");
   const std::vector<plan::Device> devices = plan::known_devices();
   CHECK(error_of([&] {
           plan::parse_prices("X100=2", devices);

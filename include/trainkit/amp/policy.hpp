@@ -156,7 +156,8 @@ decltype(auto) visit_policy(std::string_view name, F&& f) {
   if (name == "fp32") return f.template operator()<Fp32>();
   if (name == "tf32") return f.template operator()<Tf32>();
   if (name == "bf16") return f.template operator()<Bf16>();
-  TRAINKIT_CHECK(name == "fp16", "precision '", name, "' is not fp32, tf32, bf16 or fp16");
+  TRAINKIT_CHECK(name == "fp16", "precision '", ::trainkit::detail::printable_bytes(name),
+                 "' is not fp32, tf32, bf16 or fp16");
   return f.template operator()<Fp16>();
 }
 

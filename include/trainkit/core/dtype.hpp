@@ -89,7 +89,7 @@ inline constexpr std::string_view dtype_name(DType t) noexcept {
 inline DType parse_dtype(std::string_view name) {
   for (DType t : kAllDTypes)
     if (dtype_name(t) == name) return t;
-  TRAINKIT_FAIL("unknown dtype '", name, "'");
+  TRAINKIT_FAIL("unknown dtype '", detail::printable_bytes(name), "'");
 }
 
 inline constexpr bool is_floating(DType t) noexcept {

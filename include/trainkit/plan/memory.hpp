@@ -87,7 +87,8 @@ inline monitor::Precision parse_precision(const std::string& text,
                                           const char* flag = "--precision") {
   for (int i = 0; i < 4; ++i)
     if (text == monitor::precision_name(monitor::Precision(i))) return monitor::Precision(i);
-  TRAINKIT_FAIL(flag, ": precision '", text, "' is not fp32, tf32, bf16 or fp16");
+  TRAINKIT_FAIL(flag, ": precision '", ::trainkit::detail::printable_bytes(text),
+                "' is not fp32, tf32, bf16 or fp16");
 }
 
 /// Bytes of one activation element under `p` (the policy's activation type).
