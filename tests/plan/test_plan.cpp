@@ -515,6 +515,8 @@ TEST_CASE("plan: bad inputs give errors naming the flag") {
         "trainkit: --precision: precision 'fp8' is not fp32, tf32, bf16 or fp16");
   CHECK(error_of([] { plan::parse_precision("bf\n16"); }) ==
         "trainkit: --precision: precision 'bf\\x0a16' is not fp32, tf32, bf16 or fp16");
+  CHECK(error_of([] { (void)tk::amp::visit_policy("fp\n8", []<class P>() { return 0; }); }) ==
+        "trainkit: precision 'fp\\x0a8' is not fp32, tf32, bf16 or fp16");
   const std::vector<plan::Device> devices = plan::known_devices();
   CHECK(error_of([&] {
           plan::parse_prices("X100=2", devices);
