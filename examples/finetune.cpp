@@ -6,12 +6,26 @@
 // weights instead, for comparison. Data: examples/data/make_classification.py --head-seed 200
 // --classes 4 (the same features as the pretraining task, other labels).
 #include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <string>
 
 #include <trainkit/trainkit.hpp>
 
 namespace tk = trainkit;
 namespace nn = tk::nn;
+
+/// Removes the run directory that a run created if it fails before its first step is done (a
+/// --from file of other shapes, bad data), so that the corrected command starts afresh.
+struct RemoveIfRefused {
+  std::filesystem::path dir;
+  bool made = !std::filesystem::exists(dir), started = false;
+  ~RemoveIfRefused() {
+    std::error_code ignored;  // the error being reported matters more than this one
+    if (made && !started && std::uncaught_exceptions() > 0)
+      std::filesystem::remove_all(dir, ignored);
+  }
+};
 
 int main(int argc, char** argv) try {
   std::string from = "tests/fixtures/finetune/pretrained.safetensors", data = "runs/finetune_data";
@@ -23,12 +37,13 @@ int main(int argc, char** argv) try {
   flags.add("from", from, "pretrained safetensors file (\"\": random initialisation)")
       .add("data", data, "directory of {train,val}_{x,y}.npy", tk::train::kSession)
       .add("out", out, "run directory", tk::train::kSession)
-      .add("classes", classes, "classes of the new task")
-      .add("epochs", epochs, "epochs (the schedule's length)")
+      .add("classes", classes, "classes of the new task", {.at_least = 2, .at_most = 1 << 16})
+      .add("epochs", epochs, "epochs (the schedule's length)", {.at_least = 1, .at_most = 1 << 20})
       .add("freeze", freeze, "train the head only")
-      .add("lr", lr, "peak learning rate")
-      .add("seed", seed, "seed of the new head and the shuffling");
+      .add("lr", lr, "peak learning rate", {.above = 0})
+      .add("seed", seed, "seed of the new head and the shuffling", {.at_least = 0});
   if (!flags.parse(argc, argv)) return 0;
+  RemoveIfRefused guard{out};
   // The data setup is mlp_classifier.cpp's: each example is one file that stands alone.
   tk::data::NpyDataset train_set({{"x", data + "/train_x.npy"}, {"y", data + "/train_y.npy"}});
   tk::data::NpyDataset val_set({{"x", data + "/val_x.npy"}, {"y", data + "/val_y.npy"}});
@@ -37,6 +52,8 @@ int main(int argc, char** argv) try {
   tk::data::SequentialSampler in_order(val_set.size());
   tk::data::Prefetcher val(val_set, in_order, {.batch_size = 512, .name = "val"});
   const auto epoch = std::int64_t(train.batches_per_epoch());
+  TRAINKIT_CHECK(epochs * epoch >= 2, "finetune: --epochs ", epochs, " of ", epoch,
+                 " batch of 128 is 1 step; the schedule needs at least 2 (warmup and decay)");
   tk::train::Loop loop(
       {.steps = epochs * epoch, .dir = out, .eval_every = epoch, .ckpt_every = epoch}, &flags);
 
@@ -57,7 +74,9 @@ int main(int argc, char** argv) try {
   std::vector<tk::optim::GroupRule> groups;
   if (freeze) groups.push_back({.match = {"0.*", "2.*"}, .lr = 0.0, .weight_decay = 0.0});
   tk::optim::AdamW<> opt(arena, {.lr = lr, .weight_decay = 0.01}, groups);
-  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {epoch, epochs * epoch});
+  // Warmup: the first epoch (a tenth of a one-epoch run).
+  const std::int64_t warmup = epochs > 1 ? epoch : std::max<std::int64_t>(1, epoch / 10);
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {warmup, epochs * epoch});
   loop.state().add("loader", train).add("sampler", sampler);
 
   const auto& exec = tk::exec::Host::default_instance();
@@ -76,6 +95,7 @@ int main(int argc, char** argv) try {
                tk::make_view(&loss, {1}));
     ce.backward(exec, ce_ctx, logits.view<2>(), b.host<std::int32_t, 1>("y"), dlogits.view<2>());
     net.backward(exec, ctx, x, dlogits.view<2>(), tk::HostView<float, 2>());
+    guard.started = true;  // a first step that fails (labels >= --classes) removes the new run
     return loss;
   };
   auto evaluate = [&] {
@@ -91,7 +111,7 @@ int main(int argc, char** argv) try {
     return tk::ckpt::Metrics{{"val_accuracy", accuracy}};
   };
   loop.run(exec, arena, opt, tk::train::task(step, evaluate), schedule.get());
-} catch (const tk::Error& e) {
+} catch (const std::exception& e) {  // trainkit::Error, or e.g. std::bad_alloc
   std::fprintf(stderr, "%s\n", e.what());
   return 1;
 }

@@ -7,7 +7,8 @@
 //     --space 'lr=loguniform(1e-4,3e-2); hidden=choice(32,64,128)'
 //     -- ./build/examples/mlp_classifier --data runs/mlp_data --out {dir} --lr {lr} --hidden
 //     {hidden}
-// Run the same command again to continue a search that was stopped or killed.
+// Run the same command again to continue a search that was stopped or killed. Exit status 1 when
+// no trial reported the metric (every trial failed).
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -32,15 +33,15 @@ int main(int argc, char** argv) try {
       .add("space", space_text,
            "dimensions separated by ';' or spaces: name=uniform(a,b), loguniform(a,b), int(a,b), "
            "logint(a,b), choice(x,y,...)")
-      .add("trials", trials, "trials to run", {.at_least = 1})
-      .add("parallel", parallel, "trials at a time", {.at_least = 1})
+      .add("trials", trials, "trials to run", {.at_least = 1, .at_most = 1 << 20})
+      .add("parallel", parallel, "trials at a time", {.at_least = 1, .at_most = 1024})
       .add("strategy", strategy, "random, asha or sh (synchronous successive halving)")
       .add("metric", metric, "the metrics.jsonl key to optimize")
       .add("mode", mode, "max or min: whether a higher or a lower metric is better")
       .add("min-budget", min_budget, "first rung (reports, e.g. epochs)", {.at_least = 1})
       .add("max-budget", max_budget,
            "a trial is complete at this budget (0: no limit, random only)", {.at_least = 0})
-      .add("eta", eta, "keep the top 1/eta at each rung", {.at_least = 2})
+      .add("eta", eta, "keep the top 1/eta at each rung", {.at_least = 2, .at_most = 1 << 20})
       .add("seed", seed, "sampling seed (trial k's values depend only on it and k)",
            {.at_least = 0})
       .add("tensorboard", tensorboard, "write <dir>/tb for TensorBoard's HPARAMS tab");
@@ -62,6 +63,8 @@ int main(int argc, char** argv) try {
                  "'lr=loguniform(1e-4,1e-1); hidden=choice(64,128)'");
   TRAINKIT_CHECK(mode == "max" || mode == "min", "hpsearch: --mode is '", mode,
                  "', not max or min");
+  TRAINKIT_CHECK(!dir.empty(), "hpsearch: --dir must name the search directory");
+  TRAINKIT_CHECK(!metric.empty(), "hpsearch: --metric must name a key of metrics.jsonl");
   tk::train::SearchSpace space;
   // Dimensions are separated by ';' or by spaces outside parentheses.
   std::string part;
@@ -91,12 +94,16 @@ int main(int argc, char** argv) try {
   const std::vector<std::string> command(command_args.begin(), command_args.end());
   const tk::train::SearchResult result = search.run_command(command);
   if (result.interrupted) return 0;
-  if (const tk::train::Trial* best = result.best())
+  const tk::train::Trial* best = result.best();
+  if (best != nullptr)
     std::printf("hpsearch: best trial %d: %s = %g (%s)\n", best->id, metric.c_str(), best->metric,
                 best->params.to_string().c_str());
   std::printf("hpsearch: results in %s/results.json%s\n", dir.c_str(),
               tensorboard ? (", HPARAMS: tensorboard --logdir " + dir + "/tb").c_str() : "");
-  return 0;
+  if (best == nullptr)  // every trial failed: a script must not go on as if the search had worked
+    std::fprintf(stderr, "hpsearch: no trial reported %s (see the failures above)\n",
+                 metric.c_str());
+  return best != nullptr ? 0 : 1;
 } catch (const tk::Error& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

@@ -4,10 +4,31 @@
 # same command again. The rerun must continue (not start over) and finish with every trial done
 # once: each trial in results.json exactly once, completed or stopped, the interrupted ones started
 # once more, and every trial's metrics.jsonl holding each epoch once. A third run with another
-# --seed must be refused, naming the difference.
+# --seed must be refused, naming the difference. First, --trials, --parallel and --eta beyond an
+# int are refused naming the flag.
 #   -DEXE=<hpsearch> -DMLP=<mlp_classifier> -DPYTHON=<python3 with numpy>
 #   -DSCRIPT=<make_classification.py> -DOUT=<dir>
 file(REMOVE_RECURSE "${OUT}")
+# 0. Counts beyond an int are refused naming the flag (they were cut to 32 bits: --trials
+#    4294967297 ran one trial).
+foreach(case "--trials|4294967297" "--parallel|4294967297" "--eta|4294967298")
+  string(REPLACE "|" ";" case "${case}")
+  execute_process(COMMAND "${EXE}" --dir "${OUT}/bad" ${case} --space "lr=uniform(0,1)" --
+                          "${MLP}" --out "{dir}" --lr "{lr}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  list(GET case 0 flag)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "${flag} is '[0-9]+', not a value <= " OR EXISTS "${OUT}/bad")
+    message(FATAL_ERROR "hpsearch ${case}: exit ${rc}, want 1 naming ${flag}: ${out}${err}")
+  endif()
+endforeach()
+# A search whose every trial fails (here: no data) exits 1 saying that no trial reported.
+execute_process(COMMAND "${EXE}" --dir "${OUT}/failing" --trials 2 --max-budget 1 --min-budget 1
+                        --tensorboard=false --space "lr=uniform(0.001,0.01)" -- "${MLP}"
+                        --data "${OUT}/no_data" --out "{dir}" --lr "{lr}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "hpsearch: no trial reported val_accuracy")
+  message(FATAL_ERROR "a search of failing trials: exit ${rc}, want 1: ${out}${err}")
+endif()
 execute_process(COMMAND "${PYTHON}" "${SCRIPT}" --out "${OUT}/data" --train 16384 --val 1024
                         --features 256
                 RESULT_VARIABLE rc)

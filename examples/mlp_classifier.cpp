@@ -3,7 +3,9 @@
 // cosine, clipping, TensorBoard, accuracy per epoch, checkpoints (run again to resume exactly).
 // --prune 0.9 prunes the weight matrices gradually to 90% sparsity (--prune-pattern 2:4: N:M)
 // and exports the pruned weights and masks for PyTorch (docs/pruning.md).
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include <trainkit/trainkit.hpp>
@@ -18,10 +20,10 @@ int main(int argc, char** argv) try {
   tk::train::Flags flags("mlp_classifier", "Trains an MLP on DATA/{train,val}_{x,y}.npy.");
   flags.add("data", data, "directory of the .npy files", tk::train::kSession)
       .add("out", out, "run directory", tk::train::kSession)
-      .add("epochs", epochs, "epochs (the schedule's length)")
-      .add("hidden", hidden, "hidden width")
-      .add("lr", lr, "peak learning rate")
-      .add("seed", seed, "initialisation and shuffling seed")
+      .add("epochs", epochs, "epochs (the schedule's length)", {.at_least = 1, .at_most = 1 << 20})
+      .add("hidden", hidden, "hidden width", {.at_least = 1, .at_most = 1 << 16})
+      .add("lr", lr, "peak learning rate", {.above = 0})
+      .add("seed", seed, "initialisation and shuffling seed", {.at_least = 0})
       .add("prune", prune, "final sparsity of magnitude pruning (0: none)",
            {.at_least = 0, .below = 1})
       .add("prune-pattern", pattern, "N:M structured pruning, e.g. 2:4 (to 1 - N/M, or --prune)");
@@ -33,6 +35,8 @@ int main(int argc, char** argv) try {
   tk::data::SequentialSampler in_order(val_set.size());
   tk::data::Prefetcher val(val_set, in_order, {.batch_size = 512, .name = "val"});
   const auto epoch = std::int64_t(train.batches_per_epoch());
+  TRAINKIT_CHECK(epochs * epoch >= 2, "mlp_classifier: --epochs ", epochs, " of ", epoch,
+                 " batch of 128 is 1 step; the schedule needs at least 2 (warmup and decay)");
   tk::train::Loop loop({.steps = epochs * epoch,
                         .dir = out,
                         .eval_every = epoch,
@@ -45,7 +49,9 @@ int main(int argc, char** argv) try {
   arena.finalize();
   arena.initialize(seed);
   tk::optim::AdamW<> opt(arena, {.lr = lr, .weight_decay = 0.01});
-  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {epoch, epochs * epoch});
+  // Warmup: the first epoch (a tenth of a one-epoch run).
+  const std::int64_t warmup = epochs > 1 ? epoch : std::max<std::int64_t>(1, epoch / 10);
+  auto schedule = tk::optim::warmup_cosine(opt.lr_groups(), {warmup, epochs * epoch});
   loop.state().add("loader", train).add("sampler", sampler);
   // Pruning from the start to 3/4 of the run (Zhu & Gupta's cubic schedule), then fine-tuning.
   const auto [n, m] = tk::optim::parse_prune_pattern(pattern);
@@ -97,7 +103,7 @@ int main(int argc, char** argv) try {
   tk::ckpt::save_pruning_masks(out + "/pruned_masks.safetensors", pruner);  // <param>_mask
   std::printf("mlp_classifier: pruned weights in %s/pruned{,_masks}.safetensors\n%s", out.c_str(),
               pruner.report().to_string().c_str());
-} catch (const tk::Error& e) {
+} catch (const std::exception& e) {  // trainkit::Error, or e.g. std::bad_alloc
   std::fprintf(stderr, "%s\n", e.what());
   return 1;
 }

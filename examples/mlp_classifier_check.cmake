@@ -2,7 +2,8 @@
 # examples/data/make_classification.py, trains 3 epochs, checks that the accuracy rose above
 # chance and ends where a second identical run ends (same lines, bit-identical training), that a
 # rerun of the finished run restores it and trains nothing, and that a resume asking for another
-# run setting (--epochs) is refused naming it.
+# run setting (--epochs) is refused naming it; that --epochs 1 trains, bad flag values are refused
+# naming the flag, and labels >= 10 are an error.
 #   -DEXE=<mlp_classifier> -DPYTHON=<python3 with numpy> -DSCRIPT=<make_classification.py> -DOUT=<dir>
 file(REMOVE_RECURSE "${OUT}")
 execute_process(COMMAND "${PYTHON}" "${SCRIPT}" --out "${OUT}/data" --train 2048 --val 512
@@ -48,4 +49,33 @@ endif()
 run(1 refused --out "${OUT}/a" --epochs 4)
 if(NOT refused MATCHES "--epochs: the run has 3, the command line 4")
   message(FATAL_ERROR "a resume with another --epochs was not refused with the difference")
+endif()
+# One epoch is a run (its warmup: a tenth of it).
+run(0 one --out "${OUT}/e" --epochs 1 --hidden 64)
+accuracies("${one}" e)
+list(LENGTH e n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "--epochs 1: expected one accuracy line, got ${n}")
+endif()
+# Bad values are refused naming the flag.
+foreach(case "--epochs|0|--epochs is '0', not a value >= 1" "--hidden|0|--hidden is '0'"
+        "--hidden|100000000000|--hidden is '100000000000', not a value <= "
+        "--lr|-1|--lr is '-1', not a value > 0")
+  string(REPLACE "|" ";" case "${case}")
+  list(GET case 0 flag)
+  list(GET case 1 value)
+  list(GET case 2 want)
+  run(1 refused --out "${OUT}/refused" ${flag} ${value})
+  string(FIND "${refused}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${flag} ${value}: want the error '${want}'")
+  endif()
+endforeach()
+# Labels beyond the 10 classes: the first step fails naming the range.
+execute_process(COMMAND "${PYTHON}" "${SCRIPT}" --out "${OUT}/data20" --classes 20 --train 256
+                        --val 64 RESULT_VARIABLE rc)
+execute_process(COMMAND "${EXE}" --data "${OUT}/data20" --out "${OUT}/labels" RESULT_VARIABLE rc
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "out of range \\[0, 10\\)")
+  message(FATAL_ERROR "20-class labels: exit ${rc} (want 1), '${err}'")
 endif()

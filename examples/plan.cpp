@@ -39,7 +39,8 @@ int main(int argc, char** argv) try {
       .add("tie-weights", tie, "lm_head shares transformer.wte's weight", kSession)
       .add("bias", bias, "biases in the blocks' Linear and LayerNorm layers (--no-bias: none)",
            kSession)
-      .add("dropout", dropout, "dropout after the embeddings (keeps one more activation)", kSession)
+      .add("dropout", dropout, "dropout after the embeddings (keeps one more activation)",
+           {.at_least = 0, .at_most = 1}, kSession)
       .add("precision", precision, "fp32, tf32, bf16 or fp16", kSession)
       .add("bf16-state", bf16_state, "AdamW moments in bf16", kSession)
       .add("ranks", ranks, "data-parallel ranks (GPUs)", kSession)
@@ -73,6 +74,8 @@ int main(int argc, char** argv) try {
         "A100-80GB, A100-40GB or A100, L40S, RTX4090, gpu, cpu)\n");
     return 0;
   }
+  TRAINKIT_CHECK(depth == 0 || depth >= 2, "--loader-depth ", depth,
+                 " is not 0 (not counted) or a number of slots >= 2");
   plan::GptRun run;
   run.model = {.vocab_size = vocab,
                .block_size = seq,
@@ -106,8 +109,9 @@ int main(int argc, char** argv) try {
   std::fputs((json ? plan::to_json(report) + "\n" : plan::to_text(report)).c_str(), stdout);
   return 0;
 } catch (const std::exception& e) {
-  std::string_view what = e.what();
-  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  std::string_view what = e.what();  // "trainkit: plan: --mfu ..." -> "plan: error: --mfu ..."
+  for (const std::string_view prefix : {"trainkit: ", "plan: "})
+    if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
   std::fprintf(stderr, "plan: error: %.*s\n", int(what.size()), what.data());
   return 1;
 }

@@ -184,7 +184,7 @@ struct Run {
   const data::TokenShardDataset &train_set, &val_set;
   bool extend;  // a resume with a longer schedule (from planned_decay to c.steps)
   std::int64_t planned_decay;
-  bool& started;  // set when the first step is about to run
+  std::atomic<bool>& started;  // set when the first step is about to run
 };
 
 /// Builds the model, optimizer and data on `exec` (host or GPU) in policy P, and trains.
@@ -323,7 +323,8 @@ int train(Run& run, const E& exec) {
 /// the data and the loop and trains as this rank of `comm` (null: one process); sets `started`
 /// before the first step.
 int prepare_and_train(Config& c, tk::train::Flags& flags, const std::string& text,
-                      tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads, bool& started) {
+                      tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads,
+                      std::atomic<bool>& started) {
   const fs::path out = c.out;
   tk::train::Loop loop({.steps = c.steps,
                         .dir = out,
@@ -400,11 +401,9 @@ int prepare_and_train(Config& c, tk::train::Flags& flags, const std::string& tex
   return train_on(threads > 0 ? tk::exec::Host(threads) : tk::exec::Host());
 }
 
-/// Trains as this rank of `comm` (null: one process). A run that fails before its first step
-/// (a bad --init-from, a corpus too small for --batch) removes the run directory it created,
-/// so that the corrected command starts as if it had never run.
+/// Trains as this rank of `comm` (null: one process); sets `started` before the first step.
 int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm,
-               int threads) {
+               int threads, std::atomic<bool>& started) {
   Config c;
   tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
   add_flags(flags, c);
@@ -412,17 +411,35 @@ int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt
   const std::string text = read_corpus(c.data);
   TRAINKIT_CHECK(text.size() / 10 > std::size_t(c.seq) + 1, "the corpus (", text.size(),
                  " bytes) is too small for --seq ", c.seq);
-  const bool made_dir = !fs::exists(c.out);
-  bool started = false;
-  try {
-    return prepare_and_train(c, flags, text, comm, ckpt_comm, threads, started);
-  } catch (...) {
-    if (made_dir && !started && (comm == nullptr || comm->rank() == 0)) {
-      std::error_code ignored;  // the error being reported matters more than this one
-      fs::remove_all(c.out, ignored);
-    }
-    throw;
+  return prepare_and_train(c, flags, text, comm, ckpt_comm, threads, started);
+}
+
+/// Trains as one process, as this process's rank under torchrun / mpirun / srun, or as --ranks
+/// threads; sets `started` when a rank is about to run its first step.
+int train_ranks(int argc, char** argv, const Config& c, const tk::dist::LaunchInfo& launch,
+                int cores, std::atomic<bool>& started) {
+  // Under torchrun, mpirun or srun each process is a rank (NCCL on GPUs, MPI or TCP on CPUs).
+  if (launch.world_size > 1) {
+    TRAINKIT_CHECK(c.ranks == 1, "--ranks ", c.ranks, ": ", launcher_name(launch.launcher),
+                   " already started ", launch.world_size, " processes, one rank each");
+    tk::dist::Context ctx =
+        tk::dist::init({.space = c.device == "cuda" ? tk::Space::kDevice : tk::Space::kHost});
+    const int threads =
+        c.threads > 0 ? int(c.threads) : std::max(1, cores / std::max(1, launch.local_world_size));
+    return train_rank(argc, argv, &ctx.comm(), nullptr, threads, started);
   }
+  if (c.ranks == 1) return train_rank(argc, argv, nullptr, nullptr, int(c.threads), started);
+  // --ranks N: N threads of this process, each a rank with its share of the threads; a second
+  // group of communicators carries the checkpoints' barriers (written in the background).
+  const int n = int(c.ranks), threads = std::max(1, int(c.threads > 0 ? c.threads : cores) / n);
+  auto ckpt_group = std::make_shared<tk::dist::ThreadGroup>(n);
+  std::atomic<int> rc{0};
+  tk::dist::ThreadComm::run(n, [&](tk::dist::ThreadComm& comm) {
+    tk::dist::ThreadComm ckpt(ckpt_group, comm.rank());
+    const int r = train_rank(argc, argv, &comm, &ckpt, threads, started);
+    if (comm.rank() == 0) rc = r;
+  });
+  return rc;
 }
 
 }  // namespace
@@ -434,6 +451,13 @@ int main(int argc, char** argv) try {
   add_flags(flags, c);
   if (!flags.parse(argc, argv)) return 0;  // --help; bad flags throw before anything is written
   TRAINKIT_CHECK(!c.out.empty(), "--out must name the run directory");
+  for (fs::path p = c.out; !p.empty(); p = p.parent_path()) {  // a file on the way: refused now
+    std::error_code ec;
+    const fs::file_status s = fs::status(p, ec);
+    TRAINKIT_CHECK(!fs::exists(s) || fs::is_directory(s), "--out '", c.out, "': '", p.string(),
+                   "' is a file, not a directory");
+    if (p == p.parent_path()) break;
+  }
   // A resumed run keeps its saved run flags (--ranks among them, needed before the ranks start).
   const bool saved = c.resume && !c.plan && tk::train::Loop::adopt_saved_flags(flags, c.out);
   TRAINKIT_CHECK(c.dim % c.heads == 0, "--dim ", c.dim, " is not a multiple of --heads ", c.heads);
@@ -457,30 +481,22 @@ int main(int argc, char** argv) try {
   if (c.device == "cpu") check_host_memory(c);
   if (!saved) resolved(c);  // a resumed run's schedule is checked once its Loop has adopted it
 
-  // Under torchrun, mpirun or srun each process is a rank (NCCL on GPUs, MPI or TCP on CPUs).
   const tk::dist::LaunchInfo launch = tk::dist::detect_launch();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (launch.world_size > 1) {
-    TRAINKIT_CHECK(c.ranks == 1, "--ranks ", c.ranks, ": ", launcher_name(launch.launcher),
-                   " already started ", launch.world_size, " processes, one rank each");
-    tk::dist::Context ctx =
-        tk::dist::init({.space = c.device == "cuda" ? tk::Space::kDevice : tk::Space::kHost});
-    const int threads =
-        c.threads > 0 ? int(c.threads) : std::max(1, cores / std::max(1, launch.local_world_size));
-    return train_rank(argc, argv, &ctx.comm(), nullptr, threads);
+  // A run that fails before its first step (a bad --init-from, a corpus too small for --batch)
+  // removes the run directory it created, once its ranks have stopped, so that the corrected
+  // command starts as if it had never run.
+  const bool made_dir = !fs::exists(c.out);
+  std::atomic<bool> started{false};
+  try {
+    return train_ranks(argc, argv, c, launch, cores, started);
+  } catch (...) {
+    if (made_dir && !started && launch.rank == 0) {
+      std::error_code ignored;  // the error being reported matters more than this one
+      fs::remove_all(c.out, ignored);
+    }
+    throw;
   }
-  if (c.ranks == 1) return train_rank(argc, argv, nullptr, nullptr, int(c.threads));
-  // --ranks N: N threads of this process, each a rank with its share of the threads; a second
-  // group of communicators carries the checkpoints' barriers (written in the background).
-  const int n = int(c.ranks), threads = std::max(1, int(c.threads > 0 ? c.threads : cores) / n);
-  auto ckpt_group = std::make_shared<tk::dist::ThreadGroup>(n);
-  std::atomic<int> rc{0};
-  tk::dist::ThreadComm::run(n, [&](tk::dist::ThreadComm& comm) {
-    tk::dist::ThreadComm ckpt(ckpt_group, comm.rank());
-    const int r = train_rank(argc, argv, &comm, &ckpt, threads);
-    if (comm.rank() == 0) rc = r;
-  });
-  return rc;
 } catch (const std::exception& e) {
   std::string_view what =
       e.what();  // "trainkit: --steps is ..." -> "train_gpt: error: --steps ..."

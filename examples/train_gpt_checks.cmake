@@ -1,7 +1,8 @@
 # Command-line checks of train_gpt (registered by examples/CMakeLists.txt):
 #   cmake -DEXE=<train_gpt> -DOUT=<scratch dir> -DCHECK=<name> [-DPYTHON=<python>] -P this file
 # CHECK=flags:   every bad flag value exits 1 naming its flag, and leaves no run directory behind
-#                (also with --resume of a directory that does not exist yet).
+#                (also with --resume of a directory that does not exist yet, and with --ranks 2);
+#                an --out under a file is refused naming --out.
 # CHECK=flush:   stdout is line-buffered: a run killed with SIGKILL early has its first lines in
 #                the log file.
 # CHECK=resume:  a run resumed twice from the same checkpoint keeps metrics.jsonl whole: each
@@ -58,6 +59,28 @@ if(CHECK STREQUAL "flags")
       endif()
       message(STATUS "${flag} ${value} ${resume}: ${err}")
     endforeach()
+  endforeach()
+  # A refused --ranks start leaves no run directory either, whichever rank created it first
+  # (tried 10 times: the ranks race).
+  string(REPEAT "hello world, this is a tiny corpus of text. " 10 small)
+  file(WRITE "${OUT}/small.txt" "${small}")
+  foreach(i RANGE 1 10)
+    execute_process(COMMAND "${EXE}" --threads 2 --ranks 2 --layers 1 --dim 32 --heads 2 --seq 16
+                            --batch 300 --out "${OUT}/run" --data "${OUT}/small.txt"
+                    RESULT_VARIABLE rc ERROR_VARIABLE err)
+    if(NOT rc EQUAL 1 OR NOT err MATCHES "--batch 300 on each of 2 ranks is more than the corpus"
+       OR EXISTS "${OUT}/run")
+      message(FATAL_ERROR "--ranks 2 --batch 300 (try ${i}): exit ${rc}, want 1, no ${OUT}/run: ${err}")
+    endif()
+  endforeach()
+  # An --out that is, or lies under, a file is refused naming --out (not the checkpointer).
+  file(WRITE "${OUT}/a_file" "")
+  foreach(dir "${OUT}/a_file" "${OUT}/a_file/run")
+    execute_process(COMMAND "${EXE}" ${tiny} --steps 2 --out "${dir}" RESULT_VARIABLE rc
+                    ERROR_VARIABLE err)
+    if(NOT rc EQUAL 1 OR NOT err MATCHES "--out '[^']*': '[^']*a_file' is a file, not a directory")
+      message(FATAL_ERROR "--out ${dir}: exit ${rc}, want 1 naming --out: ${err}")
+    endif()
   endforeach()
 
 elseif(CHECK STREQUAL "flush")
