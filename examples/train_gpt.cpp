@@ -402,8 +402,8 @@ int prepare_and_train(Config& c, tk::train::Flags& flags, const std::string& tex
 }
 
 /// Trains as this rank of `comm` (null: one process); sets `started` before the first step.
-int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm,
-               int threads, std::atomic<bool>& started) {
+int train_rank(int argc, char** argv, tk::dist::Comm* comm, tk::dist::Comm* ckpt_comm, int threads,
+               std::atomic<bool>& started) {
   Config c;
   tk::train::Flags flags("train_gpt", "Trains a byte-level GPT on text with trainkit.");
   add_flags(flags, c);
