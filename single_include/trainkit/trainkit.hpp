@@ -766,7 +766,7 @@ inline constexpr std::string_view dtype_name(DType t) noexcept {
 inline DType parse_dtype(std::string_view name) {
   for (DType t : kAllDTypes)
     if (dtype_name(t) == name) return t;
-  TRAINKIT_FAIL("unknown dtype '", name, "'");
+  TRAINKIT_FAIL("unknown dtype '", detail::printable_bytes(name), "'");
 }
 
 inline constexpr bool is_floating(DType t) noexcept {
@@ -3907,8 +3907,11 @@ TRAINKIT_INLINE int default_num_threads() {
     char* end = nullptr;
     errno = 0;
     const long value = std::strtol(env, &end, 10);
-    TRAINKIT_CHECK(end != env && *end == '\0' && errno == 0 && value >= 1 && value <= 4096,
-                   "TRAINKIT_NUM_THREADS='", env, "' is not a thread count (expected 1..4096)");
+    // Digits only: strtol would also take leading blanks and a sign.
+    TRAINKIT_CHECK(*env >= '0' && *env <= '9' && end != env && *end == '\0' && errno == 0 &&
+                       value >= 1 && value <= 4096,
+                   "TRAINKIT_NUM_THREADS='", ::trainkit::detail::printable_bytes(env),
+                   "' is not a thread count (expected 1..4096)");
     return static_cast<int>(value);
   }
   const unsigned hardware = std::thread::hardware_concurrency();
@@ -12845,7 +12848,8 @@ decltype(auto) visit_policy(std::string_view name, F&& f) {
   if (name == "fp32") return f.template operator()<Fp32>();
   if (name == "tf32") return f.template operator()<Tf32>();
   if (name == "bf16") return f.template operator()<Bf16>();
-  TRAINKIT_CHECK(name == "fp16", "precision '", name, "' is not fp32, tf32, bf16 or fp16");
+  TRAINKIT_CHECK(name == "fp16", "precision '", ::trainkit::detail::printable_bytes(name),
+                 "' is not fp32, tf32, bf16 or fp16");
   return f.template operator()<Fp16>();
 }
 
@@ -36796,7 +36800,8 @@ inline monitor::Precision parse_precision(const std::string& text,
                                           const char* flag = "--precision") {
   for (int i = 0; i < 4; ++i)
     if (text == monitor::precision_name(monitor::Precision(i))) return monitor::Precision(i);
-  TRAINKIT_FAIL(flag, ": precision '", text, "' is not fp32, tf32, bf16 or fp16");
+  TRAINKIT_FAIL(flag, ": precision '", ::trainkit::detail::printable_bytes(text),
+                "' is not fp32, tf32, bf16 or fp16");
 }
 
 /// Bytes of one activation element under `p` (the policy's activation type).
