@@ -213,13 +213,21 @@ int train(Run& run, const E& exec) {
     // with equal values (PyTorch's state_dict lists both names). F16, BF16 and F64 files (a
     // PyTorch model saved in half precision) are rounded to F32.
     using Tied = std::pair<std::string, std::string>;
-    const auto r = tk::ckpt::load_model(
-        arena, c.init_from,
-        {.tied = c.tie_weights ? std::vector<Tied>{{"lm_head.weight", "transformer.wte.weight"}}
-                               : std::vector<Tied>{},
-         .convert_dtype = true,
-         .remedy = "--init-from takes a file of this model's names and shapes: check --layers, "
-                   "--dim, --heads, --vocab and --tie-weights"});
+    const auto r = [&] {
+      try {
+        return tk::ckpt::load_model(
+            arena, c.init_from,
+            {.tied = c.tie_weights ? std::vector<Tied>{{"lm_head.weight", "transformer.wte.weight"}}
+                                   : std::vector<Tied>{},
+             .convert_dtype = true,
+             .remedy = "--init-from takes a file of this model's names and shapes: check "
+                       "--layers, --dim, --heads, --vocab and --tie-weights"});
+      } catch (const tk::Error& e) {  // a file that is missing or not safetensors: name the flag
+        std::string_view why = e.what();
+        if (why.starts_with("trainkit: ")) why.remove_prefix(10);
+        TRAINKIT_FAIL("--init-from: ", why);
+      }
+    }();
     say("train_gpt: --init-from %s: loaded %zu tensors (%zu rounded to F32), %zu of the file "
         "unused\n",
         c.init_from.c_str(), r.loaded.size(), r.converted.size(), r.unexpected.size());
