@@ -12,6 +12,8 @@ out=$1 steps=$2
 shift 3
 mkdir -p "$out" || exit 2
 NCU=${NCU:-$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")}
+command -v "$NCU" > /dev/null ||
+  { echo "gpu_profile: no Nsight Compute at $NCU (set NCU or CUDA_HOME)" >&2; exit 2; }
 ncu_run() {
   "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --print-units base --print-kernel-base function "$@" > "$out/command.log" 2>&1
@@ -24,6 +26,9 @@ if ! grep -q gpu__time_duration "$out/ncu.csv" 2> /dev/null; then
   ncu_run --log-file "$out/ncu.csv" "$@"
   rc=$?
 fi
-python3 "$(dirname "${BASH_SOURCE[0]}")/kernel_times.py" "$out/ncu.csv" --per "$steps" \
-  | tee "$out/kernels.txt"
+((rc == 0)) || echo "gpu_profile: ncu or the command failed (status $rc): see $out/command.log" >&2
+if [[ -f $out/ncu.csv ]]; then
+  python3 "$(dirname "${BASH_SOURCE[0]}")/kernel_times.py" "$out/ncu.csv" --per "$steps" \
+    | tee "$out/kernels.txt"
+fi
 exit $rc
