@@ -68,6 +68,14 @@ inline std::string printable_bytes(std::string_view text) {
   return out;
 }
 
+/// printable_bytes of the first `max` bytes of `text`, then "..." when there was more: for text
+/// from outside that may be arbitrarily long (a key of a file).
+inline std::string printable_prefix(std::string_view text, std::size_t max = 200) {
+  std::string out = printable_bytes(text.substr(0, max));
+  if (text.size() > max) out += "...";
+  return out;
+}
+
 template <class... Args>
 std::string concat(const Args&... args) {
   std::ostringstream out;

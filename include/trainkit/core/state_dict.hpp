@@ -96,12 +96,8 @@ struct StateDict {
   }
 
   /// Text of a key or value (which may come from a file) as an error message shows it: its first
-  /// 200 bytes through detail::printable_bytes, then "..." if there was more.
-  static std::string shown(std::string_view text) {
-    constexpr std::size_t kShown = 200;
-    const std::string out = detail::printable_bytes(text.substr(0, kShown));
-    return text.size() > kShown ? out + "..." : out;
-  }
+  /// 200 bytes through detail::printable_bytes, then "..." if there was more (printable_prefix).
+  static std::string shown(std::string_view text) { return detail::printable_prefix(text); }
 
   /// Moves every entry of `other` in under "<prefix>.<key>" (composition of state dicts).
   void merge(std::string_view prefix, StateDict other) {

@@ -747,9 +747,7 @@ TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
     std::string what = error.message;
     // The key is text from the input: shown escaped (one line, no control bytes) and bounded.
     if (error.kind == JsonErrorKind::kDuplicateKey) {
-      constexpr std::size_t kShown = 200;
-      what += " '" + printable_bytes(std::string_view(error.key).substr(0, kShown)) +
-              (error.key.size() > kShown ? "...'" : "'");
+      what += " '" + ::trainkit::detail::printable_prefix(error.key) + "'";
     }
     TRAINKIT_FAIL(source, ": invalid JSON at byte ", error.offset, ": ", what);
   }
