@@ -388,6 +388,7 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
                  "epilogues save their input)");
   // Outputs that share memory with an input give wrong numbers, as on the host: refused.
   if constexpr (batched) {
+    check_batched_output_items(who, c, s);
     check_batched_input_overlap(who, c, a, "A");
     check_batched_input_overlap(who, c, b, "B");
   } else {

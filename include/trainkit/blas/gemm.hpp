@@ -150,27 +150,14 @@ void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B
                  "blas::gemm (batched): batch sizes A ", a.size(0), ", B ", b.size(0), ", C ",
                  batch, " differ (A and B may also have batch 1)");
   if (batch == 0 || s.m == 0 || s.n == 0) return;
-  // Items i and i + d of C overlap exactly when items 0 and d do (the same rows, moved by
-  // d * stride): items within one row stride (e.g. heads side by side in [T, H * hs]) are fine.
-  const std::int64_t sc = c.stride(0);
-  const std::int64_t c_extent = (s.m - 1) * detail::leading_dim(c) + s.n;
-  if (batch > 1 && !(sc >= c_extent)) {
-    const detail::ByteRows first = detail::byte_rows("C", c);
-    // From the first d with |d * stride| >= the extent on, the items' spans are disjoint.
-    for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < c_extent; ++d) {
-      detail::ByteRows item = first;
-      item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(C);
-      TRAINKIT_CHECK(!detail::byte_rows_overlap(first, item),
-                     "blas::gemm (batched): C's batch stride ", sc, " makes items 0 and ", d,
-                     " of ", s.m, " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
-    }
-  }
+  detail::check_batched_output_items("blas::gemm (batched)", c, s);
   detail::check_batched_input_overlap("blas::gemm (batched)", c, a, "A");
   detail::check_batched_input_overlap("blas::gemm (batched)", c, b, "B");
   using TA = std::remove_const_t<A>;
   using TB = std::remove_const_t<B>;
   const std::int64_t sa = a.size(0) == 1 ? 0 : a.stride(0);
   const std::int64_t sb = b.size(0) == 1 ? 0 : b.stride(0);
+  const std::int64_t sc = c.stride(0);
   const detail::GemmOutput<C> out =
       detail::gemm_output(c.data(), detail::leading_dim(c), options, s.n);
   auto item = [&](const exec::Host* on, std::int64_t i) {

@@ -339,6 +339,25 @@ void check_gemm_aliasing(const char* who, const VA& a, const VB& b, const VC& c,
   check_no_overlap(who, written, nw, others, no);
 }
 
+/// Throws trainkit::Error when two items of a batched C share memory. Items i and i + d overlap
+/// exactly when items 0 and d do (the same rows, moved by d * stride), so only the d below the
+/// first whose items lie apart are compared: items side by side within one row stride (heads in
+/// [T, H * hs]) are fine.
+template <class VC>
+void check_batched_output_items(const char* who, const VC& c, const GemmShape& s) {
+  const std::int64_t batch = c.size(0), sc = c.stride(0), ld = leading_dim(c);
+  const std::int64_t extent = (s.m - 1) * ld + s.n;
+  if (batch <= 1 || s.m == 0 || s.n == 0 || sc >= extent) return;
+  const ByteRows first = byte_rows("C", c);
+  for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < extent; ++d) {
+    ByteRows item = first;
+    item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(typename VC::element_type);
+    TRAINKIT_CHECK(!byte_rows_overlap(first, item), who, ": C's batch stride ", sc,
+                   " makes items 0 and ", d, " of ", s.m, " x ", s.n, " (row stride ", ld,
+                   ") overlap");
+  }
+}
+
 /// floor(a / b) and ceil(a / b) for b != 0.
 inline std::int64_t floor_div(std::int64_t a, std::int64_t b) noexcept {
   const std::int64_t q = a / b;
