@@ -331,6 +331,14 @@ inline std::string printable_bytes(std::string_view text) {
   return out;
 }
 
+/// printable_bytes of the first `max` bytes of `text`, then "..." when there was more: for text
+/// from outside that may be arbitrarily long (a key of a file).
+inline std::string printable_prefix(std::string_view text, std::size_t max = 200) {
+  std::string out = printable_bytes(text.substr(0, max));
+  if (text.size() > max) out += "...";
+  return out;
+}
+
 template <class... Args>
 std::string concat(const Args&... args) {
   std::ostringstream out;
@@ -2717,12 +2725,8 @@ struct StateDict {
   }
 
   /// Text of a key or value (which may come from a file) as an error message shows it: its first
-  /// 200 bytes through detail::printable_bytes, then "..." if there was more.
-  static std::string shown(std::string_view text) {
-    constexpr std::size_t kShown = 200;
-    const std::string out = detail::printable_bytes(text.substr(0, kShown));
-    return text.size() > kShown ? out + "..." : out;
-  }
+  /// 200 bytes through detail::printable_bytes, then "..." if there was more (printable_prefix).
+  static std::string shown(std::string_view text) { return detail::printable_prefix(text); }
 
   /// Moves every entry of `other` in under "<prefix>.<key>" (composition of state dicts).
   void merge(std::string_view prefix, StateDict other) {
@@ -8687,9 +8691,7 @@ TRAINKIT_INLINE Json Json::parse(std::string_view text, std::string_view source,
     std::string what = error.message;
     // The key is text from the input: shown escaped (one line, no control bytes) and bounded.
     if (error.kind == JsonErrorKind::kDuplicateKey) {
-      constexpr std::size_t kShown = 200;
-      what += " '" + printable_bytes(std::string_view(error.key).substr(0, kShown)) +
-              (error.key.size() > kShown ? "...'" : "'");
+      what += " '" + ::trainkit::detail::printable_prefix(error.key) + "'";
     }
     TRAINKIT_FAIL(source, ": invalid JSON at byte ", error.offset, ": ", what);
   }
@@ -10095,6 +10097,25 @@ void check_gemm_aliasing(const char* who, const VA& a, const VB& b, const VC& c,
   if (o.c_in != nullptr && o.beta != 0.0f && o.c_in != c.data())
     others[no++] = at("options.c_in", o.c_in, s.m, s.n, leading_dim(c));
   check_no_overlap(who, written, nw, others, no);
+}
+
+/// Throws trainkit::Error when two items of a batched C share memory. Items i and i + d overlap
+/// exactly when items 0 and d do (the same rows, moved by d * stride), so only the d below the
+/// first whose items lie apart are compared: items side by side within one row stride (heads in
+/// [T, H * hs]) are fine.
+template <class VC>
+void check_batched_output_items(const char* who, const VC& c, const GemmShape& s) {
+  const std::int64_t batch = c.size(0), sc = c.stride(0), ld = leading_dim(c);
+  const std::int64_t extent = (s.m - 1) * ld + s.n;
+  if (batch <= 1 || s.m == 0 || s.n == 0 || sc >= extent) return;
+  const ByteRows first = byte_rows("C", c);
+  for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < extent; ++d) {
+    ByteRows item = first;
+    item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(typename VC::element_type);
+    TRAINKIT_CHECK(!byte_rows_overlap(first, item), who, ": C's batch stride ", sc,
+                   " makes items 0 and ", d, " of ", s.m, " x ", s.n, " (row stride ", ld,
+                   ") overlap");
+  }
 }
 
 /// floor(a / b) and ceil(a / b) for b != 0.
@@ -12368,6 +12389,7 @@ void cublaslt_gemm(CublasLt& lt, Op op_a, Op op_b, const DeviceView<A, Rank>& a,
                  "epilogues save their input)");
   // Outputs that share memory with an input give wrong numbers, as on the host: refused.
   if constexpr (batched) {
+    check_batched_output_items(who, c, s);
     check_batched_input_overlap(who, c, a, "A");
     check_batched_input_overlap(who, c, b, "B");
   } else {
@@ -12594,27 +12616,14 @@ void gemm(const exec::Host& host, Op op_a, Op op_b, HostView<A, 3> a, HostView<B
                  "blas::gemm (batched): batch sizes A ", a.size(0), ", B ", b.size(0), ", C ",
                  batch, " differ (A and B may also have batch 1)");
   if (batch == 0 || s.m == 0 || s.n == 0) return;
-  // Items i and i + d of C overlap exactly when items 0 and d do (the same rows, moved by
-  // d * stride): items within one row stride (e.g. heads side by side in [T, H * hs]) are fine.
-  const std::int64_t sc = c.stride(0);
-  const std::int64_t c_extent = (s.m - 1) * detail::leading_dim(c) + s.n;
-  if (batch > 1 && !(sc >= c_extent)) {
-    const detail::ByteRows first = detail::byte_rows("C", c);
-    // From the first d with |d * stride| >= the extent on, the items' spans are disjoint.
-    for (std::int64_t d = 1; d < batch && d * (sc < 0 ? -sc : sc) < c_extent; ++d) {
-      detail::ByteRows item = first;
-      item.base += static_cast<std::uintptr_t>(d * sc) * sizeof(C);
-      TRAINKIT_CHECK(!detail::byte_rows_overlap(first, item),
-                     "blas::gemm (batched): C's batch stride ", sc, " makes items 0 and ", d,
-                     " of ", s.m, " x ", s.n, " (row stride ", detail::leading_dim(c), ") overlap");
-    }
-  }
+  detail::check_batched_output_items("blas::gemm (batched)", c, s);
   detail::check_batched_input_overlap("blas::gemm (batched)", c, a, "A");
   detail::check_batched_input_overlap("blas::gemm (batched)", c, b, "B");
   using TA = std::remove_const_t<A>;
   using TB = std::remove_const_t<B>;
   const std::int64_t sa = a.size(0) == 1 ? 0 : a.stride(0);
   const std::int64_t sb = b.size(0) == 1 ? 0 : b.stride(0);
+  const std::int64_t sc = c.stride(0);
   const detail::GemmOutput<C> out =
       detail::gemm_output(c.data(), detail::leading_dim(c), options, s.n);
   auto item = [&](const exec::Host* on, std::int64_t i) {
