@@ -82,8 +82,8 @@ void add_flags(tk::train::Flags& f, Config& c) {
            {.at_least = 1, .at_most = 4096})
       .add("log-every", c.log_every, "steps per monitor summary", {.at_least = 1}, kSession)
       .add("eval-every", c.eval_every, "steps between evaluations", {.at_least = 1}, kSession)
-      .add("eval-batches", c.eval_batches, "batches per evaluation",
-           {.at_least = 1, .at_most = 1 << 20}, kSession)
+      .add("eval-batches", c.eval_batches, "batches per evaluation (the best checkpoint's metric)",
+           {.at_least = 1, .at_most = 1 << 20})
       .add("ckpt-every", c.ckpt_every, "steps between checkpoints", {.at_least = 1}, kSession)
       .add("keep", c.keep, "checkpoints kept besides the best (0: every one)",
            {.at_least = 0, .at_most = 1 << 20}, kSession)

@@ -165,6 +165,16 @@ elseif(CHECK STREQUAL "resume")
     endif()
   endfunction()
   refused("is at step 20, not before --steps 20" --resume --steps 20)
+  # The validation loss picks the best checkpoint: its windows stay those of the run.
+  set(other_eval ${tiny})
+  list(FIND other_eval --eval-batches at)
+  math(EXPR value_at "${at} + 1")
+  list(REMOVE_AT other_eval ${value_at} ${at})
+  execute_process(COMMAND "${EXE}" ${other_eval} --eval-batches 2 --out "${run}" --resume --steps 30
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "--eval-batches: the run has 1, the command line 2")
+    message(FATAL_ERROR "a resume with another --eval-batches: exit ${rc}, want 1:\n${out}${err}")
+  endif()
   string(REPEAT "Some other text, a corpus of its own.\n" 100 other)
   file(WRITE "${OUT}/other.txt" "${other}")
   refused("is not the corpus this run was trained on" --resume --steps 30
