@@ -14,6 +14,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <trainkit/config.hpp>
@@ -330,7 +331,20 @@ bool report_libraries() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // it takes no flags: say so rather than ignore what was asked
+    const std::string_view arg = argv[1];
+    if (argc == 2 && (arg == "--help" || arg == "-h")) {
+      std::printf(
+          "usage: env_check\nPrints what trainkit was built with, what this machine has "
+          "and the libraries' versions, and runs a copy round trip on every GPU.\nExit "
+          "status 0 when everything found works (a machine without a GPU is fine).\n");
+      return 0;
+    }
+    std::fprintf(stderr, "env_check: error: unexpected argument '%s' (it takes none; see --help)\n",
+                 trainkit::detail::printable_bytes(arg).c_str());
+    return 2;
+  }
   std::printf("trainkit environment check\n");
   bool ok = true;
   try {

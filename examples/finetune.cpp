@@ -112,6 +112,5 @@ int main(int argc, char** argv) try {
   };
   loop.run(exec, arena, opt, tk::train::task(step, evaluate), schedule.get());
 } catch (const std::exception& e) {  // trainkit::Error, or e.g. std::bad_alloc
-  std::fprintf(stderr, "%s\n", e.what());
-  return 1;
+  return tk::train::report_error("finetune", e);
 }

@@ -104,7 +104,6 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "hpsearch: no trial reported %s (see the failures above)\n",
                  metric.c_str());
   return best != nullptr ? 0 : 1;
-} catch (const tk::Error& e) {
-  std::fprintf(stderr, "%s\n", e.what());
-  return 1;
+} catch (const std::exception& e) {  // trainkit::Error, or e.g. std::bad_alloc
+  return tk::train::report_error("hpsearch", e);
 }

@@ -104,6 +104,5 @@ int main(int argc, char** argv) try {
   std::printf("mlp_classifier: pruned weights in %s/pruned{,_masks}.safetensors\n%s", out.c_str(),
               pruner.report().to_string().c_str());
 } catch (const std::exception& e) {  // trainkit::Error, or e.g. std::bad_alloc
-  std::fprintf(stderr, "%s\n", e.what());
-  return 1;
+  return tk::train::report_error("mlp_classifier", e);
 }

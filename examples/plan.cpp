@@ -108,10 +108,6 @@ int main(int argc, char** argv) try {
   const plan::Report report = plan::gpt(run, options);
   std::fputs((json ? plan::to_json(report) + "\n" : plan::to_text(report)).c_str(), stdout);
   return 0;
-} catch (const std::exception& e) {
-  std::string_view what = e.what();  // "trainkit: plan: --mfu ..." -> "plan: error: --mfu ..."
-  for (const std::string_view prefix : {"trainkit: ", "plan: "})
-    if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
-  std::fprintf(stderr, "plan: error: %.*s\n", int(what.size()), what.data());
-  return 1;
+} catch (const std::exception& e) {  // "trainkit: plan: --mfu ..." -> "plan: error: --mfu ..."
+  return tk::train::report_error("plan", e);
 }

@@ -505,11 +505,6 @@ int main(int argc, char** argv) try {
     }
     throw;
   }
-} catch (const std::exception& e) {
-  std::string_view what =
-      e.what();  // "trainkit: --steps is ..." -> "train_gpt: error: --steps ..."
-  for (const std::string_view prefix : {"trainkit: ", "train_gpt: "})
-    if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
-  std::fprintf(stderr, "train_gpt: error: %.*s\n", int(what.size()), what.data());
-  return 1;
+} catch (const std::exception& e) {  // "trainkit: --steps ..." -> "train_gpt: error: --steps ..."
+  return tk::train::report_error("train_gpt", e);
 }

@@ -5,12 +5,16 @@
 
 #include <cstdint>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <limits>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -410,3 +414,53 @@ TEST_CASE("Flags: a failed parse or adopt leaves every variable and given() as i
     check_unchanged();
   }
 }
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+
+namespace {
+/// What train::report_error(program, e) writes on stderr (fd 2 sent to a file meanwhile).
+std::string reported(std::string_view program, const std::exception& e, int* status) {
+  const fs::path file = fs::temp_directory_path() / "trainkit_test_report_error.txt";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  REQUIRE(saved >= 0);
+  std::FILE* f = std::fopen(file.string().c_str(), "w");
+  REQUIRE(f != nullptr);
+  ::dup2(::fileno(f), 2);
+  *status = train::report_error(program, e);
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(f);
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fs::remove(file);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("report_error prints PROGRAM: error: without trainkit's or the program's own prefix") {
+  int status = 0;
+  Cfg c;
+  train::Flags flags("my_trainer", "test");
+  flags.add("steps", c.steps, "steps", {.at_least = 1});
+  const char* argv[] = {"my_trainer", "--steps", "0"};
+  try {
+    flags.parse(3, argv);
+    FAIL("--steps 0 was accepted");
+  } catch (const tk::Error& e) {
+    const std::string text = reported("my_trainer", e, &status);
+    CHECK(status == 1);
+    CHECK(text.starts_with("my_trainer: error: --steps is '0', not a value >= 1"));
+    CHECK(text.ends_with("\n"));
+    CHECK(text.find("trainkit: ") == std::string::npos);
+  }
+  CHECK(reported("x", tk::Error("trainkit: bad file"), &status) == "x: error: bad file\n");
+  CHECK(reported("x", std::bad_alloc(), &status) ==
+        "x: error: " + std::string(std::bad_alloc().what()) + "\n");
+  // Only a whole "PROGRAM: " prefix goes: "xy: ..." is not x's own.
+  CHECK(reported("x", std::runtime_error("xy: z"), &status) == "x: error: xy: z\n");
+  CHECK(reported("x", std::runtime_error(""), &status) == "x: error: \n");
+}
+#endif

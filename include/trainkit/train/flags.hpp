@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <map>
 #include <optional>
@@ -212,7 +213,26 @@ class Flags {
   std::set<std::string> given_;
 };
 
+/// What a trainer's main() does with an exception that ends it: prints "PROGRAM: error: MESSAGE"
+/// on stderr, MESSAGE without the "trainkit: " or "PROGRAM: " that trainkit's errors and Flags'
+/// own start with, and returns 1, the exit status to return:
+///
+///   int main(int argc, char** argv) try { ... } catch (const std::exception& e) {
+///     return train::report_error("my_trainer", e);
+///   }
+TRAINKIT_INLINE int report_error(std::string_view program, const std::exception& e);
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int report_error(std::string_view program, const std::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  if (what.starts_with(program) && what.substr(program.size()).starts_with(": "))
+    what.remove_prefix(program.size() + 2);
+  std::fprintf(stderr, "%.*s: error: %.*s\n", int(program.size()), program.data(), int(what.size()),
+               what.data());
+  return 1;
+}
 
 TRAINKIT_INLINE bool Flags::parse_args(const std::vector<std::string_view>& args) {
   given_.clear();
