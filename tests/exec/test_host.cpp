@@ -89,6 +89,17 @@ TEST_CASE("Host: thread counts from the constructor and TRAINKIT_NUM_THREADS") {
   CHECK(a.num_threads() >= 1);
 }
 
+TEST_CASE("Host: the default thread count takes every hardware thread, within 1..4096") {
+  namespace d = trainkit::exec::detail;
+  static_assert(d::threads_for_hardware(0) == 1);  // unknown
+  CHECK(d::threads_for_hardware(1) == 1);
+  CHECK(d::threads_for_hardware(2) == 2);
+  CHECK(d::threads_for_hardware(4096) == 4096);
+  CHECK(d::threads_for_hardware(4097) == 4096);  // Host() used to throw on such a machine
+  CHECK(d::threads_for_hardware(~0u) == 4096);
+  CHECK(d::threads_for_hardware(std::thread::hardware_concurrency()) >= 1);
+}
+
 TEST_CASE("Host: parallel_for runs every task exactly once") {
   for (int threads = 1; threads <= 8; ++threads) {
     const Host host(threads);

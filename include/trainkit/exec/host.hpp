@@ -44,8 +44,17 @@ inline bool& in_host_task() noexcept {
   return flag;
 }
 
+/// The most threads an exec::Host runs.
+inline constexpr int kMaxHostThreads = 4096;
+
 /// Threads for `Host()`: $TRAINKIT_NUM_THREADS if set, else hardware_concurrency() (>= 1).
 TRAINKIT_INLINE int default_num_threads();
+
+/// What `Host()` uses for `hardware` hardware threads (std::thread::hardware_concurrency()): all
+/// of them, at least 1 (0 means unknown) and at most kMaxHostThreads.
+constexpr int threads_for_hardware(unsigned hardware) noexcept {
+  return hardware == 0 ? 1 : hardware > unsigned(kMaxHostThreads) ? kMaxHostThreads : int(hardware);
+}
 
 /// The pool behind exec::Host. One job at a time; a job is `run(ctx, task)` for tasks claimed
 /// one by one from an atomic counter by the caller and every worker that joins in time.
@@ -139,13 +148,12 @@ TRAINKIT_INLINE int default_num_threads() {
     const long value = std::strtol(env, &end, 10);
     // Digits only: strtol would also take leading blanks and a sign.
     TRAINKIT_CHECK(*env >= '0' && *env <= '9' && end != env && *end == '\0' && errno == 0 &&
-                       value >= 1 && value <= 4096,
+                       value >= 1 && value <= kMaxHostThreads,
                    "TRAINKIT_NUM_THREADS='", ::trainkit::detail::printable_bytes(env),
                    "' is not a thread count (expected 1..4096)");
     return static_cast<int>(value);
   }
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
+  return threads_for_hardware(std::thread::hardware_concurrency());
 }
 
 TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
@@ -307,7 +315,7 @@ class Host {
   /// A pool of exactly `num_threads` threads, the caller included (1 = everything inline).
   /// Throws trainkit::Error when num_threads is not in 1..4096 or a thread cannot be started.
   explicit Host(int num_threads) : num_threads_(num_threads) {
-    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= 4096,
+    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= detail::kMaxHostThreads,
                    "exec::Host: num_threads must be in 1..4096, got ", num_threads);
     if (num_threads > 1) pool_ = std::make_unique<detail::HostPool>(num_threads);
   }
