@@ -123,3 +123,48 @@ TEST_CASE("launch(Host): exceptions propagate, inline and parallel") {
     }
   }
 }
+
+TEST_CASE("launch wrappers' grids: x blocks cover n within 2^31 - 1, y is capped at 65535") {
+  using exec::detail::grid_blocks_x;
+  using exec::detail::grid_dim_yz;
+  CHECK(grid_blocks_x(0, 256, "k") == 0u);
+  CHECK(grid_blocks_x(-5, 256, "k") == 0u);
+  CHECK(grid_blocks_x(1, 256, "k") == 1u);
+  CHECK(grid_blocks_x(256, 256, "k") == 1u);
+  CHECK(grid_blocks_x(257, 256, "k") == 2u);
+  // GPT-2 124M at B = 64: 65,536 rows of cross-entropy (a block each), 786,432 attention rows.
+  CHECK(grid_blocks_x(65536, 1, "k") == 65536u);
+  CHECK(grid_blocks_x(std::int64_t{64} * 12 * 1024, 256, "k") == 3072u);
+  // Random n and block sizes: the fewest blocks that cover n.
+  std::uint64_t state = 12345;
+  for (int trial = 0; trial < 1000; ++trial) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto n = static_cast<std::int64_t>(state >> 24);  // up to 2^40
+    const std::int64_t per = std::int64_t{1} << (trial % 11);
+    CAPTURE(n);
+    CAPTURE(per);
+    if ((n + per - 1) / per > exec::detail::kMaxGridX) {
+      CHECK_THROWS_AS(grid_blocks_x(n, per, "k"), trainkit::Error);
+      continue;
+    }
+    const std::int64_t b = grid_blocks_x(n, per, "k");
+    CHECK(b * per >= n);
+    CHECK((b - 1) * per < n);
+  }
+  // The largest grid, and one block more: a clear error naming the kernel, not a wrapped cast.
+  const std::int64_t kMaxX = 0x7fffffff;
+  CHECK(grid_blocks_x(kMaxX, 1, "k") == 0x7fffffffu);
+  CHECK(grid_blocks_x(kMaxX * 256, 256, "k") == 0x7fffffffu);
+  CHECK_THROWS_WITH_AS(grid_blocks_x(kMaxX + 1, 1, "nn::Thing forward"),
+                       doctest::Contains("nn::Thing forward: 2147483648 items in blocks of 1"),
+                       trainkit::Error);
+  CHECK_THROWS_AS(grid_blocks_x(std::numeric_limits<std::int64_t>::max(), 1, "k"), trainkit::Error);
+  CHECK(grid_blocks_x(std::numeric_limits<std::int64_t>::max(), std::int64_t{1} << 40, "k") ==
+        (1u << 23));
+  CHECK_THROWS_AS(grid_blocks_x(10, 0, "k"), trainkit::Error);
+  CHECK(grid_dim_yz(0) == 0u);
+  CHECK(grid_dim_yz(1) == 1u);
+  CHECK(grid_dim_yz(65535) == 65535u);
+  CHECK(grid_dim_yz(65536) == 65535u);
+  CHECK(grid_dim_yz(std::int64_t{1} << 40) == 65535u);
+}

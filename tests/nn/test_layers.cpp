@@ -637,6 +637,56 @@ TEST_CASE("Dropout: Philox mask, scaling, determinism, eval, p = 0 and p = 1") {
 
 // ---- residual ---------------------------------------------------------------------------------
 
+TEST_CASE("Dropout: one probability check, naming the option that was out of range") {
+  for (const float p : {-0.1f, 1.5f, std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity()}) {
+    CAPTURE(p);
+    CHECK_THROWS_WITH_AS(nn::Dropout({.p = p}), doctest::Contains("nn::Dropout: p "), tk::Error);
+    CHECK_THROWS_WITH_AS(nn::Dropout({.p = p}),
+                         doctest::Contains(" is not a probability in [0, 1]"), tk::Error);
+    CHECK_THROWS_WITH_AS(nn::detail::check_dropout_probability(p, "nn::Gpt", "dropout"),
+                         doctest::Contains("nn::Gpt: dropout "), tk::Error);
+  }
+  CHECK_THROWS_WITH_AS(nn::Dropout({.p = 1.5f}),
+                       doctest::Contains("nn::Dropout: p 1.5 is not a probability in [0, 1]"),
+                       tk::Error);
+  for (const float p : {0.0f, 0.1f, 1.0f}) {
+    CHECK_NOTHROW(nn::Dropout({.p = p}));
+    CHECK_NOTHROW(nn::detail::check_dropout_probability(p, "nn::Gpt", "dropout"));
+  }
+}
+
+TEST_CASE("LayerNorm: the device backward's partial-sum grid stays within a grid's limits") {
+  // Block y of the partial-sum kernel takes chunks y, y + grid.y, ...: every chunk of 32 rows
+  // once, and grid.y <= 65535 (it was the chunk count: > 65535 past 2,097,120 rows).
+  const std::int64_t chunk = nn::detail::kLayerNormChunk;
+  const std::int64_t threads = nn::detail::kLayerNormPartialThreads;
+  std::mt19937_64 rng(5);
+  std::vector<std::int64_t> rows_list = {
+      1, 31, 32, 33, 65536, 65535 * 32, 65535 * 32 + 1, 65536 * 32, 4 * 65536 * 32 + 17};
+  for (int i = 0; i < 20; ++i)
+    rows_list.push_back(std::int64_t(1 + rng() % (std::int64_t{1} << 26)));
+  for (const std::int64_t rows : rows_list) {
+    for (const std::int64_t cols :
+         {std::int64_t{1}, std::int64_t{127}, std::int64_t{768}, std::int64_t{1 + rng() % 5000}}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const auto g = nn::detail::layer_norm_partial_grid(rows, cols);
+      const std::int64_t chunks = (rows + chunk - 1) / chunk;
+      CHECK(g.y >= 1u);
+      CHECK(g.y <= 65535u);
+      CHECK(std::int64_t(g.y) == std::min<std::int64_t>(chunks, 65535));
+      CHECK(std::int64_t(g.x) * threads >= cols);
+      CHECK(std::int64_t(g.x - 1) * threads < cols);
+      // The kernel's chunk loop, run on the host: each chunk visited exactly once.
+      std::vector<int> seen(static_cast<std::size_t>(chunks), 0);
+      for (std::int64_t y = 0; y < std::int64_t(g.y); ++y)
+        for (std::int64_t k = y; k < chunks; k += g.y) ++seen[static_cast<std::size_t>(k)];
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+    }
+  }
+}
+
 TEST_CASE("residual_forward / residual_backward") {
   std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, out(4), da(4, 1.0f), db(4, 5.0f);
   const std::vector<float> dout = {0.5f, -1, 2, 0};

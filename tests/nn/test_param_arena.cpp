@@ -282,3 +282,24 @@ TEST_CASE("Init: deterministic per (seed, parameter index, element)") {
   const float u = tk::philox_uniform(5, nn::init_stream_id(1), 0);
   CHECK(a[0] == doctest::Approx(-bound + 2.0 * bound * u).epsilon(1e-6));
 }
+
+TEST_CASE("Init: fans of a shape with a zero dimension are refused, naming the parameter") {
+  // A zero dimension gave fan 0 (or fan_in + fan_out 0), which kaiming / xavier divide by.
+  for (const tk::Shape& shape : {tk::Shape{0, 3}, tk::Shape{4, 0}, tk::Shape{0, 0},
+                                 tk::Shape{8, 2, 0, 3}, tk::Shape{8, 2, 3, 0}}) {
+    CAPTURE(shape.to_string());
+    CHECK_THROWS_WITH_AS(nn::compute_fans(shape, "blocks.0.w"),
+                         doctest::Contains("parameter 'blocks.0.w' with shape"), tk::Error);
+    CHECK_THROWS_WITH_AS(nn::compute_fans(shape, "blocks.0.w"),
+                         doctest::Contains("need every dimension > 0"), tk::Error);
+  }
+  // Every dimension positive: the fans as before, down to 1 x 1.
+  CHECK(nn::compute_fans(tk::Shape{1, 1}).fan_in == 1);
+  CHECK(nn::compute_fans(tk::Shape{1, 1}).fan_out == 1);
+  CHECK(nn::compute_fans(tk::Shape{3, 5, 1, 2}).fan_in == 10);
+  // Initialising an empty tensor stays a no-op (torch.nn.init's), fans never computed.
+  float none = 7.0f;
+  nn::fill_init(&none, tk::Shape{0, 3}, nn::Init::kaiming_uniform(), 1, 0, "empty");
+  nn::fill_init(&none, tk::Shape{4, 0}, nn::Init::xavier_normal(), 1, 0, "empty");
+  CHECK(none == 7.0f);
+}

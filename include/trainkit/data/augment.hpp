@@ -171,9 +171,9 @@ TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transfo
 #if TRAINKIT_CUDA_COMPILER
 namespace detail {
 template <class In>
-__global__ void augment_batch_kernel(ImageAugment aug, const In* in, float* out,
-                                     const std::int64_t* indices, std::size_t rows,
-                                     std::uint64_t epoch) {
+__global__ void __launch_bounds__(256)
+    augment_batch_kernel(ImageAugment aug, const In* in, float* out, const std::int64_t* indices,
+                         std::size_t rows, std::uint64_t epoch) {
   const ImageLayout& l = aug.layout();
   const std::size_t n = l.numel();
   const std::size_t total = rows * n;
@@ -211,7 +211,10 @@ void augment_batch_device(const ImageAugment& aug, const In* in, float* out,
   const std::size_t blocks = std::min<std::size_t>((total + threads - 1) / threads, 65535);
   detail::augment_batch_kernel<In><<<static_cast<unsigned>(blocks), threads, 0, stream.get()>>>(
       aug, in, out, indices, rows, epoch);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const cudaError_t err = cudaGetLastError();
+  TRAINKIT_CHECK(err == cudaSuccess, "data::augment_batch_device (", rows, " samples of ",
+                 aug.layout().channels, " x ", aug.layout().height, " x ", aug.layout().width,
+                 ") failed to launch: ", cudaGetErrorString(err));
 }
 #endif
 

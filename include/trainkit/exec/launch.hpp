@@ -61,6 +61,27 @@ TRAINKIT_FORCEINLINE void host_range_copy(const F& f, std::int64_t begin, std::i
   }
 }
 
+/// The most blocks a CUDA grid may have along x (2^31 - 1) and along y or z (65535).
+inline constexpr std::int64_t kMaxGridX = 0x7fffffff;
+inline constexpr std::int64_t kMaxGridYZ = 65535;
+
+/// Blocks of `per_block` items (> 0) that cover n items (0 for n <= 0), as a grid's x
+/// dimension. Throws trainkit::Error naming `kernel` when a grid cannot have that many blocks.
+/// Host code, so that the launch wrappers' grids can be tested without a GPU.
+inline unsigned grid_blocks_x(std::int64_t n, std::int64_t per_block, const char* kernel) {
+  TRAINKIT_CHECK(per_block > 0, kernel, ": ", per_block, " items per block is not positive");
+  const std::int64_t blocks = n <= 0 ? 0 : (n - 1) / per_block + 1;  // no overflow near 2^63
+  TRAINKIT_CHECK(blocks <= kMaxGridX, kernel, ": ", n, " items in blocks of ", per_block, " need ",
+                 blocks, " blocks, more than a grid's 2^31 - 1");
+  return static_cast<unsigned>(blocks);
+}
+
+/// A grid's y (or z) dimension for `count` units of work (e.g. row chunks): count itself up to
+/// 65535, else 65535, and the kernel strides over the units by gridDim.y. 0 for count <= 0.
+inline unsigned grid_dim_yz(std::int64_t count) noexcept {
+  return static_cast<unsigned>(count <= 0 ? 0 : std::min(count, kMaxGridYZ));
+}
+
 }  // namespace detail
 
 /// Calls f(i) for every i in [0, n) (64-bit indices) on the Host pool and returns when done.
@@ -95,6 +116,16 @@ inline constexpr int kLaunchThreads = 256;
 // the functor's register use halves the resident blocks. The rest is done by the grid stride.
 inline constexpr int kLaunchBlocksPerSm = 16;
 
+/// Call right after a kernel launch: throws trainkit::Error naming the kernel and its shape (the
+/// streamed `shape` pieces) with CUDA's reason when the launch failed (a grid or block over the
+/// limits, too much shared memory, too many registers, a sticky error of an earlier kernel).
+template <class... Shape>
+void check_kernel_launch(const char* kernel, const Shape&... shape) {
+  const cudaError_t err = cudaGetLastError();
+  TRAINKIT_CHECK(err == cudaSuccess, kernel, " (", shape...,
+                 ") failed to launch: ", cudaGetErrorString(err));
+}
+
 template <class F>
 __global__ void __launch_bounds__(kLaunchThreads) launch_kernel(std::int64_t n, F f) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -124,7 +155,8 @@ void launch(const Cuda& exec, std::int64_t n, F&& f) {
   const std::int64_t blocks = std::min(detail::ceil_div(n, detail::kLaunchThreads), max_blocks);
   detail::launch_kernel<Fn>
       <<<static_cast<unsigned>(blocks), detail::kLaunchThreads, 0, exec.stream().get()>>>(n, Fn(f));
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  detail::check_kernel_launch("exec::launch", "n ", n, ", ", blocks, " blocks of ",
+                              detail::kLaunchThreads);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS

@@ -285,7 +285,9 @@ void mta_launch_all(const TensorList<Ts...>& list, const Fn& f, cudaStream_t str
   mta_plan<Limits>(list, meta, [&](const Meta& m, int blocks) {
     // The arguments are copied at launch, so meta can be refilled for the next launch at once.
     multi_tensor_apply_kernel<Meta, Fn, Ts...><<<blocks, kMtaThreads, 0, stream>>>(m, f);
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    check_kernel_launch("exec::multi_tensor_apply", list.size(), " tensors of ", list.total_numel(),
+                        " elements, ", blocks, " blocks of depth ", sizeof...(Ts), ", ",
+                        sizeof(Meta) + sizeof(Fn), " bytes of kernel arguments");
   });
 }
 

@@ -322,7 +322,8 @@ void reduce_into(const Cuda& exec, std::int64_t n, F&& f, Op op, T init, T* devi
     status = cudaGetLastError();
   }
   if (partials != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaFreeAsync(partials, stream));
-  TRAINKIT_CUDA_CHECK(status);
+  TRAINKIT_CHECK(status == cudaSuccess, "exec::reduce_into (n ", n, ", ", blocks,
+                 " blocks) failed to launch: ", cudaGetErrorString(status));
 }
 
 /// Like reduce_into, then copies the result to the host and waits for the stream: a host sync.

@@ -22,6 +22,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/fused_attention.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/linear.hpp"
@@ -438,8 +439,9 @@ inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// One warp per row (b, h, i): masked softmax of the scaled scores into probs.
 template <class T>
-__global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
-                                      std::int64_t rows, std::int64_t Tn) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
+                          std::int64_t rows, std::int64_t Tn) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= rows) return;
@@ -459,9 +461,9 @@ __global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __res
 /// One warp per row: dS = scale * P * (dP - sum_j P dP) on the triangle, 0 above. dscores may
 /// alias dprobs (f32): each lane reads its element before writing it.
 template <class T>
-__global__ void causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs,
-                                               T* dscores, std::int64_t rows, std::int64_t Tn,
-                                               float scale) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs, T* dscores,
+                                   std::int64_t rows, std::int64_t Tn, float scale) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= rows) return;
@@ -505,9 +507,10 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
             DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), so);
   }
   const std::int64_t rows = a.B * H * Tn;
-  causal_softmax_kernel<T><<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
-      a.scores, a.probs, rows, Tn);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  constexpr const char* kSoftmax = "nn::CausalSelfAttention forward (causal softmax)";
+  causal_softmax_kernel<T><<<exec::detail::grid_blocks_x(rows, kRowWarps, kSoftmax), kRowWarps * 32,
+                             0, exec.stream().get()>>>(a.scores, a.probs, rows, Tn);
+  exec::detail::check_kernel_launch(kSoftmax, "B ", a.B, ", H ", H, ", T ", Tn);
   for (std::int64_t b = 0; b < a.B; ++b) {
     const DeviceView<const T, 3> v(a.qkv + b * Tn * 3 * C + 2 * C, head, qkv_strides);
     const DeviceView<const T, 3> p(a.probs + b * H * Tn * Tn, sq);
@@ -539,10 +542,11 @@ void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
             DeviceView<T, 3>(dbase + 2 * C, head, qkv_strides), options<T>(a.compute));
   }
   const std::int64_t rows = a.B * H * Tn;
+  constexpr const char* kSoftmax = "nn::CausalSelfAttention backward (causal softmax)";
   causal_softmax_backward_kernel<T>
-      <<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
-          a.probs, a.scores, a.dscores, rows, Tn, a.scale);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      <<<exec::detail::grid_blocks_x(rows, kRowWarps, kSoftmax), kRowWarps * 32, 0,
+         exec.stream().get()>>>(a.probs, a.scores, a.dscores, rows, Tn, a.scale);
+  exec::detail::check_kernel_launch(kSoftmax, "B ", a.B, ", H ", H, ", T ", Tn);
   for (std::int64_t b = 0; b < a.B; ++b) {
     const T* base = a.qkv + b * Tn * 3 * C;
     T* dbase = a.dqkv + b * Tn * 3 * C;

@@ -17,6 +17,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/math.hpp"
 
@@ -142,10 +143,14 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
+/// Threads per block of the cross-entropy kernels (their tree reductions assume this power of 2).
+inline constexpr int kCrossEntropyThreads = 256;
+
 /// One block of 256 threads per row: max, then sum of exp, by fixed-shape tree reductions.
 template <class T, class I>
-__global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
-  __shared__ float shared[256];
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ float shared[kCrossEntropyThreads];
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
   const T* l = a.logits + r * a.ld;
@@ -177,16 +182,20 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
   }
 }
 
-/// One block: the valid count and the mean loss, summed in a fixed order.
+/// One block: the valid count and the mean loss, summed in a fixed order in double with an
+/// integer count, then rounded once, as the host's mean (f32 partial sums lost bits over
+/// 65,536 rows, and an f32 count stops counting at 2^24 rows).
 template <class T, class I>
-__global__ void cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
-  __shared__ float sums[256];
-  __shared__ float counts[256];
-  float sum = 0.0f, count = 0.0f;
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ double sums[kCrossEntropyThreads];
+  __shared__ long long counts[kCrossEntropyThreads];
+  double sum = 0.0;
+  long long count = 0;
   for (std::int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
     if (static_cast<std::int64_t>(a.targets[r]) == a.ignore_index) continue;
     sum += a.row_loss[r];
-    count += 1.0f;
+    ++count;
   }
   sums[threadIdx.x] = sum;
   counts[threadIdx.x] = count;
@@ -199,13 +208,15 @@ __global__ void cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    *a.count = counts[0];
-    *a.loss = counts[0] > 0.0f ? sums[0] / counts[0] : __int_as_float(0x7fc00000);
+    *a.count = static_cast<float>(counts[0]);
+    *a.loss = counts[0] > 0 ? static_cast<float>(sums[0] / static_cast<double>(counts[0]))
+                            : __int_as_float(0x7fc00000);
   }
 }
 
 template <class T, class I>
-__global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
   const T* l = a.logits + r * a.ld;
@@ -228,20 +239,23 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
 template <class T, class I>
 void cross_entropy_forward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
   cudaStream_t stream = exec.stream().get();
+  constexpr const char* kName = "nn::SoftmaxCrossEntropy forward";
   if (a.rows > 0) {
-    cross_entropy_forward_kernel<T, I><<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a);
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    const unsigned blocks = exec::detail::grid_blocks_x(a.rows, 1, kName);  // a block per row
+    cross_entropy_forward_kernel<T, I><<<blocks, kCrossEntropyThreads, 0, stream>>>(a);
+    exec::detail::check_kernel_launch(kName, "rows ", a.rows, ", vocab ", a.vocab);
   }
-  cross_entropy_mean_kernel<T, I><<<1, 256, 0, stream>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  cross_entropy_mean_kernel<T, I><<<1, kCrossEntropyThreads, 0, stream>>>(a);
+  exec::detail::check_kernel_launch("nn::SoftmaxCrossEntropy forward (mean)", "rows ", a.rows);
 }
 
 template <class T, class I>
 void cross_entropy_backward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
   if (a.rows == 0) return;
-  cross_entropy_backward_kernel<T, I>
-      <<<static_cast<unsigned>(a.rows), 256, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  constexpr const char* kName = "nn::SoftmaxCrossEntropy backward";
+  const unsigned blocks = exec::detail::grid_blocks_x(a.rows, 1, kName);  // a block per row
+  cross_entropy_backward_kernel<T, I><<<blocks, kCrossEntropyThreads, 0, exec.stream().get()>>>(a);
+  exec::detail::check_kernel_launch(kName, "rows ", a.rows, ", vocab ", a.vocab);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS

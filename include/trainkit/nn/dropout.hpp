@@ -40,6 +40,14 @@ struct DropoutApply {
   }
 };
 
+/// The one check of a dropout probability (nn::Dropout's p, and the options that become one, such
+/// as GptOptions::dropout, checked before anything is built): p in [0, 1], NaN refused. `who` and
+/// `option` name the setting in the message.
+inline void check_dropout_probability(float p, const char* who, const char* option) {
+  TRAINKIT_CHECK(p >= 0.0f && p <= 1.0f, who, ": ", option, " ", p,
+                 " is not a probability in [0, 1]");
+}
+
 }  // namespace detail
 
 /// Options of nn::Dropout.
@@ -61,8 +69,7 @@ class Dropout {
  public:
   Dropout() = default;
   explicit Dropout(DropoutOptions options) : options_(options) {
-    TRAINKIT_CHECK(options.p >= 0.0f && options.p <= 1.0f, "nn::Dropout: p = ", options.p,
-                   " is not a probability in [0, 1]");
+    detail::check_dropout_probability(options.p, "nn::Dropout", "p");
   }
 
   std::int64_t out_features(std::int64_t in) const noexcept { return in; }

@@ -15,6 +15,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/init.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/param_arena.hpp"
@@ -90,7 +91,7 @@ void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 template <class T, class I>
-__global__ void embedding_forward_kernel(EmbeddingArgs<T, I> a) {
+__global__ void __launch_bounds__(256) embedding_forward_kernel(EmbeddingArgs<T, I> a) {
   const std::int64_t total = a.n * a.cols;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(256)
 
 /// pos[i] = i (a template, like every kernel of the headers).
 template <class I>
-__global__ void embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
+__global__ void __launch_bounds__(256) embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) pos[i] = static_cast<std::int32_t>(i);
 }
@@ -169,7 +170,7 @@ void embedding_forward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
   if (total == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
   embedding_forward_kernel<T, I><<<blocks, 256, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch("nn::Embedding forward", "positions ", a.n, ", dim ", a.cols);
 }
 
 /// Device backward: the positions sorted by id (CUB's radix sort is stable, so each id's
@@ -183,8 +184,10 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
                  " positions are too many for the device backward (at most 2^31 - 1)");
   cudaStream_t stream = exec.stream().get();
   const int n = static_cast<int>(a.n);
-  int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
-  while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
+  // ids are in [0, vocab): only their low bits need sorting (never more bits than I has).
+  constexpr int kKeyBits = static_cast<int>(sizeof(I) * 8);
+  int end_bit = 1;
+  while (end_bit < kKeyBits && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
   std::size_t temp_bytes = 0;
   TRAINKIT_CUDA_CHECK(
       cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
@@ -198,14 +201,15 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
   auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
   void* temp = base + keys_bytes + 2 * pos_bytes;
-  embedding_iota_kernel<I>
-      <<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in, a.n);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const unsigned iota_blocks = exec::detail::grid_blocks_x(a.n, 256, "nn::Embedding backward");
+  embedding_iota_kernel<I><<<iota_blocks, 256, 0, stream>>>(pos_in, a.n);
+  exec::detail::check_kernel_launch("nn::Embedding backward (positions)", "positions ", a.n);
   TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
                                                       pos_out, n, 0, end_bit, stream));
   embedding_backward_sorted_kernel<T, I><<<static_cast<unsigned>(a.n), 256, 0, stream>>>(
       keys, pos_out, a.dout, a.dw, a.n, a.cols, a.vocab);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch("nn::Embedding backward", "positions ", a.n, ", vocab ",
+                                    a.vocab, ", dim ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS

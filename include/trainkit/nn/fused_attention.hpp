@@ -29,6 +29,7 @@
 
 #include "trainkit/config.hpp"
 #include "trainkit/core/half.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/layer.hpp"
 
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
@@ -808,7 +809,8 @@ __global__ void __launch_bounds__(kFusedThreads) fused_attention_kernel(FusedAtt
   fused_attention_block<Pass, TensorCores, D>(ctx, a, tile, static_cast<std::int64_t>(blockIdx.x));
 }
 template <class T>
-__global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
+__global__ void __launch_bounds__(256)
+    fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row < rows) fused_attention_delta_row(a, row);
 }
@@ -827,8 +829,12 @@ void fused_attention_launch(const exec::Cuda& exec, const FusedAttentionArgs<T>&
                  " cannot launch for B * H = ", heads, " and T = ", a.T_,
                  " (at most 2^31 - 1 heads and 65535 tiles of 64 positions)");
   auto* kernel = &fused_attention_kernel<Pass, tc, D, T>;
-  TRAINKIT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (attr != cudaSuccess) (void)cudaGetLastError();  // reported here, not by a later launch
+  TRAINKIT_CHECK(attr == cudaSuccess, "nn::CausalSelfAttention: ", name, " (head size ", a.hs,
+                 ") needs ", bytes, " bytes of shared memory per block, which this GPU refuses: ",
+                 cudaGetErrorString(attr));
   kernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(tiles)), kFusedThreads, bytes,
            exec.stream().get()>>>(a);
   const cudaError_t err = cudaGetLastError();
@@ -850,9 +856,11 @@ template <class T>
 void fused_attention_backward(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
   if (a.B * a.H * a.T_ == 0) return;
   const std::int64_t rows = a.B * a.H * a.T_;
+  constexpr const char* kDelta = "nn::CausalSelfAttention: fused attention backward (delta)";
   fused_attention_delta_kernel<T>
-      <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, exec.stream().get()>>>(a, rows);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      <<<exec::detail::grid_blocks_x(rows, 256, kDelta), 256, 0, exec.stream().get()>>>(a, rows);
+  exec::detail::check_kernel_launch(kDelta, "B ", a.B, ", H ", a.H, ", T ", a.T_, ", head size ",
+                                    a.hs);
   fused_with_depth(a.hs, [&]<int D>() {
     fused_attention_launch<FusedPass::kBackwardKv, D>(exec, a);
     fused_attention_launch<FusedPass::kBackwardQ, D>(exec, a);

@@ -313,8 +313,8 @@ class Gpt {
         o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
     TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
                    " is not a multiple of n_head ", o.n_head);
-    TRAINKIT_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, "nn::Gpt: dropout ", o.dropout,
-                   " is not a probability in [0, 1]");
+    // Dropout's own check, made here before any parameter is registered, naming the option.
+    detail::check_dropout_probability(o.dropout, "nn::Gpt", "dropout");
     return o;
   }
   static std::vector<TransformerBlock<S>> make_blocks(ParamArena<S>& arena, const GptOptions& o) {

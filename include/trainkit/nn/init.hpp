@@ -70,7 +70,8 @@ struct Init {
 };
 
 /// fan_in and fan_out as torch.nn.init computes them: for shape [out, in, k...], fan_in =
-/// in * prod(k), fan_out = out * prod(k). Throws for rank < 2 (PyTorch raises too).
+/// in * prod(k), fan_out = out * prod(k). Throws for rank < 2 (PyTorch raises too) and for a
+/// zero dimension (a fan of 0, which the bounds would divide by), naming the parameter.
 struct Fans {
   std::int64_t fan_in;
   std::int64_t fan_out;
@@ -79,6 +80,11 @@ struct Fans {
 inline Fans compute_fans(const Shape& shape, const std::string& name = {}) {
   TRAINKIT_CHECK(shape.rank() >= 2, "fan in/out of parameter '", name, "' with shape ",
                  shape.to_string(), ": xavier/kaiming initialisers need at least 2 dimensions");
+  // A zero dimension makes a fan 0, and the bounds divide by it (or by fan_in + fan_out).
+  for (int d = 0; d < shape.rank(); ++d)
+    TRAINKIT_CHECK(shape[d] > 0, "fan in/out of parameter '", name, "' with shape ",
+                   shape.to_string(), ": dimension ", d, " is ", shape[d],
+                   "; xavier/kaiming initialisers need every dimension > 0");
   std::int64_t receptive = 1;
   for (int d = 2; d < shape.rank(); ++d) receptive *= shape[d];
   return {shape[1] * receptive, shape[0] * receptive};

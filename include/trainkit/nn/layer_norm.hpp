@@ -16,6 +16,7 @@
 #include "trainkit/config.hpp"
 #include "trainkit/core/tensor_view.hpp"
 #include "trainkit/error.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/nn/init.hpp"
 #include "trainkit/nn/layer.hpp"
 #include "trainkit/nn/math.hpp"
@@ -27,6 +28,21 @@ namespace detail {
 
 /// Rows per partial sum of the weight/bias gradients (fixed: results do not depend on threads).
 inline constexpr std::int64_t kLayerNormChunk = 32;
+
+/// Threads per block of the device backward's partial-sum kernel (one column each).
+inline constexpr int kLayerNormPartialThreads = 128;
+
+/// The grid of the device backward's partial-sum kernel: x covers the columns in blocks of
+/// kLayerNormPartialThreads, y the chunks of kLayerNormChunk rows, at most 65535 of them (a grid's
+/// y limit: 2,097,120 rows); block y then takes chunks y, y + grid.y, ... Host code (testable).
+struct LayerNormPartialGrid {
+  unsigned x, y;
+};
+inline LayerNormPartialGrid layer_norm_partial_grid(std::int64_t rows, std::int64_t cols) {
+  return {exec::detail::grid_blocks_x(cols, kLayerNormPartialThreads,
+                                      "nn::LayerNorm backward (weight and bias partial sums)"),
+          exec::detail::grid_dim_yz(exec::detail::ceil_div(rows, kLayerNormChunk))};
+}
 
 /// Arguments of the LayerNorm kernels (host and device).
 template <class T>
@@ -330,7 +346,7 @@ inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 /// One warp per row: the plain mean, then the corrected moments (row_moments; two passes over
 /// the row, from cache).
 template <class T>
-__global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32) layer_norm_forward_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -348,7 +364,7 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
   }
   const RowMoments mo = row_moments(m0, warp_sum(sum_d), warp_sum(sum_d2), C);
   const float m = mo.mean;
-  const float s = rsqrtf(mo.var + a.eps);
+  const float s = 1.0f / sqrtf(mo.var + a.eps);  // the host's 1 / sqrt (rsqrtf is 2 ulp off)
   for (std::int64_t c = lane; c < C; c += 32) {
     float v = (load(x[c]) - m) * s * a.w[c];
     if (a.b != nullptr) v += a.b[c];
@@ -362,7 +378,8 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
 
 /// One warp per row: dx.
 template <class T>
-__global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -375,7 +392,7 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   for (std::int64_t c = lane; c < C; c += 32) {
     const float gw = load(dy[c]) * a.w[c];
     sum_g += gw;
-    sum_gx += gw * (load(x[c]) - m) * s;
+    sum_gx += gw * ((load(x[c]) - m) * s);  // dxhat * xhat, as the host
   }
   const float mg = warp_sum(sum_g) / static_cast<float>(C);
   const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
@@ -397,7 +414,8 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
 /// every load of x, dy and dx is issued before the first use and nothing is read twice. The
 /// arithmetic and its order are layer_norm_backward_dx_kernel's: the same bits.
 template <class T, int kPerLane>
-__global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -423,7 +441,7 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   for (int k = 0; k < kPerLane; ++k) {
     if (lane + 32 * k < C) {
       sum_g += gw[k];
-      sum_gx += gw[k] * (xv[k] - m) * s;
+      sum_gx += gw[k] * ((xv[k] - m) * s);
     }
   }
   const float mg = warp_sum(sum_g) / static_cast<float>(C);
@@ -440,22 +458,26 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   }
 }
 
-/// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order.
+/// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order,
+/// with the host's operations (xhat = (x - mean) * rstd first). Block y takes chunks y,
+/// y + gridDim.y, ... (layer_norm_partial_grid: the grid's y is at most 65535).
 template <class T>
-__global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kLayerNormPartialThreads)
+    layer_norm_backward_partial_kernel(LayerNormArgs<T> a, std::int64_t chunks) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t k = blockIdx.y;
   const std::int64_t C = a.cols;
   if (c >= C) return;
-  float w = 0.0f, b = 0.0f;
-  const std::int64_t r1 = min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
-    const float g = load(a.dy[r * C + c]);
-    w += g * (load(a.x[r * C + c]) - a.mean[r]) * a.rstd[r];
-    b += g;
+  for (std::int64_t k = blockIdx.y; k < chunks; k += gridDim.y) {
+    float w = 0.0f, b = 0.0f;
+    const std::int64_t r1 = min(a.rows, (k + 1) * kLayerNormChunk);
+    for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+      const float g = load(a.dy[r * C + c]);
+      w += g * ((load(a.x[r * C + c]) - a.mean[r]) * a.rstd[r]);
+      b += g;
+    }
+    a.partial[k * 2 * C + c] = w;
+    a.partial[k * 2 * C + C + c] = b;
   }
-  a.partial[k * 2 * C + c] = w;
-  a.partial[k * 2 * C + C + c] = b;
 }
 
 /// Thread per column: chunk partials in chunk order, added to the gradients.
@@ -468,9 +490,9 @@ __global__ void layer_norm_backward_reduce_kernel(LayerNormArgs<T> a, std::int64
 template <class T>
 void layer_norm_forward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
-  layer_norm_forward_kernel<T>
-      <<<row_warp_blocks(a.rows), kRowWarps * 32, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const unsigned blocks = exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm forward");
+  layer_norm_forward_kernel<T><<<blocks, kRowWarps * 32, 0, exec.stream().get()>>>(a);
+  exec::detail::check_kernel_launch("nn::LayerNorm forward", "rows ", a.rows, ", cols ", a.cols);
 }
 
 template <class T>
@@ -478,7 +500,8 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
   if (a.dx != nullptr) {
-    const auto blocks = row_warp_blocks(a.rows);
+    const unsigned blocks =
+        exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm backward (dx)");
     constexpr unsigned threads = kRowWarps * 32;
     if (a.cols <= 32 * 8) {
       layer_norm_backward_dx_cached_kernel<T, 8><<<blocks, threads, 0, stream>>>(a);
@@ -489,15 +512,18 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
     } else {
       layer_norm_backward_dx_kernel<T><<<blocks, threads, 0, stream>>>(a);
     }
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    exec::detail::check_kernel_launch("nn::LayerNorm backward (dx)", "rows ", a.rows, ", cols ",
+                                      a.cols);
   }
-  const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
-  const dim3 grid(static_cast<unsigned>((a.cols + 127) / 128), static_cast<unsigned>(chunks));
-  layer_norm_backward_partial_kernel<T><<<grid, 128, 0, stream>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  layer_norm_backward_reduce_kernel<T>
-      <<<static_cast<unsigned>((a.cols + 127) / 128), 128, 0, stream>>>(a, chunks);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
+  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
+  layer_norm_backward_partial_kernel<T>
+      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
+                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
+  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
+                                    ", cols ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS

@@ -126,8 +126,9 @@ inline constexpr std::int64_t kBiasGradRows = 256;
 /// block per 32 columns; thread (x, y) sums rows y, y + 8, ... of the chunk in order, then thread
 /// row 0 adds the 8 partials in order and writes the chunk's partial sum (deterministic).
 template <class T>
-__global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
-                                         std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+__global__ void __launch_bounds__(256)
+    bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
+                             std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   __shared__ float part[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kBiasGradRows;
@@ -147,8 +148,9 @@ __global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __rest
 /// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
 /// kernel of the headers: one instantiation per program).
 template <class T>
-__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
-                                        std::int64_t chunks, std::int64_t cols) {
+__global__ void __launch_bounds__(256)
+    bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
+                            std::int64_t chunks, std::int64_t cols) {
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   float sum = 0.0f;
@@ -165,15 +167,19 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
   if (rows == 0 || cols == 0) return;
   const std::int64_t ld = row_stride(dy);
   const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
-  TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
+  TRAINKIT_CHECK(chunks <= exec::detail::kMaxGridYZ, "nn::Linear: ", rows,
+                 " rows are too many for the device bias gradient (at most ",
+                 exec::detail::kMaxGridYZ * kBiasGradRows, ")");
   float* partial = scratch.template get<float>(chunks * cols);
   cudaStream_t stream = exec.stream().get();
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  constexpr const char* kName = "nn::Linear backward (bias)";
+  const dim3 grid(exec::detail::grid_blocks_x(cols, 32, kName), static_cast<unsigned>(chunks));
   bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  bias_grad_reduce_kernel<T>
-      <<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(partial, db, chunks, cols);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch(kName, "rows ", rows, ", cols ", cols);
+  bias_grad_reduce_kernel<T><<<exec::detail::grid_blocks_x(cols, 256, kName), 256, 0, stream>>>(
+      partial, db, chunks, cols);
+  exec::detail::check_kernel_launch("nn::Linear backward (bias sum)", "rows ", rows, ", cols ",
+                                    cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
