@@ -8,11 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "io/io_test_util.hpp"
 #include "trainkit/io/atomic_file.hpp"
+#include "trainkit/io/utf8.hpp"
 
 namespace io = trainkit::io;
 using io_test::run_with_file_size_limit;
@@ -203,4 +205,49 @@ TEST_CASE("atomic_file: stale temp files are recognised and removed") {
   CHECK(io::remove_stale_temp_files(dir.path()) == 2);
   CHECK(dir.entries() == std::vector<std::string>{".hidden", "keep.safetensors"});
   CHECK_THROWS_WITH(io::remove_stale_temp_files(dir / "missing"), doctest::Contains("missing"));
+}
+
+TEST_CASE("atomic_file: names up to 255 bytes are written; '.', '..' and 'dir/' are refused") {
+  TempDir dir;
+  // The temp name adds ".", ".tmp.<pid>." and 16 hex digits: long names are cut for it, at a
+  // UTF-8 character boundary, and the result is still recognised as a temp name.
+  std::mt19937_64 rng(255);
+  const std::string pieces[] = {"a", "é", "名", "😀"};
+  for (int i = 0; i < 60; ++i) {
+    const std::size_t limit = i < 10 ? 255 - std::size_t(i) : 150 + rng() % 106;
+    std::string name;
+    for (;;) {
+      const std::string& p = pieces[rng() % 4];
+      if (name.size() + p.size() > limit) break;
+      name += p;
+    }
+    CAPTURE(name.size());
+    const auto target = dir / name;
+    {
+      io::AtomicFile f(target, {.durable = false});
+      const std::string temp = f.temp_path().filename().string();
+      CHECK(temp.size() <= 255);
+      CHECK(io::is_valid_utf8(temp));
+      CHECK(io::is_atomic_temp_name(temp));
+      CHECK(f.temp_path().parent_path() == target.parent_path());
+      f.write(std::string_view(name));
+      f.commit();
+    }
+    CHECK(io_test::read_file(target) == name);
+    CHECK(dir.entries() == std::vector<std::string>{name});
+    std::filesystem::remove(target);
+  }
+  for (const char* bad : {".", "..", ""}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(io::write_file_atomic(dir / bad, std::string_view("x")),
+                      doctest::Contains("does not name a file"));
+    std::string message;
+    try {
+      io::write_file_atomic(dir / bad, std::string_view("x"));
+    } catch (const trainkit::Error& e) {
+      message = e.what();
+    }
+    CHECK(message.find("path_") == std::string::npos);  // no internal condition text
+  }
+  CHECK(dir.entries().empty());
 }

@@ -6,6 +6,7 @@
 // POSIX (Linux, macOS).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -91,8 +92,10 @@ class AtomicFile {
  public:
   static constexpr std::size_t kBufferBytes = std::size_t(1) << 20;
 
-  /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path`. Throws
-  /// trainkit::Error naming `path` when it cannot be created (missing directory, permissions).
+  /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path` (`<name>` cut short
+  /// where the whole would pass the 255-byte limit on a file name, so any name can be written).
+  /// Throws trainkit::Error naming `path` when it cannot be created (missing directory,
+  /// permissions) or does not name a file ("dir/", ".", "..").
   TRAINKIT_INLINE explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {});
 
   AtomicFile(const AtomicFile&) = delete;
@@ -338,16 +341,23 @@ TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir) {
 
 TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOptions options)
     : path_(std::move(path)), options_(options) {
-  TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
-                 "' does not name a file");
+  if (path_.empty() || !path_.has_filename() || path_.filename() == "." || path_.filename() == "..")
+    TRAINKIT_FAIL("AtomicFile: '", path_.string(), "' does not name a file");
   std::random_device rd;
   std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
   for (int attempt = 0; attempt < 64; ++attempt) {
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
                   static_cast<unsigned long long>(rng()));
+    // A file name has at most 255 bytes (NAME_MAX on Linux and macOS): cut `<name>` to make
+    // room for "." and the suffix, at a UTF-8 character boundary (macOS needs UTF-8 names).
+    const std::string base = path_.filename().string();
+    std::size_t keep = std::min(base.size(), 255 - 1 - std::strlen(suffix));
+    while (keep > 0 && keep < base.size() &&
+           (static_cast<unsigned char>(base[keep]) & 0xc0) == 0x80)
+      --keep;
     std::string name = ".";  // (appends: GCC 12 -Wrestrict misreads "." + std::string)
-    name.append(path_.filename().string()).append(suffix);
+    name.append(base, 0, keep).append(suffix);
     temp_ = path_.parent_path() / name;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                  static_cast<mode_t>(options_.mode));

@@ -45,6 +45,10 @@ struct NpyHeader {
 /// numpy refuses longer headers by default (a literal_eval guard); so do we.
 inline constexpr std::size_t kNpyMaxHeaderBytes = 10000;
 
+/// The most dimensions a .npy file may have: numpy >= 2 reads up to 64 (numpy 1.x: 32); the
+/// reader refuses more and the writer will not write more.
+inline constexpr std::size_t kNpyMaxDims = 64;
+
 /// The `descr` string numpy writes for `t` ('<f4', '|u1', '|b1', ...). Throws trainkit::Error for
 /// types numpy cannot represent (bf16, the float8 types).
 TRAINKIT_INLINE std::string npy_descr(DType t);
@@ -96,6 +100,13 @@ inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
 
 /// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
 TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
+
+/// npy_descr(t), or nullptr for a dtype numpy cannot represent.
+TRAINKIT_INLINE const char* npy_descr_or_null(DType t) noexcept;
+
+/// Why numpy could not load a .npy file of `dtype` and `shape` ("" when it could): the text
+/// after "cannot write <file>: ".
+TRAINKIT_INLINE std::string npy_unwritable(DType dtype, std::span<const std::int64_t> shape);
 
 #if TRAINKIT_IMPL
 
@@ -152,7 +163,7 @@ TRAINKIT_INLINE std::vector<std::int64_t> NpyHeaderText::tuple() {
   expect('(');
   std::vector<std::int64_t> dims;
   while (!peek(')')) {
-    if (dims.size() >= 64) fail("more than 64 dimensions");
+    if (dims.size() >= kNpyMaxDims) fail("more than 64 dimensions");
     dims.push_back(integer());
     if (peek(',')) {
       ++pos;
@@ -251,11 +262,14 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
 /// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
 /// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
 /// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
+/// Throws trainkit::Error for a dtype numpy lacks (npy_descr), a negative extent or more than
+/// kNpyMaxDims dimensions (numpy could not load the file).
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
-/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure,
-/// leaving a file already at `path` as it was (the new one is renamed over it once complete).
+/// numel(shape) * dtype_size(dtype) bytes (it may be null when that is 0). Throws trainkit::Error
+/// naming the path for what npy_header_bytes refuses and on I/O failure, leaving a file already
+/// at `path` as it was (the new one is renamed over it once complete).
 TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
                                std::span<const std::int64_t> shape, const void* data);
 
@@ -263,6 +277,8 @@ TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
 template <class T>
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
                std::span<const T> values) {
+  if (const std::string why = detail::npy_unwritable(dtype_of<T>, shape); !why.empty())
+    TRAINKIT_FAIL("cannot write npy file '", path.string(), "': ", why);
   std::size_t numel = 1;
   for (std::int64_t d : shape)
     numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
@@ -318,7 +334,7 @@ class NpyFile {
 
 #if TRAINKIT_IMPL
 
-TRAINKIT_INLINE std::string npy_descr(DType t) {
+TRAINKIT_INLINE const char* detail::npy_descr_or_null(DType t) noexcept {
   switch (t) {
     case DType::kF64: return "<f8";
     case DType::kF32: return "<f4";
@@ -332,11 +348,36 @@ TRAINKIT_INLINE std::string npy_descr(DType t) {
     case DType::kU16: return "<u2";
     case DType::kU8: return "|u1";
     case DType::kBool: return "|b1";
-    default: break;
+    default: return nullptr;
   }
-  TRAINKIT_FAIL("dtype ", dtype_name(t),
-                " has no .npy descr (numpy has no bfloat16/float8): "
-                "store the raw bits as '<u2' / '|u1' or convert to float32");
+}
+
+TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
+                                                   std::span<const std::int64_t> shape) {
+  using ::trainkit::detail::concat;
+  if (npy_descr_or_null(dtype) == nullptr)
+    return concat("dtype ", dtype_name(dtype),
+                  " has no .npy descr (numpy has no bfloat16/float8): "
+                  "store the raw bits as '<u2' / '|u1' or convert to float32");
+  if (shape.size() > kNpyMaxDims)
+    return concat("shape of ", shape.size(), " dimensions; numpy reads at most ", kNpyMaxDims);
+  // Like parse_npy_header (and numpy's "array is too big"): the byte size of the nonzero extents
+  // must fit a signed 64-bit size, even when another extent is 0.
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
+  for (std::int64_t d : shape) {
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (d < 0 || !next)
+      return concat(d < 0 ? "negative extent in shape " : "shape ",
+                    shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
+                    d < 0 ? "" : " is too large: its byte size overflows 2^63 - 1");
+    nonzero_bytes = *next;
+  }
+  return {};
+}
+
+TRAINKIT_INLINE std::string npy_descr(DType t) {
+  if (const char* descr = detail::npy_descr_or_null(t)) return descr;
+  TRAINKIT_FAIL(detail::npy_unwritable(t, {}));
 }
 
 TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
@@ -458,9 +499,10 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
 }
 
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
+  if (const std::string why = detail::npy_unwritable(dtype, shape); !why.empty())
+    TRAINKIT_FAIL("npy_header_bytes: ", why);
   std::string dict = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    TRAINKIT_CHECK(shape[i] >= 0, "npy_header_bytes: negative extent ", shape[i]);
     if (i) dict += ", ";
     dict += std::to_string(shape[i]);
   }
@@ -487,6 +529,8 @@ TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::i
 
 TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
                                std::span<const std::int64_t> shape, const void* data) {
+  if (const std::string why = detail::npy_unwritable(dtype, shape); !why.empty())
+    TRAINKIT_FAIL("cannot write npy file '", path.string(), "': ", why);
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
   for (std::int64_t d : shape)

@@ -225,9 +225,18 @@ class TarReader {
   bool done_ = false;
 };
 
-/// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT: ustar headers,
-/// plus a pax `x` header for names longer than 100 bytes; ends with two zero blocks padded to a
-/// 10240-byte record. Enough to write WebDataset shards from C++ (tests, converters).
+namespace detail {
+/// The 512-byte blocks TarWriter writes ahead of a member's data: the pax `x` header and its
+/// records when one is needed (see TarWriter), then the ustar header of a regular file.
+TRAINKIT_INLINE std::string tar_member_header(std::string_view name, std::uint64_t size,
+                                              std::uint64_t mtime);
+}  // namespace detail
+
+/// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT (byte for byte):
+/// ustar headers, plus a pax `x` header ahead of a member whose name is longer than 100 bytes or
+/// not ASCII (`path`), or whose size or mtime does not fit ustar's 11 octal digits (`size`,
+/// `mtime`: 8 GiB and more, after the year 2242); ends with two zero blocks padded to a 10240-byte
+/// record. Enough to write WebDataset shards from C++ (tests, converters).
 ///
 /// The archive is written beside `path` (io::AtomicFile) and replaces it only when close()
 /// succeeds, so a failed write (disk full, RLIMIT_FSIZE) or an exception between add() calls
@@ -245,8 +254,9 @@ class TarWriter {
   /// keeps what it held.
   TRAINKIT_INLINE ~TarWriter();
 
-  /// Appends a regular file `name` (mode 0444) with `data`. Throws trainkit::Error naming the
-  /// archive when the write fails; the archive is then dropped.
+  /// Appends a regular file `name` (mode 0444, modified at `mtime` seconds since the epoch) with
+  /// `data`. Throws trainkit::Error naming the archive when the write fails; the archive is then
+  /// dropped.
   TRAINKIT_INLINE void add(std::string_view name, std::span<const std::byte> data,
                            std::uint64_t mtime = 0);
   void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
@@ -264,9 +274,6 @@ class TarWriter {
     const std::array<std::byte, 512> zeros{};
     write(zeros.data(), (512 - n % 512) % 512);
   }
-  TRAINKIT_INLINE static void octal(unsigned char* field, std::size_t len, std::uint64_t v);
-  TRAINKIT_INLINE void write_header(std::string_view name, char type, std::uint64_t size,
-                                    std::uint64_t mtime);
 
   AtomicFile file_;
   int unwinding_;
@@ -647,19 +654,8 @@ TRAINKIT_INLINE TarWriter::~TarWriter() {
 TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::byte> data,
                                     std::uint64_t mtime) {
   TRAINKIT_CHECK(!closed_, "TarWriter('", file_.path().string(), "'): add() after close()");
-  TRAINKIT_CHECK(data.size() < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ",
-                 data.size(), " bytes exceeds ustar's 8 GiB limit");
-  std::string short_name(name.substr(0, 100));
-  if (name.size() > 100) {
-    // pax record "<len> path=<name>\n"; len counts its own digits.
-    const std::string body = " path=" + std::string(name) + "\n";
-    std::size_t len = body.size() + 1;
-    while (std::to_string(len).size() + body.size() != len) ++len;
-    const std::string record = std::to_string(len) + body;
-    write_header("././@PaxHeader", 'x', record.size(), mtime);
-    write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
-  }
-  write_header(short_name, '0', data.size(), mtime);
+  const std::string header = detail::tar_member_header(name, data.size(), mtime);
+  write(reinterpret_cast<const std::byte*>(header.data()), header.size());
   write_padded(data.data(), data.size());
 }
 
@@ -674,8 +670,11 @@ TRAINKIT_INLINE void TarWriter::close() {
   file_.commit();
 }
 
-TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std::uint64_t v) {
-  // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
+namespace detail {
+
+/// `len` - 1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime); the caller
+/// checks that `v` fits.
+inline void tar_octal(unsigned char* field, std::size_t len, std::uint64_t v) {
   for (std::size_t i = len - 1; i-- > 0;) {
     field[i] = static_cast<unsigned char>('0' + (v & 7));
     v >>= 3;
@@ -683,15 +682,16 @@ TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std
   field[len - 1] = 0;
 }
 
-TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, std::uint64_t size,
-                                             std::uint64_t mtime) {
+/// One ustar header block (tarfile's _create_header for USTAR_FORMAT).
+inline void append_ustar_header(std::string& out, std::string_view name, unsigned mode, char type,
+                                std::uint64_t size, std::uint64_t mtime) {
   std::array<unsigned char, 512> b{};
   std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-  octal(b.data() + 100, 8, 0444);
-  octal(b.data() + 108, 8, 0);
-  octal(b.data() + 116, 8, 0);
-  octal(b.data() + 124, 12, size);
-  octal(b.data() + 136, 12, mtime);
+  tar_octal(b.data() + 100, 8, mode);
+  tar_octal(b.data() + 108, 8, 0);
+  tar_octal(b.data() + 116, 8, 0);
+  tar_octal(b.data() + 124, 12, size);
+  tar_octal(b.data() + 136, 12, mtime);
   b[156] = static_cast<unsigned char>(type);
   std::memcpy(b.data() + 257,
               "ustar\0"
@@ -707,7 +707,54 @@ TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, s
   }
   b[154] = 0;
   b[155] = ' ';
-  write(reinterpret_cast<const std::byte*>(b.data()), b.size());
+  out.append(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+/// Appends the pax record "<len> <key>=<value>\n"; len counts the whole record, its own digits
+/// included.
+inline void append_pax_record(std::string& out, std::string_view key, std::string_view value) {
+  const std::size_t body = 1 + key.size() + 1 + value.size() + 1;
+  std::size_t len = body + 1;
+  while (std::to_string(len).size() + body != len) ++len;
+  out += std::to_string(len);
+  out += ' ';
+  out.append(key).append("=").append(value).append("\n");
+}
+
+}  // namespace detail
+
+TRAINKIT_INLINE std::string detail::tar_member_header(std::string_view name, std::uint64_t size,
+                                                      std::uint64_t mtime) {
+  constexpr std::uint64_t kOctal11 = std::uint64_t{1} << 33;  // 8^11: 11 octal digits + NUL
+  const bool ascii = std::all_of(name.begin(), name.end(),
+                                 [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  // Like tarfile's create_pax_header: records in the order path, size, mtime; a value that does
+  // not fit is 0 in the ustar header; a name that is not ASCII is written there with '?' per
+  // character (and cut to 100 bytes).
+  std::string records;
+  if (!ascii || name.size() > 100) append_pax_record(records, "path", name);
+  if (size >= kOctal11) append_pax_record(records, "size", std::to_string(size));
+  if (mtime >= kOctal11) append_pax_record(records, "mtime", std::to_string(mtime));
+  std::string out;
+  if (!records.empty()) {
+    append_ustar_header(out, "././@PaxHeader", 0, 'x', records.size(), 0);
+    out += records;
+    out.append((512 - records.size() % 512) % 512, '\0');
+  }
+  std::string field;
+  if (ascii) {
+    field = name.substr(0, 100);
+  } else {
+    for (char c : name) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u < 0x80) field += c;
+      else if (u >= 0xc0) field += '?';  // a lead byte starts a character; drop the rest
+    }
+    field.resize(std::min<std::size_t>(field.size(), 100));
+  }
+  append_ustar_header(out, field, 0444, '0', size >= kOctal11 ? 0 : size,
+                      mtime >= kOctal11 ? 0 : mtime);
+  return out;
 }
 
 #endif  // TRAINKIT_IMPL
