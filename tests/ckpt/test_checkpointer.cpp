@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <trainkit/ckpt/checkpointer.hpp>
@@ -315,6 +316,97 @@ TEST_CASE("Checkpointer: a step directory of someone else's files is never saved
   }
 }
 
+TEST_CASE("Checkpointer: a file, FIFO or dangling link named like a step is never saved over") {
+  // The commit exchanges the temp directory with whatever holds the step's name and deletes what
+  // it got back: that must never be someone's file.
+  for (const bool async : {false, true}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      CAPTURE(async);
+      CAPTURE(kind);
+      TempDir dir;
+      CrashState s(0.001);
+      ckpt::Checkpointer ck(dir.path(), {.keep_last = 1, .async = async, .durable = false});
+      const std::filesystem::path taken = dir / "step_000000009";
+      if (kind == 0) ckpt_test::write_file(taken, "my precious notes");
+      if (kind == 1) REQUIRE(::mkfifo(taken.c_str(), 0600) == 0);
+      if (kind == 2) std::filesystem::create_symlink(dir / "nowhere", taken);
+      s.set(9);
+      CHECK_THROWS_WITH_AS(
+          ck.save(s.state),
+          doctest::Contains("step_000000009' exists and is not a directory; step 9 is not saved"),
+          tk::Error);
+      ck.wait();
+      const std::filesystem::file_status st = std::filesystem::symlink_status(taken);
+      if (kind == 0) CHECK(ckpt_test::read_file(taken) == "my precious notes");
+      if (kind == 1) CHECK(std::filesystem::is_fifo(st));
+      if (kind == 2) CHECK(std::filesystem::is_symlink(st));
+      s.set(10);  // other steps save as before, and rotation leaves the file alone
+      ck.save(s.state);
+      s.set(11);
+      ck.save(s.state);
+      ck.wait();
+      CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{11});
+      CHECK(std::filesystem::symlink_status(taken).type() == st.type());
+    }
+  }
+  // A link to a directory still counts as the step's directory (as before).
+  TempDir dir;
+  CrashState s(0.001);
+  std::filesystem::create_directories(dir / "elsewhere");
+  std::filesystem::create_directory_symlink(dir / "elsewhere", dir / "step_000000003");
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  s.set(3);
+  ck.save(s.state);
+  CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{3});
+}
+
+TEST_CASE("Checkpointer: a root or prefix with a NUL is refused before anything is touched") {
+  // The system cuts a path at a NUL: "<dir>\0x" is <dir>, and the removal of a stale temp
+  // directory of "<dir>\0x" would delete <dir> itself, its checkpoints and every other file.
+  TempDir dir;
+  CrashState s(0.001);
+  const std::filesystem::path root = dir / "run";
+  {
+    ckpt::Checkpointer ck(root, {.keep_last = 0, .durable = false});
+    s.set(1);
+    ck.save(s.state);
+  }
+  ckpt_test::write_file(root / "notes.txt", "mine");
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    const std::filesystem::path bad(root.native() + std::string("\0x", 2));
+    std::string error;
+    try {
+      ckpt::Checkpointer ck(bad, {.keep_last = 0, .async = async, .durable = false});
+      s.set(2);
+      ck.save(s.state);
+      ck.wait();
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("ckpt::Checkpointer: the root '" + root.string() + "?x' contains a NUL") !=
+          std::string::npos);
+    error.clear();
+    try {
+      ckpt::Checkpointer ck(root,
+                            {.async = async, .durable = false, .prefix = std::string("s\0", 2)});
+      s.set(3);
+      ck.save(s.state);
+      ck.wait();
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("bad directory prefix 's?'") != std::string::npos);
+    CHECK(ckpt_test::entries(root) == std::vector<std::string>{"notes.txt", "step_000000001"});
+    CHECK(ckpt_test::read_file(root / "notes.txt") == "mine");
+  }
+  ckpt::Checkpointer ck(root, {.durable = false});
+  CrashState fresh(0.001);
+  REQUIRE(ck.resume(fresh.state).has_value());
+  CHECK(fresh.state.step == 1);
+  CHECK(fresh.check() == "");
+}
+
 TEST_CASE("Checkpointer: a resume refused for its components changes nothing, the model included") {
   TempDir dir;
   CrashState s(0.001);
@@ -338,6 +430,84 @@ TEST_CASE("Checkpointer: a resume refused for its components changes nothing, th
   CHECK(other.state.step == 1);
   CHECK(extra == 3);
   CHECK(steps_of(ck.list()) == std::vector<std::int64_t>{4});  // not damaged: not moved
+}
+
+TEST_CASE("Checkpointer: a resume refused by the TrainState names the checkpoint's file") {
+  // Resuming with changed settings: another set of components, or a component that refuses the
+  // state it saved. The error must say which checkpoint (and file) it is about.
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(4);
+  ckpt::Checkpointer ck(dir.path(), {.durable = false});
+  ck.save(s.state);
+  const std::string file = (dir / "step_000000004" / "train_state.safetensors").string();
+  const std::string prefix = "cannot restore the training state from '" + file + "': ";
+  for (int variant = 0; variant < 2; ++variant) {
+    CAPTURE(variant);
+    CrashState other(0.001);
+    other.set(1);
+    tk::ckpt::TrainState fewer;  // variant 1: the same model, no "counter"
+    tk::nn::ParamArena<> arena;
+    std::string message = "no state for component(s) 'sched'";
+    if (variant == 0)
+      other.state.add(
+          "sched", [] { return tk::StateDict(); }, [](const tk::StateDict&) {});
+    if (variant == 1) {
+      for (const tk::nn::ParamInfo& p : other.arena.infos()) arena.add(p.name, p.shape);
+      arena.finalize();
+      fewer.model(arena).add("rng", other.rng);
+      message = "has state for component(s) 'counter' that are not registered";
+    }
+    tk::ckpt::TrainState& target = variant == 1 ? fewer : other.state;
+    std::string error;
+    try {
+      (void)ck.resume(target);
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find(prefix) != std::string::npos);
+    CHECK(error.find(message) != std::string::npos);
+    error.clear();
+    try {
+      ck.load(ck.list().at(0), target);
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find(prefix) != std::string::npos);
+    CHECK(error.find(message) != std::string::npos);
+    CHECK(other.state.step == 1);
+  }
+  // A component that refuses the state it finds (a changed configuration) is named with the file.
+  CrashState refusing(0.001);
+  refusing.set(1);
+  ckpt::Checkpointer writer(dir / "b", {.durable = false});
+  std::int64_t width = 8;
+  refusing.state.add(
+      "loader",
+      [&] {
+        tk::StateDict sd;
+        sd.set("width", width);
+        return sd;
+      },
+      [&](const tk::StateDict& sd) {
+        TRAINKIT_CHECK(sd.get_int("width") == width, "loader: saved with width ",
+                       sd.get_int("width"), ", configured with ", width);
+      });
+  refusing.set(6);
+  writer.save(refusing.state);
+  width = 16;
+  refusing.set(1);
+  std::string error;
+  try {
+    (void)writer.resume(refusing.state);
+  } catch (const tk::Error& e) {
+    error = e.what();
+  }
+  CHECK(error.find("cannot restore the training state from '" +
+                   (dir / "b" / "step_000000006" / "train_state.safetensors").string() +
+                   "': ckpt: restoring component 'loader' failed") != std::string::npos);
+  CHECK(error.find("failed: loader: saved with width 8, configured with 16") != std::string::npos);
+  CHECK(error.find("trainkit: ", 1) == std::string::npos);  // one "trainkit: ", in front
 }
 
 TEST_CASE("Checkpointer: a root the system cannot read now is an error, not a fresh start") {
@@ -419,6 +589,69 @@ TEST_CASE("Checkpointer: a manifest intact by its checksum but missing a field n
     CHECK(error.find(c.message) != std::string::npos);
   }
   CHECK(ckpt::detail::parse_manifest(good, file.parent_path(), where).step == 2);
+}
+
+TEST_CASE("Checkpointer: a resealed manifest's odd version or file name is named, escaped") {
+  TempDir dir;
+  CrashState s(0.001);
+  s.set(2);
+  ckpt::Checkpointer ck(dir.path(), {.keep_last = 0, .durable = false});
+  ck.save(s.state);
+  s.set(3);
+  ck.save(s.state);
+  const auto file = dir / "step_000000003" / "checkpoint.json";
+  const std::string good = ckpt_test::read_file(file);
+  const auto resealed = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const std::size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    const std::size_t digits = ckpt::detail::kManifestPrefix.size();
+    text.replace(digits, 16, ckpt::hex64(ckpt::detail::manifest_checksum(text)));
+    return text;
+  };
+  const std::string where = file.string();
+  const std::string listed = "\"model.safetensors\": {";
+  const std::string extra = "\"bytes\": 1, \"xxh64\": \"0000000000000000\"}, " + listed;
+  struct Case {
+    std::string from, to, message;
+  };
+  const Case cases[] = {
+      {"\"version\": 2", "\"version\": 2.5", "' has version 2.5, which is not a manifest version"},
+      {"\"version\": 2", "\"version\": 1e30", "' has version 1e30, which is not a manifest"},
+      {"\"version\": 2", "\"version\": -2", "' has version -2, which is not a manifest version"},
+      {"\"version\": 2", "\"version\": 99999999999999999999", "' has version 9999"},
+      // A NUL would cut the path short: the size check would read model.safetensors instead.
+      {listed, "\"model.safetensors\\u0000x\": {" + extra,
+       "' lists the file 'model.safetensors?x', which is not a plain file name"},
+      {listed, "\"a\\u001b[31mred\\n\": {" + extra,
+       "' lists the file 'a?[31mred?', which is not a plain file name"},
+      {listed, "\"x/\\u001b[2J\": {" + extra, "' lists the file 'x/?[2J', which is not a plain"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.to);
+    const std::string text = resealed(c.from, c.to);
+    std::string error;
+    try {
+      (void)ckpt::detail::parse_manifest(text, file.parent_path(), where);
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("checkpoint manifest '" + where + c.message) != std::string::npos);
+    CHECK(error.find('\x1b') == std::string::npos);
+    CHECK(error.find('\n') == std::string::npos);
+  }
+  // In place, such a checkpoint is skipped (quarantined) like any damaged one.
+  ckpt_test::write_file(file, resealed(listed, "\"model.safetensors\\u0000x\": {" + extra));
+  CrashState fresh(0.001);
+  std::vector<std::string> lines;
+  ckpt::Checkpointer reader(
+      dir.path(), {.durable = false, .log = [&](const std::string& m) { lines.push_back(m); }});
+  const auto info = reader.resume(fresh.state);
+  REQUIRE(info.has_value());
+  CHECK(info->step == 2);
+  CHECK(fresh.check() == "");
+  CHECK(reader.quarantined().size() == 1);
 }
 
 TEST_CASE("Checkpointer: names and texts a manifest cannot hold are refused, naming them") {

@@ -181,6 +181,8 @@ inline constexpr std::string_view kManifestName = "checkpoint.json";
 /// a resume restored). Version 1 manifests are refused, not trusted: the settings they record
 /// cannot be verified. See parse_manifest.
 inline constexpr int kManifestVersion = 2;
+/// Larger "version" numbers are not versions at all (damaged or foreign manifests).
+inline constexpr std::uint64_t kMaxManifestVersionNumber = 1'000'000;
 /// The manifest's checksum member: always the first one, so the file starts with
 /// kManifestPrefix followed by 16 hex digits: XXH64 of the whole file with those digits as '0'
 /// (the convention of the checksummed safetensors files).
@@ -371,6 +373,12 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
   const io::Json* version = root.find("version");
   TRAINKIT_CHECK(version != nullptr && version->is_number(), "checkpoint manifest '", where,
                  "' has no version");
+  // A version that is not a small integer (2.5, 1e30, 2^70) is named with the file, not left to
+  // the JSON reader's message.
+  TRAINKIT_CHECK(version->is_unsigned() && version->as_uint() <= kMaxManifestVersionNumber,
+                 "checkpoint manifest '", where, "' has version ", version->dump(),
+                 ", which is not a manifest version (an integer; this trainkit reads version ",
+                 kManifestVersion, ")");
   const std::int64_t v = version->as_int();
   TRAINKIT_CHECK(v != 1 || summed, "checkpoint manifest '", where,
                  "' has version 1, which carries no checksum of its own: the settings it records "
@@ -398,13 +406,18 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
     for (const io::JsonMember& m : root.at("files").as_object()) {
       CheckpointInfo::File f;
       f.name = m.key;
-      TRAINKIT_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." &&
-                         f.name != ".",
-                     "checkpoint manifest '", where, "' lists the file '", f.name,
-                     "', which is not a plain file name");
+      // No separators, and no control characters: a NUL would cut the path short (the check
+      // would read another file), and names from a file reach messages (escaped) only.
+      const bool plain = std::none_of(f.name.begin(), f.name.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return c == '/' || u < 0x20 || u == 0x7f;
+      });
+      TRAINKIT_CHECK(!f.name.empty() && plain && f.name != ".." && f.name != ".",
+                     "checkpoint manifest '", where, "' lists the file '",
+                     io::detail::printable(f.name), "', which is not a plain file name");
       for (const CheckpointInfo::File& g : info.files)
-        TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
-                       "' twice");
+        TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '",
+                       io::detail::printable(f.name), "' twice");
       f.bytes = m.value.at("bytes").as_uint();
       const auto h = parse_hex64(m.value.at("xxh64").as_string());
       TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
@@ -643,6 +656,8 @@ class Checkpointer {
   /// keep-last / keep-best rules. Sync: returns once the checkpoint is durable. Async: returns
   /// after the snapshot (waiting first for the previous write; its error is thrown here).
   /// Throws trainkit::Error naming the file on any failure; the previous checkpoints are intact.
+  /// Never replaces what holds the step's name but is not a checkpoint (a file, a FIFO, a broken
+  /// link, a directory of other files): that throws before anything is written.
   TRAINKIT_INLINE std::filesystem::path save(const TrainState& state, const Metrics& metrics = {});
 
   /// Blocks until no write is in flight; rethrows (once) the error of a failed background
@@ -720,6 +735,7 @@ class Checkpointer {
   struct Opened {
     std::optional<TensorSource> model;
     StateDict state;
+    std::filesystem::path state_file;  ///< where `state` was read (for errors)
   };
 
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -847,8 +863,16 @@ TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, Checkpoin
   TRAINKIT_CHECK(!options_.overlap_snapshot || options_.async,
                  "ckpt::Checkpointer: overlap_snapshot needs async = true (the copies are made "
                  "by the writer thread)");
-  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
-                 "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
+  // A NUL cuts a path short in every system call: a root "<dir>\0x" would be <dir>, whose
+  // temp directory removal would delete <dir> itself.
+  TRAINKIT_CHECK(root_.native().find('\0') == std::string::npos, "ckpt::Checkpointer: the root '",
+                 io::detail::printable(root_.native()),
+                 "' contains a NUL character (the system would cut the path there)");
+  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos &&
+                     options_.prefix.find('\0') == std::string::npos,
+                 "ckpt::Checkpointer: bad directory prefix '",
+                 io::detail::printable(options_.prefix),
+                 "' (it must be non-empty, without '/' or NUL)");
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);
   TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
@@ -900,6 +924,14 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   {  // a step directory of someone else's files is never replaced (that would delete them)
     const Candidate existing{path_for(state.step), state.step};
     std::error_code ec;
+    // Nor is anything else under the step's name: a file, a FIFO, a dangling link (the commit
+    // would exchange it for the checkpoint and delete it).
+    const std::filesystem::file_status link = std::filesystem::symlink_status(existing.path, ec);
+    TRAINKIT_CHECK(!std::filesystem::exists(link) ||
+                       std::filesystem::is_directory(std::filesystem::status(existing.path, ec)),
+                   "ckpt::Checkpointer::save: '", existing.path.string(),
+                   "' exists and is not a directory; step ", state.step,
+                   " is not saved over it: move it out of the way");
     TRAINKIT_CHECK(!std::filesystem::is_directory(existing.path, ec) || !foreign(existing),
                    "ckpt::Checkpointer::save: '", existing.path.string(),
                    "' exists, has no checkpoint manifest and holds files a checkpoint does not "
@@ -1399,6 +1431,7 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
   }  // else: verify every file, so that every rank reaches the same verdict
   detail::verify_checkpoint(info, options.verify, mine);
   Opened out;
+  out.state_file = info.path / state_file;
   if (state.model_entry() != nullptr) {
     out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
   }
@@ -1412,7 +1445,20 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
 
 TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
                                          const LoadOptions& options) {
-  state.check_state_dict(opened.state, options.restore);  // before the model changes
+  // The TrainState's errors (another set of components, a component refusing its state) name
+  // no file: say which checkpoint they are about.
+  const auto naming_the_file = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      const std::string file = opened.state_file.string();
+      const std::string why = detail::reason_of(e);
+      if (why.find(file) != std::string::npos) throw;
+      TRAINKIT_FAIL("cannot restore the training state from '", file, "': ", why);
+    }
+  };
+  // Before the model changes.
+  naming_the_file([&] { state.check_state_dict(opened.state, options.restore); });
   if (opened.model) {
     ModelLoadOptions mo = options.model;
     mo.verify_checksum = false;
@@ -1420,7 +1466,7 @@ TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
       mo.allow_unexpected = true;
     state.model_entry()->load(*opened.model, mo);
   }
-  state.load_state_dict(std::move(opened.state), options.restore);
+  naming_the_file([&] { state.load_state_dict(std::move(opened.state), options.restore); });
 }
 
 TRAINKIT_INLINE void Checkpointer::writer_loop() {

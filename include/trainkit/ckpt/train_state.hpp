@@ -287,7 +287,9 @@ TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOpti
     try {
       c.load(part);
     } catch (const Error& e) {
-      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
+      std::string_view why = e.what();  // quoted: without its own "trainkit: "
+      if (why.starts_with("trainkit: ")) why.remove_prefix(10);
+      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", why);
     }
   }
   // Last: a component that refuses its state leaves the step, epoch and metadata as they were.
