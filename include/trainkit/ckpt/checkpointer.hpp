@@ -921,6 +921,18 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   TRAINKIT_CHECK(state.step <= detail::kMaxCheckpointStep, "ckpt::Checkpointer::save: step ",
                  state.step, " is above the largest a checkpoint can record (",
                  detail::kMaxCheckpointStep, ")");
+  // The manifest is JSON: every name and text it records must be UTF-8.
+  const auto utf8 = [&](std::string_view what, std::string_view text) {
+    TRAINKIT_CHECK(io::is_valid_utf8(text), "ckpt::Checkpointer::save: step ", state.step, ": ",
+                   what, " '", io::detail::printable(text), "' is not UTF-8");
+  };
+  for (const auto& [key, value] : metrics) utf8("metric name", key);
+  for (const auto& [key, value] : state.metadata) {
+    utf8("metadata key", key);
+    utf8("the value of metadata key '" + key + "',", value);
+  }
+  // After the write in flight: its rotation may be renaming or removing the step's directory.
+  if (options_.async) wait();
   {  // a step directory of someone else's files is never replaced (that would delete them)
     const Candidate existing{path_for(state.step), state.step};
     std::error_code ec;
@@ -938,17 +950,6 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
                    "consist of; step ",
                    state.step, " is not saved over them: move them out of the way");
   }
-  // The manifest is JSON: every name and text it records must be UTF-8.
-  const auto utf8 = [&](std::string_view what, std::string_view text) {
-    TRAINKIT_CHECK(io::is_valid_utf8(text), "ckpt::Checkpointer::save: step ", state.step, ": ",
-                   what, " '", io::detail::printable(text), "' is not UTF-8");
-  };
-  for (const auto& [key, value] : metrics) utf8("metric name", key);
-  for (const auto& [key, value] : state.metadata) {
-    utf8("metadata key", key);
-    utf8("the value of metadata key '" + key + "',", value);
-  }
-  if (options_.async) wait();
   const auto t0 = std::chrono::steady_clock::now();
   Job job = options_.overlap_snapshot ? snapshot_overlapped(state, metrics)
                                       : snapshot(state, metrics, options_.async);
