@@ -955,13 +955,15 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
                                       : snapshot(state, metrics, options_.async);
   const double snap = seconds_since(t0);
   const std::filesystem::path dir = path_for(state.step);
-  last_saved_step_ = state.step;
-  last_save_time_ = std::chrono::steady_clock::now();
   if (!options_.async) {
-    stats_ = write(job);
+    stats_ = write(job);  // a save that throws is not recorded: maybe_save tries the step again
     stats_.snapshot_seconds = snap;
+    last_saved_step_ = state.step;
+    last_save_time_ = std::chrono::steady_clock::now();
     return dir;
   }
+  last_saved_step_ = state.step;
+  last_save_time_ = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     copying_ = !job.copies.empty();
