@@ -13,6 +13,8 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
+#include <regex>
 #include <span>
 #include <string>
 #include <thread>
@@ -62,6 +64,9 @@ const char* const kLaunchVars[] = {"RANK",
                                    "MPI_LOCALRANKID",
                                    "MPI_LOCALNRANKS",
                                    "TRAINKIT_RDZV_PORT",
+                                   "TRAINKIT_RDZV_KEY",
+                                   "TORCHELASTIC_RUN_ID",
+                                   "SLURM_STEP_ID",
                                    "TRAINKIT_DIST_TIMEOUT"};
 
 class CleanEnv {
@@ -206,6 +211,55 @@ TEST_CASE("default_timeout: TRAINKIT_DIST_TIMEOUT in seconds, at least a millise
     CHECK_THROWS_WITH_AS(dist::default_timeout(), doctest::Contains("TRAINKIT_DIST_TIMEOUT='"),
                          tk::Error);
   }
+}
+
+TEST_CASE("default_timeout: only plain decimal numbers, also among random strings") {
+  CleanEnv env;
+  // strtod takes hex ("0x10" is 16 s, "0x1p3" 8 s) and other forms nobody means as seconds.
+  for (const char* bad :
+       {"0x10", "0X10",     "0x1p3", "0x.8p1", "0x",  "1e",  "1e+", "e3",   ".",    "..5",  "1.2.3",
+        "inf",  "infinity", "nan",   "nan(1)", "1,5", "1_0", "5s",  "1e3 ", "\xff", "1\x1b"}) {
+    CAPTURE(bad);
+    env.set("TRAINKIT_DIST_TIMEOUT", bad);
+    CHECK_THROWS_WITH_AS(dist::default_timeout(), doctest::Contains("TRAINKIT_DIST_TIMEOUT='"),
+                         tk::Error);
+  }
+  env.set("TRAINKIT_DIST_TIMEOUT", "0x10\x1b");
+  CHECK_THROWS_WITH_AS(dist::default_timeout(), doctest::Contains("'0x10\\x1b'"), tk::Error);
+  for (const auto& [good, ms] :
+       std::vector<std::pair<const char*, long long>>{{"1e3", 1000000},
+                                                      {"5.", 5000},
+                                                      {"0.001", 1},
+                                                      {"1E-3", 1},
+                                                      {"2.5e+1", 25000},
+                                                      {"007", 7000},
+                                                      {"9999999", 9999999000LL}}) {
+    CAPTURE(good);
+    env.set("TRAINKIT_DIST_TIMEOUT", good);
+    CHECK(dist::default_timeout().count() == ms);
+  }
+  // Random strings over digits and the characters of other forms: accepted exactly when they
+  // match the decimal grammar and the range, with strtod's value (the test runs in the C locale).
+  const std::regex decimal("([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?");
+  const std::string alphabet = "0123456789012345.eExXpP+-afin ";
+  std::mt19937 rng(20261207);
+  int accepted = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    std::string text(1 + rng() % 7, ' ');
+    for (char& ch : text) ch = alphabet[rng() % alphabet.size()];
+    if (trial % 5 == 0) text = "0x" + text;
+    CAPTURE(text);
+    env.set("TRAINKIT_DIST_TIMEOUT", text.c_str());
+    const double value = std::strtod(text.c_str(), nullptr);
+    const bool expect = std::regex_match(text, decimal) && value >= 0.001 && value < 1e7;
+    if (expect) {
+      ++accepted;
+      CHECK(dist::default_timeout().count() == static_cast<long long>(value * 1000.0 + 0.5));
+    } else {
+      CHECK_THROWS_AS(dist::default_timeout(), tk::Error);
+    }
+  }
+  CHECK(accepted > 100);
 }
 
 TEST_CASE("first_slurm_host") {
@@ -446,6 +500,39 @@ TEST_CASE("dist::init: Backend::kTcp for a single process is a one-rank TcpComm"
   CHECK(g == std::vector<float>{2.5f, -1.0f, 0.0f});
 }
 
+TEST_CASE("rendezvous_job_key: TRAINKIT_RDZV_KEY, torchrun's run id, or Slurm's job and step") {
+  CleanEnv env;
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()).empty());
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()).empty());
+  env.set("TORCHELASTIC_RUN_ID", "3f2a-run");
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()) == "torchrun:3f2a-run");
+  // A long id becomes a hash: the same for every rank, different for another id.
+  const std::string long_id(300, 'r');
+  env.set("TORCHELASTIC_RUN_ID", long_id.c_str());
+  const std::string hashed = dist::detail::rendezvous_job_key(dist::detect_launch());
+  CHECK(hashed.size() == 26);
+  CHECK(hashed.rfind("torchrun:#", 0) == 0);
+  CHECK(hashed == dist::detail::rendezvous_job_key(dist::detect_launch()));
+  env.set("TORCHELASTIC_RUN_ID", (long_id + "s").c_str());
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()) != hashed);
+  env.set("TRAINKIT_RDZV_KEY", "mine");
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()) == "mine");
+  env.set("TRAINKIT_RDZV_KEY", std::string(257, 'k').c_str());
+  CHECK_THROWS_WITH_AS(dist::detail::rendezvous_job_key(dist::detect_launch()),
+                       doctest::Contains("TRAINKIT_RDZV_KEY='kkk"), tk::Error);
+  ::unsetenv("TRAINKIT_RDZV_KEY");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "2");
+  env.set("SLURM_JOB_ID", "4242");
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()) == "slurm:4242.");
+  env.set("SLURM_STEP_ID", "3");
+  CHECK(dist::detail::rendezvous_job_key(dist::detect_launch()) == "slurm:4242.3");
+}
+
 TEST_CASE("tcp_broadcast: rank 0's bytes reach every rank over loopback") {
   constexpr int world_size = 4;
   const int port = free_port();
@@ -561,6 +648,7 @@ TEST_CASE("tcp_broadcast: a peer that stops reading cannot hold rank 0 past the 
     dist::detail::put_u32(header + 8, 1);
     dist::detail::put_u32(header + 12, 2);
     dist::detail::put_u64(header + 16, payload.size());
+    dist::detail::put_u32(header + 24, 0);  // no job key
     (void)dist::detail::send_all(s.fd(), header, sizeof header, deadline);
     while (!root_done.load() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -588,4 +676,219 @@ TEST_CASE("tcp_broadcast: a timeout that is not positive or would overflow the c
                          doctest::Contains("tcp_broadcast: the timeout must be positive"),
                          tk::Error);
   }
+}
+
+TEST_CASE("tcp_broadcast: rank 0 refuses ranks of another job, and they hear why") {
+  // Two jobs (or an earlier group) meeting at one port with the same world size and payload size:
+  // without a job key the other job's ranks were handed this job's bytes.
+  std::mt19937 rng(7);
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {"torchrun:job-a", "torchrun:job-b"},
+      {"", "slurm:42.0"},
+      {"slurm:42.0", ""},
+      {"k", "k\x1b[31m"},
+      {std::string(256, 'x'), std::string(255, 'x')}};
+  for (const auto& [key0, key1] : keys) {
+    const int world_size = 2 + static_cast<int>(rng() % 3);
+    const int intruder = 1 + static_cast<int>(rng() % static_cast<unsigned>(world_size - 1));
+    CAPTURE(world_size);
+    CAPTURE(intruder);
+    const int port = free_port();
+    std::vector<std::array<std::byte, 32>> payloads(static_cast<std::size_t>(world_size));
+    payloads[0].fill(std::byte{0x5a});
+    std::vector<std::string> errors(static_cast<std::size_t>(world_size));
+    std::atomic<int> started{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world_size; ++r) {
+      threads.emplace_back([&, r] {
+        // The ranks of rank 0's job join first (a rank that came after rank 0 gave up would wait
+        // for its timeout), then the intruder: the other job's rank.
+        if (r == intruder) {
+          while (started.load() < world_size - 1)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        const std::string& key = r == intruder ? key1 : key0;
+        try {
+          if (r != intruder) started.fetch_add(1);
+          dist::tcp_broadcast("127.0.0.1", port, r, world_size,
+                              payloads[static_cast<std::size_t>(r)],
+                              std::chrono::milliseconds(8000), key);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 6.0);  // no rank waits for the timeout
+    const std::string expect0 = "rank " + std::to_string(intruder) + " of " +
+                                std::to_string(world_size) + " belongs to job '" +
+                                tk::detail::printable_bytes(key1) + "', rank 0 expects job '" +
+                                tk::detail::printable_bytes(key0) + "'";
+    CHECK(errors[0].find(expect0) != std::string::npos);
+    CHECK(errors[0].find('\x1b') == std::string::npos);
+    for (int r = 1; r < world_size; ++r) {
+      CAPTURE(r);
+      const std::string& e = errors[static_cast<std::size_t>(r)];
+      CHECK(payloads[static_cast<std::size_t>(r)][0] == std::byte{0});  // nothing handed over
+      // The intruder, and the ranks that joined before it, throw with rank 0's reason (text from
+      // a peer, escaped once more).
+      if (r == intruder || !e.empty()) {
+        CHECK(e.find("rank 0 at 127.0.0.1:" + std::to_string(port) + " refused the group") !=
+              std::string::npos);
+        CHECK(e.find(tk::detail::printable_bytes(expect0)) != std::string::npos);
+      }
+    }
+    CHECK(!errors[static_cast<std::size_t>(intruder)].empty());
+  }
+}
+
+TEST_CASE("tcp_broadcast: the same job key meets; a key over 256 bytes is refused at the call") {
+  const int port = free_port();
+  std::array<std::array<std::byte, 8>, 3> payloads{};
+  payloads[0].fill(std::byte{3});
+  const std::string key = "torchrun:\x01\xff id";
+  std::vector<std::thread> threads;
+  std::array<std::string, 3> errors;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        dist::tcp_broadcast("127.0.0.1", port, r, 3, payloads[static_cast<std::size_t>(r)],
+                            std::chrono::milliseconds(8000), key);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[static_cast<std::size_t>(r)].empty());
+    CHECK(payloads[static_cast<std::size_t>(r)] == payloads[0]);
+  }
+  std::array<std::byte, 8> payload{};
+  CHECK_THROWS_WITH_AS(dist::tcp_broadcast("127.0.0.1", port, 1, 2, payload,
+                                           std::chrono::milliseconds(100), std::string(257, 'k')),
+                       doctest::Contains("the job key has 257 bytes, at most 256"), tk::Error);
+}
+
+TEST_CASE("tcp_broadcast: a refused world size reaches the peer as rank 0's reason") {
+  // Before, rank 0 closed the connection and the peer said "got no answer within 5 s".
+  const int port = free_port();
+  std::array<std::byte, 16> payload{};
+  std::string error0;
+  std::thread root([&] {
+    try {
+      dist::tcp_broadcast("127.0.0.1", port, 0, 3, payload, std::chrono::milliseconds(5000));
+    } catch (const std::exception& e) {
+      error0 = e.what();
+    }
+  });
+  const std::string expect = "refused the group: tcp_broadcast on port " + std::to_string(port) +
+                             ": rank 1 expects 2 ranks and 16 bytes, rank 0 has 3 ranks";
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 1, 2, payload, std::chrono::milliseconds(5000)),
+      doctest::Contains(expect.c_str()), tk::Error);
+  root.join();
+  CHECK(error0.find("rank 1 expects 2 ranks and 16 bytes, rank 0 has 3 ranks") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp_broadcast: rank 0 out of file descriptors fails at once, naming the port") {
+  // accept() failing with EMFILE leaves the connection queued: the loop spun at full CPU until
+  // the timeout. Rank 0 runs in a child with no descriptor left after its listener.
+  for (int trial = 0; trial < 2; ++trial) {
+    const int port = free_port();
+    const int world_size = 2 + trial * 3;
+    const disttest::ChildReport child = disttest::run_out_of_fds(port, 1, [&] {
+      std::array<std::byte, 8> payload{};
+      dist::tcp_broadcast("127.0.0.1", port, 0, world_size, payload,
+                          std::chrono::milliseconds(4000));
+    });
+    CAPTURE(child.message);
+    CHECK(child.message.find("cannot accept connections on port " + std::to_string(port)) !=
+          std::string::npos);
+    CHECK(child.message.find("ulimit -n") != std::string::npos);
+    CHECK(child.wall_s >= 0);
+    CHECK(child.wall_s < 2.0);
+    CHECK(child.cpu_s < 1.0);
+  }
+}
+
+TEST_CASE("tcp_broadcast: ranks that joined hear why rank 0 gave up waiting") {
+  // Before, rank 0 closed their connections and they said "got no answer" without a reason.
+  const int port = free_port();
+  std::array<std::byte, 8> payload0{}, payload1{};
+  std::string error0;
+  std::thread root([&] {
+    try {
+      dist::tcp_broadcast("127.0.0.1", port, 0, 3, payload0, std::chrono::milliseconds(1500));
+    } catch (const std::exception& e) {
+      error0 = e.what();
+    }
+  });
+  const std::string expect = "refused the group: tcp_broadcast on port " + std::to_string(port) +
+                             ": rank 0 waited 1.5 s but only 1 of the other 2 ranks connected";
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 1, 3, payload1, std::chrono::milliseconds(8000)),
+      doctest::Contains(expect.c_str()), tk::Error);
+  root.join();
+  CHECK(error0.find("rank 0 waited 1.5 s but only 1 of the other 2 ranks connected") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp_broadcast: a rank that started before rank 0 still hears why it gave up") {
+  // Both wait 1.5 s, the peer from 300 ms earlier: its wait for the answer ended before rank 0's
+  // verdict came ("got no answer"), so it never learnt which rank was missing.
+  const int port = free_port();
+  std::array<std::byte, 8> payload0{}, payload1{};
+  std::string error1;
+  std::thread peer([&] {
+    try {
+      dist::tcp_broadcast("127.0.0.1", port, 1, 3, payload1, std::chrono::milliseconds(1500));
+    } catch (const std::exception& e) {
+      error1 = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_THROWS_WITH_AS(
+      dist::tcp_broadcast("127.0.0.1", port, 0, 3, payload0, std::chrono::milliseconds(1500)),
+      doctest::Contains("only 1 of the other 2 ranks connected"), tk::Error);
+  peer.join();
+  CAPTURE(error1);
+  CHECK(error1.find("refused the group: tcp_broadcast on port " + std::to_string(port) +
+                    ": rank 0 waited 1.5 s but only 1 of the other 2 ranks connected") !=
+        std::string::npos);
+}
+
+TEST_CASE("tcp_broadcast: a duplicate rank is refused, and both ranks 1 hear why") {
+  const int port = free_port();
+  std::array<std::array<std::byte, 8>, 3> payloads{};
+  std::array<std::string, 3> errors;
+  std::atomic<int> started{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i)
+    threads.emplace_back([&, i] {
+      if (i == 2) {  // the second rank 1 comes last
+        while (started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+      try {
+        if (i < 2) started.fetch_add(1);
+        dist::tcp_broadcast("127.0.0.1", port, i == 2 ? 1 : i, 3,
+                            payloads[static_cast<std::size_t>(i)], std::chrono::milliseconds(8000));
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("rank 1 connected twice") != std::string::npos);
+  }
+  CHECK(errors[1].find("rank 0 at 127.0.0.1:" + std::to_string(port) + " refused the group") !=
+        std::string::npos);
+  CHECK(errors[2].find("rank 0 at 127.0.0.1:" + std::to_string(port) + " refused the group") !=
+        std::string::npos);
 }

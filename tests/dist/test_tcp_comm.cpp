@@ -334,6 +334,69 @@ TEST_CASE("TcpComm bootstrap: world sizes that disagree and a duplicate rank nam
   }
 }
 
+TEST_CASE("TcpComm bootstrap: rank 0 refuses a rank of another job, and it hears why") {
+  // Two jobs with the same world size on one port: the other job's rank 1 joined this group and
+  // the two jobs reduced each other's gradients.
+  const std::vector<std::pair<std::string, std::string>> keys = {{"torchrun:a", "torchrun:b"},
+                                                                 {"", "slurm:7.0"},
+                                                                 {"slurm:7.0", ""},
+                                                                 {std::string(256, 'k'), "k\x01"}};
+  for (const auto& [key0, key1] : keys) {
+    const int port = free_port();
+    std::string e0, e1;
+    const auto t0 = Clock::now();
+    std::thread a([&] {
+      try {
+        auto o = quick(4000);
+        o.job_key = key0;
+        dist::TcpComm c("127.0.0.1", port, 0, 2, o);
+        std::vector<double> v{1.0};
+        c.all_reduce(std::span<double>(v), dist::ReduceOp::kSum).wait();
+      } catch (const std::exception& e) {
+        e0 = e.what();
+      }
+    });
+    try {
+      auto o = quick(4000);
+      o.job_key = key1;
+      dist::TcpComm c("127.0.0.1", port, 1, 2, o);
+      std::vector<double> v{2.0};
+      c.all_reduce(std::span<double>(v), dist::ReduceOp::kSum).wait();
+    } catch (const std::exception& e) {
+      e1 = e.what();
+    }
+    a.join();
+    CHECK(seconds_since(t0) < 3.5);
+    const std::string expect = "rank 1 of 2 belongs to job '" + tk::detail::printable_bytes(key1) +
+                               "', rank 0 expects job '" + tk::detail::printable_bytes(key0) + "'";
+    CAPTURE(e0);
+    CAPTURE(e1);
+    CHECK(contains(e0, "TcpComm rank 0: " + expect));
+    CHECK(contains(e1, "TcpComm rank 1: rank 0 refused the group: "));
+    CHECK(contains(e1, tk::detail::printable_bytes(expect)));
+  }
+  // The same key (any bytes) meets; a key over 256 bytes is refused at the call.
+  auto o = quick(8000);
+  o.job_key = std::string("job\0\xff", 5);
+  const auto errors = run_tcp(
+      3,
+      [](dist::TcpComm& c) {
+        std::vector<double> v{1.0};
+        c.all_reduce(std::span<double>(v), dist::ReduceOp::kSum).wait();
+        if (v[0] != 3.0) throw std::runtime_error("wrong sum");
+      },
+      o);
+  for (const auto& e : errors) CHECK(e.empty());
+  o.job_key = std::string(257, 'k');
+  CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1", 1, 1, 2, o),
+                       doctest::Contains("the job key has 257 bytes, at most 256"), tk::Error);
+  o.job_key = std::string(256, 'k');  // the hello carries both in 1024 bytes
+  o.announce_addr = std::string(769, 'a');
+  CHECK_THROWS_WITH_AS(dist::TcpComm("127.0.0.1", 1, 1, 2, o),
+                       doctest::Contains("announce_addr and job_key have 1025 bytes together"),
+                       tk::Error);
+}
+
 TEST_CASE("TcpComm bootstrap: nobody at the address, a foreign service, a busy port") {
   {  // nobody listens: a timeout naming the address
     const int port = free_port();
@@ -389,6 +452,48 @@ TEST_CASE("TcpComm bootstrap: nobody at the address, a foreign service, a busy p
     CHECK(sums[0] == 1.5);
     CHECK(sums[1] == 1.5);
   }
+}
+
+TEST_CASE("TcpComm bootstrap: out of file descriptors at accept fails at once, naming the port") {
+  // accept() failing with EMFILE leaves the connection queued and poll keeps reporting it: the
+  // bootstrap spun at full CPU (past the timeout: wait_fd never saw the deadline). Each rank runs
+  // in a child with no descriptor left for accept.
+  for (int world_size : {2, 3}) {
+    CAPTURE(world_size);
+    // Rank 0 at the master port: its ring listener and the master listener, nothing more.
+    const int port = free_port();
+    const disttest::ChildReport root = disttest::run_out_of_fds(
+        port, 2, [&] { dist::TcpComm c("127.0.0.1", port, 0, world_size, quick(4000)); });
+    CAPTURE(root.message);
+    CHECK(contains(root.message, "TcpComm rank 0: cannot accept connections on port " +
+                                     std::to_string(port) + ": "));
+    CHECK(contains(root.message, "ulimit -n"));
+    CHECK(root.wall_s >= 0);
+    CHECK(root.wall_s < 2.0);
+    CHECK(root.cpu_s < 1.0);
+  }
+  // The last rank at its ring listener, after the bootstrap: it holds the ring listener and the
+  // connection to its right neighbour (rank 0, in this process), and rank 0 connects to it.
+  const int port = free_port();
+  std::string error0;
+  const disttest::ChildReport last = disttest::run_starved_child(
+      2, [&] { dist::TcpComm c("127.0.0.1", port, 1, 2, quick(4000)); },
+      [&](const std::atomic<bool>&) {
+        try {
+          dist::TcpComm c("127.0.0.1", port, 0, 2, quick(4000));
+          c.barrier().wait();
+        } catch (const std::exception& e) {
+          error0 = e.what();
+        }
+      });
+  CAPTURE(last.message);
+  CHECK(contains(last.message, "TcpComm rank 1: cannot accept connections on port "));
+  CHECK(contains(last.message, "Too many open files"));
+  CHECK(last.wall_s >= 0);
+  CHECK(last.wall_s < 2.0);
+  CHECK(last.cpu_s < 1.0);
+  CAPTURE(error0);
+  CHECK(contains(error0, "TcpComm rank 0: "));  // its ring formed; its first collective fails
 }
 
 TEST_CASE("TcpComm bootstrap: a rank that announces no address is listed where rank 0 sees it") {
@@ -453,6 +558,44 @@ TEST_CASE("TcpComm bootstrap: a rank that announces no address is listed where r
   s = dist::detail::Socket();  // rank 0 then fails: the ring never forms
   rank0.join();
   CHECK(!rank0_error.empty());
+}
+
+TEST_CASE("TcpComm bootstrap: a refusal cut short is not shown as zero bytes") {
+  // A rank 0 (by hand) that announces a 64-byte reason, sends 5 bytes and closes: the rank showed
+  // the 5 bytes and 59 times \x00.
+  std::string error;
+  dist::detail::Socket listener = dist::detail::listen_on(0, error);
+  REQUIRE(listener.valid());
+  const int port = dist::detail::bound_port(listener.fd());
+  std::thread server([&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    if (!dist::detail::wait_fd(listener.fd(), POLLIN, deadline)) return;
+    dist::detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+    unsigned char head[dist::detail::kTcpFrameBytes];
+    if (!dist::detail::recv_all(s.fd(), head, sizeof head, deadline)) return;
+    const auto hello = dist::detail::decode_tcp_frame(head, sizeof head, "rank 1");
+    std::string rest(static_cast<std::size_t>(hello.length), '\0');
+    if (!dist::detail::recv_all(s.fd(), rest.data(), rest.size(), deadline)) return;
+    dist::detail::TcpFrame abort;
+    abort.type = dist::detail::TcpFrameType::kAbort;
+    abort.length = 64;
+    unsigned char out[dist::detail::kTcpFrameBytes];
+    dist::detail::encode_tcp_frame(abort, out);
+    (void)dist::detail::send_all(s.fd(), out, sizeof out, deadline);
+    (void)dist::detail::send_all(s.fd(), "Nope!", 5, deadline);
+  });
+  const auto t0 = Clock::now();
+  std::string e1;
+  try {
+    dist::TcpComm c("127.0.0.1", port, 1, 2, quick(3000));
+  } catch (const tk::Error& e) {
+    e1 = e.what();
+  }
+  server.join();
+  CAPTURE(e1);
+  CHECK(contains(e1, "TcpComm rank 1: rank 0 refused the group: (no reason: rank 0 closed"));
+  CHECK(!contains(e1, "\\x00"));
+  CHECK(seconds_since(t0) < 2.5);
 }
 
 TEST_CASE("TcpComm: an address that no rank could use is refused where it is made") {

@@ -249,6 +249,15 @@ TRAINKIT_INLINE Context init(InitOptions options = {});
 
 namespace detail {
 
+/// The job key dist::init passes to tcp_broadcast and TcpComm, so that ranks of another job (or
+/// another launch of this one) that reach the same rendezvous port are refused: $TRAINKIT_RDZV_KEY
+/// when set (at most 256 bytes), else "torchrun:" + $TORCHELASTIC_RUN_ID under torchrun (its
+/// --rdzv-id, a fresh id with --standalone), else "slurm:" + $SLURM_JOB_ID + "." +
+/// $SLURM_STEP_ID under Slurm, else "" (no key: only the world size and payload are compared).
+/// Every rank of a job sees the same variables, so they agree. Throws trainkit::Error for a
+/// TRAINKIT_RDZV_KEY longer than 256 bytes; a longer launcher id is shortened to a hash.
+TRAINKIT_INLINE std::string rendezvous_job_key(const LaunchInfo& launch);
+
 /// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known). Throws
 /// trainkit::Error for an option outside [0, 65535], and for MASTER_PORT 65535 under the agent
 /// store (its rendezvous port would be 65536).
@@ -257,6 +266,31 @@ TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo
 }  // namespace detail
 
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string detail::rendezvous_job_key(const LaunchInfo& launch) {
+  if (auto key = env_var("TRAINKIT_RDZV_KEY")) {
+    TRAINKIT_CHECK(key->size() <= kRendezvousMaxKey,
+                   "dist: environment variable TRAINKIT_RDZV_KEY='",
+                   ::trainkit::detail::printable_bytes(key->substr(0, 64)), "...' has ",
+                   key->size(), " bytes, at most ", kRendezvousMaxKey, " are allowed");
+    return *key;
+  }
+  std::string key;
+  if (launch.launcher == Launcher::kTorchrun) {
+    if (auto id = env_var("TORCHELASTIC_RUN_ID")) key = "torchrun:" + *id;
+  } else if (launch.launcher == Launcher::kSlurm) {
+    if (auto id = env_var("SLURM_JOB_ID"))
+      key = "slurm:" + *id + "." + env_var("SLURM_STEP_ID").value_or("");
+  }
+  if (key.size() > kRendezvousMaxKey) {  // FNV-1a: the same long id gives the same key
+    std::uint64_t h = 14695981039346656037ULL;
+    for (const char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+    const std::string prefix = key.substr(0, key.find(':') + 1);
+    key = prefix + "#";
+    for (int i = 15; i >= 0; --i) key += "0123456789abcdef"[(h >> (4 * i)) & 15];
+  }
+  return key;
+}
 
 TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
   int port = options.rendezvous_port;
@@ -459,7 +493,8 @@ TRAINKIT_INLINE Context init(InitOptions options) {
                          " processes needs MASTER_ADDR and MASTER_PORT "
                          "(or TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
                          launcher_name(L.launcher));
-          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout);
+          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout,
+                        detail::rendezvous_job_key(L));
         }
       }
       NcclOptions o;
@@ -482,6 +517,7 @@ TRAINKIT_INLINE Context init(InitOptions options) {
         ctx.comm_ = std::make_unique<TcpComm>(std::string(), 0, 0, 1, std::move(o));
         return ctx;
       }
+      o.job_key = detail::rendezvous_job_key(L);
       const int port = detail::rendezvous_port(options, L);
       TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: TcpComm over ", L.world_size,
                      " processes needs MASTER_ADDR and MASTER_PORT (or TRAINKIT_RDZV_PORT) "

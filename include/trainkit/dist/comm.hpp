@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
@@ -20,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -214,22 +216,53 @@ inline void check_timeout(std::string_view who, std::chrono::milliseconds timeou
 
 }  // namespace detail
 
+namespace detail {
+
+/// True when `text` is a plain decimal number: digits with at most one '.', at least one digit,
+/// then optionally 'e' or 'E', an optional sign and digits ("2", "2.5", ".5", "5.", "1e3").
+/// Refuses what strtod would also take: blanks, a leading sign, hex ("0x10", "0x1p3"), "inf",
+/// "nan", and a decimal comma of the C locale.
+inline bool is_plain_decimal(std::string_view text) noexcept {
+  std::size_t i = 0, digits = 0;
+  const auto is_digit = [&](std::size_t at) {
+    return at < text.size() && text[at] >= '0' && text[at] <= '9';
+  };
+  for (; is_digit(i); ++i) ++digits;
+  if (i < text.size() && text[i] == '.')
+    for (++i; is_digit(i); ++i) ++digits;
+  if (digits == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!is_digit(i)) return false;
+    while (is_digit(i)) ++i;
+  }
+  return i == text.size();
+}
+
+}  // namespace detail
+
 /// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
-/// e.g. "2.5"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress for this
-/// long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a malformed
-/// value (also one with leading blanks or a sign, which strtod would skip).
+/// e.g. "2.5" or "1e3"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress
+/// for this long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a
+/// value that is not a plain decimal number (see detail::is_plain_decimal: no blanks, sign, hex,
+/// "inf" or "nan"; read with '.' whatever the locale) or is out of range.
 inline std::chrono::milliseconds default_timeout() {
   const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
   if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(env, &end);
-  const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
-  TRAINKIT_CHECK(
-      plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-      "TRAINKIT_DIST_TIMEOUT='", ::trainkit::detail::printable_bytes(env),
-      "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
-      "below 10^7");
+  const std::string_view text(env);
+  double seconds = 0.0;
+  bool ok = detail::is_plain_decimal(text);
+  if (ok) {
+    // from_chars ignores the locale (strtod would read "2.5" as 2 under a decimal comma).
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds,
+                                           std::chars_format::general);
+    ok = ec == std::errc() && end == text.data() + text.size();
+  }
+  TRAINKIT_CHECK(ok && seconds >= 0.001 && seconds < 1e7, "TRAINKIT_DIST_TIMEOUT='",
+                 ::trainkit::detail::printable_bytes(env),
+                 "' is not a decimal number of seconds from 0.001 (the timeouts count "
+                 "milliseconds) below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 

@@ -2,8 +2,9 @@
 // trainkit/dist/rendezvous.hpp: `tcp_broadcast`, a tiny TCP rendezvous that hands a few bytes
 // from rank 0 to every other rank: how NCCL's unique id reaches the ranks under torchrun or srun,
 // where there is no MPI (rank 0 listens at MASTER_PORT, the others connect to MASTER_ADDR).
-// Bounded by a timeout, with a magic header so a stray connection or another job on the same port
-// is an error naming the address, not a hang or garbage. POSIX sockets; elsewhere it throws.
+// Bounded by a timeout, with a magic header, the world size and a job key so that a stray
+// connection or another job on the same port is an error naming the address, not a hang or
+// another job's bytes. POSIX sockets; elsewhere it throws.
 #pragma once
 
 #include <algorithm>
@@ -41,13 +42,22 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
 namespace detail {
 
+/// Longest job key of tcp_broadcast.
+inline constexpr std::size_t kRendezvousMaxKey = 256;
+
 #if TRAINKIT_DETAIL_HAS_SOCKETS
 
 using RdvClock = std::chrono::steady_clock;
 
-// "TKRDV" + protocol version 1, then rank, world_size and payload length (big-endian).
-inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '1'};
-inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8;
+// A rank's hello to rank 0: "TKRDV" + protocol version 2, then rank (u32), world_size (u32),
+// payload length (u64) and job key length (u32), big-endian, then the job key's bytes. Rank 0
+// answers with the magic and the payload, or with kRendezvousRefusal, the length of a text (u32,
+// at most kRendezvousMaxText) and the text: why it refused the group.
+inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '2'};
+inline constexpr char kRendezvousRefusal[8] = {'T', 'K', 'R', 'D', 'V', 'E', 'R', 'R'};
+inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8 + 4;
+/// Longest refusal text rank 0 sends.
+inline constexpr std::size_t kRendezvousMaxText = 2048;
 
 /// An owned socket descriptor.
 class Socket {
@@ -122,6 +132,32 @@ inline bool recv_all(int fd, void* data, std::size_t n, RdvClock::time_point dea
     n -= static_cast<std::size_t>(k);
   }
   return true;
+}
+
+/// Accepts a connection pending on the non-blocking `listener`. An invalid Socket with `error` 0
+/// when there is none after all, or it was aborted or failed on the network (try again later);
+/// with `error` = errno when accept cannot succeed now: out of descriptors (EMFILE, ENFILE) or
+/// kernel memory (ENOBUFS, ENOMEM), or a broken listener. Such a connection stays queued and poll
+/// keeps reporting it, so retrying would spin until the deadline: callers fail instead, with
+/// accept_error_text.
+inline Socket accept_connection(int listener, int& error) noexcept {
+  error = 0;
+  const int fd = ::accept(listener, nullptr, nullptr);
+  if (fd >= 0) return Socket(fd);
+  const int e = errno;
+  if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EBADF || e == EINVAL ||
+      e == ENOTSOCK || e == EFAULT)
+    error = e;
+  return Socket();
+}
+
+/// "cannot accept connections on port 29500: Too many open files (errno 24) (...)".
+inline std::string accept_error_text(int port, int error) {
+  return trainkit::detail::concat(
+      "cannot accept connections on port ", port, ": ", errno_text(error),
+      error == EMFILE || error == ENFILE
+          ? " (out of file descriptors: raise the open-file limit, ulimit -n)"
+          : "");
 }
 
 inline void put_u32(unsigned char* p, std::uint32_t v) {
@@ -235,27 +271,37 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// listens on `port` on every local interface; the other ranks connect to `host`:`port` (retrying
 /// while rank 0 is not up yet) and receive it into their `payload`, which must have the same size.
 /// It returns on every rank only after rank 0 heard from all of them (a barrier too). `world_size`
-/// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
-/// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
-/// world_size or payload length, or `timeout` (positive, at most 10^7 s) passes.
+/// == 1 returns at once. `job_key` (at most 256 bytes, any bytes; dist::init passes one from the
+/// launcher's job id) names the job: every rank must pass the same, so that ranks of another job,
+/// or of an earlier group, that reach the same port are refused instead of being handed this
+/// job's bytes. Throws trainkit::Error naming host, port and rank when the port cannot be bound
+/// or accept fails (out of file descriptors), nobody answers, a peer sends something else
+/// (another job on the port?), ranks disagree on job key, world_size or payload length (rank 0
+/// names the peer and what it expected, and tells that peer and those that already joined why;
+/// they throw with its message), or `timeout` (positive, at most 10^7 s) passes.
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                                   std::span<std::byte> payload, std::chrono::milliseconds timeout);
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout,
+                                   std::string_view job_key = {});
 
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                                   std::span<std::byte> payload,
-                                   std::chrono::milliseconds timeout) {
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout,
+                                   std::string_view job_key) {
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
   detail::check_timeout("tcp_broadcast", timeout);
+  TRAINKIT_CHECK(job_key.size() <= detail::kRendezvousMaxKey, "tcp_broadcast: the job key has ",
+                 job_key.size(), " bytes, at most ", detail::kRendezvousMaxKey, " are allowed");
   if (world_size == 1) return;
 #if TRAINKIT_DETAIL_HAS_SOCKETS
   using detail::RdvClock;
   const auto deadline = RdvClock::now() + timeout;
   const std::string where = trainkit::detail::concat(host, ":", port);
   const double seconds = static_cast<double>(timeout.count()) / 1000.0;
+  const std::string key_text =
+      trainkit::detail::concat("'", ::trainkit::detail::printable_bytes(job_key), "'");
 
   if (rank == 0) {
     std::string error;
@@ -263,35 +309,81 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
     TRAINKIT_CHECK(listener.valid(), "tcp_broadcast: rank 0 cannot listen on port ", port, ": ",
                    error, " (is another job using it? set MASTER_PORT or TRAINKIT_RDZV_PORT)");
     std::vector<detail::Socket> peers(static_cast<std::size_t>(world_size));
+    // Rank 0's verdict reaches the refused peer (in peers[0]) and every rank that already joined,
+    // then rank 0 throws it.
+    auto refuse = [&](const std::string& message) {
+      const std::string full =
+          trainkit::detail::concat("tcp_broadcast on port ", port, ": ", message);
+      const std::size_t n = std::min(full.size(), detail::kRendezvousMaxText);
+      unsigned char head[12];
+      std::memcpy(head, detail::kRendezvousRefusal, 8);
+      detail::put_u32(head + 8, static_cast<std::uint32_t>(n));
+      const auto until = std::min(deadline, RdvClock::now() + std::chrono::milliseconds(500));
+      for (const detail::Socket& s : peers)
+        if (s.valid())
+          (void)(detail::send_all(s.fd(), head, sizeof head, until) &&
+                 detail::send_all(s.fd(), full.data(), n, until));
+      TRAINKIT_FAIL(full);
+    };
     int joined = 0;
     while (joined < world_size - 1) {
       if (!detail::wait_fd(listener.fd(), POLLIN, deadline))
-        TRAINKIT_FAIL("tcp_broadcast: rank 0 waited ", seconds, " s on port ", port, " but only ",
-                      joined, " of the other ", world_size - 1, " ranks connected");
-      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+        refuse(trainkit::detail::concat("rank 0 waited ", seconds, " s but only ", joined,
+                                        " of the other ", world_size - 1, " ranks connected"));
+      int accept_error = 0;
+      detail::Socket s = detail::accept_connection(listener.fd(), accept_error);
+      if (accept_error != 0) refuse(detail::accept_error_text(port, accept_error));
       if (!s.valid()) continue;
       // Non-blocking (an accepted socket does not inherit it from the listener): a blocking send
       // of the payload to a peer that stops reading would never return, whatever the deadline.
       detail::set_nonblocking(s.fd());
       unsigned char header[detail::kRendezvousHeader];
+      const auto hello_deadline = std::min(deadline, RdvClock::now() + std::chrono::seconds(5));
       // A connection that does not speak our protocol (a port scanner, a health check) is
       // dropped; one that does but disagrees is an error.
-      if (!detail::recv_all(s.fd(), header, sizeof header,
-                            std::min(deadline, RdvClock::now() + std::chrono::seconds(5))) ||
-          std::memcmp(header, detail::kRendezvousMagic, 8) != 0)
-        continue;
-      const auto peer_rank = static_cast<int>(detail::get_u32(header + 8));
-      const auto peer_size = static_cast<int>(detail::get_u32(header + 12));
+      if (!detail::recv_all(s.fd(), header, 8, hello_deadline)) continue;
+      if (std::memcmp(header, detail::kRendezvousMagic, 8) != 0) {
+        if (std::memcmp(header, detail::kRendezvousMagic, 5) != 0) continue;
+        peers[0] = std::move(s);  // so that it hears the verdict too
+        refuse(trainkit::detail::concat(
+            "a peer speaks rendezvous protocol '",
+            ::trainkit::detail::printable_bytes(
+                std::string_view(reinterpret_cast<const char*>(header), 8)),
+            "', rank 0 speaks 'TKRDV002' (are all ranks the same trainkit build?)"));
+      }
+      if (!detail::recv_all(s.fd(), header + 8, sizeof header - 8, hello_deadline)) continue;
+      const std::uint32_t peer_rank = detail::get_u32(header + 8);
+      const std::uint32_t peer_size = detail::get_u32(header + 12);
       const std::uint64_t peer_len = detail::get_u64(header + 16);
-      TRAINKIT_CHECK(peer_size == world_size && peer_len == payload.size(),
-                     "tcp_broadcast on port ", port, ": rank ", peer_rank, " expects ", peer_size,
-                     " ranks and ", peer_len, " bytes, rank 0 has ", world_size, " ranks and ",
-                     payload.size(), " bytes (two jobs on one port?)");
-      TRAINKIT_CHECK(peer_rank >= 1 && peer_rank < world_size, "tcp_broadcast on port ", port,
-                     ": a peer claims rank ", peer_rank, " of ", world_size);
-      TRAINKIT_CHECK(!peers[static_cast<std::size_t>(peer_rank)].valid(), "tcp_broadcast on port ",
-                     port, ": rank ", peer_rank, " connected twice (two jobs on one port?)");
-      peers[static_cast<std::size_t>(peer_rank)] = std::move(s);
+      const std::uint32_t key_len = detail::get_u32(header + 24);
+      peers[0] = std::move(s);  // until it is accepted: a refusal reaches it
+      if (key_len > detail::kRendezvousMaxKey)
+        refuse(trainkit::detail::concat("rank ", peer_rank, " sent a job key of ", key_len,
+                                        " bytes (at most ", detail::kRendezvousMaxKey, ")"));
+      std::string key(key_len, '\0');
+      if (!detail::recv_all(peers[0].fd(), key.data(), key.size(), hello_deadline)) {
+        peers[0].reset();
+        continue;
+      }
+      if (key != job_key)
+        refuse(trainkit::detail::concat(
+            "rank ", peer_rank, " of ", peer_size, " belongs to job '",
+            ::trainkit::detail::printable_bytes(key), "', rank 0 expects job ", key_text,
+            " (ranks of two jobs, or of an earlier group, on one port: give each job its own "
+            "MASTER_PORT or TRAINKIT_RDZV_PORT)"));
+      if (peer_size != static_cast<std::uint32_t>(world_size) || peer_len != payload.size())
+        refuse(trainkit::detail::concat("rank ", peer_rank, " expects ", peer_size, " ranks and ",
+                                        peer_len, " bytes, rank 0 has ", world_size, " ranks and ",
+                                        payload.size(),
+                                        " bytes (two jobs on one port, or a wrong WORLD_SIZE?)"));
+      if (peer_rank < 1 || peer_rank >= static_cast<std::uint32_t>(world_size))
+        refuse(trainkit::detail::concat("a peer claims rank ", peer_rank, ", which is not in [1, ",
+                                        world_size, ")"));
+      if (peers[peer_rank].valid())
+        refuse(trainkit::detail::concat(
+            "rank ", peer_rank, " connected twice (two processes started with RANK=", peer_rank,
+            ", or two jobs on one port)"));
+      peers[peer_rank] = std::move(peers[0]);
       ++joined;
     }
     for (int r = 1; r < world_size; ++r) {
@@ -303,6 +395,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
     return;
   }
 
+  // The wait for rank 0's answer lasts a little longer than rank 0's own wait, so that its reason
+  // for giving up (which rank is missing) arrives also at a rank that started before it.
+  const auto answer_deadline = deadline + std::chrono::seconds(1);
   std::string error = "connection refused";
   for (;;) {
     detail::Socket s = detail::connect_once(std::string(host), port, deadline, error);
@@ -312,17 +407,32 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
       detail::put_u32(header + 8, static_cast<std::uint32_t>(rank));
       detail::put_u32(header + 12, static_cast<std::uint32_t>(world_size));
       detail::put_u64(header + 16, payload.size());
+      detail::put_u32(header + 24, static_cast<std::uint32_t>(job_key.size()));
       char magic[8];
-      if (detail::send_all(s.fd(), header, sizeof header, deadline)) {
+      if (detail::send_all(s.fd(), header, sizeof header, deadline) &&
+          detail::send_all(s.fd(), job_key.data(), job_key.size(), deadline)) {
         // Rank 0 answers once every rank joined; waiting for that is bounded by the deadline.
-        TRAINKIT_CHECK(detail::recv_all(s.fd(), magic, 8, deadline), "tcp_broadcast: rank ", rank,
-                       " connected to ", where, " but got no answer within ", seconds,
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), magic, 8, answer_deadline), "tcp_broadcast: rank ",
+                       rank, " connected to ", where, " but got no answer within ", seconds,
                        " s (not every rank joined, or rank 0 failed: see its log)");
+        if (std::memcmp(magic, detail::kRendezvousRefusal, 8) == 0) {
+          unsigned char length[4];
+          std::string text;
+          if (detail::recv_all(s.fd(), length, 4, answer_deadline) &&
+              detail::get_u32(length) <= detail::kRendezvousMaxText) {
+            text.resize(detail::get_u32(length));
+            if (!detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline)) text.clear();
+          }
+          TRAINKIT_FAIL("tcp_broadcast: rank ", rank, " (job ", key_text, ", ", world_size,
+                        " ranks): rank 0 at ", where, " refused the group: ",
+                        text.empty() ? std::string("(no reason given)")
+                                     : ::trainkit::detail::printable_bytes(text));
+        }
         TRAINKIT_CHECK(std::memcmp(magic, detail::kRendezvousMagic, 8) == 0, "tcp_broadcast: rank ",
                        rank, ": ", where,
                        " is not a trainkit rendezvous (another service on MASTER_PORT? "
                        "under torchrun's agent store use MASTER_PORT + 1)");
-        TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), deadline),
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), answer_deadline),
                        "tcp_broadcast: rank ", rank, ": ", where, " closed before sending ",
                        payload.size(), " bytes");
         return;
@@ -338,6 +448,7 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
   (void)host;
   (void)payload;
   (void)timeout;
+  (void)job_key;
   TRAINKIT_FAIL("tcp_broadcast: this platform has no POSIX sockets; use MPI to bootstrap");
 #endif
 }

@@ -56,6 +56,12 @@ struct TcpCommOptions {
   /// At most 1024 printable characters without blanks, like the master address:
   /// the constructor refuses any other.
   std::string announce_addr;
+  /// Names the job (at most 256 bytes, any bytes, and at most 1024 together with announce_addr;
+  /// every rank must pass the same): rank 0 refuses a rank whose key differs, naming both, so
+  /// that ranks of another job (or of an earlier group) that reach the same master port do not
+  /// join this group. dist::init sets it from the launcher's job id (see
+  /// detail::rendezvous_job_key); empty by default.
+  std::string job_key;
   /// Fault injection for tests: called on the progress thread before this rank sends unit `unit`
   /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
   std::function<void(int rank, std::uint64_t op, std::int64_t unit)> fault_injection;
@@ -84,7 +90,8 @@ inline constexpr std::uint64_t kTcpMaxUnit = std::uint64_t{1} << 31;
 
 /// What a frame is.
 ///  - kHello: rank -> rank 0 at bootstrap. a = rank, b = world size, seq = the rank's listening
-///    port, payload = its address (length bytes).
+///    port + (the length of its job key << 32), payload = its address, then its job key (at most
+///    kTcpMaxAddress bytes together).
 ///  - kTable: rank 0 -> every rank. b = world size, seq = the group's random id, payload = every
 ///    rank's (port u32, address length u32, address) in rank order.
 ///  - kLink: a rank -> its right neighbour when the ring forms. a = rank, b = world size, seq =
@@ -505,6 +512,14 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
   detail::check_timeout("TcpComm", options_.timeout);
   TRAINKIT_CHECK(options_.announce_addr.size() <= detail::kTcpMaxAddress,
                  "TcpComm: announce_addr is longer than ", detail::kTcpMaxAddress, " bytes");
+  TRAINKIT_CHECK(options_.job_key.size() <= detail::kRendezvousMaxKey, "TcpComm: the job key has ",
+                 options_.job_key.size(), " bytes, at most ", detail::kRendezvousMaxKey,
+                 " are allowed");
+  // The hello carries both in at most kTcpMaxAddress bytes (a local address has at most 45).
+  TRAINKIT_CHECK(options_.announce_addr.size() + options_.job_key.size() <= detail::kTcpMaxAddress,
+                 "TcpComm: announce_addr and job_key have ",
+                 options_.announce_addr.size() + options_.job_key.size(),
+                 " bytes together, at most ", detail::kTcpMaxAddress, " are allowed");
   left_ = (rank + world_size - 1) % world_size;
   right_ = (rank + 1) % world_size;
   if (world_size > 1) {
@@ -602,7 +617,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
             "waited ", seconds, " on port ", master_port, " but ", n - 1 - joined, " of the ",
             n - 1, " other ranks never connected (missing: rank ", missing, ")"));
       }
-      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+      int accept_error = 0;
+      detail::Socket s = detail::accept_connection(listener.fd(), accept_error);
+      if (accept_error != 0) refuse(detail::accept_error_text(master_port, accept_error));
       if (!s.valid()) continue;
       detail::set_nonblocking(s.fd());
       detail::set_nodelay(s.fd());
@@ -621,6 +638,24 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       std::string host(static_cast<std::size_t>(f.length), '\0');
       if (!detail::recv_all(s.fd(), host.data(), host.size(), hello_deadline)) continue;
       const auto peer = static_cast<std::int64_t>(f.a);
+      const std::uint64_t key_length = f.seq >> 32;
+      if (key_length > std::min<std::uint64_t>(f.length, detail::kRendezvousMaxKey)) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat("rank ", peer, " sent a hello with a job key of ",
+                                        key_length, " bytes in ", f.length, " (at most ",
+                                        detail::kRendezvousMaxKey, ")"));
+      }
+      const std::string key = host.substr(host.size() - static_cast<std::size_t>(key_length));
+      host.resize(host.size() - static_cast<std::size_t>(key_length));
+      if (key != options_.job_key) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat(
+            "rank ", peer, " of ", f.b, " belongs to job '",
+            ::trainkit::detail::printable_bytes(key), "', rank 0 expects job '",
+            ::trainkit::detail::printable_bytes(options_.job_key),
+            "' (ranks of two jobs, or of an earlier group, on one port: give each job its own "
+            "MASTER_PORT or TRAINKIT_RDZV_PORT)"));
+      }
       if (f.b != static_cast<std::uint32_t>(n)) {
         peers[0] = std::move(s);  // so that it hears the verdict too
         refuse(trainkit::detail::concat("rank ", peer, " was started for a world of ", f.b,
@@ -639,7 +674,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
                                         ", or two jobs on one port)"));
       }
       if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
-      const auto port = static_cast<std::int64_t>(f.seq);
+      const auto port = static_cast<std::int64_t>(f.seq & 0xffffffffU);
       if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
         refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
@@ -682,7 +717,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
         hello.type = detail::TcpFrameType::kHello;
         hello.a = static_cast<std::uint32_t>(rank_);
         hello.b = static_cast<std::uint32_t>(n);
-        hello.seq = static_cast<std::uint64_t>(listen_port_);
+        hello.seq = static_cast<std::uint64_t>(listen_port_) |
+                    (static_cast<std::uint64_t>(options_.job_key.size()) << 32);
+        host += options_.job_key;
         hello.length = host.size();
         if (detail::send_tcp_frame(s.fd(), hello, host.data(), deadline) &&
             detail::recv_all(s.fd(), head, sizeof head, answer_deadline))
@@ -702,7 +739,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
     f = detail::decode_tcp_frame(head, sizeof head, from);
     if (f.type == detail::TcpFrameType::kAbort) {
       std::string text(static_cast<std::size_t>(f.length), '\0');
-      (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
+      // A reason cut short would show as zero bytes where the rest should be: say so instead.
+      if (!detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline))
+        text = "(no reason: rank 0 closed the connection before its whole message came)";
       const std::string full = trainkit::detail::concat(
           "TcpComm rank ", rank_,
           ": rank 0 refused the group: ", ::trainkit::detail::printable_bytes(text));
@@ -744,7 +783,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       fail(trainkit::detail::concat("rank ", left_, " did not connect within ", seconds,
                                     " to form the ring (it failed or stalled after the "
                                     "bootstrap: see its log)"));
-    detail::Socket s(::accept(ring_listener.fd(), nullptr, nullptr));
+    int accept_error = 0;
+    detail::Socket s = detail::accept_connection(ring_listener.fd(), accept_error);
+    if (accept_error != 0) fail(detail::accept_error_text(listen_port_, accept_error));
     if (!s.valid()) continue;
     detail::set_nonblocking(s.fd());
     detail::set_nodelay(s.fd());
