@@ -3818,8 +3818,17 @@ inline bool& in_host_task() noexcept {
   return flag;
 }
 
+/// The most threads an exec::Host runs.
+inline constexpr int kMaxHostThreads = 4096;
+
 /// Threads for `Host()`: $TRAINKIT_NUM_THREADS if set, else hardware_concurrency() (>= 1).
 TRAINKIT_INLINE int default_num_threads();
+
+/// What `Host()` uses for `hardware` hardware threads (std::thread::hardware_concurrency()): all
+/// of them, at least 1 (0 means unknown) and at most kMaxHostThreads.
+constexpr int threads_for_hardware(unsigned hardware) noexcept {
+  return hardware == 0 ? 1 : hardware > unsigned(kMaxHostThreads) ? kMaxHostThreads : int(hardware);
+}
 
 /// The pool behind exec::Host. One job at a time; a job is `run(ctx, task)` for tasks claimed
 /// one by one from an atomic counter by the caller and every worker that joins in time.
@@ -3913,13 +3922,12 @@ TRAINKIT_INLINE int default_num_threads() {
     const long value = std::strtol(env, &end, 10);
     // Digits only: strtol would also take leading blanks and a sign.
     TRAINKIT_CHECK(*env >= '0' && *env <= '9' && end != env && *end == '\0' && errno == 0 &&
-                       value >= 1 && value <= 4096,
+                       value >= 1 && value <= kMaxHostThreads,
                    "TRAINKIT_NUM_THREADS='", ::trainkit::detail::printable_bytes(env),
                    "' is not a thread count (expected 1..4096)");
     return static_cast<int>(value);
   }
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
+  return threads_for_hardware(std::thread::hardware_concurrency());
 }
 
 TRAINKIT_INLINE HostPool::HostPool(int num_threads) {
@@ -4081,7 +4089,7 @@ class Host {
   /// A pool of exactly `num_threads` threads, the caller included (1 = everything inline).
   /// Throws trainkit::Error when num_threads is not in 1..4096 or a thread cannot be started.
   explicit Host(int num_threads) : num_threads_(num_threads) {
-    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= 4096,
+    TRAINKIT_CHECK(num_threads >= 1 && num_threads <= detail::kMaxHostThreads,
                    "exec::Host: num_threads must be in 1..4096, got ", num_threads);
     if (num_threads > 1) pool_ = std::make_unique<detail::HostPool>(num_threads);
   }
@@ -4332,6 +4340,27 @@ TRAINKIT_FORCEINLINE void host_range_copy(const F& f, std::int64_t begin, std::i
   }
 }
 
+/// The most blocks a CUDA grid may have along x (2^31 - 1) and along y or z (65535).
+inline constexpr std::int64_t kMaxGridX = 0x7fffffff;
+inline constexpr std::int64_t kMaxGridYZ = 65535;
+
+/// Blocks of `per_block` items (> 0) that cover n items (0 for n <= 0), as a grid's x
+/// dimension. Throws trainkit::Error naming `kernel` when a grid cannot have that many blocks.
+/// Host code, so that the launch wrappers' grids can be tested without a GPU.
+inline unsigned grid_blocks_x(std::int64_t n, std::int64_t per_block, const char* kernel) {
+  TRAINKIT_CHECK(per_block > 0, kernel, ": ", per_block, " items per block is not positive");
+  const std::int64_t blocks = n <= 0 ? 0 : (n - 1) / per_block + 1;  // no overflow near 2^63
+  TRAINKIT_CHECK(blocks <= kMaxGridX, kernel, ": ", n, " items in blocks of ", per_block, " need ",
+                 blocks, " blocks, more than a grid's 2^31 - 1");
+  return static_cast<unsigned>(blocks);
+}
+
+/// A grid's y (or z) dimension for `count` units of work (e.g. row chunks): count itself up to
+/// 65535, else 65535, and the kernel strides over the units by gridDim.y. 0 for count <= 0.
+inline unsigned grid_dim_yz(std::int64_t count) noexcept {
+  return static_cast<unsigned>(count <= 0 ? 0 : std::min(count, kMaxGridYZ));
+}
+
 }  // namespace detail
 
 /// Calls f(i) for every i in [0, n) (64-bit indices) on the Host pool and returns when done.
@@ -4366,6 +4395,16 @@ inline constexpr int kLaunchThreads = 256;
 // the functor's register use halves the resident blocks. The rest is done by the grid stride.
 inline constexpr int kLaunchBlocksPerSm = 16;
 
+/// Call right after a kernel launch: throws trainkit::Error naming the kernel and its shape (the
+/// streamed `shape` pieces) with CUDA's reason when the launch failed (a grid or block over the
+/// limits, too much shared memory, too many registers, a sticky error of an earlier kernel).
+template <class... Shape>
+void check_kernel_launch(const char* kernel, const Shape&... shape) {
+  const cudaError_t err = cudaGetLastError();
+  TRAINKIT_CHECK(err == cudaSuccess, kernel, " (", shape...,
+                 ") failed to launch: ", cudaGetErrorString(err));
+}
+
 template <class F>
 __global__ void __launch_bounds__(kLaunchThreads) launch_kernel(std::int64_t n, F f) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -4395,7 +4434,8 @@ void launch(const Cuda& exec, std::int64_t n, F&& f) {
   const std::int64_t blocks = std::min(detail::ceil_div(n, detail::kLaunchThreads), max_blocks);
   detail::launch_kernel<Fn>
       <<<static_cast<unsigned>(blocks), detail::kLaunchThreads, 0, exec.stream().get()>>>(n, Fn(f));
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  detail::check_kernel_launch("exec::launch", "n ", n, ", ", blocks, " blocks of ",
+                              detail::kLaunchThreads);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -4731,7 +4771,8 @@ void reduce_into(const Cuda& exec, std::int64_t n, F&& f, Op op, T init, T* devi
     status = cudaGetLastError();
   }
   if (partials != nullptr) TRAINKIT_CUDA_CHECK_NOTHROW(cudaFreeAsync(partials, stream));
-  TRAINKIT_CUDA_CHECK(status);
+  TRAINKIT_CHECK(status == cudaSuccess, "exec::reduce_into (n ", n, ", ", blocks,
+                 " blocks) failed to launch: ", cudaGetErrorString(status));
 }
 
 /// Like reduce_into, then copies the result to the host and waits for the stream: a host sync.
@@ -5059,7 +5100,9 @@ void mta_launch_all(const TensorList<Ts...>& list, const Fn& f, cudaStream_t str
   mta_plan<Limits>(list, meta, [&](const Meta& m, int blocks) {
     // The arguments are copied at launch, so meta can be refilled for the next launch at once.
     multi_tensor_apply_kernel<Meta, Fn, Ts...><<<blocks, kMtaThreads, 0, stream>>>(m, f);
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    check_kernel_launch("exec::multi_tensor_apply", list.size(), " tensors of ", list.total_numel(),
+                        " elements, ", blocks, " blocks of depth ", sizeof...(Ts), ", ",
+                        sizeof(Meta) + sizeof(Fn), " bytes of kernel arguments");
   });
 }
 
@@ -6360,6 +6403,7 @@ TRAINKIT_NAMESPACE_END
 // new one, never a partial file under the final name. Errors (ENOSPC, EFBIG, EIO) name the file.
 // POSIX (Linux, macOS).
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -6443,8 +6487,10 @@ class AtomicFile {
  public:
   static constexpr std::size_t kBufferBytes = std::size_t(1) << 20;
 
-  /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path`. Throws
-  /// trainkit::Error naming `path` when it cannot be created (missing directory, permissions).
+  /// Creates the temp file `<dir>/.<name>.tmp.<pid>.<random>` next to `path` (`<name>` cut short
+  /// where the whole would pass the 255-byte limit on a file name, so any name can be written).
+  /// Throws trainkit::Error naming `path` when it cannot be created (missing directory,
+  /// permissions) or does not name a file ("dir/", ".", "..").
   TRAINKIT_INLINE explicit AtomicFile(std::filesystem::path path, AtomicFileOptions options = {});
 
   AtomicFile(const AtomicFile&) = delete;
@@ -6690,16 +6736,23 @@ TRAINKIT_INLINE void fsync_directory(const std::filesystem::path& dir) {
 
 TRAINKIT_INLINE AtomicFile::AtomicFile(std::filesystem::path path, AtomicFileOptions options)
     : path_(std::move(path)), options_(options) {
-  TRAINKIT_CHECK(!path_.empty() && path_.has_filename(), "AtomicFile: '", path_.string(),
-                 "' does not name a file");
+  if (path_.empty() || !path_.has_filename() || path_.filename() == "." || path_.filename() == "..")
+    TRAINKIT_FAIL("AtomicFile: '", path_.string(), "' does not name a file");
   std::random_device rd;
   std::mt19937_64 rng((std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid()));
   for (int attempt = 0; attempt < 64; ++attempt) {
     char suffix[40];
     std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
                   static_cast<unsigned long long>(rng()));
+    // A file name has at most 255 bytes (NAME_MAX on Linux and macOS): cut `<name>` to make
+    // room for "." and the suffix, at a UTF-8 character boundary (macOS needs UTF-8 names).
+    const std::string base = path_.filename().string();
+    std::size_t keep = std::min(base.size(), 255 - 1 - std::strlen(suffix));
+    while (keep > 0 && keep < base.size() &&
+           (static_cast<unsigned char>(base[keep]) & 0xc0) == 0x80)
+      --keep;
     std::string name = ".";  // (appends: GCC 12 -Wrestrict misreads "." + std::string)
-    name.append(path_.filename().string()).append(suffix);
+    name.append(base, 0, keep).append(suffix);
     temp_ = path_.parent_path() / name;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                  static_cast<mode_t>(options_.mode));
@@ -6770,6 +6823,10 @@ struct NpyHeader {
 /// numpy refuses longer headers by default (a literal_eval guard); so do we.
 inline constexpr std::size_t kNpyMaxHeaderBytes = 10000;
 
+/// The most dimensions a .npy file may have: numpy >= 2 reads up to 64 (numpy 1.x: 32); the
+/// reader refuses more and the writer will not write more.
+inline constexpr std::size_t kNpyMaxDims = 64;
+
 /// The `descr` string numpy writes for `t` ('<f4', '|u1', '|b1', ...). Throws trainkit::Error for
 /// types numpy cannot represent (bf16, the float8 types).
 TRAINKIT_INLINE std::string npy_descr(DType t);
@@ -6821,6 +6878,13 @@ inline std::uint64_t read_le(const unsigned char* p, int n) noexcept {
 
 /// "(2, 3)" / "(5,)" / "()": Python's tuple text, for messages.
 TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
+
+/// npy_descr(t), or nullptr for a dtype numpy cannot represent.
+TRAINKIT_INLINE const char* npy_descr_or_null(DType t) noexcept;
+
+/// Why numpy could not load a .npy file of `dtype` and `shape` ("" when it could): the text
+/// after "cannot write <file>: ".
+TRAINKIT_INLINE std::string npy_unwritable(DType dtype, std::span<const std::int64_t> shape);
 
 #if TRAINKIT_IMPL
 
@@ -6877,7 +6941,7 @@ TRAINKIT_INLINE std::vector<std::int64_t> NpyHeaderText::tuple() {
   expect('(');
   std::vector<std::int64_t> dims;
   while (!peek(')')) {
-    if (dims.size() >= 64) fail("more than 64 dimensions");
+    if (dims.size() >= kNpyMaxDims) fail("more than 64 dimensions");
     dims.push_back(integer());
     if (peek(',')) {
       ++pos;
@@ -6976,11 +7040,14 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
 /// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
 /// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
 /// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
+/// Throws trainkit::Error for a dtype numpy lacks (npy_descr), a negative extent or more than
+/// kNpyMaxDims dimensions (numpy could not load the file).
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// Writes a C-order array as a .npy file, byte-identical to numpy's np.save. `data` holds
-/// numel(shape) * dtype_size(dtype) bytes. Throws trainkit::Error naming the path on I/O failure,
-/// leaving a file already at `path` as it was (the new one is renamed over it once complete).
+/// numel(shape) * dtype_size(dtype) bytes (it may be null when that is 0). Throws trainkit::Error
+/// naming the path for what npy_header_bytes refuses and on I/O failure, leaving a file already
+/// at `path` as it was (the new one is renamed over it once complete).
 TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
                                std::span<const std::int64_t> shape, const void* data);
 
@@ -6988,6 +7055,8 @@ TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
 template <class T>
 void write_npy(const std::filesystem::path& path, std::span<const std::int64_t> shape,
                std::span<const T> values) {
+  if (const std::string why = detail::npy_unwritable(dtype_of<T>, shape); !why.empty())
+    TRAINKIT_FAIL("cannot write npy file '", path.string(), "': ", why);
   std::size_t numel = 1;
   for (std::int64_t d : shape)
     numel = checked_mul(numel, checked_cast<std::size_t>(d, "write_npy: extent"), "write_npy('",
@@ -7043,7 +7112,7 @@ class NpyFile {
 
 #if TRAINKIT_IMPL
 
-TRAINKIT_INLINE std::string npy_descr(DType t) {
+TRAINKIT_INLINE const char* detail::npy_descr_or_null(DType t) noexcept {
   switch (t) {
     case DType::kF64: return "<f8";
     case DType::kF32: return "<f4";
@@ -7057,11 +7126,36 @@ TRAINKIT_INLINE std::string npy_descr(DType t) {
     case DType::kU16: return "<u2";
     case DType::kU8: return "|u1";
     case DType::kBool: return "|b1";
-    default: break;
+    default: return nullptr;
   }
-  TRAINKIT_FAIL("dtype ", dtype_name(t),
-                " has no .npy descr (numpy has no bfloat16/float8): "
-                "store the raw bits as '<u2' / '|u1' or convert to float32");
+}
+
+TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
+                                                   std::span<const std::int64_t> shape) {
+  using ::trainkit::detail::concat;
+  if (npy_descr_or_null(dtype) == nullptr)
+    return concat("dtype ", dtype_name(dtype),
+                  " has no .npy descr (numpy has no bfloat16/float8): "
+                  "store the raw bits as '<u2' / '|u1' or convert to float32");
+  if (shape.size() > kNpyMaxDims)
+    return concat("shape of ", shape.size(), " dimensions; numpy reads at most ", kNpyMaxDims);
+  // Like parse_npy_header (and numpy's "array is too big"): the byte size of the nonzero extents
+  // must fit a signed 64-bit size, even when another extent is 0.
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
+  for (std::int64_t d : shape) {
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (d < 0 || !next)
+      return concat(d < 0 ? "negative extent in shape " : "shape ",
+                    shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
+                    d < 0 ? "" : " is too large: its byte size overflows 2^63 - 1");
+    nonzero_bytes = *next;
+  }
+  return {};
+}
+
+TRAINKIT_INLINE std::string npy_descr(DType t) {
+  if (const char* descr = detail::npy_descr_or_null(t)) return descr;
+  TRAINKIT_FAIL(detail::npy_unwritable(t, {}));
 }
 
 TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
@@ -7183,9 +7277,10 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
 }
 
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
+  if (const std::string why = detail::npy_unwritable(dtype, shape); !why.empty())
+    TRAINKIT_FAIL("npy_header_bytes: ", why);
   std::string dict = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    TRAINKIT_CHECK(shape[i] >= 0, "npy_header_bytes: negative extent ", shape[i]);
     if (i) dict += ", ";
     dict += std::to_string(shape[i]);
   }
@@ -7212,6 +7307,8 @@ TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::i
 
 TRAINKIT_INLINE void write_npy(const std::filesystem::path& path, DType dtype,
                                std::span<const std::int64_t> shape, const void* data) {
+  if (const std::string why = detail::npy_unwritable(dtype, shape); !why.empty())
+    TRAINKIT_FAIL("cannot write npy file '", path.string(), "': ", why);
   const std::string header = npy_header_bytes(dtype, shape);
   std::size_t bytes = dtype_size(dtype);
   for (std::int64_t d : shape)
@@ -7453,9 +7550,18 @@ class TarReader {
   bool done_ = false;
 };
 
-/// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT: ustar headers,
-/// plus a pax `x` header for names longer than 100 bytes; ends with two zero blocks padded to a
-/// 10240-byte record. Enough to write WebDataset shards from C++ (tests, converters).
+namespace detail {
+/// The 512-byte blocks TarWriter writes ahead of a member's data: the pax `x` header and its
+/// records when one is needed (see TarWriter), then the ustar header of a regular file.
+TRAINKIT_INLINE std::string tar_member_header(std::string_view name, std::uint64_t size,
+                                              std::uint64_t mtime);
+}  // namespace detail
+
+/// Writes a tar archive the way Python's tarfile does with format=PAX_FORMAT (byte for byte):
+/// ustar headers, plus a pax `x` header ahead of a member whose name is longer than 100 bytes or
+/// not ASCII (`path`), or whose size or mtime does not fit ustar's 11 octal digits (`size`,
+/// `mtime`: 8 GiB and more, after the year 2242); ends with two zero blocks padded to a 10240-byte
+/// record. Enough to write WebDataset shards from C++ (tests, converters).
 ///
 /// The archive is written beside `path` (io::AtomicFile) and replaces it only when close()
 /// succeeds, so a failed write (disk full, RLIMIT_FSIZE) or an exception between add() calls
@@ -7473,8 +7579,9 @@ class TarWriter {
   /// keeps what it held.
   TRAINKIT_INLINE ~TarWriter();
 
-  /// Appends a regular file `name` (mode 0444) with `data`. Throws trainkit::Error naming the
-  /// archive when the write fails; the archive is then dropped.
+  /// Appends a regular file `name` (mode 0444, modified at `mtime` seconds since the epoch) with
+  /// `data`. Throws trainkit::Error naming the archive when the write fails; the archive is then
+  /// dropped.
   TRAINKIT_INLINE void add(std::string_view name, std::span<const std::byte> data,
                            std::uint64_t mtime = 0);
   void add(std::string_view name, std::string_view data, std::uint64_t mtime = 0) {
@@ -7492,9 +7599,6 @@ class TarWriter {
     const std::array<std::byte, 512> zeros{};
     write(zeros.data(), (512 - n % 512) % 512);
   }
-  TRAINKIT_INLINE static void octal(unsigned char* field, std::size_t len, std::uint64_t v);
-  TRAINKIT_INLINE void write_header(std::string_view name, char type, std::uint64_t size,
-                                    std::uint64_t mtime);
 
   AtomicFile file_;
   int unwinding_;
@@ -7875,19 +7979,8 @@ TRAINKIT_INLINE TarWriter::~TarWriter() {
 TRAINKIT_INLINE void TarWriter::add(std::string_view name, std::span<const std::byte> data,
                                     std::uint64_t mtime) {
   TRAINKIT_CHECK(!closed_, "TarWriter('", file_.path().string(), "'): add() after close()");
-  TRAINKIT_CHECK(data.size() < (std::uint64_t{1} << 33), "TarWriter: member '", name, "' of ",
-                 data.size(), " bytes exceeds ustar's 8 GiB limit");
-  std::string short_name(name.substr(0, 100));
-  if (name.size() > 100) {
-    // pax record "<len> path=<name>\n"; len counts its own digits.
-    const std::string body = " path=" + std::string(name) + "\n";
-    std::size_t len = body.size() + 1;
-    while (std::to_string(len).size() + body.size() != len) ++len;
-    const std::string record = std::to_string(len) + body;
-    write_header("././@PaxHeader", 'x', record.size(), mtime);
-    write_padded(reinterpret_cast<const std::byte*>(record.data()), record.size());
-  }
-  write_header(short_name, '0', data.size(), mtime);
+  const std::string header = detail::tar_member_header(name, data.size(), mtime);
+  write(reinterpret_cast<const std::byte*>(header.data()), header.size());
   write_padded(data.data(), data.size());
 }
 
@@ -7902,8 +7995,11 @@ TRAINKIT_INLINE void TarWriter::close() {
   file_.commit();
 }
 
-TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std::uint64_t v) {
-  // len-1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime).
+namespace detail {
+
+/// `len` - 1 octal digits, then NUL (what tarfile writes for mode/uid/size/mtime); the caller
+/// checks that `v` fits.
+inline void tar_octal(unsigned char* field, std::size_t len, std::uint64_t v) {
   for (std::size_t i = len - 1; i-- > 0;) {
     field[i] = static_cast<unsigned char>('0' + (v & 7));
     v >>= 3;
@@ -7911,15 +8007,16 @@ TRAINKIT_INLINE void TarWriter::octal(unsigned char* field, std::size_t len, std
   field[len - 1] = 0;
 }
 
-TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, std::uint64_t size,
-                                             std::uint64_t mtime) {
+/// One ustar header block (tarfile's _create_header for USTAR_FORMAT).
+inline void append_ustar_header(std::string& out, std::string_view name, unsigned mode, char type,
+                                std::uint64_t size, std::uint64_t mtime) {
   std::array<unsigned char, 512> b{};
   std::memcpy(b.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-  octal(b.data() + 100, 8, 0444);
-  octal(b.data() + 108, 8, 0);
-  octal(b.data() + 116, 8, 0);
-  octal(b.data() + 124, 12, size);
-  octal(b.data() + 136, 12, mtime);
+  tar_octal(b.data() + 100, 8, mode);
+  tar_octal(b.data() + 108, 8, 0);
+  tar_octal(b.data() + 116, 8, 0);
+  tar_octal(b.data() + 124, 12, size);
+  tar_octal(b.data() + 136, 12, mtime);
   b[156] = static_cast<unsigned char>(type);
   std::memcpy(b.data() + 257,
               "ustar\0"
@@ -7935,7 +8032,54 @@ TRAINKIT_INLINE void TarWriter::write_header(std::string_view name, char type, s
   }
   b[154] = 0;
   b[155] = ' ';
-  write(reinterpret_cast<const std::byte*>(b.data()), b.size());
+  out.append(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+/// Appends the pax record "<len> <key>=<value>\n"; len counts the whole record, its own digits
+/// included.
+inline void append_pax_record(std::string& out, std::string_view key, std::string_view value) {
+  const std::size_t body = 1 + key.size() + 1 + value.size() + 1;
+  std::size_t len = body + 1;
+  while (std::to_string(len).size() + body != len) ++len;
+  out += std::to_string(len);
+  out += ' ';
+  out.append(key).append("=").append(value).append("\n");
+}
+
+}  // namespace detail
+
+TRAINKIT_INLINE std::string detail::tar_member_header(std::string_view name, std::uint64_t size,
+                                                      std::uint64_t mtime) {
+  constexpr std::uint64_t kOctal11 = std::uint64_t{1} << 33;  // 8^11: 11 octal digits + NUL
+  const bool ascii = std::all_of(name.begin(), name.end(),
+                                 [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  // Like tarfile's create_pax_header: records in the order path, size, mtime; a value that does
+  // not fit is 0 in the ustar header; a name that is not ASCII is written there with '?' per
+  // character (and cut to 100 bytes).
+  std::string records;
+  if (!ascii || name.size() > 100) append_pax_record(records, "path", name);
+  if (size >= kOctal11) append_pax_record(records, "size", std::to_string(size));
+  if (mtime >= kOctal11) append_pax_record(records, "mtime", std::to_string(mtime));
+  std::string out;
+  if (!records.empty()) {
+    append_ustar_header(out, "././@PaxHeader", 0, 'x', records.size(), 0);
+    out += records;
+    out.append((512 - records.size() % 512) % 512, '\0');
+  }
+  std::string field;
+  if (ascii) {
+    field = name.substr(0, 100);
+  } else {
+    for (char c : name) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u < 0x80) field += c;
+      else if (u >= 0xc0) field += '?';  // a lead byte starts a character; drop the rest
+    }
+    field.resize(std::min<std::size_t>(field.size(), 100));
+  }
+  append_ustar_header(out, field, 0444, '0', size >= kOctal11 ? 0 : size,
+                      mtime >= kOctal11 ? 0 : mtime);
+  return out;
 }
 
 #endif  // TRAINKIT_IMPL
@@ -12956,7 +13100,8 @@ struct Init {
 };
 
 /// fan_in and fan_out as torch.nn.init computes them: for shape [out, in, k...], fan_in =
-/// in * prod(k), fan_out = out * prod(k). Throws for rank < 2 (PyTorch raises too).
+/// in * prod(k), fan_out = out * prod(k). Throws for rank < 2 (PyTorch raises too) and for a
+/// zero dimension (a fan of 0, which the bounds would divide by), naming the parameter.
 struct Fans {
   std::int64_t fan_in;
   std::int64_t fan_out;
@@ -12965,6 +13110,11 @@ struct Fans {
 inline Fans compute_fans(const Shape& shape, const std::string& name = {}) {
   TRAINKIT_CHECK(shape.rank() >= 2, "fan in/out of parameter '", name, "' with shape ",
                  shape.to_string(), ": xavier/kaiming initialisers need at least 2 dimensions");
+  // A zero dimension makes a fan 0, and the bounds divide by it (or by fan_in + fan_out).
+  for (int d = 0; d < shape.rank(); ++d)
+    TRAINKIT_CHECK(shape[d] > 0, "fan in/out of parameter '", name, "' with shape ",
+                   shape.to_string(), ": dimension ", d, " is ", shape[d],
+                   "; xavier/kaiming initialisers need every dimension > 0");
   std::int64_t receptive = 1;
   for (int d = 2; d < shape.rank(); ++d) receptive *= shape[d];
   return {shape[1] * receptive, shape[0] * receptive};
@@ -14425,6 +14575,14 @@ struct DropoutApply {
   }
 };
 
+/// The one check of a dropout probability (nn::Dropout's p, and the options that become one, such
+/// as GptOptions::dropout, checked before anything is built): p in [0, 1], NaN refused. `who` and
+/// `option` name the setting in the message.
+inline void check_dropout_probability(float p, const char* who, const char* option) {
+  TRAINKIT_CHECK(p >= 0.0f && p <= 1.0f, who, ": ", option, " ", p,
+                 " is not a probability in [0, 1]");
+}
+
 }  // namespace detail
 
 /// Options of nn::Dropout.
@@ -14446,8 +14604,7 @@ class Dropout {
  public:
   Dropout() = default;
   explicit Dropout(DropoutOptions options) : options_(options) {
-    TRAINKIT_CHECK(options.p >= 0.0f && options.p <= 1.0f, "nn::Dropout: p = ", options.p,
-                   " is not a probability in [0, 1]");
+    detail::check_dropout_probability(options.p, "nn::Dropout", "p");
   }
 
   std::int64_t out_features(std::int64_t in) const noexcept { return in; }
@@ -14766,8 +14923,9 @@ inline constexpr std::int64_t kBiasGradRows = 256;
 /// block per 32 columns; thread (x, y) sums rows y, y + 8, ... of the chunk in order, then thread
 /// row 0 adds the 8 partials in order and writes the chunk's partial sum (deterministic).
 template <class T>
-__global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
-                                         std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+__global__ void __launch_bounds__(256)
+    bias_grad_partial_kernel(const T* __restrict__ dy, float* __restrict__ partial,
+                             std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   __shared__ float part[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kBiasGradRows;
@@ -14787,8 +14945,9 @@ __global__ void bias_grad_partial_kernel(const T* __restrict__ dy, float* __rest
 /// db[c] += the chunks' partial sums of column c, in chunk order (a template, like every
 /// kernel of the headers: one instantiation per program).
 template <class T>
-__global__ void bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
-                                        std::int64_t chunks, std::int64_t cols) {
+__global__ void __launch_bounds__(256)
+    bias_grad_reduce_kernel(const float* __restrict__ partial, float* __restrict__ db,
+                            std::int64_t chunks, std::int64_t cols) {
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   float sum = 0.0f;
@@ -14805,15 +14964,19 @@ void bias_grad_accumulate(const exec::Cuda& exec, TensorView<const T, 2, Space::
   if (rows == 0 || cols == 0) return;
   const std::int64_t ld = row_stride(dy);
   const std::int64_t chunks = (rows + kBiasGradRows - 1) / kBiasGradRows;
-  TRAINKIT_CHECK(chunks < 65536, "nn::Linear: ", rows, " rows are too many for the bias gradient");
+  TRAINKIT_CHECK(chunks <= exec::detail::kMaxGridYZ, "nn::Linear: ", rows,
+                 " rows are too many for the device bias gradient (at most ",
+                 exec::detail::kMaxGridYZ * kBiasGradRows, ")");
   float* partial = scratch.template get<float>(chunks * cols);
   cudaStream_t stream = exec.stream().get();
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  constexpr const char* kName = "nn::Linear backward (bias)";
+  const dim3 grid(exec::detail::grid_blocks_x(cols, 32, kName), static_cast<unsigned>(chunks));
   bias_grad_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(dy.data(), partial, rows, cols, ld);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  bias_grad_reduce_kernel<T>
-      <<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(partial, db, chunks, cols);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch(kName, "rows ", rows, ", cols ", cols);
+  bias_grad_reduce_kernel<T><<<exec::detail::grid_blocks_x(cols, 256, kName), 256, 0, stream>>>(
+      partial, db, chunks, cols);
+  exec::detail::check_kernel_launch("nn::Linear backward (bias sum)", "rows ", rows, ", cols ",
+                                    cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -15117,6 +15280,21 @@ namespace detail {
 /// Rows per partial sum of the weight/bias gradients (fixed: results do not depend on threads).
 inline constexpr std::int64_t kLayerNormChunk = 32;
 
+/// Threads per block of the device backward's partial-sum kernel (one column each).
+inline constexpr int kLayerNormPartialThreads = 128;
+
+/// The grid of the device backward's partial-sum kernel: x covers the columns in blocks of
+/// kLayerNormPartialThreads, y the chunks of kLayerNormChunk rows, at most 65535 of them (a grid's
+/// y limit: 2,097,120 rows); block y then takes chunks y, y + grid.y, ... Host code (testable).
+struct LayerNormPartialGrid {
+  unsigned x, y;
+};
+inline LayerNormPartialGrid layer_norm_partial_grid(std::int64_t rows, std::int64_t cols) {
+  return {exec::detail::grid_blocks_x(cols, kLayerNormPartialThreads,
+                                      "nn::LayerNorm backward (weight and bias partial sums)"),
+          exec::detail::grid_dim_yz(exec::detail::ceil_div(rows, kLayerNormChunk))};
+}
+
 /// Arguments of the LayerNorm kernels (host and device).
 template <class T>
 struct LayerNormArgs {
@@ -15419,7 +15597,7 @@ inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 /// One warp per row: the plain mean, then the corrected moments (row_moments; two passes over
 /// the row, from cache).
 template <class T>
-__global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32) layer_norm_forward_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -15437,7 +15615,7 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
   }
   const RowMoments mo = row_moments(m0, warp_sum(sum_d), warp_sum(sum_d2), C);
   const float m = mo.mean;
-  const float s = rsqrtf(mo.var + a.eps);
+  const float s = 1.0f / sqrtf(mo.var + a.eps);  // the host's 1 / sqrt (rsqrtf is 2 ulp off)
   for (std::int64_t c = lane; c < C; c += 32) {
     float v = (load(x[c]) - m) * s * a.w[c];
     if (a.b != nullptr) v += a.b[c];
@@ -15451,7 +15629,8 @@ __global__ void layer_norm_forward_kernel(LayerNormArgs<T> a) {
 
 /// One warp per row: dx.
 template <class T>
-__global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -15464,7 +15643,7 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
   for (std::int64_t c = lane; c < C; c += 32) {
     const float gw = load(dy[c]) * a.w[c];
     sum_g += gw;
-    sum_gx += gw * (load(x[c]) - m) * s;
+    sum_gx += gw * ((load(x[c]) - m) * s);  // dxhat * xhat, as the host
   }
   const float mg = warp_sum(sum_g) / static_cast<float>(C);
   const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
@@ -15486,7 +15665,8 @@ __global__ void layer_norm_backward_dx_kernel(LayerNormArgs<T> a) {
 /// every load of x, dy and dx is issued before the first use and nothing is read twice. The
 /// arithmetic and its order are layer_norm_backward_dx_kernel's: the same bits.
 template <class T, int kPerLane>
-__global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= a.rows) return;
@@ -15512,7 +15692,7 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   for (int k = 0; k < kPerLane; ++k) {
     if (lane + 32 * k < C) {
       sum_g += gw[k];
-      sum_gx += gw[k] * (xv[k] - m) * s;
+      sum_gx += gw[k] * ((xv[k] - m) * s);
     }
   }
   const float mg = warp_sum(sum_g) / static_cast<float>(C);
@@ -15529,22 +15709,26 @@ __global__ void layer_norm_backward_dx_cached_kernel(LayerNormArgs<T> a) {
   }
 }
 
-/// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order.
+/// Thread per (column, chunk): partial sums of dy * xhat and dy over the chunk's rows in order,
+/// with the host's operations (xhat = (x - mean) * rstd first). Block y takes chunks y,
+/// y + gridDim.y, ... (layer_norm_partial_grid: the grid's y is at most 65535).
 template <class T>
-__global__ void layer_norm_backward_partial_kernel(LayerNormArgs<T> a) {
+__global__ void __launch_bounds__(kLayerNormPartialThreads)
+    layer_norm_backward_partial_kernel(LayerNormArgs<T> a, std::int64_t chunks) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t k = blockIdx.y;
   const std::int64_t C = a.cols;
   if (c >= C) return;
-  float w = 0.0f, b = 0.0f;
-  const std::int64_t r1 = min(a.rows, (k + 1) * kLayerNormChunk);
-  for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
-    const float g = load(a.dy[r * C + c]);
-    w += g * (load(a.x[r * C + c]) - a.mean[r]) * a.rstd[r];
-    b += g;
+  for (std::int64_t k = blockIdx.y; k < chunks; k += gridDim.y) {
+    float w = 0.0f, b = 0.0f;
+    const std::int64_t r1 = min(a.rows, (k + 1) * kLayerNormChunk);
+    for (std::int64_t r = k * kLayerNormChunk; r < r1; ++r) {
+      const float g = load(a.dy[r * C + c]);
+      w += g * ((load(a.x[r * C + c]) - a.mean[r]) * a.rstd[r]);
+      b += g;
+    }
+    a.partial[k * 2 * C + c] = w;
+    a.partial[k * 2 * C + C + c] = b;
   }
-  a.partial[k * 2 * C + c] = w;
-  a.partial[k * 2 * C + C + c] = b;
 }
 
 /// Thread per column: chunk partials in chunk order, added to the gradients.
@@ -15557,9 +15741,9 @@ __global__ void layer_norm_backward_reduce_kernel(LayerNormArgs<T> a, std::int64
 template <class T>
 void layer_norm_forward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
-  layer_norm_forward_kernel<T>
-      <<<row_warp_blocks(a.rows), kRowWarps * 32, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const unsigned blocks = exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm forward");
+  layer_norm_forward_kernel<T><<<blocks, kRowWarps * 32, 0, exec.stream().get()>>>(a);
+  exec::detail::check_kernel_launch("nn::LayerNorm forward", "rows ", a.rows, ", cols ", a.cols);
 }
 
 template <class T>
@@ -15567,7 +15751,8 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
   if (a.dx != nullptr) {
-    const auto blocks = row_warp_blocks(a.rows);
+    const unsigned blocks =
+        exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm backward (dx)");
     constexpr unsigned threads = kRowWarps * 32;
     if (a.cols <= 32 * 8) {
       layer_norm_backward_dx_cached_kernel<T, 8><<<blocks, threads, 0, stream>>>(a);
@@ -15578,15 +15763,18 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
     } else {
       layer_norm_backward_dx_kernel<T><<<blocks, threads, 0, stream>>>(a);
     }
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    exec::detail::check_kernel_launch("nn::LayerNorm backward (dx)", "rows ", a.rows, ", cols ",
+                                      a.cols);
   }
-  const std::int64_t chunks = (a.rows + kLayerNormChunk - 1) / kLayerNormChunk;
-  const dim3 grid(static_cast<unsigned>((a.cols + 127) / 128), static_cast<unsigned>(chunks));
-  layer_norm_backward_partial_kernel<T><<<grid, 128, 0, stream>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
-  layer_norm_backward_reduce_kernel<T>
-      <<<static_cast<unsigned>((a.cols + 127) / 128), 128, 0, stream>>>(a, chunks);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
+  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
+  layer_norm_backward_partial_kernel<T>
+      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
+                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
+  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
+                                    ", cols ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -15812,7 +16000,7 @@ void embedding_backward(const exec::Host& host, const EmbeddingArgs<T, I>& a,
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 template <class T, class I>
-__global__ void embedding_forward_kernel(EmbeddingArgs<T, I> a) {
+__global__ void __launch_bounds__(256) embedding_forward_kernel(EmbeddingArgs<T, I> a) {
   const std::int64_t total = a.n * a.cols;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -15880,7 +16068,7 @@ __global__ void __launch_bounds__(256)
 
 /// pos[i] = i (a template, like every kernel of the headers).
 template <class I>
-__global__ void embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
+__global__ void __launch_bounds__(256) embedding_iota_kernel(std::int32_t* pos, std::int64_t n) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) pos[i] = static_cast<std::int32_t>(i);
 }
@@ -15891,7 +16079,7 @@ void embedding_forward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a) {
   if (total == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((total + 255) / 256, 4096));
   embedding_forward_kernel<T, I><<<blocks, 256, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch("nn::Embedding forward", "positions ", a.n, ", dim ", a.cols);
 }
 
 /// Device backward: the positions sorted by id (CUB's radix sort is stable, so each id's
@@ -15905,8 +16093,10 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
                  " positions are too many for the device backward (at most 2^31 - 1)");
   cudaStream_t stream = exec.stream().get();
   const int n = static_cast<int>(a.n);
-  int end_bit = 1;  // ids are in [0, vocab): only their low bits need sorting
-  while (end_bit < 62 && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
+  // ids are in [0, vocab): only their low bits need sorting (never more bits than I has).
+  constexpr int kKeyBits = static_cast<int>(sizeof(I) * 8);
+  int end_bit = 1;
+  while (end_bit < kKeyBits && (std::int64_t{1} << end_bit) < a.vocab) ++end_bit;
   std::size_t temp_bytes = 0;
   TRAINKIT_CUDA_CHECK(
       cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, a.ids, static_cast<I*>(nullptr),
@@ -15920,14 +16110,15 @@ void embedding_backward(const exec::Cuda& exec, const EmbeddingArgs<T, I>& a,
   auto* pos_in = reinterpret_cast<std::int32_t*>(base + keys_bytes);
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + keys_bytes + pos_bytes);
   void* temp = base + keys_bytes + 2 * pos_bytes;
-  embedding_iota_kernel<I>
-      <<<static_cast<unsigned>((a.n + 255) / 256), 256, 0, stream>>>(pos_in, a.n);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const unsigned iota_blocks = exec::detail::grid_blocks_x(a.n, 256, "nn::Embedding backward");
+  embedding_iota_kernel<I><<<iota_blocks, 256, 0, stream>>>(pos_in, a.n);
+  exec::detail::check_kernel_launch("nn::Embedding backward (positions)", "positions ", a.n);
   TRAINKIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, a.ids, keys, pos_in,
                                                       pos_out, n, 0, end_bit, stream));
   embedding_backward_sorted_kernel<T, I><<<static_cast<unsigned>(a.n), 256, 0, stream>>>(
       keys, pos_out, a.dout, a.dw, a.n, a.cols, a.vocab);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  exec::detail::check_kernel_launch("nn::Embedding backward", "positions ", a.n, ", vocab ",
+                                    a.vocab, ", dim ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -16161,10 +16352,14 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
+/// Threads per block of the cross-entropy kernels (their tree reductions assume this power of 2).
+inline constexpr int kCrossEntropyThreads = 256;
+
 /// One block of 256 threads per row: max, then sum of exp, by fixed-shape tree reductions.
 template <class T, class I>
-__global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
-  __shared__ float shared[256];
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ float shared[kCrossEntropyThreads];
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
   const T* l = a.logits + r * a.ld;
@@ -16196,16 +16391,20 @@ __global__ void cross_entropy_forward_kernel(CrossEntropyArgs<T, I> a) {
   }
 }
 
-/// One block: the valid count and the mean loss, summed in a fixed order.
+/// One block: the valid count and the mean loss, summed in a fixed order in double with an
+/// integer count, then rounded once, as the host's mean (f32 partial sums lost bits over
+/// 65,536 rows, and an f32 count stops counting at 2^24 rows).
 template <class T, class I>
-__global__ void cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
-  __shared__ float sums[256];
-  __shared__ float counts[256];
-  float sum = 0.0f, count = 0.0f;
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
+  __shared__ double sums[kCrossEntropyThreads];
+  __shared__ long long counts[kCrossEntropyThreads];
+  double sum = 0.0;
+  long long count = 0;
   for (std::int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
     if (static_cast<std::int64_t>(a.targets[r]) == a.ignore_index) continue;
     sum += a.row_loss[r];
-    count += 1.0f;
+    ++count;
   }
   sums[threadIdx.x] = sum;
   counts[threadIdx.x] = count;
@@ -16218,13 +16417,15 @@ __global__ void cross_entropy_mean_kernel(CrossEntropyArgs<T, I> a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    *a.count = counts[0];
-    *a.loss = counts[0] > 0.0f ? sums[0] / counts[0] : __int_as_float(0x7fc00000);
+    *a.count = static_cast<float>(counts[0]);
+    *a.loss = counts[0] > 0 ? static_cast<float>(sums[0] / static_cast<double>(counts[0]))
+                            : __int_as_float(0x7fc00000);
   }
 }
 
 template <class T, class I>
-__global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
   const std::int64_t r = blockIdx.x;
   const std::int64_t V = a.vocab;
   const T* l = a.logits + r * a.ld;
@@ -16247,20 +16448,23 @@ __global__ void cross_entropy_backward_kernel(CrossEntropyArgs<T, I> a) {
 template <class T, class I>
 void cross_entropy_forward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
   cudaStream_t stream = exec.stream().get();
+  constexpr const char* kName = "nn::SoftmaxCrossEntropy forward";
   if (a.rows > 0) {
-    cross_entropy_forward_kernel<T, I><<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a);
-    TRAINKIT_CUDA_CHECK(cudaGetLastError());
+    const unsigned blocks = exec::detail::grid_blocks_x(a.rows, 1, kName);  // a block per row
+    cross_entropy_forward_kernel<T, I><<<blocks, kCrossEntropyThreads, 0, stream>>>(a);
+    exec::detail::check_kernel_launch(kName, "rows ", a.rows, ", vocab ", a.vocab);
   }
-  cross_entropy_mean_kernel<T, I><<<1, 256, 0, stream>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  cross_entropy_mean_kernel<T, I><<<1, kCrossEntropyThreads, 0, stream>>>(a);
+  exec::detail::check_kernel_launch("nn::SoftmaxCrossEntropy forward (mean)", "rows ", a.rows);
 }
 
 template <class T, class I>
 void cross_entropy_backward(const exec::Cuda& exec, const CrossEntropyArgs<T, I>& a) {
   if (a.rows == 0) return;
-  cross_entropy_backward_kernel<T, I>
-      <<<static_cast<unsigned>(a.rows), 256, 0, exec.stream().get()>>>(a);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  constexpr const char* kName = "nn::SoftmaxCrossEntropy backward";
+  const unsigned blocks = exec::detail::grid_blocks_x(a.rows, 1, kName);  // a block per row
+  cross_entropy_backward_kernel<T, I><<<blocks, kCrossEntropyThreads, 0, exec.stream().get()>>>(a);
+  exec::detail::check_kernel_launch(kName, "rows ", a.rows, ", vocab ", a.vocab);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -17221,7 +17425,8 @@ __global__ void __launch_bounds__(kFusedThreads) fused_attention_kernel(FusedAtt
   fused_attention_block<Pass, TensorCores, D>(ctx, a, tile, static_cast<std::int64_t>(blockIdx.x));
 }
 template <class T>
-__global__ void fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
+__global__ void __launch_bounds__(256)
+    fused_attention_delta_kernel(FusedAttentionArgs<T> a, std::int64_t rows) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row < rows) fused_attention_delta_row(a, row);
 }
@@ -17240,8 +17445,12 @@ void fused_attention_launch(const exec::Cuda& exec, const FusedAttentionArgs<T>&
                  " cannot launch for B * H = ", heads, " and T = ", a.T_,
                  " (at most 2^31 - 1 heads and 65535 tiles of 64 positions)");
   auto* kernel = &fused_attention_kernel<Pass, tc, D, T>;
-  TRAINKIT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (attr != cudaSuccess) (void)cudaGetLastError();  // reported here, not by a later launch
+  TRAINKIT_CHECK(attr == cudaSuccess, "nn::CausalSelfAttention: ", name, " (head size ", a.hs,
+                 ") needs ", bytes, " bytes of shared memory per block, which this GPU refuses: ",
+                 cudaGetErrorString(attr));
   kernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(tiles)), kFusedThreads, bytes,
            exec.stream().get()>>>(a);
   const cudaError_t err = cudaGetLastError();
@@ -17263,9 +17472,11 @@ template <class T>
 void fused_attention_backward(const exec::Cuda& exec, const FusedAttentionArgs<T>& a) {
   if (a.B * a.H * a.T_ == 0) return;
   const std::int64_t rows = a.B * a.H * a.T_;
+  constexpr const char* kDelta = "nn::CausalSelfAttention: fused attention backward (delta)";
   fused_attention_delta_kernel<T>
-      <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, exec.stream().get()>>>(a, rows);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      <<<exec::detail::grid_blocks_x(rows, 256, kDelta), 256, 0, exec.stream().get()>>>(a, rows);
+  exec::detail::check_kernel_launch(kDelta, "B ", a.B, ", H ", a.H, ", T ", a.T_, ", head size ",
+                                    a.hs);
   fused_with_depth(a.hs, [&]<int D>() {
     fused_attention_launch<FusedPass::kBackwardKv, D>(exec, a);
     fused_attention_launch<FusedPass::kBackwardQ, D>(exec, a);
@@ -17710,8 +17921,9 @@ inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
 /// One warp per row (b, h, i): masked softmax of the scaled scores into probs.
 template <class T>
-__global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
-                                      std::int64_t rows, std::int64_t Tn) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    causal_softmax_kernel(const float* __restrict__ scores, T* __restrict__ probs,
+                          std::int64_t rows, std::int64_t Tn) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= rows) return;
@@ -17731,9 +17943,9 @@ __global__ void causal_softmax_kernel(const float* __restrict__ scores, T* __res
 /// One warp per row: dS = scale * P * (dP - sum_j P dP) on the triangle, 0 above. dscores may
 /// alias dprobs (f32): each lane reads its element before writing it.
 template <class T>
-__global__ void causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs,
-                                               T* dscores, std::int64_t rows, std::int64_t Tn,
-                                               float scale) {
+__global__ void __launch_bounds__(kRowWarps * 32)
+    causal_softmax_backward_kernel(const T* __restrict__ probs, const float* dprobs, T* dscores,
+                                   std::int64_t rows, std::int64_t Tn, float scale) {
   const std::int64_t row = warp_row();
   const int lane = warp_lane();
   if (row >= rows) return;
@@ -17777,9 +17989,10 @@ void attention_forward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
             DeviceView<float, 3>(a.scores + b * H * Tn * Tn, sq), so);
   }
   const std::int64_t rows = a.B * H * Tn;
-  causal_softmax_kernel<T><<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
-      a.scores, a.probs, rows, Tn);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  constexpr const char* kSoftmax = "nn::CausalSelfAttention forward (causal softmax)";
+  causal_softmax_kernel<T><<<exec::detail::grid_blocks_x(rows, kRowWarps, kSoftmax), kRowWarps * 32,
+                             0, exec.stream().get()>>>(a.scores, a.probs, rows, Tn);
+  exec::detail::check_kernel_launch(kSoftmax, "B ", a.B, ", H ", H, ", T ", Tn);
   for (std::int64_t b = 0; b < a.B; ++b) {
     const DeviceView<const T, 3> v(a.qkv + b * Tn * 3 * C + 2 * C, head, qkv_strides);
     const DeviceView<const T, 3> p(a.probs + b * H * Tn * Tn, sq);
@@ -17811,10 +18024,11 @@ void attention_backward(const exec::Cuda& exec, const AttentionArgs<T>& a) {
             DeviceView<T, 3>(dbase + 2 * C, head, qkv_strides), options<T>(a.compute));
   }
   const std::int64_t rows = a.B * H * Tn;
+  constexpr const char* kSoftmax = "nn::CausalSelfAttention backward (causal softmax)";
   causal_softmax_backward_kernel<T>
-      <<<row_warp_blocks(rows), kRowWarps * 32, 0, exec.stream().get()>>>(
-          a.probs, a.scores, a.dscores, rows, Tn, a.scale);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      <<<exec::detail::grid_blocks_x(rows, kRowWarps, kSoftmax), kRowWarps * 32, 0,
+         exec.stream().get()>>>(a.probs, a.scores, a.dscores, rows, Tn, a.scale);
+  exec::detail::check_kernel_launch(kSoftmax, "B ", a.B, ", H ", H, ", T ", Tn);
   for (std::int64_t b = 0; b < a.B; ++b) {
     const T* base = a.qkv + b * Tn * 3 * C;
     T* dbase = a.dqkv + b * Tn * 3 * C;
@@ -18536,8 +18750,8 @@ class Gpt {
         o.vocab_size, ", ", o.block_size, ", ", o.n_layer, ", ", o.n_head, ", ", o.n_embd);
     TRAINKIT_CHECK(o.n_embd % o.n_head == 0, "nn::Gpt: n_embd ", o.n_embd,
                    " is not a multiple of n_head ", o.n_head);
-    TRAINKIT_CHECK(o.dropout >= 0.0f && o.dropout <= 1.0f, "nn::Gpt: dropout ", o.dropout,
-                   " is not a probability in [0, 1]");
+    // Dropout's own check, made here before any parameter is registered, naming the option.
+    detail::check_dropout_probability(o.dropout, "nn::Gpt", "dropout");
     return o;
   }
   static std::vector<TransformerBlock<S>> make_blocks(ParamArena<S>& arena, const GptOptions& o) {
@@ -25994,9 +26208,9 @@ TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transfo
 #if TRAINKIT_CUDA_COMPILER
 namespace detail {
 template <class In>
-__global__ void augment_batch_kernel(ImageAugment aug, const In* in, float* out,
-                                     const std::int64_t* indices, std::size_t rows,
-                                     std::uint64_t epoch) {
+__global__ void __launch_bounds__(256)
+    augment_batch_kernel(ImageAugment aug, const In* in, float* out, const std::int64_t* indices,
+                         std::size_t rows, std::uint64_t epoch) {
   const ImageLayout& l = aug.layout();
   const std::size_t n = l.numel();
   const std::size_t total = rows * n;
@@ -26034,7 +26248,10 @@ void augment_batch_device(const ImageAugment& aug, const In* in, float* out,
   const std::size_t blocks = std::min<std::size_t>((total + threads - 1) / threads, 65535);
   detail::augment_batch_kernel<In><<<static_cast<unsigned>(blocks), threads, 0, stream.get()>>>(
       aug, in, out, indices, rows, epoch);
-  TRAINKIT_CUDA_CHECK(cudaGetLastError());
+  const cudaError_t err = cudaGetLastError();
+  TRAINKIT_CHECK(err == cudaSuccess, "data::augment_batch_device (", rows, " samples of ",
+                 aug.layout().channels, " x ", aug.layout().height, " x ", aug.layout().width,
+                 ") failed to launch: ", cudaGetErrorString(err));
 }
 #endif
 
@@ -26105,6 +26322,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
@@ -26117,6 +26335,7 @@ TRAINKIT_NAMESPACE_END
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -26306,22 +26525,53 @@ inline void check_timeout(std::string_view who, std::chrono::milliseconds timeou
 
 }  // namespace detail
 
+namespace detail {
+
+/// True when `text` is a plain decimal number: digits with at most one '.', at least one digit,
+/// then optionally 'e' or 'E', an optional sign and digits ("2", "2.5", ".5", "5.", "1e3").
+/// Refuses what strtod would also take: blanks, a leading sign, hex ("0x10", "0x1p3"), "inf",
+/// "nan", and a decimal comma of the C locale.
+inline bool is_plain_decimal(std::string_view text) noexcept {
+  std::size_t i = 0, digits = 0;
+  const auto is_digit = [&](std::size_t at) {
+    return at < text.size() && text[at] >= '0' && text[at] <= '9';
+  };
+  for (; is_digit(i); ++i) ++digits;
+  if (i < text.size() && text[i] == '.')
+    for (++i; is_digit(i); ++i) ++digits;
+  if (digits == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!is_digit(i)) return false;
+    while (is_digit(i)) ++i;
+  }
+  return i == text.size();
+}
+
+}  // namespace detail
+
 /// The collective timeout when none is given: $TRAINKIT_DIST_TIMEOUT seconds (fractions allowed,
-/// e.g. "2.5"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress for this
-/// long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a malformed
-/// value (also one with leading blanks or a sign, which strtod would skip).
+/// e.g. "2.5" or "1e3"; at least 0.001, below 10^7) or 300 s. A collective that makes no progress
+/// for this long fails with trainkit::Error instead of hanging. Throws trainkit::Error for a
+/// value that is not a plain decimal number (see detail::is_plain_decimal: no blanks, sign, hex,
+/// "inf" or "nan"; read with '.' whatever the locale) or is out of range.
 inline std::chrono::milliseconds default_timeout() {
   const char* env = std::getenv("TRAINKIT_DIST_TIMEOUT");
   if (env == nullptr || *env == '\0') return std::chrono::milliseconds(300000);
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(env, &end);
-  const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
-  TRAINKIT_CHECK(
-      plain && end != env && *end == '\0' && errno == 0 && seconds >= 0.001 && seconds < 1e7,
-      "TRAINKIT_DIST_TIMEOUT='", ::trainkit::detail::printable_bytes(env),
-      "' is not a number of seconds from 0.001 (the timeouts count milliseconds) "
-      "below 10^7");
+  const std::string_view text(env);
+  double seconds = 0.0;
+  bool ok = detail::is_plain_decimal(text);
+  if (ok) {
+    // from_chars ignores the locale (strtod would read "2.5" as 2 under a decimal comma).
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds,
+                                           std::chars_format::general);
+    ok = ec == std::errc() && end == text.data() + text.size();
+  }
+  TRAINKIT_CHECK(ok && seconds >= 0.001 && seconds < 1e7, "TRAINKIT_DIST_TIMEOUT='",
+                 ::trainkit::detail::printable_bytes(env),
+                 "' is not a decimal number of seconds from 0.001 (the timeouts count "
+                 "milliseconds) below 10^7");
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -28630,8 +28880,9 @@ TRAINKIT_NAMESPACE_END
 // trainkit/dist/rendezvous.hpp: `tcp_broadcast`, a tiny TCP rendezvous that hands a few bytes
 // from rank 0 to every other rank: how NCCL's unique id reaches the ranks under torchrun or srun,
 // where there is no MPI (rank 0 listens at MASTER_PORT, the others connect to MASTER_ADDR).
-// Bounded by a timeout, with a magic header so a stray connection or another job on the same port
-// is an error naming the address, not a hang or garbage. POSIX sockets; elsewhere it throws.
+// Bounded by a timeout, with a magic header, the world size and a job key so that a stray
+// connection or another job on the same port is an error naming the address, not a hang or
+// another job's bytes. POSIX sockets; elsewhere it throws.
 
 #include <algorithm>
 #include <chrono>
@@ -28665,13 +28916,22 @@ TRAINKIT_NAMESPACE_BEGIN
 namespace dist {
 namespace detail {
 
+/// Longest job key of tcp_broadcast.
+inline constexpr std::size_t kRendezvousMaxKey = 256;
+
 #if TRAINKIT_DETAIL_HAS_SOCKETS
 
 using RdvClock = std::chrono::steady_clock;
 
-// "TKRDV" + protocol version 1, then rank, world_size and payload length (big-endian).
-inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '1'};
-inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8;
+// A rank's hello to rank 0: "TKRDV" + protocol version 2, then rank (u32), world_size (u32),
+// payload length (u64) and job key length (u32), big-endian, then the job key's bytes. Rank 0
+// answers with the magic and the payload, or with kRendezvousRefusal, the length of a text (u32,
+// at most kRendezvousMaxText) and the text: why it refused the group.
+inline constexpr char kRendezvousMagic[8] = {'T', 'K', 'R', 'D', 'V', '0', '0', '2'};
+inline constexpr char kRendezvousRefusal[8] = {'T', 'K', 'R', 'D', 'V', 'E', 'R', 'R'};
+inline constexpr std::size_t kRendezvousHeader = 8 + 4 + 4 + 8 + 4;
+/// Longest refusal text rank 0 sends.
+inline constexpr std::size_t kRendezvousMaxText = 2048;
 
 /// An owned socket descriptor.
 class Socket {
@@ -28746,6 +29006,32 @@ inline bool recv_all(int fd, void* data, std::size_t n, RdvClock::time_point dea
     n -= static_cast<std::size_t>(k);
   }
   return true;
+}
+
+/// Accepts a connection pending on the non-blocking `listener`. An invalid Socket with `error` 0
+/// when there is none after all, or it was aborted or failed on the network (try again later);
+/// with `error` = errno when accept cannot succeed now: out of descriptors (EMFILE, ENFILE) or
+/// kernel memory (ENOBUFS, ENOMEM), or a broken listener. Such a connection stays queued and poll
+/// keeps reporting it, so retrying would spin until the deadline: callers fail instead, with
+/// accept_error_text.
+inline Socket accept_connection(int listener, int& error) noexcept {
+  error = 0;
+  const int fd = ::accept(listener, nullptr, nullptr);
+  if (fd >= 0) return Socket(fd);
+  const int e = errno;
+  if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM || e == EBADF || e == EINVAL ||
+      e == ENOTSOCK || e == EFAULT)
+    error = e;
+  return Socket();
+}
+
+/// "cannot accept connections on port 29500: Too many open files (errno 24) (...)".
+inline std::string accept_error_text(int port, int error) {
+  return trainkit::detail::concat(
+      "cannot accept connections on port ", port, ": ", errno_text(error),
+      error == EMFILE || error == ENFILE
+          ? " (out of file descriptors: raise the open-file limit, ulimit -n)"
+          : "");
 }
 
 inline void put_u32(unsigned char* p, std::uint32_t v) {
@@ -28859,27 +29145,37 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
 /// listens on `port` on every local interface; the other ranks connect to `host`:`port` (retrying
 /// while rank 0 is not up yet) and receive it into their `payload`, which must have the same size.
 /// It returns on every rank only after rank 0 heard from all of them (a barrier too). `world_size`
-/// == 1 returns at once. Throws trainkit::Error naming host, port and rank when the port cannot be
-/// bound, nobody answers, a peer sends something else (another job on the port?), ranks disagree on
-/// world_size or payload length, or `timeout` (positive, at most 10^7 s) passes.
+/// == 1 returns at once. `job_key` (at most 256 bytes, any bytes; dist::init passes one from the
+/// launcher's job id) names the job: every rank must pass the same, so that ranks of another job,
+/// or of an earlier group, that reach the same port are refused instead of being handed this
+/// job's bytes. Throws trainkit::Error naming host, port and rank when the port cannot be bound
+/// or accept fails (out of file descriptors), nobody answers, a peer sends something else
+/// (another job on the port?), ranks disagree on job key, world_size or payload length (rank 0
+/// names the peer and what it expected, and tells that peer and those that already joined why;
+/// they throw with its message), or `timeout` (positive, at most 10^7 s) passes.
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                                   std::span<std::byte> payload, std::chrono::milliseconds timeout);
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout,
+                                   std::string_view job_key = {});
 
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, int world_size,
-                                   std::span<std::byte> payload,
-                                   std::chrono::milliseconds timeout) {
+                                   std::span<std::byte> payload, std::chrono::milliseconds timeout,
+                                   std::string_view job_key) {
   TRAINKIT_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "tcp_broadcast: rank ", rank,
                  " is not in [0, ", world_size, ")");
   TRAINKIT_CHECK(port > 0 && port < 65536, "tcp_broadcast: port ", port, " is not in [1, 65535]");
   detail::check_timeout("tcp_broadcast", timeout);
+  TRAINKIT_CHECK(job_key.size() <= detail::kRendezvousMaxKey, "tcp_broadcast: the job key has ",
+                 job_key.size(), " bytes, at most ", detail::kRendezvousMaxKey, " are allowed");
   if (world_size == 1) return;
 #if TRAINKIT_DETAIL_HAS_SOCKETS
   using detail::RdvClock;
   const auto deadline = RdvClock::now() + timeout;
   const std::string where = trainkit::detail::concat(host, ":", port);
   const double seconds = static_cast<double>(timeout.count()) / 1000.0;
+  const std::string key_text =
+      trainkit::detail::concat("'", ::trainkit::detail::printable_bytes(job_key), "'");
 
   if (rank == 0) {
     std::string error;
@@ -28887,35 +29183,81 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
     TRAINKIT_CHECK(listener.valid(), "tcp_broadcast: rank 0 cannot listen on port ", port, ": ",
                    error, " (is another job using it? set MASTER_PORT or TRAINKIT_RDZV_PORT)");
     std::vector<detail::Socket> peers(static_cast<std::size_t>(world_size));
+    // Rank 0's verdict reaches the refused peer (in peers[0]) and every rank that already joined,
+    // then rank 0 throws it.
+    auto refuse = [&](const std::string& message) {
+      const std::string full =
+          trainkit::detail::concat("tcp_broadcast on port ", port, ": ", message);
+      const std::size_t n = std::min(full.size(), detail::kRendezvousMaxText);
+      unsigned char head[12];
+      std::memcpy(head, detail::kRendezvousRefusal, 8);
+      detail::put_u32(head + 8, static_cast<std::uint32_t>(n));
+      const auto until = std::min(deadline, RdvClock::now() + std::chrono::milliseconds(500));
+      for (const detail::Socket& s : peers)
+        if (s.valid())
+          (void)(detail::send_all(s.fd(), head, sizeof head, until) &&
+                 detail::send_all(s.fd(), full.data(), n, until));
+      TRAINKIT_FAIL(full);
+    };
     int joined = 0;
     while (joined < world_size - 1) {
       if (!detail::wait_fd(listener.fd(), POLLIN, deadline))
-        TRAINKIT_FAIL("tcp_broadcast: rank 0 waited ", seconds, " s on port ", port, " but only ",
-                      joined, " of the other ", world_size - 1, " ranks connected");
-      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+        refuse(trainkit::detail::concat("rank 0 waited ", seconds, " s but only ", joined,
+                                        " of the other ", world_size - 1, " ranks connected"));
+      int accept_error = 0;
+      detail::Socket s = detail::accept_connection(listener.fd(), accept_error);
+      if (accept_error != 0) refuse(detail::accept_error_text(port, accept_error));
       if (!s.valid()) continue;
       // Non-blocking (an accepted socket does not inherit it from the listener): a blocking send
       // of the payload to a peer that stops reading would never return, whatever the deadline.
       detail::set_nonblocking(s.fd());
       unsigned char header[detail::kRendezvousHeader];
+      const auto hello_deadline = std::min(deadline, RdvClock::now() + std::chrono::seconds(5));
       // A connection that does not speak our protocol (a port scanner, a health check) is
       // dropped; one that does but disagrees is an error.
-      if (!detail::recv_all(s.fd(), header, sizeof header,
-                            std::min(deadline, RdvClock::now() + std::chrono::seconds(5))) ||
-          std::memcmp(header, detail::kRendezvousMagic, 8) != 0)
-        continue;
-      const auto peer_rank = static_cast<int>(detail::get_u32(header + 8));
-      const auto peer_size = static_cast<int>(detail::get_u32(header + 12));
+      if (!detail::recv_all(s.fd(), header, 8, hello_deadline)) continue;
+      if (std::memcmp(header, detail::kRendezvousMagic, 8) != 0) {
+        if (std::memcmp(header, detail::kRendezvousMagic, 5) != 0) continue;
+        peers[0] = std::move(s);  // so that it hears the verdict too
+        refuse(trainkit::detail::concat(
+            "a peer speaks rendezvous protocol '",
+            ::trainkit::detail::printable_bytes(
+                std::string_view(reinterpret_cast<const char*>(header), 8)),
+            "', rank 0 speaks 'TKRDV002' (are all ranks the same trainkit build?)"));
+      }
+      if (!detail::recv_all(s.fd(), header + 8, sizeof header - 8, hello_deadline)) continue;
+      const std::uint32_t peer_rank = detail::get_u32(header + 8);
+      const std::uint32_t peer_size = detail::get_u32(header + 12);
       const std::uint64_t peer_len = detail::get_u64(header + 16);
-      TRAINKIT_CHECK(peer_size == world_size && peer_len == payload.size(),
-                     "tcp_broadcast on port ", port, ": rank ", peer_rank, " expects ", peer_size,
-                     " ranks and ", peer_len, " bytes, rank 0 has ", world_size, " ranks and ",
-                     payload.size(), " bytes (two jobs on one port?)");
-      TRAINKIT_CHECK(peer_rank >= 1 && peer_rank < world_size, "tcp_broadcast on port ", port,
-                     ": a peer claims rank ", peer_rank, " of ", world_size);
-      TRAINKIT_CHECK(!peers[static_cast<std::size_t>(peer_rank)].valid(), "tcp_broadcast on port ",
-                     port, ": rank ", peer_rank, " connected twice (two jobs on one port?)");
-      peers[static_cast<std::size_t>(peer_rank)] = std::move(s);
+      const std::uint32_t key_len = detail::get_u32(header + 24);
+      peers[0] = std::move(s);  // until it is accepted: a refusal reaches it
+      if (key_len > detail::kRendezvousMaxKey)
+        refuse(trainkit::detail::concat("rank ", peer_rank, " sent a job key of ", key_len,
+                                        " bytes (at most ", detail::kRendezvousMaxKey, ")"));
+      std::string key(key_len, '\0');
+      if (!detail::recv_all(peers[0].fd(), key.data(), key.size(), hello_deadline)) {
+        peers[0].reset();
+        continue;
+      }
+      if (key != job_key)
+        refuse(trainkit::detail::concat(
+            "rank ", peer_rank, " of ", peer_size, " belongs to job '",
+            ::trainkit::detail::printable_bytes(key), "', rank 0 expects job ", key_text,
+            " (ranks of two jobs, or of an earlier group, on one port: give each job its own "
+            "MASTER_PORT or TRAINKIT_RDZV_PORT)"));
+      if (peer_size != static_cast<std::uint32_t>(world_size) || peer_len != payload.size())
+        refuse(trainkit::detail::concat("rank ", peer_rank, " expects ", peer_size, " ranks and ",
+                                        peer_len, " bytes, rank 0 has ", world_size, " ranks and ",
+                                        payload.size(),
+                                        " bytes (two jobs on one port, or a wrong WORLD_SIZE?)"));
+      if (peer_rank < 1 || peer_rank >= static_cast<std::uint32_t>(world_size))
+        refuse(trainkit::detail::concat("a peer claims rank ", peer_rank, ", which is not in [1, ",
+                                        world_size, ")"));
+      if (peers[peer_rank].valid())
+        refuse(trainkit::detail::concat(
+            "rank ", peer_rank, " connected twice (two processes started with RANK=", peer_rank,
+            ", or two jobs on one port)"));
+      peers[peer_rank] = std::move(peers[0]);
       ++joined;
     }
     for (int r = 1; r < world_size; ++r) {
@@ -28927,6 +29269,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
     return;
   }
 
+  // The wait for rank 0's answer lasts a little longer than rank 0's own wait, so that its reason
+  // for giving up (which rank is missing) arrives also at a rank that started before it.
+  const auto answer_deadline = deadline + std::chrono::seconds(1);
   std::string error = "connection refused";
   for (;;) {
     detail::Socket s = detail::connect_once(std::string(host), port, deadline, error);
@@ -28936,17 +29281,32 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
       detail::put_u32(header + 8, static_cast<std::uint32_t>(rank));
       detail::put_u32(header + 12, static_cast<std::uint32_t>(world_size));
       detail::put_u64(header + 16, payload.size());
+      detail::put_u32(header + 24, static_cast<std::uint32_t>(job_key.size()));
       char magic[8];
-      if (detail::send_all(s.fd(), header, sizeof header, deadline)) {
+      if (detail::send_all(s.fd(), header, sizeof header, deadline) &&
+          detail::send_all(s.fd(), job_key.data(), job_key.size(), deadline)) {
         // Rank 0 answers once every rank joined; waiting for that is bounded by the deadline.
-        TRAINKIT_CHECK(detail::recv_all(s.fd(), magic, 8, deadline), "tcp_broadcast: rank ", rank,
-                       " connected to ", where, " but got no answer within ", seconds,
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), magic, 8, answer_deadline), "tcp_broadcast: rank ",
+                       rank, " connected to ", where, " but got no answer within ", seconds,
                        " s (not every rank joined, or rank 0 failed: see its log)");
+        if (std::memcmp(magic, detail::kRendezvousRefusal, 8) == 0) {
+          unsigned char length[4];
+          std::string text;
+          if (detail::recv_all(s.fd(), length, 4, answer_deadline) &&
+              detail::get_u32(length) <= detail::kRendezvousMaxText) {
+            text.resize(detail::get_u32(length));
+            if (!detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline)) text.clear();
+          }
+          TRAINKIT_FAIL("tcp_broadcast: rank ", rank, " (job ", key_text, ", ", world_size,
+                        " ranks): rank 0 at ", where, " refused the group: ",
+                        text.empty() ? std::string("(no reason given)")
+                                     : ::trainkit::detail::printable_bytes(text));
+        }
         TRAINKIT_CHECK(std::memcmp(magic, detail::kRendezvousMagic, 8) == 0, "tcp_broadcast: rank ",
                        rank, ": ", where,
                        " is not a trainkit rendezvous (another service on MASTER_PORT? "
                        "under torchrun's agent store use MASTER_PORT + 1)");
-        TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), deadline),
+        TRAINKIT_CHECK(detail::recv_all(s.fd(), payload.data(), payload.size(), answer_deadline),
                        "tcp_broadcast: rank ", rank, ": ", where, " closed before sending ",
                        payload.size(), " bytes");
         return;
@@ -28962,6 +29322,7 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
   (void)host;
   (void)payload;
   (void)timeout;
+  (void)job_key;
   TRAINKIT_FAIL("tcp_broadcast: this platform has no POSIX sockets; use MPI to bootstrap");
 #endif
 }
@@ -29023,6 +29384,12 @@ struct TcpCommOptions {
   /// At most 1024 printable characters without blanks, like the master address:
   /// the constructor refuses any other.
   std::string announce_addr;
+  /// Names the job (at most 256 bytes, any bytes, and at most 1024 together with announce_addr;
+  /// every rank must pass the same): rank 0 refuses a rank whose key differs, naming both, so
+  /// that ranks of another job (or of an earlier group) that reach the same master port do not
+  /// join this group. dist::init sets it from the launcher's job id (see
+  /// detail::rendezvous_job_key); empty by default.
+  std::string job_key;
   /// Fault injection for tests: called on the progress thread before this rank sends unit `unit`
   /// of its collective number `op` (counted from 1); it may sleep (a stall) or throw (a crash).
   std::function<void(int rank, std::uint64_t op, std::int64_t unit)> fault_injection;
@@ -29051,7 +29418,8 @@ inline constexpr std::uint64_t kTcpMaxUnit = std::uint64_t{1} << 31;
 
 /// What a frame is.
 ///  - kHello: rank -> rank 0 at bootstrap. a = rank, b = world size, seq = the rank's listening
-///    port, payload = its address (length bytes).
+///    port + (the length of its job key << 32), payload = its address, then its job key (at most
+///    kTcpMaxAddress bytes together).
 ///  - kTable: rank 0 -> every rank. b = world size, seq = the group's random id, payload = every
 ///    rank's (port u32, address length u32, address) in rank order.
 ///  - kLink: a rank -> its right neighbour when the ring forms. a = rank, b = world size, seq =
@@ -29472,6 +29840,14 @@ TRAINKIT_INLINE TcpComm::TcpComm(std::string master_addr, int master_port, int r
   detail::check_timeout("TcpComm", options_.timeout);
   TRAINKIT_CHECK(options_.announce_addr.size() <= detail::kTcpMaxAddress,
                  "TcpComm: announce_addr is longer than ", detail::kTcpMaxAddress, " bytes");
+  TRAINKIT_CHECK(options_.job_key.size() <= detail::kRendezvousMaxKey, "TcpComm: the job key has ",
+                 options_.job_key.size(), " bytes, at most ", detail::kRendezvousMaxKey,
+                 " are allowed");
+  // The hello carries both in at most kTcpMaxAddress bytes (a local address has at most 45).
+  TRAINKIT_CHECK(options_.announce_addr.size() + options_.job_key.size() <= detail::kTcpMaxAddress,
+                 "TcpComm: announce_addr and job_key have ",
+                 options_.announce_addr.size() + options_.job_key.size(),
+                 " bytes together, at most ", detail::kTcpMaxAddress, " are allowed");
   left_ = (rank + world_size - 1) % world_size;
   right_ = (rank + 1) % world_size;
   if (world_size > 1) {
@@ -29569,7 +29945,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
             "waited ", seconds, " on port ", master_port, " but ", n - 1 - joined, " of the ",
             n - 1, " other ranks never connected (missing: rank ", missing, ")"));
       }
-      detail::Socket s(::accept(listener.fd(), nullptr, nullptr));
+      int accept_error = 0;
+      detail::Socket s = detail::accept_connection(listener.fd(), accept_error);
+      if (accept_error != 0) refuse(detail::accept_error_text(master_port, accept_error));
       if (!s.valid()) continue;
       detail::set_nonblocking(s.fd());
       detail::set_nodelay(s.fd());
@@ -29588,6 +29966,24 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       std::string host(static_cast<std::size_t>(f.length), '\0');
       if (!detail::recv_all(s.fd(), host.data(), host.size(), hello_deadline)) continue;
       const auto peer = static_cast<std::int64_t>(f.a);
+      const std::uint64_t key_length = f.seq >> 32;
+      if (key_length > std::min<std::uint64_t>(f.length, detail::kRendezvousMaxKey)) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat("rank ", peer, " sent a hello with a job key of ",
+                                        key_length, " bytes in ", f.length, " (at most ",
+                                        detail::kRendezvousMaxKey, ")"));
+      }
+      const std::string key = host.substr(host.size() - static_cast<std::size_t>(key_length));
+      host.resize(host.size() - static_cast<std::size_t>(key_length));
+      if (key != options_.job_key) {
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat(
+            "rank ", peer, " of ", f.b, " belongs to job '",
+            ::trainkit::detail::printable_bytes(key), "', rank 0 expects job '",
+            ::trainkit::detail::printable_bytes(options_.job_key),
+            "' (ranks of two jobs, or of an earlier group, on one port: give each job its own "
+            "MASTER_PORT or TRAINKIT_RDZV_PORT)"));
+      }
       if (f.b != static_cast<std::uint32_t>(n)) {
         peers[0] = std::move(s);  // so that it hears the verdict too
         refuse(trainkit::detail::concat("rank ", peer, " was started for a world of ", f.b,
@@ -29606,7 +30002,7 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
                                         ", or two jobs on one port)"));
       }
       if (host.empty()) host = detail::peer_address(s.fd());  // as rank 0 sees the peer
-      const auto port = static_cast<std::int64_t>(f.seq);
+      const auto port = static_cast<std::int64_t>(f.seq & 0xffffffffU);
       if (port < 1 || port > 65535 || !detail::is_tcp_address(host)) {
         peers[0] = std::move(s);
         refuse(trainkit::detail::concat("rank ", peer, " announced an unusable address '",
@@ -29649,7 +30045,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
         hello.type = detail::TcpFrameType::kHello;
         hello.a = static_cast<std::uint32_t>(rank_);
         hello.b = static_cast<std::uint32_t>(n);
-        hello.seq = static_cast<std::uint64_t>(listen_port_);
+        hello.seq = static_cast<std::uint64_t>(listen_port_) |
+                    (static_cast<std::uint64_t>(options_.job_key.size()) << 32);
+        host += options_.job_key;
         hello.length = host.size();
         if (detail::send_tcp_frame(s.fd(), hello, host.data(), deadline) &&
             detail::recv_all(s.fd(), head, sizeof head, answer_deadline))
@@ -29669,7 +30067,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
     f = detail::decode_tcp_frame(head, sizeof head, from);
     if (f.type == detail::TcpFrameType::kAbort) {
       std::string text(static_cast<std::size_t>(f.length), '\0');
-      (void)detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline);
+      // A reason cut short would show as zero bytes where the rest should be: say so instead.
+      if (!detail::recv_all(s.fd(), text.data(), text.size(), answer_deadline))
+        text = "(no reason: rank 0 closed the connection before its whole message came)";
       const std::string full = trainkit::detail::concat(
           "TcpComm rank ", rank_,
           ": rank 0 refused the group: ", ::trainkit::detail::printable_bytes(text));
@@ -29711,7 +30111,9 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       fail(trainkit::detail::concat("rank ", left_, " did not connect within ", seconds,
                                     " to form the ring (it failed or stalled after the "
                                     "bootstrap: see its log)"));
-    detail::Socket s(::accept(ring_listener.fd(), nullptr, nullptr));
+    int accept_error = 0;
+    detail::Socket s = detail::accept_connection(ring_listener.fd(), accept_error);
+    if (accept_error != 0) fail(detail::accept_error_text(listen_port_, accept_error));
     if (!s.valid()) continue;
     detail::set_nonblocking(s.fd());
     detail::set_nodelay(s.fd());
@@ -30601,6 +31003,15 @@ TRAINKIT_INLINE Context init(InitOptions options = {});
 
 namespace detail {
 
+/// The job key dist::init passes to tcp_broadcast and TcpComm, so that ranks of another job (or
+/// another launch of this one) that reach the same rendezvous port are refused: $TRAINKIT_RDZV_KEY
+/// when set (at most 256 bytes), else "torchrun:" + $TORCHELASTIC_RUN_ID under torchrun (its
+/// --rdzv-id, a fresh id with --standalone), else "slurm:" + $SLURM_JOB_ID + "." +
+/// $SLURM_STEP_ID under Slurm, else "" (no key: only the world size and payload are compared).
+/// Every rank of a job sees the same variables, so they agree. Throws trainkit::Error for a
+/// TRAINKIT_RDZV_KEY longer than 256 bytes; a longer launcher id is shortened to a hash.
+TRAINKIT_INLINE std::string rendezvous_job_key(const LaunchInfo& launch);
+
 /// The TCP rendezvous port of InitOptions::rendezvous_port (0 when none is known). Throws
 /// trainkit::Error for an option outside [0, 65535], and for MASTER_PORT 65535 under the agent
 /// store (its rendezvous port would be 65536).
@@ -30609,6 +31020,31 @@ TRAINKIT_INLINE int rendezvous_port(const InitOptions& options, const LaunchInfo
 }  // namespace detail
 
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE std::string detail::rendezvous_job_key(const LaunchInfo& launch) {
+  if (auto key = env_var("TRAINKIT_RDZV_KEY")) {
+    TRAINKIT_CHECK(key->size() <= kRendezvousMaxKey,
+                   "dist: environment variable TRAINKIT_RDZV_KEY='",
+                   ::trainkit::detail::printable_bytes(key->substr(0, 64)), "...' has ",
+                   key->size(), " bytes, at most ", kRendezvousMaxKey, " are allowed");
+    return *key;
+  }
+  std::string key;
+  if (launch.launcher == Launcher::kTorchrun) {
+    if (auto id = env_var("TORCHELASTIC_RUN_ID")) key = "torchrun:" + *id;
+  } else if (launch.launcher == Launcher::kSlurm) {
+    if (auto id = env_var("SLURM_JOB_ID"))
+      key = "slurm:" + *id + "." + env_var("SLURM_STEP_ID").value_or("");
+  }
+  if (key.size() > kRendezvousMaxKey) {  // FNV-1a: the same long id gives the same key
+    std::uint64_t h = 14695981039346656037ULL;
+    for (const char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
+    const std::string prefix = key.substr(0, key.find(':') + 1);
+    key = prefix + "#";
+    for (int i = 15; i >= 0; --i) key += "0123456789abcdef"[(h >> (4 * i)) & 15];
+  }
+  return key;
+}
 
 TRAINKIT_INLINE int detail::rendezvous_port(const InitOptions& options, const LaunchInfo& launch) {
   int port = options.rendezvous_port;
@@ -30811,7 +31247,8 @@ TRAINKIT_INLINE Context init(InitOptions options) {
                          " processes needs MASTER_ADDR and MASTER_PORT "
                          "(or TRAINKIT_RDZV_PORT) to exchange its unique id; launcher: ",
                          launcher_name(L.launcher));
-          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout);
+          tcp_broadcast(L.master_addr, port, L.rank, L.world_size, bytes, options.timeout,
+                        detail::rendezvous_job_key(L));
         }
       }
       NcclOptions o;
@@ -30834,6 +31271,7 @@ TRAINKIT_INLINE Context init(InitOptions options) {
         ctx.comm_ = std::make_unique<TcpComm>(std::string(), 0, 0, 1, std::move(o));
         return ctx;
       }
+      o.job_key = detail::rendezvous_job_key(L);
       const int port = detail::rendezvous_port(options, L);
       TRAINKIT_CHECK(!L.master_addr.empty() && port > 0, "dist::init: TcpComm over ", L.world_size,
                      " processes needs MASTER_ADDR and MASTER_PORT (or TRAINKIT_RDZV_PORT) "
@@ -32475,7 +32913,9 @@ TRAINKIT_INLINE void TrainState::load_state_dict(StateDict sd, const RestoreOpti
     try {
       c.load(part);
     } catch (const Error& e) {
-      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", e.what());
+      std::string_view why = e.what();  // quoted: without its own "trainkit: "
+      if (why.starts_with("trainkit: ")) why.remove_prefix(10);
+      TRAINKIT_FAIL("ckpt: restoring component '", c.name, "' failed: ", why);
     }
   }
   // Last: a component that refuses its state leaves the step, epoch and metadata as they were.
@@ -32674,6 +33114,8 @@ inline constexpr std::string_view kManifestName = "checkpoint.json";
 /// a resume restored). Version 1 manifests are refused, not trusted: the settings they record
 /// cannot be verified. See parse_manifest.
 inline constexpr int kManifestVersion = 2;
+/// Larger "version" numbers are not versions at all (damaged or foreign manifests).
+inline constexpr std::uint64_t kMaxManifestVersionNumber = 1'000'000;
 /// The manifest's checksum member: always the first one, so the file starts with
 /// kManifestPrefix followed by 16 hex digits: XXH64 of the whole file with those digits as '0'
 /// (the convention of the checksummed safetensors files).
@@ -32864,6 +33306,12 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
   const io::Json* version = root.find("version");
   TRAINKIT_CHECK(version != nullptr && version->is_number(), "checkpoint manifest '", where,
                  "' has no version");
+  // A version that is not a small integer (2.5, 1e30, 2^70) is named with the file, not left to
+  // the JSON reader's message.
+  TRAINKIT_CHECK(version->is_unsigned() && version->as_uint() <= kMaxManifestVersionNumber,
+                 "checkpoint manifest '", where, "' has version ", version->dump(),
+                 ", which is not a manifest version (an integer; this trainkit reads version ",
+                 kManifestVersion, ")");
   const std::int64_t v = version->as_int();
   TRAINKIT_CHECK(v != 1 || summed, "checkpoint manifest '", where,
                  "' has version 1, which carries no checksum of its own: the settings it records "
@@ -32891,13 +33339,18 @@ TRAINKIT_INLINE CheckpointInfo parse_manifest(std::string_view text,
     for (const io::JsonMember& m : root.at("files").as_object()) {
       CheckpointInfo::File f;
       f.name = m.key;
-      TRAINKIT_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name != ".." &&
-                         f.name != ".",
-                     "checkpoint manifest '", where, "' lists the file '", f.name,
-                     "', which is not a plain file name");
+      // No separators, and no control characters: a NUL would cut the path short (the check
+      // would read another file), and names from a file reach messages (escaped) only.
+      const bool plain = std::none_of(f.name.begin(), f.name.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return c == '/' || u < 0x20 || u == 0x7f;
+      });
+      TRAINKIT_CHECK(!f.name.empty() && plain && f.name != ".." && f.name != ".",
+                     "checkpoint manifest '", where, "' lists the file '",
+                     io::detail::printable(f.name), "', which is not a plain file name");
       for (const CheckpointInfo::File& g : info.files)
-        TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '", f.name,
-                       "' twice");
+        TRAINKIT_CHECK(g.name != f.name, "checkpoint manifest '", where, "' lists '",
+                       io::detail::printable(f.name), "' twice");
       f.bytes = m.value.at("bytes").as_uint();
       const auto h = parse_hex64(m.value.at("xxh64").as_string());
       TRAINKIT_CHECK(h.has_value(), "checkpoint manifest '", where, "': file '", f.name,
@@ -33136,6 +33589,8 @@ class Checkpointer {
   /// keep-last / keep-best rules. Sync: returns once the checkpoint is durable. Async: returns
   /// after the snapshot (waiting first for the previous write; its error is thrown here).
   /// Throws trainkit::Error naming the file on any failure; the previous checkpoints are intact.
+  /// Never replaces what holds the step's name but is not a checkpoint (a file, a FIFO, a broken
+  /// link, a directory of other files): that throws before anything is written.
   TRAINKIT_INLINE std::filesystem::path save(const TrainState& state, const Metrics& metrics = {});
 
   /// Blocks until no write is in flight; rethrows (once) the error of a failed background
@@ -33213,6 +33668,7 @@ class Checkpointer {
   struct Opened {
     std::optional<TensorSource> model;
     StateDict state;
+    std::filesystem::path state_file;  ///< where `state` was read (for errors)
   };
 
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -33340,8 +33796,16 @@ TRAINKIT_INLINE Checkpointer::Checkpointer(std::filesystem::path root, Checkpoin
   TRAINKIT_CHECK(!options_.overlap_snapshot || options_.async,
                  "ckpt::Checkpointer: overlap_snapshot needs async = true (the copies are made "
                  "by the writer thread)");
-  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
-                 "ckpt::Checkpointer: bad directory prefix '", options_.prefix, "'");
+  // A NUL cuts a path short in every system call: a root "<dir>\0x" would be <dir>, whose
+  // temp directory removal would delete <dir> itself.
+  TRAINKIT_CHECK(root_.native().find('\0') == std::string::npos, "ckpt::Checkpointer: the root '",
+                 io::detail::printable(root_.native()),
+                 "' contains a NUL character (the system would cut the path there)");
+  TRAINKIT_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos &&
+                     options_.prefix.find('\0') == std::string::npos,
+                 "ckpt::Checkpointer: bad directory prefix '",
+                 io::detail::printable(options_.prefix),
+                 "' (it must be non-empty, without '/' or NUL)");
   std::error_code ec;
   std::filesystem::create_directories(root_, ec);
   TRAINKIT_CHECK(!ec, "ckpt::Checkpointer: cannot create '", root_.string(), "': ", ec.message());
@@ -33390,15 +33854,6 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
   TRAINKIT_CHECK(state.step <= detail::kMaxCheckpointStep, "ckpt::Checkpointer::save: step ",
                  state.step, " is above the largest a checkpoint can record (",
                  detail::kMaxCheckpointStep, ")");
-  {  // a step directory of someone else's files is never replaced (that would delete them)
-    const Candidate existing{path_for(state.step), state.step};
-    std::error_code ec;
-    TRAINKIT_CHECK(!std::filesystem::is_directory(existing.path, ec) || !foreign(existing),
-                   "ckpt::Checkpointer::save: '", existing.path.string(),
-                   "' exists, has no checkpoint manifest and holds files a checkpoint does not "
-                   "consist of; step ",
-                   state.step, " is not saved over them: move them out of the way");
-  }
   // The manifest is JSON: every name and text it records must be UTF-8.
   const auto utf8 = [&](std::string_view what, std::string_view text) {
     TRAINKIT_CHECK(io::is_valid_utf8(text), "ckpt::Checkpointer::save: step ", state.step, ": ",
@@ -33409,19 +33864,39 @@ TRAINKIT_INLINE std::filesystem::path Checkpointer::save(const TrainState& state
     utf8("metadata key", key);
     utf8("the value of metadata key '" + key + "',", value);
   }
+  // After the write in flight: its rotation may be renaming or removing the step's directory.
   if (options_.async) wait();
+  {  // a step directory of someone else's files is never replaced (that would delete them)
+    const Candidate existing{path_for(state.step), state.step};
+    std::error_code ec;
+    // Nor is anything else under the step's name: a file, a FIFO, a dangling link (the commit
+    // would exchange it for the checkpoint and delete it).
+    const std::filesystem::file_status link = std::filesystem::symlink_status(existing.path, ec);
+    TRAINKIT_CHECK(!std::filesystem::exists(link) ||
+                       std::filesystem::is_directory(std::filesystem::status(existing.path, ec)),
+                   "ckpt::Checkpointer::save: '", existing.path.string(),
+                   "' exists and is not a directory; step ", state.step,
+                   " is not saved over it: move it out of the way");
+    TRAINKIT_CHECK(!std::filesystem::is_directory(existing.path, ec) || !foreign(existing),
+                   "ckpt::Checkpointer::save: '", existing.path.string(),
+                   "' exists, has no checkpoint manifest and holds files a checkpoint does not "
+                   "consist of; step ",
+                   state.step, " is not saved over them: move them out of the way");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   Job job = options_.overlap_snapshot ? snapshot_overlapped(state, metrics)
                                       : snapshot(state, metrics, options_.async);
   const double snap = seconds_since(t0);
   const std::filesystem::path dir = path_for(state.step);
-  last_saved_step_ = state.step;
-  last_save_time_ = std::chrono::steady_clock::now();
   if (!options_.async) {
-    stats_ = write(job);
+    stats_ = write(job);  // a save that throws is not recorded: maybe_save tries the step again
     stats_.snapshot_seconds = snap;
+    last_saved_step_ = state.step;
+    last_save_time_ = std::chrono::steady_clock::now();
     return dir;
   }
+  last_saved_step_ = state.step;
+  last_save_time_ = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     copying_ = !job.copies.empty();
@@ -33892,6 +34367,7 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
   }  // else: verify every file, so that every rank reaches the same verdict
   detail::verify_checkpoint(info, options.verify, mine);
   Opened out;
+  out.state_file = info.path / state_file;
   if (state.model_entry() != nullptr) {
     out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
   }
@@ -33905,7 +34381,20 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
 
 TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
                                          const LoadOptions& options) {
-  state.check_state_dict(opened.state, options.restore);  // before the model changes
+  // The TrainState's errors (another set of components, a component refusing its state) name
+  // no file: say which checkpoint they are about.
+  const auto naming_the_file = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      const std::string file = opened.state_file.string();
+      const std::string why = detail::reason_of(e);
+      if (why.find(file) != std::string::npos) throw;
+      TRAINKIT_FAIL("cannot restore the training state from '", file, "': ", why);
+    }
+  };
+  // Before the model changes.
+  naming_the_file([&] { state.check_state_dict(opened.state, options.restore); });
   if (opened.model) {
     ModelLoadOptions mo = options.model;
     mo.verify_checksum = false;
@@ -33913,7 +34402,7 @@ TRAINKIT_INLINE void Checkpointer::apply(Opened& opened, TrainState& state,
       mo.allow_unexpected = true;
     state.model_entry()->load(*opened.model, mo);
   }
-  state.load_state_dict(std::move(opened.state), options.restore);
+  naming_the_file([&] { state.load_state_dict(std::move(opened.state), options.restore); });
 }
 
 TRAINKIT_INLINE void Checkpointer::writer_loop() {
@@ -34141,6 +34630,15 @@ TRAINKIT_NAMESPACE_END
 // timeline. Uses the header-only NVTX v3 shipped with the CUDA toolkit (no library to link: it
 // loads the profiler's injection library only when a tool is attached). Without TRAINKIT_WITH_CUDA
 // every function here is an empty inline that the compiler removes.
+//
+// Two kinds of range. nvtx_push/nvtx_pop (and NvtxRange) use the calling thread's NVTX stack:
+// nvtx_pop always closes the range pushed last, so ranges must close in reverse order of opening,
+// on the thread that opened them. Ranges whose lifetimes may interleave (A opens, B opens, A
+// closes, B closes) or that close on another thread must use nvtx_range_start/nvtx_range_end (or
+// NvtxSpan), which name the range they close by its id.
+
+#include <cstdint>
+#include <utility>
 
 
 #if TRAINKIT_WITH_CUDA
@@ -34150,7 +34648,8 @@ TRAINKIT_NAMESPACE_END
 TRAINKIT_NAMESPACE_BEGIN
 namespace monitor {
 
-/// Opens a nested NVTX range named `name` on the calling thread (no-op in the CPU tier).
+/// Opens a nested NVTX range named `name` on the calling thread (no-op in the CPU tier). Close it
+/// with nvtx_pop() on the same thread, after every range opened later on it was closed.
 inline void nvtx_push(const char* name) noexcept {
 #if TRAINKIT_WITH_CUDA
   nvtxRangePushA(name);
@@ -34159,10 +34658,32 @@ inline void nvtx_push(const char* name) noexcept {
 #endif
 }
 
-/// Closes the innermost NVTX range of the calling thread (no-op in the CPU tier).
+/// Closes the innermost (most recently pushed) NVTX range of the calling thread (no-op in the CPU
+/// tier). It closes that range whatever the caller meant to close: ranges that do not nest need
+/// nvtx_range_start/nvtx_range_end.
 inline void nvtx_pop() noexcept {
 #if TRAINKIT_WITH_CUDA
   nvtxRangePop();
+#endif
+}
+
+/// Opens an NVTX range named `name` that may overlap others and may be closed on any thread;
+/// returns its id for nvtx_range_end (0 in the CPU tier, or when no tool is attached).
+inline std::uint64_t nvtx_range_start(const char* name) noexcept {
+#if TRAINKIT_WITH_CUDA
+  return nvtxRangeStartA(name);
+#else
+  (void)name;
+  return 0;
+#endif
+}
+
+/// Closes the range nvtx_range_start returned `id` for (no-op in the CPU tier).
+inline void nvtx_range_end(std::uint64_t id) noexcept {
+#if TRAINKIT_WITH_CUDA
+  nvtxRangeEnd(id);
+#else
+  (void)id;
 #endif
 }
 
@@ -34175,13 +34696,42 @@ inline void nvtx_mark(const char* name) noexcept {
 #endif
 }
 
-/// RAII NVTX range: `{ monitor::NvtxRange r("attention"); ... }`. `name` must outlive the range.
+/// RAII NVTX range on the thread's stack: `{ monitor::NvtxRange r("attention"); ... }`. `name`
+/// must outlive the range. Not movable, so ranges of one scope nest; for ranges whose lifetimes
+/// interleave use NvtxSpan.
 class NvtxRange {
  public:
   explicit NvtxRange(const char* name) noexcept { nvtx_push(name); }
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;
   ~NvtxRange() { nvtx_pop(); }
+};
+
+/// RAII NVTX range closed by id (nvtx_range_start/nvtx_range_end): movable, and spans may end in
+/// any order and on any thread. `name` is copied by NVTX when the span starts.
+class NvtxSpan {
+ public:
+  NvtxSpan() = default;  ///< no range
+  explicit NvtxSpan(const char* name) noexcept : id_(nvtx_range_start(name)), open_(true) {}
+  NvtxSpan(NvtxSpan&& other) noexcept : id_(other.id_), open_(std::exchange(other.open_, false)) {}
+  NvtxSpan& operator=(NvtxSpan&& other) noexcept {
+    if (this != &other) {
+      end();
+      id_ = other.id_;
+      open_ = std::exchange(other.open_, false);
+    }
+    return *this;
+  }
+  ~NvtxSpan() { end(); }
+  /// Closes the range now (idempotent).
+  void end() noexcept {
+    if (std::exchange(open_, false)) nvtx_range_end(id_);
+  }
+  bool open() const noexcept { return open_; }
+
+ private:
+  std::uint64_t id_ = 0;
+  bool open_ = false;
 };
 
 }  // namespace monitor
@@ -37530,6 +38080,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <map>
 #include <optional>
@@ -37721,7 +38272,26 @@ class Flags {
   std::set<std::string> given_;
 };
 
+/// What a trainer's main() does with an exception that ends it: prints "PROGRAM: error: MESSAGE"
+/// on stderr, MESSAGE without the "trainkit: " or "PROGRAM: " that trainkit's errors and Flags'
+/// own start with, and returns 1, the exit status to return:
+///
+///   int main(int argc, char** argv) try { ... } catch (const std::exception& e) {
+///     return train::report_error("my_trainer", e);
+///   }
+TRAINKIT_INLINE int report_error(std::string_view program, const std::exception& e);
+
 #if TRAINKIT_IMPL
+
+TRAINKIT_INLINE int report_error(std::string_view program, const std::exception& e) {
+  std::string_view what = e.what();
+  if (what.starts_with("trainkit: ")) what.remove_prefix(10);
+  if (what.starts_with(program) && what.substr(program.size()).starts_with(": "))
+    what.remove_prefix(program.size() + 2);
+  std::fprintf(stderr, "%.*s: error: %.*s\n", int(program.size()), program.data(), int(what.size()),
+               what.data());
+  return 1;
+}
 
 TRAINKIT_INLINE bool Flags::parse_args(const std::vector<std::string_view>& args) {
   given_.clear();

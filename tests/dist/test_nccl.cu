@@ -120,8 +120,10 @@ TEST_CASE("GradBucketer on a device arena (NCCL, world_size 1), with and without
 }
 
 TEST_CASE("dist::init: a single process with device tensors gets NCCL on device 0") {
-  for (const char* v :
-       {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"})
+  // Every launcher dist::detect_launch reads (torchrun, Open MPI, Slurm, MPICH/Intel MPI's PMI):
+  // a GPU machine's shell may carry one, which would make this a rank of a larger job.
+  for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "SLURM_PROCID", "PMI_RANK", "PMI_SIZE"})
     ::unsetenv(v);
   auto ctx = dist::init({.space = tk::Space::kDevice});
   CHECK(ctx.backend() == dist::Backend::kNccl);
