@@ -3,6 +3,7 @@
 // probabilities, and thread-count independence.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -296,4 +297,72 @@ TEST_CASE("CausalSelfAttention and TransformerBlock: a context of another width 
   std::vector<float> dy8(x8.size(), 1.0f), dx8(x8.size());
   CHECK_NOTHROW(a.backward(pool(), ctx, cube(x8.data(), B, T, 8), cube(dy8.data(), B, T, 8),
                            cube(dx8.data(), B, T, 8)));
+}
+
+TEST_CASE(
+    "CausalSelfAttention and TransformerBlock: backward checks every view before adding a "
+    "gradient; dx may be x") {
+  nn::ParamArena<> arena;
+  nn::CausalSelfAttention attn(arena, "a", {.n_embd = 8, .n_head = 2});
+  nn::TransformerBlock block(arena, "h", {.n_embd = 8, .n_head = 2});
+  arena.finalize();
+  arena.initialize(4);
+  const std::int64_t B = 2, T = 3, C = 8;
+  const auto x = nntest::random_floats(B * T * C, 81);
+  const auto dy = nntest::random_floats(B * T * C, 82);
+  std::vector<float> y(x.size()), dx(x.size()), wide(x.size() * 2);
+  decltype(attn)::Context actx;
+  decltype(block)::Context bctx;
+  attn.forward(pool(), actx, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
+  block.forward(pool(), bctx, cube(x.data(), B, T, C), cube(y.data(), B, T, C));
+  arena.zero_grad();
+  const auto all_zero = [&] {
+    return std::all_of(arena.grads_data(), arena.grads_data() + arena.buffer_numel(),
+                       [](float g) { return g == 0.0f; });
+  };
+  // [B, T, C] with a row stride of 2C: right shape, not contiguous.
+  const tk::HostView<float, 3> strided(wide.data(), tk::Extents<3>{{B, T, C}},
+                                       tk::Extents<3>{{T * 2 * C, 2 * C, 1}});
+  const tk::HostView<const float, 3> cstrided(strided);
+  // A non-contiguous x, dy or dx, and a dx of another shape: refused naming the view, with the
+  // arena's gradients untouched (they were added layer by layer before the last view was read).
+  CHECK_THROWS_WITH_AS(
+      block.backward(pool(), bctx, cstrided, cube(dy.data(), B, T, C), cube(dx.data(), B, T, C)),
+      doctest::Contains("nn::TransformerBlock::backward: x with shape [2, 3, 8] "
+                        "must be contiguous"),
+      tk::Error);
+  CHECK_THROWS_WITH_AS(
+      block.backward(pool(), bctx, cube(x.data(), B, T, C), cstrided, cube(dx.data(), B, T, C)),
+      doctest::Contains("nn::TransformerBlock::backward: dy with shape"), tk::Error);
+  CHECK_THROWS_WITH_AS(
+      block.backward(pool(), bctx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C), strided),
+      doctest::Contains("nn::TransformerBlock::backward: dx with shape"), tk::Error);
+  CHECK_THROWS_WITH_AS(block.backward(pool(), bctx, cube(x.data(), B, T, C),
+                                      cube(dy.data(), B, T, C), cube(dx.data(), B * T, 1, C)),
+                       doctest::Contains("x [2, 3, 8], dy [2, 3, 8] and dx [6, 1, 8] must all be "
+                                         "[B, T, 8]"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(
+      attn.backward(pool(), actx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C), strided),
+      doctest::Contains("nn::CausalSelfAttention::backward: dx with shape"), tk::Error);
+  CHECK_THROWS_WITH_AS(attn.backward(pool(), actx, cube(x.data(), B, T, C),
+                                     cube(dy.data(), B, T, C), cube(dx.data(), B * T, 1, C)),
+                       doctest::Contains("nn::CausalSelfAttention::backward: x [2, 3, 8], dy "
+                                         "[2, 3, 8] and dx [6, 1, 8]"),
+                       tk::Error);
+  CHECK(all_zero());
+
+  // dx over x: c_attn's weight gradient reads x, so it must be taken before dx is written.
+  const auto grads = [&] {
+    return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+  };
+  attn.backward(pool(), actx, cube(x.data(), B, T, C), cube(dy.data(), B, T, C),
+                cube(dx.data(), B, T, C));
+  const auto want = grads();
+  arena.zero_grad();
+  std::vector<float> same = x;
+  attn.backward(pool(), actx, cube(same.data(), B, T, C), cube(dy.data(), B, T, C),
+                cube(same.data(), B, T, C));
+  CHECK(grads() == want);
+  CHECK(same == dx);
 }

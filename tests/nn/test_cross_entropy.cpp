@@ -115,3 +115,76 @@ TEST_CASE("SoftmaxCrossEntropy keeps f32 precision at logit offsets 0, 1e2, 1e4,
                       << worst_grad);
   }
 }
+
+TEST_CASE(
+    "SoftmaxCrossEntropy: backward in place (dlogits over logits) gives the bits of its own "
+    "buffer; a partial overlap is refused") {
+  // llm.c writes dlogits over the logits. Every row must be read before it is written: the
+  // target's gradient too, which a second read after the row's store would take from the new
+  // values. Random N, V, padded row strides, int32/int64 targets, ignored rows, targets in
+  // every column (the first, the last, the 8-lane tails), several threads.
+  tk::PhiloxStream rng(20261207, 11);
+  for (int c = 0; c < 40; ++c) {
+    const auto n = static_cast<std::int64_t>(1 + rng.next_u32() % 20);
+    const auto v = static_cast<std::int64_t>(1 + rng.next_u32() % 70);
+    const std::int64_t ld = v + static_cast<std::int64_t>(rng.next_u32() % 3) * 5;
+    const float dloss = 0.25f + rng.next_uniform();
+    CAPTURE(n);
+    CAPTURE(v);
+    CAPTURE(ld);
+    std::vector<float> logits(static_cast<std::size_t>(n * ld), std::nanf(""));  // NaN padding
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < v; ++j)
+        logits[std::size_t(i * ld + j)] = 4.0f * (2.0f * rng.next_uniform() - 1.0f);
+    std::vector<std::int64_t> targets(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint32_t k = rng.next_u32() % 6;
+      targets[std::size_t(i)] = k == 0 ? -100 : k == 1 ? 0 : k == 2 ? v - 1 : rng.next_u32() % v;
+    }
+    const std::vector<std::int32_t> targets32(targets.begin(), targets.end());
+    const tk::Extents<2> shape{{n, v}}, strides{{ld, 1}};
+    nn::SoftmaxCrossEntropy ce;
+    decltype(ce)::Context ctx;
+    float loss = 0.0f;
+    const tk::HostView<const float, 2> lv(logits.data(), shape, strides);
+    const tk::HostView<const std::int64_t, 1> tv(targets.data(), tk::Extents<1>{{n}});
+    ce.forward(pool(), ctx, lv, tv, tk::make_view(&loss, {1}));
+    std::vector<float> separate(logits.size(), std::nanf(""));
+    ce.backward(pool(), ctx, lv, tv, tk::HostView<float, 2>(separate.data(), shape, strides),
+                dloss);
+    std::vector<float> in_place = logits;
+    const tk::HostView<float, 2> ip(in_place.data(), shape, strides);
+    if (c % 2 == 0) {
+      ce.backward(pool(), ctx, tk::HostView<const float, 2>(ip), tv, ip, dloss);
+    } else {
+      const tk::HostView<const std::int32_t, 1> tv32(targets32.data(), tk::Extents<1>{{n}});
+      ce.backward(pool(), ctx, tk::HostView<const float, 2>(ip), tv32, ip, dloss);
+    }
+    for (std::size_t k = 0; k < logits.size(); ++k) {  // the padding stays NaN in both
+      CAPTURE(k);
+      if (std::isnan(separate[k])) {
+        CHECK(std::isnan(in_place[k]));
+      } else {
+        CHECK(in_place[k] == separate[k]);
+      }
+    }
+  }
+
+  // dlogits one row below the logits in the same buffer: row r's gradient would overwrite the
+  // logits of row r + 1 before they are read. Refused before anything is written.
+  const std::int64_t n = 3, v = 4;
+  std::vector<float> buf(static_cast<std::size_t>((n + 1) * v), 0.5f);
+  const std::vector<std::int64_t> targets = {0, 1, 2};
+  const tk::HostView<const std::int64_t, 1> tv(targets.data(), tk::Extents<1>{{n}});
+  const tk::HostView<const float, 2> lv(buf.data(), tk::Extents<2>{{n, v}});
+  nn::SoftmaxCrossEntropy ce;
+  decltype(ce)::Context ctx;
+  float loss = 0.0f;
+  ce.forward(pool(), ctx, lv, tv, tk::make_view(&loss, {1}));
+  const std::vector<float> before = buf;
+  CHECK_THROWS_WITH_AS(ce.backward(pool(), ctx, lv, tv,
+                                   tk::HostView<float, 2>(buf.data() + v, tk::Extents<2>{{n, v}})),
+                       doctest::Contains("dlogits [3, 4] partly overlaps logits [3, 4]"),
+                       tk::Error);
+  CHECK(buf == before);
+}

@@ -264,6 +264,77 @@ TEST_CASE("Linear without bias and the fused GELU pair") {
   CHECK(rel_err(arena.grad<2>(proj.weight()).data(), gw2.data(), c * h) < 1e-5);
 }
 
+TEST_CASE("Linear: dx (and backward_dgelu's dpre) may be x itself; dx over dy is refused first") {
+  // dW reads x: written over by dx before it, dW would be dy^T (dy W). Random sizes, bias or
+  // none, both write modes; the gradients and dx must have the bits of separate buffers.
+  tk::PhiloxStream rng(20261207, 5);
+  for (int c = 0; c < 24; ++c) {
+    const auto n = static_cast<std::int64_t>(1 + rng.next_u32() % 13);
+    const auto in = static_cast<std::int64_t>(1 + rng.next_u32() % 19);
+    const auto out = static_cast<std::int64_t>(1 + rng.next_u32() % 19);
+    const bool bias = c % 2 == 0, gelu = c % 3 == 0;
+    const nn::Write mode = c % 4 < 2 ? nn::Write::kOverwrite : nn::Write::kAccumulate;
+    CAPTURE(n);
+    CAPTURE(in);
+    CAPTURE(out);
+    CAPTURE(bias);
+    CAPTURE(gelu);
+    nn::ParamArena<> arena;
+    nn::Linear lin(arena, "fc", {.in_features = in, .out_features = out, .bias = bias});
+    arena.finalize();
+    arena.initialize(std::uint64_t(c));
+    const auto x = nntest::random_floats(n * in, 100 + c, 2.0f);
+    const auto dy = nntest::random_floats(n * out, 200 + c);
+    const auto saved = nntest::random_floats(n * in, 300 + c);  // a GELU slope per element
+    const auto run = [&](std::vector<float>& xbuf, std::vector<float>& dxbuf) {
+      arena.zero_grad();
+      if (gelu) {
+        lin.backward_dgelu(pool(), mat<const float>(xbuf.data(), n, in), mat(dy.data(), n, out),
+                           mat(saved.data(), n, in), mat(dxbuf.data(), n, in));
+      } else {
+        lin.backward(pool(), mat<const float>(xbuf.data(), n, in), mat(dy.data(), n, out),
+                     mat(dxbuf.data(), n, in), mode);
+      }
+      return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+    };
+    std::vector<float> xs = x, dx = x;  // dx seeded with x: kAccumulate adds to it
+    const auto want = run(xs, dx);
+    std::vector<float> same = x;
+    const auto got = run(same, same);
+    CHECK(got == want);
+    CHECK(same == dx);
+  }
+
+  // dx overlapping dy (in == out): the product would read what it wrote. Refused before dW and
+  // db change.
+  const std::int64_t n = 4, f = 6;
+  nn::ParamArena<> arena;
+  nn::Linear lin(arena, "fc", {.in_features = f, .out_features = f});
+  arena.finalize();
+  arena.initialize(3);
+  arena.zero_grad();
+  const auto x = nntest::random_floats(n * f, 7);
+  auto dy = nntest::random_floats(n * f, 8);
+  auto saved = nntest::random_floats(n * f, 9);
+  CHECK_THROWS_WITH_AS(lin.backward(pool(), mat(x.data(), n, f), mat<const float>(dy.data(), n, f),
+                                    mat(dy.data(), n, f)),
+                       doctest::Contains("nn::Linear::backward: dx [4, 6] overlaps dy [4, 6]"),
+                       tk::Error);
+  CHECK_THROWS_WITH_AS(
+      lin.backward_dgelu(pool(), mat(x.data(), n, f), mat(dy.data(), n, f),
+                         mat<const float>(saved.data(), n, f), mat(saved.data(), n, f)),
+      doctest::Contains("nn::Linear::backward_dgelu: dpre [4, 6] overlaps saved [4, 6]"),
+      tk::Error);
+  CHECK(std::all_of(arena.grads_data(), arena.grads_data() + arena.buffer_numel(),
+                    [](float g) { return g == 0.0f; }));
+  // forward_gelu's y over saved: the unfused GELU pass (CPUs without AVX2+FMA, device widths
+  // not a multiple of 8) would write the slope over y; refused on every path, naming the layer.
+  std::vector<float> both(static_cast<std::size_t>(n * f));
+  CHECK_THROWS_WITH_AS(
+      lin.forward_gelu(pool(), mat(x.data(), n, f), mat(both.data(), n, f), mat(both.data(), n, f)),
+      doctest::Contains("nn::Linear::forward_gelu: y [4, 6] overlaps saved"), tk::Error);
+}
+
 TEST_CASE("Linear: results do not depend on the thread count") {
   const std::int64_t n = 300, in = 130, out = 70;
   std::vector<float> grads[2];
@@ -667,8 +738,8 @@ TEST_CASE("LayerNorm: the device backward's partial-sum grid stays within a grid
   for (int i = 0; i < 20; ++i)
     rows_list.push_back(std::int64_t(1 + rng() % (std::int64_t{1} << 26)));
   for (const std::int64_t rows : rows_list) {
-    for (const std::int64_t cols :
-         {std::int64_t{1}, std::int64_t{127}, std::int64_t{768}, std::int64_t{1 + rng() % 5000}}) {
+    for (const std::int64_t cols : {std::int64_t{1}, std::int64_t{127}, std::int64_t{768},
+                                    static_cast<std::int64_t>(1 + rng() % 5000)}) {
       CAPTURE(rows);
       CAPTURE(cols);
       const auto g = nn::detail::layer_norm_partial_grid(rows, cols);

@@ -303,3 +303,39 @@ TEST_CASE("Init: fans of a shape with a zero dimension are refused, naming the p
   nn::fill_init(&none, tk::Shape{4, 0}, nn::Init::xavier_normal(), 1, 0, "empty");
   CHECK(none == 7.0f);
 }
+
+TEST_CASE("ParamArena::load_state_dict names the missing and the unexpected tensor") {
+  nn::ParamArena<> arena;
+  arena.add("fc.weight", tk::Shape{3, 2}, nn::Init::normal());
+  arena.add("fc.bias", tk::Shape{3}, nn::Init::zeros());
+  arena.finalize();
+  arena.initialize(1);
+  const std::vector<float> before(arena.params_data(), arena.params_data() + arena.buffer_numel());
+  const tk::StateDict good = arena.state_dict();
+  const auto refused = [&](const tk::StateDict& sd, const std::string& text) {
+    CHECK_THROWS_WITH_AS(arena.load_state_dict(sd), doctest::Contains(text.c_str()), tk::Error);
+    CHECK(std::vector<float>(arena.params_data(), arena.params_data() + arena.buffer_numel()) ==
+          before);
+  };
+  tk::StateDict missing = good;  // one tensor fewer
+  missing.tensors.erase("fc.bias");
+  refused(missing, "2 parameters from a state of 1 tensors: the state has no tensor 'fc.bias'");
+  tk::StateDict extra = good;  // one tensor more, its key from a file: shown escaped
+  extra.tensors.emplace("fc.\x01scale", tk::AnyTensor(tk::DType::kF32, tk::Shape{1}));
+  refused(extra, "2 parameters from a state of 3 tensors: the state's 'fc.");
+  refused(extra, "' is not a parameter of the arena");
+  try {
+    arena.load_state_dict(extra);
+    FAIL("an unexpected tensor was accepted");
+  } catch (const tk::Error& e) {
+    CHECK(std::string(e.what()).find('\x01') == std::string::npos);
+  }
+  tk::StateDict renamed = missing;  // as many tensors, one of another name
+  renamed.tensors.emplace("fc.b", tk::AnyTensor(tk::DType::kF32, tk::Shape{3}));
+  refused(renamed, "the state has no tensor 'fc.bias'");
+  tk::StateDict wrong = good;  // the dtype and shape are named with the key
+  wrong.tensors.erase("fc.bias");
+  wrong.tensors.emplace("fc.bias", tk::AnyTensor(tk::DType::kF16, tk::Shape{3}));
+  refused(wrong, "parameter 'fc.bias' is F16 [3] in the state but F32 [3] in the arena");
+  arena.load_state_dict(good);
+}

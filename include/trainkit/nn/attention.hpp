@@ -675,7 +675,7 @@ class CausalSelfAttention {
                 TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    detail::check_same_io("nn::CausalSelfAttention::backward", x, dy, C_);
+    detail::check_backward_views("nn::CausalSelfAttention::backward", x, dy, dx, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
     ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn, C_);
     T* dheads = dheads_.template get<T>(N * C_);

@@ -127,6 +127,9 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
       }
       const float m = a.row_max[r];
       const float log_sum = a.log_sum[r];
+      // The target's gradient is taken before the row is written: d may be l (in place).
+      const float target_grad =
+          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true);
       lane_map(
           V,
           [&](std::int64_t j) {
@@ -134,8 +137,7 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
                                       false);
           },
           [&](std::int64_t j, float v) { d[j] = store<T>(v); });
-      d[t] = store<T>(
-          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
+      d[t] = store<T>(target_grad);
     }
   });
 }
@@ -280,7 +282,8 @@ struct CrossEntropyOptions {
 /// throws on the host and traps on the device.
 /// forward saves, in the caller's Context, each row's max and log-sum-exp of the shifted logits
 /// (apart) and the valid count; backward reads logits, targets and that context, and writes
-/// dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid. Loss and gradient keep f32
+/// dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid; dlogits may be the logits view
+/// itself (in place), any other overlap with logits throws. Loss and gradient keep f32
 /// precision (~1e-7 relative, as PyTorch's) for logits of any magnitude, 1e6 included.
 template <Space S = Space::kHost>
 class SoftmaxCrossEntropy {
@@ -341,6 +344,16 @@ class SoftmaxCrossEntropy {
     TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(), "nn::SoftmaxCrossEntropy::backward: dlogits ",
                    detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
     detail::check_rows("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
+    // In place (dlogits over logits, as llm.c does) works: each row is read before it is
+    // written. Any other overlap would let one row's gradient overwrite logits still to be read.
+    const bool in_place = dlogits.data() == logits.data() &&
+                          detail::row_stride(dlogits) == detail::row_stride(logits);
+    TRAINKIT_CHECK(
+        in_place || !blas::detail::byte_rows_overlap(blas::detail::byte_rows("dlogits", dlogits),
+                                                     blas::detail::byte_rows("logits", logits)),
+        "nn::SoftmaxCrossEntropy::backward: dlogits ", detail::shape_of(dlogits),
+        " partly overlaps logits ", detail::shape_of(logits),
+        "; pass the logits view itself (in place) or memory of its own");
     ctx.rec_.template check<T>("nn::SoftmaxCrossEntropy::backward", logits.size(0), logits.size(1));
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));

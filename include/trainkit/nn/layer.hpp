@@ -150,6 +150,23 @@ bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
 }
 
+/// Throws unless x, dy and dx (unless absent) are contiguous [B, T, width] views of one shape,
+/// each named in the message: a composite's backward checks all of them before its first layer
+/// adds a parameter gradient, so a refused call leaves the gradients as they were.
+template <class VX, class VD, class VG>
+void check_backward_views(const char* who, const VX& x, const VD& dy, const VG& dx,
+                          std::int64_t width) {
+  const bool has_dx = !absent(dx);
+  TRAINKIT_CHECK(x.size(VX::rank - 1) == width && dy.sizes() == x.sizes() &&
+                     (!has_dx || dx.sizes() == x.sizes()),
+                 who, ": x ", shape_of(x), ", dy ", shape_of(dy),
+                 has_dx ? ::trainkit::detail::concat(" and dx ", shape_of(dx)) : std::string(),
+                 " must all be [B, T, ", width, "]");
+  check_contiguous(who, "x", x);
+  check_contiguous(who, "dy", dy);
+  if (has_dx) check_contiguous(who, "dx", dx);
+}
+
 /// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool (as AVX2
 /// code where the CPU has it, host_simd). `cost` is the work per row in elements touched; small
 /// problems run on the calling thread. Each row is handled by one call, so per-row results never

@@ -213,7 +213,8 @@ struct LinearOptions {
 /// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
 /// backward reads x (the forward input), dy and W; it adds dy^T x to dW and the column sums of
 /// dy to db (f32, in the arena), and writes dx = dy W (or adds it, Write::kAccumulate).
-/// An absent dx (default view) skips that gemm, e.g. for the first layer.
+/// An absent dx (default view) skips that gemm, e.g. for the first layer. dx may be x itself
+/// (the parameter gradients are taken first); dx overlapping dy throws before anything is added.
 /// The arena must outlive the layer and must not be moved after the layer registered.
 template <Space S = Space::kHost>
 class Linear {
@@ -299,6 +300,8 @@ class Linear {
     detail::check_same_shape("nn::Linear::forward_gelu", "saved", saved, "y", y);
     detail::check_contiguous("nn::Linear::forward_gelu", "saved", saved);
     detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
+    // The fused epilogue's gemm refuses this too, the unfused pass would not (it writes both).
+    check_apart("nn::Linear::forward_gelu", "y", y, "saved", saved);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
@@ -327,13 +330,17 @@ class Linear {
     check_io("nn::Linear::backward", x, dy);
     if (!detail::absent(dx)) {
       check_io("nn::Linear::backward", dx, dy);
+      check_apart("nn::Linear::backward", "dx", dx, "dy", dy);
+    }
+    // dW and db first: they read x, which dx may overwrite (dx may be x itself).
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
+    if (!detail::absent(dx)) {
       blas::GemmOptions<T> o;
       o.compute = P::gemm_compute;
       o.beta = mode == Write::kAccumulate ? 1.0f : 0.0f;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dx, o);
     }
-    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
   }
 
   /// Backward of this layer when its input was x = gelu(pre) (see forward_gelu): accumulates dW
@@ -350,6 +357,10 @@ class Linear {
     detail::check_same_shape("nn::Linear::backward_dgelu", "saved", saved, "dpre", dpre);
     detail::check_contiguous("nn::Linear::backward_dgelu", "saved", saved);
     detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
+    check_apart("nn::Linear::backward_dgelu", "dpre", dpre, "dy", dy);
+    check_apart("nn::Linear::backward_dgelu", "dpre", dpre, "saved", saved);
+    // dW and db first: they read x, which dpre may overwrite (dpre may be x itself).
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
@@ -367,7 +378,6 @@ class Linear {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
     }
-    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
   }
 
  private:
@@ -416,6 +426,17 @@ class Linear {
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
     if (has_bias())
       detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);
+  }
+
+  /// Throws unless the input gradient `out` shares no memory with `in`, which its product reads:
+  /// checked before any parameter gradient is added, so a refused call changes nothing.
+  template <class VO, class VI>
+  static void check_apart(const char* who, const char* out_name, const VO& out, const char* in_name,
+                          const VI& in) {
+    TRAINKIT_CHECK(!blas::detail::byte_rows_overlap(blas::detail::byte_rows(out_name, out),
+                                                    blas::detail::byte_rows(in_name, in)),
+                   who, ": ", out_name, " ", detail::shape_of(out), " overlaps ", in_name, " ",
+                   detail::shape_of(in), ", which is read while ", out_name, " is written");
   }
 
   template <class VX, class VY>

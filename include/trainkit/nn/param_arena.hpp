@@ -156,7 +156,8 @@ class ParamArena {
   /// for a second arena in a checkpoint (an EMA copy, a frozen teacher); the model itself goes
   /// to model.safetensors through ckpt::TrainState::model().
   TRAINKIT_INLINE StateDict state_dict() const;
-  /// Requires exactly this arena's names, shapes and F32; checks all before changing anything.
+  /// Requires exactly this arena's names, shapes and F32; checks all before changing anything, and
+  /// names the first parameter the state lacks, else the first tensor the arena lacks.
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   // ---- buffers and views ----------------------------------------------------------------------
@@ -482,8 +483,16 @@ TRAINKIT_INLINE StateDict ParamArena<S>::state_dict() const {
 template <Space S>
 TRAINKIT_INLINE void ParamArena<S>::load_state_dict(const StateDict& sd) {
   check_finalized("load_state_dict");
-  TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
-                 " parameters from a state of ", sd.tensors.size(), " tensors");
+  // A missing parameter, then a tensor the arena does not have, each named (keys from a file are
+  // shown escaped), before any count: "3 parameters from 4 tensors" alone says not which.
+  for (const ParamInfo& p : infos_)
+    TRAINKIT_CHECK(sd.tensors.count(p.name) != 0, "ParamArena: restoring ", infos_.size(),
+                   " parameters from a state of ", sd.tensors.size(),
+                   " tensors: the state has no tensor '", p.name, "'");
+  for (const auto& entry : sd.tensors)
+    TRAINKIT_CHECK(by_name_.count(entry.first) != 0, "ParamArena: restoring ", infos_.size(),
+                   " parameters from a state of ", sd.tensors.size(), " tensors: the state's '",
+                   StateDict::shown(entry.first), "' is not a parameter of the arena");
   for (const ParamInfo& p : infos_) {
     const AnyTensor& t = sd.tensor(p.name);
     TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",

@@ -111,8 +111,7 @@ class TransformerBlock {
                 TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    TRAINKIT_CHECK(x.sizes() == dy.sizes(), "nn::TransformerBlock::backward: x ",
-                   detail::shape_of(x), " and dy ", detail::shape_of(dy), " differ");
+    detail::check_backward_views("nn::TransformerBlock::backward", x, dy, dx, C_);
     ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1), C_);
     const std::int64_t N = x.size(0) * x.size(1);
     T* dpre = dpre_.template get<T>(N * 4 * C_);
