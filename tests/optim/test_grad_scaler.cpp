@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -530,4 +531,79 @@ TEST_CASE("loss scalers refuse a scale that is 0 or subnormal as a float (invers
   CHECK_THROWS_WITH_AS(optim::DynamicScaler(pool(), {.growth_interval = 0}),
                        doctest::Contains("got 0"), tk::Error);
   CHECK(optim::DynamicScaler(pool(), {.growth_interval = 0x7fffffff}).scale() == 65536.0f);
+}
+
+TEST_CASE("DynamicScaler::load_state_dict names itself and the setting when a saved one is bad") {
+  optim::DynamicScaler s(pool(), {.growth_interval = 10});
+  const tk::StateDict good = s.state_dict();
+  struct Bad {
+    const char* key;
+    double value;
+    const char* expected;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const Bad& b : {Bad{"growth_factor", 0.5, "growth_factor must be > 1, got 0.5"},
+                       Bad{"growth_factor", nan, "growth_factor must be > 1, got nan"},
+                       Bad{"backoff_factor", 1.0, "backoff_factor must be in (0, 1), got 1"},
+                       Bad{"backoff_factor", 0.0, "backoff_factor must be in (0, 1), got 0"},
+                       Bad{"growth_interval", 0.0, "growth_interval must be in 1 .. 2^31 - 1"}}) {
+    CAPTURE(b.key);
+    CAPTURE(b.value);
+    tk::StateDict sd = good;
+    if (std::string(b.key) == "growth_interval") {
+      sd.set(b.key, std::int64_t{0});
+    } else {
+      sd.set(b.key, b.value);
+    }
+    std::string message;
+    try {
+      s.load_state_dict(sd);
+    } catch (const tk::Error& e) {
+      message = e.what();
+    }
+    CHECK(message.find("DynamicScaler::load_state_dict: the state's settings are not valid (") !=
+          std::string::npos);
+    CHECK(message.find(b.expected) != std::string::npos);
+    CHECK(s.options().growth_factor == 2.0);  // unchanged
+    CHECK(s.options().growth_interval == 10);
+  }
+}
+
+TEST_CASE("a disabled DynamicScaler's unscale_ returns the gradients' norm, so clipping works") {
+  // PyTorch: GradScaler(enabled=False).unscale_ does nothing and clip_grad_norm_ measures the
+  // gradients itself; here clip_grad_norm_ takes the norm unscale_ returns, which used to be an
+  // empty handle (clip_grad_norm_ then threw) for a disabled scaler.
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<int> dim(1, 30);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 10; ++trial) {
+    CAPTURE(trial);
+    Arena arena;
+    for (int k = 0; k < 1 + trial % 3; ++k)
+      arena.add("w" + std::to_string(k), tk::Shape{dim(gen), dim(gen)});
+    arena.finalize();
+    std::vector<float> grads(static_cast<std::size_t>(arena.buffer_numel()), 0.0f);
+    double sumsq = 0.0;
+    for (std::int64_t i = 0; i < arena.buffer_numel(); ++i)
+      if (arena.padding_mask().real(i)) {
+        grads[static_cast<std::size_t>(i)] = normal(gen);
+        sumsq += double(grads[static_cast<std::size_t>(i)]) * grads[static_cast<std::size_t>(i)];
+      }
+    std::copy(grads.begin(), grads.end(), arena.grads_data());
+    optim::DynamicScaler off(pool(), {.enabled = false});
+    const optim::GradNorm n = off.unscale_(pool(), arena);
+    REQUIRE(n.valid());
+    CHECK(n.get() == optim::grad_norm(pool(), arena).get());
+    CHECK(std::abs(n.get() - std::sqrt(sumsq)) <= 1e-6 * std::sqrt(sumsq));
+    CHECK(std::equal(grads.begin(), grads.end(), arena.grads_data()));  // not scaled
+    const double max_norm = 0.5 * std::sqrt(sumsq);
+    optim::clip_grad_norm_(pool(), arena, max_norm, n);
+    CHECK(optim::grad_norm(pool(), arena).get() == doctest::Approx(max_norm).epsilon(1e-5));
+    // The protocol is the enabled one's: a second unscale_ before update() is refused.
+    CHECK_THROWS_AS(off.unscale_(pool(), arena), tk::Error);
+    optim::SGD opt(arena, {.lr = 1.0});
+    opt.step(pool(), off);
+    off.update(pool());
+    CHECK(opt.step_count() == 1);
+  }
 }

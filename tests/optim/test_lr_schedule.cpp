@@ -9,6 +9,7 @@
 // min_lrs and eps; bad arguments throw.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -714,4 +715,48 @@ TEST_CASE("ReduceLROnPlateau saves min_lrs and eps (PyTorch's names) and restore
                        doctest::Contains("min_lr 0 is -1"), tk::Error);
   CHECK_THROWS_WITH_AS(optim::ReduceLROnPlateau(g, {.eps = -1e-9}), doctest::Contains("eps is"),
                        tk::Error);
+}
+
+TEST_CASE("ReduceLROnPlateau::load_state_dict shows a damaged mode escaped and bounded") {
+  optim::LrGroups g = two_groups();
+  optim::ReduceLROnPlateau s(g);
+  const tk::StateDict good = s.state_dict();
+  for (const char* key : {"mode", "threshold_mode"}) {
+    for (const std::size_t extra : {std::size_t{3}, std::size_t{4000}}) {
+      CAPTURE(key);
+      CAPTURE(extra);
+      tk::StateDict sd = good;
+      sd.set(key, "m\n\x1b[2J" + std::string(extra, '\x7f'));
+      std::string message;
+      try {
+        s.load_state_dict(sd);
+      } catch (const tk::Error& e) {
+        message = e.what();
+      }
+      CHECK(message.find(std::string(key) + " 'm\\x0a\\x1b[2J\\x7f") != std::string::npos);
+      CHECK(std::none_of(message.begin(), message.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f;
+      }));
+      CHECK(message.size() < 1200);
+    }
+  }
+  CHECK(s.last_epoch() == 0);  // nothing changed
+}
+
+TEST_CASE("LR schedules: a saved schedule name from a file is shown escaped and bounded") {
+  optim::LrGroups g = two_groups();
+  optim::StepLR s(g, {.step_size = 2});
+  for (const std::size_t extra : {std::size_t{3}, std::size_t{5000}}) {
+    CAPTURE(extra);
+    tk::StateDict sd = s.state_dict();
+    sd.set("schedule", "S\r\n\x1b" + std::string(extra, '\xff'));
+    std::string message;
+    try {
+      s.load_state_dict(sd);
+    } catch (const tk::Error& e) {
+      message = e.what();
+    }
+    CHECK(message.find("the state is from S\\x0d\\x0a\\x1b\\xff") != std::string::npos);
+    CHECK(message.size() < 1200);
+  }
 }

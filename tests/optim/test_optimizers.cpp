@@ -8,11 +8,13 @@
 // is deterministic; results do not depend on the thread count.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -841,4 +843,154 @@ TEST_CASE("load_state_dict refuses tensors of parameters or states it does not h
       CHECK(opt.step_count() == 1);
     });
   }
+}
+
+namespace {
+/// The largest |x - y| over the arena's buffers divided by the largest |y| (0 for all-zero y).
+double buffer_error(const float* x, const float* y, std::int64_t n) {
+  double worst = 0.0, largest = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(double(x[i]) - y[i]));
+    largest = std::max(largest, std::abs(double(y[i])));
+  }
+  return largest == 0.0 ? worst : worst / largest;
+}
+}  // namespace
+
+TEST_CASE("LAMB: folded clipping and unscale_ + clip_grad_norm_ equal clipping first (random)") {
+  // apex's FusedLAMB measures the gradients it is given: after torch's clip_grad_norm_ its own
+  // max_grad_norm sees the clipped norm. The reference here clips first (clip_grad_norm_, no
+  // scaler), then steps. Folded clipping (ClipGradNorm, with or without a loss scaler) and a step
+  // after scaler.unscale_ + clip_grad_norm_ must agree with it; both used to divide the clipped
+  // gradients once more by the unclipped norm / max_grad_norm.
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> dim(1, 40);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const double max_grad_norms[] = {0.0, 0.5, 1.0, 4.0};
+  const double clip_norms[] = {0.3, 1.0, 3.0};
+  for (int trial = 0; trial < 12; ++trial) {
+    const double max_grad_norm = max_grad_norms[trial % 4];
+    const double clip = clip_norms[trial % 3];
+    const bool scaled = trial % 2 == 1;
+    CAPTURE(trial);
+    CAPTURE(max_grad_norm);
+    CAPTURE(clip);
+    Arena a, b, c;  // folded, unscale_ + clip_grad_norm_ (scaled trials), reference
+    const int count = 1 + trial % 4;
+    for (int k = 0; k < count; ++k) {
+      const tk::Shape shape{dim(gen), dim(gen)};
+      for (Arena* x : {&a, &b, &c}) x->add("w" + std::to_string(k), shape);
+    }
+    for (Arena* x : {&a, &b, &c}) {
+      x->add("bias", tk::Shape{5});
+      x->finalize();
+    }
+    for (std::int64_t i = 0; i < a.buffer_numel(); ++i)
+      a.params_data()[i] = b.params_data()[i] = c.params_data()[i] =
+          a.padding_mask().real(i) ? uniform(gen) : 0.0f;
+    const optim::LAMBOptions o{.lr = 1e-2, .weight_decay = 0.1, .max_grad_norm = max_grad_norm};
+    const std::vector<optim::GroupRule> groups{optim::no_weight_decay({"bias"})};
+    optim::LAMB folded(a, o, groups), unscaled_first(b, o, groups), reference(c, o, groups);
+    // A power of two: the scaled gradients unscale exactly to the reference's.
+    constexpr float kScale = 1024.0f;
+    optim::DynamicScaler sa(pool(), {.init_scale = kScale});
+    optim::DynamicScaler sb(pool(), {.init_scale = kScale});
+    for (int t = 0; t < 10; ++t) {
+      // Gradient norms from far below to far above both thresholds.
+      const float magnitude = std::pow(10.0f, static_cast<float>(t % 5) - 2.0f);
+      for (std::int64_t i = 0; i < a.buffer_numel(); ++i) {
+        c.grads_data()[i] = a.padding_mask().real(i) ? uniform(gen) * magnitude : 0.0f;
+        a.grads_data()[i] = b.grads_data()[i] = c.grads_data()[i] * (scaled ? kScale : 1.0f);
+      }
+      optim::clip_grad_norm_(pool(), c, clip);
+      reference.step(pool());
+      if (scaled) {
+        folded.step(pool(), sa, {.max_norm = clip});
+        optim::clip_grad_norm_(pool(), b, clip, sb.unscale_(pool(), b));
+        unscaled_first.step(pool(), sb);
+        sa.update(pool());
+        sb.update(pool());
+      } else {
+        folded.step(pool(), {.max_norm = clip});
+      }
+    }
+    const std::int64_t n = a.buffer_numel();
+    for (const char* state : {"exp_avg", "exp_avg_sq"}) {
+      CAPTURE(state);
+      CHECK(buffer_error(a.state(state).data(), c.state(state).data(), n) <= 1e-5);
+      if (scaled) CHECK(buffer_error(b.state(state).data(), c.state(state).data(), n) <= 1e-5);
+    }
+    CHECK(buffer_error(a.params_data(), c.params_data(), n) <= 1e-5);
+    if (scaled) CHECK(buffer_error(b.params_data(), c.params_data(), n) <= 1e-5);
+  }
+}
+
+TEST_CASE("SGD: an infinite momentum is refused by the constructor and by load_state_dict") {
+  Fixture f;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH_AS(optim::SGD(f.arena, {.momentum = kInf}),
+                       doctest::Contains("momentum must be finite and >= 0, got inf"), tk::Error);
+  CHECK_THROWS_WITH_AS(optim::SGD(f.arena, {.momentum = -0.5}),
+                       doctest::Contains("momentum must be finite and >= 0, got -0.5"), tk::Error);
+  optim::SGD opt(f.arena, {.lr = 0.1, .momentum = 0.9});
+  run_steps(f, opt, 3);
+  const std::vector<float> before(f.arena.params_data(),
+                                  f.arena.params_data() + f.arena.buffer_numel());
+  for (const double bad : {kInf, -kInf, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    tk::StateDict sd = opt.state_dict();
+    sd.set("momentum", bad);
+    CHECK_THROWS_WITH_AS(opt.load_state_dict(sd), doctest::Contains("momentum"), tk::Error);
+  }
+  CHECK(opt.step_count() == 3);
+  optest::load_grads(f.arena, 4);
+  opt.step(pool());
+  for (std::int64_t i = 0; i < f.arena.buffer_numel(); ++i)
+    REQUIRE(std::isfinite(f.arena.params_data()[i]));
+  CHECK(f.arena.params_data()[0] != before[0]);
+}
+
+TEST_CASE("load_state_dict shows names and keys from a file escaped and bounded (random)") {
+  Fixture f;
+  optim::AdamW opt(f.arena, {});
+  run_steps(f, opt, 2);
+  const tk::StateDict good = opt.state_dict();
+  std::mt19937 gen(5);
+  std::uniform_int_distribution<int> byte(1, 255);
+  const auto text = [&](std::size_t n) {
+    std::string s = "\n\x1b[1m";
+    while (s.size() < n) s += static_cast<char>(byte(gen));
+    return s;
+  };
+  const auto message_of = [&](const tk::StateDict& sd) {
+    std::string message;
+    try {
+      opt.load_state_dict(sd);
+    } catch (const tk::Error& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  // At most 200 bytes of each string from the file, each byte at most 4 characters (\xNN).
+  const auto readable = [](const std::string& m) {
+    return !m.empty() && m.size() < 2500 && std::none_of(m.begin(), m.end(), [](char c) {
+      return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f;
+    });
+  };
+  for (const std::size_t n : {std::size_t{8}, std::size_t{300}, std::size_t{6000}}) {
+    CAPTURE(n);
+    tk::StateDict sd = good;
+    sd.set("optimizer", text(n));
+    std::string m = message_of(sd);
+    CHECK(m.find("the state is from \\x0a\\x1b[1m") != std::string::npos);
+    CHECK(readable(m));
+    for (const char* suffix : {".exp_avg", ".unknown"}) {
+      sd = good;
+      sd.tensors.emplace(text(n) + suffix, tk::AnyTensor(tk::DType::kF32, tk::Shape{1}));
+      m = message_of(sd);
+      CHECK(m.find("the state holds tensor '\\x0a\\x1b[1m") != std::string::npos);
+      CHECK(readable(m));
+    }
+  }
+  CHECK(opt.step_count() == 2);
 }

@@ -757,3 +757,70 @@ TEST_CASE("Pruner::load_state_dict refuses a bad target, last_update_step or N:M
   p.load_state_dict(good);
   CHECK(p.sparsity() == 0.5);
 }
+
+TEST_CASE("Pruner::load_state_dict shows an unknown key from the file escaped and bounded") {
+  Arena a;
+  a.add("w", tk::Shape{2, 4});
+  a.finalize();
+  optim::Pruner<> p(a);
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int trial = 0; trial < 20; ++trial) {
+    // A key of random bytes (control characters, a newline, bytes above 0x7f), sometimes long.
+    std::string key = "x\n\x1b[31m";
+    const int extra = trial % 2 == 0 ? 10 : 5000;
+    for (int i = 0; i < extra; ++i) key += static_cast<char>(byte(gen));
+    tk::StateDict sd = p.state_dict();
+    sd.tensors.emplace(key, tk::AnyTensor(tk::DType::kU8, tk::Shape{1}));
+    std::string message;
+    try {
+      p.load_state_dict(sd);
+    } catch (const tk::Error& e) {
+      message = e.what();
+    }
+    CAPTURE(message.size());
+    CHECK(message.find("which is not the mask of a parameter this pruner prunes") !=
+          std::string::npos);
+    CHECK(message.find("x\\x0a\\x1b[31m") != std::string::npos);
+    CHECK(std::none_of(message.begin(), message.end(), [](char c) {
+      return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f;
+    }));
+    CHECK(message.size() < 1200);
+  }
+}
+
+TEST_CASE(
+    "SparsitySchedule: a negative begin or a last update beyond 2^63 - 1 is refused (random)") {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  // end - begin used to overflow for a negative begin (undefined behaviour).
+  CHECK_THROWS_WITH_AS(optim::SparsitySchedule::gradual(0.5, -1, kMax, 1),
+                       doctest::Contains("0 <= begin <= end, got begin -1"), tk::Error);
+  CHECK_THROWS_AS(
+      optim::SparsitySchedule::gradual(0.5, std::numeric_limits<std::int64_t>::min(), kMax, 3),
+      tk::Error);
+  const optim::SparsitySchedule whole = optim::SparsitySchedule::gradual(0.5, 0, kMax, 1);
+  CHECK_NOTHROW(whole.validate());
+  CHECK(whole.end_step() == kMax);
+  // begin_step + num_updates * every must fit in 64 bits (end_step() computes it).
+  std::mt19937_64 gen(3);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::int64_t begin = static_cast<std::int64_t>(gen() >> (1 + gen() % 63));
+    const std::int64_t every = 1 + static_cast<std::int64_t>(gen() >> (1 + gen() % 63)) % kMax;
+    const std::int64_t limit = (kMax - begin) / every;  // the largest n that fits
+    const std::int64_t n = limit + static_cast<std::int64_t>(gen() % 5) - 2;
+    if (n < 0) continue;
+    CAPTURE(begin);
+    CAPTURE(every);
+    CAPTURE(n);
+    const optim::SparsitySchedule s{0.0, 0.5, begin, every, n};
+    std::int64_t product = 0, end = 0;
+    const bool fits = !__builtin_mul_overflow(n, every, &product) &&
+                      !__builtin_add_overflow(begin, product, &end);
+    if (fits) {
+      CHECK_NOTHROW(s.validate());
+      CHECK(s.end_step() == begin + n * every);
+    } else {
+      CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("is beyond step 2^63 - 1"), tk::Error);
+    }
+  }
+}

@@ -251,7 +251,10 @@ void check_space(const char* what) {
 
 /// The L2 norm of all gradients of `arena` (PyTorch's total_norm of clip_grad_norm_, computed
 /// in double in a fixed order: the same bits for any thread count). Asynchronous on a CUDA
-/// stream; the result stays on the device until GradNorm::get().
+/// stream; the result stays on the device until GradNorm::get(). Unlike PyTorch's f32 norms,
+/// the sum of squares cannot overflow: gradients of 1e30 give their finite norm where
+/// torch.nn.utils.clip_grad_norm_ returns inf (and zeroes every gradient); only a norm above the
+/// largest float (3.4e38) is inf.
 template <class E, Space S>
 GradNorm grad_norm(const E& exec, const nn::ParamArena<S>& arena) {
   detail::check_space<E, S>("grad_norm");

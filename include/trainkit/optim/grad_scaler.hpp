@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "trainkit/amp/scaler_fwd.hpp"
 #include "trainkit/config.hpp"
@@ -305,7 +306,10 @@ class DynamicScaler {
   /// measures the norm of the unscaled gradients (deterministic reduction), returned for
   /// clip_grad_norm_ (it points into the scaler: valid until the next check). As PyTorch's,
   /// found_inf looks at the incoming gradients only: when 1/scale overflows to inf (scale below
-  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. Throws
+  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. A
+  /// disabled scaler leaves the gradients as they are and returns their norm (grad_norm, one read
+  /// pass), so that `clip_grad_norm_(exec, arena, max_norm, scaler.unscale_(exec, arena))` clips
+  /// with and without loss scaling alike, as PyTorch's unscale_ + clip_grad_norm_ do. Throws
   /// when called twice before update() or after step.
   template <class E, Space S>
   GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
@@ -314,9 +318,14 @@ class DynamicScaler {
                    "DynamicScaler::unscale_() has already been called since the last update()");
     TRAINKIT_CHECK(core_.stage() != Stage::kStepped,
                    "DynamicScaler::unscale_() is being called after step()");
-    if (enabled()) core_.unscale(exec, arena);
+    if (!enabled()) {
+      core_.check_arena<E, S>("unscale_", arena);
+      GradNorm norm = grad_norm(exec, arena);
+      core_.set_stage(Stage::kUnscaled);
+      return norm;
+    }
+    core_.unscale(exec, arena);
     core_.set_stage(Stage::kUnscaled);
-    if (!enabled()) return {};
     return GradNorm(&core_.block()->grad_norm, space());
   }
 
@@ -477,7 +486,13 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_factor = sd.get_double("growth_factor");
   o.backoff_factor = sd.get_double("backoff_factor");
   o.growth_interval = sd.get_int("growth_interval");
-  o = validated(o);
+  try {  // the message says the state holds the bad setting, not this scaler's options
+    o = validated(o);
+  } catch (const Error& e) {
+    std::string_view why = e.what();
+    if (why.starts_with("trainkit: DynamicScaler: ")) why.remove_prefix(25);
+    TRAINKIT_FAIL("DynamicScaler::load_state_dict: the state's settings are not valid (", why, ")");
+  }
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
   TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),

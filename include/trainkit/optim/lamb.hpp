@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // trainkit/optim/lamb.hpp: `LAMB` (You et al. 2019) as NVIDIA apex's FusedLAMB computes it: the
-// gradients are divided by max(1, ||g|| / max_grad_norm) (global norm), Adam moments with bias
+// gradients are divided by max(1, ||g|| / max_grad_norm) (global norm of the gradients the step
+// reads: after ClipGradNorm, or after unscale_ + clip_grad_norm_), Adam moments with bias
 // correction give the update u = m_hat / (sqrt(v_hat) + eps) + wd * p (adam_w_mode), and each
 // parameter tensor moves by lr * ||p|| / ||u|| (its trust ratio) times u. Per-tensor norms are
 // deterministic: fixed chunks, each folded in a fixed order, then the chunks of a tensor in order.
@@ -84,8 +85,10 @@ struct LAMBRule {
     s.bc2 = o.bias_correction ? static_cast<float>(1.0 - pow(double{s.beta2}, head.step)) : 1.0f;
     s.eps = static_cast<float>(o.eps);
     const float max_norm = static_cast<float>(o.max_grad_norm);
-    s.clip_div =
-        (o.max_grad_norm > 0.0 && head.grad_norm > max_norm) ? head.grad_norm / max_norm : 1.0f;
+    // The norm of the gradients this update reads: after the step's ClipGradNorm coefficient (1
+    // without clipping), as apex measures the gradients it is given after clip_grad_norm_.
+    const float norm = head.grad_norm * head.clip_coef;
+    s.clip_div = (o.max_grad_norm > 0.0 && norm > max_norm) ? norm / max_norm : 1.0f;
     s.adam_w_mode = o.adam_w_mode ? 1 : 0;
     s.use_ratio = (o.use_nvlamb || o.weight_decay != 0.0) ? 1 : 0;
   }
@@ -116,7 +119,8 @@ struct LAMBRule {
 }  // namespace detail
 
 /// LAMB over a ParamArena (apex FusedLAMB semantics; state "exp_avg", "exp_avg_sq"). Four
-/// passes per step: the global gradient norm (skipped when a loss scaler measured it), stage 1
+/// passes per step: the global gradient norm (skipped when the loss scaler's check in this step
+/// measured it; after an explicit unscale_ the gradients may have been clipped since), stage 1
 /// (moments, update into the gradient buffer, per-chunk norm partials), the per-tensor trust
 /// ratios, stage 2 (p -= ratio * u). No host sync. Note: the gradients hold the update after a
 /// (non-skipped) step, as with apex.

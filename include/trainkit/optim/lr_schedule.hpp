@@ -512,7 +512,7 @@ TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char
       (!has_name || saved_name == name) &&
           (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
       name, " state: the state is from ",
-      has_name ? ::trainkit::detail::printable_bytes(saved_name) : std::string("a schedule"),
+      has_name ? StateDict::shown(saved_name) : std::string("a schedule"),
       has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
       "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
       " (a state loads into the schedule type that saved it, over as many parameter "
@@ -814,10 +814,10 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
   // min_lrs.<g>, checked with the other options below; a state saved without them keeps ours.
   if (sd.values.count("min_lrs.0") != 0) detail::load_list(sd, "min_lrs", loaded.o_.min_lr);
   const std::string mode = sd.get_string("mode"), threshold_mode = sd.get_string("threshold_mode");
-  TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '", mode,
-                 "' is not min or max");
+  TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '",
+                 StateDict::shown(mode), "' is not min or max");
   TRAINKIT_CHECK(threshold_mode == "rel" || threshold_mode == "abs",
-                 "ReduceLROnPlateau state: threshold_mode '", threshold_mode,
+                 "ReduceLROnPlateau state: threshold_mode '", StateDict::shown(threshold_mode),
                  "' is not rel or abs");
   loaded.o_.mode = mode == "min" ? Options::Mode::kMin : Options::Mode::kMax;
   loaded.o_.threshold_mode =

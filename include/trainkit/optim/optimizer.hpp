@@ -332,6 +332,10 @@ class FusedOptimizer {
       in.inv_scale = view.inv_scale;
       in.found_inf = view.found_inf;
       in.grad_norm = view.grad_norm;
+      // After an earlier unscale_ the gradients may have changed since the scaler measured them
+      // (clip_grad_norm_ most often): a rule that reads the norm (LAMB) measures them as they are
+      // now, as apex's FusedLAMB does, not the stale norm of the unclipped gradients.
+      if (view.inv_scale == nullptr && Traits::needs_grad_norm(options_)) in.grad_norm = nullptr;
     }
     if (want_norm && in.grad_norm == nullptr) {
       StepHeader* h = header_.data();
@@ -639,7 +643,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 ::trainkit::detail::printable_bytes(sd.get_string("optimizer")));
+                 StateDict::shown(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -721,14 +725,13 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
   for (const auto& entry : sd.tensors) {
     const std::string& key = entry.first;
     if (known.count(key) != 0) continue;
-    const std::string shown = ::trainkit::detail::printable_bytes(key);
+    const std::string shown = StateDict::shown(key);
     for (const std::string& state : states) {
       const std::string suffix = "." + state;
       if (key.size() > suffix.size() && key.ends_with(suffix))
         TRAINKIT_FAIL(
             prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
-            ::trainkit::detail::printable_bytes(
-                std::string_view(key).substr(0, key.size() - suffix.size())),
+            StateDict::shown(std::string_view(key).substr(0, key.size() - suffix.size())),
             "' that this optimizer's arena does not have; expected the states of the arena's ",
             arena_->size(), " parameter(s) only (is it the state of another model?)");
     }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -102,8 +103,9 @@ struct SparsitySchedule {
   /// the grid of `every`; end == begin is one shot).
   static SparsitySchedule gradual(double final, std::int64_t begin, std::int64_t end,
                                   std::int64_t every, double initial = 0.0) {
-    TRAINKIT_CHECK(every >= 1 && end >= begin, "optim::SparsitySchedule::gradual: needs every >= 1",
-                   " and end >= begin, got begin ", begin, ", end ", end, ", every ", every);
+    TRAINKIT_CHECK(every >= 1 && begin >= 0 && end >= begin,
+                   "optim::SparsitySchedule::gradual: needs every >= 1 and ",
+                   "0 <= begin <= end, got begin ", begin, ", end ", end, ", every ", every);
     return {initial, final, begin, every, (end - begin) / every};
   }
   /// `sparsity` at once after `step` completed steps (PyTorch's one-shot prune).
@@ -111,7 +113,8 @@ struct SparsitySchedule {
     return {sparsity, sparsity, step, 1, 0};
   }
 
-  /// Throws unless 0 <= s_i, s_f <= 1, t0 >= 0, dt >= 1 and n >= 0.
+  /// Throws unless 0 <= s_i, s_f <= 1, t0 >= 0, dt >= 1, n >= 0 and the last update step
+  /// t0 + n dt fits in 64 bits.
   void validate() const {
     TRAINKIT_CHECK(initial_sparsity >= 0.0 && initial_sparsity <= 1.0 && final_sparsity >= 0.0 &&
                        final_sparsity <= 1.0,
@@ -121,6 +124,10 @@ struct SparsitySchedule {
         begin_step >= 0 && every >= 1 && num_updates >= 0,
         "optim::SparsitySchedule: needs begin_step >= 0, every >= 1 and num_updates >= 0,", " got ",
         begin_step, ", ", every, " and ", num_updates);
+    TRAINKIT_CHECK(num_updates <= (std::numeric_limits<std::int64_t>::max() - begin_step) / every,
+                   "optim::SparsitySchedule: the last update, at begin_step + num_updates * ",
+                   "every = ", begin_step, " + ", num_updates, " * ", every,
+                   ", is beyond step 2^63 - 1");
   }
   /// True when the masks are updated after `step` completed steps.
   bool updates_at(std::int64_t step) const noexcept {
@@ -568,7 +575,7 @@ class Pruner {
     for (const auto& [key, t] : sd.tensors) {
       bool known = false;
       for (nn::ParamId id : targets_) known = known || key == arena_->info(id).name + "_mask";
-      TRAINKIT_CHECK(known, kWho, ": the state holds '", key,
+      TRAINKIT_CHECK(known, kWho, ": the state holds '", StateDict::shown(key),
                      "', which is not the mask of a parameter this pruner prunes");
     }
     for (nn::ParamId id : targets_) {

@@ -72,9 +72,11 @@ struct StepHeader {
   float own_norm;        ///< sqrt(own_sumsq)
   float inv_loss_scale;  ///< this step's inverse loss scale (1 without a scaler or after unscale_)
   float clip_coef;       ///< this step's clip coefficient (1 without clipping)
-  float grad_norm;       ///< the global norm of the unscaled gradients this step (0 if unknown)
-  std::int32_t skip;     ///< 1: this step was skipped (found_inf)
-  std::int32_t first;    ///< 1: this is the first applied step
+  /// The global norm of the unscaled gradients this step, before clip_coef (0 if unknown): the
+  /// gradients update() sees have the norm grad_norm * clip_coef (LAMB's max_grad_norm reads it).
+  float grad_norm;
+  std::int32_t skip;   ///< 1: this step was skipped (found_inf)
+  std::int32_t first;  ///< 1: this is the first applied step
 };
 
 /// One entry of a rule's kSavedOptions: the state-dict key and the option member it holds.

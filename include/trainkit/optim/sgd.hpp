@@ -43,7 +43,9 @@ struct SGDRule {
   }
   static constexpr int num_states(unsigned v) { return (v & kMomentum) != 0 ? 1 : 0; }
   static void validate(const Options& o) {
-    TRAINKIT_CHECK(o.momentum >= 0.0, "optim::SGD: invalid momentum ", o.momentum);
+    // An infinite momentum (e.g. from a damaged state) would make every parameter inf or NaN.
+    TRAINKIT_CHECK(std::isfinite(o.momentum) && o.momentum >= 0.0,
+                   "optim::SGD: momentum must be finite and >= 0, got ", o.momentum);
     TRAINKIT_CHECK(std::isfinite(o.dampening), "optim::SGD: invalid dampening ", o.dampening);
     TRAINKIT_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
                    "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
@@ -94,8 +96,8 @@ struct SGDRule {
 }  // namespace detail
 
 /// torch.optim.SGD over a ParamArena. With momentum the arena gets a "momentum_buffer" state.
-/// Throws for invalid hyper-parameters (negative lr/momentum/weight_decay, Nesterov without
-/// momentum or with dampening).
+/// Throws for invalid hyper-parameters (negative or non-finite lr/momentum/weight_decay, a
+/// non-finite dampening, Nesterov without momentum or with dampening).
 template <Space S = Space::kHost>
 class SGD : public FusedOptimizer<detail::SGDRule, S> {
  public:
