@@ -125,6 +125,23 @@ std::vector<std::byte> bytes_of(std::string_view s) {
   return out;
 }
 
+/// The .npy header np.save's layout gives `shape` (format 1.0, padded to 64 bytes), also for the
+/// shapes io::npy_header_bytes refuses to write (a byte size past 2^63 - 1): a reader's input.
+std::string raw_npy_header(tk::DType t, const std::vector<std::int64_t>& shape) {
+  std::string dict = "{'descr': '" + tk::io::npy_descr(t) + "', 'fortran_order': False, 'shape': (";
+  for (std::size_t i = 0; i < shape.size(); ++i) dict += (i ? ", " : "") + std::to_string(shape[i]);
+  dict += shape.size() == 1 ? ",), }" : "), }";
+  const std::size_t pad = 63 - (10 + dict.size()) % 64;  // the header ends with '\n' at 64k
+  const std::size_t hlen = dict.size() + pad + 1;
+  REQUIRE(hlen <= 0xffff);
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(hlen & 0xff);
+  out += static_cast<char>(hlen >> 8);
+  return out + dict + std::string(pad, ' ') + '\n';
+}
+
 }  // namespace
 
 TEST_CASE("tar bounds: a 1 KiB archive declaring a 2 GiB member allocates nothing like 2 GiB") {
@@ -318,7 +335,7 @@ TEST_CASE("npy bounds: huge declared shapes say too large or truncated, never tr
   for (const auto& shape : shapes) {
     CAPTURE(shape[0]);
     for (tk::DType t : {tk::DType::kU8, tk::DType::kF64}) {
-      std::string bytes = tk::io::npy_header_bytes(t, shape);
+      std::string bytes = raw_npy_header(t, shape);
       // A few data bytes, never more than the shape needs (more would rightly be "trailing").
       std::optional<std::size_t> need = tk::dtype_size(t);
       for (std::int64_t d : shape)
@@ -345,7 +362,7 @@ TEST_CASE("npy bounds: huge declared shapes say too large or truncated, never tr
   // A header describing more than 2^63 bytes is refused even when an extent is 0 (numpy does):
   // its rows would have a byte size no size_t holds.
   const std::vector<std::int64_t> zero_rows{0, std::int64_t{1} << 40, std::int64_t{1} << 40};
-  tk::io::write_npy(dir / "z.npy", tk::DType::kF32, zero_rows, nullptr);
+  write_file(dir / "z.npy", bytes_of(raw_npy_header(tk::DType::kF32, zero_rows)));
   check_contains(error_of([&] {
                    tk::data::NpyDataset ds({{"x", dir / "z.npy"}});
                  }),
