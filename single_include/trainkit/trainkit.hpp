@@ -13328,7 +13328,8 @@ class ParamArena {
   /// for a second arena in a checkpoint (an EMA copy, a frozen teacher); the model itself goes
   /// to model.safetensors through ckpt::TrainState::model().
   TRAINKIT_INLINE StateDict state_dict() const;
-  /// Requires exactly this arena's names, shapes and F32; checks all before changing anything.
+  /// Requires exactly this arena's names, shapes and F32; checks all before changing anything, and
+  /// names the first parameter the state lacks, else the first tensor the arena lacks.
   TRAINKIT_INLINE void load_state_dict(const StateDict& sd);
 
   // ---- buffers and views ----------------------------------------------------------------------
@@ -13654,8 +13655,16 @@ TRAINKIT_INLINE StateDict ParamArena<S>::state_dict() const {
 template <Space S>
 TRAINKIT_INLINE void ParamArena<S>::load_state_dict(const StateDict& sd) {
   check_finalized("load_state_dict");
-  TRAINKIT_CHECK(sd.tensors.size() == infos_.size(), "ParamArena: restoring ", infos_.size(),
-                 " parameters from a state of ", sd.tensors.size(), " tensors");
+  // A missing parameter, then a tensor the arena does not have, each named (keys from a file are
+  // shown escaped), before any count: "3 parameters from 4 tensors" alone says not which.
+  for (const ParamInfo& p : infos_)
+    TRAINKIT_CHECK(sd.tensors.count(p.name) != 0, "ParamArena: restoring ", infos_.size(),
+                   " parameters from a state of ", sd.tensors.size(),
+                   " tensors: the state has no tensor '", p.name, "'");
+  for (const auto& entry : sd.tensors)
+    TRAINKIT_CHECK(by_name_.count(entry.first) != 0, "ParamArena: restoring ", infos_.size(),
+                   " parameters from a state of ", sd.tensors.size(), " tensors: the state's '",
+                   StateDict::shown(entry.first), "' is not a parameter of the arena");
   for (const ParamInfo& p : infos_) {
     const AnyTensor& t = sd.tensor(p.name);
     TRAINKIT_CHECK(t.dtype() == DType::kF32 && t.shape() == p.shape, "ParamArena: parameter '",
@@ -14129,6 +14138,23 @@ void check_same_io(const char* who, const VX& x, const VY& y, std::int64_t width
 template <class V>
 bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
+}
+
+/// Throws unless x, dy and dx (unless absent) are contiguous [B, T, width] views of one shape,
+/// each named in the message: a composite's backward checks all of them before its first layer
+/// adds a parameter gradient, so a refused call leaves the gradients as they were.
+template <class VX, class VD, class VG>
+void check_backward_views(const char* who, const VX& x, const VD& dy, const VG& dx,
+                          std::int64_t width) {
+  const bool has_dx = !absent(dx);
+  TRAINKIT_CHECK(x.size(VX::rank - 1) == width && dy.sizes() == x.sizes() &&
+                     (!has_dx || dx.sizes() == x.sizes()),
+                 who, ": x ", shape_of(x), ", dy ", shape_of(dy),
+                 has_dx ? ::trainkit::detail::concat(" and dx ", shape_of(dx)) : std::string(),
+                 " must all be [B, T, ", width, "]");
+  check_contiguous(who, "x", x);
+  check_contiguous(who, "dy", dy);
+  if (has_dx) check_contiguous(who, "dx", dx);
 }
 
 /// Splits rows [0, rows) into contiguous ranges and runs f(r0, r1) on the Host pool (as AVX2
@@ -15010,7 +15036,8 @@ struct LinearOptions {
 /// copy, which must have been refreshed (ParamArena::refresh_compute_copy) after the last update.
 /// backward reads x (the forward input), dy and W; it adds dy^T x to dW and the column sums of
 /// dy to db (f32, in the arena), and writes dx = dy W (or adds it, Write::kAccumulate).
-/// An absent dx (default view) skips that gemm, e.g. for the first layer.
+/// An absent dx (default view) skips that gemm, e.g. for the first layer. dx may be x itself
+/// (the parameter gradients are taken first); dx overlapping dy throws before anything is added.
 /// The arena must outlive the layer and must not be moved after the layer registered.
 template <Space S = Space::kHost>
 class Linear {
@@ -15096,6 +15123,8 @@ class Linear {
     detail::check_same_shape("nn::Linear::forward_gelu", "saved", saved, "y", y);
     detail::check_contiguous("nn::Linear::forward_gelu", "saved", saved);
     detail::check_contiguous("nn::Linear::forward_gelu", "output", y);
+    // The fused epilogue's gemm refuses this too, the unfused pass would not (it writes both).
+    check_apart("nn::Linear::forward_gelu", "y", y, "saved", saved);
     blas::GemmOptions<T> o = bias_options<P, T>();
     if (!detail::fused_gelu_epilogue<S>(out_)) {
       // Unfused: bias in the gemm epilogue, then a GELU pass.
@@ -15124,13 +15153,17 @@ class Linear {
     check_io("nn::Linear::backward", x, dy);
     if (!detail::absent(dx)) {
       check_io("nn::Linear::backward", dx, dy);
+      check_apart("nn::Linear::backward", "dx", dx, "dy", dy);
+    }
+    // dW and db first: they read x, which dx may overwrite (dx may be x itself).
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
+    if (!detail::absent(dx)) {
       blas::GemmOptions<T> o;
       o.compute = P::gemm_compute;
       o.beta = mode == Write::kAccumulate ? 1.0f : 0.0f;
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dx, o);
     }
-    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
   }
 
   /// Backward of this layer when its input was x = gelu(pre) (see forward_gelu): accumulates dW
@@ -15147,6 +15180,10 @@ class Linear {
     detail::check_same_shape("nn::Linear::backward_dgelu", "saved", saved, "dpre", dpre);
     detail::check_contiguous("nn::Linear::backward_dgelu", "saved", saved);
     detail::check_contiguous("nn::Linear::backward_dgelu", "dpre", dpre);
+    check_apart("nn::Linear::backward_dgelu", "dpre", dpre, "dy", dy);
+    check_apart("nn::Linear::backward_dgelu", "dpre", dpre, "saved", saved);
+    // dW and db first: they read x, which dpre may overwrite (dpre may be x itself).
+    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
     blas::GemmOptions<T> o;
     o.compute = P::gemm_compute;
     if (!detail::fused_gelu_epilogue<S>(in_)) {
@@ -15164,7 +15201,6 @@ class Linear {
       detail::gemm_on(exec, blas::Op::kN, blas::Op::kN, TensorView<const T, 2, S>(dy),
                       weight_view<T>(), dpre, o);
     }
-    accumulate_param_grads<P>(exec, TensorView<const T, 2, S>(x), TensorView<const T, 2, S>(dy));
   }
 
  private:
@@ -15213,6 +15249,17 @@ class Linear {
     detail::gemm_on(exec, blas::Op::kT, blas::Op::kN, dy, x, arena_->template grad<2>(weight_), o);
     if (has_bias())
       detail::bias_grad_accumulate(exec, dy, arena_->grad_flat(bias_).data(), bias_scratch_);
+  }
+
+  /// Throws unless the input gradient `out` shares no memory with `in`, which its product reads:
+  /// checked before any parameter gradient is added, so a refused call changes nothing.
+  template <class VO, class VI>
+  static void check_apart(const char* who, const char* out_name, const VO& out, const char* in_name,
+                          const VI& in) {
+    TRAINKIT_CHECK(!blas::detail::byte_rows_overlap(blas::detail::byte_rows(out_name, out),
+                                                    blas::detail::byte_rows(in_name, in)),
+                   who, ": ", out_name, " ", detail::shape_of(out), " overlaps ", in_name, " ",
+                   detail::shape_of(in), ", which is read while ", out_name, " is written");
   }
 
   template <class VX, class VY>
@@ -16336,6 +16383,9 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
       }
       const float m = a.row_max[r];
       const float log_sum = a.log_sum[r];
+      // The target's gradient is taken before the row is written: d may be l (in place).
+      const float target_grad =
+          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true);
       lane_map(
           V,
           [&](std::int64_t j) {
@@ -16343,8 +16393,7 @@ void cross_entropy_backward(const exec::Host& host, const CrossEntropyArgs<T, I>
                                       false);
           },
           [&](std::int64_t j, float v) { d[j] = store<T>(v); });
-      d[t] = store<T>(
-          cross_entropy_grad(exp_approx(log_softmax_of(load(l[t]), m, log_sum)), scale, true));
+      d[t] = store<T>(target_grad);
     }
   });
 }
@@ -16489,7 +16538,8 @@ struct CrossEntropyOptions {
 /// throws on the host and traps on the device.
 /// forward saves, in the caller's Context, each row's max and log-sum-exp of the shifted logits
 /// (apart) and the valid count; backward reads logits, targets and that context, and writes
-/// dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid. Loss and gradient keep f32
+/// dlogits = (softmax(logits) - onehot(target)) * dloss / n_valid; dlogits may be the logits view
+/// itself (in place), any other overlap with logits throws. Loss and gradient keep f32
 /// precision (~1e-7 relative, as PyTorch's) for logits of any magnitude, 1e6 included.
 template <Space S = Space::kHost>
 class SoftmaxCrossEntropy {
@@ -16550,6 +16600,16 @@ class SoftmaxCrossEntropy {
     TRAINKIT_CHECK(dlogits.sizes() == logits.sizes(), "nn::SoftmaxCrossEntropy::backward: dlogits ",
                    detail::shape_of(dlogits), " differs from logits ", detail::shape_of(logits));
     detail::check_rows("nn::SoftmaxCrossEntropy::backward", "dlogits", dlogits);
+    // In place (dlogits over logits, as llm.c does) works: each row is read before it is
+    // written. Any other overlap would let one row's gradient overwrite logits still to be read.
+    const bool in_place = dlogits.data() == logits.data() &&
+                          detail::row_stride(dlogits) == detail::row_stride(logits);
+    TRAINKIT_CHECK(
+        in_place || !blas::detail::byte_rows_overlap(blas::detail::byte_rows("dlogits", dlogits),
+                                                     blas::detail::byte_rows("logits", logits)),
+        "nn::SoftmaxCrossEntropy::backward: dlogits ", detail::shape_of(dlogits),
+        " partly overlaps logits ", detail::shape_of(logits),
+        "; pass the logits view itself (in place) or memory of its own");
     ctx.rec_.template check<T>("nn::SoftmaxCrossEntropy::backward", logits.size(0), logits.size(1));
     // The kernels' argument block is shared with forward; backward only reads the statistics.
     auto a = args<T>(logits, targets, const_cast<float*>(ctx.stats_.template data<float>()));
@@ -18157,7 +18217,7 @@ class CausalSelfAttention {
                 TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    detail::check_same_io("nn::CausalSelfAttention::backward", x, dy, C_);
+    detail::check_backward_views("nn::CausalSelfAttention::backward", x, dy, dx, C_);
     const std::int64_t B = x.size(0), Tn = x.size(1), N = B * Tn;
     ctx.rec_.template check<T>("nn::CausalSelfAttention::backward", B, Tn, C_);
     T* dheads = dheads_.template get<T>(N * C_);
@@ -18364,8 +18424,7 @@ class TransformerBlock {
                 TensorView<TG, 3, S> dx, Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
     detail::check_call<P, E, S, TX, TD, TG>();
-    TRAINKIT_CHECK(x.sizes() == dy.sizes(), "nn::TransformerBlock::backward: x ",
-                   detail::shape_of(x), " and dy ", detail::shape_of(dy), " differ");
+    detail::check_backward_views("nn::TransformerBlock::backward", x, dy, dx, C_);
     ctx.rec_.template check<T>("nn::TransformerBlock::backward", x.size(0), x.size(1), C_);
     const std::int64_t N = x.size(0) * x.size(1);
     T* dpre = dpre_.template get<T>(N * 4 * C_);
@@ -19075,6 +19134,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 // begin trainkit/optim/grad_norm.hpp
 // SPDX-License-Identifier: MIT
@@ -19320,7 +19380,10 @@ void check_space(const char* what) {
 
 /// The L2 norm of all gradients of `arena` (PyTorch's total_norm of clip_grad_norm_, computed
 /// in double in a fixed order: the same bits for any thread count). Asynchronous on a CUDA
-/// stream; the result stays on the device until GradNorm::get().
+/// stream; the result stays on the device until GradNorm::get(). Unlike PyTorch's f32 norms,
+/// the sum of squares cannot overflow: gradients of 1e30 give their finite norm where
+/// torch.nn.utils.clip_grad_norm_ returns inf (and zeroes every gradient); only a norm above the
+/// largest float (3.4e38) is inf.
 template <class E, Space S>
 GradNorm grad_norm(const E& exec, const nn::ParamArena<S>& arena) {
   detail::check_space<E, S>("grad_norm");
@@ -19669,7 +19732,10 @@ class DynamicScaler {
   /// measures the norm of the unscaled gradients (deterministic reduction), returned for
   /// clip_grad_norm_ (it points into the scaler: valid until the next check). As PyTorch's,
   /// found_inf looks at the incoming gradients only: when 1/scale overflows to inf (scale below
-  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. Throws
+  /// ~2.9e-39, or 0) finite gradients become inf (NaN for 0) and the step is not skipped. A
+  /// disabled scaler leaves the gradients as they are and returns their norm (grad_norm, one read
+  /// pass), so that `clip_grad_norm_(exec, arena, max_norm, scaler.unscale_(exec, arena))` clips
+  /// with and without loss scaling alike, as PyTorch's unscale_ + clip_grad_norm_ do. Throws
   /// when called twice before update() or after step.
   template <class E, Space S>
   GradNorm unscale_(const E& exec, nn::ParamArena<S>& arena) {
@@ -19678,9 +19744,14 @@ class DynamicScaler {
                    "DynamicScaler::unscale_() has already been called since the last update()");
     TRAINKIT_CHECK(core_.stage() != Stage::kStepped,
                    "DynamicScaler::unscale_() is being called after step()");
-    if (enabled()) core_.unscale(exec, arena);
+    if (!enabled()) {
+      core_.check_arena<E, S>("unscale_", arena);
+      GradNorm norm = grad_norm(exec, arena);
+      core_.set_stage(Stage::kUnscaled);
+      return norm;
+    }
+    core_.unscale(exec, arena);
     core_.set_stage(Stage::kUnscaled);
-    if (!enabled()) return {};
     return GradNorm(&core_.block()->grad_norm, space());
   }
 
@@ -19841,7 +19912,13 @@ TRAINKIT_INLINE void DynamicScaler::load_state_dict(const StateDict& sd) {
   o.growth_factor = sd.get_double("growth_factor");
   o.backoff_factor = sd.get_double("backoff_factor");
   o.growth_interval = sd.get_int("growth_interval");
-  o = validated(o);
+  try {  // the message says the state holds the bad setting, not this scaler's options
+    o = validated(o);
+  } catch (const Error& e) {
+    std::string_view why = e.what();
+    if (why.starts_with("trainkit: DynamicScaler: ")) why.remove_prefix(25);
+    TRAINKIT_FAIL("DynamicScaler::load_state_dict: the state's settings are not valid (", why, ")");
+  }
   detail::ScalerBlock b = core_.read();
   const double scale = sd.get_double("scale");
   TRAINKIT_CHECK(scale >= 0.0 && scale <= std::numeric_limits<float>::max(),
@@ -20459,9 +20536,11 @@ struct StepHeader {
   float own_norm;        ///< sqrt(own_sumsq)
   float inv_loss_scale;  ///< this step's inverse loss scale (1 without a scaler or after unscale_)
   float clip_coef;       ///< this step's clip coefficient (1 without clipping)
-  float grad_norm;       ///< the global norm of the unscaled gradients this step (0 if unknown)
-  std::int32_t skip;     ///< 1: this step was skipped (found_inf)
-  std::int32_t first;    ///< 1: this is the first applied step
+  /// The global norm of the unscaled gradients this step, before clip_coef (0 if unknown): the
+  /// gradients update() sees have the norm grad_norm * clip_coef (LAMB's max_grad_norm reads it).
+  float grad_norm;
+  std::int32_t skip;   ///< 1: this step was skipped (found_inf)
+  std::int32_t first;  ///< 1: this is the first applied step
 };
 
 /// One entry of a rule's kSavedOptions: the state-dict key and the option member it holds.
@@ -21149,6 +21228,10 @@ class FusedOptimizer {
       in.inv_scale = view.inv_scale;
       in.found_inf = view.found_inf;
       in.grad_norm = view.grad_norm;
+      // After an earlier unscale_ the gradients may have changed since the scaler measured them
+      // (clip_grad_norm_ most often): a rule that reads the norm (LAMB) measures them as they are
+      // now, as apex's FusedLAMB does, not the stale norm of the unclipped gradients.
+      if (view.inv_scale == nullptr && Traits::needs_grad_norm(options_)) in.grad_norm = nullptr;
     }
     if (want_norm && in.grad_norm == nullptr) {
       StepHeader* h = header_.data();
@@ -21456,7 +21539,7 @@ template <class Rule, Space S>
 TRAINKIT_INLINE void FusedOptimizer<Rule, S>::load_state_dict(const StateDict& sd) {
   const std::string prefix = std::string("optim::") + Rule::kName + "::load_state_dict: ";
   TRAINKIT_CHECK(sd.get_string("optimizer") == Rule::kName, prefix, "the state is from ",
-                 ::trainkit::detail::printable_bytes(sd.get_string("optimizer")));
+                 StateDict::shown(sd.get_string("optimizer")));
   TRAINKIT_CHECK(sd.get_int("num_groups") == num_groups(), prefix, "the state has ",
                  sd.get_int("num_groups"), " parameter groups, this optimizer ", num_groups());
   Options loaded = options_;
@@ -21538,14 +21621,13 @@ TRAINKIT_INLINE void FusedOptimizer<Rule, S>::check_known_tensors(
   for (const auto& entry : sd.tensors) {
     const std::string& key = entry.first;
     if (known.count(key) != 0) continue;
-    const std::string shown = ::trainkit::detail::printable_bytes(key);
+    const std::string shown = StateDict::shown(key);
     for (const std::string& state : states) {
       const std::string suffix = "." + state;
       if (key.size() > suffix.size() && key.ends_with(suffix))
         TRAINKIT_FAIL(
             prefix, "the state holds tensor '", shown, "', the ", state, " of a parameter '",
-            ::trainkit::detail::printable_bytes(
-                std::string_view(key).substr(0, key.size() - suffix.size())),
+            StateDict::shown(std::string_view(key).substr(0, key.size() - suffix.size())),
             "' that this optimizer's arena does not have; expected the states of the arena's ",
             arena_->size(), " parameter(s) only (is it the state of another model?)");
     }
@@ -21636,7 +21718,9 @@ struct SGDRule {
   }
   static constexpr int num_states(unsigned v) { return (v & kMomentum) != 0 ? 1 : 0; }
   static void validate(const Options& o) {
-    TRAINKIT_CHECK(o.momentum >= 0.0, "optim::SGD: invalid momentum ", o.momentum);
+    // An infinite momentum (e.g. from a damaged state) would make every parameter inf or NaN.
+    TRAINKIT_CHECK(std::isfinite(o.momentum) && o.momentum >= 0.0,
+                   "optim::SGD: momentum must be finite and >= 0, got ", o.momentum);
     TRAINKIT_CHECK(std::isfinite(o.dampening), "optim::SGD: invalid dampening ", o.dampening);
     TRAINKIT_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
                    "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
@@ -21687,8 +21771,8 @@ struct SGDRule {
 }  // namespace detail
 
 /// torch.optim.SGD over a ParamArena. With momentum the arena gets a "momentum_buffer" state.
-/// Throws for invalid hyper-parameters (negative lr/momentum/weight_decay, Nesterov without
-/// momentum or with dampening).
+/// Throws for invalid hyper-parameters (negative or non-finite lr/momentum/weight_decay, a
+/// non-finite dampening, Nesterov without momentum or with dampening).
 template <Space S = Space::kHost>
 class SGD : public FusedOptimizer<detail::SGDRule, S> {
  public:
@@ -21868,7 +21952,8 @@ TRAINKIT_NAMESPACE_END
 // begin trainkit/optim/lamb.hpp
 // SPDX-License-Identifier: MIT
 // trainkit/optim/lamb.hpp: `LAMB` (You et al. 2019) as NVIDIA apex's FusedLAMB computes it: the
-// gradients are divided by max(1, ||g|| / max_grad_norm) (global norm), Adam moments with bias
+// gradients are divided by max(1, ||g|| / max_grad_norm) (global norm of the gradients the step
+// reads: after ClipGradNorm, or after unscale_ + clip_grad_norm_), Adam moments with bias
 // correction give the update u = m_hat / (sqrt(v_hat) + eps) + wd * p (adam_w_mode), and each
 // parameter tensor moves by lr * ||p|| / ||u|| (its trust ratio) times u. Per-tensor norms are
 // deterministic: fixed chunks, each folded in a fixed order, then the chunks of a tensor in order.
@@ -21946,8 +22031,10 @@ struct LAMBRule {
     s.bc2 = o.bias_correction ? static_cast<float>(1.0 - pow(double{s.beta2}, head.step)) : 1.0f;
     s.eps = static_cast<float>(o.eps);
     const float max_norm = static_cast<float>(o.max_grad_norm);
-    s.clip_div =
-        (o.max_grad_norm > 0.0 && head.grad_norm > max_norm) ? head.grad_norm / max_norm : 1.0f;
+    // The norm of the gradients this update reads: after the step's ClipGradNorm coefficient (1
+    // without clipping), as apex measures the gradients it is given after clip_grad_norm_.
+    const float norm = head.grad_norm * head.clip_coef;
+    s.clip_div = (o.max_grad_norm > 0.0 && norm > max_norm) ? norm / max_norm : 1.0f;
     s.adam_w_mode = o.adam_w_mode ? 1 : 0;
     s.use_ratio = (o.use_nvlamb || o.weight_decay != 0.0) ? 1 : 0;
   }
@@ -21978,7 +22065,8 @@ struct LAMBRule {
 }  // namespace detail
 
 /// LAMB over a ParamArena (apex FusedLAMB semantics; state "exp_avg", "exp_avg_sq"). Four
-/// passes per step: the global gradient norm (skipped when a loss scaler measured it), stage 1
+/// passes per step: the global gradient norm (skipped when the loss scaler's check in this step
+/// measured it; after an explicit unscale_ the gradients may have been clipped since), stage 1
 /// (moments, update into the gradient buffer, per-chunk norm partials), the per-tensor trust
 /// ratios, stage 2 (p -= ratio * u). No host sync. Note: the gradients hold the update after a
 /// (non-skipped) step, as with apex.
@@ -22503,7 +22591,7 @@ TRAINKIT_INLINE void detail::check_schedule_kind(const StateDict& sd, const char
       (!has_name || saved_name == name) &&
           (!has_groups || saved_groups == static_cast<std::int64_t>(groups)),
       name, " state: the state is from ",
-      has_name ? ::trainkit::detail::printable_bytes(saved_name) : std::string("a schedule"),
+      has_name ? StateDict::shown(saved_name) : std::string("a schedule"),
       has_groups ? " over " + std::to_string(saved_groups) + plural(saved_groups) : std::string(),
       "; this schedule is ", name, " over ", groups, plural(static_cast<std::int64_t>(groups)),
       " (a state loads into the schedule type that saved it, over as many parameter "
@@ -22805,10 +22893,10 @@ TRAINKIT_INLINE void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
   // min_lrs.<g>, checked with the other options below; a state saved without them keeps ours.
   if (sd.values.count("min_lrs.0") != 0) detail::load_list(sd, "min_lrs", loaded.o_.min_lr);
   const std::string mode = sd.get_string("mode"), threshold_mode = sd.get_string("threshold_mode");
-  TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '", mode,
-                 "' is not min or max");
+  TRAINKIT_CHECK(mode == "min" || mode == "max", "ReduceLROnPlateau state: mode '",
+                 StateDict::shown(mode), "' is not min or max");
   TRAINKIT_CHECK(threshold_mode == "rel" || threshold_mode == "abs",
-                 "ReduceLROnPlateau state: threshold_mode '", threshold_mode,
+                 "ReduceLROnPlateau state: threshold_mode '", StateDict::shown(threshold_mode),
                  "' is not rel or abs");
   loaded.o_.mode = mode == "min" ? Options::Mode::kMin : Options::Mode::kMax;
   loaded.o_.threshold_mode =
@@ -23074,6 +23162,7 @@ TRAINKIT_NAMESPACE_END
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23150,8 +23239,9 @@ struct SparsitySchedule {
   /// the grid of `every`; end == begin is one shot).
   static SparsitySchedule gradual(double final, std::int64_t begin, std::int64_t end,
                                   std::int64_t every, double initial = 0.0) {
-    TRAINKIT_CHECK(every >= 1 && end >= begin, "optim::SparsitySchedule::gradual: needs every >= 1",
-                   " and end >= begin, got begin ", begin, ", end ", end, ", every ", every);
+    TRAINKIT_CHECK(every >= 1 && begin >= 0 && end >= begin,
+                   "optim::SparsitySchedule::gradual: needs every >= 1 and ",
+                   "0 <= begin <= end, got begin ", begin, ", end ", end, ", every ", every);
     return {initial, final, begin, every, (end - begin) / every};
   }
   /// `sparsity` at once after `step` completed steps (PyTorch's one-shot prune).
@@ -23159,7 +23249,8 @@ struct SparsitySchedule {
     return {sparsity, sparsity, step, 1, 0};
   }
 
-  /// Throws unless 0 <= s_i, s_f <= 1, t0 >= 0, dt >= 1 and n >= 0.
+  /// Throws unless 0 <= s_i, s_f <= 1, t0 >= 0, dt >= 1, n >= 0 and the last update step
+  /// t0 + n dt fits in 64 bits.
   void validate() const {
     TRAINKIT_CHECK(initial_sparsity >= 0.0 && initial_sparsity <= 1.0 && final_sparsity >= 0.0 &&
                        final_sparsity <= 1.0,
@@ -23169,6 +23260,10 @@ struct SparsitySchedule {
         begin_step >= 0 && every >= 1 && num_updates >= 0,
         "optim::SparsitySchedule: needs begin_step >= 0, every >= 1 and num_updates >= 0,", " got ",
         begin_step, ", ", every, " and ", num_updates);
+    TRAINKIT_CHECK(num_updates <= (std::numeric_limits<std::int64_t>::max() - begin_step) / every,
+                   "optim::SparsitySchedule: the last update, at begin_step + num_updates * ",
+                   "every = ", begin_step, " + ", num_updates, " * ", every,
+                   ", is beyond step 2^63 - 1");
   }
   /// True when the masks are updated after `step` completed steps.
   bool updates_at(std::int64_t step) const noexcept {
@@ -23616,7 +23711,7 @@ class Pruner {
     for (const auto& [key, t] : sd.tensors) {
       bool known = false;
       for (nn::ParamId id : targets_) known = known || key == arena_->info(id).name + "_mask";
-      TRAINKIT_CHECK(known, kWho, ": the state holds '", key,
+      TRAINKIT_CHECK(known, kWho, ": the state holds '", StateDict::shown(key),
                      "', which is not the mask of a parameter this pruner prunes");
     }
     for (nn::ParamId id : targets_) {
