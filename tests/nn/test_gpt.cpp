@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -350,6 +351,45 @@ TEST_CASE("Gpt: a failed generate leaves dropout's mode as it was") {
   model.train();
   CHECK(model.generate(pool(), ctx, {1, 2}, 2, 0.0, rng).size() == 2);
   CHECK(model.dropout().training());
+}
+
+TEST_CASE("Gpt: generate refuses logits it cannot draw from (NaN, +inf, all -inf)") {
+  // torch.multinomial refuses such probabilities; greedy or not, token 0 came out silently.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
+    for (const double temperature : {0.0, 1.0}) {
+      CAPTURE(bad);
+      CAPTURE(temperature);
+      nn::ParamArena<> arena;
+      nn::Gpt model(arena, small(false));
+      arena.finalize();
+      arena.initialize(1);
+      auto w = arena.param_flat(*arena.find("lm_head.weight"));  // [V, C]
+      const std::int64_t C = small(false).n_embd;
+      if (bad == -inf) {  // ln_f's output 1 everywhere, every head row [-inf, 0, ...]: all -inf
+        auto g = arena.param_flat(*arena.find("transformer.ln_f.weight"));
+        auto b = arena.param_flat(*arena.find("transformer.ln_f.bias"));
+        for (std::int64_t j = 0; j < g.numel(); ++j) g.data()[j] = 0.0f;
+        for (std::int64_t j = 0; j < b.numel(); ++j) b.data()[j] = 1.0f;
+        for (std::int64_t j = 0; j < w.numel(); ++j) w.data()[j] = j % C == 0 ? -inf : 0.0f;
+      } else {  // one row of NaN / +inf weights: logit 3 is NaN, or +inf, -inf or NaN
+        for (std::int64_t j = 3 * C; j < 4 * C; ++j) w.data()[j] = bad;
+      }
+      nn::Gpt<>::Context ctx;
+      tk::PhiloxStream rng(1);
+      std::string what;
+      try {
+        model.generate(pool(), ctx, {1, 2}, 2, temperature, rng);
+      } catch (const tk::Error& e) {
+        what = e.what();
+      }
+      CHECK_MESSAGE(what.find("nn::Gpt::generate: ") != std::string::npos, what);
+      CHECK_MESSAGE((what.find("NaN or +inf") != std::string::npos ||
+                     what.find("is -inf") != std::string::npos),
+                    what);
+      if (bad == -inf) CHECK_MESSAGE(what.find("is -inf") != std::string::npos, what);
+    }
+  }
 }
 
 TEST_CASE("Gpt: a refused option leaves the arena as it was") {

@@ -21,6 +21,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -285,6 +286,17 @@ class Gpt {
                  mat(logits, n, V));
       copy_bytes(row.data(), Space::kHost, logits + (n - 1) * V, S, row.size() * sizeof(T),
                  "nn::Gpt::generate");  // waits for the forward on the device
+      // Nothing to draw from (torch.multinomial refuses such a row too): NaN or +inf anywhere,
+      // or every logit -inf. Greedy or not, token 0 would come out silently.
+      bool drawable = false;
+      for (const T& x : row) {
+        const float f = detail::load(x);
+        TRAINKIT_CHECK(!std::isnan(f) && f != std::numeric_limits<float>::infinity(),
+                       "nn::Gpt::generate: the logits of new token ", i,
+                       " hold NaN or +inf (has the model diverged?)");
+        drawable = drawable || f != -std::numeric_limits<float>::infinity();
+      }
+      TRAINKIT_CHECK(drawable, "nn::Gpt::generate: every logit of new token ", i, " is -inf");
       std::int64_t next = 0;
       for (std::int64_t v = 1; v < V; ++v)
         if (detail::load(row[std::size_t(v)]) > detail::load(row[std::size_t(next)])) next = v;
