@@ -255,6 +255,23 @@ TEST_CASE("Ema::load_state_dict refuses a decay outside [0, 1] or a negative n_a
   CHECK(other.num_updates() == 1);
 }
 
+TEST_CASE("Ema::load_state_dict refuses the average of a parameter the arena does not have") {
+  Arena big;
+  big.add("w", tk::Shape{8});
+  big.add("extra", tk::Shape{3});
+  big.finalize();
+  optim::Ema from_big(big, {.decay = 0.9});
+  from_big.update(pool());
+  Arena arena;
+  arena.add("w", tk::Shape{8});
+  arena.finalize();
+  optim::Ema ema(arena, {.decay = 0.5});
+  CHECK_THROWS_WITH_AS(ema.load_state_dict(from_big.state_dict()),
+                       doctest::Contains("tensor 'extra', the average of a parameter"), tk::Error);
+  CHECK(ema.num_updates() == 0);
+  CHECK(ema.decay() == 0.5);
+}
+
 TEST_CASE("a schedule drives an optimizer's group learning rates") {
   Arena arena;
   arena.add("w", tk::Shape{4});

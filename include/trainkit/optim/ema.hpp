@@ -105,10 +105,17 @@ class Ema {
     detail::save_by_param(refill, *arena_, shadow_.data(), DType::kF32, "");
     detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
   }
-  /// Throws naming the first missing or mis-shaped tensor, or a "decay" outside [0, 1] or a
+  /// Throws naming the first missing, mis-shaped or unknown tensor (the average of a parameter
+  /// this arena does not have: another model's state), or a "decay" outside [0, 1] or a
   /// negative "n_averaged" (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     detail::check_by_param(sd, *arena_, DType::kF32, "", "optim::Ema::load_state_dict: ");
+    for (const auto& entry : sd.tensors)
+      TRAINKIT_CHECK(arena_->find(entry.first).has_value(),
+                     "optim::Ema::load_state_dict: the state holds tensor '",
+                     StateDict::shown(entry.first),
+                     "', the average of a parameter this arena does not have (is it the state of "
+                     "another model?)");
     const std::int64_t num_updates = sd.get_int("n_averaged");
     const double decay = sd.get_double("decay");
     TRAINKIT_CHECK(decay >= 0.0 && decay <= 1.0, "optim::Ema::load_state_dict: 'decay' is ", decay,
