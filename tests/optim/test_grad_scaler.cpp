@@ -293,6 +293,11 @@ TEST_CASE("StaticScaler: fixed scale, still skips inf/NaN steps") {
   CHECK(arena.params_data()[3] == -1.5f);
   CHECK(s.scale() == 128.0f);
   CHECK(s.state_dict().get_double("scale") == 128.0);
+  // load_state_dict begins a new step, as DynamicScaler's does: a step abandoned after
+  // unscale_ (an exception, say) does not make the resumed run's unscale_ "called twice".
+  (void)s.unscale_(pool(), arena);
+  s.load_state_dict(s.state_dict());
+  CHECK_NOTHROW((void)s.unscale_(pool(), arena));
 }
 
 TEST_CASE("grad_norm / clip_grad_norm_ / clip_grad_value_ against float64, any thread count") {

@@ -537,6 +537,7 @@ TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);
+  core_.set_stage(detail::ScalerCore::Stage::kReady);  // a new step begins, as DynamicScaler's
 }
 
 #endif  // TRAINKIT_IMPL
