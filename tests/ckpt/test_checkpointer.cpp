@@ -923,4 +923,7 @@ TEST_CASE("Checkpointer: 2 ranks with distinct parameters (ModelSharding::kLocal
   ckpt::TrainState bare;
   CHECK_THROWS_WITH_AS(one.resume(bare), doctest::Contains("written by 2 rank(s); this run has 1"),
                        tk::Error);
+  // newest_usable (what resume() would restore) makes the same check: no checkpoint to pick.
+  CHECK_THROWS_WITH_AS(one.newest_usable(),
+                       doctest::Contains("written by 2 rank(s); this run has 1"), tk::Error);
 }

@@ -817,6 +817,8 @@ class Checkpointer {
 
   /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
   TRAINKIT_INLINE void check_compatible(const CheckpointInfo& info, const TrainState& state) const;
+  /// The part of check_compatible that needs no TrainState: the checkpoint's world size.
+  TRAINKIT_INLINE void check_world_size(const CheckpointInfo& info) const;
 
   /// Phase 1 of a load: verifies and reads everything; changes nothing. Throws for a damaged
   /// checkpoint.
@@ -1052,7 +1054,7 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::newest_usable(
     const LoadOptions& options) {
   wait();
   return select(
-      options, [](const CheckpointInfo&) {},
+      options, [&](const CheckpointInfo& i) { check_world_size(i); },
       [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
 }
 
@@ -1409,11 +1411,15 @@ TRAINKIT_INLINE void Checkpointer::remove_stale() {
   for (const auto& p : stale) std::filesystem::remove_all(p, ec);
 }
 
-TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
-                                                    const TrainState& state) const {
+TRAINKIT_INLINE void Checkpointer::check_world_size(const CheckpointInfo& info) const {
   TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
                  "' was written by ", info.world_size, " rank(s); this run has ",
                  options_.world_size, " (the per-rank training state cannot be redistributed)");
+}
+
+TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
+                                                    const TrainState& state) const {
+  check_world_size(info);
   TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
                  info.path.string(), "' holds no model, but a model is registered");
 }
