@@ -18531,6 +18531,7 @@ TRAINKIT_NAMESPACE_END
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -18781,6 +18782,17 @@ class Gpt {
                  mat(logits, n, V));
       copy_bytes(row.data(), Space::kHost, logits + (n - 1) * V, S, row.size() * sizeof(T),
                  "nn::Gpt::generate");  // waits for the forward on the device
+      // Nothing to draw from (torch.multinomial refuses such a row too): NaN or +inf anywhere,
+      // or every logit -inf. Greedy or not, token 0 would come out silently.
+      bool drawable = false;
+      for (const T& x : row) {
+        const float f = detail::load(x);
+        TRAINKIT_CHECK(!std::isnan(f) && f != std::numeric_limits<float>::infinity(),
+                       "nn::Gpt::generate: the logits of new token ", i,
+                       " hold NaN or +inf (has the model diverged?)");
+        drawable = drawable || f != -std::numeric_limits<float>::infinity();
+      }
+      TRAINKIT_CHECK(drawable, "nn::Gpt::generate: every logit of new token ", i, " is -inf");
       std::int64_t next = 0;
       for (std::int64_t v = 1; v < V; ++v)
         if (detail::load(row[std::size_t(v)]) > detail::load(row[std::size_t(next)])) next = v;
@@ -19963,6 +19975,7 @@ TRAINKIT_INLINE void StaticScaler::load_state_dict(const StateDict& sd) {
   b.scale = static_cast<float>(scale);
   b.inv_scale = static_cast<float>(1.0 / static_cast<double>(b.scale));
   core_.write(b);
+  core_.set_stage(detail::ScalerCore::Stage::kReady);  // a new step begins, as DynamicScaler's
 }
 
 #endif  // TRAINKIT_IMPL
@@ -23044,10 +23057,17 @@ class Ema {
     detail::save_by_param(refill, *arena_, shadow_.data(), DType::kF32, "");
     detail::set_values(sd, "n_averaged", num_updates_, "decay", options_.decay);
   }
-  /// Throws naming the first missing or mis-shaped tensor, or a "decay" outside [0, 1] or a
+  /// Throws naming the first missing, mis-shaped or unknown tensor (the average of a parameter
+  /// this arena does not have: another model's state), or a "decay" outside [0, 1] or a
   /// negative "n_averaged" (nothing changed then).
   void load_state_dict(const StateDict& sd) {
     detail::check_by_param(sd, *arena_, DType::kF32, "", "optim::Ema::load_state_dict: ");
+    for (const auto& entry : sd.tensors)
+      TRAINKIT_CHECK(arena_->find(entry.first).has_value(),
+                     "optim::Ema::load_state_dict: the state holds tensor '",
+                     StateDict::shown(entry.first),
+                     "', the average of a parameter this arena does not have (is it the state of "
+                     "another model?)");
     const std::int64_t num_updates = sd.get_int("n_averaged");
     const double decay = sd.get_double("decay");
     TRAINKIT_CHECK(decay >= 0.0 && decay <= 1.0, "optim::Ema::load_state_dict: 'decay' is ", decay,
@@ -33845,6 +33865,8 @@ class Checkpointer {
 
   /// Errors of this run's configuration against a checkpoint (thrown, never skipped).
   TRAINKIT_INLINE void check_compatible(const CheckpointInfo& info, const TrainState& state) const;
+  /// The part of check_compatible that needs no TrainState: the checkpoint's world size.
+  TRAINKIT_INLINE void check_world_size(const CheckpointInfo& info) const;
 
   /// Phase 1 of a load: verifies and reads everything; changes nothing. Throws for a damaged
   /// checkpoint.
@@ -34080,7 +34102,7 @@ TRAINKIT_INLINE std::optional<CheckpointInfo> Checkpointer::newest_usable(
     const LoadOptions& options) {
   wait();
   return select(
-      options, [](const CheckpointInfo&) {},
+      options, [&](const CheckpointInfo& i) { check_world_size(i); },
       [&](const CheckpointInfo& i) { detail::verify_checkpoint(i, options.verify); });
 }
 
@@ -34437,11 +34459,15 @@ TRAINKIT_INLINE void Checkpointer::remove_stale() {
   for (const auto& p : stale) std::filesystem::remove_all(p, ec);
 }
 
-TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
-                                                    const TrainState& state) const {
+TRAINKIT_INLINE void Checkpointer::check_world_size(const CheckpointInfo& info) const {
   TRAINKIT_CHECK(info.world_size == options_.world_size, "checkpoint '", info.path.string(),
                  "' was written by ", info.world_size, " rank(s); this run has ",
                  options_.world_size, " (the per-rank training state cannot be redistributed)");
+}
+
+TRAINKIT_INLINE void Checkpointer::check_compatible(const CheckpointInfo& info,
+                                                    const TrainState& state) const {
+  check_world_size(info);
   TRAINKIT_CHECK(state.model_entry() == nullptr || !info.model_file.empty(), "checkpoint '",
                  info.path.string(), "' holds no model, but a model is registered");
 }
