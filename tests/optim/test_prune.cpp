@@ -807,8 +807,9 @@ TEST_CASE(
     const std::int64_t begin = static_cast<std::int64_t>(gen() >> (1 + gen() % 63));
     const std::int64_t every = 1 + static_cast<std::int64_t>(gen() >> (1 + gen() % 63)) % kMax;
     const std::int64_t limit = (kMax - begin) / every;  // the largest n that fits
-    const std::int64_t n = limit + static_cast<std::int64_t>(gen() % 5) - 2;
-    if (n < 0) continue;
+    std::int64_t n = 0;  // limit - 2 .. limit + 2, where that is an int64
+    if (__builtin_add_overflow(limit, static_cast<std::int64_t>(gen() % 5) - 2, &n) || n < 0)
+      continue;
     CAPTURE(begin);
     CAPTURE(every);
     CAPTURE(n);
