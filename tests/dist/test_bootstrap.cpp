@@ -2,7 +2,7 @@
 // node lists, malformed values), the backend choice and its errors (TcpComm for host tensors
 // under torchrun, at MASTER_PORT, MASTER_PORT + 1 under the agent store, or TRAINKIT_RDZV_PORT);
 // tcp_broadcast over loopback (the NCCL unique-id rendezvous): delivery, timeout, mismatched
-// peers and a foreign service.
+// peers and a foreign service; deadlines that hold while junk keeps arriving.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -23,7 +23,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <trainkit/dist/bootstrap.hpp>
 #include <trainkit/dist/rendezvous.hpp>
@@ -891,4 +893,91 @@ TEST_CASE("tcp_broadcast: a duplicate rank is refused, and both ranks 1 hear why
         std::string::npos);
   CHECK(errors[2].find("rank 0 at 127.0.0.1:" + std::to_string(port) + " refused the group") !=
         std::string::npos);
+}
+
+namespace {
+
+// Connects to 127.0.0.1:`port` again and again, sending junk (neither protocol's magic) and
+// waiting for the other end to drop the connection before the next one, so that a listener
+// keeps finding junk to accept without its queue overflowing; until `stop`, or 8 s.
+void send_junk(int port, const std::atomic<bool>& stop) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  while (!stop.load() && std::chrono::steady_clock::now() < end) {
+    dist::detail::Socket s(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<std::uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // not listening yet
+      continue;
+    }
+    char junk[64];
+    std::memset(junk, 'J', sizeof junk);
+    (void)::send(s.fd(), junk, sizeof junk, MSG_NOSIGNAL);
+    pollfd p{s.fd(), POLLIN, 0};
+    while (!stop.load() && ::poll(&p, 1, 10) == 0) {
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rendezvous: a deadline that passed ends every wait, also on a socket that is ready") {
+  // wait_fd returned as soon as poll reported readiness, without looking at the clock: past the
+  // deadline a socket that kept being ready (a stream of junk connections or bytes) kept the
+  // accept and read loops going.
+  namespace d = dist::detail;
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  d::Socket a(fds[0]), b(fds[1]);
+  d::set_nonblocking(a.fd());
+  d::set_nonblocking(b.fd());
+  const auto later = d::RdvClock::now() + std::chrono::seconds(5);
+  REQUIRE(d::send_all(b.fd(), "0123456789abcdef", 16, later));
+  const auto past = d::RdvClock::now() - std::chrono::milliseconds(1);
+  char got[8] = {};
+  CHECK(!d::wait_fd(a.fd(), POLLIN, past));
+  CHECK(!d::wait_fd(a.fd(), POLLOUT, past));
+  CHECK(!d::recv_all(a.fd(), got, sizeof got, past));
+  CHECK(!d::send_all(a.fd(), "x", 1, past));
+  // Before the deadline the same calls go through.
+  CHECK(d::wait_fd(a.fd(), POLLIN, later));
+  CHECK(d::recv_all(a.fd(), got, sizeof got, later));
+  CHECK(std::string(got, sizeof got) == "01234567");
+  CHECK(d::send_all(a.fd(), "x", 1, later));
+
+  // Rank 0 of tcp_broadcast and of TcpComm waits for a rank that never comes while junk keeps
+  // arriving at its port: it fails within its timeout (and a little slack), naming what it
+  // waited for.
+  for (int which = 0; which < 2; ++which) {
+    CAPTURE(which);
+    const int port = free_port();
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> junk;
+    for (int i = 0; i < 2; ++i) junk.emplace_back([&] { send_junk(port, stop); });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+      if (which == 0) {
+        std::array<std::byte, 8> payload{};
+        dist::tcp_broadcast("127.0.0.1", port, 0, 2, payload, std::chrono::milliseconds(500));
+      } else {
+        dist::TcpCommOptions o;
+        o.timeout = std::chrono::milliseconds(500);
+        dist::TcpComm c("127.0.0.1", port, 0, 2, o);
+      }
+    } catch (const tk::Error& e) {
+      error = e.what();
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stop.store(true);
+    for (auto& t : junk) t.join();
+    CAPTURE(error);
+    CHECK(took < 2.0);
+    CHECK(error.find(which == 0 ? "rank 0 waited 0.5 s but only 0 of the other 1 ranks connected"
+                                : "1 of the 1 other ranks never connected (missing: rank 1)") !=
+          std::string::npos);
+  }
 }

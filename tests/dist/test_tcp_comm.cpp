@@ -3,9 +3,10 @@
 // against ThreadComm's documented order, random sizes up to a few MB bitwise equal to ThreadComm
 // (NaN and signed zeros included), asynchronous issue order, GradBucketer over TcpComm; the
 // bootstrap's errors (a rank that never arrives, disagreeing world sizes, a duplicate rank, a
-// foreign service, a busy port); faults (a stalled rank, a rank that throws, leaves or is
-// destroyed mid-collective, mismatched calls); and real processes (fork) started with torchrun's
-// variables that meet through dist::init, including one that dies mid-collective.
+// foreign service, a busy port, another protocol version); faults (a stalled rank, a rank that
+// throws, leaves or is destroyed mid-collective, mismatched calls); and real processes (fork)
+// started with torchrun's variables that meet through dist::init, including one that dies
+// mid-collective.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/types.h>
@@ -664,6 +666,77 @@ TEST_CASE("TcpComm bootstrap: rank 0 refuses a hello with an unusable address, n
     CHECK(contains(text, "rank 1 announced an unusable address " + shown));
     CHECK(contains(rank0_error, "TcpComm rank 0: rank 1 announced an unusable address " + shown));
     CHECK(seconds_since(t0) < 2.5);
+  }
+}
+
+TEST_CASE("TcpComm bootstrap: a hello of another protocol version is refused, naming both") {
+  // Rank 0 dropped such a hello like a port scanner's: the rank of the other build retried and
+  // rank 0 waited until their timeouts, and rank 0 then blamed a missing rank. Now rank 0 refuses
+  // the group at once; the rank that joined before hears why, and so does the other build's rank
+  // (in this build's frame). A hello cut after the version byte is enough to be recognised.
+  namespace d = dist::detail;
+  const std::pair<int, bool> cases[] = {{2, true}, {0, true}, {2, false}};  // version, whole frame
+  for (const auto& [version, whole] : cases) {
+    CAPTURE(version);
+    CAPTURE(whole);
+    const int port = free_port();
+    std::string e0, e1;
+    const auto t0 = Clock::now();
+    std::thread rank0([&] {
+      try {
+        dist::TcpComm c("127.0.0.1", port, 0, 3, quick(5000));
+      } catch (const std::exception& e) {
+        e0 = e.what();
+      }
+    });
+    std::thread rank1([&] {
+      try {
+        dist::TcpComm c("127.0.0.1", port, 1, 3, quick(5000));
+      } catch (const std::exception& e) {
+        e1 = e.what();
+      }
+    });
+    // The other build's rank 2 comes once rank 1 had time to join.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto deadline = Clock::now() + std::chrono::seconds(8);
+    std::string error;
+    d::Socket s;
+    while (!s.valid() && Clock::now() < deadline) {
+      s = d::connect_once("127.0.0.1", port, deadline, error);
+      if (!s.valid()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(s.valid());
+    d::TcpFrame hello;
+    hello.type = d::TcpFrameType::kHello;
+    hello.a = 2;
+    hello.b = 3;
+    hello.seq = 4242;
+    unsigned char out[d::kTcpFrameBytes];
+    d::encode_tcp_frame(hello, out);
+    out[4] = static_cast<unsigned char>(version);
+    REQUIRE(d::send_all(s.fd(), out, whole ? sizeof out : 5, deadline));
+    unsigned char head[d::kTcpFrameBytes];
+    std::string text;
+    if (d::recv_all(s.fd(), head, sizeof head, deadline)) {
+      const d::TcpFrame f = d::decode_tcp_frame(head, sizeof head, "rank 0");
+      CHECK(f.type == d::TcpFrameType::kAbort);
+      text.resize(static_cast<std::size_t>(f.length));
+      CHECK(d::recv_all(s.fd(), text.data(), text.size(), deadline));
+    }
+    rank0.join();
+    rank1.join();
+    const double took = seconds_since(t0);
+    const std::string expect = "a peer at 127.0.0.1 speaks TcpComm protocol version " +
+                               std::to_string(version) +
+                               ", rank 0 speaks version 1 (are all ranks the same trainkit "
+                               "build?)";
+    CAPTURE(e0);
+    CAPTURE(e1);
+    CAPTURE(text);
+    CHECK(contains(e0, "TcpComm rank 0: " + expect));
+    CHECK(contains(e1, "TcpComm rank 1: rank 0 refused the group: TcpComm rank 0: " + expect));
+    CHECK(text == "TcpComm rank 0: " + expect);
+    CHECK(took < 3.0);  // at once, not after the 5 s timeout
   }
 }
 

@@ -96,15 +96,16 @@ inline int remaining_ms(RdvClock::time_point deadline) {
   return left.count() <= 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1000));
 }
 
-/// Waits for `events` on fd until the deadline; false on timeout.
+/// Waits for `events` on fd until the deadline; false on timeout, also when the fd is ready but
+/// the deadline has passed: a loop that waits on a socket that keeps being ready (a stream of
+/// junk connections or bytes) must still end at its deadline.
 inline bool wait_fd(int fd, short events, RdvClock::time_point deadline) {
   for (;;) {
+    if (RdvClock::now() >= deadline) return false;
     pollfd p{fd, events, 0};
-    const int ms = remaining_ms(deadline);
-    const int r = ::poll(&p, 1, ms);
+    const int r = ::poll(&p, 1, remaining_ms(deadline));
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) return false;
-    if (r == 0 && RdvClock::now() >= deadline) return false;
   }
 }
 
@@ -243,15 +244,15 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
         error = errno_text(errno);
         continue;
       }
-      if (!wait_fd(s.fd(), POLLOUT,
-                   std::min(deadline, RdvClock::now() + std::chrono::seconds(2)))) {
-        error = "connect timed out";
-        continue;
-      }
+      const bool answered =
+          wait_fd(s.fd(), POLLOUT, std::min(deadline, RdvClock::now() + std::chrono::seconds(2)));
+      // An attempt at the deadline has no time left to wait, but a refusal that already came is
+      // still a better last error than a timeout.
       int err = 0;
       socklen_t len = sizeof err;
-      if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-        error = errno_text(err);
+      if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      if (err != 0 || !answered) {
+        error = err != 0 ? errno_text(err) : std::string("connect timed out");
         continue;
       }
     }
@@ -318,7 +319,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
       unsigned char head[12];
       std::memcpy(head, detail::kRendezvousRefusal, 8);
       detail::put_u32(head + 8, static_cast<std::uint32_t>(n));
-      const auto until = std::min(deadline, RdvClock::now() + std::chrono::milliseconds(500));
+      // Half a second for all of them together, also when rank 0 refuses because its deadline
+      // passed: the verdict must still go out, and a peer that does not read cannot hold it.
+      const auto until = RdvClock::now() + std::chrono::milliseconds(500);
       for (const detail::Socket& s : peers)
         if (s.valid())
           (void)(detail::send_all(s.fd(), head, sizeof head, until) &&

@@ -277,7 +277,8 @@ inline std::string describe_tcp_call(RingOp kind, ReduceOp op, DType dtype, std:
 /// Bootstrap (the constructor): every rank opens a listening socket on an ephemeral port; rank 0
 /// also listens at master_port and waits for the other ranks to say hello (rank, world size,
 /// address, port); it checks them (a rank out of range, one that appears twice, or world sizes
-/// that disagree are errors naming the ranks, which every rank reports) and sends everyone the
+/// that disagree are errors naming the ranks, which every rank reports; a hello in another
+/// protocol version is one naming both versions and the peer's address) and sends everyone the
 /// address table. Each rank then connects to its right neighbour (rank + 1) and accepts its left
 /// one. Refused connections and a busy master port are retried until the timeout; a rank that
 /// never arrives makes rank 0 fail naming it, and the others with rank 0's message.
@@ -626,8 +627,22 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       unsigned char head[detail::kTcpFrameBytes];
       const auto hello_deadline = std::min(deadline, RdvClock::now() + std::chrono::seconds(5));
       // A connection that does not speak the protocol (a port scanner, a health check) is
-      // dropped; one that does but disagrees is an error.
-      if (!detail::recv_all(s.fd(), head, sizeof head, hello_deadline)) continue;
+      // dropped; one that does but disagrees is an error. The magic and version are read first,
+      // since a hello of another version may be shorter than ours.
+      if (!detail::recv_all(s.fd(), head, 5, hello_deadline)) continue;
+      if (std::memcmp(head, detail::kTcpMagic, 4) == 0 && head[4] != detail::kTcpVersion) {
+        // A rank of another trainkit build: dropping it would leave it retrying and rank 0
+        // waiting for it until their timeouts. It hears the verdict in this build's frame, or at
+        // least fails at once on this build's version.
+        const std::string address = detail::peer_address(s.fd());
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat(
+            "a peer", address.empty() ? std::string() : " at " + address,
+            " speaks TcpComm protocol version ", static_cast<int>(head[4]),
+            ", rank 0 speaks version ", static_cast<int>(detail::kTcpVersion),
+            " (are all ranks the same trainkit build?)"));
+      }
+      if (!detail::recv_all(s.fd(), head + 5, sizeof head - 5, hello_deadline)) continue;
       detail::TcpFrame f;
       try {
         f = detail::decode_tcp_frame(head, sizeof head, "a peer");
