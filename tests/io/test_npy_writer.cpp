@@ -2,7 +2,8 @@
 // write_npy / npy_header_bytes against what numpy.load accepts: shapes numpy refuses (more than
 // 64 dimensions, a byte size past 2^63 - 1, negative extents) and dtypes it lacks are refused up
 // front with an Error naming the file, and no file is left behind; edge shapes numpy does load
-// (0-d, empty, 64 dimensions, a huge extent next to a 0) round-trip through NpyFile.
+// (0-d, empty, 64 dimensions, a huge extent next to a 0) round-trip through NpyFile. NpyFile
+// refuses a bool array holding bytes other than 0 and 1 (numpy saves them from .view(bool)).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -101,4 +102,34 @@ TEST_CASE("npy writer: edge shapes numpy loads round-trip through NpyFile") {
     const auto got = f.values<std::int32_t>();
     CHECK(std::vector<std::int32_t>(got.begin(), got.end()) == values);
   }
+}
+
+TEST_CASE("npy reader: a bool array holding bytes other than 0 and 1 is refused at open") {
+  // numpy saves `np.array([0, 1, 2, 255], np.uint8).view(bool)` byte for byte and reads every
+  // nonzero byte as True; read as C++ bools those bytes are neither true nor false (a sum of
+  // float(b) gave 258 for that array, not 3).
+  TempDir dir;
+  const std::vector<std::uint8_t> raw{0, 1, 2, 255};
+  const std::vector<std::int64_t> shape{4};
+  io::write_npy(dir / "view.npy", DType::kBool, shape, raw.data());
+  const std::string message = error_of([&] { io::NpyFile f(dir / "view.npy"); });
+  CHECK(contains(message, (dir / "view.npy").string()));
+  CHECK(contains(message, "bool element 2 holds the byte 2"));
+  CHECK(contains(message, "a != 0"));
+  // Past the first block of the scan, the element is still the right one; clean arrays open.
+  std::vector<std::uint8_t> big(10000, 1);
+  for (std::size_t i = 0; i < big.size(); i += 3) big[i] = 0;
+  const std::vector<std::int64_t> big_shape{100, 100};
+  io::write_npy(dir / "clean.npy", DType::kBool, big_shape, big.data());
+  const io::NpyFile clean(dir / "clean.npy");
+  CHECK(clean.values<bool>()[1]);
+  CHECK(!clean.values<bool>()[3]);
+  big[9001] = 7;
+  io::write_npy(dir / "late.npy", DType::kBool, big_shape, big.data());
+  CHECK(contains(error_of([&] { io::NpyFile f(dir / "late.npy"); }),
+                 "bool element 9001 holds the byte 7"));
+  // A zero-size bool array has nothing to check.
+  const std::vector<std::int64_t> empty{0, 3};
+  io::write_npy(dir / "empty.npy", DType::kBool, empty, nullptr);
+  CHECK(io::NpyFile(dir / "empty.npy").numel() == 0);
 }

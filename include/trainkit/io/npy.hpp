@@ -2,7 +2,8 @@
 // trainkit/io/npy.hpp: NumPy .npy files (format versions 1, 2 and 3): a strict header parser that
 // survives any input (it is fuzzed), a writer whose bytes equal numpy >= 1.24's `np.save`, and
 // `NpyFile`, a memory-mapped reader. Numeric dtypes only (bool, int8..64, uint8..64, f16, f32,
-// f64), little-endian, C order; everything else is refused with an Error naming the file.
+// f64), little-endian, C order, bools stored as 0 or 1; everything else is refused with an Error
+// naming the file.
 #pragma once
 
 #include <bit>
@@ -103,6 +104,16 @@ TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
 
 /// npy_descr(t), or nullptr for a dtype numpy cannot represent.
 TRAINKIT_INLINE const char* npy_descr_or_null(DType t) noexcept;
+
+/// What is wrong with `shape` for numpy, checked extent by extent (the first problem wins).
+enum class NpyShapeProblem { kNone, kNegativeExtent, kTooLarge };
+
+/// Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed 64-bit
+/// size (npy_intp), even when another extent is 0 and the array holds nothing, so every row size,
+/// stride and element count derived from the shape is representable. The reader and the writer
+/// share this check so that what one refuses the other never produces.
+TRAINKIT_INLINE NpyShapeProblem npy_shape_problem(DType dtype,
+                                                  std::span<const std::int64_t> shape) noexcept;
 
 /// Why numpy could not load a .npy file of `dtype` and `shape` ("" when it could): the text
 /// after "cannot write <file>: ".
@@ -259,6 +270,14 @@ inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(
 TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
                                     std::string_view source);
 
+/// Checks that a bool array's `data` (its data_bytes, or the part given) holds only 0 and 1 bytes,
+/// as C++ bools must: numpy reads any nonzero byte as True, and an array made with .view(bool)
+/// from other bytes saves them as they are, which would read as bools that are neither true nor
+/// false. Does nothing for other dtypes. Throws a trainkit::Error naming `source`, the first bad
+/// element and its byte.
+TRAINKIT_INLINE void check_npy_bools(const NpyHeader& h, std::span<const std::byte> data,
+                                     std::string_view source);
+
 /// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
 /// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
 /// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
@@ -295,11 +314,14 @@ class NpyFile {
   NpyFile() = default;
 
   /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
-  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
+  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, a bool array holding
+  /// bytes other than 0 and 1, ...). A bool array is read once here for that check; other arrays
+  /// are not touched.
   explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
       : file_(path, access) {
     header_ = parse_npy_header(file_.bytes(), file_.path());
     check_npy_size(header_, file_.size(), file_.path());
+    check_npy_bools(header_, bytes(), file_.path());
   }
 
   const NpyHeader& header() const noexcept { return header_; }
@@ -352,6 +374,18 @@ TRAINKIT_INLINE const char* detail::npy_descr_or_null(DType t) noexcept {
   }
 }
 
+TRAINKIT_INLINE detail::NpyShapeProblem detail::npy_shape_problem(
+    DType dtype, std::span<const std::int64_t> shape) noexcept {
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
+  for (std::int64_t d : shape) {
+    if (d < 0) return NpyShapeProblem::kNegativeExtent;
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (!next) return NpyShapeProblem::kTooLarge;
+    nonzero_bytes = *next;
+  }
+  return NpyShapeProblem::kNone;
+}
+
 TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
                                                    std::span<const std::int64_t> shape) {
   using ::trainkit::detail::concat;
@@ -361,18 +395,12 @@ TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
                   "store the raw bits as '<u2' / '|u1' or convert to float32");
   if (shape.size() > kNpyMaxDims)
     return concat("shape of ", shape.size(), " dimensions; numpy reads at most ", kNpyMaxDims);
-  // Like parse_npy_header (and numpy's "array is too big"): the byte size of the nonzero extents
-  // must fit a signed 64-bit size, even when another extent is 0.
-  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
-  for (std::int64_t d : shape) {
-    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
-    if (d < 0 || !next)
-      return concat(d < 0 ? "negative extent in shape " : "shape ",
-                    shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
-                    d < 0 ? "" : " is too large: its byte size overflows 2^63 - 1");
-    nonzero_bytes = *next;
-  }
-  return {};
+  const NpyShapeProblem problem = npy_shape_problem(dtype, shape);
+  if (problem == NpyShapeProblem::kNone) return {};
+  const bool negative = problem == NpyShapeProblem::kNegativeExtent;
+  return concat(negative ? "negative extent in shape " : "shape ",
+                shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
+                negative ? "" : " is too large: its byte size overflows 2^63 - 1");
 }
 
 TRAINKIT_INLINE std::string npy_descr(DType t) {
@@ -451,21 +479,16 @@ TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
                                                                       : "shape",
                                                         "'"));
   h.dtype = detail::parse_npy_descr(descr, source);
-  // Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed
-  // 64-bit size (npy_intp), even when another extent is 0 and the array holds nothing, so
-  // every row size, stride and element count derived from the shape is representable.
-  std::int64_t nonzero_bytes = std::int64_t(dtype_size(h.dtype));
+  // The tuple parser reads no sign, so the only problem left is a byte size past 2^63 - 1; once
+  // that is ruled out, the products below cannot overflow.
+  if (detail::npy_shape_problem(h.dtype, h.shape) != detail::NpyShapeProblem::kNone)
+    detail::npy_fail(source, ::trainkit::detail::concat(
+                                 "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
+                                 " is too large: its byte size overflows 2^63 - 1 "
+                                 "(truncated or corrupt header)"));
   std::size_t numel = 1;
   int big_dims = 0;
   for (std::int64_t d : h.shape) {
-    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
-    if (!next)
-      detail::npy_fail(source,
-                       ::trainkit::detail::concat("shape ", detail::shape_text(h.shape), " of ",
-                                                  dtype_name(h.dtype),
-                                                  " is too large: its byte size overflows 2^63 - 1 "
-                                                  "(truncated or corrupt header)"));
-    nonzero_bytes = *next;
     numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
   }
@@ -495,6 +518,28 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
     detail::npy_fail(source, ::trainkit::detail::concat("corrupt: ", file_size - end,
                                                         " trailing bytes after the ", h.data_bytes,
                                                         " data bytes the header describes"));
+  }
+}
+
+TRAINKIT_INLINE void check_npy_bools(const NpyHeader& h, std::span<const std::byte> data,
+                                     std::string_view source) {
+  if (h.dtype != DType::kBool) return;
+  data = data.first(std::min(data.size(), h.data_bytes));
+  // OR whole blocks together (vectorizes); look for the element only once a block fails.
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t start = 0; start < data.size(); start += kBlock) {
+    const std::size_t end = std::min(data.size(), start + kBlock);
+    unsigned bits = 0;
+    for (std::size_t i = start; i < end; ++i) bits |= std::to_integer<unsigned>(data[i]);
+    if ((bits & ~1u) == 0) continue;
+    for (std::size_t i = start; i < end; ++i) {
+      const unsigned byte = std::to_integer<unsigned>(data[i]);
+      if (byte > 1)
+        detail::npy_fail(source, ::trainkit::detail::concat(
+                                     "bool element ", i, " holds the byte ", byte,
+                                     "; a bool array must hold only 0 and 1 (numpy reads any "
+                                     "nonzero byte as True): save it with np.save(path, a != 0)"));
+    }
   }
 }
 

@@ -101,10 +101,13 @@ struct TarEntry {
   char type = '0';         ///< ustar typeflag ('0' file, '5' directory, '2' symlink, ...)
   std::uint64_t size = 0;  ///< data bytes (pax `size` overrides the header)
   std::uint64_t mode = 0;
-  std::uint64_t mtime = 0;   ///< whole seconds (pax fractions are dropped)
+  std::uint64_t mtime = 0;   ///< whole seconds (pax fractions are dropped; before 1970 reads as 0)
   std::uint64_t offset = 0;  ///< byte offset of this member's ustar header in the archive
 
-  /// True for regular files (typeflag '0', '\0' or the contiguous-file '7').
+  /// True for regular files (typeflag '0', '\0' or the contiguous-file '7'). A '\0' member whose
+  /// name ends in '/' is an old-style directory and reads as type '5', as in Python's tarfile.
+  /// Sparse files (GNU tar --sparse, old GNU or pax form) read as type 'S', under their real
+  /// name; their data is stored as a map and pieces, which this reader does not expand.
   bool is_file() const noexcept { return type == '0' || type == '\0' || type == '7'; }
 };
 
@@ -167,7 +170,8 @@ class TarReader {
  private:
   struct Pax {
     bool has_path = false, has_linkpath = false, has_size = false, has_mtime = false;
-    std::string path, linkpath;
+    bool sparse = false, has_sparse_name = false;  // GNU.sparse.* records (GNU tar --sparse)
+    std::string path, linkpath, sparse_name;
     std::uint64_t size = 0, mtime = 0;
   };
   struct PendingMeta {
@@ -581,8 +585,18 @@ TRAINKIT_INLINE void TarReader::parse_pax(const std::string& data, Pax& pax,
     } else if (key == "size") {
       pax.size = pax_number(value, "size", offset);
       pax.has_size = !value.empty();
+    } else if (key.starts_with("GNU.sparse.")) {
+      pax.sparse = true;
+      if (key == "GNU.sparse.name") {
+        pax.sparse_name = value;
+        pax.has_sparse_name = !value.empty();
+      }
     } else if (key == "mtime") {
-      pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
+      // tarfile writes a time before 1970 as "-N[.f]"; it reads as 0 (see TarEntry::mtime).
+      const bool negative = !value.empty() && value[0] == '-';
+      const std::string_view digits = value.substr(negative ? 1 : 0);
+      const std::uint64_t seconds = pax_number(digits.substr(0, digits.find('.')), "mtime", offset);
+      pax.mtime = negative ? 0 : seconds;
       pax.has_mtime = !value.empty();
     }
     pos += len;
@@ -615,7 +629,9 @@ TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>
   e.offset = offset;
   e.type = static_cast<char>(b[156]);
   e.mode = number(b, 100, 8, "mode", offset);
-  e.mtime = number(b, 136, 12, "mtime", offset);
+  // A time before 1970 is a negative base-256 number (GNU tar, tarfile's GNU format); it reads as
+  // 0 rather than making the whole archive unreadable over a time stamp.
+  e.mtime = b[136] == 0xff ? 0 : number(b, 136, 12, "mtime", offset);
   e.size = size;
   e.name = text(b, 0, 100);
   e.linkname = text(b, 157, 100);
@@ -635,6 +651,16 @@ TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>
   if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
   if (meta.pax.has_size) e.size = meta.pax.size;
   if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
+  // GNU tar's pax form of a sparse file: the member's data is a map and the non-hole pieces, not
+  // the file, under a made-up path ("./GNUSparseFile.<pid>/<name>"). List it as the old GNU form
+  // lists it (type 'S', not a regular file) under its real name rather than as a file holding
+  // those bytes.
+  if (meta.pax.sparse) {
+    e.type = 'S';
+    if (meta.pax.has_sparse_name) e.name = meta.pax.sparse_name;
+  }
+  // Old (v7) archives mark a directory only by the '/' ending its name; tarfile reads it as one.
+  if (e.type == '\0' && !e.name.empty() && e.name.back() == '/') e.type = '5';
   // Links, directories and devices carry no data whatever their size field says (tarfile).
   if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
       e.type == '6')
