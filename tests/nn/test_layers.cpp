@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <trainkit/exec/host.hpp>
@@ -506,6 +507,65 @@ TEST_CASE("LayerNorm: matches PyTorch values; bits independent of threads") {
     grads[t].assign(a2.grads_data(), a2.grads_data() + a2.buffer_numel());
   }
   CHECK(grads[0] == grads[1]);
+}
+
+TEST_CASE("LayerNorm: dx over x, dy or the residual in part is refused; dx over x itself works") {
+  // Rows are read before they are written, but only their own: a dx one row ahead of x, dy or
+  // the residual would overwrite the next row before it is read. Refused before dw and db change.
+  const std::int64_t n = 5, c = 6;
+  nn::ParamArena<> arena;
+  nn::LayerNorm ln(arena, "ln", {.features = c});
+  arena.finalize();
+  arena.initialize(4);
+  const auto x = nntest::random_floats(n * c, 21);
+  const auto dy = nntest::random_floats(n * c, 22);
+  const auto res = nntest::random_floats(n * c, 23);
+  std::vector<float> y(x.size());
+  decltype(ln)::Context ctx;
+  ln.forward(pool(), ctx, mat(x.data(), n, c), mat(y.data(), n, c));
+  const auto grads = [&] {
+    return std::vector<float>(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+  };
+  std::vector<float> dx(x.size());
+  ln.backward(pool(), ctx, mat(x.data(), n, c), mat(dy.data(), n, c), mat(dx.data(), n, c),
+              mat(res.data(), n, c));
+  const auto want = grads();
+  arena.zero_grad();
+
+  // One buffer of n + 1 rows: the input view at row 0, dx at row 1.
+  const char* names[] = {"x", "dy", "residual"};
+  for (int which = 0; which < 3; ++which) {
+    CAPTURE(which);
+    std::vector<float> buf(static_cast<std::size_t>((n + 1) * c));
+    const std::vector<float>& in = which == 0 ? x : which == 1 ? dy : res;
+    std::copy(in.begin(), in.end(), buf.begin());
+    const float* xp = which == 0 ? buf.data() : x.data();
+    const float* dyp = which == 1 ? buf.data() : dy.data();
+    const float* rp = which == 2 ? buf.data() : res.data();
+    CHECK_THROWS_WITH_AS(
+        ln.backward(pool(), ctx, mat(xp, n, c), mat(dyp, n, c), mat(buf.data() + c, n, c),
+                    mat(rp, n, c)),
+        doctest::Contains((std::string("nn::LayerNorm::backward: dx [5, 6] partly overlaps ") +
+                           names[which] + " [5, 6]")
+                              .c_str()),
+        tk::Error);
+    CHECK(std::all_of(arena.grads_data(), arena.grads_data() + arena.buffer_numel(),
+                      [](float g) { return g == 0.0f; }));
+  }
+  // Without a residual too.
+  std::vector<float> buf(static_cast<std::size_t>((n + 1) * c));
+  std::copy(dy.begin(), dy.end(), buf.begin() + c);
+  CHECK_THROWS_WITH_AS(ln.backward(pool(), ctx, mat(x.data(), n, c),
+                                   mat<const float>(buf.data() + c, n, c), mat(buf.data(), n, c)),
+                       doctest::Contains("dx [5, 6] partly overlaps dy [5, 6]"), tk::Error);
+
+  // dx written over x itself (what TransformerBlock does when its dx is its x): the bits of a
+  // separate dx, and the same dw and db.
+  std::vector<float> same = x;
+  ln.backward(pool(), ctx, mat(same.data(), n, c), mat(dy.data(), n, c), mat(same.data(), n, c),
+              mat(res.data(), n, c));
+  CHECK(same == dx);
+  CHECK(grads() == want);
 }
 
 // ---- activations ------------------------------------------------------------------------------

@@ -423,6 +423,21 @@ TEST_CASE("device kernels at GPT-2 sizes: bias gradient blocks, LayerNorm rows, 
         },
         tk::Shape{333, c}, tk::Shape{333, c}, 1e-5);
   }
+  // dx written over x (a block's backward may be given dx = x): the weight and bias sums read x
+  // and dy, so on the device they must run before the dx kernel overwrites x.
+  for (const std::int64_t c : {std::int64_t{72}, std::int64_t{1100}}) {
+    CAPTURE(c);
+    compare(
+        "LayerNorm, dx over x",
+        [c](auto& arena) { return nn::LayerNorm(arena, "ln", {.features = c}); },
+        [](auto& m, const auto& ex, auto& x, auto& y, auto& dy, auto& dx) {
+          typename std::remove_reference_t<decltype(m)>::Context ctx;
+          m.forward(ex, ctx, x.template view<2>(), y.template view<2>());
+          tk::copy(dx, x);
+          m.backward(ex, ctx, dx.template view<2>(), dy.template view<2>(), dx.template view<2>());
+        },
+        tk::Shape{333, c}, tk::Shape{333, c}, 1e-5);
+  }
 
   // GPT-2's vocabulary, int64 ids with long runs of a few frequent ids, 1030 columns (two column
   // tiles of the sorted backward): the device's bits are the host's.

@@ -3,6 +3,7 @@
 // f32 step within each policy's tolerance; the compile-time traits behave as documented.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -171,6 +172,127 @@ TEST_CASE("Sequential: LayerNorm, GELU and Dropout (eval) stack") {
   net.get<2>().forward(pool(), gv, hv);
   net.get<4>().forward(pool(), hv, tk::HostView<float, 2>(y2.data(), tk::Extents<2>{{7, 3}}));
   CHECK(y == y2);
+}
+
+TEST_CASE("Sequential: backward checks x, dy and dx first, so a refused call adds no gradient") {
+  // The first layer runs last in backward: a dx (or x) it would refuse must be refused before
+  // the later layers add their gradients.
+  const std::int64_t n = 4, c = 6;
+  const auto x = nntest::random_floats(n * c, 31);
+  const auto dy = nntest::random_floats(n * 3, 32);
+  const auto view = [](const float* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    return tk::HostView<const float, 2>(p, tk::Extents<2>{{rows, cols}}, tk::Extents<2>{{ld, 1}});
+  };
+  const auto out = [](float* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    return tk::HostView<float, 2>(p, tk::Extents<2>{{rows, cols}}, tk::Extents<2>{{ld, 1}});
+  };
+  const auto no_grads = [](const nn::ParamArena<>& arena) {
+    return std::all_of(arena.grads_data(), arena.grads_data() + arena.buffer_numel(),
+                       [](float g) { return g == 0.0f; });
+  };
+
+  SUBCASE("LayerNorm first: padded dx, dx over x in part") {
+    nn::ParamArena<> arena;
+    nn::Sequential net{nn::LayerNorm(arena, "ln", {.features = c}),
+                       nn::Linear(arena, "fc", {.in_features = c, .out_features = 3})};
+    arena.finalize();
+    arena.initialize(5);
+    decltype(net)::Context ctx;
+    std::vector<float> y(n * 3);
+    net.forward(pool(), ctx, view(x.data(), n, c, c), out(y.data(), n, 3, 3));
+    std::vector<float> padded(n * 8);
+    CHECK_THROWS_WITH_AS(
+        net.backward(pool(), ctx, view(x.data(), n, c, c), view(dy.data(), n, 3, 3),
+                     out(padded.data(), n, c, 8)),
+        doctest::Contains("nn::Sequential::backward: dx with shape [4, 6] and strides [8, 1] "
+                          "must be contiguous (row-major, dense) for layer 0 (nn::LayerNorm)"),
+        tk::Error);
+    CHECK(no_grads(arena));
+    std::vector<float> buf((n + 1) * c);
+    std::copy(x.begin(), x.end(), buf.begin());
+    CHECK_THROWS_WITH_AS(net.backward(pool(), ctx, view(buf.data(), n, c, c),
+                                      view(dy.data(), n, 3, 3), out(buf.data() + c, n, c, c)),
+                         doctest::Contains("nn::Sequential::backward: dx [4, 6] partly overlaps x "
+                                           "[4, 6], which layer 0 (nn::LayerNorm) reads"),
+                         tk::Error);
+    CHECK(no_grads(arena));
+    // dx over x itself stays allowed: the bits of a separate dx.
+    std::vector<float> dx(n * c), same = x;
+    net.backward(pool(), ctx, view(x.data(), n, c, c), view(dy.data(), n, 3, 3),
+                 out(dx.data(), n, c, c));
+    const std::vector<float> want(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+    arena.zero_grad();
+    net.backward(pool(), ctx, view(same.data(), n, c, c), view(dy.data(), n, 3, 3),
+                 out(same.data(), n, c, c));
+    CHECK(same == dx);
+    CHECK(std::equal(want.begin(), want.end(), arena.grads_data()));
+  }
+
+  SUBCASE("Linear first: rows that overlap are refused, padded rows give the dense bits") {
+    nn::ParamArena<> arena;
+    nn::Sequential net{nn::Linear(arena, "a", {.in_features = c, .out_features = 5}), nn::ReLU{},
+                       nn::Linear(arena, "b", {.in_features = 5, .out_features = 3})};
+    arena.finalize();
+    arena.initialize(6);
+    decltype(net)::Context ctx;
+    std::vector<float> y(n * 3);
+    net.forward(pool(), ctx, view(x.data(), n, c, c), out(y.data(), n, 3, 3));
+    std::vector<float> dx(n * c);
+    CHECK_THROWS_WITH_AS(net.backward(pool(), ctx, view(x.data(), n, c, c),
+                                      view(dy.data(), n, 3, 3), out(dx.data(), n, c, 3)),
+                         doctest::Contains("nn::Sequential::backward: dx with shape [4, 6] and "
+                                           "strides [3, 1] must have dense rows (column stride 1, "
+                                           "row stride >= its width) for layer 0 (nn::Linear)"),
+                         tk::Error);
+    CHECK(no_grads(arena));
+    CHECK_THROWS_WITH_AS(net.backward(pool(), ctx, view(x.data(), n, c, 2),
+                                      view(dy.data(), n, 3, 3), tk::HostView<float, 2>()),
+                         doctest::Contains("nn::Sequential::backward: x with shape [4, 6] and "
+                                           "strides [2, 1] must have dense rows"),
+                         tk::Error);
+    CHECK(no_grads(arena));
+    // x and dx with padded rows (and a padded dy for the last Linear): the bits of dense views.
+    net.backward(pool(), ctx, view(x.data(), n, c, c), view(dy.data(), n, 3, 3),
+                 out(dx.data(), n, c, c));
+    const std::vector<float> want(arena.grads_data(), arena.grads_data() + arena.buffer_numel());
+    arena.zero_grad();
+    std::vector<float> xp(n * 9), dyp(n * 4), dxp(n * 9, -1.0f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::copy_n(x.begin() + i * c, c, xp.begin() + i * 9);
+      std::copy_n(dy.begin() + i * 3, 3, dyp.begin() + i * 4);
+    }
+    net.backward(pool(), ctx, view(xp.data(), n, c, 9), view(dyp.data(), n, 3, 4),
+                 out(dxp.data(), n, c, 9));
+    CHECK(std::equal(want.begin(), want.end(), arena.grads_data()));
+    for (std::int64_t i = 0; i < n; ++i)
+      CHECK(std::equal(dx.begin() + i * c, dx.begin() + (i + 1) * c, dxp.begin() + i * 9));
+  }
+
+  SUBCASE("a Sequential first and a ReLU last: named through the nested stack") {
+    nn::ParamArena<> arena;
+    nn::Sequential net{nn::Sequential{nn::LayerNorm(arena, "ln", {.features = c}), nn::GELU{}},
+                       nn::Linear(arena, "fc", {.in_features = c, .out_features = 3}), nn::ReLU{}};
+    arena.finalize();
+    arena.initialize(7);
+    decltype(net)::Context ctx;
+    std::vector<float> y(n * 3);
+    net.forward(pool(), ctx, view(x.data(), n, c, c), out(y.data(), n, 3, 3));
+    std::vector<float> padded(n * 8);
+    CHECK_THROWS_WITH_AS(net.backward(pool(), ctx, view(x.data(), n, c, c),
+                                      view(dy.data(), n, 3, 3), out(padded.data(), n, c, 8)),
+                         doctest::Contains("for layer 0 (nn::Sequential, whose layer 0 is "
+                                           "nn::LayerNorm)"),
+                         tk::Error);
+    CHECK(no_grads(arena));
+    std::vector<float> dyp(n * 4);
+    CHECK_THROWS_WITH_AS(net.backward(pool(), ctx, view(x.data(), n, c, c),
+                                      view(dyp.data(), n, 3, 4), tk::HostView<float, 2>()),
+                         doctest::Contains("nn::Sequential::backward: dy with shape [4, 3] and "
+                                           "strides [4, 1] must be contiguous (row-major, dense) "
+                                           "for layer 2 (nn::ReLU)"),
+                         tk::Error);
+    CHECK(no_grads(arena));
+  }
 }
 
 namespace {

@@ -113,15 +113,22 @@ void check_contiguous(const char* who, const char* name, const V& v) {
                  " must be contiguous (row-major, dense)");
 }
 
+/// True when the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
+/// stride of at least its width (check_rows).
+template <class V>
+bool has_dense_rows(const V& v) noexcept {
+  static_assert(V::rank == 2, "trainkit::nn: dense rows are a property of [N, width] views");
+  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
+  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
+  return dense_columns && apart;
+}
+
 /// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
 /// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
 /// vocabulary rounded up for aligned matrix products (logits_row_stride).
 template <class V>
 void check_rows(const char* who, const char* name, const V& v) {
-  static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
-  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
-  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
-  TRAINKIT_CHECK(dense_columns && apart, who, ": ", name, " with shape ", shape_of(v),
+  TRAINKIT_CHECK(has_dense_rows(v), who, ": ", name, " with shape ", shape_of(v),
                  " must have dense rows (column stride 1, row stride >= its width)");
 }
 
@@ -148,6 +155,29 @@ void check_same_io(const char* who, const VX& x, const VY& y, std::int64_t width
 template <class V>
 bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
+}
+
+/// True when `out`, which a call writes row by row, shares memory with `in`, which it reads,
+/// other than by being `in` itself (the same first element, width and row stride): a row of out
+/// that lies over another row of in would overwrite that row before it is read. Both views have
+/// dense rows (check_rows).
+template <class VO, class VI>
+bool overlaps_in_part(const VO& out, const VI& in) noexcept {
+  const blas::detail::ByteRows o = blas::detail::byte_rows("", out);
+  const blas::detail::ByteRows i = blas::detail::byte_rows("", in);
+  const bool same =
+      o.base == i.base && o.rows == i.rows && o.width == i.width && (o.rows <= 1 || o.ld == i.ld);
+  return !same && blas::detail::byte_rows_overlap(o, i);
+}
+
+/// Throws when overlaps_in_part(out, in). Layers call it before they add anything, so a refused
+/// call changes nothing.
+template <class VO, class VI>
+void check_not_partly_over(const char* who, const char* out_name, const VO& out,
+                           const char* in_name, const VI& in) {
+  TRAINKIT_CHECK(!overlaps_in_part(out, in), who, ": ", out_name, " ", shape_of(out),
+                 " partly overlaps ", in_name, " ", shape_of(in), ", whose rows are read while ",
+                 out_name, " is written");
 }
 
 /// Throws unless x, dy and dx (unless absent) are contiguous [B, T, width] views of one shape,
@@ -392,13 +422,10 @@ void gemm_on(const E&, Args&&...) {
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// Warps per block of the one-warp-per-row kernels.
+/// Warps per block of the one-warp-per-row kernels: launch them with
+/// exec::detail::grid_blocks_x(rows, kRowWarps, name) blocks of kRowWarps * 32 threads and check
+/// the launch with exec::detail::check_kernel_launch.
 inline constexpr int kRowWarps = 8;
-
-/// Blocks of kRowWarps warps that give every one of `rows` rows its warp.
-inline unsigned row_warp_blocks(std::int64_t rows) {
-  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
-}
 
 /// The row of the calling warp in a one-warp-per-row kernel, and the thread's lane in it.
 __device__ inline std::int64_t warp_row() {

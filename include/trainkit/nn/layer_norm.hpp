@@ -499,6 +499,18 @@ template <class T>
 void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
+  // The weight and bias sums first: they read x and dy, which dx may lie over (a block's
+  // backward writes dx over x), and the dx kernel overwrites them. The host path reads a row's
+  // x and dy before it writes that row's dx, so both orders give the same sums.
+  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
+  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
+  layer_norm_backward_partial_kernel<T>
+      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
+                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
+  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
+                                    ", cols ", a.cols);
   if (a.dx != nullptr) {
     const unsigned blocks =
         exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm backward (dx)");
@@ -515,15 +527,6 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
     exec::detail::check_kernel_launch("nn::LayerNorm backward (dx)", "rows ", a.rows, ", cols ",
                                       a.cols);
   }
-  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
-  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
-  layer_norm_backward_partial_kernel<T>
-      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
-  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
-                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
-  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
-  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
-                                    ", cols ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -606,20 +609,33 @@ class LayerNorm {
 
   /// The same, with dx = residual + dL/dx (kOverwrite) or dx += residual + dL/dx (kAccumulate):
   /// the gradient that reaches a pre-LN block's input through its skip connection, added in the
-  /// pass that writes dx. residual [N, C] like dx, which it must not overlap (it may be absent).
+  /// pass that writes dx. residual [N, C] like dx (it may be absent).
+  ///
+  /// A dx that overlaps x, dy or residual only in part throws before dw and db are touched: a
+  /// row of dx would overwrite another row still to be read. (dx may be x itself, as when
+  /// TransformerBlock writes its input gradient over its input.)
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, class TR>
   void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
                 TensorView<TG, 2, S> dx, TensorView<TR, 2, S> residual,
                 Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
+    constexpr const char* kWho = "nn::LayerNorm::backward";
     detail::check_call<P, E, S, TX, TD, TG, TR>();
-    detail::check_same_io("nn::LayerNorm::backward", x, dy, features_);
-    if (!detail::absent(dx)) detail::check_same_io("nn::LayerNorm::backward", x, dx, features_);
-    if (!detail::absent(residual)) {
-      TRAINKIT_CHECK(!detail::absent(dx), "nn::LayerNorm::backward: a residual gradient needs dx");
-      detail::check_same_io("nn::LayerNorm::backward", x, residual, features_);
+    TRAINKIT_CHECK(x.size(1) == features_, kWho, ": x ", detail::shape_of(x), " must be [N, ",
+                   features_, "]");
+    detail::check_contiguous(kWho, "x", x);
+    check_like_x(kWho, "dy", dy, x);
+    if (!detail::absent(dx)) {
+      check_like_x(kWho, "dx", dx, x);
+      detail::check_not_partly_over(kWho, "dx", dx, "x", x);
+      detail::check_not_partly_over(kWho, "dx", dx, "dy", dy);
     }
-    ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
+    if (!detail::absent(residual)) {
+      TRAINKIT_CHECK(!detail::absent(dx), kWho, ": a residual gradient needs dx");
+      check_like_x(kWho, "residual", residual, x);
+      detail::check_not_partly_over(kWho, "dx", dx, "residual", residual);
+    }
+    ctx.rec_.template check<T>(kWho, x.size(0), x.size(1));
     const std::int64_t rows = x.size(0);
     const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
     // The kernels' argument block is shared with forward; backward only reads the statistics.
@@ -647,6 +663,14 @@ class LayerNorm {
     a.cols = features_;
     a.eps = eps_;
     return a;
+  }
+
+  /// Throws unless v (dy, dx or residual) has x's shape and is contiguous.
+  template <class V, class VX>
+  static void check_like_x(const char* who, const char* name, const V& v, const VX& x) {
+    TRAINKIT_CHECK(v.sizes() == x.sizes(), who, ": ", name, " ", detail::shape_of(v),
+                   " differs from x ", detail::shape_of(x));
+    detail::check_contiguous(who, name, v);
   }
 
   ParamArena<S>* arena_;

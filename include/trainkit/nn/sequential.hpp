@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -32,6 +33,84 @@ concept StackableLayer = requires(const L& layer, std::int64_t in) {
   { layer.out_features(in) } -> std::convertible_to<std::int64_t>;
 };
 
+template <Space S>
+class Linear;
+template <Space S>
+class LayerNorm;
+struct ReLU;
+struct GELU;
+class Dropout;
+
+namespace detail {
+
+/// How a layer's backward needs one of its views laid out.
+enum class ViewLayout : std::uint8_t {
+  kAny,         ///< nothing Sequential knows of: the layer checks the view itself
+  kDenseRows,   ///< column stride 1, rows apart (padded rows allowed; check_rows)
+  kContiguous,  ///< row-major and dense (check_contiguous)
+};
+
+/// What the backward of layer L requires of the views a Sequential hands it from its own caller:
+/// x and dx when L is the first layer, dy when it is the last. The first layer runs last in
+/// backward, so Sequential checks these at entry, before any layer adds a gradient. A layer not
+/// listed here (your own) checks its views itself.
+template <class L>
+struct StackedBackward {
+  static constexpr ViewLayout x = ViewLayout::kAny;
+  static constexpr ViewLayout dy = ViewLayout::kAny;
+  static constexpr ViewLayout dx = ViewLayout::kAny;
+  static constexpr bool x_without_dx = false;     ///< x is checked even when dx is absent
+  static constexpr bool dx_apart_from_x = false;  ///< dx may be x itself but not overlap it in part
+  static std::string first_name() { return "a layer"; }
+  static std::string last_name() { return "a layer"; }
+};
+
+/// The same layout and name whether the layer is first or last.
+template <ViewLayout X, ViewLayout Dy, ViewLayout Dx, bool XWithoutDx, bool Apart>
+struct StackedLayout {
+  static constexpr ViewLayout x = X;
+  static constexpr ViewLayout dy = Dy;
+  static constexpr ViewLayout dx = Dx;
+  static constexpr bool x_without_dx = XWithoutDx;
+  static constexpr bool dx_apart_from_x = Apart;
+};
+
+template <Space S>
+struct StackedBackward<Linear<S>> : StackedLayout<ViewLayout::kDenseRows, ViewLayout::kDenseRows,
+                                                  ViewLayout::kDenseRows, true, false> {
+  static std::string first_name() { return "nn::Linear"; }
+  static std::string last_name() { return "nn::Linear"; }
+};
+template <Space S>
+struct StackedBackward<LayerNorm<S>>
+    : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous, ViewLayout::kContiguous, true,
+                    true> {
+  static std::string first_name() { return "nn::LayerNorm"; }
+  static std::string last_name() { return "nn::LayerNorm"; }
+};
+// The element-wise layers check nothing when dx is absent.
+template <>
+struct StackedBackward<ReLU> : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous,
+                                             ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::ReLU"; }
+  static std::string last_name() { return "nn::ReLU"; }
+};
+template <>
+struct StackedBackward<GELU> : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous,
+                                             ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::GELU"; }
+  static std::string last_name() { return "nn::GELU"; }
+};
+// Dropout's backward does not read x.
+template <>
+struct StackedBackward<Dropout> : StackedLayout<ViewLayout::kAny, ViewLayout::kContiguous,
+                                                ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::Dropout"; }
+  static std::string last_name() { return "nn::Dropout"; }
+};
+
+}  // namespace detail
+
 /// Layers applied in order: y = L_{n-1}(... L_1(L_0(x))). Construct it from the layers WITH
 /// BRACES: `nn::Sequential net{nn::Linear(arena, "0", {784, 1024}), nn::ReLU{}, ...}`. A braced
 /// list is evaluated left to right, so the layers register their parameters in model order (the
@@ -42,6 +121,10 @@ concept StackableLayer = requires(const L& layer, std::int64_t in) {
 /// out_features). forward fills the caller's Context with the intermediate activations (in the
 /// activation type of P) and the layers' contexts; backward takes the same x, runs the layers'
 /// backward in reverse order and writes dx (absent: the first layer skips its input gradient).
+/// backward checks x, dy and dx first, as the library's layers that receive them will (Linear
+/// accepts padded rows, the others want contiguous views; a LayerNorm first layer also refuses
+/// a dx that overlaps x in part), so a refused call adds no gradient. A layer of your own at
+/// either end checks its views itself.
 template <StackableLayer... Layers>
 class Sequential {
   static_assert(sizeof...(Layers) >= 1, "nn::Sequential needs at least one layer");
@@ -135,6 +218,8 @@ class Sequential {
     if (!detail::absent(dx))
       TRAINKIT_CHECK(dx.sizes() == x.sizes(), "nn::Sequential::backward: dx ", detail::shape_of(dx),
                      " differs from x ", detail::shape_of(x));
+    // A single layer checks its views itself before it adds anything.
+    if constexpr (kSize > 1) check_ends(x, dy, dx);
     std::int64_t max_width = 0;
     for (std::size_t i = 1; i < kSize; ++i) max_width = std::max(max_width, w[i]);
     for (auto& g : grads_) storage<S>(g).template get<T>(rows * max_width);
@@ -171,6 +256,42 @@ class Sequential {
         last = index;
       }
     }
+  }
+
+  using First = std::tuple_element_t<0, std::tuple<Layers...>>;
+  using Last = std::tuple_element_t<kSize - 1, std::tuple<Layers...>>;
+
+  /// Checks x and dx as the first layer's backward will, and dy as the last layer's: the first
+  /// layer runs last, after the others have added their gradients, so a view it would refuse
+  /// must be refused before anything is added.
+  template <class VX, class VD, class VG>
+  static void check_ends(const VX& x, const VD& dy, const VG& dx) {
+    using F = detail::StackedBackward<First>;
+    using L = detail::StackedBackward<Last>;
+    const bool has_dx = !detail::absent(dx);
+    if (has_dx || F::x_without_dx) check_end(F::x, "x", x, 0, &F::first_name);
+    if (has_dx) {
+      check_end(F::dx, "dx", dx, 0, &F::first_name);
+      TRAINKIT_CHECK(!F::dx_apart_from_x || !detail::overlaps_in_part(dx, x),
+                     "nn::Sequential::backward: dx ", detail::shape_of(dx), " partly overlaps x ",
+                     detail::shape_of(x), ", which layer 0 (", F::first_name(),
+                     ") reads while it writes dx");
+    }
+    check_end(L::dy, "dy", dy, kSize - 1, &L::last_name);
+  }
+
+  template <class V>
+  static void check_end(detail::ViewLayout layout, const char* name, const V& v, std::size_t layer,
+                        std::string (*layer_name)()) {
+    const bool contiguous = layout == detail::ViewLayout::kContiguous;
+    const bool ok = contiguous                                 ? v.is_contiguous()
+                    : layout == detail::ViewLayout::kDenseRows ? detail::has_dense_rows(v)
+                                                               : true;
+    TRAINKIT_CHECK(ok, "nn::Sequential::backward: ", name, " with shape ", detail::shape_of(v),
+                   " and strides [", v.stride(0), ", ", v.stride(1), "] must ",
+                   contiguous ? "be contiguous (row-major, dense)"
+                              : "have dense rows (column stride 1, row stride >= its width)",
+                   " for layer ", layer, " (", layer_name(), ")");
   }
 
   /// w[0] = in, w[i + 1] = layer i's output width.
@@ -237,6 +358,29 @@ class Sequential {
   std::tuple<Layers...> layers_;
   std::array<Buffer, 2> grads_{};  // backward scratch: the ping-pong gradients between layers
 };
+
+namespace detail {
+
+/// A Sequential inside a Sequential: its first layer's needs, and its last layer's.
+template <StackableLayer... Ls>
+struct StackedBackward<Sequential<Ls...>> {
+  using F = StackedBackward<std::tuple_element_t<0, std::tuple<Ls...>>>;
+  using L = StackedBackward<std::tuple_element_t<sizeof...(Ls) - 1, std::tuple<Ls...>>>;
+  static constexpr ViewLayout x = F::x;
+  static constexpr ViewLayout dy = L::dy;
+  static constexpr ViewLayout dx = F::dx;
+  static constexpr bool x_without_dx = F::x_without_dx;
+  static constexpr bool dx_apart_from_x = F::dx_apart_from_x;
+  static std::string first_name() {
+    return ::trainkit::detail::concat("nn::Sequential, whose layer 0 is ", F::first_name());
+  }
+  static std::string last_name() {
+    return ::trainkit::detail::concat("nn::Sequential, whose layer ", sizeof...(Ls) - 1, " is ",
+                                      L::last_name());
+  }
+};
+
+}  // namespace detail
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END

@@ -539,15 +539,7 @@ class FusedOptimizer {
                                         {},
                                         num_params};
       for (int k = 0; k < Traits::kMaxStates; ++k) args.states[k] = static_cast<float*>(state_[k]);
-      const cudaStream_t stream = exec.stream().get();
-      constexpr int kThreads = detail::kTrustThreads;
-      detail::trust_stage1_kernel<Rule, V><<<num_chunks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
-      const auto ratio_blocks = static_cast<unsigned>((num_params + kThreads - 1) / kThreads);
-      detail::trust_ratio_kernel<Rule><<<ratio_blocks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
-      detail::trust_stage2_kernel<Rule><<<num_chunks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      detail::launch_trust_ratio_kernels<Rule, V>(args, num_chunks, exec.stream().get());
 #else
       static_assert(exec::detail::dependent_false<E>,
                     "optim: a trust-ratio optimizer (LAMB) stepping with exec::Cuda launches CUDA "

@@ -17,6 +17,7 @@
 #include "trainkit/core/half.hpp"
 #include "trainkit/core/rng.hpp"
 #include "trainkit/exec/cuda.hpp"
+#include "trainkit/exec/launch.hpp"
 #include "trainkit/optim/detail/host_simd.hpp"
 #include "trainkit/optim/rule.hpp"
 
@@ -288,6 +289,28 @@ __global__ void __launch_bounds__(kTrustThreads) trust_stage2_kernel(TrustRatioA
   const float r = a.ratio[c.param];
   for (std::int64_t i = c.begin + threadIdx.x; i < c.end; i += kTrustThreads)
     a.p[i] = a.p[i] - r * a.g[i];
+}
+
+/// Enqueues the three trust-ratio passes on `stream` (stage 1 and stage 2: a block per chunk,
+/// num_chunks > 0; the ratios: a thread per parameter). Each launch is checked as the other
+/// kernels' are: a failure throws trainkit::Error naming the pass, the rule and the sizes, with
+/// CUDA's reason.
+template <class Rule, unsigned V>
+void launch_trust_ratio_kernels(const TrustRatioArgs<Rule>& args, std::int64_t num_chunks,
+                                cudaStream_t stream) {
+  static constexpr const char* kStage1 = "optim trust-ratio stage 1 (update and norm partials)";
+  static constexpr const char* kRatio = "optim trust-ratio per-tensor ratios";
+  static constexpr const char* kStage2 = "optim trust-ratio stage 2 (p -= ratio * u)";
+  const unsigned chunk_blocks = exec::detail::grid_blocks_x(num_chunks, 1, kStage1);
+  trust_stage1_kernel<Rule, V><<<chunk_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kStage1, Rule::kName, ", ", num_chunks, " chunks of ",
+                                    kTrustChunk, " elements");
+  const unsigned ratio_blocks = exec::detail::grid_blocks_x(args.num_params, kTrustThreads, kRatio);
+  trust_ratio_kernel<Rule><<<ratio_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kRatio, Rule::kName, ", ", args.num_params, " tensors");
+  trust_stage2_kernel<Rule><<<chunk_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kStage2, Rule::kName, ", ", num_chunks, " chunks of ",
+                                    kTrustChunk, " elements");
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
