@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -186,10 +187,81 @@ TEST_CASE("augment: bad options") {
   o = options(1, 0.5f);
   o.normalize.stddev[1] = 0;
   check_contains(error_of([&] { tk::data::ImageAugment a(o); }), {"stddev[1] is zero"});
+  // Options that made every value of a channel NaN or infinite: refused, naming the channel
+  // (the first one, for a bad scale).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const auto& [scale, mean, stddev] :
+       {std::tuple{1.0f, 0.5f, nan}, std::tuple{1.0f, nan, 0.5f}, std::tuple{nan, 0.5f, 0.5f},
+        std::tuple{inf, 0.5f, 0.5f}, std::tuple{1.0f, 0.5f, 1e-45f}}) {
+    o = options(1, 0.5f);
+    o.normalize.scale = scale;
+    o.normalize.mean[2] = mean;
+    o.normalize.stddev[2] = stddev;
+    check_contains(error_of([&] { tk::data::ImageAugment a(o); }),
+                   {std::isfinite(scale) ? "channel 2 normalises with scale"
+                                         : "channel 0 normalises with scale",
+                    "non-finite factor"});
+  }
+  o = options(1, 0.5f);
+  o.normalize.mean[3] = nan;  // channel 3 is not used by a 3-channel layout
+  CHECK_NOTHROW(tk::data::ImageAugment{o});
   for (const int padding : {-1, (1 << 24) + 1, 1 << 30}) {  // 2 * 2^30 + 1 overflowed int
     o = options(padding, 0.5f);
     check_contains(error_of([&] { tk::data::ImageAugment a(o); }),
                    {"crop padding " + std::to_string(padding) + " is not in [0, 2^24]"});
   }
   CHECK_NOTHROW(tk::data::ImageAugment(options(1 << 24, 0.5f)));
+}
+
+namespace {
+
+/// Four 1 x 4 x 4 images of `dtype` (U8 or F32) in memory, pixel e of sample i = 16 i + e + 1.
+struct SmallImages {
+  std::vector<tk::data::FieldSpec> f;
+  explicit SmallImages(tk::DType dtype) : f{{"image", dtype, {1, 4, 4}}} {}
+  std::size_t size() const { return 4; }
+  const std::vector<tk::data::FieldSpec>& fields() const { return f; }
+  void read(std::size_t i, const tk::data::SampleRef& out) const {
+    for (std::size_t e = 0; e < 16; ++e) {
+      if (f[0].dtype == tk::DType::kU8) out.as<std::uint8_t>(0)[e] = std::uint8_t(16 * i + e + 1);
+      else out.as<float>(0)[e] = float(16 * i + e + 1);
+    }
+  }
+  std::string describe(std::size_t i) const { return "image " + std::to_string(i); }
+};
+
+}  // namespace
+
+TEST_CASE("augment: image_transform without output_fields") {
+  tk::data::ImageAugmentOptions o;
+  o.layout = {1, 4, 4, false};
+  o.crop.padding = 2;
+  o.flip.probability = 0.5f;
+  o.normalize.scale = 1.0f;
+  o.seed = 7;
+  const tk::data::ImageAugment aug(o);
+  // An f32 field is augmented in place: the same values as from a separate input (crops and
+  // flips read pixels the pass had already overwritten).
+  const SmallImages f32(tk::DType::kF32);
+  tk::data::PrefetchOptions opts{.batch_size = 4, .num_workers = 1};
+  opts.transform = tk::data::image_transform(aug, f32.fields(), "image").first;
+  tk::data::Prefetcher loader(f32, tk::data::SequentialSampler(4), opts);
+  const tk::data::Batch b = loader.next();
+  const float* got = b.host<float, 4>("image").data();
+  for (std::size_t r = 0; r < 4; ++r) {
+    std::vector<float> in(16), expect(16);
+    std::span<std::byte> span[1] = {std::as_writable_bytes(std::span(in))};
+    f32.read(r, tk::data::SampleRef(span));
+    aug.apply_host(in.data(), expect.data(), 0, std::int64_t(r));
+    CHECK(std::vector<float>(got + r * 16, got + r * 16 + 16) == expect);
+  }
+  // A uint8 field has no room for the floats: refused (it wrote past the field).
+  const SmallImages u8(tk::DType::kU8);
+  opts.transform = tk::data::image_transform(aug, u8.fields(), "image").first;
+  opts.batch_size = 1;
+  tk::data::Prefetcher bad(u8, tk::data::SequentialSampler(4), opts);
+  check_contains(error_of([&] { (void)bad.next(); }),
+                 {"image 0", "field 'image' is 16 bytes per sample in the batch, not 16 f32 values",
+                  "set PrefetchOptions::output_fields"});
 }

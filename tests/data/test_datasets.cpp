@@ -102,6 +102,10 @@ TEST_CASE("NpyDataset: rows of numpy files, any dtype, first axes must agree") {
   check_contains(ds.describe(17), {"features.npy' row 17"});
   check_contains(error_of([&] { ds.read(37, s.ref()); }),
                  {"sample 37 out of range", "features.npy"});
+  // A destination with fewer fields than files is refused (read() indexed past its end).
+  const tk::data::SampleRef first_only(std::span(s.spans).first(1));
+  check_contains(error_of([&] { ds.read(0, first_only); }),
+                 {"NpyDataset: destination has 1 fields, expected 2"});
 
   tk::data::NpyDataset img({{"image", fixture("npy/images_u8.npy")}});
   CHECK(img.fields()[0].shape == std::vector<std::int64_t>{3, 4, 5});
@@ -158,6 +162,9 @@ TEST_CASE("TokenShardDataset: (input, target) windows over llm.c shards") {
   CHECK(s.at<std::int32_t>(0, 0) == 5);
   CHECK(s.at<std::int32_t>(1, 0) == 18);
   check_contains(ds.describe(124), {"tok_000001.bin' tokens from 0"});
+  const tk::data::SampleRef input_only(std::span(s.spans).first(1));
+  check_contains(error_of([&] { ds.read(0, input_only); }),
+                 {"TokenShardDataset: destination has 1 fields, expected 2"});
 
   const tk::data::TokenShardDataset wide(
       fixture("tokens/tok_llama.bin"),
@@ -247,12 +254,23 @@ TEST_CASE("shard patterns: bash brace expansion") {
   check_contains(error_of([] { (void)expand_shard_pattern(""); }), {"names no shards"});
   CHECK(expand_shard_pattern("{,a}::{,}") == V{"a"});  // empty words are dropped, as in bash
   check_contains(error_of([] { (void)expand_shard_pattern("{,}"); }), {"names no shards"});
+  // A letter range needs two letters, as in bash: other ends keep the braces literal instead
+  // of spanning the punctuation between ('/' included).
+  CHECK(expand_shard_pattern("s{1..a}") == V{"s{1..a}"});
+  CHECK(expand_shard_pattern("s{/..a}") == V{"s{/..a}"});
+  CHECK(expand_shard_pattern("{Y..a}").size() == 9);  // two letters: Y Z [ \ ] ^ _ ` a
 
   // Expansions past the caps are refused before they take the memory: products of ranges,
   // many comma lists, long names times a range, one range too long.
   CHECK(expand_shard_pattern("{1..1000000}").size() == tk::data::kMaxShardNames);
   std::string lists;
-  for (int i = 0; i < 40; ++i) lists += "{a,b}";                             // 2^40 names
+  for (int i = 0; i < 40; ++i) lists += "{a,b}";  // 2^40 names
+  // Empty words are dropped but still cost time each: 2^21 of them are refused (2^40 of them
+  // ran for hours).
+  std::string empties;
+  for (int i = 0; i < 21; ++i) empties += "{,}";
+  check_contains(error_of([&] { (void)expand_shard_pattern(empties); }),
+                 {"expands to more than 1000000 names", "surely a typo"});
   const std::string long_name = std::string(1000, 'n') + "-{0..99999}.tar";  // 100 MB
   for (const std::string& p : {std::string("s{0..9999}-{0..9999}.tar"), lists, long_name})
     check_contains(error_of([&] { (void)expand_shard_pattern(p); }),
@@ -389,6 +407,39 @@ TEST_CASE("TarShardDataset: missing members, bad members and truncated shards") 
   SampleBuffer hb(hd.fields());
   check_contains(error_of([&] { hd.next(hb.ref()); }),
                  {"value 70000 does not fit field 'v' (F16)"});
+  // JSON that is not a number or an array of numbers is refused, not read around: missing
+  // values, trailing commas and two top-level values (they were taken as [1, 2]).
+  int json_case = 0;
+  for (const char* bad : {"[1,,2]", "[,1,2]", "[1,2,]", "[1][2]", "1,2", "[1,2]]", "[[1,2]"}) {
+    const std::string name = "bad" + std::to_string(json_case++) + ".tar";
+    {
+      tk::io::TarWriter w(dir / name);
+      w.add("000.json", std::string_view(bad));
+      w.close();
+    }
+    tk::data::TarShardOptions two = o;
+    two.fields = {{"v", "json", tk::DType::kF32, {2}}};
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / name).string()}, two);
+    SampleBuffer sb(ds.fields());
+    INFO(bad);
+    check_contains(error_of([&] { ds.next(sb.ref()); }),
+                   {name, "000.json", "not a number or an array of numbers"});
+  }
+  for (const char* good : {" [ 1 , 2 ] ", "[[1],[2]]", "[[1,2]]", "[1,[2]]", "[1e0,2.0]"}) {
+    {
+      tk::io::TarWriter w(dir / "good.tar");
+      w.add("000.json", std::string_view(good));
+      w.close();
+    }
+    tk::data::TarShardOptions two = o;
+    two.fields = {{"v", "json", tk::DType::kF32, {2}}};
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / "good.tar").string()}, two);
+    SampleBuffer sb(ds.fields());
+    INFO(good);
+    REQUIRE(ds.next(sb.ref()));
+    CHECK(sb.at<float>(0, 0) == 1.0f);
+    CHECK(sb.at<float>(0, 1) == 2.0f);
+  }
   // Two fields cannot take one member.
   tk::data::TarShardOptions twice = o;
   twice.fields = {{"a", "bin", tk::DType::kU8, {8}}, {"b", "BIN", tk::DType::kU8, {8}}};

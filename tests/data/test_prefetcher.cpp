@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -106,6 +107,19 @@ std::vector<Seen> expected(const S& sampler, std::size_t batch, bool drop_last,
   }
   return out;
 }
+
+/// A sampler whose second index is negative, or, with fail_epoch set, that gives {0, 1} but
+/// throws std::runtime_error for that epoch.
+struct NegativeSampler {
+  std::int64_t fail_epoch = -1;
+  std::size_t size() const { return 2; }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) const {
+    if (fail_epoch < 0) return {0, -1};
+    if (epoch == static_cast<std::uint64_t>(fail_epoch))
+      throw std::runtime_error("index file gone");
+    return {0, 1};
+  }
+};
 
 std::vector<Seen> take(tk::data::Prefetcher& p, std::size_t count) {
   std::vector<Seen> out;
@@ -463,6 +477,60 @@ TEST_CASE("Prefetcher: a stop reaches a streaming dataset's start() that takes a
   CHECK(!quick.saw_stop.load());
 }
 
+namespace {
+
+/// Samples 0..9 of one I64 field; reading sample `bad` throws (every time it is reached).
+class FailingStream {
+ public:
+  explicit FailingStream(std::uint64_t bad) : bad_(bad) {}
+  const std::vector<tk::data::FieldSpec>& fields() const { return fields_; }
+  void start(std::uint64_t, std::uint64_t skip) { position_ = skip; }
+  bool next(const tk::data::SampleRef& out) {
+    if (position_ == bad_) TRAINKIT_FAIL("sample ", bad_, " is corrupt");
+    if (position_ >= 10) return false;
+    out.as<std::int64_t>(0)[0] = static_cast<std::int64_t>(position_++);
+    return true;
+  }
+  std::string describe_current() const { return "failing stream"; }
+
+ private:
+  std::uint64_t bad_;
+  std::uint64_t position_ = 0;
+  std::vector<tk::data::FieldSpec> fields_{{"x", tk::DType::kI64, {}}};
+};
+
+}  // namespace
+
+TEST_CASE("Prefetcher: a streaming read error arrives with the batch of the failed sample") {
+  // Batch 0 (samples 0..3) is whole; reading ahead into batch 1 fails at sample 4. The error
+  // came with batch 0, which was never delivered, with or without drop_last.
+  for (const bool drop_last : {false, true}) {
+    CAPTURE(drop_last);
+    FailingStream ds(4);
+    tk::data::Prefetcher p(ds, {.batch_size = 4, .depth = 3, .drop_last = drop_last});
+    const tk::data::Batch b = p.next();
+    CHECK(b.index() == 0);
+    CHECK(!b.last_in_epoch());
+    REQUIRE(b.size() == 4);
+    for (std::int64_t r = 0; r < 4; ++r) CHECK(b.host<std::int64_t, 1>("x")(r) == r);
+    CHECK(p.state() == tk::data::PrefetchState{0, 1});
+    for (int twice = 0; twice < 2; ++twice)  // sticky until restore
+      check_contains(error_of([&] { (void)p.next(); }), {"failed reading sample 4 of epoch 0",
+                                                         "failing stream", "sample 4 is corrupt"});
+    p.restore({0, 0});
+    CHECK(p.next().index() == 0);
+  }
+  // A failure mid-batch: the samples before it are used, then the batch reports the error.
+  FailingStream mid(6);
+  tk::data::Prefetcher p(mid, {.batch_size = 4, .depth = 2});
+  CHECK(p.next().size() == 4);
+  check_contains(error_of([&] { (void)p.next(); }), {"failed reading sample 6 of epoch 0"});
+  // A failure at the first sample of an epoch reports the first batch.
+  FailingStream first(0);
+  tk::data::Prefetcher f(first, {.batch_size = 4, .depth = 2});
+  check_contains(error_of([&] { (void)f.next(); }), {"failed reading sample 0 of epoch 0"});
+}
+
 TEST_CASE("Prefetcher: option errors") {
   const SlowDataset ds(10, 0);
   const tk::data::SequentialSampler seq(ds.size());
@@ -492,4 +560,41 @@ TEST_CASE("Prefetcher: option errors") {
   no_transform.output_fields = {{"x", tk::DType::kF32, {}}};
   check_contains(error_of([&] { tk::data::Prefetcher p(ds, seq, no_transform); }),
                  {"output_fields given without a transform"});
+}
+
+TEST_CASE("Prefetcher: a sampler for another dataset size is refused, at load and when read") {
+  // A position saved over 100 samples is another batch over 95, though both have 10 batches of
+  // 10 per epoch.
+  const SlowDataset hundred(100, 0), ninety_five(95, 0);
+  const tk::data::RandomSampler sampler(100, 1);
+  const tk::data::PrefetchOptions opts{.batch_size = 10, .num_workers = 2};
+  tk::data::Prefetcher a(hundred, sampler, opts);
+  (void)take(a, 3);
+  const tk::StateDict saved = a.state_dict();
+  tk::data::Prefetcher b(ninety_five, tk::data::RandomSampler(95, 1), opts);
+  CHECK(b.batches_per_epoch() == a.batches_per_epoch());
+  check_contains(error_of([&] { b.load_state_dict(saved); }),
+                 {"samples_per_epoch = 100 but this one has samples_per_epoch = 95"});
+  tk::data::Prefetcher same(hundred, sampler, opts);
+  same.load_state_dict(saved);
+  const std::vector<Seen> want = expected(sampler, 10, false, 0, 5);
+  CHECK(take(same, 2) == std::vector<Seen>(want.begin() + 3, want.end()));
+
+  // A sampler over more samples than the dataset holds: refused before any read (a dataset
+  // that trusts its index would read past its end), naming the index.
+  tk::data::Prefetcher wide(ninety_five, tk::data::SequentialSampler(100),
+                            {.batch_size = 50, .num_workers = 2, .name = "wide"});
+  check_contains(
+      error_of([&] { (void)wide.next(); }),
+      {"wide: worker ", "the sampler's index 95 of epoch 0 is 95", "dataset has 95 samples"});
+  tk::data::Prefetcher negative(ninety_five, NegativeSampler{},
+                                {.batch_size = 2, .num_workers = 1});
+  check_contains(error_of([&] { (void)negative.next(); }), {"is -1", "dataset has 95 samples"});
+  // The sampler's own exception reaches next() as a trainkit::Error naming the loader and the
+  // epoch (it came through as the sampler's std::runtime_error).
+  tk::data::Prefetcher failing(ninety_five, NegativeSampler{.fail_epoch = 1},
+                               {.batch_size = 2, .num_workers = 1, .name = "lm"});
+  CHECK(failing.next().index() == 0);
+  check_contains(error_of([&] { (void)failing.next(); }),
+                 {"lm: worker 0 failed on the sampler's indices for epoch 1", "index file gone"});
 }

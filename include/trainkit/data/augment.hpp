@@ -111,7 +111,8 @@ struct ImageAugmentOptions {
 class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
-  /// trainkit::Error for a bad layout, a padding outside [0, 2^24] or a zero stddev.
+  /// trainkit::Error for a bad layout, a padding outside [0, 2^24], a zero stddev, or a
+  /// normalisation whose coefficients are not finite (a NaN or infinite scale, mean or stddev).
   TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
@@ -165,6 +166,8 @@ class ImageAugment {
 /// A Prefetcher transform that augments field `field` (uint8 or f32, matching aug.layout()) into
 /// an f32 field of the same name and copies the other fields. Set both results in the options:
 /// `std::tie(opts.transform, opts.output_fields) = image_transform(aug, ds.fields(), "image");`
+/// (an f32 field may also be augmented in place, without output_fields; a uint8 field given no
+/// output_fields is refused by the transform, whose floats would not fit its bytes).
 TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
     const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field);
 
@@ -234,6 +237,12 @@ TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) :
     TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
     a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
     b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
+    // A NaN or infinite scale, mean or stddev (or a stddev so small the ratio overflows) would
+    // turn every output of the channel into NaN or infinity.
+    TRAINKIT_CHECK(std::isfinite(a_[c]) && std::isfinite(b_[c]), "ImageAugment: channel ", c,
+                   " normalises with scale ", o_.normalize.scale, ", mean ", o_.normalize.mean[c],
+                   " and stddev ", o_.normalize.stddev[c],
+                   ", which give a non-finite factor; all three must be finite");
   }
 }
 
@@ -248,18 +257,34 @@ TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transfo
   std::vector<FieldSpec> out(fields.begin(), fields.end());
   out[k].dtype = DType::kF32;
   const bool u8 = f.dtype == DType::kU8;
-  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
-                                   const SampleRef& o) {
+  const std::size_t n = f.numel();
+  SampleTransform t = [aug, k, u8, n, name = std::string(field)](
+                          const SampleInfo& info, const SampleRef& in, const SampleRef& o) {
+    // Without the output fields in the options the Prefetcher hands the dataset's own (U8)
+    // field as the output, too small for the floats written into it.
+    const std::size_t got = k < o.size() ? o[k].size() : 0;
+    TRAINKIT_CHECK(in.size() == o.size() && k < in.size() && in[k].size() == n * (u8 ? 1 : 4) &&
+                       got == n * sizeof(float),
+                   "image_transform: field '", name, "' is ", got,
+                   " bytes per sample in the batch, not ", n, " f32 values: set ",
+                   "PrefetchOptions::output_fields to the fields image_transform returns");
     for (std::size_t j = 0; j < in.size(); ++j) {
       if (j == k) {
         if (u8) {
           aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
                          reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
         } else {
-          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+          const auto* src = reinterpret_cast<const float*>(in[j].data());
+          if (in[j].data() == o[j].data()) {
+            // In place (an f32 field needs no output_fields): crops and flips read pixels that
+            // this pass has already written, so read a copy of the sample instead.
+            thread_local std::vector<float> copy;
+            copy.assign(src, src + n);
+            src = copy.data();
+          }
+          aug.apply_host(src, reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
         }
-      } else if (!in[j].empty()) {
+      } else if (!in[j].empty() && in[j].data() != o[j].data()) {
         std::memcpy(o[j].data(), in[j].data(), in[j].size());
       }
     }

@@ -45,7 +45,8 @@ class NpyDataset {
   /// The mapped file of field k.
   const io::NpyFile& file(std::size_t k) const { return files_.at(k); }
 
-  /// Copies row `i` of every file into `out`. Throws trainkit::Error for i >= size().
+  /// Copies row `i` of every file into `out`. Throws trainkit::Error for i >= size() and for
+  /// an `out` whose fields or their sizes differ from fields().
   TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   /// "'train_x.npy' row 17 (+ 1 more file)", for error messages.
@@ -87,6 +88,8 @@ TRAINKIT_INLINE NpyDataset::NpyDataset(std::vector<Source> sources, io::MapAcces
 TRAINKIT_INLINE void NpyDataset::read(std::size_t i, const SampleRef& out) const {
   TRAINKIT_CHECK(i < size_, "NpyDataset: sample ", i, " out of range [0, ", size_, ") of '",
                  files_[0].path(), "'");
+  TRAINKIT_CHECK(out.size() == files_.size(), "NpyDataset: destination has ", out.size(),
+                 " fields, expected ", files_.size(), " (one per file, in fields() order)");
   for (std::size_t k = 0; k < files_.size(); ++k) {
     const std::size_t n = row_bytes_[k];
     TRAINKIT_CHECK(out[k].size() == n, "NpyDataset: destination for field '", fields_[k].name,

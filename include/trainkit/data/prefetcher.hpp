@@ -233,8 +233,9 @@ class Prefetcher {
   /// have produced from that point. Invalidates the current batch; clears a worker error.
   TRAINKIT_INLINE void restore(const PrefetchState& state);
 
-  /// The position of the next batch ("epoch", "batch") plus "batch_size" and
-  /// "batches_per_epoch", which must match on load (another batching changes what batch k is).
+  /// The position of the next batch ("epoch", "batch") plus "batch_size", "batches_per_epoch"
+  /// and "samples_per_epoch" (the sampler's size; 0 for streaming datasets), which must match on
+  /// load (another batching or sample count changes what batch k is).
   TRAINKIT_INLINE StateDict state_dict() const;
   /// Checks the batching, then restore()s the saved position: the next next() returns exactly
   /// the batch an uninterrupted run would have returned.
@@ -276,6 +277,7 @@ class Prefetcher {
       return std::vector<std::int64_t>(shared->indices(epoch));
     };
     per_epoch_samples_ = shared->size();
+    dataset_size_ = static_cast<std::size_t>(dataset.size());
     const std::size_t b = std::max<std::size_t>(options_.batch_size, 1);
     per_epoch_ = per_epoch_samples_ / b + (!options_.drop_last && per_epoch_samples_ % b != 0);
     TRAINKIT_CHECK(per_epoch_ > 0, options_.name, ": the sampler yields ", per_epoch_samples_,
@@ -354,6 +356,7 @@ class Prefetcher {
   std::function<std::string(std::size_t)> describe_;
   std::function<std::vector<std::int64_t>(std::uint64_t)> indices_of_;
   std::size_t per_epoch_samples_ = 0;
+  std::size_t dataset_size_ = 0;
   std::size_t per_epoch_ = 0;  // batches per epoch (0 = streaming)
   std::mutex indices_mutex_;
   std::map<std::uint64_t, std::shared_ptr<const std::vector<std::int64_t>>> epoch_indices_;
@@ -370,6 +373,9 @@ class Prefetcher {
   // epoch when fewer than one more batch (drop_last) or no sample follows it.
   std::size_t look_begin_ = 0, look_count_ = 0;
   bool stream_ended_ = false;
+  // A failed read ahead: it belongs to the batch of the sample that failed, so it is thrown
+  // once the samples read before it are used up, not with the batch that read ahead.
+  std::exception_ptr stream_error_;
   std::size_t stream_lookahead() const noexcept {
     return options_.drop_last ? options_.batch_size : 1;
   }
@@ -484,6 +490,7 @@ TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
   sd.set_u64("batch", next_state_.batch);
   sd.set_u64("batch_size", options_.batch_size);
   sd.set_u64("batches_per_epoch", per_epoch_);
+  sd.set_u64("samples_per_epoch", per_epoch_samples_);
   if (!stream_settings_.empty()) sd.values["stream_settings"] = stream_settings_;
   return sd;
 }
@@ -494,6 +501,9 @@ TRAINKIT_INLINE void Prefetcher::load_state_dict(const StateDict& sd) {
                                      options_.batch_size);
   check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
                                      per_epoch_);
+  if (sd.contains("samples_per_epoch"))  // (states saved before it was recorded lack it)
+    check_saved_setting<std::uint64_t>(who, "samples_per_epoch", sd.get_u64("samples_per_epoch"),
+                                       per_epoch_samples_);
   const auto saved = sd.values.find("stream_settings");
   TRAINKIT_CHECK(
       saved == sd.values.end() || stream_settings_.empty() || saved->second == stream_settings_,
@@ -588,6 +598,7 @@ TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
   epoch_indices_.clear();
   stream_cursor_ = state;
   stream_started_ = false;
+  stream_error_ = nullptr;
   workers_.clear();
   try {
     for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
@@ -634,9 +645,16 @@ TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> Prefetcher::ind
   auto it = epoch_indices_.find(epoch);
   if (it == epoch_indices_.end()) {
     auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
-    TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
-                   v->size(), " indices for epoch ", epoch, " but its size() is ",
-                   per_epoch_samples_);
+    TRAINKIT_CHECK(v->size() == per_epoch_samples_, "the sampler returned ", v->size(),
+                   " indices for epoch ", epoch, " but its size() is ", per_epoch_samples_);
+    // A sampler made for another dataset (RandomSampler(n) with the wrong n) would have the
+    // dataset read past its end: refused before any sample of the epoch is read.
+    for (std::size_t k = 0; k < v->size(); ++k) {
+      const std::int64_t i = (*v)[k];
+      TRAINKIT_CHECK(i >= 0 && static_cast<std::uint64_t>(i) < dataset_size_,
+                     "the sampler's index ", k, " of epoch ", epoch, " is ", i,
+                     ", but the dataset has ", dataset_size_, " samples");
+    }
     epoch_indices_.emplace(epoch, v);
     // Keep at most two epochs: the one asked for and the newest other. Workers are normally
     // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
@@ -757,7 +775,14 @@ TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worke
   const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
   const std::uint64_t batch = pos % per_epoch_;
   const std::size_t B = options_.batch_size;
-  std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
+  std::shared_ptr<const std::vector<std::int64_t>> indices;
+  try {
+    indices = indices_for(epoch);
+  } catch (...) {
+    // The sampler's own exception, too, reaches next() as a trainkit::Error with the loader.
+    rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on the sampler's indices",
+                                            " for epoch ", epoch));
+  }
   const std::size_t first = static_cast<std::size_t>(batch) * B;
   const std::size_t rows = std::min(B, indices->size() - first);
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
@@ -800,10 +825,10 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
   const PrefetchState at = stream_cursor_;
   const std::uint64_t first = at.batch * B;
-  // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
-  // position of the first sample read now.
+  // Reads ahead until `depth` samples wait (or the epoch's stream ends, or a read fails); `next`
+  // is the position of the first sample read now.
   const auto read_ahead = [&](std::uint64_t next) {
-    while (look_count_ < depth && !stream_ended_) {
+    while (look_count_ < depth && !stream_ended_ && !stream_error_) {
       if (stop_.load(std::memory_order_relaxed)) return;
       const std::size_t k = (look_begin_ + look_count_) % depth;
       packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
@@ -815,8 +840,12 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
           stream_ended_ = true;
         }
       } catch (...) {
-        rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
-                                                at.epoch, " (", describe_current_(), ")"));
+        try {
+          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
+                                                  at.epoch, " (", describe_current_(), ")"));
+        } catch (...) {
+          stream_error_ = std::current_exception();
+        }
       }
     }
   };
@@ -829,12 +858,14 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     }
     look_begin_ = look_count_ = 0;
     stream_ended_ = false;
+    stream_error_ = nullptr;
     stream_started_ = true;
     read_ahead(first);
   }
   std::size_t rows = 0;
-  while (rows < B && look_count_ > 0) {
+  while (rows < B && (look_count_ > 0 || stream_error_)) {
     if (stop_.load(std::memory_order_relaxed)) return;
+    if (look_count_ == 0) std::rethrow_exception(stream_error_);  // this row's sample failed
     const std::uint64_t position = first + rows;
     idx_out[rows] = static_cast<std::int64_t>(position);
     row_spans(base, rows, out_spans);
@@ -861,8 +892,9 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     read_ahead(position + 1 + look_count_);
   }
   if (stop_.load(std::memory_order_relaxed)) return;
-  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
-  const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
+  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then. A
+  // failed read ahead is a sample that exists: the next batch reports it.
+  const bool last = !stream_error_ && (options_.drop_last ? look_count_ < B : look_count_ == 0);
   if (last) {
     stream_cursor_ = PrefetchState{at.epoch + 1, 0};
     stream_started_ = false;

@@ -34,11 +34,11 @@ TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v);
 /// then leaves the braces as they are).
 TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out);
 
-/// Appends the expansion of `s` to `out`, counting their characters in `bytes`; false (and
-/// `out` incomplete) as soon as the names or their bytes pass kMaxShardNames /
-/// kMaxShardNameBytes.
+/// Appends the expansion of `s` to `out`, counting their characters in `bytes` and every word
+/// produced, empty ones included, in `words`; false (and `out` incomplete) as soon as the words
+/// or the bytes pass kMaxShardNames / kMaxShardNameBytes.
 TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
-                                        std::size_t& bytes);
+                                        std::size_t& bytes, std::size_t& words);
 
 #if TRAINKIT_IMPL
 
@@ -107,7 +107,10 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
     }
     return true;
   }
-  if (a.size() == 1 && b.size() == 1) {  // letter range {a..e}
+  // Letter range {a..e}: both ends letters, as bash requires ({1..a} or {/..a} stay literal,
+  // rather than spanning the digits and punctuation between them).
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  if (a.size() == 1 && b.size() == 1 && letter(a[0]) && letter(b[0])) {
     const int c0 = static_cast<unsigned char>(a[0]), c1 = static_cast<unsigned char>(b[0]);
     const long long span = c0 <= c1 ? c1 - c0 : c0 - c1;  // step >= 1: k * step <= span
     for (long long k = 0; k <= span / step; ++k) {
@@ -120,7 +123,7 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
 }
 
 TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
-                                        std::size_t& bytes) {
+                                        std::size_t& bytes, std::size_t& words) {
   // Find the first '{' whose matching '}' encloses a valid brace expression.
   for (std::size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open + 1)) {
     int depth = 0;
@@ -138,12 +141,14 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
       continue;
     const std::string prefix = s.substr(0, open), suffix = s.substr(close + 1);
     for (const std::string& alt : alternatives)
-      if (!expand_braces_into(prefix + alt + suffix, out, bytes)) return false;
+      if (!expand_braces_into(prefix + alt + suffix, out, bytes, words)) return false;
     return true;
   }
+  // Empty words count too: they are dropped, but "{,}{,}{,}..." still takes time for each.
+  if (++words > kMaxShardNames) return false;
   if (s.empty()) return true;  // "{,a}": bash drops the empty word
   bytes += s.size();
-  if (out.size() >= kMaxShardNames || bytes > kMaxShardNameBytes) return false;
+  if (bytes > kMaxShardNameBytes) return false;
   out.push_back(s);
   return true;
 }
@@ -155,21 +160,22 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
 /// Expands a shard pattern into the list of names, in order: "a-{00..02}.tar::b.tar" gives
 /// a-00.tar, a-01.tar, a-02.tar, b.tar. Bash brace semantics; text without a valid brace
 /// expression is kept literally. Throws trainkit::Error for an empty pattern and for one that
-/// expands to more than kMaxShardNames names (or kMaxShardNameBytes of them).
+/// expands to more than kMaxShardNames words (the empty words it drops included) or
+/// kMaxShardNameBytes of names.
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern);
 
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   std::vector<std::string> out;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, words = 0;
   std::size_t start = 0;
   for (;;) {
     const std::size_t sep = pattern.find("::", start);
     const std::string part(
         pattern.substr(start, sep == std::string_view::npos ? sep : sep - start));
-    TRAINKIT_CHECK(part.empty() || detail::expand_braces_into(part, out, bytes), "shard pattern '",
-                   pattern.substr(0, 200), pattern.size() > 200 ? "...'" : "'",
+    TRAINKIT_CHECK(part.empty() || detail::expand_braces_into(part, out, bytes, words),
+                   "shard pattern '", pattern.substr(0, 200), pattern.size() > 200 ? "...'" : "'",
                    " expands to more than ", kMaxShardNames, " names or ", kMaxShardNameBytes >> 20,
                    " MiB of them; more shards than that is surely a typo");
     if (sep == std::string_view::npos) break;

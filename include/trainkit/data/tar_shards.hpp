@@ -558,21 +558,31 @@ TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const st
   const char* end = p + bytes.size();
   std::size_t count = 0;
   int depth = 0;
-  bool expect_value = true;
+  // What may come next: a value (at the start, after a comma), a value or ']' (after '['), a
+  // comma or ']' (after a value in an array), nothing (after the top-level value). Anything
+  // else ("[1,,2]", "[1,2,]", "[1][2]") stops the scan and is reported below.
+  enum class Next { kValue, kValueOrClose, kCommaOrClose, kEnd } next = Next::kValue;
   for (; p < end; ++p) {
     const char c = *p;
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    const bool value_ok = next == Next::kValue || next == Next::kValueOrClose;
     if (c == '[') {
+      if (!value_ok) break;
       if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
-      expect_value = true;
+      next = Next::kValueOrClose;
       continue;
     }
-    if (c == ']' || c == ',') {
-      if (c == ']' && --depth < 0) break;
-      expect_value = c == ',';
+    if (c == ']') {
+      if (next != Next::kValueOrClose && next != Next::kCommaOrClose) break;
+      next = --depth == 0 ? Next::kEnd : Next::kCommaOrClose;
       continue;
     }
-    if (!expect_value) break;
+    if (c == ',') {
+      if (next != Next::kCommaOrClose) break;
+      next = Next::kValue;
+      continue;
+    }
+    if (!value_ok) break;
     double v = 0;
     if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
       v = 1;
@@ -591,9 +601,9 @@ TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const st
       fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
                                                      "' (", dtype_name(f.dtype), ")"));
     ++count;
-    expect_value = false;
+    next = depth == 0 ? Next::kEnd : Next::kCommaOrClose;
   }
-  if (p != end || depth != 0) {
+  if (p != end || next != Next::kEnd) {
     fail_member(member, ::trainkit::detail::concat("not a number or an array of numbers (byte ",
                                                    p - reinterpret_cast<const char*>(bytes.data()),
                                                    "); to keep raw JSON text declare field '",

@@ -62,7 +62,8 @@ class TokenShardDataset {
   /// Tokens in shard k (from its header).
   std::size_t shard_tokens(std::size_t k) const { return shards_.at(k).tokens; }
 
-  /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1).
+  /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1). Throws
+  /// trainkit::Error for i >= size() and for an `out` whose fields differ from fields().
   TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   std::string describe(std::size_t i) const {
@@ -166,6 +167,8 @@ TRAINKIT_INLINE TokenShardDataset::TokenShardDataset(
 
 TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out) const {
   TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
+  TRAINKIT_CHECK(out.size() == fields_.size(), "TokenShardDataset: destination has ", out.size(),
+                 " fields, expected 2 ('input' and 'target')");
   const Shard& s = shard_of(i);
   const std::size_t start = (i - s.first) * options_.stride;
   const std::size_t T = options_.seq_len;
