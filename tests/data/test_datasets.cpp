@@ -457,3 +457,30 @@ TEST_CASE("TarShardDataset: missing members, bad members and truncated shards") 
                  }),
                  {"cut.tar", "truncated"});
 }
+
+TEST_CASE("TarShardDataset: a bool .npy member holding bytes other than 0 and 1 is refused") {
+  // np.save of a uint8 array viewed as bool keeps its bytes; read as C++ bools they would be
+  // neither true nor false. The same refusal as NpyFile's, naming the shard and the member.
+  TempDir dir;
+  const std::vector<std::int64_t> shape{4};
+  for (const auto& [bytes, good] : {std::pair{std::string("\x00\x01\x01\x00", 4), true},
+                                    std::pair{std::string("\x00\x01\x02\x00", 4), false}}) {
+    {
+      tk::io::TarWriter w(dir / "mask.tar");
+      w.add("000.npy", tk::io::npy_header_bytes(tk::DType::kBool, shape) + bytes);
+      w.close();
+    }
+    tk::data::TarShardOptions o;
+    o.shuffle_shards = false;
+    o.fields = {{"mask", "npy", tk::DType::kBool, {4}}};
+    tk::data::TarShardDataset ds(std::vector<std::string>{(dir / "mask.tar").string()}, o);
+    SampleBuffer sb(ds.fields());
+    if (good) {
+      REQUIRE(ds.next(sb.ref()));
+      CHECK(sb.at<bool>(0, 1));
+      CHECK_FALSE(sb.at<bool>(0, 3));
+    } else {
+      check_contains(error_of([&] { ds.next(sb.ref()); }), {"mask.tar", "000.npy"});
+    }
+  }
+}

@@ -499,6 +499,7 @@ TRAINKIT_INLINE void TarShardDataset::decode(std::size_t k, const std::string& m
       const std::string where = current_shard_ + ":" + member;
       const io::NpyHeader h = io::parse_npy_header(bytes, where);
       io::check_npy_size(h, bytes.size(), where);
+      io::check_npy_bools(h, std::span(bytes).subspan(h.data_offset), where);
       std::size_t numel = 1;
       for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
       if (h.dtype != f.dtype || h.numel != numel) {
