@@ -87,7 +87,7 @@ void add_flags(tk::train::Flags& f, Config& c) {
       .add("ckpt-every", c.ckpt_every, "steps between checkpoints", {.at_least = 1}, kSession)
       .add("keep", c.keep, "checkpoints kept besides the best (0: every one)",
            {.at_least = 0, .at_most = 1 << 20}, kSession)
-      .add("sample-chars", c.sample_chars, "bytes generated at the end",
+      .add("sample-chars", c.sample_chars, "bytes generated at the end (0: none)",
            {.at_least = 0, .at_most = 1 << 20}, kSession)
       .add("temperature", c.temperature, "sampling temperature (0: greedy)", {.at_least = 0},
            kSession)
@@ -309,18 +309,20 @@ int train(Run& run, const E& exec) {
 
   const bool ok = r.recent_loss < r.first_loss && last_val < first_val;
   if (rank != 0) return c.check && !ok ? 3 : 0;
-  std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
-  for (auto& t : prompt) t &= 0xff;
-  if (prompt.empty()) prompt.push_back('\n');
-  tk::PhiloxStream rng(std::uint64_t(c.seed), /*stream=*/0x5a3e);
-  std::string sample;
-  task.refresh_weights();
-  typename nn::Gpt<S>::Context gen;
-  for (std::int32_t t :
-       model.template generate<P>(exec, gen, prompt, c.sample_chars, c.temperature, rng))
-    sample.push_back(t == '\n' || t == '\t' || (t >= 32 && t < kBytes) ? char(t) : '?');
-  std::printf("---- sample (temperature %.2g, %lld bytes) ----\n%s%s\n----\n", c.temperature,
-              (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
+  if (c.sample_chars > 0) {  // --sample-chars 0: no sample
+    std::vector<std::int32_t> prompt(c.prompt.begin(), c.prompt.end());
+    for (auto& t : prompt) t &= 0xff;
+    if (prompt.empty()) prompt.push_back('\n');
+    tk::PhiloxStream rng(std::uint64_t(c.seed), /*stream=*/0x5a3e);
+    std::string sample;
+    task.refresh_weights();
+    typename nn::Gpt<S>::Context gen;
+    for (std::int32_t t :
+         model.template generate<P>(exec, gen, prompt, c.sample_chars, c.temperature, rng))
+      sample.push_back(t == '\n' || t == '\t' || (t >= 32 && t < kBytes) ? char(t) : '?');
+    std::printf("---- sample (temperature %.2g, %lld bytes) ----\n%s%s\n----\n", c.temperature,
+                (long long)c.sample_chars, c.prompt.c_str(), sample.c_str());
+  }
 
   if (!c.check) return 0;
   std::printf("train_gpt: --check %s\n", ok ? "passed" : "FAILED: the loss did not fall");

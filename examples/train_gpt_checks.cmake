@@ -2,7 +2,7 @@
 #   cmake -DEXE=<train_gpt> -DOUT=<scratch dir> -DCHECK=<name> [-DPYTHON=<python>] -P this file
 # CHECK=flags:   every bad flag value exits 1 naming its flag, and leaves no run directory behind
 #                (also with --resume of a directory that does not exist yet, and with --ranks 2);
-#                an --out under a file is refused naming --out.
+#                an --out under a file is refused naming --out; --sample-chars 0 prints no sample.
 # CHECK=flush:   stdout is line-buffered: a run killed with SIGKILL early has its first lines in
 #                the log file.
 # CHECK=resume:  a run resumed twice from the same checkpoint keeps metrics.jsonl whole: each
@@ -82,6 +82,13 @@ if(CHECK STREQUAL "flags")
       message(FATAL_ERROR "--out ${dir}: exit ${rc}, want 1 naming --out: ${err}")
     endif()
   endforeach()
+  # --sample-chars 0 prints no sample block (it printed the prompt alone).
+  list(REMOVE_ITEM tiny --sample-chars 8)
+  execute_process(COMMAND "${EXE}" ${tiny} --sample-chars 0 --steps 2 --out "${OUT}/nosample"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR out MATCHES "---- sample")
+    message(FATAL_ERROR "--sample-chars 0: exit ${rc}, want 0 and no sample: ${out}${err}")
+  endif()
 
 elseif(CHECK STREQUAL "flush")
     # A model whose first validation pass takes a minute or more (2 TFLOP on one thread): nothing
