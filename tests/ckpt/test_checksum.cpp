@@ -1,13 +1,17 @@
 // Tests of ckpt/checksum.hpp: XXH64 against the reference vectors (and, for longer inputs, its
 // low 32 bits against zstd's frame checksums of the same bytes, from `zstd -C`), streaming in
 // pieces, and checksummed safetensors files: a flipped bit in the data or the header, a
-// truncation or a missing checksum is detected, and the error names the file.
+// truncation (also one made while the file is being verified) or a missing checksum is
+// detected, and the error names the file.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <trainkit/ckpt/checksum.hpp>
@@ -157,4 +161,43 @@ TEST_CASE("checksummed safetensors: corruption is detected and names the file") 
     CHECK_THROWS_WITH_AS(ckpt::verify_checksum_file(path), doctest::Contains("has no"), tk::Error);
     CHECK(ckpt::verify_checksum_file(path, /*require=*/false).xxh64 == 0);
   }
+}
+
+TEST_CASE(
+    "verify_checksum_file: a file truncated in place while it is verified -> error, no signal") {
+  // Another process truncating a checkpoint file while a resume verifies it: the verification
+  // must end in an error naming the file (a damaged checkpoint), not kill the trainer. Each
+  // verification races a truncation timed at a different point of it, in a child process (a
+  // fault would kill it, not the test run).
+  TempDir dir;
+  const auto path = dir / "big.safetensors";
+  tk::AnyTensor t(tk::DType::kU8, tk::Shape{std::int64_t{32} << 20});
+  std::memset(t.data(), 0, t.bytes());
+  for (std::size_t i = 0; i < t.bytes(); i += 4096) t.data()[i] = std::byte(i >> 12);
+  const io::NamedTensor tensors[] = {{"t", t.view()}};
+  ckpt::save_checksummed_safetensors(path, tensors, {}, {.durable = false});
+  const std::string good = ckpt_test::read_file(path);
+  const int rc = ckpt_test::in_child_with_file_limit(RLIM_INFINITY, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    ckpt::verify_checksum_file(path);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    for (int i = 0; i < 16; ++i) {
+      ckpt_test::write_file(path, good);
+      std::thread cut([&] {
+        std::this_thread::sleep_for(took * (2 * i + 1) / 32);
+        std::filesystem::resize_file(path, good.size() / 3);
+      });
+      try {
+        ckpt::verify_checksum_file(path);  // the truncation came after it: fine
+      } catch (const tk::Error& e) {
+        if (std::string(e.what()).find(path.string()) == std::string::npos) {
+          cut.join();
+          return 2;
+        }
+      }
+      cut.join();
+    }
+    return 0;
+  });
+  CHECK_MESSAGE(rc == 0, "the child exited with ", rc, " (-1: killed by a signal)");
 }

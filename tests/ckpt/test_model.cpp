@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ namespace tk = trainkit;
 namespace ckpt = trainkit::ckpt;
 namespace io = trainkit::io;
 namespace nn = trainkit::nn;
+namespace fs = std::filesystem;
 using ckpt_test::TempDir;
 
 const std::string kData = std::string(TRAINKIT_TEST_DATA_DIR) + "/ckpt/";
@@ -374,4 +376,53 @@ TEST_CASE("save_model / load_model: bit-exact round trip, format metadata, shard
   CHECK_NOTHROW(ckpt::load_model(e, dir / "model.safetensors", {.verify_checksum = false}));
   CHECK_THROWS_WITH_AS(ckpt::load_model(e, dir / "nothing"), doctest::Contains("nothing"),
                        tk::Error);
+}
+
+TEST_CASE("load_model: a file truncated in place after it was opened loads what was read") {
+  // Another process truncating the file (a cleanup job, a half-started rewrite) while a source
+  // is open must not fault: the source holds the bytes it read and verified at open.
+  TempDir dir;
+  nn::ParamArena<> a;
+  a.add("w", tk::Shape{256, 64});  // 64 KiB: the tensor lies on pages past the header's
+  a.add("b", tk::Shape{64});
+  a.finalize();
+  a.initialize(5);
+  ckpt::save_model(dir / "model.safetensors", a, {.durable = false});
+  // The same 64 KiB as a set of two shards.
+  const io::NamedTensor parts[] = {
+      {"w0", tk::AnyTensorView(tk::DType::kF32, tk::Shape{128, 64}, a.params_data())},
+      {"w1", tk::AnyTensorView(tk::DType::kF32, tk::Shape{128, 64}, a.params_data() + 128 * 64)}};
+  fs::create_directories(dir / "sharded");
+  io::save_safetensors(dir / "sharded" / "model-00001-of-00002.safetensors", {parts[0]}, {},
+                       {.durable = false});
+  io::save_safetensors(dir / "sharded" / "model-00002-of-00002.safetensors", {parts[1]}, {},
+                       {.durable = false});
+  io::SafetensorsIndex index;
+  index.weight_map = {{"w0", "model-00001-of-00002.safetensors"},
+                      {"w1", "model-00002-of-00002.safetensors"}};
+  io::save_safetensors_index(dir / "sharded" / io::kSafetensorsIndexName, index,
+                             {.durable = false});
+
+  for (const bool verify : {true, false}) {
+    CAPTURE(verify);
+    ckpt::save_model(dir / "model.safetensors", a, {.durable = false});
+    const ckpt::TensorSource src = ckpt::TensorSource::open(dir / "model.safetensors", verify);
+    fs::resize_file(dir / "model.safetensors", 0);
+    nn::ParamArena<> b;
+    b.add("w", tk::Shape{256, 64});
+    b.add("b", tk::Shape{64});
+    b.finalize();
+    const ckpt::ModelLoadReport r = ckpt::load_model(b, src);
+    CHECK(r.complete());
+    CHECK(std::memcmp(a.params_data(), b.params_data(), std::size_t(a.buffer_numel()) * 4) == 0);
+  }
+
+  const ckpt::TensorSource shards = ckpt::TensorSource::open(dir / "sharded");
+  fs::resize_file(dir / "sharded" / "model-00002-of-00002.safetensors", 0);
+  nn::ParamArena<> c;
+  c.add("w0", tk::Shape{128, 64});
+  c.add("w1", tk::Shape{128, 64});
+  c.finalize();
+  CHECK(ckpt::load_model(c, shards).complete());
+  CHECK(std::memcmp(a.params_data(), c.params_data(), 256 * 64 * 4) == 0);
 }

@@ -260,3 +260,19 @@ TEST_CASE("safetensors bounds: shapes whose int64 strides overflow, oversized he
   CHECK(what.find("h.safetensors") != std::string::npos);
   CHECK(what.find("too large to parse") != std::string::npos);
 }
+
+TEST_CASE("safetensors bounds: a shape of 65 dimensions is valid JSON, refused for its rank") {
+  // safetensors itself opens this file (a shape of any rank is valid); trainkit stops reading
+  // at the 65th element and must not call the header malformed JSON.
+  std::string shape = "[4";
+  for (int i = 0; i < 64; ++i) shape += ",1";
+  shape += "]";
+  const std::vector<std::byte> rank65 = safetensors_image(
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,16]}}", 16);
+  const std::string what =
+      error_text([&] { (void)io::SafetensorsFile::from_buffer(rank65, "r65.safetensors"); });
+  CHECK(what.find("r65.safetensors") != std::string::npos);
+  CHECK(what.find("an array of more than 64 elements") != std::string::npos);
+  CHECK(what.find("at most 8 dimensions") != std::string::npos);
+  CHECK(what.find("not valid JSON") == std::string::npos);
+}

@@ -784,3 +784,47 @@ TEST_CASE("safetensors index: a tensor a shard holds must be listed under that s
     check_refused(write_set(dir / (base + "moved"), moved, moved_index), other, file);
   }
 }
+
+TEST_CASE("safetensors: SafetensorsBacking::kCopy survives a truncation in place after open") {
+  // A mapped file that another process truncates faults when its pages are touched; a file read
+  // into memory at open (kCopy) keeps the bytes it read, and loads name the file they fail on.
+  TempDir dir;
+  const auto path = dir / "t.safetensors";
+  AnyTensor big = pattern_tensor(DType::kF32, {64, 1024}, 3);  // 256 KiB: many pages
+  AnyTensor small = pattern_tensor(DType::kI16, {5}, 4);
+  io::save_safetensors(path, {{"big", big}, {"small", small}}, {{"note", "kept"}});
+
+  const io::SafetensorsFile copied(path, io::SafetensorsBacking::kCopy);
+  std::filesystem::resize_file(path, 0);
+  CHECK(copied.source() == path.string());
+  CHECK(copied.zero_copy());
+  CHECK(same_bytes(copied.tensor("big"), big));
+  CHECK(same_bytes(copied.tensor("small"), small));
+  CHECK(copied.metadata().at("note") == "kept");
+
+  // The same from a MappedFile read with copied(), handed over.
+  io::save_safetensors(path, {{"big", big}, {"small", small}}, {{"note", "kept"}});
+  const io::SafetensorsFile adopted(io::MappedFile::copied(path));
+  std::filesystem::resize_file(path, 100);
+  CHECK(adopted.source() == path.string());
+  CHECK(same_bytes(adopted.tensor("big"), big));
+
+  // A file that is already short when read is refused by its rules, naming it.
+  CHECK_THROWS_WITH(io::SafetensorsFile(path, io::SafetensorsBacking::kCopy),
+                    doctest::Contains(path.string().c_str()));
+  CHECK_THROWS_WITH(io::MappedFile::copied(dir / "missing"), doctest::Contains("cannot open"));
+  CHECK_THROWS_WITH(io::MappedFile::copied(dir.path()), doctest::Contains("not a regular file"));
+  std::filesystem::resize_file(path, 0);
+  CHECK(io::MappedFile::copied(path).empty());
+}
+
+TEST_CASE("safetensors: load_safetensors hands out the metadata when asked") {
+  TempDir dir;
+  const auto path = dir / "m.safetensors";
+  AnyTensor t = pattern_tensor(DType::kF32, {3}, 5);
+  io::save_safetensors(path, {{"t", t}}, {{"format", "pt"}, {"step", "12"}});
+  io::SafetensorsMetadata metadata;
+  const auto loaded = io::load_safetensors(path, {}, &metadata);
+  CHECK(same_bytes(loaded.at("t"), t));
+  CHECK(metadata == io::SafetensorsMetadata{{"format", "pt"}, {"step", "12"}});
+}

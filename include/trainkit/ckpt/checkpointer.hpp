@@ -464,7 +464,8 @@ TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir) {
                  ec.message(), ")");
   TRAINKIT_CHECK(size <= kMaxManifestBytes, "checkpoint manifest '", file.string(), "' has ", size,
                  " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
-  const io::MappedFile map(file);
+  // Read, not mapped: a manifest truncated in place meanwhile must give an error, not a signal.
+  const io::MappedFile map = io::MappedFile::copied(file);
   return parse_manifest(std::string_view(reinterpret_cast<const char*>(map.data()), map.size()),
                         dir, file.string());
 }
@@ -473,7 +474,7 @@ TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) no
   try {
     const std::filesystem::path file = dir / kManifestName;
     if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
-    const io::MappedFile map(file);
+    const io::MappedFile map = io::MappedFile::copied(file);
     const std::string_view text(reinterpret_cast<const char*>(map.data()), map.size());
     const bool summed =
         text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
@@ -539,13 +540,10 @@ TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
   for (const CheckpointInfo::File& f : info.files) {
     if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
     const fs::path p = info.path / f.name;
-    std::uint64_t actual = 0;
-    if (p.extension() == ".safetensors") {
-      actual = verify_checksum_file(p).xxh64;
-    } else {
-      const io::MappedFile map(p, io::MapAccess::kSequential);
-      actual = Xxh64::hash(map.data(), map.size());
-    }
+    // Read with pread, not mapped: a file another process truncates meanwhile is then a damaged
+    // checkpoint (an error naming it), where touching a mapping past its new end kills the run.
+    const std::uint64_t actual =
+        p.extension() == ".safetensors" ? verify_checksum_file(p).xxh64 : detail::hash_file(p);
     TRAINKIT_CHECK(actual == f.xxh64, "checkpoint file '", p.string(),
                    "' is corrupt: it hashes to ", hex64(actual), ", the manifest says ",
                    hex64(f.xxh64));
@@ -555,10 +553,11 @@ TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
 TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
                                                    const std::string& name) {
   const std::filesystem::path p = dir / name;
-  const io::MappedFile map(p);
-  const std::optional<std::uint64_t> sum = embedded_checksum(map.bytes(), p.string());
+  const io::detail::PreadFile file(p);
+  const std::optional<std::uint64_t> sum =
+      embedded_checksum(read_safetensors_prefix(file), p.string());
   TRAINKIT_CHECK(sum.has_value(), "checkpoint file '", p.string(), "' carries no checksum");
-  return {name, map.size(), *sum};
+  return {name, file.size(), *sum};
 }
 
 TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir) {
@@ -1318,8 +1317,13 @@ TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem:
     std::uint64_t total = 0;
     for (int r = 0; r < world_size; ++r) {
       const std::string file = detail::model_file_name(r, world_size);
-      const io::SafetensorsFile shard(tmp / file);
-      for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
+      // Only the header is needed: read it, not mapped (another rank's file on a shared disk).
+      const io::detail::PreadFile shard(tmp / file);
+      const std::vector<std::byte> prefix = detail::read_safetensors_prefix(shard);
+      const io::SafetensorsHeader header = io::parse_safetensors_header(
+          std::string_view(reinterpret_cast<const char*>(prefix.data()) + 8, prefix.size() - 8),
+          shard.size(), shard.path());
+      for (const io::SafetensorsTensorInfo& t : header.tensors) {
         const bool fresh = index.weight_map.emplace(t.name, file).second;
         TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
                        index.weight_map.at(t.name), "' and '", file,
@@ -1444,10 +1448,13 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
   if (state.model_entry() != nullptr) {
     out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
   }
-  const io::SafetensorsFile file(info.path / state_file);
-  for (const io::SafetensorsTensorInfo& t : file.tensors())
-    out.state.tensors.emplace(t.name, file.copy(t.name));
-  for (const auto& [k, v] : file.metadata())
+  // Read with pread straight into the tensors, not mapped: a file truncated in place after its
+  // verification then gives an error naming it, where touching a mapping past its new end would
+  // kill the run.
+  io::SafetensorsMetadata metadata;
+  for (auto& [name, tensor] : io::load_safetensors(out.state_file, {}, &metadata))
+    out.state.tensors.emplace(name, std::move(tensor));
+  for (const auto& [k, v] : metadata)
     if (k != kChecksumKey) out.state.values.emplace(k, v);
   return out;
 }

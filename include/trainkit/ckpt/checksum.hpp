@@ -6,6 +6,7 @@
 // a truncated, bit-flipped or half-written file fails verification with an error naming it.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "trainkit/config.hpp"
 #include "trainkit/error.hpp"
@@ -139,11 +141,69 @@ TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const s
 TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
                                            bool require = true);
 
-/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
-inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
-  const io::MappedFile map(path, io::MapAccess::kSequential);
-  return verify_checksum(map.bytes(), path.string(), require);
+/// verify_checksum over a file on disk, read with pread in pieces (the page cache then serves the
+/// load after it). A file truncated or rewritten in place while it is read (by another process)
+/// gives trainkit::Error naming it, never a signal.
+TRAINKIT_INLINE FileDigest verify_checksum_file(const std::filesystem::path& path,
+                                                bool require = true);
+
+namespace detail {
+
+/// The first 8 + N bytes of a safetensors file (N: its header length, checked against the file's
+/// size as safetensors_header_length does). Throws trainkit::Error naming the file.
+TRAINKIT_INLINE std::vector<std::byte> read_safetensors_prefix(const io::detail::PreadFile& file);
+
+/// Hashes the bytes of `file` from `offset` to its size when opened, in pieces read with pread
+/// (one buffer, reused: it stays in cache while it is hashed).
+TRAINKIT_INLINE void hash_file_from(const io::detail::PreadFile& file, std::uint64_t offset,
+                                    Xxh64& h);
+
+/// XXH64 of a whole file read with pread; throws trainkit::Error naming the file when it cannot be
+/// read or changes size while it is read.
+TRAINKIT_INLINE std::uint64_t hash_file(const std::filesystem::path& path);
+
+/// verify_checksum given the file's first 8 + N bytes (`prefix`, N its checked header length)
+/// and `hash_rest(Xxh64&)`, which hashes the `file_bytes - prefix.size()` bytes after them.
+template <class HashRest>
+FileDigest verify_checksum_parts(std::span<const std::byte> prefix, std::uint64_t file_bytes,
+                                 std::string_view source, bool require, HashRest&& hash_rest) {
+  const std::size_t n = prefix.size() - 8;
+  const std::string_view header(reinterpret_cast<const char*>(prefix.data()) + 8, n);
+  const std::size_t at = header.find(checksum_pattern());
+  if (at == std::string_view::npos) {
+    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
+    // tool) cannot be checked, and a file that claims one must not load as if it had none.
+    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file_bytes, source);
+    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
+                   "' carries a '", kChecksumKey,
+                   "' checksum that cannot be verified: its header is not laid out as trainkit "
+                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
+                   "was made");
+    TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
+                   "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
+    return {file_bytes, 0};
+  }
+  const std::size_t digits = 8 + at + checksum_pattern().size();
+  const std::optional<std::uint64_t> stored =
+      digits + 16 <= 8 + n ? parse_hex64(header.substr(digits - 8, 16)) : std::nullopt;
+  TRAINKIT_CHECK(stored.has_value(), "checkpoint file '", source, "': the '", kChecksumKey,
+                 "' value is not 16 hex digits");
+  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
+                                      '0', '0', '0', '0', '0', '0', '0', '0'};
+  Xxh64 h;
+  h.update(prefix.data(), digits);
+  h.update(kZeros, 16);
+  h.update(prefix.data() + digits + 16, prefix.size() - digits - 16);
+  hash_rest(h);
+  const std::uint64_t actual = h.digest();
+  TRAINKIT_CHECK(actual == *stored, "checkpoint file '", source,
+                 "' is corrupt: its content hashes to ", hex64(actual), " but it was written with ",
+                 kChecksumKey, " = ", hex64(*stored), " (", file_bytes,
+                 " bytes; bit rot, a torn write or an edited file)");
+  return {file_bytes, actual};
 }
+
+}  // namespace detail
 
 #if TRAINKIT_IMPL
 
@@ -301,39 +361,61 @@ TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const s
 TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
                                            bool require) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
-  const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
-  const std::size_t at = header.find(detail::checksum_pattern());
-  if (at == std::string_view::npos) {
-    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
-    // tool) cannot be checked, and a file that claims one must not load as if it had none.
-    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file.size(), source);
-    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
-                   "' carries a '", kChecksumKey,
-                   "' checksum that cannot be verified: its header is not laid out as trainkit "
-                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
-                   "was made");
-    TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
-                   "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
-    return {file.size(), 0};
-  }
-  const std::size_t digits = 8 + at + detail::checksum_pattern().size();
-  const std::optional<std::uint64_t> stored =
-      digits + 16 <= 8 + n ? parse_hex64(header.substr(digits - 8, 16)) : std::nullopt;
-  TRAINKIT_CHECK(stored.has_value(), "checkpoint file '", source, "': the '", kChecksumKey,
-                 "' value is not 16 hex digits");
-  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
-                                      '0', '0', '0', '0', '0', '0', '0', '0'};
-  Xxh64 h;
-  h.update(file.data(), digits);
-  h.update(kZeros, 16);
-  h.update(file.data() + digits + 16, file.size() - digits - 16);
-  const std::uint64_t actual = h.digest();
-  TRAINKIT_CHECK(actual == *stored, "checkpoint file '", source,
-                 "' is corrupt: its content hashes to ", hex64(actual), " but it was written with ",
-                 kChecksumKey, " = ", hex64(*stored), " (", file.size(),
-                 " bytes; bit rot, a torn write or an edited file)");
-  return {file.size(), actual};
+  return detail::verify_checksum_parts(
+      file.first(8 + std::size_t(n)), file.size(), source, require,
+      [&](Xxh64& h) { h.update(file.data() + 8 + n, file.size() - 8 - std::size_t(n)); });
 }
+
+TRAINKIT_INLINE FileDigest verify_checksum_file(const std::filesystem::path& path, bool require) {
+  const io::detail::PreadFile file(path);
+  file.advise_sequential();
+  const std::vector<std::byte> prefix = detail::read_safetensors_prefix(file);
+  const FileDigest digest = detail::verify_checksum_parts(
+      prefix, file.size(), file.path(), require,
+      [&](Xxh64& h) { detail::hash_file_from(file, prefix.size(), h); });
+  file.check_unchanged();
+  return digest;
+}
+
+namespace detail {
+
+TRAINKIT_INLINE std::vector<std::byte> read_safetensors_prefix(const io::detail::PreadFile& file) {
+  std::byte length[8] = {};
+  const bool whole = file.size() >= 8;
+  if (whole) file.read_at(length, 8, 0);
+  const std::uint64_t n = io::safetensors_header_length(
+      std::span<const std::byte>(length, whole ? 8 : 0), file.size(), file.path());
+  std::vector<std::byte> prefix(8 + std::size_t(n));
+  std::memcpy(prefix.data(), length, 8);
+  file.read_at(prefix.data() + 8, std::size_t(n), 8);
+  return prefix;
+}
+
+TRAINKIT_INLINE void hash_file_from(const io::detail::PreadFile& file, std::uint64_t offset,
+                                    Xxh64& h) {
+  // 1 MiB: large enough that the calls cost nothing next to the copy, small enough to stay in
+  // the L2 cache between the read and the hash.
+  constexpr std::uint64_t kPiece = std::uint64_t(1) << 20;
+  if (offset >= file.size()) return;
+  std::vector<std::byte> buffer(std::size_t(std::min(kPiece, file.size() - offset)));
+  while (offset < file.size()) {
+    const auto n = std::size_t(std::min<std::uint64_t>(buffer.size(), file.size() - offset));
+    file.read_at(buffer.data(), n, offset);
+    h.update(buffer.data(), n);
+    offset += n;
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t hash_file(const std::filesystem::path& path) {
+  const io::detail::PreadFile file(path);
+  file.advise_sequential();
+  Xxh64 h;
+  hash_file_from(file, 0, h);
+  file.check_unchanged();
+  return h.digest();
+}
+
+}  // namespace detail
 
 #endif  // TRAINKIT_IMPL
 

@@ -77,9 +77,12 @@ struct ModelLoadReport {
 class TensorSource {
  public:
   /// Opens `path`: a .safetensors file, a `*.index.json` of a sharded set, or a directory
-  /// holding model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming
-  /// the path when there is nothing to open or a file breaks a safetensors rule. With
-  /// `verify_checksum`, files that carry a trainkit checksum are verified first.
+  /// holding model.safetensors.index.json or model.safetensors. The files are read into memory
+  /// (io::SafetensorsBacking::kCopy), not mapped: a file that another process truncates or
+  /// rewrites while it is read gives an error naming it, and one changed later cannot affect
+  /// the source. Throws trainkit::Error naming the path when there is nothing to open or a file
+  /// breaks a safetensors rule. With `verify_checksum`, files that carry a trainkit checksum are
+  /// verified first (a single file: the very bytes that load).
   TRAINKIT_INLINE static TensorSource open(const std::filesystem::path& path,
                                            bool verify_checksum = true);
 
@@ -382,10 +385,11 @@ TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& pat
       for (const std::string& f : index.files())
         ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
     }
-    s.shards_ = std::make_unique<io::SafetensorsShards>(target);
+    s.shards_ = std::make_unique<io::SafetensorsShards>(target, io::SafetensorsBacking::kCopy);
   } else {
-    if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
-    s.file_ = std::make_unique<io::SafetensorsFile>(target);
+    io::MappedFile bytes = io::MappedFile::copied(target);
+    if (verify_checksum) ckpt::verify_checksum(bytes.bytes(), bytes.path(), /*require=*/false);
+    s.file_ = std::make_unique<io::SafetensorsFile>(std::move(bytes));
   }
   return s;
 }

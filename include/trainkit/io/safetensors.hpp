@@ -274,19 +274,39 @@ TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byt
                                                         std::uint64_t file_bytes,
                                                         std::string_view source);
 
-/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
-/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
-/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
-/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
-/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
-/// rename, which is safe.
+/// How SafetensorsFile and SafetensorsShards reach the bytes of a file.
+enum class SafetensorsBacking : unsigned char {
+  /// Map the file: zero-copy, and only the pages touched are ever loaded. The file must not
+  /// shrink while it is open: touching a mapped page past its new end faults (SIGBUS).
+  kMap,
+  /// Read the whole file into memory at open (MappedFile::copied): one copy of it in memory, and
+  /// a file that another process truncates or rewrites afterwards cannot affect it. A file that
+  /// shrinks while it is being read gives trainkit::Error naming it.
+  kCopy,
+};
+
+/// A validated safetensors file (mapped, read into memory, or a caller's buffer) handing out
+/// zero-copy views. Tensors whose bytes are not aligned for their dtype (files from writers that
+/// skip the header padding) are copied once, at open, into aligned memory; zero_copy() then says
+/// false. Read-only and safe to share between threads. Do not truncate or rewrite a file while
+/// it is open with SafetensorsBacking::kMap (a mapped file that shrinks makes reads fault);
+/// trainkit's writer replaces files by rename, which is safe.
 class SafetensorsFile {
  public:
   SafetensorsFile() = default;
 
-  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
-  /// and tensor) when it cannot be read or breaks a rule.
-  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
+  /// Maps (or reads, see SafetensorsBacking) and validates `path`. Throws trainkit::Error naming
+  /// the file (and the SafetensorsRule and tensor) when it cannot be read or breaks a rule.
+  explicit SafetensorsFile(const std::filesystem::path& path,
+                           SafetensorsBacking backing = SafetensorsBacking::kMap)
+      : source_(path.string()),
+        map_(backing == SafetensorsBacking::kCopy ? MappedFile::copied(path) : MappedFile(path)) {
+    init(map_.bytes());
+  }
+
+  /// Validates the bytes of `file` (mapped, or read with MappedFile::copied) and keeps them; the
+  /// errors name file.path().
+  explicit SafetensorsFile(MappedFile file) : source_(file.path()), map_(std::move(file)) {
     init(map_.bytes());
   }
 
@@ -363,9 +383,12 @@ struct SafetensorsLoadOptions {
 /// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
 /// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
 /// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
-/// (rule Unsupported). Throws trainkit::Error naming the file.
+/// (rule Unsupported). `metadata`, when not null, receives the file's `__metadata__`. A file that
+/// shrinks while it is read (truncated in place by another process) gives an error, never a
+/// signal. Throws trainkit::Error naming the file.
 TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {});
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {},
+    SafetensorsMetadata* metadata = nullptr);
 
 /// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
 /// order, so wider types come first and every tensor is naturally aligned), then by name (byte
@@ -460,7 +483,7 @@ inline void save_safetensors_index(const std::filesystem::path& path, const Safe
 
 /// Reads and checks an index file (see SafetensorsIndex::parse).
 inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
-  const MappedFile map(path);
+  const MappedFile map = MappedFile::copied(path);  // small: read, so a truncation cannot fault
   return SafetensorsIndex::parse(
       std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
 }
@@ -470,10 +493,12 @@ inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path
 /// under that shard. tensor() finds a name across shards.
 class SafetensorsShards {
  public:
-  /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency: an entry its
-  /// shard does not hold, or a tensor a shard holds that the index does not list for it.
-  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
+  /// Opens `index_path` and the shards it names (relative to its directory), each mapped or read
+  /// as `backing` says. Throws trainkit::Error naming the index, shard and tensor on any
+  /// inconsistency: an entry its shard does not hold, or a tensor a shard holds that the index
+  /// does not list for it.
+  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path,
+                                             SafetensorsBacking backing = SafetensorsBacking::kMap);
 
   const SafetensorsIndex& index() const noexcept { return index_; }
   std::size_t size() const noexcept { return index_.weight_map.size(); }
@@ -518,6 +543,13 @@ TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json
       safetensors_fail(
           R::kInvalidHeaderDeserialization, source,
           concat("the ", json.size(), "-byte header is too large to parse (", error.message, ")"));
+    // Valid JSON (the reference reads a shape of any rank), but longer than any array a tensor
+    // trainkit can hold needs: say so rather than call the header malformed.
+    if (error.kind == JsonErrorKind::kTooLong)
+      safetensors_fail(
+          R::kInvalidHeaderDeserialization, source,
+          concat("the header holds ", error.message, " at header offset ", error.offset,
+                 "; shapes may have at most ", kMaxRank, " dimensions and data_offsets exactly 2"));
     if (error.kind == JsonErrorKind::kDuplicateKey)
       safetensors_fail(R::kDuplicateName, source,
                        concat("the header names '", detail::printable(error.key),
@@ -755,7 +787,8 @@ TRAINKIT_INLINE AnyTensorView SafetensorsFile::view_at(std::size_t i) const {
 }
 
 TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options) {
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options,
+    SafetensorsMetadata* metadata) {
   const std::string source = path.string();
   detail::require_little_endian(source);
   struct Fd {
@@ -793,7 +826,8 @@ TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
       std::span<const std::byte>(prefix, file_bytes >= 8 ? 8 : 0), file_bytes, source);
   std::string json(std::size_t(n), '\0');
   read_at(json.data(), n, 8);
-  const SafetensorsHeader header = parse_safetensors_header(json, file_bytes, source);
+  SafetensorsHeader header = parse_safetensors_header(json, file_bytes, source);
+  if (metadata != nullptr) *metadata = std::move(header.metadata);
 
   // Allocate everything first, then read in 8 MiB pieces pulled by a few threads.
   struct Piece {
@@ -1015,11 +1049,12 @@ TRAINKIT_INLINE SafetensorsIndex SafetensorsIndex::parse(std::string_view text,
   return index;
 }
 
-TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path)
+TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path,
+                                                     SafetensorsBacking backing)
     : index_(load_safetensors_index(index_path)) {
   const std::filesystem::path dir = index_path.parent_path();
   for (const std::string& file : index_.files())
-    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file, backing));
   // Every tensor of a shard must be listed, under that shard: one the index leaves out (or lists
   // under another shard) means a damaged or edited index or a shard of another set.
   for (const auto& [file, shard] : shards_) {
