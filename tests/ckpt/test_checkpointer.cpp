@@ -179,6 +179,65 @@ TEST_CASE("Checkpointer: saving a step again replaces its checkpoint") {
   CHECK(ckpt_test::entries(dir.path()) == std::vector<std::string>{"step_000000005"});
 }
 
+TEST_CASE("Checkpointer: a save behind newer checkpoints sets them aside, so resume takes it") {
+  // A run sent back to an older checkpoint (to restart before a loss spike, say) saves again:
+  // the abandoned run's later checkpoints are not its past. Left in place, resume() would pick
+  // them and keep-last would count them.
+  using Steps = std::vector<std::int64_t>;
+  TempDir dir;
+  CrashState s(0.001);
+  LogSink log;
+  ckpt::Checkpointer ck(dir.path(), {.keep_last = 3, .durable = false, .log = log.fn()});
+  for (const std::int64_t step : {100, 200, 300, 400}) {
+    s.set(step);
+    ck.save(s.state);
+  }
+  REQUIRE(steps_of(ck.list()) == Steps{200, 300, 400});
+  ck.load(ck.list().front(), s.state);
+  CHECK(s.counter == 200);
+  s.set(250);
+  ck.save(s.state);
+  CHECK(steps_of(ck.list()) == Steps{200, 250});
+  CHECK(ckpt_test::entries(dir.path()) ==
+        std::vector<std::string>{".step_000000300.superseded", ".step_000000400.superseded",
+                                 "step_000000200", "step_000000250"});
+  CHECK(log.contains("step_000000300"));
+  CHECK(log.contains("newer than step 250"));
+  CrashState fresh(0.001);
+  const auto resumed = ck.resume(fresh.state);
+  REQUIRE(resumed.has_value());
+  CHECK(resumed->step == 250);
+  CHECK(fresh.counter == 250);
+
+  // Saving the newest step again replaces it as before (nothing set aside); going back once more
+  // sets aside a step whose name is taken already: it gets a number.
+  ck.load(ck.list().front(), s.state);
+  s.set(210);
+  ck.save(s.state);
+  CHECK(steps_of(ck.list()) == Steps{200, 210});
+  ck.save(s.state);
+  s.set(250);
+  ck.save(s.state);
+  ck.load(ck.list()[1], s.state);
+  CHECK(s.counter == 210);
+  for (const std::int64_t step : {220, 230, 240}) {
+    s.set(step);
+    ck.save(s.state);
+  }
+  // keep-last counts only this run's checkpoints.
+  CHECK(steps_of(ck.list()) == Steps{220, 230, 240});
+  CHECK(ckpt_test::entries(dir.path()) ==
+        std::vector<std::string>{".step_000000250.superseded", ".step_000000250.superseded.1",
+                                 ".step_000000300.superseded", ".step_000000400.superseded",
+                                 "step_000000220", "step_000000230", "step_000000240"});
+  // A step directory of someone else's files is left alone, as everywhere.
+  std::filesystem::create_directory(dir.path() / "step_000000900");
+  ckpt_test::write_file(dir.path() / "step_000000900" / "notes.txt", "mine");
+  s.set(245);
+  ck.save(s.state);
+  CHECK(ckpt_test::read_file(dir.path() / "step_000000900" / "notes.txt") == "mine");
+}
+
 TEST_CASE("Checkpointer: corrupt and incomplete checkpoints are skipped, stale temps removed") {
   TempDir dir;
   CrashState s(0.05);
@@ -843,9 +902,9 @@ TEST_CASE("Checkpointer: full disk (RLIMIT_FSIZE) - clear error, previous checkp
 }
 
 TEST_CASE("Checkpointer: 3 ranks (ThreadComm) - replicated shards, index, per-rank state") {
-  TempDir dir;
   for (const bool async : {false, true}) {
     CAPTURE(async);
+    TempDir dir;  // a run of its own (in the first run's root, its step 10 would set 11 aside)
     const auto group = std::make_shared<dist::ThreadGroup>(3);  // the checkpointer's own comm
     dist::ThreadComm::run(3, [&](dist::ThreadComm& comm) {
       dist::ThreadComm ck_comm(group, comm.rank());

@@ -9,7 +9,9 @@
 // complete checkpoints under step_* names. Saves every N steps or T seconds, keeps the last K and
 // the best K by a metric, can write on a background thread (training waits only for the host
 // snapshot), shards across ranks with a model.safetensors.index.json, and resume() restores
-// everything from the newest intact one.
+// everything from the newest intact one. A save of step N moves checkpoints of later steps aside
+// as `.<name>.superseded` (a run sent back to an older checkpoint, or started over): they are not
+// its past, and resume() must not take them.
 #pragma once
 
 #include <algorithm>
@@ -793,6 +795,13 @@ class Checkpointer {
   TRAINKIT_INLINE void commit(const Job& job, const std::filesystem::path& tmp,
                               const std::filesystem::path& final_dir);
 
+  /// Rank 0, before the checkpoint of `step` appears: checkpoints of later steps are not this
+  /// run's past (it went back to an older checkpoint, or started over in a used root), and left
+  /// in place resume() would take them for its newest and keep-last would count them. Each is
+  /// renamed to `.<name>.superseded[.N]`: kept, never deleted, invisible to the search. Step
+  /// directories of someone else's files are left alone. Throws when one cannot be moved.
+  TRAINKIT_INLINE void set_aside_later(std::int64_t step);
+
   /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
   /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
   /// the deletion short), so a step directory never loses its manifest to a rotation: one
@@ -1342,9 +1351,30 @@ TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem:
   // The manifest is written last: a directory without it is not a checkpoint.
   io::write_file_atomic(tmp / detail::kManifestName, std::string_view(detail::manifest_text(info)),
                         io::AtomicFileOptions{.durable = options_.durable});
+  set_aside_later(job.step);
   detail::replace_directory(tmp, final_dir);
-  if (options_.durable) io::fsync_directory(root_);
+  if (options_.durable) io::fsync_directory(root_);  // both renames
   rotate(job.step);
+}
+
+TRAINKIT_INLINE void Checkpointer::set_aside_later(std::int64_t step) {
+  namespace fs = std::filesystem;
+  using ::trainkit::detail::concat;
+  for (const Candidate& c : candidates()) {  // newest first
+    if (c.step <= step) break;
+    if (foreign(c)) continue;
+    std::error_code ec;
+    const std::string hidden = concat('.', c.path.filename().string(), ".superseded");
+    fs::path target = root_ / hidden;
+    for (int n = 1; fs::exists(target, ec) && n < 1000; ++n)
+      target = root_ / concat(hidden, '.', n);
+    fs::rename(c.path, target, ec);
+    TRAINKIT_CHECK(!ec, "ckpt: cannot set aside the checkpoint '", c.path.string(),
+                   "', newer than step ", step,
+                   " being saved (a resume would take it for this run's newest): ", ec.message());
+    log(concat("the checkpoint '", c.path.string(), "' is newer than step ", step,
+               " being saved, so not this run's past: set aside as '", target.string(), "'"));
+  }
 }
 
 TRAINKIT_INLINE void Checkpointer::rotate(std::int64_t newest) {
