@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <pthread.h>
 
 #include <trainkit/core/rng.hpp>
 #include <trainkit/data/npy_dataset.hpp>
@@ -597,4 +600,312 @@ TEST_CASE("Prefetcher: a sampler for another dataset size is refused, at load an
   CHECK(failing.next().index() == 0);
   check_contains(error_of([&] { (void)failing.next(); }),
                  {"lm: worker 0 failed on the sampler's indices for epoch 1", "index file gone"});
+}
+
+namespace {
+
+/// A streaming dataset of SlowDataset's fields: epoch e holds n + (vary ? e % 3 : 0) samples;
+/// the sample at position p of epoch e has key e * 1000 + (7p + 3e) % 1000 ("x" = {key, 2 key,
+/// 3 key}, "y" = key / 2). One read in four, pseudo-randomly, sleeps.
+class KeyStream {
+ public:
+  KeyStream(std::size_t n, bool vary) : n_(n), vary_(vary) {}
+  const std::vector<tk::data::FieldSpec>& fields() const { return fields_; }
+  void start(std::uint64_t epoch, std::uint64_t skip) {
+    epoch_ = epoch;
+    position_ = skip;
+    if (skip > length(epoch)) TRAINKIT_FAIL("skip ", skip, " past the end of epoch ", epoch);
+  }
+  bool next(const tk::data::SampleRef& out) {
+    if (position_ >= length(epoch_)) return false;
+    if (tk::philox_u32(5, 0, calls_++) % 4 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(1));
+    const auto key = static_cast<std::int64_t>(epoch_ * 1000 + (7 * position_ + 3 * epoch_) % 1000);
+    const std::int64_t x[3] = {key, 2 * key, 3 * key};
+    std::memcpy(out[0].data(), x, sizeof x);
+    const float y = static_cast<float>(key) / 2;
+    std::memcpy(out[1].data(), &y, sizeof y);
+    ++position_;
+    return true;
+  }
+  std::string describe_current() const { return "key stream at " + std::to_string(position_); }
+
+ private:
+  std::uint64_t length(std::uint64_t epoch) const { return n_ + (vary_ ? epoch % 3 : 0); }
+  std::size_t n_;
+  bool vary_;
+  std::uint64_t epoch_ = 0, position_ = 0, calls_ = 0;
+  std::vector<tk::data::FieldSpec> fields_{{"x", tk::DType::kI64, {3}}, {"y", tk::DType::kF32, {}}};
+};
+static_assert(tk::data::StreamingDataset<KeyStream>);
+
+/// A batch as compared across runs: position, rows' indices and the bytes of every field.
+struct Taken {
+  std::uint64_t epoch, index;
+  bool last;
+  std::vector<std::int64_t> indices;
+  std::vector<std::byte> bytes;
+  friend bool operator==(const Taken&, const Taken&) = default;
+};
+
+Taken take_one(tk::data::Prefetcher& p) {
+  const tk::data::Batch b = p.next();
+  Taken t{b.epoch(), b.index(), b.last_in_epoch(), {b.indices().begin(), b.indices().end()}, {}};
+  for (std::size_t k = 0; k < b.fields().size(); ++k)
+    t.bytes.insert(t.bytes.end(), b.host_bytes(k).begin(), b.host_bytes(k).end());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Prefetcher: resumed at random points and at every epoch boundary, fresh loaders "
+    "continue exactly as an uninterrupted run") {
+  // Random configurations over an indexed dataset, a streaming one (epochs of equal or varying
+  // length) and tar shards (shuffles, ranks), with and without drop_last, with and without a
+  // partial last batch. Each stop point's state() is restored into a fresh Prefetcher (which
+  // sometimes hands out a batch first), and the batches after it must equal the uninterrupted
+  // run's, bit for bit. Past an epoch's last batch a streaming position is refused by name.
+  std::uint64_t draw = 0;
+  const auto rnd = [&](std::uint32_t n) { return tk::philox_u32(2024, 1, draw++) % n; };
+  for (int config = 0; config < 120; ++config) {
+    const std::uint32_t kind = rnd(3);  // 0 indexed, 1 KeyStream, 2 tar shards
+    const bool drop_last = rnd(2) == 0, vary = kind == 1 && rnd(2) == 0;
+    const std::size_t batch = 1 + rnd(6);
+    const std::size_t n = (drop_last ? batch : 1) + rnd(static_cast<std::uint32_t>(3 * batch + 2));
+    tk::data::TarShardOptions tar;
+    tar.fields = {{"x", "npy", tk::DType::kF32, {4}}, {"label", "cls", tk::DType::kI64, {}}};
+    tar.shuffle_buffer = rnd(6);
+    tar.seed = rnd(10);
+    tar.shuffle_shards = rnd(2) == 0;
+    tar.world_size = 1 + rnd(2);  // 21 samples per epoch; 14 and 7 on two ranks
+    tar.rank = rnd(static_cast<std::uint32_t>(tar.world_size));
+    const tk::data::PrefetchOptions opts{.batch_size = batch,
+                                         .num_workers = 1 + rnd(4),
+                                         .depth = 2 + rnd(4),
+                                         .drop_last = drop_last,
+                                         .epoch = rnd(3)};
+    CAPTURE(config);
+    CAPTURE(kind);
+    CAPTURE(drop_last);
+    CAPTURE(vary);
+    CAPTURE(batch);
+    CAPTURE(n);
+    CAPTURE(opts.num_workers);
+    CAPTURE(opts.depth);
+    const SlowDataset indexed(n, 5);
+    const tk::data::RandomSampler sampler(n, config);
+    // A loader over its own copy of the dataset (a streaming dataset is read by one loader).
+    struct Loader {
+      std::unique_ptr<KeyStream> stream;
+      std::unique_ptr<tk::data::TarShardDataset> shards;
+      std::unique_ptr<tk::data::Prefetcher> p;
+    };
+    const auto make = [&] {
+      Loader l;
+      if (kind == 0) {
+        l.p = std::make_unique<tk::data::Prefetcher>(indexed, sampler, opts);
+      } else if (kind == 1) {
+        l.stream = std::make_unique<KeyStream>(n, vary);
+        l.p = std::make_unique<tk::data::Prefetcher>(*l.stream, opts);
+      } else {
+        l.shards = std::make_unique<tk::data::TarShardDataset>(
+            fixture("tar/wds-{000000..000002}.tar"), tar);
+        l.p = std::make_unique<tk::data::Prefetcher>(*l.shards, opts);
+      }
+      return l;
+    };
+    // The uninterrupted run over three epochs, with the state before every batch.
+    const Loader whole = make();
+    std::vector<Taken> run;
+    std::vector<tk::data::PrefetchState> before;
+    for (std::uint64_t epochs = 0; epochs < 3;) {
+      before.push_back(whole.p->state());
+      run.push_back(take_one(*whole.p));
+      epochs += run.back().last;
+    }
+    before.push_back(whole.p->state());
+    std::vector<std::size_t> stops;
+    for (std::size_t k = 0; k < run.size(); ++k)
+      if (run[k].last || rnd(4) == 0) stops.push_back(k + 1);  // every epoch boundary
+    for (const std::size_t stop : stops) {
+      CAPTURE(stop);
+      const tk::data::PrefetchState at = before[stop];
+      const Loader fresh = make();
+      if (rnd(2) == 0) (void)take_one(*fresh.p);  // a batch in use when restore() comes
+      if (run[stop - 1].last) {
+        const Taken& last = run[stop - 1];
+        CHECK(at == tk::data::PrefetchState{last.epoch + 1, 0});
+        // The epoch's end written as the batch after its last: refused (indexed datasets by
+        // restore(), streaming ones by next()) without claiming the epoch is short or empty.
+        const std::string what = error_of([&] {
+          fresh.p->restore({last.epoch, last.index + 1});
+          (void)fresh.p->next();
+        });
+        CHECK(what.find("has no samples") == std::string::npos);
+        CHECK(what.find("epoch " + std::to_string(last.epoch) + " has ") == std::string::npos);
+      }
+      fresh.p->restore(at);
+      CHECK(fresh.p->state() == at);
+      for (std::size_t k = stop; k < run.size(); ++k) {
+        CAPTURE(k);
+        const Taken got = take_one(*fresh.p);
+        REQUIRE(got == run[k]);
+      }
+    }
+  }
+}
+
+TEST_CASE("Prefetcher: restore() past a streaming epoch's last batch is refused by name") {
+  // 12 samples in batches of 4 are batches 0..2; 10 with drop_last are batches 0 and 1 (two
+  // samples dropped). The position after the last batch is batch 0 of epoch 1; batch 3 (batch 2
+  // with drop_last) lies past the epoch's end and said "epoch 0 ... has no samples" (or "has 2
+  // samples, fewer than one batch"), which the epoch does not.
+  for (const bool drop_last : {false, true}) {
+    CAPTURE(drop_last);
+    KeyStream ds(drop_last ? 10 : 12, false);
+    tk::data::Prefetcher p(ds, {.batch_size = 4, .depth = 2, .drop_last = drop_last});
+    const std::uint64_t batches = drop_last ? 2 : 3;
+    p.restore({0, batches});
+    const std::string what = error_of([&] { (void)p.next(); });
+    check_contains(what, {"restore() to batch " + std::to_string(batches) + " of epoch 0",
+                          "key stream at", "batch 0 of the next epoch"});
+    CHECK(what.find("has no samples") == std::string::npos);
+    CHECK(what.find("fewer than one batch of 4 with drop_last") ==
+          (drop_last ? what.find("fewer") : std::string::npos));
+    p.restore({1, 0});
+    const tk::data::Batch b = p.next();
+    CHECK(b.epoch() == 1);
+    CHECK(b.index() == 0);
+    CHECK(b.host<std::int64_t, 2>("x")(0, 0) == 1003);
+  }
+}
+
+namespace {
+
+/// KeyStream whose start() throws while `refuse` is set.
+class RefusingStream : public KeyStream {
+ public:
+  using KeyStream::KeyStream;
+  void start(std::uint64_t epoch, std::uint64_t skip) {
+    if (refuse.load()) TRAINKIT_FAIL("shard index unreadable");
+    KeyStream::start(epoch, skip);
+  }
+  std::atomic<bool> refuse{false};
+};
+
+#ifdef __GLIBC__
+/// While alive, new threads get a stack no machine can map, so starting one fails.
+class NoThreads {
+ public:
+  NoThreads() {
+    REQUIRE(pthread_getattr_default_np(&saved_) == 0);
+    pthread_attr_t huge;
+    REQUIRE(pthread_attr_init(&huge) == 0);
+    REQUIRE(pthread_attr_setstacksize(&huge, std::size_t{1} << 62) == 0);
+    REQUIRE(pthread_setattr_default_np(&huge) == 0);
+    pthread_attr_destroy(&huge);
+  }
+  ~NoThreads() {
+    pthread_setattr_default_np(&saved_);
+    pthread_attr_destroy(&saved_);
+  }
+  NoThreads(const NoThreads&) = delete;
+  NoThreads& operator=(const NoThreads&) = delete;
+
+ private:
+  pthread_attr_t saved_;
+};
+#endif
+
+}  // namespace
+
+TEST_CASE("Prefetcher: after a restore() that fails, next() throws instead of waiting forever") {
+  // A streaming dataset whose start() throws in the restored run: next() reports it, naming the
+  // position, and a later restore() recovers.
+  RefusingStream stream(10, false);
+  tk::data::Prefetcher s(stream, {.batch_size = 4, .depth = 2, .name = "shards"});
+  (void)s.next();
+  stream.refuse.store(true);
+  s.restore({1, 1});
+  for (int twice = 0; twice < 2; ++twice)
+    check_contains(error_of([&] { (void)s.next(); }),
+                   {"shards", "starting epoch 1 at sample 4", "shard index unreadable"});
+  stream.refuse.store(false);
+  s.restore({1, 1});
+  CHECK(s.next().host<std::int64_t, 2>("x")(0, 0) == 1000 + 28 + 3);
+
+#ifdef __GLIBC__
+  // Workers that cannot be started: restore() throws, and so does every next() after it (it
+  // waited forever for a batch no worker would fill), until a restore() starts them.
+  const SlowDataset ds(20, 0);
+  const tk::data::SequentialSampler seq(ds.size());
+  tk::data::Prefetcher p(ds, seq, {.batch_size = 2, .num_workers = 3, .name = "rows"});
+  CHECK(p.next().index() == 0);
+  {
+    const NoThreads no_threads;
+    check_contains(error_of([&] {
+                     p.restore({0, 4});
+                   }),
+                   {"rows: restore() to batch 4 of epoch 0 failed", "cannot start worker 1 of 3",
+                    "lower num_workers"});
+  }
+  CHECK(p.state() == tk::data::PrefetchState{0, 4});
+  for (int twice = 0; twice < 2; ++twice)
+    check_contains(error_of([&] { (void)p.next(); }),
+                   {"rows: restore() to batch 4 of epoch 0 failed", "until a restore() succeeds"});
+  p.restore(p.state());
+  const std::vector<Seen> want = expected(seq, 2, false, 0, 7);
+  CHECK(take(p, 3) == std::vector<Seen>(want.begin() + 4, want.end()));
+#endif
+}
+
+TEST_CASE(
+    "Prefetcher: a streaming error names the sample it is about, not one read before or "
+    "after it") {
+  data_test::TempDir dir;
+  {
+    tk::io::TarWriter w(dir / "a.tar");
+    for (int k = 0; k < 6; ++k) w.add("a" + std::to_string(k) + ".cls", std::to_string(k));
+    w.close();
+  }
+  data_test::write_file(dir / "b.tar", std::vector<std::byte>(1024, std::byte{'z'}));
+  tk::data::TarShardOptions o;
+  o.fields = {{"label", "cls", tk::DType::kI64, {}}};
+  o.shuffle_buffer = 0;
+  o.shuffle_shards = false;
+  const std::vector<std::string> shards = {(dir / "a.tar").string(), (dir / "b.tar").string()};
+
+  // Right after start() the dataset has read nothing of the epoch: it named the sample it read
+  // last in the previous one.
+  tk::data::TarShardDataset ds(shards, o);
+  std::int64_t label = 0;
+  const std::span<std::byte> spans[1] = {std::as_writable_bytes(std::span(&label, 1))};
+  CHECK(ds.next(tk::data::SampleRef(spans)));
+  check_contains(ds.describe_current(), {"a.tar", "sample key 'a0'"});
+  ds.start(1, 0);
+  CHECK(ds.describe_current() == "epoch 1 before its first tar shard");
+
+  // A shard that is no tar archive, opened after a.tar: the error named b.tar with a.tar's
+  // last key ("tar shard '.../b.tar', sample key 'a5'").
+  tk::data::Prefetcher p(ds, {.batch_size = 4, .depth = 2});
+  CHECK(p.next().size() == 4);
+  const std::string what = error_of([&] { (void)p.next(); });
+  check_contains(what, {"failed reading sample 6 of epoch 0", "b.tar"});
+  CHECK(what.find("sample key") == std::string::npos);
+
+  // A transform's error with drop_last (the stream is read a batch ahead) named the sample the
+  // dataset had read last, three after the one refused.
+  for (const bool drop_last : {false, true}) {
+    CAPTURE(drop_last);
+    tk::data::TarShardDataset one(std::vector<std::string>{shards[0]}, o);
+    tk::data::PrefetchOptions opts{.batch_size = 3, .depth = 2, .drop_last = drop_last};
+    opts.transform = [](const tk::data::SampleInfo&, const tk::data::SampleRef& in,
+                        const tk::data::SampleRef&) {
+      if (in.as<std::int64_t>(0)[0] == 1) TRAINKIT_FAIL("label 1 refused");
+    };
+    tk::data::Prefetcher t(one, opts);
+    check_contains(error_of([&] { (void)t.next(); }),
+                   {"failed on sample 1 of epoch 0", "sample key 'a1'", "label 1 refused"});
+  }
 }

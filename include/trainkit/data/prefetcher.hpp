@@ -230,7 +230,9 @@ class Prefetcher {
 
   /// Continues from `state` (from state(), possibly of another run with the same dataset,
   /// sampler and options): the batches that follow are exactly those an uninterrupted run would
-  /// have produced from that point. Invalidates the current batch; clears a worker error.
+  /// have produced from that point. Invalidates the current batch; clears a worker error. When
+  /// its workers cannot be started it throws trainkit::Error, and next() throws that error until
+  /// a restore() succeeds.
   TRAINKIT_INLINE void restore(const PrefetchState& state);
 
   /// The position of the next batch ("epoch", "batch") plus "batch_size", "batches_per_epoch"
@@ -376,6 +378,9 @@ class Prefetcher {
   // A failed read ahead: it belongs to the batch of the sample that failed, so it is thrown
   // once the samples read before it are used up, not with the batch that read ahead.
   std::exception_ptr stream_error_;
+  // describe_current() of each sample read ahead, kept when a transform runs (its errors name
+  // the sample; the dataset has read further by then).
+  std::vector<std::string> look_described_;
   std::size_t stream_lookahead() const noexcept {
     return options_.drop_last ? options_.batch_size : 1;
   }
@@ -480,8 +485,26 @@ TRAINKIT_INLINE void Prefetcher::restore(const PrefetchState& state) {
                  ": restore() to batch ", state.batch, " of epoch ", state.epoch,
                  " but an epoch has ", per_epoch_, " batches");
   stop_workers();
-  release_held();
-  begin(state);
+  try {
+    release_held();
+    begin(state);
+  } catch (...) {
+    // No worker runs now, so a next() that waited for a batch would wait forever: it throws
+    // this error instead, until a restore() starts the workers.
+    held_ = false;
+    claimed_ = consumed_ = released_count_ = 0;
+    for (Slot& s : slots_) s = Slot{};
+    next_state_ = state;
+    try {
+      rethrow_with(::trainkit::detail::concat(
+          "restore() to batch ", state.batch, " of epoch ", state.epoch,
+          " failed, and the loader has no workers until a restore() succeeds"));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fatal_ = std::current_exception();
+    }
+    std::rethrow_exception(fatal_);
+  }
 }
 
 TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
@@ -601,11 +624,16 @@ TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
   stream_error_ = nullptr;
   workers_.clear();
   try {
+    workers_.reserve(num_workers_);
     for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
   } catch (const std::system_error& e) {
+    const std::size_t started = workers_.size();
     stop_workers();  // joins the ones that started
-    TRAINKIT_FAIL(options_.name, ": cannot start worker ", workers_.size() + 1, " of ",
-                  num_workers_, " (", e.what(), "); lower num_workers");
+    TRAINKIT_FAIL(options_.name, ": cannot start worker ", started + 1, " of ", num_workers_, " (",
+                  e.what(), "); lower num_workers");
+  } catch (...) {
+    stop_workers();  // a thread left running (or unjoined) would outlive its loader
+    throw;
   }
 }
 
@@ -834,6 +862,9 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
       packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
       try {
         if (next_(SampleRef(look_spans))) {
+          // The dataset moves on as it reads ahead: a transform's error names the sample by
+          // where it was read.
+          if (options_.transform) look_described_[k] = describe_current_();
           ++look_count_;
           ++next;
         } else {
@@ -849,6 +880,7 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
       }
     }
   };
+  if (options_.transform) look_described_.resize(depth);
   if (!stream_started_) {
     try {
       start_(at.epoch, first);
@@ -883,8 +915,9 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
         if (options_.transform) options_.transform(info, out, out);
       }
     } catch (...) {
-      rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ", at.epoch,
-                                              " (", describe_current_(), ")"));
+      rethrow_with(::trainkit::detail::concat(
+          "failed on sample ", position, " of epoch ", at.epoch, " (",
+          options_.transform ? look_described_[look_begin_] : describe_current_(), ")"));
     }
     ++rows;
     look_begin_ = (look_begin_ + 1) % depth;
@@ -902,7 +935,21 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
   }
   // A batch that follows one not marked last has samples (with drop_last, a whole batch of
-  // them), so only an epoch's first batch can come up short.
+  // them), so only an epoch's first batch, or the first after a restore() to a position past
+  // the epoch's last batch, can come up short. A checkpoint taken after an epoch's last batch
+  // holds batch 0 of the next epoch, never such a position.
+  if (at.batch > 0 && (rows == 0 || (options_.drop_last && rows < B))) {
+    const char* after_last =
+        "the position after an epoch's last batch is batch 0 of the next epoch";
+    if (rows == 0)
+      TRAINKIT_FAIL(options_.name, ": restore() to batch ", at.batch, " of epoch ", at.epoch,
+                    " is past the epoch's end: the streaming dataset (", describe_current_(),
+                    ") has no sample ", first, " (", after_last, ")");
+    TRAINKIT_FAIL(options_.name, ": restore() to batch ", at.batch, " of epoch ", at.epoch,
+                  " is past the epoch's last batch: the streaming dataset (", describe_current_(),
+                  ") has ", rows, " samples from sample ", first, " on, fewer than one batch of ",
+                  B, " with drop_last (", after_last, ")");
+  }
   TRAINKIT_CHECK(rows > 0, options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
                  describe_current_(), ") has no samples");
   TRAINKIT_CHECK(rows == B || !options_.drop_last, options_.name, ": epoch ", at.epoch, " has ",

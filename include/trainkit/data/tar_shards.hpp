@@ -204,8 +204,11 @@ class TarShardDataset {
                                       o_.world_size);
   }
 
-  /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
+  /// "tar shard 'x.tar', sample key '000017'": where the last sample was read (the shard alone
+  /// before its first sample; the epoch alone before its first shard).
   std::string describe_current() const {
+    if (current_shard_.empty())
+      return ::trainkit::detail::concat("epoch ", epoch_, " before its first tar shard");
     std::string s = "tar shard '" + current_shard_ + "'";
     if (!current_key_.empty()) s += ", sample key '" + current_key_ + "'";
     return s;
@@ -330,6 +333,9 @@ TRAINKIT_INLINE bool TarShardDataset::position(std::uint64_t epoch, std::uint64_
   epoch_ = epoch;
   skip_ = skip;
   stopped_after_.reset();
+  // An error before the epoch's first read names the epoch, not the last epoch's sample.
+  current_shard_.clear();
+  current_key_.clear();
   order_ = shards_for_epoch(epoch);
   next_shard_ = 0;
   reader_.reset();
@@ -420,6 +426,7 @@ TRAINKIT_INLINE bool TarShardDataset::read_sample(std::vector<std::byte>& sample
         return false;
       }
       current_shard_ = order_[next_shard_++];
+      current_key_.clear();  // the last key was the previous shard's
       reader_.emplace(io::TarReader::open(
           current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
       entry_pending_ = false;
