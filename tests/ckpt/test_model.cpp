@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -425,4 +427,147 @@ TEST_CASE("load_model: a file truncated in place after it was opened loads what 
   c.finalize();
   CHECK(ckpt::load_model(c, shards).complete());
   CHECK(std::memcmp(a.params_data(), c.params_data(), 256 * 64 * 4) == 0);
+}
+
+namespace {
+
+/// A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), or -1.
+long status_kib(const std::string& field) {
+  const std::string text = ckpt_test::read_file("/proc/self/status");
+  const std::size_t at = text.find(field + ":");
+  return at == std::string::npos ? -1 : std::atol(text.c_str() + at + field.size() + 1);
+}
+
+/// ThreadSanitizer maps shadow memory for every byte a load writes or hashes, so resident memory
+/// says nothing about copies there.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
+/// Resets VmHWM to the current VmRSS (Linux); false where that is not possible.
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+}  // namespace
+
+TEST_CASE("load_model from a path reads the tensors into the parameters, not into a copy") {
+  // A model's file must not be held whole in memory beside the model while it loads: the peak
+  // resident memory of a load stays far below the file's size (verified or not, converted or
+  // not).
+  if (kThreadSanitizer || status_kib("VmHWM") < 0 || !reset_peak_rss()) {
+    MESSAGE("peak resident memory cannot be measured here; skipped");
+    return;
+  }
+  TempDir dir;
+  nn::ParamArena<> a;
+  for (int i = 0; i < 8; ++i) a.add("w" + std::to_string(i), tk::Shape{1024, 1024});  // 32 MiB
+  a.finalize();
+  a.initialize(3);
+  ckpt::save_model(dir / "model.safetensors", a, {.durable = false});
+  std::vector<tk::AnyTensor> halves;
+  std::vector<io::NamedTensor> views;
+  for (const nn::ParamInfo& p : a.infos()) {
+    tk::AnyTensor t(tk::DType::kBF16, p.shape);
+    auto* d = reinterpret_cast<tk::bf16*>(t.data());
+    for (std::int64_t j = 0; j < p.numel; ++j) d[j] = tk::bf16(a.params_data()[p.offset + j]);
+    halves.push_back(std::move(t));
+  }
+  for (std::size_t i = 0; i < halves.size(); ++i) views.push_back({a.infos()[i].name, halves[i]});
+  ckpt::save_checksummed_safetensors(dir / "bf16.safetensors", views, {}, {.durable = false});
+
+  nn::ParamArena<> b;
+  for (int i = 0; i < 8; ++i) b.add("w" + std::to_string(i), tk::Shape{1024, 1024});
+  b.finalize();
+  b.initialize(4);  // the parameters' pages are resident before the load
+  for (const char* file : {"model.safetensors", "bf16.safetensors"}) {
+    for (const bool verify : {true, false}) {
+      CAPTURE(file);
+      CAPTURE(verify);
+      REQUIRE(reset_peak_rss());
+      const long before = status_kib("VmRSS");
+      const ckpt::ModelLoadReport r =
+          ckpt::load_model(b, dir / file, {.convert_dtype = true, .verify_checksum = verify});
+      const long peak = status_kib("VmHWM");
+      CHECK(r.complete());
+      // The F32 file is 32 MiB; the reads need a few MiB of buffers (more under sanitizers).
+      CHECK(peak - before < 16 * 1024);
+    }
+  }
+  ckpt::load_model(b, dir / "model.safetensors");
+  CHECK(std::memcmp(a.params_data(), b.params_data(), std::size_t(a.buffer_numel()) * 4) == 0);
+}
+
+TEST_CASE("load_model: converted tensors larger than the read buffer round element by element") {
+  // F16, BF16 and F64 tensors of several MiB load in pieces; every element must round exactly as
+  // one static_cast does, whichever way the file is read, and a tensor that fills two tied
+  // parameters fills both.
+  TempDir dir;
+  constexpr std::int64_t kN = 700001;  // > 1 MiB in every dtype, and not a multiple of a piece
+  std::vector<float> values(static_cast<std::size_t>(kN));
+  std::uint32_t x = 12345;
+  for (float& v : values) {
+    x = x * 1664525u + 1013904223u;
+    std::uint32_t bits = x;
+    if ((bits & 0x7f800000u) == 0x7f800000u) bits &= ~0x00800000u;  // no NaN or infinity
+    std::memcpy(&v, &bits, 4);
+  }
+  values[0] = -0.0f;
+  values[1] = 1e-40f;  // subnormal
+  for (const tk::DType dtype : {tk::DType::kF16, tk::DType::kBF16, tk::DType::kF64}) {
+    CAPTURE(tk::dtype_name(dtype));
+    tk::AnyTensor stored(dtype, tk::Shape{kN});
+    std::vector<float> expected(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (dtype == tk::DType::kF16) {
+        const tk::f16 h(values[i]);
+        std::memcpy(stored.data() + i * 2, &h, 2);
+        expected[i] = static_cast<float>(h);
+      } else if (dtype == tk::DType::kBF16) {
+        const tk::bf16 h(values[i]);
+        std::memcpy(stored.data() + i * 2, &h, 2);
+        expected[i] = static_cast<float>(h);
+      } else {
+        const double d = double(values[i]) * 1.000000119;
+        std::memcpy(stored.data() + i * 8, &d, 8);
+        expected[i] = static_cast<float>(d);
+      }
+    }
+    tk::AnyTensor small(tk::DType::kF32, tk::Shape{3});
+    std::memcpy(small.data(), values.data(), 12);
+    const auto path = dir / "converted.safetensors";
+    const std::vector<io::NamedTensor> tensors = {{"x", stored}, {"y", small}};
+    ckpt::save_checksummed_safetensors(path, tensors, {}, {.durable = false});
+    for (const int way : {0, 1, 2}) {
+      CAPTURE(way);  // 0: path, verified; 1: path, not verified; 2: a TensorSource
+      nn::ParamArena<> arena;
+      arena.add("a", tk::Shape{kN});
+      arena.add("b", tk::Shape{kN});
+      arena.add("y", tk::Shape{3});
+      arena.finalize();
+      const ckpt::ModelLoadOptions options{
+          .tied = {{"x", "a"}, {"x", "b"}}, .convert_dtype = true, .verify_checksum = way == 0};
+      const ckpt::ModelLoadReport r =
+          way == 2 ? ckpt::load_model(arena, ckpt::TensorSource::open(path), options)
+                   : ckpt::load_model(arena, path, options);
+      CHECK(r.complete());
+      CHECK(r.converted == std::vector<std::string>{"a", "b"});
+      CHECK(r.loaded == std::vector<std::string>{"a", "b", "y"});
+      const float* p = arena.params_data();
+      CHECK(std::memcmp(p + arena.info(arena.at("a")).offset, expected.data(), kN * 4) == 0);
+      CHECK(std::memcmp(p + arena.info(arena.at("b")).offset, expected.data(), kN * 4) == 0);
+      CHECK(std::memcmp(p + arena.info(arena.at("y")).offset, values.data(), 12) == 0);
+    }
+  }
 }

@@ -828,3 +828,39 @@ TEST_CASE("safetensors: load_safetensors hands out the metadata when asked") {
   CHECK(same_bytes(loaded.at("t"), t));
   CHECK(metadata == io::SafetensorsMetadata{{"format", "pt"}, {"step", "12"}});
 }
+
+TEST_CASE("safetensors: a BOOL tensor holding bytes other than 0/1 is refused at open") {
+  // torch saves a uint8 tensor viewed as bool (t.view(torch.bool)) with its bytes as they are;
+  // handing those out as C++ bools would be undefined, so every reader refuses the file, naming
+  // the tensor and the first bad element.
+  std::string flags(6000, '\0');
+  for (std::size_t i = 0; i < flags.size(); i += 3) flags[i] = '\1';
+  flags[4999] = '\7';  // in the second 4 KiB block: the first bad element, not the first block
+  flags[5500] = '\2';
+  const std::string json = R"({"ok":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                           R"("mask":{"dtype":"BOOL","shape":[6000],"data_offsets":[2,6002]}})";
+  const std::string image = st_image(json, std::string("\x05\x09", 2) + flags);
+  expect_rule(image, SafetensorsRule::kUnsupported,
+              "BOOL tensor 'mask' element 4999 holds the byte 7");
+
+  TempDir dir;
+  const auto path = dir / "mask.safetensors";
+  io_test::write_file(path, image);
+  CHECK_THROWS_WITH_AS(io::SafetensorsFile(path, io::SafetensorsBacking::kCopy),
+                       doctest::Contains((path.string() + "': Unsupported: BOOL tensor 'mask' "
+                                                          "element 4999 holds the byte 7")
+                                             .c_str()),
+                       trainkit::Error);
+
+  // The same file with only 0 and 1 in the BOOL tensor (and 5, 9 in the U8 one) opens.
+  flags[4999] = '\1';
+  flags[5500] = '\0';
+  io_test::write_file(path, st_image(json, std::string("\x05\x09", 2) + flags));
+  for (const auto backing : {io::SafetensorsBacking::kMap, io::SafetensorsBacking::kCopy}) {
+    const io::SafetensorsFile f(path, backing);
+    CHECK(std::memcmp(f.tensor("mask").data(), flags.data(), flags.size()) == 0);
+    CHECK(std::to_integer<int>(f.tensor("ok").data()[1]) == 9);
+  }
+  const auto loaded = io::load_safetensors(path);
+  CHECK(std::memcmp(loaded.at("mask").data(), flags.data(), flags.size()) == 0);
+}

@@ -8,14 +8,20 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -177,14 +183,17 @@ TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
 
 }  // namespace detail
 
-/// Loads the parameters of `arena` (finalized) from `src` by name. Every check runs before any
-/// parameter changes: names (strict / allow_unexpected / skip), shapes, dtypes (F32, or with
-/// convert_dtype F16/BF16/F64). Throws trainkit::Error naming the source and listing every
-/// problem, with a hint (strict = false, skip = {...}). A device arena is uploaded with
-/// cudaMemcpy (synchronous).
-template <Space S>
-ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
-                           const ModelLoadOptions& options = {}) {
+namespace detail {
+
+/// The checks load_model makes before it changes anything: names (strict / allow_unexpected /
+/// skip / tied), shapes and dtypes. `src` offers find(name), names() and source();
+/// `same(a, b)` says whether the file's tensors `a` and `b` hold the same dtype, shape and bytes.
+/// Fills report.missing, unexpected and skipped; returns the parameters to load, each with the
+/// file's name for it. Throws trainkit::Error listing every problem.
+template <Space S, class Source, class Same>
+std::vector<std::pair<const nn::ParamInfo*, std::string>> plan_model_load(
+    nn::ParamArena<S>& arena, const Source& src, const ModelLoadOptions& options,
+    ModelLoadReport& report, Same&& same) {
   TRAINKIT_CHECK(arena.finalized(), "ckpt::load_model: finalize() the ParamArena first");
   for (const auto& [other, own] : options.tied) {
     TRAINKIT_CHECK(arena.find(own), "ckpt::load_model: tied = {'", other, "', '", own,
@@ -192,7 +201,6 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
     TRAINKIT_CHECK(!arena.find(other), "ckpt::load_model: tied = {'", other, "', '", own, "'}: '",
                    other, "' is a parameter of its own (the model is not tied)");
   }
-  ModelLoadReport report;
   std::vector<std::string> problems;
   std::vector<std::pair<const nn::ParamInfo*, std::string>> todo;  // parameter, file name
   for (const nn::ParamInfo& p : arena.infos()) {
@@ -210,7 +218,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       if (t == nullptr) {
         key = other_key;
         t = u;
-      } else if (!detail::same_tensor(src.tensor(key), src.tensor(other_key))) {
+      } else if (!same(key, other_key)) {
         problems.push_back("'" + io::detail::printable(other_key) + "' and '" +
                            io::detail::printable(key) +
                            "' differ in the file, but the model ties them (the file holds an "
@@ -268,6 +276,241 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                                          : options.remedy,
                   ")");
   }
+  return todo;
+}
+
+/// The file TensorSource::open opens for `path`: `path` itself, or in a directory its
+/// model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming a directory
+/// that holds neither.
+TRAINKIT_INLINE std::filesystem::path model_target(const std::filesystem::path& path);
+
+/// The safetensors files of a model (one file, or the shards of an index) opened for pread with
+/// only their headers read and validated: load_model from a path reads each tensor's bytes
+/// straight into the parameters, so memory never holds a copy of the file.
+class StreamedModel {
+ public:
+  /// Opens `target` (a .safetensors file or a `*.index.json`) as TensorSource::open does.
+  TRAINKIT_INLINE explicit StreamedModel(const std::filesystem::path& target);
+
+  const std::string& source() const noexcept { return source_; }
+  TRAINKIT_INLINE const io::SafetensorsTensorInfo* find(std::string_view name) const;
+  /// Every tensor name, sorted.
+  TRAINKIT_INLINE std::vector<std::string> names() const;
+  /// Same dtype, shape and bytes (read with pread in pieces).
+  TRAINKIT_INLINE bool same(std::string_view a, std::string_view b) const;
+
+  /// Verifies the checksum of every file that carries one, reading it with pread in pieces;
+  /// nothing is loaded. Throws trainkit::Error naming a file that fails.
+  TRAINKIT_INLINE void verify() const;
+
+  /// Reads the tensors `todo` names into the parameters at `params` (host or device memory, as
+  /// S says), file by file in file order. F32 tensors are read straight into a host arena;
+  /// others go through a 1 MiB buffer (rounded to F32 when they are F16, BF16 or F64). With
+  /// `verify`, a file that carries a checksum is hashed whole as it loads and must still match
+  /// it (so the bytes that load are the verified ones). Throws trainkit::Error naming a file that
+  /// ends early, changes size or no longer matches its checksum while it loads.
+  template <Space S>
+  void load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo, float* params,
+            bool verify) const;
+
+ private:
+  struct File {
+    std::unique_ptr<io::detail::PreadFile> file;
+    std::vector<std::byte> prefix;  // the first 8 + N bytes: length and header
+    io::SafetensorsHeader header;
+    std::vector<std::uint32_t> by_name;  // indices into header.tensors, sorted by name
+  };
+  using Targets = std::vector<std::vector<const nn::ParamInfo*>>;  // per tensor of a file
+  /// Reads the tensors of `f` that `to` gives parameters, in file order, into them; with `h`,
+  /// reads and hashes every byte after the header too (the checksum covers the whole file).
+  template <Space S>
+  void read_file(const File& f, const Targets& to, float* params, Xxh64* h) const;
+  TRAINKIT_INLINE void add_file(const std::filesystem::path& path);
+  TRAINKIT_INLINE std::pair<std::size_t, long> locate(std::string_view name) const;
+
+  std::string source_;
+  std::vector<File> files_;
+  std::map<std::string, std::size_t, std::less<>> file_of_;  // tensor -> files_ (sharded sets)
+};
+
+/// Hashes pieces of memory on a second thread, in the order they are pushed, so that hashing a
+/// file overlaps reading it (each costs about as much as the other).
+class HashBehind {
+ public:
+  explicit HashBehind(Xxh64& h) : h_(h), thread_([this] { run(); }) {}
+  HashBehind(const HashBehind&) = delete;
+  HashBehind& operator=(const HashBehind&) = delete;
+  ~HashBehind() { stop(); }
+
+  /// Queues `n` bytes at `p` (they must stay unchanged until hashed() counts them); returns
+  /// the piece's number, from 1.
+  std::uint64_t push(const std::byte* p, std::size_t n) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({p, n});
+      ++pushed_;
+    }
+    cv_.notify_all();
+    return pushed_;
+  }
+  /// Waits until the first `count` pieces are hashed.
+  void wait(std::uint64_t count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return hashed_ >= count; });
+  }
+  /// Waits until every piece is hashed; the hash then holds them all.
+  void finish() {
+    wait(pushed_);
+    stop();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<const std::byte*, std::size_t> piece;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        piece = queue_.front();
+        queue_.pop_front();
+      }
+      h_.update(piece.first, piece.second);
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        ++hashed_;
+      }
+      cv_.notify_all();
+    }
+  }
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Xxh64& h_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<const std::byte*, std::size_t>> queue_;
+  std::uint64_t pushed_ = 0, hashed_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is constructed
+};
+
+template <Space S>
+void StreamedModel::read_file(const File& f, const Targets& to, float* params, Xxh64* h) const {
+  constexpr std::size_t kPiece = std::size_t(1) << 20;
+  // Pieces read into `staging` wait in its slots until they are hashed: 4 MiB in all.
+  constexpr std::size_t kSlots = 4;
+  std::vector<std::byte> staging;
+  std::uint64_t slot_piece[kSlots] = {};  // the piece number each slot last held
+  std::size_t next_slot = 0;
+  std::vector<float> converted;
+  std::optional<HashBehind> behind;
+  if (h != nullptr && std::thread::hardware_concurrency() > 1) behind.emplace(*h);
+  const std::uint64_t base = f.header.data_offset();
+  for (std::size_t i = 0; i < f.header.tensors.size(); ++i) {
+    const io::SafetensorsTensorInfo& t = f.header.tensors[i];
+    if (to[i].empty() && h == nullptr) continue;
+    const bool direct = S == Space::kHost && !to[i].empty() && *t.dtype == DType::kF32;
+    // Straight into the parameter: one read per tensor, or 1 MiB pieces when hashing (each
+    // piece is hashed while the next is read).
+    const std::uint64_t piece = direct && h == nullptr ? t.bytes() : kPiece;
+    for (std::uint64_t done = 0; done < t.bytes(); done += piece) {
+      const auto n = std::size_t(std::min(piece, t.bytes() - done));
+      std::byte* buf = nullptr;
+      std::size_t slot = kSlots;
+      if (direct) {
+        buf = reinterpret_cast<std::byte*>(params + to[i][0]->offset) + done;
+      } else {
+        if (staging.empty()) staging.resize(kPiece * (behind ? kSlots : 1));
+        slot = behind ? next_slot : 0;
+        next_slot = (next_slot + 1) % kSlots;
+        if (behind) behind->wait(slot_piece[slot]);  // the slot's last piece is hashed
+        buf = staging.data() + slot * kPiece;
+      }
+      f.file->read_at(buf, n, base + t.begin + done);
+      if (behind) {
+        const std::uint64_t number = behind->push(buf, n);
+        if (slot < kSlots) slot_piece[slot] = number;
+      } else if (h != nullptr) {
+        h->update(buf, n);
+      }
+      if (to[i].empty()) continue;
+      const std::size_t size = dtype_size(*t.dtype);
+      const std::size_t first = std::size_t(done) / size, count = n / size;
+      const float* from = reinterpret_cast<const float*>(buf);
+      if (*t.dtype != DType::kF32) {
+        converted.resize(count);
+        convert_to_f32(AnyTensorView(*t.dtype, Shape{std::int64_t(count)}, buf), converted.data());
+        from = converted.data();
+      }
+      for (std::size_t k = direct ? 1 : 0; k < to[i].size(); ++k)
+        copy_bytes(params + to[i][k]->offset + first, S, from, Space::kHost, count * sizeof(float),
+                   "ckpt::load_model");
+    }
+  }
+  if (behind) behind->finish();
+}
+
+template <Space S>
+void StreamedModel::load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo,
+                         float* params, bool verify) const {
+  for (std::size_t fi = 0; fi < files_.size(); ++fi) {
+    const File& f = files_[fi];
+    // Where each of the file's tensors goes (a tied tensor may fill two parameters).
+    Targets to(f.header.tensors.size());
+    bool any = false;
+    for (const auto& [p, key] : todo) {
+      const auto [where, i] = locate(key);
+      if (where != fi || i < 0) continue;
+      to[std::size_t(i)].push_back(p);
+      any = true;
+    }
+    if (!any) continue;
+    bool hashed = false, read_all = false;
+    if (verify) {
+      try {
+        ckpt::detail::verify_checksum_parts(f.prefix, f.file->size(), f.file->path(),
+                                            /*require=*/false, [&](Xxh64& h) {
+                                              hashed = true;
+                                              read_file<S>(f, to, params, &h);
+                                              read_all = true;
+                                            });
+      } catch (const Error&) {
+        // It verified before anything loaded (verify()), so a mismatch now means that it was
+        // rewritten in place meanwhile.
+        if (!read_all) throw;
+        TRAINKIT_FAIL("checkpoint file '", f.file->path(),
+                      "' changed while it was being loaded: it matched its checksum before the "
+                      "load and not during it (rewritten in place meanwhile); the model's "
+                      "parameters are partly overwritten");
+      }
+    }
+    if (!hashed) read_file<S>(f, to, params, nullptr);
+    f.file->check_unchanged();
+  }
+}
+
+}  // namespace detail
+
+/// Loads the parameters of `arena` (finalized) from `src` by name. Every check runs before any
+/// parameter changes: names (strict / allow_unexpected / skip), shapes, dtypes (F32, or with
+/// convert_dtype F16/BF16/F64). Throws trainkit::Error naming the source and listing every
+/// problem, with a hint (strict = false, skip = {...}). A device arena is uploaded with
+/// cudaMemcpy (synchronous).
+template <Space S>
+ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
+                           const ModelLoadOptions& options = {}) {
+  ModelLoadReport report;
+  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+      arena, src, options, report, [&](std::string_view a, std::string_view b) {
+        return detail::same_tensor(src.tensor(a), src.tensor(b));
+      });
   std::vector<float> staging;
   if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   for (const auto& [p, key] : todo) {
@@ -290,12 +533,32 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
   return report;
 }
 
-/// load_model from a path (file, index.json or directory; see TensorSource::open).
+/// load_model from a path (file, index.json or directory, found as TensorSource::open finds
+/// them). Unlike a TensorSource, nothing is mapped or copied whole: the headers are read and
+/// every check runs first, then each tensor is read with pread straight into its parameter (one
+/// converted to F32 through a 1 MiB buffer). With verify_checksum, every file that carries a
+/// checksum is verified before anything loads (a corrupt file changes nothing), and hashed again
+/// as it loads, so the bytes that load are the ones that match it. A file that ends early,
+/// changes size or stops matching its checksum while it loads (truncated or rewritten in place
+/// by another process) gives trainkit::Error naming it; the parameters are then partly
+/// overwritten.
 template <Space S>
 ModelLoadReport load_model(nn::ParamArena<S>& arena, const std::filesystem::path& path,
                            const ModelLoadOptions& options = {}) {
-  const TensorSource src = TensorSource::open(path, options.verify_checksum);
-  return load_model(arena, src, options);
+  const detail::StreamedModel src(detail::model_target(path));
+  if (options.verify_checksum) src.verify();
+  ModelLoadReport report;
+  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+      arena, src, options, report,
+      [&](std::string_view a, std::string_view b) { return src.same(a, b); });
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
+  src.load<S>(todo, arena.params_data(), options.verify_checksum);
+  for (const auto& [p, key] : todo) {
+    const io::SafetensorsTensorInfo* t = src.find(key);
+    if (*t->dtype != DType::kF32) report.converted.push_back(p->name);
+    report.loaded.push_back(p->name);
+  }
+  return report;
 }
 
 /// Options of save_model.
@@ -362,21 +625,19 @@ FileDigest save_model(const std::filesystem::path& path, const nn::ParamArena<S>
 
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE std::filesystem::path detail::model_target(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  if (fs::exists(path / io::kSafetensorsIndexName, ec)) return path / io::kSafetensorsIndexName;
+  if (fs::exists(path / "model.safetensors", ec)) return path / "model.safetensors";
+  TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ", io::kSafetensorsIndexName,
+                " nor model.safetensors");
+}
+
 TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& path,
                                                 bool verify_checksum) {
-  namespace fs = std::filesystem;
-  fs::path target = path;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
-      target = path / io::kSafetensorsIndexName;
-    } else if (fs::exists(path / "model.safetensors", ec)) {
-      target = path / "model.safetensors";
-    } else {
-      TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
-                    io::kSafetensorsIndexName, " nor model.safetensors");
-    }
-  }
+  const std::filesystem::path target = detail::model_target(path);
   TensorSource s;
   s.source_ = target.string();
   if (target.extension() == ".json") {
@@ -392,6 +653,107 @@ TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& pat
     s.file_ = std::make_unique<io::SafetensorsFile>(std::move(bytes));
   }
   return s;
+}
+
+TRAINKIT_INLINE detail::StreamedModel::StreamedModel(const std::filesystem::path& target)
+    : source_(target.string()) {
+  if (target.extension() != ".json") {
+    add_file(target);
+    return;
+  }
+  const io::SafetensorsIndex index = io::load_safetensors_index(target);
+  const std::vector<std::string> names = index.files();
+  files_.reserve(names.size());
+  std::map<std::string, const std::vector<io::SafetensorsTensorInfo>*, std::less<>> tensors;
+  for (const std::string& name : names) {
+    add_file(target.parent_path() / name);
+    tensors.emplace(name, &files_.back().header.tensors);
+  }
+  io::detail::check_shard_index(index, source_, tensors);
+  for (const auto& [tensor, file] : index.weight_map)
+    file_of_.emplace(
+        tensor, std::size_t(std::lower_bound(names.begin(), names.end(), file) - names.begin()));
+}
+
+TRAINKIT_INLINE void detail::StreamedModel::add_file(const std::filesystem::path& path) {
+  File f;
+  f.file = std::make_unique<io::detail::PreadFile>(path);
+  f.file->advise_sequential();
+  io::detail::require_little_endian(f.file->path());
+  f.prefix = ckpt::detail::read_safetensors_prefix(*f.file);
+  f.header = io::parse_safetensors_header(
+      std::string_view(reinterpret_cast<const char*>(f.prefix.data()) + 8, f.prefix.size() - 8),
+      f.file->size(), f.file->path());
+  f.by_name.resize(f.header.tensors.size());
+  for (std::size_t i = 0; i < f.by_name.size(); ++i) f.by_name[i] = std::uint32_t(i);
+  std::sort(f.by_name.begin(), f.by_name.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return f.header.tensors[a].name < f.header.tensors[b].name;
+  });
+  files_.push_back(std::move(f));
+}
+
+TRAINKIT_INLINE std::pair<std::size_t, long> detail::StreamedModel::locate(
+    std::string_view name) const {
+  std::size_t fi = 0;
+  if (!file_of_.empty() || files_.size() != 1) {
+    const auto it = file_of_.find(name);
+    if (it == file_of_.end()) return {0, -1};
+    fi = it->second;
+  }
+  const File& f = files_[fi];
+  const auto it = std::lower_bound(
+      f.by_name.begin(), f.by_name.end(), name,
+      [&](std::uint32_t i, std::string_view n) { return f.header.tensors[i].name < n; });
+  if (it == f.by_name.end() || f.header.tensors[*it].name != name) return {fi, -1};
+  return {fi, long(*it)};
+}
+
+TRAINKIT_INLINE const io::SafetensorsTensorInfo* detail::StreamedModel::find(
+    std::string_view name) const {
+  const auto [fi, i] = locate(name);
+  return i < 0 ? nullptr : &files_[fi].header.tensors[std::size_t(i)];
+}
+
+TRAINKIT_INLINE std::vector<std::string> detail::StreamedModel::names() const {
+  std::vector<std::string> out;
+  for (const File& f : files_)
+    for (const io::SafetensorsTensorInfo& t : f.header.tensors) out.push_back(t.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE bool detail::StreamedModel::same(std::string_view a, std::string_view b) const {
+  const auto [fa, ia] = locate(a);
+  const auto [fb, ib] = locate(b);
+  const io::SafetensorsTensorInfo& ta = files_[fa].header.tensors[std::size_t(ia)];
+  const io::SafetensorsTensorInfo& tb = files_[fb].header.tensors[std::size_t(ib)];
+  for (const io::SafetensorsTensorInfo* t : {&ta, &tb})
+    if (!t->dtype)
+      io::detail::safetensors_fail(
+          io::SafetensorsRule::kUnsupported, files_[t == &ta ? fa : fb].file->path(),
+          trainkit::detail::concat("tensor '", io::detail::printable(t->name), "' has dtype ",
+                                   t->dtype_name, ", which trainkit has no DType for"));
+  if (ta.dtype != tb.dtype || !(ta.shape == tb.shape)) return false;
+  // Compared in pieces, so a large tied embedding needs no copy of its own.
+  constexpr std::uint64_t kPiece = std::uint64_t(1) << 20;
+  std::vector<std::byte> x(std::size_t(std::min(kPiece, ta.bytes()))), y(x.size());
+  for (std::uint64_t done = 0; done < ta.bytes(); done += kPiece) {
+    const auto n = std::size_t(std::min(kPiece, ta.bytes() - done));
+    files_[fa].file->read_at(x.data(), n, files_[fa].header.data_offset() + ta.begin + done);
+    files_[fb].file->read_at(y.data(), n, files_[fb].header.data_offset() + tb.begin + done);
+    if (std::memcmp(x.data(), y.data(), n) != 0) return false;
+  }
+  return true;
+}
+
+TRAINKIT_INLINE void detail::StreamedModel::verify() const {
+  for (const File& f : files_) {
+    const Targets none(f.header.tensors.size());
+    ckpt::detail::verify_checksum_parts(
+        f.prefix, f.file->size(), f.file->path(), /*require=*/false,
+        [&](Xxh64& h) { read_file<Space::kHost>(f, none, nullptr, &h); });
+    f.file->check_unchanged();
+  }
 }
 
 TRAINKIT_INLINE std::vector<std::string> TensorSource::names() const {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -123,6 +124,24 @@ constexpr DType dtype_of_element() noexcept {
   constexpr int i = type_index<T>(DTypeElements{});
   static_assert(i >= 0, "trainkit: no DType for this element type");
   return kDTypeOfElements[i < 0 ? 0 : i];
+}
+
+/// The index of the first byte of a bool array that is neither 0 nor 1 (bytes.size() when there
+/// is none). numpy and torch read any nonzero byte as True, and an array made with .view(bool)
+/// from other bytes is saved as it is; read as C++ bools such bytes are neither true nor false,
+/// so the readers of .npy and safetensors files refuse them.
+inline std::size_t first_non_bool_byte(std::span<const std::byte> bytes) noexcept {
+  // OR whole blocks together (vectorizes); look for the element only once a block fails.
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t start = 0; start < bytes.size(); start += kBlock) {
+    const std::size_t end = bytes.size() - start < kBlock ? bytes.size() : start + kBlock;
+    unsigned bits = 0;
+    for (std::size_t i = start; i < end; ++i) bits |= static_cast<unsigned>(bytes[i]);
+    if ((bits & ~1u) == 0) continue;
+    for (std::size_t i = start; i < end; ++i)
+      if (static_cast<unsigned>(bytes[i]) > 1) return i;
+  }
+  return bytes.size();
 }
 }  // namespace detail
 

@@ -525,22 +525,13 @@ TRAINKIT_INLINE void check_npy_bools(const NpyHeader& h, std::span<const std::by
                                      std::string_view source) {
   if (h.dtype != DType::kBool) return;
   data = data.first(std::min(data.size(), h.data_bytes));
-  // OR whole blocks together (vectorizes); look for the element only once a block fails.
-  constexpr std::size_t kBlock = 4096;
-  for (std::size_t start = 0; start < data.size(); start += kBlock) {
-    const std::size_t end = std::min(data.size(), start + kBlock);
-    unsigned bits = 0;
-    for (std::size_t i = start; i < end; ++i) bits |= std::to_integer<unsigned>(data[i]);
-    if ((bits & ~1u) == 0) continue;
-    for (std::size_t i = start; i < end; ++i) {
-      const unsigned byte = std::to_integer<unsigned>(data[i]);
-      if (byte > 1)
-        detail::npy_fail(source, ::trainkit::detail::concat(
-                                     "bool element ", i, " holds the byte ", byte,
-                                     "; a bool array must hold only 0 and 1 (numpy reads any "
-                                     "nonzero byte as True): save it with np.save(path, a != 0)"));
-    }
-  }
+  const std::size_t i = ::trainkit::detail::first_non_bool_byte(data);
+  if (i == data.size()) return;
+  detail::npy_fail(source,
+                   ::trainkit::detail::concat(
+                       "bool element ", i, " holds the byte ", std::to_integer<unsigned>(data[i]),
+                       "; a bool array must hold only 0 and 1 (numpy reads any nonzero "
+                       "byte as True): save it with np.save(path, a != 0)"));
 }
 
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {

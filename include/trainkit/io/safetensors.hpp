@@ -223,6 +223,14 @@ TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept;
 /// A printable, bounded rendering of an untrusted name for messages.
 TRAINKIT_INLINE std::string printable(std::string_view s);
 
+/// Refuses a BOOL tensor whose bytes are not all 0 or 1 (torch saves such bytes when a uint8
+/// tensor is viewed as bool, and reads any nonzero byte as True; as a C++ bool it is undefined).
+/// `data` holds the tensor's bytes. Does nothing for other dtypes. Throws trainkit::Error naming
+/// `source`, the tensor, the first bad element and its byte.
+TRAINKIT_INLINE void check_safetensors_bools(const SafetensorsTensorInfo& t,
+                                             std::span<const std::byte> data,
+                                             std::string_view source);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
@@ -243,6 +251,21 @@ TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept {
   (void)p;
   (void)bytes;
 #endif
+}
+
+TRAINKIT_INLINE void check_safetensors_bools(const SafetensorsTensorInfo& t,
+                                             std::span<const std::byte> data,
+                                             std::string_view source) {
+  if (t.dtype != DType::kBool) return;
+  const std::size_t i = ::trainkit::detail::first_non_bool_byte(data);
+  if (i == data.size()) return;
+  safetensors_fail(
+      SafetensorsRule::kUnsupported, source,
+      ::trainkit::detail::concat(
+          "BOOL tensor '", printable(t.name), "' element ", i, " holds the byte ",
+          std::to_integer<unsigned>(data[i]),
+          "; a BOOL tensor must hold only 0 and 1 (torch reads any nonzero byte as True): "
+          "save it with (t != 0) instead of t.view(torch.bool)"));
 }
 
 TRAINKIT_INLINE std::string printable(std::string_view s) {
@@ -288,9 +311,12 @@ enum class SafetensorsBacking : unsigned char {
 /// A validated safetensors file (mapped, read into memory, or a caller's buffer) handing out
 /// zero-copy views. Tensors whose bytes are not aligned for their dtype (files from writers that
 /// skip the header padding) are copied once, at open, into aligned memory; zero_copy() then says
-/// false. Read-only and safe to share between threads. Do not truncate or rewrite a file while
-/// it is open with SafetensorsBacking::kMap (a mapped file that shrinks makes reads fault);
-/// trainkit's writer replaces files by rename, which is safe.
+/// false. A BOOL tensor whose bytes are not all 0 or 1 (a uint8 tensor saved through
+/// `.view(torch.bool)`) is refused at open (rule Unsupported), as C++ cannot read such bytes as
+/// bool; BOOL tensors are read whole at open for this. Read-only and safe to share between
+/// threads. Do not truncate or rewrite a file while it is open with SafetensorsBacking::kMap (a
+/// mapped file that shrinks makes reads fault); trainkit's writer replaces files by rename, which
+/// is safe.
 class SafetensorsFile {
  public:
   SafetensorsFile() = default;
@@ -382,10 +408,10 @@ struct SafetensorsLoadOptions {
 
 /// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
 /// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
-/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
-/// (rule Unsupported). `metadata`, when not null, receives the file's `__metadata__`. A file that
-/// shrinks while it is read (truncated in place by another process) gives an error, never a
-/// signal. Throws trainkit::Error naming the file.
+/// Validates like SafetensorsFile (BOOL tensors must hold only 0 and 1); tensors with dtypes
+/// trainkit has no DType for are refused (rule Unsupported). `metadata`, when not null, receives
+/// the file's `__metadata__`. A file that shrinks while it is read (truncated in place by another
+/// process) gives an error, never a signal. Throws trainkit::Error naming the file.
 TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
     const std::filesystem::path& path, const SafetensorsLoadOptions& options = {},
     SafetensorsMetadata* metadata = nullptr);
@@ -487,6 +513,19 @@ inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path
   return SafetensorsIndex::parse(
       std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
 }
+
+namespace detail {
+
+/// The checks SafetensorsShards makes of an index against the headers of its shards: every
+/// tensor of a shard is listed under that shard, and every entry is held by its shard.
+/// `shard_tensors` maps each shard file to its header's tensors. Throws trainkit::Error naming
+/// `index_path`, the shard and the tensor.
+TRAINKIT_INLINE void check_shard_index(
+    const SafetensorsIndex& index, std::string_view index_path,
+    const std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>>&
+        shard_tensors);
+
+}  // namespace detail
 
 /// A sharded set opened through its index: every shard is mapped and validated, every
 /// weight_map entry is checked to exist in its shard, and every tensor of a shard to be listed
@@ -744,6 +783,7 @@ TRAINKIT_INLINE void SafetensorsFile::init(std::span<const std::byte> bytes) {
     const SafetensorsTensorInfo& t = header_.tensors[i];
     data_[i] = base + t.begin;
     by_name_[i] = std::uint32_t(i);
+    detail::check_safetensors_bools(t, {data_[i], std::size_t(t.bytes())}, source_);
     if (!t.dtype || t.bytes() == 0) continue;
     const std::size_t align = dtype_size(*t.dtype);
     if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
@@ -874,6 +914,11 @@ TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  for (const SafetensorsTensorInfo& t : header.tensors)
+    if (t.dtype == DType::kBool) {
+      const AnyTensor& tensor = out.find(t.name)->second;
+      detail::check_safetensors_bools(t, {tensor.data(), std::size_t(t.bytes())}, source);
+    }
   return out;
 }
 
@@ -1055,25 +1100,38 @@ TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path
   const std::filesystem::path dir = index_path.parent_path();
   for (const std::string& file : index_.files())
     shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file, backing));
+  std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>> shard_tensors;
+  for (const auto& [file, shard] : shards_) shard_tensors.emplace(file, &shard->tensors());
+  detail::check_shard_index(index_, index_path.string(), shard_tensors);
+}
+
+TRAINKIT_INLINE void detail::check_shard_index(
+    const SafetensorsIndex& index, std::string_view index_path,
+    const std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>>&
+        shard_tensors) {
   // Every tensor of a shard must be listed, under that shard: one the index leaves out (or lists
   // under another shard) means a damaged or edited index or a shard of another set.
-  for (const auto& [file, shard] : shards_) {
-    for (const SafetensorsTensorInfo& t : shard->tensors()) {
-      const auto it = index_.weight_map.find(t.name);
-      TRAINKIT_CHECK(it != index_.weight_map.end(), "safetensors index '", index_path.string(),
-                     "' does not list tensor '", detail::printable(t.name), "', which shard '",
-                     detail::printable(file), "' holds");
-      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path.string(),
-                     "' does not list tensor '", detail::printable(t.name), "' under shard '",
-                     detail::printable(file), "', which holds it (the index lists it under '",
-                     detail::printable(it->second), "')");
+  std::map<std::string, std::vector<std::string_view>, std::less<>> held;
+  for (const auto& [file, tensors] : shard_tensors) {
+    std::vector<std::string_view>& names = held[file];
+    for (const SafetensorsTensorInfo& t : *tensors) {
+      const auto it = index.weight_map.find(t.name);
+      TRAINKIT_CHECK(it != index.weight_map.end(), "safetensors index '", index_path,
+                     "' does not list tensor '", printable(t.name), "', which shard '",
+                     printable(file), "' holds");
+      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path,
+                     "' does not list tensor '", printable(t.name), "' under shard '",
+                     printable(file), "', which holds it (the index lists it under '",
+                     printable(it->second), "')");
+      names.push_back(t.name);
     }
+    std::sort(names.begin(), names.end());
   }
-  for (const auto& [name, file] : index_.weight_map) {
-    const SafetensorsFile& shard = *shards_.at(file);
-    TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                   "' maps tensor '", detail::printable(name), "' to '", detail::printable(file),
-                   "', which does not hold it");
+  for (const auto& [name, file] : index.weight_map) {
+    const std::vector<std::string_view>& names = held.at(file);
+    TRAINKIT_CHECK(std::binary_search(names.begin(), names.end(), std::string_view(name)),
+                   "safetensors index '", index_path, "' maps tensor '", printable(name), "' to '",
+                   printable(file), "', which does not hold it");
   }
 }
 
