@@ -44,8 +44,10 @@ inline void copy_bytes(void* dst, Space dst_space, const void* src, Space src_sp
   (void)what;
   TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
   TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, detail::memcpy_kind(dst_space, src_space)));
-  if (dst_space == Space::kDevice && src_space == Space::kDevice)
-    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  // cudaMemcpy returns once the bytes left `src` for a staging buffer, not once they reached
+  // device memory (from pageable host memory), and a device-to-device copy is only queued; neither
+  // orders kernels on non-blocking streams after it. Waiting here keeps the promise above.
+  if (dst_space == Space::kDevice) TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
 #else
   TRAINKIT_FAIL_WITHOUT_CUDA(what, ": copying device memory");
 #endif

@@ -195,9 +195,21 @@ class GradBucketer {
   void finish() {
     if (!syncing_) return;
     check_all_launched([this](std::size_t b) {
-      float* g = arena_->grads_data() + buckets_[b].offset;
-      std::fill(g, g + buckets_[b].count, std::numeric_limits<float>::quiet_NaN());
-      launch(b);
+      if constexpr (S == Space::kHost) {
+        float* g = arena_->grads_data() + buckets_[b].offset;
+        std::fill(g, g + buckets_[b].count, std::numeric_limits<float>::quiet_NaN());
+        launch(b);
+      } else {
+#if TRAINKIT_WITH_NCCL
+        // Device gradients cannot be written from the host: the NaN fill and the all-reduce go
+        // on the stream the communicator orders its collectives after.
+        const cuda::StreamRef stream = nccl_->caller_stream();
+        TRAINKIT_CUDA_CHECK(cudaMemsetAsync(arena_->grads_data() + buckets_[b].offset, 0xFF,
+                                            static_cast<std::size_t>(buckets_[b].count) * 4,
+                                            stream.get()));
+        launch_device(b, stream);
+#endif
+      }
     });
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr first;
@@ -255,12 +267,21 @@ class GradBucketer {
   std::size_t bucket_of(nn::ParamId id) const { return bucket_of_[check_id(id, "bucket_of")]; }
   /// True once bucket `b` of the current backward pass has been averaged into the arena's
   /// gradients (never blocks; throws when its all-reduce failed). Device arenas: true once it
-  /// was enqueued and NCCL finished.
+  /// was enqueued and the device finished it (with bf16 compression, the average's conversion
+  /// back to f32 included).
   bool reduced(std::size_t b) {
     TRAINKIT_CHECK(b < buckets_.size(), "GradBucketer::reduced: bucket ", b, " of ",
                    buckets_.size());
     if (b >= next_launch_ || !works_[b].test()) return false;
-    if constexpr (S == Space::kHost) copy_back(b);  // bf16 compression: the average to f32
+    if constexpr (S == Space::kHost) {
+      copy_back(b);  // bf16 compression: the average to f32
+    } else {
+#if TRAINKIT_WITH_CUDA
+      // With bf16 compression the average reaches the f32 gradients in a kernel queued after the
+      // all-reduce: the bucket is done when its event (recorded after that kernel) is.
+      if (!event_done(events_[b])) return false;
+#endif
+    }
     return true;
   }
   /// Seconds the last finish() blocked waiting for all-reduces.
@@ -365,6 +386,13 @@ class GradBucketer {
       } catch (...) {
       }
     }
+#if TRAINKIT_WITH_CUDA
+    // Device arenas with bf16 compression: the kernel that stores each average as f32 runs
+    // after its all-reduce, on the communicator's stream; it must be done too, or it would
+    // overwrite what the caller writes into the gradients next (zeroing them for the next pass).
+    if constexpr (S == Space::kDevice)
+      for (cudaEvent_t e : events_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaEventSynchronize(e));
+#endif
     reset_iteration();
     TRAINKIT_FAIL("GradBucketer::finish: parameter '", name, "' (bucket ", launched,
                   ") was never marked ready in this backward pass, so buckets ", launched, "..",
@@ -386,6 +414,17 @@ class GradBucketer {
   }
 
 #if TRAINKIT_WITH_CUDA
+  // True once the work before `e` finished (never blocks).
+  static bool event_done(cudaEvent_t e) {
+    const cudaError_t status = cudaEventQuery(e);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    TRAINKIT_CUDA_CHECK(status);
+    return true;
+  }
+
   void launch_device(std::size_t b, cuda::StreamRef stream) {
 #if TRAINKIT_WITH_NCCL
     const Bucket& bk = buckets_[b];
@@ -484,7 +523,7 @@ class GradBucketer {
     if constexpr (S == Space::kHost) {
       op(Buffer(data.data(), static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
     } else {
-#if TRAINKIT_WITH_CUDA
+#if TRAINKIT_WITH_NCCL  // (a device arena has an NcclComm: the constructor checked)
       void* dev = nullptr;
       const std::size_t bytes = std::max<std::size_t>(data.size() * sizeof(T), 1);
       TRAINKIT_CUDA_CHECK(cudaMalloc(&dev, bytes));
@@ -492,9 +531,12 @@ class GradBucketer {
         void* p;
         ~Free() { TRAINKIT_CUDA_CHECK_NOTHROW(cudaFree(p)); }
       } guard{dev};
+      // Queued on the stream the collective is ordered after: a cudaMemcpy from pageable memory
+      // returns before its transfer has landed, and the communicator's stream does not wait for
+      // the legacy default stream when set_stream() named another one.
       if (!data.empty())
-        TRAINKIT_CUDA_CHECK(
-            cudaMemcpy(dev, data.data(), data.size() * sizeof(T), cudaMemcpyHostToDevice));
+        TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(dev, data.data(), data.size() * sizeof(T),
+                                            cudaMemcpyHostToDevice, nccl_->caller_stream().get()));
       op(Buffer(dev, static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
       if (!data.empty())
         TRAINKIT_CUDA_CHECK(

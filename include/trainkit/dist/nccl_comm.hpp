@@ -182,7 +182,24 @@ class NcclWork final : public WorkState {
 
   cudaEvent_t event() const noexcept { return event_; }
 
+  /// Records the event on `stream`, after the collective (and its follow-up kernels).
+  void record(cudaStream_t stream) {
+    TRAINKIT_CUDA_CHECK(cudaEventRecord(event_, stream));
+    recorded_ = true;
+  }
+  /// False while the collective waits, inside an open group(), for ncclGroupEnd to enqueue it.
+  bool recorded() const noexcept { return recorded_; }
+  /// Throws when the collective is not enqueued yet: an event never recorded counts as complete
+  /// for CUDA, so a wait on it would return (or order a stream) before the collective ran.
+  void check_recorded(const char* who) const {
+    if (!recorded_ && handle_->failed()) (void)handle_->poll(what_);  // throws why it aborted
+    TRAINKIT_CHECK(recorded_, "NcclComm rank ", handle_->rank(), ": ", who, " on ", what_,
+                   " inside the group() that issued it: the collective starts only when the "
+                   "group ends; wait after the group");
+  }
+
   void wait() override {
+    check_recorded("Work::wait()");
     for (unsigned i = 0;; ++i) {
       if (test()) return;
       if (NcclClock::now() - start_ > handle_->timeout())
@@ -195,6 +212,10 @@ class NcclWork final : public WorkState {
   }
 
   bool test() override {
+    if (!recorded_) {  // in an open group (not started), or its group failed (throws)
+      (void)handle_->poll(what_);
+      return false;
+    }
     const cudaError_t status = cudaEventQuery(event_);
     if (status == cudaSuccess) return true;
     if (status != cudaErrorNotReady) TRAINKIT_CUDA_CHECK(status);
@@ -208,6 +229,7 @@ class NcclWork final : public WorkState {
   std::string what_;
   NcclClock::time_point start_;
   cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
 };
 
 /// NCCL's element type for a reducible dtype.
@@ -315,6 +337,7 @@ class NcclComm final : public Comm {
     if (!work.valid()) return;
     auto* nccl = dynamic_cast<const detail::NcclWork*>(work.state().get());
     TRAINKIT_CHECK(nccl != nullptr, "NcclComm::wait_on: the Work is not from an NcclComm");
+    nccl->check_recorded("wait_on()");
     stream.wait(nccl->event());
   }
 
@@ -326,7 +349,8 @@ class NcclComm final : public Comm {
   void abort() noexcept { handle_->abort("aborted by the program"); }
 
   /// RAII NCCL group: collectives issued while it lives are fused (ncclGroupStart/End); their
-  /// Work completes after the group ended. Nest freely.
+  /// Work completes after the group ended (before that, test() is false and wait() or wait_on()
+  /// throw: the collective has not started). Nest freely.
   class Group {
    public:
     explicit Group(NcclComm& comm) : comm_(&comm) { comm.group_start(); }
@@ -392,8 +416,11 @@ class NcclComm final : public Comm {
 
   /// An all_reduce of one int32 on a small device buffer (NCCL has no barrier).
   Work barrier() override {
-    if (barrier_buf_ == nullptr)
+    if (barrier_buf_ == nullptr) {
+      // On the communicator's device, whichever device the calling thread has current.
+      cuda::DeviceGuard guard(device_);
       TRAINKIT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(std::int32_t)));
+    }
     return issue("barrier", [&](cudaStream_t s) {
       return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, handle_->comm(), s);
     });
@@ -447,7 +474,7 @@ class NcclComm final : public Comm {
       grouped_.push_back(work);  // enqueued only at ncclGroupEnd
     } else {
       handle_->wait_ready(what, start);
-      TRAINKIT_CUDA_CHECK(cudaEventRecord(work->event(), stream_.get()));
+      work->record(stream_.get());
     }
     return Work(std::move(work));
   }
@@ -464,8 +491,7 @@ class NcclComm final : public Comm {
     const auto& kernels = detail::device_kernels();
     cuda::DeviceGuard guard(device_);
     kernels.divide(b.dtype, b.data, b.count, world_size(), stream_.get());
-    auto* nccl = static_cast<detail::NcclWork*>(work.state().get());
-    TRAINKIT_CUDA_CHECK(cudaEventRecord(nccl->event(), stream_.get()));
+    static_cast<detail::NcclWork*>(work.state().get())->record(stream_.get());
   }
 
   void group_start() {
@@ -489,7 +515,7 @@ class NcclComm final : public Comm {
           trainkit::detail::concat("ncclGroupEnd failed: ", trainkit::detail::nccl_message(status)),
           status);
     handle_->wait_ready("ncclGroupEnd", start);
-    for (const auto& w : works) TRAINKIT_CUDA_CHECK(cudaEventRecord(w->event(), stream_.get()));
+    for (const auto& w : works) w->record(stream_.get());
   }
 
   NcclOptions options_;
