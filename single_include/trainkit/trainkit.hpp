@@ -693,6 +693,7 @@ TRAINKIT_NAMESPACE_END
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -808,6 +809,24 @@ constexpr DType dtype_of_element() noexcept {
   constexpr int i = type_index<T>(DTypeElements{});
   static_assert(i >= 0, "trainkit: no DType for this element type");
   return kDTypeOfElements[i < 0 ? 0 : i];
+}
+
+/// The index of the first byte of a bool array that is neither 0 nor 1 (bytes.size() when there
+/// is none). numpy and torch read any nonzero byte as True, and an array made with .view(bool)
+/// from other bytes is saved as it is; read as C++ bools such bytes are neither true nor false,
+/// so the readers of .npy and safetensors files refuse them.
+inline std::size_t first_non_bool_byte(std::span<const std::byte> bytes) noexcept {
+  // OR whole blocks together (vectorizes); look for the element only once a block fails.
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t start = 0; start < bytes.size(); start += kBlock) {
+    const std::size_t end = bytes.size() - start < kBlock ? bytes.size() : start + kBlock;
+    unsigned bits = 0;
+    for (std::size_t i = start; i < end; ++i) bits |= static_cast<unsigned>(bytes[i]);
+    if ((bits & ~1u) == 0) continue;
+    for (std::size_t i = start; i < end; ++i)
+      if (static_cast<unsigned>(bytes[i]) > 1) return i;
+  }
+  return bytes.size();
 }
 }  // namespace detail
 
@@ -2027,8 +2046,10 @@ inline void copy_bytes(void* dst, Space dst_space, const void* src, Space src_sp
   (void)what;
   TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
   TRAINKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, detail::memcpy_kind(dst_space, src_space)));
-  if (dst_space == Space::kDevice && src_space == Space::kDevice)
-    TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  // cudaMemcpy returns once the bytes left `src` for a staging buffer, not once they reached
+  // device memory (from pageable host memory), and a device-to-device copy is only queued; neither
+  // orders kernels on non-blocking streams after it. Waiting here keeps the promise above.
+  if (dst_space == Space::kDevice) TRAINKIT_CUDA_CHECK(cudaDeviceSynchronize());
 #else
   TRAINKIT_FAIL_WITHOUT_CUDA(what, ": copying device memory");
 #endif
@@ -6243,10 +6264,14 @@ TRAINKIT_NAMESPACE_END
 // trainkit/io/mmap.hpp: `MappedFile`, a move-only read-only memory map of a whole file. Datasets
 // map their files instead of reading them, so N worker threads share one copy in the page cache
 // (no per-worker duplication, the "copy-on-read" growth PyTorch users hit) and only touched pages
-// are ever loaded. POSIX (Linux, macOS); errors name the file and the failing call.
+// are ever loaded. Files another process may truncate while they are read (checkpoints) are read
+// with pread instead: `MappedFile::copied` and `detail::PreadFile`. POSIX (Linux, macOS); errors
+// name the file and the failing call.
 
 #include <cerrno>
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -6269,10 +6294,57 @@ enum class MapAccess : unsigned char {
   kRandom,      ///< random rows (shuffled .npy rows): no read-ahead beyond the touched pages
 };
 
+namespace detail {
+
+/// A regular file opened for pread, closed on destruction. size() is its size when opened; a
+/// file that another process truncates meanwhile gives trainkit::Error naming it, never a
+/// signal (as touching a mapping past the new end would).
+class PreadFile {
+ public:
+  /// Opens `path` read-only. Throws trainkit::Error naming the file when it cannot be opened or
+  /// stat'ed, or is not a regular file.
+  TRAINKIT_INLINE explicit PreadFile(const std::filesystem::path& path);
+  PreadFile(const PreadFile&) = delete;
+  PreadFile& operator=(const PreadFile&) = delete;
+  ~PreadFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  std::uint64_t size() const noexcept { return size_; }
+  const std::string& path() const noexcept { return path_; }
+
+  /// Asks the kernel for aggressive read-ahead (a hint: failures are ignored).
+  void advise_sequential() const noexcept {
+#if defined(POSIX_FADV_SEQUENTIAL)
+    (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+  }
+
+  /// Reads exactly `n` bytes at `offset` into `dst`. Throws trainkit::Error naming the file when
+  /// the read fails or the file ends first (it shrank since it was opened).
+  TRAINKIT_INLINE void read_at(void* dst, std::size_t n, std::uint64_t offset) const;
+
+  /// Throws trainkit::Error naming the file when its size is no longer size(): it was truncated
+  /// or rewritten in place while it was read, so what was read may mix two versions.
+  TRAINKIT_INLINE void check_unchanged() const;
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    const int err = errno;
+    TRAINKIT_FAIL_OS(err, what, " '", path_, "': ", std::strerror(err), " (errno ", err, ")");
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace detail
+
 /// A read-only memory map of a whole file. Move-only; unmaps on destruction. An empty file maps
 /// nothing: data() is null and size() 0. The mapping stays valid if the file is unlinked, but
 /// truncating a mapped file makes later reads fault (SIGBUS): do not rewrite files in place
-/// while a dataset reads them.
+/// while a dataset reads them, or read them with copied().
 class MappedFile {
  public:
   MappedFile() noexcept = default;
@@ -6281,6 +6353,13 @@ class MappedFile {
   /// stat'ed or mapped, or is not a regular file.
   TRAINKIT_INLINE explicit MappedFile(const std::filesystem::path& path,
                                       MapAccess access = MapAccess::kNormal);
+
+  /// Reads `path` with pread into private memory (page-aligned, read-only, as a mapping is)
+  /// instead of mapping it: the bytes are the file's as read, and a file that another process
+  /// truncates or rewrites afterwards cannot make them fault. Throws trainkit::Error naming the
+  /// file as the constructor does, and also when the file shrinks or changes size while it is
+  /// read.
+  TRAINKIT_INLINE static MappedFile copied(const std::filesystem::path& path);
 
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -6337,6 +6416,77 @@ class MappedFile {
 
 #if TRAINKIT_IMPL
 
+namespace detail {
+
+TRAINKIT_INLINE PreadFile::PreadFile(const std::filesystem::path& path) : path_(path.string()) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail("cannot open");
+  struct stat st {};
+  const bool stated = ::fstat(fd_, &st) == 0;
+  if (!stated || !S_ISREG(st.st_mode)) {  // no destructor runs for a throwing constructor
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    errno = err;
+    if (!stated) fail("cannot stat");
+    TRAINKIT_FAIL("cannot read '", path_, "': not a regular file");
+  }
+  size_ = static_cast<std::uint64_t>(st.st_size);
+}
+
+TRAINKIT_INLINE void PreadFile::read_at(void* dst, std::size_t n, std::uint64_t offset) const {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    // At most 1 GiB per call: some systems refuse larger reads.
+    const std::size_t chunk = std::min<std::size_t>(n, std::size_t{1} << 30);
+    const ssize_t r = ::pread(fd_, p, chunk, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail("cannot read");
+    if (r == 0)
+      TRAINKIT_FAIL("cannot read '", path_, "': it ends at byte ", offset, " but had ", size_,
+                    " bytes when it was opened (truncated in place while it was being read)");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
+}
+
+TRAINKIT_INLINE void PreadFile::check_unchanged() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail("cannot stat");
+  const auto now = static_cast<std::uint64_t>(st.st_size);
+  if (now != size_)
+    TRAINKIT_FAIL("cannot read '", path_, "': it had ", size_, " bytes when it was opened and ",
+                  now, " bytes after it was read (truncated or rewritten in place meanwhile)");
+}
+
+}  // namespace detail
+
+TRAINKIT_INLINE MappedFile MappedFile::copied(const std::filesystem::path& path) {
+  const detail::PreadFile file(path);
+  MappedFile out;
+  out.path_ = file.path();
+  if (file.size() == 0) {
+    file.check_unchanged();
+    return out;
+  }
+  const auto size = static_cast<std::size_t>(file.size());
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) out.fail("cannot allocate memory to read");
+  out.data_ = static_cast<const std::byte*>(p);  // from here `out` frees it, also on a throw
+  out.size_ = size;
+#if defined(MADV_HUGEPAGE)
+  // Faulting in the fresh memory 4 KiB at a time costs more than the copy itself; huge pages
+  // make that ~512 times fewer faults (a hint: failures are ignored).
+  if (size >= (std::size_t{2} << 20)) (void)::madvise(p, size, MADV_HUGEPAGE);
+#endif
+  file.advise_sequential();
+  file.read_at(p, size, 0);
+  file.check_unchanged();
+  (void)::mprotect(p, size, PROT_READ);  // read-only like a mapping; the bytes are right anyway
+  return out;
+}
+
 TRAINKIT_INLINE MappedFile::MappedFile(const std::filesystem::path& path, MapAccess access)
     : path_(path.string()) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -6379,7 +6529,8 @@ TRAINKIT_NAMESPACE_END
 // trainkit/io/npy.hpp: NumPy .npy files (format versions 1, 2 and 3): a strict header parser that
 // survives any input (it is fuzzed), a writer whose bytes equal numpy >= 1.24's `np.save`, and
 // `NpyFile`, a memory-mapped reader. Numeric dtypes only (bool, int8..64, uint8..64, f16, f32,
-// f64), little-endian, C order; everything else is refused with an Error naming the file.
+// f64), little-endian, C order, bools stored as 0 or 1; everything else is refused with an Error
+// naming the file.
 
 #include <bit>
 #include <cstddef>
@@ -6882,6 +7033,16 @@ TRAINKIT_INLINE std::string shape_text(const std::vector<std::int64_t>& shape);
 /// npy_descr(t), or nullptr for a dtype numpy cannot represent.
 TRAINKIT_INLINE const char* npy_descr_or_null(DType t) noexcept;
 
+/// What is wrong with `shape` for numpy, checked extent by extent (the first problem wins).
+enum class NpyShapeProblem { kNone, kNegativeExtent, kTooLarge };
+
+/// Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed 64-bit
+/// size (npy_intp), even when another extent is 0 and the array holds nothing, so every row size,
+/// stride and element count derived from the shape is representable. The reader and the writer
+/// share this check so that what one refuses the other never produces.
+TRAINKIT_INLINE NpyShapeProblem npy_shape_problem(DType dtype,
+                                                  std::span<const std::int64_t> shape) noexcept;
+
 /// Why numpy could not load a .npy file of `dtype` and `shape` ("" when it could): the text
 /// after "cannot write <file>: ".
 TRAINKIT_INLINE std::string npy_unwritable(DType dtype, std::span<const std::int64_t> shape);
@@ -7037,6 +7198,14 @@ inline std::string shape_string(const NpyHeader& h) { return detail::shape_text(
 TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
                                     std::string_view source);
 
+/// Checks that a bool array's `data` (its data_bytes, or the part given) holds only 0 and 1 bytes,
+/// as C++ bools must: numpy reads any nonzero byte as True, and an array made with .view(bool)
+/// from other bytes saves them as they are, which would read as bools that are neither true nor
+/// false. Does nothing for other dtypes. Throws a trainkit::Error naming `source`, the first bad
+/// element and its byte.
+TRAINKIT_INLINE void check_npy_bools(const NpyHeader& h, std::span<const std::byte> data,
+                                     std::string_view source);
+
 /// The header bytes numpy >= 1.24 writes for a C-order array of `dtype` and `shape`: the sorted
 /// dict, 21 - len(str(shape[0])) spaces of growth room, padding to a multiple of 64 ending in
 /// '\n'; version 1.0 unless the header needs 2.0. Data written right after it is 64-byte aligned.
@@ -7073,11 +7242,14 @@ class NpyFile {
   NpyFile() = default;
 
   /// Maps and validates `path`. Throws trainkit::Error naming the file and the problem (not a
-  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, ...).
+  /// .npy file, truncated, unsupported dtype, Fortran order, trailing bytes, a bool array holding
+  /// bytes other than 0 and 1, ...). A bool array is read once here for that check; other arrays
+  /// are not touched.
   explicit NpyFile(const std::filesystem::path& path, MapAccess access = MapAccess::kNormal)
       : file_(path, access) {
     header_ = parse_npy_header(file_.bytes(), file_.path());
     check_npy_size(header_, file_.size(), file_.path());
+    check_npy_bools(header_, bytes(), file_.path());
   }
 
   const NpyHeader& header() const noexcept { return header_; }
@@ -7130,6 +7302,18 @@ TRAINKIT_INLINE const char* detail::npy_descr_or_null(DType t) noexcept {
   }
 }
 
+TRAINKIT_INLINE detail::NpyShapeProblem detail::npy_shape_problem(
+    DType dtype, std::span<const std::int64_t> shape) noexcept {
+  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
+  for (std::int64_t d : shape) {
+    if (d < 0) return NpyShapeProblem::kNegativeExtent;
+    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
+    if (!next) return NpyShapeProblem::kTooLarge;
+    nonzero_bytes = *next;
+  }
+  return NpyShapeProblem::kNone;
+}
+
 TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
                                                    std::span<const std::int64_t> shape) {
   using ::trainkit::detail::concat;
@@ -7139,18 +7323,12 @@ TRAINKIT_INLINE std::string detail::npy_unwritable(DType dtype,
                   "store the raw bits as '<u2' / '|u1' or convert to float32");
   if (shape.size() > kNpyMaxDims)
     return concat("shape of ", shape.size(), " dimensions; numpy reads at most ", kNpyMaxDims);
-  // Like parse_npy_header (and numpy's "array is too big"): the byte size of the nonzero extents
-  // must fit a signed 64-bit size, even when another extent is 0.
-  std::int64_t nonzero_bytes = std::int64_t(dtype_size(dtype));
-  for (std::int64_t d : shape) {
-    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
-    if (d < 0 || !next)
-      return concat(d < 0 ? "negative extent in shape " : "shape ",
-                    shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
-                    d < 0 ? "" : " is too large: its byte size overflows 2^63 - 1");
-    nonzero_bytes = *next;
-  }
-  return {};
+  const NpyShapeProblem problem = npy_shape_problem(dtype, shape);
+  if (problem == NpyShapeProblem::kNone) return {};
+  const bool negative = problem == NpyShapeProblem::kNegativeExtent;
+  return concat(negative ? "negative extent in shape " : "shape ",
+                shape_text(std::vector<std::int64_t>(shape.begin(), shape.end())),
+                negative ? "" : " is too large: its byte size overflows 2^63 - 1");
 }
 
 TRAINKIT_INLINE std::string npy_descr(DType t) {
@@ -7229,21 +7407,16 @@ TRAINKIT_INLINE NpyHeader parse_npy_header(std::span<const std::byte> bytes,
                                                                       : "shape",
                                                         "'"));
   h.dtype = detail::parse_npy_descr(descr, source);
-  // Like numpy ("array is too big"): the byte size of the nonzero extents must fit a signed
-  // 64-bit size (npy_intp), even when another extent is 0 and the array holds nothing, so
-  // every row size, stride and element count derived from the shape is representable.
-  std::int64_t nonzero_bytes = std::int64_t(dtype_size(h.dtype));
+  // The tuple parser reads no sign, so the only problem left is a byte size past 2^63 - 1; once
+  // that is ruled out, the products below cannot overflow.
+  if (detail::npy_shape_problem(h.dtype, h.shape) != detail::NpyShapeProblem::kNone)
+    detail::npy_fail(source, ::trainkit::detail::concat(
+                                 "shape ", detail::shape_text(h.shape), " of ", dtype_name(h.dtype),
+                                 " is too large: its byte size overflows 2^63 - 1 "
+                                 "(truncated or corrupt header)"));
   std::size_t numel = 1;
   int big_dims = 0;
   for (std::int64_t d : h.shape) {
-    const std::optional<std::int64_t> next = checked_mul(nonzero_bytes, d == 0 ? 1 : d);
-    if (!next)
-      detail::npy_fail(source,
-                       ::trainkit::detail::concat("shape ", detail::shape_text(h.shape), " of ",
-                                                  dtype_name(h.dtype),
-                                                  " is too large: its byte size overflows 2^63 - 1 "
-                                                  "(truncated or corrupt header)"));
-    nonzero_bytes = *next;
     numel *= static_cast<std::size_t>(d);
     big_dims += d > 1 ? 1 : 0;
   }
@@ -7274,6 +7447,19 @@ TRAINKIT_INLINE void check_npy_size(const NpyHeader& h, std::size_t file_size,
                                                         " trailing bytes after the ", h.data_bytes,
                                                         " data bytes the header describes"));
   }
+}
+
+TRAINKIT_INLINE void check_npy_bools(const NpyHeader& h, std::span<const std::byte> data,
+                                     std::string_view source) {
+  if (h.dtype != DType::kBool) return;
+  data = data.first(std::min(data.size(), h.data_bytes));
+  const std::size_t i = ::trainkit::detail::first_non_bool_byte(data);
+  if (i == data.size()) return;
+  detail::npy_fail(source,
+                   ::trainkit::detail::concat(
+                       "bool element ", i, " holds the byte ", std::to_integer<unsigned>(data[i]),
+                       "; a bool array must hold only 0 and 1 (numpy reads any nonzero "
+                       "byte as True): save it with np.save(path, a != 0)"));
 }
 
 TRAINKIT_INLINE std::string npy_header_bytes(DType dtype, std::span<const std::int64_t> shape) {
@@ -7426,10 +7612,13 @@ struct TarEntry {
   char type = '0';         ///< ustar typeflag ('0' file, '5' directory, '2' symlink, ...)
   std::uint64_t size = 0;  ///< data bytes (pax `size` overrides the header)
   std::uint64_t mode = 0;
-  std::uint64_t mtime = 0;   ///< whole seconds (pax fractions are dropped)
+  std::uint64_t mtime = 0;   ///< whole seconds (pax fractions are dropped; before 1970 reads as 0)
   std::uint64_t offset = 0;  ///< byte offset of this member's ustar header in the archive
 
-  /// True for regular files (typeflag '0', '\0' or the contiguous-file '7').
+  /// True for regular files (typeflag '0', '\0' or the contiguous-file '7'). A '\0' member whose
+  /// name ends in '/' is an old-style directory and reads as type '5', as in Python's tarfile.
+  /// Sparse files (GNU tar --sparse, old GNU or pax form) read as type 'S', under their real
+  /// name; their data is stored as a map and pieces, which this reader does not expand.
   bool is_file() const noexcept { return type == '0' || type == '\0' || type == '7'; }
 };
 
@@ -7492,7 +7681,8 @@ class TarReader {
  private:
   struct Pax {
     bool has_path = false, has_linkpath = false, has_size = false, has_mtime = false;
-    std::string path, linkpath;
+    bool sparse = false, has_sparse_name = false;  // GNU.sparse.* records (GNU tar --sparse)
+    std::string path, linkpath, sparse_name;
     std::uint64_t size = 0, mtime = 0;
   };
   struct PendingMeta {
@@ -7906,8 +8096,18 @@ TRAINKIT_INLINE void TarReader::parse_pax(const std::string& data, Pax& pax,
     } else if (key == "size") {
       pax.size = pax_number(value, "size", offset);
       pax.has_size = !value.empty();
+    } else if (key.starts_with("GNU.sparse.")) {
+      pax.sparse = true;
+      if (key == "GNU.sparse.name") {
+        pax.sparse_name = value;
+        pax.has_sparse_name = !value.empty();
+      }
     } else if (key == "mtime") {
-      pax.mtime = pax_number(value.substr(0, value.find('.')), "mtime", offset);
+      // tarfile writes a time before 1970 as "-N[.f]"; it reads as 0 (see TarEntry::mtime).
+      const bool negative = !value.empty() && value[0] == '-';
+      const std::string_view digits = value.substr(negative ? 1 : 0);
+      const std::uint64_t seconds = pax_number(digits.substr(0, digits.find('.')), "mtime", offset);
+      pax.mtime = negative ? 0 : seconds;
       pax.has_mtime = !value.empty();
     }
     pos += len;
@@ -7940,7 +8140,9 @@ TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>
   e.offset = offset;
   e.type = static_cast<char>(b[156]);
   e.mode = number(b, 100, 8, "mode", offset);
-  e.mtime = number(b, 136, 12, "mtime", offset);
+  // A time before 1970 is a negative base-256 number (GNU tar, tarfile's GNU format); it reads as
+  // 0 rather than making the whole archive unreadable over a time stamp.
+  e.mtime = b[136] == 0xff ? 0 : number(b, 136, 12, "mtime", offset);
   e.size = size;
   e.name = text(b, 0, 100);
   e.linkname = text(b, 157, 100);
@@ -7960,6 +8162,16 @@ TRAINKIT_INLINE void TarReader::build_entry(const std::array<unsigned char, 512>
   if (meta.pax.has_linkpath) e.linkname = meta.pax.linkpath;
   if (meta.pax.has_size) e.size = meta.pax.size;
   if (meta.pax.has_mtime) e.mtime = meta.pax.mtime;
+  // GNU tar's pax form of a sparse file: the member's data is a map and the non-hole pieces, not
+  // the file, under a made-up path ("./GNUSparseFile.<pid>/<name>"). List it as the old GNU form
+  // lists it (type 'S', not a regular file) under its real name rather than as a file holding
+  // those bytes.
+  if (meta.pax.sparse) {
+    e.type = 'S';
+    if (meta.pax.has_sparse_name) e.name = meta.pax.sparse_name;
+  }
+  // Old (v7) archives mark a directory only by the '/' ending its name; tarfile reads it as one.
+  if (e.type == '\0' && !e.name.empty() && e.name.back() == '/') e.type = '5';
   // Links, directories and devices carry no data whatever their size field says (tarfile).
   if (e.type == '1' || e.type == '2' || e.type == '3' || e.type == '4' || e.type == '5' ||
       e.type == '6')
@@ -9072,6 +9284,14 @@ TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept;
 /// A printable, bounded rendering of an untrusted name for messages.
 TRAINKIT_INLINE std::string printable(std::string_view s);
 
+/// Refuses a BOOL tensor whose bytes are not all 0 or 1 (torch saves such bytes when a uint8
+/// tensor is viewed as bool, and reads any nonzero byte as True; as a C++ bool it is undefined).
+/// `data` holds the tensor's bytes. Does nothing for other dtypes. Throws trainkit::Error naming
+/// `source`, the tensor, the first bad element and its byte.
+TRAINKIT_INLINE void check_safetensors_bools(const SafetensorsTensorInfo& t,
+                                             std::span<const std::byte> data,
+                                             std::string_view source);
+
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE void safetensors_fail(SafetensorsRule rule, std::string_view source,
@@ -9092,6 +9312,21 @@ TRAINKIT_INLINE void prefault(std::byte* p, std::uint64_t bytes) noexcept {
   (void)p;
   (void)bytes;
 #endif
+}
+
+TRAINKIT_INLINE void check_safetensors_bools(const SafetensorsTensorInfo& t,
+                                             std::span<const std::byte> data,
+                                             std::string_view source) {
+  if (t.dtype != DType::kBool) return;
+  const std::size_t i = ::trainkit::detail::first_non_bool_byte(data);
+  if (i == data.size()) return;
+  safetensors_fail(
+      SafetensorsRule::kUnsupported, source,
+      ::trainkit::detail::concat(
+          "BOOL tensor '", printable(t.name), "' element ", i, " holds the byte ",
+          std::to_integer<unsigned>(data[i]),
+          "; a BOOL tensor must hold only 0 and 1 (torch reads any nonzero byte as True): "
+          "save it with (t != 0) instead of t.view(torch.bool)"));
 }
 
 TRAINKIT_INLINE std::string printable(std::string_view s) {
@@ -9123,19 +9358,42 @@ TRAINKIT_INLINE std::uint64_t safetensors_header_length(std::span<const std::byt
                                                         std::uint64_t file_bytes,
                                                         std::string_view source);
 
-/// A validated safetensors file (mapped, or a caller's buffer) handing out zero-copy views.
-/// Tensors whose bytes are not aligned for their dtype (files from writers that skip the header
-/// padding) are copied once, at open, into aligned memory; zero_copy() then says false.
-/// Read-only and safe to share between threads. Do not truncate or rewrite a file while it is
-/// open (a mapped file that shrinks makes reads fault); trainkit's writer replaces files by
-/// rename, which is safe.
+/// How SafetensorsFile and SafetensorsShards reach the bytes of a file.
+enum class SafetensorsBacking : unsigned char {
+  /// Map the file: zero-copy, and only the pages touched are ever loaded. The file must not
+  /// shrink while it is open: touching a mapped page past its new end faults (SIGBUS).
+  kMap,
+  /// Read the whole file into memory at open (MappedFile::copied): one copy of it in memory, and
+  /// a file that another process truncates or rewrites afterwards cannot affect it. A file that
+  /// shrinks while it is being read gives trainkit::Error naming it.
+  kCopy,
+};
+
+/// A validated safetensors file (mapped, read into memory, or a caller's buffer) handing out
+/// zero-copy views. Tensors whose bytes are not aligned for their dtype (files from writers that
+/// skip the header padding) are copied once, at open, into aligned memory; zero_copy() then says
+/// false. A BOOL tensor whose bytes are not all 0 or 1 (a uint8 tensor saved through
+/// `.view(torch.bool)`) is refused at open (rule Unsupported), as C++ cannot read such bytes as
+/// bool; BOOL tensors are read whole at open for this. Read-only and safe to share between
+/// threads. Do not truncate or rewrite a file while it is open with SafetensorsBacking::kMap (a
+/// mapped file that shrinks makes reads fault); trainkit's writer replaces files by rename, which
+/// is safe.
 class SafetensorsFile {
  public:
   SafetensorsFile() = default;
 
-  /// Maps and validates `path`. Throws trainkit::Error naming the file (and the SafetensorsRule
-  /// and tensor) when it cannot be read or breaks a rule.
-  explicit SafetensorsFile(const std::filesystem::path& path) : source_(path.string()), map_(path) {
+  /// Maps (or reads, see SafetensorsBacking) and validates `path`. Throws trainkit::Error naming
+  /// the file (and the SafetensorsRule and tensor) when it cannot be read or breaks a rule.
+  explicit SafetensorsFile(const std::filesystem::path& path,
+                           SafetensorsBacking backing = SafetensorsBacking::kMap)
+      : source_(path.string()),
+        map_(backing == SafetensorsBacking::kCopy ? MappedFile::copied(path) : MappedFile(path)) {
+    init(map_.bytes());
+  }
+
+  /// Validates the bytes of `file` (mapped, or read with MappedFile::copied) and keeps them; the
+  /// errors name file.path().
+  explicit SafetensorsFile(MappedFile file) : source_(file.path()), map_(std::move(file)) {
     init(map_.bytes());
   }
 
@@ -9211,10 +9469,13 @@ struct SafetensorsLoadOptions {
 
 /// Reads a whole file into owning, 64-byte aligned tensors (name -> tensor) with pread instead
 /// of a mapping: the counterpart of `safetensors.torch.load_file(path, backend="pread")`.
-/// Validates like SafetensorsFile; tensors with dtypes trainkit has no DType for are refused
-/// (rule Unsupported). Throws trainkit::Error naming the file.
+/// Validates like SafetensorsFile (BOOL tensors must hold only 0 and 1); tensors with dtypes
+/// trainkit has no DType for are refused (rule Unsupported). `metadata`, when not null, receives
+/// the file's `__metadata__`. A file that shrinks while it is read (truncated in place by another
+/// process) gives an error, never a signal. Throws trainkit::Error naming the file.
 TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {});
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options = {},
+    SafetensorsMetadata* metadata = nullptr);
 
 /// Plans the reference layout for `tensors`: sorted by dtype (descending in the reference's
 /// order, so wider types come first and every tensor is naturally aligned), then by name (byte
@@ -9309,20 +9570,35 @@ inline void save_safetensors_index(const std::filesystem::path& path, const Safe
 
 /// Reads and checks an index file (see SafetensorsIndex::parse).
 inline SafetensorsIndex load_safetensors_index(const std::filesystem::path& path) {
-  const MappedFile map(path);
+  const MappedFile map = MappedFile::copied(path);  // small: read, so a truncation cannot fault
   return SafetensorsIndex::parse(
       std::string_view(reinterpret_cast<const char*>(map.data()), map.size()), path.string());
 }
+
+namespace detail {
+
+/// The checks SafetensorsShards makes of an index against the headers of its shards: every
+/// tensor of a shard is listed under that shard, and every entry is held by its shard.
+/// `shard_tensors` maps each shard file to its header's tensors. Throws trainkit::Error naming
+/// `index_path`, the shard and the tensor.
+TRAINKIT_INLINE void check_shard_index(
+    const SafetensorsIndex& index, std::string_view index_path,
+    const std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>>&
+        shard_tensors);
+
+}  // namespace detail
 
 /// A sharded set opened through its index: every shard is mapped and validated, every
 /// weight_map entry is checked to exist in its shard, and every tensor of a shard to be listed
 /// under that shard. tensor() finds a name across shards.
 class SafetensorsShards {
  public:
-  /// Opens `index_path` and the shards it names (relative to its directory). Throws
-  /// trainkit::Error naming the index, shard and tensor on any inconsistency: an entry its
-  /// shard does not hold, or a tensor a shard holds that the index does not list for it.
-  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path);
+  /// Opens `index_path` and the shards it names (relative to its directory), each mapped or read
+  /// as `backing` says. Throws trainkit::Error naming the index, shard and tensor on any
+  /// inconsistency: an entry its shard does not hold, or a tensor a shard holds that the index
+  /// does not list for it.
+  TRAINKIT_INLINE explicit SafetensorsShards(const std::filesystem::path& index_path,
+                                             SafetensorsBacking backing = SafetensorsBacking::kMap);
 
   const SafetensorsIndex& index() const noexcept { return index_; }
   std::size_t size() const noexcept { return index_.weight_map.size(); }
@@ -9367,6 +9643,13 @@ TRAINKIT_INLINE SafetensorsHeader parse_safetensors_header(std::string_view json
       safetensors_fail(
           R::kInvalidHeaderDeserialization, source,
           concat("the ", json.size(), "-byte header is too large to parse (", error.message, ")"));
+    // Valid JSON (the reference reads a shape of any rank), but longer than any array a tensor
+    // trainkit can hold needs: say so rather than call the header malformed.
+    if (error.kind == JsonErrorKind::kTooLong)
+      safetensors_fail(
+          R::kInvalidHeaderDeserialization, source,
+          concat("the header holds ", error.message, " at header offset ", error.offset,
+                 "; shapes may have at most ", kMaxRank, " dimensions and data_offsets exactly 2"));
     if (error.kind == JsonErrorKind::kDuplicateKey)
       safetensors_fail(R::kDuplicateName, source,
                        concat("the header names '", detail::printable(error.key),
@@ -9561,6 +9844,7 @@ TRAINKIT_INLINE void SafetensorsFile::init(std::span<const std::byte> bytes) {
     const SafetensorsTensorInfo& t = header_.tensors[i];
     data_[i] = base + t.begin;
     by_name_[i] = std::uint32_t(i);
+    detail::check_safetensors_bools(t, {data_[i], std::size_t(t.bytes())}, source_);
     if (!t.dtype || t.bytes() == 0) continue;
     const std::size_t align = dtype_size(*t.dtype);
     if (reinterpret_cast<std::uintptr_t>(data_[i]) % align != 0) {
@@ -9604,7 +9888,8 @@ TRAINKIT_INLINE AnyTensorView SafetensorsFile::view_at(std::size_t i) const {
 }
 
 TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
-    const std::filesystem::path& path, const SafetensorsLoadOptions& options) {
+    const std::filesystem::path& path, const SafetensorsLoadOptions& options,
+    SafetensorsMetadata* metadata) {
   const std::string source = path.string();
   detail::require_little_endian(source);
   struct Fd {
@@ -9642,7 +9927,8 @@ TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
       std::span<const std::byte>(prefix, file_bytes >= 8 ? 8 : 0), file_bytes, source);
   std::string json(std::size_t(n), '\0');
   read_at(json.data(), n, 8);
-  const SafetensorsHeader header = parse_safetensors_header(json, file_bytes, source);
+  SafetensorsHeader header = parse_safetensors_header(json, file_bytes, source);
+  if (metadata != nullptr) *metadata = std::move(header.metadata);
 
   // Allocate everything first, then read in 8 MiB pieces pulled by a few threads.
   struct Piece {
@@ -9689,6 +9975,11 @@ TRAINKIT_INLINE std::map<std::string, AnyTensor, std::less<>> load_safetensors(
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  for (const SafetensorsTensorInfo& t : header.tensors)
+    if (t.dtype == DType::kBool) {
+      const AnyTensor& tensor = out.find(t.name)->second;
+      detail::check_safetensors_bools(t, {tensor.data(), std::size_t(t.bytes())}, source);
+    }
   return out;
 }
 
@@ -9864,30 +10155,44 @@ TRAINKIT_INLINE SafetensorsIndex SafetensorsIndex::parse(std::string_view text,
   return index;
 }
 
-TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path)
+TRAINKIT_INLINE SafetensorsShards::SafetensorsShards(const std::filesystem::path& index_path,
+                                                     SafetensorsBacking backing)
     : index_(load_safetensors_index(index_path)) {
   const std::filesystem::path dir = index_path.parent_path();
   for (const std::string& file : index_.files())
-    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file));
+    shards_.emplace(file, std::make_unique<SafetensorsFile>(dir / file, backing));
+  std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>> shard_tensors;
+  for (const auto& [file, shard] : shards_) shard_tensors.emplace(file, &shard->tensors());
+  detail::check_shard_index(index_, index_path.string(), shard_tensors);
+}
+
+TRAINKIT_INLINE void detail::check_shard_index(
+    const SafetensorsIndex& index, std::string_view index_path,
+    const std::map<std::string, const std::vector<SafetensorsTensorInfo>*, std::less<>>&
+        shard_tensors) {
   // Every tensor of a shard must be listed, under that shard: one the index leaves out (or lists
   // under another shard) means a damaged or edited index or a shard of another set.
-  for (const auto& [file, shard] : shards_) {
-    for (const SafetensorsTensorInfo& t : shard->tensors()) {
-      const auto it = index_.weight_map.find(t.name);
-      TRAINKIT_CHECK(it != index_.weight_map.end(), "safetensors index '", index_path.string(),
-                     "' does not list tensor '", detail::printable(t.name), "', which shard '",
-                     detail::printable(file), "' holds");
-      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path.string(),
-                     "' does not list tensor '", detail::printable(t.name), "' under shard '",
-                     detail::printable(file), "', which holds it (the index lists it under '",
-                     detail::printable(it->second), "')");
+  std::map<std::string, std::vector<std::string_view>, std::less<>> held;
+  for (const auto& [file, tensors] : shard_tensors) {
+    std::vector<std::string_view>& names = held[file];
+    for (const SafetensorsTensorInfo& t : *tensors) {
+      const auto it = index.weight_map.find(t.name);
+      TRAINKIT_CHECK(it != index.weight_map.end(), "safetensors index '", index_path,
+                     "' does not list tensor '", printable(t.name), "', which shard '",
+                     printable(file), "' holds");
+      TRAINKIT_CHECK(it->second == file, "safetensors index '", index_path,
+                     "' does not list tensor '", printable(t.name), "' under shard '",
+                     printable(file), "', which holds it (the index lists it under '",
+                     printable(it->second), "')");
+      names.push_back(t.name);
     }
+    std::sort(names.begin(), names.end());
   }
-  for (const auto& [name, file] : index_.weight_map) {
-    const SafetensorsFile& shard = *shards_.at(file);
-    TRAINKIT_CHECK(shard.contains(name), "safetensors index '", index_path.string(),
-                   "' maps tensor '", detail::printable(name), "' to '", detail::printable(file),
-                   "', which does not hold it");
+  for (const auto& [name, file] : index.weight_map) {
+    const std::vector<std::string_view>& names = held.at(file);
+    TRAINKIT_CHECK(std::binary_search(names.begin(), names.end(), std::string_view(name)),
+                   "safetensors index '", index_path, "' maps tensor '", printable(name), "' to '",
+                   printable(file), "', which does not hold it");
   }
 }
 
@@ -14103,15 +14408,22 @@ void check_contiguous(const char* who, const char* name, const V& v) {
                  " must be contiguous (row-major, dense)");
 }
 
+/// True when the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
+/// stride of at least its width (check_rows).
+template <class V>
+bool has_dense_rows(const V& v) noexcept {
+  static_assert(V::rank == 2, "trainkit::nn: dense rows are a property of [N, width] views");
+  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
+  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
+  return dense_columns && apart;
+}
+
 /// Throws unless the rank-2 view `v` has dense rows (column stride 1) that do not overlap: a row
 /// stride of at least its width. Rows may be padded, e.g. logits whose row stride is the
 /// vocabulary rounded up for aligned matrix products (logits_row_stride).
 template <class V>
 void check_rows(const char* who, const char* name, const V& v) {
-  static_assert(V::rank == 2, "trainkit::nn: check_rows takes [N, width] views");
-  const bool dense_columns = v.size(1) <= 1 || v.stride(1) == 1;
-  const bool apart = v.size(0) <= 1 || v.stride(0) >= v.size(1);
-  TRAINKIT_CHECK(dense_columns && apart, who, ": ", name, " with shape ", shape_of(v),
+  TRAINKIT_CHECK(has_dense_rows(v), who, ": ", name, " with shape ", shape_of(v),
                  " must have dense rows (column stride 1, row stride >= its width)");
 }
 
@@ -14138,6 +14450,29 @@ void check_same_io(const char* who, const VX& x, const VY& y, std::int64_t width
 template <class V>
 bool absent(const V& v) noexcept {
   return v.data() == nullptr && v.numel() == 0;
+}
+
+/// True when `out`, which a call writes row by row, shares memory with `in`, which it reads,
+/// other than by being `in` itself (the same first element, width and row stride): a row of out
+/// that lies over another row of in would overwrite that row before it is read. Both views have
+/// dense rows (check_rows).
+template <class VO, class VI>
+bool overlaps_in_part(const VO& out, const VI& in) noexcept {
+  const blas::detail::ByteRows o = blas::detail::byte_rows("", out);
+  const blas::detail::ByteRows i = blas::detail::byte_rows("", in);
+  const bool same =
+      o.base == i.base && o.rows == i.rows && o.width == i.width && (o.rows <= 1 || o.ld == i.ld);
+  return !same && blas::detail::byte_rows_overlap(o, i);
+}
+
+/// Throws when overlaps_in_part(out, in). Layers call it before they add anything, so a refused
+/// call changes nothing.
+template <class VO, class VI>
+void check_not_partly_over(const char* who, const char* out_name, const VO& out,
+                           const char* in_name, const VI& in) {
+  TRAINKIT_CHECK(!overlaps_in_part(out, in), who, ": ", out_name, " ", shape_of(out),
+                 " partly overlaps ", in_name, " ", shape_of(in), ", whose rows are read while ",
+                 out_name, " is written");
 }
 
 /// Throws unless x, dy and dx (unless absent) are contiguous [B, T, width] views of one shape,
@@ -14382,13 +14717,10 @@ void gemm_on(const E&, Args&&...) {
 #if TRAINKIT_CUDA_COMPILER && TRAINKIT_WITH_CUDA
 inline namespace TRAINKIT_DETAIL_EXEC_ARCH_NS {
 
-/// Warps per block of the one-warp-per-row kernels.
+/// Warps per block of the one-warp-per-row kernels: launch them with
+/// exec::detail::grid_blocks_x(rows, kRowWarps, name) blocks of kRowWarps * 32 threads and check
+/// the launch with exec::detail::check_kernel_launch.
 inline constexpr int kRowWarps = 8;
-
-/// Blocks of kRowWarps warps that give every one of `rows` rows its warp.
-inline unsigned row_warp_blocks(std::int64_t rows) {
-  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
-}
 
 /// The row of the calling warp in a one-warp-per-row kernel, and the thread's lane in it.
 __device__ inline std::int64_t warp_row() {
@@ -15797,6 +16129,18 @@ template <class T>
 void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
   if (a.rows == 0) return;
   cudaStream_t stream = exec.stream().get();
+  // The weight and bias sums first: they read x and dy, which dx may lie over (a block's
+  // backward writes dx over x), and the dx kernel overwrites them. The host path reads a row's
+  // x and dy before it writes that row's dx, so both orders give the same sums.
+  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
+  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
+  layer_norm_backward_partial_kernel<T>
+      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
+                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
+  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
+  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
+                                    ", cols ", a.cols);
   if (a.dx != nullptr) {
     const unsigned blocks =
         exec::detail::grid_blocks_x(a.rows, kRowWarps, "nn::LayerNorm backward (dx)");
@@ -15813,15 +16157,6 @@ void layer_norm_backward(const exec::Cuda& exec, const LayerNormArgs<T>& a) {
     exec::detail::check_kernel_launch("nn::LayerNorm backward (dx)", "rows ", a.rows, ", cols ",
                                       a.cols);
   }
-  const std::int64_t chunks = exec::detail::ceil_div(a.rows, kLayerNormChunk);
-  const LayerNormPartialGrid g = layer_norm_partial_grid(a.rows, a.cols);
-  layer_norm_backward_partial_kernel<T>
-      <<<dim3(g.x, g.y), kLayerNormPartialThreads, 0, stream>>>(a, chunks);
-  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias partial sums)",
-                                    "rows ", a.rows, ", cols ", a.cols, ", grid ", g.x, " x ", g.y);
-  layer_norm_backward_reduce_kernel<T><<<g.x, kLayerNormPartialThreads, 0, stream>>>(a, chunks);
-  exec::detail::check_kernel_launch("nn::LayerNorm backward (weight and bias)", "rows ", a.rows,
-                                    ", cols ", a.cols);
 }
 
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
@@ -15904,20 +16239,33 @@ class LayerNorm {
 
   /// The same, with dx = residual + dL/dx (kOverwrite) or dx += residual + dL/dx (kAccumulate):
   /// the gradient that reaches a pre-LN block's input through its skip connection, added in the
-  /// pass that writes dx. residual [N, C] like dx, which it must not overlap (it may be absent).
+  /// pass that writes dx. residual [N, C] like dx (it may be absent).
+  ///
+  /// A dx that overlaps x, dy or residual only in part throws before dw and db are touched: a
+  /// row of dx would overwrite another row still to be read. (dx may be x itself, as when
+  /// TransformerBlock writes its input gradient over its input.)
   template <amp::Policy P = amp::Fp32, class E, class TX, class TD, class TG, class TR>
   void backward(const E& exec, const Context& ctx, TensorView<TX, 2, S> x, TensorView<TD, 2, S> dy,
                 TensorView<TG, 2, S> dx, TensorView<TR, 2, S> residual,
                 Write mode = Write::kOverwrite) {
     using T = std::remove_const_t<TX>;
+    constexpr const char* kWho = "nn::LayerNorm::backward";
     detail::check_call<P, E, S, TX, TD, TG, TR>();
-    detail::check_same_io("nn::LayerNorm::backward", x, dy, features_);
-    if (!detail::absent(dx)) detail::check_same_io("nn::LayerNorm::backward", x, dx, features_);
-    if (!detail::absent(residual)) {
-      TRAINKIT_CHECK(!detail::absent(dx), "nn::LayerNorm::backward: a residual gradient needs dx");
-      detail::check_same_io("nn::LayerNorm::backward", x, residual, features_);
+    TRAINKIT_CHECK(x.size(1) == features_, kWho, ": x ", detail::shape_of(x), " must be [N, ",
+                   features_, "]");
+    detail::check_contiguous(kWho, "x", x);
+    check_like_x(kWho, "dy", dy, x);
+    if (!detail::absent(dx)) {
+      check_like_x(kWho, "dx", dx, x);
+      detail::check_not_partly_over(kWho, "dx", dx, "x", x);
+      detail::check_not_partly_over(kWho, "dx", dx, "dy", dy);
     }
-    ctx.rec_.template check<T>("nn::LayerNorm::backward", x.size(0), x.size(1));
+    if (!detail::absent(residual)) {
+      TRAINKIT_CHECK(!detail::absent(dx), kWho, ": a residual gradient needs dx");
+      check_like_x(kWho, "residual", residual, x);
+      detail::check_not_partly_over(kWho, "dx", dx, "residual", residual);
+    }
+    ctx.rec_.template check<T>(kWho, x.size(0), x.size(1));
     const std::int64_t rows = x.size(0);
     const std::int64_t chunks = (rows + detail::kLayerNormChunk - 1) / detail::kLayerNormChunk;
     // The kernels' argument block is shared with forward; backward only reads the statistics.
@@ -15945,6 +16293,14 @@ class LayerNorm {
     a.cols = features_;
     a.eps = eps_;
     return a;
+  }
+
+  /// Throws unless v (dy, dx or residual) has x's shape and is contiguous.
+  template <class V, class VX>
+  static void check_like_x(const char* who, const char* name, const V& v, const VX& x) {
+    TRAINKIT_CHECK(v.sizes() == x.sizes(), who, ": ", name, " ", detail::shape_of(v),
+                   " differs from x ", detail::shape_of(x));
+    detail::check_contiguous(who, name, v);
   }
 
   ParamArena<S>* arena_;
@@ -18905,6 +19261,7 @@ TRAINKIT_NAMESPACE_END
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -18922,6 +19279,84 @@ concept StackableLayer = requires(const L& layer, std::int64_t in) {
   { layer.out_features(in) } -> std::convertible_to<std::int64_t>;
 };
 
+template <Space S>
+class Linear;
+template <Space S>
+class LayerNorm;
+struct ReLU;
+struct GELU;
+class Dropout;
+
+namespace detail {
+
+/// How a layer's backward needs one of its views laid out.
+enum class ViewLayout : std::uint8_t {
+  kAny,         ///< nothing Sequential knows of: the layer checks the view itself
+  kDenseRows,   ///< column stride 1, rows apart (padded rows allowed; check_rows)
+  kContiguous,  ///< row-major and dense (check_contiguous)
+};
+
+/// What the backward of layer L requires of the views a Sequential hands it from its own caller:
+/// x and dx when L is the first layer, dy when it is the last. The first layer runs last in
+/// backward, so Sequential checks these at entry, before any layer adds a gradient. A layer not
+/// listed here (your own) checks its views itself.
+template <class L>
+struct StackedBackward {
+  static constexpr ViewLayout x = ViewLayout::kAny;
+  static constexpr ViewLayout dy = ViewLayout::kAny;
+  static constexpr ViewLayout dx = ViewLayout::kAny;
+  static constexpr bool x_without_dx = false;     ///< x is checked even when dx is absent
+  static constexpr bool dx_apart_from_x = false;  ///< dx may be x itself but not overlap it in part
+  static std::string first_name() { return "a layer"; }
+  static std::string last_name() { return "a layer"; }
+};
+
+/// The same layout and name whether the layer is first or last.
+template <ViewLayout X, ViewLayout Dy, ViewLayout Dx, bool XWithoutDx, bool Apart>
+struct StackedLayout {
+  static constexpr ViewLayout x = X;
+  static constexpr ViewLayout dy = Dy;
+  static constexpr ViewLayout dx = Dx;
+  static constexpr bool x_without_dx = XWithoutDx;
+  static constexpr bool dx_apart_from_x = Apart;
+};
+
+template <Space S>
+struct StackedBackward<Linear<S>> : StackedLayout<ViewLayout::kDenseRows, ViewLayout::kDenseRows,
+                                                  ViewLayout::kDenseRows, true, false> {
+  static std::string first_name() { return "nn::Linear"; }
+  static std::string last_name() { return "nn::Linear"; }
+};
+template <Space S>
+struct StackedBackward<LayerNorm<S>>
+    : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous, ViewLayout::kContiguous, true,
+                    true> {
+  static std::string first_name() { return "nn::LayerNorm"; }
+  static std::string last_name() { return "nn::LayerNorm"; }
+};
+// The element-wise layers check nothing when dx is absent.
+template <>
+struct StackedBackward<ReLU> : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous,
+                                             ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::ReLU"; }
+  static std::string last_name() { return "nn::ReLU"; }
+};
+template <>
+struct StackedBackward<GELU> : StackedLayout<ViewLayout::kContiguous, ViewLayout::kContiguous,
+                                             ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::GELU"; }
+  static std::string last_name() { return "nn::GELU"; }
+};
+// Dropout's backward does not read x.
+template <>
+struct StackedBackward<Dropout> : StackedLayout<ViewLayout::kAny, ViewLayout::kContiguous,
+                                                ViewLayout::kContiguous, false, false> {
+  static std::string first_name() { return "nn::Dropout"; }
+  static std::string last_name() { return "nn::Dropout"; }
+};
+
+}  // namespace detail
+
 /// Layers applied in order: y = L_{n-1}(... L_1(L_0(x))). Construct it from the layers WITH
 /// BRACES: `nn::Sequential net{nn::Linear(arena, "0", {784, 1024}), nn::ReLU{}, ...}`. A braced
 /// list is evaluated left to right, so the layers register their parameters in model order (the
@@ -18932,6 +19367,10 @@ concept StackableLayer = requires(const L& layer, std::int64_t in) {
 /// out_features). forward fills the caller's Context with the intermediate activations (in the
 /// activation type of P) and the layers' contexts; backward takes the same x, runs the layers'
 /// backward in reverse order and writes dx (absent: the first layer skips its input gradient).
+/// backward checks x, dy and dx first, as the library's layers that receive them will (Linear
+/// accepts padded rows, the others want contiguous views; a LayerNorm first layer also refuses
+/// a dx that overlaps x in part), so a refused call adds no gradient. A layer of your own at
+/// either end checks its views itself.
 template <StackableLayer... Layers>
 class Sequential {
   static_assert(sizeof...(Layers) >= 1, "nn::Sequential needs at least one layer");
@@ -19025,6 +19464,8 @@ class Sequential {
     if (!detail::absent(dx))
       TRAINKIT_CHECK(dx.sizes() == x.sizes(), "nn::Sequential::backward: dx ", detail::shape_of(dx),
                      " differs from x ", detail::shape_of(x));
+    // A single layer checks its views itself before it adds anything.
+    if constexpr (kSize > 1) check_ends(x, dy, dx);
     std::int64_t max_width = 0;
     for (std::size_t i = 1; i < kSize; ++i) max_width = std::max(max_width, w[i]);
     for (auto& g : grads_) storage<S>(g).template get<T>(rows * max_width);
@@ -19061,6 +19502,42 @@ class Sequential {
         last = index;
       }
     }
+  }
+
+  using First = std::tuple_element_t<0, std::tuple<Layers...>>;
+  using Last = std::tuple_element_t<kSize - 1, std::tuple<Layers...>>;
+
+  /// Checks x and dx as the first layer's backward will, and dy as the last layer's: the first
+  /// layer runs last, after the others have added their gradients, so a view it would refuse
+  /// must be refused before anything is added.
+  template <class VX, class VD, class VG>
+  static void check_ends(const VX& x, const VD& dy, const VG& dx) {
+    using F = detail::StackedBackward<First>;
+    using L = detail::StackedBackward<Last>;
+    const bool has_dx = !detail::absent(dx);
+    if (has_dx || F::x_without_dx) check_end(F::x, "x", x, 0, &F::first_name);
+    if (has_dx) {
+      check_end(F::dx, "dx", dx, 0, &F::first_name);
+      TRAINKIT_CHECK(!F::dx_apart_from_x || !detail::overlaps_in_part(dx, x),
+                     "nn::Sequential::backward: dx ", detail::shape_of(dx), " partly overlaps x ",
+                     detail::shape_of(x), ", which layer 0 (", F::first_name(),
+                     ") reads while it writes dx");
+    }
+    check_end(L::dy, "dy", dy, kSize - 1, &L::last_name);
+  }
+
+  template <class V>
+  static void check_end(detail::ViewLayout layout, const char* name, const V& v, std::size_t layer,
+                        std::string (*layer_name)()) {
+    const bool contiguous = layout == detail::ViewLayout::kContiguous;
+    const bool ok = contiguous                                 ? v.is_contiguous()
+                    : layout == detail::ViewLayout::kDenseRows ? detail::has_dense_rows(v)
+                                                               : true;
+    TRAINKIT_CHECK(ok, "nn::Sequential::backward: ", name, " with shape ", detail::shape_of(v),
+                   " and strides [", v.stride(0), ", ", v.stride(1), "] must ",
+                   contiguous ? "be contiguous (row-major, dense)"
+                              : "have dense rows (column stride 1, row stride >= its width)",
+                   " for layer ", layer, " (", layer_name(), ")");
   }
 
   /// w[0] = in, w[i + 1] = layer i's output width.
@@ -19127,6 +19604,29 @@ class Sequential {
   std::tuple<Layers...> layers_;
   std::array<Buffer, 2> grads_{};  // backward scratch: the ping-pong gradients between layers
 };
+
+namespace detail {
+
+/// A Sequential inside a Sequential: its first layer's needs, and its last layer's.
+template <StackableLayer... Ls>
+struct StackedBackward<Sequential<Ls...>> {
+  using F = StackedBackward<std::tuple_element_t<0, std::tuple<Ls...>>>;
+  using L = StackedBackward<std::tuple_element_t<sizeof...(Ls) - 1, std::tuple<Ls...>>>;
+  static constexpr ViewLayout x = F::x;
+  static constexpr ViewLayout dy = L::dy;
+  static constexpr ViewLayout dx = F::dx;
+  static constexpr bool x_without_dx = F::x_without_dx;
+  static constexpr bool dx_apart_from_x = F::dx_apart_from_x;
+  static std::string first_name() {
+    return ::trainkit::detail::concat("nn::Sequential, whose layer 0 is ", F::first_name());
+  }
+  static std::string last_name() {
+    return ::trainkit::detail::concat("nn::Sequential, whose layer ", sizeof...(Ls) - 1, " is ",
+                                      L::last_name());
+  }
+};
+
+}  // namespace detail
 
 }  // namespace nn
 TRAINKIT_NAMESPACE_END
@@ -20946,6 +21446,28 @@ __global__ void __launch_bounds__(kTrustThreads) trust_stage2_kernel(TrustRatioA
     a.p[i] = a.p[i] - r * a.g[i];
 }
 
+/// Enqueues the three trust-ratio passes on `stream` (stage 1 and stage 2: a block per chunk,
+/// num_chunks > 0; the ratios: a thread per parameter). Each launch is checked as the other
+/// kernels' are: a failure throws trainkit::Error naming the pass, the rule and the sizes, with
+/// CUDA's reason.
+template <class Rule, unsigned V>
+void launch_trust_ratio_kernels(const TrustRatioArgs<Rule>& args, std::int64_t num_chunks,
+                                cudaStream_t stream) {
+  static constexpr const char* kStage1 = "optim trust-ratio stage 1 (update and norm partials)";
+  static constexpr const char* kRatio = "optim trust-ratio per-tensor ratios";
+  static constexpr const char* kStage2 = "optim trust-ratio stage 2 (p -= ratio * u)";
+  const unsigned chunk_blocks = exec::detail::grid_blocks_x(num_chunks, 1, kStage1);
+  trust_stage1_kernel<Rule, V><<<chunk_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kStage1, Rule::kName, ", ", num_chunks, " chunks of ",
+                                    kTrustChunk, " elements");
+  const unsigned ratio_blocks = exec::detail::grid_blocks_x(args.num_params, kTrustThreads, kRatio);
+  trust_ratio_kernel<Rule><<<ratio_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kRatio, Rule::kName, ", ", args.num_params, " tensors");
+  trust_stage2_kernel<Rule><<<chunk_blocks, kTrustThreads, 0, stream>>>(args);
+  exec::detail::check_kernel_launch(kStage2, Rule::kName, ", ", num_chunks, " chunks of ",
+                                    kTrustChunk, " elements");
+}
+
 }  // namespace TRAINKIT_DETAIL_EXEC_ARCH_NS
 #endif
 
@@ -21448,15 +21970,7 @@ class FusedOptimizer {
                                         {},
                                         num_params};
       for (int k = 0; k < Traits::kMaxStates; ++k) args.states[k] = static_cast<float*>(state_[k]);
-      const cudaStream_t stream = exec.stream().get();
-      constexpr int kThreads = detail::kTrustThreads;
-      detail::trust_stage1_kernel<Rule, V><<<num_chunks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
-      const auto ratio_blocks = static_cast<unsigned>((num_params + kThreads - 1) / kThreads);
-      detail::trust_ratio_kernel<Rule><<<ratio_blocks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
-      detail::trust_stage2_kernel<Rule><<<num_chunks, kThreads, 0, stream>>>(args);
-      TRAINKIT_CUDA_CHECK(cudaGetLastError());
+      detail::launch_trust_ratio_kernels<Rule, V>(args, num_chunks, exec.stream().get());
 #else
       static_assert(exec::detail::dependent_false<E>,
                     "optim: a trust-ratio optimizer (LAMB) stepping with exec::Cuda launches CUDA "
@@ -24175,11 +24689,11 @@ TRAINKIT_INLINE bool parse_brace_int(std::string_view s, long long& v);
 /// then leaves the braces as they are).
 TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::string>& out);
 
-/// Appends the expansion of `s` to `out`, counting their characters in `bytes`; false (and
-/// `out` incomplete) as soon as the names or their bytes pass kMaxShardNames /
-/// kMaxShardNameBytes.
+/// Appends the expansion of `s` to `out`, counting their characters in `bytes` and every word
+/// produced, empty ones included, in `words`; false (and `out` incomplete) as soon as the words
+/// or the bytes pass kMaxShardNames / kMaxShardNameBytes.
 TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
-                                        std::size_t& bytes);
+                                        std::size_t& bytes, std::size_t& words);
 
 #if TRAINKIT_IMPL
 
@@ -24248,7 +24762,10 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
     }
     return true;
   }
-  if (a.size() == 1 && b.size() == 1) {  // letter range {a..e}
+  // Letter range {a..e}: both ends letters, as bash requires ({1..a} or {/..a} stay literal,
+  // rather than spanning the digits and punctuation between them).
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  if (a.size() == 1 && b.size() == 1 && letter(a[0]) && letter(b[0])) {
     const int c0 = static_cast<unsigned char>(a[0]), c1 = static_cast<unsigned char>(b[0]);
     const long long span = c0 <= c1 ? c1 - c0 : c0 - c1;  // step >= 1: k * step <= span
     for (long long k = 0; k <= span / step; ++k) {
@@ -24261,7 +24778,7 @@ TRAINKIT_INLINE bool brace_alternatives(std::string_view body, std::vector<std::
 }
 
 TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::string>& out,
-                                        std::size_t& bytes) {
+                                        std::size_t& bytes, std::size_t& words) {
   // Find the first '{' whose matching '}' encloses a valid brace expression.
   for (std::size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open + 1)) {
     int depth = 0;
@@ -24279,12 +24796,14 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
       continue;
     const std::string prefix = s.substr(0, open), suffix = s.substr(close + 1);
     for (const std::string& alt : alternatives)
-      if (!expand_braces_into(prefix + alt + suffix, out, bytes)) return false;
+      if (!expand_braces_into(prefix + alt + suffix, out, bytes, words)) return false;
     return true;
   }
+  // Empty words count too: they are dropped, but "{,}{,}{,}..." still takes time for each.
+  if (++words > kMaxShardNames) return false;
   if (s.empty()) return true;  // "{,a}": bash drops the empty word
   bytes += s.size();
-  if (out.size() >= kMaxShardNames || bytes > kMaxShardNameBytes) return false;
+  if (bytes > kMaxShardNameBytes) return false;
   out.push_back(s);
   return true;
 }
@@ -24296,21 +24815,22 @@ TRAINKIT_INLINE bool expand_braces_into(const std::string& s, std::vector<std::s
 /// Expands a shard pattern into the list of names, in order: "a-{00..02}.tar::b.tar" gives
 /// a-00.tar, a-01.tar, a-02.tar, b.tar. Bash brace semantics; text without a valid brace
 /// expression is kept literally. Throws trainkit::Error for an empty pattern and for one that
-/// expands to more than kMaxShardNames names (or kMaxShardNameBytes of them).
+/// expands to more than kMaxShardNames words (the empty words it drops included) or
+/// kMaxShardNameBytes of names.
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern);
 
 #if TRAINKIT_IMPL
 
 TRAINKIT_INLINE std::vector<std::string> expand_shard_pattern(std::string_view pattern) {
   std::vector<std::string> out;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, words = 0;
   std::size_t start = 0;
   for (;;) {
     const std::size_t sep = pattern.find("::", start);
     const std::string part(
         pattern.substr(start, sep == std::string_view::npos ? sep : sep - start));
-    TRAINKIT_CHECK(part.empty() || detail::expand_braces_into(part, out, bytes), "shard pattern '",
-                   pattern.substr(0, 200), pattern.size() > 200 ? "...'" : "'",
+    TRAINKIT_CHECK(part.empty() || detail::expand_braces_into(part, out, bytes, words),
+                   "shard pattern '", pattern.substr(0, 200), pattern.size() > 200 ? "...'" : "'",
                    " expands to more than ", kMaxShardNames, " names or ", kMaxShardNameBytes >> 20,
                    " MiB of them; more shards than that is surely a typo");
     if (sep == std::string_view::npos) break;
@@ -24369,7 +24889,8 @@ class NpyDataset {
   /// The mapped file of field k.
   const io::NpyFile& file(std::size_t k) const { return files_.at(k); }
 
-  /// Copies row `i` of every file into `out`. Throws trainkit::Error for i >= size().
+  /// Copies row `i` of every file into `out`. Throws trainkit::Error for i >= size() and for
+  /// an `out` whose fields or their sizes differ from fields().
   TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   /// "'train_x.npy' row 17 (+ 1 more file)", for error messages.
@@ -24411,6 +24932,8 @@ TRAINKIT_INLINE NpyDataset::NpyDataset(std::vector<Source> sources, io::MapAcces
 TRAINKIT_INLINE void NpyDataset::read(std::size_t i, const SampleRef& out) const {
   TRAINKIT_CHECK(i < size_, "NpyDataset: sample ", i, " out of range [0, ", size_, ") of '",
                  files_[0].path(), "'");
+  TRAINKIT_CHECK(out.size() == files_.size(), "NpyDataset: destination has ", out.size(),
+                 " fields, expected ", files_.size(), " (one per file, in fields() order)");
   for (std::size_t k = 0; k < files_.size(); ++k) {
     const std::size_t n = row_bytes_[k];
     TRAINKIT_CHECK(out[k].size() == n, "NpyDataset: destination for field '", fields_[k].name,
@@ -24489,7 +25012,8 @@ class TokenShardDataset {
   /// Tokens in shard k (from its header).
   std::size_t shard_tokens(std::size_t k) const { return shards_.at(k).tokens; }
 
-  /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1).
+  /// Writes window i as input = tokens[s, s+T), target = tokens[s+1, s+T+1). Throws
+  /// trainkit::Error for i >= size() and for an `out` whose fields differ from fields().
   TRAINKIT_INLINE void read(std::size_t i, const SampleRef& out) const;
 
   std::string describe(std::size_t i) const {
@@ -24593,6 +25117,8 @@ TRAINKIT_INLINE TokenShardDataset::TokenShardDataset(
 
 TRAINKIT_INLINE void TokenShardDataset::read(std::size_t i, const SampleRef& out) const {
   TRAINKIT_CHECK(i < size_, "TokenShardDataset: sample ", i, " out of range [0, ", size_, ")");
+  TRAINKIT_CHECK(out.size() == fields_.size(), "TokenShardDataset: destination has ", out.size(),
+                 " fields, expected 2 ('input' and 'target')");
   const Shard& s = shard_of(i);
   const std::size_t start = (i - s.first) * options_.stride;
   const std::size_t T = options_.seq_len;
@@ -24874,8 +25400,11 @@ class TarShardDataset {
                                       o_.world_size);
   }
 
-  /// "tar shard 'x.tar', sample key '000017'": where the last sample was read.
+  /// "tar shard 'x.tar', sample key '000017'": where the last sample was read (the shard alone
+  /// before its first sample; the epoch alone before its first shard).
   std::string describe_current() const {
+    if (current_shard_.empty())
+      return ::trainkit::detail::concat("epoch ", epoch_, " before its first tar shard");
     std::string s = "tar shard '" + current_shard_ + "'";
     if (!current_key_.empty()) s += ", sample key '" + current_key_ + "'";
     return s;
@@ -25000,6 +25529,9 @@ TRAINKIT_INLINE bool TarShardDataset::position(std::uint64_t epoch, std::uint64_
   epoch_ = epoch;
   skip_ = skip;
   stopped_after_.reset();
+  // An error before the epoch's first read names the epoch, not the last epoch's sample.
+  current_shard_.clear();
+  current_key_.clear();
   order_ = shards_for_epoch(epoch);
   next_shard_ = 0;
   reader_.reset();
@@ -25090,6 +25622,7 @@ TRAINKIT_INLINE bool TarShardDataset::read_sample(std::vector<std::byte>& sample
         return false;
       }
       current_shard_ = order_[next_shard_++];
+      current_key_.clear();  // the last key was the previous shard's
       reader_.emplace(io::TarReader::open(
           current_shard_, io::TarReaderOptions{.max_member_bytes = o_.max_member_bytes}));
       entry_pending_ = false;
@@ -25169,6 +25702,7 @@ TRAINKIT_INLINE void TarShardDataset::decode(std::size_t k, const std::string& m
       const std::string where = current_shard_ + ":" + member;
       const io::NpyHeader h = io::parse_npy_header(bytes, where);
       io::check_npy_size(h, bytes.size(), where);
+      io::check_npy_bools(h, std::span(bytes).subspan(h.data_offset), where);
       std::size_t numel = 1;
       for (std::int64_t d : f.shape) numel *= static_cast<std::size_t>(d);
       if (h.dtype != f.dtype || h.numel != numel) {
@@ -25228,21 +25762,31 @@ TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const st
   const char* end = p + bytes.size();
   std::size_t count = 0;
   int depth = 0;
-  bool expect_value = true;
+  // What may come next: a value (at the start, after a comma), a value or ']' (after '['), a
+  // comma or ']' (after a value in an array), nothing (after the top-level value). Anything
+  // else ("[1,,2]", "[1,2,]", "[1][2]") stops the scan and is reported below.
+  enum class Next { kValue, kValueOrClose, kCommaOrClose, kEnd } next = Next::kValue;
   for (; p < end; ++p) {
     const char c = *p;
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    const bool value_ok = next == Next::kValue || next == Next::kValueOrClose;
     if (c == '[') {
+      if (!value_ok) break;
       if (++depth > 32) fail_member(member, "JSON nested deeper than 32 arrays");
-      expect_value = true;
+      next = Next::kValueOrClose;
       continue;
     }
-    if (c == ']' || c == ',') {
-      if (c == ']' && --depth < 0) break;
-      expect_value = c == ',';
+    if (c == ']') {
+      if (next != Next::kValueOrClose && next != Next::kCommaOrClose) break;
+      next = --depth == 0 ? Next::kEnd : Next::kCommaOrClose;
       continue;
     }
-    if (!expect_value) break;
+    if (c == ',') {
+      if (next != Next::kCommaOrClose) break;
+      next = Next::kValue;
+      continue;
+    }
+    if (!value_ok) break;
     double v = 0;
     if (end - p >= 4 && std::memcmp(p, "true", 4) == 0) {
       v = 1;
@@ -25261,9 +25805,9 @@ TRAINKIT_INLINE void TarShardDataset::parse_json_numbers(std::size_t k, const st
       fail_member(member, ::trainkit::detail::concat("value ", v, " does not fit field '", f.name,
                                                      "' (", dtype_name(f.dtype), ")"));
     ++count;
-    expect_value = false;
+    next = depth == 0 ? Next::kEnd : Next::kCommaOrClose;
   }
-  if (p != end || depth != 0) {
+  if (p != end || next != Next::kEnd) {
     fail_member(member, ::trainkit::detail::concat("not a number or an array of numbers (byte ",
                                                    p - reinterpret_cast<const char*>(bytes.data()),
                                                    "); to keep raw JSON text declare field '",
@@ -25500,11 +26044,14 @@ class Prefetcher {
 
   /// Continues from `state` (from state(), possibly of another run with the same dataset,
   /// sampler and options): the batches that follow are exactly those an uninterrupted run would
-  /// have produced from that point. Invalidates the current batch; clears a worker error.
+  /// have produced from that point. Invalidates the current batch; clears a worker error. When
+  /// its workers cannot be started it throws trainkit::Error, and next() throws that error until
+  /// a restore() succeeds.
   TRAINKIT_INLINE void restore(const PrefetchState& state);
 
-  /// The position of the next batch ("epoch", "batch") plus "batch_size" and
-  /// "batches_per_epoch", which must match on load (another batching changes what batch k is).
+  /// The position of the next batch ("epoch", "batch") plus "batch_size", "batches_per_epoch"
+  /// and "samples_per_epoch" (the sampler's size; 0 for streaming datasets), which must match on
+  /// load (another batching or sample count changes what batch k is).
   TRAINKIT_INLINE StateDict state_dict() const;
   /// Checks the batching, then restore()s the saved position: the next next() returns exactly
   /// the batch an uninterrupted run would have returned.
@@ -25546,6 +26093,7 @@ class Prefetcher {
       return std::vector<std::int64_t>(shared->indices(epoch));
     };
     per_epoch_samples_ = shared->size();
+    dataset_size_ = static_cast<std::size_t>(dataset.size());
     const std::size_t b = std::max<std::size_t>(options_.batch_size, 1);
     per_epoch_ = per_epoch_samples_ / b + (!options_.drop_last && per_epoch_samples_ % b != 0);
     TRAINKIT_CHECK(per_epoch_ > 0, options_.name, ": the sampler yields ", per_epoch_samples_,
@@ -25624,6 +26172,7 @@ class Prefetcher {
   std::function<std::string(std::size_t)> describe_;
   std::function<std::vector<std::int64_t>(std::uint64_t)> indices_of_;
   std::size_t per_epoch_samples_ = 0;
+  std::size_t dataset_size_ = 0;
   std::size_t per_epoch_ = 0;  // batches per epoch (0 = streaming)
   std::mutex indices_mutex_;
   std::map<std::uint64_t, std::shared_ptr<const std::vector<std::int64_t>>> epoch_indices_;
@@ -25640,6 +26189,12 @@ class Prefetcher {
   // epoch when fewer than one more batch (drop_last) or no sample follows it.
   std::size_t look_begin_ = 0, look_count_ = 0;
   bool stream_ended_ = false;
+  // A failed read ahead: it belongs to the batch of the sample that failed, so it is thrown
+  // once the samples read before it are used up, not with the batch that read ahead.
+  std::exception_ptr stream_error_;
+  // describe_current() of each sample read ahead, kept when a transform runs (its errors name
+  // the sample; the dataset has read further by then).
+  std::vector<std::string> look_described_;
   std::size_t stream_lookahead() const noexcept {
     return options_.drop_last ? options_.batch_size : 1;
   }
@@ -25744,8 +26299,26 @@ TRAINKIT_INLINE void Prefetcher::restore(const PrefetchState& state) {
                  ": restore() to batch ", state.batch, " of epoch ", state.epoch,
                  " but an epoch has ", per_epoch_, " batches");
   stop_workers();
-  release_held();
-  begin(state);
+  try {
+    release_held();
+    begin(state);
+  } catch (...) {
+    // No worker runs now, so a next() that waited for a batch would wait forever: it throws
+    // this error instead, until a restore() starts the workers.
+    held_ = false;
+    claimed_ = consumed_ = released_count_ = 0;
+    for (Slot& s : slots_) s = Slot{};
+    next_state_ = state;
+    try {
+      rethrow_with(::trainkit::detail::concat(
+          "restore() to batch ", state.batch, " of epoch ", state.epoch,
+          " failed, and the loader has no workers until a restore() succeeds"));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fatal_ = std::current_exception();
+    }
+    std::rethrow_exception(fatal_);
+  }
 }
 
 TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
@@ -25754,6 +26327,7 @@ TRAINKIT_INLINE StateDict Prefetcher::state_dict() const {
   sd.set_u64("batch", next_state_.batch);
   sd.set_u64("batch_size", options_.batch_size);
   sd.set_u64("batches_per_epoch", per_epoch_);
+  sd.set_u64("samples_per_epoch", per_epoch_samples_);
   if (!stream_settings_.empty()) sd.values["stream_settings"] = stream_settings_;
   return sd;
 }
@@ -25764,6 +26338,9 @@ TRAINKIT_INLINE void Prefetcher::load_state_dict(const StateDict& sd) {
                                      options_.batch_size);
   check_saved_setting<std::uint64_t>(who, "batches_per_epoch", sd.get_u64("batches_per_epoch"),
                                      per_epoch_);
+  if (sd.contains("samples_per_epoch"))  // (states saved before it was recorded lack it)
+    check_saved_setting<std::uint64_t>(who, "samples_per_epoch", sd.get_u64("samples_per_epoch"),
+                                       per_epoch_samples_);
   const auto saved = sd.values.find("stream_settings");
   TRAINKIT_CHECK(
       saved == sd.values.end() || stream_settings_.empty() || saved->second == stream_settings_,
@@ -25858,13 +26435,19 @@ TRAINKIT_INLINE void Prefetcher::begin(const PrefetchState& state) {
   epoch_indices_.clear();
   stream_cursor_ = state;
   stream_started_ = false;
+  stream_error_ = nullptr;
   workers_.clear();
   try {
+    workers_.reserve(num_workers_);
     for (std::size_t w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { work(w); });
   } catch (const std::system_error& e) {
+    const std::size_t started = workers_.size();
     stop_workers();  // joins the ones that started
-    TRAINKIT_FAIL(options_.name, ": cannot start worker ", workers_.size() + 1, " of ",
-                  num_workers_, " (", e.what(), "); lower num_workers");
+    TRAINKIT_FAIL(options_.name, ": cannot start worker ", started + 1, " of ", num_workers_, " (",
+                  e.what(), "); lower num_workers");
+  } catch (...) {
+    stop_workers();  // a thread left running (or unjoined) would outlive its loader
+    throw;
   }
 }
 
@@ -25904,9 +26487,16 @@ TRAINKIT_INLINE std::shared_ptr<const std::vector<std::int64_t>> Prefetcher::ind
   auto it = epoch_indices_.find(epoch);
   if (it == epoch_indices_.end()) {
     auto v = std::make_shared<const std::vector<std::int64_t>>(indices_of_(epoch));
-    TRAINKIT_CHECK(v->size() == per_epoch_samples_, options_.name, ": the sampler returned ",
-                   v->size(), " indices for epoch ", epoch, " but its size() is ",
-                   per_epoch_samples_);
+    TRAINKIT_CHECK(v->size() == per_epoch_samples_, "the sampler returned ", v->size(),
+                   " indices for epoch ", epoch, " but its size() is ", per_epoch_samples_);
+    // A sampler made for another dataset (RandomSampler(n) with the wrong n) would have the
+    // dataset read past its end: refused before any sample of the epoch is read.
+    for (std::size_t k = 0; k < v->size(); ++k) {
+      const std::int64_t i = (*v)[k];
+      TRAINKIT_CHECK(i >= 0 && static_cast<std::uint64_t>(i) < dataset_size_,
+                     "the sampler's index ", k, " of epoch ", epoch, " is ", i,
+                     ", but the dataset has ", dataset_size_, " samples");
+    }
     epoch_indices_.emplace(epoch, v);
     // Keep at most two epochs: the one asked for and the newest other. Workers are normally
     // at most one epoch apart; one that lags further (a slow machine, a restore) gets its
@@ -26027,7 +26617,14 @@ TRAINKIT_INLINE void Prefetcher::fill_indexed(std::uint64_t g, std::size_t worke
   const std::uint64_t epoch = origin_.epoch + pos / per_epoch_;
   const std::uint64_t batch = pos % per_epoch_;
   const std::size_t B = options_.batch_size;
-  std::shared_ptr<const std::vector<std::int64_t>> indices = indices_for(epoch);
+  std::shared_ptr<const std::vector<std::int64_t>> indices;
+  try {
+    indices = indices_for(epoch);
+  } catch (...) {
+    // The sampler's own exception, too, reaches next() as a trainkit::Error with the loader.
+    rethrow_with(::trainkit::detail::concat("worker ", worker, " failed on the sampler's indices",
+                                            " for epoch ", epoch));
+  }
   const std::size_t first = static_cast<std::size_t>(batch) * B;
   const std::size_t rows = std::min(B, indices->size() - first);
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
@@ -26070,26 +26667,34 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
   auto* idx_out = reinterpret_cast<std::int64_t*>(base + indices_offset_);
   const PrefetchState at = stream_cursor_;
   const std::uint64_t first = at.batch * B;
-  // Reads ahead until `depth` samples wait (or the epoch's stream ends); `next` is the
-  // position of the first sample read now.
+  // Reads ahead until `depth` samples wait (or the epoch's stream ends, or a read fails); `next`
+  // is the position of the first sample read now.
   const auto read_ahead = [&](std::uint64_t next) {
-    while (look_count_ < depth && !stream_ended_) {
+    while (look_count_ < depth && !stream_ended_ && !stream_error_) {
       if (stop_.load(std::memory_order_relaxed)) return;
       const std::size_t k = (look_begin_ + look_count_) % depth;
       packed_spans(lookahead.data() + k * sample_bytes, read_fields, look_spans);
       try {
         if (next_(SampleRef(look_spans))) {
+          // The dataset moves on as it reads ahead: a transform's error names the sample by
+          // where it was read.
+          if (options_.transform) look_described_[k] = describe_current_();
           ++look_count_;
           ++next;
         } else {
           stream_ended_ = true;
         }
       } catch (...) {
-        rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
-                                                at.epoch, " (", describe_current_(), ")"));
+        try {
+          rethrow_with(::trainkit::detail::concat("failed reading sample ", next, " of epoch ",
+                                                  at.epoch, " (", describe_current_(), ")"));
+        } catch (...) {
+          stream_error_ = std::current_exception();
+        }
       }
     }
   };
+  if (options_.transform) look_described_.resize(depth);
   if (!stream_started_) {
     try {
       start_(at.epoch, first);
@@ -26099,12 +26704,14 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     }
     look_begin_ = look_count_ = 0;
     stream_ended_ = false;
+    stream_error_ = nullptr;
     stream_started_ = true;
     read_ahead(first);
   }
   std::size_t rows = 0;
-  while (rows < B && look_count_ > 0) {
+  while (rows < B && (look_count_ > 0 || stream_error_)) {
     if (stop_.load(std::memory_order_relaxed)) return;
+    if (look_count_ == 0) std::rethrow_exception(stream_error_);  // this row's sample failed
     const std::uint64_t position = first + rows;
     idx_out[rows] = static_cast<std::int64_t>(position);
     row_spans(base, rows, out_spans);
@@ -26122,8 +26729,9 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
         if (options_.transform) options_.transform(info, out, out);
       }
     } catch (...) {
-      rethrow_with(::trainkit::detail::concat("failed on sample ", position, " of epoch ", at.epoch,
-                                              " (", describe_current_(), ")"));
+      rethrow_with(::trainkit::detail::concat(
+          "failed on sample ", position, " of epoch ", at.epoch, " (",
+          options_.transform ? look_described_[look_begin_] : describe_current_(), ")"));
     }
     ++rows;
     look_begin_ = (look_begin_ + 1) % depth;
@@ -26131,8 +26739,9 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     read_ahead(position + 1 + look_count_);
   }
   if (stop_.load(std::memory_order_relaxed)) return;
-  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then.
-  const bool last = options_.drop_last ? look_count_ < B : look_count_ == 0;
+  // With drop_last a shorter remainder is dropped, so this batch is the epoch's last then. A
+  // failed read ahead is a sample that exists: the next batch reports it.
+  const bool last = !stream_error_ && (options_.drop_last ? look_count_ < B : look_count_ == 0);
   if (last) {
     stream_cursor_ = PrefetchState{at.epoch + 1, 0};
     stream_started_ = false;
@@ -26140,7 +26749,21 @@ TRAINKIT_INLINE void Prefetcher::fill_streaming(std::byte* base, Slot& result,
     stream_cursor_ = PrefetchState{at.epoch, at.batch + 1};
   }
   // A batch that follows one not marked last has samples (with drop_last, a whole batch of
-  // them), so only an epoch's first batch can come up short.
+  // them), so only an epoch's first batch, or the first after a restore() to a position past
+  // the epoch's last batch, can come up short. A checkpoint taken after an epoch's last batch
+  // holds batch 0 of the next epoch, never such a position.
+  if (at.batch > 0 && (rows == 0 || (options_.drop_last && rows < B))) {
+    const char* after_last =
+        "the position after an epoch's last batch is batch 0 of the next epoch";
+    if (rows == 0)
+      TRAINKIT_FAIL(options_.name, ": restore() to batch ", at.batch, " of epoch ", at.epoch,
+                    " is past the epoch's end: the streaming dataset (", describe_current_(),
+                    ") has no sample ", first, " (", after_last, ")");
+    TRAINKIT_FAIL(options_.name, ": restore() to batch ", at.batch, " of epoch ", at.epoch,
+                  " is past the epoch's last batch: the streaming dataset (", describe_current_(),
+                  ") has ", rows, " samples from sample ", first, " on, fewer than one batch of ",
+                  B, " with drop_last (", after_last, ")");
+  }
   TRAINKIT_CHECK(rows > 0, options_.name, ": epoch ", at.epoch, " of the streaming dataset (",
                  describe_current_(), ") has no samples");
   TRAINKIT_CHECK(rows == B || !options_.drop_last, options_.name, ": epoch ", at.epoch, " has ",
@@ -26263,7 +26886,8 @@ struct ImageAugmentOptions {
 class ImageAugment {
  public:
   /// Validates the options and precomputes the per-channel fma coefficients. Throws
-  /// trainkit::Error for a bad layout, a padding outside [0, 2^24] or a zero stddev.
+  /// trainkit::Error for a bad layout, a padding outside [0, 2^24], a zero stddev, or a
+  /// normalisation whose coefficients are not finite (a NaN or infinite scale, mean or stddev).
   TRAINKIT_INLINE explicit ImageAugment(const ImageAugmentOptions& options);
 
   TRAINKIT_HOST_DEVICE const ImageAugmentOptions& options() const noexcept { return o_; }
@@ -26317,6 +26941,8 @@ class ImageAugment {
 /// A Prefetcher transform that augments field `field` (uint8 or f32, matching aug.layout()) into
 /// an f32 field of the same name and copies the other fields. Set both results in the options:
 /// `std::tie(opts.transform, opts.output_fields) = image_transform(aug, ds.fields(), "image");`
+/// (an f32 field may also be augmented in place, without output_fields; a uint8 field given no
+/// output_fields is refused by the transform, whose floats would not fit its bytes).
 TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transform(
     const ImageAugment& aug, std::span<const FieldSpec> fields, std::string_view field);
 
@@ -26386,6 +27012,12 @@ TRAINKIT_INLINE ImageAugment::ImageAugment(const ImageAugmentOptions& options) :
     TRAINKIT_CHECK(o_.normalize.stddev[c] != 0.0f, "ImageAugment: stddev[", c, "] is zero");
     a_[c] = o_.normalize.scale / o_.normalize.stddev[c];
     b_[c] = -o_.normalize.mean[c] / o_.normalize.stddev[c];
+    // A NaN or infinite scale, mean or stddev (or a stddev so small the ratio overflows) would
+    // turn every output of the channel into NaN or infinity.
+    TRAINKIT_CHECK(std::isfinite(a_[c]) && std::isfinite(b_[c]), "ImageAugment: channel ", c,
+                   " normalises with scale ", o_.normalize.scale, ", mean ", o_.normalize.mean[c],
+                   " and stddev ", o_.normalize.stddev[c],
+                   ", which give a non-finite factor; all three must be finite");
   }
 }
 
@@ -26400,18 +27032,34 @@ TRAINKIT_INLINE std::pair<SampleTransform, std::vector<FieldSpec>> image_transfo
   std::vector<FieldSpec> out(fields.begin(), fields.end());
   out[k].dtype = DType::kF32;
   const bool u8 = f.dtype == DType::kU8;
-  SampleTransform t = [aug, k, u8](const SampleInfo& info, const SampleRef& in,
-                                   const SampleRef& o) {
+  const std::size_t n = f.numel();
+  SampleTransform t = [aug, k, u8, n, name = std::string(field)](
+                          const SampleInfo& info, const SampleRef& in, const SampleRef& o) {
+    // Without the output fields in the options the Prefetcher hands the dataset's own (U8)
+    // field as the output, too small for the floats written into it.
+    const std::size_t got = k < o.size() ? o[k].size() : 0;
+    TRAINKIT_CHECK(in.size() == o.size() && k < in.size() && in[k].size() == n * (u8 ? 1 : 4) &&
+                       got == n * sizeof(float),
+                   "image_transform: field '", name, "' is ", got,
+                   " bytes per sample in the batch, not ", n, " f32 values: set ",
+                   "PrefetchOptions::output_fields to the fields image_transform returns");
     for (std::size_t j = 0; j < in.size(); ++j) {
       if (j == k) {
         if (u8) {
           aug.apply_host(reinterpret_cast<const std::uint8_t*>(in[j].data()),
                          reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
         } else {
-          aug.apply_host(reinterpret_cast<const float*>(in[j].data()),
-                         reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
+          const auto* src = reinterpret_cast<const float*>(in[j].data());
+          if (in[j].data() == o[j].data()) {
+            // In place (an f32 field needs no output_fields): crops and flips read pixels that
+            // this pass has already written, so read a copy of the sample instead.
+            thread_local std::vector<float> copy;
+            copy.assign(src, src + n);
+            src = copy.data();
+          }
+          aug.apply_host(src, reinterpret_cast<float*>(o[j].data()), info.epoch, info.index);
         }
-      } else if (!in[j].empty()) {
+      } else if (!in[j].empty() && in[j].data() != o[j].data()) {
         std::memcpy(o[j].data(), in[j].data(), in[j].size());
       }
     }
@@ -28660,7 +29308,24 @@ class NcclWork final : public WorkState {
 
   cudaEvent_t event() const noexcept { return event_; }
 
+  /// Records the event on `stream`, after the collective (and its follow-up kernels).
+  void record(cudaStream_t stream) {
+    TRAINKIT_CUDA_CHECK(cudaEventRecord(event_, stream));
+    recorded_ = true;
+  }
+  /// False while the collective waits, inside an open group(), for ncclGroupEnd to enqueue it.
+  bool recorded() const noexcept { return recorded_; }
+  /// Throws when the collective is not enqueued yet: an event never recorded counts as complete
+  /// for CUDA, so a wait on it would return (or order a stream) before the collective ran.
+  void check_recorded(const char* who) const {
+    if (!recorded_ && handle_->failed()) (void)handle_->poll(what_);  // throws why it aborted
+    TRAINKIT_CHECK(recorded_, "NcclComm rank ", handle_->rank(), ": ", who, " on ", what_,
+                   " inside the group() that issued it: the collective starts only when the "
+                   "group ends; wait after the group");
+  }
+
   void wait() override {
+    check_recorded("Work::wait()");
     for (unsigned i = 0;; ++i) {
       if (test()) return;
       if (NcclClock::now() - start_ > handle_->timeout())
@@ -28673,6 +29338,10 @@ class NcclWork final : public WorkState {
   }
 
   bool test() override {
+    if (!recorded_) {  // in an open group (not started), or its group failed (throws)
+      (void)handle_->poll(what_);
+      return false;
+    }
     const cudaError_t status = cudaEventQuery(event_);
     if (status == cudaSuccess) return true;
     if (status != cudaErrorNotReady) TRAINKIT_CUDA_CHECK(status);
@@ -28686,6 +29355,7 @@ class NcclWork final : public WorkState {
   std::string what_;
   NcclClock::time_point start_;
   cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
 };
 
 /// NCCL's element type for a reducible dtype.
@@ -28793,6 +29463,7 @@ class NcclComm final : public Comm {
     if (!work.valid()) return;
     auto* nccl = dynamic_cast<const detail::NcclWork*>(work.state().get());
     TRAINKIT_CHECK(nccl != nullptr, "NcclComm::wait_on: the Work is not from an NcclComm");
+    nccl->check_recorded("wait_on()");
     stream.wait(nccl->event());
   }
 
@@ -28804,7 +29475,8 @@ class NcclComm final : public Comm {
   void abort() noexcept { handle_->abort("aborted by the program"); }
 
   /// RAII NCCL group: collectives issued while it lives are fused (ncclGroupStart/End); their
-  /// Work completes after the group ended. Nest freely.
+  /// Work completes after the group ended (before that, test() is false and wait() or wait_on()
+  /// throw: the collective has not started). Nest freely.
   class Group {
    public:
     explicit Group(NcclComm& comm) : comm_(&comm) { comm.group_start(); }
@@ -28870,8 +29542,11 @@ class NcclComm final : public Comm {
 
   /// An all_reduce of one int32 on a small device buffer (NCCL has no barrier).
   Work barrier() override {
-    if (barrier_buf_ == nullptr)
+    if (barrier_buf_ == nullptr) {
+      // On the communicator's device, whichever device the calling thread has current.
+      cuda::DeviceGuard guard(device_);
       TRAINKIT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(std::int32_t)));
+    }
     return issue("barrier", [&](cudaStream_t s) {
       return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, handle_->comm(), s);
     });
@@ -28925,7 +29600,7 @@ class NcclComm final : public Comm {
       grouped_.push_back(work);  // enqueued only at ncclGroupEnd
     } else {
       handle_->wait_ready(what, start);
-      TRAINKIT_CUDA_CHECK(cudaEventRecord(work->event(), stream_.get()));
+      work->record(stream_.get());
     }
     return Work(std::move(work));
   }
@@ -28942,8 +29617,7 @@ class NcclComm final : public Comm {
     const auto& kernels = detail::device_kernels();
     cuda::DeviceGuard guard(device_);
     kernels.divide(b.dtype, b.data, b.count, world_size(), stream_.get());
-    auto* nccl = static_cast<detail::NcclWork*>(work.state().get());
-    TRAINKIT_CUDA_CHECK(cudaEventRecord(nccl->event(), stream_.get()));
+    static_cast<detail::NcclWork*>(work.state().get())->record(stream_.get());
   }
 
   void group_start() {
@@ -28967,7 +29641,7 @@ class NcclComm final : public Comm {
           trainkit::detail::concat("ncclGroupEnd failed: ", trainkit::detail::nccl_message(status)),
           status);
     handle_->wait_ready("ncclGroupEnd", start);
-    for (const auto& w : works) TRAINKIT_CUDA_CHECK(cudaEventRecord(w->event(), stream_.get()));
+    for (const auto& w : works) w->record(stream_.get());
   }
 
   NcclOptions options_;
@@ -29085,15 +29759,16 @@ inline int remaining_ms(RdvClock::time_point deadline) {
   return left.count() <= 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1000));
 }
 
-/// Waits for `events` on fd until the deadline; false on timeout.
+/// Waits for `events` on fd until the deadline; false on timeout, also when the fd is ready but
+/// the deadline has passed: a loop that waits on a socket that keeps being ready (a stream of
+/// junk connections or bytes) must still end at its deadline.
 inline bool wait_fd(int fd, short events, RdvClock::time_point deadline) {
   for (;;) {
+    if (RdvClock::now() >= deadline) return false;
     pollfd p{fd, events, 0};
-    const int ms = remaining_ms(deadline);
-    const int r = ::poll(&p, 1, ms);
+    const int r = ::poll(&p, 1, remaining_ms(deadline));
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) return false;
-    if (r == 0 && RdvClock::now() >= deadline) return false;
   }
 }
 
@@ -29232,15 +29907,15 @@ inline Socket connect_once(const std::string& host, int port, RdvClock::time_poi
         error = errno_text(errno);
         continue;
       }
-      if (!wait_fd(s.fd(), POLLOUT,
-                   std::min(deadline, RdvClock::now() + std::chrono::seconds(2)))) {
-        error = "connect timed out";
-        continue;
-      }
+      const bool answered =
+          wait_fd(s.fd(), POLLOUT, std::min(deadline, RdvClock::now() + std::chrono::seconds(2)));
+      // An attempt at the deadline has no time left to wait, but a refusal that already came is
+      // still a better last error than a timeout.
       int err = 0;
       socklen_t len = sizeof err;
-      if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-        error = errno_text(err);
+      if (::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      if (err != 0 || !answered) {
+        error = err != 0 ? errno_text(err) : std::string("connect timed out");
         continue;
       }
     }
@@ -29307,7 +29982,9 @@ TRAINKIT_INLINE void tcp_broadcast(std::string_view host, int port, int rank, in
       unsigned char head[12];
       std::memcpy(head, detail::kRendezvousRefusal, 8);
       detail::put_u32(head + 8, static_cast<std::uint32_t>(n));
-      const auto until = std::min(deadline, RdvClock::now() + std::chrono::milliseconds(500));
+      // Half a second for all of them together, also when rank 0 refuses because its deadline
+      // passed: the verdict must still go out, and a peer that does not read cannot hold it.
+      const auto until = RdvClock::now() + std::chrono::milliseconds(500);
       for (const detail::Socket& s : peers)
         if (s.valid())
           (void)(detail::send_all(s.fd(), head, sizeof head, until) &&
@@ -29720,7 +30397,8 @@ inline std::string describe_tcp_call(RingOp kind, ReduceOp op, DType dtype, std:
 /// Bootstrap (the constructor): every rank opens a listening socket on an ephemeral port; rank 0
 /// also listens at master_port and waits for the other ranks to say hello (rank, world size,
 /// address, port); it checks them (a rank out of range, one that appears twice, or world sizes
-/// that disagree are errors naming the ranks, which every rank reports) and sends everyone the
+/// that disagree are errors naming the ranks, which every rank reports; a hello in another
+/// protocol version is one naming both versions and the peer's address) and sends everyone the
 /// address table. Each rank then connects to its right neighbour (rank + 1) and accepts its left
 /// one. Refused connections and a busy master port are retried until the timeout; a rank that
 /// never arrives makes rank 0 fail naming it, and the others with rank 0's message.
@@ -30069,8 +30747,22 @@ TRAINKIT_INLINE void TcpComm::bootstrap(const std::string& master_addr, int mast
       unsigned char head[detail::kTcpFrameBytes];
       const auto hello_deadline = std::min(deadline, RdvClock::now() + std::chrono::seconds(5));
       // A connection that does not speak the protocol (a port scanner, a health check) is
-      // dropped; one that does but disagrees is an error.
-      if (!detail::recv_all(s.fd(), head, sizeof head, hello_deadline)) continue;
+      // dropped; one that does but disagrees is an error. The magic and version are read first,
+      // since a hello of another version may be shorter than ours.
+      if (!detail::recv_all(s.fd(), head, 5, hello_deadline)) continue;
+      if (std::memcmp(head, detail::kTcpMagic, 4) == 0 && head[4] != detail::kTcpVersion) {
+        // A rank of another trainkit build: dropping it would leave it retrying and rank 0
+        // waiting for it until their timeouts. It hears the verdict in this build's frame, or at
+        // least fails at once on this build's version.
+        const std::string address = detail::peer_address(s.fd());
+        peers[0] = std::move(s);
+        refuse(trainkit::detail::concat(
+            "a peer", address.empty() ? std::string() : " at " + address,
+            " speaks TcpComm protocol version ", static_cast<int>(head[4]),
+            ", rank 0 speaks version ", static_cast<int>(detail::kTcpVersion),
+            " (are all ranks the same trainkit build?)"));
+      }
+      if (!detail::recv_all(s.fd(), head + 5, sizeof head - 5, hello_deadline)) continue;
       detail::TcpFrame f;
       try {
         f = detail::decode_tcp_frame(head, sizeof head, "a peer");
@@ -31597,9 +32289,21 @@ class GradBucketer {
   void finish() {
     if (!syncing_) return;
     check_all_launched([this](std::size_t b) {
-      float* g = arena_->grads_data() + buckets_[b].offset;
-      std::fill(g, g + buckets_[b].count, std::numeric_limits<float>::quiet_NaN());
-      launch(b);
+      if constexpr (S == Space::kHost) {
+        float* g = arena_->grads_data() + buckets_[b].offset;
+        std::fill(g, g + buckets_[b].count, std::numeric_limits<float>::quiet_NaN());
+        launch(b);
+      } else {
+#if TRAINKIT_WITH_NCCL
+        // Device gradients cannot be written from the host: the NaN fill and the all-reduce go
+        // on the stream the communicator orders its collectives after.
+        const cuda::StreamRef stream = nccl_->caller_stream();
+        TRAINKIT_CUDA_CHECK(cudaMemsetAsync(arena_->grads_data() + buckets_[b].offset, 0xFF,
+                                            static_cast<std::size_t>(buckets_[b].count) * 4,
+                                            stream.get()));
+        launch_device(b, stream);
+#endif
+      }
     });
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr first;
@@ -31657,12 +32361,21 @@ class GradBucketer {
   std::size_t bucket_of(nn::ParamId id) const { return bucket_of_[check_id(id, "bucket_of")]; }
   /// True once bucket `b` of the current backward pass has been averaged into the arena's
   /// gradients (never blocks; throws when its all-reduce failed). Device arenas: true once it
-  /// was enqueued and NCCL finished.
+  /// was enqueued and the device finished it (with bf16 compression, the average's conversion
+  /// back to f32 included).
   bool reduced(std::size_t b) {
     TRAINKIT_CHECK(b < buckets_.size(), "GradBucketer::reduced: bucket ", b, " of ",
                    buckets_.size());
     if (b >= next_launch_ || !works_[b].test()) return false;
-    if constexpr (S == Space::kHost) copy_back(b);  // bf16 compression: the average to f32
+    if constexpr (S == Space::kHost) {
+      copy_back(b);  // bf16 compression: the average to f32
+    } else {
+#if TRAINKIT_WITH_CUDA
+      // With bf16 compression the average reaches the f32 gradients in a kernel queued after the
+      // all-reduce: the bucket is done when its event (recorded after that kernel) is.
+      if (!event_done(events_[b])) return false;
+#endif
+    }
     return true;
   }
   /// Seconds the last finish() blocked waiting for all-reduces.
@@ -31767,6 +32480,13 @@ class GradBucketer {
       } catch (...) {
       }
     }
+#if TRAINKIT_WITH_CUDA
+    // Device arenas with bf16 compression: the kernel that stores each average as f32 runs
+    // after its all-reduce, on the communicator's stream; it must be done too, or it would
+    // overwrite what the caller writes into the gradients next (zeroing them for the next pass).
+    if constexpr (S == Space::kDevice)
+      for (cudaEvent_t e : events_) TRAINKIT_CUDA_CHECK_NOTHROW(cudaEventSynchronize(e));
+#endif
     reset_iteration();
     TRAINKIT_FAIL("GradBucketer::finish: parameter '", name, "' (bucket ", launched,
                   ") was never marked ready in this backward pass, so buckets ", launched, "..",
@@ -31788,6 +32508,17 @@ class GradBucketer {
   }
 
 #if TRAINKIT_WITH_CUDA
+  // True once the work before `e` finished (never blocks).
+  static bool event_done(cudaEvent_t e) {
+    const cudaError_t status = cudaEventQuery(e);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    TRAINKIT_CUDA_CHECK(status);
+    return true;
+  }
+
   void launch_device(std::size_t b, cuda::StreamRef stream) {
 #if TRAINKIT_WITH_NCCL
     const Bucket& bk = buckets_[b];
@@ -31886,7 +32617,7 @@ class GradBucketer {
     if constexpr (S == Space::kHost) {
       op(Buffer(data.data(), static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
     } else {
-#if TRAINKIT_WITH_CUDA
+#if TRAINKIT_WITH_NCCL  // (a device arena has an NcclComm: the constructor checked)
       void* dev = nullptr;
       const std::size_t bytes = std::max<std::size_t>(data.size() * sizeof(T), 1);
       TRAINKIT_CUDA_CHECK(cudaMalloc(&dev, bytes));
@@ -31894,9 +32625,12 @@ class GradBucketer {
         void* p;
         ~Free() { TRAINKIT_CUDA_CHECK_NOTHROW(cudaFree(p)); }
       } guard{dev};
+      // Queued on the stream the collective is ordered after: a cudaMemcpy from pageable memory
+      // returns before its transfer has landed, and the communicator's stream does not wait for
+      // the legacy default stream when set_stream() named another one.
       if (!data.empty())
-        TRAINKIT_CUDA_CHECK(
-            cudaMemcpy(dev, data.data(), data.size() * sizeof(T), cudaMemcpyHostToDevice));
+        TRAINKIT_CUDA_CHECK(cudaMemcpyAsync(dev, data.data(), data.size() * sizeof(T),
+                                            cudaMemcpyHostToDevice, nccl_->caller_stream().get()));
       op(Buffer(dev, static_cast<std::int64_t>(data.size()), dtype_of<T>, S)).wait();
       if (!data.empty())
         TRAINKIT_CUDA_CHECK(
@@ -31943,6 +32677,7 @@ TRAINKIT_NAMESPACE_END
 // the hash of the whole file with those 16 hex digits read as '0'. Python tools ignore the key;
 // a truncated, bit-flipped or half-written file fails verification with an error naming it.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -31952,6 +32687,7 @@ TRAINKIT_NAMESPACE_END
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 
 TRAINKIT_NAMESPACE_BEGIN
@@ -32071,11 +32807,69 @@ TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const s
 TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
                                            bool require = true);
 
-/// verify_checksum over a file on disk (mapped; the page cache then serves the load after it).
-inline FileDigest verify_checksum_file(const std::filesystem::path& path, bool require = true) {
-  const io::MappedFile map(path, io::MapAccess::kSequential);
-  return verify_checksum(map.bytes(), path.string(), require);
+/// verify_checksum over a file on disk, read with pread in pieces (the page cache then serves the
+/// load after it). A file truncated or rewritten in place while it is read (by another process)
+/// gives trainkit::Error naming it, never a signal.
+TRAINKIT_INLINE FileDigest verify_checksum_file(const std::filesystem::path& path,
+                                                bool require = true);
+
+namespace detail {
+
+/// The first 8 + N bytes of a safetensors file (N: its header length, checked against the file's
+/// size as safetensors_header_length does). Throws trainkit::Error naming the file.
+TRAINKIT_INLINE std::vector<std::byte> read_safetensors_prefix(const io::detail::PreadFile& file);
+
+/// Hashes the bytes of `file` from `offset` to its size when opened, in pieces read with pread
+/// (one buffer, reused: it stays in cache while it is hashed).
+TRAINKIT_INLINE void hash_file_from(const io::detail::PreadFile& file, std::uint64_t offset,
+                                    Xxh64& h);
+
+/// XXH64 of a whole file read with pread; throws trainkit::Error naming the file when it cannot be
+/// read or changes size while it is read.
+TRAINKIT_INLINE std::uint64_t hash_file(const std::filesystem::path& path);
+
+/// verify_checksum given the file's first 8 + N bytes (`prefix`, N its checked header length)
+/// and `hash_rest(Xxh64&)`, which hashes the `file_bytes - prefix.size()` bytes after them.
+template <class HashRest>
+FileDigest verify_checksum_parts(std::span<const std::byte> prefix, std::uint64_t file_bytes,
+                                 std::string_view source, bool require, HashRest&& hash_rest) {
+  const std::size_t n = prefix.size() - 8;
+  const std::string_view header(reinterpret_cast<const char*>(prefix.data()) + 8, n);
+  const std::size_t at = header.find(checksum_pattern());
+  if (at == std::string_view::npos) {
+    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
+    // tool) cannot be checked, and a file that claims one must not load as if it had none.
+    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file_bytes, source);
+    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
+                   "' carries a '", kChecksumKey,
+                   "' checksum that cannot be verified: its header is not laid out as trainkit "
+                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
+                   "was made");
+    TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
+                   "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
+    return {file_bytes, 0};
+  }
+  const std::size_t digits = 8 + at + checksum_pattern().size();
+  const std::optional<std::uint64_t> stored =
+      digits + 16 <= 8 + n ? parse_hex64(header.substr(digits - 8, 16)) : std::nullopt;
+  TRAINKIT_CHECK(stored.has_value(), "checkpoint file '", source, "': the '", kChecksumKey,
+                 "' value is not 16 hex digits");
+  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
+                                      '0', '0', '0', '0', '0', '0', '0', '0'};
+  Xxh64 h;
+  h.update(prefix.data(), digits);
+  h.update(kZeros, 16);
+  h.update(prefix.data() + digits + 16, prefix.size() - digits - 16);
+  hash_rest(h);
+  const std::uint64_t actual = h.digest();
+  TRAINKIT_CHECK(actual == *stored, "checkpoint file '", source,
+                 "' is corrupt: its content hashes to ", hex64(actual), " but it was written with ",
+                 kChecksumKey, " = ", hex64(*stored), " (", file_bytes,
+                 " bytes; bit rot, a torn write or an edited file)");
+  return {file_bytes, actual};
 }
+
+}  // namespace detail
 
 #if TRAINKIT_IMPL
 
@@ -32233,39 +33027,61 @@ TRAINKIT_INLINE std::optional<std::uint64_t> embedded_checksum(std::span<const s
 TRAINKIT_INLINE FileDigest verify_checksum(std::span<const std::byte> file, std::string_view source,
                                            bool require) {
   const std::uint64_t n = io::safetensors_header_length(file, file.size(), source);
-  const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, std::size_t(n));
-  const std::size_t at = header.find(detail::checksum_pattern());
-  if (at == std::string_view::npos) {
-    // A checksum written in another layout (spaces, escapes: the header was rewritten by another
-    // tool) cannot be checked, and a file that claims one must not load as if it had none.
-    const io::SafetensorsHeader parsed = io::parse_safetensors_header(header, file.size(), source);
-    TRAINKIT_CHECK(!parsed.metadata.contains(kChecksumKey), "checkpoint file '", source,
-                   "' carries a '", kChecksumKey,
-                   "' checksum that cannot be verified: its header is not laid out as trainkit "
-                   "writes it (compact JSON), so it was rewritten or edited after the checksum "
-                   "was made");
-    TRAINKIT_CHECK(!require, "checkpoint file '", source, "' has no '", kChecksumKey,
-                   "' checksum in its __metadata__ (not written by trainkit's checkpointer?)");
-    return {file.size(), 0};
-  }
-  const std::size_t digits = 8 + at + detail::checksum_pattern().size();
-  const std::optional<std::uint64_t> stored =
-      digits + 16 <= 8 + n ? parse_hex64(header.substr(digits - 8, 16)) : std::nullopt;
-  TRAINKIT_CHECK(stored.has_value(), "checkpoint file '", source, "': the '", kChecksumKey,
-                 "' value is not 16 hex digits");
-  static constexpr char kZeros[16] = {'0', '0', '0', '0', '0', '0', '0', '0',
-                                      '0', '0', '0', '0', '0', '0', '0', '0'};
-  Xxh64 h;
-  h.update(file.data(), digits);
-  h.update(kZeros, 16);
-  h.update(file.data() + digits + 16, file.size() - digits - 16);
-  const std::uint64_t actual = h.digest();
-  TRAINKIT_CHECK(actual == *stored, "checkpoint file '", source,
-                 "' is corrupt: its content hashes to ", hex64(actual), " but it was written with ",
-                 kChecksumKey, " = ", hex64(*stored), " (", file.size(),
-                 " bytes; bit rot, a torn write or an edited file)");
-  return {file.size(), actual};
+  return detail::verify_checksum_parts(
+      file.first(8 + std::size_t(n)), file.size(), source, require,
+      [&](Xxh64& h) { h.update(file.data() + 8 + n, file.size() - 8 - std::size_t(n)); });
 }
+
+TRAINKIT_INLINE FileDigest verify_checksum_file(const std::filesystem::path& path, bool require) {
+  const io::detail::PreadFile file(path);
+  file.advise_sequential();
+  const std::vector<std::byte> prefix = detail::read_safetensors_prefix(file);
+  const FileDigest digest = detail::verify_checksum_parts(
+      prefix, file.size(), file.path(), require,
+      [&](Xxh64& h) { detail::hash_file_from(file, prefix.size(), h); });
+  file.check_unchanged();
+  return digest;
+}
+
+namespace detail {
+
+TRAINKIT_INLINE std::vector<std::byte> read_safetensors_prefix(const io::detail::PreadFile& file) {
+  std::byte length[8] = {};
+  const bool whole = file.size() >= 8;
+  if (whole) file.read_at(length, 8, 0);
+  const std::uint64_t n = io::safetensors_header_length(
+      std::span<const std::byte>(length, whole ? 8 : 0), file.size(), file.path());
+  std::vector<std::byte> prefix(8 + std::size_t(n));
+  std::memcpy(prefix.data(), length, 8);
+  file.read_at(prefix.data() + 8, std::size_t(n), 8);
+  return prefix;
+}
+
+TRAINKIT_INLINE void hash_file_from(const io::detail::PreadFile& file, std::uint64_t offset,
+                                    Xxh64& h) {
+  // 1 MiB: large enough that the calls cost nothing next to the copy, small enough to stay in
+  // the L2 cache between the read and the hash.
+  constexpr std::uint64_t kPiece = std::uint64_t(1) << 20;
+  if (offset >= file.size()) return;
+  std::vector<std::byte> buffer(std::size_t(std::min(kPiece, file.size() - offset)));
+  while (offset < file.size()) {
+    const auto n = std::size_t(std::min<std::uint64_t>(buffer.size(), file.size() - offset));
+    file.read_at(buffer.data(), n, offset);
+    h.update(buffer.data(), n);
+    offset += n;
+  }
+}
+
+TRAINKIT_INLINE std::uint64_t hash_file(const std::filesystem::path& path) {
+  const io::detail::PreadFile file(path);
+  file.advise_sequential();
+  Xxh64 h;
+  hash_file_from(file, 0, h);
+  file.check_unchanged();
+  return h.digest();
+}
+
+}  // namespace detail
 
 #endif  // TRAINKIT_IMPL
 
@@ -32283,14 +33099,20 @@ TRAINKIT_NAMESPACE_END
 // missing, unexpected, mis-shaped or mis-typed name before anything is changed.
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32341,9 +33163,12 @@ struct ModelLoadReport {
 class TensorSource {
  public:
   /// Opens `path`: a .safetensors file, a `*.index.json` of a sharded set, or a directory
-  /// holding model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming
-  /// the path when there is nothing to open or a file breaks a safetensors rule. With
-  /// `verify_checksum`, files that carry a trainkit checksum are verified first.
+  /// holding model.safetensors.index.json or model.safetensors. The files are read into memory
+  /// (io::SafetensorsBacking::kCopy), not mapped: a file that another process truncates or
+  /// rewrites while it is read gives an error naming it, and one changed later cannot affect
+  /// the source. Throws trainkit::Error naming the path when there is nothing to open or a file
+  /// breaks a safetensors rule. With `verify_checksum`, files that carry a trainkit checksum are
+  /// verified first (a single file: the very bytes that load).
   TRAINKIT_INLINE static TensorSource open(const std::filesystem::path& path,
                                            bool verify_checksum = true);
 
@@ -32438,14 +33263,17 @@ TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
 
 }  // namespace detail
 
-/// Loads the parameters of `arena` (finalized) from `src` by name. Every check runs before any
-/// parameter changes: names (strict / allow_unexpected / skip), shapes, dtypes (F32, or with
-/// convert_dtype F16/BF16/F64). Throws trainkit::Error naming the source and listing every
-/// problem, with a hint (strict = false, skip = {...}). A device arena is uploaded with
-/// cudaMemcpy (synchronous).
-template <Space S>
-ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
-                           const ModelLoadOptions& options = {}) {
+namespace detail {
+
+/// The checks load_model makes before it changes anything: names (strict / allow_unexpected /
+/// skip / tied), shapes and dtypes. `src` offers find(name), names() and source();
+/// `same(a, b)` says whether the file's tensors `a` and `b` hold the same dtype, shape and bytes.
+/// Fills report.missing, unexpected and skipped; returns the parameters to load, each with the
+/// file's name for it. Throws trainkit::Error listing every problem.
+template <Space S, class Source, class Same>
+std::vector<std::pair<const nn::ParamInfo*, std::string>> plan_model_load(
+    nn::ParamArena<S>& arena, const Source& src, const ModelLoadOptions& options,
+    ModelLoadReport& report, Same&& same) {
   TRAINKIT_CHECK(arena.finalized(), "ckpt::load_model: finalize() the ParamArena first");
   for (const auto& [other, own] : options.tied) {
     TRAINKIT_CHECK(arena.find(own), "ckpt::load_model: tied = {'", other, "', '", own,
@@ -32453,7 +33281,6 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
     TRAINKIT_CHECK(!arena.find(other), "ckpt::load_model: tied = {'", other, "', '", own, "'}: '",
                    other, "' is a parameter of its own (the model is not tied)");
   }
-  ModelLoadReport report;
   std::vector<std::string> problems;
   std::vector<std::pair<const nn::ParamInfo*, std::string>> todo;  // parameter, file name
   for (const nn::ParamInfo& p : arena.infos()) {
@@ -32471,7 +33298,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
       if (t == nullptr) {
         key = other_key;
         t = u;
-      } else if (!detail::same_tensor(src.tensor(key), src.tensor(other_key))) {
+      } else if (!same(key, other_key)) {
         problems.push_back("'" + io::detail::printable(other_key) + "' and '" +
                            io::detail::printable(key) +
                            "' differ in the file, but the model ties them (the file holds an "
@@ -32529,6 +33356,241 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                                          : options.remedy,
                   ")");
   }
+  return todo;
+}
+
+/// The file TensorSource::open opens for `path`: `path` itself, or in a directory its
+/// model.safetensors.index.json or model.safetensors. Throws trainkit::Error naming a directory
+/// that holds neither.
+TRAINKIT_INLINE std::filesystem::path model_target(const std::filesystem::path& path);
+
+/// The safetensors files of a model (one file, or the shards of an index) opened for pread with
+/// only their headers read and validated: load_model from a path reads each tensor's bytes
+/// straight into the parameters, so memory never holds a copy of the file.
+class StreamedModel {
+ public:
+  /// Opens `target` (a .safetensors file or a `*.index.json`) as TensorSource::open does.
+  TRAINKIT_INLINE explicit StreamedModel(const std::filesystem::path& target);
+
+  const std::string& source() const noexcept { return source_; }
+  TRAINKIT_INLINE const io::SafetensorsTensorInfo* find(std::string_view name) const;
+  /// Every tensor name, sorted.
+  TRAINKIT_INLINE std::vector<std::string> names() const;
+  /// Same dtype, shape and bytes (read with pread in pieces).
+  TRAINKIT_INLINE bool same(std::string_view a, std::string_view b) const;
+
+  /// Verifies the checksum of every file that carries one, reading it with pread in pieces;
+  /// nothing is loaded. Throws trainkit::Error naming a file that fails.
+  TRAINKIT_INLINE void verify() const;
+
+  /// Reads the tensors `todo` names into the parameters at `params` (host or device memory, as
+  /// S says), file by file in file order. F32 tensors are read straight into a host arena;
+  /// others go through a 1 MiB buffer (rounded to F32 when they are F16, BF16 or F64). With
+  /// `verify`, a file that carries a checksum is hashed whole as it loads and must still match
+  /// it (so the bytes that load are the verified ones). Throws trainkit::Error naming a file that
+  /// ends early, changes size or no longer matches its checksum while it loads.
+  template <Space S>
+  void load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo, float* params,
+            bool verify) const;
+
+ private:
+  struct File {
+    std::unique_ptr<io::detail::PreadFile> file;
+    std::vector<std::byte> prefix;  // the first 8 + N bytes: length and header
+    io::SafetensorsHeader header;
+    std::vector<std::uint32_t> by_name;  // indices into header.tensors, sorted by name
+  };
+  using Targets = std::vector<std::vector<const nn::ParamInfo*>>;  // per tensor of a file
+  /// Reads the tensors of `f` that `to` gives parameters, in file order, into them; with `h`,
+  /// reads and hashes every byte after the header too (the checksum covers the whole file).
+  template <Space S>
+  void read_file(const File& f, const Targets& to, float* params, Xxh64* h) const;
+  TRAINKIT_INLINE void add_file(const std::filesystem::path& path);
+  TRAINKIT_INLINE std::pair<std::size_t, long> locate(std::string_view name) const;
+
+  std::string source_;
+  std::vector<File> files_;
+  std::map<std::string, std::size_t, std::less<>> file_of_;  // tensor -> files_ (sharded sets)
+};
+
+/// Hashes pieces of memory on a second thread, in the order they are pushed, so that hashing a
+/// file overlaps reading it (each costs about as much as the other).
+class HashBehind {
+ public:
+  explicit HashBehind(Xxh64& h) : h_(h), thread_([this] { run(); }) {}
+  HashBehind(const HashBehind&) = delete;
+  HashBehind& operator=(const HashBehind&) = delete;
+  ~HashBehind() { stop(); }
+
+  /// Queues `n` bytes at `p` (they must stay unchanged until hashed() counts them); returns
+  /// the piece's number, from 1.
+  std::uint64_t push(const std::byte* p, std::size_t n) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({p, n});
+      ++pushed_;
+    }
+    cv_.notify_all();
+    return pushed_;
+  }
+  /// Waits until the first `count` pieces are hashed.
+  void wait(std::uint64_t count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return hashed_ >= count; });
+  }
+  /// Waits until every piece is hashed; the hash then holds them all.
+  void finish() {
+    wait(pushed_);
+    stop();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<const std::byte*, std::size_t> piece;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        piece = queue_.front();
+        queue_.pop_front();
+      }
+      h_.update(piece.first, piece.second);
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        ++hashed_;
+      }
+      cv_.notify_all();
+    }
+  }
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Xxh64& h_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<const std::byte*, std::size_t>> queue_;
+  std::uint64_t pushed_ = 0, hashed_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is constructed
+};
+
+template <Space S>
+void StreamedModel::read_file(const File& f, const Targets& to, float* params, Xxh64* h) const {
+  constexpr std::size_t kPiece = std::size_t(1) << 20;
+  // Pieces read into `staging` wait in its slots until they are hashed: 4 MiB in all.
+  constexpr std::size_t kSlots = 4;
+  std::vector<std::byte> staging;
+  std::uint64_t slot_piece[kSlots] = {};  // the piece number each slot last held
+  std::size_t next_slot = 0;
+  std::vector<float> converted;
+  std::optional<HashBehind> behind;
+  if (h != nullptr && std::thread::hardware_concurrency() > 1) behind.emplace(*h);
+  const std::uint64_t base = f.header.data_offset();
+  for (std::size_t i = 0; i < f.header.tensors.size(); ++i) {
+    const io::SafetensorsTensorInfo& t = f.header.tensors[i];
+    if (to[i].empty() && h == nullptr) continue;
+    const bool direct = S == Space::kHost && !to[i].empty() && *t.dtype == DType::kF32;
+    // Straight into the parameter: one read per tensor, or 1 MiB pieces when hashing (each
+    // piece is hashed while the next is read).
+    const std::uint64_t piece = direct && h == nullptr ? t.bytes() : kPiece;
+    for (std::uint64_t done = 0; done < t.bytes(); done += piece) {
+      const auto n = std::size_t(std::min(piece, t.bytes() - done));
+      std::byte* buf = nullptr;
+      std::size_t slot = kSlots;
+      if (direct) {
+        buf = reinterpret_cast<std::byte*>(params + to[i][0]->offset) + done;
+      } else {
+        if (staging.empty()) staging.resize(kPiece * (behind ? kSlots : 1));
+        slot = behind ? next_slot : 0;
+        next_slot = (next_slot + 1) % kSlots;
+        if (behind) behind->wait(slot_piece[slot]);  // the slot's last piece is hashed
+        buf = staging.data() + slot * kPiece;
+      }
+      f.file->read_at(buf, n, base + t.begin + done);
+      if (behind) {
+        const std::uint64_t number = behind->push(buf, n);
+        if (slot < kSlots) slot_piece[slot] = number;
+      } else if (h != nullptr) {
+        h->update(buf, n);
+      }
+      if (to[i].empty()) continue;
+      const std::size_t size = dtype_size(*t.dtype);
+      const std::size_t first = std::size_t(done) / size, count = n / size;
+      const float* from = reinterpret_cast<const float*>(buf);
+      if (*t.dtype != DType::kF32) {
+        converted.resize(count);
+        convert_to_f32(AnyTensorView(*t.dtype, Shape{std::int64_t(count)}, buf), converted.data());
+        from = converted.data();
+      }
+      for (std::size_t k = direct ? 1 : 0; k < to[i].size(); ++k)
+        copy_bytes(params + to[i][k]->offset + first, S, from, Space::kHost, count * sizeof(float),
+                   "ckpt::load_model");
+    }
+  }
+  if (behind) behind->finish();
+}
+
+template <Space S>
+void StreamedModel::load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo,
+                         float* params, bool verify) const {
+  for (std::size_t fi = 0; fi < files_.size(); ++fi) {
+    const File& f = files_[fi];
+    // Where each of the file's tensors goes (a tied tensor may fill two parameters).
+    Targets to(f.header.tensors.size());
+    bool any = false;
+    for (const auto& [p, key] : todo) {
+      const auto [where, i] = locate(key);
+      if (where != fi || i < 0) continue;
+      to[std::size_t(i)].push_back(p);
+      any = true;
+    }
+    if (!any) continue;
+    bool hashed = false, read_all = false;
+    if (verify) {
+      try {
+        ckpt::detail::verify_checksum_parts(f.prefix, f.file->size(), f.file->path(),
+                                            /*require=*/false, [&](Xxh64& h) {
+                                              hashed = true;
+                                              read_file<S>(f, to, params, &h);
+                                              read_all = true;
+                                            });
+      } catch (const Error&) {
+        // It verified before anything loaded (verify()), so a mismatch now means that it was
+        // rewritten in place meanwhile.
+        if (!read_all) throw;
+        TRAINKIT_FAIL("checkpoint file '", f.file->path(),
+                      "' changed while it was being loaded: it matched its checksum before the "
+                      "load and not during it (rewritten in place meanwhile); the model's "
+                      "parameters are partly overwritten");
+      }
+    }
+    if (!hashed) read_file<S>(f, to, params, nullptr);
+    f.file->check_unchanged();
+  }
+}
+
+}  // namespace detail
+
+/// Loads the parameters of `arena` (finalized) from `src` by name. Every check runs before any
+/// parameter changes: names (strict / allow_unexpected / skip), shapes, dtypes (F32, or with
+/// convert_dtype F16/BF16/F64). Throws trainkit::Error naming the source and listing every
+/// problem, with a hint (strict = false, skip = {...}). A device arena is uploaded with
+/// cudaMemcpy (synchronous).
+template <Space S>
+ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
+                           const ModelLoadOptions& options = {}) {
+  ModelLoadReport report;
+  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+      arena, src, options, report, [&](std::string_view a, std::string_view b) {
+        return detail::same_tensor(src.tensor(a), src.tensor(b));
+      });
   std::vector<float> staging;
   if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
   for (const auto& [p, key] : todo) {
@@ -32551,12 +33613,32 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
   return report;
 }
 
-/// load_model from a path (file, index.json or directory; see TensorSource::open).
+/// load_model from a path (file, index.json or directory, found as TensorSource::open finds
+/// them). Unlike a TensorSource, nothing is mapped or copied whole: the headers are read and
+/// every check runs first, then each tensor is read with pread straight into its parameter (one
+/// converted to F32 through a 1 MiB buffer). With verify_checksum, every file that carries a
+/// checksum is verified before anything loads (a corrupt file changes nothing), and hashed again
+/// as it loads, so the bytes that load are the ones that match it. A file that ends early,
+/// changes size or stops matching its checksum while it loads (truncated or rewritten in place
+/// by another process) gives trainkit::Error naming it; the parameters are then partly
+/// overwritten.
 template <Space S>
 ModelLoadReport load_model(nn::ParamArena<S>& arena, const std::filesystem::path& path,
                            const ModelLoadOptions& options = {}) {
-  const TensorSource src = TensorSource::open(path, options.verify_checksum);
-  return load_model(arena, src, options);
+  const detail::StreamedModel src(detail::model_target(path));
+  if (options.verify_checksum) src.verify();
+  ModelLoadReport report;
+  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+      arena, src, options, report,
+      [&](std::string_view a, std::string_view b) { return src.same(a, b); });
+  if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
+  src.load<S>(todo, arena.params_data(), options.verify_checksum);
+  for (const auto& [p, key] : todo) {
+    const io::SafetensorsTensorInfo* t = src.find(key);
+    if (*t->dtype != DType::kF32) report.converted.push_back(p->name);
+    report.loaded.push_back(p->name);
+  }
+  return report;
 }
 
 /// Options of save_model.
@@ -32623,21 +33705,19 @@ FileDigest save_model(const std::filesystem::path& path, const nn::ParamArena<S>
 
 #if TRAINKIT_IMPL
 
+TRAINKIT_INLINE std::filesystem::path detail::model_target(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  if (fs::exists(path / io::kSafetensorsIndexName, ec)) return path / io::kSafetensorsIndexName;
+  if (fs::exists(path / "model.safetensors", ec)) return path / "model.safetensors";
+  TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ", io::kSafetensorsIndexName,
+                " nor model.safetensors");
+}
+
 TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& path,
                                                 bool verify_checksum) {
-  namespace fs = std::filesystem;
-  fs::path target = path;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (fs::exists(path / io::kSafetensorsIndexName, ec)) {
-      target = path / io::kSafetensorsIndexName;
-    } else if (fs::exists(path / "model.safetensors", ec)) {
-      target = path / "model.safetensors";
-    } else {
-      TRAINKIT_FAIL("ckpt: directory '", path.string(), "' holds neither ",
-                    io::kSafetensorsIndexName, " nor model.safetensors");
-    }
-  }
+  const std::filesystem::path target = detail::model_target(path);
   TensorSource s;
   s.source_ = target.string();
   if (target.extension() == ".json") {
@@ -32646,12 +33726,114 @@ TRAINKIT_INLINE TensorSource TensorSource::open(const std::filesystem::path& pat
       for (const std::string& f : index.files())
         ckpt::verify_checksum_file(target.parent_path() / f, /*require=*/false);
     }
-    s.shards_ = std::make_unique<io::SafetensorsShards>(target);
+    s.shards_ = std::make_unique<io::SafetensorsShards>(target, io::SafetensorsBacking::kCopy);
   } else {
-    if (verify_checksum) ckpt::verify_checksum_file(target, /*require=*/false);
-    s.file_ = std::make_unique<io::SafetensorsFile>(target);
+    io::MappedFile bytes = io::MappedFile::copied(target);
+    if (verify_checksum) ckpt::verify_checksum(bytes.bytes(), bytes.path(), /*require=*/false);
+    s.file_ = std::make_unique<io::SafetensorsFile>(std::move(bytes));
   }
   return s;
+}
+
+TRAINKIT_INLINE detail::StreamedModel::StreamedModel(const std::filesystem::path& target)
+    : source_(target.string()) {
+  if (target.extension() != ".json") {
+    add_file(target);
+    return;
+  }
+  const io::SafetensorsIndex index = io::load_safetensors_index(target);
+  const std::vector<std::string> names = index.files();
+  files_.reserve(names.size());
+  std::map<std::string, const std::vector<io::SafetensorsTensorInfo>*, std::less<>> tensors;
+  for (const std::string& name : names) {
+    add_file(target.parent_path() / name);
+    tensors.emplace(name, &files_.back().header.tensors);
+  }
+  io::detail::check_shard_index(index, source_, tensors);
+  for (const auto& [tensor, file] : index.weight_map)
+    file_of_.emplace(
+        tensor, std::size_t(std::lower_bound(names.begin(), names.end(), file) - names.begin()));
+}
+
+TRAINKIT_INLINE void detail::StreamedModel::add_file(const std::filesystem::path& path) {
+  File f;
+  f.file = std::make_unique<io::detail::PreadFile>(path);
+  f.file->advise_sequential();
+  io::detail::require_little_endian(f.file->path());
+  f.prefix = ckpt::detail::read_safetensors_prefix(*f.file);
+  f.header = io::parse_safetensors_header(
+      std::string_view(reinterpret_cast<const char*>(f.prefix.data()) + 8, f.prefix.size() - 8),
+      f.file->size(), f.file->path());
+  f.by_name.resize(f.header.tensors.size());
+  for (std::size_t i = 0; i < f.by_name.size(); ++i) f.by_name[i] = std::uint32_t(i);
+  std::sort(f.by_name.begin(), f.by_name.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return f.header.tensors[a].name < f.header.tensors[b].name;
+  });
+  files_.push_back(std::move(f));
+}
+
+TRAINKIT_INLINE std::pair<std::size_t, long> detail::StreamedModel::locate(
+    std::string_view name) const {
+  std::size_t fi = 0;
+  if (!file_of_.empty() || files_.size() != 1) {
+    const auto it = file_of_.find(name);
+    if (it == file_of_.end()) return {0, -1};
+    fi = it->second;
+  }
+  const File& f = files_[fi];
+  const auto it = std::lower_bound(
+      f.by_name.begin(), f.by_name.end(), name,
+      [&](std::uint32_t i, std::string_view n) { return f.header.tensors[i].name < n; });
+  if (it == f.by_name.end() || f.header.tensors[*it].name != name) return {fi, -1};
+  return {fi, long(*it)};
+}
+
+TRAINKIT_INLINE const io::SafetensorsTensorInfo* detail::StreamedModel::find(
+    std::string_view name) const {
+  const auto [fi, i] = locate(name);
+  return i < 0 ? nullptr : &files_[fi].header.tensors[std::size_t(i)];
+}
+
+TRAINKIT_INLINE std::vector<std::string> detail::StreamedModel::names() const {
+  std::vector<std::string> out;
+  for (const File& f : files_)
+    for (const io::SafetensorsTensorInfo& t : f.header.tensors) out.push_back(t.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TRAINKIT_INLINE bool detail::StreamedModel::same(std::string_view a, std::string_view b) const {
+  const auto [fa, ia] = locate(a);
+  const auto [fb, ib] = locate(b);
+  const io::SafetensorsTensorInfo& ta = files_[fa].header.tensors[std::size_t(ia)];
+  const io::SafetensorsTensorInfo& tb = files_[fb].header.tensors[std::size_t(ib)];
+  for (const io::SafetensorsTensorInfo* t : {&ta, &tb})
+    if (!t->dtype)
+      io::detail::safetensors_fail(
+          io::SafetensorsRule::kUnsupported, files_[t == &ta ? fa : fb].file->path(),
+          trainkit::detail::concat("tensor '", io::detail::printable(t->name), "' has dtype ",
+                                   t->dtype_name, ", which trainkit has no DType for"));
+  if (ta.dtype != tb.dtype || !(ta.shape == tb.shape)) return false;
+  // Compared in pieces, so a large tied embedding needs no copy of its own.
+  constexpr std::uint64_t kPiece = std::uint64_t(1) << 20;
+  std::vector<std::byte> x(std::size_t(std::min(kPiece, ta.bytes()))), y(x.size());
+  for (std::uint64_t done = 0; done < ta.bytes(); done += kPiece) {
+    const auto n = std::size_t(std::min(kPiece, ta.bytes() - done));
+    files_[fa].file->read_at(x.data(), n, files_[fa].header.data_offset() + ta.begin + done);
+    files_[fb].file->read_at(y.data(), n, files_[fb].header.data_offset() + tb.begin + done);
+    if (std::memcmp(x.data(), y.data(), n) != 0) return false;
+  }
+  return true;
+}
+
+TRAINKIT_INLINE void detail::StreamedModel::verify() const {
+  for (const File& f : files_) {
+    const Targets none(f.header.tensors.size());
+    ckpt::detail::verify_checksum_parts(
+        f.prefix, f.file->size(), f.file->path(), /*require=*/false,
+        [&](Xxh64& h) { read_file<Space::kHost>(f, none, nullptr, &h); });
+    f.file->check_unchanged();
+  }
 }
 
 TRAINKIT_INLINE std::vector<std::string> TensorSource::names() const {
@@ -33071,7 +34253,9 @@ TRAINKIT_NAMESPACE_END
 // complete checkpoints under step_* names. Saves every N steps or T seconds, keeps the last K and
 // the best K by a metric, can write on a background thread (training waits only for the host
 // snapshot), shards across ranks with a model.safetensors.index.json, and resume() restores
-// everything from the newest intact one.
+// everything from the newest intact one. A save of step N moves checkpoints of later steps aside
+// as `.<name>.superseded` (a run sent back to an older checkpoint, or started over): they are not
+// its past, and resume() must not take them.
 
 #include <algorithm>
 #include <cerrno>
@@ -33512,7 +34696,8 @@ TRAINKIT_INLINE CheckpointInfo read_manifest(const std::filesystem::path& dir) {
                  ec.message(), ")");
   TRAINKIT_CHECK(size <= kMaxManifestBytes, "checkpoint manifest '", file.string(), "' has ", size,
                  " bytes, more than a manifest can hold (", kMaxManifestBytes, ")");
-  const io::MappedFile map(file);
+  // Read, not mapped: a manifest truncated in place meanwhile must give an error, not a signal.
+  const io::MappedFile map = io::MappedFile::copied(file);
   return parse_manifest(std::string_view(reinterpret_cast<const char*>(map.data()), map.size()),
                         dir, file.string());
 }
@@ -33521,7 +34706,7 @@ TRAINKIT_INLINE bool other_manifest_version(const std::filesystem::path& dir) no
   try {
     const std::filesystem::path file = dir / kManifestName;
     if (std::filesystem::file_size(file) > kMaxManifestBytes) return false;
-    const io::MappedFile map(file);
+    const io::MappedFile map = io::MappedFile::copied(file);
     const std::string_view text(reinterpret_cast<const char*>(map.data()), map.size());
     const bool summed =
         text.starts_with(kManifestPrefix) && text.size() >= kManifestPrefix.size() + 16;
@@ -33587,13 +34772,10 @@ TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
   for (const CheckpointInfo::File& f : info.files) {
     if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
     const fs::path p = info.path / f.name;
-    std::uint64_t actual = 0;
-    if (p.extension() == ".safetensors") {
-      actual = verify_checksum_file(p).xxh64;
-    } else {
-      const io::MappedFile map(p, io::MapAccess::kSequential);
-      actual = Xxh64::hash(map.data(), map.size());
-    }
+    // Read with pread, not mapped: a file another process truncates meanwhile is then a damaged
+    // checkpoint (an error naming it), where touching a mapping past its new end kills the run.
+    const std::uint64_t actual =
+        p.extension() == ".safetensors" ? verify_checksum_file(p).xxh64 : detail::hash_file(p);
     TRAINKIT_CHECK(actual == f.xxh64, "checkpoint file '", p.string(),
                    "' is corrupt: it hashes to ", hex64(actual), ", the manifest says ",
                    hex64(f.xxh64));
@@ -33603,10 +34785,11 @@ TRAINKIT_INLINE void verify_checkpoint(const CheckpointInfo& info, Verify level,
 TRAINKIT_INLINE CheckpointInfo::File describe_file(const std::filesystem::path& dir,
                                                    const std::string& name) {
   const std::filesystem::path p = dir / name;
-  const io::MappedFile map(p);
-  const std::optional<std::uint64_t> sum = embedded_checksum(map.bytes(), p.string());
+  const io::detail::PreadFile file(p);
+  const std::optional<std::uint64_t> sum =
+      embedded_checksum(read_safetensors_prefix(file), p.string());
   TRAINKIT_CHECK(sum.has_value(), "checkpoint file '", p.string(), "' carries no checksum");
-  return {name, map.size(), *sum};
+  return {name, file.size(), *sum};
 }
 
 TRAINKIT_INLINE bool only_checkpoint_files(const std::filesystem::path& dir) {
@@ -33841,6 +35024,13 @@ class Checkpointer {
   /// Rank 0: index (world_size > 1), manifest, rename into place, directory fsync, rotation.
   TRAINKIT_INLINE void commit(const Job& job, const std::filesystem::path& tmp,
                               const std::filesystem::path& final_dir);
+
+  /// Rank 0, before the checkpoint of `step` appears: checkpoints of later steps are not this
+  /// run's past (it went back to an older checkpoint, or started over in a used root), and left
+  /// in place resume() would take them for its newest and keep-last would count them. Each is
+  /// renamed to `.<name>.superseded[.N]`: kept, never deleted, invisible to the search. Step
+  /// directories of someone else's files are left alone. Throws when one cannot be moved.
+  TRAINKIT_INLINE void set_aside_later(std::int64_t step);
 
   /// Deletes complete checkpoints that neither the keep-last nor the keep-best rule keeps. Each
   /// is renamed to `.<name>.deleting` first (removed at the next construction if a crash cuts
@@ -34366,8 +35556,13 @@ TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem:
     std::uint64_t total = 0;
     for (int r = 0; r < world_size; ++r) {
       const std::string file = detail::model_file_name(r, world_size);
-      const io::SafetensorsFile shard(tmp / file);
-      for (const io::SafetensorsTensorInfo& t : shard.tensors()) {
+      // Only the header is needed: read it, not mapped (another rank's file on a shared disk).
+      const io::detail::PreadFile shard(tmp / file);
+      const std::vector<std::byte> prefix = detail::read_safetensors_prefix(shard);
+      const io::SafetensorsHeader header = io::parse_safetensors_header(
+          std::string_view(reinterpret_cast<const char*>(prefix.data()) + 8, prefix.size() - 8),
+          shard.size(), shard.path());
+      for (const io::SafetensorsTensorInfo& t : header.tensors) {
         const bool fresh = index.weight_map.emplace(t.name, file).second;
         TRAINKIT_CHECK(fresh, "ckpt: parameter '", t.name, "' is written by two ranks ('",
                        index.weight_map.at(t.name), "' and '", file,
@@ -34386,9 +35581,30 @@ TRAINKIT_INLINE void Checkpointer::commit(const Job& job, const std::filesystem:
   // The manifest is written last: a directory without it is not a checkpoint.
   io::write_file_atomic(tmp / detail::kManifestName, std::string_view(detail::manifest_text(info)),
                         io::AtomicFileOptions{.durable = options_.durable});
+  set_aside_later(job.step);
   detail::replace_directory(tmp, final_dir);
-  if (options_.durable) io::fsync_directory(root_);
+  if (options_.durable) io::fsync_directory(root_);  // both renames
   rotate(job.step);
+}
+
+TRAINKIT_INLINE void Checkpointer::set_aside_later(std::int64_t step) {
+  namespace fs = std::filesystem;
+  using ::trainkit::detail::concat;
+  for (const Candidate& c : candidates()) {  // newest first
+    if (c.step <= step) break;
+    if (foreign(c)) continue;
+    std::error_code ec;
+    const std::string hidden = concat('.', c.path.filename().string(), ".superseded");
+    fs::path target = root_ / hidden;
+    for (int n = 1; fs::exists(target, ec) && n < 1000; ++n)
+      target = root_ / concat(hidden, '.', n);
+    fs::rename(c.path, target, ec);
+    TRAINKIT_CHECK(!ec, "ckpt: cannot set aside the checkpoint '", c.path.string(),
+                   "', newer than step ", step,
+                   " being saved (a resume would take it for this run's newest): ", ec.message());
+    log(concat("the checkpoint '", c.path.string(), "' is newer than step ", step,
+               " being saved, so not this run's past: set aside as '", target.string(), "'"));
+  }
 }
 
 TRAINKIT_INLINE void Checkpointer::rotate(std::int64_t newest) {
@@ -34492,10 +35708,13 @@ TRAINKIT_INLINE Checkpointer::Opened Checkpointer::read_verified(const Checkpoin
   if (state.model_entry() != nullptr) {
     out.model.emplace(TensorSource::open(info.path / info.model_file, /*verify=*/false));
   }
-  const io::SafetensorsFile file(info.path / state_file);
-  for (const io::SafetensorsTensorInfo& t : file.tensors())
-    out.state.tensors.emplace(t.name, file.copy(t.name));
-  for (const auto& [k, v] : file.metadata())
+  // Read with pread straight into the tensors, not mapped: a file truncated in place after its
+  // verification then gives an error naming it, where touching a mapping past its new end would
+  // kill the run.
+  io::SafetensorsMetadata metadata;
+  for (auto& [name, tensor] : io::load_safetensors(out.state_file, {}, &metadata))
+    out.state.tensors.emplace(name, std::move(tensor));
+  for (const auto& [k, v] : metadata)
     if (k != kChecksumKey) out.state.values.emplace(k, v);
   return out;
 }
