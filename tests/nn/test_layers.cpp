@@ -686,6 +686,33 @@ TEST_CASE("GELU and ReLU: forward vs f64, backward vs finite differences and PyT
 
 // ---- Dropout ----------------------------------------------------------------------------------
 
+TEST_CASE("GELU and ReLU: outputs partly over their inputs are refused, in place works") {
+  // Threads of an element-wise launch would read elements another one had written already.
+  const std::int64_t n = 1000;
+  std::vector<float> buf = nntest::random_floats(n + 1, 41, 4.0f);
+  const std::vector<float> dy = nntest::random_floats(n, 42);
+  const auto view = [n](float* p) { return tk::HostView<float, 1>(p, tk::Extents<1>{{n}}); };
+  const tk::HostView<const float, 1> dyv(dy.data(), tk::Extents<1>{{n}});
+  nn::GELU gelu;
+  CHECK_THROWS_WITH_AS(gelu.forward(pool(), view(buf.data()), view(buf.data() + 1)),
+                       doctest::Contains("y [1000] partly overlaps x [1000]"), tk::Error);
+  CHECK_THROWS_WITH_AS(gelu.backward(pool(), view(buf.data()), dyv, view(buf.data() + 1)),
+                       doctest::Contains("dx [1000] partly overlaps x [1000]"), tk::Error);
+  nn::ReLU relu;
+  CHECK_THROWS_WITH_AS(relu.forward(pool(), view(buf.data() + 1), view(buf.data())),
+                       doctest::Contains("partly overlaps"), tk::Error);
+  // In place: the bits of separate buffers.
+  std::vector<float> x(buf.begin(), buf.begin() + n), y(static_cast<std::size_t>(n));
+  std::vector<float> dx(static_cast<std::size_t>(n));
+  gelu.backward(pool(), view(x.data()), dyv, view(dx.data()));
+  gelu.backward(pool(), view(x.data()), dyv, view(x.data()));
+  CHECK(x == dx);
+  std::vector<float> z(buf.begin(), buf.begin() + n);
+  relu.forward(pool(), view(z.data()), view(y.data()));
+  relu.forward(pool(), view(z.data()), view(z.data()));
+  CHECK(z == y);
+}
+
 TEST_CASE("Dropout: Philox mask, scaling, determinism, eval, p = 0 and p = 1") {
   const std::int64_t n = 100000;
   std::vector<float> x(static_cast<std::size_t>(n), 2.0f), y(static_cast<std::size_t>(n)),
