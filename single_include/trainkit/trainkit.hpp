@@ -14827,6 +14827,21 @@ void check_same_shape(const char* who, const char* a_name, const VA& a, const ch
   check_contiguous(who, b_name, b);
 }
 
+/// Throws when the contiguous view `out` shares memory with `in` other than by being it: each
+/// thread of an element-wise launch would then read elements another one already wrote, and the
+/// result would depend on the schedule. Exactly in place (out == in) is fine.
+template <class VO, class VI>
+void check_elementwise_apart(const char* who, const char* out_name, const VO& out,
+                             const char* in_name, const VI& in) {
+  const auto o = reinterpret_cast<std::uintptr_t>(out.data());
+  const auto i = reinterpret_cast<std::uintptr_t>(in.data());
+  const auto o_end = o + static_cast<std::uintptr_t>(out.numel()) * sizeof(*out.data());
+  const auto i_end = i + static_cast<std::uintptr_t>(in.numel()) * sizeof(*in.data());
+  TRAINKIT_CHECK(o == i || o_end <= i || i_end <= o, who, ": ", out_name, " ", shape_of(out),
+                 " partly overlaps ", in_name, " ", shape_of(in),
+                 " (the same memory, or none of it, is fine)");
+}
+
 /// Calls f(std::true_type) for Write::kAccumulate and f(std::false_type) otherwise: picks the
 /// accumulating or the overwriting instantiation of an element-wise functor.
 template <class F>
@@ -14852,6 +14867,7 @@ struct ElementwiseLayer {
     check_call<P, E, S, TX, TY>();
     static_assert(std::is_same_v<T, TY>, "trainkit::nn: x and y must have one element type");
     check_same_shape(Names::forward, "x", x, "y", y);
+    check_elementwise_apart(Names::forward, "y", y, "x", x);
     exec::launch(exec, x.numel(), Fwd<T>{x.data(), y.data()});
   }
 
@@ -14865,6 +14881,8 @@ struct ElementwiseLayer {
     if (absent(dx)) return;
     check_same_shape(Names::backward, "x", x, "dy", dy);
     check_same_shape(Names::backward, "x", x, "dx", dx);
+    check_elementwise_apart(Names::backward, "dx", dx, "x", x);
+    check_elementwise_apart(Names::backward, "dx", dx, "dy", dy);
     with_write_mode(mode, [&](auto accumulate) {
       exec::launch(exec, x.numel(),
                    Bwd<T, decltype(accumulate)::value>{x.data(), dy.data(), dx.data()});
