@@ -33283,15 +33283,18 @@ TRAINKIT_INLINE void convert_to_f32(const AnyTensorView& t, float* out) {
 
 namespace detail {
 
+/// The parameters a load fills, each with the file's name for its tensor.
+using ModelLoadPlan = std::vector<std::pair<const nn::ParamInfo*, std::string>>;
+
 /// The checks load_model makes before it changes anything: names (strict / allow_unexpected /
 /// skip / tied), shapes and dtypes. `src` offers find(name), names() and source();
 /// `same(a, b)` says whether the file's tensors `a` and `b` hold the same dtype, shape and bytes.
 /// Fills report.missing, unexpected and skipped; returns the parameters to load, each with the
 /// file's name for it. Throws trainkit::Error listing every problem.
 template <Space S, class Source, class Same>
-std::vector<std::pair<const nn::ParamInfo*, std::string>> plan_model_load(
-    nn::ParamArena<S>& arena, const Source& src, const ModelLoadOptions& options,
-    ModelLoadReport& report, Same&& same) {
+ModelLoadPlan plan_model_load(nn::ParamArena<S>& arena, const Source& src,
+                              const ModelLoadOptions& options, ModelLoadReport& report,
+                              Same&& same) {
   TRAINKIT_CHECK(arena.finalized(), "ckpt::load_model: finalize() the ParamArena first");
   for (const auto& [other, own] : options.tied) {
     TRAINKIT_CHECK(arena.find(own), "ckpt::load_model: tied = {'", other, "', '", own,
@@ -33300,7 +33303,7 @@ std::vector<std::pair<const nn::ParamInfo*, std::string>> plan_model_load(
                    other, "' is a parameter of its own (the model is not tied)");
   }
   std::vector<std::string> problems;
-  std::vector<std::pair<const nn::ParamInfo*, std::string>> todo;  // parameter, file name
+  ModelLoadPlan todo;
   for (const nn::ParamInfo& p : arena.infos()) {
     if (detail::matches_any(options.skip, p.name)) {
       report.skipped.push_back(p.name);
@@ -33408,8 +33411,7 @@ class StreamedModel {
   /// it (so the bytes that load are the verified ones). Throws trainkit::Error naming a file that
   /// ends early, changes size or no longer matches its checksum while it loads.
   template <Space S>
-  void load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo, float* params,
-            bool verify) const;
+  void load(const ModelLoadPlan& todo, float* params, bool verify) const;
 
  private:
   struct File {
@@ -33556,8 +33558,7 @@ void StreamedModel::read_file(const File& f, const Targets& to, float* params, X
 }
 
 template <Space S>
-void StreamedModel::load(const std::vector<std::pair<const nn::ParamInfo*, std::string>>& todo,
-                         float* params, bool verify) const {
+void StreamedModel::load(const ModelLoadPlan& todo, float* params, bool verify) const {
   for (std::size_t fi = 0; fi < files_.size(); ++fi) {
     const File& f = files_[fi];
     // Where each of the file's tensors goes (a tied tensor may fill two parameters).
@@ -33605,7 +33606,7 @@ template <Space S>
 ModelLoadReport load_model(nn::ParamArena<S>& arena, const TensorSource& src,
                            const ModelLoadOptions& options = {}) {
   ModelLoadReport report;
-  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+  const detail::ModelLoadPlan todo = detail::plan_model_load(
       arena, src, options, report, [&](std::string_view a, std::string_view b) {
         return detail::same_tensor(src.tensor(a), src.tensor(b));
       });
@@ -33646,7 +33647,7 @@ ModelLoadReport load_model(nn::ParamArena<S>& arena, const std::filesystem::path
   const detail::StreamedModel src(detail::model_target(path));
   if (options.verify_checksum) src.verify();
   ModelLoadReport report;
-  const std::vector<std::pair<const nn::ParamInfo*, std::string>> todo = detail::plan_model_load(
+  const detail::ModelLoadPlan todo = detail::plan_model_load(
       arena, src, options, report,
       [&](std::string_view a, std::string_view b) { return src.same(a, b); });
   if constexpr (S == Space::kHost) trainkit::detail::wait_for_snapshot_copies();
