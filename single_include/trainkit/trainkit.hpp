@@ -2937,6 +2937,19 @@ TRAINKIT_NAMESPACE_END
 TRAINKIT_NAMESPACE_BEGIN
 namespace cuda {
 
+namespace detail {
+/// The verdict of cudaStreamQuery or cudaEventQuery: false while the work runs (the not-ready
+/// status is cleared, so that no later check reports it), true once it finished; errors throw.
+inline bool query_done(cudaError_t status) {
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  TRAINKIT_CUDA_CHECK(status);
+  return true;
+}
+}  // namespace detail
+
 /// A non-owning view of a CUDA stream. Default-constructed it refers to the legacy default
 /// stream; `StreamRef(nullptr)` and `StreamRef(0)` are deleted to make that choice explicit.
 class StreamRef {
@@ -2952,15 +2965,7 @@ class StreamRef {
   void synchronize() const { TRAINKIT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   /// True when all queued work has finished (never blocks).
-  bool ready() const {
-    const cudaError_t status = cudaStreamQuery(stream_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  bool ready() const { return detail::query_done(cudaStreamQuery(stream_)); }
 
   /// Makes future work on this stream wait for `event` (no host sync).
   void wait(cudaEvent_t event) const {
@@ -3077,15 +3082,7 @@ class Event {
   void synchronize() const { TRAINKIT_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
   /// True when the captured work has finished (never blocks).
-  bool ready() const {
-    const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  bool ready() const { return detail::query_done(cudaEventQuery(event_)); }
 
   /// Milliseconds between two recorded timing events (`start` first); both must have completed.
   static float elapsed_ms(const Event& start, const Event& stop) {
@@ -32527,15 +32524,7 @@ class GradBucketer {
 
 #if TRAINKIT_WITH_CUDA
   // True once the work before `e` finished (never blocks).
-  static bool event_done(cudaEvent_t e) {
-    const cudaError_t status = cudaEventQuery(e);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  static bool event_done(cudaEvent_t e) { return cuda::detail::query_done(cudaEventQuery(e)); }
 
   void launch_device(std::size_t b, cuda::StreamRef stream) {
 #if TRAINKIT_WITH_NCCL

@@ -50,15 +50,7 @@ class Event {
   void synchronize() const { TRAINKIT_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
   /// True when the captured work has finished (never blocks).
-  bool ready() const {
-    const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  bool ready() const { return detail::query_done(cudaEventQuery(event_)); }
 
   /// Milliseconds between two recorded timing events (`start` first); both must have completed.
   static float elapsed_ms(const Event& start, const Event& stop) {

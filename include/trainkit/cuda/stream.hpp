@@ -16,6 +16,19 @@
 TRAINKIT_NAMESPACE_BEGIN
 namespace cuda {
 
+namespace detail {
+/// The verdict of cudaStreamQuery or cudaEventQuery: false while the work runs (the not-ready
+/// status is cleared, so that no later check reports it), true once it finished; errors throw.
+inline bool query_done(cudaError_t status) {
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  TRAINKIT_CUDA_CHECK(status);
+  return true;
+}
+}  // namespace detail
+
 /// A non-owning view of a CUDA stream. Default-constructed it refers to the legacy default
 /// stream; `StreamRef(nullptr)` and `StreamRef(0)` are deleted to make that choice explicit.
 class StreamRef {
@@ -31,15 +44,7 @@ class StreamRef {
   void synchronize() const { TRAINKIT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   /// True when all queued work has finished (never blocks).
-  bool ready() const {
-    const cudaError_t status = cudaStreamQuery(stream_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  bool ready() const { return detail::query_done(cudaStreamQuery(stream_)); }
 
   /// Makes future work on this stream wait for `event` (no host sync).
   void wait(cudaEvent_t event) const {

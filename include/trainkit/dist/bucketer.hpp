@@ -415,15 +415,7 @@ class GradBucketer {
 
 #if TRAINKIT_WITH_CUDA
   // True once the work before `e` finished (never blocks).
-  static bool event_done(cudaEvent_t e) {
-    const cudaError_t status = cudaEventQuery(e);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TRAINKIT_CUDA_CHECK(status);
-    return true;
-  }
+  static bool event_done(cudaEvent_t e) { return cuda::detail::query_done(cudaEventQuery(e)); }
 
   void launch_device(std::size_t b, cuda::StreamRef stream) {
 #if TRAINKIT_WITH_NCCL
